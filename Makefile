@@ -1,0 +1,129 @@
+# fp8rl Makefile. CPU targets need only g++; CUDA targets appear when nvcc is found; MPI is used
+# when mpicxx is found. Everything found (or not) is printed, and nothing is auto-detected
+# silently: the GPU architecture is explicit (sm_90, Hopper).
+
+SHELL       := /bin/bash
+.SHELLFLAGS := -o pipefail -c
+CXX       ?= g++
+CXXSTD    := -std=c++17
+WARN      := -Wall -Wextra -Werror
+OPT       := -O3 -march=native
+CXXFLAGS  := $(CXXSTD) $(OPT) $(WARN) -fopenmp -I. -MMD -MP
+LDLIBS    := -lm
+SANFLAGS  := $(CXXSTD) -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined \
+             -fno-sanitize-recover=all -DFP8RL_SANITIZE $(WARN) -fopenmp -I. -MMD -MP
+
+CUDA_HOME ?= /usr/local/cuda
+NVCC      := $(shell command -v nvcc 2>/dev/null || { test -x $(CUDA_HOME)/bin/nvcc && echo $(CUDA_HOME)/bin/nvcc; })
+MPICXX    := $(shell command -v mpicxx 2>/dev/null)
+MPIRUN    := $(shell command -v mpirun 2>/dev/null)
+CLANGXX   := $(shell command -v clang++ 2>/dev/null)
+CUBLASLT  := $(wildcard $(CUDA_HOME)/lib64/libcublasLt.so)
+NCCL      := $(firstword $(wildcard $(CUDA_HOME)/lib64/libnccl.so /usr/lib/x86_64-linux-gnu/libnccl.so))
+CUDA_FP8_H := $(wildcard $(CUDA_HOME)/include/cuda_fp8.h)
+
+# The CPU binary links MPI when available (data parallel); without it, one process.
+ifneq ($(MPICXX),)
+  CPU_LINK_CXX := OMPI_CXX=$(CXX) MPICH_CXX=$(CXX) $(MPICXX)
+  MPI_FLAGS    := -DFP8RL_MPI
+else
+  CPU_LINK_CXX := $(CXX)
+  MPI_FLAGS    :=
+endif
+
+# cuda_fp8.h compiles in plain g++; where it exists, the exhaustive FP8 oracle test is built.
+ifneq ($(CUDA_FP8_H),)
+  ORACLE_FLAGS := -DFP8RL_HAVE_CUDA_FP8_H -isystem $(CUDA_HOME)/include
+endif
+
+NVCCFLAGS := -std=c++17 -O3 -gencode arch=compute_90,code=sm_90 -Werror all-warnings -I. \
+             -Xcompiler -Wall,-Wextra,-fopenmp
+CUDA_SRCS := $(wildcard *.cu *.cuh rl/*.cuh)
+GPU_TEST_SRCS := $(wildcard test/gpu/*.cu)
+
+$(info fp8rl build: g++=$(shell command -v $(CXX)) nvcc=$(or $(NVCC),not found) cuBLASLt=$(or $(CUBLASLT),not found) NCCL=$(or $(NCCL),not found) MPI=$(or $(MPICXX),not found) clang++=$(or $(CLANGXX),not found))
+
+BUILD := build
+TEST_SRCS  := test/run_tests.cpp $(wildcard test/test_*.cpp)
+TEST_OBJS  := $(patsubst %.cpp,$(BUILD)/%.o,$(TEST_SRCS))
+ASAN_OBJS  := $(patsubst %.cpp,$(BUILD)/asan/%.o,$(TEST_SRCS))
+BENCH_SRCS := $(wildcard bench/bench_*.cpp)
+BENCH_BINS := $(patsubst bench/%.cpp,$(BUILD)/%,$(BENCH_SRCS))
+FUZZ_SECONDS ?= 30
+
+.PHONY: all test test-unit test-asan cuda-check test_gpu bench fuzz clean
+all: train_rl_cpu
+
+train_rl_cpu: train_rl_cpu.cpp
+	$(CPU_LINK_CXX) $(CXXFLAGS) $(MPI_FLAGS) -o $@ $< $(LDLIBS)
+
+$(BUILD)/train_rl_cpu_asan: train_rl_cpu.cpp
+	@mkdir -p $(@D)
+	$(CPU_LINK_CXX) $(SANFLAGS) $(MPI_FLAGS) -o $@ $< $(LDLIBS)
+
+$(BUILD)/%.o: %.cpp
+	@mkdir -p $(@D)
+	$(CXX) $(CXXFLAGS) $(ORACLE_FLAGS) -c -o $@ $<
+
+$(BUILD)/asan/%.o: %.cpp
+	@mkdir -p $(@D)
+	$(CXX) $(SANFLAGS) $(ORACLE_FLAGS) -c -o $@ $<
+
+$(BUILD)/test_cpu: $(TEST_OBJS)
+	$(CXX) $(CXXFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/test_cpu_asan: $(ASAN_OBJS)
+	$(CXX) $(SANFLAGS) -o $@ $^ $(LDLIBS)
+
+# make test: the unit and integration tests, the CUDA compile check, then everything again under
+# AddressSanitizer + UndefinedBehaviorSanitizer, then a bounded fuzz run of the JSON parser. The
+# binaries build in parallel (-j); the runs are sequential so their output stays readable.
+TEST_BINS := $(BUILD)/test_cpu train_rl_cpu $(BUILD)/test_cpu_asan $(BUILD)/train_rl_cpu_asan \
+             $(if $(CLANGXX),$(BUILD)/fuzz_json)
+test: $(TEST_BINS)
+	$(MAKE) --no-print-directory test-unit
+	$(MAKE) --no-print-directory cuda-check
+	$(MAKE) --no-print-directory test-asan
+	$(MAKE) --no-print-directory fuzz
+
+test-unit: $(BUILD)/test_cpu train_rl_cpu
+	FP8RL_BIN=./train_rl_cpu OMP_NUM_THREADS=2 ./$(BUILD)/test_cpu
+
+test-asan: $(BUILD)/test_cpu_asan $(BUILD)/train_rl_cpu_asan
+	FP8RL_BIN=./$(BUILD)/train_rl_cpu_asan OMP_NUM_THREADS=2 ASAN_OPTIONS=detect_leaks=1 ./$(BUILD)/test_cpu_asan
+
+ifneq ($(NVCC),)
+cuda-check:
+	@for f in $(CUDA_SRCS) $(GPU_TEST_SRCS); do echo "nvcc compile check: $$f"; \
+	  $(NVCC) $(NVCCFLAGS) -x cu -c -o /dev/null $$f || exit 1; done
+	@echo "nvcc compile check: $(words $(CUDA_SRCS) $(GPU_TEST_SRCS)) CUDA sources compiled for sm_90"
+else
+cuda-check:
+	@echo "nvcc compile check: SKIPPED (nvcc not found; GPU sources not compiled)"
+endif
+
+ifneq ($(CLANGXX),)
+$(BUILD)/fuzz_json: test/fuzz/fuzz_json.cpp rl/json.h rl/common.h
+	@mkdir -p $(@D)
+	$(CLANGXX) $(CXXSTD) -g -O1 -fsanitize=fuzzer,address,undefined -I. -o $@ $<
+fuzz: $(BUILD)/fuzz_json
+	@mkdir -p $(BUILD)/fuzz_corpus
+	./$(BUILD)/fuzz_json -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -print_final_stats=0 \
+	  $(BUILD)/fuzz_corpus test/fuzz/json_seeds 2>&1 | tail -n 3
+	@echo "fuzz: JSON parser ran $(FUZZ_SECONDS)s without a crash"
+else
+fuzz:
+	@echo "fuzz: SKIPPED (clang++ not found)"
+endif
+
+$(BUILD)/bench_%: bench/bench_%.cpp
+	@mkdir -p $(@D)
+	$(CXX) $(CXXFLAGS) $(ORACLE_FLAGS) -o $@ $< $(LDLIBS)
+
+bench: $(BENCH_BINS)
+	@for b in $(BENCH_BINS); do echo "== $$b"; ./$$b || exit 1; done
+
+clean:
+	rm -rf $(BUILD) train_rl_cpu train_rl test_gpu
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
