@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 
+#include "rl/chat.h"
 #include "rl/tokenizer.h"
 #include "test/harness.h"
 
@@ -213,4 +214,131 @@ TEST(tokenizer_malformed_json_is_a_clear_error) {
                       "\"lstrip\":true}]," + pre + "}",
                       "sets lstrip");
     CHECK_THROWS(Tokenizer::load(fixtures + "no_such_dir"), "cannot open file");
+}
+
+// Chat renderings and their ids against transformers' apply_chat_template.
+static void check_chat(const std::string& name) {
+    const Tokenizer* tok = tokenizer_named(name);
+    if (!tok) SKIP(("real tokenizer files not found under " + real_tokenizers_dir() + " (set FP8RL_TOKENIZERS)").c_str());
+    std::string dir = name == "llama3_style" ? fixtures + name : real_tokenizers_dir() + "/" + name;
+    ChatTemplate chat = ChatTemplate::load(dir);
+    int n = 0;
+    for (const Json& row : read_jsonl(fixtures + "chat_" + name + ".jsonl")) {
+        ChatOptions opt;
+        opt.add_generation_prompt = row.find("add_generation_prompt")->boolean;
+        const Json* thinking = row.find("enable_thinking");
+        opt.enable_thinking = thinking->is_null() ? -1 : thinking->boolean ? 1 : 0;
+        std::vector<ChatMessage> messages = chat_messages_from_json(*row.find("messages"), name);
+        std::string text = chat.render(messages, opt);
+        CHECK_MSG(text == row.find("text")->str, "%s chat rendering\n      ours %s\n      HF   %s", name.c_str(),
+                  json_quote(text).c_str(), json_quote(row.find("text")->str).c_str());
+        CHECK_MSG(chat.encode(*tok, messages, opt) == ids_of(*row.find("ids")), "%s chat ids", name.c_str());
+        n++;
+    }
+    CHECK(n >= 6);
+}
+
+TEST(tokenizer_chat_qwen3_matches_transformers) { check_chat("qwen3"); }
+TEST(tokenizer_chat_qwen25_matches_transformers) { check_chat("qwen2.5"); }
+TEST(tokenizer_chat_llama3_matches_transformers) { check_chat("llama3_style"); }
+
+TEST(tokenizer_chat_unknown_template_is_a_clear_error) {
+    CHECK_THROWS(ChatTemplate::load(fixtures + "gpt2_style"), "not found, so the chat template is unknown");
+    CHECK_THROWS(ChatTemplate::load(fixtures + "gpt2_style/tokenizer.json"), "give raw prompts");
+    CHECK_THROWS(chat_messages_from_json(json_parse("[]", "x"), "x"), "non-empty array");
+    CHECK_THROWS(chat_messages_from_json(json_parse("[{\"role\":\"user\"}]", "x"), "x"), "needs string \"role\" and \"content\"");
+    ChatTemplate llama = ChatTemplate::load(fixtures + "llama3_style");
+    CHECK_EQ(std::string(chat_family_name(llama.family())), std::string("llama3"));
+    CHECK_THROWS(llama.render(chat_messages_from_json(json_parse("[{\"role\":\"tool\",\"content\":\"x\"}]", "x"), "x"), ChatOptions()),
+                 "role \"tool\"");
+}
+
+static std::string binary() {
+    const char* b = getenv("FP8RL_BIN");
+    return b ? b : "./train_rl_cpu";
+}
+
+// Runs a shell command; returns its stdout (stderr too when asked), *rc its exit status.
+static std::string run_command(const std::string& cmd, int* rc) {
+    FILE* p = popen(cmd.c_str(), "r");
+    std::string out;
+    char buf[4096];
+    size_t n;
+    while (p && (n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+    int status = p ? pclose(p) : -1;
+    *rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return out;
+}
+
+static std::vector<Json> parse_lines(const std::string& text, const char* source) {
+    std::vector<Json> rows;
+    for (size_t i = 0; i < text.size();) {
+        size_t nl = text.find('\n', i);
+        if (nl == std::string::npos) nl = text.size();
+        rows.push_back(json_parse(text.substr(i, nl - i), source));
+        i = nl + 1;
+    }
+    return rows;
+}
+
+// --encode of the corpus gives HF's ids; --decode gives the text back; --chat gives HF's chat ids.
+TEST(tokenizer_cli_encode_decode_chat) {
+    const std::string tok = " --tokenizer " + fixtures + "llama3_style";
+    int rc;
+    std::string encoded = run_command(binary() + tok + " --encode " + fixtures + "corpus.jsonl", &rc);
+    CHECK_EQ(rc, 0);
+    std::vector<Json> got = parse_lines(encoded, "--encode output");
+    std::vector<Json> want = read_jsonl(fixtures + "llama3_style.jsonl");
+    std::vector<Json> corpus = read_jsonl(fixtures + "corpus.jsonl");
+    CHECK_EQ(got.size(), corpus.size());
+    for (size_t i = 0; i < got.size() && i < want.size(); i++)
+        CHECK_MSG(ids_of(*got[i].find("ids")) == ids_of(*want[i].find("ids")), "--encode line %zu", i + 1);
+
+    const char* ids_path = "build/tokenizer_cli_ids.jsonl";
+    FILE* f = fopen(ids_path, "wb");
+    CHECK(f != nullptr);
+    if (!f) return;
+    fwrite(encoded.data(), 1, encoded.size(), f);
+    fclose(f);
+    std::string decoded = run_command("cat " + std::string(ids_path) + " | " + binary() + tok + " --decode -", &rc);
+    CHECK_EQ(rc, 0);
+    std::vector<Json> texts = parse_lines(decoded, "--decode output");
+    CHECK_EQ(texts.size(), corpus.size());
+    for (size_t i = 0; i < texts.size() && i < corpus.size(); i++)
+        CHECK_MSG(texts[i].find("text")->str == corpus[i].find("text")->str, "--decode line %zu", i + 1);
+
+    std::string chat = run_command(binary() + tok + " --chat " + fixtures + "chat_llama3_style.jsonl", &rc);
+    CHECK_EQ(rc, 0);
+    std::vector<Json> chat_got = parse_lines(chat, "--chat output");
+    std::vector<Json> chat_want = read_jsonl(fixtures + "chat_llama3_style.jsonl");
+    CHECK_EQ(chat_got.size(), chat_want.size());
+    for (size_t i = 0; i < chat_got.size() && i < chat_want.size(); i++)
+        CHECK_MSG(ids_of(*chat_got[i].find("ids")) == ids_of(*chat_want[i].find("ids")), "--chat line %zu", i + 1);
+}
+
+TEST(tokenizer_cli_rejects_bad_input) {
+    const char* path = "build/tokenizer_cli_bad.jsonl";
+    FILE* f = fopen(path, "wb");
+    CHECK(f != nullptr);
+    if (!f) return;
+    fputs("{\"text\": \"fine\"}\n\n{\"text\": 5}\n", f);
+    fclose(f);
+    int rc;
+    const std::string tok = " --tokenizer " + fixtures + "llama3_style";
+    std::string out = run_command(binary() + tok + " --encode " + path + " 2>&1", &rc);
+    CHECK_EQ(rc, 1);
+    CHECK_MSG(out.find("error: build/tokenizer_cli_bad.jsonl:3: expected {\"text\": \"...\"}") != std::string::npos, "%s", out.c_str());
+    out = run_command(binary() + tok + " --decode " + path + " 2>&1", &rc);
+    CHECK_EQ(rc, 1);
+    CHECK_MSG(out.find("tokenizer_cli_bad.jsonl:1: expected {\"ids\": [...]}") != std::string::npos, "%s", out.c_str());
+    out = run_command("echo '{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}' | " + binary() + " --tokenizer " + fixtures +
+                      "gpt2_style --chat - 2>&1", &rc);
+    CHECK_EQ(rc, 1);
+    CHECK_MSG(out.find("give raw prompts") != std::string::npos, "%s", out.c_str());
+    out = run_command(binary() + " --encode " + std::string(path) + " 2>&1", &rc);
+    CHECK_EQ(rc, 1);
+    CHECK_MSG(out.find("--encode needs --tokenizer PATH") != std::string::npos, "%s", out.c_str());
+    out = run_command(binary() + " --tokenizer build/no_such_tokenizer --encode " + std::string(path) + " 2>&1", &rc);
+    CHECK_EQ(rc, 1);
+    CHECK_MSG(out.find("build/no_such_tokenizer: cannot open file") != std::string::npos, "%s", out.c_str());
 }
