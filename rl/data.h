@@ -122,14 +122,19 @@ public:
         return examples_[(size_t)order_[(size_t)(index % n)]];
     }
 
-    // This rank's share of the global batch [cursor, cursor + global): contiguous whole prompts.
-    std::vector<Example> rank_batch(int64_t cursor, int64_t global, int rank, int ranks) {
-        if (global % ranks != 0)
-            fail("--batch_prompts %lld is not a multiple of the %d MPI ranks; prompts (and their groups) are split evenly",
-                 (long long)global, ranks);
-        int64_t per = global / ranks;
-        std::vector<Example> out;
-        for (int64_t i = 0; i < per; i++) out.push_back(at(cursor + rank * per + i));
+    // This rank's positions in a global batch of `global` prompts that is split into `minibatches`
+    // minibatches, each split evenly over the ranks: rank r holds, for every minibatch j, the
+    // contiguous positions [j*global/minibatches + r*per, +per), per = global/(minibatches*ranks).
+    // Minibatch j is then the same set of prompts for any number of ranks, and a prompt's group
+    // stays on one rank.
+    static std::vector<int64_t> rank_positions(int64_t global, int minibatches, int rank, int ranks) {
+        if (global % ((int64_t)minibatches * ranks) != 0)
+            fail("--batch_prompts %lld is not a multiple of --minibatches %d x %d MPI ranks; each minibatch's prompts (and their groups) are split evenly over the ranks",
+                 (long long)global, minibatches, ranks);
+        int64_t per = global / ((int64_t)minibatches * ranks), mb = global / minibatches;
+        std::vector<int64_t> out;
+        for (int j = 0; j < minibatches; j++)
+            for (int64_t i = 0; i < per; i++) out.push_back(j * mb + rank * per + i);
         return out;
     }
 

@@ -65,18 +65,20 @@ TEST(trainer_shuffle_is_a_seeded_permutation_per_epoch) {
     CHECK(fixed < 10);  // a shuffle, not the identity (expected ~1 fixed point)
 }
 
-TEST(trainer_rank_batches_tile_the_global_batch) {
+TEST(trainer_rank_positions_tile_each_minibatch) {
+    // 12 prompts, 2 minibatches, 2 ranks: minibatch 0 = positions 0..5 (rank 0: 0..2, rank 1: 3..5).
+    std::vector<int64_t> r0 = PromptSource::rank_positions(12, 2, 0, 2), r1 = PromptSource::rank_positions(12, 2, 1, 2);
+    CHECK(r0 == std::vector<int64_t>({0, 1, 2, 6, 7, 8}));
+    CHECK(r1 == std::vector<int64_t>({3, 4, 5, 9, 10, 11}));
+    CHECK(PromptSource::rank_positions(12, 2, 0, 1) == std::vector<int64_t>({0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}));
+    CHECK_THROWS(PromptSource::rank_positions(10, 2, 0, 2), "not a multiple of --minibatches 2 x 2 MPI ranks");
     std::vector<Example> ex(10);
     for (int i = 0; i < 10; i++) ex[(size_t)i].prompt = std::to_string(i);
-    PromptSource one = PromptSource::from_dataset(ex, 3), two = PromptSource::from_dataset(ex, 3);
-    std::vector<Example> all = one.rank_batch(8, 6, 0, 1);  // crosses the epoch boundary at 10
-    std::vector<Example> r0 = two.rank_batch(8, 6, 0, 2), r1 = two.rank_batch(8, 6, 1, 2);
-    CHECK_EQ(all.size(), (size_t)6);
-    for (int i = 0; i < 3; i++) {
-        CHECK_EQ(all[(size_t)i].prompt, r0[(size_t)i].prompt);
-        CHECK_EQ(all[(size_t)i + 3].prompt, r1[(size_t)i].prompt);
-    }
-    CHECK_THROWS(two.rank_batch(0, 5, 0, 2), "not a multiple of the 2 MPI ranks");
+    PromptSource src = PromptSource::from_dataset(ex, 3);
+    std::vector<std::string> seen;  // positions 0..9 of one epoch: every example once
+    for (int64_t i = 0; i < 10; i++) seen.push_back(src.at(i).prompt);
+    std::sort(seen.begin(), seen.end());
+    for (int i = 0; i < 10; i++) CHECK_EQ(seen[(size_t)i], std::to_string(i));
 }
 
 TEST(trainer_state_round_trip_and_damage) {
