@@ -55,11 +55,12 @@ FUZZ_SECONDS ?= 30
 all: train_rl_cpu
 
 train_rl_cpu: train_rl_cpu.cpp
-	$(CPU_LINK_CXX) $(CXXFLAGS) $(MPI_FLAGS) -o $@ $< $(LDLIBS)
+	@mkdir -p $(BUILD)
+	$(CPU_LINK_CXX) $(CXXFLAGS) $(MPI_FLAGS) -MF $(BUILD)/train_rl_cpu.d -o $@ $< $(LDLIBS)
 
 $(BUILD)/train_rl_cpu_asan: train_rl_cpu.cpp
 	@mkdir -p $(@D)
-	$(CPU_LINK_CXX) $(SANFLAGS) $(MPI_FLAGS) -o $@ $< $(LDLIBS)
+	$(CPU_LINK_CXX) $(SANFLAGS) $(MPI_FLAGS) -MF $(BUILD)/train_rl_cpu_asan.d -o $@ $< $(LDLIBS)
 
 $(BUILD)/%.o: %.cpp
 	@mkdir -p $(@D)
