@@ -2,16 +2,47 @@
 // runs the one mode asked for, and turns every fp8rl::Error into one line on stderr and exit 1.
 #include <cstdio>
 #include <exception>
+#include <iostream>
+#include <iterator>
 
 #include "rl/args.h"
 #include "rl/common.h"
+#include "rl/score.h"
 
 using namespace fp8rl;
+
+// The input of a JSONL mode: a file, or stdin for '-'.
+static std::string read_mode_input(const std::string& path) {
+    if (path != "-") return read_file(path);
+    return std::string(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+}
+
+// Writes a JSONL mode's output to --output: stdout for '-', else a temporary file renamed into place.
+static void write_mode_output(const std::string& path, const std::string& text) {
+    if (path == "-") {
+        fwrite(text.data(), 1, text.size(), stdout);
+        return;
+    }
+    std::string tmp = path + ".tmp";
+    FILE* f = fopen(tmp.c_str(), "wb");
+    if (!f) fail("--output %s: cannot create %s; check the directory exists and is writable", path.c_str(), tmp.c_str());
+    bool ok = fwrite(text.data(), 1, text.size(), f) == text.size();
+    ok = fclose(f) == 0 && ok;
+    if (!ok || rename(tmp.c_str(), path.c_str()) != 0) {
+        remove(tmp.c_str());
+        fail("--output %s: write failed (disk full or not writable?)", path.c_str());
+    }
+}
 
 static int run(const Args& args) {
     if (args.flag("help")) {
         fputs("usage: train_rl_cpu [--flag value ...]\n\n", stdout);
         fputs(help_text().c_str(), stdout);
+        return 0;
+    }
+    if (args.given("score")) {
+        const std::string& in = args.str("score");
+        write_mode_output(args.str("output"), score_jsonl(read_mode_input(in), in == "-" ? "<stdin>" : in));
         return 0;
     }
     fail("no mode selected and training is not built yet; see --help");
