@@ -39,7 +39,7 @@ def series(rows, key):
 
 
 PANELS = [
-    ("reward and training accuracy", [("critic/rewards/mean", "reward"), ("critic/score/mean", "score (accuracy)")]),
+    ("reward and training accuracy", [("critic/rewards/mean", "reward"), ("critic/score/mean", "score"), ("critic/correct/mean", "exactly correct")]),
     ("eval accuracy", None),  # filled with every val-core/*/acc key found
     ("entropy", [("actor/entropy", "entropy (nats/token)")]),
     ("clip fractions by advantage sign", [("actor/pg_clipfrac_low", "A<0, r<L"), ("actor/pg_clipfrac_high", "A>0, r>H"),

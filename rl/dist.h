@@ -12,6 +12,9 @@
 #include "rl/common.h"
 
 #ifdef FP8RL_MPI
+// Only MPI's C API: the deprecated C++ bindings do not compile warning-free.
+#define OMPI_SKIP_MPICXX 1
+#define MPICH_SKIP_MPICXX 1
 #include <mpi.h>
 // Every MPI call goes through this check: a failure becomes an Error naming the call.
 #define MPI_CHECK(call)                                                                        \

@@ -67,8 +67,9 @@ inline void write_file_atomic(const std::string& path, const std::string& data) 
 // The step's readable line: the handful of numbers a user watches.
 inline std::string step_line(const MetricRow& m, int64_t steps) {
     auto g = [&](const char* k) { return m.get(k); };
-    std::string s = strfmt("step %4lld/%lld | reward %6.3f acc %5.3f | len %5.1f | ent %6.3f", (long long)g("training/global_step") + 1,
-                           (long long)steps, g("critic/rewards/mean"), g("critic/score/mean"), g("response_length/mean"),
+    std::string s = strfmt("step %4lld/%lld | reward %6.3f correct %5.3f | len %5.1f | ent %6.3f",
+                           (long long)g("training/global_step") + 1, (long long)steps, g("critic/rewards/mean"),
+                           g("critic/correct/mean"), g("response_length/mean"),
                            g("actor/entropy"));
     s += strfmt(" | clip- %.3f clip+ %.3f", g("actor/pg_clipfrac_low"), g("actor/pg_clipfrac_high"));
     s += strfmt(" | bounds [%.2f,%.2f]", g("calib/clip_low"), g("calib/clip_high"));
