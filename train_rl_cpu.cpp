@@ -5,10 +5,17 @@
 #include <iostream>
 #include <iterator>
 
+#include <omp.h>
+
+#include <memory>
+
 #include "rl/args.h"
 #include "rl/common.h"
+#include "rl/driver.h"
+#include "rl/engine_cpu.h"
 #include "rl/score.h"
 #include "rl/tokenizer_cli.h"
+#include "rl/train_setup.h"
 
 using namespace fp8rl;
 
@@ -55,6 +62,47 @@ static int run_tokenizer_mode(const Args& args, const std::string& mode) {
     return 0;
 }
 
+// Training (no mode flag): DESIGN.md §2 on the CPU engine, data parallel over MPI ranks.
+static void train_on_ranks(const Args& args, const Dist& dist) {
+    if (args.integer("threads") > 0) omp_set_num_threads((int)args.integer("threads"));
+    TrainConfig cfg = train_config_from_args(args);
+    if (dist.is_root()) {
+        make_out_dir(cfg.out_dir);
+        printf("train_rl_cpu: %d rank(s) x %d thread(s)\n%s", dist.size(), omp_get_max_threads(), config_table(args).c_str());
+    }
+    dist.barrier();
+    const std::string dir = model_directory(args, cfg, dist);
+    CpuEngine engine(dir);
+    std::unique_ptr<CpuEngine> reference;  // a frozen copy, only when the KL term needs it
+    if (cfg.kl_coef > 0) {
+        if (!args.given("resume")) reference = std::make_unique<CpuEngine>(engine);
+        else if (args.given("model")) reference = std::make_unique<CpuEngine>(args.str("model"));
+        else reference = std::make_unique<CpuEngine>(cfg.out_dir + "/init_model");
+    }
+    std::unique_ptr<Tokenizer> tok = Tokenizer::load(dir + "/tokenizer.json");
+    Trainer trainer(cfg, dist, engine, reference.get(), *tok, training_prompts(cfg), eval_prompts(cfg));
+    if (args.given("resume")) trainer.restore(load_trainer_state(dir));
+    Logger log(cfg.out_dir, dist.is_root(), trainer.step());
+    log.print(strfmt("model: %s (%zu parameters); steps %lld..%lld", dir.c_str(), engine.num_floats(),
+                     (long long)trainer.step() + 1, (long long)cfg.steps));
+    trainer.run(log);
+    log.print("log: " + log.path() + "\nplot: python3 dev/plot_log.py " + cfg.out_dir + "  (writes " + cfg.out_dir +
+              "/dashboard.png)");
+}
+
+// An error on one rank stops every rank (the others would wait in a collective forever).
+static int train(const Args& args) {
+    Dist dist;
+    try {
+        train_on_ranks(args, dist);
+    } catch (const Error& e) {
+        if (dist.size() == 1) throw;
+        fprintf(stderr, "error: (rank %d) %s\n", dist.rank(), e.what());
+        dist.abort_all(1);
+    }
+    return 0;
+}
+
 static int run(const Args& args) {
     if (args.flag("help")) {
         fputs("usage: train_rl_cpu [--flag value ...]\n\n", stdout);
@@ -68,7 +116,7 @@ static int run(const Args& args) {
     }
     for (const char* mode : {"encode", "decode", "chat"})
         if (args.given(mode)) return run_tokenizer_mode(args, mode);
-    fail("no mode selected and training is not built yet; see --help");
+    return train(args);
 }
 
 int main(int argc, char** argv) {

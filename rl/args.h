@@ -63,7 +63,7 @@ inline const std::vector<FlagSpec>& flag_table() {
         {"kl_estimator", "algorithm", FlagKind::Choice, "k3", "k1|abs|k2|k3", "KL estimator in the loss"},
         {"entropy_coef", "algorithm", FlagKind::Float, "0", "..", "entropy bonus coefficient (loss -= coef * entropy)"},
         {"loss_agg", "algorithm", FlagKind::Choice, "", "token-mean|token-sum|seq-mean-token-sum|seq-mean-token-mean|seq-mean-token-sum-norm", "loss aggregation (default seq-mean-token-sum-norm for drgrpo, else token-mean)"},
-        {"is_correction", "algorithm", FlagKind::Choice, "tis", "off|tis|mis", "rollout/train mismatch weights: token TIS min(rho,C), token MIS rho*1{rho<=C}"},
+        {"is_correction", "algorithm", FlagKind::Choice, "tis", "off|tis|mis|seq-tis|seq-mis", "rollout/train mismatch weights, rho = exp(old - rollout): token TIS min(rho,C), token MIS rho*1{rho<=C}, or the same on the sequence's product"},
         {"is_cap", "algorithm", FlagKind::Float, "2.0", "1..", "C of TIS/MIS"},
         {"dynamic_sampling", "algorithm", FlagKind::Int, "", "0..1", "drop groups with equal rewards and refill (default 1 for dapo, else 0)"},
         {"max_gen_batches", "algorithm", FlagKind::Int, "10", "1..", "dynamic sampling: generation attempts per step at most"},

@@ -69,23 +69,18 @@ public:
 
     // In place: x[i] = sum over ranks, added in rank order 0, 1, ..., N-1 on rank 0.
     template <typename T> void all_reduce_sum(T* x, size_t n) const {
-        if (size_ == 1 || n == 0) return;
-#ifdef FP8RL_MPI
-        std::vector<T> all(rank_ == 0 ? n * (size_t)size_ : 0);  // [ranks, n] on rank 0
-        MPI_CHECK(MPI_Gather(x, (int)n, mpi_type<T>(), all.data(), (int)n, mpi_type<T>(), 0, MPI_COMM_WORLD));
-        if (rank_ == 0) {
-            for (size_t i = 0; i < n; i++) {
-                T s = all[i];
-                for (int r = 1; r < size_; r++) s += all[(size_t)r * n + i];
-                x[i] = s;
-            }
-        }
-        broadcast(x, n);
-#else
-        (void)x;
-#endif
+        all_reduce(x, n, [](T a, T b) { return a + b; });
+    }
+    // In place: x[i] = min (max) over ranks.
+    template <typename T> void all_reduce_min(T* x, size_t n) const {
+        all_reduce(x, n, [](T a, T b) { return b < a ? b : a; });
+    }
+    template <typename T> void all_reduce_max(T* x, size_t n) const {
+        all_reduce(x, n, [](T a, T b) { return b > a ? b : a; });
     }
     template <typename T> void all_reduce_sum(std::vector<T>& x) const { all_reduce_sum(x.data(), x.size()); }
+    template <typename T> void all_reduce_min(std::vector<T>& x) const { all_reduce_min(x.data(), x.size()); }
+    template <typename T> void all_reduce_max(std::vector<T>& x) const { all_reduce_max(x.data(), x.size()); }
     template <typename T> T sum(T x) const {
         all_reduce_sum(&x, 1);
         return x;
@@ -140,6 +135,25 @@ public:
 
 private:
     int rank_ = 0;
+
+    // Gathers every rank's x to rank 0, folds them in rank order with op, broadcasts the result.
+    template <typename T, typename Op> void all_reduce(T* x, size_t n, Op op) const {
+        if (size_ == 1 || n == 0) return;
+#ifdef FP8RL_MPI
+        std::vector<T> all(rank_ == 0 ? n * (size_t)size_ : 0);  // [ranks, n] on rank 0
+        MPI_CHECK(MPI_Gather(x, (int)n, mpi_type<T>(), all.data(), (int)n, mpi_type<T>(), 0, MPI_COMM_WORLD));
+        if (rank_ == 0)
+            for (size_t i = 0; i < n; i++) {
+                T acc = all[i];
+                for (int r = 1; r < size_; r++) acc = op(acc, all[(size_t)r * n + i]);
+                x[i] = acc;
+            }
+        broadcast(x, n);
+#else
+        (void)x;
+        (void)op;
+#endif
+    }
     int size_ = 1;
 #ifdef FP8RL_MPI
     bool owns_mpi_ = false;

@@ -1,0 +1,79 @@
+// engine.h: what the RL driver (rl/driver.h) asks of an engine (DESIGN.md §1). The CPU engine
+// (rl/engine_cpu.h) implements it on the reference model; the GPU engine implements the same
+// calls, so the driver, and everything it computes around the model, is shared.
+//
+// A sequence is prompt + response token ids; "response positions" are the tokens after the
+// prompt, each predicted from the ones before it. Log-probs and entropies are of the
+// temperature-scaled distribution (the one the sampler used), one value per response position.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "rl/logger.h"
+#include "rl/precision.h"
+
+namespace fp8rl {
+
+struct SamplingConfig {
+    float temperature = 1.0f;  // 0 = greedy
+    float top_p = 1.0f;
+    int top_k = 0;
+    int max_new_tokens = 256;
+    uint64_t seed = 0;
+    int vocab_limit = 0;  // sample only ids below this (the tokenizer's size); 0 = all
+};
+
+struct GenRequest {
+    std::vector<int32_t> prompt;
+    uint32_t sequence = 0;  // global id: the sampling RNG is keyed by (seed, step, sequence, position)
+};
+
+struct Generation {
+    std::vector<int32_t> tokens;  // response, including the eos token when one was sampled
+    std::vector<float> logprobs;  // [tokens.size()] log-prob of each sampled token (rollout precision)
+    bool finished = false;        // ended on eos (false: stopped at max_new_tokens)
+};
+
+struct Sequence {
+    std::vector<int32_t> ids;  // prompt + response
+    int32_t prompt_len = 0;
+    int32_t response_len() const { return (int32_t)ids.size() - prompt_len; }
+};
+
+// Per response position of each sequence.
+using TokenValues = std::vector<std::vector<float>>;
+
+class Engine {
+public:
+    virtual ~Engine() = default;
+
+    // The FP32 master weights and the gradient buffer, same layout, num_floats() each.
+    virtual size_t num_floats() const = 0;
+    virtual float* master() = 0;
+    virtual float* grads() = 0;
+
+    // Samples one completion per request.
+    virtual std::vector<Generation> generate(const std::vector<GenRequest>& requests, uint32_t step,
+                                             const SamplingConfig& sampling, Precision weights, Precision kv_cache,
+                                             Progress* progress) = 0;
+
+    // Log-prob (and entropy, when asked) of every response position; no state kept.
+    virtual void logprobs(const std::vector<Sequence>& seqs, Precision precision, float temperature, TokenValues* logprob,
+                          TokenValues* entropy) = 0;
+
+    // The training forward: as logprobs(), keeping what backward() needs.
+    virtual void forward_train(const std::vector<Sequence>& seqs, Precision precision, float temperature, TokenValues* logprob,
+                               TokenValues* entropy) = 0;
+    // Adds d(loss)/d(weights) to grads() given d(loss)/d(logprob) and d(loss)/d(entropy) per
+    // response position of the last forward_train().
+    virtual void backward(const TokenValues& d_logprob, const TokenValues& d_entropy) = 0;
+
+    // After master() changed: refresh derived copies (BF16/FP8 weights, FP8 KV-cache scales).
+    virtual void weights_updated() = 0;
+
+    // Writes the weights as a HF directory (bf16 safetensors, config.json, tokenizer files).
+    virtual void save_hf(const std::string& dir) = 0;
+};
+
+}  // namespace fp8rl

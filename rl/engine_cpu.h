@@ -1,0 +1,151 @@
+// engine_cpu.h: the CPU reference engine behind the driver's interface (rl/engine.h). It owns the
+// model's FP32 master weights (rl/weights.h), the gradient buffer in the same layout, and one
+// prepared parameter copy per precision in use, refreshed after every update; forward, backward
+// and generation are the reference model's (rl/model.h, rl/generate.h).
+#pragma once
+#include <algorithm>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "rl/engine.h"
+#include "rl/generate.h"
+#include "rl/model.h"
+#include "rl/weights.h"
+
+namespace fp8rl {
+
+class CpuEngine : public Engine {
+public:
+    // dir: a HF model directory; its side files (tokenizer, generation config) are copied into
+    // every checkpoint.
+    explicit CpuEngine(const std::string& dir)
+        : source_dir_(dir), weights_(ModelWeights::load(dir)), model_(weights_), grads_(weights_.num_floats(), 0.0f) {}
+
+    // A frozen copy (the KL reference policy): same weights, its own buffers.
+    CpuEngine(const CpuEngine& other)
+        : source_dir_(other.source_dir_), weights_(other.weights_), model_(weights_), grads_() {}
+    CpuEngine& operator=(const CpuEngine&) = delete;  // model_ points into weights_
+
+    const ModelConfig& config() const { return weights_.config; }
+    size_t num_floats() const override { return weights_.num_floats(); }
+    float* master() override { return weights_.master.data(); }
+    float* grads() override { return grads_.data(); }
+
+    std::vector<Generation> generate(const std::vector<GenRequest>& requests, uint32_t step, const SamplingConfig& s,
+                                     Precision weights, Precision kv_cache, Progress* progress) override {
+        GenerateOptions o;
+        o.sampling.temperature = s.temperature;
+        o.sampling.top_k = s.top_k;
+        o.sampling.top_p = s.top_p;
+        o.max_new_tokens = s.max_new_tokens;
+        o.eos_ids = weights_.config.eos_token_ids;
+        o.vocab_limit = s.vocab_limit;
+        o.seed = s.seed;
+        o.step = step;
+        o.kv_cache = kv_cache;
+        if (kv_cache == Precision::FP8) kv_scales(requests, weights, &o.kv_k_scale, &o.kv_v_scale);
+        // Chunks only pace the progress bar: every completion depends on its own key alone.
+        const size_t chunk = 256;
+        std::vector<Generation> out;
+        for (size_t begin = 0; begin < requests.size(); begin += chunk) {
+            const size_t end = std::min(requests.size(), begin + chunk);
+            std::vector<std::vector<int32_t>> prompts;
+            o.sequence_keys.clear();
+            for (size_t i = begin; i < end; i++) {
+                prompts.push_back(requests[i].prompt);
+                o.sequence_keys.push_back(requests[i].sequence);
+            }
+            for (Completion& c : generator_.generate(model_, params(weights), prompts, o)) {
+                Generation g;
+                g.tokens = std::move(c.tokens);
+                g.logprobs = std::move(c.logprobs_full);  // full softmax(logits / T): what the trainer computes
+                g.finished = c.stopped_on_eos;
+                out.push_back(std::move(g));
+            }
+            if (progress) progress->update((int64_t)end);
+        }
+        return out;
+    }
+
+    void logprobs(const std::vector<Sequence>& seqs, Precision p, float temperature, TokenValues* logprob,
+                  TokenValues* entropy) override {
+        run_forward(seqs, p, temperature, logprob, entropy, eval_acts_, eval_batch_, false);
+    }
+
+    void forward_train(const std::vector<Sequence>& seqs, Precision p, float temperature, TokenValues* logprob,
+                       TokenValues* entropy) override {
+        run_forward(seqs, p, temperature, logprob, entropy, train_acts_, train_batch_, true);
+        train_seqs_ = seqs;
+        train_precision_ = p;
+    }
+
+    void backward(const TokenValues& d_logprob, const TokenValues& d_entropy) override {
+        const long T = train_batch_.num_tokens();
+        std::vector<float> dlp((size_t)T, 0.0f), dent((size_t)T, 0.0f);  // [T] model_forward alignment
+        for (size_t s = 0; s < train_seqs_.size(); s++) {
+            const int64_t first = train_batch_.offsets[s] + train_seqs_[s].prompt_len;
+            for (size_t k = 0; k < d_logprob[s].size(); k++) {
+                dlp[(size_t)first + k] = d_logprob[s][k];
+                dent[(size_t)first + k] = d_entropy[s][k];
+            }
+        }
+        model_backward(model_, params(train_precision_), train_acts_, dlp.data(), dent.data(), grads_.data());
+    }
+
+    void weights_updated() override {
+        for (auto& kv : params_) kv.second.prepare(model_, kv.first);
+    }
+
+    void save_hf(const std::string& dir) override { fp8rl::save_hf(weights_, dir, source_dir_); }
+
+private:
+    std::string source_dir_;
+    ModelWeights weights_;
+    CpuModel model_;
+    std::vector<float> grads_;  // [num_floats()] master layout
+    std::map<Precision, ModelParams> params_;
+    ForwardActs train_acts_, eval_acts_;
+    Generator generator_;
+    TokenBatch train_batch_, eval_batch_;
+    std::vector<Sequence> train_seqs_;
+    Precision train_precision_ = Precision::FP32;
+
+    // The parameters as precision p reads them, prepared on first use.
+    const ModelParams& params(Precision p) {
+        auto it = params_.find(p);
+        if (it == params_.end()) {
+            it = params_.emplace(p, ModelParams()).first;
+            it->second.prepare(model_, p);
+        }
+        return it->second;
+    }
+
+    // FP8 KV-cache scales per layer from the K/V amax of a forward over the prompts with the
+    // current weights (spec-fp8.md §9.4), so stale scales never reach the rollout.
+    void kv_scales(const std::vector<GenRequest>& requests, Precision weights, std::vector<float>* k, std::vector<float>* v) {
+        std::vector<Sequence> seqs;
+        for (const GenRequest& r : requests) seqs.push_back({r.prompt, 0});
+        run_forward(seqs, weights, 1.0f, nullptr, nullptr, eval_acts_, eval_batch_, false);
+        kv_scales_from_forward(eval_acts_, *k, *v);
+    }
+
+    // Packs the sequences, runs the model, and cuts out the response positions.
+    void run_forward(const std::vector<Sequence>& seqs, Precision p, float temperature, TokenValues* logprob,
+                     TokenValues* entropy, ForwardActs& acts, TokenBatch& batch, bool for_backward) {
+        batch = TokenBatch();
+        for (const Sequence& s : seqs) batch.add(s.ids);
+        const long T = batch.num_tokens();
+        std::vector<float> lp((size_t)T), ent((size_t)T);
+        model_forward(model_, params(p), batch, temperature, acts, lp.data(), ent.data(), for_backward);
+        if (logprob) logprob->assign(seqs.size(), {});
+        if (entropy) entropy->assign(seqs.size(), {});
+        for (size_t s = 0; s < seqs.size(); s++) {
+            const int64_t first = batch.offsets[s] + seqs[s].prompt_len, last = batch.offsets[s + 1];
+            if (logprob) (*logprob)[s].assign(lp.begin() + first, lp.begin() + last);
+            if (entropy) (*entropy)[s].assign(ent.begin() + first, ent.begin() + last);
+        }
+    }
+};
+
+}  // namespace fp8rl
