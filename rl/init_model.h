@@ -11,6 +11,7 @@
 #include "rl/common.h"
 #include "rl/config.h"
 #include "rl/json.h"
+#include "rl/logger.h"
 #include "rl/rng.h"
 #include "rl/safetensors.h"
 #include "rl/task_tokenizer.h"
@@ -102,7 +103,7 @@ inline void write_fresh_model(const std::string& init, const std::string& dir, c
     fs::create_directories(staging, ec);
     if (ec) fail("%s: cannot create directory: %s", staging.c_str(), ec.message().c_str());
     auto put = [&](const char* name, const std::string& text) {
-        write_file_atomic(staging + "/" + name, {{text.data(), text.size()}});
+        write_text_atomic(staging + "/" + name, text);
     };
     put("config.json", fresh_config_text(init, symbols));
     put("tokenizer.json", task_tokenizer_json(symbols));

@@ -13,6 +13,7 @@
 
 #include "rl/common.h"
 #include "rl/json.h"
+#include "rl/safetensors.h"
 
 namespace fp8rl {
 
@@ -53,15 +54,9 @@ inline std::string metrics_json(const MetricRow& row) {
     return out + "}";
 }
 
-// Atomic write: a temp file renamed over the target, so readers never see half a file.
-inline void write_file_atomic(const std::string& path, const std::string& data) {
-    std::string tmp = path + ".tmp";
-    FILE* f = fopen(tmp.c_str(), "wb");
-    if (!f) fail("%s: cannot write; check that the directory exists and is writable", tmp.c_str());
-    bool ok = fwrite(data.data(), 1, data.size(), f) == data.size();
-    ok = fclose(f) == 0 && ok;
-    if (!ok) fail("%s: write failed (disk full?)", tmp.c_str());
-    if (rename(tmp.c_str(), path.c_str()) != 0) fail("%s: cannot rename to %s", tmp.c_str(), path.c_str());
+// Atomic write of a whole text (safetensors.h's writer: temp file, fsync, rename).
+inline void write_text_atomic(const std::string& path, const std::string& text) {
+    write_file_atomic(path, {{text.data(), text.size()}});
 }
 
 // The step's readable line: the handful of numbers a user watches.
@@ -91,7 +86,7 @@ public:
         path_ = out_dir + "/log.jsonl";
         std::string kept;
         if (first_step > 0) kept = lines_before(path_, first_step);
-        write_file_atomic(path_, kept);
+        write_text_atomic(path_, kept);
         file_ = fopen(path_.c_str(), "ab");
         if (!file_) fail("%s: cannot open for appending", path_.c_str());
     }
