@@ -8,6 +8,7 @@
 #include "rl/args.h"
 #include "rl/common.h"
 #include "rl/score.h"
+#include "rl/tokenizer_cli.h"
 
 using namespace fp8rl;
 
@@ -34,6 +35,26 @@ static void write_mode_output(const std::string& path, const std::string& text) 
     }
 }
 
+// --encode, --decode, --chat: JSON Lines through the tokenizer (and chat template) of
+// --tokenizer, or of --model when --tokenizer is not given.
+static int run_tokenizer_mode(const Args& args, const std::string& mode) {
+    std::string path = args.given("tokenizer") ? args.str("tokenizer") : args.str("model");
+    if (path.empty()) fail("--%s needs --tokenizer PATH (a tokenizer.json or a model directory) or --model", mode.c_str());
+    std::unique_ptr<Tokenizer> tok = Tokenizer::load(path);
+    const std::string& in = args.str(mode);
+    std::string text = read_mode_input(in), source = in == "-" ? "<stdin>" : in;
+    std::string out;
+    if (mode == "encode") out = encode_jsonl(*tok, text, source);
+    else if (mode == "decode") out = decode_jsonl(*tok, text, source);
+    else {
+        ChatOptions opt;
+        opt.enable_thinking = (int)args.integer("enable_thinking");
+        out = chat_jsonl(*tok, ChatTemplate::load(path), opt, text, source);
+    }
+    write_mode_output(args.str("output"), out);
+    return 0;
+}
+
 static int run(const Args& args) {
     if (args.flag("help")) {
         fputs("usage: train_rl_cpu [--flag value ...]\n\n", stdout);
@@ -45,6 +66,8 @@ static int run(const Args& args) {
         write_mode_output(args.str("output"), score_jsonl(read_mode_input(in), in == "-" ? "<stdin>" : in));
         return 0;
     }
+    for (const char* mode : {"encode", "decode", "chat"})
+        if (args.given(mode)) return run_tokenizer_mode(args, mode);
     fail("no mode selected and training is not built yet; see --help");
 }
 
