@@ -51,15 +51,15 @@ inline std::vector<Example> eval_prompts(const TrainConfig& c) {
     return out;
 }
 
-// The model directory the run loads. --resume: the checkpoint (itself a HF directory);
+// The model directory the run loads. --resume: the checkpoint (itself a HF directory; the
+// run's --model or --init may be repeated and then only names the KL reference's origin);
 // --init: a fresh model written to OUT_DIR/init_model by rank 0 (from the task's symbols);
-// else --model. Exactly one of --model and --init unless resuming.
+// else --model. Exactly one of --model and --init.
 inline std::string model_directory(const Args& a, const TrainConfig& c, const Dist& dist) {
-    if (a.given("resume")) {
-        if (a.given("init")) fail("--resume continues a run; drop --init (the checkpoint holds the model)");
-        return resolve_checkpoint(a.str("resume"));
-    }
-    if (a.given("model") == a.given("init"))
+    if (a.given("model") && a.given("init"))
+        fail("give exactly one of --model DIR (a HF model) and --init PRESET|config.json (a fresh model)");
+    if (a.given("resume")) return resolve_checkpoint(a.str("resume"));
+    if (!a.given("model") && !a.given("init"))
         fail("give exactly one of --model DIR (a HF model) and --init PRESET|config.json (a fresh model)");
     if (a.given("model")) return a.str("model");
     std::string dir = c.out_dir + "/init_model";
