@@ -141,9 +141,12 @@ $(BUILD)/bench_%: bench/bench_%.cpp
 bench: $(BENCH_BINS)
 	@for b in $(BENCH_BINS); do echo "== $$b"; ./$$b || exit 1; done
 
-# The README's first command: a tiny model learns 1-2 digit addition from scratch with GRPO on the
+# The README's first command: a tiny model learns 1-digit addition from scratch with GRPO on the
 # CPU, then the dashboard of its log is drawn (needs matplotlib; dev/requirements.txt).
 DEMO_DIR ?= runs/demo
+DEMO_FLAGS ?= --init tiny --task add --task_size 1 --max_new_tokens 3 --group_size 16 --batch_prompts 32 \
+  --lr 3e-4 --temperature 1.5 --steps 300 --eval_every 20 --eval_prompts 100 --eval_k 4 \
+  --rollout_precision fp32 --train_precision fp32 --kv_cache fp32 --threads 2
 demo: train_rl_cpu
 	./train_rl_cpu $(DEMO_FLAGS) --out_dir $(DEMO_DIR)
 	@python3 dev/plot_log.py $(DEMO_DIR) --title "make demo: GRPO from scratch on addition" \
