@@ -30,7 +30,9 @@ struct RunResult {
 RunResult run_cmd(const std::string& cmd, const std::string& dir) {
     std::filesystem::create_directories(dir);
     std::string out = dir + "/cmd_output.txt";
-    int rc = std::system((cmd + " > " + out + " 2>&1").c_str());
+    // Under the sanitizer run, leaks inside Open MPI's libraries are not ours (test/lsan_mpi.supp).
+    std::string env = "LSAN_OPTIONS=suppressions=test/lsan_mpi.supp:print_suppressions=0 ";
+    int rc = std::system((env + cmd + " > " + out + " 2>&1").c_str());
     RunResult r;
     r.status = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
     r.output = read_file(out);
@@ -176,11 +178,12 @@ TEST(trainer_threads_do_not_change_results) {
 // are grouped differently: the results agree to rounding, not bit for bit. Sampling, data order
 // and everything before the first update are identical; after it, weights differ by float noise
 // amplified at most by AdamW's normalization (|update| <= lr per step), so we compare metrics at
-// rtol 1e-3 and weights at an absolute 1e-4 after two steps of lr 3e-3.
+// rtol 1e-3 and weights at an absolute 1e-4 after two steps of lr 3e-3 (measured: 1.8e-6, and
+// every metric but the grad norm's 9th digit identical).
 TEST(trainer_mpi_two_ranks_match_one) {
     if (std::system("command -v mpirun > /dev/null 2>&1") != 0) SKIP("mpirun not found (install openmpi-bin)");
     std::string d = temp_dir("mpi");
-    std::string mpirun = "ASAN_OPTIONS=detect_leaks=0 OMPI_MCA_btl=self,vader mpirun --allow-run-as-root --oversubscribe -np ";
+    std::string mpirun = "OMPI_MCA_btl=self,vader mpirun --allow-run-as-root --oversubscribe -np ";
     RunResult one = run_cmd(mpirun + "1 " + bin() + small_run(d + "/r1", 2) + " --threads 1", d);
     RunResult two = run_cmd(mpirun + "2 " + bin() + small_run(d + "/r2", 2) + " --threads 1", d);
     CHECK_MSG(one.status == 0 && two.status == 0, "%s\n%s", one.output.c_str(), two.output.c_str());
