@@ -36,6 +36,9 @@ struct LayerTensors {
     size_t ln1, wq, bq, wk, bk, wv, bv, q_norm, k_norm, wo, ln2, wg, wu, wd;
 };
 
+// The seven projections of a layer, in the order ModelParams keeps their FP8 weights.
+enum Projection { kQ, kK, kV, kO, kGate, kUp, kDown, kProjections };
+
 struct CpuModel {
     const ModelWeights* weights;
     int V, C, I, L, H, KV, D;
@@ -72,6 +75,22 @@ struct CpuModel {
 
     long num_floats() const { return (long)weights->num_floats(); }
 
+    // Projection j of layer l (weight [N, K], bias) in a buffer with the master layout.
+    LinearWeight projection(int l, Projection j, const float* base) const {
+        const LayerTensors& t = layers[l];
+        const int Q = H * D, K = KV * D;
+        auto at = [&](size_t off) { return off == kNoTensor ? nullptr : base + off; };
+        switch (j) {
+            case kQ: return {at(t.wq), at(t.bq), Q, C};
+            case kK: return {at(t.wk), at(t.bk), K, C};
+            case kV: return {at(t.wv), at(t.bv), K, C};
+            case kO: return {at(t.wo), nullptr, C, Q};
+            case kGate: return {at(t.wg), nullptr, I, C};
+            case kUp: return {at(t.wu), nullptr, I, C};
+            default: return {at(t.wd), nullptr, C, I};
+        }
+    }
+
     // RoPE inverse frequencies in FP32 as HF computes them, with llama3 scaling (spec-model §2.5).
     static std::vector<float> rope_inv_freq(const ModelConfig& c) {
         const int half = (int)c.head_dim / 2;
@@ -95,15 +114,25 @@ struct CpuModel {
 };
 
 // The parameters as one precision reads them: the master buffer itself (fp32) or a BF16-rounded
-// copy (bf16, fp8). Call prepare() again after every change of the master weights.
+// copy (bf16, fp8), and for fp8 the 128x128-block quantization of every projection weight (from
+// the FP32 master). Call prepare() again after every change of the master weights.
 struct ModelParams {
     Precision precision = Precision::FP32;
     const float* base = nullptr;  // master layout
     std::vector<float> rounded;
+    std::vector<Fp8Weight> fp8;   // [L * kProjections], fp8 only
+    bool fp8_pow2_scales = false;  // power-of-two block scales (the option of spec-fp8.md §4.2)
 
     void prepare(const CpuModel& m, Precision p) {
         precision = p;
         const std::vector<float>& master = m.weights->master;
+        fp8.clear();
+        if (p == Precision::FP8)
+            for (int l = 0; l < m.L; l++)
+                for (int j = 0; j < kProjections; j++) {
+                    const LinearWeight w = m.projection(l, (Projection)j, master.data());
+                    fp8.push_back(fp8_quantize_weight(w.w, w.N, w.K, fp8_pow2_scales));
+                }
         if (p == Precision::FP32) {
             rounded.clear();
             base = master.data();
@@ -116,6 +145,13 @@ struct ModelParams {
         base = rounded.data();
     }
     const float* at(size_t offset) const { return offset == kNoTensor ? nullptr : base + offset; }
+
+    // Projection j of layer l as this precision's GEMMs read it.
+    LinearWeight linear(const CpuModel& m, int l, Projection j) const {
+        LinearWeight w = m.projection(l, j, base);
+        if (precision == Precision::FP8) w.fp8 = &fp8[(size_t)l * kProjections + j];
+        return w;
+    }
 };
 
 // A batch of variable-length sequences, packed: sequence s is ids[offsets[s] .. offsets[s+1]).
@@ -154,6 +190,7 @@ struct ForwardActs {
     std::vector<int32_t> ids, pos, target, key_count;
     std::vector<int64_t> key_start, seq_begin, seq_end, cache_row;
     std::vector<LayerActs> layers;
+    std::vector<float> k_amax, v_amax;  // [L] max |K| (after k-norm and RoPE) and max |V| of the last pass
     float *hf = nullptr, *xf = nullptr, *rstdf = nullptr;               // final hidden [T, C], normed, rstd
     float *head_logprob = nullptr, *head_entropy = nullptr, *head_lse = nullptr, *head_mu = nullptr;  // [T]
     BackwardActs grad{};
@@ -166,6 +203,8 @@ struct ForwardActs {
     void reserve(const CpuModel& m, long tokens, bool keep_all, bool backward) {
         T = tokens;
         keep_all_layers = keep_all;
+        k_amax.assign(m.L, 0.0f);
+        v_amax.assign(m.L, 0.0f);
         size_t n = layout(m, backward, nullptr);
         if (storage_.size() < n) storage_.resize(n);
         layout(m, backward, storage_.data());
@@ -252,18 +291,19 @@ inline void layer_forward(const CpuModel& m, const ModelParams& p, ForwardActs& 
     LayerActs& A = acts.layer(l);
     const long T = acts.T;
     const bool bf16 = stores_bf16(p.precision);
-    const int Q = m.H * m.D, K = m.KV * m.D;
     float* x = acts.resid(m, l);
     rmsnorm_forward(A.xn1, A.rstd1, x, p.at(w.ln1), T, m.C, m.eps, bf16);
-    linear_forward(m.qk_norm ? A.qp : A.q, A.xn1, T, {p.at(w.wq), p.at(w.bq), Q, m.C}, p.precision);
-    linear_forward(m.qk_norm ? A.kp : A.k, A.xn1, T, {p.at(w.wk), p.at(w.bk), K, m.C}, p.precision);
-    linear_forward(A.v, A.xn1, T, {p.at(w.wv), p.at(w.bv), K, m.C}, p.precision);
+    linear_forward(m.qk_norm ? A.qp : A.q, A.xn1, T, p.linear(m, l, kQ), p.precision);
+    linear_forward(m.qk_norm ? A.kp : A.k, A.xn1, T, p.linear(m, l, kK), p.precision);
+    linear_forward(A.v, A.xn1, T, p.linear(m, l, kV), p.precision);
     if (m.qk_norm) {
         rmsnorm_forward(A.q, A.rstd_q, A.qp, p.at(w.q_norm), T * m.H, m.D, m.eps, bf16);
         rmsnorm_forward(A.k, A.rstd_k, A.kp, p.at(w.k_norm), T * m.KV, m.D, m.eps, bf16);
     }
     rope_forward(A.q, acts.pos.data(), acts.rope, T, m.H, bf16);
     rope_forward(A.k, acts.pos.data(), acts.rope, T, m.KV, bf16);
+    acts.k_amax[l] = max_abs(A.k, T * m.KV * m.D);
+    acts.v_amax[l] = max_abs(A.v, T * m.KV * m.D);
     const float *Kc = A.k, *Vc = A.v;
     if (cache) {
         cache->store(l, T, acts.cache_row.data(), A.k, A.v);
@@ -271,15 +311,26 @@ inline void layer_forward(const CpuModel& m, const ModelParams& p, ForwardActs& 
     }
     attention_forward(A.att, A.lse, A.q, Kc, Vc, acts.key_start.data(), acts.key_count.data(), T, {m.H, m.KV, m.D},
                       acts.attn_scratch.data(), acts.attn_scratch_stride, bf16);
-    linear_forward(A.h1, A.att, T, {p.at(w.wo), nullptr, m.C, Q}, p.precision);
+    linear_forward(A.h1, A.att, T, p.linear(m, l, kO), p.precision);
     residual_add(A.h1, x, A.h1, T * m.C, bf16);
     rmsnorm_forward(A.xn2, A.rstd2, A.h1, p.at(w.ln2), T, m.C, m.eps, bf16);
-    linear_forward(A.g, A.xn2, T, {p.at(w.wg), nullptr, m.I, m.C}, p.precision);
-    linear_forward(A.u, A.xn2, T, {p.at(w.wu), nullptr, m.I, m.C}, p.precision);
+    linear_forward(A.g, A.xn2, T, p.linear(m, l, kGate), p.precision);
+    linear_forward(A.u, A.xn2, T, p.linear(m, l, kUp), p.precision);
     swiglu_forward(A.a, A.g, A.u, T * m.I, bf16);
     float* out = acts.resid(m, l + 1);
-    linear_forward(out, A.a, T, {p.at(w.wd), nullptr, m.C, m.I}, p.precision);
+    linear_forward(out, A.a, T, p.linear(m, l, kDown), p.precision);
     residual_add(out, A.h1, out, T * m.C, bf16);
+}
+
+// FP8 KV-cache scales per layer from the K/V amax of the last forward pass (spec-fp8.md §9.4: the
+// trainer runs the updated weights forward and hands these to the next rollout).
+inline void kv_scales_from_forward(const ForwardActs& acts, std::vector<float>& k_scale, std::vector<float>& v_scale) {
+    k_scale.resize(acts.k_amax.size());
+    v_scale.resize(acts.v_amax.size());
+    for (size_t l = 0; l < acts.k_amax.size(); l++) {
+        k_scale[l] = kv_scale_from_amax(acts.k_amax[l]);
+        v_scale[l] = kv_scale_from_amax(acts.v_amax[l]);
+    }
 }
 
 // Embedding, every layer and the final norm over the rows set up in acts (ids, pos, key ranges).
@@ -331,18 +382,18 @@ inline void layer_backward(const CpuModel& m, const ModelParams& p, ForwardActs&
     const int Q = m.H * m.D, K = m.KV * m.D;
     auto gr = [&](size_t off) { return off == kNoTensor ? nullptr : grad + off; };
     // MLP
-    linear_backward(g.da, false, gr(w.wd), nullptr, g.dh, A.a, T, {p.at(w.wd), nullptr, m.C, m.I}, pr);
+    linear_backward(g.da, false, gr(w.wd), nullptr, g.dh, A.a, T, p.linear(m, l, kDown), pr);
     round_bf16_if(bf16, g.da, T * m.I);
     swiglu_backward(g.dg, g.du, g.da, A.g, A.u, T * m.I);
     round_bf16_if(bf16, g.dg, T * m.I);
     round_bf16_if(bf16, g.du, T * m.I);
-    linear_backward(g.dxn, false, gr(w.wg), nullptr, g.dg, A.xn2, T, {p.at(w.wg), nullptr, m.I, m.C}, pr);
-    linear_backward(g.dxn, true, gr(w.wu), nullptr, g.du, A.xn2, T, {p.at(w.wu), nullptr, m.I, m.C}, pr);
+    linear_backward(g.dxn, false, gr(w.wg), nullptr, g.dg, A.xn2, T, p.linear(m, l, kGate), pr);
+    linear_backward(g.dxn, true, gr(w.wu), nullptr, g.du, A.xn2, T, p.linear(m, l, kUp), pr);
     round_bf16_if(bf16, g.dxn, T * m.C);
     rmsnorm_backward(g.dh, gr(w.ln2), g.dxn, A.h1, p.at(w.ln2), A.rstd2, T, m.C, true);
     round_bf16_if(bf16, g.dh, T * m.C);
     // attention
-    linear_backward(g.datt, false, gr(w.wo), nullptr, g.dh, A.att, T, {p.at(w.wo), nullptr, m.C, Q}, pr);
+    linear_backward(g.datt, false, gr(w.wo), nullptr, g.dh, A.att, T, p.linear(m, l, kO), pr);
     round_bf16_if(bf16, g.datt, T * Q);
     attention_backward(g.dq, g.dk, g.dv, g.delta, g.datt, A.att, A.lse, A.q, A.k, A.v, acts.seq_begin.data(),
                        acts.seq_end.data(), T, {m.H, m.KV, m.D});
@@ -359,9 +410,9 @@ inline void layer_backward(const CpuModel& m, const ModelParams& p, ForwardActs&
         round_bf16_if(bf16, g.dkp, T * K);
         dq = g.dqp, dk = g.dkp;
     }
-    linear_backward(g.dxn, false, gr(w.wq), gr(w.bq), dq, A.xn1, T, {p.at(w.wq), p.at(w.bq), Q, m.C}, pr);
-    linear_backward(g.dxn, true, gr(w.wk), gr(w.bk), dk, A.xn1, T, {p.at(w.wk), p.at(w.bk), K, m.C}, pr);
-    linear_backward(g.dxn, true, gr(w.wv), gr(w.bv), g.dv, A.xn1, T, {p.at(w.wv), p.at(w.bv), K, m.C}, pr);
+    linear_backward(g.dxn, false, gr(w.wq), gr(w.bq), dq, A.xn1, T, p.linear(m, l, kQ), pr);
+    linear_backward(g.dxn, true, gr(w.wk), gr(w.bk), dk, A.xn1, T, p.linear(m, l, kK), pr);
+    linear_backward(g.dxn, true, gr(w.wv), gr(w.bv), g.dv, A.xn1, T, p.linear(m, l, kV), pr);
     round_bf16_if(bf16, g.dxn, T * m.C);
     rmsnorm_backward(g.dh, gr(w.ln1), g.dxn, acts.resid(m, l), p.at(w.ln1), A.rstd1, T, m.C, true);
     round_bf16_if(bf16, g.dh, T * m.C);

@@ -20,6 +20,14 @@ inline void round_bf16_if(bool on, float* x, long n) {
     for (long i = 0; i < n; i++) x[i] = round_bf16(x[i]);
 }
 
+// max |x| over n values (exact in any order, so thread-count independent).
+inline float max_abs(const float* x, long n) {
+    float m = 0.0f;
+#pragma omp parallel for reduction(max : m) schedule(static)
+    for (long i = 0; i < n; i++) m = std::fabs(x[i]) > m ? std::fabs(x[i]) : m;
+    return m;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Embedding: x[t] = E[ids[t]] (no scaling).
 
