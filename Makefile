@@ -51,15 +51,16 @@ BENCH_SRCS := $(wildcard bench/bench_*.cpp)
 BENCH_BINS := $(patsubst bench/%.cpp,$(BUILD)/%,$(BENCH_SRCS))
 FUZZ_SECONDS ?= 30
 
-.PHONY: all test test-unit test-asan cuda-check test_gpu bench fuzz clean
+.PHONY: all test test-unit test-asan cuda-check test_gpu bench fuzz clean demo
 all: train_rl_cpu
 
 train_rl_cpu: train_rl_cpu.cpp
-	$(CPU_LINK_CXX) $(CXXFLAGS) $(MPI_FLAGS) -o $@ $< $(LDLIBS)
+	@mkdir -p $(BUILD)
+	$(CPU_LINK_CXX) $(CXXFLAGS) $(MPI_FLAGS) -MF $(BUILD)/train_rl_cpu.d -o $@ $< $(LDLIBS)
 
 $(BUILD)/train_rl_cpu_asan: train_rl_cpu.cpp
 	@mkdir -p $(@D)
-	$(CPU_LINK_CXX) $(SANFLAGS) $(MPI_FLAGS) -o $@ $< $(LDLIBS)
+	$(CPU_LINK_CXX) $(SANFLAGS) $(MPI_FLAGS) -MF $(BUILD)/train_rl_cpu_asan.d -o $@ $< $(LDLIBS)
 
 $(BUILD)/%.o: %.cpp
 	@mkdir -p $(@D)
@@ -122,6 +123,15 @@ $(BUILD)/bench_%: bench/bench_%.cpp
 
 bench: $(BENCH_BINS)
 	@for b in $(BENCH_BINS); do echo "== $$b"; ./$$b || exit 1; done
+
+# The README's first command: a tiny model learns 1-2 digit addition from scratch with GRPO on the
+# CPU, then the dashboard of its log is drawn (needs matplotlib; dev/requirements.txt).
+DEMO_DIR ?= runs/demo
+demo: train_rl_cpu
+	./train_rl_cpu $(DEMO_FLAGS) --out_dir $(DEMO_DIR)
+	@python3 dev/plot_log.py $(DEMO_DIR) --title "make demo: GRPO from scratch on addition" \
+	  || echo "plot skipped: python3 with matplotlib not found (pip install -r dev/requirements.txt)"
+	@echo "demo: log $(DEMO_DIR)/log.jsonl, plot $(DEMO_DIR)/dashboard.png, checkpoint $(DEMO_DIR)/$$(cat $(DEMO_DIR)/latest)"
 
 clean:
 	rm -rf $(BUILD) train_rl_cpu train_rl test_gpu

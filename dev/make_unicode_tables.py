@@ -1,0 +1,190 @@
+#!/usr/bin/env python3
+"""Generates rl/unicode_tables.h from the Unicode Character Database (Debian package unicode-data).
+
+    pip install unicodedata2==16.0.0    # general categories of Unicode 16.0
+    python3 dev/make_unicode_tables.py [/usr/share/unicode] > rl/unicode_tables.h
+
+What the tokenizer needs, as sorted range/pair tables (binary-searched at run time):
+  * the character classes of the pre-tokenizer regexes: \\p{L} (Lu Ll Lt Lm Lo), \\p{N} (Nd Nl No)
+    and \\s (the White_Space property, which is what Oniguruma's \\s means for Unicode text);
+  * NFC: canonical combining classes, one-level canonical decompositions, the primary composites
+    (canonical pairs minus Full_Composition_Exclusion), and the NFC_QC=No/Maybe ranges for the
+    quick check. Hangul syllables are algorithmic and not listed.
+
+Unicode versions: HF tokenizers 0.23 does not use one version throughout, and fp8rl must give its
+ids. Its regex engine (Oniguruma) classifies characters by Unicode 16.0: probing its pre-tokenizer
+with every code point agrees with Unicode 16.0's general categories and with no older version, so
+the categories come from `unicodedata2` 16.0.0 (Debian ships UCD 15.0, which lacks 4,924 letters
+of 16.0). Its NFC (the unicode-normalization-alignments crate) is Unicode 9.0: probing it with
+decomposed characters and random mark sequences agrees with NFC restricted to characters assigned
+by 9.0 and with no other version. So NFC data here keeps only characters of DerivedAge <= 9.0;
+combining classes and decompositions of assigned characters never change (Unicode stability
+policy), so the 15.0 files give exactly the 9.0 data.
+"""
+import os
+import sys
+
+import unicodedata2
+
+NFC_MAX_AGE = (9, 0)
+
+UCD = sys.argv[1] if len(sys.argv) > 1 else "/usr/share/unicode"
+
+
+def read_lines(name):
+    with open(os.path.join(UCD, name), encoding="utf-8") as f:
+        for line in f:
+            line = line.split("#", 1)[0].strip()
+            if line:
+                yield [field.strip() for field in line.split(";")]
+
+
+def parse_range(s):
+    if ".." in s:
+        a, b = s.split("..")
+        return int(a, 16), int(b, 16)
+    return int(s, 16), int(s, 16)
+
+
+def version():
+    with open(os.path.join(UCD, "DerivedNormalizationProps.txt"), encoding="utf-8") as f:
+        return f.readline().strip("# \n").replace("DerivedNormalizationProps-", "").replace(".txt", "")
+
+
+def unicode_data():
+    """Yields (code point, fields) for every assigned code point, expanding First/Last ranges."""
+    first = None
+    for fields in read_lines("UnicodeData.txt"):
+        cp = int(fields[0], 16)
+        if fields[1].endswith(", First>"):
+            first = cp
+            continue
+        if fields[1].endswith(", Last>"):
+            for c in range(first, cp + 1):
+                yield c, fields
+            continue
+        yield cp, fields
+
+
+def ages():
+    """{code point: (major, minor)} from DerivedAge.txt."""
+    out = {}
+    for fields in read_lines("DerivedAge.txt"):
+        lo, hi = parse_range(fields[0])
+        age = tuple(int(x) for x in fields[1].split("."))
+        for cp in range(lo, hi + 1):
+            out[cp] = age
+    return out
+
+
+def ranges(values):
+    """[(lo, hi, value)] merging adjacent code points with equal non-zero value."""
+    out = []
+    for cp in sorted(values):
+        v = values[cp]
+        if out and out[-1][1] == cp - 1 and out[-1][2] == v:
+            out[-1][1] = cp
+        else:
+            out.append([cp, cp, v])
+    return out
+
+
+def main():
+    assert unicodedata2.unidata_version == "16.0.0", "pip install unicodedata2==16.0.0"
+    CLASS_L, CLASS_N, CLASS_SPACE = 1, 2, 3
+    cls, ccc, decomp = {}, {}, {}
+    for cp in range(0x110000):
+        gc = unicodedata2.category(chr(cp))
+        if gc[0] == "L":
+            cls[cp] = CLASS_L
+        elif gc[0] == "N":
+            cls[cp] = CLASS_N
+    age = ages()
+    for cp, f in unicode_data():
+        if age[cp] > NFC_MAX_AGE:
+            continue
+        if int(f[3]):
+            ccc[cp] = int(f[3])
+        if f[5] and not f[5].startswith("<"):
+            decomp[cp] = [int(x, 16) for x in f[5].split()]
+    for fields in read_lines("PropList.txt"):
+        if fields[1] == "White_Space":
+            lo, hi = parse_range(fields[0])
+            for cp in range(lo, hi + 1):
+                assert cp not in cls
+                cls[cp] = CLASS_SPACE
+
+    excluded = set()
+    qc = {}
+    for fields in read_lines("DerivedNormalizationProps.txt"):
+        lo, hi = parse_range(fields[0])
+        if fields[1] == "Full_Composition_Exclusion":
+            excluded.update(range(lo, hi + 1))
+        elif fields[1] == "NFC_QC":
+            for cp in range(lo, hi + 1):
+                if age[cp] <= NFC_MAX_AGE:
+                    qc[cp] = 1 if fields[2] == "N" else 2
+    compose = sorted((d[0], d[1], cp) for cp, d in decomp.items() if len(d) == 2 and cp not in excluded)
+
+    out = []
+    w = out.append
+    w("// unicode_tables.h: GENERATED by dev/make_unicode_tables.py. Do not edit; rerun the script.")
+    w(f"// Classes: Unicode {unicodedata2.unidata_version} general categories (as HF tokenizers' Oniguruma) and White_Space;")
+    w(f"// NFC: characters of Unicode <= {NFC_MAX_AGE[0]}.{NFC_MAX_AGE[1]} (as HF tokenizers' NFC) from UCD {version()}.")
+    w("#pragma once")
+    w("#include <cstdint>")
+    w("")
+    w("namespace fp8rl {")
+    w("")
+    w(f"constexpr const char* unicode_class_version = \"{unicodedata2.unidata_version}\";")
+    w(f"constexpr const char* unicode_nfc_version = \"{NFC_MAX_AGE[0]}.{NFC_MAX_AGE[1]}\";")
+    w("")
+    w("struct UnicodeRange { uint32_t lo, hi; uint8_t value; };")
+    w("struct UnicodeDecomposition { uint32_t cp, first, second; };  // second = 0 for a singleton")
+    w("struct UnicodeComposition { uint32_t first, second, composite; };")
+    w("")
+
+    def emit_ranges(name, comment, rs):
+        w(f"// {comment}")
+        w(f"constexpr UnicodeRange {name}[] = {{")
+        line = ""
+        for lo, hi, v in rs:
+            item = f"{{0x{lo:X},0x{hi:X},{v}}},"
+            if len(line) + len(item) > 100:
+                w(line)
+                line = ""
+            line += item
+        if line:
+            w(line)
+        w("};")
+        w("")
+
+    def emit_triples(name, ctype, comment, ts):
+        w(f"// {comment}")
+        w(f"constexpr {ctype} {name}[] = {{")
+        line = ""
+        for a, b, c in ts:
+            item = f"{{0x{a:X},0x{b:X},0x{c:X}}},"
+            if len(line) + len(item) > 100:
+                w(line)
+                line = ""
+            line += item
+        if line:
+            w(line)
+        w("};")
+        w("")
+
+    emit_ranges("unicode_class_ranges", "pre-tokenizer classes: 1 = \\p{L}, 2 = \\p{N}, 3 = White_Space (\\s)", ranges(cls))
+    emit_ranges("unicode_ccc_ranges", "canonical combining class (non-zero only)", ranges(ccc))
+    emit_ranges("unicode_nfc_qc_ranges", "NFC quick check: 1 = No, 2 = Maybe (absent = Yes)", ranges(qc))
+    emit_triples("unicode_decompositions", "UnicodeDecomposition",
+                 "canonical decomposition, one level (apply recursively), sorted by code point",
+                 sorted((cp, d[0], d[1] if len(d) == 2 else 0) for cp, d in decomp.items()))
+    emit_triples("unicode_compositions", "UnicodeComposition",
+                 "primary composites: (first, second) -> composite, sorted by (first, second)", compose)
+    w("}  // namespace fp8rl")
+    sys.stdout.write("\n".join(out) + "\n")
+
+
+if __name__ == "__main__":
+    main()

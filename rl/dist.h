@@ -1,0 +1,149 @@
+// dist.h: data parallelism over MPI for the CPU engine (and the host side of the GPU engine).
+// Every reduction gathers to rank 0, sums in rank order and broadcasts the result, so a sum over
+// N ranks is the same sequence of additions whatever the network does: runs are reproducible and
+// N ranks with the same global batch match one rank up to the order the per-rank partial sums
+// are formed in. Without FP8RL_MPI (set by the Makefile when mpicxx exists) the same calls
+// run one process and do nothing.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "rl/common.h"
+
+#ifdef FP8RL_MPI
+// Only MPI's C API: the deprecated C++ bindings do not compile warning-free.
+#define OMPI_SKIP_MPICXX 1
+#define MPICH_SKIP_MPICXX 1
+#include <mpi.h>
+// Every MPI call goes through this check: a failure becomes an Error naming the call.
+#define MPI_CHECK(call)                                                                        \
+    do {                                                                                       \
+        int mpi_rc_ = (call);                                                                  \
+        if (mpi_rc_ != MPI_SUCCESS) {                                                          \
+            char mpi_msg_[MPI_MAX_ERROR_STRING];                                               \
+            int mpi_len_ = 0;                                                                  \
+            MPI_Error_string(mpi_rc_, mpi_msg_, &mpi_len_);                                    \
+            fp8rl::fail("MPI: %s failed at %s:%d: %s", #call, __FILE__, __LINE__, mpi_msg_);   \
+        }                                                                                      \
+    } while (0)
+#endif
+
+namespace fp8rl {
+
+#ifdef FP8RL_MPI
+template <typename T> inline MPI_Datatype mpi_type();
+template <> inline MPI_Datatype mpi_type<double>() { return MPI_DOUBLE; }
+template <> inline MPI_Datatype mpi_type<float>() { return MPI_FLOAT; }
+template <> inline MPI_Datatype mpi_type<int64_t>() { return MPI_INT64_T; }
+template <> inline MPI_Datatype mpi_type<char>() { return MPI_CHAR; }
+#endif
+
+class Dist {
+public:
+    // Initializes MPI when built with it and started under mpirun (or as a singleton).
+    Dist() {
+#ifdef FP8RL_MPI
+        int inited = 0;
+        MPI_CHECK(MPI_Initialized(&inited));
+        if (!inited) {
+            MPI_CHECK(MPI_Init(nullptr, nullptr));
+            owns_mpi_ = true;
+        }
+        MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
+        MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank_));
+        MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size_));
+#endif
+    }
+    ~Dist() {
+#ifdef FP8RL_MPI
+        if (owns_mpi_) MPI_Finalize();
+#endif
+    }
+    Dist(const Dist&) = delete;
+    Dist& operator=(const Dist&) = delete;
+
+    int rank() const { return rank_; }
+    int size() const { return size_; }
+    bool is_root() const { return rank_ == 0; }
+
+    // In place: x[i] = sum over ranks, added in rank order 0, 1, ..., N-1 on rank 0.
+    template <typename T> void all_reduce_sum(T* x, size_t n) const {
+        if (size_ == 1 || n == 0) return;
+#ifdef FP8RL_MPI
+        std::vector<T> all(rank_ == 0 ? n * (size_t)size_ : 0);  // [ranks, n] on rank 0
+        MPI_CHECK(MPI_Gather(x, (int)n, mpi_type<T>(), all.data(), (int)n, mpi_type<T>(), 0, MPI_COMM_WORLD));
+        if (rank_ == 0) {
+            for (size_t i = 0; i < n; i++) {
+                T s = all[i];
+                for (int r = 1; r < size_; r++) s += all[(size_t)r * n + i];
+                x[i] = s;
+            }
+        }
+        broadcast(x, n);
+#else
+        (void)x;
+#endif
+    }
+    template <typename T> void all_reduce_sum(std::vector<T>& x) const { all_reduce_sum(x.data(), x.size()); }
+    template <typename T> T sum(T x) const {
+        all_reduce_sum(&x, 1);
+        return x;
+    }
+
+    // Concatenation over ranks in rank order, on every rank (used for metrics over all tokens).
+    template <typename T> std::vector<T> all_gather(const std::vector<T>& x) const {
+        if (size_ == 1) return x;
+        std::vector<T> out;
+#ifdef FP8RL_MPI
+        std::vector<int64_t> counts((size_t)size_);
+        int64_t mine = (int64_t)x.size();
+        MPI_CHECK(MPI_Allgather(&mine, 1, MPI_INT64_T, counts.data(), 1, MPI_INT64_T, MPI_COMM_WORLD));
+        std::vector<int> cnt((size_t)size_), disp((size_t)size_);
+        int64_t total = 0;
+        for (int r = 0; r < size_; r++) {
+            cnt[(size_t)r] = (int)counts[(size_t)r];
+            disp[(size_t)r] = (int)total;
+            total += counts[(size_t)r];
+        }
+        out.resize((size_t)total);
+        MPI_CHECK(MPI_Allgatherv(x.data(), (int)mine, mpi_type<T>(), out.data(), cnt.data(), disp.data(),
+                                 mpi_type<T>(), MPI_COMM_WORLD));
+#endif
+        return out;
+    }
+
+    // Rank 0's values to every rank.
+    template <typename T> void broadcast(T* x, size_t n) const {
+        if (size_ == 1 || n == 0) return;
+#ifdef FP8RL_MPI
+        MPI_CHECK(MPI_Bcast(x, (int)n, mpi_type<T>(), 0, MPI_COMM_WORLD));
+#else
+        (void)x;
+#endif
+    }
+
+    void barrier() const {
+#ifdef FP8RL_MPI
+        if (size_ > 1) MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+#endif
+    }
+
+    // An error on one rank must stop all of them instead of leaving the others waiting forever.
+    void abort_all(int code) const {
+#ifdef FP8RL_MPI
+        if (size_ > 1) MPI_Abort(MPI_COMM_WORLD, code);
+#else
+        (void)code;
+#endif
+    }
+
+private:
+    int rank_ = 0;
+    int size_ = 1;
+#ifdef FP8RL_MPI
+    bool owns_mpi_ = false;
+#endif
+};
+
+}  // namespace fp8rl

@@ -1,0 +1,31 @@
+// lr_schedule.h: learning rate per optimizer update: linear warm-up from lr/warmup to lr, then
+// constant or cosine decay to min_ratio*lr at the last update.
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "rl/common.h"
+
+namespace fp8rl {
+
+struct LrSchedule {
+    double lr = 1e-6;
+    int64_t warmup = 0;      // updates
+    int64_t total = 1;       // updates in the whole run
+    bool cosine = false;
+    double min_ratio = 0.0;
+
+    // update = 0-based index of the optimizer update.
+    double at(int64_t update) const {
+        if (update < warmup) return lr * (double)(update + 1) / (double)warmup;
+        if (!cosine) return lr;
+        int64_t span = total - warmup;
+        double progress = span > 1 ? (double)(update - warmup) / (double)(span - 1) : 1.0;
+        if (progress > 1.0) progress = 1.0;
+        double c = 0.5 * (1.0 + std::cos(M_PI * progress));
+        return lr * (min_ratio + (1.0 - min_ratio) * c);
+    }
+};
+
+}  // namespace fp8rl

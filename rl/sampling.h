@@ -1,0 +1,160 @@
+// sampling.h: the sampling rule for one position, given its logits and one uniform number u in
+// [0, 1) (from rl/rng.h). Shared by the CPU engine and CUDA kernels (one thread per row), so it
+// uses no allocation: the caller passes a scratch row of `n` floats.
+//
+// Semantics follow HF transformers' warpers, applied in HF's order:
+//   1. temperature: s = logits / T (T == 0 means greedy: the argmax, lowest id on ties);
+//   2. top-k (k > 0 and k < n): keep every token whose probability is >= the k-th largest one
+//      (ties at the threshold are all kept, as HF's `scores < topk(...)[-1]` does);
+//   3. top-p (p < 1): among the kept tokens, sorted by probability descending, keep a token while
+//      the mass of the tokens before it is < p of the kept mass: the smallest set whose mass is
+//      >= p, never empty. Tokens with equal probability are ordered by ascending id (HF's sort
+//      leaves that order unspecified; only exact ties at the boundary can differ).
+//   4. inverse CDF: walk the kept tokens in ascending id order, accumulating their probabilities;
+//      the sample is the first token whose running sum exceeds u * (kept mass).
+// Tokens are ranked by their float probability exp(s - max s), which orders them like the logits
+// except where two logits are so close that their probabilities round to the same float.
+//
+// Thresholds are found by bisection over the bit patterns of the probabilities (non-negative
+// floats order like their bits), so no sort is needed: O(n) per pass, <= 31 passes per threshold.
+//
+// The caller restricts `n` to the ids that may be sampled (e.g. the tokenizer's size when the
+// embedding has padding rows). Logits must not be NaN; at least one must be finite.
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "rl/hostdevice.h"
+
+namespace fp8rl {
+
+struct SamplingParams {
+    float temperature = 1.0f;  // 0 = greedy
+    int top_k = 0;             // <= 0 or >= n: off
+    float top_p = 1.0f;        // >= 1: off
+};
+
+struct SampledToken {
+    int token;
+    // log-prob of `token` under the distribution that was sampled (after temperature, top-k, top-p;
+    // renormalized over the kept tokens). 0 for greedy: the distribution is a point mass.
+    float logprob;
+    // log softmax(logits / T)[token] over all n ids, without top-k/top-p (T = 1 for greedy): the
+    // quantity a trainer recomputes from its own logits divided by the sampling temperature.
+    float logprob_full;
+};
+
+// Bit pattern of a float; for non-negative floats it is monotone in the value.
+FP8RL_HD uint32_t float_bits(float x) {
+#ifdef __CUDA_ARCH__
+    return __float_as_uint(x);
+#else
+    uint32_t b;
+    std::memcpy(&b, &x, sizeof b);
+    return b;
+#endif
+}
+
+// Number of probabilities whose bits are >= key (a non-increasing function of key).
+struct CountAtLeast {
+    const float* p;
+    int n;
+    FP8RL_HD double operator()(uint32_t key) const {
+        int count = 0;
+        for (int i = 0; i < n; i++) count += float_bits(p[i]) >= key;
+        return count;
+    }
+};
+
+// Sum of the probabilities whose bits are >= key (a non-increasing function of key).
+struct MassAtLeast {
+    const float* p;
+    int n;
+    FP8RL_HD double operator()(uint32_t key) const {
+        double mass = 0.0;
+        for (int i = 0; i < n; i++)
+            if (float_bits(p[i]) >= key) mass += p[i];
+        return mass;
+    }
+};
+
+// The largest key in [lo, hi] with f(key) >= target, for f non-increasing and f(lo) >= target.
+template <class F>
+FP8RL_HD uint32_t largest_key_at_least(uint32_t lo, uint32_t hi, const F& f, double target) {
+    while (lo < hi) {
+        const uint32_t mid = lo + (hi - lo + 1) / 2;
+        if (f(mid) >= target)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+
+// Greedy pick: the argmax (lowest id on ties), with its full log-softmax at T = 1.
+FP8RL_HD SampledToken sample_greedy(const float* logits, int n) {
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (logits[i] > logits[best]) best = i;
+    double z = 0.0;
+    for (int i = 0; i < n; i++) z += expf(logits[i] - logits[best]);
+    return SampledToken{best, 0.0f, (float)-log(z)};
+}
+
+// Zeroes scratch[i] for the tokens top-p removes. `kept_mass` is the mass of the nonzero entries.
+FP8RL_HD void apply_top_p(float* scratch, int n, float top_p, double kept_mass) {
+    const double target = (double)top_p * kept_mass;
+    const uint32_t key = largest_key_at_least(0u, float_bits(1.0f), MassAtLeast{scratch, n}, target);
+    double before = key == float_bits(1.0f) ? 0.0 : MassAtLeast{scratch, n}(key + 1);
+    bool kept_any = before > 0.0;
+    for (int i = 0; i < n; i++) {
+        const uint32_t b = float_bits(scratch[i]);
+        if (b < key) {
+            scratch[i] = 0.0f;
+        } else if (b == key) {  // the boundary tie group, in ascending id order; never keep nothing
+            if (before < target || !kept_any) {
+                before += scratch[i];
+                kept_any = true;
+            } else {
+                scratch[i] = 0.0f;
+            }
+        }
+    }
+}
+
+// Samples one token from `logits` [n] with uniform u in [0, 1); scratch [n] is overwritten.
+FP8RL_HD SampledToken sample_token(const float* logits, int n, const SamplingParams& params, float u,
+                                   float* scratch) {
+    if (params.temperature == 0.0f) return sample_greedy(logits, n);
+    const float inv_t = 1.0f / params.temperature;
+    float s_max = -INFINITY;
+    for (int i = 0; i < n; i++) s_max = fmaxf(s_max, logits[i] * inv_t);
+    double z_all = 0.0;
+    for (int i = 0; i < n; i++) {
+        scratch[i] = expf(logits[i] * inv_t - s_max);  // probability x z_all, max entry exactly 1
+        z_all += scratch[i];
+    }
+    if (params.top_k > 0 && params.top_k < n) {
+        const uint32_t key = largest_key_at_least(0u, float_bits(1.0f), CountAtLeast{scratch, n}, params.top_k);
+        for (int i = 0; i < n; i++)
+            if (float_bits(scratch[i]) < key) scratch[i] = 0.0f;
+    }
+    double kept = MassAtLeast{scratch, n}(0u);
+    if (params.top_p < 1.0f) {
+        apply_top_p(scratch, n, params.top_p, kept);
+        kept = MassAtLeast{scratch, n}(0u);
+    }
+    const double target = (double)u * kept;
+    double cum = 0.0;
+    int token = -1;
+    for (int i = 0; i < n && (token < 0 || cum <= target); i++) {
+        if (scratch[i] == 0.0f) continue;
+        cum += scratch[i];
+        token = i;  // the last nonzero token also catches u * kept rounding up to the total
+    }
+    const float s_tok = logits[token] * inv_t - s_max;
+    return SampledToken{token, (float)(s_tok - log(kept)), (float)(s_tok - log(z_all))};
+}
+
+}  // namespace fp8rl

@@ -1,0 +1,104 @@
+// Tests of rl/sampling.h: picks and log-probs against HF transformers' warpers + inverse CDF
+// (dev/make_sampling_fixtures.py), and the documented tie-breaking and edge rules.
+#include <cmath>
+#include <sstream>
+#include <vector>
+
+#include "rl/json.h"
+#include "rl/sampling.h"
+#include "test/harness.h"
+
+using namespace fp8rl;
+
+static SampledToken sample(const std::vector<float>& logits, SamplingParams p, float u) {
+    std::vector<float> scratch(logits.size());
+    return sample_token(logits.data(), (int)logits.size(), p, u, scratch.data());
+}
+
+TEST(sampling_matches_hf_warpers) {
+    std::istringstream lines(read_file("test/fixtures/sampling/cases.jsonl"));
+    std::string line;
+    int cases = 0, draws = 0;
+    while (std::getline(lines, line)) {
+        Json c = json_parse(line, "cases.jsonl");
+        std::vector<float> logits;
+        for (const Json& x : c.find("logits")->items) logits.push_back((float)x.number);
+        SamplingParams p;
+        p.temperature = (float)c.find("temperature")->number;
+        p.top_k = (int)c.find("top_k")->integer;
+        p.top_p = (float)c.find("top_p")->number;
+        for (const Json& d : c.find("draws")->items) {
+            SampledToken t = sample(logits, p, (float)d.find("u")->number);
+            CHECK_MSG(t.token == d.find("token")->integer, "case %d (n=%zu T=%g k=%d p=%g) u=%g: token %d vs %lld",
+                      cases, logits.size(), p.temperature, p.top_k, p.top_p, d.find("u")->number, t.token,
+                      (long long)d.find("token")->integer);
+            CHECK_NEAR(t.logprob, d.find("logprob")->number, 1e-5, 2e-6);
+            CHECK_NEAR(t.logprob_full, d.find("logprob_full")->number, 1e-5, 2e-6);
+            draws++;
+        }
+        cases++;
+    }
+    CHECK(cases >= 100);
+    CHECK(draws >= 500);
+}
+
+// Equal probabilities are ordered by ascending id: top-p 0.5 over four equal logits keeps ids 0, 1.
+TEST(sampling_top_p_ties_by_id) {
+    std::vector<float> logits(4, 0.25f);
+    SamplingParams p;
+    p.top_p = 0.5f;
+    for (float u : {0.0f, 0.3f, 0.49f, 0.51f, 0.99f}) {
+        SampledToken t = sample(logits, p, u);
+        CHECK_EQ(t.token, u < 0.5f ? 0 : 1);
+        CHECK_NEAR(t.logprob, std::log(0.5), 1e-6, 0);
+        CHECK_NEAR(t.logprob_full, std::log(0.25), 1e-6, 0);
+    }
+    p.top_p = 1e-9f;  // a tiny p still keeps one token
+    CHECK_EQ(sample(logits, p, 0.99f).token, 0);
+    CHECK_EQ(sample(logits, p, 0.99f).logprob, 0.0f);
+}
+
+// On a grid of u the pick frequencies are the final distribution exactly (up to one grid step).
+TEST(sampling_frequencies_follow_distribution) {
+    std::vector<float> logits = {0.0f, 1.0f, -INFINITY, 2.0f, -1.0f, 0.5f};
+    SamplingParams p;
+    p.temperature = 0.8f;
+    p.top_k = 4;
+    p.top_p = 0.9f;
+    const int grid = 10000;
+    std::vector<int> count(logits.size(), 0);
+    for (int i = 0; i < grid; i++) count[sample(logits, p, (i + 0.5f) / grid).token]++;
+    // The kept set by hand: T = 0.8, top-4 = {3, 1, 5, 0}; top-p 0.9 of that mass keeps {3, 1, 5}
+    // (their share is 0.946 >= 0.9; {3, 1} have 0.845 < 0.9).
+    const double s[6] = {0.0 / 0.8, 1.0 / 0.8, 0, 2.0 / 0.8, 0, 0.5 / 0.8};
+    const double z = std::exp(s[3]) + std::exp(s[1]) + std::exp(s[5]);
+    CHECK_EQ(count[0] + count[2] + count[4], 0);
+    for (int i : {1, 3, 5}) CHECK_NEAR(count[i], grid * std::exp(s[i]) / z, 0, 1.0);
+    for (float u : {0.1f, 0.8f, 0.95f}) {
+        SampledToken t = sample(logits, p, u);
+        CHECK_NEAR(t.logprob, s[t.token] - std::log(z), 1e-6, 1e-7);
+    }
+}
+
+TEST(sampling_greedy_and_masked_logits) {
+    std::vector<float> logits = {1.0f, 3.0f, -INFINITY, 3.0f, 2.0f};
+    SamplingParams g;
+    g.temperature = 0.0f;
+    for (float u : {0.0f, 0.7f}) {
+        SampledToken t = sample(logits, g, u);
+        CHECK_EQ(t.token, 1);  // first of the tied maxima
+        CHECK_EQ(t.logprob, 0.0f);
+        double z = std::exp(1.0) + 2 * std::exp(3.0) + std::exp(2.0);
+        CHECK_NEAR(t.logprob_full, 3.0 - std::log(z), 1e-6, 0);
+    }
+    SamplingParams k1;
+    k1.top_k = 1;  // keeps both tied maxima, as HF's TopK warper does
+    CHECK_EQ(sample(logits, k1, 0.25f).token, 1);
+    CHECK_EQ(sample(logits, k1, 0.75f).token, 3);
+    CHECK_NEAR(sample(logits, k1, 0.75f).logprob, std::log(0.5), 1e-6, 0);
+    SamplingParams plain;
+    CHECK_EQ(sample(logits, plain, 0.99999994f).token, 4);  // u -> 1 never lands on -inf
+    std::vector<float> one = {5.0f};
+    CHECK_EQ(sample(one, plain, 0.5f).token, 0);
+    CHECK_EQ(sample(one, plain, 0.5f).logprob, 0.0f);
+}
