@@ -102,19 +102,40 @@ inline void pack_b(const View& b, long k0, int kc, long j0, int cols, float* dst
 // c[MR x NR] (row stride ldc) = (load_c ? c : 0) + Ap . Bp, one FMA chain per element in k order.
 inline void micro_kernel(int kc, const float* ap, const float* bp, float* c, long ldc, bool load_c) {
 #ifdef __AVX2__
-    __m256 acc[MR][2];
-    for (int r = 0; r < MR; r++)
-        for (int h = 0; h < 2; h++) acc[r][h] = load_c ? _mm256_loadu_ps(c + r * ldc + 8 * h) : _mm256_setzero_ps();
-    for (int k = 0; k < kc; k++) {
-        const __m256 b0 = _mm256_loadu_ps(bp + k * NR), b1 = _mm256_loadu_ps(bp + k * NR + 8);
-        for (int r = 0; r < MR; r++) {
-            const __m256 a = _mm256_broadcast_ss(ap + k * MR + r);
-            acc[r][0] = _mm256_fmadd_ps(a, b0, acc[r][0]);
-            acc[r][1] = _mm256_fmadd_ps(a, b1, acc[r][1]);
-        }
+    // Twelve named accumulators: an array here is not kept in registers by g++ (it spills each step).
+    static_assert(MR == 6 && NR == 16, "the AVX2 micro-kernel is written for 6x16 tiles");
+    __m256 c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51;
+    if (load_c) {
+        c00 = _mm256_loadu_ps(c), c01 = _mm256_loadu_ps(c + 8);
+        c10 = _mm256_loadu_ps(c + ldc), c11 = _mm256_loadu_ps(c + ldc + 8);
+        c20 = _mm256_loadu_ps(c + 2 * ldc), c21 = _mm256_loadu_ps(c + 2 * ldc + 8);
+        c30 = _mm256_loadu_ps(c + 3 * ldc), c31 = _mm256_loadu_ps(c + 3 * ldc + 8);
+        c40 = _mm256_loadu_ps(c + 4 * ldc), c41 = _mm256_loadu_ps(c + 4 * ldc + 8);
+        c50 = _mm256_loadu_ps(c + 5 * ldc), c51 = _mm256_loadu_ps(c + 5 * ldc + 8);
+    } else {
+        c00 = c01 = c10 = c11 = c20 = c21 = c30 = c31 = c40 = c41 = c50 = c51 = _mm256_setzero_ps();
     }
-    for (int r = 0; r < MR; r++)
-        for (int h = 0; h < 2; h++) _mm256_storeu_ps(c + r * ldc + 8 * h, acc[r][h]);
+    for (int k = 0; k < kc; k++, ap += MR, bp += NR) {
+        const __m256 b0 = _mm256_loadu_ps(bp), b1 = _mm256_loadu_ps(bp + 8);
+        __m256 a = _mm256_broadcast_ss(ap);
+        c00 = _mm256_fmadd_ps(a, b0, c00), c01 = _mm256_fmadd_ps(a, b1, c01);
+        a = _mm256_broadcast_ss(ap + 1);
+        c10 = _mm256_fmadd_ps(a, b0, c10), c11 = _mm256_fmadd_ps(a, b1, c11);
+        a = _mm256_broadcast_ss(ap + 2);
+        c20 = _mm256_fmadd_ps(a, b0, c20), c21 = _mm256_fmadd_ps(a, b1, c21);
+        a = _mm256_broadcast_ss(ap + 3);
+        c30 = _mm256_fmadd_ps(a, b0, c30), c31 = _mm256_fmadd_ps(a, b1, c31);
+        a = _mm256_broadcast_ss(ap + 4);
+        c40 = _mm256_fmadd_ps(a, b0, c40), c41 = _mm256_fmadd_ps(a, b1, c41);
+        a = _mm256_broadcast_ss(ap + 5);
+        c50 = _mm256_fmadd_ps(a, b0, c50), c51 = _mm256_fmadd_ps(a, b1, c51);
+    }
+    _mm256_storeu_ps(c, c00), _mm256_storeu_ps(c + 8, c01);
+    _mm256_storeu_ps(c + ldc, c10), _mm256_storeu_ps(c + ldc + 8, c11);
+    _mm256_storeu_ps(c + 2 * ldc, c20), _mm256_storeu_ps(c + 2 * ldc + 8, c21);
+    _mm256_storeu_ps(c + 3 * ldc, c30), _mm256_storeu_ps(c + 3 * ldc + 8, c31);
+    _mm256_storeu_ps(c + 4 * ldc, c40), _mm256_storeu_ps(c + 4 * ldc + 8, c41);
+    _mm256_storeu_ps(c + 5 * ldc, c50), _mm256_storeu_ps(c + 5 * ldc + 8, c51);
 #else
     float acc[MR][NR];
     for (int r = 0; r < MR; r++)

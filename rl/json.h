@@ -358,4 +358,55 @@ inline std::string json_quote(const std::string& s) {
     return out;
 }
 
+// Writes a value as JSON text: objects in their stored key order, `indent` spaces per level
+// (0 = one line). Doubles use the shortest text that reads back exactly and keep a '.' or an
+// exponent, so a number that was a float in the source stays one.
+inline void json_dump_to(std::string& out, const Json& v, int indent, int level = 0) {
+    auto newline = [&](int lvl) {
+        if (indent > 0) { out += '\n'; out.append((size_t)(indent * lvl), ' '); }
+    };
+    switch (v.type) {
+        case Json::Null: out += "null"; return;
+        case Json::Bool: out += v.boolean ? "true" : "false"; return;
+        case Json::Int: out += std::to_string(v.integer); return;
+        case Json::Double: {
+            char buf[64];
+            auto r = std::to_chars(buf, buf + sizeof buf, v.number);
+            std::string num(buf, r.ptr);
+            if (num.find_first_of(".eEn") == std::string::npos) num += ".0";
+            out += num;
+            return;
+        }
+        case Json::String: json_append_string(out, v.str); return;
+        case Json::Array:
+            out += '[';
+            for (size_t i = 0; i < v.items.size(); i++) {
+                if (i) out += ',';
+                newline(level + 1);
+                json_dump_to(out, v.items[i], indent, level + 1);
+            }
+            if (!v.items.empty()) newline(level);
+            out += ']';
+            return;
+        case Json::Object:
+            out += '{';
+            for (size_t i = 0; i < v.fields.size(); i++) {
+                if (i) out += ',';
+                newline(level + 1);
+                json_append_string(out, v.fields[i].first);
+                out += indent > 0 ? ": " : ":";
+                json_dump_to(out, v.fields[i].second, indent, level + 1);
+            }
+            if (!v.fields.empty()) newline(level);
+            out += '}';
+            return;
+    }
+}
+
+inline std::string json_dump(const Json& v, int indent = 0) {
+    std::string out;
+    json_dump_to(out, v, indent);
+    return out;
+}
+
 }  // namespace fp8rl

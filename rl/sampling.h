@@ -45,8 +45,8 @@ struct SampledToken {
     float logprob_full;
 };
 
-// Bit pattern of a float; for non-negative floats it is monotone in the value.
-FP8RL_HD uint32_t float_bits(float x) {
+// A probability's bit pattern: for non-negative floats it orders like the value.
+FP8RL_HD uint32_t prob_key(float x) {
 #ifdef __CUDA_ARCH__
     return __float_as_uint(x);
 #else
@@ -62,7 +62,7 @@ struct CountAtLeast {
     int n;
     FP8RL_HD double operator()(uint32_t key) const {
         int count = 0;
-        for (int i = 0; i < n; i++) count += float_bits(p[i]) >= key;
+        for (int i = 0; i < n; i++) count += prob_key(p[i]) >= key;
         return count;
     }
 };
@@ -74,7 +74,7 @@ struct MassAtLeast {
     FP8RL_HD double operator()(uint32_t key) const {
         double mass = 0.0;
         for (int i = 0; i < n; i++)
-            if (float_bits(p[i]) >= key) mass += p[i];
+            if (prob_key(p[i]) >= key) mass += p[i];
         return mass;
     }
 };
@@ -105,11 +105,11 @@ FP8RL_HD SampledToken sample_greedy(const float* logits, int n) {
 // Zeroes scratch[i] for the tokens top-p removes. `kept_mass` is the mass of the nonzero entries.
 FP8RL_HD void apply_top_p(float* scratch, int n, float top_p, double kept_mass) {
     const double target = (double)top_p * kept_mass;
-    const uint32_t key = largest_key_at_least(0u, float_bits(1.0f), MassAtLeast{scratch, n}, target);
-    double before = key == float_bits(1.0f) ? 0.0 : MassAtLeast{scratch, n}(key + 1);
+    const uint32_t key = largest_key_at_least(0u, prob_key(1.0f), MassAtLeast{scratch, n}, target);
+    double before = key == prob_key(1.0f) ? 0.0 : MassAtLeast{scratch, n}(key + 1);
     bool kept_any = before > 0.0;
     for (int i = 0; i < n; i++) {
-        const uint32_t b = float_bits(scratch[i]);
+        const uint32_t b = prob_key(scratch[i]);
         if (b < key) {
             scratch[i] = 0.0f;
         } else if (b == key) {  // the boundary tie group, in ascending id order; never keep nothing
@@ -136,9 +136,9 @@ FP8RL_HD SampledToken sample_token(const float* logits, int n, const SamplingPar
         z_all += scratch[i];
     }
     if (params.top_k > 0 && params.top_k < n) {
-        const uint32_t key = largest_key_at_least(0u, float_bits(1.0f), CountAtLeast{scratch, n}, params.top_k);
+        const uint32_t key = largest_key_at_least(0u, prob_key(1.0f), CountAtLeast{scratch, n}, params.top_k);
         for (int i = 0; i < n; i++)
-            if (float_bits(scratch[i]) < key) scratch[i] = 0.0f;
+            if (prob_key(scratch[i]) < key) scratch[i] = 0.0f;
     }
     double kept = MassAtLeast{scratch, n}(0u);
     if (params.top_p < 1.0f) {
