@@ -18,6 +18,7 @@
 #pragma once
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <vector>
 #ifdef __AVX2__
 #include <immintrin.h>
@@ -165,7 +166,9 @@ inline void tile(int kc, const float* ap, const float* bp, float* C, long ldc, l
 // The packed path: C[M,N] (+)= a(i,k) . b(k,j).
 inline void gemm_packed(int M, int N, int K, const View& a, const View& b, float* C, long ldc, bool accumulate) {
     thread_local std::vector<float> bpack;  // the caller's packed B block, shared with its workers
-    bpack.resize((size_t)KC * NC);
+    bpack.resize((size_t)KC * NC + 16);
+    // 64-byte aligned, so no 32-byte load of a B micro-panel row straddles two cache lines
+    float* const bp = bpack.data() + (16 - ((uintptr_t)bpack.data() / sizeof(float)) % 16) % 16;
     const bool parallel = (long)M * N * K * 2 >= PARALLEL_MIN_FLOPS;
     for (int jc = 0; jc < N; jc += NC) {
         const int nc = std::min(NC, N - jc), panels = (nc + NR - 1) / NR;
@@ -173,7 +176,6 @@ inline void gemm_packed(int M, int N, int K, const View& a, const View& b, float
         for (int pc = 0; pc < K; pc += KC) {
             const int kc = std::min(KC, K - pc);
             const bool load_c = accumulate || pc > 0;
-            float* bp = bpack.data();
 #pragma omp parallel if (parallel)
             {
 #pragma omp for schedule(static)
