@@ -7,8 +7,10 @@
 
 #include "rl/args.h"
 #include "rl/common.h"
+#include "rl/model_info.h"
 #include "rl/score.h"
 #include "rl/tokenizer_cli.h"
+#include "rl/weights.h"
 
 using namespace fp8rl;
 
@@ -59,6 +61,12 @@ static int run(const Args& args) {
     if (args.flag("help")) {
         fputs("usage: train_rl_cpu [--flag value ...]\n\n", stdout);
         fputs(help_text().c_str(), stdout);
+        return 0;
+    }
+    if (args.flag("info")) {
+        if (!args.given("model")) fail("--info needs --model DIR");
+        ModelWeights w = ModelWeights::load(args.str("model"));
+        fputs(model_info(w, args.str("model")).c_str(), stdout);
         return 0;
     }
     if (args.given("score")) {

@@ -8,7 +8,6 @@
 #include <cstring>
 #include <string>
 #include <string_view>
-#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -137,23 +136,24 @@ private:
         }
     }
 
-    // Checked once the object is complete, over views of the keys (no copies): tokenizer.json has
-    // an object of 10^5 keys, and hashing copies of them was most of its load time.
+    // Checked once the object is complete, with a flat hash set of the keys (no copies, no
+    // allocation per key): tokenizer.json has an object of 10^5 keys, and a node-based set of
+    // key copies was most of its load time.
     void check_duplicate_keys(const Json& v, const std::vector<const char*>& key_pos) {
-        size_t n = v.fields.size();
-        auto duplicate = [&](size_t i) {
-            p_ = key_pos[i];
-            error(("duplicate key \"" + v.fields[i].first + "\"").c_str());
-        };
-        if (n <= 8) {
-            for (size_t i = 1; i < n; i++)
-                for (size_t k = 0; k < i; k++)
-                    if (v.fields[i].first == v.fields[k].first) duplicate(i);
-            return;
+        size_t n = v.fields.size(), cap = 16;
+        if (n < 2) return;
+        while (cap < 2 * n) cap *= 2;
+        std::vector<uint32_t> slots(cap, UINT32_MAX);  // field index + the empty marker
+        for (uint32_t i = 0; i < n; i++) {
+            const std::string& key = v.fields[i].first;
+            size_t h = std::hash<std::string_view>()(key) & (cap - 1);
+            for (; slots[h] != UINT32_MAX; h = (h + 1) & (cap - 1))
+                if (v.fields[slots[h]].first == key) {
+                    p_ = key_pos[i];
+                    error(("duplicate key \"" + key + "\"").c_str());
+                }
+            slots[h] = i;
         }
-        std::unordered_set<std::string_view> seen(n * 2);
-        for (size_t i = 0; i < n; i++)
-            if (!seen.insert(v.fields[i].first).second) duplicate(i);
     }
 
     void parse_array(Json& v, int depth) {
@@ -355,6 +355,57 @@ inline void json_append_string(std::string& out, const std::string& s) {
 inline std::string json_quote(const std::string& s) {
     std::string out;
     json_append_string(out, s);
+    return out;
+}
+
+// Writes a value as JSON text: objects in their stored key order, `indent` spaces per level
+// (0 = one line). Doubles use the shortest text that reads back exactly and keep a '.' or an
+// exponent, so a number that was a float in the source stays one.
+inline void json_dump_to(std::string& out, const Json& v, int indent, int level = 0) {
+    auto newline = [&](int lvl) {
+        if (indent > 0) { out += '\n'; out.append((size_t)(indent * lvl), ' '); }
+    };
+    switch (v.type) {
+        case Json::Null: out += "null"; return;
+        case Json::Bool: out += v.boolean ? "true" : "false"; return;
+        case Json::Int: out += std::to_string(v.integer); return;
+        case Json::Double: {
+            char buf[64];
+            auto r = std::to_chars(buf, buf + sizeof buf, v.number);
+            std::string num(buf, r.ptr);
+            if (num.find_first_of(".eEn") == std::string::npos) num += ".0";
+            out += num;
+            return;
+        }
+        case Json::String: json_append_string(out, v.str); return;
+        case Json::Array:
+            out += '[';
+            for (size_t i = 0; i < v.items.size(); i++) {
+                if (i) out += ',';
+                newline(level + 1);
+                json_dump_to(out, v.items[i], indent, level + 1);
+            }
+            if (!v.items.empty()) newline(level);
+            out += ']';
+            return;
+        case Json::Object:
+            out += '{';
+            for (size_t i = 0; i < v.fields.size(); i++) {
+                if (i) out += ',';
+                newline(level + 1);
+                json_append_string(out, v.fields[i].first);
+                out += indent > 0 ? ": " : ":";
+                json_dump_to(out, v.fields[i].second, indent, level + 1);
+            }
+            if (!v.fields.empty()) newline(level);
+            out += '}';
+            return;
+    }
+}
+
+inline std::string json_dump(const Json& v, int indent = 0) {
+    std::string out;
+    json_dump_to(out, v, indent);
     return out;
 }
 

@@ -61,3 +61,28 @@ TEST(json_quote_round_trip) {
     CHECK_EQ(parse(json_quote(s)).str, s);
     CHECK_EQ(json_quote("\xFF"), std::string("\"\xEF\xBF\xBD\""));  // invalid UTF-8 -> U+FFFD
 }
+
+TEST(json_duplicate_key_in_large_object_is_located) {
+    std::string s = "{";
+    for (int i = 0; i < 5000; i++) s += "\"k" + std::to_string(i) + "\":" + std::to_string(i) + ",\n";
+    s += "\"k4321\":0}";
+    CHECK_THROWS(parse(s), "t.json:5001:1: invalid JSON: duplicate key \"k4321\"");
+    std::string many = "{";
+    for (int i = 0; i < 20000; i++) many += "\"a\":1,";  // identical keys: found at once, no quadratic scan
+    many += "\"a\":1}";
+    CHECK_THROWS(parse(many), "t.json:1:8: invalid JSON: duplicate key \"a\"");
+}
+
+TEST(json_dump_round_trip) {
+    const char* text = R"({"b": [1, -2, 3.5, 1e+300, 0.1, true, null], "a": {"s": "x\"\n\u00e9", "e": {}, "l": []}, "f": 2.0})";
+    Json v = parse(text);
+    for (int indent : {0, 2}) {
+        std::string out = json_dump(v, indent);
+        Json w = parse(out);
+        CHECK_EQ(json_dump(w, indent), out);
+        CHECK(w.find("f")->type == Json::Double);  // 2.0 stays a float
+        CHECK_EQ(w.find("b")->items[4].number, 0.1);
+        CHECK_EQ(w.fields[0].first, std::string("b"));  // key order kept
+    }
+    CHECK_EQ(json_dump(parse("[1,{\"a\":2.5}]")), std::string("[1,{\"a\":2.5}]"));
+}

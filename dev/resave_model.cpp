@@ -1,0 +1,22 @@
+// resave_model.cpp: loads a HF model directory with rl/weights.h and writes it back with save_hf,
+// for dev/check_written_checkpoint.py (which builds it). Not part of the product or the tests.
+//   resave_model SRC_DIR OUT_DIR [MAX_SHARD_BYTES]
+#include <cstdio>
+#include <cstdlib>
+
+#include "rl/weights.h"
+
+int main(int argc, char** argv) {
+    if (argc < 3) {
+        fprintf(stderr, "usage: resave_model SRC_DIR OUT_DIR [MAX_SHARD_BYTES]\n");
+        return 2;
+    }
+    try {
+        fp8rl::ModelWeights w = fp8rl::ModelWeights::load(argv[1]);
+        fp8rl::save_hf(w, argv[2], argv[1], argc > 3 ? strtoull(argv[3], nullptr, 10) : 0);
+    } catch (const fp8rl::Error& e) {
+        fprintf(stderr, "error: %s\n", e.what());
+        return 1;
+    }
+    return 0;
+}

@@ -1,0 +1,224 @@
+// Tests of rl/weights.h on the checkpoints HF transformers wrote (dev/make_tiny_models.py): every
+// tensor must match what torch held (expected_<model>.json, written by the same script), shapes
+// come from the config, tied/untied rules hold, and a written checkpoint reloads identically.
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+
+#include "rl/weights.h"
+#include "test/harness.h"
+#include "test/temp_dir.h"
+
+using namespace fp8rl;
+
+static const std::string fixtures = "test/fixtures/models/";
+static const char* tiny_models[] = {"qwen3_tiny", "qwen2_tiny", "llama_tiny"};
+
+TEST(weights_load_matches_torch) {
+    for (const char* name : tiny_models) {
+        ModelWeights w = ModelWeights::load(fixtures + name);
+        Json expected = json_parse_file(fixtures + "expected_" + name + ".json");
+        CHECK_EQ((int64_t)w.num_params(), expected.find("num_parameters")->integer);
+        CHECK_EQ((int64_t)w.num_params(), config_num_params(w.config));
+        CHECK_EQ(w.config.tie_word_embeddings, expected.find("tied")->boolean);
+        size_t compared = 0;
+        for (const auto& kv : expected.find("tensors")->fields) {
+            std::string tname = kv.first;
+            if (tname == "lm_head.weight" && w.config.tie_word_embeddings) tname = w.lm_head_name();
+            CHECK_MSG(w.has(tname), "%s: no tensor %s", name, tname.c_str());
+            if (!w.has(tname)) continue;
+            const TensorInfo& t = w.tensor(tname);
+            std::vector<int64_t> shape;
+            for (const Json& d : kv.second.find("shape")->items) shape.push_back(d.integer);
+            CHECK_MSG(t.shape == shape, "%s %s: shape %s vs torch %s", name, tname.c_str(), shape_str(t.shape).c_str(), shape_str(shape).c_str());
+            const float* x = w.data(tname);
+            double sum = 0, abs_sum = 0;
+            for (size_t i = 0; i < t.numel; i++) { sum += x[i]; abs_sum += std::fabs(x[i]); }
+            const auto& first = kv.second.find("first")->items;
+            for (size_t i = 0; i < first.size(); i++) CHECK_EQ((double)x[i], first[i].number);  // FP32 on disk: exact
+            CHECK_EQ((double)x[t.numel - 1], kv.second.find("last")->number);
+            CHECK_NEAR(abs_sum, kv.second.find("abs_sum")->number, 1e-9, 1e-9);
+            CHECK_NEAR(sum, kv.second.find("sum")->number, 1e-9, 1e-6);
+            compared++;
+        }
+        CHECK_EQ(compared, expected.find("tensors")->fields.size());
+    }
+}
+
+TEST(weights_layout_is_canonical_and_aligned) {
+    ModelWeights w = ModelWeights::load(fixtures + "qwen2_tiny");
+    CHECK_EQ(w.tensors.front().name, std::string("model.embed_tokens.weight"));
+    CHECK_EQ(w.tensors[1].name, std::string("model.layers.0.input_layernorm.weight"));
+    CHECK_EQ(w.tensors[3].name, std::string("model.layers.0.self_attn.q_proj.bias"));
+    CHECK_EQ(w.tensors.back().name, std::string("model.norm.weight"));  // tied: no lm_head
+    for (size_t i = 0; i < w.tensors.size(); i++) {
+        CHECK_EQ(w.tensors[i].offset % 64, (size_t)0);
+        if (i) CHECK(w.tensors[i].offset >= w.tensors[i - 1].offset + w.tensors[i - 1].numel);
+    }
+    CHECK(w.tensors.back().offset + w.tensors.back().numel <= w.num_floats());
+    // the layout depends on the config only: a fresh model of the same config has the same table
+    ModelWeights fresh = ModelWeights::from_config(w.config);
+    CHECK_EQ(fresh.num_floats(), w.num_floats());
+    for (size_t i = 0; i < w.tensors.size(); i++) CHECK_EQ(fresh.tensors[i].offset, w.tensors[i].offset);
+    for (float v : fresh.master) CHECK_EQ(v, 0.0f);
+    CHECK_EQ(w.layer_data(1, "mlp.up_proj.weight"), w.data("model.layers.1.mlp.up_proj.weight"));
+    CHECK_EQ(w.lm_head_name(), std::string("model.embed_tokens.weight"));
+    ModelWeights ll = ModelWeights::load(fixtures + "llama_tiny");
+    CHECK_EQ(ll.tensors.back().name, std::string("lm_head.weight"));
+    CHECK_EQ(ll.lm_head_name(), std::string("lm_head.weight"));
+    CHECK_THROWS(w.tensor("model.layers.9.mlp.up_proj.weight"), "model has no tensor model.layers.9");
+}
+
+// bf16 written, bf16 read: load -> save -> load gives the BF16 rounding of every weight, and a
+// second save -> load gives back exactly the same tensors (the round trip is a fixed point).
+TEST(weights_round_trip_through_writer) {
+    for (const char* name : tiny_models) {
+        ModelWeights a = ModelWeights::load(fixtures + name);
+        harness::TempDir dir;
+        save_hf(a, dir / "out", fixtures + name);
+        ModelWeights b = ModelWeights::load(dir / "out");
+        CHECK_EQ(b.num_floats(), a.num_floats());
+        CHECK_EQ(b.config.tie_word_embeddings, a.config.tie_word_embeddings);
+        CHECK_EQ(b.config.dtype, std::string("bfloat16"));
+        size_t bad = 0;
+        for (size_t i = 0; i < a.num_floats(); i++) bad += b.master[i] != round_bf16(a.master[i]);
+        CHECK_EQ(bad, (size_t)0);
+        save_hf(b, dir / "out", dir / "out", 40000);  // over the existing directory, sharded
+        CHECK(Checkpoint::file_exists(dir / "out/model.safetensors.index.json"));
+        CHECK(!Checkpoint::file_exists(dir / "out/model.safetensors"));
+        ModelWeights c = ModelWeights::load(dir / "out");
+        CHECK(c.master == b.master);
+        for (const char* f : {"tokenizer.json", "tokenizer_config.json", "generation_config.json"})
+            CHECK_MSG(read_file(dir / "out/" + f) == read_file(fixtures + name + "/" + f), "%s not copied", f);
+        CHECK(!Checkpoint::file_exists(dir / "out.tmp-" + std::to_string(getpid())));
+    }
+}
+
+// A checkpoint directory made from a loaded fixture: its config.json text, and its tensors as F32
+// with the changes a test asks for (dropped, added, reshaped or re-typed tensors).
+struct Variant {
+    std::string config;
+    std::vector<TensorToWrite> tensors;
+    std::vector<std::vector<uint8_t>> storage;  // bytes for tensors the test re-encodes
+
+    explicit Variant(const ModelWeights& w, const std::string& source) : config(read_file(source + "/config.json")) {
+        for (const TensorInfo& t : w.tensors) tensors.push_back({t.name, DType::F32, t.shape, w.master.data() + t.offset});
+    }
+    TensorToWrite& get(const std::string& name) {
+        for (TensorToWrite& t : tensors)
+            if (t.name == name) return t;
+        fail("test setup: no tensor %s", name.c_str());
+    }
+    void drop(const std::string& name) {
+        for (size_t i = 0; i < tensors.size(); i++)
+            if (tensors[i].name == name) { tensors.erase(tensors.begin() + (long)i); return; }
+        fail("test setup: no tensor %s", name.c_str());
+    }
+    void replace_in_config(const std::string& from, const std::string& to) {
+        size_t at = config.find(from);
+        if (at == std::string::npos) fail("test setup: %s not in config", from.c_str());
+        config.replace(at, from.size(), to);
+    }
+    void write(const std::string& dir) {
+        std::filesystem::create_directories(dir);
+        harness::write_text(dir + "/config.json", config);
+        write_safetensors(dir + "/model.safetensors", tensors);
+    }
+};
+
+TEST(weights_rejects_bad_checkpoints) {
+    const std::string q3 = fixtures + "qwen3_tiny", ll = fixtures + "llama_tiny";
+    ModelWeights w3 = ModelWeights::load(q3), wl = ModelWeights::load(ll);
+    harness::TempDir dir;
+    int case_no = 0;
+    auto expect = [&](Variant& v, const char* needle) {
+        std::string d = dir / ("case" + std::to_string(case_no++));
+        v.write(d);
+        CHECK_THROWS(ModelWeights::load(d), needle);
+    };
+    { Variant v(w3, q3); v.drop("model.layers.1.mlp.up_proj.weight");
+      expect(v, "1 tensor missing from the checkpoint: model.layers.1.mlp.up_proj.weight"); }
+    { Variant v(w3, q3); v.drop("model.layers.0.self_attn.q_norm.weight"); v.drop("model.layers.1.self_attn.k_norm.weight");
+      expect(v, "2 tensors missing from the checkpoint: model.layers.0.self_attn.q_norm.weight, model.layers.1.self_attn.k_norm.weight"); }
+    { Variant v(w3, q3); v.get("model.layers.0.mlp.down_proj.weight").shape = {128, 64};
+      expect(v, "model.safetensors: tensor model.layers.0.mlp.down_proj.weight has shape [128, 64], but config.json implies [64, 128]"); }
+    { Variant v(w3, q3); v.replace_in_config("\"intermediate_size\": 128", "\"intermediate_size\": 96");
+      expect(v, "tensor model.layers.0.mlp.gate_proj.weight has shape [128, 64], but config.json implies [96, 64]"); }
+    { Variant v(w3, q3); v.tensors.push_back({"model.layers.2.mlp.up_proj.weight", DType::F32, {1}, w3.master.data()});
+      expect(v, "1 unexpected tensor for a qwen3 model of this config: model.layers.2.mlp.up_proj.weight"); }
+    { Variant v(w3, q3); v.tensors.push_back({"model.layers.0.self_attn.q_proj.bias", DType::F32, {128}, w3.master.data()});
+      expect(v, "unexpected tensor for a qwen3 model of this config: model.layers.0.self_attn.q_proj.bias"); }
+    { Variant v(wl, ll); v.drop("lm_head.weight");
+      expect(v, "lm_head.weight (config.json says tie_word_embeddings false, so lm_head.weight is required)"); }
+    { Variant v(w3, q3); v.replace_in_config("{", "{ \"model_type\": \"qwen3\", ");  // duplicate key: not valid JSON
+      expect(v, "/config.json:21:3: invalid JSON: duplicate key \"model_type\""); }
+    { Variant v(w3, q3); v.config = "not json";
+      expect(v, "config.json:1:1: invalid JSON"); }
+    { Variant v(w3, q3); std::vector<uint8_t> f8(64 * 128, 0x38);  // o_proj is [C, H*D] = [64, 128]
+      v.get("model.layers.0.self_attn.o_proj.weight").dtype = DType::F8_E4M3; v.get("model.layers.0.self_attn.o_proj.weight").data = f8.data();
+      expect(v, "tensor model.layers.0.self_attn.o_proj.weight is F8_E4M3; FP8-quantized checkpoints are not supported"); }
+    { Variant v(w3, q3); v.write(dir / "trunc");
+      std::string bytes = read_file(dir / "trunc/model.safetensors");
+      harness::write_text(dir / "trunc/model.safetensors", bytes.substr(0, bytes.size() - 100));
+      CHECK_THROWS(ModelWeights::load(dir / "trunc"), "trunc/model.safetensors: the tensors cover"); }
+}
+
+TEST(weights_tied_rules) {
+    const std::string q3 = fixtures + "qwen3_tiny", ll = fixtures + "llama_tiny";
+    ModelWeights w3 = ModelWeights::load(q3), wl = ModelWeights::load(ll);
+    harness::TempDir dir;
+    {  // tied config, file with a (different) lm_head: it is ignored, embed_tokens is the logits matrix
+        Variant v(w3, q3);
+        v.tensors.push_back({"lm_head.weight", DType::F32, {320, 64}, wl.data("lm_head.weight")});
+        v.write(dir / "a");
+        ModelWeights w = ModelWeights::load(dir / "a");
+        CHECK(w.config.tie_word_embeddings && !w.has("lm_head.weight"));
+        CHECK(w.master == w3.master);
+    }
+    {  // config silent about tying: tied iff the files hold no lm_head.weight
+        Variant v(w3, q3);
+        v.replace_in_config("\"tie_word_embeddings\": true,", "");
+        v.write(dir / "b");
+        CHECK(ModelWeights::load(dir / "b").config.tie_word_embeddings);
+        Variant u(wl, ll);
+        u.replace_in_config("\"tie_word_embeddings\": false,", "");
+        u.write(dir / "c");
+        ModelWeights w = ModelWeights::load(dir / "c");
+        CHECK(!w.config.tie_word_embeddings && w.has("lm_head.weight"));
+        CHECK(memcmp(w.data("lm_head.weight"), wl.data("lm_head.weight"), 320 * 64 * 4) == 0);
+    }
+}
+
+// F16 and BF16 files convert exactly (every F16/BF16 value is an FP32 value).
+TEST(weights_load_converts_half_dtypes) {
+    const std::string q3 = fixtures + "qwen3_tiny";
+    ModelWeights w3 = ModelWeights::load(q3);
+    harness::TempDir dir;
+    Variant v(w3, q3);
+    v.storage.resize(v.tensors.size());
+    for (size_t i = 0; i < v.tensors.size(); i++) {
+        TensorToWrite& t = v.tensors[i];
+        const float* src = (const float*)t.data;
+        size_t n = (size_t)shape_numel(t.shape);
+        bool half = i % 2 == 0;
+        for (size_t k = 0; k < n; k++) {
+            uint16_t h = half ? float_to_f16(src[k]) : float_to_bf16(src[k]);
+            v.storage[i].push_back((uint8_t)(h & 0xFF));
+            v.storage[i].push_back((uint8_t)(h >> 8));
+        }
+        t.dtype = half ? DType::F16 : DType::BF16;
+        t.data = v.storage[i].data();
+    }
+    v.write(dir / "m");
+    ModelWeights w = ModelWeights::load(dir / "m");
+    size_t bad = 0;
+    for (size_t i = 0; i < w.tensors.size(); i++) {
+        const TensorInfo& t = w.tensors[i];
+        for (size_t k = 0; k < t.numel; k++) {
+            float x = w3.master[t.offset + k];
+            float want = i % 2 == 0 ? f16_to_float(float_to_f16(x)) : round_bf16(x);
+            bad += w.master[t.offset + k] != want;
+        }
+    }
+    CHECK_EQ(bad, (size_t)0);
+}
