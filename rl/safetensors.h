@@ -86,7 +86,7 @@ inline int64_t shape_numel(const std::vector<int64_t>& shape) {
 class MappedFile {
 public:
     explicit MappedFile(const std::string& path) : path_(path) {
-        int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+        int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);  // a FIFO must not block us
         if (fd < 0) fail("%s: cannot open file (%s); check the path", path.c_str(), strerror(errno));
         struct stat st;
         if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
@@ -309,28 +309,6 @@ struct TensorToWrite {
     size_t nbytes() const { return (size_t)shape_numel(shape) * dtype_size(dtype); }
 };
 
-// Writes `path` from `bytes` through a temporary file in the same directory and a rename.
-inline void write_file_atomic(const std::string& path, const std::vector<std::pair<const void*, size_t>>& parts) {
-    std::string tmp = path + ".tmp";
-    FILE* f = fopen(tmp.c_str(), "wb");
-    if (!f) fail("%s: cannot create file (%s)", tmp.c_str(), strerror(errno));
-    bool ok = true;
-    for (const auto& p : parts)
-        if (p.second > 0 && fwrite(p.first, 1, p.second, f) != p.second) ok = false;
-    if (fflush(f) != 0 || fsync(fileno(f)) != 0) ok = false;
-    if (fclose(f) != 0) ok = false;
-    if (!ok) {
-        int err = errno;
-        remove(tmp.c_str());
-        fail("%s: write failed (%s); is the disk full?", tmp.c_str(), strerror(err));
-    }
-    if (rename(tmp.c_str(), path.c_str()) != 0) {
-        int err = errno;
-        remove(tmp.c_str());
-        fail("%s: cannot rename the temporary file into place (%s)", path.c_str(), strerror(err));
-    }
-}
-
 // The reference writer's order: larger dtypes first (keeps every tensor aligned), then by name.
 inline void sort_for_writing(std::vector<TensorToWrite>& tensors) {
     std::sort(tensors.begin(), tensors.end(), [](const TensorToWrite& a, const TensorToWrite& b) {
@@ -402,7 +380,7 @@ inline void write_checkpoint_weights(const std::string& dir, const std::vector<T
         json_append_string(index, kv.second);
     }
     index += "\n  }\n}\n";
-    write_file_atomic(dir + "/model.safetensors.index.json", {{index.data(), index.size()}});
+    write_file_atomic(dir + "/model.safetensors.index.json", index);
 }
 
 }  // namespace fp8rl

@@ -91,9 +91,11 @@ inline void tensor_to_float(const TensorView& t, float* out) {
     switch (t.dtype) {
         case DType::F32: memcpy(out, p, n * 4); return;
         case DType::BF16:
+#pragma omp parallel for schedule(static) if (n > (1 << 20))
             for (size_t i = 0; i < n; i++) out[i] = bf16_to_float((uint16_t)(p[2 * i] | (p[2 * i + 1] << 8)));
             return;
         case DType::F16:
+#pragma omp parallel for schedule(static) if (n > (1 << 20))
             for (size_t i = 0; i < n; i++) out[i] = f16_to_float((uint16_t)(p[2 * i] | (p[2 * i + 1] << 8)));
             return;
         case DType::F8_E4M3: case DType::F8_E5M2: break;
@@ -272,6 +274,7 @@ inline void save_hf(const ModelWeights& w, const std::string& dir, const std::st
             const TensorInfo& t = w.tensors[i];
             bf16[i].resize(2 * t.numel);
             const float* src = w.master.data() + t.offset;
+#pragma omp parallel for schedule(static) if (t.numel > (1 << 20))
             for (size_t k = 0; k < t.numel; k++) {
                 uint16_t h = float_to_bf16(src[k]);
                 bf16[i][2 * k] = (uint8_t)(h & 0xFF);
@@ -281,7 +284,7 @@ inline void save_hf(const ModelWeights& w, const std::string& dir, const std::st
         }
         write_checkpoint_weights(tmp, out, max_shard_bytes);
         std::string config = json_dump(config_json_for_writing(w.config), 2) + "\n";
-        write_file_atomic(tmp + "/config.json", {{config.data(), config.size()}});
+        write_file_atomic(tmp + "/config.json", config);
         if (!source_dir.empty())
             for (const std::string& name : hf_side_files()) {
                 fs::path from = fs::path(source_dir) / name;
