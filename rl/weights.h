@@ -12,7 +12,8 @@
 // config's shape, converted to FP32 from F32/BF16/F16, and missing or unexpected tensors are named.
 // Tied embeddings (spec-model.md §4): tied -> embed_tokens is the logits matrix and a stored
 // lm_head.weight is ignored; untied -> lm_head.weight is required; config silent -> tied iff the
-// files hold no lm_head.weight. save_hf() writes a HF directory transformers loads as it is.
+// files hold no lm_head.weight. save_hf() writes a HF directory transformers loads as it is
+// (write_hf_files() the same files into a directory the caller made, e.g. a checkpoint's).
 #pragma once
 #include <sys/stat.h>
 #include <unistd.h>
@@ -228,6 +229,13 @@ inline Json config_json_for_writing(const ModelConfig& c) {
         set(out, "rope_theta", num(c.rope.theta));
         set(out, "hidden_act", str("silu"));
         if (c.max_position_embeddings > 0) set(out, "max_position_embeddings", integer(c.max_position_embeddings));
+        if (c.bos_token_id >= 0) set(out, "bos_token_id", integer(c.bos_token_id));
+        if (!c.eos_token_ids.empty()) {
+            Json eos;
+            eos.type = Json::Array;
+            for (int64_t id : c.eos_token_ids) eos.items.push_back(integer(id));
+            set(out, "eos_token_id", eos);
+        }
         if (c.rope.type == "llama3") {
             Json s;
             s.type = Json::Object;
@@ -256,10 +264,40 @@ inline const std::vector<std::string>& hf_side_files() {
     return names;
 }
 
-// Writes `w` as a HF directory `dir`: bf16 weights under their HF names (lm_head omitted when tied,
-// as transformers does), config.json, and the side files copied from `source_dir` when given.
-// Everything goes to a temporary directory that is renamed to `dir` at the end; an existing `dir`
-// is replaced. max_shard_bytes > 0 shards the weights with an index file.
+// Writes `w` into the existing directory `dir` as a HF model: bf16 weights under their HF names
+// (lm_head omitted when tied, as transformers does), config.json, and the side files copied from
+// `source_dir` when given. max_shard_bytes > 0 shards the weights with an index file. Each file is
+// written atomically; for a whole directory that appears at once, use save_hf.
+inline void write_hf_files(const ModelWeights& w, const std::string& dir, const std::string& source_dir = "",
+                           size_t max_shard_bytes = 0) {
+    namespace fs = std::filesystem;
+    std::vector<std::vector<uint8_t>> bf16(w.tensors.size());  // little-endian BF16 bytes per tensor
+    std::vector<TensorToWrite> out;
+    for (size_t i = 0; i < w.tensors.size(); i++) {
+        const TensorInfo& t = w.tensors[i];
+        bf16[i].resize(2 * t.numel);
+        const float* src = w.master.data() + t.offset;
+#pragma omp parallel for schedule(static) if (t.numel > (1 << 20))
+        for (size_t k = 0; k < t.numel; k++) {
+            uint16_t h = float_to_bf16(src[k]);
+            bf16[i][2 * k] = (uint8_t)(h & 0xFF);
+            bf16[i][2 * k + 1] = (uint8_t)(h >> 8);
+        }
+        out.push_back({t.name, DType::BF16, t.shape, bf16[i].data()});
+    }
+    write_checkpoint_weights(dir, out, max_shard_bytes);
+    write_file_atomic(dir + "/config.json", json_dump(config_json_for_writing(w.config), 2) + "\n");
+    if (source_dir.empty()) return;
+    for (const std::string& name : hf_side_files()) {
+        fs::path from = fs::path(source_dir) / name;
+        std::error_code ec;
+        if (fs::exists(from) && !fs::copy_file(from, fs::path(dir) / name, fs::copy_options::overwrite_existing, ec))
+            fail("%s: cannot copy into %s (%s)", from.c_str(), dir.c_str(), ec.message().c_str());
+    }
+}
+
+// write_hf_files into a temporary directory that is then renamed to `dir` (replacing an existing
+// one), so a crash never leaves a half-written checkpoint under the real name.
 inline void save_hf(const ModelWeights& w, const std::string& dir, const std::string& source_dir = "",
                     size_t max_shard_bytes = 0) {
     namespace fs = std::filesystem;
@@ -268,29 +306,7 @@ inline void save_hf(const ModelWeights& w, const std::string& dir, const std::st
     fs::remove_all(tmp, ec);
     if (!fs::create_directories(tmp, ec) || ec) fail("%s: cannot create directory (%s)", tmp.c_str(), ec.message().c_str());
     try {
-        std::vector<std::vector<uint8_t>> bf16(w.tensors.size());  // little-endian BF16 bytes per tensor
-        std::vector<TensorToWrite> out;
-        for (size_t i = 0; i < w.tensors.size(); i++) {
-            const TensorInfo& t = w.tensors[i];
-            bf16[i].resize(2 * t.numel);
-            const float* src = w.master.data() + t.offset;
-#pragma omp parallel for schedule(static) if (t.numel > (1 << 20))
-            for (size_t k = 0; k < t.numel; k++) {
-                uint16_t h = float_to_bf16(src[k]);
-                bf16[i][2 * k] = (uint8_t)(h & 0xFF);
-                bf16[i][2 * k + 1] = (uint8_t)(h >> 8);
-            }
-            out.push_back({t.name, DType::BF16, t.shape, bf16[i].data()});
-        }
-        write_checkpoint_weights(tmp, out, max_shard_bytes);
-        std::string config = json_dump(config_json_for_writing(w.config), 2) + "\n";
-        write_file_atomic(tmp + "/config.json", config);
-        if (!source_dir.empty())
-            for (const std::string& name : hf_side_files()) {
-                fs::path from = fs::path(source_dir) / name;
-                if (fs::exists(from) && !fs::copy_file(from, fs::path(tmp) / name, fs::copy_options::overwrite_existing, ec))
-                    fail("%s: cannot copy into %s (%s)", from.c_str(), tmp.c_str(), ec.message().c_str());
-            }
+        write_hf_files(w, tmp, source_dir, max_shard_bytes);
         if (fs::exists(dir)) {
             std::string old = dir + ".old-" + std::to_string(getpid());
             fs::rename(dir, old);
