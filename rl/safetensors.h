@@ -174,7 +174,7 @@ private:
         size_t buffer_size = size - 8 - (size_t)n;
         for (const auto& kv : h.fields) {
             if (kv.first == "__metadata__") { parse_metadata(kv.second); continue; }
-            tensors_.push_back(parse_entry(kv.first, kv.second, buffer));
+            tensors_.push_back(parse_entry(kv.first, kv.second));
         }
         std::sort(tensors_.begin(), tensors_.end(), [](const TensorView& a, const TensorView& b) {
             return a.offset != b.offset ? a.offset < b.offset : a.offset + a.nbytes < b.offset + b.nbytes;
@@ -192,7 +192,10 @@ private:
         if (expected != buffer_size)
             fail("%s: the tensors cover %zu bytes but the data buffer holds %zu; the file is %s",
                  path.c_str(), expected, buffer_size, expected > buffer_size ? "truncated" : "corrupt (trailing bytes)");
-        for (size_t i = 0; i < tensors_.size(); i++) by_name_[tensors_[i].name] = i;
+        for (size_t i = 0; i < tensors_.size(); i++) {
+            tensors_[i].data = buffer + tensors_[i].offset;
+            by_name_[tensors_[i].name] = i;
+        }
     }
 
     void parse_metadata(const Json& m) {
@@ -203,7 +206,7 @@ private:
         }
     }
 
-    TensorView parse_entry(const std::string& name, const Json& e, const uint8_t* buffer) {
+    TensorView parse_entry(const std::string& name, const Json& e) {
         std::string where = path() + ": tensor " + name;
         if (!e.is_object()) fail("%s: header entry is not an object", where.c_str());
         const Json* dtype = e.find("dtype");
@@ -233,8 +236,7 @@ private:
         if (t.nbytes != expected)
             fail("%s: data_offsets span %zu bytes but shape %s of %s needs %zu", where.c_str(), t.nbytes,
                  shape_str(t.shape).c_str(), dtype_name(t.dtype), expected);
-        t.data = buffer + t.offset;  // only dereferenced after the tiling check proved it is in the file
-        return t;
+        return t;  // data is set once the tiling check has proved the offsets lie inside the file
     }
 };
 

@@ -15,7 +15,6 @@
 // files hold no lm_head.weight. save_hf() writes a HF directory transformers loads as it is
 // (write_hf_files() the same files into a directory the caller made, e.g. a checkpoint's).
 #pragma once
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -84,9 +83,17 @@ inline std::string layer_tensor_name(int64_t layer, const std::string& suffix) {
     return "model.layers." + std::to_string(layer) + "." + suffix;
 }
 
-// Converts a stored tensor to FP32. FP8 tensors are rejected: FP8 checkpoints carry block scales
-// in separate tensors, and reading their bytes without them would be silently wrong.
+// Model weights must be F32, BF16 or F16. FP8 checkpoints carry block scales in separate tensors,
+// and reading their bytes without them would be silently wrong.
+inline void require_float_weights(const TensorView& t) {
+    if (t.dtype == DType::F8_E4M3 || t.dtype == DType::F8_E5M2)
+        fail("%s: tensor %s is %s; FP8-quantized checkpoints are not supported, load the BF16 or FP32 checkpoint",
+             t.file.c_str(), t.name.c_str(), dtype_name(t.dtype));
+}
+
+// Converts a stored F32/BF16/F16 tensor to FP32 (out: [numel]).
 inline void tensor_to_float(const TensorView& t, float* out) {
+    require_float_weights(t);
     const uint8_t* p = t.data;
     size_t n = (size_t)t.numel;
     switch (t.dtype) {
@@ -99,10 +106,8 @@ inline void tensor_to_float(const TensorView& t, float* out) {
 #pragma omp parallel for schedule(static) if (n > (1 << 20))
             for (size_t i = 0; i < n; i++) out[i] = f16_to_float((uint16_t)(p[2 * i] | (p[2 * i + 1] << 8)));
             return;
-        case DType::F8_E4M3: case DType::F8_E5M2: break;
+        case DType::F8_E4M3: case DType::F8_E5M2: return;  // rejected above
     }
-    fail("%s: tensor %s is %s; FP8-quantized checkpoints are not supported, load the BF16 or FP32 checkpoint",
-         t.file.c_str(), t.name.c_str(), dtype_name(t.dtype));
 }
 
 struct ModelWeights {
@@ -111,20 +116,22 @@ struct ModelWeights {
     std::vector<float> master;        // [num_floats()], FP32 master weights
 
     // Zeroed parameters laid out for `config` (random initialisation is the trainer's job).
-    static ModelWeights from_config(const ModelConfig& config) {
+    // allocate = false gives the table alone, with `master` left empty.
+    static ModelWeights from_config(const ModelConfig& config, bool allocate = true) {
         ModelWeights w;
         w.config = config;
-        size_t total = 0;
-        w.tensors = tensor_layout(config, &total);
-        w.master.assign(total, 0.0f);
+        w.tensors = tensor_layout(config, &w.num_floats_);
+        if (allocate) w.master.assign(w.num_floats_, 0.0f);
         for (size_t i = 0; i < w.tensors.size(); i++) w.index_[w.tensors[i].name] = i;
         return w;
     }
 
     // Loads DIR (config.json, generation_config.json, model.safetensors or shards).
-    static ModelWeights load(const std::string& dir);
+    // read_values = false runs every check (headers, dtypes, shapes, names) but reads no tensor
+    // data and leaves `master` empty: what --info needs for a model larger than memory.
+    static ModelWeights load(const std::string& dir, bool read_values = true);
 
-    size_t num_floats() const { return master.size(); }  // buffer size, padding included
+    size_t num_floats() const { return num_floats_; }  // buffer size, padding included
     size_t num_params() const {                          // parameters, padding excluded
         size_t n = 0;
         for (const TensorInfo& t : tensors) n += t.numel;
@@ -148,6 +155,7 @@ struct ModelWeights {
     }
 
 private:
+    size_t num_floats_ = 0;
     std::unordered_map<std::string, size_t> index_;
 };
 
@@ -167,11 +175,11 @@ inline std::string name_list(const std::vector<std::string>& names) {
 
 }  // namespace weights_detail
 
-inline ModelWeights ModelWeights::load(const std::string& dir) {
+inline ModelWeights ModelWeights::load(const std::string& dir, bool read_values) {
     ModelConfig config = load_model_config(dir);
     Checkpoint ck(dir);
     if (!config.tie_given) config.tie_word_embeddings = ck.find("lm_head.weight") == nullptr;
-    ModelWeights w = from_config(config);
+    ModelWeights w = from_config(config, read_values);
     std::vector<std::string> missing, unexpected;
     for (const TensorInfo& info : w.tensors) {
         const TensorView* t = ck.find(info.name);
@@ -179,7 +187,8 @@ inline ModelWeights ModelWeights::load(const std::string& dir) {
         if (t->shape != info.shape)
             fail("%s: tensor %s has shape %s, but config.json implies %s", t->file.c_str(), info.name.c_str(),
                  shape_str(t->shape).c_str(), shape_str(info.shape).c_str());
-        tensor_to_float(*t, w.master.data() + info.offset);
+        require_float_weights(*t);
+        if (read_values) tensor_to_float(*t, w.master.data() + info.offset);
     }
     for (const auto& kv : ck.tensors()) {
         if (w.has(kv.first) || weights_detail::ignorable(kv.first)) continue;

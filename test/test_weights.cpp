@@ -278,3 +278,24 @@ TEST(weights_write_hf_files_into_existing_directory) {
     ModelWeights r = ModelWeights::load(dir.path);
     CHECK_EQ(r.num_params(), w.num_params());
 }
+
+// read_values = false checks everything but reads no data (--info on models larger than memory).
+TEST(weights_load_without_values_checks_the_same) {
+    const std::string q3 = fixtures + "qwen3_tiny";
+    ModelWeights full = ModelWeights::load(q3);
+    ModelWeights table = ModelWeights::load(q3, false);
+    CHECK(table.master.empty());
+    CHECK_EQ(table.num_floats(), full.num_floats());
+    CHECK_EQ(table.num_params(), full.num_params());
+    harness::TempDir dir;
+    Variant v(full, q3);
+    v.get("model.layers.1.mlp.gate_proj.weight").shape = {64, 128};
+    v.write(dir / "bad");
+    CHECK_THROWS(ModelWeights::load(dir / "bad", false), "tensor model.layers.1.mlp.gate_proj.weight has shape [64, 128]");
+    Variant f(full, q3);
+    std::vector<uint8_t> f8(320 * 64, 0x38);
+    f.get("model.embed_tokens.weight").dtype = DType::F8_E5M2;
+    f.get("model.embed_tokens.weight").data = f8.data();
+    f.write(dir / "f8");
+    CHECK_THROWS(ModelWeights::load(dir / "f8", false), "tensor model.embed_tokens.weight is F8_E5M2");
+}
