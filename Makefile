@@ -52,7 +52,7 @@ BENCH_BINS := $(patsubst bench/%.cpp,$(BUILD)/%,$(BENCH_SRCS))
 FUZZ_SECONDS ?= 30
 FUZZ_TARGETS := json safetensors
 
-.PHONY: all test test-unit test-asan cuda-check test_gpu bench fuzz clean demo
+.PHONY: all test test-unit test-asan cuda-check test_gpu bench bench_gpu fuzz clean demo
 all: train_rl_cpu
 
 train_rl_cpu: train_rl_cpu.cpp
@@ -100,9 +100,26 @@ cuda-check:
 	@for f in $(CUDA_SRCS) $(GPU_TEST_SRCS); do echo "nvcc compile check: $$f"; \
 	  $(NVCC) $(NVCCFLAGS) -x cu -c -o /dev/null $$f || exit 1; done
 	@echo "nvcc compile check: $(words $(CUDA_SRCS) $(GPU_TEST_SRCS)) CUDA sources compiled for sm_90"
+
+# ./test_gpu: the GPU tests (test/gpu/test_*.cu) with the shared test runner; make bench_gpu builds
+# and runs each GPU benchmark (test/gpu/bench_*.cu). Both need a GPU to run; dev/gpu_check.sh runs all.
+GPU_LDLIBS := -lcublasLt -lgomp
+GPU_HEADERS := $(wildcard *.cuh rl/*.h rl/*.cuh test/gpu/*.cuh test/harness.h)
+GPU_BENCH_BINS := $(patsubst test/gpu/bench_%.cu,$(BUILD)/gpu_bench_%,$(wildcard test/gpu/bench_*.cu))
+test_gpu: test/run_tests.cpp $(wildcard test/gpu/test_*.cu) $(GPU_HEADERS)
+	$(NVCC) $(NVCCFLAGS) -o $@ test/run_tests.cpp $(wildcard test/gpu/test_*.cu) $(GPU_LDLIBS)
+
+$(BUILD)/gpu_bench_%: test/gpu/bench_%.cu $(GPU_HEADERS)
+	@mkdir -p $(@D)
+	$(NVCC) $(NVCCFLAGS) -o $@ $< $(GPU_LDLIBS)
+
+bench_gpu: $(GPU_BENCH_BINS)
+	@for b in $(GPU_BENCH_BINS); do echo "== $$b"; ./$$b || exit 1; done
 else
 cuda-check:
 	@echo "nvcc compile check: SKIPPED (nvcc not found; GPU sources not compiled)"
+test_gpu bench_gpu:
+	@echo "$@: nvcc not found; the GPU tests and benchmarks need the CUDA toolkit"; exit 1
 endif
 
 ifneq ($(CLANGXX),)

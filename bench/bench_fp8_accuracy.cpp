@@ -1,0 +1,114 @@
+// bench_fp8_accuracy.cpp: accuracy of the FP8 recipe on LLM-like GEMMs Y = X W^T (the fprop of a
+// linear layer). Prints, as a Markdown table, the relative Frobenius error ||Y - Y64|| / ||Y64|| vs
+// an FP64 product of the FP32 inputs, for: BF16 operands (FP32 accumulation), FP8 E4M3 with one
+// scale per tensor, and FP8 blockwise (X 1x128, W 128x128), each FP8 variant with FP32 or
+// power-of-two scales. Data: Gaussian, and Gaussian with 4 outlier channels of X (x1e3 or x1e4,
+// as the massive activations of real LLMs) whose weight columns are 1000x smaller, so that every channel
+// contributes comparably to Y (otherwise the outliers' own, accurately quantized terms dominate
+// ||Y|| and hide what per-tensor scaling does to the other channels: with E4M3's 2^17 dynamic
+// range, x1e3 barely hurts; x1e4 pushes the ordinary channels into the subnormal range). Also the time of the emulated blockwise GEMM relative to
+// the plain FP32 GEMM of the same shape (both rl/gemm.h).
+//
+// Shapes: 512 tokens x K in {1024, 4096} x N = 512 outputs. The relative error does not
+// depend on the token count (each output element is its own dot product over K), so fewer tokens
+// than a real 4096-token batch keep the run well under a minute on 2 cores.
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <vector>
+
+#include "rl/bf16.h"
+#include "rl/fp8_gemm_ref.h"
+
+using namespace fp8rl;
+
+static double seconds_since(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Y64 [T][N] = X [T][K] . W [N][K]^T in FP64.
+static std::vector<double> gemm_fp64(const std::vector<float>& x, const std::vector<float>& w, int T, int N, int K) {
+    std::vector<double> y((size_t)T * N);
+#pragma omp parallel for schedule(static)
+    for (int t = 0; t < T; t++)
+        for (int n = 0; n < N; n++) {
+            double acc = 0;
+            for (int k = 0; k < K; k++) acc += (double)x[(size_t)t * K + k] * w[(size_t)n * K + k];
+            y[(size_t)t * N + n] = acc;
+        }
+    return y;
+}
+
+static double rel_error(const std::vector<float>& y, const std::vector<double>& ref) {
+    double e = 0, r = 0;
+    for (size_t i = 0; i < y.size(); i++) e += (y[i] - ref[i]) * (y[i] - ref[i]), r += ref[i] * ref[i];
+    return std::sqrt(e / r);
+}
+
+// FP32 GEMM of operands passed through `round` (BF16 rounding or per-tensor FP8 quantize-dequantize).
+template <class Round>
+static std::vector<float> gemm_rounded(const std::vector<float>& x, const std::vector<float>& w, int T, int N, int K,
+                                       Round round_x, Round round_w) {
+    std::vector<float> xr(x.size()), wr(w.size()), y((size_t)T * N);
+    for (size_t i = 0; i < x.size(); i++) xr[i] = round_x(x[i]);
+    for (size_t i = 0; i < w.size(); i++) wr[i] = round_w(w[i]);
+    gemm_nt(T, N, K, xr.data(), K, wr.data(), K, y.data(), N, false);
+    return y;
+}
+
+static float tensor_amax(const std::vector<float>& v) {
+    float amax = 0;
+    for (float x : v) amax = amax_update(amax, x);
+    return amax;
+}
+
+int main() {
+    const int T = 512, N = 512;
+    printf("FP8 recipe accuracy: relative Frobenius error of Y = X W^T vs FP64 (T = %d tokens, N = %d outputs)\n\n", T, N);
+    printf("| data | K | BF16 | FP8 per-tensor | FP8 per-tensor pow2 | FP8 1x128 x 128x128 | FP8 blockwise pow2 | blockwise time / FP32 GEMM |\n");
+    printf("|---|---|---|---|---|---|---|---|\n");
+    auto start = std::chrono::steady_clock::now();
+    for (float outlier : {0.0f, 1e3f, 1e4f})
+        for (int K : {1024, 4096}) {
+            std::mt19937 rng(1234 + K);
+            std::normal_distribution<float> gauss(0.0f, 1.0f);
+            std::vector<float> x((size_t)T * K), w((size_t)N * K);
+            for (float& v : x) v = gauss(rng);
+            for (float& v : w) v = 0.02f * gauss(rng);
+            if (outlier > 0)  // 4 channels of X, in 4 different 128-blocks, scaled up; their weights scaled down
+                for (int c : {7, 300, 555, 900}) {
+                    for (int t = 0; t < T; t++) x[(size_t)t * K + c] *= outlier;
+                    for (int n = 0; n < N; n++) w[(size_t)n * K + c] /= outlier;
+                }
+            std::vector<double> ref = gemm_fp64(x, w, T, N, K);
+
+            auto bf16 = [](float v) { return round_bf16(v); };
+            double e_bf16 = rel_error(gemm_rounded(x, w, T, N, K, bf16, bf16), ref);
+            double e_tensor[2], e_block[2], ratio = 0;
+            for (bool pow2 : {false, true}) {
+                float sx = fp8_scale_from_amax(tensor_amax(x), pow2), sw = fp8_scale_from_amax(tensor_amax(w), pow2);
+                auto qx = [&](float v) { return e4m3_to_float(float_to_e4m3(v * sx)) * (1.0f / sx); };
+                auto qw = [&](float v) { return e4m3_to_float(float_to_e4m3(v * sw)) * (1.0f / sw); };
+                std::vector<float> xq(x.size()), wq(w.size()), y((size_t)T * N);
+                for (size_t i = 0; i < x.size(); i++) xq[i] = qx(x[i]);
+                for (size_t i = 0; i < w.size(); i++) wq[i] = qw(w[i]);
+                auto t0 = std::chrono::steady_clock::now();
+                gemm_nt(T, N, K, xq.data(), K, wq.data(), K, y.data(), N, false);
+                double t_fp32 = seconds_since(t0);
+                e_tensor[pow2] = rel_error(y, ref);
+
+                t0 = std::chrono::steady_clock::now();
+                fp8_linear_fprop(x.data(), T, fp8_quantize_weight(w.data(), N, K, pow2), y.data(), false);
+                double t_block = seconds_since(t0);
+                e_block[pow2] = rel_error(y, ref);
+                if (!pow2) ratio = t_block / t_fp32;
+            }
+            std::string data = outlier > 0 ? strfmt("4 outlier channels x%.0e", outlier) : "gaussian";
+            printf("| %s | %d | %.2e | %.2e | %.2e | %.2e | %.2e | %.2f |\n", data.c_str(), K,
+                   e_bf16, e_tensor[0], e_tensor[1], e_block[0], e_block[1], ratio);
+            fflush(stdout);
+        }
+    printf("\ntotal %.1f s\n", seconds_since(start));
+    return 0;
+}

@@ -1,0 +1,326 @@
+// fp8_gemm.cuh: FP8 quantization kernels and cuBLASLt GEMM wrappers for the GPU engine (Hopper,
+// sm_90). The kernels call the shared scalar code of rl/fp8.h and rl/fp8_block.h (encoder, scale
+// rule, index formulas), so their bytes equal the CPU quantizers' bit for bit; the block-scaled GEMMs
+// are the ones rl/fp8_gemm_ref.h emulates. Layouts and the fprop/dgrad/wgrad mapping: spec-fp8.md §6-§7.
+//
+// Every tensor is row-major. In cuBLAS's column-major terms all GEMMs here are "TN":
+//   D [n][m] = B [n][k] . A [m][k]^T      (row-major view; D is m x n column-major)
+// so both operands are K-contiguous. For a linear layer (T tokens, K in, N out):
+//   fprop  Y  [T][N] = X [T][K] . W^T     A = W  [N][K] BLK128x128, B = X  [T][K] VEC128   (m=N, n=T, k=K)
+//   dgrad  dX [T][K] = dY [T][N] . W      A = Wt [K][N] BLK128x128, B = dY [T][N] VEC128   (m=K, n=T, k=N)
+//   wgrad  dW [N][K] = dY^T . X           A = Xt [K][T] VEC128,     B = dYt [N][T] VEC128  (m=K, n=N, k=T)
+// Block-scaled GEMMs need m and n multiples of 4 and k a multiple of 16 (fp8rl pads the token
+// count to a multiple of 128); violations are errors naming the GEMM and its shape.
+// (an include guard, not #pragma once: make cuda-check compiles this header as a main file)
+#ifndef FP8RL_FP8_GEMM_CUH
+#define FP8RL_FP8_GEMM_CUH
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <map>
+#include <tuple>
+
+#include "rl/common.h"
+#include "rl/fp8_block.h"
+
+namespace fp8rl {
+
+inline void cuda_check(cudaError_t status, const char* what) {
+    if (status != cudaSuccess) fail("CUDA error in %s: %s", what, cudaGetErrorString(status));
+}
+
+inline void cublas_check(cublasStatus_t status, const std::string& what) {
+    if (status != CUBLAS_STATUS_SUCCESS)
+        fail("cuBLASLt error in %s: %s (%d)", what.c_str(), cublasLtGetStatusString(status), (int)status);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Quantization kernels. One thread block quantizes one 128x128 tile, staged in shared memory as
+// FP32 (exact for BF16 and FP32 inputs; 66 KB, so dynamic shared memory above the 48 KB default);
+// 256 threads = 8 warps, one warp per row or column.
+
+constexpr int QUANT_THREADS = 256;
+inline constexpr int TILE_PITCH = FP8_BLOCK + 1;  // padded row: column reads hit distinct banks
+inline constexpr size_t TILE_BYTES = sizeof(float) * FP8_BLOCK * TILE_PITCH;
+
+__device__ __forceinline__ float load_as_float(float x) { return x; }
+__device__ __forceinline__ float load_as_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+// Loads tile (tile_r, tile_c) of x [rows][cols] into smem [128][TILE_PITCH]; elements outside x
+// are stored as 0, which never changes an amax.
+template <class In>
+__device__ inline void load_tile(const In* x, int rows, int cols, int tile_r, int tile_c, float* tile) {
+    for (int i = threadIdx.x; i < FP8_BLOCK * FP8_BLOCK; i += blockDim.x) {
+        int r = tile_r * FP8_BLOCK + i / FP8_BLOCK, c = tile_c * FP8_BLOCK + i % FP8_BLOCK;
+        tile[(i / FP8_BLOCK) * TILE_PITCH + i % FP8_BLOCK] =
+            (r < rows && c < cols) ? load_as_float(x[(size_t)r * cols + c]) : 0.0f;
+    }
+    __syncthreads();
+}
+
+__device__ __forceinline__ float warp_amax(float amax) {
+    for (int offset = 16; offset > 0; offset /= 2) {
+        float other = __shfl_xor_sync(0xFFFFFFFFu, amax, offset);
+        amax = other > amax ? other : amax;  // operands are never NaN here (amax_update drops NaN)
+    }
+    return amax;
+}
+
+// Quantizes 128 values of the tile, element e at tile[first + e * stride], as one 1x128 group:
+// codes go to out[e] (e < count, the elements inside the tensor); returns scale_inv.
+__device__ inline float quantize_group(const float* tile, int first, int stride, int count, bool pow2, uint8_t* out) {
+    int lane = threadIdx.x % 32;
+    float amax = 0.0f;
+    for (int e = lane; e < FP8_BLOCK; e += 32) amax = amax_update(amax, tile[first + e * stride]);
+    float scale = fp8_scale_from_amax(warp_amax(amax), pow2);
+    for (int e = lane; e < count; e += 32) out[e] = float_to_e4m3(tile[first + e * stride] * scale);
+    return 1.0f / scale;
+}
+
+// x [rows][cols] -> codes [rows][cols] + scale_inv VEC128 [ceil(cols/128)][rows] (1x128 along cols);
+// when codes_t is given, also x^T [cols][rows] quantized 1x128 along rows (the wgrad copy) with
+// scale_inv_t VEC128 [ceil(rows/128)][cols], from the same tile in the same pass.
+template <class In>
+__global__ void __launch_bounds__(QUANT_THREADS)
+    quantize_rowwise_kernel(const In* x, int rows, int cols, bool pow2, uint8_t* codes, float* scale_inv,
+                            uint8_t* codes_t, float* scale_inv_t) {
+    extern __shared__ float tile[];  // [128][TILE_PITCH]
+    int tile_c = blockIdx.x, tile_r = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    load_tile(x, rows, cols, tile_r, tile_c, tile);
+    int r0 = tile_r * FP8_BLOCK, c0 = tile_c * FP8_BLOCK;
+    int n_rows = min(FP8_BLOCK, rows - r0), n_cols = min(FP8_BLOCK, cols - c0);
+    for (int i = warp; i < n_rows; i += QUANT_THREADS / 32) {  // row r0 + i, columns c0 ..
+        float s = quantize_group(tile, i * TILE_PITCH, 1, n_cols, pow2, codes + (size_t)(r0 + i) * cols + c0);
+        if (lane == 0) scale_inv[vec128_scale_index(r0 + i, tile_c, rows)] = s;
+    }
+    if (codes_t == nullptr) return;
+    for (int j = warp; j < n_cols; j += QUANT_THREADS / 32) {  // column c0 + j = row of x^T, rows r0 ..
+        float s = quantize_group(tile, j, TILE_PITCH, n_rows, pow2, codes_t + (size_t)(c0 + j) * rows + r0);
+        if (lane == 0) scale_inv_t[vec128_scale_index(c0 + j, tile_r, cols)] = s;
+    }
+}
+
+// w [rows][cols] -> 128x128-block codes [rows][cols] + scale_inv BLK128x128, and the transposed copy
+// codes_t [cols][rows] + its transposed grid (the dgrad operand), from the same tile.
+template <class In>
+__global__ void __launch_bounds__(QUANT_THREADS)
+    quantize_blockwise_kernel(const In* w, int rows, int cols, bool pow2, uint8_t* codes, float* scale_inv,
+                              uint8_t* codes_t, float* scale_inv_t) {
+    extern __shared__ float tile[];  // [128][TILE_PITCH]
+    __shared__ float warp_max[QUANT_THREADS / 32];
+    int tile_c = blockIdx.x, tile_r = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    load_tile(w, rows, cols, tile_r, tile_c, tile);
+    float amax = 0.0f;
+    for (int i = threadIdx.x; i < FP8_BLOCK * FP8_BLOCK; i += blockDim.x)
+        amax = amax_update(amax, tile[(i / FP8_BLOCK) * TILE_PITCH + i % FP8_BLOCK]);
+    amax = warp_amax(amax);
+    if (lane == 0) warp_max[warp] = amax;
+    __syncthreads();
+    amax = 0.0f;
+    for (int i = 0; i < QUANT_THREADS / 32; i++) amax = amax_update(amax, warp_max[i]);
+    float scale = fp8_scale_from_amax(amax, pow2);
+    int r0 = tile_r * FP8_BLOCK, c0 = tile_c * FP8_BLOCK;
+    int n_rows = min(FP8_BLOCK, rows - r0), n_cols = min(FP8_BLOCK, cols - c0);
+    for (int i = threadIdx.x; i < FP8_BLOCK * FP8_BLOCK; i += blockDim.x) {
+        int r = i / FP8_BLOCK, c = i % FP8_BLOCK;  // consecutive threads: consecutive columns of w
+        if (r < n_rows && c < n_cols) codes[(size_t)(r0 + r) * cols + c0 + c] = float_to_e4m3(tile[r * TILE_PITCH + c] * scale);
+        int rt = i % FP8_BLOCK, ct = i / FP8_BLOCK;  // consecutive threads: consecutive columns of w^T
+        if (rt < n_rows && ct < n_cols)
+            codes_t[(size_t)(c0 + ct) * rows + r0 + rt] = float_to_e4m3(tile[rt * TILE_PITCH + ct] * scale);
+    }
+    if (threadIdx.x == 0) {
+        scale_inv[blk128_scale_index(tile_r, tile_c, cols)] = 1.0f / scale;
+        scale_inv_t[blk128_scale_index(tile_c, tile_r, rows)] = 1.0f / scale;
+    }
+}
+
+// Allows a kernel the dynamic shared memory of one tile (once per kernel; cheap to repeat).
+template <class Kernel>
+void allow_tile_smem(Kernel kernel, const char* name) {
+    cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)TILE_BYTES), name);
+}
+
+// Host launchers. Device pointers; sizes as in the kernels' comments (vec128_scale_count,
+// blk128_scale_count). codes_t / scale_inv_t may be null for the rowwise quantizer.
+template <class In>
+void fp8_quantize_rowwise_gpu(const In* x, int rows, int cols, bool pow2, uint8_t* codes, float* scale_inv,
+                              uint8_t* codes_t, float* scale_inv_t, cudaStream_t stream) {
+    check_fp8_shape("fp8_quantize_rowwise_gpu", rows, cols);
+    allow_tile_smem(quantize_rowwise_kernel<In>, "quantize_rowwise_kernel: shared memory limit");
+    dim3 grid(fp8_num_blocks(cols), fp8_num_blocks(rows));
+    quantize_rowwise_kernel<<<grid, QUANT_THREADS, TILE_BYTES, stream>>>(x, rows, cols, pow2, codes, scale_inv, codes_t,
+                                                                 scale_inv_t);
+    cuda_check(cudaGetLastError(), "quantize_rowwise_kernel launch");
+}
+
+template <class In>
+void fp8_quantize_blockwise_gpu(const In* w, int rows, int cols, bool pow2, uint8_t* codes, float* scale_inv,
+                                uint8_t* codes_t, float* scale_inv_t, cudaStream_t stream) {
+    check_fp8_shape("fp8_quantize_blockwise_gpu", rows, cols);
+    // the grids' padding entries (each row padded to a multiple of 4) are never written by the kernel
+    cuda_check(cudaMemsetAsync(scale_inv, 0, blk128_scale_count(rows, cols) * sizeof(float), stream),
+               "fp8_quantize_blockwise_gpu: clearing scale grid");
+    cuda_check(cudaMemsetAsync(scale_inv_t, 0, blk128_scale_count(cols, rows) * sizeof(float), stream),
+               "fp8_quantize_blockwise_gpu: clearing transposed scale grid");
+    allow_tile_smem(quantize_blockwise_kernel<In>, "quantize_blockwise_kernel: shared memory limit");
+    dim3 grid(fp8_num_blocks(cols), fp8_num_blocks(rows));
+    quantize_blockwise_kernel<<<grid, QUANT_THREADS, TILE_BYTES, stream>>>(w, rows, cols, pow2, codes, scale_inv, codes_t,
+                                                                   scale_inv_t);
+    cuda_check(cudaGetLastError(), "quantize_blockwise_kernel launch");
+}
+
+// ---------------------------------------------------------------------------------------------
+// cuBLASLt GEMMs.
+
+enum class Fp8ScaleMode { VEC128, BLK128x128 };
+enum class GemmOut { BF16, F32 };
+
+inline const char* scale_mode_name(Fp8ScaleMode m) { return m == Fp8ScaleMode::VEC128 ? "VEC128" : "BLK128x128"; }
+
+// Block-scaled FP8 GEMMs need cuBLASLt >= 12.9 and compute capability 9.x (spec-fp8.md §6.1).
+// Returns "" when supported, else the reason.
+inline std::string fp8_block_gemm_unsupported_reason(int device) {
+    cudaDeviceProp prop;
+    cuda_check(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
+    size_t version = cublasLtGetVersion();
+    if (version < 120900) return strfmt("cuBLASLt %zu is older than 12.9 (no VEC128/BLK128x128 scaling)", version);
+    if (prop.major != 9)
+        return strfmt("%s is compute capability %d.%d; cuBLASLt's 128-block FP8 scaling runs only on 9.x (Hopper)",
+                      prop.name, prop.major, prop.minor);
+    return "";
+}
+
+// Owns the cuBLASLt handle, the workspace and one cached plan (descriptors + chosen algorithm) per
+// GEMM configuration, so the heuristic query runs once per shape. One per device; not thread-safe.
+class GemmRunner {
+  public:
+    static constexpr size_t WORKSPACE_BYTES = 32u << 20;  // what cuBLAS and TE use on Hopper
+
+    GemmRunner() {
+        cublas_check(cublasLtCreate(&handle_), "cublasLtCreate");
+        cuda_check(cudaMalloc(&workspace_, WORKSPACE_BYTES), "GemmRunner: workspace cudaMalloc");
+    }
+    ~GemmRunner() {
+        for (auto& kv : plans_) destroy(kv.second);
+        cudaFree(workspace_);
+        cublasLtDestroy(handle_);
+    }
+    GemmRunner(const GemmRunner&) = delete;
+    GemmRunner& operator=(const GemmRunner&) = delete;
+
+    // D [n][m] = B [n][k] . A [m][k]^T with E4M3 operands and FP32 dequantization scales (device
+    // pointers, 16-byte aligned) in the given modes; `name` labels error messages.
+    void fp8(const char* name, int m, int n, int k, const uint8_t* a, const float* a_scale, Fp8ScaleMode a_mode,
+             const uint8_t* b, const float* b_scale, Fp8ScaleMode b_mode, void* d, GemmOut out, cudaStream_t stream) {
+        std::string what = strfmt("FP8 GEMM %s (m=%d n=%d k=%d, A %s, B %s)", name, m, n, k, scale_mode_name(a_mode),
+                                  scale_mode_name(b_mode));
+        if (m % 4 || n % 4 || k % 16)
+            fail("%s: block-scaled FP8 GEMMs need m and n multiples of 4 and k a multiple of 16; pad the token count "
+                 "to a multiple of 128",
+                 what.c_str());
+        if (a_mode == Fp8ScaleMode::BLK128x128 && b_mode == Fp8ScaleMode::BLK128x128)
+            fail("%s: cuBLASLt has no BLK128x128 x BLK128x128 mode", what.c_str());
+        if ((uintptr_t)a_scale % 16 || (uintptr_t)b_scale % 16)
+            fail("%s: scale tensors must start on a 16-byte boundary", what.c_str());
+        Plan& plan = get_plan(what, Key{m, n, k, true, (int)a_mode, (int)b_mode, (int)out});
+        cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scale,
+                                                    sizeof(a_scale)),
+                     what + ": A scale pointer");
+        cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scale,
+                                                    sizeof(b_scale)),
+                     what + ": B scale pointer");
+        run(plan, what, a, b, d, stream);
+    }
+
+    // D [n][m] = B [n][k] . A [m][k]^T in BF16 with FP32 accumulation.
+    void bf16(const char* name, int m, int n, int k, const __nv_bfloat16* a, const __nv_bfloat16* b, void* d,
+              GemmOut out, cudaStream_t stream) {
+        std::string what = strfmt("BF16 GEMM %s (m=%d n=%d k=%d)", name, m, n, k);
+        if (m % 8 || k % 8) fail("%s: m and k must be multiples of 8 (16-byte rows)", what.c_str());
+        run(get_plan(what, Key{m, n, k, false, 0, 0, (int)out}), what, a, b, d, stream);
+    }
+
+  private:
+    using Key = std::tuple<int, int, int, bool, int, int, int>;  // m, n, k, fp8, a mode, b mode, out
+    struct Plan {
+        cublasLtMatmulDesc_t desc = nullptr;
+        cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+        cublasLtMatmulAlgo_t algo;
+    };
+
+    cublasLtHandle_t handle_ = nullptr;
+    void* workspace_ = nullptr;
+    std::map<Key, Plan> plans_;
+
+    static void destroy(Plan& p) {
+        if (p.d) cublasLtMatrixLayoutDestroy(p.d);
+        if (p.b) cublasLtMatrixLayoutDestroy(p.b);
+        if (p.a) cublasLtMatrixLayoutDestroy(p.a);
+        if (p.desc) cublasLtMatmulDescDestroy(p.desc);
+    }
+
+    static void set_desc(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr, int32_t value,
+                         const std::string& what) {
+        cublas_check(cublasLtMatmulDescSetAttribute(desc, attr, &value, sizeof(value)), what);
+    }
+
+    Plan& get_plan(const std::string& what, const Key& key) {
+        auto it = plans_.find(key);
+        if (it != plans_.end()) return it->second;
+        int m = std::get<0>(key), n = std::get<1>(key), k = std::get<2>(key);
+        bool fp8 = std::get<3>(key);
+        cudaDataType_t in_type = fp8 ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
+        cudaDataType_t out_type = std::get<6>(key) == (int)GemmOut::BF16 ? CUDA_R_16BF : CUDA_R_32F;
+        Plan p;
+        try {
+            cublas_check(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), what + ": descriptor");
+            set_desc(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, CUBLAS_OP_T, what + ": TRANSA");
+            set_desc(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, CUBLAS_OP_N, what + ": TRANSB");
+            if (fp8) {
+                auto mode = [](int m) {
+                    return (int32_t)(m == (int)Fp8ScaleMode::VEC128 ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F
+                                                                     : CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F);
+                };
+                set_desc(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, mode(std::get<4>(key)), what + ": A scale mode");
+                set_desc(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, mode(std::get<5>(key)), what + ": B scale mode");
+                int8_t fast_accum = 0;  // keep tensor-core partial sums promoted to FP32 (spec-fp8.md §6.7)
+                cublas_check(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast_accum,
+                                                            sizeof(fast_accum)),
+                             what + ": FAST_ACCUM");
+            }
+            cublas_check(cublasLtMatrixLayoutCreate(&p.a, in_type, k, m, k), what + ": A layout");
+            cublas_check(cublasLtMatrixLayoutCreate(&p.b, in_type, k, n, k), what + ": B layout");
+            cublas_check(cublasLtMatrixLayoutCreate(&p.d, out_type, m, n, m), what + ": D layout");
+            cublasLtMatmulPreference_t pref;
+            cublas_check(cublasLtMatmulPreferenceCreate(&pref), what + ": preference");
+            size_t ws = WORKSPACE_BYTES;
+            cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                                     &ws, sizeof(ws));
+            cublasLtMatmulHeuristicResult_t result = {};
+            int found = 0;
+            if (st == CUBLAS_STATUS_SUCCESS)
+                st = cublasLtMatmulAlgoGetHeuristic(handle_, p.desc, p.a, p.b, p.d, p.d, pref, 1, &result, &found);
+            cublasLtMatmulPreferenceDestroy(pref);
+            cublas_check(st, what + ": algorithm heuristic");
+            if (found == 0) fail("%s: cuBLASLt found no algorithm for this configuration", what.c_str());
+            p.algo = result.algo;
+        } catch (...) {
+            destroy(p);
+            throw;
+        }
+        return plans_.emplace(key, p).first->second;
+    }
+
+    void run(Plan& p, const std::string& what, const void* a, const void* b, void* d, cudaStream_t stream) {
+        const float alpha = 1.0f, beta = 0.0f;
+        cublas_check(cublasLtMatmul(handle_, p.desc, &alpha, a, p.a, b, p.b, &beta, d, p.d, d, p.d, &p.algo,
+                                    workspace_, WORKSPACE_BYTES, stream),
+                     what + ": cublasLtMatmul");
+    }
+};
+
+}  // namespace fp8rl
+
+#endif  // FP8RL_FP8_GEMM_CUH

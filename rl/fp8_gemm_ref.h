@@ -1,0 +1,94 @@
+// fp8_gemm_ref.h: the FP8 block-scaled GEMMs of a linear layer, emulated on the CPU. This is the
+// math cuBLASLt's VEC128 / BLK128x128 modes perform (spec-fp8.md §6.3):
+//   D[i][j] = sum over 128-wide K blocks kb of  sA(i,kb) * sB(j,kb) * sum_{k in kb} A[i][k] * B[j][k]
+// with A, B the decoded E4M3 values (exact in FP32; each product is exact too), the inner sums in
+// FP32 (rl/gemm.h's gemm_nt, K = 128 per call), and the scaled partial sums added in FP32 block by
+// block. Every operand is K-contiguous, as cuBLASLt's TN layout requires, so one NT kernel serves
+// fprop, dgrad and wgrad. The CPU engine's "fp8" precision uses the fp8_linear_* functions below.
+#pragma once
+#include <vector>
+
+#include "rl/fp8_block.h"
+#include "rl/gemm.h"
+
+namespace fp8rl {
+
+// An FP8 GEMM operand as the GEMM sees it: decoded (unscaled) values and the dequantization
+// multiplier of every (row, 128-block of the reduction dim).
+struct Fp8GemmOperand {
+    int rows = 0, cols = 0;        // cols: the reduction dim K
+    std::vector<float> values;     // [rows][cols] decoded E4M3
+    std::vector<float> scale_inv;  // [rows][ceil(cols/128)]
+};
+
+template <class Quantized>
+Fp8GemmOperand fp8_gemm_operand(const Quantized& q) {
+    Fp8GemmOperand op;
+    op.rows = q.rows, op.cols = q.cols;
+    op.values.resize(q.data.size());
+    float decoded[256];  // all E4M3 codes
+    for (int code = 0; code < 256; code++) decoded[code] = e4m3_to_float((uint8_t)code);
+    for (size_t i = 0; i < q.data.size(); i++) op.values[i] = decoded[q.data[i]];
+    int blocks = fp8_num_blocks(q.cols);
+    op.scale_inv.resize((size_t)q.rows * blocks);
+    for (int r = 0; r < q.rows; r++)
+        for (int kb = 0; kb < blocks; kb++) op.scale_inv[(size_t)r * blocks + kb] = q.scale_inv_at(r, kb);
+    return op;
+}
+
+// out [a.rows][b.rows] (+)= the block-scaled product of a [M][K] and b [N][K]^T.
+inline void fp8_gemm_nt_ref(const Fp8GemmOperand& a, const Fp8GemmOperand& b, float* out, bool accumulate) {
+    if (a.cols != b.cols)
+        fail("fp8_gemm_nt_ref: reduction dims differ (A [%d][%d], B [%d][%d])", a.rows, a.cols, b.rows, b.cols);
+    int M = a.rows, N = b.rows, K = a.cols, blocks = fp8_num_blocks(K);
+    std::vector<float> partial((size_t)M * N);  // [M][N] one K block's unscaled sums
+    std::vector<float> total((size_t)M * N, 0.0f);  // [M][N] sum of the scaled block sums
+    for (int kb = 0; kb < blocks; kb++) {
+        int k0 = kb * FP8_BLOCK, width = K - k0 < FP8_BLOCK ? K - k0 : FP8_BLOCK;
+        gemm_nt(M, N, width, a.values.data() + k0, K, b.values.data() + k0, K, partial.data(), N, false);
+#pragma omp parallel for schedule(static)
+        for (int i = 0; i < M; i++) {
+            float sa = a.scale_inv[(size_t)i * blocks + kb];
+            for (int j = 0; j < N; j++)
+                total[(size_t)i * N + j] += (sa * b.scale_inv[(size_t)j * blocks + kb]) * partial[(size_t)i * N + j];
+        }
+    }
+    for (size_t i = 0; i < total.size(); i++) out[i] = accumulate ? out[i] + total[i] : total[i];
+}
+
+// A linear layer's weight W [N][K] in FP8: 128x128 blocks, quantized once per optimizer update,
+// plus the transposed copy dgrad reads.
+struct Fp8Weight {
+    Fp8Blockwise w;   // [N][K]  fprop operand
+    Fp8Blockwise wt;  // [K][N]  dgrad operand (transposed bytes and scale grid)
+    bool pow2_scales = false;
+};
+
+inline Fp8Weight fp8_quantize_weight(const float* w, int N, int K, bool pow2_scales) {
+    Fp8Weight q;
+    q.w = fp8_quantize_blockwise(w, N, K, pow2_scales);
+    q.wt = fp8_transpose(q.w);
+    q.pow2_scales = pow2_scales;
+    return q;
+}
+
+// Y [T][N] (+)= X [T][K] . W^T, X quantized 1x128 along K.
+inline void fp8_linear_fprop(const float* x, int T, const Fp8Weight& w, float* y, bool accumulate) {
+    fp8_gemm_nt_ref(fp8_gemm_operand(fp8_quantize_rowwise(x, T, w.w.cols, w.pow2_scales)), fp8_gemm_operand(w.w), y,
+                    accumulate);
+}
+
+// dX [T][K] (+)= dY [T][N] . W, dY quantized 1x128 along N.
+inline void fp8_linear_dgrad(const float* dy, int T, const Fp8Weight& w, float* dx, bool accumulate) {
+    fp8_gemm_nt_ref(fp8_gemm_operand(fp8_quantize_rowwise(dy, T, w.w.rows, w.pow2_scales)), fp8_gemm_operand(w.wt),
+                    dx, accumulate);
+}
+
+// dW [N][K] (+)= dY^T . X, with dY [T][N] and X [T][K] both quantized 1x128 along tokens.
+inline void fp8_linear_wgrad(const float* dy, const float* x, int T, int N, int K, bool pow2_scales, float* dw,
+                             bool accumulate) {
+    fp8_gemm_nt_ref(fp8_gemm_operand(fp8_quantize_rowwise_transposed(dy, T, N, pow2_scales)),
+                    fp8_gemm_operand(fp8_quantize_rowwise_transposed(x, T, K, pow2_scales)), dw, accumulate);
+}
+
+}  // namespace fp8rl

@@ -1,0 +1,70 @@
+// gpu_util.cuh: small helpers for the GPU tests and benchmarks: an owning device buffer, random
+// fills, and the "is there a usable GPU" check that turns into a visible SKIP.
+#ifndef FP8RL_TEST_GPU_UTIL_CUH
+#define FP8RL_TEST_GPU_UTIL_CUH
+#include <cuda_runtime.h>
+
+#include <string>
+#include <vector>
+
+#include "fp8_gemm.cuh"
+
+namespace fp8rl {
+
+template <class T>
+struct DeviceBuffer {
+    T* ptr = nullptr;
+    size_t count = 0;
+    explicit DeviceBuffer(size_t n) : count(n) {
+        cuda_check(cudaMalloc(&ptr, n * sizeof(T) + 16), strfmt("cudaMalloc of %zu bytes", n * sizeof(T)).c_str());
+    }
+    explicit DeviceBuffer(const std::vector<T>& host) : DeviceBuffer(host.size()) { upload(host); }
+    ~DeviceBuffer() { cudaFree(ptr); }
+    DeviceBuffer(const DeviceBuffer&) = delete;
+    DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+    void upload(const std::vector<T>& host) {
+        cuda_check(cudaMemcpy(ptr, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice), "upload");
+    }
+    std::vector<T> download() const {
+        std::vector<T> host(count);
+        cuda_check(cudaDeviceSynchronize(), "kernel execution (checked before download)");
+        cuda_check(cudaMemcpy(host.data(), ptr, count * sizeof(T), cudaMemcpyDeviceToHost), "download");
+        return host;
+    }
+    // Fills with a byte pattern, so an element the code under test never writes is visible.
+    void poison() { cuda_check(cudaMemset(ptr, 0xA5, count * sizeof(T)), "poison"); }
+};
+
+// "" when a CUDA device is present, else why not.
+inline std::string no_gpu_reason() {
+    int n = 0;
+    cudaError_t st = cudaGetDeviceCount(&n);
+    if (st != cudaSuccess) return strfmt("no usable CUDA device (%s)", cudaGetErrorString(st));
+    if (n == 0) return "no CUDA device";
+    return "";
+}
+
+// Deterministic pseudo-random numbers (xorshift-multiply hash of the index), uniform in [-1, 1).
+__host__ __device__ inline float hash_uniform(uint64_t i, uint32_t seed) {
+    uint64_t z = i * 0x9E3779B97F4A7C15ull + seed;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return (float)(z >> 40) * (1.0f / 8388608.0f) - 1.0f;
+}
+
+template <class T>  // a template, so several test files can include this header
+__global__ void fill_uniform_kernel(T* x, size_t n, uint32_t seed, float amplitude) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        x[i] = (T)(amplitude * hash_uniform(i, seed));
+}
+
+template <class T>
+void fill_uniform(T* x, size_t n, uint32_t seed, float amplitude) {
+    fill_uniform_kernel<<<1024, 256>>>(x, n, seed, amplitude);
+    cuda_check(cudaGetLastError(), "fill_uniform_kernel launch");
+}
+
+}  // namespace fp8rl
+
+#endif  // FP8RL_TEST_GPU_UTIL_CUH

@@ -1,0 +1,352 @@
+// test_fp8_gemm.cu: the GPU side of the FP8 recipe (fp8_gemm.cuh) against the CPU side:
+//   - the device encoder (rl/fp8.h compiled for sm_90) equals CUDA's device conversion (the PTX
+//     cvt.rn.satfinite instruction for satfinite) over all 2^32 inputs, both formats and modes;
+//   - the quantize kernels equal the CPU quantizers (rl/fp8_block.h) bit for bit;
+//   - cuBLASLt's block-scaled fprop / dgrad / wgrad equal the CPU emulation (rl/fp8_gemm_ref.h)
+//     within a stated tolerance, and a deliberately wrong scale layout FAILS that same check;
+//   - the BF16 GEMM equals an FP32 CPU GEMM of the same BF16 values within tolerance.
+// Tests skip, visibly, where there is no GPU (or no Hopper for the block-scaled GEMMs).
+#include <cuda_fp8.h>
+
+#include <cmath>
+#include <cstring>
+
+// rl/gemm.h sets a variable that only an OpenMP if() clause reads; nvcc's front end ignores OpenMP
+// pragmas and would call it unused (an error under -Werror all-warnings).
+#pragma nv_diag_suppress 177
+#include "rl/fp8_gemm_ref.h"
+#pragma nv_diag_default 177
+#include "test/gpu/gpu_util.cuh"
+#include "test/harness.h"
+
+using namespace fp8rl;
+
+#define REQUIRE_GPU()                                 \
+    do {                                              \
+        std::string why_not = no_gpu_reason();        \
+        if (!why_not.empty()) SKIP(why_not.c_str());  \
+    } while (0)
+
+#define REQUIRE_FP8_BLOCK_GEMM()                                              \
+    do {                                                                      \
+        REQUIRE_GPU();                                                        \
+        std::string why_not = fp8_block_gemm_unsupported_reason(0);           \
+        if (!why_not.empty()) SKIP(why_not.c_str());                          \
+    } while (0)
+
+// ---------------------------------------------------------------------------------------------
+// Device encoder, all 2^32 inputs.
+
+__global__ void encode_sweep_kernel(int mode, unsigned long long* mismatches, unsigned int* example) {
+    Fp8Format fmt = mode < 2 ? Fp8Format::E4M3 : Fp8Format::E5M2;
+    bool sat = mode % 2 == 0;
+    __nv_fp8_interpretation_t cuda_fmt = mode < 2 ? __NV_E4M3 : __NV_E5M2;
+    unsigned long long bad = 0;
+    for (uint64_t u = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; u < (1ull << 32);
+         u += (uint64_t)gridDim.x * blockDim.x) {
+        float x = bits_float((uint32_t)u);
+        uint8_t ours = float_to_fp8(x, fmt, sat);
+        uint8_t cuda = __nv_cvt_float_to_fp8(x, sat ? __NV_SATFINITE : __NV_NOSAT, cuda_fmt);
+        if (ours != cuda) bad++, *example = (uint32_t)u;
+    }
+    if (bad) atomicAdd(mismatches, bad);
+}
+
+__global__ void decode_all_kernel(float* ours, float* cuda) {
+    int code = threadIdx.x, fmt_index = blockIdx.x;
+    Fp8Format fmt = fmt_index == 0 ? Fp8Format::E4M3 : Fp8Format::E5M2;
+    ours[fmt_index * 256 + code] = fp8_to_float((uint8_t)code, fmt);
+    __half_raw h = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)code, fmt_index == 0 ? __NV_E4M3 : __NV_E5M2);
+    cuda[fmt_index * 256 + code] = __half2float(__half(h));
+}
+
+TEST(gpu_fp8_device_encoder_matches_cuda_all_floats) {
+    REQUIRE_GPU();
+    const char* names[4] = {"E4M3 satfinite", "E4M3 nosat", "E5M2 satfinite", "E5M2 nosat"};
+    DeviceBuffer<unsigned long long> mismatches(1);
+    DeviceBuffer<unsigned int> example(1);
+    for (int mode = 0; mode < 4; mode++) {
+        cuda_check(cudaMemset(mismatches.ptr, 0, sizeof(unsigned long long)), "memset");
+        encode_sweep_kernel<<<2048, 256>>>(mode, mismatches.ptr, example.ptr);
+        cuda_check(cudaGetLastError(), "encode_sweep_kernel launch");
+        unsigned long long bad = mismatches.download()[0];
+        printf("    device %-15s all 2^32 inputs: %llu mismatches vs __nv_cvt_float_to_fp8 on the device\n", names[mode], bad);
+        CHECK_MSG(bad == 0, "%s: %llu mismatches, e.g. input bits 0x%08X", names[mode], bad, example.download()[0]);
+    }
+    DeviceBuffer<float> ours(512), cuda(512);
+    decode_all_kernel<<<2, 256>>>(ours.ptr, cuda.ptr);
+    cuda_check(cudaGetLastError(), "decode_all_kernel launch");
+    std::vector<float> o = ours.download(), c = cuda.download();
+    int bad = 0;
+    for (int i = 0; i < 512; i++) {
+        bool same = std::isnan(c[i]) ? std::isnan(o[i]) : float_bits(o[i]) == float_bits(c[i]);
+        float host = fp8_to_float((uint8_t)(i % 256), i < 256 ? Fp8Format::E4M3 : Fp8Format::E5M2);
+        same = same && (std::isnan(host) ? std::isnan(o[i]) : float_bits(host) == float_bits(o[i]));
+        bad += !same;
+    }
+    CHECK_MSG(bad == 0, "%d of 512 codes decode differently on the device", bad);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Quantize kernels vs the CPU quantizers.
+
+// Test data with what real tensors have and what breaks layouts: magnitudes that vary by row and
+// by 128-column block (so every scale differs), an all-zero group, a NaN, an Inf, FP32-subnormal
+// values, values rounded to BF16. x [rows][cols].
+static std::vector<float> varied_data(int rows, int cols, uint32_t seed) {
+    std::vector<float> x((size_t)rows * cols);
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++) {
+            float row_mag = std::ldexp(1.0f, (int)(8 * hash_uniform(r, seed + 1)));
+            float block_mag = std::ldexp(1.0f, (int)(4 * hash_uniform(c / 128 + 7 * (r / 128), seed + 2)));
+            x[(size_t)r * cols + c] = round_bf16(row_mag * block_mag * hash_uniform((size_t)r * cols + c, seed));
+        }
+    if (rows > 3 && cols > 130) {
+        for (int c = 0; c < 128; c++) x[(size_t)1 * cols + c] = 0.0f;
+        x[(size_t)2 * cols + 5] = NAN;
+        x[(size_t)3 * cols + 129] = -INFINITY;
+        for (int c = 128; c < cols && c < 256; c++) x[c] = round_bf16(1e-39f * hash_uniform(c, seed));
+    }
+    return x;
+}
+
+static std::vector<__nv_bfloat16> to_bf16(const std::vector<float>& x) {
+    std::vector<__nv_bfloat16> out(x.size());
+    for (size_t i = 0; i < x.size(); i++) out[i] = __float2bfloat16(x[i]);  // exact: x is BF16-valued
+    return out;
+}
+
+template <class A, class B>
+static int count_bit_differences(const std::vector<A>& device, const std::vector<B>& host, const char* what) {
+    if (device.size() != host.size()) {
+        fprintf(stderr, "    %s: %zu elements on the device, %zu on the host\n", what, device.size(), host.size());
+        return -1;
+    }
+    int bad = 0;
+    for (size_t i = 0; i < device.size(); i++)
+        if (memcmp(&device[i], &host[i], sizeof(A)) != 0 && bad++ < 3)
+            fprintf(stderr, "    %s[%zu]: device %g, host %g\n", what, i, (double)device[i], (double)host[i]);
+    return bad;
+}
+
+TEST(gpu_fp8_quantize_kernels_match_host_bit_for_bit) {
+    REQUIRE_GPU();
+    const int shapes[][2] = {{300, 520}, {256, 384}, {64, 128}};
+    for (auto shape : shapes)
+        for (bool pow2 : {false, true}) {
+            int rows = shape[0], cols = shape[1];
+            std::vector<float> x = varied_data(rows, cols, 11 + rows);
+            DeviceBuffer<__nv_bfloat16> x_bf16(to_bf16(x));
+            DeviceBuffer<float> x_f32(x);
+            DeviceBuffer<uint8_t> codes((size_t)rows * cols), codes_t((size_t)rows * cols);
+            DeviceBuffer<float> s(vec128_scale_count(rows, cols)), s_t(vec128_scale_count(cols, rows));
+            for (auto* b : {&codes, &codes_t}) b->poison();
+            for (auto* b : {&s, &s_t}) b->poison();
+            fp8_quantize_rowwise_gpu(x_bf16.ptr, rows, cols, pow2, codes.ptr, s.ptr, codes_t.ptr, s_t.ptr, 0);
+            Fp8Rowwise host = fp8_quantize_rowwise(x.data(), rows, cols, pow2);
+            Fp8Rowwise host_t = fp8_quantize_rowwise_transposed(x.data(), rows, cols, pow2);
+            std::string tag = strfmt("[%d][%d] pow2=%d", rows, cols, (int)pow2);
+            CHECK_MSG(count_bit_differences(codes.download(), host.data, "rowwise codes") == 0, "rowwise codes %s", tag.c_str());
+            CHECK_MSG(count_bit_differences(s.download(), host.scale_inv, "rowwise scales") == 0, "rowwise scales %s", tag.c_str());
+            CHECK_MSG(count_bit_differences(codes_t.download(), host_t.data, "transposed codes") == 0,
+                      "transposed (along rows) codes %s", tag.c_str());
+            CHECK_MSG(count_bit_differences(s_t.download(), host_t.scale_inv, "transposed scales") == 0,
+                      "transposed (along rows) scales %s", tag.c_str());
+
+            DeviceBuffer<float> b(blk128_scale_count(rows, cols)), b_t(blk128_scale_count(cols, rows));
+            codes.poison(), codes_t.poison(), b.poison(), b_t.poison();
+            fp8_quantize_blockwise_gpu(x_f32.ptr, rows, cols, pow2, codes.ptr, b.ptr, codes_t.ptr, b_t.ptr, 0);
+            Fp8Blockwise hw = fp8_quantize_blockwise(x.data(), rows, cols, pow2), hwt = fp8_transpose(hw);
+            CHECK_MSG(count_bit_differences(codes.download(), hw.data, "blockwise codes") == 0, "blockwise codes %s", tag.c_str());
+            CHECK_MSG(count_bit_differences(b.download(), hw.scale_inv, "blockwise scales") == 0, "blockwise scales %s", tag.c_str());
+            CHECK_MSG(count_bit_differences(codes_t.download(), hwt.data, "blockwise^T codes") == 0,
+                      "blockwise transposed codes %s", tag.c_str());
+            CHECK_MSG(count_bit_differences(b_t.download(), hwt.scale_inv, "blockwise^T scales") == 0,
+                      "blockwise transposed scales %s", tag.c_str());
+        }
+}
+
+// ---------------------------------------------------------------------------------------------
+// cuBLASLt GEMMs vs the CPU emulation.
+
+static Fp8GemmOperand absolute(Fp8GemmOperand op) {
+    for (float& v : op.values) v = std::fabs(v);
+    for (float& s : op.scale_inv) s = std::fabs(s);
+    return op;
+}
+
+// Compares a GPU result [rows][cols] with the CPU emulation. Tolerance per element:
+//   |gpu - cpu| <= 2^-9 * sum_k |a_k b_k| sA sB  +  (BF16 output ? 2^-8 |cpu| : 0)
+// Why: the emulation's FP32 sums are within ~1e-7 of exact (test_fp8_block.cpp); Hopper's FP8
+// tensor cores keep about 13 fraction bits per accumulation step (spec-fp8.md §8) over the 4 k=32
+// steps of a 128-block before the FP32 promotion, i.e. about 4 * 2^-13 = 2^-11 of sum |a b|;
+// 2^-9 leaves a factor 4. A BF16 output adds one rounding (2^-9 relative; 2^-8 leaves a factor 2).
+// A wrong scale layout multiplies whole blocks by wrong factors (row and block magnitudes in this
+// data span 2^-7 .. 2^7 and 2^-3 .. 2^3).
+// Returns the number of elements outside the tolerance; prints the error figures.
+static long count_outside_tolerance(const std::vector<float>& gpu, const std::vector<float>& cpu,
+                                    const std::vector<float>& abs_dot, bool bf16_out, const std::string& what) {
+    long bad = 0;
+    double err2 = 0, ref2 = 0, worst = 0;
+    for (size_t i = 0; i < gpu.size(); i++) {
+        double diff = std::fabs((double)gpu[i] - cpu[i]);
+        double tol = std::ldexp((double)abs_dot[i], -9) + (bf16_out ? std::ldexp(std::fabs((double)cpu[i]), -8) : 0.0);
+        if (!(diff <= tol)) bad++;
+        worst = std::fmax(worst, diff / (tol > 0 ? tol : 1e-30));
+        err2 += diff * diff, ref2 += (double)cpu[i] * cpu[i];
+    }
+    printf("    %-52s rel. Frobenius error %.3g, worst |err|/tol %.3g, %ld of %zu outside\n", what.c_str(),
+           std::sqrt(err2 / ref2), worst, bad, gpu.size());
+    return bad;
+}
+
+static std::vector<float> download_output(const DeviceBuffer<char>& d, size_t count, GemmOut out) {
+    std::vector<char> raw = d.download();
+    std::vector<float> y(count);
+    for (size_t i = 0; i < count; i++) {
+        if (out == GemmOut::F32)
+            memcpy(&y[i], raw.data() + 4 * i, 4);
+        else {
+            uint16_t h;
+            memcpy(&h, raw.data() + 2 * i, 2);
+            y[i] = bf16_to_float(h);
+        }
+    }
+    return y;
+}
+
+namespace {
+// One linear layer's FP8 operands, quantized on the host (identical to the device kernels, as the
+// previous test checks) and uploaded in cuBLASLt's layouts.
+struct LinearOperands {
+    int T, K, N;
+    Fp8Rowwise x, dy, xt, dyt;
+    Fp8Blockwise w, wt;
+    LinearOperands(int T_, int K_, int N_) : T(T_), K(K_), N(N_) {
+        std::vector<float> xf = varied_data(T, K, 21), wf = varied_data(N, K, 22), dyf = varied_data(T, N, 23);
+        for (auto* v : {&xf, &wf, &dyf})  // no NaN/Inf here: the GEMM comparison needs finite values
+            for (float& e : *v)
+                if (!std::isfinite(e)) e = 1.0f;
+        x = fp8_quantize_rowwise(xf.data(), T, K, false);
+        dy = fp8_quantize_rowwise(dyf.data(), T, N, false);
+        xt = fp8_quantize_rowwise_transposed(xf.data(), T, K, false);
+        dyt = fp8_quantize_rowwise_transposed(dyf.data(), T, N, false);
+        w = fp8_quantize_blockwise(wf.data(), N, K, false);
+        wt = fp8_transpose(w);
+    }
+};
+
+struct GemmCase {
+    const char* name;
+    int m, n, k;
+    const std::vector<uint8_t>*a, *b;
+    const std::vector<float>*sa, *sb;
+    Fp8ScaleMode ma, mb;
+    Fp8GemmOperand cpu_a, cpu_b;  // emulation: out [n][m] = cpu_b . cpu_a^T
+};
+
+// Runs one block-scaled GEMM on the GPU (scales given explicitly, so a test can pass a wrong
+// layout) and counts the elements outside the tolerance against the CPU emulation.
+long run_and_compare(GemmRunner& runner, const GemmCase& g, const std::vector<float>& sa, const std::vector<float>& sb,
+                     GemmOut out, const std::string& label) {
+    DeviceBuffer<uint8_t> a(*g.a), b(*g.b);
+    DeviceBuffer<float> da(sa), db(sb);
+    size_t count = (size_t)g.m * g.n;
+    DeviceBuffer<char> d(count * 4);
+    d.poison();
+    runner.fp8(g.name, g.m, g.n, g.k, a.ptr, da.ptr, g.ma, b.ptr, db.ptr, g.mb, d.ptr, out, 0);
+    std::vector<float> gpu = download_output(d, count, out);
+    std::vector<float> cpu(count), abs_dot(count);
+    fp8_gemm_nt_ref(g.cpu_b, g.cpu_a, cpu.data(), false);
+    fp8_gemm_nt_ref(absolute(g.cpu_b), absolute(g.cpu_a), abs_dot.data(), false);
+    return count_outside_tolerance(gpu, cpu, abs_dot, out == GemmOut::BF16, label);
+}
+}  // namespace
+
+TEST(gpu_fp8_block_gemms_match_cpu_emulation) {
+    REQUIRE_FP8_BLOCK_GEMM();
+    const int T = 384, K = 640, N = 896;  // K: 5 blocks (the BLK grid row padded to 8)
+    LinearOperands op(T, K, N);
+    GemmRunner runner;
+    GemmCase cases[] = {
+        {"fprop", N, T, K, &op.w.data, &op.x.data, &op.w.scale_inv, &op.x.scale_inv, Fp8ScaleMode::BLK128x128,
+         Fp8ScaleMode::VEC128, fp8_gemm_operand(op.w), fp8_gemm_operand(op.x)},
+        {"dgrad", K, T, N, &op.wt.data, &op.dy.data, &op.wt.scale_inv, &op.dy.scale_inv, Fp8ScaleMode::BLK128x128,
+         Fp8ScaleMode::VEC128, fp8_gemm_operand(op.wt), fp8_gemm_operand(op.dy)},
+        {"wgrad", K, N, T, &op.xt.data, &op.dyt.data, &op.xt.scale_inv, &op.dyt.scale_inv, Fp8ScaleMode::VEC128,
+         Fp8ScaleMode::VEC128, fp8_gemm_operand(op.xt), fp8_gemm_operand(op.dyt)},
+    };
+    for (const GemmCase& g : cases)
+        for (GemmOut out : {GemmOut::BF16, GemmOut::F32}) {
+            std::string label = strfmt("%s m=%d n=%d k=%d %s out", g.name, g.m, g.n, g.k, out == GemmOut::BF16 ? "BF16" : "FP32");
+            long bad = run_and_compare(runner, g, *g.sa, *g.sb, out, label);
+            CHECK_MSG(bad == 0, "%s: %ld elements outside tolerance", label.c_str(), bad);
+        }
+}
+
+// The same check must FAIL when the scales are laid out the way one might naively write them.
+TEST(gpu_fp8_wrong_scale_layout_fails_the_check) {
+    REQUIRE_FP8_BLOCK_GEMM();
+    const int T = 384, K = 640, N = 896;
+    LinearOperands op(T, K, N);
+    GemmRunner runner;
+    GemmCase fprop = {"fprop", N, T, K, &op.w.data, &op.x.data, &op.w.scale_inv, &op.x.scale_inv,
+                      Fp8ScaleMode::BLK128x128, Fp8ScaleMode::VEC128, fp8_gemm_operand(op.w), fp8_gemm_operand(op.x)};
+    int L = fp8_num_blocks(K), NB = fp8_num_blocks(N);
+    // (1) X's 1x128 scales row-major [T][L] (token-major) instead of VEC128's [L][T]
+    std::vector<float> x_row_major((size_t)T * L);
+    for (int t = 0; t < T; t++)
+        for (int kb = 0; kb < L; kb++) x_row_major[(size_t)t * L + kb] = op.x.scale_inv_at(t, kb);
+    long bad1 = run_and_compare(runner, fprop, op.w.scale_inv, x_row_major, GemmOut::F32, "fprop, X scales [T][L] (wrong)");
+    CHECK_MSG(bad1 > 0, "a [T][L] X scale layout passed the check: the check cannot see layout errors");
+    // (2) W's 128x128 grid without padding each row to a multiple of 4 (stride L instead of 8)
+    std::vector<float> w_unpadded(blk128_scale_count(N, K), 0.0f);
+    for (int nb = 0; nb < NB; nb++)
+        for (int kb = 0; kb < L; kb++) w_unpadded[(size_t)nb * L + kb] = op.w.scale_inv[blk128_scale_index(nb, kb, K)];
+    long bad2 = run_and_compare(runner, fprop, w_unpadded, op.x.scale_inv, GemmOut::F32, "fprop, W grid unpadded (wrong)");
+    CHECK_MSG(bad2 > 0, "an unpadded W scale grid passed the check: the check cannot see layout errors");
+}
+
+TEST(gpu_fp8_gemm_rejects_bad_shapes) {
+    REQUIRE_FP8_BLOCK_GEMM();
+    GemmRunner runner;
+    DeviceBuffer<uint8_t> a(64 * 130), b(64 * 130);
+    DeviceBuffer<float> s(1024);
+    DeviceBuffer<char> d(64 * 64 * 4);
+    CHECK_THROWS(runner.fp8("fprop", 64, 63, 128, a.ptr, s.ptr, Fp8ScaleMode::BLK128x128, b.ptr, s.ptr,
+                            Fp8ScaleMode::VEC128, d.ptr, GemmOut::BF16, 0),
+                 "FP8 GEMM fprop (m=64 n=63 k=128");
+    CHECK_THROWS(runner.fp8("wgrad", 64, 64, 120, a.ptr, s.ptr, Fp8ScaleMode::VEC128, b.ptr, s.ptr,
+                            Fp8ScaleMode::VEC128, d.ptr, GemmOut::BF16, 0),
+                 "k a multiple of 16");
+    CHECK_THROWS(runner.fp8("x", 64, 64, 128, a.ptr, s.ptr, Fp8ScaleMode::BLK128x128, b.ptr, s.ptr,
+                            Fp8ScaleMode::BLK128x128, d.ptr, GemmOut::BF16, 0),
+                 "no BLK128x128 x BLK128x128");
+}
+
+TEST(gpu_bf16_gemm_matches_cpu) {
+    REQUIRE_GPU();
+    const int M = 256, N = 384, K = 640;  // D [N][M] = B [N][K] . A [M][K]^T
+    std::vector<float> a = varied_data(M, K, 31), b = varied_data(N, K, 32);
+    for (auto* v : {&a, &b})
+        for (float& e : *v)
+            if (!std::isfinite(e)) e = 1.0f;
+    DeviceBuffer<__nv_bfloat16> da(to_bf16(a)), db(to_bf16(b));
+    GemmRunner runner;
+    for (GemmOut out : {GemmOut::BF16, GemmOut::F32}) {
+        DeviceBuffer<char> d((size_t)M * N * 4);
+        d.poison();
+        runner.bf16("bf16 test", M, N, K, da.ptr, db.ptr, d.ptr, out, 0);
+        std::vector<float> gpu = download_output(d, (size_t)M * N, out), cpu((size_t)M * N), abs_dot((size_t)M * N);
+        gemm_nt(N, M, K, b.data(), K, a.data(), K, cpu.data(), M, false);
+        std::vector<float> aa(a.size()), ab(b.size());
+        for (size_t i = 0; i < a.size(); i++) aa[i] = std::fabs(a[i]);
+        for (size_t i = 0; i < b.size(); i++) ab[i] = std::fabs(b[i]);
+        gemm_nt(N, M, K, ab.data(), K, aa.data(), K, abs_dot.data(), M, false);
+        // BF16 products are exact in FP32 and the tensor cores accumulate BF16 in FP32: the 2^-9
+        // sum|ab| term of the FP8 tolerance is generous here too.
+        long bad = count_outside_tolerance(gpu, cpu, abs_dot, out == GemmOut::BF16,
+                                           strfmt("bf16 m=%d n=%d k=%d %s out", M, N, K, out == GemmOut::BF16 ? "BF16" : "FP32"));
+        CHECK_EQ(bad, 0L);
+    }
+}
