@@ -2,6 +2,7 @@
 // runs the one mode asked for, and turns every fp8rl::Error into one line on stderr and exit 1.
 #include <cstdio>
 #include <exception>
+#include <fstream>
 #include <iostream>
 #include <iterator>
 
@@ -13,6 +14,7 @@
 #include "rl/common.h"
 #include "rl/driver.h"
 #include "rl/engine_cpu.h"
+#include "rl/model_cli.h"
 #include "rl/model_info.h"
 #include "rl/score.h"
 #include "rl/tokenizer_cli.h"
@@ -61,6 +63,35 @@ static int run_tokenizer_mode(const Args& args, const std::string& mode) {
         out = chat_jsonl(*tok, ChatTemplate::load(path), opt, text, source);
     }
     write_mode_output(args.str("output"), out);
+    return 0;
+}
+
+// --logprobs, --prompts, --prompt: the CPU model of --model in --precision.
+static int run_model_mode(const Args& args, const std::string& mode) {
+    if (!args.given("model")) fail("--%s needs --model DIR (a HF model directory)", mode.c_str());
+    if (args.integer("threads") > 0) omp_set_num_threads((int)args.integer("threads"));
+    ModelWeights weights = ModelWeights::load(args.str("model"));
+    CpuModel model(weights);
+    ModelParams params;
+    params.prepare(model, parse_precision(args.str("precision"), "--precision"));
+    if (mode == "logprobs") {
+        const std::string& in = args.str(mode);
+        write_mode_output(args.str("output"), logprobs_jsonl(model, params, (float)args.number("temperature"),
+                                                             read_mode_input(in), in == "-" ? "<stdin>" : in));
+        return 0;
+    }
+    // the tokenizer is optional for --prompts with ids: a model directory without tokenizer.json still runs
+    std::string tok_path = args.given("tokenizer") ? args.str("tokenizer") : args.str("model");
+    std::unique_ptr<Tokenizer> tok;
+    if (args.given("tokenizer") || std::ifstream(tok_path + "/tokenizer.json").good()) tok = Tokenizer::load(tok_path);
+    GenerateOptions opts = generate_options_from_args(args, model, tok.get());
+    if (mode == "prompt") {
+        fputs(generate_text(model, params, tok.get(), opts, args.str("prompt")).c_str(), stdout);
+        return 0;
+    }
+    const std::string& in = args.str(mode);
+    write_mode_output(args.str("output"),
+                      generate_jsonl(model, params, tok.get(), opts, read_mode_input(in), in == "-" ? "<stdin>" : in));
     return 0;
 }
 
@@ -113,7 +144,7 @@ static int run(const Args& args) {
     }
     if (args.flag("info")) {
         if (!args.given("model")) fail("--info needs --model DIR");
-        ModelWeights w = ModelWeights::load(args.str("model"));
+        ModelWeights w = ModelWeights::load(args.str("model"), /*read_values=*/false);
         fputs(model_info(w, args.str("model")).c_str(), stdout);
         return 0;
     }
@@ -124,6 +155,8 @@ static int run(const Args& args) {
     }
     for (const char* mode : {"encode", "decode", "chat"})
         if (args.given(mode)) return run_tokenizer_mode(args, mode);
+    for (const char* mode : {"logprobs", "prompts", "prompt"})
+        if (args.given(mode)) return run_model_mode(args, mode);
     return train(args);
 }
 

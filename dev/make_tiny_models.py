@@ -104,6 +104,19 @@ MODELS = {
         max_position_embeddings=1024,
         rope_scaling=dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0,
                           original_max_position_embeddings=64))),
+    # Qwen3 with GQA 3:1 (6 query heads on 2 kv heads), head_dim 16 != hidden/heads, untied lm_head.
+    "qwen3_gqa3_tiny": dict(family="qwen3", cls="Qwen3ForCausalLM", config="Qwen3Config", seed=4, shard=None, config_kwargs=dict(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=6,
+        num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=False,
+        max_position_embeddings=512)),
+    # A vocabulary over 100k (not a multiple of 128 or of any chunk size) on a hidden size of 4, tied,
+    # stored in BF16 so the file stays under 1 MB. The tokenizer covers only the first VOCAB ids, as
+    # Qwen's embedding has rows beyond its tokenizer.
+    "qwen3_bigvocab_tiny": dict(family="qwen3", cls="Qwen3ForCausalLM", config="Qwen3Config", seed=5, shard=None,
+        dtype=torch.bfloat16, config_kwargs=dict(
+        vocab_size=100003, hidden_size=4, intermediate_size=8, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=8, rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=True,
+        max_position_embeddings=512)),
 }
 
 
@@ -148,6 +161,8 @@ def build(name, spec):
                 p.copy_(1.0 + 0.1 * torch.randn_like(p))
             elif pname.endswith(".bias"):
                 p.copy_(0.1 * torch.randn_like(p))
+    if "dtype" in spec:
+        model = model.to(spec["dtype"])
     kwargs = {"safe_serialization": True}
     if spec["shard"]:
         kwargs["max_shard_size"] = spec["shard"]

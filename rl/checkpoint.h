@@ -85,11 +85,11 @@ inline std::string save_checkpoint(const std::string& out_dir, const TrainerStat
     fs::create_directories(tmp_dir, ec);
     if (ec) fail("%s: cannot create checkpoint directory: %s", tmp_dir.c_str(), ec.message().c_str());
     write_hf(tmp_dir);
-    write_text_atomic(tmp_dir + "/trainer_state.bin", encode_trainer_state(s));
+    write_file_atomic(tmp_dir + "/trainer_state.bin", encode_trainer_state(s));
     fs::remove_all(final_dir, ec);
     fs::rename(tmp_dir, final_dir, ec);
     if (ec) fail("%s: cannot rename to %s: %s", tmp_dir.c_str(), final_dir.c_str(), ec.message().c_str());
-    write_text_atomic(out_dir + "/latest", rel + "\n");
+    write_file_atomic(out_dir + "/latest", rel + "\n");
     return final_dir;
 }
 

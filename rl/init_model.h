@@ -103,7 +103,7 @@ inline void write_fresh_model(const std::string& init, const std::string& dir, c
     fs::create_directories(staging, ec);
     if (ec) fail("%s: cannot create directory: %s", staging.c_str(), ec.message().c_str());
     auto put = [&](const char* name, const std::string& text) {
-        write_text_atomic(staging + "/" + name, text);
+        write_file_atomic(staging + "/" + name, text);
     };
     put("config.json", fresh_config_text(init, symbols));
     put("tokenizer.json", task_tokenizer_json(symbols));

@@ -13,7 +13,6 @@
 
 #include "rl/common.h"
 #include "rl/json.h"
-#include "rl/safetensors.h"
 
 namespace fp8rl {
 
@@ -54,11 +53,6 @@ inline std::string metrics_json(const MetricRow& row) {
     return out + "}";
 }
 
-// Atomic write of a whole text (safetensors.h's writer: temp file, fsync, rename).
-inline void write_text_atomic(const std::string& path, const std::string& text) {
-    write_file_atomic(path, {{text.data(), text.size()}});
-}
-
 // The step's readable line: the handful of numbers a user watches.
 inline std::string step_line(const MetricRow& m, int64_t steps) {
     auto g = [&](const char* k) { return m.get(k); };
@@ -86,7 +80,7 @@ public:
         path_ = out_dir + "/log.jsonl";
         std::string kept;
         if (first_step > 0) kept = lines_before(path_, first_step);
-        write_text_atomic(path_, kept);
+        write_file_atomic(path_, kept);
         file_ = fopen(path_.c_str(), "ab");
         if (!file_) fail("%s: cannot open for appending", path_.c_str());
     }

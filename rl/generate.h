@@ -1,0 +1,169 @@
+// generate.h: batched generation on the CPU model: one prefill over every prompt, then one decode
+// step per new token over the sequences still running, with a KV cache (rl/kv_cache.h). Each
+// sequence stops on any eos id or after max_new_tokens. Tokens are drawn by the shared sampling
+// rule (rl/sampling.h) from a uniform keyed by (seed, step, sequence key, position) (rl/rng.h),
+// so a completion depends neither on the other sequences of the batch nor on the thread count.
+//
+//   Generator gen;                               // buffers grow on first use, then are reused
+//   std::vector<Completion> out = gen.generate(model, params, prompts, options);
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include <omp.h>
+
+#include "rl/model.h"
+#include "rl/rng.h"
+#include "rl/sampling.h"
+
+namespace fp8rl {
+
+struct GenerateOptions {
+    SamplingParams sampling;           // temperature 0 = greedy
+    int max_new_tokens = 256;
+    std::vector<int64_t> eos_ids;      // stop after any of these (it is kept in the completion)
+    int vocab_limit = 0;               // only ids < vocab_limit are sampled (tokenizer size); 0 = all
+    uint64_t seed = 0;
+    uint32_t step = 0;                 // RL step: part of every sample's random key
+    std::vector<uint32_t> sequence_keys;  // per prompt; empty = the prompt's index
+    Precision kv_cache = Precision::FP32;
+    std::vector<float> kv_k_scale, kv_v_scale;  // per layer, required for an FP8 cache
+};
+
+struct Completion {
+    std::vector<int32_t> tokens;
+    std::vector<float> logprobs;       // log-prob of each token under the distribution it was drawn from
+    std::vector<float> logprobs_full;  // log softmax(logits / T) of each token (T = 1 for greedy)
+    bool stopped_on_eos = false;
+};
+
+class Generator {
+public:
+    KvCache cache;
+
+    std::vector<Completion> generate(const CpuModel& m, const ModelParams& p,
+                                     const std::vector<std::vector<int32_t>>& prompts, const GenerateOptions& o) {
+        check(m, prompts, o);
+        const long S = (long)prompts.size();
+        long longest = 0, prefill = 0;
+        for (const auto& pr : prompts) {
+            longest = (long)pr.size() > longest ? (long)pr.size() : longest;
+            prefill += (long)pr.size();
+        }
+        const int max_len = (int)(longest + o.max_new_tokens);
+        cache.allocate(m.L, S, max_len, m.KV * m.D, o.kv_cache);
+        if (o.kv_cache == Precision::FP8) cache.set_scales(o.kv_k_scale, o.kv_v_scale);
+        acts_.reserve(m, prefill > S ? prefill : S, false, false);
+        std::vector<Completion> out(S);
+        for (Completion& c : out) {  // no allocation per token from here on
+            c.tokens.reserve(o.max_new_tokens);
+            c.logprobs.reserve(o.max_new_tokens);
+            c.logprobs_full.reserve(o.max_new_tokens);
+        }
+        rows_.reserve(prefill);
+
+        // prefill: every prompt token, packed; sample the first new token from each prompt's last row
+        rows_.clear();
+        for (long s = 0; s < S; s++)
+            for (size_t i = 0; i < prompts[s].size(); i++) rows_.push_back({s, (int32_t)i, prompts[s][i]});
+        run_rows(m, p, max_len);
+        std::vector<long> active, last_row, next;
+        next.reserve(S);
+        for (long s = 0, r = 0; s < S; s++) {
+            r += (long)prompts[s].size();
+            active.push_back(s);
+            last_row.push_back(r - 1);
+        }
+        while (!active.empty()) {
+            sample_rows(m, p, prompts, o, active, last_row, out);
+            // keep the sequences that go on, and feed each its new token at the next position
+            next.clear();
+            rows_.clear();
+            for (long s : active) {
+                const Completion& c = out[s];
+                if (c.stopped_on_eos || (int)c.tokens.size() >= o.max_new_tokens) continue;
+                next.push_back(s);
+                rows_.push_back({s, (int32_t)(prompts[s].size() + c.tokens.size() - 1), c.tokens.back()});
+            }
+            active.swap(next);
+            if (active.empty()) break;
+            run_rows(m, p, max_len);
+            last_row.resize(active.size());
+            for (size_t i = 0; i < active.size(); i++) last_row[i] = (long)i;
+        }
+        return out;
+    }
+
+private:
+    struct Row {
+        long slot;
+        int32_t pos, id;
+    };
+    std::vector<Row> rows_;
+    ForwardActs acts_;
+    std::vector<float> x_, logits_, scratch_;
+
+    static void check(const CpuModel& m, const std::vector<std::vector<int32_t>>& prompts, const GenerateOptions& o) {
+        if (prompts.empty()) fail("generate: no prompts");
+        if (!o.sequence_keys.empty() && o.sequence_keys.size() != prompts.size())
+            fail("generate: %zu sequence keys for %zu prompts", o.sequence_keys.size(), prompts.size());
+        if (o.max_new_tokens < 1) fail("generate: max_new_tokens must be at least 1");
+        if (o.vocab_limit < 0 || o.vocab_limit > m.V) fail("generate: vocab_limit %d outside [0, %d]", o.vocab_limit, m.V);
+        for (size_t s = 0; s < prompts.size(); s++) {
+            if (prompts[s].empty()) fail("generate: prompt %zu is empty", s);
+            for (int32_t id : prompts[s])
+                if (id < 0 || id >= m.V) fail("generate: prompt %zu has token id %d outside the vocabulary [0, %d)", s, id, m.V);
+        }
+    }
+
+    // Forward of rows_ through the model, writing their K/V into the cache and attending to it.
+    void run_rows(const CpuModel& m, const ModelParams& p, int max_len) {
+        const long T = (long)rows_.size();
+        ForwardActs& a = acts_;
+        a.T = T;
+        a.ids.resize(T), a.pos.resize(T), a.key_count.resize(T), a.key_start.resize(T), a.cache_row.resize(T);
+        for (long t = 0; t < T; t++) {
+            const Row& r = rows_[t];
+            a.ids[t] = r.id;
+            a.pos[t] = r.pos;
+            a.key_start[t] = r.slot * max_len;
+            a.key_count[t] = r.pos + 1;
+            a.cache_row[t] = r.slot * max_len + r.pos;
+        }
+        forward_trunk(m, p, a, &cache);
+    }
+
+    // Samples the next token of each active sequence from its row's final hidden state.
+    void sample_rows(const CpuModel& m, const ModelParams& p, const std::vector<std::vector<int32_t>>& prompts,
+                     const GenerateOptions& o, const std::vector<long>& active, const std::vector<long>& row,
+                     std::vector<Completion>& out) {
+        const long n = (long)active.size();
+        const int limit = o.vocab_limit > 0 ? o.vocab_limit : m.V;
+        const long block = kHeadBufferFloats / m.V > 0 ? kHeadBufferFloats / m.V : 1;
+        x_.resize((size_t)n * m.C);
+        for (long i = 0; i < n; i++)
+            for (int c = 0; c < m.C; c++) x_[i * m.C + c] = acts_.xf[row[i] * m.C + c];
+        logits_.resize((size_t)block * m.V);
+        scratch_.resize((size_t)omp_get_max_threads() * m.V);
+        for (long i0 = 0; i0 < n; i0 += block) {
+            const long nb = n - i0 < block ? n - i0 : block;
+            head_logits_chunk(logits_.data(), x_.data() + i0 * m.C, nb, p.at(m.lm_head), 0, m.V, {m.V, m.C, 1.0f});
+#pragma omp parallel for schedule(dynamic, 1)
+            for (long i = i0; i < i0 + nb; i++) {
+                const long s = active[i];
+                Completion& c = out[s];
+                const uint32_t key = o.sequence_keys.empty() ? (uint32_t)s : o.sequence_keys[s];
+                const uint32_t position = (uint32_t)(prompts[s].size() + c.tokens.size());
+                const float u = rng_uniform(o.seed, o.step, key, position);
+                SampledToken tok = sample_token(logits_.data() + (i - i0) * m.V, limit, o.sampling, u,
+                                                scratch_.data() + (long)omp_get_thread_num() * m.V);
+                c.tokens.push_back(tok.token);
+                c.logprobs.push_back(tok.logprob);
+                c.logprobs_full.push_back(tok.logprob_full);
+                for (int64_t e : o.eos_ids) c.stopped_on_eos |= tok.token == e;
+            }
+        }
+    }
+};
+
+}  // namespace fp8rl

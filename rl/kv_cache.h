@@ -1,0 +1,82 @@
+// kv_cache.h: the key/value cache of generation. Per layer it holds K (after k-norm and RoPE) and
+// V of every (slot, position), as the chosen format stores them: FP32, BF16, or FP8 E4M3 with one
+// scale per layer for K and one for V (spec-fp8.md §9). Values are kept as the FP32 numbers the
+// stored bytes decode to, so attention reads them directly and the emulation is exact.
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "rl/bf16.h"
+#include "rl/common.h"
+#include "rl/fp8.h"
+#include "rl/precision.h"
+
+namespace fp8rl {
+
+// The FP8 KV scale for an observed amax (spec-fp8.md §9.4): stored = e4m3(x / scale), read back as
+// code * scale; scale = 1.05 * amax / 448, and 1 when amax is zero, infinite or NaN (§4.1 guards).
+inline float kv_scale_from_amax(float amax) {
+    if (!(amax > 0.0f) || std::isinf(amax)) return 1.0f;
+    return 1.05f * amax / E4M3_MAX;
+}
+
+struct KvCache {
+    Precision format = Precision::BF16;
+    int layers = 0;
+    int max_len = 0;  // positions per slot
+    long slots = 0;
+    int width = 0;                   // KV * D
+    std::vector<float> k, v;         // [layers, slots * max_len, width]
+    std::vector<float> k_scale, v_scale;  // [layers], FP8 only
+
+    // Sizes the cache; allocates only when it grows.
+    void allocate(int n_layers, long n_slots, int len, int kv_width, Precision fmt) {
+        format = fmt;
+        layers = n_layers;
+        slots = n_slots;
+        max_len = len;
+        width = kv_width;
+        size_t n = (size_t)layers * slots * max_len * width;
+        if (k.size() < n) {
+            k.resize(n);
+            v.resize(n);
+        }
+        k_scale.assign(layers, 1.0f);
+        v_scale.assign(layers, 1.0f);
+    }
+
+    // FP8 scales per layer (from kv_scale_from_amax of the trainer's calibration).
+    void set_scales(const std::vector<float>& ks, const std::vector<float>& vs) {
+        if ((int)ks.size() != layers || (int)vs.size() != layers)
+            fail("KV cache: %zu/%zu scales given for %d layers", ks.size(), vs.size(), layers);
+        k_scale = ks;
+        v_scale = vs;
+    }
+
+    long row(long slot, long pos) const { return slot * max_len + pos; }
+    float* keys(int layer) { return k.data() + (size_t)layer * slots * max_len * width; }
+    float* values(int layer) { return v.data() + (size_t)layer * slots * max_len * width; }
+
+    // The value the cache keeps for x.
+    float stored(float x, float scale) const {
+        if (format == Precision::FP32) return x;
+        if (format == Precision::BF16) return round_bf16(x);
+        return e4m3_to_float(float_to_e4m3(x / scale)) * scale;
+    }
+
+    // Writes T rows of K and V [T, width] of `layer` at cache rows row_index[t].
+    void store(int layer, long T, const int64_t* row_index, const float* kt, const float* vt) {
+        float* K = keys(layer);
+        float* V = values(layer);
+        const float ks = k_scale[layer], vs = v_scale[layer];
+#pragma omp parallel for schedule(static)
+        for (long t = 0; t < T; t++)
+            for (int i = 0; i < width; i++) {
+                K[row_index[t] * width + i] = stored(kt[t * width + i], ks);
+                V[row_index[t] * width + i] = stored(vt[t * width + i], vs);
+            }
+    }
+};
+
+}  // namespace fp8rl

@@ -1,0 +1,60 @@
+// linear.h: the linear layers of the CPU model (y = x W^T + b), forward and backward, in the
+// precision of the call. fp32 and bf16 use the FP32 GEMMs of rl/gemm.h (bf16 hands them weights
+// and inputs already rounded to BF16, then rounds the output as the GPU stores it). fp8 runs all
+// three GEMMs through the emulated blockwise FP8 GEMM (rl/fp8_gemm_ref.h): weights in 128x128
+// blocks quantized once per update, X and dY in 1x128 groups, wgrad operands along tokens.
+#pragma once
+#include <cstddef>
+
+#include "rl/fp8_gemm_ref.h"
+#include "rl/gemm.h"
+#include "rl/model_layers.h"
+#include "rl/precision.h"
+
+namespace fp8rl {
+
+// One linear layer as a call reads it. w is the master weight (fp32) or its BF16-rounded copy;
+// fp8 is its FP8 quantization (fp8 precision only).
+struct LinearWeight {
+    const float* w;  // [N, K]
+    const float* b;  // [N] or nullptr
+    int N, K;
+    const Fp8Weight* fp8 = nullptr;
+};
+
+// y [T, N] = x [T, K] . W^T (+ b).
+inline void linear_forward(float* y, const float* x, long T, const LinearWeight& W, Precision p) {
+    if (p == Precision::FP8)
+        fp8_linear_fprop(x, (int)T, *W.fp8, y, false);
+    else
+        gemm_nt((int)T, W.N, W.K, x, W.K, W.w, W.K, y, W.N, false);
+    if (W.b) {
+#pragma omp parallel for schedule(static)
+        for (long t = 0; t < T; t++)
+            for (int n = 0; n < W.N; n++) y[t * W.N + n] += W.b[n];
+    }
+    round_bf16_if(stores_bf16(p), y, T * W.N);
+}
+
+// dx [T, K] (+)= dy [T, N] . W (left in FP32: the caller rounds once all contributions are in);
+// dW [N, K] += dy^T . x; db [N] += column sums of dy (when the layer has a bias).
+inline void linear_backward(float* dx, bool accumulate_dx, float* dW, float* db, const float* dy, const float* x,
+                            long T, const LinearWeight& W, Precision p) {
+    if (p == Precision::FP8) {
+        fp8_linear_dgrad(dy, (int)T, *W.fp8, dx, accumulate_dx);
+        fp8_linear_wgrad(dy, x, (int)T, W.N, W.K, W.fp8->pow2_scales, dW, true);
+    } else {
+        gemm_nn((int)T, W.K, W.N, dy, W.N, W.w, W.K, dx, W.K, accumulate_dx);
+        gemm_tn(W.N, W.K, (int)T, dy, W.N, x, W.K, dW, W.K, true);
+    }
+    if (db) {
+#pragma omp parallel for schedule(static)
+        for (int n = 0; n < W.N; n++) {
+            float s = 0.0f;
+            for (long t = 0; t < T; t++) s += dy[t * W.N + n];
+            db[n] += s;
+        }
+    }
+}
+
+}  // namespace fp8rl

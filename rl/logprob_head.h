@@ -1,0 +1,129 @@
+// logprob_head.h: the language-model head fused with the per-token log-probability and entropy,
+// forward and backward, computed over the vocabulary in fixed chunks so that no [tokens x vocab]
+// buffer exists (a 151,936-word vocabulary costs kVocabChunk floats per row at a time).
+//
+// Per row r (final hidden state x[r], target y[r] or -1 for none), with z = (W x[r]) / temperature:
+//   lse = log sum_j exp(z_j),  logprob = z_y - lse,  entropy = lse - mu,  mu = sum_j p_j z_j.
+// The sums run online over the chunks in vocabulary order (rescaled on a new running max), so
+// a row's result depends neither on the number of rows nor on the thread count.
+// Backward, with a = dL/dlogprob, b = dL/dentropy:  dL/dz_j = a (1[j=y] - p_j) - b p_j (z_j - mu).
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "rl/gemm.h"
+
+namespace fp8rl {
+
+constexpr int kVocabChunk = 2048;     // columns of logits computed at a time (fixed: results must not depend on it)
+constexpr long kHeadBufferFloats = 1L << 21;  // logits held at a time: rows per block = this / kVocabChunk
+
+struct HeadShape {
+    int V, C;
+    float temperature;
+};
+
+inline long head_rows_per_block() { return kHeadBufferFloats / kVocabChunk; }
+
+// Computes logits z [rows, n] = x [rows, C] . W[v0 : v0 + n]^T / temperature.
+inline void head_logits_chunk(float* z, const float* x, long rows, const float* W, int v0, int n, HeadShape s) {
+    gemm_nt((int)rows, n, s.C, x, s.C, W + (long)v0 * s.C, s.C, z, n, false);
+    if (s.temperature == 1.0f) return;
+#pragma omp parallel for schedule(static)
+    for (long i = 0; i < rows * n; i++) z[i] /= s.temperature;
+}
+
+// Scratch of the head: one block of logits, and the running sums of a forward pass in FP64 (sums
+// over 10^5 terms in FP32 would lose ~1e-5 relative, the size of the errors we test for).
+struct HeadScratch {
+    std::vector<float> logits;   // [head_rows_per_block(), kVocabChunk]
+    std::vector<double> sum, sz;  // [head_rows_per_block()]
+
+    void reserve() {
+        logits.resize((size_t)head_rows_per_block() * kVocabChunk);
+        sum.resize(head_rows_per_block());
+        sz.resize(head_rows_per_block());
+    }
+};
+
+// Forward. x [rows, C]; W [V, C]; target [rows] (-1: no target, logprob left 0).
+// Outputs per row: logprob, entropy, and the softmax statistics lse, mu the backward needs.
+inline void head_forward(float* logprob, float* entropy, float* lse, float* mu, const float* x, const float* W,
+                         const int32_t* target, long rows, HeadShape s, HeadScratch& scratch) {
+    scratch.reserve();
+    const long block = head_rows_per_block();
+    for (long r0 = 0; r0 < rows; r0 += block) {
+        const long nr = rows - r0 < block ? rows - r0 : block;
+        // running state per row: max m (kept in lse), sum exp(z - m), sum exp(z - m) z
+        for (long i = 0; i < nr; i++) {
+            lse[r0 + i] = -INFINITY;
+            logprob[r0 + i] = 0.0f;
+            scratch.sum[i] = scratch.sz[i] = 0.0;
+        }
+        for (int v0 = 0; v0 < s.V; v0 += kVocabChunk) {
+            const int n = s.V - v0 < kVocabChunk ? s.V - v0 : kVocabChunk;
+            head_logits_chunk(scratch.logits.data(), x + r0 * s.C, nr, W, v0, n, s);
+#pragma omp parallel for schedule(static)
+            for (long i = 0; i < nr; i++) {
+                const float* z = scratch.logits.data() + i * n;
+                const long r = r0 + i;
+                float m = lse[r];
+                for (int j = 0; j < n; j++) m = z[j] > m ? z[j] : m;
+                double rescale = std::exp((double)lse[r] - m);  // exp(-inf) = 0 on the first chunk
+                double sum = scratch.sum[i] * rescale, sz = scratch.sz[i] * rescale;
+                for (int j = 0; j < n; j++) {
+                    double e = std::exp((double)(z[j] - m));
+                    sum += e;
+                    sz += e * z[j];
+                }
+                lse[r] = m;
+                scratch.sum[i] = sum;
+                scratch.sz[i] = sz;
+                int y = target[r] - v0;
+                if (y >= 0 && y < n) logprob[r] = z[y];  // z_y for now; lse subtracted at the end
+            }
+        }
+        for (long i = 0; i < nr; i++) {
+            const long r = r0 + i;
+            double l = lse[r] + std::log(scratch.sum[i]), m = scratch.sz[i] / scratch.sum[i];
+            lse[r] = (float)l;
+            mu[r] = (float)m;
+            entropy[r] = (float)(l - m);
+            logprob[r] = target[r] >= 0 ? (float)(logprob[r] - l) : 0.0f;
+        }
+    }
+}
+
+// Backward. dlogprob, dentropy [rows]; adds dL/dx into dx [rows, C] and dL/dW into dW [V, C].
+inline void head_backward(float* dx, float* dW, const float* dlogprob, const float* dentropy, const float* lse,
+                          const float* mu, const float* x, const float* W, const int32_t* target, long rows,
+                          HeadShape s, HeadScratch& scratch) {
+    scratch.reserve();
+    float* buffer = scratch.logits.data();
+    const long block = head_rows_per_block();
+    const float inv_t = 1.0f / s.temperature;
+    for (long r0 = 0; r0 < rows; r0 += block) {
+        const long nr = rows - r0 < block ? rows - r0 : block;
+        for (int v0 = 0; v0 < s.V; v0 += kVocabChunk) {
+            const int n = s.V - v0 < kVocabChunk ? s.V - v0 : kVocabChunk;
+            head_logits_chunk(buffer, x + r0 * s.C, nr, W, v0, n, s);
+#pragma omp parallel for schedule(static)
+            for (long i = 0; i < nr; i++) {
+                float* g = buffer + i * n;  // z in, dL/dlogits out (the 1/temperature of dz/dlogits folded in)
+                const long r = r0 + i;
+                const float a = dlogprob[r], b = dentropy[r], l = lse[r], m = mu[r];
+                for (int j = 0; j < n; j++) {
+                    float p = std::exp(g[j] - l);
+                    g[j] = (-a * p - b * p * (g[j] - m)) * inv_t;
+                }
+                int y = target[r] - v0;
+                if (y >= 0 && y < n) g[y] += a * inv_t;
+            }
+            gemm_nn((int)nr, s.C, n, buffer, n, W + (long)v0 * s.C, s.C, dx + r0 * s.C, s.C, true);
+            gemm_tn(n, s.C, (int)nr, buffer, n, x + r0 * s.C, s.C, dW + (long)v0 * s.C, s.C, true);
+        }
+    }
+}
+
+}  // namespace fp8rl

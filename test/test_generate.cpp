@@ -1,0 +1,186 @@
+// Tests of generation (rl/generate.h): greedy output equals HF generate token for token, decoding
+// with the KV cache equals the full forward pass, samples do not depend on batch composition or
+// thread count, stopping on eos, and the bf16 / fp8 caches.
+#include <omp.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "rl/generate.h"
+#include "test/harness.h"
+#include "test/model_test_util.h"
+
+using namespace fp8rl;
+using namespace model_test;
+
+namespace {
+
+void check_greedy_against_hf(const std::string& name) {
+    ModelWeights w = ModelWeights::load("test/fixtures/models/" + name);
+    Fixture f("test/fixtures/model/" + name + ".safetensors");
+    CpuModel m(w);
+    ModelParams p;
+    p.prepare(m, Precision::FP32);
+    std::vector<std::vector<int32_t>> prompts = {f.ints("gen.prompt.0"), f.ints("gen.prompt.1")};
+    GenerateOptions o;
+    o.sampling.temperature = 0.0f;
+    o.max_new_tokens = 12;  // dev/make_model_fixtures.py GEN_TOKENS
+    o.eos_ids = w.config.eos_token_ids;
+    Generator gen;
+    std::vector<Completion> out = gen.generate(m, p, prompts, o);
+    for (int i = 0; i < 2; i++) {
+        std::vector<int32_t> ref = f.ints("gen.tokens." + std::to_string(i));
+        CHECK_MSG(out[i].tokens == ref, "%s prompt %d: %zu tokens generated, HF %zu", name.c_str(), i, out[i].tokens.size(),
+                  ref.size());
+    }
+}
+
+struct Setup {
+    ModelWeights w;
+    CpuModel m;
+    explicit Setup(const std::string& name) : w(ModelWeights::load("test/fixtures/models/" + name)), m(w) {}
+};
+
+std::vector<std::vector<int32_t>> some_prompts() { return {{5, 6, 7, 8, 9}, {100}, {250, 3, 77}}; }
+
+}  // namespace
+
+TEST(generate_greedy_matches_hf_qwen3) { check_greedy_against_hf("qwen3_tiny"); }
+TEST(generate_greedy_matches_hf_qwen2) { check_greedy_against_hf("qwen2_tiny"); }
+TEST(generate_greedy_matches_hf_llama3) { check_greedy_against_hf("llama_tiny"); }
+TEST(generate_greedy_matches_hf_gqa3) { check_greedy_against_hf("qwen3_gqa3_tiny"); }
+TEST(generate_greedy_matches_hf_vocab_over_100k) { check_greedy_against_hf("qwen3_bigvocab_tiny"); }
+
+// Every sampled token's log-prob (at the sampling temperature) equals what a full forward pass over
+// prompt + completion computes for it: fp32 with an fp32 cache, and bf16 with a bf16 cache (the
+// forward pass stores K and V in BF16 too, so the cache adds no rounding).
+TEST(generate_decode_matches_full_forward) {
+    Setup s("qwen3_gqa3_tiny");
+    for (Precision pr : {Precision::FP32, Precision::BF16}) {
+        ModelParams p;
+        p.prepare(s.m, pr);
+        GenerateOptions o;
+        o.sampling.temperature = 0.8f;
+        o.max_new_tokens = 9;
+        o.seed = 7;
+        o.kv_cache = pr;
+        std::vector<std::vector<int32_t>> prompts = some_prompts();
+        Generator gen;
+        std::vector<Completion> out = gen.generate(s.m, p, prompts, o);
+        TokenBatch batch;
+        for (size_t i = 0; i < prompts.size(); i++) {
+            std::vector<int32_t> seq = prompts[i];
+            seq.insert(seq.end(), out[i].tokens.begin(), out[i].tokens.end());
+            batch.add(seq);
+        }
+        ForwardActs acts;
+        std::vector<float> lp(batch.num_tokens()), ent(batch.num_tokens());
+        model_forward(s.m, p, batch, 0.8f, acts, lp.data(), ent.data(), false);
+        for (size_t i = 0; i < prompts.size(); i++) {
+            CHECK_EQ((int)out[i].tokens.size(), 9);
+            for (size_t j = 0; j < out[i].tokens.size(); j++) {
+                float full = lp[batch.offsets[i] + prompts[i].size() + j];
+                CHECK_NEAR(out[i].logprobs_full[j], full, 1e-5, 2e-6);
+                CHECK_EQ(out[i].logprobs[j], out[i].logprobs_full[j]);  // no top-k/top-p: the same distribution
+            }
+        }
+    }
+}
+
+// A sequence's samples depend only on (seed, step, sequence key, position): the same with other
+// prompts in the batch, and with 1 or 2 threads.
+TEST(generate_batch_and_thread_invariant) {
+    Setup s("llama_tiny");
+    ModelParams p;
+    p.prepare(s.m, Precision::BF16);
+    GenerateOptions o;
+    o.sampling = {0.9f, 20, 0.9f};
+    o.max_new_tokens = 10;
+    o.seed = 99;
+    o.step = 3;
+    o.kv_cache = Precision::BF16;
+    Generator gen;
+    omp_set_num_threads(2);
+    std::vector<Completion> all = gen.generate(s.m, p, some_prompts(), o);
+    omp_set_num_threads(1);
+    GenerateOptions one = o;
+    one.sequence_keys = {2};
+    std::vector<Completion> alone = gen.generate(s.m, p, {some_prompts()[2]}, one);
+    omp_set_num_threads(2);
+    CHECK(alone[0].tokens == all[2].tokens);
+    CHECK(alone[0].logprobs == all[2].logprobs);
+    CHECK(alone[0].logprobs_full == all[2].logprobs_full);
+    // top-k/top-p renormalize: the drawn distribution's log-prob is at least the full one
+    for (size_t j = 0; j < all[2].tokens.size(); j++) CHECK(all[2].logprobs[j] >= all[2].logprobs_full[j] - 1e-6f);
+    GenerateOptions other = o;
+    other.seed = 100;
+    CHECK(gen.generate(s.m, p, some_prompts(), other)[2].tokens != all[2].tokens);
+}
+
+TEST(generate_stops_on_eos_and_budget) {
+    Setup s("llama_tiny");
+    ModelParams p;
+    p.prepare(s.m, Precision::FP32);
+    GenerateOptions o;
+    o.sampling.temperature = 0.0f;
+    o.max_new_tokens = 8;
+    Generator gen;
+    std::vector<Completion> free_run = gen.generate(s.m, p, some_prompts(), o);
+    for (const Completion& c : free_run) CHECK_EQ((int)c.tokens.size(), 8);
+    o.eos_ids = {free_run[0].tokens[2]};
+    std::vector<Completion> out = gen.generate(s.m, p, some_prompts(), o);
+    CHECK(out[0].stopped_on_eos);
+    CHECK(out[0].tokens.size() <= 3);
+    CHECK(out[0].tokens.back() == free_run[0].tokens[2]);
+    CHECK(std::vector<int32_t>(free_run[0].tokens.begin(), free_run[0].tokens.begin() + out[0].tokens.size()) == out[0].tokens);
+}
+
+// The FP8 cache (scales from a calibration forward pass over the prompts) changes the log-probs a
+// little and only a little: against a bf16 full forward over the same tokens, E4M3's 2^-4 relative
+// step on K and V moves attention scores by a few percent of their spread, so <= 0.05 nats; and
+// not at all would mean the cache is not quantizing.
+TEST(generate_fp8_kv_cache) {
+    Setup s("qwen2_tiny");
+    ModelParams p;
+    p.prepare(s.m, Precision::BF16);
+    std::vector<std::vector<int32_t>> prompts = some_prompts();
+    TokenBatch calib;
+    for (const auto& pr : prompts) calib.add(pr);
+    ForwardActs acts;
+    std::vector<float> lp(calib.num_tokens()), ent(calib.num_tokens());
+    model_forward(s.m, p, calib, 1.0f, acts, lp.data(), ent.data(), false);
+    GenerateOptions o;
+    o.sampling.temperature = 1.0f;
+    o.max_new_tokens = 10;
+    o.kv_cache = Precision::FP8;
+    kv_scales_from_forward(acts, o.kv_k_scale, o.kv_v_scale);
+    for (int l = 0; l < s.m.L; l++) CHECK(o.kv_k_scale[l] > 0.0f && o.kv_k_scale[l] != 1.0f);
+    Generator gen;
+    std::vector<Completion> out = gen.generate(s.m, p, prompts, o);
+    TokenBatch batch;
+    for (size_t i = 0; i < prompts.size(); i++) {
+        std::vector<int32_t> seq = prompts[i];
+        seq.insert(seq.end(), out[i].tokens.begin(), out[i].tokens.end());
+        batch.add(seq);
+    }
+    lp.resize(batch.num_tokens()), ent.resize(batch.num_tokens());
+    model_forward(s.m, p, batch, 1.0f, acts, lp.data(), ent.data(), false);
+    double worst = 0.0;
+    for (size_t i = 0; i < prompts.size(); i++)
+        for (size_t j = 0; j < out[i].tokens.size(); j++)
+            worst = std::fmax(worst, std::fabs(out[i].logprobs_full[j] - lp[batch.offsets[i] + prompts[i].size() + j]));
+    CHECK_MSG(worst > 0.0 && worst <= 0.05, "fp8 cache moved log-probs by %.4g", worst);
+}
+
+TEST(generate_rejects_bad_input) {
+    Setup s("qwen3_tiny");
+    ModelParams p;
+    p.prepare(s.m, Precision::FP32);
+    GenerateOptions o;
+    Generator gen;
+    CHECK_THROWS(gen.generate(s.m, p, {{1, 2}, {}}, o), "prompt 1 is empty");
+    CHECK_THROWS(gen.generate(s.m, p, {{1, 400}}, o), "outside the vocabulary");
+    o.kv_cache = Precision::FP8;
+    CHECK_THROWS(gen.generate(s.m, p, {{1, 2}}, o), "scales");
+}
