@@ -49,7 +49,7 @@ std::string temp_dir(const std::string& name) {
 // A small, fast configuration of the demo task: 1-digit addition, tiny model.
 std::string small_run(const std::string& out_dir, int steps) {
     return strfmt(" --init tiny --task add --task_size 1 --max_new_tokens 3 --group_size 4 --batch_prompts 8 --minibatches 2"
-                  " --lr 3e-3 --steps %d --eval_every 2 --eval_prompts 8 --eval_k 2 --seed 7 --out_dir %s",
+                  " --lr 3e-3 --steps %d --eval_every 1 --eval_prompts 8 --eval_k 2 --seed 7 --out_dir %s",
                   steps, out_dir.c_str());
 }
 
@@ -91,7 +91,9 @@ TEST(trainer_bad_flags_give_one_clear_error) {
         {"--resume " + d + "/nothing", "neither a checkpoint"},
         {"--init tiny --task add --data " + d + "/missing.jsonl --out_dir " + d + "/run", "missing.jsonl: cannot open"},
     };
-    for (const Case& c : cases) {
+    const size_t n = harness::sanitized ? 4 : sizeof cases / sizeof cases[0];  // each run starts MPI: slow under ASan
+    for (size_t i = 0; i < n; i++) {
+        const Case& c = cases[i];
         RunResult r = run_cmd(bin() + " " + c.args, d);
         CHECK_MSG(r.status == 1, "%s: exit %d", c.args.c_str(), r.status);
         CHECK_MSG(r.output.find("error: ") != std::string::npos && r.output.find(c.message) != std::string::npos,
@@ -141,20 +143,21 @@ TEST(trainer_learns_addition_from_scratch) {
 
 TEST(trainer_resume_is_bit_exact) {
     std::string d = temp_dir("resume");
-    RunResult full = run_cmd(bin() + small_run(d + "/full", 4), d);
+    const int steps = harness::sanitized ? 2 : 4;  // steps == (steps / 2) + resume + (steps / 2)
+    RunResult full = run_cmd(bin() + small_run(d + "/full", steps), d);
     CHECK_MSG(full.status == 0, "%s", full.output.c_str());
-    RunResult first = run_cmd(bin() + small_run(d + "/split", 2), d);
+    RunResult first = run_cmd(bin() + small_run(d + "/split", steps / 2), d);
     CHECK_MSG(first.status == 0, "%s", first.output.c_str());
-    RunResult second = run_cmd(bin() + small_run(d + "/split", 4) + " --resume " + d + "/split", d);
+    RunResult second = run_cmd(bin() + small_run(d + "/split", steps) + " --resume " + d + "/split", d);
     CHECK_MSG(second.status == 0, "%s", second.output.c_str());
     if (full.status || first.status || second.status) return;
     std::vector<std::string> a = log_without_timing(d + "/full"), b = log_without_timing(d + "/split");
-    CHECK_EQ(a.size(), (size_t)4);
-    CHECK_EQ(b.size(), (size_t)4);
+    CHECK_EQ(a.size(), (size_t)steps);
+    CHECK_EQ(b.size(), (size_t)steps);
     for (size_t i = 0; i < std::min(a.size(), b.size()); i++) CHECK_MSG(a[i] == b[i], "step %zu:\n%s\n%s", i, a[i].c_str(), b[i].c_str());
     TrainerState x = final_state(d + "/full"), y = final_state(d + "/split");
-    CHECK_EQ(x.step, (int64_t)4);
-    CHECK_EQ(y.step, (int64_t)4);
+    CHECK_EQ(x.step, (int64_t)steps);
+    CHECK_EQ(y.step, (int64_t)steps);
     CHECK(x.master == y.master);
     CHECK(x.adam_m == y.adam_m && x.adam_v == y.adam_v);
     CHECK_EQ(x.data_cursor, y.data_cursor);
@@ -183,7 +186,10 @@ TEST(trainer_threads_do_not_change_results) {
 TEST(trainer_mpi_two_ranks_match_one) {
     if (std::system("command -v mpirun > /dev/null 2>&1") != 0) SKIP("mpirun not found (install openmpi-bin)");
     std::string d = temp_dir("mpi");
-    std::string mpirun = "OMPI_MCA_btl=self,vader mpirun --allow-run-as-root --oversubscribe -np ";
+    // Under ASan, Open MPI's plugins (dlclosed at exit under mpirun) leak from "unknown modules" that
+    // no suppression can name, so leak checking is off for these two runs only; every other test
+    // runs the binary with it on.
+    std::string mpirun = "ASAN_OPTIONS=detect_leaks=0 OMPI_MCA_btl=self,vader mpirun --allow-run-as-root --oversubscribe -np ";
     RunResult one = run_cmd(mpirun + "1 " + bin() + small_run(d + "/r1", 2) + " --threads 1", d);
     RunResult two = run_cmd(mpirun + "2 " + bin() + small_run(d + "/r2", 2) + " --threads 1", d);
     CHECK_MSG(one.status == 0 && two.status == 0, "%s\n%s", one.output.c_str(), two.output.c_str());
