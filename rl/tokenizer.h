@@ -113,8 +113,9 @@ private:
     }
 };
 
-// Token string -> id over the id -> string table it indexes (open addressing, keys not copied):
-// load looks up three strings per merge rule, so this map sets the load time.
+// Token string -> id over the id -> string table it indexes (open addressing, keys not copied, a
+// hash fingerprint per slot so that a probe rarely touches the strings): load looks up three
+// strings per merge rule, so this map sets the load time.
 class TokenIndex {
 public:
     explicit TokenIndex(const std::vector<std::string>& tokens) : tokens_(tokens) {}
@@ -122,24 +123,31 @@ public:
     void rebuild() {
         size_t cap = 16;
         while (cap < tokens_.size() * 2) cap *= 2;
-        slots_.assign(cap, -1);
+        slots_.assign(cap, Slot{0, -1});
         mask_ = cap - 1;
-        for (size_t id = 0; id < tokens_.size(); id++)
-            if (!tokens_[id].empty()) slots_[probe(tokens_[id])] = (int)id;  // a repeated string: the larger id wins
+        for (size_t id = 0; id < tokens_.size(); id++) {
+            if (tokens_[id].empty()) continue;
+            uint64_t h = hash(tokens_[id]);
+            slots_[probe(tokens_[id], h)] = Slot{(uint32_t)h, (int)id};  // a repeated string: the larger id wins
+        }
     }
 
-    int find(std::string_view token) const { return slots_.empty() ? -1 : slots_[probe(token)]; }
+    int find(std::string_view token) const { return slots_.empty() ? -1 : slots_[probe(token, hash(token))].id; }
 
 private:
+    struct Slot { uint32_t fingerprint; int id; };
     const std::vector<std::string>& tokens_;
-    std::vector<int> slots_;
+    std::vector<Slot> slots_;
     size_t mask_ = 0;
 
-    size_t probe(std::string_view s) const {
-        uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a
+    static uint64_t hash(std::string_view s) {
+        uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a, then a final mix for the slot bits
         for (char c : s) h = (h ^ (unsigned char)c) * 0x100000001b3ull;
-        size_t i = (size_t)(h ^ (h >> 29)) & mask_;
-        while (slots_[i] >= 0 && tokens_[(size_t)slots_[i]] != s) i = (i + 1) & mask_;
+        return h ^ (h >> 29);
+    }
+    size_t probe(std::string_view s, uint64_t h) const {
+        size_t i = (size_t)(h >> 32) & mask_;
+        while (slots_[i].id >= 0 && (slots_[i].fingerprint != (uint32_t)h || tokens_[(size_t)slots_[i].id] != s)) i = (i + 1) & mask_;
         return i;
     }
 };
@@ -189,7 +197,8 @@ public:
         for (;;) {
             size_t len = 0;
             size_t at = find_added_token(text, start, &len);
-            encode_ordinary(text.substr(start, at - start), ids);
+            if (start == 0 && at == text.size()) encode_ordinary(text, ids);  // no added token: no copy
+            else encode_ordinary(text.substr(start, at - start), ids);
             if (at == text.size()) break;
             ids.push_back(added_id_.at(text.substr(at, len)));
             start = at + len;
@@ -340,24 +349,27 @@ private:
     // Merges as "a b" strings (older files, Qwen2.5) or ["a", "b"] pairs (newer files, Qwen3).
     void parse_merges(const Json& merges) {
         merges_.reserve(merges.items.size());
+        std::string joined;
         for (size_t rank = 0; rank < merges.items.size(); rank++) {
             const Json& m = merges.items[rank];
-            std::string a, b;
+            std::string_view a, b;
             if (m.is_string()) {
                 size_t sp = m.str.find(' ');
                 if (sp == std::string::npos || m.str.find(' ', sp + 1) != std::string::npos)
                     bad(strfmt("model.merges[%zu] \"%s\" is not two symbols separated by one space", rank, m.str.c_str()));
-                a = m.str.substr(0, sp);
-                b = m.str.substr(sp + 1);
+                a = std::string_view(m.str).substr(0, sp);
+                b = std::string_view(m.str).substr(sp + 1);
             } else if (m.is_array() && m.items.size() == 2 && m.items[0].is_string() && m.items[1].is_string()) {
                 a = m.items[0].str;
                 b = m.items[1].str;
             } else {
                 bad(strfmt("model.merges[%zu] is neither \"a b\" nor [\"a\", \"b\"]", rank));
             }
-            int ia = token_to_id(a), ib = token_to_id(b), iab = token_to_id(a + b);
+            joined.assign(a).append(b);
+            int ia = token_id_.find(a), ib = token_id_.find(b), iab = token_id_.find(joined);
             if (ia < 0 || ib < 0 || iab < 0)
-                bad(strfmt("model.merges[%zu] (\"%s\", \"%s\") uses a token that is not in model.vocab", rank, a.c_str(), b.c_str()));
+                bad(strfmt("model.merges[%zu] (\"%s\", \"%s\") uses a token that is not in model.vocab", rank,
+                           std::string(a).c_str(), std::string(b).c_str()));
             merges_.insert(ia, ib, (int)rank, iab);
         }
     }

@@ -152,16 +152,22 @@ constexpr uint32_t SBase = 0xAC00, LBase = 0x1100, VBase = 0x1161, TBase = 0x11A
 constexpr uint32_t LCount = 19, VCount = 21, TCount = 28, NCount = VCount * TCount, SCount = LCount * NCount;
 }  // namespace hangul
 
-// True when the text is certainly NFC already (the quick-check algorithm, answering No for Maybe).
-inline bool nfc_quick_yes(const std::vector<uint32_t>& cps) {
+// NFC boundary: a character that never composes with or reorders across what precedes it, so
+// NFC of a text is the concatenation of NFC of the pieces between boundaries.
+inline bool nfc_boundary(uint32_t cp) { return cp < 0x300 || (unicode_ccc(cp) == 0 && unicode_nfc_qc(cp) == 0); }
+
+// Index of the first character at or after `from` where the quick check does not answer Yes
+// (NFC_QC No or Maybe, or combining marks out of canonical order), or cps.size().
+inline size_t nfc_first_unstable(const std::vector<uint32_t>& cps, size_t from) {
     uint8_t last_ccc = 0;
-    for (uint32_t cp : cps) {
+    for (size_t i = from; i < cps.size(); i++) {
+        uint32_t cp = cps[i];
         if (cp < 0x300) { last_ccc = 0; continue; }  // nothing below U+0300 combines or decomposes
         uint8_t ccc = unicode_ccc(cp);
-        if ((ccc != 0 && last_ccc > ccc) || unicode_nfc_qc(cp) != 0) return false;
+        if ((ccc != 0 && last_ccc > ccc) || unicode_nfc_qc(cp) != 0) return i;
         last_ccc = ccc;
     }
-    return true;
+    return cps.size();
 }
 
 inline void nfd_append(uint32_t cp, std::vector<uint32_t>& out) {
@@ -232,16 +238,31 @@ inline std::vector<uint32_t> nfc_compose(const std::vector<uint32_t>& d) {
     return out;
 }
 
+// NFC, normalizing only the pieces around characters that fail the quick check.
 inline std::vector<uint32_t> nfc(const std::vector<uint32_t>& cps) {
-    if (nfc_quick_yes(cps)) return cps;
-    return nfc_compose(nfd(cps));
+    size_t n = cps.size(), i = 0, bad = nfc_first_unstable(cps, 0);
+    if (bad == n) return cps;
+    std::vector<uint32_t> out;
+    out.reserve(n);
+    while (bad < n) {
+        size_t s = bad, e = bad + 1;
+        while (s > i && !nfc_boundary(cps[s])) s--;
+        while (e < n && !nfc_boundary(cps[e])) e++;
+        out.insert(out.end(), cps.begin() + (long)i, cps.begin() + (long)s);
+        std::vector<uint32_t> piece = nfc_compose(nfd(std::vector<uint32_t>(cps.begin() + (long)s, cps.begin() + (long)e)));
+        out.insert(out.end(), piece.begin(), piece.end());
+        i = e;
+        bad = nfc_first_unstable(cps, i);
+    }
+    out.insert(out.end(), cps.begin() + (long)i, cps.end());
+    return out;
 }
 
 // NFC of UTF-8 text (invalid bytes become U+FFFD first).
 inline std::string nfc(const std::string& s) {
     std::vector<uint32_t> cps = utf8_decode(s);
-    if (nfc_quick_yes(cps)) return utf8_sanitize(s);
-    return utf8_encode(nfc_compose(nfd(cps)));
+    if (nfc_first_unstable(cps, 0) == cps.size()) return utf8_sanitize(s);
+    return utf8_encode(nfc(cps));
 }
 
 }  // namespace fp8rl

@@ -342,3 +342,25 @@ TEST(tokenizer_cli_rejects_bad_input) {
     CHECK_EQ(rc, 1);
     CHECK_MSG(out.find("build/no_such_tokenizer: cannot open file") != std::string::npos, "%s", out.c_str());
 }
+
+// ignore_merges (Llama-3): a pre-token that is itself a vocab entry is emitted whole, even where
+// the merges would split it. The fixture tokenizer holds whole words ("Ġhello", "quick") that its
+// merges do not build; with ignore_merges turned off the same file splits them.
+TEST(tokenizer_ignore_merges_emits_whole_vocab_words) {
+    const Tokenizer* tok = tokenizer_named("llama3_style");
+    CHECK(tok != nullptr);
+    if (!tok) return;
+    int hello = tok->token_to_id("Ġhello"), quick = tok->token_to_id("quick");
+    CHECK(hello >= 0 && quick >= 0);
+    CHECK(tok->encode(" hello") == std::vector<int>({hello}));
+    CHECK(tok->encode("quick") == std::vector<int>({quick}));
+    Json j = json_parse_file(fixtures + "llama3_style/tokenizer.json");
+    for (auto& kv : j.fields)
+        if (kv.first == "model")
+            for (auto& m : kv.second.fields)
+                if (m.first == "ignore_merges") m.second.boolean = false;
+    std::unique_ptr<Tokenizer> merged = Tokenizer::from_json(j, "llama3_style without ignore_merges");
+    CHECK(merged->encode(" hello").size() > 1);
+    CHECK(merged->encode("quick").size() > 1);
+    CHECK(tok->encode("Hi", true).front() == tok->token_to_id("<|begin_of_text|>"));
+}
