@@ -1,65 +1,15 @@
-// bench_cpu_engine: speed of the CPU engine against baselines measured in the same run.
-//   1. the machine's FP32 FMA peak (an FMA-throughput loop), 1 and 2 threads;
-//   2. rl/gemm.h against the naive triple loop it replaced, on LLM-like shapes, as GFLOP/s and as
-//      a fraction of the measured peak.
+// bench_cpu_engine: speed of rl/gemm.h against baselines measured in the same run: the machine's
+// FP32 FMA peak (an FMA-throughput loop, 1 and N threads) and the naive triple loop gemm.h
+// replaced, on LLM-like shapes (GFLOP/s, speedup, fraction of the measured peak).
 // Usage: ./build/bench_cpu_engine   (threads: OMP_NUM_THREADS, default all cores)
-#include <omp.h>
-
-#include <algorithm>
 #include <cstdio>
 #include <random>
 #include <vector>
-#ifdef __AVX2__
-#include <immintrin.h>
-#endif
 
+#include "bench/bench_util.h"
 #include "rl/gemm.h"
 
 using namespace fp8rl;
-
-// Best wall time of `reps` runs of fn (after one warm-up run).
-template <class F>
-static double best_seconds(int reps, F fn) {
-    fn();
-    double best = 1e30;
-    for (int r = 0; r < reps; r++) {
-        const double t0 = omp_get_wtime();
-        fn();
-        best = std::min(best, omp_get_wtime() - t0);
-    }
-    return best;
-}
-
-// Peak FP32 FMA throughput: 12 independent vector FMA chains per thread (enough to cover the FMA
-// latency on two pipes), GFLOP/s with `threads` threads.
-static double fma_peak_gflops(int threads) {
-    const long iters = 20000000;
-    volatile float sink = 0.0f;
-    const double s = best_seconds(3, [&] {
-#pragma omp parallel num_threads(threads)
-        {
-#ifdef __AVX2__
-            __m256 acc[12];
-            for (int i = 0; i < 12; i++) acc[i] = _mm256_set1_ps(0.001f * (i + omp_get_thread_num()));
-            const __m256 x = _mm256_set1_ps(0.999999f), y = _mm256_set1_ps(1e-7f);
-            for (long it = 0; it < iters; it++)
-                for (int i = 0; i < 12; i++) acc[i] = _mm256_fmadd_ps(acc[i], x, y);
-            __m256 t = acc[0];
-            for (int i = 1; i < 12; i++) t = _mm256_add_ps(t, acc[i]);
-            float out[8];
-            _mm256_storeu_ps(out, t);
-            sink = sink + out[0];
-#else
-            float acc[12 * 8];
-            for (int i = 0; i < 12 * 8; i++) acc[i] = 0.001f * i;
-            for (long it = 0; it < iters; it++)
-                for (int i = 0; i < 12 * 8; i++) acc[i] = acc[i] * 0.999999f + 1e-7f;
-            sink = sink + acc[5];
-#endif
-        }
-    });
-    return (double)threads * iters * 12 * 8 * 2 / s * 1e-9;
-}
 
 // The naive loops gemm.h replaced: the baseline (gemm_nt form; the others differ only in indexing).
 static void naive_nt(int M, int N, int K, const float* A, int lda, const float* B, int ldb, float* C, int ldc) {

@@ -12,12 +12,13 @@
 //
 // Speed (AVX2 + FMA): the BLIS scheme. B is packed in [KC x 16] panels, A in [6 x KC] panels, and a
 // 6x16 register-tiled micro-kernel (12 accumulators) multiplies them; threads take (96-row block x
-// 64-column slab) tasks. With few rows (decode) packing costs more than it saves, so M <= 4 reads
-// B in place (16 columns at a time, transposing 8x8 blocks for gemm_nt). Without AVX2 a scalar
-// micro-kernel computes the same chains.
+// 64-column slab) tasks. With few rows (decode) packing all of B costs more than it saves, so
+// M <= 4 reads B in place (gemm_nt: through a small L1-resident panel) with enough independent
+// accumulators to hide the FMA latency. Without AVX2 a scalar micro-kernel computes the same chains.
 #pragma once
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <vector>
 #ifdef __AVX2__
 #include <immintrin.h>
@@ -32,7 +33,7 @@ constexpr int KC = 256;        // k block: one B micro-panel (16 KB) stays in L1
 constexpr int MC = 96;         // row block: one packed A block (96 KB) stays in L2
 constexpr int NC = 3072;       // column block: the packed B block (3 MB) stays in L3
 constexpr int SLAB = 4 * NR;   // columns per task
-constexpr int DIRECT_ROWS = 4; // M up to this reads B in place (AVX2 only)
+constexpr int DIRECT_ROWS = 4; // M up to this takes the small-M path (AVX2 only)
 constexpr long PARALLEL_MIN_FLOPS = 1L << 18;  // below this a parallel region costs more than it saves
 
 // A strided matrix view: element (r, c) is p[r * rs + c * cs].
@@ -76,27 +77,26 @@ inline void pack_a(const View& a, long i0, int rows, long k0, int kc, float* dst
         for (int r = 0; r < MR; r++) dst[k * MR + r] = r < rows ? a.at(i0 + r, k0 + k) : 0.0f;
 }
 
-// Packs k0..k0+kc-1 and columns j0..j0+cols-1 (cols <= NR) of B as dst[k][NR], zero-padded.
-inline void pack_b(const View& b, long k0, int kc, long j0, int cols, float* dst) {
+// Packs k0..k0+kc-1 and columns j0..j0+cols-1 of B as dst[k][width], zero-padded (cols <= width,
+// width a multiple of 8).
+inline void pack_b(const View& b, long k0, int kc, long j0, int cols, int width, float* dst) {
     int k = 0;
 #ifdef __AVX2__
-    if (cols == NR && b.cs == 1) {
-        for (; k < kc; k++) {
-            const float* src = b.p + (k0 + k) * b.rs + j0;
-            _mm256_storeu_ps(dst + k * NR, _mm256_loadu_ps(src));
-            _mm256_storeu_ps(dst + k * NR + 8, _mm256_loadu_ps(src + 8));
-        }
-    } else if (cols == NR && b.rs == 1) {
+    if (cols == width && b.cs == 1) {
+        for (; k < kc; k++)
+            for (int c = 0; c < width; c += 8)
+                _mm256_storeu_ps(dst + k * width + c, _mm256_loadu_ps(b.p + (k0 + k) * b.rs + j0 + c));
+    } else if (cols == width && b.rs == 1) {
         for (; k + 8 <= kc; k += 8)
-            for (int half = 0; half < 2; half++) {
+            for (int c = 0; c < width; c += 8) {
                 __m256 t[8];
-                load_transposed8x8(b, k0 + k, j0 + 8 * half, t);
-                for (int kk = 0; kk < 8; kk++) _mm256_storeu_ps(dst + (k + kk) * NR + 8 * half, t[kk]);
+                load_transposed8x8(b, k0 + k, j0 + c, t);
+                for (int kk = 0; kk < 8; kk++) _mm256_storeu_ps(dst + (k + kk) * width + c, t[kk]);
             }
     }
 #endif
     for (; k < kc; k++)
-        for (int c = 0; c < NR; c++) dst[k * NR + c] = c < cols ? b.at(k0 + k, j0 + c) : 0.0f;
+        for (int c = 0; c < width; c++) dst[k * width + c] = c < cols ? b.at(k0 + k, j0 + c) : 0.0f;
 }
 
 // c[MR x NR] (row stride ldc) = (load_c ? c : 0) + Ap . Bp, one FMA chain per element in k order.
@@ -166,7 +166,9 @@ inline void tile(int kc, const float* ap, const float* bp, float* C, long ldc, l
 // The packed path: C[M,N] (+)= a(i,k) . b(k,j).
 inline void gemm_packed(int M, int N, int K, const View& a, const View& b, float* C, long ldc, bool accumulate) {
     thread_local std::vector<float> bpack;  // the caller's packed B block, shared with its workers
-    bpack.resize((size_t)KC * NC);
+    bpack.resize((size_t)KC * NC + 16);
+    // 64-byte aligned, so no 32-byte load of a B micro-panel row straddles two cache lines
+    float* const bp = bpack.data() + (16 - ((uintptr_t)bpack.data() / sizeof(float)) % 16) % 16;
     const bool parallel = (long)M * N * K * 2 >= PARALLEL_MIN_FLOPS;
     for (int jc = 0; jc < N; jc += NC) {
         const int nc = std::min(NC, N - jc), panels = (nc + NR - 1) / NR;
@@ -174,12 +176,11 @@ inline void gemm_packed(int M, int N, int K, const View& a, const View& b, float
         for (int pc = 0; pc < K; pc += KC) {
             const int kc = std::min(KC, K - pc);
             const bool load_c = accumulate || pc > 0;
-            float* bp = bpack.data();
 #pragma omp parallel if (parallel)
             {
 #pragma omp for schedule(static)
                 for (int p = 0; p < panels; p++)
-                    pack_b(b, pc, kc, jc + (long)p * NR, std::min(NR, nc - p * NR), bp + (long)p * kc * NR);
+                    pack_b(b, pc, kc, jc + (long)p * NR, std::min(NR, nc - p * NR), NR, bp + (long)p * kc * NR);
                 thread_local std::vector<float> apack;
                 apack.resize((size_t)MC * KC);
                 int packed_block = -1;  // the row block this thread's apack holds
@@ -204,55 +205,58 @@ inline void gemm_packed(int M, int N, int K, const View& a, const View& b, float
 }
 
 #ifdef __AVX2__
-// The small-M path (M <= DIRECT_ROWS): B read in place, 16 columns per step, one accumulator
-// pair per row. ROWS is a template parameter so the accumulators stay in registers.
-template <int ROWS>
-inline void direct_columns(int K, const View& a, const View& b, float* C, long ldc, long j0, int cols,
-                           bool accumulate) {
-    __m256 acc[ROWS][2];
+// The small-M path (M = ROWS <= DIRECT_ROWS) for one block of 8 * VECS columns at j0 (cols valid):
+// ROWS * VECS independent accumulator chains (enough to hide the FMA latency). B is read in place
+// when its rows are contiguous (gemm_nn, gemm_tn); otherwise (gemm_nt, edge blocks) DIRECT_KB rows
+// at a time are packed into `buf` [DIRECT_KB x 8 * VECS], which stays in L1.
+constexpr int DIRECT_KB = 64;
+template <int ROWS, int VECS>
+inline void direct_block(int K, const View& a, const View& b, float* C, long ldc, long j0, int cols, bool accumulate,
+                         float* buf) {
+    constexpr int W = 8 * VECS;
+    __m256 acc[ROWS][VECS];
     for (int r = 0; r < ROWS; r++)
-        for (int h = 0; h < 2; h++) {
+        for (int v = 0; v < VECS; v++) {
             float init[8] = {};
-            for (int c = 0; c < 8 && 8 * h + c < cols; c++) init[c] = accumulate ? C[r * ldc + j0 + 8 * h + c] : 0.0f;
-            acc[r][h] = _mm256_loadu_ps(init);
+            for (int c = 0; c < 8 && 8 * v + c < cols; c++) init[c] = accumulate ? C[r * ldc + j0 + 8 * v + c] : 0.0f;
+            acc[r][v] = _mm256_loadu_ps(init);
         }
-    auto step = [&](long k, __m256 b0, __m256 b1) {
-        for (int r = 0; r < ROWS; r++) {
-            const __m256 x = _mm256_set1_ps(a.at(r, k));
-            acc[r][0] = _mm256_fmadd_ps(x, b0, acc[r][0]);
-            acc[r][1] = _mm256_fmadd_ps(x, b1, acc[r][1]);
+    for (long k0 = 0; k0 < K; k0 += DIRECT_KB) {
+        const int kb = (int)std::min<long>(DIRECT_KB, K - k0);
+        const float* panel = buf;
+        long stride = W;
+        if (cols == W && b.cs == 1) {
+            panel = b.p + k0 * b.rs + j0;
+            stride = b.rs;
+        } else {
+            pack_b(b, k0, kb, j0, cols, W, buf);
         }
-    };
-    long k = 0;
-    if (cols == NR && b.rs == 1) {  // gemm_nt: transpose 8x8 blocks of B rows
-        for (; k + 8 <= K; k += 8) {
-            __m256 t0[8], t1[8];
-            load_transposed8x8(b, k, j0, t0);
-            load_transposed8x8(b, k, j0 + 8, t1);
-            for (int kk = 0; kk < 8; kk++) step(k + kk, t0[kk], t1[kk]);
+        for (int k = 0; k < kb; k++) {
+            for (int r = 0; r < ROWS; r++) {
+                const __m256 x = _mm256_set1_ps(a.at(r, k0 + k));
+                for (int v = 0; v < VECS; v++)
+                    acc[r][v] = _mm256_fmadd_ps(x, _mm256_loadu_ps(panel + k * stride + 8 * v), acc[r][v]);
+            }
         }
-    } else if (cols == NR && b.cs == 1) {  // gemm_nn / gemm_tn: rows of B are contiguous
-        for (; k < K; k++) step(k, _mm256_loadu_ps(b.p + k * b.rs + j0), _mm256_loadu_ps(b.p + k * b.rs + j0 + 8));
-    }
-    for (; k < K; k++) {  // remaining k, or an edge block of fewer than 16 columns
-        float row[NR] = {};
-        for (int c = 0; c < cols; c++) row[c] = b.at(k, j0 + c);
-        step(k, _mm256_loadu_ps(row), _mm256_loadu_ps(row + 8));
     }
     for (int r = 0; r < ROWS; r++) {
-        float out[NR];
-        _mm256_storeu_ps(out, acc[r][0]);
-        _mm256_storeu_ps(out + 8, acc[r][1]);
+        float out[W];
+        for (int v = 0; v < VECS; v++) _mm256_storeu_ps(out + 8 * v, acc[r][v]);
         std::copy(out, out + cols, C + r * ldc + j0);
     }
 }
 
 template <int ROWS>
 inline void gemm_direct(int N, int K, const View& a, const View& b, float* C, long ldc, bool accumulate) {
-    const int blocks = (N + NR - 1) / NR;
-#pragma omp parallel for schedule(static) if ((long)ROWS * N * K * 2 >= PARALLEL_MIN_FLOPS)
-    for (int jb = 0; jb < blocks; jb++)
-        direct_columns<ROWS>(K, a, b, C, ldc, (long)jb * NR, std::min(NR, N - jb * NR), accumulate);
+    constexpr int VECS = ROWS == 1 ? 8 : ROWS == 2 ? 4 : 2, W = 8 * VECS;
+    const int blocks = (N + W - 1) / W;
+#pragma omp parallel if ((long)ROWS * N * K * 2 >= PARALLEL_MIN_FLOPS)
+    {
+        alignas(32) float buf[DIRECT_KB * W];
+#pragma omp for schedule(static)
+        for (int jb = 0; jb < blocks; jb++)
+            direct_block<ROWS, VECS>(K, a, b, C, ldc, (long)jb * W, std::min(W, N - jb * W), accumulate, buf);
+    }
 }
 #endif
 
