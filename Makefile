@@ -50,6 +50,7 @@ ASAN_OBJS  := $(patsubst %.cpp,$(BUILD)/asan/%.o,$(TEST_SRCS))
 BENCH_SRCS := $(wildcard bench/bench_*.cpp)
 BENCH_BINS := $(patsubst bench/%.cpp,$(BUILD)/%,$(BENCH_SRCS))
 FUZZ_SECONDS ?= 30
+FUZZ_TARGETS := json safetensors
 
 .PHONY: all test test-unit test-asan cuda-check test_gpu bench bench_gpu fuzz clean demo
 all: train_rl_cpu
@@ -77,10 +78,11 @@ $(BUILD)/test_cpu_asan: $(ASAN_OBJS)
 	$(CXX) $(SANFLAGS) -o $@ $^ $(LDLIBS)
 
 # make test: the unit and integration tests, the CUDA compile check, then everything again under
-# AddressSanitizer + UndefinedBehaviorSanitizer, then a bounded fuzz run of the JSON parser. The
-# binaries build in parallel (-j); the runs are sequential so their output stays readable.
+# AddressSanitizer + UndefinedBehaviorSanitizer, then bounded fuzz runs of the JSON parser and the
+# safetensors reader. The binaries build in parallel (-j); the runs are sequential so their output
+# stays readable.
 TEST_BINS := $(BUILD)/test_cpu train_rl_cpu $(BUILD)/test_cpu_asan $(BUILD)/train_rl_cpu_asan \
-             $(if $(CLANGXX),$(BUILD)/fuzz_json)
+             $(if $(CLANGXX),$(FUZZ_TARGETS:%=$(BUILD)/fuzz_%))
 test: $(TEST_BINS)
 	$(MAKE) --no-print-directory test-unit
 	$(MAKE) --no-print-directory cuda-check
@@ -121,14 +123,16 @@ test_gpu bench_gpu:
 endif
 
 ifneq ($(CLANGXX),)
-$(BUILD)/fuzz_json: test/fuzz/fuzz_json.cpp rl/json.h rl/common.h
+# Each fuzz target test/fuzz/fuzz_NAME.cpp starts from test/fuzz/NAME_seeds and runs FUZZ_SECONDS;
+# new inputs go to build/, never into the committed seeds.
+$(BUILD)/fuzz_%: test/fuzz/fuzz_%.cpp
 	@mkdir -p $(@D)
-	$(CLANGXX) $(CXXSTD) -g -O1 -fsanitize=fuzzer,address,undefined -I. -o $@ $<
-fuzz: $(BUILD)/fuzz_json
-	@mkdir -p $(BUILD)/fuzz_corpus
-	./$(BUILD)/fuzz_json -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -print_final_stats=0 \
-	  $(BUILD)/fuzz_corpus test/fuzz/json_seeds 2>&1 | tail -n 3
-	@echo "fuzz: JSON parser ran $(FUZZ_SECONDS)s without a crash"
+	$(CLANGXX) $(CXXSTD) -g -O1 -fsanitize=fuzzer,address,undefined -I. -MMD -MP -o $@ $<
+fuzz: $(FUZZ_TARGETS:%=$(BUILD)/fuzz_%)
+	@for t in $(FUZZ_TARGETS); do mkdir -p $(BUILD)/fuzz_corpus_$$t; \
+	  ./$(BUILD)/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -print_final_stats=0 \
+	    $(BUILD)/fuzz_corpus_$$t test/fuzz/$${t}_seeds 2>&1 | tail -n 3 || exit 1; \
+	  echo "fuzz: $$t ran $(FUZZ_SECONDS)s without a crash"; done
 else
 fuzz:
 	@echo "fuzz: SKIPPED (clang++ not found)"

@@ -65,7 +65,7 @@ static int run(const Args& args) {
     }
     if (args.flag("info")) {
         if (!args.given("model")) fail("--info needs --model DIR");
-        ModelWeights w = ModelWeights::load(args.str("model"));
+        ModelWeights w = ModelWeights::load(args.str("model"), /*read_values=*/false);
         fputs(model_info(w, args.str("model")).c_str(), stdout);
         return 0;
     }

@@ -2,8 +2,9 @@
 """Checks that checkpoints written by fp8rl (rl/weights.h save_hf) load in python safetensors and
 HF transformers, and equal their source rounded to bf16.
 
-For each tiny fixture model it builds dev/resave_model.cpp, writes the model back (once as a single
-file, once sharded with an index), then:
+For each tiny fixture model it builds dev/resave_model.cpp, writes the model back (as a single file,
+sharded with an index, and with config.json generated from fp8rl's parsed fields instead of copied,
+as for a model made from scratch), then:
   * opens every file with safetensors.safe_open (metadata format "pt", every tensor bf16),
   * loads the directory with transformers AutoModelForCausalLM.from_pretrained,
   * compares every parameter to the source model's parameter cast to bf16 (must be bit-identical),
@@ -32,9 +33,9 @@ def build(tmp):
     return exe
 
 
-def check(exe, name, out, shard_bytes):
+def check(exe, name, out, shard_bytes, generate_config):
     src = os.path.join(FIXTURES, name)
-    args = [exe, src, out] + ([str(shard_bytes)] if shard_bytes else [])
+    args = [exe, src, out, str(shard_bytes), str(int(generate_config))]
     subprocess.run(args, check=True)
     files = sorted(f for f in os.listdir(out) if f.endswith(".safetensors"))
     assert (len(files) > 1) == bool(shard_bytes), files
@@ -58,7 +59,8 @@ def check(exe, name, out, shard_bytes):
         b = got(ids).logits.float()
     diff = (a - b).abs().max().item()
     assert diff == 0.0, diff
-    print(f"{name:12s} {'sharded' if shard_bytes else 'single '}: {len(files)} file(s), {len(got_params)} parameters "
+    kind = "generated config" if generate_config else "sharded" if shard_bytes else "single file"
+    print(f"{name:12s} {kind:16s}: {len(files)} file(s), {len(got_params)} parameters "
           f"bit-identical to the bf16-cast source, logits max |diff| {diff}")
 
 
@@ -66,8 +68,8 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         exe = build(tmp)
         for name in MODELS:
-            for shard_bytes in (0, 60000):
-                check(exe, name, os.path.join(tmp, f"{name}_{shard_bytes}"), shard_bytes)
+            for shard_bytes, generate_config in ((0, False), (60000, False), (0, True)):
+                check(exe, name, os.path.join(tmp, f"{name}_{shard_bytes}_{generate_config}"), shard_bytes, generate_config)
     print("all written checkpoints load in safetensors and transformers")
 
 

@@ -2,11 +2,15 @@
 // Errors are exceptions carrying one finished message ("where: what; what to do"); main()
 // catches them, prints one line on stderr and exits 1, so bad input never crashes the program.
 #pragma once
+#include <cerrno>
 #include <cstdarg>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace fp8rl {
 
@@ -56,6 +60,32 @@ inline std::string read_file(const std::string& path) {
     fclose(f);
     if (bad) fail("%s: read error", path.c_str());
     return data;
+}
+
+// Writes `path` from a sequence of byte ranges: to path + ".tmp" first, then renamed into place,
+// so a crash never leaves a half-written file under the real name.
+inline void write_file_atomic(const std::string& path, const std::vector<std::pair<const void*, size_t>>& parts) {
+    std::string tmp = path + ".tmp";
+    FILE* f = fopen(tmp.c_str(), "wb");
+    if (!f) fail("%s: cannot write (%s); check that the directory exists and is writable", tmp.c_str(), strerror(errno));
+    bool ok = true;
+    for (const auto& p : parts)
+        if (p.second > 0 && fwrite(p.first, 1, p.second, f) != p.second) ok = false;
+    if (fclose(f) != 0) ok = false;
+    if (!ok) {
+        int err = errno;
+        remove(tmp.c_str());
+        fail("%s: write failed (%s); is the disk full?", tmp.c_str(), strerror(err));
+    }
+    if (rename(tmp.c_str(), path.c_str()) != 0) {
+        int err = errno;
+        remove(tmp.c_str());
+        fail("%s: cannot rename to %s (%s)", tmp.c_str(), path.c_str(), strerror(err));
+    }
+}
+
+inline void write_file_atomic(const std::string& path, const std::string& data) {
+    write_file_atomic(path, std::vector<std::pair<const void*, size_t>>{{data.data(), data.size()}});
 }
 
 }  // namespace fp8rl

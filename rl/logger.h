@@ -53,17 +53,6 @@ inline std::string metrics_json(const MetricRow& row) {
     return out + "}";
 }
 
-// Atomic write: a temp file renamed over the target, so readers never see half a file.
-inline void write_file_atomic(const std::string& path, const std::string& data) {
-    std::string tmp = path + ".tmp";
-    FILE* f = fopen(tmp.c_str(), "wb");
-    if (!f) fail("%s: cannot write; check that the directory exists and is writable", tmp.c_str());
-    bool ok = fwrite(data.data(), 1, data.size(), f) == data.size();
-    ok = fclose(f) == 0 && ok;
-    if (!ok) fail("%s: write failed (disk full?)", tmp.c_str());
-    if (rename(tmp.c_str(), path.c_str()) != 0) fail("%s: cannot rename to %s", tmp.c_str(), path.c_str());
-}
-
 // The step's readable line: the handful of numbers a user watches.
 inline std::string step_line(const MetricRow& m, int64_t steps) {
     auto g = [&](const char* k) { return m.get(k); };

@@ -1,5 +1,6 @@
 // model_info.h: the report of `train_rl_cpu --model DIR --info`: architecture, hyperparameters,
-// every tensor's shape (one layer shown for all), parameter count and bytes.
+// every tensor's shape (one layer shown for all), parameter count and bytes. It needs the config
+// and the tensor table only, so it works on a model loaded with read_values = false.
 #pragma once
 #include <string>
 

@@ -86,7 +86,7 @@ inline int64_t shape_numel(const std::vector<int64_t>& shape) {
 class MappedFile {
 public:
     explicit MappedFile(const std::string& path) : path_(path) {
-        int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+        int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);  // a FIFO must not block us
         if (fd < 0) fail("%s: cannot open file (%s); check the path", path.c_str(), strerror(errno));
         struct stat st;
         if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
@@ -174,7 +174,7 @@ private:
         size_t buffer_size = size - 8 - (size_t)n;
         for (const auto& kv : h.fields) {
             if (kv.first == "__metadata__") { parse_metadata(kv.second); continue; }
-            tensors_.push_back(parse_entry(kv.first, kv.second, buffer));
+            tensors_.push_back(parse_entry(kv.first, kv.second));
         }
         std::sort(tensors_.begin(), tensors_.end(), [](const TensorView& a, const TensorView& b) {
             return a.offset != b.offset ? a.offset < b.offset : a.offset + a.nbytes < b.offset + b.nbytes;
@@ -192,7 +192,10 @@ private:
         if (expected != buffer_size)
             fail("%s: the tensors cover %zu bytes but the data buffer holds %zu; the file is %s",
                  path.c_str(), expected, buffer_size, expected > buffer_size ? "truncated" : "corrupt (trailing bytes)");
-        for (size_t i = 0; i < tensors_.size(); i++) by_name_[tensors_[i].name] = i;
+        for (size_t i = 0; i < tensors_.size(); i++) {
+            tensors_[i].data = buffer + tensors_[i].offset;
+            by_name_[tensors_[i].name] = i;
+        }
     }
 
     void parse_metadata(const Json& m) {
@@ -203,7 +206,7 @@ private:
         }
     }
 
-    TensorView parse_entry(const std::string& name, const Json& e, const uint8_t* buffer) {
+    TensorView parse_entry(const std::string& name, const Json& e) {
         std::string where = path() + ": tensor " + name;
         if (!e.is_object()) fail("%s: header entry is not an object", where.c_str());
         const Json* dtype = e.find("dtype");
@@ -233,8 +236,7 @@ private:
         if (t.nbytes != expected)
             fail("%s: data_offsets span %zu bytes but shape %s of %s needs %zu", where.c_str(), t.nbytes,
                  shape_str(t.shape).c_str(), dtype_name(t.dtype), expected);
-        t.data = buffer + t.offset;  // only dereferenced after the tiling check proved it is in the file
-        return t;
+        return t;  // data is set once the tiling check has proved the offsets lie inside the file
     }
 };
 
@@ -309,28 +311,6 @@ struct TensorToWrite {
     size_t nbytes() const { return (size_t)shape_numel(shape) * dtype_size(dtype); }
 };
 
-// Writes `path` from `bytes` through a temporary file in the same directory and a rename.
-inline void write_file_atomic(const std::string& path, const std::vector<std::pair<const void*, size_t>>& parts) {
-    std::string tmp = path + ".tmp";
-    FILE* f = fopen(tmp.c_str(), "wb");
-    if (!f) fail("%s: cannot create file (%s)", tmp.c_str(), strerror(errno));
-    bool ok = true;
-    for (const auto& p : parts)
-        if (p.second > 0 && fwrite(p.first, 1, p.second, f) != p.second) ok = false;
-    if (fflush(f) != 0 || fsync(fileno(f)) != 0) ok = false;
-    if (fclose(f) != 0) ok = false;
-    if (!ok) {
-        int err = errno;
-        remove(tmp.c_str());
-        fail("%s: write failed (%s); is the disk full?", tmp.c_str(), strerror(err));
-    }
-    if (rename(tmp.c_str(), path.c_str()) != 0) {
-        int err = errno;
-        remove(tmp.c_str());
-        fail("%s: cannot rename the temporary file into place (%s)", path.c_str(), strerror(err));
-    }
-}
-
 // The reference writer's order: larger dtypes first (keeps every tensor aligned), then by name.
 inline void sort_for_writing(std::vector<TensorToWrite>& tensors) {
     std::sort(tensors.begin(), tensors.end(), [](const TensorToWrite& a, const TensorToWrite& b) {
@@ -402,7 +382,7 @@ inline void write_checkpoint_weights(const std::string& dir, const std::vector<T
         json_append_string(index, kv.second);
     }
     index += "\n  }\n}\n";
-    write_file_atomic(dir + "/model.safetensors.index.json", {{index.data(), index.size()}});
+    write_file_atomic(dir + "/model.safetensors.index.json", index);
 }
 
 }  // namespace fp8rl

@@ -12,9 +12,9 @@
 // config's shape, converted to FP32 from F32/BF16/F16, and missing or unexpected tensors are named.
 // Tied embeddings (spec-model.md §4): tied -> embed_tokens is the logits matrix and a stored
 // lm_head.weight is ignored; untied -> lm_head.weight is required; config silent -> tied iff the
-// files hold no lm_head.weight. save_hf() writes a HF directory transformers loads as it is.
+// files hold no lm_head.weight. save_hf() writes a HF directory transformers loads as it is
+// (write_hf_files() the same files into a directory the caller made, e.g. a checkpoint's).
 #pragma once
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -83,23 +83,31 @@ inline std::string layer_tensor_name(int64_t layer, const std::string& suffix) {
     return "model.layers." + std::to_string(layer) + "." + suffix;
 }
 
-// Converts a stored tensor to FP32. FP8 tensors are rejected: FP8 checkpoints carry block scales
-// in separate tensors, and reading their bytes without them would be silently wrong.
+// Model weights must be F32, BF16 or F16. FP8 checkpoints carry block scales in separate tensors,
+// and reading their bytes without them would be silently wrong.
+inline void require_float_weights(const TensorView& t) {
+    if (t.dtype == DType::F8_E4M3 || t.dtype == DType::F8_E5M2)
+        fail("%s: tensor %s is %s; FP8-quantized checkpoints are not supported, load the BF16 or FP32 checkpoint",
+             t.file.c_str(), t.name.c_str(), dtype_name(t.dtype));
+}
+
+// Converts a stored F32/BF16/F16 tensor to FP32 (out: [numel]).
 inline void tensor_to_float(const TensorView& t, float* out) {
+    require_float_weights(t);
     const uint8_t* p = t.data;
     size_t n = (size_t)t.numel;
     switch (t.dtype) {
         case DType::F32: memcpy(out, p, n * 4); return;
         case DType::BF16:
+#pragma omp parallel for schedule(static) if (n > (1 << 20))
             for (size_t i = 0; i < n; i++) out[i] = bf16_to_float((uint16_t)(p[2 * i] | (p[2 * i + 1] << 8)));
             return;
         case DType::F16:
+#pragma omp parallel for schedule(static) if (n > (1 << 20))
             for (size_t i = 0; i < n; i++) out[i] = f16_to_float((uint16_t)(p[2 * i] | (p[2 * i + 1] << 8)));
             return;
-        case DType::F8_E4M3: case DType::F8_E5M2: break;
+        case DType::F8_E4M3: case DType::F8_E5M2: return;  // rejected above
     }
-    fail("%s: tensor %s is %s; FP8-quantized checkpoints are not supported, load the BF16 or FP32 checkpoint",
-         t.file.c_str(), t.name.c_str(), dtype_name(t.dtype));
 }
 
 struct ModelWeights {
@@ -108,20 +116,22 @@ struct ModelWeights {
     std::vector<float> master;        // [num_floats()], FP32 master weights
 
     // Zeroed parameters laid out for `config` (random initialisation is the trainer's job).
-    static ModelWeights from_config(const ModelConfig& config) {
+    // allocate = false gives the table alone, with `master` left empty.
+    static ModelWeights from_config(const ModelConfig& config, bool allocate = true) {
         ModelWeights w;
         w.config = config;
-        size_t total = 0;
-        w.tensors = tensor_layout(config, &total);
-        w.master.assign(total, 0.0f);
+        w.tensors = tensor_layout(config, &w.num_floats_);
+        if (allocate) w.master.assign(w.num_floats_, 0.0f);
         for (size_t i = 0; i < w.tensors.size(); i++) w.index_[w.tensors[i].name] = i;
         return w;
     }
 
     // Loads DIR (config.json, generation_config.json, model.safetensors or shards).
-    static ModelWeights load(const std::string& dir);
+    // read_values = false runs every check (headers, dtypes, shapes, names) but reads no tensor
+    // data and leaves `master` empty: what --info needs for a model larger than memory.
+    static ModelWeights load(const std::string& dir, bool read_values = true);
 
-    size_t num_floats() const { return master.size(); }  // buffer size, padding included
+    size_t num_floats() const { return num_floats_; }  // buffer size, padding included
     size_t num_params() const {                          // parameters, padding excluded
         size_t n = 0;
         for (const TensorInfo& t : tensors) n += t.numel;
@@ -145,6 +155,7 @@ struct ModelWeights {
     }
 
 private:
+    size_t num_floats_ = 0;
     std::unordered_map<std::string, size_t> index_;
 };
 
@@ -164,11 +175,11 @@ inline std::string name_list(const std::vector<std::string>& names) {
 
 }  // namespace weights_detail
 
-inline ModelWeights ModelWeights::load(const std::string& dir) {
+inline ModelWeights ModelWeights::load(const std::string& dir, bool read_values) {
     ModelConfig config = load_model_config(dir);
     Checkpoint ck(dir);
     if (!config.tie_given) config.tie_word_embeddings = ck.find("lm_head.weight") == nullptr;
-    ModelWeights w = from_config(config);
+    ModelWeights w = from_config(config, read_values);
     std::vector<std::string> missing, unexpected;
     for (const TensorInfo& info : w.tensors) {
         const TensorView* t = ck.find(info.name);
@@ -176,7 +187,8 @@ inline ModelWeights ModelWeights::load(const std::string& dir) {
         if (t->shape != info.shape)
             fail("%s: tensor %s has shape %s, but config.json implies %s", t->file.c_str(), info.name.c_str(),
                  shape_str(t->shape).c_str(), shape_str(info.shape).c_str());
-        tensor_to_float(*t, w.master.data() + info.offset);
+        require_float_weights(*t);
+        if (read_values) tensor_to_float(*t, w.master.data() + info.offset);
     }
     for (const auto& kv : ck.tensors()) {
         if (w.has(kv.first) || weights_detail::ignorable(kv.first)) continue;
@@ -226,6 +238,13 @@ inline Json config_json_for_writing(const ModelConfig& c) {
         set(out, "rope_theta", num(c.rope.theta));
         set(out, "hidden_act", str("silu"));
         if (c.max_position_embeddings > 0) set(out, "max_position_embeddings", integer(c.max_position_embeddings));
+        if (c.bos_token_id >= 0) set(out, "bos_token_id", integer(c.bos_token_id));
+        if (!c.eos_token_ids.empty()) {
+            Json eos;
+            eos.type = Json::Array;
+            for (int64_t id : c.eos_token_ids) eos.items.push_back(integer(id));
+            set(out, "eos_token_id", eos);
+        }
         if (c.rope.type == "llama3") {
             Json s;
             s.type = Json::Object;
@@ -254,10 +273,40 @@ inline const std::vector<std::string>& hf_side_files() {
     return names;
 }
 
-// Writes `w` as a HF directory `dir`: bf16 weights under their HF names (lm_head omitted when tied,
-// as transformers does), config.json, and the side files copied from `source_dir` when given.
-// Everything goes to a temporary directory that is renamed to `dir` at the end; an existing `dir`
-// is replaced. max_shard_bytes > 0 shards the weights with an index file.
+// Writes `w` into the existing directory `dir` as a HF model: bf16 weights under their HF names
+// (lm_head omitted when tied, as transformers does), config.json, and the side files copied from
+// `source_dir` when given. max_shard_bytes > 0 shards the weights with an index file. Each file is
+// written atomically; for a whole directory that appears at once, use save_hf.
+inline void write_hf_files(const ModelWeights& w, const std::string& dir, const std::string& source_dir = "",
+                           size_t max_shard_bytes = 0) {
+    namespace fs = std::filesystem;
+    std::vector<std::vector<uint8_t>> bf16(w.tensors.size());  // little-endian BF16 bytes per tensor
+    std::vector<TensorToWrite> out;
+    for (size_t i = 0; i < w.tensors.size(); i++) {
+        const TensorInfo& t = w.tensors[i];
+        bf16[i].resize(2 * t.numel);
+        const float* src = w.master.data() + t.offset;
+#pragma omp parallel for schedule(static) if (t.numel > (1 << 20))
+        for (size_t k = 0; k < t.numel; k++) {
+            uint16_t h = float_to_bf16(src[k]);
+            bf16[i][2 * k] = (uint8_t)(h & 0xFF);
+            bf16[i][2 * k + 1] = (uint8_t)(h >> 8);
+        }
+        out.push_back({t.name, DType::BF16, t.shape, bf16[i].data()});
+    }
+    write_checkpoint_weights(dir, out, max_shard_bytes);
+    write_file_atomic(dir + "/config.json", json_dump(config_json_for_writing(w.config), 2) + "\n");
+    if (source_dir.empty()) return;
+    for (const std::string& name : hf_side_files()) {
+        fs::path from = fs::path(source_dir) / name;
+        std::error_code ec;
+        if (fs::exists(from) && !fs::copy_file(from, fs::path(dir) / name, fs::copy_options::overwrite_existing, ec))
+            fail("%s: cannot copy into %s (%s)", from.c_str(), dir.c_str(), ec.message().c_str());
+    }
+}
+
+// write_hf_files into a temporary directory that is then renamed to `dir` (replacing an existing
+// one), so a crash never leaves a half-written checkpoint under the real name.
 inline void save_hf(const ModelWeights& w, const std::string& dir, const std::string& source_dir = "",
                     size_t max_shard_bytes = 0) {
     namespace fs = std::filesystem;
@@ -266,28 +315,7 @@ inline void save_hf(const ModelWeights& w, const std::string& dir, const std::st
     fs::remove_all(tmp, ec);
     if (!fs::create_directories(tmp, ec) || ec) fail("%s: cannot create directory (%s)", tmp.c_str(), ec.message().c_str());
     try {
-        std::vector<std::vector<uint8_t>> bf16(w.tensors.size());  // little-endian BF16 bytes per tensor
-        std::vector<TensorToWrite> out;
-        for (size_t i = 0; i < w.tensors.size(); i++) {
-            const TensorInfo& t = w.tensors[i];
-            bf16[i].resize(2 * t.numel);
-            const float* src = w.master.data() + t.offset;
-            for (size_t k = 0; k < t.numel; k++) {
-                uint16_t h = float_to_bf16(src[k]);
-                bf16[i][2 * k] = (uint8_t)(h & 0xFF);
-                bf16[i][2 * k + 1] = (uint8_t)(h >> 8);
-            }
-            out.push_back({t.name, DType::BF16, t.shape, bf16[i].data()});
-        }
-        write_checkpoint_weights(tmp, out, max_shard_bytes);
-        std::string config = json_dump(config_json_for_writing(w.config), 2) + "\n";
-        write_file_atomic(tmp + "/config.json", {{config.data(), config.size()}});
-        if (!source_dir.empty())
-            for (const std::string& name : hf_side_files()) {
-                fs::path from = fs::path(source_dir) / name;
-                if (fs::exists(from) && !fs::copy_file(from, fs::path(tmp) / name, fs::copy_options::overwrite_existing, ec))
-                    fail("%s: cannot copy into %s (%s)", from.c_str(), tmp.c_str(), ec.message().c_str());
-            }
+        write_hf_files(w, tmp, source_dir, max_shard_bytes);
         if (fs::exists(dir)) {
             std::string old = dir + ".old-" + std::to_string(getpid());
             fs::rename(dir, old);

@@ -192,3 +192,11 @@ TEST(safetensors_rejects_bad_sharded_checkpoints) {
     harness::write_text(index, good);
     CHECK_EQ(Checkpoint(dir.path).tensors().size(), (size_t)3);
 }
+
+// A FIFO where a weights file should be: an error at once, never a hang waiting for a writer.
+TEST(safetensors_fifo_is_rejected_without_blocking) {
+    harness::TempDir dir;
+    std::string p = dir / "model.safetensors";
+    if (mkfifo(p.c_str(), 0600) != 0) fail("test setup: mkfifo %s failed", p.c_str());
+    CHECK_THROWS(open_file(p), "not a regular file");
+}

@@ -222,3 +222,80 @@ TEST(weights_load_converts_half_dtypes) {
     }
     CHECK_EQ(bad, (size_t)0);
 }
+
+// A model made from a config alone (no config.json behind it, as the trainer's fresh models):
+// save_hf generates config.json from the fields, and loading it gives back the same model.
+TEST(weights_fresh_model_round_trip) {
+    ModelConfig c;
+    c.arch = Arch::Llama;
+    c.vocab_size = 96;
+    c.hidden_size = 32;
+    c.intermediate_size = 48;
+    c.num_layers = 3;
+    c.num_heads = 4;
+    c.num_kv_heads = 2;
+    c.head_dim = 8;
+    c.rms_norm_eps = 1e-5;
+    c.rope.type = "llama3";
+    c.rope.theta = 500000.0;
+    c.rope.factor = 8.0;
+    c.rope.low_freq_factor = 1.0;
+    c.rope.high_freq_factor = 4.0;
+    c.rope.original_max_position_embeddings = 32;
+    c.max_position_embeddings = 256;
+    c.tie_word_embeddings = false;
+    c.bos_token_id = 1;
+    c.eos_token_ids = {2, 3};
+    ModelWeights w = ModelWeights::from_config(c);
+    for (const TensorInfo& t : w.tensors)  // BF16-exact values; the padding between tensors stays zero
+        for (size_t i = t.offset; i < t.offset + t.numel; i++) w.master[i] = round_bf16((float)((i * 7919) % 1000) / 999.0f - 0.5f);
+    harness::TempDir dir;
+    save_hf(w, dir / "fresh");
+    CHECK(!Checkpoint::file_exists(dir / "fresh/tokenizer.json"));  // nothing to copy from
+    ModelWeights r = ModelWeights::load(dir / "fresh");
+    const ModelConfig& g = r.config;
+    CHECK(g.arch == Arch::Llama && g.vocab_size == 96 && g.hidden_size == 32 && g.intermediate_size == 48);
+    CHECK(g.num_layers == 3 && g.num_heads == 4 && g.num_kv_heads == 2 && g.head_dim == 8);
+    CHECK_EQ(g.rms_norm_eps, 1e-5);
+    CHECK(g.rope.type == "llama3" && g.rope.theta == 500000.0 && g.rope.factor == 8.0);
+    CHECK_EQ(g.rope.original_max_position_embeddings, (int64_t)32);
+    CHECK(!g.tie_word_embeddings && g.tie_given);
+    CHECK_EQ(g.bos_token_id, (int64_t)1);
+    CHECK(g.eos_token_ids == (std::vector<int64_t>{2, 3}));
+    CHECK_EQ(g.dtype, std::string("bfloat16"));
+    CHECK(r.master == w.master);  // values were BF16 already: exact
+}
+
+// write_hf_files fills a directory the caller made (a trainer checkpoint's temporary directory).
+TEST(weights_write_hf_files_into_existing_directory) {
+    const std::string q2 = fixtures + "qwen2_tiny";
+    ModelWeights w = ModelWeights::load(q2);
+    harness::TempDir dir;
+    harness::write_text(dir / "trainer_state.bin", "x");
+    write_hf_files(w, dir.path, q2);
+    CHECK(Checkpoint::file_exists(dir / "trainer_state.bin"));  // left alone
+    CHECK(Checkpoint::file_exists(dir / "chat_template.jinja"));
+    ModelWeights r = ModelWeights::load(dir.path);
+    CHECK_EQ(r.num_params(), w.num_params());
+}
+
+// read_values = false checks everything but reads no data (--info on models larger than memory).
+TEST(weights_load_without_values_checks_the_same) {
+    const std::string q3 = fixtures + "qwen3_tiny";
+    ModelWeights full = ModelWeights::load(q3);
+    ModelWeights table = ModelWeights::load(q3, false);
+    CHECK(table.master.empty());
+    CHECK_EQ(table.num_floats(), full.num_floats());
+    CHECK_EQ(table.num_params(), full.num_params());
+    harness::TempDir dir;
+    Variant v(full, q3);
+    v.get("model.layers.1.mlp.gate_proj.weight").shape = {64, 128};
+    v.write(dir / "bad");
+    CHECK_THROWS(ModelWeights::load(dir / "bad", false), "tensor model.layers.1.mlp.gate_proj.weight has shape [64, 128]");
+    Variant f(full, q3);
+    std::vector<uint8_t> f8(320 * 64, 0x38);
+    f.get("model.embed_tokens.weight").dtype = DType::F8_E5M2;
+    f.get("model.embed_tokens.weight").data = f8.data();
+    f.write(dir / "f8");
+    CHECK_THROWS(ModelWeights::load(dir / "f8", false), "tensor model.embed_tokens.weight is F8_E5M2");
+}
