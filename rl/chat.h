@@ -80,18 +80,38 @@ inline std::string python_strip(const std::string& s) {
     return utf8_encode(std::vector<uint32_t>(cps.begin() + (long)b, cps.begin() + (long)e));
 }
 
+// tokenizer_config.json beside `path` (a model directory, or a file in it such as tokenizer.json).
+inline std::string tokenizer_config_path(const std::string& path) {
+    struct stat st;
+    std::string dir = path;
+    if (stat(path.c_str(), &st) == 0 && !S_ISDIR(st.st_mode)) {
+        size_t slash = path.find_last_of('/');
+        dir = slash == std::string::npos ? "." : path.substr(0, slash);
+    }
+    return dir + "/tokenizer_config.json";
+}
+
+// A token named in tokenizer_config.json ("eos_token", "bos_token", "pad_token"), as a string or
+// {"content": ...}; "" when the file or the key is absent or null. The stop set of generation is
+// this eos_token together with generation_config.json's eos_token_id (spec-model.md section 9).
+inline std::string tokenizer_config_token(const std::string& path, const char* key) {
+    std::string file = tokenizer_config_path(path);
+    struct stat st;
+    if (stat(file.c_str(), &st) != 0) return "";
+    Json config = json_parse_file(file);
+    const Json* v = config.find(key);
+    if (v && v->is_string()) return v->str;
+    if (const Json* c = v ? v->find("content") : nullptr; c && c->is_string()) return c->str;
+    return "";
+}
+
 class ChatTemplate {
 public:
     // Recognizes the family from tokenizer_config.json in `path` (a model directory, or the
     // directory of the tokenizer.json given).
     static ChatTemplate load(const std::string& path) {
         struct stat st;
-        std::string dir = path;
-        if (stat(path.c_str(), &st) == 0 && !S_ISDIR(st.st_mode)) {
-            size_t slash = path.find_last_of('/');
-            dir = slash == std::string::npos ? "." : path.substr(0, slash);
-        }
-        std::string file = dir + "/tokenizer_config.json";
+        std::string file = tokenizer_config_path(path);
         const char* hint = "fp8rl renders the Qwen3, Qwen2.5 and Llama-3 chat templates; for other models give raw "
                            "prompts ({\"prompt\": ...} lines) instead of chat messages";
         if (stat(file.c_str(), &st) != 0) fail("%s: not found, so the chat template is unknown; %s", file.c_str(), hint);
@@ -105,10 +125,7 @@ public:
         else if (s.find("<|start_header_id|>") != std::string::npos && s.find("Cutting Knowledge Date") != std::string::npos)
             t.family_ = ChatFamily::Llama3;
         else fail("%s: chat_template is not one fp8rl knows; %s", file.c_str(), hint);
-        if (const Json* bos = config.find("bos_token")) {
-            if (bos->is_string()) t.bos_token_ = bos->str;
-            else if (const Json* c = bos->find("content"); c && c->is_string()) t.bos_token_ = c->str;
-        }
+        t.bos_token_ = tokenizer_config_token(path, "bos_token");
         if (t.family_ == ChatFamily::Llama3 && t.bos_token_.empty()) fail("%s: Llama-3 template without bos_token", file.c_str());
         return t;
     }

@@ -6,6 +6,7 @@
 // block. Every operand is K-contiguous, as cuBLASLt's TN layout requires, so one NT kernel serves
 // fprop, dgrad and wgrad. The CPU engine's "fp8" precision uses the fp8_linear_* functions below.
 #pragma once
+#include <algorithm>
 #include <vector>
 
 #include "rl/fp8_block.h"
@@ -36,24 +37,40 @@ Fp8GemmOperand fp8_gemm_operand(const Quantized& q) {
     return op;
 }
 
-// out [a.rows][b.rows] (+)= the block-scaled product of a [M][K] and b [N][K]^T.
+// out [a.rows][b.rows] (+)= the block-scaled product of a [M][K] and b [N][K]^T. The output is cut
+// into tiles of 64 x 256, one OpenMP task each, so a tile's per-block and running sums stay in
+// cache across the K blocks (gemm_nt, called inside the parallel region, runs on the task's
+// thread). Each output element is reduced by one task in a fixed order: results do not depend on
+// the thread count.
 inline void fp8_gemm_nt_ref(const Fp8GemmOperand& a, const Fp8GemmOperand& b, float* out, bool accumulate) {
     if (a.cols != b.cols)
         fail("fp8_gemm_nt_ref: reduction dims differ (A [%d][%d], B [%d][%d])", a.rows, a.cols, b.rows, b.cols);
-    int M = a.rows, N = b.rows, K = a.cols, blocks = fp8_num_blocks(K);
-    std::vector<float> partial((size_t)M * N);  // [M][N] one K block's unscaled sums
-    std::vector<float> total((size_t)M * N, 0.0f);  // [M][N] sum of the scaled block sums
-    for (int kb = 0; kb < blocks; kb++) {
-        int k0 = kb * FP8_BLOCK, width = K - k0 < FP8_BLOCK ? K - k0 : FP8_BLOCK;
-        gemm_nt(M, N, width, a.values.data() + k0, K, b.values.data() + k0, K, partial.data(), N, false);
-#pragma omp parallel for schedule(static)
-        for (int i = 0; i < M; i++) {
-            float sa = a.scale_inv[(size_t)i * blocks + kb];
-            for (int j = 0; j < N; j++)
-                total[(size_t)i * N + j] += (sa * b.scale_inv[(size_t)j * blocks + kb]) * partial[(size_t)i * N + j];
+    const int M = a.rows, N = b.rows, K = a.cols, blocks = fp8_num_blocks(K);
+    const int TILE_M = 64, TILE_N = 256;
+    const int tiles_m = (M + TILE_M - 1) / TILE_M, tiles_n = (N + TILE_N - 1) / TILE_N;
+#pragma omp parallel for schedule(dynamic)
+    for (int task = 0; task < tiles_m * tiles_n; task++) {
+        const int i0 = task / tiles_n * TILE_M, j0 = task % tiles_n * TILE_N;
+        const int rows = std::min(TILE_M, M - i0), cols = std::min(TILE_N, N - j0);
+        std::vector<float> partial((size_t)rows * cols);      // [rows][cols] one K block's unscaled sums
+        std::vector<float> total((size_t)rows * cols, 0.0f);  // [rows][cols] sum of the scaled block sums
+        for (int kb = 0; kb < blocks; kb++) {
+            const int k0 = kb * FP8_BLOCK, width = std::min(FP8_BLOCK, K - k0);
+            gemm_nt(rows, cols, width, a.values.data() + (size_t)i0 * K + k0, K, b.values.data() + (size_t)j0 * K + k0,
+                    K, partial.data(), cols, false);
+            for (int i = 0; i < rows; i++) {
+                const float sa = a.scale_inv[(size_t)(i0 + i) * blocks + kb];
+                for (int j = 0; j < cols; j++)
+                    total[(size_t)i * cols + j] +=
+                        (sa * b.scale_inv[(size_t)(j0 + j) * blocks + kb]) * partial[(size_t)i * cols + j];
+            }
         }
+        for (int i = 0; i < rows; i++)
+            for (int j = 0; j < cols; j++) {
+                float& o = out[(size_t)(i0 + i) * N + j0 + j];
+                o = accumulate ? o + total[(size_t)i * cols + j] : total[(size_t)i * cols + j];
+            }
     }
-    for (size_t i = 0; i < total.size(); i++) out[i] = accumulate ? out[i] + total[i] : total[i];
 }
 
 // A linear layer's weight W [N][K] in FP8: 128x128 blocks, quantized once per optimizer update,

@@ -12,9 +12,10 @@
 //
 // Speed (AVX2 + FMA): the BLIS scheme. B is packed in [KC x 16] panels, A in [6 x KC] panels, and a
 // 6x16 register-tiled micro-kernel (12 accumulators) multiplies them; threads take (96-row block x
-// 64-column slab) tasks. With few rows (decode) packing all of B costs more than it saves, so
-// M <= 4 reads B in place (gemm_nt: through a small L1-resident panel) with enough independent
-// accumulators to hide the FMA latency. Without AVX2 a scalar micro-kernel computes the same chains.
+// 64-column slab) tasks. With few rows (decode, M <= 4) packing all of B costs more than it saves:
+// gemm_nn/gemm_tn stream the rows of B into C's rows; gemm_nt packs small L1-resident panels of B
+// and keeps 8 accumulator chains in registers. Without AVX2 a scalar micro-kernel computes the same
+// chains.
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -23,6 +24,7 @@
 #ifdef __AVX2__
 #include <immintrin.h>
 #endif
+#include <omp.h>
 
 namespace fp8rl {
 namespace gemm_detail {
@@ -33,7 +35,7 @@ constexpr int KC = 256;        // k block: one B micro-panel (16 KB) stays in L1
 constexpr int MC = 96;         // row block: one packed A block (96 KB) stays in L2
 constexpr int NC = 3072;       // column block: the packed B block (3 MB) stays in L3
 constexpr int SLAB = 4 * NR;   // columns per task
-constexpr int DIRECT_ROWS = 4; // M up to this takes the small-M path (AVX2 only)
+constexpr int DIRECT_ROWS = 4; // M up to this takes a small-M path
 constexpr long PARALLEL_MIN_FLOPS = 1L << 18;  // below this a parallel region costs more than it saves
 
 // A strided matrix view: element (r, c) is p[r * rs + c * cs].
@@ -205,10 +207,9 @@ inline void gemm_packed(int M, int N, int K, const View& a, const View& b, float
 }
 
 #ifdef __AVX2__
-// The small-M path (M = ROWS <= DIRECT_ROWS) for one block of 8 * VECS columns at j0 (cols valid):
-// ROWS * VECS independent accumulator chains (enough to hide the FMA latency). B is read in place
-// when its rows are contiguous (gemm_nn, gemm_tn); otherwise (gemm_nt, edge blocks) DIRECT_KB rows
-// at a time are packed into `buf` [DIRECT_KB x 8 * VECS], which stays in L1.
+// The small-M path of gemm_nt (M = ROWS <= DIRECT_ROWS), one block of 8 * VECS columns at j0 (cols
+// valid): ROWS * VECS independent accumulator chains, enough to hide the FMA latency, fed from
+// DIRECT_KB rows of B at a time packed into `buf` [DIRECT_KB x 8 * VECS], which stays in L1.
 constexpr int DIRECT_KB = 64;
 template <int ROWS, int VECS>
 inline void direct_block(int K, const View& a, const View& b, float* C, long ldc, long j0, int cols, bool accumulate,
@@ -223,21 +224,13 @@ inline void direct_block(int K, const View& a, const View& b, float* C, long ldc
         }
     for (long k0 = 0; k0 < K; k0 += DIRECT_KB) {
         const int kb = (int)std::min<long>(DIRECT_KB, K - k0);
-        const float* panel = buf;
-        long stride = W;
-        if (cols == W && b.cs == 1) {
-            panel = b.p + k0 * b.rs + j0;
-            stride = b.rs;
-        } else {
-            pack_b(b, k0, kb, j0, cols, W, buf);
-        }
-        for (int k = 0; k < kb; k++) {
+        pack_b(b, k0, kb, j0, cols, W, buf);
+        for (int k = 0; k < kb; k++)
             for (int r = 0; r < ROWS; r++) {
                 const __m256 x = _mm256_set1_ps(a.at(r, k0 + k));
                 for (int v = 0; v < VECS; v++)
-                    acc[r][v] = _mm256_fmadd_ps(x, _mm256_loadu_ps(panel + k * stride + 8 * v), acc[r][v]);
+                    acc[r][v] = _mm256_fmadd_ps(x, _mm256_loadu_ps(buf + k * W + 8 * v), acc[r][v]);
             }
-        }
     }
     for (int r = 0; r < ROWS; r++) {
         float out[W];
@@ -260,6 +253,42 @@ inline void gemm_direct(int N, int K, const View& a, const View& b, float* C, lo
 }
 #endif
 
+// The small-M path of gemm_nn and gemm_tn (rows of B contiguous): C's rows are the accumulators,
+// updated by one pass over the rows of B per chunk of columns, C[r, j] = fma(a(r, k), B[k, j],
+// C[r, j]) for k in order. B streams in long contiguous runs (the bandwidth a GEMV needs; short
+// runs restart the prefetcher at every page) and the chunk of C (STREAM_FLOATS) stays in L2.
+constexpr int STREAM_FLOATS = 32768;
+inline void stream_columns(int M, int K, const View& a, const View& b, float* C, long ldc, long j0, int cols,
+                           bool accumulate) {
+    if (!accumulate)
+        for (int r = 0; r < M; r++) std::fill(C + r * ldc + j0, C + r * ldc + j0 + cols, 0.0f);
+    for (long k = 0; k < K; k++) {
+        const float* brow = b.p + k * b.rs + j0;
+        for (int r = 0; r < M; r++) {
+            const float x = a.at(r, k);
+            float* c = C + r * ldc + j0;
+            int j = 0;
+#ifdef __AVX2__
+            const __m256 xv = _mm256_set1_ps(x);
+            for (; j + 8 <= cols; j += 8)
+                _mm256_storeu_ps(c + j, _mm256_fmadd_ps(xv, _mm256_loadu_ps(brow + j), _mm256_loadu_ps(c + j)));
+#endif
+            for (; j < cols; j++) c[j] = std::fma(x, brow[j], c[j]);
+        }
+    }
+}
+
+inline void gemm_stream(int M, int N, int K, const View& a, const View& b, float* C, long ldc, bool accumulate) {
+    const bool parallel = (long)M * N * K * 2 >= PARALLEL_MIN_FLOPS;
+    // chunks of whole cache lines, at least one per thread when worth threading
+    const int per_thread = parallel ? (N + omp_get_max_threads() - 1) / omp_get_max_threads() : N;
+    const int chunk = std::min(STREAM_FLOATS / M, std::max(16, (per_thread + 15) / 16 * 16));
+    const int chunks = (N + chunk - 1) / chunk;
+#pragma omp parallel for schedule(static) if (parallel)
+    for (int cb = 0; cb < chunks; cb++)
+        stream_columns(M, K, a, b, C, ldc, (long)cb * chunk, std::min(chunk, N - cb * chunk), accumulate);
+}
+
 inline void gemm(int M, int N, int K, const View& a, const View& b, float* C, long ldc, bool accumulate) {
     if (M <= 0 || N <= 0) return;
     if (K <= 0) {
@@ -267,6 +296,7 @@ inline void gemm(int M, int N, int K, const View& a, const View& b, float* C, lo
             for (int i = 0; i < M; i++) std::fill(C + i * ldc, C + i * ldc + N, 0.0f);
         return;
     }
+    if (M <= DIRECT_ROWS && b.cs == 1) return gemm_stream(M, N, K, a, b, C, ldc, accumulate);
 #ifdef __AVX2__
     switch (M) {
         case 1: return gemm_direct<1>(N, K, a, b, C, ldc, accumulate);

@@ -15,10 +15,6 @@ namespace fp8rl {
 
 constexpr const char* reward_task_names = "gsm8k, gsm8k_flexible, math, dapo, countdown, add, reverse, sort, copy";
 
-inline bool is_reward_task(const std::string& task) {
-    return task == "gsm8k" || task == "gsm8k_flexible" || task == "math" || task == "dapo" || is_synthetic_task(task);
-}
-
 // Scores one response against its ground truth; an unknown task or a malformed countdown answer
 // is an Error.
 inline Verdict score_response(const std::string& task, const std::string& response, const std::string& answer) {

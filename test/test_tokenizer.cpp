@@ -247,6 +247,9 @@ TEST(tokenizer_chat_unknown_template_is_a_clear_error) {
     CHECK_THROWS(ChatTemplate::load(fixtures + "gpt2_style/tokenizer.json"), "give raw prompts");
     CHECK_THROWS(chat_messages_from_json(json_parse("[]", "x"), "x"), "non-empty array");
     CHECK_THROWS(chat_messages_from_json(json_parse("[{\"role\":\"user\"}]", "x"), "x"), "needs string \"role\" and \"content\"");
+    CHECK_EQ(tokenizer_config_token(fixtures + "llama3_style/tokenizer.json", "eos_token"), std::string("<|eot_id|>"));
+    CHECK_EQ(tokenizer_config_token(fixtures + "llama3_style", "pad_token"), std::string(""));
+    CHECK_EQ(tokenizer_config_token(fixtures + "gpt2_style", "eos_token"), std::string(""));
     ChatTemplate llama = ChatTemplate::load(fixtures + "llama3_style");
     CHECK_EQ(std::string(chat_family_name(llama.family())), std::string("llama3"));
     CHECK_THROWS(llama.render(chat_messages_from_json(json_parse("[{\"role\":\"tool\",\"content\":\"x\"}]", "x"), "x"), ChatOptions()),
