@@ -6,6 +6,7 @@
 // run one process and do nothing.
 #pragma once
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -41,9 +42,11 @@ template <> inline MPI_Datatype mpi_type<char>() { return MPI_CHAR; }
 
 class Dist {
 public:
-    // Initializes MPI when built with it and started under mpirun (or as a singleton).
+    // Initializes MPI when built with it and started by mpirun; a plain `./train_rl_cpu` runs one
+    // process without starting the MPI runtime (no singleton daemon, nothing left to clean up).
     Dist() {
 #ifdef FP8RL_MPI
+        if (!launched_by_mpi()) return;
         int inited = 0;
         MPI_CHECK(MPI_Initialized(&inited));
         if (!inited) {
@@ -135,6 +138,15 @@ public:
 
 private:
     int rank_ = 0;
+
+#ifdef FP8RL_MPI
+    // mpirun / mpiexec (Open MPI, MPICH, PMIx launchers) set one of these in every rank.
+    static bool launched_by_mpi() {
+        for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "PMI_RANK"})
+            if (getenv(v)) return true;
+        return false;
+    }
+#endif
 
     // Gathers every rank's x to rank 0, folds them in rank order with op, broadcasts the result.
     template <typename T, typename Op> void all_reduce(T* x, size_t n, Op op) const {

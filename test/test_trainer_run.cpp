@@ -113,10 +113,11 @@ TEST(trainer_bad_dataset_line_names_file_and_line) {
 
 // Learning from scratch: a fresh tiny model on 1-digit addition. A random policy scores about
 // 0.04 (partial credit per character); within 20 steps at a high learning rate the mean reward
-// of the last 5 steps must be at least 0.10 and at least twice that of the first 5.
+// of the last 5 steps must be at least 0.10 and at least twice that of the first 5. (Not shrunk
+// under the sanitizer: 12 steps reach only about 0.09.)
 TEST(trainer_learns_addition_from_scratch) {
     std::string d = temp_dir("learn");
-    const int steps = harness::sanitized ? 12 : 20;
+    const int steps = 20;
     RunResult r = run_cmd(bin() + strfmt(" --init tiny --task add --task_size 1 --max_new_tokens 3 --group_size 8 --batch_prompts 16"
                                          " --lr 3e-3 --steps %d --eval_every 0 --seed 11 --out_dir %s/run",
                                          steps, d.c_str()),
