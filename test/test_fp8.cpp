@@ -1,7 +1,6 @@
 // test_fp8.cpp: the FP8 scalar formats (rl/fp8.h). The oracle is CUDA's own cuda_fp8.h, which
 // compiles as plain host code: every one of the 2^32 FP32 bit patterns is encoded by both, in both
 // formats and both saturation modes, and all 256 codes of each format are decoded by both.
-#include <cstdlib>
 
 #include "rl/common.h"
 #include "rl/fp8.h"
