@@ -12,6 +12,9 @@
 #include <cstdint>
 #include <vector>
 
+#include <omp.h>
+
+#include "rl/fast_exp.h"
 #include "rl/gemm.h"
 
 namespace fp8rl {
@@ -22,26 +25,34 @@ constexpr long kHeadBufferFloats = 1L << 21;  // logits held at a time: rows per
 struct HeadShape {
     int V, C;
     float temperature;
+    const float* Wt = nullptr;  // W^T [C, V] when the caller keeps one (rows of logits stream from it), else nullptr
 };
 
 inline long head_rows_per_block() { return kHeadBufferFloats / kVocabChunk; }
 
-// Computes logits z [rows, n] = x [rows, C] . W[v0 : v0 + n]^T / temperature.
+// Computes logits z [rows, n] = x [rows, C] . W[v0 : v0 + n]^T / temperature (the same bits from W
+// or from W^T: rl/gemm.h computes one FMA chain per output either way).
 inline void head_logits_chunk(float* z, const float* x, long rows, const float* W, int v0, int n, HeadShape s) {
-    gemm_nt((int)rows, n, s.C, x, s.C, W + (long)v0 * s.C, s.C, z, n, false);
+    if (s.Wt)
+        gemm_nn((int)rows, n, s.C, x, s.C, s.Wt + v0, s.V, z, n, false);
+    else
+        gemm_nt((int)rows, n, s.C, x, s.C, W + (long)v0 * s.C, s.C, z, n, false);
     if (s.temperature == 1.0f) return;
 #pragma omp parallel for schedule(static)
     for (long i = 0; i < rows * n; i++) z[i] /= s.temperature;
 }
 
 // Scratch of the head: one block of logits, and the running sums of a forward pass in FP64 (sums
-// over 10^5 terms in FP32 would lose ~1e-5 relative, the size of the errors we test for).
+// over 10^5 terms in FP32 would lose ~1e-5 relative, the size of the errors we test for; each
+// term is an FP32 exp, rl/fast_exp.h, good to 2 ulp).
 struct HeadScratch {
     std::vector<float> logits;   // [head_rows_per_block(), kVocabChunk]
     std::vector<double> sum, sz;  // [head_rows_per_block()]
+    std::vector<float> exps;      // [threads, kVocabChunk] one row's exponentials
 
     void reserve() {
         logits.resize((size_t)head_rows_per_block() * kVocabChunk);
+        exps.resize((size_t)omp_get_max_threads() * kVocabChunk);
         sum.resize(head_rows_per_block());
         sz.resize(head_rows_per_block());
     }
@@ -72,10 +83,11 @@ inline void head_forward(float* logprob, float* entropy, float* lse, float* mu, 
                 for (int j = 0; j < n; j++) m = z[j] > m ? z[j] : m;
                 double rescale = std::exp((double)lse[r] - m);  // exp(-inf) = 0 on the first chunk
                 double sum = scratch.sum[i] * rescale, sz = scratch.sz[i] * rescale;
+                float* e = scratch.exps.data() + (long)omp_get_thread_num() * kVocabChunk;
+                fast_exp_shifted(e, z, m, n);
                 for (int j = 0; j < n; j++) {
-                    double e = std::exp((double)(z[j] - m));
-                    sum += e;
-                    sz += e * z[j];
+                    sum += e[j];
+                    sz += (double)e[j] * z[j];
                 }
                 lse[r] = m;
                 scratch.sum[i] = sum;
@@ -113,10 +125,9 @@ inline void head_backward(float* dx, float* dW, const float* dlogprob, const flo
                 float* g = buffer + i * n;  // z in, dL/dlogits out (the 1/temperature of dz/dlogits folded in)
                 const long r = r0 + i;
                 const float a = dlogprob[r], b = dentropy[r], l = lse[r], m = mu[r];
-                for (int j = 0; j < n; j++) {
-                    float p = std::exp(g[j] - l);
-                    g[j] = (-a * p - b * p * (g[j] - m)) * inv_t;
-                }
+                float* p = scratch.exps.data() + (long)omp_get_thread_num() * kVocabChunk;
+                fast_exp_shifted(p, g, l, n);
+                for (int j = 0; j < n; j++) g[j] = (-a * p[j] - b * p[j] * (g[j] - m)) * inv_t;
                 int y = target[r] - v0;
                 if (y >= 0 && y < n) g[y] += a * inv_t;
             }

@@ -3,7 +3,7 @@
 // per-head q/k RMSNorm, Qwen2's q/k/v biases, llama3 RoPE scaling, rotate-half RoPE, SwiGLU, tied
 // or untied head. Parameters live in the ONE master buffer of rl/weights.h; gradients go into any
 // buffer with the same layout. Linear layers run as GEMMs over all tokens of the batch; attention
-// runs per (token, head) over the token's own sequence.
+// (rl/attention.h) as GEMMs per sequence and head, or per (token, head) over a KV cache.
 //
 // Use (see README "Model"):
 //   CpuModel model(weights);                 // shapes, tensor offsets, RoPE frequencies
@@ -20,6 +20,7 @@
 
 #include <omp.h>
 
+#include "rl/attention.h"
 #include "rl/kv_cache.h"
 #include "rl/linear.h"
 #include "rl/logprob_head.h"
@@ -115,11 +116,15 @@ struct CpuModel {
 
 // The parameters as one precision reads them: the master buffer itself (fp32) or a BF16-rounded
 // copy (bf16, fp8), and for fp8 the 128x128-block quantization of every projection weight (from
-// the FP32 master). Call prepare() again after every change of the master weights.
+// the FP32 master). fp32 and bf16 also keep every matrix transposed: a decode step multiplies one
+// row per sequence, and a GEMV streams the rows of W^T at memory speed where W's rows would need
+// a transpose on the fly (2-4x slower, bench_cpu_engine). Call prepare() again after every change
+// of the master weights.
 struct ModelParams {
     Precision precision = Precision::FP32;
     const float* base = nullptr;  // master layout
     std::vector<float> rounded;
+    std::vector<float> transposed;  // master layout, each 2-D tensor [N, K] stored as [K, N] (fp32, bf16)
     std::vector<Fp8Weight> fp8;   // [L * kProjections], fp8 only
     bool fp8_pow2_scales = false;  // power-of-two block scales (the option of spec-fp8.md §4.2)
 
@@ -136,20 +141,35 @@ struct ModelParams {
         if (p == Precision::FP32) {
             rounded.clear();
             base = master.data();
-            return;
-        }
-        rounded.resize(master.size());
-        const long n = (long)master.size();
+        } else {
+            rounded.resize(master.size());
+            const long n = (long)master.size();
 #pragma omp parallel for schedule(static)
-        for (long i = 0; i < n; i++) rounded[i] = round_bf16(master[i]);
-        base = rounded.data();
+            for (long i = 0; i < n; i++) rounded[i] = round_bf16(master[i]);
+            base = rounded.data();
+        }
+        transposed.clear();
+        if (p == Precision::FP8) return;
+        transposed.resize(master.size());
+        for (const TensorInfo& t : m.weights->tensors) {
+            if (t.shape.size() != 2) continue;
+            const long rows = t.shape[0], cols = t.shape[1];
+            const float* src = base + t.offset;
+            float* dst = transposed.data() + t.offset;
+#pragma omp parallel for schedule(static)
+            for (long c = 0; c < cols; c++)
+                for (long r = 0; r < rows; r++) dst[c * rows + r] = src[r * cols + c];
+        }
     }
     const float* at(size_t offset) const { return offset == kNoTensor ? nullptr : base + offset; }
+    // The transposed copy of the 2-D tensor at offset (nullptr for fp8).
+    const float* transposed_at(size_t offset) const { return transposed.empty() ? nullptr : transposed.data() + offset; }
 
     // Projection j of layer l as this precision's GEMMs read it.
     LinearWeight linear(const CpuModel& m, int l, Projection j) const {
         LinearWeight w = m.projection(l, j, base);
         if (precision == Precision::FP8) w.fp8 = &fp8[(size_t)l * kProjections + j];
+        if (!transposed.empty()) w.wt = m.projection(l, j, transposed.data()).w;
         return w;
     }
 };
@@ -188,7 +208,8 @@ struct ForwardActs {
     float temperature = 1.0f;
     // per token
     std::vector<int32_t> ids, pos, target, key_count;
-    std::vector<int64_t> key_start, seq_begin, seq_end, cache_row;
+    std::vector<int64_t> key_start, cache_row;
+    std::vector<int64_t> seq_offsets;  // [B + 1] packed batch: sequence s is rows seq_offsets[s] .. seq_offsets[s+1]
     std::vector<LayerActs> layers;
     std::vector<float> k_amax, v_amax;  // [L] max |K| (after k-norm and RoPE) and max |V| of the last pass
     float *hf = nullptr, *xf = nullptr, *rstdf = nullptr;               // final hidden [T, C], normed, rstd
@@ -273,12 +294,12 @@ inline void set_batch_rows(ForwardActs& acts, const TokenBatch& b) {
     const long T = b.num_tokens();
     acts.ids = b.ids;
     acts.pos.resize(T), acts.target.resize(T), acts.key_count.resize(T);
-    acts.key_start.resize(T), acts.seq_begin.resize(T), acts.seq_end.resize(T);
+    acts.key_start.resize(T);
+    acts.seq_offsets = b.offsets;
     for (int s = 0; s < b.num_sequences(); s++)
         for (long t = b.offsets[s]; t < b.offsets[s + 1]; t++) {
             acts.pos[t] = (int32_t)(t - b.offsets[s]);
-            acts.key_start[t] = acts.seq_begin[t] = b.offsets[s];
-            acts.seq_end[t] = b.offsets[s + 1];
+            acts.key_start[t] = b.offsets[s];
             acts.key_count[t] = acts.pos[t] + 1;
             acts.target[t] = t + 1 < b.offsets[s + 1] ? b.ids[t + 1] : -1;
         }
@@ -304,13 +325,14 @@ inline void layer_forward(const CpuModel& m, const ModelParams& p, ForwardActs& 
     rope_forward(A.k, acts.pos.data(), acts.rope, T, m.KV, bf16);
     acts.k_amax[l] = max_abs(A.k, T * m.KV * m.D);
     acts.v_amax[l] = max_abs(A.v, T * m.KV * m.D);
-    const float *Kc = A.k, *Vc = A.v;
     if (cache) {
         cache->store(l, T, acts.cache_row.data(), A.k, A.v);
-        Kc = cache->keys(l), Vc = cache->values(l);
+        attention_forward_cached(A.att, A.lse, A.q, cache->keys(l), cache->values(l), acts.key_start.data(),
+                                 acts.key_count.data(), T, {m.H, m.KV, m.D}, acts.attn_scratch.data(),
+                                 acts.attn_scratch_stride, bf16);
+    } else {
+        attention_forward_packed(A.att, A.lse, A.q, A.k, A.v, acts.seq_offsets, {m.H, m.KV, m.D}, bf16);
     }
-    attention_forward(A.att, A.lse, A.q, Kc, Vc, acts.key_start.data(), acts.key_count.data(), T, {m.H, m.KV, m.D},
-                      acts.attn_scratch.data(), acts.attn_scratch_stride, bf16);
     linear_forward(A.h1, A.att, T, p.linear(m, l, kO), p.precision);
     residual_add(A.h1, x, A.h1, T * m.C, bf16);
     rmsnorm_forward(A.xn2, A.rstd2, A.h1, p.at(w.ln2), T, m.C, m.eps, bf16);
@@ -362,7 +384,7 @@ inline void model_forward(const CpuModel& m, const ModelParams& p, const TokenBa
     set_batch_rows(acts, batch);
     forward_trunk(m, p, acts, nullptr);
     head_forward(acts.head_logprob, acts.head_entropy, acts.head_lse, acts.head_mu, acts.xf, p.at(m.lm_head),
-                 acts.target.data(), acts.T, {m.V, m.C, temperature}, acts.head);
+                 acts.target.data(), acts.T, {m.V, m.C, temperature, p.transposed_at(m.lm_head)}, acts.head);
     for (long t = 0; t < acts.T; t++) {
         bool first = acts.pos[t] == 0;
         logprob[t] = first ? 0.0f : acts.head_logprob[t - 1];
@@ -395,8 +417,8 @@ inline void layer_backward(const CpuModel& m, const ModelParams& p, ForwardActs&
     // attention
     linear_backward(g.datt, false, gr(w.wo), nullptr, g.dh, A.att, T, p.linear(m, l, kO), pr);
     round_bf16_if(bf16, g.datt, T * Q);
-    attention_backward(g.dq, g.dk, g.dv, g.delta, g.datt, A.att, A.lse, A.q, A.k, A.v, acts.seq_begin.data(),
-                       acts.seq_end.data(), T, {m.H, m.KV, m.D});
+    attention_backward_packed(g.dq, g.dk, g.dv, g.delta, g.datt, A.att, A.lse, A.q, A.k, A.v, acts.seq_offsets, T,
+                              {m.H, m.KV, m.D});
     rope_backward(g.dq, acts.pos.data(), acts.rope, T, m.H, bf16);
     rope_backward(g.dk, acts.pos.data(), acts.rope, T, m.KV, bf16);
     round_bf16_if(bf16, g.dq, T * Q);
@@ -434,7 +456,8 @@ inline void model_backward(const CpuModel& m, const ModelParams& p, ForwardActs&
     const bool bf16 = stores_bf16(p.precision);
     std::fill(g.dxn, g.dxn + T * m.C, 0.0f);
     head_backward(g.dxn, grad + m.lm_head, g.dlogprob_row, g.dentropy_row, acts.head_lse, acts.head_mu, acts.xf,
-                  p.at(m.lm_head), acts.target.data(), T, {m.V, m.C, acts.temperature}, acts.head);
+                  p.at(m.lm_head), acts.target.data(), T, {m.V, m.C, acts.temperature, p.transposed_at(m.lm_head)},
+                  acts.head);
     round_bf16_if(bf16, g.dxn, T * m.C);
     rmsnorm_backward(g.dh, grad + m.final_norm, g.dxn, acts.hf, p.at(m.final_norm), acts.rstdf, T, m.C, false);
     round_bf16_if(bf16, g.dh, T * m.C);

@@ -1,5 +1,5 @@
 // model_layers.h: the non-GEMM kernels of the CPU model, forward and backward: embedding, RMSNorm,
-// RoPE, causal GQA attention, SwiGLU, residual add. Each output element is computed by one thread
+// RoPE, SwiGLU, residual add (attention: rl/attention.h). Each output element is computed by one thread
 // in a fixed order, so results are bitwise identical for any OpenMP thread count. `bf16` marks the
 // GPU's BF16 storage points (DESIGN.md §3): the kernel rounds what the GPU would store as BF16.
 #pragma once
@@ -157,122 +157,6 @@ inline void rope_backward(float* dx, const int32_t* pos, const RopeTable& rt, lo
                 v[i + h2] = b * c - a * s;
             }
         }
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Causal attention with GQA. Query row t sees `key_count[t]` keys starting at row `key_start[t]` of
-// K and V (so the same kernel reads a packed batch or a KV cache). Query head h reads kv head
-// h / (H/KV). Scores scale by D^-1/2; softmax in FP32; lse [T, H] is kept for the backward pass.
-
-struct AttentionShape {
-    int H, KV, D;
-    long ldq() const { return (long)H * D; }
-    long ldk() const { return (long)KV * D; }
-};
-
-inline float dot_product(const float* a, const float* b, int n) {
-    float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-    for (int i = 0; i < n; i++) s += a[i] * b[i];
-    return s;
-}
-
-// out [T, H, D]; lse [T, H]; q [T, H, D]; K, V rows of KV*D; scratch [threads, max key_count].
-inline void attention_forward(float* out, float* lse, const float* q, const float* K, const float* V,
-                              const int64_t* key_start, const int32_t* key_count, long T, AttentionShape s,
-                              float* scratch, long scratch_stride, bool bf16) {
-    const float scale = 1.0f / std::sqrt((float)s.D);
-    const int group = s.H / s.KV;
-#pragma omp parallel
-    {
-        float* p = scratch + (long)omp_get_thread_num() * scratch_stride;
-#pragma omp for schedule(dynamic, 4)
-        for (long th = 0; th < T * s.H; th++) {
-            long t = th / s.H;
-            int h = (int)(th % s.H), kvh = h / group, n = key_count[t];
-            const float* qv = q + t * s.ldq() + h * s.D;
-            const float* kb = K + key_start[t] * s.ldk() + kvh * s.D;
-            const float* vb = V + key_start[t] * s.ldk() + kvh * s.D;
-            float mx = -INFINITY;
-            for (int j = 0; j < n; j++) {
-                p[j] = dot_product(qv, kb + j * s.ldk(), s.D) * scale;
-                mx = p[j] > mx ? p[j] : mx;
-            }
-            float sum = 0.0f;
-            for (int j = 0; j < n; j++) {
-                p[j] = std::exp(p[j] - mx);
-                sum += p[j];
-            }
-            float inv = 1.0f / sum;
-            float* o = out + t * s.ldq() + h * s.D;
-            for (int d = 0; d < s.D; d++) o[d] = 0.0f;
-            for (int j = 0; j < n; j++) {
-                float pj = p[j] * inv;
-                if (bf16) pj = round_bf16(pj);  // the probabilities meet V in BF16, as in flash attention
-                const float* vj = vb + j * s.ldk();
-#pragma omp simd
-                for (int d = 0; d < s.D; d++) o[d] += pj * vj[d];
-            }
-            if (bf16)
-                for (int d = 0; d < s.D; d++) o[d] = round_bf16(o[d]);
-            lse[th] = mx + std::log(sum);
-        }
-    }
-}
-
-// Backward of attention over a packed batch (keys = the sequence's own rows, causal). The scores are
-// recomputed from lse. Two passes so that every gradient row has one writer: dq per (query, head),
-// then dk/dv per (key, kv head) walking the queries after it. delta [T, H] = rowsum(dout * out).
-inline void attention_backward(float* dq, float* dk, float* dv, float* delta, const float* dout, const float* out,
-                               const float* lse, const float* q, const float* K, const float* V,
-                               const int64_t* seq_begin, const int64_t* seq_end, long T, AttentionShape s) {
-    const float scale = 1.0f / std::sqrt((float)s.D);
-    const int group = s.H / s.KV;
-#pragma omp parallel for schedule(static)
-    for (long th = 0; th < T * s.H; th++) {
-        long t = th / s.H;
-        int h = (int)(th % s.H);
-        delta[th] = dot_product(dout + t * s.ldq() + h * s.D, out + t * s.ldq() + h * s.D, s.D);
-    }
-#pragma omp parallel for schedule(dynamic, 4)
-    for (long th = 0; th < T * s.H; th++) {
-        long t = th / s.H;
-        int h = (int)(th % s.H), kvh = h / group;
-        const float* qv = q + t * s.ldq() + h * s.D;
-        const float* dov = dout + t * s.ldq() + h * s.D;
-        float* dqv = dq + t * s.ldq() + h * s.D;
-        for (int d = 0; d < s.D; d++) dqv[d] = 0.0f;
-        for (long j = seq_begin[t]; j <= t; j++) {
-            const float* kj = K + j * s.ldk() + kvh * s.D;
-            float p = std::exp(dot_product(qv, kj, s.D) * scale - lse[th]);
-            float ds = p * (dot_product(dov, V + j * s.ldk() + kvh * s.D, s.D) - delta[th]) * scale;
-#pragma omp simd
-            for (int d = 0; d < s.D; d++) dqv[d] += ds * kj[d];
-        }
-    }
-#pragma omp parallel for schedule(dynamic, 4)
-    for (long jk = 0; jk < T * s.KV; jk++) {
-        long j = jk / s.KV;
-        int kvh = (int)(jk % s.KV);
-        const float* kj = K + j * s.ldk() + kvh * s.D;
-        const float* vj = V + j * s.ldk() + kvh * s.D;
-        float* dkj = dk + j * s.ldk() + kvh * s.D;
-        float* dvj = dv + j * s.ldk() + kvh * s.D;
-        for (int d = 0; d < s.D; d++) dkj[d] = dvj[d] = 0.0f;
-        for (int h = kvh * group; h < (kvh + 1) * group; h++)
-            for (long t = j; t < seq_end[j]; t++) {
-                long th = t * s.H + h;
-                const float* qv = q + t * s.ldq() + h * s.D;
-                const float* dov = dout + t * s.ldq() + h * s.D;
-                float p = std::exp(dot_product(qv, kj, s.D) * scale - lse[th]);
-                float ds = p * (dot_product(dov, vj, s.D) - delta[th]) * scale;
-#pragma omp simd
-                for (int d = 0; d < s.D; d++) {
-                    dkj[d] += ds * qv[d];
-                    dvj[d] += p * dov[d];
-                }
-            }
     }
 }
 
