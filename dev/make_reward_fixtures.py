@@ -9,7 +9,7 @@ str methods and `ast`, so the expected values do not come from fp8rl's C++:
   * dapo: verl utils/reward_score/math_dapo.py (Minerva "Answer:" then \\boxed{} fallback);
   * countdown: TinyZero's countdown.py extraction and scores, with the expression checked by
     Python's `ast` parser and evaluated with fractions instead of eval();
-  * add/reverse/sort/copy: the positional partial credit documented in rl/tasks.h.
+  * add/reverse/sort/copy: exact match of the response's stripped first line (rl/tasks.h).
 Rerun: python3 dev/make_reward_fixtures.py
 """
 import ast
@@ -297,9 +297,7 @@ def countdown(response, answer):
 
 def synthetic(response, answer):
     pred = response.split("\n")[0].strip()
-    n = max(len(pred.encode()), len(answer.encode()))
-    hits = sum(1 for x, y in zip(pred.encode(), answer.encode()) if x == y)
-    return (1.0 if n == 0 else hits / n), pred
+    return (1.0 if pred == answer else 0.0), pred
 
 
 def label(task, response, answer):

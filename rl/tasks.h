@@ -7,13 +7,17 @@
 // train and eval sets are disjoint by using different seeds.
 //
 // Prompts are short and plain so a character-level model can learn them:
-//   add      "123+45="   -> "168"        (two numbers of 1..size digits)
+//   add      "123+45="   -> "0168"       (two numbers of 1..size digits; the sum zero-padded to size+1)
 //   reverse  "R:abcd="   -> "dcba"       (size lowercase letters)
 //   sort     "S:3142="   -> "1234"       (size digits)
 //   copy     "C:abcd="   -> "abcd"       (size lowercase letters)
 //   countdown "Using the numbers [3, 5, 8, 1], ... equals 24 ..." -> "24:3,5,8,1" (size numbers)
-// The synthetic verifiers give partial credit: the fraction of answer characters the response's
-// first line gets right in place, over the longer of the two lengths; 1 only for an exact match.
+// The synthetic verifiers reward an exact match of the response's first line (stripped), 1 or 0,
+// as GRPO and DAPO reward outcomes. Sums have a fixed width so that every answer of a task has the
+// same length: with natural widths a policy learning from scratch first learns the short answers
+// (1-digit sums are 13x likelier to be hit at random than 2-digit ones), then ends every answer
+// after one digit and stops exploring the long ones; on 1-digit addition it stalled at 53-64% (and
+// with partial credit per character, tried first, at ~60%). See README "Learning from scratch".
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -111,7 +115,7 @@ inline TaskExample task_example(const std::string& task, int size, uint64_t seed
         for (int i = 0; i < a_digits; i++) a = a * 10 + (int64_t)task_uniform(seed, index, 16 + i, 10);
         for (int i = 0; i < b_digits; i++) b = b * 10 + (int64_t)task_uniform(seed, index, 48 + i, 10);
         ex.prompt = strfmt("%lld+%lld=", (long long)a, (long long)b);
-        ex.answer = std::to_string((long long)(a + b));
+        ex.answer = strfmt("%0*lld", size + 1, (long long)(a + b));  // fixed width: see the top of the file
     } else if (task == "reverse" || task == "copy") {
         std::string s = task_random_string(seed, index, size, "abcdefghijklmnopqrstuvwxyz", 26);
         ex.prompt = (task == "reverse" ? "R:" : "C:") + s + "=";
@@ -127,15 +131,13 @@ inline TaskExample task_example(const std::string& task, int size, uint64_t seed
     return ex;
 }
 
-// Verifier of add, reverse, sort and copy: partial credit by position (see the top of the file).
+// Verifier of add, reverse, sort and copy: exact match (see the top of the file).
 inline Verdict synthetic_verdict(const std::string& response, const std::string& answer) {
     Verdict v;
     v.has_extracted = true;
     v.extracted = py_strip(response.substr(0, response.find('\n')));
-    size_t n = std::max(v.extracted.size(), answer.size()), hits = 0;
-    for (size_t i = 0; i < std::min(v.extracted.size(), answer.size()); i++) hits += v.extracted[i] == answer[i];
     v.correct = v.extracted == answer;
-    v.reward = n == 0 ? 1.0 : (double)hits / (double)n;
+    v.reward = v.correct ? 1.0 : 0.0;
     return v;
 }
 

@@ -67,7 +67,8 @@ TEST(reward_synthetic_answers_are_right) {
         TaskExample a = task_example("add", 5, 3, i);
         long long x, y;
         CHECK(sscanf(a.prompt.c_str(), "%lld+%lld=", &x, &y) == 2);
-        CHECK_EQ(a.answer, std::to_string(x + y));
+        CHECK_EQ(a.answer.size(), (size_t)6);  // size + 1 digits, zero-padded
+        CHECK_EQ(std::stoll(a.answer), x + y);
         TaskExample r = task_example("reverse", 6, 3, i);
         std::string s = r.prompt.substr(2, 6);
         CHECK_EQ(r.answer, std::string(s.rbegin(), s.rend()));

@@ -111,14 +111,15 @@ TEST(trainer_bad_dataset_line_names_file_and_line) {
     CHECK_MSG(r.output.find("train.jsonl:3: missing \"answer\"") != std::string::npos, "%s", r.output.c_str());
 }
 
-// Learning from scratch: a fresh tiny model on 1-digit addition. A random policy scores about
-// 0.04 (partial credit per character); within 20 steps at a high learning rate the mean reward
-// of the last 5 steps must be at least 0.10 and at least twice that of the first 5. (Not shrunk
-// under the sanitizer: 12 steps reach only about 0.09.)
-TEST(trainer_learns_addition_from_scratch) {
+// Learning from scratch: a fresh tiny model on 1-character sort (copy the digit), the quickest of
+// the synthetic tasks to learn. A random policy is right about 0.5% of the time ((1/14)^2: digit,
+// then end of text); within 30 steps at a high learning rate the mean reward (exact match) of the
+// last 5 steps must be at least 0.10 and at least three times that of the first 5. (Measured with
+// seed 11: 0.008 -> 0.18. Not shrunk under the sanitizer.)
+TEST(trainer_learns_from_scratch) {
     std::string d = temp_dir("learn");
-    const int steps = 20;
-    RunResult r = run_cmd(bin() + strfmt(" --init tiny --task add --task_size 1 --max_new_tokens 3 --group_size 8 --batch_prompts 16"
+    const int steps = 30;
+    RunResult r = run_cmd(bin() + strfmt(" --init tiny --task sort --task_size 1 --max_new_tokens 2 --group_size 8 --batch_prompts 16"
                                          " --lr 3e-3 --steps %d --eval_every 0 --seed 11 --out_dir %s/run",
                                          steps, d.c_str()),
                           d);
@@ -139,7 +140,7 @@ TEST(trainer_learns_addition_from_scratch) {
         first += reward[(size_t)i] / 5;
         last += reward[(size_t)steps - 1 - (size_t)i] / 5;
     }
-    CHECK_MSG(last >= 0.10 && last >= 2 * first, "mean reward of the first 5 steps %.3f, of the last 5 %.3f", first, last);
+    CHECK_MSG(last >= 0.10 && last >= 3 * first, "mean reward of the first 5 steps %.3f, of the last 5 %.3f", first, last);
 }
 
 TEST(trainer_resume_is_bit_exact) {
