@@ -4,6 +4,7 @@
 // the model directory's tokenizer_config.json; renderings equal transformers' apply_chat_template
 // (fixtures in test/fixtures/tokenizer/chat_*.jsonl). Tools and tool calls are not rendered.
 #pragma once
+#include <cstring>
 #include <string>
 #include <sys/stat.h>
 #include <vector>
@@ -117,9 +118,13 @@ public:
         if (stat(file.c_str(), &st) != 0) fail("%s: not found, so the chat template is unknown; %s", file.c_str(), hint);
         Json config = json_parse_file(file);
         const Json* tmpl = config.find("chat_template");
-        if (!tmpl || !tmpl->is_string()) fail("%s: no chat_template string; %s", file.c_str(), hint);
+        // transformers >= 4.43 saves the template beside the config as chat_template.jinja
+        const std::string jinja = file.substr(0, file.size() - strlen("tokenizer_config.json")) + "chat_template.jinja";
+        std::string s;
+        if (tmpl && tmpl->is_string()) s = tmpl->str;
+        else if (stat(jinja.c_str(), &st) == 0) s = read_file(jinja);
+        else fail("%s: no chat_template string and no %s; %s", file.c_str(), jinja.c_str(), hint);
         ChatTemplate t;
-        const std::string& s = tmpl->str;
         if (s.find("enable_thinking") != std::string::npos && s.find("<think>") != std::string::npos) t.family_ = ChatFamily::Qwen3;
         else if (s.find("You are Qwen, created by Alibaba Cloud.") != std::string::npos) t.family_ = ChatFamily::Qwen25;
         else if (s.find("<|start_header_id|>") != std::string::npos && s.find("Cutting Knowledge Date") != std::string::npos)

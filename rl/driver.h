@@ -24,6 +24,7 @@
 #include "rl/adamw.h"
 #include "rl/advantage.h"
 #include "rl/calibrated_clip.h"
+#include "rl/chat.h"
 #include "rl/checkpoint.h"
 #include "rl/data.h"
 #include "rl/dist.h"
@@ -80,9 +81,10 @@ inline double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 class Trainer {
 public:
+    // model_dir: where the tokenizer's chat template is read from, for dataset rows with "messages".
     Trainer(TrainConfig cfg, const Dist& dist, Engine& engine, Engine* reference, const Tokenizer& tok,
-            PromptSource train, std::vector<Example> eval)
-        : cfg_(std::move(cfg)), dist_(dist), engine_(engine), ref_(reference), tok_(tok),
+            const std::string& model_dir, PromptSource train, std::vector<Example> eval)
+        : cfg_(std::move(cfg)), dist_(dist), engine_(engine), ref_(reference), tok_(tok), model_dir_(model_dir),
           train_(std::move(train)), eval_(std::move(eval)), adam_(engine.num_floats(), cfg_.adam) {
         cfg_.sampling.vocab_limit = tok.vocab_size();  // a padded embedding's extra rows are never sampled
         // Without Calibrated Clipping the bounds are the reference bounds, always.
@@ -161,6 +163,8 @@ private:
     Engine& engine_;
     Engine* ref_;  // frozen reference policy, only when KL is on
     const Tokenizer& tok_;
+    std::string model_dir_;
+    mutable std::unique_ptr<ChatTemplate> chat_;  // loaded at the first "messages" row
     PromptSource train_;
     std::vector<Example> eval_;
     AdamW adam_;
@@ -173,10 +177,21 @@ private:
     void save(Logger& log);
 };
 
+// A plain prompt is tokenized as it is; messages are rendered by the model's chat template (the
+// renderer of --chat, tested against transformers' apply_chat_template) with the opening of the
+// assistant turn, so the policy answers as the assistant.
 inline std::vector<int32_t> Trainer::encode_prompt(const Example& ex) const {
-    if (!ex.messages.empty())
-        fail("dataset rows with \"messages\" need a chat template; this build renders only plain \"prompt\" rows");
-    std::vector<int> ids = tok_.encode(ex.prompt);
+    std::vector<int> ids;
+    if (ex.messages.empty()) {
+        ids = tok_.encode(ex.prompt);
+    } else {
+        if (!chat_) chat_ = std::make_unique<ChatTemplate>(ChatTemplate::load(model_dir_));
+        std::vector<ChatMessage> messages;
+        for (const auto& m : ex.messages) messages.push_back({m.first, m.second, "", false});
+        ChatOptions opt;
+        opt.enable_thinking = cfg_.enable_thinking;
+        ids = chat_->encode(tok_, messages, opt);
+    }
     return std::vector<int32_t>(ids.begin(), ids.end());
 }
 
