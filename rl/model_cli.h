@@ -16,9 +16,9 @@
 #include "rl/args.h"
 #include "rl/generate.h"
 #include "rl/json.h"
+#include "rl/jsonl.h"
 #include "rl/model.h"
 #include "rl/tokenizer.h"
-#include "rl/tokenizer_cli.h"
 
 namespace fp8rl {
 

@@ -8,6 +8,7 @@
 
 #include "rl/common.h"
 #include "rl/json.h"
+#include "rl/jsonl.h"
 #include "rl/reward.h"
 
 namespace fp8rl {
@@ -48,18 +49,7 @@ inline std::string score_line(const std::string& line, const std::string& where)
 
 // The whole --score output for the text of a JSONL file named `source`; blank lines are skipped.
 inline std::string score_jsonl(const std::string& text, const std::string& source) {
-    std::string out;
-    size_t line_no = 0;
-    for (size_t i = 0; i < text.size();) {
-        size_t nl = text.find('\n', i);
-        std::string line = text.substr(i, nl == std::string::npos ? std::string::npos : nl - i);
-        i = nl == std::string::npos ? text.size() : nl + 1;
-        line_no++;
-        if (!line.empty() && line.back() == '\r') line.pop_back();
-        if (line.find_first_not_of(" \t") == std::string::npos) continue;
-        out += score_line(line, strfmt("%s:%zu", source.c_str(), line_no)) + "\n";
-    }
-    return out;
+    return map_jsonl_lines(text, source, score_line);
 }
 
 }  // namespace fp8rl

@@ -5,34 +5,15 @@
 // One output line per input line, in order; blank lines are skipped; a bad line is an error naming
 // file:line.
 #pragma once
-#include <functional>
 #include <string>
 
 #include "rl/chat.h"
 #include "rl/common.h"
 #include "rl/json.h"
+#include "rl/jsonl.h"
 #include "rl/tokenizer.h"
 
 namespace fp8rl {
-
-// Calls fn(parsed object, "source:line") for every non-blank line and joins the output lines.
-inline std::string map_jsonl(const std::string& text, const std::string& source,
-                             const std::function<std::string(const Json&, const std::string&)>& fn) {
-    std::string out;
-    size_t line_no = 0;
-    for (size_t i = 0; i < text.size();) {
-        size_t nl = text.find('\n', i);
-        std::string line = text.substr(i, nl == std::string::npos ? std::string::npos : nl - i);
-        i = nl == std::string::npos ? text.size() : nl + 1;
-        line_no++;
-        if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-        std::string where = strfmt("%s:%zu", source.c_str(), line_no);
-        Json row = json_parse(line, where);
-        if (!row.is_object()) fail("%s: expected a JSON object", where.c_str());
-        out += fn(row, where) + "\n";
-    }
-    return out;
-}
 
 inline std::string ids_json(const std::vector<int>& ids) {
     std::string out = "{\"ids\":[";

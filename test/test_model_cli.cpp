@@ -1,36 +1,17 @@
 // Tests of the model modes of the binary (rl/model_cli.h): --logprobs against the HF reference,
 // --prompts / --prompt generation against HF greedy output, and one clear error line for bad input.
-#include <sys/wait.h>
-
 #include <cstdio>
-#include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "rl/json.h"
 #include "test/harness.h"
 #include "test/model_test_util.h"
+#include "test/run_binary.h"
 
 using namespace fp8rl;
 
 namespace {
-
-std::string binary() {
-    const char* b = getenv("FP8RL_BIN");
-    return b ? b : "./train_rl_cpu";
-}
-
-// Runs a shell command; returns its stdout (and stderr when the command redirects it), rc its status.
-std::string run(const std::string& cmd, int* rc) {
-    FILE* p = popen(cmd.c_str(), "r");
-    std::string out;
-    char buf[4096];
-    size_t n;
-    while (p && (n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-    int status = p ? pclose(p) : -1;
-    *rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    return out;
-}
 
 std::string write_temp(const std::string& name, const std::string& text) {
     std::string path = "build/" + name;
@@ -63,13 +44,12 @@ TEST(model_cli_logprobs_match_hf) {
     for (int s = 0; s < b.num_sequences(); s++)
         in += ids_line(std::vector<int32_t>(b.ids.begin() + b.offsets[s], b.ids.begin() + b.offsets[s + 1]));
     std::string path = write_temp("model_cli_logprobs.jsonl", in);
-    int rc = 0;
-    std::string out = run(binary() + " --model test/fixtures/models/llama_tiny --logprobs " + path, &rc);
-    CHECK_EQ(rc, 0);
+    harness::RunResult r = harness::run_command(harness::binary() + " --model test/fixtures/models/llama_tiny --logprobs " + path);
+    CHECK_EQ(r.status, 0);
     size_t line = 0, start = 0;
-    for (int s = 0; s < b.num_sequences() && rc == 0; s++) {
-        size_t nl = out.find('\n', start);
-        Json row = json_parse(out.substr(start, nl - start), "output");
+    for (int s = 0; s < b.num_sequences() && r.status == 0; s++) {
+        size_t nl = r.output.find('\n', start);
+        Json row = json_parse(r.output.substr(start, nl - start), "output");
         start = nl + 1;
         std::vector<float> got_lp = numbers(*row.find("logprobs")), got_ent = numbers(*row.find("entropy"));
         const long n = b.offsets[s + 1] - b.offsets[s];
@@ -90,10 +70,10 @@ TEST(model_cli_generation) {
     model_test::Fixture f("test/fixtures/model/qwen3_gqa3_tiny.safetensors");
     std::string path = write_temp("model_cli_prompts.jsonl", ids_line(f.ints("gen.prompt.0")) + ids_line(f.ints("gen.prompt.1")) +
                                                                  "{\"prompt\":\"What is 2 + 3?\"}\n");
-    const std::string common = binary() + " --model test/fixtures/models/qwen3_gqa3_tiny --temperature 0 --max_new_tokens 12";
-    int rc = 0;
-    std::string out = run(common + " --kv_cache fp32 --prompts " + path, &rc);
-    CHECK_EQ(rc, 0);
+    const std::string common = harness::binary() + " --model test/fixtures/models/qwen3_gqa3_tiny --temperature 0 --max_new_tokens 12";
+    harness::RunResult r = harness::run_command(common + " --kv_cache fp32 --prompts " + path);
+    CHECK_EQ(r.status, 0);
+    const std::string& out = r.output;
     std::vector<std::string> lines;
     for (size_t i = 0, nl; (nl = out.find('\n', i)) != std::string::npos; i = nl + 1) lines.push_back(out.substr(i, nl - i));
     CHECK_EQ(lines.size(), (size_t)3);
@@ -106,22 +86,21 @@ TEST(model_cli_generation) {
         CHECK(row.find("text") && row.find("text")->is_string());
         CHECK(row.find("finish")->str == (ids.size() < 12 ? "eos" : "length"));
     }
-    std::string text = run(common + " --kv_cache fp32 --prompt 'What is 2 + 3?'", &rc);
-    CHECK_EQ(rc, 0);
-    CHECK_EQ(text, json_parse(lines[2], "output").find("text")->str + "\n");
+    harness::RunResult text = harness::run_command(common + " --kv_cache fp32 --prompt 'What is 2 + 3?'");
+    CHECK_EQ(text.status, 0);
+    CHECK_EQ(text.output, json_parse(lines[2], "output").find("text")->str + "\n");
 }
 
 TEST(model_cli_bad_input) {
-    int rc = 0;
     std::string path = write_temp("model_cli_bad.jsonl", "{\"ids\":[1,2,3]}\n{\"ids\":[1,99999]}\n");
-    std::string err = run(binary() + " --model test/fixtures/models/qwen3_tiny --logprobs " + path + " 2>&1", &rc);
-    CHECK_EQ(rc, 1);
-    CHECK_MSG(err.find("model_cli_bad.jsonl:2") != std::string::npos && err.find("vocabulary") != std::string::npos, "%s",
-              err.c_str());
-    err = run(binary() + " --logprobs " + path + " 2>&1", &rc);
-    CHECK_EQ(rc, 1);
-    CHECK_MSG(err.find("--model") != std::string::npos, "%s", err.c_str());
-    err = run(binary() + " --model test/fixtures/models/qwen3_tiny --temperature 0 --logprobs " + path + " 2>&1", &rc);
-    CHECK_EQ(rc, 1);
-    CHECK_MSG(err.find("temperature") != std::string::npos, "%s", err.c_str());
+    harness::RunResult r = harness::run_command(harness::binary() + " --model test/fixtures/models/qwen3_tiny --logprobs " + path + " 2>&1");
+    CHECK_EQ(r.status, 1);
+    CHECK_MSG(r.output.find("model_cli_bad.jsonl:2") != std::string::npos && r.output.find("vocabulary") != std::string::npos, "%s",
+              r.output.c_str());
+    r = harness::run_command(harness::binary() + " --logprobs " + path + " 2>&1");
+    CHECK_EQ(r.status, 1);
+    CHECK_MSG(r.output.find("--model") != std::string::npos, "%s", r.output.c_str());
+    r = harness::run_command(harness::binary() + " --model test/fixtures/models/qwen3_tiny --temperature 0 --logprobs " + path + " 2>&1");
+    CHECK_EQ(r.status, 1);
+    CHECK_MSG(r.output.find("temperature") != std::string::npos, "%s", r.output.c_str());
 }

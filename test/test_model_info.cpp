@@ -1,37 +1,29 @@
 // Tests of `train_rl_cpu --model DIR --info` (the binary in $FP8RL_BIN): the report on the HF
 // fixtures, and for broken directories one line on stderr naming the file, exit status 1, no signal.
-#include <sys/wait.h>
-
-#include <cstdlib>
 #include <filesystem>
+#include <string>
 
 #include "rl/common.h"
 #include "test/harness.h"
+#include "test/run_binary.h"
 #include "test/temp_dir.h"
 
 using namespace fp8rl;
 
-struct RunResult {
-    bool exited = false;  // false: killed by a signal
-    int status = -1;
+// What the binary printed, stdout and stderr kept apart: an error must be the only thing on stderr.
+struct Printed {
+    int status;  // -1: killed by a signal
     std::string out, err;
 };
 
-static RunResult run_binary(const std::string& args, const harness::TempDir& tmp) {
-    const char* bin = getenv("FP8RL_BIN");
-    std::string cmd = std::string(bin ? bin : "./train_rl_cpu") + " " + args + " >" + (tmp / "stdout") + " 2>" + (tmp / "stderr");
-    int rc = system(cmd.c_str());
-    RunResult r;
-    r.exited = rc != -1 && WIFEXITED(rc);
-    r.status = r.exited ? WEXITSTATUS(rc) : -1;
-    r.out = read_file(tmp / "stdout");
-    r.err = read_file(tmp / "stderr");
-    return r;
+static Printed run_binary(const std::string& args, const harness::TempDir& tmp) {
+    harness::RunResult r = harness::run_command(harness::binary() + " " + args + " 2>" + (tmp / "stderr"));
+    return {r.status, r.output, read_file(tmp / "stderr")};
 }
 
 TEST(model_info_reports_fixtures) {
     harness::TempDir tmp;
-    RunResult r = run_binary("--model test/fixtures/models/qwen3_tiny --info", tmp);
+    Printed r = run_binary("--model test/fixtures/models/qwen3_tiny --info", tmp);
     CHECK_EQ(r.status, 0);
     CHECK(r.err.empty());
     CHECK(r.out.find("architecture   qwen3 (Qwen3ForCausalLM)") != std::string::npos);
@@ -76,8 +68,8 @@ TEST(model_info_broken_directories_fail_cleanly) {
     for (const Case& c : cases) {
         harness::write_text(d + "/config.json", c.config);
         harness::write_text(d + "/model.safetensors", c.weights);
-        RunResult r = run_binary("--model " + d + " --info", tmp);
-        CHECK_MSG(r.exited, "%s: killed by a signal", c.what);
+        Printed r = run_binary("--model " + d + " --info", tmp);
+        CHECK_MSG(r.status != -1, "%s: killed by a signal", c.what);
         CHECK_MSG(r.status == 1, "%s: exit status %d", c.what, r.status);
         CHECK_MSG(r.out.empty(), "%s: printed on stdout", c.what);
         size_t newlines = 0;
@@ -85,7 +77,7 @@ TEST(model_info_broken_directories_fail_cleanly) {
         CHECK_MSG(newlines == 1 && r.err.compare(0, 7, "error: ") == 0, "%s: stderr is not one error line: %s", c.what, r.err.c_str());
         CHECK_MSG(r.err.find(c.needle) != std::string::npos, "%s: stderr lacks \"%s\": %s", c.what, c.needle, r.err.c_str());
     }
-    RunResult r = run_binary("--model " + tmp / "absent" + " --info", tmp);
+    Printed r = run_binary("--model " + tmp / "absent" + " --info", tmp);
     CHECK_EQ(r.status, 1);
     CHECK(r.err.find("absent/config.json: cannot open file") != std::string::npos);
     r = run_binary("--info", tmp);

@@ -1,14 +1,12 @@
 // Tests of the verifiers (rl/reward*.h) and the synthetic tasks (rl/tasks.h). The table of tricky
 // and adversarial cases is labelled by dev/make_reward_fixtures.py with Python ports of verl's,
 // lm-eval's and TinyZero's verifiers; the synthetic generators are checked by properties.
-#include <sys/wait.h>
-
-#include <cstdlib>
 #include <set>
 
 #include "rl/json.h"
 #include "rl/reward.h"
 #include "test/harness.h"
+#include "test/run_binary.h"
 
 using namespace fp8rl;
 
@@ -110,32 +108,14 @@ TEST(reward_countdown_problems_are_solvable) {
     }
 }
 
-static std::string binary() {
-    const char* b = getenv("FP8RL_BIN");
-    return b ? b : "./train_rl_cpu";
-}
-
-// Runs a shell command; returns its stdout, *rc its exit status.
-static std::string run_command(const std::string& cmd, int* rc) {
-    FILE* p = popen(cmd.c_str(), "r");
-    std::string out;
-    char buf[4096];
-    size_t n;
-    while (p && (n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-    int status = p ? pclose(p) : -1;
-    *rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    return out;
-}
-
 TEST(reward_score_cli_matches_table) {
-    int rc;
-    std::string out = run_command(binary() + " --score test/fixtures/reward/cases.jsonl", &rc);
-    CHECK_EQ(rc, 0);
+    harness::RunResult r = harness::run_command(harness::binary() + " --score test/fixtures/reward/cases.jsonl");
+    CHECK_EQ(r.status, 0);
     std::string expected_text = read_file("test/fixtures/reward/cases.jsonl");
     size_t i = 0, j = 0, rows = 0;
-    while (i < out.size() && j < expected_text.size()) {
-        size_t a = out.find('\n', i), b = expected_text.find('\n', j);
-        Json got = json_parse(out.substr(i, a - i), "score output");
+    while (i < r.output.size() && j < expected_text.size()) {
+        size_t a = r.output.find('\n', i), b = expected_text.find('\n', j);
+        Json got = json_parse(r.output.substr(i, a - i), "score output");
         Json want = json_parse(expected_text.substr(j, b - j), "cases.jsonl");
         CHECK_EQ(got.find("reward")->number, want.find("reward")->number);
         CHECK_EQ(got.find("extracted")->is_null(), want.find("extracted")->is_null());
@@ -152,21 +132,20 @@ TEST(reward_score_cli_rejects_bad_lines) {
     FILE* f = fopen(path, "w");
     fputs("{\"task\":\"gsm8k\",\"response\":\"#### 5\",\"answer\":\"5\"}\n\n{\"task\":\"gsm8k\",\"response\":5,\"answer\":\"5\"}\n", f);
     fclose(f);
-    int rc;
-    std::string out = run_command(binary() + " --score " + path + " 2>&1", &rc);
-    CHECK_EQ(rc, 1);
-    CHECK_MSG(out.find("error: build/reward_bad_score.jsonl:3: \"response\" must be a string") == 0, "got: %s", out.c_str());
+    harness::RunResult r = harness::run_command(harness::binary() + " --score " + path + " 2>&1");
+    CHECK_EQ(r.status, 1);
+    CHECK_MSG(r.output.find("error: build/reward_bad_score.jsonl:3: \"response\" must be a string") == 0, "got: %s", r.output.c_str());
     f = fopen(path, "w");
     fputs("{\"task\":\"sudoku\",\"response\":\"\",\"answer\":\"\"}\n", f);
     fclose(f);
-    out = run_command(binary() + " --score " + path + " 2>&1", &rc);
-    CHECK_EQ(rc, 1);
-    CHECK_MSG(out.find("error: build/reward_bad_score.jsonl:1: unknown task 'sudoku'") == 0, "got: %s", out.c_str());
+    r = harness::run_command(harness::binary() + " --score " + path + " 2>&1");
+    CHECK_EQ(r.status, 1);
+    CHECK_MSG(r.output.find("error: build/reward_bad_score.jsonl:1: unknown task 'sudoku'") == 0, "got: %s", r.output.c_str());
     f = fopen(path, "w");
     fputs("[1,2]\n", f);
     fclose(f);
-    out = run_command(binary() + " --score " + path + " 2>&1", &rc);
-    CHECK_EQ(rc, 1);
-    CHECK_MSG(out.find("build/reward_bad_score.jsonl:1: expected a JSON object") != std::string::npos, "got: %s", out.c_str());
+    r = harness::run_command(harness::binary() + " --score " + path + " 2>&1");
+    CHECK_EQ(r.status, 1);
+    CHECK_MSG(r.output.find("build/reward_bad_score.jsonl:1: expected a JSON object") != std::string::npos, "got: %s", r.output.c_str());
     remove(path);
 }

@@ -9,6 +9,7 @@
 #include "rl/chat.h"
 #include "rl/tokenizer.h"
 #include "test/harness.h"
+#include "test/run_binary.h"
 
 using namespace fp8rl;
 
@@ -256,23 +257,6 @@ TEST(tokenizer_chat_unknown_template_is_a_clear_error) {
                  "role \"tool\"");
 }
 
-static std::string binary() {
-    const char* b = getenv("FP8RL_BIN");
-    return b ? b : "./train_rl_cpu";
-}
-
-// Runs a shell command; returns its stdout (stderr too when asked), *rc its exit status.
-static std::string run_command(const std::string& cmd, int* rc) {
-    FILE* p = popen(cmd.c_str(), "r");
-    std::string out;
-    char buf[4096];
-    size_t n;
-    while (p && (n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-    int status = p ? pclose(p) : -1;
-    *rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    return out;
-}
-
 static std::vector<Json> parse_lines(const std::string& text, const char* source) {
     std::vector<Json> rows;
     for (size_t i = 0; i < text.size();) {
@@ -287,10 +271,9 @@ static std::vector<Json> parse_lines(const std::string& text, const char* source
 // --encode of the corpus gives HF's ids; --decode gives the text back; --chat gives HF's chat ids.
 TEST(tokenizer_cli_encode_decode_chat) {
     const std::string tok = " --tokenizer " + fixtures + "llama3_style";
-    int rc;
-    std::string encoded = run_command(binary() + tok + " --encode " + fixtures + "corpus.jsonl", &rc);
-    CHECK_EQ(rc, 0);
-    std::vector<Json> got = parse_lines(encoded, "--encode output");
+    harness::RunResult encoded = harness::run_command(harness::binary() + tok + " --encode " + fixtures + "corpus.jsonl");
+    CHECK_EQ(encoded.status, 0);
+    std::vector<Json> got = parse_lines(encoded.output, "--encode output");
     std::vector<Json> want = read_jsonl(fixtures + "llama3_style.jsonl");
     std::vector<Json> corpus = read_jsonl(fixtures + "corpus.jsonl");
     CHECK_EQ(got.size(), corpus.size());
@@ -301,18 +284,18 @@ TEST(tokenizer_cli_encode_decode_chat) {
     FILE* f = fopen(ids_path, "wb");
     CHECK(f != nullptr);
     if (!f) return;
-    fwrite(encoded.data(), 1, encoded.size(), f);
+    fwrite(encoded.output.data(), 1, encoded.output.size(), f);
     fclose(f);
-    std::string decoded = run_command("cat " + std::string(ids_path) + " | " + binary() + tok + " --decode -", &rc);
-    CHECK_EQ(rc, 0);
-    std::vector<Json> texts = parse_lines(decoded, "--decode output");
+    harness::RunResult decoded = harness::run_command("cat " + std::string(ids_path) + " | " + harness::binary() + tok + " --decode -");
+    CHECK_EQ(decoded.status, 0);
+    std::vector<Json> texts = parse_lines(decoded.output, "--decode output");
     CHECK_EQ(texts.size(), corpus.size());
     for (size_t i = 0; i < texts.size() && i < corpus.size(); i++)
         CHECK_MSG(texts[i].find("text")->str == corpus[i].find("text")->str, "--decode line %zu", i + 1);
 
-    std::string chat = run_command(binary() + tok + " --chat " + fixtures + "chat_llama3_style.jsonl", &rc);
-    CHECK_EQ(rc, 0);
-    std::vector<Json> chat_got = parse_lines(chat, "--chat output");
+    harness::RunResult chat = harness::run_command(harness::binary() + tok + " --chat " + fixtures + "chat_llama3_style.jsonl");
+    CHECK_EQ(chat.status, 0);
+    std::vector<Json> chat_got = parse_lines(chat.output, "--chat output");
     std::vector<Json> chat_want = read_jsonl(fixtures + "chat_llama3_style.jsonl");
     CHECK_EQ(chat_got.size(), chat_want.size());
     for (size_t i = 0; i < chat_got.size() && i < chat_want.size(); i++)
@@ -326,24 +309,23 @@ TEST(tokenizer_cli_rejects_bad_input) {
     if (!f) return;
     fputs("{\"text\": \"fine\"}\n\n{\"text\": 5}\n", f);
     fclose(f);
-    int rc;
     const std::string tok = " --tokenizer " + fixtures + "llama3_style";
-    std::string out = run_command(binary() + tok + " --encode " + path + " 2>&1", &rc);
-    CHECK_EQ(rc, 1);
-    CHECK_MSG(out.find("error: build/tokenizer_cli_bad.jsonl:3: expected {\"text\": \"...\"}") != std::string::npos, "%s", out.c_str());
-    out = run_command(binary() + tok + " --decode " + path + " 2>&1", &rc);
-    CHECK_EQ(rc, 1);
-    CHECK_MSG(out.find("tokenizer_cli_bad.jsonl:1: expected {\"ids\": [...]}") != std::string::npos, "%s", out.c_str());
-    out = run_command("echo '{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}' | " + binary() + " --tokenizer " + fixtures +
-                      "gpt2_style --chat - 2>&1", &rc);
-    CHECK_EQ(rc, 1);
-    CHECK_MSG(out.find("give raw prompts") != std::string::npos, "%s", out.c_str());
-    out = run_command(binary() + " --encode " + std::string(path) + " 2>&1", &rc);
-    CHECK_EQ(rc, 1);
-    CHECK_MSG(out.find("--encode needs --tokenizer PATH") != std::string::npos, "%s", out.c_str());
-    out = run_command(binary() + " --tokenizer build/no_such_tokenizer --encode " + std::string(path) + " 2>&1", &rc);
-    CHECK_EQ(rc, 1);
-    CHECK_MSG(out.find("build/no_such_tokenizer: cannot open file") != std::string::npos, "%s", out.c_str());
+    harness::RunResult r = harness::run_command(harness::binary() + tok + " --encode " + path + " 2>&1");
+    CHECK_EQ(r.status, 1);
+    CHECK_MSG(r.output.find("error: build/tokenizer_cli_bad.jsonl:3: expected {\"text\": \"...\"}") != std::string::npos, "%s", r.output.c_str());
+    r = harness::run_command(harness::binary() + tok + " --decode " + path + " 2>&1");
+    CHECK_EQ(r.status, 1);
+    CHECK_MSG(r.output.find("tokenizer_cli_bad.jsonl:1: expected {\"ids\": [...]}") != std::string::npos, "%s", r.output.c_str());
+    r = harness::run_command("echo '{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}' | " + harness::binary() +
+                             " --tokenizer " + fixtures + "gpt2_style --chat - 2>&1");
+    CHECK_EQ(r.status, 1);
+    CHECK_MSG(r.output.find("give raw prompts") != std::string::npos, "%s", r.output.c_str());
+    r = harness::run_command(harness::binary() + " --encode " + std::string(path) + " 2>&1");
+    CHECK_EQ(r.status, 1);
+    CHECK_MSG(r.output.find("--encode needs --tokenizer PATH") != std::string::npos, "%s", r.output.c_str());
+    r = harness::run_command(harness::binary() + " --tokenizer build/no_such_tokenizer --encode " + std::string(path) + " 2>&1");
+    CHECK_EQ(r.status, 1);
+    CHECK_MSG(r.output.find("build/no_such_tokenizer: cannot open file") != std::string::npos, "%s", r.output.c_str());
 }
 
 // ignore_merges (Llama-3): a pre-token that is itself a vocab entry is emitted whole, even where

@@ -1,8 +1,6 @@
 // Tests of the whole training run through the binary ($FP8RL_BIN): bad flags and data lines give
 // one clear error; a tiny model learns; resuming equals not stopping; thread count and MPI rank
 // count do not change the result.
-#include <sys/wait.h>
-
 #include <cstdlib>
 #include <filesystem>
 #include <string>
@@ -11,32 +9,16 @@
 #include "rl/checkpoint.h"
 #include "rl/json.h"
 #include "test/harness.h"
+#include "test/run_binary.h"
 
 using namespace fp8rl;
 
 namespace {
 
-std::string bin() {
-    const char* b = getenv("FP8RL_BIN");
-    return b && *b ? b : "./train_rl_cpu";
-}
-
-struct RunResult {
-    int status = -1;
-    std::string output;
-};
-
-// Runs a shell command line, capturing stdout and stderr together.
-RunResult run_cmd(const std::string& cmd, const std::string& dir) {
-    std::filesystem::create_directories(dir);
-    std::string out = dir + "/cmd_output.txt";
-    // Under the sanitizer run, leaks inside Open MPI's libraries are not ours (test/lsan_mpi.supp).
-    std::string env = "LSAN_OPTIONS=suppressions=test/lsan_mpi.supp:print_suppressions=0 ";
-    int rc = std::system((env + cmd + " > " + out + " 2>&1").c_str());
-    RunResult r;
-    r.status = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-    r.output = read_file(out);
-    return r;
+// Runs a command line, capturing stdout and stderr together. Under the sanitizer run, leaks inside
+// Open MPI's libraries are not ours (test/lsan_mpi.supp).
+harness::RunResult run_cmd(const std::string& cmd) {
+    return harness::run_command("LSAN_OPTIONS=suppressions=test/lsan_mpi.supp:print_suppressions=0 " + cmd + " 2>&1");
 }
 
 std::string temp_dir(const std::string& name) {
@@ -94,7 +76,7 @@ TEST(trainer_bad_flags_give_one_clear_error) {
     const size_t n = harness::sanitized ? 4 : sizeof cases / sizeof cases[0];  // each run starts MPI: slow under ASan
     for (size_t i = 0; i < n; i++) {
         const Case& c = cases[i];
-        RunResult r = run_cmd(bin() + " " + c.args, d);
+        harness::RunResult r = run_cmd(harness::binary() + " " + c.args);
         CHECK_MSG(r.status == 1, "%s: exit %d", c.args.c_str(), r.status);
         CHECK_MSG(r.output.find("error: ") != std::string::npos && r.output.find(c.message) != std::string::npos,
                   "%s: expected \"%s\" in: %s", c.args.c_str(), c.message.c_str(), r.output.c_str());
@@ -106,7 +88,7 @@ TEST(trainer_bad_dataset_line_names_file_and_line) {
     FILE* f = fopen((d + "/train.jsonl").c_str(), "wb");
     fputs("{\"prompt\": \"1+1=\", \"answer\": \"2\"}\n{\"prompt\": \"2+2=\", \"answer\": \"4\"}\n{\"prompt\": \"3+3=\"}\n", f);
     fclose(f);
-    RunResult r = run_cmd(bin() + " --init tiny --task add --data " + d + "/train.jsonl --out_dir " + d + "/run", d);
+    harness::RunResult r = run_cmd(harness::binary() + " --init tiny --task add --data " + d + "/train.jsonl --out_dir " + d + "/run");
     CHECK_EQ(r.status, 1);
     CHECK_MSG(r.output.find("train.jsonl:3: missing \"answer\"") != std::string::npos, "%s", r.output.c_str());
 }
@@ -119,10 +101,10 @@ TEST(trainer_bad_dataset_line_names_file_and_line) {
 TEST(trainer_learns_from_scratch) {
     std::string d = temp_dir("learn");
     const int steps = 30;
-    RunResult r = run_cmd(bin() + strfmt(" --init tiny --task sort --task_size 1 --max_new_tokens 2 --group_size 8 --batch_prompts 16"
-                                         " --lr 3e-3 --steps %d --eval_every 0 --seed 11 --out_dir %s/run",
-                                         steps, d.c_str()),
-                          d);
+    harness::RunResult r =
+        run_cmd(harness::binary() + strfmt(" --init tiny --task sort --task_size 1 --max_new_tokens 2 --group_size 8 --batch_prompts 16"
+                                           " --lr 3e-3 --steps %d --eval_every 0 --seed 11 --out_dir %s/run",
+                                           steps, d.c_str()));
     CHECK_MSG(r.status == 0, "%s", r.output.c_str());
     if (r.status) return;
     std::string text = read_file(d + "/run/log.jsonl");
@@ -146,11 +128,11 @@ TEST(trainer_learns_from_scratch) {
 TEST(trainer_resume_is_bit_exact) {
     std::string d = temp_dir("resume");
     const int steps = harness::sanitized ? 2 : 4;  // steps == (steps / 2) + resume + (steps / 2)
-    RunResult full = run_cmd(bin() + small_run(d + "/full", steps), d);
+    harness::RunResult full = run_cmd(harness::binary() + small_run(d + "/full", steps));
     CHECK_MSG(full.status == 0, "%s", full.output.c_str());
-    RunResult first = run_cmd(bin() + small_run(d + "/split", steps / 2), d);
+    harness::RunResult first = run_cmd(harness::binary() + small_run(d + "/split", steps / 2));
     CHECK_MSG(first.status == 0, "%s", first.output.c_str());
-    RunResult second = run_cmd(bin() + small_run(d + "/split", steps) + " --resume " + d + "/split", d);
+    harness::RunResult second = run_cmd(harness::binary() + small_run(d + "/split", steps) + " --resume " + d + "/split");
     CHECK_MSG(second.status == 0, "%s", second.output.c_str());
     if (full.status || first.status || second.status) return;
     std::vector<std::string> a = log_without_timing(d + "/full"), b = log_without_timing(d + "/split");
@@ -170,8 +152,8 @@ TEST(trainer_resume_is_bit_exact) {
 
 TEST(trainer_threads_do_not_change_results) {
     std::string d = temp_dir("threads");
-    RunResult one = run_cmd(bin() + small_run(d + "/t1", 2) + " --threads 1", d);
-    RunResult two = run_cmd(bin() + small_run(d + "/t2", 2) + " --threads 2", d);
+    harness::RunResult one = run_cmd(harness::binary() + small_run(d + "/t1", 2) + " --threads 1");
+    harness::RunResult two = run_cmd(harness::binary() + small_run(d + "/t2", 2) + " --threads 2");
     CHECK_MSG(one.status == 0 && two.status == 0, "%s\n%s", one.output.c_str(), two.output.c_str());
     if (one.status || two.status) return;
     CHECK(log_without_timing(d + "/t1") == log_without_timing(d + "/t2"));
@@ -192,8 +174,8 @@ TEST(trainer_mpi_two_ranks_match_one) {
     // no suppression can name, so leak checking is off for these two runs only; every other test
     // runs the binary with it on.
     std::string mpirun = "ASAN_OPTIONS=detect_leaks=0 OMPI_MCA_btl=self,vader mpirun --allow-run-as-root --oversubscribe -np ";
-    RunResult one = run_cmd(mpirun + "1 " + bin() + small_run(d + "/r1", 2) + " --threads 1", d);
-    RunResult two = run_cmd(mpirun + "2 " + bin() + small_run(d + "/r2", 2) + " --threads 1", d);
+    harness::RunResult one = run_cmd(mpirun + "1 " + harness::binary() + small_run(d + "/r1", 2) + " --threads 1");
+    harness::RunResult two = run_cmd(mpirun + "2 " + harness::binary() + small_run(d + "/r2", 2) + " --threads 1");
     CHECK_MSG(one.status == 0 && two.status == 0, "%s\n%s", one.output.c_str(), two.output.c_str());
     if (one.status || two.status) return;
     if (two.output.find("2 rank(s)") == std::string::npos) SKIP("train_rl_cpu was built without MPI (no mpicxx)");
