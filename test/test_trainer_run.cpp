@@ -10,6 +10,7 @@
 #include "rl/json.h"
 #include "test/harness.h"
 #include "test/run_binary.h"
+#include "test/temp_dir.h"
 
 using namespace fp8rl;
 
@@ -91,6 +92,36 @@ TEST(trainer_bad_dataset_line_names_file_and_line) {
     harness::RunResult r = run_cmd(harness::binary() + " --init tiny --task add --data " + d + "/train.jsonl --out_dir " + d + "/run");
     CHECK_EQ(r.status, 1);
     CHECK_MSG(r.output.find("train.jsonl:3: missing \"answer\"") != std::string::npos, "%s", r.output.c_str());
+}
+
+// Dataset rows with "messages" reach the policy rendered by the model's chat template: the prompt
+// lengths the trainer logs equal those of the same rows through --chat (whose rendering is checked
+// against transformers' apply_chat_template in test_tokenizer), not those of the bare contents.
+TEST(trainer_renders_chat_messages) {
+    std::string d = temp_dir("chat");
+    harness::write_text(d + "/data.jsonl",
+                        "{\"messages\": [{\"role\": \"system\", \"content\": \"Answer with a number.\"}, "
+                        "{\"role\": \"user\", \"content\": \"What is 2+3?\"}], \"answer\": \"5\"}\n"
+                        "{\"messages\": [{\"role\": \"user\", \"content\": \"What is 7 times 6?\"}], \"answer\": \"42\"}\n");
+    const std::string model = " --model test/fixtures/models/qwen3_tiny";
+    harness::RunResult chat = run_cmd(harness::binary() + model + " --chat " + d + "/data.jsonl --output " + d + "/chat.jsonl");
+    CHECK_MSG(chat.status == 0, "%s", chat.output.c_str());
+    harness::RunResult r = run_cmd(harness::binary() + model + " --task gsm8k --data " + d + "/data.jsonl --group_size 2 --batch_prompts 2"
+                                   " --max_new_tokens 4 --steps 1 --lr 1e-5 --eval_every 0 --out_dir " + d + "/run");
+    CHECK_MSG(r.status == 0, "%s", r.output.c_str());
+    if (chat.status || r.status) return;
+    std::vector<double> lengths;
+    std::string text = read_file(d + "/chat.jsonl");
+    for (size_t pos = 0, nl; pos < text.size(); pos = nl + 1) {
+        nl = text.find('\n', pos);
+        lengths.push_back((double)json_parse(text.substr(pos, nl - pos), "chat.jsonl").find("ids")->items.size());
+    }
+    CHECK_EQ(lengths.size(), (size_t)2);
+    if (lengths.size() != 2) return;
+    std::string log = read_file(d + "/run/log.jsonl");
+    Json row = json_parse(log.substr(0, log.find('\n')), "log.jsonl");
+    CHECK_EQ(row.find("prompt_length/max")->number, std::max(lengths[0], lengths[1]));
+    CHECK_EQ(row.find("prompt_length/min")->number, std::min(lengths[0], lengths[1]));
 }
 
 // Learning from scratch: a fresh tiny model on 1-character sort (copy the digit), the quickest of
