@@ -330,6 +330,10 @@ inline void gemm(int M, int N, int K, const View& a, const View& b, float* C, lo
 
 }  // namespace gemm_detail
 
+// Rows up to which a GEMM takes the small-M (GEMV-like) paths: a caller holding both W and W^T
+// reads W^T there (gemm_nn streams its rows) and W above (the packed path reads W's rows).
+constexpr int kGemvRows = gemm_detail::DIRECT_ROWS;
+
 inline void gemm_nt(int M, int N, int K, const float* A, int lda, const float* B, int ldb, float* C, int ldc,
                     bool accumulate) {
     gemm_detail::gemm(M, N, K, {A, lda, 1}, {B, 1, ldb}, C, ldc, accumulate);

@@ -27,7 +27,7 @@ struct LinearWeight {
 inline void linear_forward(float* y, const float* x, long T, const LinearWeight& W, Precision p) {
     if (p == Precision::FP8)
         fp8_linear_fprop(x, (int)T, *W.fp8, y, false);
-    else if (W.wt)  // the same bits as gemm_nt on W (rl/gemm.h); with few rows it streams W^T's rows
+    else if (W.wt && T <= kGemvRows)  // the same bits as gemm_nt on W (rl/gemm.h), streaming W^T's rows
         gemm_nn((int)T, W.N, W.K, x, W.K, W.wt, W.N, y, W.N, false);
     else
         gemm_nt((int)T, W.N, W.K, x, W.K, W.w, W.K, y, W.N, false);

@@ -33,7 +33,7 @@ inline long head_rows_per_block() { return kHeadBufferFloats / kVocabChunk; }
 // Computes logits z [rows, n] = x [rows, C] . W[v0 : v0 + n]^T / temperature (the same bits from W
 // or from W^T: rl/gemm.h computes one FMA chain per output either way).
 inline void head_logits_chunk(float* z, const float* x, long rows, const float* W, int v0, int n, HeadShape s) {
-    if (s.Wt)
+    if (s.Wt && rows <= kGemvRows)
         gemm_nn((int)rows, n, s.C, x, s.C, s.Wt + v0, s.V, z, n, false);
     else
         gemm_nt((int)rows, n, s.C, x, s.C, W + (long)v0 * s.C, s.C, z, n, false);
