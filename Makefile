@@ -149,7 +149,7 @@ bench: $(BENCH_BINS)
 # CPU, then the dashboard of its log is drawn (needs matplotlib; dev/requirements.txt).
 DEMO_DIR ?= runs/demo
 DEMO_FLAGS ?= --init tiny --task add --task_size 1 --max_new_tokens 3 --group_size 16 --batch_prompts 32 \
-  --lr 3e-4 --temperature 1.5 --steps 300 --eval_every 20 --eval_prompts 100 --eval_k 4 \
+  --lr 3e-4 --temperature 1.5 --entropy_coef 0.01 --steps 1200 --eval_every 100 --eval_prompts 100 --eval_k 4 \
   --rollout_precision fp32 --train_precision fp32 --kv_cache fp32 --threads 2
 demo: train_rl_cpu
 	./train_rl_cpu $(DEMO_FLAGS) --out_dir $(DEMO_DIR)
