@@ -103,33 +103,40 @@ inline void attention_forward_packed(float* out, float* lse, const float* q, con
 }
 
 // Forward reading a KV cache: query row t sees `key_count[t]` keys starting at row `key_start[t]`
-// of K and V (rows of KV*D). out [T, H, D]; lse [T, H]; q [T, H, D]; scratch [threads, max key_count].
+// of K and V (rows of KV*D). One task per query row walks each key row once for all heads, so
+// the cache streams through in contiguous rows (decode is bound by reading it).
+// out [T, H, D]; lse [T, H]; q [T, H, D]; scratch [threads, H * max key_count].
 inline void attention_forward_cached(float* out, float* lse, const float* q, const float* K, const float* V,
                                      const int64_t* key_start, const int32_t* key_count, long T, AttentionShape s,
                                      float* scratch, long scratch_stride, bool bf16) {
     const float scale = 1.0f / std::sqrt((float)s.D);
     const int group = s.H / s.KV;
+    const long per_head = scratch_stride / s.H;  // [H, per_head] scores of one row
 #pragma omp parallel
     {
         float* p = scratch + (long)omp_get_thread_num() * scratch_stride;
-#pragma omp for schedule(dynamic, 4)
-        for (long th = 0; th < T * s.H; th++) {
-            long t = th / s.H;
-            int h = (int)(th % s.H), kvh = h / group, n = key_count[t];
-            const float* qv = q + t * s.ldq() + h * s.D;
-            const float* kb = K + key_start[t] * s.ldk() + kvh * s.D;
-            const float* vb = V + key_start[t] * s.ldk() + kvh * s.D;
-            for (int j = 0; j < n; j++) p[j] = dot_product(qv, kb + j * s.ldk(), s.D);
-            lse[th] = softmax_row(p, n, n, scale, bf16);
-            float* o = out + t * s.ldq() + h * s.D;
-            for (int d = 0; d < s.D; d++) o[d] = 0.0f;
-            for (int j = 0; j < n; j++) {
-                const float* vj = vb + j * s.ldk();
+#pragma omp for schedule(dynamic, 1)
+        for (long t = 0; t < T; t++) {
+            const int n = key_count[t];
+            const float* qt = q + t * s.ldq();
+            const float* kb = K + key_start[t] * s.ldk();
+            const float* vb = V + key_start[t] * s.ldk();
+            for (int j = 0; j < n; j++)
+                for (int h = 0; h < s.H; h++)
+                    p[h * per_head + j] = dot_product(qt + h * s.D, kb + j * s.ldk() + (h / group) * s.D, s.D);
+            for (int h = 0; h < s.H; h++) lse[t * s.H + h] = softmax_row(p + h * per_head, n, n, scale, bf16);
+            float* o = out + t * s.ldq();
+            for (int d = 0; d < s.H * s.D; d++) o[d] = 0.0f;
+            for (int j = 0; j < n; j++)
+                for (int h = 0; h < s.H; h++) {
+                    const float pj = p[h * per_head + j];
+                    const float* vj = vb + j * s.ldk() + (h / group) * s.D;
+                    float* oh = o + h * s.D;
 #pragma omp simd
-                for (int d = 0; d < s.D; d++) o[d] += p[j] * vj[d];
-            }
+                    for (int d = 0; d < s.D; d++) oh[d] += pj * vj[d];
+                }
             if (bf16)
-                for (int d = 0; d < s.D; d++) o[d] = round_bf16(o[d]);
+                for (int d = 0; d < s.H * s.D; d++) o[d] = round_bf16(o[d]);
         }
     }
 }

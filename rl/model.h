@@ -235,7 +235,7 @@ struct ForwardActs {
     float* resid(const CpuModel& m, int l) { return keep_all_layers ? (l < m.L ? layers[l].x : hf) : layers[0].x; }
     LayerActs& layer(int l) { return layers[keep_all_layers ? l : 0]; }
 
-    // Per-thread attention scores for keys up to max_keys.
+    // Per-thread attention scores: max_keys floats (all heads of one row over a KV cache).
     void reserve_attention(long max_keys) {
         attn_scratch_stride = max_keys;
         size_t n = (size_t)omp_get_max_threads() * max_keys;
@@ -365,7 +365,7 @@ inline void forward_trunk(const CpuModel& m, const ModelParams& p, ForwardActs& 
     }
     if (acts.rope.inv_freq != m.inv_freq) acts.rope = RopeTable{m.D / 2, m.inv_freq, {}, {}, 0};
     acts.rope.ensure(max_pos);
-    acts.reserve_attention(max_keys);
+    acts.reserve_attention(max_keys * m.H);
     embedding_forward(acts.resid(m, 0), p.at(m.embed), acts.ids.data(), acts.T, m.C);
     for (int l = 0; l < m.L; l++) layer_forward(m, p, acts, l, cache);
     rmsnorm_forward(acts.xf, acts.rstdf, acts.resid(m, m.L), p.at(m.final_norm), acts.T, m.C, m.eps,
