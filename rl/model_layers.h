@@ -121,8 +121,11 @@ struct RopeTable {
     }
 };
 
-// x [rows, heads, D] rotated in place; pos [rows].
-inline void rope_forward(float* x, const int32_t* pos, const RopeTable& rt, long rows, int heads, bool bf16) {
+// x [rows, heads, D] rotated in place by each row's angles (inverse: by their negatives, the
+// transposed rotation the backward pass applies to gradients); pos [rows]. bf16 rounds the
+// forward rotation's output, as the GPU stores it; gradients are rounded by the caller.
+inline void rope_rotate(float* x, const int32_t* pos, const RopeTable& rt, long rows, int heads, bool bf16,
+                        bool inverse) {
     const int h2 = rt.half, D = 2 * h2;
 #pragma omp parallel for schedule(static)
     for (long r = 0; r < rows; r++) {
@@ -132,32 +135,24 @@ inline void rope_forward(float* x, const int32_t* pos, const RopeTable& rt, long
             float* v = x + (r * heads + h) * D;
             for (int i = 0; i < h2; i++) {
                 float c = bf16 ? round_bf16(cs[i]) : cs[i], s = bf16 ? round_bf16(sn[i]) : sn[i];
+                if (inverse) s = -s;
                 float a = v[i], b = v[i + h2];
                 float o1 = a * c - b * s, o2 = b * c + a * s;
-                v[i] = bf16 ? round_bf16(o1) : o1;
-                v[i + h2] = bf16 ? round_bf16(o2) : o2;
+                const bool round = bf16 && !inverse;
+                v[i] = round ? round_bf16(o1) : o1;
+                v[i + h2] = round ? round_bf16(o2) : o2;
             }
         }
     }
 }
 
+inline void rope_forward(float* x, const int32_t* pos, const RopeTable& rt, long rows, int heads, bool bf16) {
+    rope_rotate(x, pos, rt, rows, heads, bf16, false);
+}
+
 // Gradient through the rotation: the transposed rotation, applied to dx in place.
 inline void rope_backward(float* dx, const int32_t* pos, const RopeTable& rt, long rows, int heads, bool bf16) {
-    const int h2 = rt.half, D = 2 * h2;
-#pragma omp parallel for schedule(static)
-    for (long r = 0; r < rows; r++) {
-        const float* cs = rt.cos.data() + (size_t)pos[r] * h2;
-        const float* sn = rt.sin.data() + (size_t)pos[r] * h2;
-        for (int h = 0; h < heads; h++) {
-            float* v = dx + (r * heads + h) * D;
-            for (int i = 0; i < h2; i++) {
-                float c = bf16 ? round_bf16(cs[i]) : cs[i], s = bf16 ? round_bf16(sn[i]) : sn[i];
-                float a = v[i], b = v[i + h2];
-                v[i] = a * c + b * s;
-                v[i + h2] = b * c - a * s;
-            }
-        }
-    }
+    rope_rotate(dx, pos, rt, rows, heads, bf16, true);
 }
 
 // ---------------------------------------------------------------------------------------------

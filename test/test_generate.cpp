@@ -44,6 +44,17 @@ struct Setup {
 
 std::vector<std::vector<int32_t>> some_prompts() { return {{5, 6, 7, 8, 9}, {100}, {250, 3, 77}}; }
 
+// Each prompt followed by its completion, packed: what the trainer scores after a rollout.
+TokenBatch prompts_with_completions(const std::vector<std::vector<int32_t>>& prompts, const std::vector<Completion>& out) {
+    TokenBatch batch;
+    for (size_t i = 0; i < prompts.size(); i++) {
+        std::vector<int32_t> seq = prompts[i];
+        seq.insert(seq.end(), out[i].tokens.begin(), out[i].tokens.end());
+        batch.add(seq);
+    }
+    return batch;
+}
+
 }  // namespace
 
 TEST(generate_greedy_matches_hf_qwen3) { check_greedy_against_hf("qwen3_tiny"); }
@@ -68,12 +79,7 @@ TEST(generate_decode_matches_full_forward) {
         std::vector<std::vector<int32_t>> prompts = some_prompts();
         Generator gen;
         std::vector<Completion> out = gen.generate(s.m, p, prompts, o);
-        TokenBatch batch;
-        for (size_t i = 0; i < prompts.size(); i++) {
-            std::vector<int32_t> seq = prompts[i];
-            seq.insert(seq.end(), out[i].tokens.begin(), out[i].tokens.end());
-            batch.add(seq);
-        }
+        TokenBatch batch = prompts_with_completions(prompts, out);
         ForwardActs acts;
         std::vector<float> lp(batch.num_tokens()), ent(batch.num_tokens());
         model_forward(s.m, p, batch, 0.8f, acts, lp.data(), ent.data(), false);
@@ -158,12 +164,7 @@ TEST(generate_fp8_kv_cache) {
     for (int l = 0; l < s.m.L; l++) CHECK(o.kv_k_scale[l] > 0.0f && o.kv_k_scale[l] != 1.0f);
     Generator gen;
     std::vector<Completion> out = gen.generate(s.m, p, prompts, o);
-    TokenBatch batch;
-    for (size_t i = 0; i < prompts.size(); i++) {
-        std::vector<int32_t> seq = prompts[i];
-        seq.insert(seq.end(), out[i].tokens.begin(), out[i].tokens.end());
-        batch.add(seq);
-    }
+    TokenBatch batch = prompts_with_completions(prompts, out);
     lp.resize(batch.num_tokens()), ent.resize(batch.num_tokens());
     model_forward(s.m, p, batch, 1.0f, acts, lp.data(), ent.data(), false);
     double worst = 0.0;
