@@ -8,9 +8,12 @@ CXX       ?= g++
 CXXSTD    := -std=c++17
 WARN      := -Wall -Wextra -Werror
 OPT       := -O3 -march=native
-CXXFLAGS  := $(CXXSTD) $(OPT) $(WARN) -fopenmp -I. -MMD -MP
+# a * b + c stays two roundings, as written (g++ would fuse it into an FMA where it sees fit): code
+# shared with the GPU rounds as its device build does (rl/hostdevice.h)
+FPFLAGS   := -ffp-contract=off
+CXXFLAGS  := $(CXXSTD) $(OPT) $(FPFLAGS) $(WARN) -fopenmp -I. -MMD -MP
 LDLIBS    := -lm
-SANFLAGS  := $(CXXSTD) -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined \
+SANFLAGS  := $(CXXSTD) $(FPFLAGS) -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined \
              -fno-sanitize-recover=all -DFP8RL_SANITIZE $(WARN) -fopenmp -I. -MMD -MP
 
 CUDA_HOME ?= /usr/local/cuda

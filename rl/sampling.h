@@ -18,6 +18,10 @@
 // Thresholds are found by bisection over the bit patterns of the probabilities (non-negative
 // floats order like their bits), so no sort is needed: O(n) per pass, <= 31 passes per threshold.
 //
+// Host and device compute the same bits: exp is rl/fast_exp.h's, products are never fused into
+// the next add (mul_rn), and every sum over a row adds in one fixed order (LaneSum), which the
+// host's AVX2 loop follows lane for lane.
+//
 // The caller restricts `n` to the ids that may be sampled (e.g. the tokenizer's size when the
 // embedding has padding rows). Logits must not be NaN; at least one must be finite.
 #pragma once
@@ -25,6 +29,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "rl/fast_exp.h"
 #include "rl/hostdevice.h"
 
 namespace fp8rl {
@@ -43,6 +48,16 @@ struct SampledToken {
     // log softmax(logits / T)[token] over all n ids, without top-k/top-p (T = 1 for greedy): the
     // quantity a trainer recomputes from its own logits divided by the sampling temperature.
     float logprob_full;
+};
+
+// A sum in double over a row in a fixed order: eight running sums, element i into sum i % 8,
+// combined pairwise at the end. A vector loop keeps the eight sums in two 4-lane registers.
+struct LaneSum {
+    double lane[8] = {};
+    FP8RL_HD void add(int i, double x) { lane[i & 7] += x; }
+    FP8RL_HD double total() const {
+        return ((lane[0] + lane[4]) + (lane[1] + lane[5])) + ((lane[2] + lane[6]) + (lane[3] + lane[7]));
+    }
 };
 
 // A probability's bit pattern: for non-negative floats it orders like the value.
@@ -72,10 +87,10 @@ struct MassAtLeast {
     const float* p;
     int n;
     FP8RL_HD double operator()(uint32_t key) const {
-        double mass = 0.0;
+        LaneSum mass;
         for (int i = 0; i < n; i++)
-            if (prob_key(p[i]) >= key) mass += p[i];
-        return mass;
+            if (prob_key(p[i]) >= key) mass.add(i, p[i]);
+        return mass.total();
     }
 };
 
@@ -92,13 +107,50 @@ FP8RL_HD uint32_t largest_key_at_least(uint32_t lo, uint32_t hi, const F& f, dou
     return lo;
 }
 
+// scratch[i] = exp(logits[i] * inv_t - s_max) for i < n, where s_max is the largest
+// logits[i] * inv_t (so the largest entry is exactly 1). Returns s_max; *z gets the entries' sum,
+// in the order of MassAtLeast (so it equals the kept mass when nothing is cut).
+FP8RL_HD float exp_shifted_row(const float* logits, int n, float inv_t, float* scratch, double* z) {
+    float s_max = -INFINITY;
+    int i = 0;
+#if FP8RL_HOST_AVX2
+    const __m256 vt = _mm256_set1_ps(inv_t);
+    __m256 vmax = _mm256_set1_ps(-INFINITY);
+    for (; i + 8 <= n; i += 8) vmax = _mm256_max_ps(vmax, _mm256_mul_ps(_mm256_loadu_ps(logits + i), vt));
+    float lanes[8];
+    _mm256_storeu_ps(lanes, vmax);
+    for (float x : lanes) s_max = fmaxf(s_max, x);
+#endif
+    for (; i < n; i++) s_max = fmaxf(s_max, mul_rn(logits[i], inv_t));
+    LaneSum sum;
+    i = 0;
+#if FP8RL_HOST_AVX2
+    const __m256 vs = _mm256_set1_ps(s_max);
+    __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();  // sums 0-3 and 4-7
+    for (; i + 8 <= n; i += 8) {
+        const __m256 e = fast_exp8(_mm256_sub_ps(_mm256_mul_ps(_mm256_loadu_ps(logits + i), vt), vs));
+        _mm256_storeu_ps(scratch + i, e);
+        lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+        hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+    }
+    _mm256_storeu_pd(sum.lane, lo);
+    _mm256_storeu_pd(sum.lane + 4, hi);
+#endif
+    for (; i < n; i++) {
+        scratch[i] = fast_exp(mul_rn(logits[i], inv_t) - s_max);
+        sum.add(i, scratch[i]);
+    }
+    *z = sum.total();
+    return s_max;
+}
+
 // Greedy pick: the argmax (lowest id on ties), with its full log-softmax at T = 1.
-FP8RL_HD SampledToken sample_greedy(const float* logits, int n) {
+FP8RL_HD SampledToken sample_greedy(const float* logits, int n, float* scratch) {
     int best = 0;
     for (int i = 1; i < n; i++)
         if (logits[i] > logits[best]) best = i;
-    double z = 0.0;
-    for (int i = 0; i < n; i++) z += expf(logits[i] - logits[best]);
+    double z;
+    exp_shifted_row(logits, n, 1.0f, scratch, &z);
     return SampledToken{best, 0.0f, (float)-log(z)};
 }
 
@@ -126,21 +178,17 @@ FP8RL_HD void apply_top_p(float* scratch, int n, float top_p, double kept_mass) 
 // Samples one token from `logits` [n] with uniform u in [0, 1); scratch [n] is overwritten.
 FP8RL_HD SampledToken sample_token(const float* logits, int n, const SamplingParams& params, float u,
                                    float* scratch) {
-    if (params.temperature == 0.0f) return sample_greedy(logits, n);
+    if (params.temperature == 0.0f) return sample_greedy(logits, n, scratch);
     const float inv_t = 1.0f / params.temperature;
-    float s_max = -INFINITY;
-    for (int i = 0; i < n; i++) s_max = fmaxf(s_max, logits[i] * inv_t);
-    double z_all = 0.0;
-    for (int i = 0; i < n; i++) {
-        scratch[i] = expf(logits[i] * inv_t - s_max);  // probability x z_all, max entry exactly 1
-        z_all += scratch[i];
-    }
+    double z_all;  // scratch[i] = probability x z_all
+    const float s_max = exp_shifted_row(logits, n, inv_t, scratch, &z_all);
+    double kept = z_all;
     if (params.top_k > 0 && params.top_k < n) {
         const uint32_t key = largest_key_at_least(0u, prob_key(1.0f), CountAtLeast{scratch, n}, params.top_k);
         for (int i = 0; i < n; i++)
             if (prob_key(scratch[i]) < key) scratch[i] = 0.0f;
+        kept = MassAtLeast{scratch, n}(0u);
     }
-    double kept = MassAtLeast{scratch, n}(0u);
     if (params.top_p < 1.0f) {
         apply_top_p(scratch, n, params.top_p, kept);
         kept = MassAtLeast{scratch, n}(0u);
@@ -153,7 +201,7 @@ FP8RL_HD SampledToken sample_token(const float* logits, int n, const SamplingPar
         cum += scratch[i];
         token = i;  // the last nonzero token also catches u * kept rounding up to the total
     }
-    const float s_tok = logits[token] * inv_t - s_max;
+    const float s_tok = mul_rn(logits[token], inv_t) - s_max;
     return SampledToken{token, (float)(s_tok - log(kept)), (float)(s_tok - log(z_all))};
 }
 

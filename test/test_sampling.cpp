@@ -1,6 +1,7 @@
 // Tests of rl/sampling.h: picks and log-probs against HF transformers' warpers + inverse CDF
 // (dev/make_sampling_fixtures.py), and the documented tie-breaking and edge rules.
 #include <cmath>
+#include <cstring>
 #include <sstream>
 #include <vector>
 
@@ -101,4 +102,31 @@ TEST(sampling_greedy_and_masked_logits) {
     std::vector<float> one = {5.0f};
     CHECK_EQ(sample(one, plain, 0.5f).token, 0);
     CHECK_EQ(sample(one, plain, 0.5f).logprob, 0.0f);
+}
+
+// The host's vector loop computes what the scalar code (the device's) computes, element by element
+// and in the sum's order, wherever the row starts and whatever its length.
+TEST(sampling_row_exp_vector_equals_scalar) {
+    std::vector<float> logits(1003);
+    for (size_t i = 0; i < logits.size(); i++) logits[i] = 9.0f * std::sin(0.37f * (float)i) + 1e-3f * (float)(i % 11);
+    logits[17] = -INFINITY;
+    for (int start : {0, 1, 3, 7})
+        for (int n : {1, 7, 8, 9, 64, 1000}) {
+            const float* row = logits.data() + start;
+            std::vector<float> scratch(n);
+            double z;
+            const float inv_t = 1.0f / 0.7f, s_max = exp_shifted_row(row, n, inv_t, scratch.data(), &z);
+            float want_max = -INFINITY;
+            for (int i = 0; i < n; i++) want_max = std::fmax(want_max, row[i] * inv_t);
+            LaneSum want_z;
+            int differ = 0;
+            for (int i = 0; i < n; i++) {
+                const float want = fast_exp(row[i] * inv_t - want_max);
+                differ += std::memcmp(&want, &scratch[i], sizeof want) != 0;
+                want_z.add(i, want);
+            }
+            CHECK_MSG(s_max == want_max && differ == 0 && z == want_z.total(),
+                      "start %d, n %d: max %.9g vs %.9g, %d entries differ, sum %.17g vs %.17g", start, n, s_max,
+                      want_max, differ, z, want_z.total());
+        }
 }
