@@ -3,6 +3,7 @@
 //   gemm_nt: C[M,N] (+)= A[M,K] . B[N,K]^T   (linear fprop: Y = X W^T)
 //   gemm_nn: C[M,N] (+)= A[M,K] . B[K,N]     (linear dgrad: dX = dY W)
 //   gemm_tn: C[M,N] (+)= A[K,M]^T . B[K,N]   (linear wgrad: dW = dY^T X)
+//   gemm_nt_packed: gemm_nt with B a weight packed once per update (pack_weight)
 //
 // Rounding contract: every output element is one chain of fused multiply-adds over k = 0..K-1 in
 // order, starting from 0 (or from the old C when `accumulate`). Threads split only the output, and
@@ -12,10 +13,12 @@
 //
 // Speed (AVX2 + FMA): the BLIS scheme. B is packed in [KC x 16] panels, A in [6 x KC] panels, and a
 // 6x16 register-tiled micro-kernel (12 accumulators) multiplies them; threads take (96-row block x
-// 64-column slab) tasks. With few rows (decode, M <= 4) packing all of B costs more than it saves:
+// 64-column slab) tasks. A packed weight is already in B's panel layout, so the micro-kernel reads
+// it in place. With few rows (decode, M <= 4) packing all of B costs more than it saves:
 // gemm_nn/gemm_tn stream the rows of B into C's rows; gemm_nt packs small L1-resident panels of B
-// and keeps 8 accumulator chains in registers. Without AVX2 a scalar micro-kernel computes the same
-// chains.
+// and keeps 8 accumulator chains in registers; gemm_nt_packed keeps a tile of C in registers over
+// all of K and streams each thread's panels contiguously. Without AVX2 scalar code computes the
+// same chains.
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -34,7 +37,7 @@ constexpr int NR = 16;         // micro-tile columns (two AVX vectors)
 constexpr int KC = 512;        // k block: one B micro-panel is 32 KB (measured: 512 beats 256 and 384 by 15-30%)
 constexpr int MC = 96;         // row block: one packed A block (192 KB) stays in L2
 constexpr int NC = 3072;       // column block: the packed B block (6 MB) stays in L3
-constexpr int SLAB = 4 * NR;   // columns per task
+constexpr int SLAB = 4 * NR;   // columns per task, about (rounded to equal shares per thread)
 constexpr int DIRECT_ROWS = 4; // M up to this takes a small-M path
 constexpr long PARALLEL_MIN_FLOPS = 1L << 18;  // below this a parallel region costs more than it saves
 
@@ -166,27 +169,53 @@ inline void tile(int kc, const float* ap, const float* bp, float* C, long ldc, l
     for (int r = 0; r < rows; r++) std::copy(buf + r * NR, buf + r * NR + cols, c + r * ldc);
 }
 
-// The packed path: C[M,N] (+)= a(i,k) . b(k,j).
-inline void gemm_packed(int M, int N, int K, const View& a, const View& b, float* C, long ldc, bool accumulate) {
+// Part `part` of `parts` of floats p[0..n) fetched into L2, e.g. a packed weight's next panel
+// while the tiles of this one run from L1 (a weight read once per call comes from memory).
+inline void prefetch_part(const float* p, long n, int part, int parts) {
+    const long bytes = n * (long)sizeof(float);
+    for (long o = bytes * part / parts / 64 * 64; o < bytes * (part + 1) / parts; o += 64)
+        __builtin_prefetch((const char*)p + o, 0, 2);
+}
+
+// 64 bytes past p, rounded up to 64-byte alignment (a buffer allocated with 16 floats to spare):
+// no 32-byte load of a B micro-panel row then straddles two cache lines.
+template <class Float>
+inline Float* align64(Float* p) {
+    return p + (16 - ((uintptr_t)p / sizeof(float)) % 16) % 16;
+}
+
+// The packed path: C[M,N] (+)= a(i,k) . b(k,j). With `prepacked` (B already in pack_weight's
+// layout, panels of NR columns over all of K) the micro-kernel reads it in place.
+inline void gemm_packed(int M, int N, int K, const View& a, const View& b, float* C, long ldc, bool accumulate,
+                        const float* prepacked = nullptr) {
     thread_local std::vector<float> bpack;  // the caller's packed B block, shared with its workers
-    bpack.resize((size_t)KC * NC + 16);
-    // 64-byte aligned, so no 32-byte load of a B micro-panel row straddles two cache lines
-    float* const bp = bpack.data() + (16 - ((uintptr_t)bpack.data() / sizeof(float)) % 16) % 16;
+    if (!prepacked) bpack.resize((size_t)KC * NC + 16);
+    float* const bp = prepacked ? nullptr : align64(bpack.data());
     const bool parallel = (long)M * N * K * 2 >= PARALLEL_MIN_FLOPS;
     for (int jc = 0; jc < N; jc += NC) {
         const int nc = std::min(NC, N - jc), panels = (nc + NR - 1) / NR;
-        const int mblocks = (M + MC - 1) / MC, slabs = (nc + SLAB - 1) / SLAB;
+        const int mblocks = (M + MC - 1) / MC;
         for (int pc = 0; pc < K; pc += KC) {
             const int kc = std::min(KC, K - pc);
             const bool load_c = accumulate || pc > 0;
+            // micro-panel p of this block: [kc x NR], rows NR floats apart either way
+            auto panel = [&](int p) {
+                return prepacked ? prepacked + ((long)jc / NR + p) * K * NR + (long)pc * NR : bp + (long)p * kc * NR;
+            };
 #pragma omp parallel if (parallel)
             {
+                if (!prepacked) {
 #pragma omp for schedule(static)
-                for (int p = 0; p < panels; p++)
-                    pack_b(b, pc, kc, jc + (long)p * NR, std::min(NR, nc - p * NR), NR, bp + (long)p * kc * NR);
+                    for (int p = 0; p < panels; p++)
+                        pack_b(b, pc, kc, jc + (long)p * NR, std::min(NR, nc - p * NR), NR, bp + (long)p * kc * NR);
+                }
                 thread_local std::vector<float> apack;
                 apack.resize((size_t)MC * KC);
                 int packed_block = -1;  // the row block this thread's apack holds
+                // a multiple of the thread count, so threads get equal shares when there are few row
+                // blocks (decode of a batch: one); slab s covers panels [panels s / slabs, panels (s + 1) / slabs)
+                const int threads = omp_get_num_threads();
+                const int slabs = ((nc + SLAB - 1) / SLAB + threads - 1) / threads * threads;
 #pragma omp for schedule(static)
                 for (int task = 0; task < mblocks * slabs; task++) {
                     const int ib = task / slabs, slab = task % slabs;
@@ -196,11 +225,14 @@ inline void gemm_packed(int M, int N, int K, const View& a, const View& b, float
                             pack_a(a, i0 + ir, std::min(MR, mc - ir), pc, kc, apack.data() + (long)ir * kc);
                         packed_block = ib;
                     }
-                    const int j_end = std::min(nc, (slab + 1) * SLAB);
-                    for (int jr = slab * SLAB; jr < j_end; jr += NR)
-                        for (int ir = 0; ir < mc; ir += MR)
-                            tile(kc, apack.data() + (long)ir * kc, bp + (long)(jr / NR) * kc * NR, C, ldc, i0 + ir,
-                                 jc + jr, std::min(MR, mc - ir), std::min(NR, nc - jr), load_c);
+                    const int j_end = panels * (slab + 1) / slabs * NR;
+                    for (int jr = panels * slab / slabs * NR; jr < j_end; jr += NR)
+                        for (int ir = 0; ir < mc; ir += MR) {
+                            if (prepacked && jr + NR < j_end)
+                                prefetch_part(panel(jr / NR + 1), (long)kc * NR, ir / MR, (mc + MR - 1) / MR);
+                            tile(kc, apack.data() + (long)ir * kc, panel(jr / NR), C, ldc, i0 + ir, jc + jr,
+                                 std::min(MR, mc - ir), std::min(NR, nc - jr), load_c);
+                        }
                 }
             }
         }
@@ -308,6 +340,68 @@ inline void gemm_stream(int M, int N, int K, const View& a, const View& b, float
         stream_columns(M, K, a, b, C, ldc, (long)cb * chunk, std::min(chunk, N - cb * chunk), accumulate);
 }
 
+// The small-M path of gemm_nt on a packed weight: C's tile of ROWS rows x G panels (8 * 2G
+// columns at j0, cols valid) stays in registers over all of K, fed by G contiguous streams of
+// panel rows. Used for decode, where the weight comes from memory once per step: each thread reads
+// one contiguous run of panels.
+template <int ROWS, int G>
+inline void panel_block(int K, const View& a, const float* wp, float* C, long ldc, long j0, int cols,
+                        bool accumulate) {
+    constexpr int W = G * NR;
+    const long panel = (long)K * NR;
+#ifdef __AVX2__
+    __m256 acc[ROWS][2 * G];
+    for (int r = 0; r < ROWS; r++)
+        for (int v = 0; v < 2 * G; v++) {
+            float init[8] = {};
+            for (int c = 0; c < 8 && 8 * v + c < cols; c++) init[c] = accumulate ? C[r * ldc + j0 + 8 * v + c] : 0.0f;
+            acc[r][v] = _mm256_loadu_ps(init);
+        }
+    for (int k = 0; k < K; k++)
+        for (int r = 0; r < ROWS; r++) {
+            const __m256 x = _mm256_set1_ps(a.at(r, k));
+            for (int g = 0; g < G; g++) {
+                const float* w = wp + g * panel + (long)k * NR;
+                acc[r][2 * g] = _mm256_fmadd_ps(x, _mm256_loadu_ps(w), acc[r][2 * g]);
+                acc[r][2 * g + 1] = _mm256_fmadd_ps(x, _mm256_loadu_ps(w + 8), acc[r][2 * g + 1]);
+            }
+        }
+    for (int r = 0; r < ROWS; r++) {
+        float out[W];
+        for (int v = 0; v < 2 * G; v++) _mm256_storeu_ps(out + 8 * v, acc[r][v]);
+        std::copy(out, out + cols, C + r * ldc + j0);
+    }
+#else
+    for (int r = 0; r < ROWS; r++)
+        for (int j = 0; j < cols; j++) {
+            float acc = accumulate ? C[r * ldc + j0 + j] : 0.0f;
+            const float* w = wp + j / NR * panel + j % NR;
+            for (int k = 0; k < K; k++) acc = std::fma(a.at(r, k), w[(long)k * NR], acc);
+            C[r * ldc + j0 + j] = acc;
+        }
+#endif
+}
+
+// C[ROWS, N] (+)= a . W^T from W packed: each thread takes a contiguous run of panels (so every
+// column's chain is the same for any thread count), G panels at a time.
+template <int ROWS>
+inline void gemm_panels(int N, int K, const View& a, const float* wp, float* C, long ldc, bool accumulate) {
+    constexpr int G = ROWS == 1 ? 4 : ROWS <= 3 ? 2 : 1;  // 8-12 accumulators: enough chains to hide FMA latency
+    const int panels = (N + NR - 1) / NR;
+#pragma omp parallel if ((long)ROWS * N * K * 2 >= PARALLEL_MIN_FLOPS)
+    {
+        const int threads = omp_get_num_threads(), t = omp_get_thread_num();
+        const int begin = (int)((long)panels * t / threads), end = (int)((long)panels * (t + 1) / threads);
+        int p = begin;
+        for (; p + G <= end; p += G)
+            panel_block<ROWS, G>(K, a, wp + (long)p * K * NR, C, ldc, (long)p * NR, std::min(G * NR, N - p * NR),
+                                 accumulate);
+        for (; p < end; p++)
+            panel_block<ROWS, 1>(K, a, wp + (long)p * K * NR, C, ldc, (long)p * NR, std::min(NR, N - p * NR),
+                                 accumulate);
+    }
+}
+
 inline void gemm(int M, int N, int K, const View& a, const View& b, float* C, long ldc, bool accumulate) {
     if (M <= 0 || N <= 0) return;
     if (K <= 0) {
@@ -330,13 +424,43 @@ inline void gemm(int M, int N, int K, const View& a, const View& b, float* C, lo
 
 }  // namespace gemm_detail
 
-// Rows up to which a GEMM takes the small-M (GEMV-like) paths: a caller holding both W and W^T
-// reads W^T there (gemm_nn streams its rows) and W above (the packed path reads W's rows).
-constexpr int kGemvRows = gemm_detail::DIRECT_ROWS;
 
 inline void gemm_nt(int M, int N, int K, const float* A, int lda, const float* B, int ldb, float* C, int ldc,
                     bool accumulate) {
     gemm_detail::gemm(M, N, K, {A, lda, 1}, {B, 1, ldb}, C, ldc, accumulate);
+}
+
+// A weight W [N, K] packed for gemm_nt_packed: panels of NR rows of W, each stored k-major, as
+// wp[panel][k][c] = W[panel * NR + c][k], the last panel zero-padded: the layout the packed path
+// packs B into, made once per weight update instead of once per call.
+inline long packed_weight_floats(int N, int K) { return (long)(N + gemm_detail::NR - 1) / gemm_detail::NR * gemm_detail::NR * K; }
+
+inline void pack_weight(const float* W, int N, int K, float* wp) {
+    using namespace gemm_detail;
+    const int panels = (N + NR - 1) / NR;
+#pragma omp parallel for schedule(static)
+    for (int p = 0; p < panels; p++)
+        pack_b({W, 1, K}, 0, K, (long)p * NR, std::min(NR, N - p * NR), NR, wp + (long)p * K * NR);
+}
+
+// The packed weight's rows row0.. (row0 a multiple of NR: panels start there), e.g. one vocabulary
+// chunk of the head.
+inline const float* packed_weight_rows(const float* wp, int K, long row0) { return wp + row0 * K; }
+
+// C[M,N] (+)= A[M,K] . W^T with W packed (pack_weight): the same bits as gemm_nt on W.
+inline void gemm_nt_packed(int M, int N, int K, const float* A, int lda, const float* wp, float* C, int ldc,
+                           bool accumulate) {
+    using namespace gemm_detail;
+    if (M <= 0 || N <= 0) return;
+    const View a{A, lda, 1};
+    if (K <= 0) return gemm(M, N, K, a, {wp, 1, 1}, C, ldc, accumulate);
+    switch (M) {
+        case 1: return gemm_panels<1>(N, K, a, wp, C, ldc, accumulate);
+        case 2: return gemm_panels<2>(N, K, a, wp, C, ldc, accumulate);
+        case 3: return gemm_panels<3>(N, K, a, wp, C, ldc, accumulate);
+        case 4: return gemm_panels<4>(N, K, a, wp, C, ldc, accumulate);
+    }
+    gemm_packed(M, N, K, a, {wp, 1, 1}, C, ldc, accumulate, wp);
 }
 
 inline void gemm_nn(int M, int N, int K, const float* A, int lda, const float* B, int ldb, float* C, int ldc,

@@ -148,7 +148,7 @@ private:
         for (long i0 = 0; i0 < n; i0 += block) {
             const long nb = n - i0 < block ? n - i0 : block;
             head_logits_chunk(logits_.data(), x_.data() + i0 * m.C, nb, p.at(m.lm_head), 0, m.V,
-                              {m.V, m.C, 1.0f, p.transposed_at(m.lm_head)});
+                              {m.V, m.C, 1.0f, p.packed_at(m.lm_head)});
 #pragma omp parallel for schedule(dynamic, 1)
             for (long i = i0; i < i0 + nb; i++) {
                 const long s = active[i];

@@ -20,15 +20,15 @@ struct LinearWeight {
     const float* b;  // [N] or nullptr
     int N, K;
     const Fp8Weight* fp8 = nullptr;
-    const float* wt = nullptr;  // W^T [K, N] (fp32, bf16): what decode reads, row by row
+    const float* packed = nullptr;  // W packed for gemm_nt_packed (fp32, bf16), or nullptr
 };
 
 // y [T, N] = x [T, K] . W^T (+ b).
 inline void linear_forward(float* y, const float* x, long T, const LinearWeight& W, Precision p) {
     if (p == Precision::FP8)
         fp8_linear_fprop(x, (int)T, *W.fp8, y, false);
-    else if (W.wt && T <= kGemvRows)  // the same bits as gemm_nt on W (rl/gemm.h), streaming W^T's rows
-        gemm_nn((int)T, W.N, W.K, x, W.K, W.wt, W.N, y, W.N, false);
+    else if (W.packed)  // the same bits as gemm_nt on W
+        gemm_nt_packed((int)T, W.N, W.K, x, W.K, W.packed, y, W.N, false);
     else
         gemm_nt((int)T, W.N, W.K, x, W.K, W.w, W.K, y, W.N, false);
     if (W.b) {

@@ -20,21 +20,22 @@
 namespace fp8rl {
 
 constexpr int kVocabChunk = 2048;     // columns of logits computed at a time (fixed: results must not depend on it)
+static_assert(kVocabChunk % gemm_detail::NR == 0, "a vocabulary chunk starts at a panel of the packed head");
 constexpr long kHeadBufferFloats = 1L << 21;  // logits held at a time: rows per block = this / kVocabChunk
 
 struct HeadShape {
     int V, C;
     float temperature;
-    const float* Wt = nullptr;  // W^T [C, V] when the caller keeps one (rows of logits stream from it), else nullptr
+    const float* packed = nullptr;  // W packed for gemm_nt_packed when the caller keeps it, else nullptr
 };
 
 inline long head_rows_per_block() { return kHeadBufferFloats / kVocabChunk; }
 
-// Computes logits z [rows, n] = x [rows, C] . W[v0 : v0 + n]^T / temperature (the same bits from W
-// or from W^T: rl/gemm.h computes one FMA chain per output either way).
+// Computes logits z [rows, n] = x [rows, C] . W[v0 : v0 + n]^T / temperature (v0 a multiple of
+// kVocabChunk; the same bits from W or packed W: rl/gemm.h computes one FMA chain per output either way).
 inline void head_logits_chunk(float* z, const float* x, long rows, const float* W, int v0, int n, HeadShape s) {
-    if (s.Wt && rows <= kGemvRows)
-        gemm_nn((int)rows, n, s.C, x, s.C, s.Wt + v0, s.V, z, n, false);
+    if (s.packed)
+        gemm_nt_packed((int)rows, n, s.C, x, s.C, packed_weight_rows(s.packed, s.C, v0), z, n, false);
     else
         gemm_nt((int)rows, n, s.C, x, s.C, W + (long)v0 * s.C, s.C, z, n, false);
     if (s.temperature == 1.0f) return;

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -81,15 +82,23 @@ struct CpuModel {
         const LayerTensors& t = layers[l];
         const int Q = H * D, K = KV * D;
         auto at = [&](size_t off) { return off == kNoTensor ? nullptr : base + off; };
+        const float* w = base + weight_offset(l, j);
         switch (j) {
-            case kQ: return {at(t.wq), at(t.bq), Q, C};
-            case kK: return {at(t.wk), at(t.bk), K, C};
-            case kV: return {at(t.wv), at(t.bv), K, C};
-            case kO: return {at(t.wo), nullptr, C, Q};
-            case kGate: return {at(t.wg), nullptr, I, C};
-            case kUp: return {at(t.wu), nullptr, I, C};
-            default: return {at(t.wd), nullptr, C, I};
+            case kQ: return {w, at(t.bq), Q, C};
+            case kK: return {w, at(t.bk), K, C};
+            case kV: return {w, at(t.bv), K, C};
+            case kO: return {w, nullptr, C, Q};
+            case kGate: return {w, nullptr, I, C};
+            case kUp: return {w, nullptr, I, C};
+            default: return {w, nullptr, C, I};
         }
+    }
+
+    // Offset of projection j's weight of layer l in the master layout.
+    size_t weight_offset(int l, Projection j) const {
+        const LayerTensors& t = layers[l];
+        const size_t offsets[kProjections] = {t.wq, t.wk, t.wv, t.wo, t.wg, t.wu, t.wd};
+        return offsets[j];
     }
 
     // RoPE inverse frequencies in FP32 as HF computes them, with llama3 scaling (spec-model §2.5).
@@ -116,15 +125,14 @@ struct CpuModel {
 
 // The parameters as one precision reads them: the master buffer itself (fp32) or a BF16-rounded
 // copy (bf16, fp8), and for fp8 the 128x128-block quantization of every projection weight (from
-// the FP32 master). fp32 and bf16 also keep every matrix transposed: a decode step multiplies one
-// row per sequence, and a GEMV streams the rows of W^T at memory speed where W's rows would need
-// a transpose on the fly (2-4x slower, bench_cpu_engine). Call prepare() again after every change
-// of the master weights.
+// the FP32 master). fp32 and bf16 also keep every matrix packed for gemm_nt_packed (rl/gemm.h):
+// the forward's X W^T reads the panels in place instead of repacking W on every call, and a decode
+// step's GEMV streams them contiguously. Call prepare() again after every change of the master
+// weights.
 struct ModelParams {
     Precision precision = Precision::FP32;
     const float* base = nullptr;  // master layout
     std::vector<float> rounded;
-    std::vector<float> transposed;  // master layout, each 2-D tensor [N, K] stored as [K, N] (fp32, bf16)
     std::vector<Fp8Weight> fp8;   // [L * kProjections], fp8 only
     bool fp8_pow2_scales = false;  // power-of-two block scales (the option of spec-fp8.md §4.2)
 
@@ -148,29 +156,43 @@ struct ModelParams {
             for (long i = 0; i < n; i++) rounded[i] = round_bf16(master[i]);
             base = rounded.data();
         }
-        transposed.clear();
-        if (p == Precision::FP8) return;
-        transposed.resize(master.size());
-        for (const TensorInfo& t : m.weights->tensors) {
-            if (t.shape.size() != 2) continue;
-            const long rows = t.shape[0], cols = t.shape[1];
-            const float* src = base + t.offset;
-            float* dst = transposed.data() + t.offset;
-#pragma omp parallel for schedule(static)
-            for (long c = 0; c < cols; c++)
-                for (long r = 0; r < rows; r++) dst[c * rows + r] = src[r * cols + c];
-        }
+        pack_matrices(m);
     }
     const float* at(size_t offset) const { return offset == kNoTensor ? nullptr : base + offset; }
-    // The transposed copy of the 2-D tensor at offset (nullptr for fp8).
-    const float* transposed_at(size_t offset) const { return transposed.empty() ? nullptr : transposed.data() + offset; }
+    // The packed copy of the 2-D tensor at master offset `offset` (nullptr for fp8).
+    const float* packed_at(size_t offset) const {
+        auto it = packed_offset_.find(offset);
+        return it == packed_offset_.end() ? nullptr : gemm_detail::align64(packed_.data()) + it->second;
+    }
 
     // Projection j of layer l as this precision's GEMMs read it.
     LinearWeight linear(const CpuModel& m, int l, Projection j) const {
         LinearWeight w = m.projection(l, j, base);
         if (precision == Precision::FP8) w.fp8 = &fp8[(size_t)l * kProjections + j];
-        if (!transposed.empty()) w.wt = m.projection(l, j, transposed.data()).w;
+        w.packed = packed_at(m.weight_offset(l, j));
         return w;
+    }
+
+private:
+    std::vector<float> packed_;                 // every 2-D tensor packed, one after another (fp32, bf16)
+    std::map<size_t, size_t> packed_offset_;    // master offset -> offset in packed_ (64-byte aligned)
+
+    void pack_matrices(const CpuModel& m) {
+        packed_offset_.clear();
+        if (precision == Precision::FP8) {
+            packed_.clear();
+            return;
+        }
+        size_t used = 0;
+        for (const TensorInfo& t : m.weights->tensors)
+            if (t.shape.size() == 2) {
+                packed_offset_[t.offset] = used;
+                used += (size_t)(packed_weight_floats((int)t.shape[0], (int)t.shape[1]) + 15) / 16 * 16;
+            }
+        packed_.resize(used + 16);
+        for (const TensorInfo& t : m.weights->tensors)
+            if (t.shape.size() == 2)
+                pack_weight(base + t.offset, (int)t.shape[0], (int)t.shape[1], (float*)packed_at(t.offset));
     }
 };
 
@@ -384,7 +406,7 @@ inline void model_forward(const CpuModel& m, const ModelParams& p, const TokenBa
     set_batch_rows(acts, batch);
     forward_trunk(m, p, acts, nullptr);
     head_forward(acts.head_logprob, acts.head_entropy, acts.head_lse, acts.head_mu, acts.xf, p.at(m.lm_head),
-                 acts.target.data(), acts.T, {m.V, m.C, temperature, p.transposed_at(m.lm_head)}, acts.head);
+                 acts.target.data(), acts.T, {m.V, m.C, temperature, p.packed_at(m.lm_head)}, acts.head);
     for (long t = 0; t < acts.T; t++) {
         bool first = acts.pos[t] == 0;
         logprob[t] = first ? 0.0f : acts.head_logprob[t - 1];
@@ -456,7 +478,7 @@ inline void model_backward(const CpuModel& m, const ModelParams& p, ForwardActs&
     const bool bf16 = stores_bf16(p.precision);
     std::fill(g.dxn, g.dxn + T * m.C, 0.0f);
     head_backward(g.dxn, grad + m.lm_head, g.dlogprob_row, g.dentropy_row, acts.head_lse, acts.head_mu, acts.xf,
-                  p.at(m.lm_head), acts.target.data(), T, {m.V, m.C, acts.temperature, p.transposed_at(m.lm_head)},
+                  p.at(m.lm_head), acts.target.data(), T, {m.V, m.C, acts.temperature, p.packed_at(m.lm_head)},
                   acts.head);
     round_bf16_if(bf16, g.dxn, T * m.C);
     rmsnorm_backward(g.dh, grad + m.final_norm, g.dxn, acts.hf, p.at(m.final_norm), acts.rstdf, T, m.C, false);

@@ -1,4 +1,5 @@
-// Tests of rl/gemm.h: all three transposes on odd shapes (edges of every tile and block size)
+// Tests of rl/gemm.h: all three transposes and gemm_nt on a packed weight, on odd shapes (edges
+// of every tile, panel and block size)
 // against a double-precision reference, the documented rounding contract (one FMA chain per
 // element in k order), padding left untouched, and bitwise independence of thread count and of
 // the other rows of the batch.
@@ -17,8 +18,10 @@ using namespace fp8rl;
 
 namespace {
 
-enum Op { NT, NN, TN };
-const char* op_name(Op op) { return op == NT ? "nt" : op == NN ? "nn" : "tn"; }
+enum Op { NT, NN, TN, NT_PACKED };  // NT_PACKED: gemm_nt_packed on B packed by pack_weight
+const Op kOps[] = {NT, NN, TN, NT_PACKED};
+const char* op_name(Op op) { return op == NT ? "nt" : op == NN ? "nn" : op == TN ? "tn" : "nt_packed"; }
+bool b_is_nk(Op op) { return op == NT || op == NT_PACKED; }
 
 // Operands stored with leading dimensions padded by a few columns, as the model's views are.
 struct Problem {
@@ -29,7 +32,7 @@ struct Problem {
         std::mt19937 gen(seed);
         std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
         const int a_rows = op == TN ? K : M, a_cols = op == TN ? M : K;
-        const int b_rows = op == NT ? N : K, b_cols = op == NT ? K : N;
+        const int b_rows = b_is_nk(op) ? N : K, b_cols = b_is_nk(op) ? K : N;
         lda = a_cols + 3;
         ldb = b_cols + 5;
         ldc = N + 2;
@@ -44,12 +47,21 @@ struct Problem {
             for (int j = 0; j < N; j++) C[(size_t)i * ldc + j] = dist(gen);
     }
     float a(int i, int k) const { return op == TN ? A[(size_t)k * lda + i] : A[(size_t)i * lda + k]; }
-    float b(int k, int j) const { return op == NT ? B[(size_t)j * ldb + k] : B[(size_t)k * ldb + j]; }
+    float b(int k, int j) const { return b_is_nk(op) ? B[(size_t)j * ldb + k] : B[(size_t)k * ldb + j]; }
+    // B [N, K] without its padding, packed (NT_PACKED).
+    std::vector<float> packed_b() const {
+        std::vector<float> w((size_t)N * K), wp((size_t)packed_weight_floats(N, K));
+        for (int j = 0; j < N; j++)
+            for (int k = 0; k < K; k++) w[(size_t)j * K + k] = B[(size_t)j * ldb + k];
+        pack_weight(w.data(), N, K, wp.data());
+        return wp;
+    }
     std::vector<float> run(bool accumulate) const {
         std::vector<float> out = C;
         if (op == NT) gemm_nt(M, N, K, A.data(), lda, B.data(), ldb, out.data(), ldc, accumulate);
         if (op == NN) gemm_nn(M, N, K, A.data(), lda, B.data(), ldb, out.data(), ldc, accumulate);
         if (op == TN) gemm_tn(M, N, K, A.data(), lda, B.data(), ldb, out.data(), ldc, accumulate);
+        if (op == NT_PACKED) gemm_nt_packed(M, N, K, A.data(), lda, packed_b().data(), out.data(), ldc, accumulate);
         return out;
     }
 };
@@ -66,7 +78,7 @@ const Shape kShapes[] = {{1, 1, 1},   {1, 3, 17},    {2, 17, 129}, {3, 16, 8},  
 }  // namespace
 
 TEST(gemm_matches_double_reference) {
-    for (Op op : {NT, NN, TN})
+    for (Op op : kOps)
         for (const Shape& s : kShapes)
             for (bool accumulate : {false, true}) {
                 Problem p(op, s.M, s.N, s.K, 1000u * s.M + s.N + 7u * s.K);
@@ -91,7 +103,7 @@ TEST(gemm_matches_double_reference) {
 
 // The rounding contract of gemm.h: each element is fma(a_k, b_k, ...) chained over k in order.
 TEST(gemm_is_one_fma_chain_per_element) {
-    for (Op op : {NT, NN, TN})
+    for (Op op : kOps)
         for (const Shape& s : kShapes)
             for (bool accumulate : {false, true}) {
                 Problem p(op, s.M, s.N, s.K, 77u + s.M * 31u + s.N);
@@ -110,8 +122,8 @@ TEST(gemm_is_one_fma_chain_per_element) {
 
 TEST(gemm_bitwise_across_thread_counts) {
     const int max_threads = omp_get_max_threads();
-    const Shape shapes[] = {{2, 1000, 300}, {150, 200, 300}, {64, 288, 288}};
-    for (Op op : {NT, NN, TN})
+    const Shape shapes[] = {{2, 1000, 300}, {150, 200, 300}, {64, 288, 288}, {1, 330, 40}};
+    for (Op op : kOps)
         for (const Shape& s : shapes) {
             Problem p(op, s.M, s.N, s.K, 5u);
             omp_set_num_threads(1);
@@ -129,14 +141,16 @@ TEST(gemm_bitwise_across_thread_counts) {
 // A row of C depends only on its row of A: computing one row alone (the small-M path) gives the
 // same bits as computing it inside a batch (the packed path).
 TEST(gemm_rows_independent_of_batch) {
-    for (Op op : {NT, NN})
+    for (Op op : {NT, NN, NT_PACKED})
         for (int M : {5, 37, 100}) {
             Problem p(op, M, 301, 290, 11u + M);
-            std::vector<float> batch = p.run(false);
+            std::vector<float> batch = p.run(false), wp = p.packed_b();
             for (int i = 0; i < M; i += 3) {
                 std::vector<float> row(p.N);
-                if (op == NT) gemm_nt(1, p.N, p.K, &p.A[(size_t)i * p.lda], p.lda, p.B.data(), p.ldb, row.data(), p.N, false);
-                if (op == NN) gemm_nn(1, p.N, p.K, &p.A[(size_t)i * p.lda], p.lda, p.B.data(), p.ldb, row.data(), p.N, false);
+                const float* a = &p.A[(size_t)i * p.lda];
+                if (op == NT) gemm_nt(1, p.N, p.K, a, p.lda, p.B.data(), p.ldb, row.data(), p.N, false);
+                if (op == NN) gemm_nn(1, p.N, p.K, a, p.lda, p.B.data(), p.ldb, row.data(), p.N, false);
+                if (op == NT_PACKED) gemm_nt_packed(1, p.N, p.K, a, p.lda, wp.data(), row.data(), p.N, false);
                 CHECK_MSG(std::memcmp(row.data(), &batch[(size_t)i * p.ldc], p.N * sizeof(float)) == 0,
                           "gemm_%s row %d of %d differs when computed alone", op_name(op), i, M);
             }
