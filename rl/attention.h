@@ -102,6 +102,14 @@ inline void attention_forward_packed(float* out, float* lse, const float* q, con
     }
 }
 
+constexpr int kPrefetchRows = 4;  // cache rows ahead of the one being read
+
+// Fetches the cache lines of floats p[0..n) (reading past the last key row is harmless: a prefetch
+// never faults).
+inline void prefetch_row(const float* p, long n) {
+    for (long i = 0; i < n; i += 16) __builtin_prefetch(p + i, 0, 3);
+}
+
 // Forward reading a KV cache: query row t sees `key_count[t]` keys starting at row `key_start[t]`
 // of K and V (rows of KV*D). One task per query row walks each key row once for all heads, so
 // the cache streams through in contiguous rows (decode is bound by reading it).
@@ -121,13 +129,16 @@ inline void attention_forward_cached(float* out, float* lse, const float* q, con
             const float* qt = q + t * s.ldq();
             const float* kb = K + key_start[t] * s.ldk();
             const float* vb = V + key_start[t] * s.ldk();
-            for (int j = 0; j < n; j++)
+            for (int j = 0; j < n; j++) {
+                prefetch_row(kb + (j + kPrefetchRows) * s.ldk(), s.ldk());
                 for (int h = 0; h < s.H; h++)
                     p[h * per_head + j] = dot_product(qt + h * s.D, kb + j * s.ldk() + (h / group) * s.D, s.D);
+            }
             for (int h = 0; h < s.H; h++) lse[t * s.H + h] = softmax_row(p + h * per_head, n, n, scale, bf16);
             float* o = out + t * s.ldq();
             for (int d = 0; d < s.H * s.D; d++) o[d] = 0.0f;
-            for (int j = 0; j < n; j++)
+            for (int j = 0; j < n; j++) {
+                prefetch_row(vb + (j + kPrefetchRows) * s.ldk(), s.ldk());
                 for (int h = 0; h < s.H; h++) {
                     const float pj = p[h * per_head + j];
                     const float* vj = vb + j * s.ldk() + (h / group) * s.D;
@@ -135,6 +146,7 @@ inline void attention_forward_cached(float* out, float* lse, const float* q, con
 #pragma omp simd
                     for (int d = 0; d < s.D; d++) oh[d] += pj * vj[d];
                 }
+            }
             if (bf16)
                 for (int d = 0; d < s.H * s.D; d++) o[d] = round_bf16(o[d]);
         }
