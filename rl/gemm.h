@@ -76,9 +76,25 @@ inline void load_transposed8x8(const View& b, long k0, long j0, __m256 out[8]) {
 }
 #endif
 
-// Packs rows i0..i0+rows-1 (rows <= MR) and k0..k0+kc-1 of A as dst[k][MR], zero-padded.
+// Packs rows i0..i0+rows-1 (rows <= MR) and k0..k0+kc-1 of A as dst[k][MR], zero-padded. dst
+// has 2 floats to spare past dst[kc][0]: the vector path writes 8 floats per k, in increasing k.
 inline void pack_a(const View& a, long i0, int rows, long k0, int kc, float* dst) {
-    for (int k = 0; k < kc; k++)
+    int k = 0;
+    if (rows == MR && a.rs == 1) {  // A^T rows: MR consecutive floats per k
+        for (; k < kc; k++) std::copy_n(a.p + i0 + (k0 + k) * a.cs, MR, dst + k * MR);
+        return;
+    }
+#ifdef __AVX2__
+    if (rows == MR && a.cs == 1)  // A rows: 8 k of each row, transposed in registers
+        for (; k + 8 <= kc; k += 8) {
+            __m256 t[8];
+            for (int r = 0; r < 8; r++)
+                t[r] = r < MR ? _mm256_loadu_ps(a.p + (i0 + r) * a.rs + k0 + k) : _mm256_setzero_ps();
+            transpose8x8(t);
+            for (int kk = 0; kk < 8; kk++) _mm256_storeu_ps(dst + (k + kk) * MR, t[kk]);
+        }
+#endif
+    for (; k < kc; k++)
         for (int r = 0; r < MR; r++) dst[k * MR + r] = r < rows ? a.at(i0 + r, k0 + k) : 0.0f;
 }
 
@@ -210,7 +226,7 @@ inline void gemm_packed(int M, int N, int K, const View& a, const View& b, float
                         pack_b(b, pc, kc, jc + (long)p * NR, std::min(NR, nc - p * NR), NR, bp + (long)p * kc * NR);
                 }
                 thread_local std::vector<float> apack;
-                apack.resize((size_t)MC * KC);
+                apack.resize((size_t)MC * KC + 2);  // + pack_a's spare
                 int packed_block = -1;  // the row block this thread's apack holds
                 // a multiple of the thread count, so threads get equal shares when there are few row
                 // blocks (decode of a batch: one); slab s covers panels [panels s / slabs, panels (s + 1) / slabs)
