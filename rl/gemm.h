@@ -80,10 +80,6 @@ inline void load_transposed8x8(const View& b, long k0, long j0, __m256 out[8]) {
 // has 2 floats to spare past dst[kc][0]: the vector path writes 8 floats per k, in increasing k.
 inline void pack_a(const View& a, long i0, int rows, long k0, int kc, float* dst) {
     int k = 0;
-    if (rows == MR && a.rs == 1) {  // A^T rows: MR consecutive floats per k
-        for (; k < kc; k++) std::copy_n(a.p + i0 + (k0 + k) * a.cs, MR, dst + k * MR);
-        return;
-    }
 #ifdef __AVX2__
     if (rows == MR && a.cs == 1)  // A rows: 8 k of each row, transposed in registers
         for (; k + 8 <= kc; k += 8) {
