@@ -204,8 +204,12 @@ inline void gemm_packed(int M, int N, int K, const View& a, const View& b, float
     if (!prepacked) bpack.resize((size_t)KC * NC + 16);
     float* const bp = prepacked ? nullptr : align64(bpack.data());
     const bool parallel = (long)M * N * K * 2 >= PARALLEL_MIN_FLOPS;
-    for (int jc = 0; jc < N; jc += NC) {
-        const int nc = std::min(NC, N - jc), panels = (nc + NR - 1) / NR;
+    // Column blocks keep a block of B in L3 while every row block passes over it; a prepacked B
+    // under a single row block (decode of a batch) is read once anyway, and one block means one
+    // parallel region and one contiguous run of panels per thread.
+    const int block_cols = prepacked && M <= MC ? N : NC;
+    for (int jc = 0; jc < N; jc += block_cols) {
+        const int nc = std::min(block_cols, N - jc), panels = (nc + NR - 1) / NR;
         const int mblocks = (M + MC - 1) / MC;
         for (int pc = 0; pc < K; pc += KC) {
             const int kc = std::min(KC, K - pc);
@@ -240,7 +244,7 @@ inline void gemm_packed(int M, int N, int K, const View& a, const View& b, float
                     const int j_end = panels * (slab + 1) / slabs * NR;
                     for (int jr = panels * slab / slabs * NR; jr < j_end; jr += NR)
                         for (int ir = 0; ir < mc; ir += MR) {
-                            if (prepacked && jr + NR < j_end)
+                            if (prepacked && jr + NR < nc)
                                 prefetch_part(panel(jr / NR + 1), (long)kc * NR, ir / MR, (mc + MR - 1) / MR);
                             tile(kc, apack.data() + (long)ir * kc, panel(jr / NR), C, ldc, i0 + ir, jc + jr,
                                  std::min(MR, mc - ir), std::min(NR, nc - jr), load_c);
