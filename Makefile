@@ -58,13 +58,17 @@ FUZZ_TARGETS := json safetensors
 .PHONY: all test test-unit test-asan cuda-check test_gpu bench bench_gpu fuzz clean demo
 all: train_rl_cpu
 
-train_rl_cpu: train_rl_cpu.cpp
+# The binary sits outside build/ but its header dependencies inside: without its .d file (build/
+# removed by hand) it is rebuilt rather than trusted (the empty rule makes a missing .d "new").
+train_rl_cpu: train_rl_cpu.cpp $(BUILD)/train_rl_cpu.d
 	@mkdir -p $(BUILD)
 	$(CPU_LINK_CXX) $(CXXFLAGS) $(MPI_FLAGS) -MF $(BUILD)/train_rl_cpu.d -o $@ $< $(LDLIBS)
 
 $(BUILD)/train_rl_cpu_asan: train_rl_cpu.cpp
 	@mkdir -p $(@D)
 	$(CPU_LINK_CXX) $(SANFLAGS) $(MPI_FLAGS) -MF $(BUILD)/train_rl_cpu_asan.d -o $@ $< $(LDLIBS)
+
+$(BUILD)/train_rl_cpu.d: ;
 
 $(BUILD)/%.o: %.cpp
 	@mkdir -p $(@D)
