@@ -1,6 +1,8 @@
 // logprob_head.h: the language-model head fused with the per-token log-probability and entropy,
 // forward and backward, computed over the vocabulary in fixed chunks so that no [tokens x vocab]
-// buffer exists (a 151,936-word vocabulary costs kVocabChunk floats per row at a time).
+// buffer is needed (a 151,936-word vocabulary costs kVocabChunk floats per row at a time). When
+// the logits of a training batch fit in a budget (kSavedLogitsMaxBytes) the forward keeps them and
+// the backward reads them instead of recomputing them: one of the head's four GEMMs saved.
 //
 // Per row r (final hidden state x[r], target y[r] or -1 for none), with z = (W x[r]) / temperature:
 //   lse = log sum_j exp(z_j),  logprob = z_y - lse,  entropy = lse - mu,  mu = sum_j p_j z_j.
@@ -43,6 +45,10 @@ inline void head_logits_chunk(float* z, const float* x, long rows, const float* 
     for (long i = 0; i < rows * n; i++) z[i] /= s.temperature;
 }
 
+// Logits a forward pass keeps for its backward when they fit in this many bytes (a 4096-token
+// batch over a 32,000-word vocabulary needs 0.5 GiB); above it the backward recomputes them.
+constexpr size_t kSavedLogitsMaxBytes = size_t(1) << 30;
+
 // Scratch of the head: one block of logits, and the running sums of a forward pass in FP64 (sums
 // over 10^5 terms in FP32 would lose ~1e-5 relative, the size of the errors we test for; each
 // term is an FP32 exp, rl/fast_exp.h, good to 2 ulp).
@@ -50,6 +56,11 @@ struct HeadScratch {
     std::vector<float> logits;   // [head_rows_per_block(), kVocabChunk]
     std::vector<double> sum, sz;  // [head_rows_per_block()]
     std::vector<float> exps;      // [threads, kVocabChunk] one row's exponentials
+    // The forward's logits [rows, V] when kept (`saved_rows` > 0), stored chunk by chunk as the
+    // passes walk them: (row block, vocabulary chunk) at r0 * V + v0 * (rows in the block).
+    std::vector<float> saved;
+    long saved_rows = 0;
+    size_t max_saved_bytes = kSavedLogitsMaxBytes;
 
     void reserve() {
         logits.resize((size_t)head_rows_per_block() * kVocabChunk);
@@ -61,9 +72,14 @@ struct HeadScratch {
 
 // Forward. x [rows, C]; W [V, C]; target [rows] (-1: no target, logprob left 0).
 // Outputs per row: logprob, entropy, and the softmax statistics lse, mu the backward needs.
+// for_backward: keep the logits for head_backward when they fit (scratch.max_saved_bytes), which
+// then skips recomputing them (the same bits: one GEMM either way).
 inline void head_forward(float* logprob, float* entropy, float* lse, float* mu, const float* x, const float* W,
-                         const int32_t* target, long rows, HeadShape s, HeadScratch& scratch) {
+                         const int32_t* target, long rows, HeadShape s, HeadScratch& scratch, bool for_backward) {
     scratch.reserve();
+    const size_t all = (size_t)rows * s.V;
+    scratch.saved_rows = for_backward && all * sizeof(float) <= scratch.max_saved_bytes ? rows : 0;
+    if (scratch.saved_rows && scratch.saved.size() < all) scratch.saved.resize(all);
     const long block = head_rows_per_block();
     for (long r0 = 0; r0 < rows; r0 += block) {
         const long nr = rows - r0 < block ? rows - r0 : block;
@@ -75,10 +91,12 @@ inline void head_forward(float* logprob, float* entropy, float* lse, float* mu, 
         }
         for (int v0 = 0; v0 < s.V; v0 += kVocabChunk) {
             const int n = s.V - v0 < kVocabChunk ? s.V - v0 : kVocabChunk;
-            head_logits_chunk(scratch.logits.data(), x + r0 * s.C, nr, W, v0, n, s);
+            float* const logits = scratch.saved_rows ? scratch.saved.data() + r0 * s.V + (long)v0 * nr
+                                                     : scratch.logits.data();
+            head_logits_chunk(logits, x + r0 * s.C, nr, W, v0, n, s);
 #pragma omp parallel for schedule(static)
             for (long i = 0; i < nr; i++) {
-                const float* z = scratch.logits.data() + i * n;
+                const float* z = logits + i * n;
                 const long r = r0 + i;
                 float m = lse[r];
                 for (int j = 0; j < n; j++) m = z[j] > m ? z[j] : m;
@@ -120,15 +138,20 @@ inline void head_backward(float* dx, float* dW, const float* dlogprob, const flo
         const long nr = rows - r0 < block ? rows - r0 : block;
         for (int v0 = 0; v0 < s.V; v0 += kVocabChunk) {
             const int n = s.V - v0 < kVocabChunk ? s.V - v0 : kVocabChunk;
-            head_logits_chunk(buffer, x + r0 * s.C, nr, W, v0, n, s);
+            const float* logits = buffer;
+            if (scratch.saved_rows == rows)
+                logits = scratch.saved.data() + r0 * s.V + (long)v0 * nr;
+            else
+                head_logits_chunk(buffer, x + r0 * s.C, nr, W, v0, n, s);
 #pragma omp parallel for schedule(static)
             for (long i = 0; i < nr; i++) {
-                float* g = buffer + i * n;  // z in, dL/dlogits out (the 1/temperature of dz/dlogits folded in)
+                const float* z = logits + i * n;
+                float* g = buffer + i * n;  // dL/dlogits (the 1/temperature of dz/dlogits folded in); may alias z
                 const long r = r0 + i;
                 const float a = dlogprob[r], b = dentropy[r], l = lse[r], m = mu[r];
                 float* p = scratch.exps.data() + (long)omp_get_thread_num() * kVocabChunk;
-                fast_exp_shifted(p, g, l, n);
-                for (int j = 0; j < n; j++) g[j] = (-a * p[j] - b * p[j] * (g[j] - m)) * inv_t;
+                fast_exp_shifted(p, z, l, n);
+                for (int j = 0; j < n; j++) g[j] = (-a * p[j] - b * p[j] * (z[j] - m)) * inv_t;
                 int y = target[r] - v0;
                 if (y >= 0 && y < n) g[y] += a * inv_t;
             }

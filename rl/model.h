@@ -406,7 +406,7 @@ inline void model_forward(const CpuModel& m, const ModelParams& p, const TokenBa
     set_batch_rows(acts, batch);
     forward_trunk(m, p, acts, nullptr);
     head_forward(acts.head_logprob, acts.head_entropy, acts.head_lse, acts.head_mu, acts.xf, p.at(m.lm_head),
-                 acts.target.data(), acts.T, {m.V, m.C, temperature, p.packed_at(m.lm_head)}, acts.head);
+                 acts.target.data(), acts.T, {m.V, m.C, temperature, p.packed_at(m.lm_head)}, acts.head, for_backward);
     for (long t = 0; t < acts.T; t++) {
         bool first = acts.pos[t] == 0;
         logprob[t] = first ? 0.0f : acts.head_logprob[t - 1];
