@@ -104,8 +104,7 @@ inline void attention_forward_packed(float* out, float* lse, const float* q, con
 
 constexpr int kPrefetchRows = 4;  // cache rows ahead of the one being read
 
-// Fetches the cache lines of floats p[0..n) (reading past the last key row is harmless: a prefetch
-// never faults).
+// Fetches the cache lines of floats p[0..n) ahead of their use.
 inline void prefetch_row(const float* p, long n) {
     for (long i = 0; i < n; i += 16) __builtin_prefetch(p + i, 0, 3);
 }
@@ -130,7 +129,7 @@ inline void attention_forward_cached(float* out, float* lse, const float* q, con
             const float* kb = K + key_start[t] * s.ldk();
             const float* vb = V + key_start[t] * s.ldk();
             for (int j = 0; j < n; j++) {
-                prefetch_row(kb + (j + kPrefetchRows) * s.ldk(), s.ldk());
+                if (j + kPrefetchRows < n) prefetch_row(kb + (j + kPrefetchRows) * s.ldk(), s.ldk());
                 for (int h = 0; h < s.H; h++)
                     p[h * per_head + j] = dot_product(qt + h * s.D, kb + j * s.ldk() + (h / group) * s.D, s.D);
             }
@@ -138,7 +137,7 @@ inline void attention_forward_cached(float* out, float* lse, const float* q, con
             float* o = out + t * s.ldq();
             for (int d = 0; d < s.H * s.D; d++) o[d] = 0.0f;
             for (int j = 0; j < n; j++) {
-                prefetch_row(vb + (j + kPrefetchRows) * s.ldk(), s.ldk());
+                if (j + kPrefetchRows < n) prefetch_row(vb + (j + kPrefetchRows) * s.ldk(), s.ldk());
                 for (int h = 0; h < s.H; h++) {
                     const float pj = p[h * per_head + j];
                     const float* vj = vb + j * s.ldk() + (h / group) * s.D;

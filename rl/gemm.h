@@ -363,9 +363,9 @@ inline void gemm_stream(int M, int N, int K, const View& a, const View& b, float
 template <int ROWS, int G>
 inline void panel_block(int K, const View& a, const float* wp, float* C, long ldc, long j0, int cols,
                         bool accumulate) {
-    constexpr int W = G * NR;
     const long panel = (long)K * NR;
 #ifdef __AVX2__
+    constexpr int W = G * NR;
     __m256 acc[ROWS][2 * G];
     for (int r = 0; r < ROWS; r++)
         for (int v = 0; v < 2 * G; v++) {
