@@ -107,7 +107,7 @@ TEST(sampling_greedy_and_masked_logits) {
 // The host's vector loop computes what the scalar code (the device's) computes, element by element
 // and in the sum's order, wherever the row starts and whatever its length.
 TEST(sampling_row_exp_vector_equals_scalar) {
-    std::vector<float> logits(1003);
+    std::vector<float> logits(1007);  // rows of up to 1000 starting at up to 7
     for (size_t i = 0; i < logits.size(); i++) logits[i] = 9.0f * std::sin(0.37f * (float)i) + 1e-3f * (float)(i % 11);
     logits[17] = -INFINITY;
     for (int start : {0, 1, 3, 7})
