@@ -5,23 +5,10 @@
 // here (checkpoints stored in float16); its encoder rounds to nearest even as well.
 #pragma once
 #include <cstdint>
-#include <cstring>
 
 #include "rl/hostdevice.h"
 
 namespace fp8rl {
-
-FP8RL_HD uint32_t float_bits(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return u;
-}
-
-FP8RL_HD float bits_float(uint32_t u) {
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
 
 FP8RL_HD float bf16_to_float(uint16_t h) { return bits_float((uint32_t)h << 16); }
 

@@ -11,7 +11,6 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include "rl/hostdevice.h"
 #if FP8RL_HOST_AVX2
 #include <immintrin.h>
@@ -42,7 +41,7 @@ FP8RL_HD float fast_exp(float x) {
     p = fmaf(p, r, kP4);
     p = fmaf(p, r, kP5);
     const float y = fmaf(p, r * r, r) + 1.0f;
-    return y * bits_to_float((uint32_t)((int32_t)n + 127) << 23);  // 2^n, n in [-126, 127] on this range
+    return y * bits_float((uint32_t)((int32_t)n + 127) << 23);  // 2^n, n in [-126, 127] on this range
 }
 
 #if FP8RL_HOST_AVX2

@@ -27,7 +27,6 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 
 #include "rl/fast_exp.h"
 #include "rl/hostdevice.h"
@@ -61,15 +60,7 @@ struct LaneSum {
 };
 
 // A probability's bit pattern: for non-negative floats it orders like the value.
-FP8RL_HD uint32_t prob_key(float x) {
-#ifdef __CUDA_ARCH__
-    return __float_as_uint(x);
-#else
-    uint32_t b;
-    std::memcpy(&b, &x, sizeof b);
-    return b;
-#endif
-}
+FP8RL_HD uint32_t prob_key(float x) { return float_bits(x); }
 
 // Number of probabilities whose bits are >= key (a non-increasing function of key).
 struct CountAtLeast {
