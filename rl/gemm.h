@@ -256,6 +256,27 @@ inline void gemm_packed(int M, int N, int K, const View& a, const View& b, float
 }
 
 #ifdef __AVX2__
+// ROWS x (8 VECS) accumulators of the small-M paths from C at column j0 (cols valid; the rest and
+// all of it without `accumulate` start at 0), and back into C's valid columns.
+template <int ROWS, int VECS>
+inline void load_acc(__m256 (&acc)[ROWS][VECS], const float* C, long ldc, long j0, int cols, bool accumulate) {
+    for (int r = 0; r < ROWS; r++)
+        for (int v = 0; v < VECS; v++) {
+            float init[8] = {};
+            for (int c = 0; c < 8 && 8 * v + c < cols; c++) init[c] = accumulate ? C[r * ldc + j0 + 8 * v + c] : 0.0f;
+            acc[r][v] = _mm256_loadu_ps(init);
+        }
+}
+
+template <int ROWS, int VECS>
+inline void store_acc(const __m256 (&acc)[ROWS][VECS], float* C, long ldc, long j0, int cols) {
+    for (int r = 0; r < ROWS; r++) {
+        float out[8 * VECS];
+        for (int v = 0; v < VECS; v++) _mm256_storeu_ps(out + 8 * v, acc[r][v]);
+        std::copy(out, out + cols, C + r * ldc + j0);
+    }
+}
+
 // The small-M path of gemm_nt (M = ROWS <= DIRECT_ROWS), one block of 8 * VECS columns at j0 (cols
 // valid): ROWS * VECS independent accumulator chains, enough to hide the FMA latency, fed from
 // DIRECT_KB rows of B at a time packed into `buf` [DIRECT_KB x 8 * VECS], which stays in L1.
@@ -265,12 +286,7 @@ inline void direct_block(int K, const View& a, const View& b, float* C, long ldc
                          float* buf) {
     constexpr int W = 8 * VECS;
     __m256 acc[ROWS][VECS];
-    for (int r = 0; r < ROWS; r++)
-        for (int v = 0; v < VECS; v++) {
-            float init[8] = {};
-            for (int c = 0; c < 8 && 8 * v + c < cols; c++) init[c] = accumulate ? C[r * ldc + j0 + 8 * v + c] : 0.0f;
-            acc[r][v] = _mm256_loadu_ps(init);
-        }
+    load_acc(acc, C, ldc, j0, cols, accumulate);
     for (long k0 = 0; k0 < K; k0 += DIRECT_KB) {
         const int kb = (int)std::min<long>(DIRECT_KB, K - k0);
         pack_b(b, k0, kb, j0, cols, W, buf);
@@ -281,11 +297,7 @@ inline void direct_block(int K, const View& a, const View& b, float* C, long ldc
                     acc[r][v] = _mm256_fmadd_ps(x, _mm256_loadu_ps(buf + k * W + 8 * v), acc[r][v]);
             }
     }
-    for (int r = 0; r < ROWS; r++) {
-        float out[W];
-        for (int v = 0; v < VECS; v++) _mm256_storeu_ps(out + 8 * v, acc[r][v]);
-        std::copy(out, out + cols, C + r * ldc + j0);
-    }
+    store_acc(acc, C, ldc, j0, cols);
 }
 
 template <int ROWS>
@@ -365,14 +377,8 @@ inline void panel_block(int K, const View& a, const float* wp, float* C, long ld
                         bool accumulate) {
     const long panel = (long)K * NR;
 #ifdef __AVX2__
-    constexpr int W = G * NR;
     __m256 acc[ROWS][2 * G];
-    for (int r = 0; r < ROWS; r++)
-        for (int v = 0; v < 2 * G; v++) {
-            float init[8] = {};
-            for (int c = 0; c < 8 && 8 * v + c < cols; c++) init[c] = accumulate ? C[r * ldc + j0 + 8 * v + c] : 0.0f;
-            acc[r][v] = _mm256_loadu_ps(init);
-        }
+    load_acc(acc, C, ldc, j0, cols, accumulate);
     for (int k = 0; k < K; k++)
         for (int r = 0; r < ROWS; r++) {
             const __m256 x = _mm256_set1_ps(a.at(r, k));
@@ -382,11 +388,7 @@ inline void panel_block(int K, const View& a, const float* wp, float* C, long ld
                 acc[r][2 * g + 1] = _mm256_fmadd_ps(x, _mm256_loadu_ps(w + 8), acc[r][2 * g + 1]);
             }
         }
-    for (int r = 0; r < ROWS; r++) {
-        float out[W];
-        for (int v = 0; v < 2 * G; v++) _mm256_storeu_ps(out + 8 * v, acc[r][v]);
-        std::copy(out, out + cols, C + r * ldc + j0);
-    }
+    store_acc(acc, C, ldc, j0, cols);
 #else
     for (int r = 0; r < ROWS; r++)
         for (int j = 0; j < cols; j++) {
@@ -440,7 +442,6 @@ inline void gemm(int M, int N, int K, const View& a, const View& b, float* C, lo
 
 }  // namespace gemm_detail
 
-
 inline void gemm_nt(int M, int N, int K, const float* A, int lda, const float* B, int ldb, float* C, int ldc,
                     bool accumulate) {
     gemm_detail::gemm(M, N, K, {A, lda, 1}, {B, 1, ldb}, C, ldc, accumulate);
@@ -449,7 +450,10 @@ inline void gemm_nt(int M, int N, int K, const float* A, int lda, const float* B
 // A weight W [N, K] packed for gemm_nt_packed: panels of NR rows of W, each stored k-major, as
 // wp[panel][k][c] = W[panel * NR + c][k], the last panel zero-padded: the layout the packed path
 // packs B into, made once per weight update instead of once per call.
-inline long packed_weight_floats(int N, int K) { return (long)(N + gemm_detail::NR - 1) / gemm_detail::NR * gemm_detail::NR * K; }
+inline long packed_weight_floats(int N, int K) {
+    using gemm_detail::NR;
+    return (long)(N + NR - 1) / NR * NR * K;
+}
 
 inline void pack_weight(const float* W, int N, int K, float* wp) {
     using namespace gemm_detail;

@@ -190,9 +190,10 @@ private:
                 used += (size_t)(packed_weight_floats((int)t.shape[0], (int)t.shape[1]) + 15) / 16 * 16;
             }
         packed_.resize(used + 16);
+        float* const dst = gemm_detail::align64(packed_.data());
         for (const TensorInfo& t : m.weights->tensors)
             if (t.shape.size() == 2)
-                pack_weight(base + t.offset, (int)t.shape[0], (int)t.shape[1], (float*)packed_at(t.offset));
+                pack_weight(base + t.offset, (int)t.shape[0], (int)t.shape[1], dst + packed_offset_.at(t.offset));
     }
 };
 
