@@ -37,6 +37,7 @@ constexpr int NR = 16;         // micro-tile columns (two AVX vectors)
 constexpr int KC = 512;        // k block: one B micro-panel is 32 KB (measured: 512 beats 256 and 384 by 15-30%)
 constexpr int MC = 96;         // row block: one packed A block (192 KB) stays in L2
 constexpr int NC = 3072;       // column block: the packed B block (6 MB) stays in L3
+constexpr int C_PREFETCH_PANELS = 2;  // how far ahead a tile prefetches the C lines it will write
 constexpr int SLAB = 4 * NR;   // columns per task, about (rounded to equal shares per thread)
 constexpr int DIRECT_ROWS = 4; // M up to this takes a small-M path
 constexpr long PARALLEL_MIN_FLOPS = 1L << 18;  // below this a parallel region costs more than it saves
@@ -189,6 +190,14 @@ inline void prefetch_part(const float* p, long n, int part, int parts) {
         __builtin_prefetch((const char*)p + o, 0, 2);
 }
 
+// The C lines a tile C_PREFETCH_PANELS panels to the right will write, fetched for writing: a
+// tile's rows are ldc apart, too many streams for the hardware prefetcher, and a wide C (the
+// logits of a batch over the vocabulary) otherwise waits on memory at every store (measured on
+// the 64 x 32000 x 288 head: 106 -> 123 GFLOP/s; distance 2 beat 1, 4 and 8).
+inline void prefetch_c_rows(const float* c, long ldc, int rows) {
+    for (int r = 0; r < rows; r++) __builtin_prefetch(c + r * ldc, 1, 3);
+}
+
 // 64 bytes past p, rounded up to 64-byte alignment (a buffer allocated with 16 floats to spare):
 // no 32-byte load of a B micro-panel row then straddles two cache lines.
 template <class Float>
@@ -246,6 +255,9 @@ inline void gemm_packed(int M, int N, int K, const View& a, const View& b, float
                         for (int ir = 0; ir < mc; ir += MR) {
                             if (prepacked && jr + NR < nc)
                                 prefetch_part(panel(jr / NR + 1), (long)kc * NR, ir / MR, (mc + MR - 1) / MR);
+                            if (jr + C_PREFETCH_PANELS * NR < j_end)
+                                prefetch_c_rows(C + (i0 + ir) * ldc + jc + jr + C_PREFETCH_PANELS * NR, ldc,
+                                                std::min(MR, mc - ir));
                             tile(kc, apack.data() + (long)ir * kc, panel(jr / NR), C, ldc, i0 + ir, jc + jr,
                                  std::min(MR, mc - ir), std::min(NR, nc - jr), load_c);
                         }
