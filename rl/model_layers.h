@@ -10,6 +10,7 @@
 #include <omp.h>
 
 #include "rl/bf16.h"
+#include "rl/fast_exp.h"
 
 namespace fp8rl {
 
@@ -156,22 +157,51 @@ inline void rope_backward(float* dx, const int32_t* pos, const RopeTable& rt, lo
 }
 
 // ---------------------------------------------------------------------------------------------
-// SwiGLU: a = silu(g) * u, silu(z) = z * sigmoid(z). One rounding of the fused output with bf16.
+// SwiGLU: a = silu(g) * u, silu(z) = z / (1 + exp(-z)), exp from rl/fast_exp.h. One rounding of the
+// fused output with bf16. The AVX2 loops run the scalar code's operations in its order (same bits).
+
+constexpr long kSwigluBlock = 2048;  // elements per parallel task (a multiple of the vector width)
 
 inline void swiglu_forward(float* a, const float* g, const float* u, long n, bool bf16) {
 #pragma omp parallel for schedule(static)
-    for (long i = 0; i < n; i++) {
-        float v = g[i] / (1.0f + std::exp(-g[i])) * u[i];
-        a[i] = bf16 ? round_bf16(v) : v;
+    for (long i0 = 0; i0 < n; i0 += kSwigluBlock) {
+        const long end = i0 + kSwigluBlock < n ? i0 + kSwigluBlock : n;
+        long i = i0;
+#if FP8RL_HOST_AVX2
+        const __m256 one = _mm256_set1_ps(1.0f), neg = _mm256_set1_ps(-0.0f);  // xor with neg: -x
+        for (; i + 8 <= end; i += 8) {
+            const __m256 gv = _mm256_loadu_ps(g + i);
+            const __m256 e = fast_exp8(_mm256_xor_ps(gv, neg));
+            _mm256_storeu_ps(a + i, _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(one, e)), _mm256_loadu_ps(u + i)));
+        }
+#endif
+        for (; i < end; i++) a[i] = g[i] / (1.0f + fast_exp(-g[i])) * u[i];
+        if (bf16)
+            for (i = i0; i < end; i++) a[i] = round_bf16(a[i]);
     }
 }
 
+// sig = sigmoid(g): dg = da * u * sig * (1 + g * (1 - sig)), du = da * g * sig.
 inline void swiglu_backward(float* dg, float* du, const float* da, const float* g, const float* u, long n) {
 #pragma omp parallel for schedule(static)
-    for (long i = 0; i < n; i++) {
-        float sig = 1.0f / (1.0f + std::exp(-g[i]));
-        dg[i] = da[i] * u[i] * sig * (1.0f + g[i] * (1.0f - sig));
-        du[i] = da[i] * g[i] * sig;
+    for (long i0 = 0; i0 < n; i0 += kSwigluBlock) {
+        const long end = i0 + kSwigluBlock < n ? i0 + kSwigluBlock : n;
+        long i = i0;
+#if FP8RL_HOST_AVX2
+        const __m256 one = _mm256_set1_ps(1.0f), neg = _mm256_set1_ps(-0.0f);  // xor with neg: -x
+        for (; i + 8 <= end; i += 8) {
+            const __m256 gv = _mm256_loadu_ps(g + i), dav = _mm256_loadu_ps(da + i);
+            const __m256 sig = _mm256_div_ps(one, _mm256_add_ps(one, fast_exp8(_mm256_xor_ps(gv, neg))));
+            const __m256 grow = _mm256_add_ps(one, _mm256_mul_ps(gv, _mm256_sub_ps(one, sig)));
+            _mm256_storeu_ps(dg + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(dav, _mm256_loadu_ps(u + i)), sig), grow));
+            _mm256_storeu_ps(du + i, _mm256_mul_ps(_mm256_mul_ps(dav, gv), sig));
+        }
+#endif
+        for (; i < end; i++) {
+            const float sig = 1.0f / (1.0f + fast_exp(-g[i]));
+            dg[i] = da[i] * u[i] * sig * (1.0f + g[i] * (1.0f - sig));
+            du[i] = da[i] * g[i] * sig;
+        }
     }
 }
 
