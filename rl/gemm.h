@@ -90,6 +90,10 @@ inline void pack_a(const View& a, long i0, int rows, long k0, int kc, float* dst
             transpose8x8(t);
             for (int kk = 0; kk < 8; kk++) _mm256_storeu_ps(dst + (k + kk) * MR, t[kk]);
         }
+    if (rows == MR && a.rs == 1) {  // A columns (a transposed operand): MR consecutive floats per k
+        const __m256i first_mr = _mm256_setr_epi32(-1, -1, -1, -1, -1, -1, 0, 0);
+        for (; k < kc; k++) _mm256_storeu_ps(dst + k * MR, _mm256_maskload_ps(a.p + (k0 + k) * a.cs + i0, first_mr));
+    }
 #endif
     for (; k < kc; k++)
         for (int r = 0; r < MR; r++) dst[k * MR + r] = r < rows ? a.at(i0 + r, k0 + k) : 0.0f;
