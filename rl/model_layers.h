@@ -162,36 +162,44 @@ inline void rope_backward(float* dx, const int32_t* pos, const RopeTable& rt, lo
 
 constexpr long kSwigluBlock = 2048;  // elements per parallel task (a multiple of the vector width)
 
-inline void swiglu_forward(float* a, const float* g, const float* u, long n, bool bf16) {
+// f(begin, end) over [0, n) in blocks of kSwigluBlock, the blocks split among the threads.
+template <class F>
+inline void swiglu_blocks(long n, const F& f) {
 #pragma omp parallel for schedule(static)
-    for (long i0 = 0; i0 < n; i0 += kSwigluBlock) {
-        const long end = i0 + kSwigluBlock < n ? i0 + kSwigluBlock : n;
-        long i = i0;
+    for (long i0 = 0; i0 < n; i0 += kSwigluBlock) f(i0, i0 + kSwigluBlock < n ? i0 + kSwigluBlock : n);
+}
+
 #if FP8RL_HOST_AVX2
-        const __m256 one = _mm256_set1_ps(1.0f), neg = _mm256_set1_ps(-0.0f);  // xor with neg: -x
+// exp(-g) on eight lanes, as fast_exp(-g) (the sign flipped exactly).
+inline __m256 exp_negated8(__m256 g) { return fast_exp8(_mm256_xor_ps(g, _mm256_set1_ps(-0.0f))); }
+#endif
+
+inline void swiglu_forward(float* a, const float* g, const float* u, long n, bool bf16) {
+    swiglu_blocks(n, [&](long begin, long end) {
+        long i = begin;
+#if FP8RL_HOST_AVX2
+        const __m256 one = _mm256_set1_ps(1.0f);
         for (; i + 8 <= end; i += 8) {
             const __m256 gv = _mm256_loadu_ps(g + i);
-            const __m256 e = fast_exp8(_mm256_xor_ps(gv, neg));
-            _mm256_storeu_ps(a + i, _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(one, e)), _mm256_loadu_ps(u + i)));
+            _mm256_storeu_ps(a + i, _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(one, exp_negated8(gv))),
+                                                  _mm256_loadu_ps(u + i)));
         }
 #endif
         for (; i < end; i++) a[i] = g[i] / (1.0f + fast_exp(-g[i])) * u[i];
         if (bf16)
-            for (i = i0; i < end; i++) a[i] = round_bf16(a[i]);
-    }
+            for (i = begin; i < end; i++) a[i] = round_bf16(a[i]);
+    });
 }
 
 // sig = sigmoid(g): dg = da * u * sig * (1 + g * (1 - sig)), du = da * g * sig.
 inline void swiglu_backward(float* dg, float* du, const float* da, const float* g, const float* u, long n) {
-#pragma omp parallel for schedule(static)
-    for (long i0 = 0; i0 < n; i0 += kSwigluBlock) {
-        const long end = i0 + kSwigluBlock < n ? i0 + kSwigluBlock : n;
-        long i = i0;
+    swiglu_blocks(n, [&](long begin, long end) {
+        long i = begin;
 #if FP8RL_HOST_AVX2
-        const __m256 one = _mm256_set1_ps(1.0f), neg = _mm256_set1_ps(-0.0f);  // xor with neg: -x
+        const __m256 one = _mm256_set1_ps(1.0f);
         for (; i + 8 <= end; i += 8) {
             const __m256 gv = _mm256_loadu_ps(g + i), dav = _mm256_loadu_ps(da + i);
-            const __m256 sig = _mm256_div_ps(one, _mm256_add_ps(one, fast_exp8(_mm256_xor_ps(gv, neg))));
+            const __m256 sig = _mm256_div_ps(one, _mm256_add_ps(one, exp_negated8(gv)));
             const __m256 grow = _mm256_add_ps(one, _mm256_mul_ps(gv, _mm256_sub_ps(one, sig)));
             _mm256_storeu_ps(dg + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(dav, _mm256_loadu_ps(u + i)), sig), grow));
             _mm256_storeu_ps(du + i, _mm256_mul_ps(_mm256_mul_ps(dav, gv), sig));
@@ -202,7 +210,7 @@ inline void swiglu_backward(float* dg, float* du, const float* da, const float* 
             dg[i] = da[i] * u[i] * sig * (1.0f + g[i] * (1.0f - sig));
             du[i] = da[i] * g[i] * sig;
         }
-    }
+    });
 }
 
 // y = a + b (the residual stream), rounded when the stream is BF16.
