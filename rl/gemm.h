@@ -197,7 +197,7 @@ inline void prefetch_part(const float* p, long n, int part, int parts) {
 // The C lines a tile C_PREFETCH_PANELS panels to the right will write, fetched for writing: a
 // tile's rows are ldc apart, too many streams for the hardware prefetcher, and a wide C (the
 // logits of a batch over the vocabulary) otherwise waits on memory at every store (measured on
-// the 64 x 32000 x 288 head: 106 -> 123 GFLOP/s; distance 2 beat 1, 4 and 8).
+// the 64 x 32000 x 288 head: ~106 -> 121-127 GFLOP/s; distances 1, 4 and 8 did no better).
 inline void prefetch_c_rows(const float* c, long ldc, int rows) {
     for (int r = 0; r < rows; r++) __builtin_prefetch(c + r * ldc, 1, 3);
 }
