@@ -1,9 +1,11 @@
-// bench_util.h: what every benchmark program needs: best-of-N wall time and the machine's FP32
-// FMA peak, measured in the same run so that figures can be read as a fraction of it.
+// bench_util.h: what every benchmark program needs: best-of-N wall time, and the machine's FP32
+// FMA peak and memory read bandwidth, measured in the same run so that figures can be read as a
+// fraction of them.
 #pragma once
 #include <omp.h>
 
 #include <algorithm>
+#include <vector>
 #ifdef __AVX2__
 #include <immintrin.h>
 #endif
@@ -52,4 +54,51 @@ inline double fma_peak_gflops(int threads) {
     volatile float keep = sink[0];  // the loops' results are used
     (void)keep;
     return (double)threads * iters * 12 * 8 * 2 / s * 1e-9;
+}
+
+// Seconds for `threads` threads to read floats buf[0..n), each its own contiguous part, summing
+// them in vector registers (n a multiple of 32 * threads). With ahead > 0 each thread also
+// prefetches the line `ahead` floats in front of the one it reads, with __builtin_prefetch's
+// locality `Locality` (3: all levels, 2: L2 and below, 0: non-temporal).
+template <int Locality = 3>
+inline double read_seconds(const float* buf, long n, int threads, long ahead = 0) {
+    const long part = n / threads;
+    float sink[64] = {};
+    const double t0 = omp_get_wtime();
+#pragma omp parallel num_threads(threads)
+    {
+        const long begin = part * omp_get_thread_num(), end = begin + part;
+#ifdef __AVX2__
+        __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+        for (long i = begin; i < end; i += 32) {
+            if (ahead > 0 && i + ahead < end) {
+                __builtin_prefetch(buf + i + ahead, 0, Locality);
+                __builtin_prefetch(buf + i + ahead + 16, 0, Locality);
+            }
+            for (int v = 0; v < 4; v++) acc[v] = _mm256_add_ps(acc[v], _mm256_loadu_ps(buf + i + 8 * v));
+        }
+        float out[8];
+        _mm256_storeu_ps(out, _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+        sink[omp_get_thread_num() % 64] += out[0];
+#else
+        float acc[16] = {};
+        for (long i = begin; i < end; i += 16) {
+            if (ahead > 0 && i + ahead < end) __builtin_prefetch(buf + i + ahead, 0, Locality);
+            for (int v = 0; v < 16; v++) acc[v] += buf[i + v];
+        }
+        sink[omp_get_thread_num() % 64] += acc[3];
+#endif
+    }
+    const double s = omp_get_wtime() - t0;
+    volatile float keep = sink[0];  // the loops' results are used
+    (void)keep;
+    return s;
+}
+
+// Read bandwidth from memory in GB/s with `threads` threads, over a 256 MiB buffer (far larger
+// than the caches).
+inline double read_bandwidth_gbs(int threads) {
+    const long n = (64L << 20) / (32 * threads) * (32 * threads);  // floats
+    const std::vector<float> buf(n, 1.0f);
+    return (double)n * sizeof(float) / best_seconds(3, [&] { read_seconds(buf.data(), n, threads); }) * 1e-9;
 }
