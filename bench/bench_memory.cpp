@@ -17,7 +17,7 @@ static double read_gbs(const std::vector<float>& buf, long n, int threads, long 
 
 int main() {
     const int threads = omp_get_max_threads();
-    const long n = (64L << 20) / (32 * threads) * (32 * threads);  // 256 MiB of floats
+    const long n = read_buffer_floats(256, threads);
     const std::vector<float> buf(n, 1.0f);
     printf("read bandwidth of a 256 MiB buffer, GB/s (best of 3):\n");
     printf("%-28s %9s %9s\n", "software prefetch", "1 thread", "threads");
@@ -36,7 +36,7 @@ int main() {
     // read comes from the L3 as far as the L3 keeps it.
     printf("\nreading a buffer twice, %d threads, GB/s (best of 5):\n%8s %9s %9s\n", threads, "MiB", "first", "second");
     for (long mib : {4L, 8L, 12L, 16L, 24L, 48L}) {
-        const long m = (mib << 18) / (32 * threads) * (32 * threads);
+        const long m = read_buffer_floats(mib, threads);
         const std::vector<float> b(m, 1.0f);
         double first = 0, second = 0;
         for (int r = 0; r < 5; r++) {

@@ -56,6 +56,9 @@ inline double fma_peak_gflops(int threads) {
     return (double)threads * iters * 12 * 8 * 2 / s * 1e-9;
 }
 
+// Floats in a buffer of about `mib` MiB that read_seconds splits evenly over `threads` threads.
+inline long read_buffer_floats(long mib, int threads) { return (mib << 18) / (32 * threads) * (32 * threads); }
+
 // Seconds for `threads` threads to read floats buf[0..n), each its own contiguous part, summing
 // them in vector registers (n a multiple of 32 * threads). With ahead > 0 each thread also
 // prefetches the line `ahead` floats in front of the one it reads, with __builtin_prefetch's
@@ -98,7 +101,7 @@ inline double read_seconds(const float* buf, long n, int threads, long ahead = 0
 // Read bandwidth from memory in GB/s with `threads` threads, over a 256 MiB buffer (far larger
 // than the caches).
 inline double read_bandwidth_gbs(int threads) {
-    const long n = (64L << 20) / (32 * threads) * (32 * threads);  // floats
+    const long n = read_buffer_floats(256, threads);
     const std::vector<float> buf(n, 1.0f);
     return (double)n * sizeof(float) / best_seconds(3, [&] { read_seconds(buf.data(), n, threads); }) * 1e-9;
 }
