@@ -41,7 +41,7 @@ endif
 
 NVCCFLAGS := -std=c++17 -O3 -gencode arch=compute_90,code=sm_90 -Werror all-warnings -I. \
              -Xcompiler -Wall,-Wextra,-fopenmp
-CUDA_SRCS := $(wildcard *.cu *.cuh rl/*.cuh)
+CUDA_SRCS := $(wildcard *.cu *.cuh rl/*.cuh cuda/*.cu cuda/*.cuh)
 GPU_TEST_SRCS := $(wildcard test/gpu/*.cu)
 
 $(info fp8rl build: g++=$(shell command -v $(CXX)) nvcc=$(or $(NVCC),not found) cuBLASLt=$(or $(CUBLASLT),not found) NCCL=$(or $(NCCL),not found) MPI=$(or $(MPICXX),not found) clang++=$(or $(CLANGXX),not found))
@@ -111,7 +111,7 @@ cuda-check:
 # ./test_gpu: the GPU tests (test/gpu/test_*.cu) with the shared test runner; make bench_gpu builds
 # and runs each GPU benchmark (test/gpu/bench_*.cu). Both need a GPU to run; dev/gpu_check.sh runs all.
 GPU_LDLIBS := -lcublasLt -lgomp
-GPU_HEADERS := $(wildcard *.cuh rl/*.h rl/*.cuh test/gpu/*.cuh test/harness.h)
+GPU_HEADERS := $(wildcard *.cuh rl/*.h rl/*.cuh cpu/*.h cuda/*.cuh test/gpu/*.cuh test/harness.h)
 GPU_BENCH_BINS := $(patsubst test/gpu/bench_%.cu,$(BUILD)/gpu_bench_%,$(wildcard test/gpu/bench_*.cu))
 test_gpu: test/run_tests.cpp $(wildcard test/gpu/test_*.cu) $(GPU_HEADERS)
 	$(NVCC) $(NVCCFLAGS) -o $@ test/run_tests.cpp $(wildcard test/gpu/test_*.cu) $(GPU_LDLIBS)

@@ -1,7 +1,7 @@
 // fp8_gemm.cuh: FP8 quantization kernels and cuBLASLt GEMM wrappers for the GPU engine (Hopper,
 // sm_90). The kernels call the shared scalar code of rl/fp8.h and rl/fp8_block.h (encoder, scale
 // rule, index formulas), so their bytes equal the CPU quantizers' bit for bit; the block-scaled GEMMs
-// are the ones rl/fp8_gemm_ref.h emulates. Layouts and the fprop/dgrad/wgrad mapping: spec-fp8.md §6-§7.
+// are the ones cpu/fp8_gemm_ref.h emulates. Layouts and the fprop/dgrad/wgrad mapping: spec-fp8.md §6-§7.
 //
 // Every tensor is row-major. In cuBLAS's column-major terms all GEMMs here are "TN":
 //   D [n][m] = B [n][k] . A [m][k]^T      (row-major view; D is m x n column-major)

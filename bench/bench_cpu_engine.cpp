@@ -1,4 +1,4 @@
-// bench_cpu_engine: speed of rl/gemm.h against baselines measured in the same run: the machine's
+// bench_cpu_engine: speed of cpu/gemm.h against baselines measured in the same run: the machine's
 // FP32 FMA peak (an FMA-throughput loop, 1 and N threads) and the naive triple loop gemm.h
 // replaced, on LLM-like shapes (GFLOP/s, speedup, fraction of the measured peak).
 // Usage: ./build/bench_cpu_engine   (threads: OMP_NUM_THREADS, default all cores)
@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "bench/bench_util.h"
-#include "rl/gemm.h"
+#include "cpu/gemm.h"
 
 using namespace fp8rl;
 

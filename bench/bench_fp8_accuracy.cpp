@@ -10,7 +10,7 @@
 // subnormal range).
 // Also the time (best of 3) of the emulated blockwise fprop (quantize X, decode, one FP32 GEMM per 128-wide K
 // block, scale and add; the weight is quantized beforehand, as once per optimizer update) relative
-// to the plain FP32 GEMM of the same shape (both rl/gemm.h).
+// to the plain FP32 GEMM of the same shape (both cpu/gemm.h).
 //
 // Shapes: 512 tokens x K in {1024, 4096} x N = 512 outputs. The relative error does not
 // depend on the token count (each output element is its own dot product over K), so fewer tokens
@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "rl/bf16.h"
-#include "rl/fp8_gemm_ref.h"
+#include "cpu/fp8_gemm_ref.h"
 
 using namespace fp8rl;
 

@@ -1,4 +1,4 @@
-// bench_model: speed of the CPU model (rl/model.h, rl/generate.h) on random weights, with the
+// bench_model: speed of the CPU model (cpu/model.h, cpu/generate.h) on random weights, with the
 // machine's FP32 FMA peak and memory read bandwidth measured in the same run.
 //   1. training step: forward + backward of a ~25M-parameter Llama-style config over 4096 tokens
 //      (8 sequences x 512), achieved GFLOP/s = (6 * params * tokens + causal attention) / time;
@@ -14,8 +14,8 @@
 
 #include "bench/bench_util.h"
 #include "bench/llama2c_baseline.h"
-#include "rl/generate.h"
-#include "rl/model.h"
+#include "cpu/generate.h"
+#include "cpu/model.h"
 #include "rl/rng.h"
 #include "rl/weights.h"
 

@@ -14,7 +14,7 @@
 #include <omp.h>
 
 #include "rl/fast_exp.h"
-#include "rl/model.h"
+#include "cpu/model.h"
 #include "rl/rng.h"
 
 namespace fp8rl {

@@ -1,5 +1,5 @@
 // engine.h: what the RL driver (rl/driver.h) asks of an engine (DESIGN.md §1). The CPU engine
-// (rl/engine_cpu.h) implements it on the reference model; the GPU engine implements the same
+// (cpu/engine_cpu.h) implements it on the reference model; the GPU engine implements the same
 // calls, so the driver, and everything it computes around the model, is shared.
 //
 // A sequence is prompt + response token ids; "response positions" are the tokens after the

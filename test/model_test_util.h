@@ -3,7 +3,7 @@
 #include <string>
 #include <vector>
 
-#include "rl/model.h"
+#include "cpu/model.h"
 #include "rl/safetensors.h"
 #include "rl/weights.h"
 

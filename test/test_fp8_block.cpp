@@ -1,12 +1,12 @@
 // test_fp8_block.cpp: blockwise E4M3 quantization (rl/fp8_block.h) and the emulated FP8 GEMMs
-// (rl/fp8_gemm_ref.h). Expected codes, scales and GEMM results come from torch
+// (cpu/fp8_gemm_ref.h). Expected codes, scales and GEMM results come from torch
 // (dev/make_fp8_fixtures.py: float8_e4m3fn casts, float64 products of the dequantized operands);
 // the rest are properties (NaN/Inf/zero blocks, transposition, bounds).
 #include <cmath>
 #include <cstring>
 #include <map>
 
-#include "rl/fp8_gemm_ref.h"
+#include "cpu/fp8_gemm_ref.h"
 #include "rl/json.h"
 #include "test/harness.h"
 

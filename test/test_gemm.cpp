@@ -1,4 +1,4 @@
-// Tests of rl/gemm.h: all three transposes and gemm_nt on a packed weight, on odd shapes (edges
+// Tests of cpu/gemm.h: all three transposes and gemm_nt on a packed weight, on odd shapes (edges
 // of every tile, panel and block size)
 // against a double-precision reference, the documented rounding contract (one FMA chain per
 // element in k order), padding left untouched, and bitwise independence of thread count and of
@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "rl/common.h"
-#include "rl/gemm.h"
+#include "cpu/gemm.h"
 #include "test/harness.h"
 
 using namespace fp8rl;

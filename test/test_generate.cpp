@@ -1,4 +1,4 @@
-// Tests of generation (rl/generate.h): greedy output equals HF generate token for token, decoding
+// Tests of generation (cpu/generate.h): greedy output equals HF generate token for token, decoding
 // with the KV cache equals the full forward pass, samples do not depend on batch composition or
 // thread count, stopping on eos, and the bf16 / fp8 caches.
 #include <omp.h>
@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "rl/generate.h"
+#include "cpu/generate.h"
 #include "test/harness.h"
 #include "test/model_test_util.h"
 

@@ -1,4 +1,4 @@
-// Tests of the CPU model (rl/model.h) against HF transformers: logits, log-probs, entropy and every
+// Tests of the CPU model (cpu/model.h) against HF transformers: logits, log-probs, entropy and every
 // parameter's gradient in FP32 (fixtures from dev/make_model_fixtures.py on the checkpoints of
 // dev/make_tiny_models.py), plus properties: finite differences, thread-count and batch invariance,
 // and the bounds of the bf16 and fp8 modes against fp32.
@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "rl/model.h"
+#include "cpu/model.h"
 #include "rl/safetensors.h"
 #include "test/harness.h"
 #include "test/model_test_util.h"

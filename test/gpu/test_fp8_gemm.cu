@@ -2,7 +2,7 @@
 //   - the device encoder (rl/fp8.h compiled for sm_90) equals CUDA's device conversion (the PTX
 //     cvt.rn.satfinite instruction for satfinite) over all 2^32 inputs, both formats and modes;
 //   - the quantize kernels equal the CPU quantizers (rl/fp8_block.h) bit for bit;
-//   - cuBLASLt's block-scaled fprop / dgrad / wgrad equal the CPU emulation (rl/fp8_gemm_ref.h)
+//   - cuBLASLt's block-scaled fprop / dgrad / wgrad equal the CPU emulation (cpu/fp8_gemm_ref.h)
 //     within a stated tolerance, and a deliberately wrong scale layout FAILS that same check;
 //   - the BF16 GEMM equals an FP32 CPU GEMM of the same BF16 values within tolerance.
 // Tests skip, visibly, where there is no GPU (or no Hopper for the block-scaled GEMMs).
@@ -11,10 +11,10 @@
 #include <cmath>
 #include <cstring>
 
-// rl/gemm.h sets a variable that only an OpenMP if() clause reads; nvcc's front end ignores OpenMP
+// cpu/gemm.h sets a variable that only an OpenMP if() clause reads; nvcc's front end ignores OpenMP
 // pragmas and would call it unused (an error under -Werror all-warnings).
 #pragma nv_diag_suppress 177
-#include "rl/fp8_gemm_ref.h"
+#include "cpu/fp8_gemm_ref.h"
 #pragma nv_diag_default 177
 #include "test/gpu/gpu_util.cuh"
 #include "test/harness.h"

@@ -20,7 +20,7 @@
 
 #include "rl/bf16.h"
 #include "rl/fast_exp.h"
-#include "rl/gemm.h"
+#include "cpu/gemm.h"
 
 namespace fp8rl {
 

@@ -17,7 +17,7 @@
 #include <omp.h>
 
 #include "rl/fast_exp.h"
-#include "rl/gemm.h"
+#include "cpu/gemm.h"
 
 namespace fp8rl {
 
@@ -34,7 +34,7 @@ struct HeadShape {
 inline long head_rows_per_block() { return kHeadBufferFloats / kVocabChunk; }
 
 // Computes logits z [rows, n] = x [rows, C] . W[v0 : v0 + n]^T / temperature (v0 a multiple of
-// kVocabChunk; the same bits from W or packed W: rl/gemm.h computes one FMA chain per output either way).
+// kVocabChunk; the same bits from W or packed W: cpu/gemm.h computes one FMA chain per output either way).
 inline void head_logits_chunk(float* z, const float* x, long rows, const float* W, int v0, int n, HeadShape s) {
     if (s.packed)
         gemm_nt_packed((int)rows, n, s.C, x, s.C, packed_weight_rows(s.packed, s.C, v0), z, n, false);

@@ -1,14 +1,14 @@
 // linear.h: the linear layers of the CPU model (y = x W^T + b), forward and backward, in the
-// precision of the call. fp32 and bf16 use the FP32 GEMMs of rl/gemm.h (bf16 hands them weights
+// precision of the call. fp32 and bf16 use the FP32 GEMMs of cpu/gemm.h (bf16 hands them weights
 // and inputs already rounded to BF16, then rounds the output as the GPU stores it). fp8 runs all
-// three GEMMs through the emulated blockwise FP8 GEMM (rl/fp8_gemm_ref.h): weights in 128x128
+// three GEMMs through the emulated blockwise FP8 GEMM (cpu/fp8_gemm_ref.h): weights in 128x128
 // blocks quantized once per update, X and dY in 1x128 groups, wgrad operands along tokens.
 #pragma once
 #include <cstddef>
 
-#include "rl/fp8_gemm_ref.h"
-#include "rl/gemm.h"
-#include "rl/model_layers.h"
+#include "cpu/fp8_gemm_ref.h"
+#include "cpu/gemm.h"
+#include "cpu/model_layers.h"
 #include "rl/precision.h"
 
 namespace fp8rl {

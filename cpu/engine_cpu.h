@@ -1,7 +1,7 @@
 // engine_cpu.h: the CPU reference engine behind the driver's interface (rl/engine.h). It owns the
 // model's FP32 master weights (rl/weights.h), the gradient buffer in the same layout, and one
 // prepared parameter copy per precision in use, refreshed after every update; forward, backward
-// and generation are the reference model's (rl/model.h, rl/generate.h).
+// and generation are the reference model's (cpu/model.h, cpu/generate.h).
 #pragma once
 #include <algorithm>
 #include <map>
@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "rl/engine.h"
-#include "rl/generate.h"
-#include "rl/model.h"
+#include "cpu/generate.h"
+#include "cpu/model.h"
 #include "rl/weights.h"
 
 namespace fp8rl {

@@ -2,7 +2,7 @@
 // math cuBLASLt's VEC128 / BLK128x128 modes perform (spec-fp8.md §6.3):
 //   D[i][j] = sum over 128-wide K blocks kb of  sA(i,kb) * sB(j,kb) * sum_{k in kb} A[i][k] * B[j][k]
 // with A, B the decoded E4M3 values (exact in FP32; each product is exact too), the inner sums in
-// FP32 (rl/gemm.h's gemm_nt, K = 128 per call), and the scaled partial sums added in FP32 block by
+// FP32 (cpu/gemm.h's gemm_nt, K = 128 per call), and the scaled partial sums added in FP32 block by
 // block. Every operand is K-contiguous, as cuBLASLt's TN layout requires, so one NT kernel serves
 // fprop, dgrad and wgrad. The CPU engine's "fp8" precision uses the fp8_linear_* functions below.
 #pragma once
@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "rl/fp8_block.h"
-#include "rl/gemm.h"
+#include "cpu/gemm.h"
 
 namespace fp8rl {
 

@@ -1,5 +1,5 @@
 // generate.h: batched generation on the CPU model: one prefill over every prompt, then one decode
-// step per new token over the sequences still running, with a KV cache (rl/kv_cache.h). Each
+// step per new token over the sequences still running, with a KV cache (cpu/kv_cache.h). Each
 // sequence stops on any eos id or after max_new_tokens. Tokens are drawn by the shared sampling
 // rule (rl/sampling.h) from a uniform keyed by (seed, step, sequence key, position) (rl/rng.h),
 // so a completion depends neither on the other sequences of the batch nor on the thread count.
@@ -12,7 +12,7 @@
 
 #include <omp.h>
 
-#include "rl/model.h"
+#include "cpu/model.h"
 #include "rl/rng.h"
 #include "rl/sampling.h"
 

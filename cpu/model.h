@@ -3,7 +3,7 @@
 // per-head q/k RMSNorm, Qwen2's q/k/v biases, llama3 RoPE scaling, rotate-half RoPE, SwiGLU, tied
 // or untied head. Parameters live in the ONE master buffer of rl/weights.h; gradients go into any
 // buffer with the same layout. Linear layers run as GEMMs over all tokens of the batch; attention
-// (rl/attention.h) as GEMMs per sequence and head, or per (token, head) over a KV cache.
+// (cpu/attention.h) as GEMMs per sequence and head, or per (token, head) over a KV cache.
 //
 // Use (see README "Model"):
 //   CpuModel model(weights);                 // shapes, tensor offsets, RoPE frequencies
@@ -21,11 +21,11 @@
 
 #include <omp.h>
 
-#include "rl/attention.h"
-#include "rl/kv_cache.h"
-#include "rl/linear.h"
-#include "rl/logprob_head.h"
-#include "rl/model_layers.h"
+#include "cpu/attention.h"
+#include "cpu/kv_cache.h"
+#include "cpu/linear.h"
+#include "cpu/logprob_head.h"
+#include "cpu/model_layers.h"
 #include "rl/precision.h"
 #include "rl/weights.h"
 
@@ -125,7 +125,7 @@ struct CpuModel {
 
 // The parameters as one precision reads them: the master buffer itself (fp32) or a BF16-rounded
 // copy (bf16, fp8), and for fp8 the 128x128-block quantization of every projection weight (from
-// the FP32 master). fp32 and bf16 also keep every matrix packed for gemm_nt_packed (rl/gemm.h):
+// the FP32 master). fp32 and bf16 also keep every matrix packed for gemm_nt_packed (cpu/gemm.h):
 // the forward's X W^T reads the panels in place instead of repacking W on every call, and a decode
 // step's GEMV streams them contiguously. Call prepare() again after every change of the master
 // weights.

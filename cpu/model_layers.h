@@ -1,5 +1,5 @@
 // model_layers.h: the non-GEMM kernels of the CPU model, forward and backward: embedding, RMSNorm,
-// RoPE, SwiGLU, residual add (attention: rl/attention.h). Each output element is computed by one thread
+// RoPE, SwiGLU, residual add (attention: cpu/attention.h). Each output element is computed by one thread
 // in a fixed order, so results are bitwise identical for any OpenMP thread count. `bf16` marks the
 // GPU's BF16 storage points (DESIGN.md §3): the kernel rounds what the GPU would store as BF16.
 #pragma once

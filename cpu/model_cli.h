@@ -14,10 +14,10 @@
 #include <vector>
 
 #include "rl/args.h"
-#include "rl/generate.h"
+#include "cpu/generate.h"
 #include "rl/json.h"
 #include "rl/jsonl.h"
-#include "rl/model.h"
+#include "cpu/model.h"
 #include "rl/tokenizer.h"
 
 namespace fp8rl {
