@@ -43,10 +43,22 @@ NVCCFLAGS := -std=c++17 -O3 -gencode arch=compute_90,code=sm_90 -Werror all-warn
              -Xcompiler -Wall,-Wextra,-fopenmp
 CUDA_SRCS := $(wildcard *.cu *.cuh rl/*.cuh cuda/*.cu cuda/*.cuh)
 GPU_TEST_SRCS := $(wildcard test/gpu/*.cu)
+GPU_TESTS     := $(wildcard test/gpu/test_*.cu)
 
 $(info fp8rl build: g++=$(shell command -v $(CXX)) nvcc=$(or $(NVCC),not found) cuBLASLt=$(or $(CUBLASLT),not found) NCCL=$(or $(NCCL),not found) MPI=$(or $(MPICXX),not found) clang++=$(or $(CLANGXX),not found))
 
 BUILD := build
+
+# CUDA emulation (spec-gpu.md §2): g++ builds the GPU sources against cuda/emu.h and runs every
+# kernel on the CPU. It needs the CUDA headers (cuda_runtime.h, cuda_bf16.h, cuda_fp8.h), not a GPU.
+ifneq ($(CUDA_FP8_H),)
+  EMU_FLAGS     := -DFP8RL_EMU -isystem $(CUDA_HOME)/include
+  EMU_RUNTIME   := cuda/emu_threads.cpp cuda/emu_runtime.cpp
+  GPU_TEST_OBJS := $(patsubst %,$(BUILD)/emu/%.o,test/run_tests.cpp $(EMU_RUNTIME) $(GPU_TESTS))
+  GPU_ASAN_OBJS := $(patsubst %,$(BUILD)/emu-asan/%.o,test/run_tests.cpp $(EMU_RUNTIME) $(GPU_TESTS))
+  EMU_SEEDS     ?= 0 1 2
+  EMU_ASAN_SEED ?= 3
+endif
 TEST_SRCS  := test/run_tests.cpp $(wildcard test/test_*.cpp)
 TEST_OBJS  := $(patsubst %.cpp,$(BUILD)/%.o,$(TEST_SRCS))
 ASAN_OBJS  := $(patsubst %.cpp,$(BUILD)/asan/%.o,$(TEST_SRCS))
@@ -55,7 +67,7 @@ BENCH_BINS := $(patsubst bench/%.cpp,$(BUILD)/%,$(BENCH_SRCS))
 FUZZ_SECONDS ?= 30
 FUZZ_TARGETS := json safetensors
 
-.PHONY: all test test-unit test-asan cuda-check test_gpu bench bench_gpu fuzz clean demo
+.PHONY: all test test-unit test-asan test-gpu-emu test-gpu-emu-asan test_gpu_emu cuda-check test_gpu bench bench_gpu fuzz clean demo
 all: train_rl_cpu
 
 # The binary sits outside build/ but its header dependencies inside: without its .d file (build/
@@ -84,11 +96,29 @@ $(BUILD)/test_cpu: $(TEST_OBJS)
 $(BUILD)/test_cpu_asan: $(ASAN_OBJS)
 	$(CXX) $(SANFLAGS) -o $@ $^ $(LDLIBS)
 
+# The emulated GPU tests: test/gpu/*.cu (also ./test_gpu with nvcc) with the shared runner.
+$(BUILD)/emu/%.o: %
+	@mkdir -p $(@D)
+	$(CXX) $(CXXFLAGS) $(EMU_FLAGS) -x c++ -c -o $@ $<
+
+$(BUILD)/emu-asan/%.o: %
+	@mkdir -p $(@D)
+	$(CXX) $(SANFLAGS) $(EMU_FLAGS) -x c++ -c -o $@ $<
+
+$(BUILD)/test_gpu_emu: $(GPU_TEST_OBJS)
+	$(CXX) $(CXXFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/test_gpu_emu_asan: $(GPU_ASAN_OBJS)
+	$(CXX) $(SANFLAGS) -o $@ $^ $(LDLIBS)
+
+test_gpu_emu: $(BUILD)/test_gpu_emu
+
 # make test: the unit and integration tests, the CUDA compile check, then everything again under
 # AddressSanitizer + UndefinedBehaviorSanitizer, then bounded fuzz runs of the JSON parser and the
 # safetensors reader. The binaries build in parallel (-j); the runs are sequential so their output
 # stays readable.
 TEST_BINS := $(BUILD)/test_cpu train_rl_cpu $(BUILD)/test_cpu_asan $(BUILD)/train_rl_cpu_asan \
+             $(if $(EMU_FLAGS),$(BUILD)/test_gpu_emu $(BUILD)/test_gpu_emu_asan) \
              $(if $(CLANGXX),$(FUZZ_TARGETS:%=$(BUILD)/fuzz_%))
 test: $(TEST_BINS)
 	$(MAKE) --no-print-directory test-unit
@@ -98,9 +128,26 @@ test: $(TEST_BINS)
 
 test-unit: $(BUILD)/test_cpu train_rl_cpu
 	FP8RL_BIN=./train_rl_cpu OMP_NUM_THREADS=2 ./$(BUILD)/test_cpu
+	$(MAKE) --no-print-directory test-gpu-emu
 
 test-asan: $(BUILD)/test_cpu_asan $(BUILD)/train_rl_cpu_asan
 	FP8RL_BIN=./$(BUILD)/train_rl_cpu_asan OMP_NUM_THREADS=2 ASAN_OPTIONS=detect_leaks=1 ./$(BUILD)/test_cpu_asan
+	$(MAKE) --no-print-directory test-gpu-emu-asan
+
+# The GPU tests in emulation, once per scheduling seed (seed 0: threads and blocks in order; others
+# shuffle them), then under ASan with one more seed.
+ifneq ($(EMU_FLAGS),)
+test-gpu-emu: $(BUILD)/test_gpu_emu
+	@for s in $(EMU_SEEDS); do echo "== GPU tests in emulation, FP8RL_EMU_SEED=$$s"; \
+	  FP8RL_EMU_SEED=$$s OMP_NUM_THREADS=2 ./$(BUILD)/test_gpu_emu || exit 1; done
+
+test-gpu-emu-asan: $(BUILD)/test_gpu_emu_asan
+	@echo "== GPU tests in emulation under ASan + UBSan, FP8RL_EMU_SEED=$(EMU_ASAN_SEED)"
+	FP8RL_EMU_SEED=$(EMU_ASAN_SEED) OMP_NUM_THREADS=2 ASAN_OPTIONS=detect_leaks=1 ./$(BUILD)/test_gpu_emu_asan
+else
+test-gpu-emu test-gpu-emu-asan:
+	@echo "$@: SKIPPED (the CUDA headers were not found under $(CUDA_HOME)/include; the emulation needs them, not a GPU)"
+endif
 
 ifneq ($(NVCC),)
 cuda-check:

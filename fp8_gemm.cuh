@@ -14,9 +14,10 @@
 // (an include guard, not #pragma once: make cuda-check compiles this header as a main file)
 #ifndef FP8RL_FP8_GEMM_CUH
 #define FP8RL_FP8_GEMM_CUH
+#include "cuda/common.cuh"
+#ifndef FP8RL_EMU
 #include <cublasLt.h>
-#include <cuda_bf16.h>
-#include <cuda_runtime.h>
+#endif
 
 #include <cstdint>
 #include <map>
@@ -27,14 +28,12 @@
 
 namespace fp8rl {
 
-inline void cuda_check(cudaError_t status, const char* what) {
-    if (status != cudaSuccess) fail("CUDA error in %s: %s", what, cudaGetErrorString(status));
-}
-
+#ifndef FP8RL_EMU
 inline void cublas_check(cublasStatus_t status, const std::string& what) {
     if (status != CUBLAS_STATUS_SUCCESS)
         fail("cuBLASLt error in %s: %s (%d)", what.c_str(), cublasLtGetStatusString(status), (int)status);
 }
+#endif
 
 // ---------------------------------------------------------------------------------------------
 // Quantization kernels. One thread block quantizes one 128x128 tile, staged in shared memory as
@@ -86,7 +85,7 @@ template <class In>
 __global__ void __launch_bounds__(QUANT_THREADS)
     quantize_rowwise_kernel(const In* x, int rows, int cols, bool pow2, uint8_t* codes, float* scale_inv,
                             uint8_t* codes_t, float* scale_inv_t) {
-    extern __shared__ float tile[];  // [128][TILE_PITCH]
+    DYNAMIC_SHARED(float, tile);  // [128][TILE_PITCH]
     int tile_c = blockIdx.x, tile_r = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     load_tile(x, rows, cols, tile_r, tile_c, tile);
     int r0 = tile_r * FP8_BLOCK, c0 = tile_c * FP8_BLOCK;
@@ -108,7 +107,7 @@ template <class In>
 __global__ void __launch_bounds__(QUANT_THREADS)
     quantize_blockwise_kernel(const In* w, int rows, int cols, bool pow2, uint8_t* codes, float* scale_inv,
                               uint8_t* codes_t, float* scale_inv_t) {
-    extern __shared__ float tile[];  // [128][TILE_PITCH]
+    DYNAMIC_SHARED(float, tile);  // [128][TILE_PITCH]
     __shared__ float warp_max[QUANT_THREADS / 32];
     int tile_c = blockIdx.x, tile_r = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     load_tile(w, rows, cols, tile_r, tile_c, tile);
@@ -138,8 +137,8 @@ __global__ void __launch_bounds__(QUANT_THREADS)
 
 // Allows a kernel the dynamic shared memory of one tile (once per kernel; cheap to repeat).
 template <class Kernel>
-void allow_tile_smem(Kernel kernel, const char* name) {
-    cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)TILE_BYTES), name);
+void allow_tile_smem(Kernel kernel) {
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)TILE_BYTES));
 }
 
 // Host launchers. Device pointers; sizes as in the kernels' comments (vec128_scale_count,
@@ -148,11 +147,10 @@ template <class In>
 void fp8_quantize_rowwise_gpu(const In* x, int rows, int cols, bool pow2, uint8_t* codes, float* scale_inv,
                               uint8_t* codes_t, float* scale_inv_t, cudaStream_t stream) {
     check_fp8_shape("fp8_quantize_rowwise_gpu", rows, cols);
-    allow_tile_smem(quantize_rowwise_kernel<In>, "quantize_rowwise_kernel: shared memory limit");
+    allow_tile_smem(quantize_rowwise_kernel<In>);
     dim3 grid(fp8_num_blocks(cols), fp8_num_blocks(rows));
-    quantize_rowwise_kernel<<<grid, QUANT_THREADS, TILE_BYTES, stream>>>(x, rows, cols, pow2, codes, scale_inv, codes_t,
-                                                                 scale_inv_t);
-    cuda_check(cudaGetLastError(), "quantize_rowwise_kernel launch");
+    LAUNCH_KERNEL(quantize_rowwise_kernel<In>, grid, QUANT_THREADS, TILE_BYTES, stream, x, rows, cols, pow2, codes, scale_inv,
+                  codes_t, scale_inv_t);
 }
 
 template <class In>
@@ -160,15 +158,12 @@ void fp8_quantize_blockwise_gpu(const In* w, int rows, int cols, bool pow2, uint
                                 uint8_t* codes_t, float* scale_inv_t, cudaStream_t stream) {
     check_fp8_shape("fp8_quantize_blockwise_gpu", rows, cols);
     // the grids' padding entries (each row padded to a multiple of 4) are never written by the kernel
-    cuda_check(cudaMemsetAsync(scale_inv, 0, blk128_scale_count(rows, cols) * sizeof(float), stream),
-               "fp8_quantize_blockwise_gpu: clearing scale grid");
-    cuda_check(cudaMemsetAsync(scale_inv_t, 0, blk128_scale_count(cols, rows) * sizeof(float), stream),
-               "fp8_quantize_blockwise_gpu: clearing transposed scale grid");
-    allow_tile_smem(quantize_blockwise_kernel<In>, "quantize_blockwise_kernel: shared memory limit");
+    CUDA_CHECK(cudaMemsetAsync(scale_inv, 0, blk128_scale_count(rows, cols) * sizeof(float), stream));
+    CUDA_CHECK(cudaMemsetAsync(scale_inv_t, 0, blk128_scale_count(cols, rows) * sizeof(float), stream));
+    allow_tile_smem(quantize_blockwise_kernel<In>);
     dim3 grid(fp8_num_blocks(cols), fp8_num_blocks(rows));
-    quantize_blockwise_kernel<<<grid, QUANT_THREADS, TILE_BYTES, stream>>>(w, rows, cols, pow2, codes, scale_inv, codes_t,
-                                                                   scale_inv_t);
-    cuda_check(cudaGetLastError(), "quantize_blockwise_kernel launch");
+    LAUNCH_KERNEL(quantize_blockwise_kernel<In>, grid, QUANT_THREADS, TILE_BYTES, stream, w, rows, cols, pow2, codes,
+                  scale_inv, codes_t, scale_inv_t);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -179,13 +174,37 @@ enum class GemmOut { BF16, F32 };
 
 inline const char* scale_mode_name(Fp8ScaleMode m) { return m == Fp8ScaleMode::VEC128 ? "VEC128" : "BLK128x128"; }
 
+// The arguments of one cublasLtMatmul in cuBLAS's column-major terms, always TN (spec-fp8.md §6.4):
+// D (m x n, ldd = m) = op(A) . op(B), A stored k x m (lda = k), B stored k x n (ldb = k), FP32
+// compute, alpha = 1, beta = 0. With fp8, A and B are E4M3 with FP32 dequantization scale tensors
+// in the given modes (layouts: spec-fp8.md §6.5); else they are BF16.
+struct GemmCall {
+    int m, n, k;
+    bool fp8;
+    const void *a, *b;
+    const float *a_scale, *b_scale;
+    Fp8ScaleMode a_mode, b_mode;
+    void* d;
+    GemmOut out;
+};
+
+}  // namespace fp8rl
+
+#ifdef FP8RL_EMU
+#include "cuda/emu_gemm.h"  // the emulation backend: what cuBLASLt documents for a GemmCall, on the CPU
+#endif
+
+namespace fp8rl {
+
 // Block-scaled FP8 GEMMs need cuBLASLt >= 12.9 and compute capability 9.x (spec-fp8.md §6.1).
 // Returns "" when supported, else the reason.
 inline std::string fp8_block_gemm_unsupported_reason(int device) {
     cudaDeviceProp prop;
-    cuda_check(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+#ifndef FP8RL_EMU
     size_t version = cublasLtGetVersion();
     if (version < 120900) return strfmt("cuBLASLt %zu is older than 12.9 (no VEC128/BLK128x128 scaling)", version);
+#endif
     if (prop.major != 9)
         return strfmt("%s is compute capability %d.%d; cuBLASLt's 128-block FP8 scaling runs only on 9.x (Hopper)",
                       prop.name, prop.major, prop.minor);
@@ -194,18 +213,23 @@ inline std::string fp8_block_gemm_unsupported_reason(int device) {
 
 // Owns the cuBLASLt handle, the workspace and one cached plan (descriptors + chosen algorithm) per
 // GEMM configuration, so the heuristic query runs once per shape. One per device; not thread-safe.
+// In emulation the same checks run and the GemmCall goes to cuda/emu_gemm.h instead.
 class GemmRunner {
   public:
     static constexpr size_t WORKSPACE_BYTES = 32u << 20;  // what cuBLAS and TE use on Hopper
 
     GemmRunner() {
+#ifndef FP8RL_EMU
         cublas_check(cublasLtCreate(&handle_), "cublasLtCreate");
-        cuda_check(cudaMalloc(&workspace_, WORKSPACE_BYTES), "GemmRunner: workspace cudaMalloc");
+#endif
+        CUDA_CHECK(cudaMalloc(&workspace_, WORKSPACE_BYTES));
     }
     ~GemmRunner() {
+#ifndef FP8RL_EMU
         for (auto& kv : plans_) destroy(kv.second);
-        cudaFree(workspace_);
         cublasLtDestroy(handle_);
+#endif
+        cudaFree(workspace_);
     }
     GemmRunner(const GemmRunner&) = delete;
     GemmRunner& operator=(const GemmRunner&) = delete;
@@ -224,14 +248,7 @@ class GemmRunner {
             fail("%s: cuBLASLt has no BLK128x128 x BLK128x128 mode", what.c_str());
         if ((uintptr_t)a_scale % 16 || (uintptr_t)b_scale % 16)
             fail("%s: scale tensors must start on a 16-byte boundary", what.c_str());
-        Plan& plan = get_plan(what, Key{m, n, k, true, (int)a_mode, (int)b_mode, (int)out});
-        cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scale,
-                                                    sizeof(a_scale)),
-                     what + ": A scale pointer");
-        cublas_check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scale,
-                                                    sizeof(b_scale)),
-                     what + ": B scale pointer");
-        run(plan, what, a, b, d, stream);
+        run(what, GemmCall{m, n, k, true, a, b, a_scale, b_scale, a_mode, b_mode, d, out}, stream);
     }
 
     // D [n][m] = B [n][k] . A [m][k]^T in BF16 with FP32 accumulation.
@@ -239,10 +256,16 @@ class GemmRunner {
               GemmOut out, cudaStream_t stream) {
         std::string what = strfmt("BF16 GEMM %s (m=%d n=%d k=%d)", name, m, n, k);
         if (m % 8 || k % 8) fail("%s: m and k must be multiples of 8 (16-byte rows)", what.c_str());
-        run(get_plan(what, Key{m, n, k, false, 0, 0, (int)out}), what, a, b, d, stream);
+        run(what, GemmCall{m, n, k, false, a, b, nullptr, nullptr, Fp8ScaleMode::VEC128, Fp8ScaleMode::VEC128, d, out},
+            stream);
     }
 
   private:
+    void* workspace_ = nullptr;
+
+#ifdef FP8RL_EMU
+    void run(const std::string& what, const GemmCall& call, cudaStream_t stream) { emulated_gemm(what, call, stream); }
+#else
     using Key = std::tuple<int, int, int, bool, int, int, int>;  // m, n, k, fp8, a mode, b mode, out
     struct Plan {
         cublasLtMatmulDesc_t desc = nullptr;
@@ -251,7 +274,6 @@ class GemmRunner {
     };
 
     cublasLtHandle_t handle_ = nullptr;
-    void* workspace_ = nullptr;
     std::map<Key, Plan> plans_;
 
     static void destroy(Plan& p) {
@@ -266,33 +288,32 @@ class GemmRunner {
         cublas_check(cublasLtMatmulDescSetAttribute(desc, attr, &value, sizeof(value)), what);
     }
 
-    Plan& get_plan(const std::string& what, const Key& key) {
+    Plan& get_plan(const std::string& what, const GemmCall& c) {
+        Key key{c.m, c.n, c.k, c.fp8, (int)c.a_mode, (int)c.b_mode, (int)c.out};
         auto it = plans_.find(key);
         if (it != plans_.end()) return it->second;
-        int m = std::get<0>(key), n = std::get<1>(key), k = std::get<2>(key);
-        bool fp8 = std::get<3>(key);
-        cudaDataType_t in_type = fp8 ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
-        cudaDataType_t out_type = std::get<6>(key) == (int)GemmOut::BF16 ? CUDA_R_16BF : CUDA_R_32F;
+        cudaDataType_t in_type = c.fp8 ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
+        cudaDataType_t out_type = c.out == GemmOut::BF16 ? CUDA_R_16BF : CUDA_R_32F;
         Plan p;
         try {
             cublas_check(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), what + ": descriptor");
             set_desc(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, CUBLAS_OP_T, what + ": TRANSA");
             set_desc(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, CUBLAS_OP_N, what + ": TRANSB");
-            if (fp8) {
-                auto mode = [](int m) {
-                    return (int32_t)(m == (int)Fp8ScaleMode::VEC128 ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F
-                                                                     : CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F);
+            if (c.fp8) {
+                auto mode = [](Fp8ScaleMode m) {
+                    return (int32_t)(m == Fp8ScaleMode::VEC128 ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F
+                                                               : CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F);
                 };
-                set_desc(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, mode(std::get<4>(key)), what + ": A scale mode");
-                set_desc(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, mode(std::get<5>(key)), what + ": B scale mode");
+                set_desc(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, mode(c.a_mode), what + ": A scale mode");
+                set_desc(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, mode(c.b_mode), what + ": B scale mode");
                 int8_t fast_accum = 0;  // keep tensor-core partial sums promoted to FP32 (spec-fp8.md §6.7)
                 cublas_check(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast_accum,
                                                             sizeof(fast_accum)),
                              what + ": FAST_ACCUM");
             }
-            cublas_check(cublasLtMatrixLayoutCreate(&p.a, in_type, k, m, k), what + ": A layout");
-            cublas_check(cublasLtMatrixLayoutCreate(&p.b, in_type, k, n, k), what + ": B layout");
-            cublas_check(cublasLtMatrixLayoutCreate(&p.d, out_type, m, n, m), what + ": D layout");
+            cublas_check(cublasLtMatrixLayoutCreate(&p.a, in_type, c.k, c.m, c.k), what + ": A layout");
+            cublas_check(cublasLtMatrixLayoutCreate(&p.b, in_type, c.k, c.n, c.k), what + ": B layout");
+            cublas_check(cublasLtMatrixLayoutCreate(&p.d, out_type, c.m, c.n, c.m), what + ": D layout");
             cublasLtMatmulPreference_t pref;
             cublas_check(cublasLtMatmulPreferenceCreate(&pref), what + ": preference");
             size_t ws = WORKSPACE_BYTES;
@@ -313,12 +334,22 @@ class GemmRunner {
         return plans_.emplace(key, p).first->second;
     }
 
-    void run(Plan& p, const std::string& what, const void* a, const void* b, void* d, cudaStream_t stream) {
+    void run(const std::string& what, const GemmCall& c, cudaStream_t stream) {
+        Plan& p = get_plan(what, c);
+        if (c.fp8) {
+            cublas_check(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &c.a_scale,
+                                                        sizeof(c.a_scale)),
+                         what + ": A scale pointer");
+            cublas_check(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &c.b_scale,
+                                                        sizeof(c.b_scale)),
+                         what + ": B scale pointer");
+        }
         const float alpha = 1.0f, beta = 0.0f;
-        cublas_check(cublasLtMatmul(handle_, p.desc, &alpha, a, p.a, b, p.b, &beta, d, p.d, d, p.d, &p.algo,
+        cublas_check(cublasLtMatmul(handle_, p.desc, &alpha, c.a, p.a, c.b, p.b, &beta, c.d, p.d, c.d, p.d, &p.algo,
                                     workspace_, WORKSPACE_BYTES, stream),
                      what + ": cublasLtMatmul");
     }
+#endif
 };
 
 }  // namespace fp8rl

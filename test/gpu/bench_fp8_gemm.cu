@@ -33,16 +33,16 @@ const Shape kShapes[] = {
 template <class Fn>
 double median_ms(Fn fn) {
     cudaEvent_t start, stop;
-    cuda_check(cudaEventCreate(&start), "cudaEventCreate");
-    cuda_check(cudaEventCreate(&stop), "cudaEventCreate");
+    CUDA_CHECK(cudaEventCreate(&start));
+    CUDA_CHECK(cudaEventCreate(&stop));
     for (int i = 0; i < 3; i++) fn();
     std::vector<float> ms(10);
     for (float& t : ms) {
-        cuda_check(cudaEventRecord(start), "cudaEventRecord");
+        CUDA_CHECK(cudaEventRecord(start));
         for (int i = 0; i < 5; i++) fn();
-        cuda_check(cudaEventRecord(stop), "cudaEventRecord");
-        cuda_check(cudaEventSynchronize(stop), "timed GEMM");
-        cuda_check(cudaEventElapsedTime(&t, start, stop), "cudaEventElapsedTime");
+        CUDA_CHECK(cudaEventRecord(stop));
+        CUDA_CHECK(cudaEventSynchronize(stop));
+        CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
         t /= 5;
     }
     cudaEventDestroy(start);
@@ -107,7 +107,7 @@ int main() {
         return 0;
     }
     cudaDeviceProp prop;
-    cuda_check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
     printf("bench_fp8_gemm on %s (%d SMs), cuBLASLt %zu\n", prop.name, prop.multiProcessorCount, cublasLtGetVersion());
     printf("TFLOP/s = 2mnk / median time; speedup = BF16 time / FP8 time; quantize columns (us, on fprop rows): "
            "X [T][K] 1x128 + transposed copy in one pass, W [N][K] 128x128 + transposed copy\n\n");

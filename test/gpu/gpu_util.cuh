@@ -2,8 +2,6 @@
 // fills, and the "is there a usable GPU" check that turns into a visible SKIP.
 #ifndef FP8RL_TEST_GPU_UTIL_CUH
 #define FP8RL_TEST_GPU_UTIL_CUH
-#include <cuda_runtime.h>
-
 #include <string>
 #include <vector>
 
@@ -11,28 +9,35 @@
 
 namespace fp8rl {
 
+// True in the emulation build (tests shrink sweeps that would take hours on the CPU, never skip them).
+#ifdef FP8RL_EMU
+constexpr bool emulated = true;
+#else
+constexpr bool emulated = false;
+#endif
+
 template <class T>
 struct DeviceBuffer {
     T* ptr = nullptr;
     size_t count = 0;
     explicit DeviceBuffer(size_t n) : count(n) {
-        cuda_check(cudaMalloc(&ptr, n * sizeof(T) + 16), strfmt("cudaMalloc of %zu bytes", n * sizeof(T)).c_str());
+        CUDA_CHECK(cudaMalloc(&ptr, n * sizeof(T) + 16));
     }
     explicit DeviceBuffer(const std::vector<T>& host) : DeviceBuffer(host.size()) { upload(host); }
     ~DeviceBuffer() { cudaFree(ptr); }
     DeviceBuffer(const DeviceBuffer&) = delete;
     DeviceBuffer& operator=(const DeviceBuffer&) = delete;
     void upload(const std::vector<T>& host) {
-        cuda_check(cudaMemcpy(ptr, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice), "upload");
+        CUDA_CHECK(cudaMemcpy(ptr, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
     }
     std::vector<T> download() const {
         std::vector<T> host(count);
-        cuda_check(cudaDeviceSynchronize(), "kernel execution (checked before download)");
-        cuda_check(cudaMemcpy(host.data(), ptr, count * sizeof(T), cudaMemcpyDeviceToHost), "download");
+        CUDA_CHECK(cudaDeviceSynchronize());  // kernel execution, checked before the download
+        CUDA_CHECK(cudaMemcpy(host.data(), ptr, count * sizeof(T), cudaMemcpyDeviceToHost));
         return host;
     }
     // Fills with a byte pattern, so an element the code under test never writes is visible.
-    void poison() { cuda_check(cudaMemset(ptr, 0xA5, count * sizeof(T)), "poison"); }
+    void poison() { CUDA_CHECK(cudaMemset(ptr, 0xA5, count * sizeof(T))); }
 };
 
 // "" when a CUDA device is present, else why not.
@@ -61,8 +66,7 @@ __global__ void fill_uniform_kernel(T* x, size_t n, uint32_t seed, float amplitu
 
 template <class T>
 void fill_uniform(T* x, size_t n, uint32_t seed, float amplitude) {
-    fill_uniform_kernel<<<1024, 256>>>(x, n, seed, amplitude);
-    cuda_check(cudaGetLastError(), "fill_uniform_kernel launch");
+    LAUNCH_KERNEL(fill_uniform_kernel<T>, 1024, 256, 0, 0, x, n, seed, amplitude);
 }
 
 }  // namespace fp8rl

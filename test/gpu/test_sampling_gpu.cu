@@ -42,7 +42,7 @@ TEST(gpu_rng_philox_matches_host) {
     const int draws = 1 << 14;
     const uint64_t seed = 0x0123456789ABCDEFull;
     DeviceBuffer<uint32_t> d_words(4 * draws);
-    philox_kernel<<<(draws + 255) / 256, 256>>>(seed, draws, d_words.ptr);
+    LAUNCH_KERNEL(philox_kernel, (draws + 255) / 256, 256, 0, 0, seed, draws, d_words.ptr);
     const std::vector<uint32_t> words = d_words.download();
     int differ = 0;
     for (int i = 0; i < draws; i++) {
@@ -72,7 +72,7 @@ TEST(gpu_sampling_matches_host) {
     DeviceBuffer<float> d_logits(logits), d_scratch(logits.size());
     DeviceBuffer<SamplingParams> d_params(params);
     DeviceBuffer<SampledToken> d_out(rows);
-    sample_kernel<<<(rows + 63) / 64, 64>>>(d_logits.ptr, rows, n, d_params.ptr, seed, d_scratch.ptr, d_out.ptr);
+    LAUNCH_KERNEL(sample_kernel, (rows + 63) / 64, 64, 0, 0, d_logits.ptr, rows, n, d_params.ptr, seed, d_scratch.ptr, d_out.ptr);
     const std::vector<SampledToken> dev = d_out.download();
     std::vector<float> scratch(n);
     for (int r = 0; r < rows; r++) {

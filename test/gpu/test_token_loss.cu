@@ -92,9 +92,8 @@ TEST(gpu_token_loss_matches_host) {
         cfg.kl_coef = variant % 2 ? 0.1 : 0.0;
         cfg.entropy_coef = 0.01 * (variant % 3);
         IsCorrection is_mode = modes[variant % 5];
-        token_loss_kernel<<<1, 64>>>(d_logp.ptr, d_old.ptr, d_ref.ptr, d_roll.ptr, d_adv.ptr, d_ent.ptr, d_mask.ptr, B, T, cfg,
+        LAUNCH_KERNEL(token_loss_kernel, 1, 64, 0, 0, d_logp.ptr, d_old.ptr, d_ref.ptr, d_roll.ptr, d_adv.ptr, d_ent.ptr, d_mask.ptr, B, T, cfg,
                                      is_mode, 2.0, d_w.ptr, d_out.ptr);
-        cuda_check(cudaGetLastError(), "token_loss_kernel launch");
         std::vector<TokenOut> dev = d_out.download();
         std::vector<double> dev_w = d_w.download(), host_w((size_t)B * T);
         for (int i = 0; i < B; i++) sequence_is_weights(is_mode, 2.0, &old_logp[i * T], &roll[i * T], &mask[i * T], T, &host_w[i * T]);

@@ -1,0 +1,214 @@
+// emu.h: CUDA emulation mode (FP8RL_EMU). g++ compiles the project's .cu/.cuh sources unchanged
+// against this header and runs every kernel on the CPU (spec-gpu.md §2):
+//   - the threads of a block are fibers (cuda/emu_threads.cpp), blocks run one after another;
+//     a fiber runs until it waits (barrier, warp collective) or exits, and FP8RL_EMU_SEED != 0
+//     shuffles the order of runnable fibers at every round and the order of blocks, so a missing
+//     __syncthreads shows up as wrong results under some seed;
+//   - __syncthreads, __syncwarp, the __shfl*_sync family with width, votes and atomics are
+//     computed here from what every participating lane deposited; a divergent barrier, a warp
+//     collective whose lanes disagree, a lane outside the mask, or nothing left that can run is a
+//     kernel fault that names the kernel, the block and what each thread waits for;
+//   - the runtime API the engine calls (memory, streams, events, graphs, device query) is
+//     implemented in cuda/emu_runtime.cpp against the real declarations of cuda_runtime.h, so the
+//     types are CUDA's own. Device memory is host heap (ASan sees it) filled with a NaN pattern.
+// The real CUDA headers are included first: they use gridDim/blockDim/warpSize as names, and
+// host_defines.h defines __shared__ and friends, which are redefined below.
+#pragma once
+#ifndef FP8RL_EMU
+#error "cuda/emu.h is the emulation runtime: build with -DFP8RL_EMU (include cuda/common.cuh instead)"
+#endif
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <type_traits>
+
+// One static instance per (template instantiation of a) kernel is block-local because blocks run
+// one at a time on one host thread. ASan redzones static arrays, so an overflow is caught.
+#undef __shared__
+#define __shared__ static
+#undef __launch_bounds__
+#define __launch_bounds__(...)
+#undef __forceinline__
+#define __forceinline__ inline
+
+namespace emu {
+
+// ---------------------------------------------------------------------------------------------
+// Threads and blocks (cuda/emu_threads.cpp).
+
+struct ThreadCoords {
+    uint3 thread_idx, block_idx;
+    dim3 block_dim, grid_dim;
+};
+extern const ThreadCoords* current_coords;  // of the fiber that runs now
+
+// What a lane brings to a warp collective; the scheduler computes every lane's result when all
+// lanes of the mask wait at the same collective.
+enum class WarpOp { Sync, ShflIdx, ShflUp, ShflDown, ShflXor, Ballot, Any, All };
+uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t value, int arg, int width);
+int block_barrier(const char* file, int line, int predicate, int kind);  // kind: 0 plain, 1 count, 2 and, 3 or
+void atomic_point(bool changed);  // every atomic: a chance to yield, and spin-wait detection
+[[noreturn]] void kernel_fault(const std::string& what);
+void* dynamic_shared();  // the launch's dynamic shared memory (NaN-filled at each block start)
+
+// Runs `body` as a kernel of `name` on grid x block threads with `smem` bytes of dynamic shared
+// memory, on `stream` (recorded instead when the stream is capturing a graph). Checks the launch
+// configuration against sm_90's limits first; errors are returned by cudaGetLastError.
+void launch(const char* name, const void* kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+            std::function<void()> body);
+
+// Runs a host operation in stream order (now, or recorded when the stream captures a graph): how
+// library calls such as the emulated cuBLASLt GEMM take part in streams and graphs.
+cudaError_t stream_op(cudaStream_t stream, std::function<void()> op);
+// True when [p, p + bytes) lies inside one cudaMalloc'ed buffer.
+bool is_device_memory(const void* p, size_t bytes);
+
+// The scheduling seed (FP8RL_EMU_SEED at start-up; tests may change it).
+uint64_t seed();
+void set_seed(uint64_t s);
+// The message of the last kernel fault ("" if none), kept until cudaDeviceReset.
+std::string last_fault();
+
+template <class T>
+uint64_t to_bits(T v) {
+    static_assert(sizeof(T) <= 8 && std::is_trivially_copyable<T>::value, "warp collectives take values of 8 bytes at most");
+    uint64_t u = 0;
+    memcpy(&u, &v, sizeof(T));
+    return u;
+}
+template <class T>
+T from_bits(uint64_t u) {
+    T v;
+    memcpy(&v, &u, sizeof(T));
+    return v;
+}
+
+}  // namespace emu
+
+// cuda_runtime.h's overload taking the kernel itself exists only for nvcc.
+template <class T>
+cudaError_t cudaFuncSetAttribute(T* kernel, cudaFuncAttribute attr, int value) {
+    return cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel), attr, value);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Built-in variables and intrinsics.
+
+#define threadIdx (::emu::current_coords->thread_idx)
+#define blockIdx (::emu::current_coords->block_idx)
+#define blockDim (::emu::current_coords->block_dim)
+#define gridDim (::emu::current_coords->grid_dim)
+#define warpSize 32
+
+#define __syncthreads() ::emu::block_barrier(__FILE__, __LINE__, 1, 0)
+#define __syncthreads_count(p) ::emu::block_barrier(__FILE__, __LINE__, (p) != 0, 1)
+#define __syncthreads_and(p) ::emu::block_barrier(__FILE__, __LINE__, (p) != 0, 2)
+#define __syncthreads_or(p) ::emu::block_barrier(__FILE__, __LINE__, (p) != 0, 3)
+
+inline void __syncwarp(unsigned mask = 0xFFFFFFFFu) { ::emu::warp_collective(::emu::WarpOp::Sync, mask, 0, 0, 32); }
+template <class T>
+T __shfl_sync(unsigned mask, T var, int src_lane, int width = warpSize) {
+    return ::emu::from_bits<T>(::emu::warp_collective(::emu::WarpOp::ShflIdx, mask, ::emu::to_bits(var), src_lane, width));
+}
+template <class T>
+T __shfl_up_sync(unsigned mask, T var, unsigned delta, int width = warpSize) {
+    return ::emu::from_bits<T>(::emu::warp_collective(::emu::WarpOp::ShflUp, mask, ::emu::to_bits(var), (int)delta, width));
+}
+template <class T>
+T __shfl_down_sync(unsigned mask, T var, unsigned delta, int width = warpSize) {
+    return ::emu::from_bits<T>(::emu::warp_collective(::emu::WarpOp::ShflDown, mask, ::emu::to_bits(var), (int)delta, width));
+}
+template <class T>
+T __shfl_xor_sync(unsigned mask, T var, int lane_mask, int width = warpSize) {
+    return ::emu::from_bits<T>(::emu::warp_collective(::emu::WarpOp::ShflXor, mask, ::emu::to_bits(var), lane_mask, width));
+}
+inline unsigned __ballot_sync(unsigned mask, int pred) {
+    return (unsigned)::emu::warp_collective(::emu::WarpOp::Ballot, mask, pred != 0, 0, 32);
+}
+inline int __any_sync(unsigned mask, int pred) { return (int)::emu::warp_collective(::emu::WarpOp::Any, mask, pred != 0, 0, 32); }
+inline int __all_sync(unsigned mask, int pred) { return (int)::emu::warp_collective(::emu::WarpOp::All, mask, pred != 0, 0, 32); }
+
+// Atomics: a fiber is never preempted between its waits, so a read-modify-write is atomic here;
+// each one is also a point where the scheduler may switch fibers.
+template <class T, class F>
+T emu_atomic_rmw(T* address, F op) {
+    T old = *address, next = op(old);
+    *address = next;
+    ::emu::atomic_point(memcmp(&old, &next, sizeof(T)) != 0);
+    return old;
+}
+template <class T>
+T atomicAdd(T* a, T v) { return emu_atomic_rmw(a, [&](T o) { return (T)(o + v); }); }
+template <class T>
+T atomicSub(T* a, T v) { return emu_atomic_rmw(a, [&](T o) { return (T)(o - v); }); }
+template <class T>
+T atomicMax(T* a, T v) { return emu_atomic_rmw(a, [&](T o) { return o < v ? v : o; }); }
+template <class T>
+T atomicMin(T* a, T v) { return emu_atomic_rmw(a, [&](T o) { return v < o ? v : o; }); }
+template <class T>
+T atomicExch(T* a, T v) { return emu_atomic_rmw(a, [&](T) { return v; }); }
+template <class T>
+T atomicCAS(T* a, T compare, T v) { return emu_atomic_rmw(a, [&](T o) { return o == compare ? v : o; }); }
+template <class T>
+T atomicAnd(T* a, T v) { return emu_atomic_rmw(a, [&](T o) { return (T)(o & v); }); }
+template <class T>
+T atomicOr(T* a, T v) { return emu_atomic_rmw(a, [&](T o) { return (T)(o | v); }); }
+inline unsigned atomicInc(unsigned* a, unsigned limit) {
+    return emu_atomic_rmw(a, [&](unsigned o) { return o >= limit ? 0u : o + 1; });
+}
+
+inline void __threadfence() {}
+inline void __threadfence_block() {}
+[[noreturn]] inline void __trap() { ::emu::kernel_fault("__trap() called"); }
+
+// min/max as CUDA's overloads (device code calls them unqualified on ints and floats).
+template <class A, class B>
+inline typename std::common_type<A, B>::type min(A a, B b) {
+    typedef typename std::common_type<A, B>::type T;
+    return (T)b < (T)a ? (T)b : (T)a;
+}
+template <class A, class B>
+inline typename std::common_type<A, B>::type max(A a, B b) {
+    typedef typename std::common_type<A, B>::type T;
+    return (T)a < (T)b ? (T)b : (T)a;
+}
+inline float min(float a, float b) { return fminf(a, b); }
+inline float max(float a, float b) { return fmaxf(a, b); }
+
+// Math intrinsics: the correctly rounded operation where CUDA's is (_rn), the libm function where
+// CUDA's is an approximation (results may differ in the last bits; tests compare with tolerances).
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
+inline float __fmaf_rn(float a, float b, float c) { return fmaf(a, b, c); }
+inline float __frcp_rn(float a) { return 1.0f / a; }
+inline float __fsqrt_rn(float a) { return sqrtf(a); }
+inline double __dmul_rn(double a, double b) { return a * b; }
+inline double __dadd_rn(double a, double b) { return a + b; }
+inline float __fdividef(float a, float b) { return a / b; }
+inline float __expf(float a) { return expf(a); }
+inline float __logf(float a) { return logf(a); }
+inline float __powf(float a, float b) { return powf(a, b); }
+inline float rsqrtf(float a) { return 1.0f / sqrtf(a); }
+inline float __saturatef(float a) { return a != a ? 0.0f : fminf(fmaxf(a, 0.0f), 1.0f); }
+inline unsigned __float_as_uint(float f) { return ::emu::from_bits<unsigned>(::emu::to_bits(f)); }
+inline float __uint_as_float(unsigned u) { return ::emu::from_bits<float>(::emu::to_bits(u)); }
+inline int __float_as_int(float f) { return ::emu::from_bits<int>(::emu::to_bits(f)); }
+inline float __int_as_float(int i) { return ::emu::from_bits<float>(::emu::to_bits(i)); }
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
+inline int __popcll(unsigned long long x) { return __builtin_popcountll(x); }
+inline int __clz(int x) { return x == 0 ? 32 : __builtin_clz((unsigned)x); }
+inline int __ffs(int x) { return __builtin_ffs(x); }
+template <class T>
+T __ldg(const T* p) { return *p; }
+
+// Dynamic shared memory: nvcc's `extern __shared__` has no host equivalent (cuda/common.cuh's
+// DYNAMIC_SHARED picks this in emulation).
+#define FP8RL_EMU_DYNAMIC_SHARED(type, name) type* name = reinterpret_cast<type*>(::emu::dynamic_shared())

@@ -1,0 +1,34 @@
+// emu_internal.h: what the two halves of the CUDA emulation share (cuda/emu_threads.cpp runs
+// kernels, cuda/emu_runtime.cpp is the runtime API around them). Not for kernels or engine code.
+#pragma once
+#include <cstdarg>
+#include <cstdio>
+#include <functional>
+#include <string>
+
+#include "cuda/emu.h"
+
+namespace emu {
+
+// Thrown inside a fiber to end its kernel after a fault; caught where the fiber starts.
+struct KernelAbort {};
+
+inline std::string strformat(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+inline std::string strformat(const char* fmt, ...) {
+    va_list ap, ap2;
+    va_start(ap, fmt);
+    va_copy(ap2, ap);
+    int n = vsnprintf(nullptr, 0, fmt, ap);
+    std::string out(n > 0 ? (size_t)n : 0, '\0');
+    if (n > 0) vsnprintf(&out[0], (size_t)n + 1, fmt, ap2);
+    va_end(ap2);
+    va_end(ap);
+    return out;
+}
+
+// Runs every block of a grid now; a fault stops the grid, is printed and becomes the sticky error.
+void run_grid(const char* name, dim3 grid, dim3 block, size_t smem, const std::function<void()>& body);
+void set_sticky_error(cudaError_t e);
+void clear_fault();
+
+}  // namespace emu

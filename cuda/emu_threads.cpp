@@ -1,0 +1,447 @@
+// emu_threads.cpp: the thread scheduler of the CUDA emulation (cuda/emu.h): one fiber per CUDA
+// thread of a block, blocks one after another, barriers and warp collectives resolved when no
+// fiber can run any further. Facts behind the choices: spec-gpu.md §2.2.
+// swapcontext is "returns twice" to g++, which then warns that locals might be clobbered as after
+// longjmp; swapcontext saves and restores every register, so none is.
+#pragma GCC diagnostic ignored "-Wclobbered"
+#include <sanitizer/common_interface_defs.h>
+#include <sys/mman.h>
+#include <ucontext.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "cuda/emu.h"
+#include "cuda/emu_internal.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+#define EMU_ASAN 1
+#else
+#define EMU_ASAN 0
+#endif
+
+namespace emu {
+
+const ThreadCoords* current_coords = nullptr;
+
+namespace {
+
+constexpr size_t STACK_BYTES = 256u << 10;  // per fiber, reserved; untouched pages cost nothing
+constexpr int MAX_BLOCK_THREADS = 1024;
+constexpr long SPIN_ROUNDS = 1L << 12;  // rounds of atomics that change nothing, without any other progress
+constexpr int ATOMICS_PER_YIELD = 16;
+
+enum class State { Runnable, AtBarrier, AtWarp, Exited };
+
+// A fiber's stack: mmap'ed with a guard page below it, so an overflow is a segfault, not silent
+// corruption of the neighbouring stack.
+struct Stack {
+    char* base = nullptr;  // guard page, then the usable stack
+    Stack() {
+        long page = sysconf(_SC_PAGESIZE);
+        void* p = mmap(nullptr, STACK_BYTES + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (p == MAP_FAILED) {
+            fprintf(stderr, "CUDA emulation: cannot map a %zu KiB fiber stack\n", STACK_BYTES >> 10);
+            abort();
+        }
+        mprotect(p, page, PROT_NONE);
+        base = (char*)p + page;
+    }
+};
+
+struct Thread {
+    ThreadCoords coords;
+    int linear = 0, lane = 0, warp = 0;
+    State state = State::Runnable;
+    bool yielded = false;  // returned to the scheduler from an atomic, not a wait
+    // barrier
+    const char* site_file = nullptr;
+    int site_line = 0, predicate = 0, barrier_result = 0;
+    // warp collective
+    WarpOp op = WarpOp::Sync;
+    unsigned mask = 0;
+    uint64_t value = 0, result = 0;
+    int arg = 0, width = 32;
+    int atomics = 0;
+    ucontext_t context;
+    Stack* stack = nullptr;
+};
+
+struct Block {
+    const char* kernel = "";
+    uint3 index;
+    std::function<void()>* body = nullptr;
+    std::vector<Thread> threads;
+    std::vector<char> smem;
+    int barrier_kind = 0;
+    bool progress = false;  // since the last round: a wait resolved, a thread exited, memory changed
+    std::string fault;
+};
+
+std::vector<std::unique_ptr<Stack>> stack_pool;
+ucontext_t scheduler_context;
+Block* current_block = nullptr;
+Thread* current_thread = nullptr;
+uint64_t scheduling_seed = 0;
+bool seed_read = false;
+uint64_t launch_counter = 0;
+std::string last_fault_message;
+
+#if EMU_ASAN
+void* scheduler_fake_stack = nullptr;
+const void* scheduler_stack_bottom = nullptr;
+size_t scheduler_stack_size = 0;
+#endif
+
+const char* op_name(WarpOp op) {
+    switch (op) {
+        case WarpOp::Sync: return "__syncwarp";
+        case WarpOp::ShflIdx: return "__shfl_sync";
+        case WarpOp::ShflUp: return "__shfl_up_sync";
+        case WarpOp::ShflDown: return "__shfl_down_sync";
+        case WarpOp::ShflXor: return "__shfl_xor_sync";
+        case WarpOp::Ballot: return "__ballot_sync";
+        case WarpOp::Any: return "__any_sync";
+        case WarpOp::All: return "__all_sync";
+    }
+    return "?";
+}
+
+std::string where(const Block& b) {
+    return strformat("kernel %s block (%u,%u,%u)", b.kernel, b.index.x, b.index.y, b.index.z);
+}
+
+// Switches from the running fiber back to the scheduler; returns when the scheduler resumes it.
+void yield_to_scheduler() {
+    Thread* t = current_thread;
+#if EMU_ASAN
+    void* fake = nullptr;
+    __sanitizer_start_switch_fiber(&fake, scheduler_stack_bottom, scheduler_stack_size);
+#endif
+    swapcontext(&t->context, &scheduler_context);
+#if EMU_ASAN
+    __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
+#endif
+    current_coords = &t->coords;
+}
+
+void fiber_main() {
+#if EMU_ASAN
+    __sanitizer_finish_switch_fiber(nullptr, &scheduler_stack_bottom, &scheduler_stack_size);
+#endif
+    Block* b = current_block;
+    Thread* t = current_thread;
+    current_coords = &t->coords;
+    try {
+        (*b->body)();
+    } catch (const KernelAbort&) {
+    } catch (const std::exception& e) {
+        if (b->fault.empty()) b->fault = strformat("%s thread %d: exception in device code: %s", where(*b).c_str(), t->linear, e.what());
+    }
+    t->state = State::Exited;
+    b->progress = true;
+#if EMU_ASAN
+    __sanitizer_start_switch_fiber(nullptr, scheduler_stack_bottom, scheduler_stack_size);  // this fiber ends
+#endif
+    setcontext(&scheduler_context);
+}
+
+void resume(Block& b, Thread& t) {
+    current_thread = &t;
+    current_block = &b;
+    t.yielded = false;
+#if EMU_ASAN
+    __sanitizer_start_switch_fiber(&scheduler_fake_stack, t.stack->base, STACK_BYTES);
+#endif
+    swapcontext(&scheduler_context, &t.context);
+#if EMU_ASAN
+    __sanitizer_finish_switch_fiber(scheduler_fake_stack, nullptr, nullptr);
+#endif
+    current_thread = nullptr;
+}
+
+// Lanes of t's warp that exist in this block, as a mask.
+unsigned existing_lanes(const Block& b, int warp) {
+    int n = (int)b.threads.size() - warp * 32;
+    return n >= 32 ? 0xFFFFFFFFu : (1u << n) - 1;
+}
+
+std::string describe(const Thread& t) {
+    switch (t.state) {
+        case State::Runnable: return "runnable";
+        case State::Exited: return "exited";
+        case State::AtBarrier: return strformat("at __syncthreads (%s:%d)", t.site_file, t.site_line);
+        case State::AtWarp: return strformat("at %s(mask 0x%08x)", op_name(t.op), t.mask);
+    }
+    return "?";
+}
+
+// Counts of what the threads of a block wait for, for a deadlock report.
+std::string census(const Block& b) {
+    std::map<std::string, int> counts;
+    for (const Thread& t : b.threads) counts[describe(t)]++;
+    std::string out;
+    for (auto& kv : counts) out += strformat("%s%d %s", out.empty() ? "" : ", ", kv.second, kv.first.c_str());
+    return out;
+}
+
+// Computes every lane's result of the collective that the lanes of `mask` in warp `w` wait at.
+// Returns "" or what is wrong.
+std::string resolve_group(Block& b, int w, unsigned mask) {
+    Thread* lanes[32] = {};
+    unsigned existing = existing_lanes(b, w);
+    const Thread* first = nullptr;
+    for (int l = 0; l < 32; l++) {
+        if (!(mask & (1u << l))) continue;
+        if (!(existing & (1u << l)))
+            return strformat("warp %d: mask 0x%08x names lane %d, which does not exist (block of %zu threads)", w, mask, l,
+                             b.threads.size());
+        Thread& t = b.threads[w * 32 + l];
+        if (t.state != State::AtWarp || t.mask != mask || (first && t.op != first->op))
+            return strformat("warp %d: lanes of mask 0x%08x wait at %s, but lane %d is %s", w, mask,
+                             op_name(first ? first->op : t.op), l, describe(t).c_str());
+        lanes[l] = &t;
+        if (!first) first = &t;
+    }
+    for (int l = 0; l < 32; l++) {
+        Thread* t = lanes[l];
+        if (!t) continue;
+        int width = t->width;
+        if (width < 1 || width > 32 || (width & (width - 1)))
+            return strformat("warp %d lane %d: %s width %d is not a power of 2 in 1..32", w, l, op_name(t->op), width);
+        int seg = l & ~(width - 1), src = l;
+        switch (t->op) {
+            case WarpOp::Sync: break;
+            case WarpOp::ShflIdx: src = seg + (t->arg & (width - 1)); break;
+            case WarpOp::ShflUp: src = l - seg >= t->arg ? l - t->arg : l; break;
+            case WarpOp::ShflDown: src = l - seg + t->arg < width ? l + t->arg : l; break;
+            case WarpOp::ShflXor: src = (l ^ t->arg) < seg + width ? (l ^ t->arg) : l; break;
+            case WarpOp::Ballot:
+            case WarpOp::Any:
+            case WarpOp::All: {
+                unsigned bits = 0;
+                for (int k = 0; k < 32; k++)
+                    if (lanes[k] && lanes[k]->value) bits |= 1u << k;
+                t->result = t->op == WarpOp::Ballot ? bits : t->op == WarpOp::Any ? bits != 0 : bits == mask;
+                continue;
+            }
+        }
+        if (t->op == WarpOp::Sync) continue;
+        if (src < 0 || src > 31 || !lanes[src])
+            return strformat("warp %d lane %d: %s reads lane %d, outside the mask 0x%08x", w, l, op_name(t->op), src, mask);
+        t->result = lanes[src]->value;
+    }
+    for (int l = 0; l < 32; l++)
+        if (lanes[l]) lanes[l]->state = State::Runnable;
+    return "";
+}
+
+// Resolves every complete warp collective; "" or a fault.
+std::string resolve_warps(Block& b, bool& any) {
+    int warps = ((int)b.threads.size() + 31) / 32;
+    for (int w = 0; w < warps; w++)
+        for (int l = 0; l < 32 && w * 32 + l < (int)b.threads.size(); l++) {
+            Thread& t = b.threads[w * 32 + l];
+            if (t.state != State::AtWarp) continue;
+            if (!(t.mask & (1u << l)))
+                return strformat("warp %d lane %d: %s with mask 0x%08x, which lacks the calling lane", w, l, op_name(t.op), t.mask);
+            std::string err = resolve_group(b, w, t.mask);
+            if (!err.empty()) return err;
+            any = true;
+        }
+    return "";
+}
+
+// Releases the barrier when every thread that has not exited waits at it; "" or a fault.
+std::string resolve_barrier(Block& b, bool& any) {
+    int waiting = 0, exited = 0;
+    const Thread* first = nullptr;
+    for (const Thread& t : b.threads) {
+        if (t.state == State::Exited) exited++;
+        if (t.state == State::AtBarrier) {
+            waiting++;
+            if (!first) first = &t;
+            else if (t.site_line != first->site_line || strcmp(t.site_file, first->site_file) != 0)
+                return strformat("threads wait at different __syncthreads: %s:%d and %s:%d", first->site_file,
+                                 first->site_line, t.site_file, t.site_line);
+        }
+    }
+    if (waiting == 0 || waiting + exited != (int)b.threads.size()) return "";
+    if (exited > 0) return strformat("divergent __syncthreads: %d threads at the barrier, %d exited", waiting, exited);
+    int count = 0;
+    for (const Thread& t : b.threads) count += t.predicate;
+    int result = b.barrier_kind == 1 ? count : b.barrier_kind == 2 ? count == waiting : b.barrier_kind == 3 ? count > 0 : 0;
+    for (Thread& t : b.threads) t.state = State::Runnable, t.barrier_result = result;
+    any = true;
+    return "";
+}
+
+std::mt19937_64 make_rng(uint64_t a, uint64_t b) {
+    std::seed_seq s{(uint32_t)a, (uint32_t)(a >> 32), (uint32_t)b, (uint32_t)(b >> 32)};
+    return std::mt19937_64(s);
+}
+
+// Runs one block to its end or to a fault (returned; "" when it ended).
+std::string run_block(Block& b, const dim3& grid, const dim3& block, std::mt19937_64& rng) {
+    int n = (int)(block.x * block.y * block.z);
+    b.threads.assign(n, Thread());
+    while ((int)stack_pool.size() < n) stack_pool.emplace_back(new Stack());
+    for (int i = 0; i < n; i++) {
+        Thread& t = b.threads[i];
+        t.linear = i, t.lane = i % 32, t.warp = i / 32;
+        t.coords.thread_idx = make_uint3(i % block.x, (i / block.x) % block.y, i / (block.x * block.y));
+        t.coords.block_idx = b.index;
+        t.coords.block_dim = block;
+        t.coords.grid_dim = grid;
+        t.stack = stack_pool[i].get();
+        getcontext(&t.context);
+        t.context.uc_stack.ss_sp = t.stack->base;
+        t.context.uc_stack.ss_size = STACK_BYTES;
+        t.context.uc_link = nullptr;
+        makecontext(&t.context, fiber_main, 0);
+    }
+    std::fill(b.smem.begin(), b.smem.end(), (char)0xFF);
+    std::vector<int> order(n);
+    std::iota(order.begin(), order.end(), 0);
+    long idle_rounds = 0;
+    for (;;) {
+        if (scheduling_seed != 0) std::shuffle(order.begin(), order.end(), rng);
+        bool ran = false, all_yielded = true;
+        b.progress = false;
+        for (int i : order) {
+            Thread& t = b.threads[i];
+            if (t.state != State::Runnable) continue;
+            ran = true;
+            resume(b, t);
+            if (!b.fault.empty()) return b.fault;
+            all_yielded = all_yielded && t.yielded;
+        }
+        if (ran) {
+            idle_rounds = all_yielded && !b.progress ? idle_rounds + 1 : 0;
+            if (idle_rounds > SPIN_ROUNDS)
+                return strformat("spin-wait: every running thread loops on atomics that change nothing (%s); a wait on "
+                                 "another block never ends here, blocks run one at a time",
+                                 census(b).c_str());
+            continue;
+        }
+        bool any = false;
+        std::string err = resolve_warps(b, any);
+        if (err.empty() && !any) err = resolve_barrier(b, any);
+        if (!err.empty()) return err;
+        if (any) continue;
+        bool all_exited = std::all_of(b.threads.begin(), b.threads.end(), [](const Thread& t) { return t.state == State::Exited; });
+        if (all_exited) return "";
+        return "deadlock: no thread can run (" + census(b) + ")";
+    }
+}
+
+// A permutation of 0..n-1 from the seed: i -> (a i + c) mod n with gcd(a, n) = 1 (lazy, for any grid).
+struct BlockOrder {
+    uint64_t n, a = 1, c = 0;
+    BlockOrder(uint64_t n_, std::mt19937_64* rng) : n(n_) {
+        if (!rng || n < 2) return;
+        c = (*rng)() % n;
+        do a = 1 + (*rng)() % (n - 1); while (std::gcd(a, n) != 1);
+    }
+    uint64_t operator()(uint64_t i) const { return (uint64_t)(((unsigned __int128)a * i + c) % n); }
+};
+
+}  // namespace
+
+uint64_t seed() {
+    if (!seed_read) {
+        const char* s = getenv("FP8RL_EMU_SEED");
+        scheduling_seed = s && *s ? strtoull(s, nullptr, 0) : 0;
+        seed_read = true;
+    }
+    return scheduling_seed;
+}
+
+void set_seed(uint64_t s) {
+    scheduling_seed = s;
+    seed_read = true;
+}
+
+std::string last_fault() { return last_fault_message; }
+void clear_fault() { last_fault_message.clear(); }
+
+void* dynamic_shared() {
+    if (!current_block) kernel_fault("dynamic shared memory used outside a kernel");
+    return current_block->smem.data();
+}
+
+[[noreturn]] void kernel_fault(const std::string& what) {
+    Block* b = current_block;
+    if (!b || !current_thread) {
+        fprintf(stderr, "CUDA emulation: %s (outside a kernel)\n", what.c_str());
+        abort();
+    }
+    if (b->fault.empty()) b->fault = strformat("thread %d: %s", current_thread->linear, what.c_str());
+    throw KernelAbort();
+}
+
+int block_barrier(const char* file, int line, int predicate, int kind) {
+    Thread* t = current_thread;
+    if (!t) kernel_fault("__syncthreads outside a kernel");
+    t->state = State::AtBarrier;
+    t->site_file = file, t->site_line = line, t->predicate = predicate;
+    current_block->barrier_kind = kind;
+    yield_to_scheduler();
+    current_block->progress = true;
+    return t->barrier_result;
+}
+
+uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t value, int arg, int width) {
+    Thread* t = current_thread;
+    if (!t) kernel_fault(strformat("%s outside a kernel", op_name(op)));
+    t->state = State::AtWarp;
+    t->op = op, t->mask = mask, t->value = value, t->arg = arg, t->width = width;
+    yield_to_scheduler();
+    current_block->progress = true;
+    return t->result;
+}
+
+void atomic_point(bool changed) {
+    Thread* t = current_thread;
+    if (!t) return;  // host code calling an atomic helper
+    if (changed) current_block->progress = true;
+    if (++t->atomics % ATOMICS_PER_YIELD != 0) return;
+    t->yielded = true;
+    yield_to_scheduler();  // state stays Runnable: the scheduler picks it again in the next round
+}
+
+// Runs the grid now (the stream is synchronous); a fault ends the kernel and is kept as the
+// sticky error.
+void run_grid(const char* name, dim3 grid, dim3 block, size_t smem, const std::function<void()>& body) {
+    uint64_t launch = launch_counter++;
+    std::mt19937_64 rng = make_rng(seed(), launch);
+    Block b;
+    b.kernel = name;
+    b.body = const_cast<std::function<void()>*>(&body);
+    b.smem.assign(smem, (char)0xFF);
+    uint64_t blocks = (uint64_t)grid.x * grid.y * grid.z;
+    BlockOrder order(blocks, seed() ? &rng : nullptr);
+    for (uint64_t i = 0; i < blocks; i++) {
+        uint64_t id = order(i);
+        b.index = make_uint3((unsigned)(id % grid.x), (unsigned)(id / grid.x % grid.y), (unsigned)(id / ((uint64_t)grid.x * grid.y)));
+        b.fault.clear();
+        std::string err = run_block(b, grid, block, rng);
+        if (!err.empty()) {
+            last_fault_message = where(b) + ": " + err;
+            fprintf(stderr, "CUDA emulation: %s\n", last_fault_message.c_str());
+            set_sticky_error(cudaErrorLaunchFailure);
+            break;
+        }
+    }
+    current_block = nullptr;
+    current_coords = nullptr;
+}
+
+}  // namespace emu
