@@ -25,12 +25,6 @@
 
 using namespace fp8rl;
 
-#define REQUIRE_GPU()                                 \
-    do {                                              \
-        std::string why_not = no_gpu_reason();        \
-        if (!why_not.empty()) SKIP(why_not.c_str());  \
-    } while (0)
-
 #define REQUIRE_FP8_BLOCK_GEMM()                                              \
     do {                                                                      \
         REQUIRE_GPU();                                                        \
