@@ -11,15 +11,7 @@
 #include <cmath>
 #include <cstring>
 
-// cpu/gemm.h sets a variable that only an OpenMP if() clause reads; nvcc's front end ignores OpenMP
-// pragmas and would call it unused (an error under -Werror all-warnings).
-#ifdef __CUDACC__
-#pragma nv_diag_suppress 177
-#endif
 #include "cpu/fp8_gemm_ref.h"
-#ifdef __CUDACC__
-#pragma nv_diag_default 177
-#endif
 #include "test/gpu/gpu_util.cuh"
 #include "test/harness.h"
 
