@@ -1,7 +1,8 @@
 // swiglu.cuh: the SwiGLU activation (spec-model.md §2.6), forward and backward, as
 // cpu/model_layers.h's swiglu_forward / swiglu_backward, bit for bit: the same operations in the
 // same order, exp from rl/fast_exp.h (the function the CPU calls), products unfused (mul_rn) and the
-// 1 + exp(-g) addition unfused (__fadd_rn: nvcc would otherwise fuse fast_exp's final product into it).
+// 1 + exp(-g) addition unfused (__fadd_rn: nvcc may fuse fast_exp's final product y * 2^n into it,
+// which differs when that product is subnormal).
 //   a = silu(g) * u, silu(z) = z / (1 + exp(-z));
 //   sig = sigmoid(g): dg = da * u * sig * (1 + g * (1 - sig)), du = da * g * sig.
 // A BF16 output rounds once, where the CPU rounds (its bf16 flag; round_bf16_if after the backward).

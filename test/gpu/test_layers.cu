@@ -669,3 +669,49 @@ TEST(gpu_layers_launchers_name_a_wrong_shape) {
     CHECK_THROWS(bias_add(buffer.ptr, buffer.ptr, buffer.ptr, 3, 0, kStream), "bias_add: 3 rows of 0 features");
     CHECK_THROWS(bias_backward(buffer.ptr, buffer.ptr, 3, 8, buffer.ptr, 0, kStream), "bias_backward: scratch of 0 floats");
 }
+
+// An id past the vocabulary and a position past the RoPE table trap instead of reading (or, for the
+// embedding's backward, writing) outside the tables. Emulation only: a trap on a device leaves its
+// context unusable for the tests that follow, and only the emulation names the faulting kernel.
+#ifdef FP8RL_EMU
+namespace {
+
+// Runs `launch`, which must trap in `kernel`; then resets the device (a trap leaves it faulted).
+int trap_mismatches(const char* kernel, const std::function<void()>& launch) {
+    bool threw = false;
+    try {
+        launch();
+    } catch (const Error&) {
+        threw = true;
+    }
+    const std::string fault = emu::last_fault();
+    const bool named = fault.find(std::string("kernel ") + kernel) != std::string::npos &&
+                       fault.find("__trap() called") != std::string::npos;
+    printf("    %-58s %s\n", kernel, fault.c_str());
+    CUDA_CHECK(cudaDeviceReset());
+    return !(threw && named);
+}
+
+}  // namespace
+
+TEST(gpu_layers_out_of_range_ids_and_positions_trap) {
+    const int V = 10, C = 8;
+    const RopeTable table = llama3_table(C, 4);
+    DeviceBuffer<float> d_table((size_t)V * C), d_x(3 * C);
+    DeviceBuffer<int32_t> d_bad_ids(std::vector<int32_t>{1, V, 2}), d_bad_pos(std::vector<int32_t>{0, 1, 4});
+    CHECK_EQ(trap_mismatches("(embedding_forward_kernel<Table, Out>)",
+                             [&] { embedding_forward(d_x.ptr, d_table.ptr, d_bad_ids.ptr, 3, V, C, kStream); }),
+             0);
+    CHECK_EQ(trap_mismatches("embedding_backward_kernel<Grad>",
+                             [&] { embedding_backward(d_table.ptr, d_x.ptr, d_bad_ids.ptr, 3, V, C, kStream); }),
+             0);
+    const DeviceRopeTable d_rope(table);
+    CHECK_EQ(trap_mismatches("(rope_rotate_kernel<In, Out>)",
+                             [&] { rope_forward(d_x.ptr, d_x.ptr, d_bad_pos.ptr, d_rope.view(), 3, 1, false, kStream); }),
+             0);
+}
+#else
+TEST(gpu_layers_out_of_range_ids_and_positions_trap) {
+    SKIP("emulation only: a trap on a real device poisons the context for the tests that follow");
+}
+#endif
