@@ -6,7 +6,7 @@
 // (int32 on the device, no padding), positions from 0; query head h reads kv head h / (H / KV).
 // Scores scale by D^-1/2; lse is the log-sum-exp of the scaled scores of a row.
 //
-// Every kernel runs 4 warps per CTA over tiles of 64 rows (16 per warp) kept in shared memory:
+// The tile kernels run 4 warps per CTA over tiles of 64 rows (16 per warp) kept in shared memory:
 //   forward     one CTA per (64-query block, head, sequence): loops over key tiles with an online
 //               softmax (running max m, running sum l, O rescaled); P is rounded to BF16 to meet V
 //               on the tensor cores, as in FA2; writes O (BF16) and lse;
@@ -59,13 +59,26 @@ __device__ void load_tile(__nv_bfloat16* tile, const __nv_bfloat16* src, long ro
     }
 }
 
+// The same rows of two tensors of one layout (K and V, or Q and dO) into two tiles.
+template <int D>
+__device__ void load_tile_pair(__nv_bfloat16* tile_a, const __nv_bfloat16* src_a, __nv_bfloat16* tile_b,
+                               const __nv_bfloat16* src_b, long row_stride, long row0, int rows) {
+    load_tile<D>(tile_a, src_a, row_stride, row0, rows);
+    load_tile<D>(tile_b, src_b, row_stride, row0, rows);
+}
+
+template <int N>
+__device__ void zero_fragments(float acc[N][4]) {
+    for (int n = 0; n < N; n++)
+        for (int i = 0; i < 4; i++) acc[n][i] = 0.0f;
+}
+
 // acc[16 x 64] = A B^T for the warp's 16 rows A[16][D] of tile `a` and the 64 rows B[64][D] of
 // tile `b` (both with row stride AttnTile<D>::ld): acc[j] is the 16x8 block of columns 8j..8j+7.
 template <int D>
 __device__ void warp_product_abt(float acc[8][4], const __nv_bfloat16* a, const __nv_bfloat16* b) {
     constexpr int ld = AttnTile<D>::ld;
-    for (int j = 0; j < 8; j++)
-        for (int i = 0; i < 4; i++) acc[j][i] = 0.0f;
+    zero_fragments<8>(acc);
     for (int kk = 0; kk < D / 16; kk++) {
         uint32_t fa[4];
         load_a_fragment(fa, a + 16 * kk, ld);
@@ -134,12 +147,10 @@ __global__ void __launch_bounds__(kAttnThreads) attention_forward_kernel(__nv_bf
     const long warp_row0 = q0 + 16 * warp;
     float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};  // rows g and g + 8; row_sum per lane
     float o[D / 8][4];
-    for (int n = 0; n < D / 8; n++)
-        for (int i = 0; i < 4; i++) o[n][i] = 0.0f;
+    zero_fragments<D / 8>(o);
     for (long k0 = 0; k0 < key_end; k0 += kAttnTile) {
         const int keys = (int)min((long)kAttnTile, key_end - k0);
-        load_tile<D>(k_tile, k + seq_begin * ldk + kv_head * D, ldk, k0, keys);
-        load_tile<D>(v_tile, v + seq_begin * ldk + kv_head * D, ldk, k0, keys);
+        load_tile_pair<D>(k_tile, k + seq_begin * ldk + kv_head * D, v_tile, v + seq_begin * ldk + kv_head * D, ldk, k0, keys);
         __syncthreads();  // the tiles (and in the first round the query tile) are complete
         float s[8][4];
         warp_product_abt<D>(s, q_tile + 16 * warp * AttnTile<D>::ld, k_tile);
@@ -219,8 +230,8 @@ __global__ void __launch_bounds__(kAttnThreads) attention_backward_dq_kernel(__n
     if (q0 >= seq_len) return;
     const long ldq = (long)H * D, ldk = (long)KV * D;
     const long key_end = min(q0 + kAttnTile, seq_len);
-    load_tile<D>(q_tile, q + seq_begin * ldq + head * D, ldq, q0, (int)(key_end - q0));
-    load_tile<D>(do_tile, dout + seq_begin * ldq + head * D, ldq, q0, (int)(key_end - q0));
+    load_tile_pair<D>(q_tile, q + seq_begin * ldq + head * D, do_tile, dout + seq_begin * ldq + head * D, ldq, q0,
+                      (int)(key_end - q0));
     const float scale = 1.0f / sqrtf((float)D);
     const long warp_row0 = q0 + 16 * warp;
     float row_lse[2], row_delta[2];  // rows g and g + 8 of the warp; rows past the sequence see no key
@@ -230,12 +241,10 @@ __global__ void __launch_bounds__(kAttnThreads) attention_backward_dq_kernel(__n
         row_delta[r] = row < seq_len ? delta[(seq_begin + row) * H + head] : 0.0f;
     }
     float acc[D / 8][4];
-    for (int n = 0; n < D / 8; n++)
-        for (int i = 0; i < 4; i++) acc[n][i] = 0.0f;
+    zero_fragments<D / 8>(acc);
     for (long k0 = 0; k0 < key_end; k0 += kAttnTile) {
         const int keys = (int)min((long)kAttnTile, key_end - k0);
-        load_tile<D>(k_tile, k + seq_begin * ldk + kv_head * D, ldk, k0, keys);
-        load_tile<D>(v_tile, v + seq_begin * ldk + kv_head * D, ldk, k0, keys);
+        load_tile_pair<D>(k_tile, k + seq_begin * ldk + kv_head * D, v_tile, v + seq_begin * ldk + kv_head * D, ldk, k0, keys);
         __syncthreads();  // the tiles (and in the first round the query and dO tiles) are complete
         float s[8][4], dp[8][4];
         warp_product_abt<D>(s, q_tile + 16 * warp * AttnTile<D>::ld, k_tile);
@@ -269,18 +278,17 @@ __global__ void __launch_bounds__(kAttnThreads) attention_backward_dkv_kernel(
     if (k0 >= seq_len) return;
     const long ldq = (long)H * D, ldk = (long)KV * D;
     const int keys = (int)min((long)kAttnTile, seq_len - k0);
-    load_tile<D>(k_tile, k + seq_begin * ldk + kv_head * D, ldk, k0, keys);
-    load_tile<D>(v_tile, v + seq_begin * ldk + kv_head * D, ldk, k0, keys);
+    load_tile_pair<D>(k_tile, k + seq_begin * ldk + kv_head * D, v_tile, v + seq_begin * ldk + kv_head * D, ldk, k0, keys);
     const float scale = 1.0f / sqrtf((float)D);
     const long warp_key0 = k0 + 16 * warp;
     float dk_acc[D / 8][4], dv_acc[D / 8][4];
-    for (int n = 0; n < D / 8; n++)
-        for (int i = 0; i < 4; i++) dk_acc[n][i] = dv_acc[n][i] = 0.0f;
+    zero_fragments<D / 8>(dk_acc);
+    zero_fragments<D / 8>(dv_acc);
     for (int head = kv_head * group; head < (kv_head + 1) * group; head++)
         for (long q0 = k0; q0 < seq_len; q0 += kAttnTile) {  // causal: earlier queries do not see the block
             const int queries = (int)min((long)kAttnTile, seq_len - q0);
-            load_tile<D>(q_tile, q + seq_begin * ldq + head * D, ldq, q0, queries);
-            load_tile<D>(do_tile, dout + seq_begin * ldq + head * D, ldq, q0, queries);
+            load_tile_pair<D>(q_tile, q + seq_begin * ldq + head * D, do_tile, dout + seq_begin * ldq + head * D, ldq, q0,
+                              queries);
             for (int r = threadIdx.x; r < kAttnTile; r += blockDim.x) {
                 lse_tile[r] = r < queries ? lse[(seq_begin + q0 + r) * H + head] : 0.0f;
                 delta_tile[r] = r < queries ? delta[(seq_begin + q0 + r) * H + head] : 0.0f;
