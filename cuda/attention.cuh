@@ -1,0 +1,391 @@
+// attention.cuh: causal GQA attention over packed variable-length sequences, forward and backward,
+// in FlashAttention-2's structure (spec-gpu.md §3.4), on the tensor cores (cuda/mma.cuh).
+//
+// Layouts (those of the CPU engine, cpu/attention.h): q, out, dout, dq [T][H][D]; k, v, dk, dv
+// [T][KV][D], all BF16; lse, delta [T][H] FP32. Sequence s is rows cu_seqlens[s] .. cu_seqlens[s+1]
+// (int32 on the device, no padding), positions from 0; query head h reads kv head h / (H / KV).
+// Scores scale by D^-1/2; lse is the log-sum-exp of the scaled scores of a row.
+//
+// The tile kernels run 4 warps per CTA over tiles of 64 rows (16 per warp) kept in shared memory:
+//   forward     one CTA per (64-query block, head, sequence): loops over key tiles with an online
+//               softmax (running max m, running sum l, O rescaled); P is rounded to BF16 to meet V
+//               on the tensor cores, as in FA2; writes O (BF16) and lse;
+//   delta       D[t][h] = rowsum(dO * O), one thread per (row, head);
+//   dq          one CTA per (64-query block, head, sequence): recomputes P from lse over the key
+//               tiles, dS = P (dP - D) scale, dQ += dS K in FP32 registers, then the cast;
+//   dk, dv      one CTA per (64-key block, kv head, sequence): loops over the group's query heads
+//               and the query tiles at or after the block, dV += P^T dO, dK += dS^T Q in FP32
+//               registers, then the cast.
+// FA2 folds dQ into the dK/dV kernel with atomic FP32 adds; here dQ has its own kernel (two more
+// tile products) so that every output has one writer and a fixed summation order: the backward is
+// deterministic, run to run, without a [key blocks][T][H][D] buffer of partial dQ.
+// Head dims 16, 32, 64 and 128 (a multiple of 16: the k extent of one mma).
+#ifndef FP8RL_CUDA_ATTENTION_CUH
+#define FP8RL_CUDA_ATTENTION_CUH
+#include <cmath>
+
+#include "cuda/common.cuh"
+#include "cuda/mma.cuh"
+
+namespace fp8rl {
+
+constexpr int kAttnWarps = 4;
+constexpr int kAttnTile = 16 * kAttnWarps;  // rows of a query or key tile: 16 per warp
+constexpr int kAttnThreads = 32 * kAttnWarps;
+
+// Row stride of a shared tile of head dim D: 8 BF16 of padding shift each row by 4 banks, so the
+// 8 rows x 4 lanes of a fragment load hit 32 different banks.
+template <int D>
+struct AttnTile {
+    static constexpr int ld = D + 8, elems = kAttnTile * ld;
+};
+
+// Shapes of a packed batch: T rows in num_seqs sequences, none longer than max_seqlen.
+struct PackedAttentionShape {
+    long T;
+    int H, KV, D, num_seqs, max_seqlen;
+};
+
+// tile[r][0..D) = row (row0 + r) of a [T][heads][D] tensor at `src` (already offset to the head),
+// rows of `row_stride` elements; zeros for r >= rows. All threads of the CTA take part.
+template <int D>
+__device__ void load_tile(__nv_bfloat16* tile, const __nv_bfloat16* src, long row_stride, long row0, int rows) {
+    __nv_bfloat162 zero;
+    zero.x = zero.y = __float2bfloat16_rn(0.0f);
+    for (int idx = threadIdx.x; idx < kAttnTile * D / 2; idx += blockDim.x) {
+        const int r = idx / (D / 2), c = 2 * (idx % (D / 2));
+        *reinterpret_cast<__nv_bfloat162*>(tile + r * AttnTile<D>::ld + c) =
+            r < rows ? *reinterpret_cast<const __nv_bfloat162*>(src + (row0 + r) * row_stride + c) : zero;
+    }
+}
+
+// The same rows of two tensors of one layout (K and V, or Q and dO) into two tiles.
+template <int D>
+__device__ void load_tile_pair(__nv_bfloat16* tile_a, const __nv_bfloat16* src_a, __nv_bfloat16* tile_b,
+                               const __nv_bfloat16* src_b, long row_stride, long row0, int rows) {
+    load_tile<D>(tile_a, src_a, row_stride, row0, rows);
+    load_tile<D>(tile_b, src_b, row_stride, row0, rows);
+}
+
+template <int N>
+__device__ void zero_fragments(float acc[N][4]) {
+    for (int n = 0; n < N; n++)
+        for (int i = 0; i < 4; i++) acc[n][i] = 0.0f;
+}
+
+// acc[16 x 64] = A B^T for the warp's 16 rows A[16][D] of tile `a` and the 64 rows B[64][D] of
+// tile `b` (both with row stride AttnTile<D>::ld): acc[j] is the 16x8 block of columns 8j..8j+7.
+template <int D>
+__device__ void warp_product_abt(float acc[8][4], const __nv_bfloat16* a, const __nv_bfloat16* b) {
+    constexpr int ld = AttnTile<D>::ld;
+    zero_fragments<8>(acc);
+    for (int kk = 0; kk < D / 16; kk++) {
+        uint32_t fa[4];
+        load_a_fragment(fa, a + 16 * kk, ld);
+        for (int j = 0; j < 8; j++) {
+            uint32_t fb[2];
+            load_b_fragment_nk(fb, b + 8 * j * ld + 16 * kk, ld);
+            mma_m16n8k16(acc[j], fa, fb);
+        }
+    }
+}
+
+// acc[16 x D] += P B for the warp's P[16][64] in registers (as warp_product_abt leaves it; rounded
+// to BF16 here) and the 64 rows B[64][D] of tile `b`: acc[n] is the 16x8 block of columns 8n..8n+7.
+template <int D>
+__device__ void warp_product_pb(float acc[D / 8][4], const float p[8][4], const __nv_bfloat16* b) {
+    constexpr int ld = AttnTile<D>::ld;
+    for (int kc = 0; kc < 4; kc++) {
+        uint32_t fp[4];
+        pack_c_as_a(fp, p[2 * kc], p[2 * kc + 1]);
+        for (int n = 0; n < D / 8; n++) {
+            uint32_t fb[2];
+            load_b_fragment_kn(fb, b + 16 * kc * ld + 8 * n, ld);
+            mma_m16n8k16(acc[n], fp, fb);
+        }
+    }
+}
+
+// The sum (or max) of v over the 4 lanes that hold one row of a C fragment.
+__device__ __forceinline__ float quad_sum(float v) {
+    v += __shfl_xor_sync(0xFFFFFFFFu, v, 1);
+    return v + __shfl_xor_sync(0xFFFFFFFFu, v, 2);
+}
+__device__ __forceinline__ float quad_max(float v) {
+    v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 1));
+    return fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 2));
+}
+
+// Writes the warp's acc[16 x D] (rows row0 .. row0 + 15 of a [T][heads][D] tensor at `dst`, already
+// offset to the head) as BF16, rows below `row_end` only.
+template <int D>
+__device__ void store_rows_bf16(__nv_bfloat16* dst, long row_stride, long row0, long row_end, const float acc[D / 8][4],
+                                float factor_lo, float factor_hi) {
+    for (int n = 0; n < D / 8; n++)
+        for (int i = 0; i < 4; i++) {
+            const long row = row0 + c_fragment_row(i);
+            if (row < row_end)
+                dst[row * row_stride + 8 * n + c_fragment_col(i)] = __float2bfloat16_rn(acc[n][i] * (i < 2 ? factor_lo : factor_hi));
+        }
+}
+
+// One CTA per (query block blockIdx.x, head blockIdx.y, sequence blockIdx.z).
+template <int D>
+__global__ void __launch_bounds__(kAttnThreads) attention_forward_kernel(__nv_bfloat16* out, float* lse, const __nv_bfloat16* q,
+                                                                   const __nv_bfloat16* k, const __nv_bfloat16* v,
+                                                                   const int* cu_seqlens, int H, int KV) {
+    DYNAMIC_SHARED(__nv_bfloat16, smem);
+    __nv_bfloat16 *q_tile = smem, *k_tile = q_tile + AttnTile<D>::elems, *v_tile = k_tile + AttnTile<D>::elems;
+    const long seq_begin = cu_seqlens[blockIdx.z], seq_len = cu_seqlens[blockIdx.z + 1] - seq_begin;
+    const int head = blockIdx.y, kv_head = head / (H / KV), warp = threadIdx.x / 32;
+    const long q0 = (long)blockIdx.x * kAttnTile;  // within the sequence
+    if (q0 >= seq_len) return;
+    const long ldq = (long)H * D, ldk = (long)KV * D;
+    const long key_end = min(q0 + kAttnTile, seq_len);  // causal: no row of the block sees a later key
+    load_tile<D>(q_tile, q + seq_begin * ldq + head * D, ldq, q0, (int)(key_end - q0));
+    const float scale = 1.0f / sqrtf((float)D);
+    const long warp_row0 = q0 + 16 * warp;
+    float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};  // rows g and g + 8; row_sum per lane
+    float o[D / 8][4];
+    zero_fragments<D / 8>(o);
+    for (long k0 = 0; k0 < key_end; k0 += kAttnTile) {
+        const int keys = (int)min((long)kAttnTile, key_end - k0);
+        load_tile_pair<D>(k_tile, k + seq_begin * ldk + kv_head * D, v_tile, v + seq_begin * ldk + kv_head * D, ldk, k0, keys);
+        __syncthreads();  // the tiles (and in the first round the query tile) are complete
+        float s[8][4];
+        warp_product_abt<D>(s, q_tile + 16 * warp * AttnTile<D>::ld, k_tile);
+        float tile_max[2] = {-INFINITY, -INFINITY};
+        for (int j = 0; j < 8; j++)
+            for (int i = 0; i < 4; i++) {
+                const long key = k0 + 8 * j + c_fragment_col(i), row = warp_row0 + c_fragment_row(i);
+                s[j][i] = key <= row && key < key_end ? s[j][i] * scale : -INFINITY;
+                tile_max[i >> 1] = fmaxf(tile_max[i >> 1], s[j][i]);
+            }
+        // Key 0 is in the first tile and every row sees it, so the running max is finite from then on.
+        float correction[2];
+        for (int r = 0; r < 2; r++) {
+            const float new_max = fmaxf(row_max[r], quad_max(tile_max[r]));
+            correction[r] = __expf(row_max[r] - new_max);
+            row_max[r] = new_max;
+            row_sum[r] *= correction[r];
+        }
+        for (int j = 0; j < 8; j++)
+            for (int i = 0; i < 4; i++) {
+                s[j][i] = __expf(s[j][i] - row_max[i >> 1]);
+                row_sum[i >> 1] += s[j][i];
+            }
+        for (int n = 0; n < D / 8; n++)
+            for (int i = 0; i < 4; i++) o[n][i] *= correction[i >> 1];
+        warp_product_pb<D>(o, s, v_tile);
+        __syncthreads();  // every warp is done with the tiles before the next round overwrites them
+    }
+    float inv[2];
+    for (int r = 0; r < 2; r++) {
+        const float total = quad_sum(row_sum[r]);
+        inv[r] = 1.0f / total;
+        const long row = warp_row0 + lane_id() / 4 + 8 * r;
+        if (lane_id() % 4 == 0 && row < seq_len) lse[(seq_begin + row) * H + head] = row_max[r] + logf(total);
+    }
+    store_rows_bf16<D>(out + seq_begin * ldq + head * D, ldq, warp_row0, seq_len, o, inv[0], inv[1]);
+}
+
+// delta[t][h] = sum_d dout[t][h][d] * out[t][h][d], one thread per (t, h).
+__global__ void attention_delta_kernel(float* delta, const __nv_bfloat16* dout, const __nv_bfloat16* out, long rows, int D) {
+    const long th = blockIdx.x * (long)blockDim.x + threadIdx.x;
+    if (th >= rows) return;
+    float sum = 0.0f;
+    for (int d = 0; d < D; d++) sum += __bfloat162float(dout[th * D + d]) * __bfloat162float(out[th * D + d]);
+    delta[th] = sum;
+}
+
+// The warp's P and dS for one tile pair: s holds A B^T of the score operands (queries x keys, or
+// keys x queries), dp the matching dO V^T product. Entries where visible(row, col) is false become
+// 0; lse_of / delta_of give a query's statistics by its (row or column) index within the tiles.
+// After the call s holds P and dp holds dS = P (dP - delta) scale.
+template <class Visible, class Lse, class Delta>
+__device__ void probabilities_and_dscores(float s[8][4], float dp[8][4], float scale, Visible visible, Lse lse_of,
+                                          Delta delta_of) {
+    for (int j = 0; j < 8; j++)
+        for (int i = 0; i < 4; i++) {
+            const int row = c_fragment_row(i), col = 8 * j + c_fragment_col(i);
+            const float p = visible(row, col) ? __expf(s[j][i] * scale - lse_of(row, col)) : 0.0f;
+            s[j][i] = p;
+            dp[j][i] = p * (dp[j][i] - delta_of(row, col)) * scale;
+        }
+}
+
+// dq: one CTA per (query block blockIdx.x, head blockIdx.y, sequence blockIdx.z).
+template <int D>
+__global__ void __launch_bounds__(kAttnThreads) attention_backward_dq_kernel(__nv_bfloat16* dq, const __nv_bfloat16* dout,
+                                                                       const float* lse, const float* delta,
+                                                                       const __nv_bfloat16* q, const __nv_bfloat16* k,
+                                                                       const __nv_bfloat16* v, const int* cu_seqlens,
+                                                                       int H, int KV) {
+    DYNAMIC_SHARED(__nv_bfloat16, smem);
+    __nv_bfloat16 *q_tile = smem, *do_tile = q_tile + AttnTile<D>::elems, *k_tile = do_tile + AttnTile<D>::elems,
+                  *v_tile = k_tile + AttnTile<D>::elems;
+    const long seq_begin = cu_seqlens[blockIdx.z], seq_len = cu_seqlens[blockIdx.z + 1] - seq_begin;
+    const int head = blockIdx.y, kv_head = head / (H / KV), warp = threadIdx.x / 32;
+    const long q0 = (long)blockIdx.x * kAttnTile;
+    if (q0 >= seq_len) return;
+    const long ldq = (long)H * D, ldk = (long)KV * D;
+    const long key_end = min(q0 + kAttnTile, seq_len);
+    load_tile_pair<D>(q_tile, q + seq_begin * ldq + head * D, do_tile, dout + seq_begin * ldq + head * D, ldq, q0,
+                      (int)(key_end - q0));
+    const float scale = 1.0f / sqrtf((float)D);
+    const long warp_row0 = q0 + 16 * warp;
+    float row_lse[2], row_delta[2];  // rows g and g + 8 of the warp; rows past the sequence see no key
+    for (int r = 0; r < 2; r++) {
+        const long row = warp_row0 + lane_id() / 4 + 8 * r;
+        row_lse[r] = row < seq_len ? lse[(seq_begin + row) * H + head] : 0.0f;
+        row_delta[r] = row < seq_len ? delta[(seq_begin + row) * H + head] : 0.0f;
+    }
+    float acc[D / 8][4];
+    zero_fragments<D / 8>(acc);
+    for (long k0 = 0; k0 < key_end; k0 += kAttnTile) {
+        const int keys = (int)min((long)kAttnTile, key_end - k0);
+        load_tile_pair<D>(k_tile, k + seq_begin * ldk + kv_head * D, v_tile, v + seq_begin * ldk + kv_head * D, ldk, k0, keys);
+        __syncthreads();  // the tiles (and in the first round the query and dO tiles) are complete
+        float s[8][4], dp[8][4];
+        warp_product_abt<D>(s, q_tile + 16 * warp * AttnTile<D>::ld, k_tile);
+        warp_product_abt<D>(dp, do_tile + 16 * warp * AttnTile<D>::ld, v_tile);
+        probabilities_and_dscores(
+            s, dp, scale,
+            [&](int row, int col) {
+                const long query = warp_row0 + row;
+                return query < seq_len && k0 + col <= query;
+            },
+            [&](int row, int) { return row_lse[row >> 3]; }, [&](int row, int) { return row_delta[row >> 3]; });
+        warp_product_pb<D>(acc, dp, k_tile);
+        __syncthreads();  // every warp is done with the tiles before the next round overwrites them
+    }
+    store_rows_bf16<D>(dq + seq_begin * ldq + head * D, ldq, warp_row0, seq_len, acc, 1.0f, 1.0f);
+}
+
+// dk, dv: one CTA per (key block blockIdx.x, kv head blockIdx.y, sequence blockIdx.z).
+template <int D>
+__global__ void __launch_bounds__(kAttnThreads) attention_backward_dkv_kernel(
+    __nv_bfloat16* dk, __nv_bfloat16* dv, const __nv_bfloat16* dout, const float* lse, const float* delta,
+    const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const int* cu_seqlens, int H, int KV) {
+    DYNAMIC_SHARED(__nv_bfloat16, smem);
+    __nv_bfloat16 *k_tile = smem, *v_tile = k_tile + AttnTile<D>::elems, *q_tile = v_tile + AttnTile<D>::elems,
+                  *do_tile = q_tile + AttnTile<D>::elems;
+    float* lse_tile = reinterpret_cast<float*>(do_tile + AttnTile<D>::elems);  // [kAttnTile] of the query tile
+    float* delta_tile = lse_tile + kAttnTile;
+    const long seq_begin = cu_seqlens[blockIdx.z], seq_len = cu_seqlens[blockIdx.z + 1] - seq_begin;
+    const int kv_head = blockIdx.y, group = H / KV, warp = threadIdx.x / 32;
+    const long k0 = (long)blockIdx.x * kAttnTile;
+    if (k0 >= seq_len) return;
+    const long ldq = (long)H * D, ldk = (long)KV * D;
+    const int keys = (int)min((long)kAttnTile, seq_len - k0);
+    load_tile_pair<D>(k_tile, k + seq_begin * ldk + kv_head * D, v_tile, v + seq_begin * ldk + kv_head * D, ldk, k0, keys);
+    const float scale = 1.0f / sqrtf((float)D);
+    const long warp_key0 = k0 + 16 * warp;
+    float dk_acc[D / 8][4], dv_acc[D / 8][4];
+    zero_fragments<D / 8>(dk_acc);
+    zero_fragments<D / 8>(dv_acc);
+    for (int head = kv_head * group; head < (kv_head + 1) * group; head++)
+        for (long q0 = k0; q0 < seq_len; q0 += kAttnTile) {  // causal: earlier queries do not see the block
+            const int queries = (int)min((long)kAttnTile, seq_len - q0);
+            load_tile_pair<D>(q_tile, q + seq_begin * ldq + head * D, do_tile, dout + seq_begin * ldq + head * D, ldq, q0,
+                              queries);
+            for (int r = threadIdx.x; r < kAttnTile; r += blockDim.x) {
+                lse_tile[r] = r < queries ? lse[(seq_begin + q0 + r) * H + head] : 0.0f;
+                delta_tile[r] = r < queries ? delta[(seq_begin + q0 + r) * H + head] : 0.0f;
+            }
+            __syncthreads();  // the tiles (and in the first round the key and value tiles) are complete
+            float st[8][4], dpt[8][4];  // keys x queries: S^T = K Q^T, dP^T = V dO^T
+            warp_product_abt<D>(st, k_tile + 16 * warp * AttnTile<D>::ld, q_tile);
+            warp_product_abt<D>(dpt, v_tile + 16 * warp * AttnTile<D>::ld, do_tile);
+            probabilities_and_dscores(
+                st, dpt, scale, [&](int row, int col) { return col < queries && warp_key0 + row <= q0 + col; },
+                [&](int, int col) { return lse_tile[col]; }, [&](int, int col) { return delta_tile[col]; });
+            warp_product_pb<D>(dv_acc, st, do_tile);
+            warp_product_pb<D>(dk_acc, dpt, q_tile);
+            __syncthreads();  // every warp is done with the tiles before the next round overwrites them
+        }
+    store_rows_bf16<D>(dk + seq_begin * ldk + kv_head * D, ldk, warp_key0, seq_len, dk_acc, 1.0f, 1.0f);
+    store_rows_bf16<D>(dv + seq_begin * ldk + kv_head * D, ldk, warp_key0, seq_len, dv_acc, 1.0f, 1.0f);
+}
+
+// Checks a packed batch's shapes against what the kernels support; names the wrong one.
+inline void check_attention_shape(const char* who, const PackedAttentionShape& s) {
+    if (s.D != 16 && s.D != 32 && s.D != 64 && s.D != 128)
+        fail("%s: head dim D = %d is not supported (16, 32, 64 or 128)", who, s.D);
+    if (s.H < 1 || s.KV < 1 || s.H % s.KV != 0)
+        fail("%s: heads H = %d must be a positive multiple of kv heads KV = %d", who, s.H, s.KV);
+    if (s.T < 0 || s.num_seqs < 0 || s.max_seqlen < 0 || s.max_seqlen > s.T)
+        fail("%s: T = %ld, num_seqs = %d, max_seqlen = %d: need 0 <= max_seqlen <= T", who, s.T, s.num_seqs, s.max_seqlen);
+    if (s.H > 65535 || s.num_seqs > 65535)
+        fail("%s: H = %d or num_seqs = %d exceeds a grid dimension (65535)", who, s.H, s.num_seqs);
+}
+
+// One CTA per (tile of the longest sequence, head, sequence).
+inline dim3 attention_grid(const PackedAttentionShape& s, int heads) {
+    return dim3((unsigned)((s.max_seqlen + kAttnTile - 1) / kAttnTile), (unsigned)heads, (unsigned)s.num_seqs);
+}
+
+// Dynamic shared memory of `tiles` tiles of head dim D plus `extra` bytes, allowed above 48 KB for `kernel`.
+template <int D, class Kernel>
+size_t attention_smem(Kernel kernel, int tiles, size_t extra) {
+    const size_t bytes = (size_t)tiles * AttnTile<D>::elems * sizeof(__nv_bfloat16) + extra;
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+    return bytes;
+}
+
+template <int D>
+void attention_forward_d(__nv_bfloat16* out, float* lse, const __nv_bfloat16* q, const __nv_bfloat16* k,
+                         const __nv_bfloat16* v, const int* cu_seqlens, const PackedAttentionShape& s, cudaStream_t stream) {
+    const size_t smem = attention_smem<D>(attention_forward_kernel<D>, 3, 0);
+    LAUNCH_KERNEL(attention_forward_kernel<D>, attention_grid(s, s.H), kAttnThreads, smem, stream, out, lse, q, k, v,
+                  cu_seqlens, s.H, s.KV);
+}
+
+template <int D>
+void attention_backward_d(__nv_bfloat16* dq, __nv_bfloat16* dk, __nv_bfloat16* dv, const __nv_bfloat16* dout,
+                          const float* lse, const float* delta, const __nv_bfloat16* q, const __nv_bfloat16* k,
+                          const __nv_bfloat16* v, const int* cu_seqlens, const PackedAttentionShape& s, cudaStream_t stream) {
+    const size_t dq_smem = attention_smem<D>(attention_backward_dq_kernel<D>, 4, 0);
+    LAUNCH_KERNEL(attention_backward_dq_kernel<D>, attention_grid(s, s.H), kAttnThreads, dq_smem, stream, dq, dout, lse,
+                  delta, q, k, v, cu_seqlens, s.H, s.KV);
+    const size_t dkv_smem = attention_smem<D>(attention_backward_dkv_kernel<D>, 4, 2 * kAttnTile * sizeof(float));
+    LAUNCH_KERNEL(attention_backward_dkv_kernel<D>, attention_grid(s, s.KV), kAttnThreads, dkv_smem, stream, dk, dv, dout,
+                  lse, delta, q, k, v, cu_seqlens, s.H, s.KV);
+}
+
+// Forward: out [T][H][D], lse [T][H] from q [T][H][D], k, v [T][KV][D]; cu_seqlens [num_seqs + 1]
+// on the device, increasing from 0 to T, no sequence longer than max_seqlen.
+inline void attention_forward(__nv_bfloat16* out, float* lse, const __nv_bfloat16* q, const __nv_bfloat16* k,
+                              const __nv_bfloat16* v, const int* cu_seqlens, const PackedAttentionShape& s,
+                              cudaStream_t stream) {
+    check_attention_shape("attention_forward", s);
+    if (s.T == 0 || s.num_seqs == 0) return;
+    switch (s.D) {
+        case 16: attention_forward_d<16>(out, lse, q, k, v, cu_seqlens, s, stream); break;
+        case 32: attention_forward_d<32>(out, lse, q, k, v, cu_seqlens, s, stream); break;
+        case 64: attention_forward_d<64>(out, lse, q, k, v, cu_seqlens, s, stream); break;
+        default: attention_forward_d<128>(out, lse, q, k, v, cu_seqlens, s, stream); break;
+    }
+}
+
+// Backward: dq [T][H][D], dk, dv [T][KV][D] from dout, out [T][H][D] and lse [T][H] of the forward;
+// delta [T][H] is scratch (rowsum(dout * out)). Same cu_seqlens and shape as the forward.
+inline void attention_backward(__nv_bfloat16* dq, __nv_bfloat16* dk, __nv_bfloat16* dv, float* delta,
+                               const __nv_bfloat16* dout, const __nv_bfloat16* out, const float* lse,
+                               const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v,
+                               const int* cu_seqlens, const PackedAttentionShape& s, cudaStream_t stream) {
+    check_attention_shape("attention_backward", s);
+    if (s.T == 0 || s.num_seqs == 0) return;
+    const long rows = s.T * s.H;
+    LAUNCH_KERNEL(attention_delta_kernel, (unsigned)((rows + 255) / 256), 256, 0, stream, delta, dout, out, rows, s.D);
+    switch (s.D) {
+        case 16: attention_backward_d<16>(dq, dk, dv, dout, lse, delta, q, k, v, cu_seqlens, s, stream); break;
+        case 32: attention_backward_d<32>(dq, dk, dv, dout, lse, delta, q, k, v, cu_seqlens, s, stream); break;
+        case 64: attention_backward_d<64>(dq, dk, dv, dout, lse, delta, q, k, v, cu_seqlens, s, stream); break;
+        default: attention_backward_d<128>(dq, dk, dv, dout, lse, delta, q, k, v, cu_seqlens, s, stream); break;
+    }
+}
+
+}  // namespace fp8rl
+
+#endif  // FP8RL_CUDA_ATTENTION_CUH
