@@ -166,6 +166,23 @@ void fp8_quantize_blockwise_gpu(const In* w, int rows, int cols, bool pow2, uint
                   scale_inv, codes_t, scale_inv_t);
 }
 
+// The FP8 copy of a projection weight W [rows][cols] (device memory): 128x128-block codes and
+// BLK128x128 scale grid for fprop, the transposed codes [cols][rows] and grid for dgrad
+// (sizes: blk128_scale_count(rows, cols) and (cols, rows) floats).
+struct Fp8WeightCopy {
+    uint8_t* codes;
+    float* scale_inv;
+    uint8_t* codes_t;
+    float* scale_inv_t;
+    bool pow2_scales;
+};
+
+// The FP8 copy of w [rows][cols] (FP32 master, device) quantized again, after an update.
+inline void fp8_requantize_weight_gpu(const float* w, int rows, int cols, const Fp8WeightCopy& fp8, cudaStream_t stream) {
+    fp8_quantize_blockwise_gpu(w, rows, cols, fp8.pow2_scales, fp8.codes, fp8.scale_inv, fp8.codes_t, fp8.scale_inv_t,
+                               stream);
+}
+
 // ---------------------------------------------------------------------------------------------
 // cuBLASLt GEMMs.
 

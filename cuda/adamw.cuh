@@ -60,17 +60,6 @@ inline void adamw_update_gpu(float* w, float* m, float* v, __nv_bfloat16* w_bf16
     LAUNCH_KERNEL(adamw_kernel, grid, ADAMW_THREADS, 0, stream, w, m, v, w_bf16, g, n, adamw_step_scalars(cfg, t, lr));
 }
 
-// The FP8 copy of a projection weight W [rows][cols] (device memory): 128x128-block codes and
-// BLK128x128 scale grid for fprop, the transposed codes [cols][rows] and grid for dgrad
-// (sizes: blk128_scale_count(rows, cols) and (cols, rows) floats).
-struct Fp8WeightCopy {
-    uint8_t* codes;
-    float* scale_inv;
-    uint8_t* codes_t;
-    float* scale_inv_t;
-    bool pow2_scales;
-};
-
 // AdamW on a projection weight w [rows][cols], then its FP8 copy requantized from the updated
 // FP32 master (as the CPU engine's fp8_quantize_weight does from its master).
 inline void adamw_update_projection_gpu(float* w, float* m, float* v, __nv_bfloat16* w_bf16, const float* g, int rows,
@@ -78,8 +67,7 @@ inline void adamw_update_projection_gpu(float* w, float* m, float* v, __nv_bfloa
                                         cudaStream_t stream) {
     check_fp8_shape("adamw_update_projection_gpu", rows, cols);
     adamw_update_gpu(w, m, v, w_bf16, g, (size_t)rows * cols, cfg, t, lr, stream);
-    fp8_quantize_blockwise_gpu(w, rows, cols, fp8.pow2_scales, fp8.codes, fp8.scale_inv, fp8.codes_t, fp8.scale_inv_t,
-                               stream);
+    fp8_requantize_weight_gpu(w, rows, cols, fp8, stream);
 }
 
 }  // namespace fp8rl

@@ -18,19 +18,10 @@
 
 namespace fp8rl {
 
-// The FP8 copies of a weight W [N][K]: 128x128-block codes with their BLK128x128 scale grid, and
-// the transposed codes [K][N] with the transposed grid (the dgrad operand).
-struct Fp8WeightDevice {
-    uint8_t* codes = nullptr;    // [N][K]
-    float* scales = nullptr;     // [blk128_scale_count(N, K)]
-    uint8_t* codes_t = nullptr;  // [K][N]
-    float* scales_t = nullptr;   // [blk128_scale_count(K, N)]
-};
-
 // One projection as the GEMMs read it.
 struct LinearDevice {
     const __nv_bfloat16* w;     // [N][K] BF16 copy (bf16 precision)
-    const Fp8WeightDevice* w8;  // FP8 copies (fp8 precision)
+    const Fp8WeightCopy* w8;    // FP8 copies (fp8 precision)
     int N, K;
 };
 
@@ -92,7 +83,7 @@ inline void linear_forward_gpu(GemmRunner& gemm, LinearScratch& scratch, Precisi
     check_linear("linear_forward_gpu", p, W, T);
     if (p == Precision::BF16) return gemm.bf16("fprop", W.N, T, W.K, W.w, x, y, out, stream, GemmOps::TN);
     const LinearScratch::Operand& xq = scratch.quantize(0, x, T, W.K, stream);
-    gemm.fp8("fprop", W.N, T, W.K, W.w8->codes, W.w8->scales, Fp8ScaleMode::BLK128x128, xq.codes, xq.scales,
+    gemm.fp8("fprop", W.N, T, W.K, W.w8->codes, W.w8->scale_inv, Fp8ScaleMode::BLK128x128, xq.codes, xq.scales,
              Fp8ScaleMode::VEC128, y, out, stream);
 }
 
@@ -108,7 +99,7 @@ inline void linear_backward_gpu(GemmRunner& gemm, LinearScratch& scratch, Precis
     }
     const LinearScratch::Operand& dyq = scratch.quantize(0, dy, T, W.N, stream);  // 1x128 along N and along T
     const LinearScratch::Operand& xq = scratch.quantize(1, x, T, W.K, stream);    // x^T 1x128 along T
-    gemm.fp8("dgrad", W.K, T, W.N, W.w8->codes_t, W.w8->scales_t, Fp8ScaleMode::BLK128x128, dyq.codes, dyq.scales,
+    gemm.fp8("dgrad", W.K, T, W.N, W.w8->codes_t, W.w8->scale_inv_t, Fp8ScaleMode::BLK128x128, dyq.codes, dyq.scales,
              Fp8ScaleMode::VEC128, dx, GemmOut::F32, stream, accumulate_dx);
     gemm.fp8("wgrad", W.K, W.N, T, xq.codes_t, xq.scales_t, Fp8ScaleMode::VEC128, dyq.codes_t, dyq.scales_t,
              Fp8ScaleMode::VEC128, dW, GemmOut::F32, stream, true);

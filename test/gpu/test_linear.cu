@@ -81,8 +81,8 @@ void check_linear_layer(Precision p, int T, int K, int N, bool pow2) {
         d_dy(to_device_bf16(dy, (size_t)Tp * N)), d_y((size_t)Tp * N);
     DeviceBuffer<uint8_t> codes(master.size()), codes_t(master.size());
     DeviceBuffer<float> scales(blk128_scale_count(N, K)), scales_t(blk128_scale_count(K, N));
-    fp8_quantize_blockwise_gpu(d_master.ptr, N, K, pow2, codes.ptr, scales.ptr, codes_t.ptr, scales_t.ptr, 0);
-    Fp8WeightDevice gw8{codes.ptr, scales.ptr, codes_t.ptr, scales_t.ptr};
+    Fp8WeightCopy gw8{codes.ptr, scales.ptr, codes_t.ptr, scales_t.ptr, pow2};
+    fp8_requantize_weight_gpu(d_master.ptr, N, K, gw8, 0);
     LinearDevice gw{d_w.ptr, &gw8, N, K};
     DeviceBuffer<float> d_dx(std::vector<float>((size_t)Tp * K, 0.25f)), d_dW(std::vector<float>(master.size(), 0.125f));
     GemmRunner gemm;
@@ -125,7 +125,7 @@ TEST(gpu_linear_layers_reject_what_they_cannot_run) {
     LinearDevice no_fp8{x.ptr, nullptr, 64, 64};
     CHECK_THROWS(linear_forward_gpu(gemm, scratch, Precision::FP8, no_fp8, x.ptr, 256, y.ptr, GemmOut::F32, 0),
                  "fp8 needs the weight's FP8 copies");
-    Fp8WeightDevice w8;
+    Fp8WeightCopy w8{};
     LinearDevice some{x.ptr, &w8, 64, 64};
     CHECK_THROWS(linear_forward_gpu(gemm, scratch, Precision::FP8, some, x.ptr, 200, y.ptr, GemmOut::F32, 0),
                  "padded to a multiple of 128 (got 200)");
