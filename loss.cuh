@@ -49,7 +49,7 @@ __device__ __forceinline__ __nv_bfloat16 bf16_from_float(float x) {
 // One chunk of the forward: logits [T][ld] (the chunk's n columns, starting at vocabulary index
 // v0) merged into each token's running max, sum exp(z - max) and sum z exp(z - max), and z at the
 // target kept when the target falls in the chunk. first: the chunk at v0 = 0 starts the sums.
-__global__ void __launch_bounds__(HEAD_THREADS)
+static __global__ void __launch_bounds__(HEAD_THREADS)
     head_chunk_stats_kernel(const float* logits, int ld, int n, int v0, float temperature, const int32_t* target,
                             bool first, float* run_max, double* run_sum, double* run_sz, float* z_target) {
     const int t = blockIdx.x;
@@ -78,7 +78,7 @@ __global__ void __launch_bounds__(HEAD_THREADS)
 }
 
 // logZ, mu, entropy and logprob per token [T] from the merged sums (cpu/logprob_head.h's last loop).
-__global__ void head_finish_kernel(int T, const int32_t* target, const float* run_max, const double* run_sum,
+static __global__ void head_finish_kernel(int T, const int32_t* target, const float* run_max, const double* run_sum,
                                    const double* run_sz, const float* z_target, float* logprob, float* entropy,
                                    float* lse, float* mu) {
     const int t = blockIdx.x * blockDim.x + threadIdx.x;
@@ -92,7 +92,7 @@ __global__ void head_finish_kernel(int T, const int32_t* target, const float* ru
 
 // dlogits [T][ld] (BF16) of one chunk from its logits [T][ld]: the n columns get dL/dlogits in
 // cpu/logprob_head.h's operation order (products unfused), columns n .. ld - 1 get 0.
-__global__ void __launch_bounds__(HEAD_THREADS)
+static __global__ void __launch_bounds__(HEAD_THREADS)
     head_dlogits_kernel(const float* logits, int ld, int n, int v0, float temperature, const int32_t* target,
                         const float* dlogprob, const float* dentropy, const float* lse, const float* mu,
                         __nv_bfloat16* dlogits) {
@@ -112,7 +112,7 @@ __global__ void __launch_bounds__(HEAD_THREADS)
 
 // out [cols][ld] = in [rows][cols]^T, columns rows .. ld - 1 of out set to 0 (the GEMMs' k padding).
 // Staged through a shared tile so that both the reads and the writes are coalesced.
-__global__ void __launch_bounds__(TRANSPOSE_TILE * TRANSPOSE_ROWS)
+static __global__ void __launch_bounds__(TRANSPOSE_TILE * TRANSPOSE_ROWS)
     transpose_pad_kernel(const __nv_bfloat16* in, int rows, int cols, __nv_bfloat16* out, int ld) {
     __shared__ float tile[TRANSPOSE_TILE][TRANSPOSE_TILE + 1];  // +1: column reads hit distinct banks
     const int r0 = blockIdx.y * TRANSPOSE_TILE, c0 = blockIdx.x * TRANSPOSE_TILE;
@@ -128,7 +128,7 @@ __global__ void __launch_bounds__(TRANSPOSE_TILE * TRANSPOSE_ROWS)
 }
 
 // dst [count] += src [count].
-__global__ void accumulate_kernel(float* dst, const float* src, size_t count) {
+static __global__ void accumulate_kernel(float* dst, const float* src, size_t count) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x)
         dst[i] += src[i];
 }

@@ -110,6 +110,9 @@ public:
 
     int64_t optimizer_steps() const override { return adam_.steps_taken(); }
 
+    // The gradient buffer (master layout), for tests that compare engines.
+    const std::vector<float>& gradients() const { return grads_; }
+
     void save_state(TrainerState& s) override {
         s.master = weights_.master;
         s.adam_m = adam_.m();

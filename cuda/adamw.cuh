@@ -32,7 +32,7 @@ inline AdamWStepScalars adamw_step_scalars(const AdamWConfig& cfg, int64_t t, do
 }
 
 // w, m, v, g [n] FP32; w_bf16 [n] the BF16 copy of the updated w.
-__global__ void __launch_bounds__(ADAMW_THREADS)
+static __global__ void __launch_bounds__(ADAMW_THREADS)
     adamw_kernel(float* w, float* m, float* v, __nv_bfloat16* w_bf16, const float* g, size_t n, AdamWStepScalars s) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         const float gi = g[i];

@@ -190,7 +190,7 @@ __global__ void __launch_bounds__(kAttnThreads) attention_forward_kernel(__nv_bf
 }
 
 // delta[t][h] = sum_d dout[t][h][d] * out[t][h][d], one thread per (t, h).
-__global__ void attention_delta_kernel(float* delta, const __nv_bfloat16* dout, const __nv_bfloat16* out, long rows, int D) {
+static __global__ void attention_delta_kernel(float* delta, const __nv_bfloat16* dout, const __nv_bfloat16* out, long rows, int D) {
     const long th = blockIdx.x * (long)blockDim.x + threadIdx.x;
     if (th >= rows) return;
     float sum = 0.0f;

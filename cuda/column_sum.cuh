@@ -31,7 +31,7 @@ __global__ void column_sum_partials_kernel(float* partials, Term term, long rows
     partials[(size_t)blockIdx.y * n + c] = acc;
 }
 
-__global__ void column_sum_finish_kernel(float* out, const float* partials, int chunks, int n) {
+static __global__ void column_sum_finish_kernel(float* out, const float* partials, int chunks, int n) {
     const int c = blockIdx.x * kColumnSumThreads + threadIdx.x;
     if (c >= n) return;
     float sum = partials[c];

@@ -25,7 +25,7 @@ inline int grad_norm_blocks(size_t n) {
 }
 
 // partial [gridDim.x]: block b's sum of g[i]^2 over i = b * blockDim.x + thread (+ k * grid size).
-__global__ void __launch_bounds__(GRAD_NORM_THREADS) grad_norm_partial_kernel(const float* g, size_t n, double* partial) {
+static __global__ void __launch_bounds__(GRAD_NORM_THREADS) grad_norm_partial_kernel(const float* g, size_t n, double* partial) {
     double sum = 0.0;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         sum += (double)g[i] * (double)g[i];
@@ -34,7 +34,7 @@ __global__ void __launch_bounds__(GRAD_NORM_THREADS) grad_norm_partial_kernel(co
 }
 
 // One block: sum_sq = the sum of partial [blocks].
-__global__ void __launch_bounds__(GRAD_NORM_THREADS) grad_norm_total_kernel(const double* partial, int blocks, double* sum_sq) {
+static __global__ void __launch_bounds__(GRAD_NORM_THREADS) grad_norm_total_kernel(const double* partial, int blocks, double* sum_sq) {
     double sum = 0.0;
     for (int i = threadIdx.x; i < blocks; i += blockDim.x) sum += partial[i];
     sum = block_reduce(sum, SumOp());
@@ -52,7 +52,7 @@ inline void grad_norm_squared_gpu(const float* g, size_t n, double* partial, dou
 
 // rl/adamw.h's clip_grad_norm given the norm: the factor max_norm / (norm + 1e-6), applied (in
 // double, rounded to float) only when it is below 1; norm_out (when not null) gets the norm.
-__global__ void clip_grad_kernel(float* g, size_t n, const double* sum_sq, double max_norm, double* norm_out) {
+static __global__ void clip_grad_kernel(float* g, size_t n, const double* sum_sq, double max_norm, double* norm_out) {
     double norm = sqrt(*sum_sq);
     if (norm_out && blockIdx.x == 0 && threadIdx.x == 0) *norm_out = norm;
     if (!(max_norm > 0.0) || !std::isfinite(norm)) return;
