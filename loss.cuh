@@ -162,7 +162,8 @@ struct HeadGpuShape {
 };
 
 // The head on one device. Owns its scratch: one chunk of FP32 logits and of BF16 dlogits (and
-// their transpose), the transposed chunk of W and X^T, and four floats per token.
+// their transpose), the transposed chunk of W and X^T, and per token the running max, the two
+// running sums and the target's logit.
 class LogprobHeadGpu {
   public:
     explicit LogprobHeadGpu(GemmRunner& gemm, int vocab_chunk = HEAD_VOCAB_CHUNK) : gemm_(gemm), chunk_(vocab_chunk) {
