@@ -162,7 +162,8 @@ struct HeadGpuShape {
 };
 
 // The head on one device. Owns its scratch: one chunk of FP32 logits and of BF16 dlogits (and
-// their transpose), the transposed chunk of W and X^T, and four floats per token.
+// their transpose), the transposed chunk of W and X^T, and per token the running max, the two
+// running sums and the target's logit.
 class LogprobHeadGpu {
   public:
     explicit LogprobHeadGpu(GemmRunner& gemm, int vocab_chunk = HEAD_VOCAB_CHUNK) : gemm_(gemm), chunk_(vocab_chunk) {
@@ -190,7 +191,8 @@ class LogprobHeadGpu {
     }
 
     // Backward of forward (same x, W, target, shape). dlogprob, dentropy, lse, mu [T]; adds dL/dx
-    // into dx [T][C] and dL/dW into dW [V][C] (FP32, device).
+    // into dx [T][C] and dL/dW into dW [V][C] (FP32, device). A row without a target must come with
+    // dlogprob 0 (its log-prob is the constant 0), as the CPU engine passes it.
     void backward(float* dx, float* dW, const float* dlogprob, const float* dentropy, const float* lse, const float* mu,
                   const __nv_bfloat16* x, const __nv_bfloat16* W, const int32_t* target, int T, HeadGpuShape s,
                   cudaStream_t stream) {
@@ -254,9 +256,10 @@ class LogprobHeadGpu {
         LAUNCH_KERNEL(transpose_pad_kernel, grid, dim3(TRANSPOSE_TILE, TRANSPOSE_ROWS), 0, stream, in, rows, cols, out, ld);
     }
 
+    // About 8 elements per thread: the chunk's dW is 2048 x C floats.
     static void accumulate(float* dst, const float* src, size_t count, cudaStream_t stream) {
-        size_t blocks = (count + 255) / 256;
-        LAUNCH_KERNEL(accumulate_kernel, (int)std::min(blocks, (size_t)1024), 256, 0, stream, dst, src, count);
+        size_t blocks = (count + 8 * 256 - 1) / (8 * 256);
+        LAUNCH_KERNEL(accumulate_kernel, (int)std::min(blocks, (size_t)4096), 256, 0, stream, dst, src, count);
     }
 };
 

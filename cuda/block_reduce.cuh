@@ -27,7 +27,9 @@ __device__ inline T warp_reduce(T value, Op op) {
 
 // Every thread of the block gets op over the block's values; blockDim.x must be a multiple of 32
 // (the launchers' block sizes are). Calls may follow each other: the second barrier keeps the
-// next call from overwriting warp_values before every thread has read them.
+// next call from overwriting warp_values before every thread has read them (on a GPU a warp can run
+// ahead through its shuffles; the emulation resumes every released thread before any shuffle
+// completes, so no emulated test fails without it).
 template <class T, class Op>
 __device__ inline T block_reduce(T value, Op op) {
     __shared__ T warp_values[32];
