@@ -2,14 +2,16 @@
 // the fixture models: log-probs and entropies of ragged packed batches in bf16 and fp8, and the
 // gradients of one backward, tensor by tensor.
 //
-// The bound, justified: both engines round to BF16 at the same points and quantize to FP8 with the
-// same bits, so they differ only where an FP32 sum in a different order lands on the other side of a
-// BF16 rounding boundary (and, for gradients, where the GPU's attention backward rounds dq, dk, dv
-// to BF16 before RoPE's backward, a rounding the CPU does not make). The CPU engine's own fp32 run
-// rounds nowhere: its distance from the CPU bf16 (fp8) run is the size of all those roundings
-// together. The GPU-CPU distance must be a small fraction of it: RMS over all values at most a
-// quarter of the RMS of (CPU bf16 or fp8 - CPU fp32), for log-probs and entropies and for each
-// gradient tensor's relative Frobenius distance.
+// The bound, justified: both engines store BF16 activations at the same points (embedding, norms,
+// projections, residuals, SwiGLU match bit for bit), but attention rounds differently: the CPU
+// rounds the normalized probabilities to BF16, FlashAttention-2 the unnormalized exp values of its
+// online softmax (it never forms the normalized ones), and its backward returns dq, dk, dv in BF16
+// before RoPE's. So from the first attention on, the two are two different BF16 computations of the
+// same function. The CPU engine's fp32 run rounds nowhere; the distance of its bf16 (fp8) run from it
+// is the size of one BF16 computation's rounding. The GPU must be as close: RMS of (GPU - CPU bf16)
+// and of (GPU - CPU fp32) at most twice the RMS of (CPU bf16 - CPU fp32), for log-probs and
+// entropies and for each gradient tensor's relative Frobenius distance. A wrong layout, index or
+// formula is off by orders of magnitude more.
 #include <cmath>
 #include <vector>
 
@@ -73,12 +75,15 @@ void compare_engines(const std::string& dir) {
         TokenValues c_lp, c_ent, g_lp, g_ent;
         cpu.logprobs(seqs, p, 0.8f, &c_lp, &c_ent);
         gpu.logprobs(seqs, p, 0.8f, &g_lp, &g_ent);
-        const double lp_gpu = rms_distance(g_lp, c_lp), lp_ref = rms_distance(c_lp, ref_lp);
-        const double ent_gpu = rms_distance(g_ent, c_ent), ent_ref = rms_distance(c_ent, ref_ent);
-        printf("    %-22s %s log-prob RMS |gpu-cpu| %.3g (cpu vs fp32 %.3g), entropy %.3g (%.3g)\n",
-               dir.substr(dir.rfind('/') + 1).c_str(), precision_name(p), lp_gpu, lp_ref, ent_gpu, ent_ref);
-        CHECK_MSG(lp_gpu <= 0.25 * lp_ref, "%s %s log-probs: %.3g > %.3g / 4", dir.c_str(), precision_name(p), lp_gpu, lp_ref);
-        CHECK_MSG(ent_gpu <= 0.25 * ent_ref, "%s %s entropies: %.3g > %.3g / 4", dir.c_str(), precision_name(p), ent_gpu, ent_ref);
+        const double lp_gpu = rms_distance(g_lp, c_lp), lp_ref = rms_distance(c_lp, ref_lp), lp_fp32 = rms_distance(g_lp, ref_lp);
+        const double ent_gpu = rms_distance(g_ent, c_ent), ent_ref = rms_distance(c_ent, ref_ent),
+                     ent_fp32 = rms_distance(g_ent, ref_ent);
+        printf("    %-22s %s log-prob RMS gpu-cpu %.3g, gpu-fp32 %.3g, cpu-fp32 %.3g; entropy %.3g, %.3g, %.3g\n",
+               dir.substr(dir.rfind('/') + 1).c_str(), precision_name(p), lp_gpu, lp_fp32, lp_ref, ent_gpu, ent_fp32, ent_ref);
+        CHECK_MSG(lp_gpu <= 2 * lp_ref && lp_fp32 <= 2 * lp_ref, "%s %s log-probs: gpu-cpu %.3g, gpu-fp32 %.3g > 2 x %.3g",
+                  dir.c_str(), precision_name(p), lp_gpu, lp_fp32, lp_ref);
+        CHECK_MSG(ent_gpu <= 2 * ent_ref && ent_fp32 <= 2 * ent_ref, "%s %s entropies: gpu-cpu %.3g, gpu-fp32 %.3g > 2 x %.3g",
+                  dir.c_str(), precision_name(p), ent_gpu, ent_fp32, ent_ref);
     }
     // one backward per precision, gradients tensor by tensor
     AdamWConfig adam;
@@ -105,10 +110,13 @@ void compare_engines(const std::string& dir) {
         std::string worst_name;
         for (const TensorInfo& t : table.tensors) {
             const double gpu_cpu = relative_distance(&g_gpu[t.offset], &g_cpu[t.offset], t.numel);
+            const double gpu_ref = relative_distance(&g_gpu[t.offset], &g_ref[t.offset], t.numel);
             const double cpu_ref = relative_distance(&g_cpu[t.offset], &g_ref[t.offset], t.numel);
-            CHECK_MSG(gpu_cpu <= 0.25 * cpu_ref + 1e-6, "%s %s gradient of %s: relative distance %.3g to the CPU, > %.3g / 4",
-                      dir.c_str(), precision_name(p), t.name.c_str(), gpu_cpu, cpu_ref);
-            if (gpu_cpu / (cpu_ref + 1e-30) > worst) worst = gpu_cpu / (cpu_ref + 1e-30), worst_name = t.name;
+            CHECK_MSG(gpu_cpu <= 2 * cpu_ref && gpu_ref <= 2 * cpu_ref,
+                      "%s %s gradient of %s: relative distance to the CPU %.3g, to fp32 %.3g, > 2 x %.3g", dir.c_str(),
+                      precision_name(p), t.name.c_str(), gpu_cpu, gpu_ref, cpu_ref);
+            const double ratio = std::max(gpu_cpu, gpu_ref) / (cpu_ref + 1e-30);
+            if (ratio > worst) worst = ratio, worst_name = t.name;
         }
         printf("    %-22s %s gradients: worst tensor %s at %.3g of the cpu-vs-fp32 distance\n",
                dir.substr(dir.rfind('/') + 1).c_str(), precision_name(p), worst_name.c_str(), worst);
