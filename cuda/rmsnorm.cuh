@@ -4,11 +4,12 @@
 //   dx (+)= rstd * (w * dy) - x * rstd^3 / n * sum(w * dy * x), dw += sum over rows of dy * x * rstd.
 // Also Qwen3's per-head q/k norm: q [T][H][D] is T*H rows of D with one weight vector of D.
 // A BF16 output rounds as HF (and the CPU's bf16 flag): x * rstd to BF16, times w, to BF16 again.
-// One block per row; the row's sum of squares and the backward's dot product are block reductions in a
-// fixed order: deterministic, but not the CPU's order (the tests bound the difference). The weight
-// gradient is a deterministic column sum (cuda/column_sum.cuh), no float atomics.
+// One block per row; the row's sum of squares and the backward's dot product are block reductions in
+// a fixed order (cuda/block_reduce.cuh): deterministic, but not the CPU's order (the tests bound the
+// difference). The weight gradient is a deterministic column sum (cuda/column_sum.cuh), no atomics.
 #ifndef FP8RL_CUDA_RMSNORM_CUH
 #define FP8RL_CUDA_RMSNORM_CUH
+#include "cuda/block_reduce.cuh"
 #include "cuda/column_sum.cuh"
 #include "rl/bf16.h"
 #include "rl/hostdevice.h"
@@ -19,23 +20,10 @@ namespace fp8rl {
 
 inline constexpr int kRmsnormMaxThreads = 256;
 
-// Threads per row: n rounded up to whole warps, at most kRmsnormMaxThreads.
+// Threads per row: n rounded up to whole warps (block_reduce's condition), at most kRmsnormMaxThreads.
 inline int rmsnorm_threads(int n) {
     const int warps = (n + 31) / 32;
     return warps * 32 < kRmsnormMaxThreads ? warps * 32 : kRmsnormMaxThreads;
-}
-
-// The sum of v over the block (a whole number of warps), returned to every thread, in a fixed order:
-// the lanes by a xor butterfly, then the warps' sums in warp order. At most once per kernel: the
-// staging array is not guarded for reuse.
-__device__ inline float block_sum_once(float v) {
-    __shared__ float warp_sums[32];
-    for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xFFFFFFFFu, v, offset);
-    if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = v;
-    __syncthreads();  // every warp's sum staged
-    float total = warp_sums[0];
-    for (int w = 1; w < (int)blockDim.x / 32; w++) total += warp_sums[w];
-    return total;
 }
 
 // One block per row. x, y [rows][n]; rstd [rows].
@@ -45,7 +33,7 @@ __global__ void rmsnorm_forward_kernel(Out* y, float* rstd, const In* x, const W
     Out* yr = y + (size_t)blockIdx.x * n;
     float ss = 0.0f;
     for (int i = threadIdx.x; i < n; i += blockDim.x) ss += mul_rn(as_float(xr[i]), as_float(xr[i]));
-    ss = block_sum_once(ss);
+    ss = block_reduce(ss, SumOp());
     const float s = 1.0f / sqrtf(ss / (float)n + eps);
     if (threadIdx.x == 0) rstd[blockIdx.x] = s;
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
@@ -62,7 +50,7 @@ __global__ void rmsnorm_backward_dx_kernel(Dx* dx, const In* dy, const In* x, co
     float dot = 0.0f;
     for (int i = threadIdx.x; i < n; i += blockDim.x)
         dot += mul_rn(mul_rn(as_float(w[i]), as_float(dy[row + i])), as_float(x[row + i]));
-    dot = block_sum_once(dot);
+    dot = block_reduce(dot, SumOp());
     const float s = rstd[blockIdx.x], c = dot * s * s * s / (float)n;
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
         const float g = mul_rn(mul_rn(s, as_float(w[i])), as_float(dy[row + i])) - mul_rn(as_float(x[row + i]), c);

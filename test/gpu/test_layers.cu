@@ -11,15 +11,7 @@
 #include <cstring>
 #include <functional>
 
-// cpu/gemm.h (through cpu/model.h) sets a variable that only an OpenMP if() clause reads; nvcc's front
-// end ignores OpenMP pragmas and would call it unused (an error under -Werror all-warnings).
-#ifdef __CUDACC__
-#pragma nv_diag_suppress 177
-#endif
 #include "cpu/model.h"
-#ifdef __CUDACC__
-#pragma nv_diag_default 177
-#endif
 #include "cuda/elementwise.cuh"
 #include "cuda/embedding.cuh"
 #include "cuda/rmsnorm.cuh"
@@ -29,12 +21,6 @@
 #include "test/harness.h"
 
 using namespace fp8rl;
-
-#define REQUIRE_GPU_FOR_LAYERS()                      \
-    do {                                              \
-        std::string why_not = no_gpu_reason();        \
-        if (!why_not.empty()) SKIP(why_not.c_str());  \
-    } while (0)
 
 namespace {
 
@@ -212,7 +198,7 @@ int embedding_backward_case(long T, int V, int C) {
 }  // namespace
 
 TEST(gpu_layers_embedding_forward_matches_cpu_bit_for_bit) {
-    REQUIRE_GPU_FOR_LAYERS();
+    REQUIRE_GPU();
     CHECK_EQ((embedding_forward_case<float, float>(36, 53, 75)), 0);
     CHECK_EQ((embedding_forward_case<bf16_t, bf16_t>(36, 53, 75)), 0);
     CHECK_EQ((embedding_forward_case<float, bf16_t>(36, 53, 75)), 0);
@@ -222,7 +208,7 @@ TEST(gpu_layers_embedding_forward_matches_cpu_bit_for_bit) {
 // Bit-exact: the kernel adds each token's row in increasing token order, as embedding_backward does.
 // T = 300 spans three rounds of 128 staged ids, C = 130 two column blocks, V = 200 four rows per range.
 TEST(gpu_layers_embedding_backward_matches_cpu_bit_for_bit) {
-    REQUIRE_GPU_FOR_LAYERS();
+    REQUIRE_GPU();
     CHECK_EQ(embedding_backward_case<float>(300, 200, 130), 0);
     CHECK_EQ(embedding_backward_case<bf16_t>(300, 200, 130), 0);
     CHECK_EQ(embedding_backward_case<float>(1, 53, 75), 0);
@@ -230,7 +216,7 @@ TEST(gpu_layers_embedding_backward_matches_cpu_bit_for_bit) {
 }
 
 TEST(gpu_layers_embedding_backward_matches_finite_differences) {
-    REQUIRE_GPU_FOR_LAYERS();
+    REQUIRE_GPU();
     const long T = 40;
     const int V = 20, C = 19;
     std::vector<float> table = uniform((size_t)V * C, 23, 1.0f, false);
@@ -351,7 +337,7 @@ int rmsnorm_backward_case(long rows, int n) {
 
 // Layer norms (rows = tokens of C) and Qwen3's per-head q/k norms (rows = tokens x heads of D).
 TEST(gpu_layers_rmsnorm_forward_matches_cpu_within_bound) {
-    REQUIRE_GPU_FOR_LAYERS();
+    REQUIRE_GPU();
     CHECK_EQ((rmsnorm_forward_case<float, float, float>(36, 75)), 0);
     CHECK_EQ((rmsnorm_forward_case<bf16_t, bf16_t, bf16_t>(36, 75)), 0);
     CHECK_EQ((rmsnorm_forward_case<bf16_t, float, bf16_t>(3, 1000)), 0);
@@ -360,7 +346,7 @@ TEST(gpu_layers_rmsnorm_forward_matches_cpu_within_bound) {
 }
 
 TEST(gpu_layers_rmsnorm_backward_matches_cpu_within_bound) {
-    REQUIRE_GPU_FOR_LAYERS();
+    REQUIRE_GPU();
     CHECK_EQ((rmsnorm_backward_case<float, float, float>(36, 75)), 0);
     CHECK_EQ((rmsnorm_backward_case<bf16_t, bf16_t, bf16_t>(36, 75)), 0);
     CHECK_EQ((rmsnorm_backward_case<bf16_t, float, float>(2, 1000)), 0);
@@ -369,7 +355,7 @@ TEST(gpu_layers_rmsnorm_backward_matches_cpu_within_bound) {
 }
 
 TEST(gpu_layers_rmsnorm_backward_matches_finite_differences) {
-    REQUIRE_GPU_FOR_LAYERS();
+    REQUIRE_GPU();
     const long rows = 5;
     const int n = 37;
     std::vector<float> x = norm_input(rows, n, 71, false), w = norm_weight(n, 73, false);
@@ -446,7 +432,7 @@ int rope_case(bool inverse, bool bf16, int heads, int D, bool in_place) {
 
 // Seven packed sequences (one-token ones among them), 9 query heads and 1 or 3 KV heads, D = 24 and 10.
 TEST(gpu_layers_rope_matches_cpu_bit_for_bit) {
-    REQUIRE_GPU_FOR_LAYERS();
+    REQUIRE_GPU();
     CHECK_EQ((rope_case<float, float>(false, false, 9, 24, false)), 0);
     CHECK_EQ((rope_case<bf16_t, bf16_t>(false, true, 9, 24, true)), 0);
     CHECK_EQ((rope_case<bf16_t, bf16_t>(false, true, 1, 10, false)), 0);
@@ -456,7 +442,7 @@ TEST(gpu_layers_rope_matches_cpu_bit_for_bit) {
 }
 
 TEST(gpu_layers_rope_backward_matches_finite_differences) {
-    REQUIRE_GPU_FOR_LAYERS();
+    REQUIRE_GPU();
     const std::vector<int32_t> pos = packed_positions({4, 1, 6});
     const long rows = (long)pos.size();
     const int heads = 2, D = 12;
@@ -513,14 +499,14 @@ int swiglu_case(long n) {
 }  // namespace
 
 TEST(gpu_layers_swiglu_matches_cpu_bit_for_bit) {
-    REQUIRE_GPU_FOR_LAYERS();
+    REQUIRE_GPU();
     CHECK_EQ((swiglu_case<float, float>(1037)), 0);
     CHECK_EQ((swiglu_case<bf16_t, bf16_t>(1037)), 0);
     CHECK_EQ((swiglu_case<bf16_t, float>(13)), 0);
 }
 
 TEST(gpu_layers_swiglu_backward_matches_finite_differences) {
-    REQUIRE_GPU_FOR_LAYERS();
+    REQUIRE_GPU();
     const long n = 50;
     std::vector<float> g = uniform(n, 109, 4.0f, false), u = uniform(n, 113, 2.0f, false);
     const std::vector<float> r = uniform(n, 127, 1.0f, false);
@@ -541,7 +527,7 @@ TEST(gpu_layers_swiglu_backward_matches_finite_differences) {
 // Residual add, casts, bias
 
 TEST(gpu_layers_residual_add_and_casts_match_cpu_bit_for_bit) {
-    REQUIRE_GPU_FOR_LAYERS();
+    REQUIRE_GPU();
     const long n = 1000 + 37;
     const std::vector<float> a = uniform(n, 131, 3.0f, true), b = uniform(n, 137, 3.0f, true);
     DeviceBuffer<bf16_t> d_a(to_type<bf16_t>(a)), d_b(to_type<bf16_t>(b)), d_y(n);
@@ -621,7 +607,7 @@ int bias_backward_case(long T, int N) {
 }  // namespace
 
 TEST(gpu_layers_bias_add_and_gradient_match_cpu) {
-    REQUIRE_GPU_FOR_LAYERS();
+    REQUIRE_GPU();
     CHECK_EQ((bias_add_case<float, float>(36, 75)), 0);
     CHECK_EQ((bias_add_case<bf16_t, bf16_t>(36, 75)), 0);
     CHECK_EQ((bias_add_case<float, bf16_t>(1, 130)), 0);
@@ -632,7 +618,7 @@ TEST(gpu_layers_bias_add_and_gradient_match_cpu) {
 }
 
 TEST(gpu_layers_bias_backward_matches_finite_differences) {
-    REQUIRE_GPU_FOR_LAYERS();
+    REQUIRE_GPU();
     const long T = 7;
     const int N = 11;
     const std::vector<float> x = uniform((size_t)T * N, 173, 1.0f, false), r = uniform((size_t)T * N, 179, 1.0f, false);
@@ -653,7 +639,7 @@ TEST(gpu_layers_bias_backward_matches_finite_differences) {
 
 // Shapes a launcher refuses, named in the error.
 TEST(gpu_layers_launchers_name_a_wrong_shape) {
-    REQUIRE_GPU_FOR_LAYERS();
+    REQUIRE_GPU();
     DeviceBuffer<float> buffer(64);
     DeviceBuffer<int32_t> ids(4);
     CHECK_THROWS(embedding_forward(buffer.ptr, buffer.ptr, ids.ptr, 4, 0, 8, kStream), "embedding_forward: vocabulary size V = 0");
