@@ -70,7 +70,7 @@ BENCH_BINS := $(patsubst bench/%.cpp,$(BUILD)/%,$(BENCH_SRCS))
 FUZZ_SECONDS ?= 30
 FUZZ_TARGETS := json safetensors
 
-.PHONY: all test test-unit test-asan test-gpu-emu test-gpu-emu-asan test_gpu_emu cuda-check test_gpu bench bench_gpu fuzz clean demo
+.PHONY: all test test-unit test-asan test-gpu-emu test-gpu-emu-asan test_gpu_emu cuda-check bench bench_gpu fuzz clean demo
 all: train_rl_cpu
 
 # The binary sits outside build/ but its header dependencies inside: without its .d file (build/
@@ -116,12 +116,16 @@ $(BUILD)/test_gpu_emu_asan: $(GPU_ASAN_OBJS)
 
 test_gpu_emu: $(BUILD)/test_gpu_emu
 
+# ./train_rl_emu: the GPU binary's main (train_rl.cu) on the emulated GPU engine.
+train_rl_emu: $(BUILD)/emu/train_rl.cu.o $(patsubst %,$(BUILD)/emu/%.o,$(EMU_RUNTIME))
+	$(CPU_LINK_CXX) $(CXXFLAGS) -o $@ $^ $(LDLIBS)
+
 # make test: the unit and integration tests, the CUDA compile check, then everything again under
 # AddressSanitizer + UndefinedBehaviorSanitizer, then bounded fuzz runs of the JSON parser and the
 # safetensors reader. The binaries build in parallel (-j); the runs are sequential so their output
 # stays readable.
 TEST_BINS := $(BUILD)/test_cpu train_rl_cpu $(BUILD)/test_cpu_asan $(BUILD)/train_rl_cpu_asan \
-             $(if $(EMU_FLAGS),$(BUILD)/test_gpu_emu $(BUILD)/test_gpu_emu_asan) \
+             $(if $(EMU_FLAGS),$(BUILD)/test_gpu_emu $(BUILD)/test_gpu_emu_asan train_rl_emu) \
              $(if $(CLANGXX),$(FUZZ_TARGETS:%=$(BUILD)/fuzz_%))
 test: $(TEST_BINS)
 	$(MAKE) --no-print-directory test-unit
@@ -129,8 +133,8 @@ test: $(TEST_BINS)
 	$(MAKE) --no-print-directory test-asan
 	$(MAKE) --no-print-directory fuzz
 
-test-unit: $(BUILD)/test_cpu train_rl_cpu
-	FP8RL_BIN=./train_rl_cpu OMP_NUM_THREADS=2 ./$(BUILD)/test_cpu
+test-unit: $(BUILD)/test_cpu train_rl_cpu $(if $(EMU_FLAGS),train_rl_emu)
+	FP8RL_BIN=./train_rl_cpu FP8RL_EMU_BIN=./train_rl_emu OMP_NUM_THREADS=2 ./$(BUILD)/test_cpu
 	$(MAKE) --no-print-directory test-gpu-emu
 
 test-asan: $(BUILD)/test_cpu_asan $(BUILD)/train_rl_cpu_asan
@@ -172,6 +176,10 @@ GPU_BENCH_BINS := $(patsubst test/gpu/bench_%.cu,$(BUILD)/gpu_bench_%,$(wildcard
 test_gpu: test/run_tests.cpp $(wildcard test/gpu/test_*.cu) $(GPU_HEADERS)
 	$(NVCC) $(NVCCFLAGS) -o $@ test/run_tests.cpp $(wildcard test/gpu/test_*.cu) $(GPU_LDLIBS)
 
+# ./train_rl: the product, the GPU binary (sm_90, cuBLASLt, NCCL and MPI when found).
+train_rl: train_rl.cu $(GPU_HEADERS)
+	$(NVCC) $(NVCCFLAGS) -o $@ train_rl.cu $(GPU_LDLIBS)
+
 $(BUILD)/gpu_bench_%: test/gpu/bench_%.cu $(GPU_HEADERS)
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCCFLAGS) -o $@ $< $(GPU_LDLIBS)
@@ -181,8 +189,8 @@ bench_gpu: $(GPU_BENCH_BINS)
 else
 cuda-check:
 	@echo "nvcc compile check: SKIPPED (nvcc not found; GPU sources not compiled)"
-test_gpu bench_gpu:
-	@echo "$@: nvcc not found; the GPU tests and benchmarks need the CUDA toolkit"; exit 1
+test_gpu bench_gpu train_rl:
+	@echo "$@: nvcc not found; the GPU binary, tests and benchmarks need the CUDA toolkit"; exit 1
 endif
 
 ifneq ($(CLANGXX),)
@@ -221,6 +229,6 @@ demo: train_rl_cpu
 	@echo "demo: log $(DEMO_DIR)/log.jsonl, plot $(DEMO_DIR)/dashboard.png, checkpoint $(DEMO_DIR)/$$(cat $(DEMO_DIR)/latest)"
 
 clean:
-	rm -rf $(BUILD) train_rl_cpu train_rl test_gpu
+	rm -rf $(BUILD) train_rl_cpu train_rl train_rl_emu test_gpu
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

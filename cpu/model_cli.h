@@ -1,6 +1,5 @@
-// model_cli.h: the model modes of train_rl_cpu.
-//   --logprobs FILE: {"ids": [...]} -> {"logprobs": [...], "entropy": [...]} for positions 1..n-1,
-//                    in --precision, under softmax(logits / --temperature).
+// model_cli.h: the generation modes of the binaries on the CPU model (--logprobs, for any engine, is
+// in rl/cli.h).
 //   --prompts FILE:  {"prompt": "..."} or {"ids": [...]} -> {"ids": [...], "text": "...",
 //                    "logprobs": [...], "finish": "eos" | "length"}, all prompts decoded as one batch.
 //   --prompt TEXT:   the completion of TEXT, as text.
@@ -9,53 +8,22 @@
 // per-layer scales from a forward pass over the prompts (spec-fp8.md §9.4). One output line per
 // input line, in order; a bad line is an error naming file:line.
 #pragma once
+#include <omp.h>
+
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "rl/args.h"
 #include "cpu/generate.h"
+#include "rl/args.h"
+#include "rl/cli.h"
 #include "rl/json.h"
 #include "rl/jsonl.h"
 #include "cpu/model.h"
 #include "rl/tokenizer.h"
 
 namespace fp8rl {
-
-// Token ids of a JSON array, each checked against the vocabulary.
-inline std::vector<int32_t> model_ids_from_json(const Json& ids, int vocab, const std::string& where) {
-    if (!ids.is_array() || ids.items.empty()) fail("%s: \"ids\" must be a non-empty list of token ids", where.c_str());
-    std::vector<int32_t> out;
-    for (const Json& id : ids.items) {
-        if (!id.is_int() || id.integer < 0 || id.integer >= vocab)
-            fail("%s: token ids must be integers in the vocabulary [0, %d)", where.c_str(), vocab);
-        out.push_back((int32_t)id.integer);
-    }
-    return out;
-}
-
-inline std::string float_list_json(const float* x, size_t n) {
-    std::string out = "[";
-    for (size_t i = 0; i < n; i++) out += (i ? "," : "") + strfmt("%.9g", x[i]);
-    return out + "]";
-}
-
-inline std::string logprobs_jsonl(const CpuModel& m, const ModelParams& p, float temperature, const std::string& text,
-                                  const std::string& source) {
-    if (!(temperature > 0.0f)) fail("--temperature %g: --logprobs needs a temperature > 0", temperature);
-    ForwardActs acts;
-    return map_jsonl(text, source, [&](const Json& row, const std::string& where) {
-        const Json* ids = row.find("ids");
-        if (!ids) fail("%s: expected {\"ids\": [...]}", where.c_str());
-        TokenBatch batch;
-        batch.add(model_ids_from_json(*ids, m.V, where));
-        const long T = batch.num_tokens();
-        std::vector<float> lp(T), ent(T);
-        model_forward(m, p, batch, temperature, acts, lp.data(), ent.data(), false);
-        return "{\"logprobs\":" + float_list_json(lp.data() + 1, T - 1) + ",\"entropy\":" +
-               float_list_json(ent.data() + 1, T - 1) + "}";
-    });
-}
 
 // Sampling, stopping and cache options from the flags. tok (may be null) limits the sampled ids
 // to those the tokenizer knows (spec-model.md §2.2).
@@ -130,6 +98,30 @@ inline std::string generate_text(const CpuModel& m, const ModelParams& p, const 
                                  const std::string& prompt) {
     std::vector<Completion> out = generate_completions(m, p, {encode_prompt(tok, prompt, m.V, "--prompt")}, o);
     return tok->decode(std::vector<int>(out[0].tokens.begin(), out[0].tokens.end())) + "\n";
+}
+
+// --prompt, --prompts: generation with the CPU model of --model in --precision (the GPU binary uses it
+// too until rollout.cu exists).
+inline int run_generation_mode(const Args& args, const std::string& mode) {
+    if (!args.given("model")) fail("--%s needs --model DIR (a HF model directory)", mode.c_str());
+    if (args.integer("threads") > 0) omp_set_num_threads((int)args.integer("threads"));
+    ModelWeights weights = ModelWeights::load(args.str("model"));
+    CpuModel model(weights);
+    ModelParams params;
+    params.prepare(model, parse_precision(args.str("precision"), "--precision"));
+    // the tokenizer is optional for --prompts with ids: a model directory without tokenizer.json still runs
+    std::string tok_path = args.given("tokenizer") ? args.str("tokenizer") : args.str("model");
+    std::unique_ptr<Tokenizer> tok;
+    if (args.given("tokenizer") || std::ifstream(tok_path + "/tokenizer.json").good()) tok = Tokenizer::load(tok_path);
+    GenerateOptions opts = generate_options_from_args(args, model, tok.get());
+    if (mode == "prompt") {
+        fputs(generate_text(model, params, tok.get(), opts, args.str("prompt")).c_str(), stdout);
+        return 0;
+    }
+    const std::string& in = args.str(mode);
+    write_mode_output(args.str("output"),
+                      generate_jsonl(model, params, tok.get(), opts, read_mode_input(in), in == "-" ? "<stdin>" : in));
+    return 0;
 }
 
 }  // namespace fp8rl

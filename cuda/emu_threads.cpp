@@ -1,12 +1,9 @@
 // emu_threads.cpp: the thread scheduler of the CUDA emulation (cuda/emu.h): one fiber per CUDA
 // thread of a block, blocks one after another, barriers and warp collectives resolved when no
 // fiber can run any further. Facts behind the choices: spec-gpu.md §2.2.
-// swapcontext is "returns twice" to g++, which then warns that locals might be clobbered as after
-// longjmp; swapcontext saves and restores every register, so none is.
-#pragma GCC diagnostic ignored "-Wclobbered"
+#include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
 #include <sys/mman.h>
-#include <ucontext.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -26,6 +23,46 @@
 #else
 #define EMU_ASAN 0
 #endif
+
+#if !defined(__x86_64__)
+#error "the CUDA emulation's fiber switch (emu_switch below) is written for x86-64"
+#endif
+
+// emu_switch(&from_sp, to_sp): saves the callee-saved registers, MXCSR and the x87 control word on
+// the running stack, stores its stack pointer in *from_sp, and continues on to_sp where another
+// emu_switch saved its state (or where start_frame laid out a first one). No system call: glibc's
+// swapcontext makes one per switch to save the signal mask, which dominated emulated kernels' time.
+extern "C" void emu_switch(void** from_sp, void* to_sp);
+asm(R"(
+    .text
+    .globl emu_switch
+    .type emu_switch, @function
+emu_switch:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    subq $8, %rsp
+    stmxcsr (%rsp)
+    fnstcw 4(%rsp)
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    ldmxcsr (%rsp)
+    fldcw 4(%rsp)
+    addq $8, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+    .size emu_switch, .-emu_switch
+    .section .note.GNU-stack,"",@progbits
+    .text
+)");
 
 namespace emu {
 
@@ -70,7 +107,7 @@ struct Thread {
     uint64_t value = 0, result = 0;
     int arg = 0, width = 32;
     int atomics = 0;
-    ucontext_t context;
+    void* sp = nullptr;  // saved stack pointer while the fiber is not running
     Stack* stack = nullptr;
 };
 
@@ -86,7 +123,7 @@ struct Block {
 };
 
 std::vector<std::unique_ptr<Stack>> stack_pool;
-ucontext_t scheduler_context;
+void* scheduler_sp = nullptr;
 Block* current_block = nullptr;
 Thread* current_thread = nullptr;
 uint64_t scheduling_seed = 0;
@@ -125,14 +162,14 @@ void yield_to_scheduler() {
     void* fake = nullptr;
     __sanitizer_start_switch_fiber(&fake, scheduler_stack_bottom, scheduler_stack_size);
 #endif
-    swapcontext(&t->context, &scheduler_context);
+    emu_switch(&t->sp, scheduler_sp);
 #if EMU_ASAN
     __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
 #endif
     current_coords = &t->coords;
 }
 
-void fiber_main() {
+[[noreturn]] void fiber_main() {
 #if EMU_ASAN
     __sanitizer_finish_switch_fiber(nullptr, &scheduler_stack_bottom, &scheduler_stack_size);
 #endif
@@ -150,7 +187,30 @@ void fiber_main() {
 #if EMU_ASAN
     __sanitizer_start_switch_fiber(nullptr, scheduler_stack_bottom, scheduler_stack_size);  // this fiber ends
 #endif
-    setcontext(&scheduler_context);
+    void* unused;
+    emu_switch(&unused, scheduler_sp);
+    __builtin_unreachable();
+}
+
+// A first frame on an empty stack, as emu_switch would have left it: the saved MXCSR and x87
+// control word of the caller, zero registers, and fiber_main as the return address, placed so that
+// fiber_main starts with the stack alignment of a called function (rsp = 8 mod 16).
+// Under ASan the top of a reused stack still carries the redzones of the last fiber_main frame,
+// which never returns; a faulted kernel's fibers leave their whole stacks so (unpoison_stacks).
+constexpr size_t TOP_OF_STACK_BYTES = 16u << 10;
+void* start_frame(char* base, size_t bytes) {
+    ASAN_UNPOISON_MEMORY_REGION(base + bytes - TOP_OF_STACK_BYTES, TOP_OF_STACK_BYTES);
+    uintptr_t top = ((uintptr_t)base + bytes) & ~(uintptr_t)15;
+    uint64_t* frame = (uint64_t*)(top - 72);
+    uint32_t csr;
+    uint16_t fpcw;
+    asm volatile("stmxcsr %0" : "=m"(csr));
+    asm volatile("fnstcw %0" : "=m"(fpcw));
+    memset(frame, 0, 72);
+    memcpy(frame, &csr, 4);
+    memcpy((char*)frame + 4, &fpcw, 2);
+    frame[7] = (uint64_t)(uintptr_t)&fiber_main;  // the slot emu_switch's ret pops
+    return frame;
 }
 
 void resume(Block& b, Thread& t) {
@@ -160,7 +220,7 @@ void resume(Block& b, Thread& t) {
 #if EMU_ASAN
     __sanitizer_start_switch_fiber(&scheduler_fake_stack, t.stack->base, STACK_BYTES);
 #endif
-    swapcontext(&scheduler_context, &t.context);
+    emu_switch(&scheduler_sp, t.sp);
 #if EMU_ASAN
     __sanitizer_finish_switch_fiber(scheduler_fake_stack, nullptr, nullptr);
 #endif
@@ -301,11 +361,7 @@ std::string run_block(Block& b, const dim3& grid, const dim3& block, std::mt1993
         t.coords.block_dim = block;
         t.coords.grid_dim = grid;
         t.stack = stack_pool[i].get();
-        getcontext(&t.context);
-        t.context.uc_stack.ss_sp = t.stack->base;
-        t.context.uc_stack.ss_size = STACK_BYTES;
-        t.context.uc_link = nullptr;
-        makecontext(&t.context, fiber_main, 0);
+        t.sp = start_frame(t.stack->base, STACK_BYTES);
     }
     std::fill(b.smem.begin(), b.smem.end(), (char)0xFF);
     std::vector<int> order(n);
@@ -435,6 +491,7 @@ void run_grid(const char* name, dim3 grid, dim3 block, size_t smem, const std::f
         std::string err = run_block(b, grid, block, rng);
         if (!err.empty()) {
             last_fault_message = where(b) + ": " + err;
+            for (auto& stack : stack_pool) ASAN_UNPOISON_MEMORY_REGION(stack->base, STACK_BYTES);  // abandoned fibers
             fprintf(stderr, "CUDA emulation: %s\n", last_fault_message.c_str());
             set_sticky_error(cudaErrorLaunchFailure);
             break;

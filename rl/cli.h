@@ -1,0 +1,199 @@
+// cli.h: the command line of both binaries, train_rl_cpu (the CPU engine) and train_rl (the GPU
+// engine): one flag table (rl/args.h), the modes (--info, --score, the tokenizer modes, --logprobs,
+// the generation modes) and training, for any Engine. Each binary's main() is one call of
+// cli_main with its engine; every fp8rl::Error becomes one line on stderr and exit 1.
+#pragma once
+#include <omp.h>
+
+#include <cstdio>
+#include <exception>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <iterator>
+#include <memory>
+
+#include "rl/args.h"
+#include "rl/common.h"
+#include "rl/driver.h"
+#include "rl/jsonl.h"
+#include "rl/model_info.h"
+#include "rl/score.h"
+#include "rl/tokenizer_cli.h"
+#include "rl/train_setup.h"
+#include "rl/weights.h"
+
+namespace fp8rl {
+
+// The input of a JSONL mode: a file, or stdin for '-'.
+inline std::string read_mode_input(const std::string& path) {
+    if (path != "-") return read_file(path);
+    return std::string(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+}
+
+// Writes a JSONL mode's output to --output: stdout for '-', else a temporary file renamed into place.
+inline void write_mode_output(const std::string& path, const std::string& text) {
+    if (path == "-") {
+        fwrite(text.data(), 1, text.size(), stdout);
+        return;
+    }
+    std::string tmp = path + ".tmp";
+    FILE* f = fopen(tmp.c_str(), "wb");
+    if (!f) fail("--output %s: cannot create %s; check the directory exists and is writable", path.c_str(), tmp.c_str());
+    bool ok = fwrite(text.data(), 1, text.size(), f) == text.size();
+    ok = fclose(f) == 0 && ok;
+    if (!ok || rename(tmp.c_str(), path.c_str()) != 0) {
+        remove(tmp.c_str());
+        fail("--output %s: write failed (disk full or not writable?)", path.c_str());
+    }
+}
+
+// --encode, --decode, --chat: JSON Lines through the tokenizer (and chat template) of
+// --tokenizer, or of --model when --tokenizer is not given.
+inline int run_tokenizer_mode(const Args& args, const std::string& mode) {
+    std::string path = args.given("tokenizer") ? args.str("tokenizer") : args.str("model");
+    if (path.empty()) fail("--%s needs --tokenizer PATH (a tokenizer.json or a model directory) or --model", mode.c_str());
+    std::unique_ptr<Tokenizer> tok = Tokenizer::load(path);
+    const std::string& in = args.str(mode);
+    std::string text = read_mode_input(in), source = in == "-" ? "<stdin>" : in;
+    std::string out;
+    if (mode == "encode") out = encode_jsonl(*tok, text, source);
+    else if (mode == "decode") out = decode_jsonl(*tok, text, source);
+    else {
+        ChatOptions opt;
+        opt.enable_thinking = (int)args.integer("enable_thinking");
+        out = chat_jsonl(*tok, ChatTemplate::load(path), opt, text, source);
+    }
+    write_mode_output(args.str("output"), out);
+    return 0;
+}
+
+// Token ids of a JSON array, each checked against the vocabulary.
+inline std::vector<int32_t> model_ids_from_json(const Json& ids, int vocab, const std::string& where) {
+    if (!ids.is_array() || ids.items.empty()) fail("%s: \"ids\" must be a non-empty list of token ids", where.c_str());
+    std::vector<int32_t> out;
+    for (const Json& id : ids.items) {
+        if (!id.is_int() || id.integer < 0 || id.integer >= vocab)
+            fail("%s: token ids must be integers in the vocabulary [0, %d)", where.c_str(), vocab);
+        out.push_back((int32_t)id.integer);
+    }
+    return out;
+}
+
+inline std::string float_list_json(const float* x, size_t n) {
+    std::string out = "[";
+    for (size_t i = 0; i < n; i++) out += (i ? "," : "") + strfmt("%.9g", x[i]);
+    return out + "]";
+}
+
+// --logprobs: per line {"ids": [...]}, the log-probs and entropies of positions 1..n-1 on `engine`.
+inline std::string logprobs_jsonl(Engine& engine, int vocab, Precision p, float temperature, const std::string& text,
+                                  const std::string& source) {
+    if (!(temperature > 0.0f)) fail("--temperature %g: --logprobs needs a temperature > 0", temperature);
+    return map_jsonl(text, source, [&](const Json& row, const std::string& where) {
+        const Json* ids = row.find("ids");
+        if (!ids) fail("%s: expected {\"ids\": [...]}", where.c_str());
+        const std::vector<Sequence> seqs = {{model_ids_from_json(*ids, vocab, where), 1}};
+        TokenValues lp, ent;
+        engine.logprobs(seqs, p, temperature, &lp, &ent);
+        return "{\"logprobs\":" + float_list_json(lp[0].data(), lp[0].size()) + ",\"entropy\":" +
+               float_list_json(ent[0].data(), ent[0].size()) + "}";
+    });
+}
+
+// A binary's --prompt / --prompts mode (args, mode name).
+using GenerationMode = std::function<int(const Args&, const std::string&)>;
+
+// Training (no mode flag): DESIGN.md §2 on EngineT, data parallel over MPI ranks.
+template <class EngineT>
+void train_on_ranks(const Args& args, const Dist& dist, const char* binary) {
+    if (args.integer("threads") > 0) omp_set_num_threads((int)args.integer("threads"));
+    TrainConfig cfg = train_config_from_args(args);
+    if (dist.is_root()) {
+        make_out_dir(cfg.out_dir);
+        printf("%s: %d rank(s) x %d thread(s)\n%s", binary, dist.size(), omp_get_max_threads(), config_table(args).c_str());
+    }
+    dist.barrier();
+    const std::string dir = model_directory(args, cfg, dist);
+    EngineT engine(dir);
+    std::unique_ptr<EngineT> reference;  // a frozen copy, only when the KL term needs it
+    if (cfg.kl_coef > 0) {
+        if (!args.given("resume")) reference = std::make_unique<EngineT>(engine);
+        else if (args.given("model")) reference = std::make_unique<EngineT>(args.str("model"));
+        else reference = std::make_unique<EngineT>(cfg.out_dir + "/init_model");
+    }
+    std::unique_ptr<Tokenizer> tok = Tokenizer::load(dir + "/tokenizer.json");
+    Trainer trainer(cfg, dist, engine, reference.get(), *tok, dir, training_prompts(cfg), eval_prompts(cfg));
+    if (args.given("resume")) trainer.restore(load_trainer_state(dir));
+    Logger log(cfg.out_dir, dist.is_root(), trainer.step());
+    log.print(strfmt("model: %s (%zu parameters); steps %lld..%lld", dir.c_str(), engine.num_floats(),
+                     (long long)trainer.step() + 1, (long long)cfg.steps));
+    trainer.run(log);
+    log.print("log: " + log.path() + "\nplot: python3 dev/plot_log.py " + cfg.out_dir + "  (writes " + cfg.out_dir +
+              "/dashboard.png)");
+}
+
+// An error on one rank stops every rank (the others would wait in a collective forever).
+template <class EngineT>
+int train(const Args& args, const char* binary) {
+    Dist dist;
+    try {
+        train_on_ranks<EngineT>(args, dist, binary);
+    } catch (const Error& e) {
+        if (dist.size() == 1) throw;
+        fprintf(stderr, "error: (rank %d) %s\n", dist.rank(), e.what());
+        dist.abort_all(1);
+    }
+    return 0;
+}
+
+template <class EngineT>
+int run_cli(const Args& args, const char* binary, const GenerationMode& generation) {
+    if (args.flag("help")) {
+        fprintf(stdout, "usage: %s [--flag value ...]\n\n", binary);
+        fputs(help_text().c_str(), stdout);
+        return 0;
+    }
+    if (args.flag("info")) {
+        if (!args.given("model")) fail("--info needs --model DIR");
+        ModelWeights w = ModelWeights::load(args.str("model"), /*read_values=*/false);
+        fputs(model_info(w, args.str("model")).c_str(), stdout);
+        return 0;
+    }
+    if (args.given("score")) {
+        const std::string& in = args.str("score");
+        write_mode_output(args.str("output"), score_jsonl(read_mode_input(in), in == "-" ? "<stdin>" : in));
+        return 0;
+    }
+    for (const char* mode : {"encode", "decode", "chat"})
+        if (args.given(mode)) return run_tokenizer_mode(args, mode);
+    if (args.given("logprobs")) {
+        if (!args.given("model")) fail("--logprobs needs --model DIR (a HF model directory)");
+        if (args.integer("threads") > 0) omp_set_num_threads((int)args.integer("threads"));
+        EngineT engine(args.str("model"));
+        const std::string& in = args.str("logprobs");
+        write_mode_output(args.str("output"),
+                          logprobs_jsonl(engine, (int)engine.config().vocab_size, parse_precision(args.str("precision"), "--precision"),
+                                         (float)args.number("temperature"), read_mode_input(in), in == "-" ? "<stdin>" : in));
+        return 0;
+    }
+    for (const char* mode : {"prompts", "prompt"})
+        if (args.given(mode)) return generation(args, mode);
+    return train<EngineT>(args, binary);
+}
+
+// main() of a binary: its engine, its name (in --help and the config table), its generation modes.
+template <class EngineT>
+int cli_main(int argc, char** argv, const char* binary, const GenerationMode& generation) {
+    try {
+        return run_cli<EngineT>(Args::parse(argc, argv), binary, generation);
+    } catch (const Error& e) {
+        fprintf(stderr, "error: %s\n", e.what());
+        return 1;
+    } catch (const std::bad_alloc&) {
+        fprintf(stderr, "error: out of memory; use a smaller model or batch\n");
+        return 1;
+    }
+}
+
+}  // namespace fp8rl
