@@ -12,14 +12,15 @@
 // dX and dW accumulate in FP32; dlogits enter the backward GEMMs rounded to BF16 (the tensor-core
 // operand type), the one rounding the CPU engine does not make.
 //
-// GemmRunner's BF16 GEMMs are TN only with m and k multiples of 8 (D [n][m] = B [n][k] . A [m][k]^T):
-//   logits [T][n8]  = X [T][C] . Wc [n8][C]^T        m = n8, k = C
-//   dX     [T][C]  += dlogits [T][n8] . Wc^T [C][n8]^T   m = C,  k = n8
-//   dWc    [n][C]  += dlogits^T [n][T8] . X^T [C][T8]^T  m = C,  k = T8
-// with Wc the chunk's n rows of W, n8 = n rounded up to 8 and T8 = T rounded up to 8: the last
-// chunk's rows are copied with zero rows appended when n is not a multiple of 8, the transposed
-// operands are written with zero padding, and C must be a multiple of 8 (every model's hidden size
-// is a multiple of 128). GemmRunner writes D (beta = 0), so dX and dW add each chunk's GEMM result.
+// The GEMMs (GemmRunner's BF16 layouts, D [n][m]; m and k multiples of 8, n too for NT):
+//   logits [T][n8]  = X [T][C] . Wc [n8][C]^T          TN  m = n8, n = T,  k = C
+//   dX     [T][C]  += dlogits [T][n8] . Wc [n8][C]      NN  m = C,  n = T,  k = n8
+//   dWc    [n8][C] += dlogits [T8][n8]^T . X [T8][C]    NT  m = C,  n = n8, k = T8
+// with Wc the chunk's n rows of W, n8 = n rounded up to 8 and T8 = T rounded up to 8; dX and dW
+// accumulate in the GEMMs (beta = 1). C must be a multiple of 8 (every model's hidden size is a
+// multiple of 128). The padding the rules still force, all zero: the last chunk's Wc gets n8 - n
+// rows when n is not a multiple of 8 (m of logits, k of dX), and for the NT GEMM X and dlogits get
+// T8 - T rows (k) and the last chunk's dW rows are staged in an n8-row copy (n).
 #ifndef FP8RL_LOSS_CUH
 #define FP8RL_LOSS_CUH
 #include <algorithm>
@@ -35,8 +36,6 @@ namespace fp8rl {
 
 constexpr int HEAD_VOCAB_CHUNK = 2048;  // columns of logits at a time (cpu/logprob_head.h's kVocabChunk)
 constexpr int HEAD_THREADS = 256;       // one block per token row of a chunk
-constexpr int TRANSPOSE_TILE = 32;      // 32 x 32 tiles moved by 32 x 8 threads
-constexpr int TRANSPOSE_ROWS = 8;
 
 inline int round_up8(int n) { return (n + 7) / 8 * 8; }
 
@@ -90,13 +89,19 @@ static __global__ void head_finish_kernel(int T, const int32_t* target, const fl
     logprob[t] = target[t] >= 0 ? (float)(z_target[t] - l) : 0.0f;
 }
 
-// dlogits [T][ld] (BF16) of one chunk from its logits [T][ld]: the n columns get dL/dlogits in
-// cpu/logprob_head.h's operation order (products unfused), columns n .. ld - 1 get 0.
+// dlogits [T8][ld] (BF16) of one chunk from its logits [T][ld], one block per row: the n columns
+// of rows t < T get dL/dlogits in cpu/logprob_head.h's operation order (products unfused), the
+// other columns and rows get 0 (the padding of the dX and dW GEMMs' k).
 static __global__ void __launch_bounds__(HEAD_THREADS)
-    head_dlogits_kernel(const float* logits, int ld, int n, int v0, float temperature, const int32_t* target,
+    head_dlogits_kernel(const float* logits, int T, int ld, int n, int v0, float temperature, const int32_t* target,
                         const float* dlogprob, const float* dentropy, const float* lse, const float* mu,
                         __nv_bfloat16* dlogits) {
     const int t = blockIdx.x;
+    __nv_bfloat16* out = dlogits + (size_t)t * ld;
+    if (t >= T) {
+        for (int j = threadIdx.x; j < ld; j += blockDim.x) out[j] = bf16_from_float(0.0f);
+        return;
+    }
     const float a = dlogprob[t], b = dentropy[t], l = lse[t], m = mu[t], inv_t = 1.0f / temperature;
     const int y = target[t] - v0;
     for (int j = threadIdx.x; j < ld; j += blockDim.x) {
@@ -106,31 +111,8 @@ static __global__ void __launch_bounds__(HEAD_THREADS)
             g = mul_rn(mul_rn(-a, p) - mul_rn(mul_rn(b, p), z - m), inv_t);
             if (j == y) g += mul_rn(a, inv_t);
         }
-        dlogits[(size_t)t * ld + j] = bf16_from_float(g);
+        out[j] = bf16_from_float(g);
     }
-}
-
-// out [cols][ld] = in [rows][cols]^T, columns rows .. ld - 1 of out set to 0 (the GEMMs' k padding).
-// Staged through a shared tile so that both the reads and the writes are coalesced.
-static __global__ void __launch_bounds__(TRANSPOSE_TILE * TRANSPOSE_ROWS)
-    transpose_pad_kernel(const __nv_bfloat16* in, int rows, int cols, __nv_bfloat16* out, int ld) {
-    __shared__ float tile[TRANSPOSE_TILE][TRANSPOSE_TILE + 1];  // +1: column reads hit distinct banks
-    const int r0 = blockIdx.y * TRANSPOSE_TILE, c0 = blockIdx.x * TRANSPOSE_TILE;
-    for (int i = threadIdx.y; i < TRANSPOSE_TILE; i += TRANSPOSE_ROWS) {
-        const int r = r0 + i, c = c0 + threadIdx.x;
-        tile[i][threadIdx.x] = r < rows && c < cols ? __bfloat162float(in[(size_t)r * cols + c]) : 0.0f;
-    }
-    __syncthreads();
-    for (int i = threadIdx.y; i < TRANSPOSE_TILE; i += TRANSPOSE_ROWS) {
-        const int c = c0 + i, r = r0 + threadIdx.x;
-        if (c < cols && r < ld) out[(size_t)c * ld + r] = bf16_from_float(tile[threadIdx.x][i]);
-    }
-}
-
-// dst [count] += src [count].
-static __global__ void accumulate_kernel(float* dst, const float* src, size_t count) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x)
-        dst[i] += src[i];
 }
 
 // A device array that grows to the largest size asked for (the head's scratch).
@@ -161,8 +143,8 @@ struct HeadGpuShape {
     float temperature;
 };
 
-// The head on one device. Owns its scratch: one chunk of FP32 logits and of BF16 dlogits (and
-// their transpose), the transposed chunk of W and X^T, and per token the running max, the two
+// The head on one device. Owns its scratch: one chunk of FP32 logits and of BF16 dlogits, the
+// padded copies (the last chunk of W and of dW, X), and per token the running max, the two
 // running sums and the target's logit.
 class LogprobHeadGpu {
   public:
@@ -182,7 +164,7 @@ class LogprobHeadGpu {
         double* run_sz = run_sz_.get(T);
         for (int v0 = 0; v0 < s.V; v0 += chunk_) {
             const int n = std::min(chunk_, s.V - v0), ld = round_up8(n);
-            const float* logits = chunk_logits(x, W, T, v0, n, s, stream);
+            const float* logits = chunk_logits(x, chunk_rows(W, v0, n, s, stream), T, n, s, stream);
             LAUNCH_KERNEL(head_chunk_stats_kernel, T, HEAD_THREADS, 0, stream, logits, ld, n, v0, s.temperature, target,
                           v0 == 0, run_max, run_sum, run_sz, z_target);
         }
@@ -198,32 +180,41 @@ class LogprobHeadGpu {
                   cudaStream_t stream) {
         check_shape("LogprobHeadGpu::backward", T, s);
         const int C = s.C, T8 = round_up8(T);
-        __nv_bfloat16* x_t = x_t_.get((size_t)C * T8);  // [C][T8]
-        transpose(x, T, C, x_t, T8, stream);
-        __nv_bfloat16* dlogits = dlogits_.get((size_t)T * round_up8(chunk_));     // [T][ld]
-        __nv_bfloat16* dlogits_t = dlogits_t_.get((size_t)round_up8(chunk_) * T8);  // [ld][T8]
-        __nv_bfloat16* w_t = w_t_.get((size_t)C * round_up8(chunk_));             // [C][ld]
-        float* partial = partial_.get((size_t)C * std::max(T, chunk_));          // [T][C] or [n][C]
+        const __nv_bfloat16* x8 = x;  // [T8][C]
+        if (T8 != T) {
+            __nv_bfloat16* padded = x_pad_.get((size_t)T8 * C);
+            CUDA_CHECK(cudaMemcpyAsync(padded, x, (size_t)T * C * sizeof(__nv_bfloat16), cudaMemcpyDeviceToDevice, stream));
+            CUDA_CHECK(cudaMemsetAsync(padded + (size_t)T * C, 0, (size_t)(T8 - T) * C * sizeof(__nv_bfloat16), stream));
+            x8 = padded;
+        }
+        __nv_bfloat16* dlogits = dlogits_.get((size_t)T8 * chunk_);  // [T8][ld]
         for (int v0 = 0; v0 < s.V; v0 += chunk_) {
             const int n = std::min(chunk_, s.V - v0), ld = round_up8(n);
-            const float* logits = chunk_logits(x, W, T, v0, n, s, stream);
-            LAUNCH_KERNEL(head_dlogits_kernel, T, HEAD_THREADS, 0, stream, logits, ld, n, v0, s.temperature, target,
+            const __nv_bfloat16* rows = chunk_rows(W, v0, n, s, stream);  // [ld][C]
+            const float* logits = chunk_logits(x, rows, T, n, s, stream);
+            LAUNCH_KERNEL(head_dlogits_kernel, T8, HEAD_THREADS, 0, stream, logits, T, ld, n, v0, s.temperature, target,
                           dlogprob, dentropy, lse, mu, dlogits);
-            transpose(W + (size_t)v0 * C, n, C, w_t, ld, stream);
-            gemm_.bf16("head dX", C, T, ld, w_t, dlogits, partial, GemmOut::F32, stream);
-            accumulate(dx, partial, (size_t)T * C, stream);
-            transpose(dlogits, T, ld, dlogits_t, T8, stream);
-            gemm_.bf16("head dW", C, n, T8, x_t, dlogits_t, partial, GemmOut::F32, stream);
-            accumulate(dW + (size_t)v0 * C, partial, (size_t)n * C, stream);
+            gemm_.bf16("head dX", C, T, ld, rows, dlogits, dx, GemmOut::F32, stream, GemmOps::NN, true);
+            // the NT GEMM writes ld rows of dW: the last chunk's n rows go through an ld-row copy
+            // whose extra rows only get zero terms added and are not copied back
+            float* dw = dW + (size_t)v0 * C;
+            const size_t dw_bytes = (size_t)n * C * sizeof(float);
+            if (ld != n) {
+                dw = dw_pad_.get((size_t)ld * C);
+                CUDA_CHECK(cudaMemcpyAsync(dw, dW + (size_t)v0 * C, dw_bytes, cudaMemcpyDeviceToDevice, stream));
+            }
+            gemm_.bf16("head dW", C, ld, T8, x8, dlogits, dw, GemmOut::F32, stream, GemmOps::NT, true);
+            if (ld != n)
+                CUDA_CHECK(cudaMemcpyAsync(dW + (size_t)v0 * C, dw, dw_bytes, cudaMemcpyDeviceToDevice, stream));
         }
     }
 
   private:
     GemmRunner& gemm_;
     int chunk_;
-    DeviceScratch<float> logits_, partial_, run_max_, z_target_;
+    DeviceScratch<float> logits_, dw_pad_, run_max_, z_target_;
     DeviceScratch<double> run_sum_, run_sz_;
-    DeviceScratch<__nv_bfloat16> w_pad_, w_t_, x_t_, dlogits_, dlogits_t_;
+    DeviceScratch<__nv_bfloat16> w_pad_, x_pad_, dlogits_;
 
     void check_shape(const char* what, int T, HeadGpuShape s) const {
         if (T <= 0) fail("%s: token count %d must be positive", what, T);
@@ -233,33 +224,25 @@ class LogprobHeadGpu {
         if (!(s.temperature > 0.0f)) fail("%s: temperature must be > 0 (got %g)", what, s.temperature);
     }
 
-    // logits [T][round_up8(n)] (FP32, unscaled) of vocabulary rows v0 .. v0 + n - 1; the padding
-    // columns come from zero rows of W.
-    const float* chunk_logits(const __nv_bfloat16* x, const __nv_bfloat16* W, int T, int v0, int n, HeadGpuShape s,
-                              cudaStream_t stream) {
+    // Vocabulary rows v0 .. v0 + n - 1 of W as [round_up8(n)][C]: W itself, or for a last chunk
+    // with n not a multiple of 8 a copy with zero rows appended.
+    const __nv_bfloat16* chunk_rows(const __nv_bfloat16* W, int v0, int n, HeadGpuShape s, cudaStream_t stream) {
         const int ld = round_up8(n);
-        const __nv_bfloat16* rows = W + (size_t)v0 * s.C;  // [n][C]
-        if (ld != n) {
-            __nv_bfloat16* padded = w_pad_.get((size_t)ld * s.C);  // [ld][C]
-            CUDA_CHECK(cudaMemcpyAsync(padded, rows, (size_t)n * s.C * sizeof(__nv_bfloat16), cudaMemcpyDeviceToDevice,
-                                       stream));
-            CUDA_CHECK(cudaMemsetAsync(padded + (size_t)n * s.C, 0, (size_t)(ld - n) * s.C * sizeof(__nv_bfloat16), stream));
-            rows = padded;
-        }
-        float* logits = logits_.get((size_t)T * round_up8(chunk_));
-        gemm_.bf16("head logits", ld, T, s.C, rows, x, logits, GemmOut::F32, stream);
+        const __nv_bfloat16* rows = W + (size_t)v0 * s.C;
+        if (ld == n) return rows;
+        __nv_bfloat16* padded = w_pad_.get((size_t)ld * s.C);
+        CUDA_CHECK(cudaMemcpyAsync(padded, rows, (size_t)n * s.C * sizeof(__nv_bfloat16), cudaMemcpyDeviceToDevice, stream));
+        CUDA_CHECK(cudaMemsetAsync(padded + (size_t)n * s.C, 0, (size_t)(ld - n) * s.C * sizeof(__nv_bfloat16), stream));
+        return padded;
+    }
+
+    // logits [T][round_up8(n)] (FP32, unscaled) of the chunk's rows [round_up8(n)][C]; the padding
+    // columns are 0.
+    const float* chunk_logits(const __nv_bfloat16* x, const __nv_bfloat16* rows, int T, int n, HeadGpuShape s,
+                              cudaStream_t stream) {
+        float* logits = logits_.get((size_t)T * chunk_);
+        gemm_.bf16("head logits", round_up8(n), T, s.C, rows, x, logits, GemmOut::F32, stream);
         return logits;
-    }
-
-    static void transpose(const __nv_bfloat16* in, int rows, int cols, __nv_bfloat16* out, int ld, cudaStream_t stream) {
-        dim3 grid((cols + TRANSPOSE_TILE - 1) / TRANSPOSE_TILE, (ld + TRANSPOSE_TILE - 1) / TRANSPOSE_TILE);
-        LAUNCH_KERNEL(transpose_pad_kernel, grid, dim3(TRANSPOSE_TILE, TRANSPOSE_ROWS), 0, stream, in, rows, cols, out, ld);
-    }
-
-    // About 8 elements per thread: the chunk's dW is 2048 x C floats.
-    static void accumulate(float* dst, const float* src, size_t count, cudaStream_t stream) {
-        size_t blocks = (count + 8 * 256 - 1) / (8 * 256);
-        LAUNCH_KERNEL(accumulate_kernel, (int)std::min(blocks, (size_t)4096), 256, 0, stream, dst, src, count);
     }
 };
 
