@@ -31,7 +31,9 @@ __global__ void column_sum_partials_kernel(float* partials, Term term, long rows
     partials[(size_t)blockIdx.y * n + c] = acc;
 }
 
-static __global__ void column_sum_finish_kernel(float* out, const float* partials, int chunks, int n) {
+// Called from the column_sum_add template only: a file that includes this header without
+// instantiating it must not warn about the unused kernel.
+[[maybe_unused]] static __global__ void column_sum_finish_kernel(float* out, const float* partials, int chunks, int n) {
     const int c = blockIdx.x * kColumnSumThreads + threadIdx.x;
     if (c >= n) return;
     float sum = partials[c];

@@ -57,7 +57,6 @@ class GpuEngine : public Engine {
     // dir: a HF model directory (its tokenizer and generation config are copied into checkpoints).
     explicit GpuEngine(const std::string& dir)
         : source_dir_(dir), weights_(ModelWeights::load(dir)), model_(weights_), head_(gemm_) {
-        check_device();
         const size_t P = weights_.num_floats();
         master_.resize(P, "FP32 master weights");
         bf16_.resize(P, "BF16 weight copy");
@@ -168,6 +167,10 @@ class GpuEngine : public Engine {
         }
     };
 
+    // First member: the device is checked before anything (cuBLASLt's handle) touches it.
+    struct UsableDevice {
+        UsableDevice() { check_device(); }
+    } device_;
     std::string source_dir_;
     ModelWeights weights_;  // config and tensor table; master values only while saving or generating
     CpuModel model_;        // shapes, tensor offsets, RoPE frequencies (the CPU engine's, shared)

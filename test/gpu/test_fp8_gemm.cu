@@ -255,9 +255,13 @@ long run_and_compare(GemmRunner& runner, const GemmCase& g, const std::vector<fl
 }
 }  // namespace
 
+// The GEMM shapes: K of 5 blocks (the BLK grid row padded to 8); smaller T and N under the
+// sanitizer, where the emulated GEMMs run ~10x slower.
+constexpr int kGemmT = harness::sanitized ? 128 : 384, kGemmK = 640, kGemmN = harness::sanitized ? 384 : 896;
+
 TEST(gpu_fp8_block_gemms_match_cpu_emulation) {
     REQUIRE_FP8_BLOCK_GEMM();
-    const int T = 384, K = 640, N = 896;  // K: 5 blocks (the BLK grid row padded to 8)
+    const int T = kGemmT, K = kGemmK, N = kGemmN;
     LinearOperands op(T, K, N);
     GemmRunner runner;
     GemmCase cases[] = {
@@ -279,7 +283,7 @@ TEST(gpu_fp8_block_gemms_match_cpu_emulation) {
 // The same check must FAIL when the scales are laid out the way one might naively write them.
 TEST(gpu_fp8_wrong_scale_layout_fails_the_check) {
     REQUIRE_FP8_BLOCK_GEMM();
-    const int T = 384, K = 640, N = 896;
+    const int T = kGemmT, K = kGemmK, N = kGemmN;
     LinearOperands op(T, K, N);
     GemmRunner runner;
     GemmCase fprop = {"fprop", N, T, K, &op.w.data, &op.x.data, &op.w.scale_inv, &op.x.scale_inv,
@@ -329,7 +333,7 @@ static std::vector<float> cpu_product(GemmOps ops, int m, int n, int k, const st
 
 TEST(gpu_bf16_gemm_matches_cpu) {
     REQUIRE_GPU();
-    const int M = 256, N = 384, K = 640;
+    const int M = harness::sanitized ? 128 : 256, N = harness::sanitized ? 128 : 384, K = 640;
     const char* names[] = {"TN", "NN", "NT"};
     GemmRunner runner;
     for (GemmOps ops : {GemmOps::TN, GemmOps::NN, GemmOps::NT}) {
