@@ -106,6 +106,7 @@ static void train_on_ranks(const Args& args, const Dist& dist) {
     dist.barrier();
     const std::string dir = model_directory(args, cfg, dist);
     CpuEngine engine(dir);
+    check_fits_context(cfg, engine.config());
     std::unique_ptr<CpuEngine> reference;  // a frozen copy, only when the KL term needs it
     if (cfg.kl_coef > 0) {
         if (!args.given("resume")) reference = std::make_unique<CpuEngine>(engine);
@@ -167,7 +168,8 @@ int main(int argc, char** argv) {
         fprintf(stderr, "error: %s\n", e.what());
         return 1;
     } catch (const std::bad_alloc&) {
-        fprintf(stderr, "error: out of memory; use a smaller model or batch\n");
+        fprintf(stderr, "error: out of memory; the large buffers grow with the model and with --batch_prompts x "
+                        "--group_size sequences of prompt + --max_new_tokens tokens: lower one of them\n");
         return 1;
     }
 }

@@ -508,7 +508,12 @@ inline void Trainer::save(Logger& log) {
     TrainerState s = state();
     if (dist_.is_root()) {
         std::string dir = save_checkpoint(cfg_.out_dir, s, [&](const std::string& d) { engine_.save_hf(d); });
-        log.print("  checkpoint: " + dir + strfmt(" (%.1fs)", seconds_since(t0)));
+        std::string line = "  checkpoint: " + dir + strfmt(" (%.1fs)", seconds_since(t0));
+        if (cfg_.keep_checkpoints > 0) {
+            size_t removed = prune_checkpoints(cfg_.out_dir, cfg_.keep_checkpoints).size();
+            if (removed) line += strfmt("; removed %zu older (--keep_checkpoints %lld)", removed, (long long)cfg_.keep_checkpoints);
+        }
+        log.print(line);
     }
     dist_.barrier();
 }

@@ -1,6 +1,7 @@
 // Tests of the whole training run through the binary ($FP8RL_BIN): bad flags and data lines give
 // one clear error; a tiny model learns; resuming equals not stopping; thread count and MPI rank
 // count do not change the result.
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
@@ -73,6 +74,8 @@ TEST(trainer_bad_flags_give_one_clear_error) {
         {"--init nosuchpreset --out_dir " + d + "/run", "--init nosuchpreset: neither a preset"},
         {"--resume " + d + "/nothing", "neither a checkpoint"},
         {"--init tiny --task add --data " + d + "/missing.jsonl --out_dir " + d + "/run", "missing.jsonl: cannot open"},
+        // the tiny preset's config.json says max_position_embeddings 512
+        {"--init tiny --max_new_tokens 100000000 --out_dir " + d + "/run", "--max_new_tokens 100000000: the model's context is 512"},
     };
     const size_t n = harness::sanitized ? 4 : sizeof cases / sizeof cases[0];  // each run starts MPI: slow under ASan
     for (size_t i = 0; i < n; i++) {
@@ -179,6 +182,31 @@ TEST(trainer_resume_is_bit_exact) {
     // the checkpoint is a HF directory
     CHECK(std::filesystem::exists(resolve_checkpoint(d + "/full") + "/model.safetensors"));
     CHECK(std::filesystem::exists(resolve_checkpoint(d + "/full") + "/tokenizer.json"));
+}
+
+// --keep_checkpoints 2 with a checkpoint every step: the two newest stay, `latest` names the last.
+TEST(trainer_keeps_the_newest_checkpoints) {
+    std::string d = temp_dir("keep");
+    harness::RunResult r = run_cmd(harness::binary() + small_run(d + "/run", 4) + " --save_every 1 --keep_checkpoints 2");
+    CHECK_MSG(r.status == 0, "%s", r.output.c_str());
+    std::vector<std::string> names;
+    for (const auto& e : std::filesystem::directory_iterator(d + "/run/checkpoints")) names.push_back(e.path().filename().string());
+    std::sort(names.begin(), names.end());
+    CHECK(names == std::vector<std::string>({"step_000003", "step_000004"}));
+    CHECK_EQ(read_file(d + "/run/latest"), std::string("checkpoints/step_000004\n"));
+}
+
+// The checkpoint `latest` names survives pruning even when it is not among the newest (a run
+// resumed from an older one); a half-written .tmp directory is not counted.
+TEST(prune_checkpoints_spares_latest) {
+    std::string d = temp_dir("prune");
+    for (const char* s : {"step_000001", "step_000002", "step_000003", "step_000004", "step_000005.tmp"})
+        std::filesystem::create_directories(d + "/checkpoints/" + s);
+    harness::write_text(d + "/latest", "checkpoints/step_000001\n");
+    std::vector<std::string> removed = prune_checkpoints(d, 1);
+    CHECK(removed == std::vector<std::string>({d + "/checkpoints/step_000002", d + "/checkpoints/step_000003"}));
+    for (const char* s : {"step_000001", "step_000004", "step_000005.tmp"})
+        CHECK_MSG(std::filesystem::exists(d + "/checkpoints/" + s), "%s removed", s);
 }
 
 TEST(trainer_threads_do_not_change_results) {
