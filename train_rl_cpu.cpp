@@ -116,7 +116,7 @@ static void train_on_ranks(const Args& args, const Dist& dist) {
     std::unique_ptr<Tokenizer> tok = Tokenizer::load(dir + "/tokenizer.json");
     Trainer trainer(cfg, dist, engine, reference.get(), *tok, dir, training_prompts(cfg), eval_prompts(cfg));
     if (args.given("resume")) trainer.restore(load_trainer_state(dir));
-    Logger log(cfg.out_dir, dist.is_root(), trainer.step());
+    Logger log(cfg.out_dir, dist.is_root(), trainer.step(), cfg.tensorboard);
     log.print(strfmt("model: %s (%zu parameters); steps %lld..%lld", dir.c_str(), engine.num_floats(),
                      (long long)trainer.step() + 1, (long long)cfg.steps));
     trainer.run(log);

@@ -56,6 +56,7 @@ struct TrainConfig {
     uint64_t seed = 0;
     int64_t steps = 0, eval_every = 0, save_every = 0, keep_checkpoints = 0;
     std::string out_dir;
+    bool tensorboard = false;
     int max_bad_steps = 3;
 };
 
@@ -133,6 +134,7 @@ inline TrainConfig train_config_from_args(const Args& a) {
     c.save_every = a.integer("save_every");
     c.keep_checkpoints = a.integer("keep_checkpoints");
     c.out_dir = a.str("out_dir");
+    c.tensorboard = a.flag("tensorboard");
     c.max_bad_steps = (int)a.integer("max_bad_steps");
     return c;
 }
