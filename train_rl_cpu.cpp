@@ -2,6 +2,7 @@
 // runs the one mode asked for, and turns every fp8rl::Error into one line on stderr and exit 1.
 #include <cstdio>
 #include <exception>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <iterator>
@@ -120,8 +121,10 @@ static void train_on_ranks(const Args& args, const Dist& dist) {
     log.print(strfmt("model: %s (%zu parameters); steps %lld..%lld", dir.c_str(), engine.num_floats(),
                      (long long)trainer.step() + 1, (long long)cfg.steps));
     trainer.run(log);
-    log.print("log: " + log.path() + "\nplot: python3 dev/plot_log.py " + cfg.out_dir + "  (writes " + cfg.out_dir +
-              "/dashboard.png)");
+    std::string files = "files:";  // only those this run wrote
+    for (const std::string& f : {log.path(), trainer.dashboard_path(), log.tensorboard_path()})
+        if (!f.empty() && std::filesystem::exists(f)) files += " " + f;
+    log.print(files + (cfg.tensorboard ? "  (tensorboard --logdir " + cfg.out_dir + ")" : ""));
 }
 
 // An error on one rank stops every rank (the others would wait in a collective forever).

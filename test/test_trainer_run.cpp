@@ -184,6 +184,30 @@ TEST(trainer_resume_is_bit_exact) {
     CHECK(std::filesystem::exists(resolve_checkpoint(d + "/full") + "/tokenizer.json"));
 }
 
+// The run's last lines: the three-line summary, then only files that exist (the dashboard and,
+// with --tensorboard 1, the event file among them).
+TEST(trainer_ends_with_summary_and_existing_files) {
+    std::string d = temp_dir("summary");
+    harness::RunResult r = run_cmd(harness::binary() + small_run(d + "/run", 2) + " --tensorboard 1");
+    CHECK_MSG(r.status == 0, "%s", r.output.c_str());
+    for (const char* s : {"\nsummary: learned add", "\n  speed: 2 steps in", "\n  precision: rollout bf16, training bf16"})
+        CHECK_MSG(r.output.find(s) != std::string::npos, "no \"%s\" in: %s", s + 1, r.output.c_str());
+    size_t at = r.output.rfind("\nfiles: ");
+    CHECK(at != std::string::npos);
+    if (at == std::string::npos) return;
+    std::string line = r.output.substr(at + 8, r.output.find('\n', at + 1) - at - 8);
+    int named = 0;
+    for (size_t pos = 0; pos < line.size() && line[pos] != ' ';) {
+        size_t end = std::min(line.find(' ', pos), line.size());
+        std::string f = line.substr(pos, end - pos);
+        CHECK_MSG(std::filesystem::exists(f), "%s is named but does not exist", f.c_str());
+        named++;
+        pos = end + 1;
+    }
+    CHECK_EQ(named, 3);
+    CHECK(line.find("/run/dashboard.html") != std::string::npos && line.find("events.out.tfevents.") != std::string::npos);
+}
+
 // --keep_checkpoints 2 with a checkpoint every step: the two newest stay, `latest` names the last.
 TEST(trainer_keeps_the_newest_checkpoints) {
     std::string d = temp_dir("keep");
