@@ -104,16 +104,19 @@ inline std::string dashboard_panel_svg(const DashPanel& p, const std::vector<Met
     for (double v : dash_ticks(x0, x1))
         svg += strfmt("<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\" text-anchor=\"middle\">%g</text>", X(v), H - B + 15, v);
     svg += strfmt("<text x=\"%.0f\" y=\"%.0f\" font-size=\"11\" text-anchor=\"middle\">step</text>", L + (W - L - R) / 2, H - B + 28);
+    double lx = L, ly = H - 20;  // the legend flows left to right, about 7 px a character
     for (size_t i = 0; i < lines.size(); i++) {
         const char* color = colors[i % (sizeof colors / sizeof colors[0])];
         std::string pts;
         for (const auto& xy : lines[i].pts) pts += strfmt("%.1f,%.1f ", X(xy.first), Y(xy.second));
         if (lines[i].pts.size() == 1) pts += strfmt("%.1f,%.1f", X(lines[i].pts[0].first) + 2, Y(lines[i].pts[0].second));
         svg += strfmt("<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\" points=\"%s\"/>", color, pts.c_str());
-        const double lx = L + (double)(i % 3) * 150, ly = H - 20 + (double)(i / 3) * 14;  // legend: rows of 3
+        const double width = 26 + 7.0 * (double)lines[i].label.size();
+        if (lx > L && lx + width > W - R) lx = L, ly += 14;
         svg += strfmt("<rect x=\"%.0f\" y=\"%.0f\" width=\"12\" height=\"3\" fill=\"%s\"/>"
                       "<text x=\"%.0f\" y=\"%.0f\" font-size=\"11\">%s</text>",
                       lx, ly - 4, color, lx + 16, ly, dash_escape(lines[i].label).c_str());
+        lx += width;
     }
     return svg + "</svg>";
 }

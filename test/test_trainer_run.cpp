@@ -261,7 +261,7 @@ TEST(trainer_mpi_two_ranks_match_one) {
     harness::RunResult two = run_cmd(mpirun + "2 " + harness::binary() + small_run(d + "/r2", 2) + " --threads 1");
     CHECK_MSG(one.status == 0 && two.status == 0, "%s\n%s", one.output.c_str(), two.output.c_str());
     if (one.status || two.status) return;
-    if (two.output.find("2 rank(s)") == std::string::npos) SKIP("train_rl_cpu was built without MPI (no mpicxx)");
+    if (two.output.find("2 rank(s)") == std::string::npos) SKIP("train_rl_cpu was built without MPI (no mpicxx: install libopenmpi-dev, then rebuild)");
     auto rows = [](const std::string& dir) {
         std::vector<Json> out;
         std::string text = read_file(dir + "/log.jsonl");
