@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Reads a run's TensorBoard event files back with the tensorboard package and compares every
-scalar with log.jsonl (the value as float32; the step is training/global_step + 1).
+scalar with log.jsonl (the step is training/global_step + 1). TensorBoard holds the float32 of the
+double; log.jsonl its 9-digit decimal, whose float32 can be the neighbour: within 1 float32 ulp.
 
     pip install tensorboard && python3 dev/check_tensorboard.py RUN_DIR
 
@@ -29,8 +30,9 @@ def main():
                 if v is None or (isinstance(v, float) and math.isnan(v)):
                     continue
                 got = tb.get(tag, {}).get(step)
-                want = float(np.float32(v))
-                if got is None or got != want:
+                want = np.float32(v)
+                near = {float(want), float(np.nextafter(want, np.float32(np.inf))), float(np.nextafter(want, np.float32(-np.inf)))}
+                if got is None or got not in near:
                     sys.exit(f"{run}: step {step} {tag}: log.jsonl {v} (float32 {want}), TensorBoard {got}")
                 compared += 1
     n_tb = sum(len(v) for v in tb.values())

@@ -30,12 +30,23 @@ inline std::vector<DashPanel> dashboard_panels() {
         {"entropy (nats/token)", {{"actor/entropy", "entropy"}}},
         {"clip fractions by advantage sign", {{"actor/pg_clipfrac_low", "A<0, r<L"}, {"actor/pg_clipfrac_high", "A>0, r>H"}, {"actor/pg_clipfrac_lower", "dual clip"}}},
         {"clip bounds in force (Calibrated Clipping)", {{"calib/clip_low", "L"}, {"calib/clip_high", "H"}, {"calib/target_low", "L* target"}, {"calib/target_high", "H* target"}}},
-        {"rollout/train mismatch", {{"rollout_corr/logprob_abs_diff", "mean |lp_train - lp_rollout|"}, {"rollout_corr/k3_kl", "k3 KL"}}, true},
+        {"rollout/train mismatch", {{"rollout_corr/logprob_abs_diff", "mean |lp_train - lp_rollout|"}, {"rollout_corr/k3_kl", "k3 KL"}, {"calib/ratio_abs_diff_mean", "|ratio - fp32 ratio|"}}, true},
         {"response length (tokens)", {{"response_length/mean", "mean"}, {"response_length/max", "max"}}},
         {"throughput per phase (tokens/s)", {{"perf/gen_tokens_per_s", "rollout"}, {"perf/train_tokens_per_s", "training"}}},
         {"seconds per phase", {{"timing_s/gen", "rollout"}, {"timing_s/old_log_prob", "old log-probs"}, {"timing_s/update_actor", "training"}, {"timing_s/calib", "calibration"}}},
         {"grad norm", {{"actor/grad_norm", "grad norm"}}},
     };
+}
+
+// Whether the dashboard (or the run's summary, which reads a subset) uses a metric: the run keeps
+// only these rows' values for the whole run (rl/logger.h).
+inline bool dashboard_reads(const std::string& key) {
+    static const std::vector<DashPanel> panels = dashboard_panels();
+    if (key == "training/global_step" || key.rfind("val-core/", 0) == 0) return true;
+    for (const DashPanel& p : panels)
+        for (const DashSeries& s : p.series)
+            if (s.key == key) return true;
+    return false;
 }
 
 // Round numbers for an axis from lo to hi (about 4 intervals).
@@ -73,7 +84,9 @@ inline std::string dashboard_panel_svg(const DashPanel& p, const std::vector<Met
     double x0 = INFINITY, x1 = -INFINITY, y0 = INFINITY, y1 = -INFINITY;
     for (const DashSeries& s : series) {
         Line line{s.label, {}};
-        for (const MetricRow& r : rows) {
+        const size_t stride = rows.size() / 2000 + 1;  // at most ~2,000 points a line
+        for (size_t i = 0; i < rows.size(); i += stride) {
+            const MetricRow& r = rows[i];
             double v = r.get(s.key), step = r.get("training/global_step") + 1;
             if (!std::isfinite(v) || !std::isfinite(step) || (p.log_y && v <= 0)) continue;
             if (p.log_y) v = std::log10(v);

@@ -1,8 +1,8 @@
 // logger.h: what a run tells its user. One readable line per step on stdout, a progress bar on
 // stderr during long phases (only on a terminal), and log.jsonl with every metric of every step
 // (one JSON object per line, keys in the order they were recorded), and with --tensorboard 1 the
-// same scalars as a TensorBoard event file (rl/tensorboard.h). It keeps every row of the run for
-// the dashboard (rl/dashboard.h). Only rank 0 logs.
+// same scalars as a TensorBoard event file (rl/tensorboard.h). It keeps the metrics the dashboard
+// draws (rl/dashboard.h) of every step of the run. Only rank 0 logs.
 #pragma once
 #include <unistd.h>
 
@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "rl/common.h"
+#include "rl/dashboard.h"
 #include "rl/json.h"
 #include "rl/metric_row.h"
 #include "rl/tensorboard.h"
@@ -85,7 +86,7 @@ public:
     const std::string& path() const { return path_; }
     // The event file of --tensorboard 1, else "".
     std::string tensorboard_path() const { return tb_ ? tb_->path() : std::string(); }
-    // Every row of the run so far, a resumed run's earlier steps included.
+    // Every step of the run so far (a resumed run's earlier steps included), the dashboard's metrics only.
     const std::vector<MetricRow>& rows() const { return rows_; }
 
     void record(const MetricRow& row) {
@@ -94,7 +95,7 @@ public:
         if (fwrite(line.data(), 1, line.size(), file_) != line.size() || fflush(file_) != 0)
             fail("%s: write failed (disk full?)", path_.c_str());
         if (tb_) tb_->record(row);
-        rows_.push_back(row);
+        rows_.push_back(dashboard_part(row));
     }
 
     void print(const std::string& line) const {
@@ -109,6 +110,13 @@ private:
     FILE* file_ = nullptr;
     std::unique_ptr<TensorBoardWriter> tb_;
     std::vector<MetricRow> rows_;
+
+    static MetricRow dashboard_part(const MetricRow& row) {
+        MetricRow kept;
+        for (const auto& kv : row.items)
+            if (dashboard_reads(kv.first)) kept.items.push_back(kv);
+        return kept;
+    }
 
     static std::string lines_before(const std::string& path, int64_t first_step, std::vector<MetricRow>* rows) {
         FILE* f = fopen(path.c_str(), "rb");
@@ -129,7 +137,7 @@ private:
             kept += line + "\n";
             MetricRow row;
             for (const auto& kv : j.fields) row.items.emplace_back(kv.first, kv.second.is_number() ? kv.second.number : NAN);
-            rows->push_back(row);
+            rows->push_back(dashboard_part(row));
         }
         return kept;
     }
