@@ -71,7 +71,23 @@ FUZZ_SECONDS ?= 30
 FUZZ_TARGETS := json safetensors
 
 .PHONY: all test test-unit test-asan test-gpu-emu test-gpu-emu-asan test_gpu_emu cuda-check bench bench_gpu fuzz clean demo
-all: train_rl_cpu
+# make (all): every binary this machine can build, then each one it skipped and why. A target joins
+# ALL_BINS where its tools are found, else ALL_SKIPPED gets "name: reason".
+ALL_BINS := train_rl_cpu
+ALL_SKIPPED :=
+ifneq ($(NVCC),)
+  ALL_BINS += train_rl test_gpu
+else
+  ALL_SKIPPED += "train_rl, test_gpu: nvcc not found (install the CUDA toolkit)"
+endif
+ifneq ($(EMU_FLAGS),)
+  ALL_BINS += train_rl_emu
+else
+  ALL_SKIPPED += "train_rl_emu: the CUDA headers were not found under $(CUDA_HOME)/include"
+endif
+all: $(ALL_BINS)
+	@echo "make: built $(ALL_BINS)"
+	@for s in $(ALL_SKIPPED); do echo "make: skipped $$s"; done
 
 # The binary sits outside build/ but its header dependencies inside: without its .d file (build/
 # removed by hand) it is rebuilt rather than trusted (the empty rule makes a missing .d "new").
@@ -219,16 +235,16 @@ bench: $(BENCH_BINS)
 	@for b in $(BENCH_BINS); do echo "== $$b"; ./$$b || exit 1; done
 
 # The README's first command: a tiny model learns 1-digit addition from scratch with GRPO on the
-# CPU, then the dashboard of its log is drawn (needs matplotlib; dev/requirements.txt).
+# CPU through the FP8 pipeline (fp8 rollout, fp8 training, fp8 KV cache, Calibrated Clipping; two
+# minibatches, so the second update's ratios leave 1 and the clip bounds matter). The trainer
+# writes the dashboard and the TensorBoard event file itself.
 DEMO_DIR ?= runs/demo
-DEMO_FLAGS ?= --init tiny --task add --task_size 1 --max_new_tokens 3 --group_size 16 --batch_prompts 32 \
+DEMO_FLAGS ?= --init tiny --task add --task_size 1 --max_new_tokens 3 --group_size 16 --batch_prompts 32 --minibatches 2 \
   --lr 3e-4 --temperature 1.5 --entropy_coef 0.01 --steps 1200 --eval_every 100 --eval_prompts 100 --eval_k 4 \
-  --rollout_precision fp32 --train_precision fp32 --kv_cache fp32 --threads 2
+  --rollout_precision fp8 --train_precision fp8 --kv_cache fp8 --calibrated_clip 1 --tensorboard 1 --threads 2
 demo: train_rl_cpu
+	rm -f $(DEMO_DIR)/events.out.tfevents.*  # one event file per run: a rerun starts the charts afresh
 	./train_rl_cpu $(DEMO_FLAGS) --out_dir $(DEMO_DIR)
-	@python3 dev/plot_log.py $(DEMO_DIR) --title "make demo: GRPO from scratch on addition" \
-	  || echo "plot skipped: python3 with matplotlib not found (pip install -r dev/requirements.txt)"
-	@echo "demo: log $(DEMO_DIR)/log.jsonl, plot $(DEMO_DIR)/dashboard.png, checkpoint $(DEMO_DIR)/$$(cat $(DEMO_DIR)/latest)"
 
 clean:
 	rm -rf $(BUILD) train_rl_cpu train_rl train_rl_emu test_gpu

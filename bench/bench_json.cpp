@@ -1,7 +1,7 @@
 // bench_json.cpp: parse time of the 11 MB Qwen3 tokenizer.json with rl/json.h, as a ratio to a
 // baseline measured in the same run: one pass of memchr-style byte scanning over the same text
 // (counting quotes), the least any parser must do. The issue asks for "well under a second".
-//   FP8RL_TOKENIZERS=/path/to/tokenizers make bench   (default: ../shared/data/tokenizers)
+//   FP8RL_TOKENIZERS=/path/to/tokenizers make bench   (default: test/fixtures/tokenizer)
 #include <chrono>
 #include <ctime>
 #include <cstdio>
@@ -19,7 +19,7 @@ static double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 int main() {
     const char* env = getenv("FP8RL_TOKENIZERS");
-    std::string dir = env ? env : "../shared/data/tokenizers";
+    std::string dir = env ? env : "test/fixtures/tokenizer";
     std::string path = dir + "/qwen3/tokenizer.json";
     FILE* f = fopen(path.c_str(), "rb");
     if (!f) {

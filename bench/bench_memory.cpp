@@ -1,4 +1,4 @@
-// bench_memory: the memory figures behind the batch-64 generation target (README, "CPU model
+// bench_memory: the memory figures behind the batch-64 generation target (docs/cpu-speed.md, "CPU model
 // speed"): whether a core reads faster with software prefetch, how two cores share the memory,
 // and how much a buffer read a second time gains from the L3 (data prefetched ahead of a read is
 // only of use if the caches keep it until then).

@@ -52,7 +52,7 @@ static std::vector<std::string> build_corpus() {
 int main(int argc, char** argv) {
     try {
         const char* env = getenv("FP8RL_TOKENIZERS");
-        std::string path = std::string(env ? env : "../shared/data/tokenizers") + "/qwen3/tokenizer.json";
+        std::string path = std::string(env ? env : "test/fixtures/tokenizer") + "/qwen3/tokenizer.json";
         FILE* probe = fopen(path.c_str(), "rb");
         if (probe) fclose(probe);
         else {

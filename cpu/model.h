@@ -5,7 +5,7 @@
 // buffer with the same layout. Linear layers run as GEMMs over all tokens of the batch; attention
 // (cpu/attention.h) as GEMMs per sequence and head, or per (token, head) over a KV cache.
 //
-// Use (see README "Model"):
+// Use (see docs/cpu-engine.md):
 //   CpuModel model(weights);                 // shapes, tensor offsets, RoPE frequencies
 //   ModelParams params;  params.prepare(model, Precision::BF16);   // again after each update
 //   ForwardActs acts;                        // buffers sized from the batch, reused across calls

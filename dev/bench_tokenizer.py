@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Tokenizer speed: fp8rl against HF tokenizers (single-threaded), on the same documents, in one run.
 
-    make build/bench_tokenizer && python3 dev/bench_tokenizer.py [../shared/data/tokenizers]
+    make build/bench_tokenizer && python3 dev/bench_tokenizer.py [test/fixtures/tokenizer]
 
 Runs build/bench_tokenizer (which writes its >= 10 MB corpus), then HF tokenizers on those
 documents with one thread (RAYON_NUM_THREADS=1, one encode call per document, as the C++ side), and
@@ -19,7 +19,7 @@ os.environ["RAYON_NUM_THREADS"] = "1"
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
 from tokenizers import Tokenizer  # noqa: E402  (after the thread settings)
 
-SHARED = sys.argv[1] if len(sys.argv) > 1 else "../shared/data/tokenizers"
+SHARED = sys.argv[1] if len(sys.argv) > 1 else "test/fixtures/tokenizer"
 
 
 def fnv1a64(all_ids):

@@ -25,9 +25,7 @@ from transformers import GenerationConfig, PreTrainedTokenizerFast
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "test", "fixtures", "models")
-SHARED_TOK = os.path.join(ROOT, "..", "shared", "data", "tokenizers")
-if not os.path.isdir(SHARED_TOK):  # worktrees sit one level deeper than the main checkout
-    SHARED_TOK = "/work/shared/data/tokenizers"
+SHARED_TOK = os.path.join(ROOT, "test", "fixtures", "tokenizer")  # the real Qwen files (NOTICE there)
 
 QWEN_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
               r"|\s*[\r\n]+|\s+(?!\S)|\s+")

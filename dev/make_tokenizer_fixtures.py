@@ -2,7 +2,7 @@
 """Fixtures for the tokenizer tests, from HF `tokenizers` (ids, decodes, NFC) and `transformers`
 (apply_chat_template). Run from the repository root:
 
-    python3 dev/make_tokenizer_fixtures.py [../shared/data/tokenizers]
+    python3 dev/make_tokenizer_fixtures.py [test/fixtures/tokenizer]
 
 Writes test/fixtures/tokenizer/:
   corpus.jsonl            the assembled corpus, one {"text": ...} per line (inputs only)
@@ -37,7 +37,7 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 from tokenizers import ByteLevelBPETokenizer
 from transformers import AutoTokenizer
 
-SHARED = sys.argv[1] if len(sys.argv) > 1 else "../shared/data/tokenizers"
+SHARED = sys.argv[1] if len(sys.argv) > 1 else "test/fixtures/tokenizer"
 OUT = "test/fixtures/tokenizer"
 
 QWEN_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>", "<tool_call>"]

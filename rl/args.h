@@ -96,6 +96,8 @@ inline const std::vector<FlagSpec>& flag_table() {
         {"steps", "run", FlagKind::Int, "100", "0..", "RL steps to train (a resumed run continues up to this step)"},
         {"eval_every", "run", FlagKind::Int, "10", "0..", "evaluate every N steps and at the end (0 = never)"},
         {"save_every", "run", FlagKind::Int, "0", "0..", "write a checkpoint every N steps (0 = only at the end)"},
+        {"keep_checkpoints", "run", FlagKind::Int, "0", "0..", "keep only the newest N checkpoints (and the one `latest` names); 0 = keep all"},
+        {"tensorboard", "run", FlagKind::Int, "0", "0..1", "also write the metrics as TensorBoard event files (OUT_DIR/events.out.tfevents.*)"},
         {"out_dir", "run", FlagKind::String, "runs/latest", "", "where log.jsonl, checkpoints and the fresh model go"},
         {"resume", "run", FlagKind::String, "", "", "continue bit-exactly from a checkpoint directory, or from a run's --out_dir (its latest checkpoint)"},
         {"max_bad_steps", "run", FlagKind::Int, "3", "1..", "stop after this many consecutive steps skipped for NaN/Inf loss or gradients"},

@@ -6,6 +6,7 @@
 // have no state). The directory is written under a temporary name and renamed, then the run's
 // `latest` file is replaced atomically, so a crash never leaves a half-written checkpoint.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -91,6 +92,28 @@ inline std::string save_checkpoint(const std::string& out_dir, const TrainerStat
     if (ec) fail("%s: cannot rename to %s: %s", tmp_dir.c_str(), final_dir.c_str(), ec.message().c_str());
     write_file_atomic(out_dir + "/latest", rel + "\n");
     return final_dir;
+}
+
+// --keep_checkpoints: removes all but the newest `keep` step_N directories of out_dir/checkpoints
+// (names sort by step: zero-padded), never the one `latest` names. Returns the removed paths.
+inline std::vector<std::string> prune_checkpoints(const std::string& out_dir, int64_t keep) {
+    namespace fs = std::filesystem;
+    std::vector<std::string> names, removed;
+    std::error_code ec;
+    for (const fs::directory_entry& e : fs::directory_iterator(out_dir + "/checkpoints", ec)) {
+        std::string name = e.path().filename().string();
+        if (e.is_directory() && name.rfind("step_", 0) == 0 && name.find('.') == std::string::npos) names.push_back(name);
+    }
+    std::sort(names.begin(), names.end());
+    std::string latest = fs::exists(out_dir + "/latest") ? read_file(out_dir + "/latest") : "";
+    for (size_t i = 0; i + (size_t)keep < names.size(); i++) {
+        if (latest.find("checkpoints/" + names[i] + "\n") == 0) continue;
+        std::string dir = out_dir + "/checkpoints/" + names[i];
+        fs::remove_all(dir, ec);
+        if (ec) fail("--keep_checkpoints: cannot remove %s: %s", dir.c_str(), ec.message().c_str());
+        removed.push_back(dir);
+    }
+    return removed;
 }
 
 // --resume PATH: a checkpoint directory, or a run directory whose `latest` names one.

@@ -7,6 +7,7 @@
 
 #include <cstdio>
 #include <exception>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iostream>
@@ -116,6 +117,7 @@ void train_on_ranks(const Args& args, const Dist& dist, const char* binary) {
     dist.barrier();
     const std::string dir = model_directory(args, cfg, dist);
     EngineT engine(dir);
+    check_fits_context(cfg, engine.config());
     std::unique_ptr<EngineT> reference;  // a frozen copy, only when the KL term needs it
     if (cfg.kl_coef > 0) {
         if (!args.given("resume")) reference = std::make_unique<EngineT>(engine);
@@ -125,12 +127,14 @@ void train_on_ranks(const Args& args, const Dist& dist, const char* binary) {
     std::unique_ptr<Tokenizer> tok = Tokenizer::load(dir + "/tokenizer.json");
     Trainer trainer(cfg, dist, engine, reference.get(), *tok, dir, training_prompts(cfg), eval_prompts(cfg));
     if (args.given("resume")) trainer.restore(load_trainer_state(dir));
-    Logger log(cfg.out_dir, dist.is_root(), trainer.step());
+    Logger log(cfg.out_dir, dist.is_root(), trainer.step(), cfg.tensorboard);
     log.print(strfmt("model: %s (%zu parameters); steps %lld..%lld", dir.c_str(), engine.num_floats(),
                      (long long)trainer.step() + 1, (long long)cfg.steps));
     trainer.run(log);
-    log.print("log: " + log.path() + "\nplot: python3 dev/plot_log.py " + cfg.out_dir + "  (writes " + cfg.out_dir +
-              "/dashboard.png)");
+    std::string files = "files:";  // only those this run wrote
+    for (const std::string& f : {log.path(), trainer.dashboard_path(), log.tensorboard_path()})
+        if (!f.empty() && std::filesystem::exists(f)) files += " " + f;
+    log.print(files + (cfg.tensorboard ? "  (tensorboard --logdir " + cfg.out_dir + ")" : ""));
 }
 
 // An error on one rank stops every rank (the others would wait in a collective forever).
@@ -191,7 +195,8 @@ int cli_main(int argc, char** argv, const char* binary, const GenerationMode& ge
         fprintf(stderr, "error: %s\n", e.what());
         return 1;
     } catch (const std::bad_alloc&) {
-        fprintf(stderr, "error: out of memory; use a smaller model or batch\n");
+        fprintf(stderr, "error: out of memory; the large buffers grow with the model and with --batch_prompts x "
+                        "--group_size sequences of prompt + --max_new_tokens tokens: lower one of them\n");
         return 1;
     }
 }

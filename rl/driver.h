@@ -7,7 +7,8 @@
 //   -> Calibrated Clipping shadow passes (fp32) on calibration steps
 //   -> epochs x minibatches: forward, per-token loss, backward, gradient all-reduce (sum),
 //      NaN/Inf guard, clip, AdamW, refresh derived weights
-//   -> metrics line + log.jsonl; periodic eval; periodic checkpoint
+//   -> metrics line + log.jsonl (+ TensorBoard); periodic eval, dashboard.html; periodic checkpoint
+//   -> at the end, a three-line summary (rl/run_summary.h)
 //
 // Ranks run the same code on their own prompts; everything global (token counts of the loss
 // normalizer, gradients, metrics, calibration statistics) is summed over ranks in rank order.
@@ -26,6 +27,7 @@
 #include "rl/calibrated_clip.h"
 #include "rl/chat.h"
 #include "rl/checkpoint.h"
+#include "rl/dashboard.h"
 #include "rl/data.h"
 #include "rl/dist.h"
 #include "rl/engine.h"
@@ -33,6 +35,7 @@
 #include "rl/loss_agg.h"
 #include "rl/metrics.h"
 #include "rl/reward.h"
+#include "rl/run_summary.h"
 #include "rl/tokenizer.h"
 #include "rl/train_config.h"
 
@@ -106,22 +109,34 @@ public:
 
     int64_t step() const { return step_; }
 
-    // Runs steps until cfg.steps; evaluates and checkpoints on schedule. Returns the last eval.
+    // Runs steps until cfg.steps; evaluates, redraws the dashboard and checkpoints on schedule;
+    // ends with the summary. Returns the last eval.
     MetricRow run(Logger& log) {
         MetricRow last_eval;
+        const auto t0 = std::chrono::steady_clock::now();
         for (; step_ < cfg_.steps;) {
             MetricRow m = train_step();
             bool last = step_ == cfg_.steps;
-            if (cfg_.eval_every > 0 && (step_ % cfg_.eval_every == 0 || last)) {
+            const bool eval = cfg_.eval_every > 0 && (step_ % cfg_.eval_every == 0 || last);
+            if (eval) {
                 last_eval = evaluate();
                 for (auto& kv : last_eval.items) m.set(kv.first, kv.second);
             }
             log.record(m);
             log.print(step_line(m, cfg_.steps));
             if (m.has("val-core/" + cfg_.task + "/acc/greedy")) log.print(eval_line(m));
+            if ((eval || last) && log.enabled()) write_dashboard(dashboard_path(), dashboard_title(), log.rows());
             if ((cfg_.save_every > 0 && step_ % cfg_.save_every == 0) || last) save(log);
         }
+        log.print(run_summary(cfg_, log.rows(), seconds_since(t0)));
         return last_eval;
+    }
+
+    std::string dashboard_path() const { return cfg_.out_dir + "/dashboard.html"; }
+    std::string dashboard_title() const {
+        return strfmt("fp8rl: %s on %s, rollout %s, training %s, KV cache %s, Calibrated Clipping %s", cfg_.algo.c_str(),
+                      cfg_.task.c_str(), precision_name(cfg_.rollout_precision), precision_name(cfg_.train_precision),
+                      precision_name(cfg_.kv_cache), cfg_.calibrated_clip ? "on" : "off");
     }
 
     // The eval's readable line.
@@ -499,7 +514,12 @@ inline void Trainer::save(Logger& log) {
     TrainerState s = state();
     if (dist_.is_root()) {
         std::string dir = save_checkpoint(cfg_.out_dir, s, [&](const std::string& d) { engine_.save_hf(d); });
-        log.print("  checkpoint: " + dir + strfmt(" (%.1fs)", seconds_since(t0)));
+        std::string line = "  checkpoint: " + dir + strfmt(" (%.1fs)", seconds_since(t0));
+        if (cfg_.keep_checkpoints > 0) {
+            size_t removed = prune_checkpoints(cfg_.out_dir, cfg_.keep_checkpoints).size();
+            if (removed) line += strfmt("; removed %zu older (--keep_checkpoints %lld)", removed, (long long)cfg_.keep_checkpoints);
+        }
+        log.print(line);
     }
     dist_.barrier();
 }

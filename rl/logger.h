@@ -1,44 +1,26 @@
 // logger.h: what a run tells its user. One readable line per step on stdout, a progress bar on
 // stderr during long phases (only on a terminal), and log.jsonl with every metric of every step
-// (one JSON object per line, keys in the order they were recorded). Only rank 0 logs.
+// (one JSON object per line, keys in the order they were recorded), and with --tensorboard 1 the
+// same scalars as a TensorBoard event file (rl/tensorboard.h). It keeps the metrics the dashboard
+// draws (rl/dashboard.h) of every step of the run. Only rank 0 logs.
 #pragma once
 #include <unistd.h>
 
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "rl/common.h"
+#include "rl/dashboard.h"
 #include "rl/json.h"
+#include "rl/metric_row.h"
+#include "rl/tensorboard.h"
 
 namespace fp8rl {
-
-// Named scalars in recording order; a later set() of the same name overwrites.
-struct MetricRow {
-    std::vector<std::pair<std::string, double>> items;
-
-    void set(const std::string& name, double v) {
-        for (auto& kv : items)
-            if (kv.first == name) {
-                kv.second = v;
-                return;
-            }
-        items.emplace_back(name, v);
-    }
-    bool has(const std::string& name) const {
-        for (const auto& kv : items)
-            if (kv.first == name) return true;
-        return false;
-    }
-    double get(const std::string& name, double fallback = NAN) const {
-        for (const auto& kv : items)
-            if (kv.first == name) return kv.second;
-        return fallback;
-    }
-};
 
 // One JSON object; non-finite values become null (JSON has no NaN).
 inline std::string metrics_json(const MetricRow& row) {
@@ -75,14 +57,15 @@ public:
     Logger() = default;
     // Opens out_dir/log.jsonl. A resumed run keeps only the lines of steps before first_step, so
     // the log reads as if the run had never stopped.
-    Logger(const std::string& out_dir, bool enabled, int64_t first_step) : enabled_(enabled) {
+    Logger(const std::string& out_dir, bool enabled, int64_t first_step, bool tensorboard = false) : enabled_(enabled) {
         if (!enabled_) return;
         path_ = out_dir + "/log.jsonl";
         std::string kept;
-        if (first_step > 0) kept = lines_before(path_, first_step);
+        if (first_step > 0) kept = lines_before(path_, first_step, &rows_);
         write_file_atomic(path_, kept);
         file_ = fopen(path_.c_str(), "ab");
         if (!file_) fail("%s: cannot open for appending", path_.c_str());
+        if (tensorboard) tb_ = std::make_unique<TensorBoardWriter>(out_dir);
     }
     ~Logger() {
         if (file_) fclose(file_);
@@ -94,16 +77,25 @@ public:
         std::swap(enabled_, o.enabled_);
         std::swap(path_, o.path_);
         std::swap(file_, o.file_);
+        std::swap(tb_, o.tb_);
+        std::swap(rows_, o.rows_);
         return *this;
     }
 
+    bool enabled() const { return enabled_; }
     const std::string& path() const { return path_; }
+    // The event file of --tensorboard 1, else "".
+    std::string tensorboard_path() const { return tb_ ? tb_->path() : std::string(); }
+    // Every step of the run so far (a resumed run's earlier steps included), the dashboard's metrics only.
+    const std::vector<MetricRow>& rows() const { return rows_; }
 
     void record(const MetricRow& row) {
         if (!enabled_) return;
         std::string line = metrics_json(row) + "\n";
         if (fwrite(line.data(), 1, line.size(), file_) != line.size() || fflush(file_) != 0)
             fail("%s: write failed (disk full?)", path_.c_str());
+        if (tb_) tb_->record(row);
+        rows_.push_back(dashboard_part(row));
     }
 
     void print(const std::string& line) const {
@@ -116,8 +108,17 @@ private:
     bool enabled_ = false;
     std::string path_;
     FILE* file_ = nullptr;
+    std::unique_ptr<TensorBoardWriter> tb_;
+    std::vector<MetricRow> rows_;
 
-    static std::string lines_before(const std::string& path, int64_t first_step) {
+    static MetricRow dashboard_part(const MetricRow& row) {
+        MetricRow kept;
+        for (const auto& kv : row.items)
+            if (dashboard_reads(kv.first)) kept.items.push_back(kv);
+        return kept;
+    }
+
+    static std::string lines_before(const std::string& path, int64_t first_step, std::vector<MetricRow>* rows) {
         FILE* f = fopen(path.c_str(), "rb");
         if (!f) return "";
         fclose(f);
@@ -132,7 +133,11 @@ private:
             line_no++;
             Json j = json_parse(line, strfmt("%s:%d", path.c_str(), line_no));
             const Json* step = j.find("training/global_step");
-            if (step && step->is_number() && step->number < (double)first_step) kept += line + "\n";
+            if (!step || !step->is_number() || step->number >= (double)first_step) continue;
+            kept += line + "\n";
+            MetricRow row;
+            for (const auto& kv : j.fields) row.items.emplace_back(kv.first, kv.second.is_number() ? kv.second.number : NAN);
+            rows->push_back(dashboard_part(row));
         }
         return kept;
     }

@@ -17,7 +17,7 @@
 // same length: with natural widths a policy learning from scratch first learns the short answers
 // (1-digit sums are 13x likelier to be hit at random than 2-digit ones), then ends every answer
 // after one digit and stops exploring the long ones; on 1-digit addition it stalled at 53-64% (and
-// with partial credit per character, tried first, at ~60%). See README "Learning from scratch".
+// with partial credit per character, tried first, at ~60%). See docs/results.md, "Learning from scratch".
 #pragma once
 #include <algorithm>
 #include <cstdint>

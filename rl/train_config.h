@@ -54,8 +54,9 @@ struct TrainConfig {
     double grad_clip = 1.0;
     // run
     uint64_t seed = 0;
-    int64_t steps = 0, eval_every = 0, save_every = 0;
+    int64_t steps = 0, eval_every = 0, save_every = 0, keep_checkpoints = 0;
     std::string out_dir;
+    bool tensorboard = false;
     int max_bad_steps = 3;
 };
 
@@ -131,7 +132,9 @@ inline TrainConfig train_config_from_args(const Args& a) {
     c.seed = (uint64_t)a.integer("seed");
     c.eval_every = a.integer("eval_every");
     c.save_every = a.integer("save_every");
+    c.keep_checkpoints = a.integer("keep_checkpoints");
     c.out_dir = a.str("out_dir");
+    c.tensorboard = a.flag("tensorboard");
     c.max_bad_steps = (int)a.integer("max_bad_steps");
     return c;
 }

@@ -8,6 +8,7 @@
 
 #include "rl/args.h"
 #include "rl/checkpoint.h"
+#include "rl/config.h"
 #include "rl/data.h"
 #include "rl/dist.h"
 #include "rl/init_model.h"
@@ -71,6 +72,16 @@ inline std::string model_directory(const Args& a, const TrainConfig& c, const Di
     }
     dist.barrier();
     return dir;
+}
+
+// The flags that size a sequence against the model's context (max_position_embeddings, when the
+// config has one): a budget beyond it would only end in an allocation failure far from its cause.
+inline void check_fits_context(const TrainConfig& c, const ModelConfig& m) {
+    const int64_t ctx = m.max_position_embeddings;
+    if (ctx > 0 && c.sampling.max_new_tokens >= ctx)
+        fail("--max_new_tokens %d: the model's context is %lld tokens (max_position_embeddings in its config.json), prompt "
+             "included; use --max_new_tokens %lld or less",
+             c.sampling.max_new_tokens, (long long)ctx, (long long)ctx - 1);
 }
 
 inline void make_out_dir(const std::string& dir) {

@@ -120,5 +120,5 @@ TEST(fp8_encode_all_floats_match_cuda_fp8_h) {
     for (int mode = 0; mode < kModes; mode++) compare_mode(mode, harness::sanitized ? 1031 : 1);
 }
 #else
-TEST(fp8_encode_all_floats_match_cuda_fp8_h) { SKIP("cuda_fp8.h not found: exhaustive FP8/BF16 oracle check not built"); }
+TEST(fp8_encode_all_floats_match_cuda_fp8_h) { SKIP("cuda_fp8.h not found: the exhaustive FP8/BF16 oracle check is not built (install the CUDA toolkit or set CUDA_HOME, then rebuild)"); }
 #endif

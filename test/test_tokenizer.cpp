@@ -15,27 +15,13 @@ using namespace fp8rl;
 
 static const std::string fixtures = "test/fixtures/tokenizer/";
 
-// Folder of the real tokenizer files: env FP8RL_TOKENIZERS, default ../shared/data/tokenizers.
-static std::string real_tokenizers_dir() {
-    const char* env = getenv("FP8RL_TOKENIZERS");
-    return env ? env : "../shared/data/tokenizers";
-}
-
-static bool file_exists(const std::string& path) {
-    FILE* f = fopen(path.c_str(), "rb");
-    if (f) fclose(f);
-    return f != nullptr;
-}
-
-// Tokenizers by fixture name, loaded once for all tests; nullptr when a real file is absent.
-static const Tokenizer* tokenizer_named(const std::string& name) {
+// Tokenizers by fixture name (the real Qwen3 and Qwen2.5 files and the built ones, all under
+// test/fixtures/tokenizer/), loaded once for all tests.
+static const Tokenizer& tokenizer_named(const std::string& name) {
     static std::map<std::string, std::unique_ptr<Tokenizer>> loaded;
-    auto it = loaded.find(name);
-    if (it != loaded.end()) return it->second.get();
-    std::string dir = name == "qwen3" || name == "qwen2.5" ? real_tokenizers_dir() + "/" + name : fixtures + name;
-    std::unique_ptr<Tokenizer> t;
-    if (file_exists(dir + "/tokenizer.json")) t = Tokenizer::load(dir);
-    return (loaded[name] = std::move(t)).get();
+    std::unique_ptr<Tokenizer>& t = loaded[name];
+    if (!t) t = Tokenizer::load(fixtures + name);
+    return *t;
 }
 
 static std::vector<Json> read_jsonl(const std::string& path) {
@@ -87,8 +73,7 @@ static std::string fnv1a64(const std::vector<int>& ids) {
 
 // Every line of <name>.jsonl: encodes, long documents, invalid UTF-8, decodes; and the round trip.
 static void check_against_hf(const std::string& name) {
-    const Tokenizer* tok = tokenizer_named(name);
-    if (!tok) SKIP(("real tokenizer files not found under " + real_tokenizers_dir() + " (set FP8RL_TOKENIZERS)").c_str());
+    const Tokenizer* tok = &tokenizer_named(name);
     std::vector<std::string> corpus;
     for (const Json& row : read_jsonl(fixtures + "corpus.jsonl")) corpus.push_back(row.find("text")->str);
     int checked = 0;
@@ -140,8 +125,7 @@ TEST(tokenizer_nfc_matches_hf) {
 
 // Spec test vectors (spec-model.md 7.7), independent of the fixture script.
 TEST(tokenizer_qwen3_spec_vectors) {
-    const Tokenizer* tok = tokenizer_named("qwen3");
-    if (!tok) SKIP("real Qwen3 tokenizer.json not found (set FP8RL_TOKENIZERS)");
+    const Tokenizer* tok = &tokenizer_named("qwen3");
     CHECK(tok->encode("Hello world") == std::vector<int>({9707, 1879}));
     CHECK(tok->encode("12345") == std::vector<int>({16, 17, 18, 19, 20}));
     CHECK(tok->encode("I'm don't you'LL") == std::vector<int>({40, 2776, 1513, 944, 498, 6, 4086}));
@@ -154,9 +138,7 @@ TEST(tokenizer_qwen3_spec_vectors) {
 
 // Streaming: the pieces concatenate to decode(ids), and no piece ends inside a UTF-8 character.
 TEST(tokenizer_stream_decoder_never_splits_characters) {
-    const Tokenizer* tok = tokenizer_named("llama3_style");
-    CHECK(tok != nullptr);
-    if (!tok) return;
+    const Tokenizer* tok = &tokenizer_named("llama3_style");
     for (const Json& row : read_jsonl(fixtures + "corpus.jsonl")) {
         std::vector<int> ids = tok->encode(row.find("text")->str);
         for (bool skip : {false, true}) {
@@ -219,10 +201,8 @@ TEST(tokenizer_malformed_json_is_a_clear_error) {
 
 // Chat renderings and their ids against transformers' apply_chat_template.
 static void check_chat(const std::string& name) {
-    const Tokenizer* tok = tokenizer_named(name);
-    if (!tok) SKIP(("real tokenizer files not found under " + real_tokenizers_dir() + " (set FP8RL_TOKENIZERS)").c_str());
-    std::string dir = name == "llama3_style" ? fixtures + name : real_tokenizers_dir() + "/" + name;
-    ChatTemplate chat = ChatTemplate::load(dir);
+    const Tokenizer* tok = &tokenizer_named(name);
+    ChatTemplate chat = ChatTemplate::load(fixtures + name);
     int n = 0;
     for (const Json& row : read_jsonl(fixtures + "chat_" + name + ".jsonl")) {
         ChatOptions opt;
@@ -332,9 +312,7 @@ TEST(tokenizer_cli_rejects_bad_input) {
 // the merges would split it. The fixture tokenizer holds whole words ("Ġhello", "quick") that its
 // merges do not build; with ignore_merges turned off the same file splits them.
 TEST(tokenizer_ignore_merges_emits_whole_vocab_words) {
-    const Tokenizer* tok = tokenizer_named("llama3_style");
-    CHECK(tok != nullptr);
-    if (!tok) return;
+    const Tokenizer* tok = &tokenizer_named("llama3_style");
     int hello = tok->token_to_id("Ġhello"), quick = tok->token_to_id("quick");
     CHECK(hello >= 0 && quick >= 0);
     CHECK(tok->encode(" hello") == std::vector<int>({hello}));

@@ -1,6 +1,7 @@
 // Tests of the whole training run through the binary ($FP8RL_BIN): bad flags and data lines give
 // one clear error; a tiny model learns; resuming equals not stopping; thread count and MPI rank
 // count do not change the result.
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
@@ -40,6 +41,8 @@ TEST(trainer_bad_flags_give_one_clear_error) {
         {"--init nosuchpreset --out_dir " + d + "/run", "--init nosuchpreset: neither a preset"},
         {"--resume " + d + "/nothing", "neither a checkpoint"},
         {"--init tiny --task add --data " + d + "/missing.jsonl --out_dir " + d + "/run", "missing.jsonl: cannot open"},
+        // the tiny preset's config.json says max_position_embeddings 512
+        {"--init tiny --max_new_tokens 100000000 --out_dir " + d + "/run", "--max_new_tokens 100000000: the model's context is 512"},
     };
     const size_t n = harness::sanitized ? 4 : sizeof cases / sizeof cases[0];  // each run starts MPI: slow under ASan
     for (size_t i = 0; i < n; i++) {
@@ -148,6 +151,55 @@ TEST(trainer_resume_is_bit_exact) {
     CHECK(std::filesystem::exists(resolve_checkpoint(d + "/full") + "/tokenizer.json"));
 }
 
+// The run's last lines: the three-line summary, then only files that exist (the dashboard and,
+// with --tensorboard 1, the event file among them).
+TEST(trainer_ends_with_summary_and_existing_files) {
+    std::string d = temp_dir("summary");
+    harness::RunResult r = run_cmd(harness::binary() + small_run(d + "/run", 2) + " --tensorboard 1");
+    CHECK_MSG(r.status == 0, "%s", r.output.c_str());
+    for (const char* s : {"\nsummary: learned add", "\n  speed: 2 steps in", "\n  precision: rollout bf16, training bf16"})
+        CHECK_MSG(r.output.find(s) != std::string::npos, "no \"%s\" in: %s", s + 1, r.output.c_str());
+    size_t at = r.output.rfind("\nfiles: ");
+    CHECK(at != std::string::npos);
+    if (at == std::string::npos) return;
+    std::string line = r.output.substr(at + 8, r.output.find('\n', at + 1) - at - 8);
+    int named = 0;
+    for (size_t pos = 0; pos < line.size() && line[pos] != ' ';) {
+        size_t end = std::min(line.find(' ', pos), line.size());
+        std::string f = line.substr(pos, end - pos);
+        CHECK_MSG(std::filesystem::exists(f), "%s is named but does not exist", f.c_str());
+        named++;
+        pos = end + 1;
+    }
+    CHECK_EQ(named, 3);
+    CHECK(line.find("/run/dashboard.html") != std::string::npos && line.find("events.out.tfevents.") != std::string::npos);
+}
+
+// --keep_checkpoints 2 with a checkpoint every step: the two newest stay, `latest` names the last.
+TEST(trainer_keeps_the_newest_checkpoints) {
+    std::string d = temp_dir("keep");
+    harness::RunResult r = run_cmd(harness::binary() + small_run(d + "/run", 4) + " --save_every 1 --keep_checkpoints 2");
+    CHECK_MSG(r.status == 0, "%s", r.output.c_str());
+    std::vector<std::string> names;
+    for (const auto& e : std::filesystem::directory_iterator(d + "/run/checkpoints")) names.push_back(e.path().filename().string());
+    std::sort(names.begin(), names.end());
+    CHECK(names == std::vector<std::string>({"step_000003", "step_000004"}));
+    CHECK_EQ(read_file(d + "/run/latest"), std::string("checkpoints/step_000004\n"));
+}
+
+// The checkpoint `latest` names survives pruning even when it is not among the newest (a run
+// resumed from an older one); a half-written .tmp directory is not counted.
+TEST(prune_checkpoints_spares_latest) {
+    std::string d = temp_dir("prune");
+    for (const char* s : {"step_000001", "step_000002", "step_000003", "step_000004", "step_000005.tmp"})
+        std::filesystem::create_directories(d + "/checkpoints/" + s);
+    harness::write_text(d + "/latest", "checkpoints/step_000001\n");
+    std::vector<std::string> removed = prune_checkpoints(d, 1);
+    CHECK(removed == std::vector<std::string>({d + "/checkpoints/step_000002", d + "/checkpoints/step_000003"}));
+    for (const char* s : {"step_000001", "step_000004", "step_000005.tmp"})
+        CHECK_MSG(std::filesystem::exists(d + "/checkpoints/" + s), "%s removed", s);
+}
+
 TEST(trainer_threads_do_not_change_results) {
     std::string d = temp_dir("threads");
     harness::RunResult one = run_cmd(harness::binary() + small_run(d + "/t1", 2) + " --threads 1");
@@ -176,7 +228,7 @@ TEST(trainer_mpi_two_ranks_match_one) {
     harness::RunResult two = run_cmd(mpirun + "2 " + harness::binary() + small_run(d + "/r2", 2) + " --threads 1");
     CHECK_MSG(one.status == 0 && two.status == 0, "%s\n%s", one.output.c_str(), two.output.c_str());
     if (one.status || two.status) return;
-    if (two.output.find("2 rank(s)") == std::string::npos) SKIP("train_rl_cpu was built without MPI (no mpicxx)");
+    if (two.output.find("2 rank(s)") == std::string::npos) SKIP("train_rl_cpu was built without MPI (no mpicxx: install libopenmpi-dev, then rebuild)");
     auto rows = [](const std::string& dir) {
         std::vector<Json> out;
         std::string text = read_file(dir + "/log.jsonl");
