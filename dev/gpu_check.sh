@@ -2,13 +2,16 @@
 # dev/gpu_check.sh: builds and runs every GPU check of fp8rl on a machine with an NVIDIA GPU
 # (Hopper, sm_90, for the FP8 block-scaled GEMMs) and ends with a summary. Each part runs even when
 # an earlier one failed, under its own time limit; the limits add up to under 8 minutes.
-#   part 1: build ./test_gpu and the GPU benchmarks (nvcc, cuBLASLt)
-#   part 2: ./test_gpu emu_  - what the CUDA emulation assumes, on the hardware: shuffles of every
+#   part 1: build ./train_rl, ./test_gpu and the GPU benchmarks (nvcc, cuBLASLt)
+#   part 2: ./test_gpu mma_, emu_  - the tensor-core mma.sync wrappers against a plain product, and
+#           what the CUDA emulation assumes, on the hardware: shuffles of every
 #           variant and width, votes, atomics, dynamic shared memory, graphs, launch limits (seconds;
 #           the likeliest to find what emulation cannot)
 #   part 3: ./test_gpu  - every GPU test, as in emulation: device FP8 encoder vs CUDA over all 2^32
 #           inputs; quantize kernels vs the CPU quantizers bit for bit; cuBLASLt fprop/dgrad/wgrad vs
 #           the CPU emulation; a wrong scale layout must fail; BF16 GEMM vs CPU; sampling, token loss
+#           ... and the GPU engine against the CPU engine on the fixture models (log-probs,
+#           entropies, gradients in bf16 and fp8: test/gpu/test_engine.cu)
 #   part 4: FP8 block-scaled vs BF16 GEMM TFLOP/s over Qwen3-0.6B / Qwen3-8B linear shapes
 # Usage: dev/gpu_check.sh   (from anywhere; it works in the repository root)
 set -u -o pipefail
@@ -41,10 +44,10 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm 
 command -v nvcc >/dev/null && nvcc --version | tail -n 2
 echo "cores: $(nproc)"
 
-part "build test_gpu and GPU benchmarks" 200 make -j"$(nproc)" test_gpu build/gpu_bench_fp8_gemm
-part "emulator assumptions on the device" 30 ./test_gpu emu_
-part "test_gpu" 120 ./test_gpu
-part "benchmark: FP8 block-scaled vs BF16 GEMMs" 150 ./build/gpu_bench_fp8_gemm
+part "build train_rl, test_gpu and GPU benchmarks" 200 make -j"$(nproc)" train_rl test_gpu build/gpu_bench_fp8_gemm
+part "mma.sync wrappers and the emulator's assumptions on the device" 20 bash -c './test_gpu mma_ && ./test_gpu emu_'
+part "test_gpu" 110 ./test_gpu
+part "benchmark: FP8 block-scaled vs BF16 GEMMs" 140 ./build/gpu_bench_fp8_gemm
 
 echo
 echo "=== summary"
