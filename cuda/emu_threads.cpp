@@ -118,6 +118,7 @@ struct Block {
     std::vector<Thread> threads;
     std::vector<char> smem;
     int barrier_kind = 0;
+    int straggler_warp = -1;  // runs only when no other thread can (seeded schedules)
     bool progress = false;  // since the last round: a wait resolved, a thread exited, memory changed
     std::string fault;
 };
@@ -303,6 +304,19 @@ std::string resolve_group(Block& b, int w, unsigned mask) {
     return "";
 }
 
+// True when every lane of `mask` in warp w exists and waits at the same collective with that mask.
+bool group_complete(const Block& b, int w, unsigned mask) {
+    if (mask & ~existing_lanes(b, w)) return false;
+    const Thread* first = nullptr;
+    for (int l = 0; l < 32; l++) {
+        if (!(mask & (1u << l))) continue;
+        const Thread& t = b.threads[w * 32 + l];
+        if (t.state != State::AtWarp || t.mask != mask || (first && t.op != first->op)) return false;
+        first = &t;
+    }
+    return true;
+}
+
 // Resolves every complete warp collective; "" or a fault.
 std::string resolve_warps(Block& b, bool& any) {
     int warps = ((int)b.threads.size() + 31) / 32;
@@ -364,6 +378,9 @@ std::string run_block(Block& b, const dim3& grid, const dim3& block, std::mt1993
         t.sp = start_frame(t.stack->base, STACK_BYTES);
     }
     std::fill(b.smem.begin(), b.smem.end(), (char)0xFF);
+    const int warps = (n + 31) / 32;
+    auto pick_straggler = [&] { b.straggler_warp = scheduling_seed != 0 && warps > 1 ? (int)(rng() % warps) : -1; };
+    pick_straggler();
     std::vector<int> order(n);
     std::iota(order.begin(), order.end(), 0);
     long idle_rounds = 0;
@@ -371,14 +388,22 @@ std::string run_block(Block& b, const dim3& grid, const dim3& block, std::mt1993
         if (scheduling_seed != 0) std::shuffle(order.begin(), order.end(), rng);
         bool ran = false, all_yielded = true;
         b.progress = false;
-        for (int i : order) {
-            Thread& t = b.threads[i];
-            if (t.state != State::Runnable) continue;
-            ran = true;
-            resume(b, t);
-            if (!b.fault.empty()) return b.fault;
-            all_yielded = all_yielded && t.yielded;
-        }
+        // Under a seed one warp of the block is a straggler until the next barrier: it runs only when
+        // no other thread can, so the others run ahead of it through their shuffles and writes, and
+        // a read that a barrier should order before another warp's write sees the write.
+        for (int pass = 0; pass < 2 && !ran; pass++)
+            for (int i : order) {
+                Thread& t = b.threads[i];
+                if (t.state != State::Runnable || (t.warp == b.straggler_warp) != (pass == 1)) continue;
+                ran = true;
+                resume(b, t);
+                if (!b.fault.empty()) return b.fault;
+                all_yielded = all_yielded && t.yielded;
+                if (t.state == State::AtWarp && group_complete(b, t.warp, t.mask)) {  // its lanes go on at once
+                    std::string err = resolve_group(b, t.warp, t.mask);
+                    if (!err.empty()) return err;
+                }
+            }
         if (ran) {
             idle_rounds = all_yielded && !b.progress ? idle_rounds + 1 : 0;
             if (idle_rounds > SPIN_ROUNDS)
@@ -389,7 +414,10 @@ std::string run_block(Block& b, const dim3& grid, const dim3& block, std::mt1993
         }
         bool any = false;
         std::string err = resolve_warps(b, any);
-        if (err.empty() && !any) err = resolve_barrier(b, any);
+        if (err.empty() && !any) {
+            err = resolve_barrier(b, any);
+            if (any) pick_straggler();
+        }
         if (!err.empty()) return err;
         if (any) continue;
         bool all_exited = std::all_of(b.threads.begin(), b.threads.end(), [](const Thread& t) { return t.state == State::Exited; });
