@@ -1,7 +1,7 @@
 // test_attention.cu: the FlashAttention-2 kernels of cuda/attention.cuh against the CPU engine's
 // attention (cpu/attention.h) on ragged packed batches: a one-token sequence, lengths that are not
 // multiples of 16 or 64, one longer than a 64-row tile; GQA ratios 1 to 4; head dims 16, 32 (those
-// of the fixture models), 64 and 128. Inputs are BF16 values.
+// of the fixture models), 64 and 128; ten short sequences in one batch. Inputs are BF16 values.
 //
 // Bounds (first order, per element): BF16's unit roundoff is u = 2^-8. mag is the sum of the
 // magnitudes of the terms an output sums, in double precision on the host from the CPU's lse; e_s
@@ -57,6 +57,7 @@ const AttentionCase kCases[] = {
     {"D32 H3 KV1", {33, 1, 64, 9}, 3, 1, 32},
     {"D64 H2 KV2", {70, 1, 20}, 2, 2, 64},
     {"D128 H4 KV2", {3, 66, 1, 16}, 4, 2, 128},
+    {"D16 H2 KV1, 10 sequences", {2, 7, 1, 15, 16, 3, 31, 1, 9, 12}, 2, 1, 16},
 };
 
 // A packed batch: BF16 values held as floats (what the CPU engine reads), and the device layout.
@@ -291,6 +292,16 @@ TEST(attention_backward_matches_finite_differences) {
             }
         printf("  %s: %d points, max err/bound %.3g\n", c.name, points, worst_ratio);
     }
+}
+
+// Every output has one writer and a fixed summation order (no atomics): two runs agree bit for bit.
+TEST(attention_backward_is_deterministic) {
+    REQUIRE_GPU_FOR_ATTENTION();
+    Batch b = make_batch(kCases[0]);
+    GpuResults first = run_gpu(b, true), second = run_gpu(b, true);
+    CHECK(memcmp(first.dq.data(), second.dq.data(), first.dq.size() * sizeof(float)) == 0);
+    CHECK(memcmp(first.dk.data(), second.dk.data(), first.dk.size() * sizeof(float)) == 0);
+    CHECK(memcmp(first.dv.data(), second.dv.data(), first.dv.size() * sizeof(float)) == 0);
 }
 
 TEST(attention_rejects_unsupported_shapes) {
