@@ -1,7 +1,7 @@
 // test_attention.cu: the FlashAttention-2 kernels of cuda/attention.cuh against the CPU engine's
 // attention (cpu/attention.h) on ragged packed batches: a one-token sequence, lengths that are not
-// multiples of 16 or 64, one longer than a 64-row tile; GQA ratios 1 to 4; head dims 16, 32 (those
-// of the fixture models), 64 and 128; ten short sequences in one batch. Inputs are BF16 values.
+// multiples of 16 or 64, one longer than a 64-row tile; GQA ratios 1 to 4; head dims 8, 16, 32
+// (those of the fixture models), 64 and 128; ten short sequences in one batch. Inputs are BF16 values.
 //
 // Bounds (first order, per element): BF16's unit roundoff is u = 2^-8. mag is the sum of the
 // magnitudes of the terms an output sums, in double precision on the host from the CPU's lse; e_s
@@ -57,6 +57,7 @@ const AttentionCase kCases[] = {
     {"D32 H3 KV1", {33, 1, 64, 9}, 3, 1, 32},
     {"D64 H2 KV2", {70, 1, 20}, 2, 2, 64},
     {"D128 H4 KV2", {3, 66, 1, 16}, 4, 2, 128},
+    {"D8 H2 KV1", {40, 1, 6}, 2, 1, 8},
     {"D16 H2 KV1, 10 sequences", {2, 7, 1, 15, 16, 3, 31, 1, 9, 12}, 2, 1, 16},
 };
 
@@ -305,8 +306,8 @@ TEST(attention_backward_is_deterministic) {
 }
 
 TEST(attention_rejects_unsupported_shapes) {
-    PackedAttentionShape s{10, 4, 2, 8, 1, 10};  // head dim 8, as test/fixtures/models' smallest model
-    CHECK_THROWS(attention_forward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, s, 0), "head dim D = 8");
+    PackedAttentionShape s{10, 4, 2, 48, 1, 10};
+    CHECK_THROWS(attention_forward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, s, 0), "head dim D = 48");
     s = {10, 4, 3, 64, 1, 10};
     CHECK_THROWS(attention_backward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
                                     nullptr, nullptr, s, 0),
