@@ -10,9 +10,9 @@
 //   forward     one CTA per (64-query block, head, sequence): loops over key tiles with an online
 //               softmax (running max m, running sum l, O rescaled); P is rounded to BF16 to meet V
 //               on the tensor cores, as in FA2; writes O (BF16) and lse;
-//   delta       D[t][h] = rowsum(dO * O), one thread per (row, head);
+//   delta       delta[t][h] = rowsum(dO * O), one thread per (row, head);
 //   dq          one CTA per (64-query block, head, sequence): recomputes P from lse over the key
-//               tiles, dS = P (dP - D) scale, dQ += dS K in FP32 registers, then the cast;
+//               tiles, dS = P (dP - delta) scale, dQ += dS K in FP32 registers, then the cast;
 //   dk, dv      one CTA per (64-key block, kv head, sequence): loops over the group's query heads
 //               and the query tiles at or after the block, dV += P^T dO, dK += dS^T Q in FP32
 //               registers, then the cast.
@@ -49,7 +49,8 @@ struct PackedAttentionShape {
 };
 
 // tile[r][0..D) = row (row0 + r) of a [T][heads][D] tensor at `src` (already offset to the head),
-// rows of `row_stride` elements; zeros for r >= rows and in the padding columns. All threads of the CTA take part.
+// rows of `row_stride` elements; zeros for r >= rows and in the padding columns. All threads of the
+// CTA take part.
 template <int D>
 __device__ void load_tile(__nv_bfloat16* tile, const __nv_bfloat16* src, long row_stride, long row0, int rows) {
     __nv_bfloat162 zero;
@@ -119,11 +120,12 @@ __device__ __forceinline__ float quad_max(float v) {
     return fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 2));
 }
 
-// Writes the warp's acc[16 x D] (columns past D are padding; rows row0 .. row0 + 15 of a [T][heads][D] tensor at `dst`, already
-// offset to the head) as BF16, rows below `row_end` only.
+// Writes the warp's acc[16 x D], times factor_lo in rows g and factor_hi in rows g + 8, as BF16 rows
+// row0 .. row0 + 15 of a [T][heads][D] tensor at `dst` (already offset to the head): the rows below
+// `row_end`, the columns below D (the rest is padding).
 template <int D>
-__device__ void store_rows_bf16(__nv_bfloat16* dst, long row_stride, long row0, long row_end, const float acc[AttnTile<D>::frags][4],
-                                float factor_lo, float factor_hi) {
+__device__ void store_rows_bf16(__nv_bfloat16* dst, long row_stride, long row0, long row_end,
+                                const float acc[AttnTile<D>::frags][4], float factor_lo, float factor_hi) {
     for (int n = 0; n < AttnTile<D>::frags; n++)
         for (int i = 0; i < 4; i++) {
             const long row = row0 + c_fragment_row(i);
@@ -135,9 +137,9 @@ __device__ void store_rows_bf16(__nv_bfloat16* dst, long row_stride, long row0, 
 
 // One CTA per (query block blockIdx.x, head blockIdx.y, sequence blockIdx.z).
 template <int D>
-__global__ void __launch_bounds__(kAttnThreads) attention_forward_kernel(__nv_bfloat16* out, float* lse, const __nv_bfloat16* q,
-                                                                   const __nv_bfloat16* k, const __nv_bfloat16* v,
-                                                                   const int* cu_seqlens, int H, int KV) {
+__global__ void __launch_bounds__(kAttnThreads)
+    attention_forward_kernel(__nv_bfloat16* out, float* lse, const __nv_bfloat16* q, const __nv_bfloat16* k,
+                             const __nv_bfloat16* v, const int* cu_seqlens, int H, int KV) {
     DYNAMIC_SHARED(__nv_bfloat16, smem);
     __nv_bfloat16 *q_tile = smem, *k_tile = q_tile + AttnTile<D>::elems, *v_tile = k_tile + AttnTile<D>::elems;
     const long seq_begin = cu_seqlens[blockIdx.z], seq_len = cu_seqlens[blockIdx.z + 1] - seq_begin;
@@ -154,7 +156,8 @@ __global__ void __launch_bounds__(kAttnThreads) attention_forward_kernel(__nv_bf
     zero_fragments<AttnTile<D>::frags>(o);
     for (long k0 = 0; k0 < key_end; k0 += kAttnTile) {
         const int keys = (int)min((long)kAttnTile, key_end - k0);
-        load_tile_pair<D>(k_tile, k + seq_begin * ldk + kv_head * D, v_tile, v + seq_begin * ldk + kv_head * D, ldk, k0, keys);
+        load_tile_pair<D>(k_tile, k + seq_begin * ldk + kv_head * D, v_tile, v + seq_begin * ldk + kv_head * D, ldk, k0,
+                          keys);
         __syncthreads();  // the tiles (and in the first round the query tile) are complete
         float s[8][4];
         warp_product_abt<D>(s, q_tile + 16 * warp * AttnTile<D>::ld, k_tile);
@@ -194,7 +197,8 @@ __global__ void __launch_bounds__(kAttnThreads) attention_forward_kernel(__nv_bf
 }
 
 // delta[t][h] = sum_d dout[t][h][d] * out[t][h][d], one thread per (t, h).
-__global__ void attention_delta_kernel(float* delta, const __nv_bfloat16* dout, const __nv_bfloat16* out, long rows, int D) {
+__global__ void attention_delta_kernel(float* delta, const __nv_bfloat16* dout, const __nv_bfloat16* out, long rows,
+                                       int D) {
     const long th = blockIdx.x * (long)blockDim.x + threadIdx.x;
     if (th >= rows) return;
     float sum = 0.0f;
@@ -220,11 +224,10 @@ __device__ void probabilities_and_dscores(float s[8][4], float dp[8][4], float s
 
 // dq: one CTA per (query block blockIdx.x, head blockIdx.y, sequence blockIdx.z).
 template <int D>
-__global__ void __launch_bounds__(kAttnThreads) attention_backward_dq_kernel(__nv_bfloat16* dq, const __nv_bfloat16* dout,
-                                                                       const float* lse, const float* delta,
-                                                                       const __nv_bfloat16* q, const __nv_bfloat16* k,
-                                                                       const __nv_bfloat16* v, const int* cu_seqlens,
-                                                                       int H, int KV) {
+__global__ void __launch_bounds__(kAttnThreads)
+    attention_backward_dq_kernel(__nv_bfloat16* dq, const __nv_bfloat16* dout, const float* lse, const float* delta,
+                                 const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v,
+                                 const int* cu_seqlens, int H, int KV) {
     DYNAMIC_SHARED(__nv_bfloat16, smem);
     __nv_bfloat16 *q_tile = smem, *do_tile = q_tile + AttnTile<D>::elems, *k_tile = do_tile + AttnTile<D>::elems,
                   *v_tile = k_tile + AttnTile<D>::elems;
@@ -248,7 +251,8 @@ __global__ void __launch_bounds__(kAttnThreads) attention_backward_dq_kernel(__n
     zero_fragments<AttnTile<D>::frags>(acc);
     for (long k0 = 0; k0 < key_end; k0 += kAttnTile) {
         const int keys = (int)min((long)kAttnTile, key_end - k0);
-        load_tile_pair<D>(k_tile, k + seq_begin * ldk + kv_head * D, v_tile, v + seq_begin * ldk + kv_head * D, ldk, k0, keys);
+        load_tile_pair<D>(k_tile, k + seq_begin * ldk + kv_head * D, v_tile, v + seq_begin * ldk + kv_head * D, ldk, k0,
+                          keys);
         __syncthreads();  // the tiles (and in the first round the query and dO tiles) are complete
         float s[8][4], dp[8][4];
         warp_product_abt<D>(s, q_tile + 16 * warp * AttnTile<D>::ld, k_tile);
@@ -268,9 +272,10 @@ __global__ void __launch_bounds__(kAttnThreads) attention_backward_dq_kernel(__n
 
 // dk, dv: one CTA per (key block blockIdx.x, kv head blockIdx.y, sequence blockIdx.z).
 template <int D>
-__global__ void __launch_bounds__(kAttnThreads) attention_backward_dkv_kernel(
-    __nv_bfloat16* dk, __nv_bfloat16* dv, const __nv_bfloat16* dout, const float* lse, const float* delta,
-    const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const int* cu_seqlens, int H, int KV) {
+__global__ void __launch_bounds__(kAttnThreads)
+    attention_backward_dkv_kernel(__nv_bfloat16* dk, __nv_bfloat16* dv, const __nv_bfloat16* dout, const float* lse,
+                                  const float* delta, const __nv_bfloat16* q, const __nv_bfloat16* k,
+                                  const __nv_bfloat16* v, const int* cu_seqlens, int H, int KV) {
     DYNAMIC_SHARED(__nv_bfloat16, smem);
     __nv_bfloat16 *k_tile = smem, *v_tile = k_tile + AttnTile<D>::elems, *q_tile = v_tile + AttnTile<D>::elems,
                   *do_tile = q_tile + AttnTile<D>::elems;
@@ -282,7 +287,8 @@ __global__ void __launch_bounds__(kAttnThreads) attention_backward_dkv_kernel(
     if (k0 >= seq_len) return;
     const long ldq = (long)H * D, ldk = (long)KV * D;
     const int keys = (int)min((long)kAttnTile, seq_len - k0);
-    load_tile_pair<D>(k_tile, k + seq_begin * ldk + kv_head * D, v_tile, v + seq_begin * ldk + kv_head * D, ldk, k0, keys);
+    load_tile_pair<D>(k_tile, k + seq_begin * ldk + kv_head * D, v_tile, v + seq_begin * ldk + kv_head * D, ldk, k0,
+                      keys);
     const float scale = 1.0f / sqrtf((float)D);
     const long warp_key0 = k0 + 16 * warp;
     float dk_acc[AttnTile<D>::frags][4], dv_acc[AttnTile<D>::frags][4];
@@ -291,13 +297,13 @@ __global__ void __launch_bounds__(kAttnThreads) attention_backward_dkv_kernel(
     for (int head = kv_head * group; head < (kv_head + 1) * group; head++)
         for (long q0 = k0; q0 < seq_len; q0 += kAttnTile) {  // causal: earlier queries do not see the block
             const int queries = (int)min((long)kAttnTile, seq_len - q0);
-            load_tile_pair<D>(q_tile, q + seq_begin * ldq + head * D, do_tile, dout + seq_begin * ldq + head * D, ldq, q0,
-                              queries);
+            load_tile_pair<D>(q_tile, q + seq_begin * ldq + head * D, do_tile, dout + seq_begin * ldq + head * D, ldq,
+                              q0, queries);
             for (int r = threadIdx.x; r < kAttnTile; r += blockDim.x) {
                 lse_tile[r] = r < queries ? lse[(seq_begin + q0 + r) * H + head] : 0.0f;
                 delta_tile[r] = r < queries ? delta[(seq_begin + q0 + r) * H + head] : 0.0f;
             }
-            __syncthreads();  // the tiles (and in the first round the key and value tiles) are complete
+            __syncthreads();            // the tiles (and in the first round the key and value tiles) are complete
             float st[8][4], dpt[8][4];  // keys x queries: S^T = K Q^T, dP^T = V dO^T
             warp_product_abt<D>(st, k_tile + 16 * warp * AttnTile<D>::ld, q_tile);
             warp_product_abt<D>(dpt, v_tile + 16 * warp * AttnTile<D>::ld, do_tile);
@@ -319,7 +325,8 @@ inline void check_attention_shape(const char* who, const PackedAttentionShape& s
     if (s.H < 1 || s.KV < 1 || s.H % s.KV != 0)
         fail("%s: heads H = %d must be a positive multiple of kv heads KV = %d", who, s.H, s.KV);
     if (s.T < 0 || s.num_seqs < 0 || s.max_seqlen < 0 || s.max_seqlen > s.T)
-        fail("%s: T = %ld, num_seqs = %d, max_seqlen = %d: need 0 <= max_seqlen <= T", who, s.T, s.num_seqs, s.max_seqlen);
+        fail("%s: T = %ld, num_seqs = %d, max_seqlen = %d: need 0 <= max_seqlen <= T", who, s.T, s.num_seqs,
+             s.max_seqlen);
     if (s.H > 65535 || s.num_seqs > 65535)
         fail("%s: H = %d or num_seqs = %d exceeds a grid dimension (65535)", who, s.H, s.num_seqs);
 }
@@ -339,7 +346,8 @@ size_t attention_smem(Kernel kernel, int tiles, size_t extra) {
 
 template <int D>
 void attention_forward_d(__nv_bfloat16* out, float* lse, const __nv_bfloat16* q, const __nv_bfloat16* k,
-                         const __nv_bfloat16* v, const int* cu_seqlens, const PackedAttentionShape& s, cudaStream_t stream) {
+                         const __nv_bfloat16* v, const int* cu_seqlens, const PackedAttentionShape& s,
+                         cudaStream_t stream) {
     const size_t smem = attention_smem<D>(attention_forward_kernel<D>, 3, 0);
     LAUNCH_KERNEL(attention_forward_kernel<D>, attention_grid(s, s.H), kAttnThreads, smem, stream, out, lse, q, k, v,
                   cu_seqlens, s.H, s.KV);
@@ -348,13 +356,14 @@ void attention_forward_d(__nv_bfloat16* out, float* lse, const __nv_bfloat16* q,
 template <int D>
 void attention_backward_d(__nv_bfloat16* dq, __nv_bfloat16* dk, __nv_bfloat16* dv, const __nv_bfloat16* dout,
                           const float* lse, const float* delta, const __nv_bfloat16* q, const __nv_bfloat16* k,
-                          const __nv_bfloat16* v, const int* cu_seqlens, const PackedAttentionShape& s, cudaStream_t stream) {
+                          const __nv_bfloat16* v, const int* cu_seqlens, const PackedAttentionShape& s,
+                          cudaStream_t stream) {
     const size_t dq_smem = attention_smem<D>(attention_backward_dq_kernel<D>, 4, 0);
     LAUNCH_KERNEL(attention_backward_dq_kernel<D>, attention_grid(s, s.H), kAttnThreads, dq_smem, stream, dq, dout, lse,
                   delta, q, k, v, cu_seqlens, s.H, s.KV);
     const size_t dkv_smem = attention_smem<D>(attention_backward_dkv_kernel<D>, 4, 2 * kAttnTile * sizeof(float));
-    LAUNCH_KERNEL(attention_backward_dkv_kernel<D>, attention_grid(s, s.KV), kAttnThreads, dkv_smem, stream, dk, dv, dout,
-                  lse, delta, q, k, v, cu_seqlens, s.H, s.KV);
+    LAUNCH_KERNEL(attention_backward_dkv_kernel<D>, attention_grid(s, s.KV), kAttnThreads, dkv_smem, stream, dk, dv,
+                  dout, lse, delta, q, k, v, cu_seqlens, s.H, s.KV);
 }
 
 // Forward: out [T][H][D], lse [T][H] from q [T][H][D], k, v [T][KV][D]; cu_seqlens [num_seqs + 1]
@@ -365,11 +374,21 @@ inline void attention_forward(__nv_bfloat16* out, float* lse, const __nv_bfloat1
     check_attention_shape("attention_forward", s);
     if (s.T == 0 || s.num_seqs == 0) return;
     switch (s.D) {
-        case 8: attention_forward_d<8>(out, lse, q, k, v, cu_seqlens, s, stream); break;
-        case 16: attention_forward_d<16>(out, lse, q, k, v, cu_seqlens, s, stream); break;
-        case 32: attention_forward_d<32>(out, lse, q, k, v, cu_seqlens, s, stream); break;
-        case 64: attention_forward_d<64>(out, lse, q, k, v, cu_seqlens, s, stream); break;
-        default: attention_forward_d<128>(out, lse, q, k, v, cu_seqlens, s, stream); break;
+        case 8:
+            attention_forward_d<8>(out, lse, q, k, v, cu_seqlens, s, stream);
+            break;
+        case 16:
+            attention_forward_d<16>(out, lse, q, k, v, cu_seqlens, s, stream);
+            break;
+        case 32:
+            attention_forward_d<32>(out, lse, q, k, v, cu_seqlens, s, stream);
+            break;
+        case 64:
+            attention_forward_d<64>(out, lse, q, k, v, cu_seqlens, s, stream);
+            break;
+        default:
+            attention_forward_d<128>(out, lse, q, k, v, cu_seqlens, s, stream);
+            break;
     }
 }
 
@@ -384,11 +403,21 @@ inline void attention_backward(__nv_bfloat16* dq, __nv_bfloat16* dk, __nv_bfloat
     const long rows = s.T * s.H;
     LAUNCH_KERNEL(attention_delta_kernel, (unsigned)((rows + 255) / 256), 256, 0, stream, delta, dout, out, rows, s.D);
     switch (s.D) {
-        case 8: attention_backward_d<8>(dq, dk, dv, dout, lse, delta, q, k, v, cu_seqlens, s, stream); break;
-        case 16: attention_backward_d<16>(dq, dk, dv, dout, lse, delta, q, k, v, cu_seqlens, s, stream); break;
-        case 32: attention_backward_d<32>(dq, dk, dv, dout, lse, delta, q, k, v, cu_seqlens, s, stream); break;
-        case 64: attention_backward_d<64>(dq, dk, dv, dout, lse, delta, q, k, v, cu_seqlens, s, stream); break;
-        default: attention_backward_d<128>(dq, dk, dv, dout, lse, delta, q, k, v, cu_seqlens, s, stream); break;
+        case 8:
+            attention_backward_d<8>(dq, dk, dv, dout, lse, delta, q, k, v, cu_seqlens, s, stream);
+            break;
+        case 16:
+            attention_backward_d<16>(dq, dk, dv, dout, lse, delta, q, k, v, cu_seqlens, s, stream);
+            break;
+        case 32:
+            attention_backward_d<32>(dq, dk, dv, dout, lse, delta, q, k, v, cu_seqlens, s, stream);
+            break;
+        case 64:
+            attention_backward_d<64>(dq, dk, dv, dout, lse, delta, q, k, v, cu_seqlens, s, stream);
+            break;
+        default:
+            attention_backward_d<128>(dq, dk, dv, dout, lse, delta, q, k, v, cu_seqlens, s, stream);
+            break;
     }
 }
 
