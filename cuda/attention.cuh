@@ -324,8 +324,8 @@ inline void check_attention_shape(const char* who, const PackedAttentionShape& s
         fail("%s: head dim D = %d is not supported (8, 16, 32, 64 or 128)", who, s.D);
     if (s.H < 1 || s.KV < 1 || s.H % s.KV != 0)
         fail("%s: heads H = %d must be a positive multiple of kv heads KV = %d", who, s.H, s.KV);
-    if (s.T < 0 || s.num_seqs < 0 || s.max_seqlen < 0 || s.max_seqlen > s.T)
-        fail("%s: T = %ld, num_seqs = %d, max_seqlen = %d: need 0 <= max_seqlen <= T", who, s.T, s.num_seqs,
+    if (s.T < 0 || s.num_seqs < 0 || s.max_seqlen > s.T || s.max_seqlen < (s.T > 0 ? 1 : 0))
+        fail("%s: T = %ld, num_seqs = %d, max_seqlen = %d: need 1 <= max_seqlen <= T (or T = 0)", who, s.T, s.num_seqs,
              s.max_seqlen);
     if (s.H > 65535 || s.num_seqs > 65535)
         fail("%s: H = %d or num_seqs = %d exceeds a grid dimension (65535)", who, s.H, s.num_seqs);

@@ -320,4 +320,6 @@ TEST(attention_rejects_unsupported_shapes) {
                  "kv heads KV = 3");
     s = {10, 4, 2, 64, 2, 11};
     CHECK_THROWS(attention_forward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, s, 0), "max_seqlen = 11");
+    s = {10, 4, 2, 64, 2, 0};
+    CHECK_THROWS(attention_forward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, s, 0), "max_seqlen = 0");
 }
