@@ -23,6 +23,7 @@
 #ifndef FP8RL_CUDA_ATTENTION_CUH
 #define FP8RL_CUDA_ATTENTION_CUH
 #include <cmath>
+#include <type_traits>
 
 #include "cuda/common.cuh"
 #include "cuda/mma.cuh"
@@ -318,10 +319,29 @@ __global__ void __launch_bounds__(kAttnThreads)
     store_rows_bf16<D>(dv + seq_begin * ldk + kv_head * D, ldk, warp_key0, seq_len, dv_acc, 1.0f, 1.0f);
 }
 
+// Calls f(std::integral_constant<int, D>()) with D = head_dim if the kernels support it; else fails
+// naming `who`.
+template <class F>
+void with_head_dim(const char* who, int head_dim, F f) {
+    switch (head_dim) {
+        case 8:
+            return f(std::integral_constant<int, 8>());
+        case 16:
+            return f(std::integral_constant<int, 16>());
+        case 32:
+            return f(std::integral_constant<int, 32>());
+        case 64:
+            return f(std::integral_constant<int, 64>());
+        case 128:
+            return f(std::integral_constant<int, 128>());
+        default:
+            fail("%s: head dim D = %d is not supported (8, 16, 32, 64 or 128)", who, head_dim);
+    }
+}
+
 // Checks a packed batch's shapes against what the kernels support; names the wrong one.
 inline void check_attention_shape(const char* who, const PackedAttentionShape& s) {
-    if (s.D != 8 && s.D != 16 && s.D != 32 && s.D != 64 && s.D != 128)
-        fail("%s: head dim D = %d is not supported (8, 16, 32, 64 or 128)", who, s.D);
+    with_head_dim(who, s.D, [](auto) {});
     if (s.H < 1 || s.KV < 1 || s.H % s.KV != 0)
         fail("%s: heads H = %d must be a positive multiple of kv heads KV = %d", who, s.H, s.KV);
     if (s.T < 0 || s.num_seqs < 0 || s.max_seqlen > s.T || s.max_seqlen < (s.T > 0 ? 1 : 0))
@@ -373,23 +393,9 @@ inline void attention_forward(__nv_bfloat16* out, float* lse, const __nv_bfloat1
                               cudaStream_t stream) {
     check_attention_shape("attention_forward", s);
     if (s.T == 0 || s.num_seqs == 0) return;
-    switch (s.D) {
-        case 8:
-            attention_forward_d<8>(out, lse, q, k, v, cu_seqlens, s, stream);
-            break;
-        case 16:
-            attention_forward_d<16>(out, lse, q, k, v, cu_seqlens, s, stream);
-            break;
-        case 32:
-            attention_forward_d<32>(out, lse, q, k, v, cu_seqlens, s, stream);
-            break;
-        case 64:
-            attention_forward_d<64>(out, lse, q, k, v, cu_seqlens, s, stream);
-            break;
-        default:
-            attention_forward_d<128>(out, lse, q, k, v, cu_seqlens, s, stream);
-            break;
-    }
+    with_head_dim("attention", s.D, [&](auto head_dim) {
+        attention_forward_d<decltype(head_dim)::value>(out, lse, q, k, v, cu_seqlens, s, stream);
+    });
 }
 
 // Backward: dq [T][H][D], dk, dv [T][KV][D] from dout, out [T][H][D] and lse [T][H] of the forward;
@@ -402,23 +408,9 @@ inline void attention_backward(__nv_bfloat16* dq, __nv_bfloat16* dk, __nv_bfloat
     if (s.T == 0 || s.num_seqs == 0) return;
     const long rows = s.T * s.H;
     LAUNCH_KERNEL(attention_delta_kernel, (unsigned)((rows + 255) / 256), 256, 0, stream, delta, dout, out, rows, s.D);
-    switch (s.D) {
-        case 8:
-            attention_backward_d<8>(dq, dk, dv, dout, lse, delta, q, k, v, cu_seqlens, s, stream);
-            break;
-        case 16:
-            attention_backward_d<16>(dq, dk, dv, dout, lse, delta, q, k, v, cu_seqlens, s, stream);
-            break;
-        case 32:
-            attention_backward_d<32>(dq, dk, dv, dout, lse, delta, q, k, v, cu_seqlens, s, stream);
-            break;
-        case 64:
-            attention_backward_d<64>(dq, dk, dv, dout, lse, delta, q, k, v, cu_seqlens, s, stream);
-            break;
-        default:
-            attention_backward_d<128>(dq, dk, dv, dout, lse, delta, q, k, v, cu_seqlens, s, stream);
-            break;
-    }
+    with_head_dim("attention", s.D, [&](auto head_dim) {
+        attention_backward_d<decltype(head_dim)::value>(dq, dk, dv, dout, lse, delta, q, k, v, cu_seqlens, s, stream);
+    });
 }
 
 }  // namespace fp8rl
