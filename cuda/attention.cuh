@@ -197,9 +197,10 @@ __global__ void __launch_bounds__(kAttnThreads)
     store_rows_bf16<D>(out + seq_begin * ldq + head * D, ldq, warp_row0, seq_len, o, inv[0], inv[1]);
 }
 
-// delta[t][h] = sum_d dout[t][h][d] * out[t][h][d], one thread per (t, h).
-__global__ void attention_delta_kernel(float* delta, const __nv_bfloat16* dout, const __nv_bfloat16* out, long rows,
-                                       int D) {
+// delta[t][h] = sum_d dout[t][h][d] * out[t][h][d], one thread per (t, h). A template like the other
+// kernels, so that the header defines it in every file that includes it without a duplicate symbol.
+template <int D>
+__global__ void attention_delta_kernel(float* delta, const __nv_bfloat16* dout, const __nv_bfloat16* out, long rows) {
     const long th = blockIdx.x * (long)blockDim.x + threadIdx.x;
     if (th >= rows) return;
     float sum = 0.0f;
@@ -374,10 +375,12 @@ void attention_forward_d(__nv_bfloat16* out, float* lse, const __nv_bfloat16* q,
 }
 
 template <int D>
-void attention_backward_d(__nv_bfloat16* dq, __nv_bfloat16* dk, __nv_bfloat16* dv, const __nv_bfloat16* dout,
-                          const float* lse, const float* delta, const __nv_bfloat16* q, const __nv_bfloat16* k,
-                          const __nv_bfloat16* v, const int* cu_seqlens, const PackedAttentionShape& s,
-                          cudaStream_t stream) {
+void attention_backward_d(__nv_bfloat16* dq, __nv_bfloat16* dk, __nv_bfloat16* dv, float* delta,
+                          const __nv_bfloat16* dout, const __nv_bfloat16* out, const float* lse, const __nv_bfloat16* q,
+                          const __nv_bfloat16* k, const __nv_bfloat16* v, const int* cu_seqlens,
+                          const PackedAttentionShape& s, cudaStream_t stream) {
+    const long rows = s.T * s.H;
+    LAUNCH_KERNEL(attention_delta_kernel<D>, (unsigned)((rows + 255) / 256), 256, 0, stream, delta, dout, out, rows);
     const size_t dq_smem = attention_smem<D>(attention_backward_dq_kernel<D>, 4, 0);
     LAUNCH_KERNEL(attention_backward_dq_kernel<D>, attention_grid(s, s.H), kAttnThreads, dq_smem, stream, dq, dout, lse,
                   delta, q, k, v, cu_seqlens, s.H, s.KV);
@@ -406,10 +409,9 @@ inline void attention_backward(__nv_bfloat16* dq, __nv_bfloat16* dk, __nv_bfloat
                                const int* cu_seqlens, const PackedAttentionShape& s, cudaStream_t stream) {
     check_attention_shape("attention_backward", s);
     if (s.T == 0 || s.num_seqs == 0) return;
-    const long rows = s.T * s.H;
-    LAUNCH_KERNEL(attention_delta_kernel, (unsigned)((rows + 255) / 256), 256, 0, stream, delta, dout, out, rows, s.D);
     with_head_dim("attention", s.D, [&](auto head_dim) {
-        attention_backward_d<decltype(head_dim)::value>(dq, dk, dv, dout, lse, delta, q, k, v, cu_seqlens, s, stream);
+        attention_backward_d<decltype(head_dim)::value>(dq, dk, dv, delta, dout, out, lse, q, k, v, cu_seqlens, s,
+                                                        stream);
     });
 }
 
