@@ -25,10 +25,13 @@ CUBLASLT  := $(wildcard $(CUDA_HOME)/lib64/libcublasLt.so)
 NCCL      := $(firstword $(wildcard $(CUDA_HOME)/lib64/libnccl.so /usr/lib/x86_64-linux-gnu/libnccl.so))
 CUDA_FP8_H := $(wildcard $(CUDA_HOME)/include/cuda_fp8.h)
 
-# The CPU binary links MPI when available (data parallel); without it, one process.
+# The CPU binary links MPI when available (data parallel); without it, one process. The GPU
+# builds take Open MPI's include and link flags (nvcc does not go through mpicxx).
 ifneq ($(MPICXX),)
   CPU_LINK_CXX := OMPI_CXX=$(CXX) MPICH_CXX=$(CXX) $(MPICXX)
   MPI_FLAGS    := -DFP8RL_MPI
+  MPI_INCLUDE  := $(shell $(MPICXX) --showme:incdirs 2>/dev/null | tr ' ' '\n' | sed 's/^/-I/')
+  MPI_LIBS     := $(shell $(MPICXX) --showme:libdirs 2>/dev/null | tr ' ' '\n' | sed 's/^/-L/') -lmpi
 else
   CPU_LINK_CXX := $(CXX)
   MPI_FLAGS    :=
@@ -40,7 +43,7 @@ ifneq ($(CUDA_FP8_H),)
 endif
 
 NVCCFLAGS := -std=c++17 -O3 -gencode arch=compute_90,code=sm_90 -Werror all-warnings -I. \
-             -Xcompiler -Wall,-Wextra,-fopenmp
+             -Xcompiler -Wall,-Wextra,-fopenmp $(MPI_FLAGS) $(MPI_INCLUDE)
 CUDA_SRCS := $(wildcard *.cu *.cuh rl/*.cuh cuda/*.cu cuda/*.cuh)
 GPU_TEST_SRCS := $(wildcard test/gpu/*.cu)
 GPU_TESTS     := $(wildcard test/gpu/test_*.cu)
@@ -52,7 +55,7 @@ BUILD := build
 # CUDA emulation (spec-gpu.md §2): g++ builds the GPU sources against cuda/emu.h and runs every
 # kernel on the CPU. It needs the CUDA headers (cuda_runtime.h, cuda_bf16.h, cuda_fp8.h), not a GPU.
 ifneq ($(CUDA_FP8_H),)
-  EMU_FLAGS     := -DFP8RL_EMU -isystem $(CUDA_HOME)/include
+  EMU_FLAGS     := -DFP8RL_EMU -isystem $(CUDA_HOME)/include $(MPI_FLAGS)
   EMU_RUNTIME   := cuda/emu_threads.cpp cuda/emu_runtime.cpp
   GPU_TEST_OBJS := $(patsubst %,$(BUILD)/emu/%.o,test/run_tests.cpp $(EMU_RUNTIME) $(GPU_TESTS))
   GPU_ASAN_OBJS := $(patsubst %,$(BUILD)/emu-asan/%.o,test/run_tests.cpp $(EMU_RUNTIME) $(GPU_TESTS))
@@ -99,17 +102,17 @@ $(BUILD)/test_cpu_asan: $(ASAN_OBJS)
 # The emulated GPU tests: test/gpu/*.cu (also ./test_gpu with nvcc) with the shared runner.
 $(BUILD)/emu/%.o: %
 	@mkdir -p $(@D)
-	$(CXX) $(CXXFLAGS) $(EMU_FLAGS) -x c++ -c -o $@ $<
+	$(CPU_LINK_CXX) $(CXXFLAGS) $(EMU_FLAGS) -x c++ -c -o $@ $<
 
 $(BUILD)/emu-asan/%.o: %
 	@mkdir -p $(@D)
-	$(CXX) $(SANFLAGS) $(EMU_FLAGS) -x c++ -c -o $@ $<
+	$(CPU_LINK_CXX) $(SANFLAGS) $(EMU_FLAGS) -x c++ -c -o $@ $<
 
 $(BUILD)/test_gpu_emu: $(GPU_TEST_OBJS)
-	$(CXX) $(CXXFLAGS) -o $@ $^ $(LDLIBS)
+	$(CPU_LINK_CXX) $(CXXFLAGS) -o $@ $^ $(LDLIBS)
 
 $(BUILD)/test_gpu_emu_asan: $(GPU_ASAN_OBJS)
-	$(CXX) $(SANFLAGS) -o $@ $^ $(LDLIBS)
+	$(CPU_LINK_CXX) $(SANFLAGS) -o $@ $^ $(LDLIBS)
 
 test_gpu_emu: $(BUILD)/test_gpu_emu
 
@@ -140,6 +143,12 @@ ifneq ($(EMU_FLAGS),)
 test-gpu-emu: $(BUILD)/test_gpu_emu
 	@for s in $(EMU_SEEDS); do echo "== GPU tests in emulation, FP8RL_EMU_SEED=$$s"; \
 	  FP8RL_EMU_SEED=$$s OMP_NUM_THREADS=2 ./$(BUILD)/test_gpu_emu || exit 1; done
+ifneq ($(and $(MPICXX),$(MPIRUN)),)
+	@echo "== the communicator over 2 ranks in emulation (mpirun -np 2)"
+	OMPI_MCA_btl=self,vader $(MPIRUN) --allow-run-as-root --oversubscribe -np 2 ./$(BUILD)/test_gpu_emu nccl_
+else
+	@echo "communicator over 2 ranks: SKIPPED (needs mpicxx and mpirun: apt-get install libopenmpi-dev openmpi-bin)"
+endif
 
 test-gpu-emu-asan: $(BUILD)/test_gpu_emu_asan
 	@echo "== GPU tests in emulation under ASan + UBSan, FP8RL_EMU_SEED=$(EMU_ASAN_SEED)"
@@ -157,7 +166,7 @@ cuda-check:
 
 # ./test_gpu: the GPU tests (test/gpu/test_*.cu) with the shared test runner; make bench_gpu builds
 # and runs each GPU benchmark (test/gpu/bench_*.cu). Both need a GPU to run; dev/gpu_check.sh runs all.
-GPU_LDLIBS := -lcublasLt -lgomp
+GPU_LDLIBS := -lcublasLt -lgomp $(if $(MPI_FLAGS),-lnccl $(MPI_LIBS))
 GPU_HEADERS := $(wildcard *.cuh rl/*.h rl/*.cuh cpu/*.h cuda/*.cuh test/gpu/*.cuh test/harness.h)
 GPU_BENCH_BINS := $(patsubst test/gpu/bench_%.cu,$(BUILD)/gpu_bench_%,$(wildcard test/gpu/bench_*.cu))
 test_gpu: test/run_tests.cpp $(wildcard test/gpu/test_*.cu) $(GPU_HEADERS)

@@ -166,6 +166,23 @@ void fp8_quantize_blockwise_gpu(const In* w, int rows, int cols, bool pow2, uint
                   scale_inv, codes_t, scale_inv_t);
 }
 
+// The FP8 copy of a projection weight W [rows][cols] (device memory): 128x128-block codes and
+// BLK128x128 scale grid for fprop, the transposed codes [cols][rows] and grid for dgrad
+// (sizes: blk128_scale_count(rows, cols) and (cols, rows) floats).
+struct Fp8WeightCopy {
+    uint8_t* codes;
+    float* scale_inv;
+    uint8_t* codes_t;
+    float* scale_inv_t;
+    bool pow2_scales;
+};
+
+// The FP8 copy of w [rows][cols] (FP32 master, device) quantized again, after an update.
+inline void fp8_requantize_weight_gpu(const float* w, int rows, int cols, const Fp8WeightCopy& fp8, cudaStream_t stream) {
+    fp8_quantize_blockwise_gpu(w, rows, cols, fp8.pow2_scales, fp8.codes, fp8.scale_inv, fp8.codes_t, fp8.scale_inv_t,
+                               stream);
+}
+
 // ---------------------------------------------------------------------------------------------
 // cuBLASLt GEMMs.
 
@@ -174,10 +191,16 @@ enum class GemmOut { BF16, F32 };
 
 inline const char* scale_mode_name(Fp8ScaleMode m) { return m == Fp8ScaleMode::VEC128 ? "VEC128" : "BLK128x128"; }
 
-// The arguments of one cublasLtMatmul in cuBLAS's column-major terms, always TN (spec-fp8.md §6.4):
-// D (m x n, ldd = m) = op(A) . op(B), A stored k x m (lda = k), B stored k x n (ldb = k), FP32
-// compute, alpha = 1, beta = 0. With fp8, A and B are E4M3 with FP32 dequantization scale tensors
-// in the given modes (layouts: spec-fp8.md §6.5); else they are BF16.
+// Operand layouts of a GEMM, row-major, D [n][m] in every case:
+//   TN  D = B [n][k] . A [m][k]^T     (cuBLAS TRANSA=T, TRANSB=N; the only one FP8 block scaling allows)
+//   NN  D = B [n][k] . A [k][m]       (TRANSA=N, TRANSB=N: a linear layer's BF16 dgrad, dX = dY W)
+//   NT  D = B [k][n]^T . A [k][m]     (TRANSA=N, TRANSB=T: a linear layer's BF16 wgrad, dW = dY^T X)
+enum class GemmOps { TN, NN, NT };
+
+// The arguments of one cublasLtMatmul in cuBLAS's column-major terms (spec-fp8.md §6.4): D (m x n,
+// ldd = m) = op(A) . op(B) (+ D when accumulate: beta = 1), FP32 compute, alpha = 1. With fp8, A and
+// B are E4M3 with FP32 dequantization scale tensors in the given modes (layouts: spec-fp8.md §6.5)
+// and ops is TN; else they are BF16.
 struct GemmCall {
     int m, n, k;
     bool fp8;
@@ -186,6 +209,8 @@ struct GemmCall {
     Fp8ScaleMode a_mode, b_mode;
     void* d;
     GemmOut out;
+    GemmOps ops;
+    bool accumulate;
 };
 
 }  // namespace fp8rl
@@ -234,10 +259,12 @@ class GemmRunner {
     GemmRunner(const GemmRunner&) = delete;
     GemmRunner& operator=(const GemmRunner&) = delete;
 
-    // D [n][m] = B [n][k] . A [m][k]^T with E4M3 operands and FP32 dequantization scales (device
-    // pointers, 16-byte aligned) in the given modes; `name` labels error messages.
+    // D [n][m] (+)= B [n][k] . A [m][k]^T with E4M3 operands and FP32 dequantization scales (device
+    // pointers, 16-byte aligned) in the given modes; `name` labels error messages. accumulate adds
+    // into D (FP32 output only).
     void fp8(const char* name, int m, int n, int k, const uint8_t* a, const float* a_scale, Fp8ScaleMode a_mode,
-             const uint8_t* b, const float* b_scale, Fp8ScaleMode b_mode, void* d, GemmOut out, cudaStream_t stream) {
+             const uint8_t* b, const float* b_scale, Fp8ScaleMode b_mode, void* d, GemmOut out, cudaStream_t stream,
+             bool accumulate = false) {
         std::string what = strfmt("FP8 GEMM %s (m=%d n=%d k=%d, A %s, B %s)", name, m, n, k, scale_mode_name(a_mode),
                                   scale_mode_name(b_mode));
         if (m % 4 || n % 4 || k % 16)
@@ -248,25 +275,36 @@ class GemmRunner {
             fail("%s: cuBLASLt has no BLK128x128 x BLK128x128 mode", what.c_str());
         if ((uintptr_t)a_scale % 16 || (uintptr_t)b_scale % 16)
             fail("%s: scale tensors must start on a 16-byte boundary", what.c_str());
-        run(what, GemmCall{m, n, k, true, a, b, a_scale, b_scale, a_mode, b_mode, d, out}, stream);
+        check_accumulate(what, out, accumulate);
+        run(what, GemmCall{m, n, k, true, a, b, a_scale, b_scale, a_mode, b_mode, d, out, GemmOps::TN, accumulate}, stream);
     }
 
-    // D [n][m] = B [n][k] . A [m][k]^T in BF16 with FP32 accumulation.
+    // D [n][m] (+)= the product of BF16 operands in the layout `ops` (see GemmOps), FP32 accumulation.
     void bf16(const char* name, int m, int n, int k, const __nv_bfloat16* a, const __nv_bfloat16* b, void* d,
-              GemmOut out, cudaStream_t stream) {
-        std::string what = strfmt("BF16 GEMM %s (m=%d n=%d k=%d)", name, m, n, k);
-        if (m % 8 || k % 8) fail("%s: m and k must be multiples of 8 (16-byte rows)", what.c_str());
-        run(what, GemmCall{m, n, k, false, a, b, nullptr, nullptr, Fp8ScaleMode::VEC128, Fp8ScaleMode::VEC128, d, out},
+              GemmOut out, cudaStream_t stream, GemmOps ops = GemmOps::TN, bool accumulate = false) {
+        const char* op_names[] = {"TN", "NN", "NT"};
+        std::string what = strfmt("BF16 GEMM %s (%s, m=%d n=%d k=%d)", name, op_names[(int)ops], m, n, k);
+        // every leading dimension a multiple of 8 elements (16-byte rows): lda = k (TN) or m; ldb = k or n (NT)
+        if (m % 8 || k % 8 || (ops == GemmOps::NT && n % 8))
+            fail("%s: m, k%s must be multiples of 8 (16-byte rows)", what.c_str(), ops == GemmOps::NT ? " and n" : "");
+        check_accumulate(what, out, accumulate);
+        run(what,
+            GemmCall{m, n, k, false, a, b, nullptr, nullptr, Fp8ScaleMode::VEC128, Fp8ScaleMode::VEC128, d, out, ops,
+                     accumulate},
             stream);
     }
 
   private:
     void* workspace_ = nullptr;
 
+    static void check_accumulate(const std::string& what, GemmOut out, bool accumulate) {
+        if (accumulate && out != GemmOut::F32) fail("%s: accumulating into D needs an FP32 output", what.c_str());
+    }
+
 #ifdef FP8RL_EMU
     void run(const std::string& what, const GemmCall& call, cudaStream_t stream) { emulated_gemm(what, call, stream); }
 #else
-    using Key = std::tuple<int, int, int, bool, int, int, int>;  // m, n, k, fp8, a mode, b mode, out
+    using Key = std::tuple<int, int, int, bool, int, int, int, int>;  // m, n, k, fp8, a mode, b mode, out, ops
     struct Plan {
         cublasLtMatmulDesc_t desc = nullptr;
         cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
@@ -289,7 +327,7 @@ class GemmRunner {
     }
 
     Plan& get_plan(const std::string& what, const GemmCall& c) {
-        Key key{c.m, c.n, c.k, c.fp8, (int)c.a_mode, (int)c.b_mode, (int)c.out};
+        Key key{c.m, c.n, c.k, c.fp8, (int)c.a_mode, (int)c.b_mode, (int)c.out, (int)c.ops};
         auto it = plans_.find(key);
         if (it != plans_.end()) return it->second;
         cudaDataType_t in_type = c.fp8 ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
@@ -297,8 +335,9 @@ class GemmRunner {
         Plan p;
         try {
             cublas_check(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), what + ": descriptor");
-            set_desc(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, CUBLAS_OP_T, what + ": TRANSA");
-            set_desc(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, CUBLAS_OP_N, what + ": TRANSB");
+            const bool a_t = c.ops == GemmOps::TN, b_t = c.ops == GemmOps::NT;
+            set_desc(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, a_t ? CUBLAS_OP_T : CUBLAS_OP_N, what + ": TRANSA");
+            set_desc(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, b_t ? CUBLAS_OP_T : CUBLAS_OP_N, what + ": TRANSB");
             if (c.fp8) {
                 auto mode = [](Fp8ScaleMode m) {
                     return (int32_t)(m == Fp8ScaleMode::VEC128 ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F
@@ -311,8 +350,15 @@ class GemmRunner {
                                                             sizeof(fast_accum)),
                              what + ": FAST_ACCUM");
             }
-            cublas_check(cublasLtMatrixLayoutCreate(&p.a, in_type, c.k, c.m, c.k), what + ": A layout");
-            cublas_check(cublasLtMatrixLayoutCreate(&p.b, in_type, c.k, c.n, c.k), what + ": B layout");
+            // the stored matrices, column-major: A k x m (T) or m x k (N); B k x n (N) or n x k (T)
+            if (a_t)
+                cublas_check(cublasLtMatrixLayoutCreate(&p.a, in_type, c.k, c.m, c.k), what + ": A layout");
+            else
+                cublas_check(cublasLtMatrixLayoutCreate(&p.a, in_type, c.m, c.k, c.m), what + ": A layout");
+            if (b_t)
+                cublas_check(cublasLtMatrixLayoutCreate(&p.b, in_type, c.n, c.k, c.n), what + ": B layout");
+            else
+                cublas_check(cublasLtMatrixLayoutCreate(&p.b, in_type, c.k, c.n, c.k), what + ": B layout");
             cublas_check(cublasLtMatrixLayoutCreate(&p.d, out_type, c.m, c.n, c.m), what + ": D layout");
             cublasLtMatmulPreference_t pref;
             cublas_check(cublasLtMatmulPreferenceCreate(&pref), what + ": preference");
@@ -344,7 +390,7 @@ class GemmRunner {
                                                         sizeof(c.b_scale)),
                          what + ": B scale pointer");
         }
-        const float alpha = 1.0f, beta = 0.0f;
+        const float alpha = 1.0f, beta = c.accumulate ? 1.0f : 0.0f;
         cublas_check(cublasLtMatmul(handle_, p.desc, &alpha, c.a, p.a, c.b, p.b, &beta, c.d, p.d, c.d, p.d, &p.algo,
                                     workspace_, WORKSPACE_BYTES, stream),
                      what + ": cublasLtMatmul");

@@ -1,7 +1,7 @@
 // engine_cpu.h: the CPU reference engine behind the driver's interface (rl/engine.h). It owns the
-// model's FP32 master weights (rl/weights.h), the gradient buffer in the same layout, and one
-// prepared parameter copy per precision in use, refreshed after every update; forward, backward
-// and generation are the reference model's (cpu/model.h, cpu/generate.h).
+// model's FP32 master weights (rl/weights.h), the gradient buffer in the same layout, the AdamW
+// state (rl/adamw.h), and one prepared parameter copy per precision in use, refreshed after every
+// update; forward, backward and generation are the reference model's (cpu/model.h, cpu/generate.h).
 #pragma once
 #include <algorithm>
 #include <map>
@@ -29,8 +29,6 @@ public:
 
     const ModelConfig& config() const { return weights_.config; }
     size_t num_floats() const override { return weights_.num_floats(); }
-    float* master() override { return weights_.master.data(); }
-    float* grads() override { return grads_.data(); }
 
     std::vector<Generation> generate(const std::vector<GenRequest>& requests, uint32_t step, const SamplingConfig& s,
                                      Precision weights, Precision kv_cache, Progress* progress) override {
@@ -93,8 +91,41 @@ public:
         model_backward(model_, params(train_precision_), train_acts_, dlp.data(), dent.data(), grads_.data());
     }
 
-    void weights_updated() override {
-        for (auto& kv : params_) kv.second.prepare(model_, kv.first);
+    void init_optimizer(const AdamWConfig& cfg, const Dist& dist) override {
+        adam_ = AdamW(num_floats(), cfg);
+        dist_ = &dist;
+    }
+
+    void zero_grads() override { std::fill(grads_.begin(), grads_.end(), 0.0f); }
+
+    double reduce_and_clip_grads(double max_norm) override {
+        dist_->all_reduce_sum(grads_.data(), grads_.size());
+        return clip_grad_norm(grads_.data(), grads_.size(), max_norm);
+    }
+
+    void optimizer_step(double lr) override {
+        adam_.step(weights_.master.data(), grads_.data(), lr);
+        weights_updated();
+    }
+
+    int64_t optimizer_steps() const override { return adam_.steps_taken(); }
+
+    // The gradient buffer (master layout), for tests that compare engines.
+    const std::vector<float>& gradients() const { return grads_; }
+
+    void save_state(TrainerState& s) override {
+        s.master = weights_.master;
+        s.adam_m = adam_.m();
+        s.adam_v = adam_.v();
+        s.optimizer_steps = adam_.steps_taken();
+    }
+
+    void load_state(const TrainerState& s) override {
+        weights_.master = s.master;
+        weights_updated();
+        adam_.m() = s.adam_m;
+        adam_.v() = s.adam_v;
+        adam_.set_steps_taken(s.optimizer_steps);
     }
 
     void save_hf(const std::string& dir) override { fp8rl::save_hf(weights_, dir, source_dir_); }
@@ -104,12 +135,19 @@ private:
     ModelWeights weights_;
     CpuModel model_;
     std::vector<float> grads_;  // [num_floats()] master layout
+    AdamW adam_;
+    const Dist* dist_ = nullptr;  // the ranks gradients are summed over (init_optimizer)
     std::map<Precision, ModelParams> params_;
     ForwardActs train_acts_, eval_acts_;
     Generator generator_;
     TokenBatch train_batch_, eval_batch_;
     std::vector<Sequence> train_seqs_;
     Precision train_precision_ = Precision::FP32;
+
+    // After the master weights changed: the prepared copies (BF16/FP8) follow.
+    void weights_updated() {
+        for (auto& kv : params_) kv.second.prepare(model_, kv.first);
+    }
 
     // The parameters as precision p reads them, prepared on first use.
     const ModelParams& params(Precision p) {

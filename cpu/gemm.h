@@ -216,7 +216,7 @@ inline void gemm_packed(int M, int N, int K, const View& a, const View& b, float
     thread_local std::vector<float> bpack;  // the caller's packed B block, shared with its workers
     if (!prepacked) bpack.resize((size_t)KC * NC + 16);
     float* const bp = prepacked ? nullptr : align64(bpack.data());
-    const bool parallel = (long)M * N * K * 2 >= PARALLEL_MIN_FLOPS;
+    [[maybe_unused]] const bool parallel = (long)M * N * K * 2 >= PARALLEL_MIN_FLOPS;  // read by OpenMP if() clauses only
     // Column blocks keep a block of B in L3 while every row block passes over it; a prepacked B
     // under a single row block (decode of a batch) is read once anyway, and one block means one
     // parallel region and one contiguous run of panels per thread.
@@ -374,7 +374,7 @@ inline void stream_columns(int M, int K, const View& a, const View& b, float* C,
 }
 
 inline void gemm_stream(int M, int N, int K, const View& a, const View& b, float* C, long ldc, bool accumulate) {
-    const bool parallel = (long)M * N * K * 2 >= PARALLEL_MIN_FLOPS;
+    [[maybe_unused]] const bool parallel = (long)M * N * K * 2 >= PARALLEL_MIN_FLOPS;  // read by OpenMP if() clauses only
     // chunks of whole cache lines, at least one per thread when worth threading
     const int per_thread = parallel ? (N + omp_get_max_threads() - 1) / omp_get_max_threads() : N;
     const int chunk = std::min(STREAM_FLOATS / M, std::max(16, (per_thread + 15) / 16 * 16));

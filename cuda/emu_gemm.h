@@ -1,8 +1,9 @@
 // emu_gemm.h: the emulation backend of GemmRunner (fp8_gemm.cuh). It takes the GemmCall that
 // the GPU build hands to cublasLtMatmul and computes what cuBLASLt documents for it
 // (spec-fp8.md §6.3, §6.5), on the CPU:
-//   D[i,j] = sum_b sA(i,b) sB(j,b) sum_{l in block b} A[i,l] B[l,j]      (FP8, L = ceil(k/128) blocks)
-//   D[i,j] = sum_l A[i,l] B[l,j]                                         (BF16)
+//   D[i,j] (+)= sum_b sA(i,b) sB(j,b) sum_{l in block b} A[i,l] B[l,j]   (FP8, L = ceil(k/128) blocks)
+//   D[i,j] (+)= sum_l A[i,l] B[l,j]                                      (BF16)
+// with A = op(A) (m x k) and B = op(B) (k x n) read from the stored matrices as GemmOps says.
 // Sums are exact in double and rounded once to FP32 (then to BF16 for a BF16 output); the GPU's
 // tensor cores accumulate with less precision, so tests compare with tolerances. The scale
 // tensors are read with the index formulas of the spec written out here, not with rl/fp8_block.h,
@@ -39,6 +40,7 @@ inline void emulated_gemm(const std::string& what, const GemmCall c, cudaStream_
     auto scale_floats = [&](Fp8ScaleMode mode, int rows) {
         return mode == Fp8ScaleMode::VEC128 ? (size_t)L * rows : (size_t)L4 * ((rows + 127) / 128);
     };
+    if (c.fp8 && c.ops != GemmOps::TN) fail("%s: block-scaled FP8 GEMMs are TN only", what.c_str());
     bool ok = emu::is_device_memory(c.a, (size_t)c.m * c.k * in_bytes) && emu::is_device_memory(c.b, (size_t)c.n * c.k * in_bytes) &&
               emu::is_device_memory(c.d, (size_t)c.m * c.n * out_bytes);
     if (c.fp8)
@@ -57,7 +59,10 @@ inline void emulated_gemm(const std::string& what, const GemmCall c, cudaStream_
                 for (int kb = 0; kb < L; kb++) {
                     double block = 0;
                     for (int l = kb * 128; l < c.k && l < (kb + 1) * 128; l++) {
-                        size_t ai = (size_t)i * c.k + l, bi = (size_t)j * c.k + l;
+                        // column-major stored A: k x m (T: element (l, i)) or m x k (N: (i, l));
+                        // B: k x n (N: (l, j)) or n x k (T: (j, l))
+                        size_t ai = c.ops == GemmOps::TN ? (size_t)i * c.k + l : (size_t)l * c.m + i;
+                        size_t bi = c.ops == GemmOps::NT ? (size_t)l * c.n + j : (size_t)j * c.k + l;
                         block += c.fp8 ? (double)emulated_e4m3_value(a8[ai]) * emulated_e4m3_value(b8[bi])
                                        : (double)__bfloat162float(a16[ai]) * __bfloat162float(b16[bi]);
                     }
@@ -67,7 +72,7 @@ inline void emulated_gemm(const std::string& what, const GemmCall c, cudaStream_
                 }
                 size_t di = (size_t)j * c.m + i;
                 if (c.out == GemmOut::F32)
-                    ((float*)c.d)[di] = (float)total;
+                    ((float*)c.d)[di] = c.accumulate ? ((float*)c.d)[di] + (float)total : (float)total;
                 else
                     ((__nv_bfloat16*)c.d)[di] = __float2bfloat16_rn((float)total);
             }

@@ -85,7 +85,8 @@ public:
     Trainer(TrainConfig cfg, const Dist& dist, Engine& engine, Engine* reference, const Tokenizer& tok,
             const std::string& model_dir, PromptSource train, std::vector<Example> eval)
         : cfg_(std::move(cfg)), dist_(dist), engine_(engine), ref_(reference), tok_(tok), model_dir_(model_dir),
-          train_(std::move(train)), eval_(std::move(eval)), adam_(engine.num_floats(), cfg_.adam) {
+          train_(std::move(train)), eval_(std::move(eval)) {
+        engine_.init_optimizer(cfg_.adam, dist_);
         cfg_.sampling.vocab_limit = tok.vocab_size();  // a padded embedding's extra rows are never sampled
         // Without Calibrated Clipping the bounds are the reference bounds, always.
         if (!cfg_.calibrated_clip) bounds_ = CalibState{1.0 - cfg_.clip_low, 1.0 + cfg_.clip_high};
@@ -96,11 +97,7 @@ public:
         if (s.master.size() != engine_.num_floats())
             fail("--resume: the trainer state holds %zu weights, the model %zu; resume with the same model",
                  s.master.size(), engine_.num_floats());
-        std::copy(s.master.begin(), s.master.end(), engine_.master());
-        engine_.weights_updated();
-        adam_.m() = s.adam_m;
-        adam_.v() = s.adam_v;
-        adam_.set_steps_taken(s.optimizer_steps);
+        engine_.load_state(s);
         step_ = s.step;
         cursor_ = s.data_cursor;
         bad_steps_ = s.bad_steps;
@@ -142,13 +139,10 @@ public:
         TrainerState s;
         s.step = step_;
         s.data_cursor = cursor_;
-        s.optimizer_steps = adam_.steps_taken();
         s.bad_steps = bad_steps_;
         s.clip_low = bounds_.low;
         s.clip_high = bounds_.high;
-        s.master.assign(engine_.master(), engine_.master() + engine_.num_floats());
-        s.adam_m = adam_.m();
-        s.adam_v = adam_.v();
+        engine_.save_state(s);
         return s;
     }
 
@@ -167,7 +161,6 @@ private:
     mutable std::unique_ptr<ChatTemplate> chat_;  // loaded at the first "messages" row
     PromptSource train_;
     std::vector<Example> eval_;
-    AdamW adam_;
     int64_t step_ = 0, cursor_ = 0, bad_steps_ = 0, consecutive_bad_ = 0;
     CalibState bounds_;  // ratio bounds in force (Calibrated Clipping's initial ones when it is on)
 
@@ -409,18 +402,16 @@ inline MetricRow Trainer::train_step() {
                 sm.add_policy_sequence(st, lc.bounds);
                 train_tokens += s.T();
             }
-            std::fill(engine_.grads(), engine_.grads() + engine_.num_floats(), 0.0f);
+            engine_.zero_grads();
             engine_.backward(d_lp, d_ent);
-            dist_.all_reduce_sum(engine_.grads(), engine_.num_floats());
+            double norm = engine_.reduce_and_clip_grads(cfg_.grad_clip);
             loss = dist_.sum(loss);
-            double norm = clip_grad_norm(engine_.grads(), engine_.num_floats(), cfg_.grad_clip);
             if (!std::isfinite(norm) || !std::isfinite(loss)) {
                 bad = true;  // skip this and the remaining updates of the step; the weights stay as they are
                 break;
             }
-            lr = cfg_.lr.at(adam_.steps_taken());
-            adam_.step(engine_.master(), engine_.grads(), lr);
-            engine_.weights_updated();
+            lr = cfg_.lr.at(engine_.optimizer_steps());
+            engine_.optimizer_step(lr);
             grad_norm_sum += norm;
             updates++;
             train_s += seconds_since(t0);

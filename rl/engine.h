@@ -10,6 +10,9 @@
 #include <string>
 #include <vector>
 
+#include "rl/adamw.h"
+#include "rl/checkpoint.h"
+#include "rl/dist.h"
 #include "rl/logger.h"
 #include "rl/precision.h"
 
@@ -48,10 +51,8 @@ class Engine {
 public:
     virtual ~Engine() = default;
 
-    // The FP32 master weights and the gradient buffer, same layout, num_floats() each.
+    // The number of parameters (FP32 master weights).
     virtual size_t num_floats() const = 0;
-    virtual float* master() = 0;
-    virtual float* grads() = 0;
 
     // Samples one completion per request.
     virtual std::vector<Generation> generate(const std::vector<GenRequest>& requests, uint32_t step,
@@ -65,12 +66,27 @@ public:
     // The training forward: as logprobs(), keeping what backward() needs.
     virtual void forward_train(const std::vector<Sequence>& seqs, Precision precision, float temperature, TokenValues* logprob,
                                TokenValues* entropy) = 0;
-    // Adds d(loss)/d(weights) to grads() given d(loss)/d(logprob) and d(loss)/d(entropy) per
+    // Adds d(loss)/d(weights) to the gradients given d(loss)/d(logprob) and d(loss)/d(entropy) per
     // response position of the last forward_train().
     virtual void backward(const TokenValues& d_logprob, const TokenValues& d_entropy) = 0;
 
-    // After master() changed: refresh derived copies (BF16/FP8 weights, FP8 KV-cache scales).
-    virtual void weights_updated() = 0;
+    // The optimizer lives in the engine with the weights and gradients it updates, so an engine
+    // on a GPU keeps all three there (spec-gpu.md §3.1). The driver calls init_optimizer once
+    // before training; then per update: zero_grads, backward, reduce_and_clip_grads and, when the
+    // norm is finite, optimizer_step.
+    virtual void init_optimizer(const AdamWConfig& cfg, const Dist& dist) = 0;
+    virtual void zero_grads() = 0;
+    // Sums the gradients over the ranks of dist and scales them so their global norm is at most
+    // max_norm (rl/adamw.h's rule; 0 = no clipping). Returns the norm before clipping.
+    virtual double reduce_and_clip_grads(double max_norm) = 0;
+    // One AdamW step at lr on the reduced gradients; then the derived copies (BF16/FP8 weights)
+    // are refreshed.
+    virtual void optimizer_step(double lr) = 0;
+    virtual int64_t optimizer_steps() const = 0;
+    // Checkpoints: master weights, AdamW moments and step count to and from s (s.master holds
+    // num_floats() values when loading; the derived copies are refreshed).
+    virtual void save_state(TrainerState& s) = 0;
+    virtual void load_state(const TrainerState& s) = 0;
 
     // Writes the weights as a HF directory (bf16 safetensors, config.json, tokenizer files).
     virtual void save_hf(const std::string& dir) = 0;

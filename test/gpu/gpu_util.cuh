@@ -49,6 +49,14 @@ inline std::string no_gpu_reason() {
     return "";
 }
 
+// Skips the calling test, visibly, where ./test_gpu finds no usable GPU (never in emulation,
+// whose device always exists).
+#define REQUIRE_GPU()                                 \
+    do {                                              \
+        std::string why_not = no_gpu_reason();        \
+        if (!why_not.empty()) SKIP(why_not.c_str());  \
+    } while (0)
+
 // Deterministic pseudo-random numbers (xorshift-multiply hash of the index), uniform in [-1, 1).
 __host__ __device__ inline float hash_uniform(uint64_t i, uint32_t seed) {
     uint64_t z = i * 0x9E3779B97F4A7C15ull + seed;

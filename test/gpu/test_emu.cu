@@ -112,6 +112,7 @@ __global__ void empty_kernel(int* x) {
 }  // namespace
 
 TEST(emu_block_reduction_over_shared_memory) {
+    REQUIRE_GPU();
     const int n = 256 * 7 + 13;
     std::vector<int> in(n);
     for (int i = 0; i < n; i++) in[i] = (i * 7919) % 1000 - 500;
@@ -126,6 +127,7 @@ TEST(emu_block_reduction_over_shared_memory) {
 }
 
 TEST(emu_shuffles_every_variant_and_width) {
+    REQUIRE_GPU();
     DeviceBuffer<int> d_int(64);
     DeviceBuffer<double> d_double(64);
     int cases = 0;
@@ -148,6 +150,7 @@ TEST(emu_shuffles_every_variant_and_width) {
 }
 
 TEST(emu_votes_full_and_partial_masks) {
+    REQUIRE_GPU();
     DeviceBuffer<unsigned> d_out(32 * 6);
     LAUNCH_KERNEL(vote_kernel, 1, 32, 0, 0, d_out.ptr);
     std::vector<unsigned> out = d_out.download();
@@ -165,6 +168,7 @@ TEST(emu_votes_full_and_partial_masks) {
 }
 
 TEST(emu_atomics_under_contention) {
+    REQUIRE_GPU();
     const int blocks = 24, threads = 256, total = blocks * threads;
     DeviceBuffer<int> counter(1), maximum(1), cas_counter(1);
     DeviceBuffer<unsigned long long> big(1);
@@ -183,6 +187,7 @@ TEST(emu_atomics_under_contention) {
 }
 
 TEST(emu_dynamic_shared_memory_above_48k) {
+    REQUIRE_GPU();
     const int n = 25000, blocks = 3;  // 100,000 bytes per block
     std::vector<int> in(n * blocks);
     std::iota(in.begin(), in.end(), 5);
@@ -197,6 +202,7 @@ TEST(emu_dynamic_shared_memory_above_48k) {
 }
 
 TEST(emu_graph_capture_replays_launches_and_copies) {
+    REQUIRE_GPU();
     const int n = 1000;
     std::vector<float> x(n), y0(n);
     for (int i = 0; i < n; i++) x[i] = 0.5f * i, y0[i] = 1.0f;
@@ -229,6 +235,7 @@ TEST(emu_graph_capture_replays_launches_and_copies) {
 }
 
 TEST(emu_launch_limits_of_sm90) {
+    REQUIRE_GPU();
     cudaDeviceProp prop;
     CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
     if (emulated) {
@@ -278,13 +285,6 @@ __global__ void spin_on_next_block_kernel(int* flag) {
 __global__ void outside_mask_kernel(int* x) {
     int lane = threadIdx.x;
     if (lane < 16) x[lane] = __shfl_sync(0x0000FFFFu, lane, 20);  // lane 20 is not in the mask
-}
-
-__global__ void shared_overflow_kernel(int* x, int n) {
-    __shared__ int buf[64];
-    for (int i = threadIdx.x; i < n; i += blockDim.x) buf[i] = i;
-    __syncthreads();
-    x[threadIdx.x] = buf[threadIdx.x];
 }
 
 // Launches a kernel that must fault with a message containing `needle` (the emulation runs it at
@@ -370,7 +370,16 @@ TEST(emu_device_memory_starts_as_nan_and_out_of_memory_is_an_error) {
 
 // An overflow of a static __shared__ array is caught by the sanitizer build (ASan redzones static
 // arrays, spec-gpu.md §2.2; UBSan's bounds check sees this one first). The test runs itself as a
-// child process that overflows, and expects the report naming the kernel's line.
+// child process that overflows, and expects the report naming the kernel's line. It exists in the
+// sanitizer build only (make test-asan), where the report can happen.
+#ifdef FP8RL_SANITIZE
+static __global__ void shared_overflow_kernel(int* x, int n) {
+    __shared__ int buf[64];
+    for (int i = threadIdx.x; i < n; i += blockDim.x) buf[i] = i;
+    __syncthreads();
+    x[threadIdx.x] = buf[threadIdx.x];
+}
+
 TEST(emu_shared_memory_overflow_is_caught_by_asan) {
     if (getenv("FP8RL_EMU_OVERFLOW_CHILD")) {
         DeviceBuffer<int> x(64);
@@ -378,7 +387,6 @@ TEST(emu_shared_memory_overflow_is_caught_by_asan) {
         CUDA_CHECK(cudaDeviceSynchronize());
         return;
     }
-    if (!harness::sanitized) SKIP("needs the ASan build: make test-asan runs it");
     harness::RunResult r = harness::run_command(
         "FP8RL_EMU_OVERFLOW_CHILD=1 ASAN_OPTIONS=detect_leaks=0 /proc/" + std::to_string(getpid()) +
         "/exe emu_shared_memory_overflow_is_caught_by_asan 2>&1");
@@ -387,4 +395,5 @@ TEST(emu_shared_memory_overflow_is_caught_by_asan) {
     CHECK_MSG(r.status != 0 && reported && r.output.find("test_emu.cu") != std::string::npos,
               "the overflow ran without an ASan report (exit %d): %s", r.status, r.output.substr(0, 400).c_str());
 }
+#endif  // FP8RL_SANITIZE
 #endif  // FP8RL_EMU

@@ -11,25 +11,11 @@
 #include <cmath>
 #include <cstring>
 
-// cpu/gemm.h sets a variable that only an OpenMP if() clause reads; nvcc's front end ignores OpenMP
-// pragmas and would call it unused (an error under -Werror all-warnings).
-#ifdef __CUDACC__
-#pragma nv_diag_suppress 177
-#endif
 #include "cpu/fp8_gemm_ref.h"
-#ifdef __CUDACC__
-#pragma nv_diag_default 177
-#endif
 #include "test/gpu/gpu_util.cuh"
 #include "test/harness.h"
 
 using namespace fp8rl;
-
-#define REQUIRE_GPU()                                 \
-    do {                                              \
-        std::string why_not = no_gpu_reason();        \
-        if (!why_not.empty()) SKIP(why_not.c_str());  \
-    } while (0)
 
 #define REQUIRE_FP8_BLOCK_GEMM()                                              \
     do {                                                                      \
@@ -330,29 +316,56 @@ TEST(gpu_fp8_gemm_rejects_bad_shapes) {
                  "no BLK128x128 x BLK128x128");
 }
 
+// The CPU product of the BF16 test's operands in layout `ops` (a and b as stored, see GemmOps):
+// D [n][m] = B [n][k] . A [m][k]^T (TN), B [n][k] . A [k][m] (NN), B [k][n]^T . A [k][m] (NT).
+static std::vector<float> cpu_product(GemmOps ops, int m, int n, int k, const std::vector<float>& a,
+                                      const std::vector<float>& b) {
+    std::vector<float> d((size_t)m * n);
+    if (ops == GemmOps::TN) gemm_nt(n, m, k, b.data(), k, a.data(), k, d.data(), m, false);
+    if (ops == GemmOps::NN) gemm_nn(n, m, k, b.data(), k, a.data(), m, d.data(), m, false);
+    if (ops == GemmOps::NT) gemm_tn(n, m, k, b.data(), n, a.data(), m, d.data(), m, false);
+    return d;
+}
+
 TEST(gpu_bf16_gemm_matches_cpu) {
     REQUIRE_GPU();
-    const int M = 256, N = 384, K = 640;  // D [N][M] = B [N][K] . A [M][K]^T
-    std::vector<float> a = varied_data(M, K, 31), b = varied_data(N, K, 32);
-    for (auto* v : {&a, &b})
-        for (float& e : *v)
-            if (!std::isfinite(e)) e = 1.0f;
-    DeviceBuffer<__nv_bfloat16> da(to_bf16(a)), db(to_bf16(b));
+    const int M = 256, N = 384, K = 640;
+    const char* names[] = {"TN", "NN", "NT"};
     GemmRunner runner;
-    for (GemmOut out : {GemmOut::BF16, GemmOut::F32}) {
-        DeviceBuffer<char> d((size_t)M * N * 4);
-        d.poison();
-        runner.bf16("bf16 test", M, N, K, da.ptr, db.ptr, d.ptr, out, 0);
-        std::vector<float> gpu = download_output(d, (size_t)M * N, out), cpu((size_t)M * N), abs_dot((size_t)M * N);
-        gemm_nt(N, M, K, b.data(), K, a.data(), K, cpu.data(), M, false);
+    for (GemmOps ops : {GemmOps::TN, GemmOps::NN, GemmOps::NT}) {
+        // a holds m x k values and b n x k values in every layout; only how they are read differs
+        std::vector<float> a = varied_data(ops == GemmOps::TN ? M : K, ops == GemmOps::TN ? K : M, 31);
+        std::vector<float> b = varied_data(ops == GemmOps::NT ? K : N, ops == GemmOps::NT ? N : K, 32);
+        for (auto* v : {&a, &b})
+            for (float& e : *v)
+                if (!std::isfinite(e)) e = 1.0f;
+        DeviceBuffer<__nv_bfloat16> da(to_bf16(a)), db(to_bf16(b));
         std::vector<float> aa(a.size()), ab(b.size());
         for (size_t i = 0; i < a.size(); i++) aa[i] = std::fabs(a[i]);
         for (size_t i = 0; i < b.size(); i++) ab[i] = std::fabs(b[i]);
-        gemm_nt(N, M, K, ab.data(), K, aa.data(), K, abs_dot.data(), M, false);
-        // BF16 products are exact in FP32 and the tensor cores accumulate BF16 in FP32: the 2^-9
-        // sum|ab| term of the FP8 tolerance is generous here too.
-        long bad = count_outside_tolerance(gpu, cpu, abs_dot, out == GemmOut::BF16,
-                                           strfmt("bf16 m=%d n=%d k=%d %s out", M, N, K, out == GemmOut::BF16 ? "BF16" : "FP32"));
-        CHECK_EQ(bad, 0L);
+        std::vector<float> cpu = cpu_product(ops, M, N, K, a, b), abs_dot = cpu_product(ops, M, N, K, aa, ab);
+        for (GemmOut out : {GemmOut::BF16, GemmOut::F32}) {
+            DeviceBuffer<char> d((size_t)M * N * 4);
+            d.poison();
+            runner.bf16("bf16 test", M, N, K, da.ptr, db.ptr, d.ptr, out, 0, ops);
+            std::vector<float> gpu = download_output(d, (size_t)M * N, out);
+            // BF16 products are exact in FP32 and the tensor cores accumulate BF16 in FP32: the 2^-9
+            // sum|ab| term of the FP8 tolerance is generous here too.
+            long bad = count_outside_tolerance(gpu, cpu, abs_dot, out == GemmOut::BF16,
+                                               strfmt("bf16 %s m=%d n=%d k=%d %s out", names[(int)ops], M, N, K,
+                                                      out == GemmOut::BF16 ? "BF16" : "FP32"));
+            CHECK_EQ(bad, 0L);
+        }
+        // accumulate: D = 0.5 + product, on an FP32 D that starts at 0.5
+        DeviceBuffer<float> d(std::vector<float>((size_t)M * N, 0.5f));
+        runner.bf16("bf16 accumulate", M, N, K, da.ptr, db.ptr, d.ptr, GemmOut::F32, 0, ops, true);
+        std::vector<float> gpu = d.download(), want(cpu);
+        for (float& w : want) w += 0.5f;
+        for (float& t : abs_dot) t += 0.5f;
+        CHECK_EQ(count_outside_tolerance(gpu, want, abs_dot, false, strfmt("bf16 %s accumulate into FP32", names[(int)ops])), 0L);
     }
+    DeviceBuffer<__nv_bfloat16> x(64 * 64);
+    DeviceBuffer<char> d(64 * 64 * 4);
+    CHECK_THROWS(runner.bf16("nt", 64, 60, 64, x.ptr, x.ptr, d.ptr, GemmOut::F32, 0, GemmOps::NT), "m, k and n must be multiples of 8");
+    CHECK_THROWS(runner.bf16("acc", 64, 64, 64, x.ptr, x.ptr, d.ptr, GemmOut::BF16, 0, GemmOps::TN, true), "needs an FP32 output");
 }

@@ -37,8 +37,7 @@ __global__ void sample_kernel(const float* logits, int rows, int n, const Sampli
 }  // namespace
 
 TEST(gpu_rng_philox_matches_host) {
-    const std::string why = no_gpu_reason();
-    if (!why.empty()) SKIP(why.c_str());
+    REQUIRE_GPU();
     const int draws = 1 << 14;
     const uint64_t seed = 0x0123456789ABCDEFull;
     DeviceBuffer<uint32_t> d_words(4 * draws);
@@ -53,8 +52,7 @@ TEST(gpu_rng_philox_matches_host) {
 }
 
 TEST(gpu_sampling_matches_host) {
-    const std::string why = no_gpu_reason();
-    if (!why.empty()) SKIP(why.c_str());
+    REQUIRE_GPU();
     const int rows = 256, n = 32000;
     const uint64_t seed = 99;
     const SamplingParams table[] = {{1.0f, 0, 1.0f}, {0.7f, 20, 0.95f}, {0.6f, 0, 0.8f},

@@ -11,12 +11,6 @@
 
 using namespace fp8rl;
 
-#define REQUIRE_GPU_FOR_LOSS()                        \
-    do {                                              \
-        std::string why_not = no_gpu_reason();        \
-        if (!why_not.empty()) SKIP(why_not.c_str());  \
-    } while (0)
-
 namespace {
 
 // Per token: the policy loss (ratio, loss, grad, flags), the four KL estimators (value, grad) and
@@ -67,7 +61,7 @@ bool near(double a, double b) { return harness::close(a, b, 1e-13, 1e-300); }
 }  // namespace
 
 TEST(gpu_token_loss_matches_host) {
-    REQUIRE_GPU_FOR_LOSS();
+    REQUIRE_GPU();
     Json doc = json_parse_file("test/fixtures/loss/token_losses.json");
     int B = (int)doc.find("B")->integer, T = (int)doc.find("T")->integer;
     const Json& in = *doc.find("inputs");
@@ -92,8 +86,8 @@ TEST(gpu_token_loss_matches_host) {
         cfg.kl_coef = variant % 2 ? 0.1 : 0.0;
         cfg.entropy_coef = 0.01 * (variant % 3);
         IsCorrection is_mode = modes[variant % 5];
-        LAUNCH_KERNEL(token_loss_kernel, 1, 64, 0, 0, d_logp.ptr, d_old.ptr, d_ref.ptr, d_roll.ptr, d_adv.ptr, d_ent.ptr, d_mask.ptr, B, T, cfg,
-                                     is_mode, 2.0, d_w.ptr, d_out.ptr);
+        LAUNCH_KERNEL(token_loss_kernel, 1, 64, 0, 0, d_logp.ptr, d_old.ptr, d_ref.ptr, d_roll.ptr, d_adv.ptr, d_ent.ptr,
+                      d_mask.ptr, B, T, cfg, is_mode, 2.0, d_w.ptr, d_out.ptr);
         std::vector<TokenOut> dev = d_out.download();
         std::vector<double> dev_w = d_w.download(), host_w((size_t)B * T);
         for (int i = 0; i < B; i++) sequence_is_weights(is_mode, 2.0, &old_logp[i * T], &roll[i * T], &mask[i * T], T, &host_w[i * T]);

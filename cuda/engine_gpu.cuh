@@ -1,0 +1,499 @@
+// engine_gpu.cuh: the GPU engine behind the driver's interface (rl/engine.h), the product's
+// model: the forward and backward of cpu/model.h's model_forward / model_backward, step for step,
+// on the device kernels of cuda/ and loss.cuh (spec-gpu.md §3).
+//   state     FP32 master weights, gradients and AdamW moments [P]; the BF16 copy of every weight;
+//             for the seven projections of every layer the FP8 128x128-block copy and its transpose,
+//             all refreshed on the device after every update (spec-gpu.md §3.1). Weights and
+//             gradients cross to the host only for checkpoints, --resume and (until rollout.cu)
+//             generation.
+//   numerics  activations BF16 where the CPU engine's bf16/fp8 precisions round (DESIGN.md §3), so
+//             the two differ by summation order only, plus one rounding the CPU does not make: the
+//             attention backward returns dq, dk, dv in BF16 before RoPE's backward.
+//   batches   a packed batch of T tokens runs in buffers of Tp = T rounded up to 128 rows (the FP8
+//             GEMMs' rule); the padding rows are zero in every GEMM operand, so they change no sum
+//             and no 1x128 group's scale. Elementwise kernels run over the T real rows.
+//   rollout   generation runs the CPU engine's generator (cpu/generate.h) on the current master
+//             weights, downloaded when they changed: the path the issue allows until rollout.cu.
+// fp32 is not a GPU precision: a high-precision pass (Calibrated Clipping's shadow log-probs) runs
+// in BF16 with FP32 accumulation, the paper's BF16 reference (spec-gpu.md §3.3).
+#ifndef FP8RL_ENGINE_GPU_CUH
+#define FP8RL_ENGINE_GPU_CUH
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cpu/engine_cpu.h"
+#include "cpu/model.h"
+#include "cuda/adamw.cuh"
+#include "cuda/attention.cuh"
+#include "cuda/common.cuh"
+#include "cuda/device_array.cuh"
+#include "cuda/elementwise.cuh"
+#include "cuda/embedding.cuh"
+#include "cuda/global_norm.cuh"
+#include "cuda/linear.cuh"
+#include "cuda/nccl.cuh"
+#include "cuda/rmsnorm.cuh"
+#include "cuda/rope.cuh"
+#include "cuda/swiglu.cuh"
+#include "fp8_gemm.cuh"
+#include "loss.cuh"
+#include "rl/engine.h"
+#include "rl/weights.h"
+
+namespace fp8rl {
+
+using bf16 = __nv_bfloat16;
+
+// One layer's activations of a batch, kept for the backward pass (device, [Tp] rows).
+struct LayerActsGpu {
+    bf16 *x, *xn1, *qp, *kp, *q, *k, *v, *att, *h1, *xn2, *g, *u, *a;  // x: the residual entering the layer
+    float *rstd1, *rstd_q, *rstd_k, *lse, *rstd2;
+};
+
+class GpuEngine : public Engine {
+  public:
+    // dir: a HF model directory (its tokenizer and generation config are copied into checkpoints).
+    explicit GpuEngine(const std::string& dir)
+        : source_dir_(dir), weights_(ModelWeights::load(dir)), model_(weights_), head_(gemm_) {
+        check_device();
+        const size_t P = weights_.num_floats();
+        master_.resize(P, "FP32 master weights");
+        bf16_.resize(P, "BF16 weight copy");
+        master_.upload(weights_.master);
+        for (int l = 0; l < model_.L; l++)
+            for (int j = 0; j < kProjections; j++) {
+                const LinearWeight w = model_.projection(l, (Projection)j, nullptr);
+                fp8_.emplace_back(new Fp8Storage(w.N, w.K));
+            }
+        refresh_derived();
+    }
+
+    // A frozen copy (the KL reference policy): the same weights, no optimizer.
+    GpuEngine(const GpuEngine& other) : GpuEngine(other.source_dir_) {
+        CUDA_CHECK(cudaMemcpy(master_.get(), other.master_.get(), master_.size() * sizeof(float), cudaMemcpyDeviceToDevice));
+        refresh_derived();
+    }
+    GpuEngine& operator=(const GpuEngine&) = delete;
+
+    const ModelConfig& config() const { return weights_.config; }
+    size_t num_floats() const override { return weights_.num_floats(); }
+
+    std::vector<Generation> generate(const std::vector<GenRequest>& requests, uint32_t step, const SamplingConfig& s,
+                                     Precision weights, Precision kv_cache, Progress* progress) override {
+        return host_engine().generate(requests, step, s, weights, kv_cache, progress);
+    }
+
+    void logprobs(const std::vector<Sequence>& seqs, Precision p, float temperature, TokenValues* logprob,
+                  TokenValues* entropy) override {
+        forward(seqs, p == Precision::FP32 ? Precision::BF16 : p, temperature, logprob, entropy);
+    }
+
+    void forward_train(const std::vector<Sequence>& seqs, Precision p, float temperature, TokenValues* logprob,
+                       TokenValues* entropy) override {
+        if (p == Precision::FP32) fail("the GPU engine trains in bf16 or fp8 (--train_precision), not fp32");
+        forward(seqs, p, temperature, logprob, entropy);
+        train_seqs_ = seqs;
+    }
+
+    void backward(const TokenValues& d_logprob, const TokenValues& d_entropy) override;
+
+    void init_optimizer(const AdamWConfig& cfg, const Dist& dist) override {
+        const size_t P = num_floats();
+        adam_ = cfg;
+        comm_.reset(new Communicator(dist));
+        grads_.resize(P, "FP32 gradients");
+        m_.resize(P, "AdamW first moments");
+        v_.resize(P, "AdamW second moments");
+        grads_.zero(stream_), m_.zero(stream_), v_.zero(stream_);
+        norm_partial_.resize((size_t)grad_norm_blocks(P), "gradient norm partial sums");
+        norm_.resize(2, "gradient norm");
+    }
+
+    void zero_grads() override { grads_.zero(stream_); }
+
+    double reduce_and_clip_grads(double max_norm) override {
+        const size_t P = num_floats();
+        comm_->all_reduce_sum(grads_.get(), P, stream_);
+        grad_norm_squared_gpu(grads_.get(), P, norm_partial_.get(), norm_.get(), stream_);
+        clip_grad_norm_gpu(grads_.get(), P, norm_.get(), max_norm, norm_.get() + 1, stream_);
+        return norm_.download(2)[1];
+    }
+
+    void optimizer_step(double lr) override {
+        steps_++;
+        adamw_update_gpu(master_.get(), m_.get(), v_.get(), bf16_.get(), grads_.get(), num_floats(), adam_, steps_, lr,
+                         stream_);
+        requantize_projections();
+        host_stale_ = true;
+    }
+
+    int64_t optimizer_steps() const override { return steps_; }
+
+    // Host copies of the gradients and the master weights, for tests that compare engines.
+    std::vector<float> gradients() const { return grads_.download(); }
+    std::vector<float> master_weights() const { return master_.download(); }
+
+    void save_state(TrainerState& s) override {
+        s.master = master_.download();
+        s.adam_m = m_.download();
+        s.adam_v = v_.download();
+        s.optimizer_steps = steps_;
+    }
+
+    void load_state(const TrainerState& s) override {
+        master_.upload(s.master);
+        m_.upload(s.adam_m);
+        v_.upload(s.adam_v);
+        steps_ = s.optimizer_steps;
+        refresh_derived();
+    }
+
+    void save_hf(const std::string& dir) override {
+        weights_.master = master_.download();
+        fp8rl::save_hf(weights_, dir, source_dir_);
+    }
+
+  private:
+    // The FP8 copies of one projection weight [N][K].
+    struct Fp8Storage {
+        DeviceArray<uint8_t> codes, codes_t;
+        DeviceArray<float> scales, scales_t;
+        Fp8WeightCopy copy;
+        Fp8Storage(int N, int K)
+            : codes((size_t)N * K, "FP8 weight codes"), codes_t((size_t)N * K, "FP8 transposed weight codes"),
+              scales(blk128_scale_count(N, K), "FP8 weight scales"), scales_t(blk128_scale_count(K, N), "FP8 weight scales") {
+            copy = {codes.get(), scales.get(), codes_t.get(), scales_t.get(), false};
+        }
+    };
+
+    std::string source_dir_;
+    ModelWeights weights_;  // config and tensor table; master values only while saving or generating
+    CpuModel model_;        // shapes, tensor offsets, RoPE frequencies (the CPU engine's, shared)
+    cudaStream_t stream_ = 0;
+    GemmRunner gemm_;
+    LogprobHeadGpu head_;
+    DeviceArray<float> master_, grads_, m_, v_;
+    DeviceArray<bf16> bf16_;
+    std::vector<std::unique_ptr<Fp8Storage>> fp8_;  // [L * kProjections]
+    AdamWConfig adam_;
+    int64_t steps_ = 0;
+    std::unique_ptr<Communicator> comm_;
+    DeviceArray<double> norm_partial_, norm_;  // [blocks], {sum of squares, norm}
+
+    // The batch of the last forward.
+    TokenBatch batch_;
+    std::vector<Sequence> train_seqs_;
+    Precision precision_ = Precision::BF16;
+    float temperature_ = 1.0f;
+    long T_ = 0, Tp_ = 0;
+    std::vector<int32_t> target_host_, pos_host_;
+    DeviceArray<int32_t> ids_, pos_, target_, cu_seqlens_;
+    DeviceArray<bf16> act_bf16_;    // every BF16 activation of the batch, carved below
+    DeviceArray<float> act_f32_;    // every FP32 activation (statistics, FP32 GEMM outputs)
+    std::vector<LayerActsGpu> layers_;
+    bf16 *hf_ = nullptr, *xf_ = nullptr;
+    float *rstdf_ = nullptr, *head_logprob_ = nullptr, *head_entropy_ = nullptr, *head_lse_ = nullptr, *head_mu_ = nullptr;
+    float* gemm_f32_ = nullptr;     // [Tp][max dim] FP32 GEMM output before a bias
+    DeviceArray<bf16> grad_bf16_;   // backward: dh, dxn, da, dg, du, datt, dq, dk, dv, dqp, dkp
+    DeviceArray<float> grad_f32_;   // backward: dxn, da, datt (FP32 dgrad outputs), scratch
+    std::unique_ptr<LinearScratch> scratch_;
+    long scratch_max_tokens_ = 0;
+    std::unique_ptr<DeviceRopeTable> rope_;
+    // pointers into grad_bf16_ / grad_f32_ for the backward pass
+    struct {
+        bf16 *dxn_b, *da_b, *dg, *du, *datt_b, *dq, *dk, *dv, *dqp, *dkp;
+        float *dxn, *da, *datt, *delta;
+    } g_{};
+    float* column_scratch_ = nullptr;
+    long column_scratch_floats_ = 0;
+    RopeTable rope_host_;
+    int max_seqlen_ = 0;
+
+    // The host copy generation reads (cpu/engine_cpu.h on the downloaded master weights).
+    std::unique_ptr<CpuEngine> host_;
+    bool host_stale_ = true;
+
+    static void check_device() {
+        int n = 0;
+        cudaError_t e = cudaGetDeviceCount(&n);
+        if (e != cudaSuccess || n == 0)
+            fail("no CUDA device (%s): train_rl needs an NVIDIA GPU; on a machine without one, train_rl_emu runs the same "
+                 "engine on the CPU",
+                 e != cudaSuccess ? cudaGetErrorString(e) : "none found");
+        std::string why = fp8_block_gemm_unsupported_reason(0);
+        if (!why.empty()) fail("%s; train_rl needs a Hopper GPU (sm_90) for its FP8 block-scaled GEMMs", why.c_str());
+    }
+
+    const bf16* wb(size_t offset) const { return offset == kNoTensor ? nullptr : bf16_.get() + offset; }
+    float* grad(size_t offset) const { return offset == kNoTensor ? nullptr : grads_.get() + offset; }
+
+    LinearDevice linear(int l, Projection j) const {
+        const LinearWeight w = model_.projection(l, j, nullptr);
+        return {bf16_.get() + model_.weight_offset(l, j), &fp8_[(size_t)l * kProjections + j]->copy, w.N, w.K};
+    }
+
+    // After the master weights changed wholesale: the BF16 copy and every FP8 copy.
+    void refresh_derived() {
+        cast(bf16_.get(), master_.get(), (long)master_.size(), stream_);
+        requantize_projections();
+        host_stale_ = true;
+    }
+
+    void requantize_projections() {
+        for (int l = 0; l < model_.L; l++)
+            for (int j = 0; j < kProjections; j++) {
+                const LinearWeight w = model_.projection(l, (Projection)j, nullptr);
+                fp8_requantize_weight_gpu(master_.get() + model_.weight_offset(l, (Projection)j), w.N, w.K,
+                                          fp8_[(size_t)l * kProjections + j]->copy, stream_);
+            }
+    }
+
+    CpuEngine& host_engine() {
+        if (!host_) host_.reset(new CpuEngine(source_dir_));
+        if (host_stale_) {
+            TrainerState s;
+            s.master = master_.download();
+            host_->load_state(s);  // the weights only: the host engine never trains
+            host_stale_ = false;
+        }
+        return *host_;
+    }
+
+    void forward(const std::vector<Sequence>& seqs, Precision p, float temperature, TokenValues* logprob, TokenValues* entropy);
+    void prepare_batch(const std::vector<Sequence>& seqs);
+    void layer_forward(int l);
+    void layer_backward(int l, bf16* dh);
+    // dst [T][n] = a linear layer's output: BF16 directly, or FP32 + bias, then BF16.
+    void project(bf16* dst, const bf16* x, int l, Projection j, size_t bias);
+    // dx (FP32, accumulated when asked) and the weight (and bias) gradient of projection j.
+    void project_backward(float* dx, bool accumulate, const bf16* dy, const bf16* x, int l, Projection j, size_t bias);
+};
+
+
+// ---------------------------------------------------------------------------------------------
+// Forward.
+
+inline void GpuEngine::prepare_batch(const std::vector<Sequence>& seqs) {
+    batch_ = TokenBatch();
+    for (const Sequence& s : seqs) batch_.add(s.ids);
+    validate_batch(model_, batch_);
+    const CpuModel& m = model_;
+    T_ = batch_.num_tokens();
+    Tp_ = (T_ + 127) / 128 * 128;
+    const long T = T_, Tp = Tp_, C = m.C, Q = (long)m.H * m.D, Kd = (long)m.KV * m.D, I = m.I;
+    // per token: ids (padded with 0), positions restarting at 0 per sequence, next-token targets
+    std::vector<int32_t> ids(batch_.ids);
+    ids.resize((size_t)Tp, 0);
+    pos_host_.assign((size_t)T, 0), target_host_.assign((size_t)T, -1);
+    std::vector<int32_t> cu(batch_.offsets.begin(), batch_.offsets.end());
+    max_seqlen_ = 0;
+    for (int s = 0; s < batch_.num_sequences(); s++) {
+        max_seqlen_ = std::max(max_seqlen_, (int)(batch_.offsets[s + 1] - batch_.offsets[s]));
+        for (long t = batch_.offsets[s]; t < batch_.offsets[s + 1]; t++) {
+            pos_host_[(size_t)t] = (int32_t)(t - batch_.offsets[s]);
+            if (t + 1 < batch_.offsets[s + 1]) target_host_[(size_t)t] = batch_.ids[(size_t)t + 1];
+        }
+    }
+    ids_.resize((size_t)Tp, "token ids"), ids_.upload(ids);
+    pos_.resize((size_t)T, "positions"), pos_.upload(pos_host_);
+    target_.resize((size_t)T, "targets"), target_.upload(target_host_);
+    cu_seqlens_.resize(cu.size(), "sequence offsets"), cu_seqlens_.upload(cu);
+    if (!rope_ || rope_host_.positions < max_seqlen_) {
+        rope_host_ = RopeTable{m.D / 2, m.inv_freq, {}, {}, 0};
+        rope_host_.ensure(max_seqlen_);
+        rope_.reset(new DeviceRopeTable(rope_host_));
+    }
+    // BF16 activations, kept for the backward pass; zero, so the padding rows are zero operands
+    const long per_layer = Tp * (4 * C + (m.qk_norm ? Q + Kd : 0) + 2 * Q + 2 * Kd + 3 * I);
+    act_bf16_.resize((size_t)(m.L * per_layer + 2 * Tp * C), "BF16 activations");
+    act_bf16_.zero(stream_);
+    const long max_dim = std::max(std::max(C, I), std::max(Q, Kd));
+    act_f32_.resize((size_t)(m.L * T * (2 + 2 * m.H + m.KV) + 5 * T + Tp * max_dim), "FP32 activation statistics");
+    bf16* b = act_bf16_.get();
+    float* f = act_f32_.get();
+    auto take_b = [&](long n) { bf16* r = b; b += n; return r; };
+    auto take_f = [&](long n) { float* r = f; f += n; return r; };
+    layers_.assign(m.L, LayerActsGpu{});
+    for (LayerActsGpu& a : layers_) {
+        a.x = take_b(Tp * C), a.xn1 = take_b(Tp * C);
+        a.qp = m.qk_norm ? take_b(Tp * Q) : nullptr, a.kp = m.qk_norm ? take_b(Tp * Kd) : nullptr;
+        a.q = take_b(Tp * Q), a.k = take_b(Tp * Kd), a.v = take_b(Tp * Kd), a.att = take_b(Tp * Q);
+        a.h1 = take_b(Tp * C), a.xn2 = take_b(Tp * C), a.g = take_b(Tp * I), a.u = take_b(Tp * I), a.a = take_b(Tp * I);
+        a.rstd1 = take_f(T), a.rstd_q = take_f(T * m.H), a.rstd_k = take_f(T * m.KV), a.lse = take_f(T * m.H);
+        a.rstd2 = take_f(T);
+    }
+    hf_ = take_b(Tp * C), xf_ = take_b(Tp * C);
+    rstdf_ = take_f(T), head_logprob_ = take_f(T), head_entropy_ = take_f(T), head_lse_ = take_f(T), head_mu_ = take_f(T);
+    gemm_f32_ = take_f(Tp * max_dim);
+    if (!scratch_ || scratch_max_tokens_ < Tp) {
+        scratch_.reset(new LinearScratch((int)Tp, (int)max_dim, false));
+        scratch_max_tokens_ = Tp;
+    }
+}
+
+inline void GpuEngine::project(bf16* dst, const bf16* x, int l, Projection j, size_t bias) {
+    const LinearDevice W = linear(l, j);
+    if (bias == kNoTensor) return linear_forward_gpu(gemm_, *scratch_, precision_, W, x, (int)Tp_, dst, GemmOut::BF16, stream_);
+    // the bias joins the FP32 product before the one BF16 rounding, as on the CPU
+    linear_forward_gpu(gemm_, *scratch_, precision_, W, x, (int)Tp_, gemm_f32_, GemmOut::F32, stream_);
+    bias_add(dst, gemm_f32_, wb(bias), T_, W.N, stream_);
+}
+
+inline void GpuEngine::layer_forward(int l) {
+    const CpuModel& m = model_;
+    const LayerTensors& w = m.layers[l];
+    LayerActsGpu& A = layers_[l];
+    const long T = T_;
+    bf16* out = l + 1 < m.L ? layers_[l + 1].x : hf_;
+    rmsnorm_forward(A.xn1, A.rstd1, A.x, wb(w.ln1), T, m.C, m.eps, stream_);
+    project(m.qk_norm ? A.qp : A.q, A.xn1, l, kQ, w.bq);
+    project(m.qk_norm ? A.kp : A.k, A.xn1, l, kK, w.bk);
+    project(A.v, A.xn1, l, kV, w.bv);
+    if (m.qk_norm) {
+        rmsnorm_forward(A.q, A.rstd_q, A.qp, wb(w.q_norm), T * m.H, m.D, m.eps, stream_);
+        rmsnorm_forward(A.k, A.rstd_k, A.kp, wb(w.k_norm), T * m.KV, m.D, m.eps, stream_);
+    }
+    rope_forward(A.q, A.q, pos_.get(), rope_->view(), T, m.H, true, stream_);
+    rope_forward(A.k, A.k, pos_.get(), rope_->view(), T, m.KV, true, stream_);
+    const PackedAttentionShape shape{T, m.H, m.KV, m.D, batch_.num_sequences(), max_seqlen_};
+    attention_forward(A.att, A.lse, A.q, A.k, A.v, cu_seqlens_.get(), shape, stream_);
+    project(A.h1, A.att, l, kO, kNoTensor);
+    residual_add(A.h1, A.x, A.h1, T * m.C, stream_);
+    rmsnorm_forward(A.xn2, A.rstd2, A.h1, wb(w.ln2), T, m.C, m.eps, stream_);
+    project(A.g, A.xn2, l, kGate, kNoTensor);
+    project(A.u, A.xn2, l, kUp, kNoTensor);
+    swiglu_forward(A.a, A.g, A.u, T * m.I, stream_);
+    project(out, A.a, l, kDown, kNoTensor);
+    residual_add(out, A.h1, out, T * m.C, stream_);
+}
+
+inline void GpuEngine::forward(const std::vector<Sequence>& seqs, Precision p, float temperature, TokenValues* logprob,
+                               TokenValues* entropy) {
+    if (!(temperature > 0.0f)) fail("GpuEngine: temperature must be > 0 (got %g)", temperature);
+    precision_ = p;
+    temperature_ = temperature;
+    prepare_batch(seqs);
+    const CpuModel& m = model_;
+    embedding_forward(layers_[0].x, wb(m.embed), ids_.get(), T_, m.V, m.C, stream_);
+    for (int l = 0; l < m.L; l++) layer_forward(l);
+    rmsnorm_forward(xf_, rstdf_, hf_, wb(m.final_norm), T_, m.C, m.eps, stream_);
+    head_.forward(head_logprob_, head_entropy_, head_lse_, head_mu_, xf_, wb(m.lm_head), target_.get(), (int)T_,
+                  {m.V, m.C, temperature}, stream_);
+    std::vector<float> lp((size_t)T_), ent((size_t)T_);
+    CUDA_CHECK(cudaMemcpy(lp.data(), head_logprob_, T_ * sizeof(float), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(ent.data(), head_entropy_, T_ * sizeof(float), cudaMemcpyDeviceToHost));
+    // head row t predicts token t + 1: response position k of sequence s is row first + k - 1
+    if (logprob) logprob->assign(seqs.size(), {});
+    if (entropy) entropy->assign(seqs.size(), {});
+    for (size_t s = 0; s < seqs.size(); s++) {
+        const int64_t first = batch_.offsets[s] + seqs[s].prompt_len, last = batch_.offsets[s + 1];
+        for (int64_t t = first; t < last; t++) {
+            const bool start = t == batch_.offsets[s];
+            if (logprob) (*logprob)[s].push_back(start ? 0.0f : lp[(size_t)t - 1]);
+            if (entropy) (*entropy)[s].push_back(start ? 0.0f : ent[(size_t)t - 1]);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Backward.
+
+inline void GpuEngine::project_backward(float* dx, bool accumulate, const bf16* dy, const bf16* x, int l, Projection j,
+                                        size_t bias) {
+    const LinearDevice W = linear(l, j);
+    linear_backward_gpu(gemm_, *scratch_, precision_, W, dy, x, (int)Tp_, dx, accumulate,
+                        grads_.get() + model_.weight_offset(l, j), stream_);
+    if (bias != kNoTensor) bias_backward(grad(bias), dy, T_, W.N, column_scratch_, column_scratch_floats_, stream_);
+}
+
+inline void GpuEngine::layer_backward(int l, bf16* dh) {
+    const CpuModel& m = model_;
+    const LayerTensors& w = m.layers[l];
+    LayerActsGpu& A = layers_[l];
+    const long T = T_, Q = (long)m.H * m.D;
+    float* const scratch = column_scratch_;
+    const long sf = column_scratch_floats_;
+    // MLP
+    project_backward(g_.da, false, dh, A.a, l, kDown, kNoTensor);
+    cast(g_.da_b, g_.da, T * m.I, stream_);
+    swiglu_backward(g_.dg, g_.du, g_.da_b, A.g, A.u, T * m.I, stream_);
+    project_backward(g_.dxn, false, g_.dg, A.xn2, l, kGate, kNoTensor);
+    project_backward(g_.dxn, true, g_.du, A.xn2, l, kUp, kNoTensor);
+    cast(g_.dxn_b, g_.dxn, T * m.C, stream_);
+    rmsnorm_backward(dh, grad(w.ln2), g_.dxn_b, A.h1, wb(w.ln2), A.rstd2, T, m.C, true, scratch, sf, stream_);
+    // attention
+    project_backward(g_.datt, false, dh, A.att, l, kO, kNoTensor);
+    cast(g_.datt_b, g_.datt, T * Q, stream_);
+    const PackedAttentionShape shape{T, m.H, m.KV, m.D, batch_.num_sequences(), max_seqlen_};
+    attention_backward(g_.dq, g_.dk, g_.dv, g_.delta, g_.datt_b, A.att, A.lse, A.q, A.k, A.v, cu_seqlens_.get(), shape,
+                       stream_);
+    rope_backward(g_.dq, g_.dq, pos_.get(), rope_->view(), T, m.H, true, stream_);
+    rope_backward(g_.dk, g_.dk, pos_.get(), rope_->view(), T, m.KV, true, stream_);
+    bf16 *dq = g_.dq, *dk = g_.dk;
+    if (m.qk_norm) {
+        rmsnorm_backward(g_.dqp, grad(w.q_norm), g_.dq, A.qp, wb(w.q_norm), A.rstd_q, T * m.H, m.D, false, scratch, sf, stream_);
+        rmsnorm_backward(g_.dkp, grad(w.k_norm), g_.dk, A.kp, wb(w.k_norm), A.rstd_k, T * m.KV, m.D, false, scratch, sf,
+                         stream_);
+        dq = g_.dqp, dk = g_.dkp;
+    }
+    project_backward(g_.dxn, false, dq, A.xn1, l, kQ, w.bq);
+    project_backward(g_.dxn, true, dk, A.xn1, l, kK, w.bk);
+    project_backward(g_.dxn, true, g_.dv, A.xn1, l, kV, w.bv);
+    cast(g_.dxn_b, g_.dxn, T * m.C, stream_);
+    rmsnorm_backward(dh, grad(w.ln1), g_.dxn_b, A.x, wb(w.ln1), A.rstd1, T, m.C, true, scratch, sf, stream_);
+}
+
+inline void GpuEngine::backward(const TokenValues& d_logprob, const TokenValues& d_entropy) {
+    if (!grads_.size()) fail("GpuEngine::backward before init_optimizer");
+    if (d_logprob.size() != train_seqs_.size()) fail("GpuEngine::backward: gradients of %zu sequences, the forward had %zu",
+                                                     d_logprob.size(), train_seqs_.size());
+    const CpuModel& m = model_;
+    const long T = T_, Tp = Tp_, C = m.C, Q = (long)m.H * m.D, Kd = (long)m.KV * m.D, I = m.I;
+    // head row r predicts token r + 1: dL/dlogprob of response position k of sequence s sits at row first + k - 1
+    std::vector<float> dlp((size_t)T, 0.0f), dent((size_t)T, 0.0f);
+    for (size_t s = 0; s < train_seqs_.size(); s++) {
+        const int64_t first = batch_.offsets[s] + train_seqs_[s].prompt_len;
+        for (size_t k = 0; k < d_logprob[s].size(); k++) {
+            const int64_t row = first + (int64_t)k - 1;
+            if (row < batch_.offsets[s] || target_host_[(size_t)row] < 0) continue;
+            dlp[(size_t)row] = d_logprob[s][k];
+            dent[(size_t)row] = d_entropy[s][k];
+        }
+    }
+    // buffers: BF16 gradients of activations, zero (padding rows stay zero operands)
+    grad_bf16_.resize((size_t)(Tp * (3 * C + 3 * I + 3 * Q + 3 * Kd)), "BF16 activation gradients");
+    grad_bf16_.zero(stream_);
+    bf16* b = grad_bf16_.get();
+    auto take_b = [&](long n) { bf16* r = b; b += n; return r; };
+    bf16* dh = take_b(Tp * C);
+    g_.dxn_b = take_b(Tp * C), g_.da_b = take_b(Tp * I), g_.dg = take_b(Tp * I), g_.du = take_b(Tp * I);
+    g_.datt_b = take_b(Tp * Q), g_.dq = take_b(Tp * Q), g_.dqp = take_b(Tp * Q);
+    g_.dk = take_b(Tp * Kd), g_.dv = take_b(Tp * Kd), g_.dkp = take_b(Tp * Kd);
+    column_scratch_floats_ = std::max({rmsnorm_backward_scratch_floats(T, m.C), rmsnorm_backward_scratch_floats(T * m.H, m.D),
+                                       rmsnorm_backward_scratch_floats(T * m.KV, m.D), bias_backward_scratch_floats(T, (int)Q),
+                                       bias_backward_scratch_floats(T, (int)Kd)});
+    grad_f32_.resize((size_t)(Tp * (m.C + I + Q) + T * m.H + 2 * T + column_scratch_floats_), "FP32 activation gradients");
+    grad_f32_.zero(stream_);
+    float* f = grad_f32_.get();
+    auto take_f = [&](long n) { float* r = f; f += n; return r; };
+    g_.dxn = take_f(Tp * m.C), g_.da = take_f(Tp * I), g_.datt = take_f(Tp * Q), g_.delta = take_f(T * m.H);
+    float* dlogprob_row = take_f(T);
+    float* dentropy_row = take_f(T);
+    column_scratch_ = take_f(column_scratch_floats_);
+    CUDA_CHECK(cudaMemcpy(dlogprob_row, dlp.data(), T * sizeof(float), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(dentropy_row, dent.data(), T * sizeof(float), cudaMemcpyHostToDevice));
+
+    head_.backward(g_.dxn, grad(m.lm_head), dlogprob_row, dentropy_row, head_lse_, head_mu_, xf_, wb(m.lm_head),
+                   target_.get(), (int)T, {m.V, m.C, temperature_}, stream_);
+    cast(g_.dxn_b, g_.dxn, T * m.C, stream_);
+    rmsnorm_backward(dh, grad(m.final_norm), g_.dxn_b, hf_, wb(m.final_norm), rstdf_, T, m.C, false, column_scratch_,
+                     column_scratch_floats_, stream_);
+    for (int l = m.L - 1; l >= 0; l--) layer_backward(l, dh);
+    embedding_backward(grad(m.embed), dh, ids_.get(), T, m.V, m.C, stream_);
+}
+
+}  // namespace fp8rl
+
+#endif  // FP8RL_ENGINE_GPU_CUH

@@ -1,0 +1,268 @@
+// loss.cuh: the language-model head fused with the per-token log-probability and entropy at
+// temperature T, forward and backward, over vocabulary chunks, so that no [tokens x vocab] buffer
+// exists beyond one chunk (spec-gpu.md §3.5; verl's and Liger's fused kernels). It is the GPU twin
+// of cpu/logprob_head.h, the oracle, and follows its math and operation order:
+//   per token t (final hidden state x[t], target y[t] or -1), z = (W x[t]) / T:
+//   logZ = max + log sum_j exp(z_j - max),  mu = sum_j p_j z_j,  entropy = logZ - mu,
+//   logprob = z_y - logZ;  backward with a = dL/dlogprob, b = dL/dentropy:
+//   dL/dlogits_j = (a (1[j = y] - p_j) - b p_j (z_j - mu)) / T,  dX += dlogits W,  dW += dlogits^T X.
+// The running max, sum exp and sum z exp of a token are merged chunk by chunk in vocabulary order
+// (sums in double, each term rl/fast_exp.h's FP32 exp, as on the CPU). Precision (DESIGN.md §3): X
+// and W are BF16, logits FP32 (GemmRunner's BF16 GEMM with FP32 output), statistics FP32/FP64,
+// dX and dW accumulate in FP32; dlogits enter the backward GEMMs rounded to BF16 (the tensor-core
+// operand type), the one rounding the CPU engine does not make.
+//
+// GemmRunner's BF16 GEMMs are TN only with m and k multiples of 8 (D [n][m] = B [n][k] . A [m][k]^T):
+//   logits [T][n8]  = X [T][C] . Wc [n8][C]^T        m = n8, k = C
+//   dX     [T][C]  += dlogits [T][n8] . Wc^T [C][n8]^T   m = C,  k = n8
+//   dWc    [n][C]  += dlogits^T [n][T8] . X^T [C][T8]^T  m = C,  k = T8
+// with Wc the chunk's n rows of W, n8 = n rounded up to 8 and T8 = T rounded up to 8: the last
+// chunk's rows are copied with zero rows appended when n is not a multiple of 8, the transposed
+// operands are written with zero padding, and C must be a multiple of 8 (every model's hidden size
+// is a multiple of 128). GemmRunner writes D (beta = 0), so dX and dW add each chunk's GEMM result.
+#ifndef FP8RL_LOSS_CUH
+#define FP8RL_LOSS_CUH
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "cuda/block_reduce.cuh"
+#include "fp8_gemm.cuh"
+#include "rl/bf16.h"
+#include "rl/fast_exp.h"
+
+namespace fp8rl {
+
+constexpr int HEAD_VOCAB_CHUNK = 2048;  // columns of logits at a time (cpu/logprob_head.h's kVocabChunk)
+constexpr int HEAD_THREADS = 256;       // one block per token row of a chunk
+constexpr int TRANSPOSE_TILE = 32;      // 32 x 32 tiles moved by 32 x 8 threads
+constexpr int TRANSPOSE_ROWS = 8;
+
+inline int round_up8(int n) { return (n + 7) / 8 * 8; }
+
+__device__ __forceinline__ __nv_bfloat16 bf16_from_float(float x) {
+    __nv_bfloat16_raw r;
+    r.x = float_to_bf16(x);
+    return r;
+}
+
+// One chunk of the forward: logits [T][ld] (the chunk's n columns, starting at vocabulary index
+// v0) merged into each token's running max, sum exp(z - max) and sum z exp(z - max), and z at the
+// target kept when the target falls in the chunk. first: the chunk at v0 = 0 starts the sums.
+static __global__ void __launch_bounds__(HEAD_THREADS)
+    head_chunk_stats_kernel(const float* logits, int ld, int n, int v0, float temperature, const int32_t* target,
+                            bool first, float* run_max, double* run_sum, double* run_sz, float* z_target) {
+    const int t = blockIdx.x;
+    const float* row = logits + (size_t)t * ld;  // [n]
+    float chunk_max = -INFINITY;
+    for (int j = threadIdx.x; j < n; j += blockDim.x) chunk_max = MaxOp()(chunk_max, __fdiv_rn(row[j], temperature));
+    chunk_max = block_reduce(chunk_max, MaxOp());
+    const float old_max = first ? -INFINITY : run_max[t];
+    const float m = MaxOp()(old_max, chunk_max);
+    double sum = 0.0, sz = 0.0;
+    for (int j = threadIdx.x; j < n; j += blockDim.x) {
+        const float z = __fdiv_rn(row[j], temperature), e = fast_exp(z - m);
+        sum += e;
+        sz += (double)e * z;
+    }
+    sum = block_reduce(sum, SumOp());
+    sz = block_reduce(sz, SumOp());
+    if (threadIdx.x != 0) return;
+    const double rescale = exp((double)old_max - m);  // exp(-inf) = 0 on the first chunk
+    run_sum[t] = (first ? 0.0 : run_sum[t]) * rescale + sum;
+    run_sz[t] = (first ? 0.0 : run_sz[t]) * rescale + sz;
+    run_max[t] = m;
+    if (first) z_target[t] = 0.0f;
+    const int y = target[t] - v0;
+    if (y >= 0 && y < n) z_target[t] = __fdiv_rn(row[y], temperature);
+}
+
+// logZ, mu, entropy and logprob per token [T] from the merged sums (cpu/logprob_head.h's last loop).
+static __global__ void head_finish_kernel(int T, const int32_t* target, const float* run_max, const double* run_sum,
+                                   const double* run_sz, const float* z_target, float* logprob, float* entropy,
+                                   float* lse, float* mu) {
+    const int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= T) return;
+    const double l = run_max[t] + log(run_sum[t]), m = run_sz[t] / run_sum[t];
+    lse[t] = (float)l;
+    mu[t] = (float)m;
+    entropy[t] = (float)(l - m);
+    logprob[t] = target[t] >= 0 ? (float)(z_target[t] - l) : 0.0f;
+}
+
+// dlogits [T][ld] (BF16) of one chunk from its logits [T][ld]: the n columns get dL/dlogits in
+// cpu/logprob_head.h's operation order (products unfused), columns n .. ld - 1 get 0.
+static __global__ void __launch_bounds__(HEAD_THREADS)
+    head_dlogits_kernel(const float* logits, int ld, int n, int v0, float temperature, const int32_t* target,
+                        const float* dlogprob, const float* dentropy, const float* lse, const float* mu,
+                        __nv_bfloat16* dlogits) {
+    const int t = blockIdx.x;
+    const float a = dlogprob[t], b = dentropy[t], l = lse[t], m = mu[t], inv_t = 1.0f / temperature;
+    const int y = target[t] - v0;
+    for (int j = threadIdx.x; j < ld; j += blockDim.x) {
+        float g = 0.0f;
+        if (j < n) {
+            const float z = __fdiv_rn(logits[(size_t)t * ld + j], temperature), p = fast_exp(z - l);
+            g = mul_rn(mul_rn(-a, p) - mul_rn(mul_rn(b, p), z - m), inv_t);
+            if (j == y) g += mul_rn(a, inv_t);
+        }
+        dlogits[(size_t)t * ld + j] = bf16_from_float(g);
+    }
+}
+
+// out [cols][ld] = in [rows][cols]^T, columns rows .. ld - 1 of out set to 0 (the GEMMs' k padding).
+// Staged through a shared tile so that both the reads and the writes are coalesced.
+static __global__ void __launch_bounds__(TRANSPOSE_TILE * TRANSPOSE_ROWS)
+    transpose_pad_kernel(const __nv_bfloat16* in, int rows, int cols, __nv_bfloat16* out, int ld) {
+    __shared__ float tile[TRANSPOSE_TILE][TRANSPOSE_TILE + 1];  // +1: column reads hit distinct banks
+    const int r0 = blockIdx.y * TRANSPOSE_TILE, c0 = blockIdx.x * TRANSPOSE_TILE;
+    for (int i = threadIdx.y; i < TRANSPOSE_TILE; i += TRANSPOSE_ROWS) {
+        const int r = r0 + i, c = c0 + threadIdx.x;
+        tile[i][threadIdx.x] = r < rows && c < cols ? __bfloat162float(in[(size_t)r * cols + c]) : 0.0f;
+    }
+    __syncthreads();
+    for (int i = threadIdx.y; i < TRANSPOSE_TILE; i += TRANSPOSE_ROWS) {
+        const int c = c0 + i, r = r0 + threadIdx.x;
+        if (c < cols && r < ld) out[(size_t)c * ld + r] = bf16_from_float(tile[threadIdx.x][i]);
+    }
+}
+
+// dst [count] += src [count].
+static __global__ void accumulate_kernel(float* dst, const float* src, size_t count) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x)
+        dst[i] += src[i];
+}
+
+// A device array that grows to the largest size asked for (the head's scratch).
+template <class T>
+class DeviceScratch {
+  public:
+    DeviceScratch() = default;
+    ~DeviceScratch() { cudaFree(ptr_); }
+    DeviceScratch(const DeviceScratch&) = delete;
+    DeviceScratch& operator=(const DeviceScratch&) = delete;
+    T* get(size_t count) {
+        if (count > count_) {
+            CUDA_CHECK(cudaFree(ptr_));
+            ptr_ = nullptr;
+            CUDA_CHECK(cudaMalloc(&ptr_, count * sizeof(T)));
+            count_ = count;
+        }
+        return ptr_;
+    }
+
+  private:
+    T* ptr_ = nullptr;
+    size_t count_ = 0;
+};
+
+struct HeadGpuShape {
+    int V, C;  // vocabulary, hidden size (a multiple of 8)
+    float temperature;
+};
+
+// The head on one device. Owns its scratch: one chunk of FP32 logits and of BF16 dlogits (and
+// their transpose), the transposed chunk of W and X^T, and per token the running max, the two
+// running sums and the target's logit.
+class LogprobHeadGpu {
+  public:
+    explicit LogprobHeadGpu(GemmRunner& gemm, int vocab_chunk = HEAD_VOCAB_CHUNK) : gemm_(gemm), chunk_(vocab_chunk) {
+        if (vocab_chunk <= 0 || vocab_chunk % 8)
+            fail("LogprobHeadGpu: vocabulary chunk %d must be a positive multiple of 8", vocab_chunk);
+    }
+
+    // Forward. x [T][C], W [V][C] (BF16, device); target [T] (-1: none, logprob 0). Writes per token
+    // [T]: logprob, entropy, and the softmax statistics lse, mu that backward reads.
+    void forward(float* logprob, float* entropy, float* lse, float* mu, const __nv_bfloat16* x, const __nv_bfloat16* W,
+                 const int32_t* target, int T, HeadGpuShape s, cudaStream_t stream) {
+        check_shape("LogprobHeadGpu::forward", T, s);
+        float* run_max = run_max_.get(T);
+        float* z_target = z_target_.get(T);
+        double* run_sum = run_sum_.get(T);
+        double* run_sz = run_sz_.get(T);
+        for (int v0 = 0; v0 < s.V; v0 += chunk_) {
+            const int n = std::min(chunk_, s.V - v0), ld = round_up8(n);
+            const float* logits = chunk_logits(x, W, T, v0, n, s, stream);
+            LAUNCH_KERNEL(head_chunk_stats_kernel, T, HEAD_THREADS, 0, stream, logits, ld, n, v0, s.temperature, target,
+                          v0 == 0, run_max, run_sum, run_sz, z_target);
+        }
+        LAUNCH_KERNEL(head_finish_kernel, (T + 255) / 256, 256, 0, stream, T, target, (const float*)run_max,
+                      (const double*)run_sum, (const double*)run_sz, (const float*)z_target, logprob, entropy, lse, mu);
+    }
+
+    // Backward of forward (same x, W, target, shape). dlogprob, dentropy, lse, mu [T]; adds dL/dx
+    // into dx [T][C] and dL/dW into dW [V][C] (FP32, device). A row without a target must come with
+    // dlogprob 0 (its log-prob is the constant 0), as the CPU engine passes it.
+    void backward(float* dx, float* dW, const float* dlogprob, const float* dentropy, const float* lse, const float* mu,
+                  const __nv_bfloat16* x, const __nv_bfloat16* W, const int32_t* target, int T, HeadGpuShape s,
+                  cudaStream_t stream) {
+        check_shape("LogprobHeadGpu::backward", T, s);
+        const int C = s.C, T8 = round_up8(T);
+        __nv_bfloat16* x_t = x_t_.get((size_t)C * T8);  // [C][T8]
+        transpose(x, T, C, x_t, T8, stream);
+        __nv_bfloat16* dlogits = dlogits_.get((size_t)T * round_up8(chunk_));     // [T][ld]
+        __nv_bfloat16* dlogits_t = dlogits_t_.get((size_t)round_up8(chunk_) * T8);  // [ld][T8]
+        __nv_bfloat16* w_t = w_t_.get((size_t)C * round_up8(chunk_));             // [C][ld]
+        float* partial = partial_.get((size_t)C * std::max(T, chunk_));          // [T][C] or [n][C]
+        for (int v0 = 0; v0 < s.V; v0 += chunk_) {
+            const int n = std::min(chunk_, s.V - v0), ld = round_up8(n);
+            const float* logits = chunk_logits(x, W, T, v0, n, s, stream);
+            LAUNCH_KERNEL(head_dlogits_kernel, T, HEAD_THREADS, 0, stream, logits, ld, n, v0, s.temperature, target,
+                          dlogprob, dentropy, lse, mu, dlogits);
+            transpose(W + (size_t)v0 * C, n, C, w_t, ld, stream);
+            gemm_.bf16("head dX", C, T, ld, w_t, dlogits, partial, GemmOut::F32, stream);
+            accumulate(dx, partial, (size_t)T * C, stream);
+            transpose(dlogits, T, ld, dlogits_t, T8, stream);
+            gemm_.bf16("head dW", C, n, T8, x_t, dlogits_t, partial, GemmOut::F32, stream);
+            accumulate(dW + (size_t)v0 * C, partial, (size_t)n * C, stream);
+        }
+    }
+
+  private:
+    GemmRunner& gemm_;
+    int chunk_;
+    DeviceScratch<float> logits_, partial_, run_max_, z_target_;
+    DeviceScratch<double> run_sum_, run_sz_;
+    DeviceScratch<__nv_bfloat16> w_pad_, w_t_, x_t_, dlogits_, dlogits_t_;
+
+    void check_shape(const char* what, int T, HeadGpuShape s) const {
+        if (T <= 0) fail("%s: token count %d must be positive", what, T);
+        if (s.V <= 0) fail("%s: vocabulary size %d must be positive", what, s.V);
+        if (s.C <= 0 || s.C % 8)
+            fail("%s: hidden size %d must be a positive multiple of 8 (16-byte BF16 rows for the GEMMs)", what, s.C);
+        if (!(s.temperature > 0.0f)) fail("%s: temperature must be > 0 (got %g)", what, s.temperature);
+    }
+
+    // logits [T][round_up8(n)] (FP32, unscaled) of vocabulary rows v0 .. v0 + n - 1; the padding
+    // columns come from zero rows of W.
+    const float* chunk_logits(const __nv_bfloat16* x, const __nv_bfloat16* W, int T, int v0, int n, HeadGpuShape s,
+                              cudaStream_t stream) {
+        const int ld = round_up8(n);
+        const __nv_bfloat16* rows = W + (size_t)v0 * s.C;  // [n][C]
+        if (ld != n) {
+            __nv_bfloat16* padded = w_pad_.get((size_t)ld * s.C);  // [ld][C]
+            CUDA_CHECK(cudaMemcpyAsync(padded, rows, (size_t)n * s.C * sizeof(__nv_bfloat16), cudaMemcpyDeviceToDevice,
+                                       stream));
+            CUDA_CHECK(cudaMemsetAsync(padded + (size_t)n * s.C, 0, (size_t)(ld - n) * s.C * sizeof(__nv_bfloat16), stream));
+            rows = padded;
+        }
+        float* logits = logits_.get((size_t)T * round_up8(chunk_));
+        gemm_.bf16("head logits", ld, T, s.C, rows, x, logits, GemmOut::F32, stream);
+        return logits;
+    }
+
+    static void transpose(const __nv_bfloat16* in, int rows, int cols, __nv_bfloat16* out, int ld, cudaStream_t stream) {
+        dim3 grid((cols + TRANSPOSE_TILE - 1) / TRANSPOSE_TILE, (ld + TRANSPOSE_TILE - 1) / TRANSPOSE_TILE);
+        LAUNCH_KERNEL(transpose_pad_kernel, grid, dim3(TRANSPOSE_TILE, TRANSPOSE_ROWS), 0, stream, in, rows, cols, out, ld);
+    }
+
+    // About 8 elements per thread: the chunk's dW is 2048 x C floats.
+    static void accumulate(float* dst, const float* src, size_t count, cudaStream_t stream) {
+        size_t blocks = (count + 8 * 256 - 1) / (8 * 256);
+        LAUNCH_KERNEL(accumulate_kernel, (int)std::min(blocks, (size_t)4096), 256, 0, stream, dst, src, count);
+    }
+};
+
+}  // namespace fp8rl
+
+#endif  // FP8RL_LOSS_CUH

@@ -1,0 +1,143 @@
+// test_engine.cu: the GPU engine (cuda/engine_gpu.cuh) against the CPU engine (cpu/engine_cpu.h) on
+// the fixture models: log-probs and entropies of ragged packed batches in bf16 and fp8, and the
+// gradients of one backward, tensor by tensor.
+//
+// The bound, justified: both engines store BF16 activations at the same points (embedding, norms,
+// projections, residuals, SwiGLU match bit for bit), but attention rounds differently: the CPU
+// rounds the normalized probabilities to BF16, FlashAttention-2 the unnormalized exp values of its
+// online softmax (it never forms the normalized ones), and its backward returns dq, dk, dv in BF16
+// before RoPE's. So from the first attention on, the two are two different BF16 computations of the
+// same function. The CPU engine's fp32 run rounds nowhere; the distance of its bf16 (fp8) run from it
+// is the size of one BF16 computation's rounding. The GPU must be as close: RMS of (GPU - CPU bf16)
+// and of (GPU - CPU fp32) at most twice the RMS of (CPU bf16 - CPU fp32), for log-probs and
+// entropies and for each gradient tensor's relative Frobenius distance. A wrong layout, index or
+// formula is off by orders of magnitude more.
+#include <cmath>
+#include <vector>
+
+#include "cpu/engine_cpu.h"
+#include "cuda/engine_gpu.cuh"
+#include "test/gpu/gpu_util.cuh"
+#include "test/harness.h"
+
+using namespace fp8rl;
+
+namespace {
+
+const Dist& one_rank() {
+    static Dist dist;
+    return dist;
+}
+
+// Ragged sequences over the vocabulary: lengths not multiples of 16, a one-token prompt, a long one.
+std::vector<Sequence> ragged_batch(int V, uint32_t seed) {
+    const int lengths[] = {7, 33, 2, 61, 19}, prompts[] = {3, 10, 1, 20, 19 - 4};
+    std::vector<Sequence> seqs;
+    for (int s = 0; s < 5; s++) {
+        Sequence q;
+        for (int i = 0; i < lengths[s]; i++) q.ids.push_back((int32_t)((hash_uniform(s * 1000 + i, seed) + 1.0f) * 0.5f * (V - 1)));
+        q.prompt_len = prompts[s];
+        seqs.push_back(q);
+    }
+    return seqs;
+}
+
+double rms_distance(const TokenValues& a, const TokenValues& b) {
+    double s = 0;
+    long n = 0;
+    for (size_t i = 0; i < a.size(); i++)
+        for (size_t k = 0; k < a[i].size(); k++, n++) s += ((double)a[i][k] - b[i][k]) * ((double)a[i][k] - b[i][k]);
+    return std::sqrt(s / std::max(n, 1L));
+}
+
+// d(loss)/d(logprob), d(loss)/d(entropy) per response position: fixed pseudo-random values.
+TokenValues pseudo_gradients(const std::vector<Sequence>& seqs, uint32_t seed) {
+    TokenValues d(seqs.size());
+    for (size_t s = 0; s < seqs.size(); s++)
+        for (int k = 0; k < seqs[s].response_len(); k++) d[s].push_back(0.1f * hash_uniform(s * 100 + k, seed));
+    return d;
+}
+
+double relative_distance(const float* a, const float* b, size_t n) {
+    double d = 0, r = 0;
+    for (size_t i = 0; i < n; i++) d += ((double)a[i] - b[i]) * ((double)a[i] - b[i]), r += (double)b[i] * b[i];
+    return std::sqrt(d / std::max(r, 1e-300));
+}
+
+void compare_engines(const std::string& dir) {
+    CpuEngine cpu(dir);
+    GpuEngine gpu(dir);
+    const ModelConfig& c = cpu.config();
+    const std::vector<Sequence> seqs = ragged_batch((int)c.vocab_size, 7);
+    TokenValues ref_lp, ref_ent;
+    cpu.logprobs(seqs, Precision::FP32, 0.8f, &ref_lp, &ref_ent);
+    for (Precision p : {Precision::BF16, Precision::FP8}) {
+        TokenValues c_lp, c_ent, g_lp, g_ent;
+        cpu.logprobs(seqs, p, 0.8f, &c_lp, &c_ent);
+        gpu.logprobs(seqs, p, 0.8f, &g_lp, &g_ent);
+        const double lp_gpu = rms_distance(g_lp, c_lp), lp_ref = rms_distance(c_lp, ref_lp), lp_fp32 = rms_distance(g_lp, ref_lp);
+        const double ent_gpu = rms_distance(g_ent, c_ent), ent_ref = rms_distance(c_ent, ref_ent),
+                     ent_fp32 = rms_distance(g_ent, ref_ent);
+        printf("    %-22s %s log-prob RMS gpu-cpu %.3g, gpu-fp32 %.3g, cpu-fp32 %.3g; entropy %.3g, %.3g, %.3g\n",
+               dir.substr(dir.rfind('/') + 1).c_str(), precision_name(p), lp_gpu, lp_fp32, lp_ref, ent_gpu, ent_fp32, ent_ref);
+        CHECK_MSG(lp_gpu <= 2 * lp_ref && lp_fp32 <= 2 * lp_ref, "%s %s log-probs: gpu-cpu %.3g, gpu-fp32 %.3g > 2 x %.3g",
+                  dir.c_str(), precision_name(p), lp_gpu, lp_fp32, lp_ref);
+        CHECK_MSG(ent_gpu <= 2 * ent_ref && ent_fp32 <= 2 * ent_ref, "%s %s entropies: gpu-cpu %.3g, gpu-fp32 %.3g > 2 x %.3g",
+                  dir.c_str(), precision_name(p), ent_gpu, ent_fp32, ent_ref);
+    }
+    // one backward per precision, gradients tensor by tensor
+    AdamWConfig adam;
+    cpu.init_optimizer(adam, one_rank());
+    gpu.init_optimizer(adam, one_rank());
+    const TokenValues d_lp = pseudo_gradients(seqs, 21), d_ent = pseudo_gradients(seqs, 22);
+    auto cpu_grads = [&](Precision p) {
+        TokenValues lp, ent;
+        cpu.zero_grads();
+        cpu.forward_train(seqs, p, 0.8f, &lp, &ent);
+        cpu.backward(d_lp, d_ent);
+        return cpu.gradients();
+    };
+    const std::vector<float> g_ref = cpu_grads(Precision::FP32);
+    const ModelWeights table = ModelWeights::load(dir, false);
+    for (Precision p : {Precision::BF16, Precision::FP8}) {
+        const std::vector<float> g_cpu = cpu_grads(p);
+        TokenValues lp, ent;
+        gpu.zero_grads();
+        gpu.forward_train(seqs, p, 0.8f, &lp, &ent);
+        gpu.backward(d_lp, d_ent);
+        const std::vector<float> g_gpu = gpu.gradients();
+        double worst = 0;
+        std::string worst_name;
+        for (const TensorInfo& t : table.tensors) {
+            const double gpu_cpu = relative_distance(&g_gpu[t.offset], &g_cpu[t.offset], t.numel);
+            const double gpu_ref = relative_distance(&g_gpu[t.offset], &g_ref[t.offset], t.numel);
+            const double cpu_ref = relative_distance(&g_cpu[t.offset], &g_ref[t.offset], t.numel);
+            CHECK_MSG(gpu_cpu <= 2 * cpu_ref && gpu_ref <= 2 * cpu_ref,
+                      "%s %s gradient of %s: relative distance to the CPU %.3g, to fp32 %.3g, > 2 x %.3g", dir.c_str(),
+                      precision_name(p), t.name.c_str(), gpu_cpu, gpu_ref, cpu_ref);
+            const double ratio = std::max(gpu_cpu, gpu_ref) / (cpu_ref + 1e-30);
+            if (ratio > worst) worst = ratio, worst_name = t.name;
+        }
+        printf("    %-22s %s gradients: worst tensor %s at %.3g of the cpu-vs-fp32 distance\n",
+               dir.substr(dir.rfind('/') + 1).c_str(), precision_name(p), worst_name.c_str(), worst);
+    }
+}
+
+}  // namespace
+
+TEST(gpu_engine_matches_cpu_engine_qwen3) {
+    REQUIRE_GPU();
+    compare_engines("test/fixtures/models/qwen3_tiny");
+}
+TEST(gpu_engine_matches_cpu_engine_qwen2_biases) {
+    REQUIRE_GPU();
+    compare_engines("test/fixtures/models/qwen2_tiny");
+}
+TEST(gpu_engine_matches_cpu_engine_llama3_untied) {
+    REQUIRE_GPU();
+    compare_engines("test/fixtures/models/llama_tiny");
+}
+TEST(gpu_engine_matches_cpu_engine_gqa3_dims_not_multiples_of_128) {
+    REQUIRE_GPU();
+    compare_engines("test/fixtures/models/qwen3_gqa3_tiny");
+}

@@ -1,0 +1,343 @@
+// test_loss_head.cu: the fused lm_head + log-prob + entropy (loss.cuh) against the CPU engine's
+// head (cpu/logprob_head.h) on ragged shapes (token counts not multiples of 8 or 16, hidden sizes
+// and vocabularies not multiples of 128 or of the chunk, a last chunk that is not a multiple of 8,
+// 2 and 4 chunks), at temperatures 1 and 0.7, forward and backward; and the GPU backward against
+// finite differences of the GPU forward. Every bound is derived below from the rounding of each
+// side; none is fitted to the observed errors, which are printed beside them.
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+// cpu/gemm.h sets a variable that only an OpenMP if() clause reads; nvcc's front end ignores OpenMP
+// pragmas and would call it unused (an error under -Werror all-warnings).
+#ifdef __CUDACC__
+#pragma nv_diag_suppress 177
+#endif
+#include "cpu/logprob_head.h"
+#ifdef __CUDACC__
+#pragma nv_diag_default 177
+#endif
+#include "loss.cuh"
+#include "test/gpu/gpu_util.cuh"
+#include "test/harness.h"
+
+using namespace fp8rl;
+
+namespace {
+
+constexpr double U = 0x1p-24;  // FP32 unit roundoff
+
+// One head problem: BF16-valued x [T][C] and W [V][C] (held as floats for the CPU), targets
+// (some -1, some in the last chunk) and the backward's incoming gradients a = dL/dlogprob,
+// b = dL/dentropy (some zero).
+struct HeadProblem {
+    int T, C, V;
+    float temperature;
+    std::vector<float> x, W, a, b;
+    std::vector<int32_t> target;
+
+    HeadProblem(int T_, int C_, int V_, float temp, uint32_t seed) : T(T_), C(C_), V(V_), temperature(temp) {
+        x.resize((size_t)T * C), W.resize((size_t)V * C), a.resize(T), b.resize(T), target.resize(T);
+        for (size_t i = 0; i < x.size(); i++) x[i] = round_bf16(hash_uniform(i, seed));
+        // rows of W with different scales, so that the softmax is neither flat nor one-hot
+        for (size_t i = 0; i < W.size(); i++)
+            W[i] = round_bf16((0.3f + 0.3f * (float)((i / C) % 5)) * hash_uniform(i, seed + 1) * 3.0f / std::sqrt((float)C));
+        for (int t = 0; t < T; t++) {
+            target[t] = (int32_t)((hash_uniform(t, seed + 2) + 1.0f) * 0.5f * V);
+            if (t % 5 == 1) target[t] = V - 1 - t;  // in the last chunk
+            if (t % 7 == 3) target[t] = -1;
+            // a row without a target has no log-prob term: dL/dlogprob 0, as the CPU engine passes it
+            a[t] = t % 6 == 2 || target[t] < 0 ? 0.0f : hash_uniform(t, seed + 3);
+            b[t] = t % 4 == 1 ? 0.0f : 0.5f * hash_uniform(t, seed + 4);
+        }
+    }
+    HeadGpuShape shape() const { return {V, C, temperature}; }
+};
+
+std::vector<__nv_bfloat16> to_bf16(const std::vector<float>& x) {
+    std::vector<__nv_bfloat16> out(x.size());
+    for (size_t i = 0; i < x.size(); i++) out[i] = __float2bfloat16(x[i]);  // exact: x is BF16-valued
+    return out;
+}
+
+// What the bounds need, in double from the BF16 inputs (products exact, sums of <= 1000 terms
+// within 1e-13 relative): per token z_j, p_j, mu, logZ, entropy and S_j = sum_c |x_c W_jc| / T.
+struct Exact {
+    int T, V;
+    std::vector<double> z, p, s, lse, mu, entropy;  // z, p, s [T][V]
+    explicit Exact(const HeadProblem& h) : T(h.T), V(h.V) {
+        z.resize((size_t)T * V), p.resize(z.size()), s.resize(z.size()), lse.resize(T), mu.resize(T), entropy.resize(T);
+        for (int t = 0; t < T; t++) {
+            double zmax = -INFINITY;
+            for (int j = 0; j < V; j++) {
+                double dot = 0, abs_dot = 0;
+                for (int c = 0; c < h.C; c++) {
+                    double prod = (double)h.x[(size_t)t * h.C + c] * h.W[(size_t)j * h.C + c];
+                    dot += prod, abs_dot += std::fabs(prod);
+                }
+                z[(size_t)t * V + j] = dot / h.temperature;
+                s[(size_t)t * V + j] = abs_dot / h.temperature;
+                zmax = std::fmax(zmax, dot / h.temperature);
+            }
+            double sum = 0, sz = 0;
+            for (int j = 0; j < V; j++) sum += std::exp(z[(size_t)t * V + j] - zmax);
+            for (int j = 0; j < V; j++) {
+                double pj = std::exp(z[(size_t)t * V + j] - zmax) / sum;
+                p[(size_t)t * V + j] = pj;
+                sz += pj * z[(size_t)t * V + j];
+            }
+            lse[t] = zmax + std::log(sum), mu[t] = sz, entropy[t] = lse[t] - sz;
+        }
+    }
+    double at(const std::vector<double>& m, int t, int j) const { return m[(size_t)t * V + j]; }
+};
+
+// Forward bound per token, GPU vs CPU. Logits: the CPU's FP32 FMA chain over C terms rounds C times,
+// the GPU's FP32 accumulation at most C times with truncation (2 U each; the emulation rounds once),
+// and the division by the temperature once on each side: |dz_j| <= (3C + 2) U S_j. Each exp term
+// (rl/fast_exp.h, < 2 ulp = 4U relative, of an argument z_j - max rounded once) acts like a
+// perturbation of z_j by 4U + U |z_j - max| on each side. With D = max_j of both:
+//   |d logZ| <= D (a p-weighted mean of the perturbations), |d logprob| <= |dz_y| + D <= 2D,
+//   |d mu| <= D + (e^{2D} - 1) sum_j p_j |z_j - mu|, |d entropy| <= |d logZ| + |d mu|,
+// plus the final rounding to float on each side (2U of the value). Sums in double: negligible.
+struct ForwardBound {
+    std::vector<double> D, logprob, entropy;
+    ForwardBound(const HeadProblem& h, const Exact& e) : D(h.T), logprob(h.T), entropy(h.T) {
+        for (int t = 0; t < h.T; t++) {
+            double zmax = -INFINITY, d = 0, spread = 0;
+            for (int j = 0; j < h.V; j++) zmax = std::fmax(zmax, e.at(e.z, t, j));
+            for (int j = 0; j < h.V; j++) {
+                double zj = e.at(e.z, t, j);
+                d = std::fmax(d, (3.0 * h.C + 2) * U * e.at(e.s, t, j) + 2 * (4 * U + U * (zmax - zj)));
+                spread += e.at(e.p, t, j) * std::fabs(zj - e.mu[t]);
+            }
+            D[t] = d;
+            double lp = h.target[t] >= 0 ? e.at(e.z, t, h.target[t]) - e.lse[t] : 0.0;
+            logprob[t] = h.target[t] >= 0 ? 2 * d + 2 * U * std::fabs(lp) : 0.0;
+            entropy[t] = 2 * d + std::expm1(2 * d) * spread + 2 * U * (std::fabs(e.entropy[t]) + std::fabs(e.mu[t]));
+        }
+    }
+};
+
+struct Figures {
+    double worst_ratio = 0, max_err = 0;
+    long outside = 0, count = 0;
+    void add(double gpu, double cpu, double tol) {
+        double err = std::fabs(gpu - cpu);
+        worst_ratio = std::fmax(worst_ratio, err / (tol > 0 ? tol : 1e-300));
+        max_err = std::fmax(max_err, err);
+        outside += !(err <= tol);
+        count++;
+    }
+    void print(const char* what) const {
+        printf("      %-9s max |gpu - cpu| %.3g, worst |err|/bound %.3g, %ld of %ld outside\n", what, max_err, worst_ratio,
+               outside, count);
+    }
+};
+
+struct GpuHead {
+    DeviceBuffer<__nv_bfloat16> x, W;
+    DeviceBuffer<int32_t> target;
+    DeviceBuffer<float> logprob, entropy, lse, mu;
+    explicit GpuHead(const HeadProblem& h)
+        : x(to_bf16(h.x)), W(to_bf16(h.W)), target(h.target), logprob(h.T), entropy(h.T), lse(h.T), mu(h.T) {}
+    void forward(LogprobHeadGpu& head, const HeadProblem& h) {
+        head.forward(logprob.ptr, entropy.ptr, lse.ptr, mu.ptr, x.ptr, W.ptr, target.ptr, h.T, h.shape(), 0);
+    }
+};
+
+// The shapes of the CPU comparisons: T, C, V, the GPU's vocabulary chunk.
+struct HeadCase {
+    int T, C, V, chunk;
+};
+const HeadCase kCases[] = {
+    {37, 72, 2300, HEAD_VOCAB_CHUNK},  // 2 chunks, the last 252 columns (not a multiple of 8)
+    {21, 136, 1003, 256},              // 4 chunks of 256 (the CPU's stay 2048), the last 235 columns
+};
+
+}  // namespace
+
+TEST(gpu_head_forward_matches_cpu) {
+    GemmRunner gemm;
+    for (const HeadCase& hc : kCases)
+        for (float temperature : {1.0f, 0.7f}) {
+            HeadProblem h(hc.T, hc.C, hc.V, temperature, 17 + hc.T);
+            GpuHead g(h);
+            LogprobHeadGpu head(gemm, hc.chunk);
+            g.logprob.poison(), g.entropy.poison(), g.lse.poison(), g.mu.poison();
+            g.forward(head, h);
+            std::vector<float> lp(h.T), ent(h.T), lse(h.T), mu(h.T);
+            HeadScratch scratch;
+            head_forward(lp.data(), ent.data(), lse.data(), mu.data(), h.x.data(), h.W.data(), h.target.data(), h.T,
+                         {h.V, h.C, h.temperature}, scratch, false);
+            Exact e(h);
+            ForwardBound bound(h, e);
+            std::vector<float> glp = g.logprob.download(), gent = g.entropy.download();
+            Figures f_lp, f_ent;
+            for (int t = 0; t < h.T; t++) {
+                f_lp.add(glp[t], lp[t], bound.logprob[t]);
+                f_ent.add(gent[t], ent[t], bound.entropy[t]);
+            }
+            printf("    T=%d C=%d V=%d chunk=%d temperature=%g (entropy %.3g .. , logprob %.3g ..):\n", h.T, h.C, h.V,
+                   hc.chunk, temperature, ent[0], lp[0]);
+            f_lp.print("logprob");
+            f_ent.print("entropy");
+            CHECK_MSG(f_lp.outside == 0 && f_ent.outside == 0, "T=%d C=%d V=%d temperature %g", h.T, h.C, h.V, temperature);
+        }
+    HeadProblem h(8, 12, 100, 1.0f, 1);
+    GpuHead g(h);
+    LogprobHeadGpu head(gemm);
+    CHECK_THROWS(g.forward(head, h), "multiple of 8");
+    h.C = 16, h.temperature = 0.0f;
+    CHECK_THROWS(g.forward(head, h), "temperature");
+    CHECK_THROWS(LogprobHeadGpu(gemm, 100), "multiple of 8");
+}
+
+// Backward bound, GPU vs CPU, per element of dlogits g_j = (a (1[j=y] - p_j) - b p_j (z_j - mu)) / T:
+//   before rounding to BF16 the two sides' g_j differ by at most dg_j, from their logits (dz_j, the
+//   forward bound), their lse and mu (forward bound + 2U rounding), the exp (4U + U |z_j - lse|),
+//   and the FP32 evaluation of g (4 roundings: 4U of each term, counted as 8U per side);
+//   the GPU rounds g to BF16 (8 significant bits, round to nearest): 2^-8 (|g_j| + dg_j);
+//   the sums: dX[c] = sum_j g_j W_jc over V terms: the CPU's chain rounds V times, the GPU's chunk
+//   GEMMs at most 2 U per term (truncating tensor-core accumulation) plus one add per chunk; dW[j][c] =
+//   sum_t g_tj x_tc over T terms likewise (T8 terms on the GPU, one add);
+// plus one rounding of the result on each side (2U |dX|): the buffers start non-zero.
+TEST(gpu_head_backward_matches_cpu) {
+    GemmRunner gemm;
+    for (const HeadCase& hc : kCases)
+        for (float temperature : {1.0f, 0.7f}) {
+            HeadProblem h(hc.T, hc.C, hc.V, temperature, 29 + hc.T);
+            GpuHead g(h);
+            LogprobHeadGpu head(gemm, hc.chunk);
+            g.forward(head, h);
+            std::vector<float> dx0((size_t)h.T * h.C), dW0((size_t)h.V * h.C);
+            for (size_t i = 0; i < dx0.size(); i++) dx0[i] = 0.01f * hash_uniform(i, 5);
+            for (size_t i = 0; i < dW0.size(); i++) dW0[i] = 0.01f * hash_uniform(i, 6);
+            DeviceBuffer<float> dx(dx0), dW(dW0), da(h.a), db(h.b);
+            head.backward(dx.ptr, dW.ptr, da.ptr, db.ptr, g.lse.ptr, g.mu.ptr, g.x.ptr, g.W.ptr, g.target.ptr, h.T, h.shape(), 0);
+
+            std::vector<float> lp(h.T), ent(h.T), lse(h.T), mu(h.T), cdx = dx0, cdW = dW0;
+            HeadScratch scratch;
+            HeadShape cs{h.V, h.C, h.temperature};
+            head_forward(lp.data(), ent.data(), lse.data(), mu.data(), h.x.data(), h.W.data(), h.target.data(), h.T, cs,
+                         scratch, true);
+            head_backward(cdx.data(), cdW.data(), h.a.data(), h.b.data(), lse.data(), mu.data(), h.x.data(), h.W.data(),
+                          h.target.data(), h.T, cs, scratch);
+
+            Exact e(h);
+            ForwardBound fb(h, e);
+            const double inv_t = 1.0 / h.temperature;
+            const int chunks = (h.V + hc.chunk - 1) / hc.chunk, T8 = round_up8(h.T);
+            const double gamma_dx = (2.0 * hc.chunk + chunks + h.V + 2) * U, gamma_dw = (2.0 * T8 + h.T + 3) * U;
+            // |g| + dg and its contribution to the tolerance, per (t, j)
+            std::vector<double> g_abs((size_t)h.T * h.V), g_tol((size_t)h.T * h.V);
+            for (int t = 0; t < h.T; t++) {
+                double a = std::fabs(h.a[t]), b = std::fabs(h.b[t]), dl = fb.D[t] + 2 * U * std::fabs(e.lse[t]);
+                double dmu = fb.entropy[t] + fb.D[t];  // |d mu| <= |d entropy| + |d logZ|
+                for (int j = 0; j < h.V; j++) {
+                    double p = e.at(e.p, t, j), zc = std::fabs(e.at(e.z, t, j) - e.mu[t]);
+                    double dz = (3.0 * h.C + 2) * U * e.at(e.s, t, j);
+                    double dp = p * std::expm1(dz + dl + 2 * (4 * U + U * std::fabs(e.at(e.z, t, j) - e.lse[t])));
+                    bool y = j == h.target[t];
+                    double gj = std::fabs(h.a[t] * ((y ? 1.0 : 0.0) - p) - h.b[t] * p * (e.at(e.z, t, j) - e.mu[t])) * inv_t;
+                    double dg = (a * dp + b * (dp * zc + (p + dp) * (dz + dmu)) + 16 * U * (a * p + b * p * zc + (y ? a : 0))) * inv_t;
+                    g_abs[(size_t)t * h.V + j] = gj + dg;
+                    g_tol[(size_t)t * h.V + j] = std::ldexp(gj + dg, -8) + dg;
+                }
+            }
+            std::vector<float> gdx = dx.download(), gdW = dW.download();
+            Figures f_dx, f_dw;
+            for (int t = 0; t < h.T; t++)
+                for (int c = 0; c < h.C; c++) {
+                    double tol = 0, mag = 0;
+                    for (int j = 0; j < h.V; j++) {
+                        double w = std::fabs(h.W[(size_t)j * h.C + c]);
+                        tol += g_tol[(size_t)t * h.V + j] * w, mag += g_abs[(size_t)t * h.V + j] * w;
+                    }
+                    double ref = cdx[(size_t)t * h.C + c];
+                    f_dx.add(gdx[(size_t)t * h.C + c], ref, tol + gamma_dx * mag * (1 + 0x1p-8) + 2 * U * std::fabs(ref));
+                }
+            for (int j = 0; j < h.V; j++)
+                for (int c = 0; c < h.C; c++) {
+                    double tol = 0, mag = 0;
+                    for (int t = 0; t < h.T; t++) {
+                        double xv = std::fabs(h.x[(size_t)t * h.C + c]);
+                        tol += g_tol[(size_t)t * h.V + j] * xv, mag += g_abs[(size_t)t * h.V + j] * xv;
+                    }
+                    double ref = cdW[(size_t)j * h.C + c];
+                    f_dw.add(gdW[(size_t)j * h.C + c], ref, tol + gamma_dw * mag * (1 + 0x1p-8) + 2 * U * std::fabs(ref));
+                }
+            printf("    T=%d C=%d V=%d chunk=%d temperature=%g:\n", h.T, h.C, h.V, hc.chunk, temperature);
+            f_dx.print("dX");
+            f_dw.print("dW");
+            CHECK_MSG(f_dx.outside == 0 && f_dw.outside == 0, "T=%d C=%d V=%d temperature %g", h.T, h.C, h.V, temperature);
+        }
+}
+
+// Finite differences of the GPU forward: L = sum_t a_t logprob_t + b_t entropy_t, perturbed at a few
+// elements of x and W by +-h and +-2h, with the element set to a value for which x +- h, x +- 2h are
+// exact in BF16. Central differences err by c h^2 + O(h^4): the estimate |D(2h) - D(h)| / 3 of that
+// is counted twice. Rounding: each L has the GPU forward's error, at most the per-token forward
+// bound (which covers GPU vs CPU, so GPU vs exact by the same argument) times |a|, |b|: divided by
+// 2h for each of the two evaluations. The backward's own error vs exact: the BF16 rounding of
+// dlogits, 2^-8 sum |g| |W| (or |x|), plus the FP32 sums' (V or T8 terms, 2U each). The points are
+// where the gradient is large (W at target columns), so that the bound means something.
+TEST(gpu_head_backward_matches_finite_differences) {
+    GemmRunner gemm;
+    HeadProblem h(13, 24, 2100, 0.7f, 41);  // 2 chunks, the last 52 columns
+    struct Point {
+        bool in_x;
+        int row, col;
+        float value;
+    };
+    const Point points[] = {{true, 2, 5, 0.5f},           {true, 6, 23, -0.25f},          {true, 12, 0, 0.75f},
+                            {true, 9, 11, -1.0f},         {false, h.target[0], 5, 0.25f}, {false, h.target[4], 3, -0.75f},
+                            {false, h.target[1], 20, 0.5f}, {false, h.target[6], 23, -0.5f}};  // 1, 6: the last chunk
+    for (const Point& pt : points) (pt.in_x ? h.x[(size_t)pt.row * h.C + pt.col] : h.W[(size_t)pt.row * h.C + pt.col]) = pt.value;
+    LogprobHeadGpu head(gemm);
+    GpuHead g(h);
+    g.forward(head, h);
+    DeviceBuffer<float> dx(std::vector<float>((size_t)h.T * h.C, 0.0f)), dW(std::vector<float>((size_t)h.V * h.C, 0.0f));
+    DeviceBuffer<float> da(h.a), db(h.b);
+    head.backward(dx.ptr, dW.ptr, da.ptr, db.ptr, g.lse.ptr, g.mu.ptr, g.x.ptr, g.W.ptr, g.target.ptr, h.T, h.shape(), 0);
+    std::vector<float> gdx = dx.download(), gdW = dW.download();
+    Exact e(h);
+    ForwardBound fb(h, e);
+    auto loss = [&](const HeadProblem& p) {
+        GpuHead gp(p);
+        gp.forward(head, p);
+        std::vector<float> lp = gp.logprob.download(), ent = gp.entropy.download();
+        double L = 0;
+        for (int t = 0; t < p.T; t++) L += (double)p.a[t] * lp[t] + (double)p.b[t] * ent[t];
+        return L;
+    };
+    for (const Point& pt : points) {
+        const float step = std::fabs(pt.value) / 8;  // x +- step, x +- 2 step: at most 5 significant bits
+        double central[2];
+        for (int k = 0; k < 2; k++) {
+            HeadProblem plus = h, minus = h;
+            float hk = step * (1 << k);
+            float* ep = pt.in_x ? &plus.x[(size_t)pt.row * h.C + pt.col] : &plus.W[(size_t)pt.row * h.C + pt.col];
+            float* em = pt.in_x ? &minus.x[(size_t)pt.row * h.C + pt.col] : &minus.W[(size_t)pt.row * h.C + pt.col];
+            *ep += hk, *em -= hk;
+            central[k] = (loss(plus) - loss(minus)) / (2.0 * hk);
+        }
+        double truncation = std::fabs(central[1] - central[0]) / 3;
+        double noise = 0;  // |L_gpu - L_exact| from the tokens the perturbation reaches (x: its row; W: all)
+        for (int t = 0; t < h.T; t++)
+            if (!pt.in_x || t == pt.row) noise += std::fabs(h.a[t]) * fb.logprob[t] + std::fabs(h.b[t]) * fb.entropy[t];
+        double grad = pt.in_x ? gdx[(size_t)pt.row * h.C + pt.col] : gdW[(size_t)pt.row * h.C + pt.col];
+        double abs_sum = 0;  // sum |g| |W_jc| (x) or sum_t |g_tj| |x_tc| (W)
+        for (int t = 0; t < h.T; t++)
+            for (int j = 0; j < h.V; j++) {
+                if (pt.in_x ? t != pt.row : j != pt.row) continue;
+                double p = e.at(e.p, t, j);
+                double gj = std::fabs(h.a[t] * ((j == h.target[t] ? 1.0 : 0.0) - p) - h.b[t] * p * (e.at(e.z, t, j) - e.mu[t])) / h.temperature;
+                abs_sum += gj * std::fabs(pt.in_x ? h.W[(size_t)j * h.C + pt.col] : h.x[(size_t)t * h.C + pt.col]);
+            }
+        double tol = 2 * truncation + 2 * noise / (2.0 * step) + (0x1p-8 + 2 * (h.V + 16) * U) * abs_sum;
+        printf("    d/d%s[%d][%d]: backward %.7g, central difference %.7g (2h: %.7g), |diff| %.3g, bound %.3g\n",
+               pt.in_x ? "x" : "W", pt.row, pt.col, grad, central[0], central[1], std::fabs(grad - central[0]), tol);
+        CHECK_MSG(std::fabs(grad - central[0]) <= tol, "d/d%s[%d][%d]", pt.in_x ? "x" : "W", pt.row, pt.col);
+    }
+}
