@@ -10,19 +10,20 @@
 //   forward     one CTA per (64-query block, head, sequence): loops over key tiles with an online
 //               softmax (running max m, running sum l, O rescaled); P is rounded to BF16 to meet V
 //               on the tensor cores, as in FA2; writes O (BF16) and lse;
-//   delta       D[t][h] = rowsum(dO * O), one thread per (row, head);
+//   delta       delta[t][h] = rowsum(dO * O), one thread per (row, head);
 //   dq          one CTA per (64-query block, head, sequence): recomputes P from lse over the key
-//               tiles, dS = P (dP - D) scale, dQ += dS K in FP32 registers, then the cast;
+//               tiles, dS = P (dP - delta) scale, dQ += dS K in FP32 registers, then the cast;
 //   dk, dv      one CTA per (64-key block, kv head, sequence): loops over the group's query heads
 //               and the query tiles at or after the block, dV += P^T dO, dK += dS^T Q in FP32
 //               registers, then the cast.
 // FA2 folds dQ into the dK/dV kernel with atomic FP32 adds; here dQ has its own kernel (two more
 // tile products) so that every output has one writer and a fixed summation order: the backward is
 // deterministic, run to run, without a [key blocks][T][H][D] buffer of partial dQ.
-// Head dims 16, 32, 64 and 128 (a multiple of 16: the k extent of one mma).
+// Head dims 8 (padded to 16 in shared memory), 16, 32, 64 and 128.
 #ifndef FP8RL_CUDA_ATTENTION_CUH
 #define FP8RL_CUDA_ATTENTION_CUH
 #include <cmath>
+#include <type_traits>
 
 #include "cuda/common.cuh"
 #include "cuda/mma.cuh"
@@ -33,11 +34,13 @@ constexpr int kAttnWarps = 4;
 constexpr int kAttnTile = 16 * kAttnWarps;  // rows of a query or key tile: 16 per warp
 constexpr int kAttnThreads = 32 * kAttnWarps;
 
-// Row stride of a shared tile of head dim D: 8 BF16 of padding shift each row by 4 banks, so the
-// 8 rows x 4 lanes of a fragment load hit 32 different banks.
+// A shared tile of head dim D: `cols` is D padded to the mma's k extent of 16 (the columns past D
+// are zeros and add nothing to a product); `frags` 16x8 accumulator blocks span them. The row
+// stride has 8 BF16 of padding, which shifts each row by 4 banks, so the 8 rows x 4 lanes of a
+// fragment load hit 32 different banks.
 template <int D>
 struct AttnTile {
-    static constexpr int ld = D + 8, elems = kAttnTile * ld;
+    static constexpr int cols = D < 16 ? 16 : D, frags = cols / 8, ld = cols + 8, elems = kAttnTile * ld;
 };
 
 // Shapes of a packed batch: T rows in num_seqs sequences, none longer than max_seqlen.
@@ -47,15 +50,17 @@ struct PackedAttentionShape {
 };
 
 // tile[r][0..D) = row (row0 + r) of a [T][heads][D] tensor at `src` (already offset to the head),
-// rows of `row_stride` elements; zeros for r >= rows. All threads of the CTA take part.
+// rows of `row_stride` elements; zeros for r >= rows and in the padding columns. All threads of the
+// CTA take part.
 template <int D>
 __device__ void load_tile(__nv_bfloat16* tile, const __nv_bfloat16* src, long row_stride, long row0, int rows) {
     __nv_bfloat162 zero;
     zero.x = zero.y = __float2bfloat16_rn(0.0f);
-    for (int idx = threadIdx.x; idx < kAttnTile * D / 2; idx += blockDim.x) {
-        const int r = idx / (D / 2), c = 2 * (idx % (D / 2));
+    constexpr int pairs = AttnTile<D>::cols / 2;
+    for (int idx = threadIdx.x; idx < kAttnTile * pairs; idx += blockDim.x) {
+        const int r = idx / pairs, c = 2 * (idx % pairs);
         *reinterpret_cast<__nv_bfloat162*>(tile + r * AttnTile<D>::ld + c) =
-            r < rows ? *reinterpret_cast<const __nv_bfloat162*>(src + (row0 + r) * row_stride + c) : zero;
+            r < rows && c < D ? *reinterpret_cast<const __nv_bfloat162*>(src + (row0 + r) * row_stride + c) : zero;
     }
 }
 
@@ -79,7 +84,7 @@ template <int D>
 __device__ void warp_product_abt(float acc[8][4], const __nv_bfloat16* a, const __nv_bfloat16* b) {
     constexpr int ld = AttnTile<D>::ld;
     zero_fragments<8>(acc);
-    for (int kk = 0; kk < D / 16; kk++) {
+    for (int kk = 0; kk < AttnTile<D>::cols / 16; kk++) {
         uint32_t fa[4];
         load_a_fragment(fa, a + 16 * kk, ld);
         for (int j = 0; j < 8; j++) {
@@ -93,12 +98,12 @@ __device__ void warp_product_abt(float acc[8][4], const __nv_bfloat16* a, const 
 // acc[16 x D] += P B for the warp's P[16][64] in registers (as warp_product_abt leaves it; rounded
 // to BF16 here) and the 64 rows B[64][D] of tile `b`: acc[n] is the 16x8 block of columns 8n..8n+7.
 template <int D>
-__device__ void warp_product_pb(float acc[D / 8][4], const float p[8][4], const __nv_bfloat16* b) {
+__device__ void warp_product_pb(float acc[AttnTile<D>::frags][4], const float p[8][4], const __nv_bfloat16* b) {
     constexpr int ld = AttnTile<D>::ld;
     for (int kc = 0; kc < 4; kc++) {
         uint32_t fp[4];
         pack_c_as_a(fp, p[2 * kc], p[2 * kc + 1]);
-        for (int n = 0; n < D / 8; n++) {
+        for (int n = 0; n < AttnTile<D>::frags; n++) {
             uint32_t fb[2];
             load_b_fragment_kn(fb, b + 16 * kc * ld + 8 * n, ld);
             mma_m16n8k16(acc[n], fp, fb);
@@ -116,24 +121,26 @@ __device__ __forceinline__ float quad_max(float v) {
     return fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 2));
 }
 
-// Writes the warp's acc[16 x D] (rows row0 .. row0 + 15 of a [T][heads][D] tensor at `dst`, already
-// offset to the head) as BF16, rows below `row_end` only.
+// Writes the warp's acc[16 x D], times factor_lo in rows g and factor_hi in rows g + 8, as BF16 rows
+// row0 .. row0 + 15 of a [T][heads][D] tensor at `dst` (already offset to the head): the rows below
+// `row_end`, the columns below D (the rest is padding).
 template <int D>
-__device__ void store_rows_bf16(__nv_bfloat16* dst, long row_stride, long row0, long row_end, const float acc[D / 8][4],
-                                float factor_lo, float factor_hi) {
-    for (int n = 0; n < D / 8; n++)
+__device__ void store_rows_bf16(__nv_bfloat16* dst, long row_stride, long row0, long row_end,
+                                const float acc[AttnTile<D>::frags][4], float factor_lo, float factor_hi) {
+    for (int n = 0; n < AttnTile<D>::frags; n++)
         for (int i = 0; i < 4; i++) {
             const long row = row0 + c_fragment_row(i);
-            if (row < row_end)
-                dst[row * row_stride + 8 * n + c_fragment_col(i)] = __float2bfloat16_rn(acc[n][i] * (i < 2 ? factor_lo : factor_hi));
+            const int col = 8 * n + c_fragment_col(i);
+            if (row < row_end && col < D)
+                dst[row * row_stride + col] = __float2bfloat16_rn(acc[n][i] * (i < 2 ? factor_lo : factor_hi));
         }
 }
 
 // One CTA per (query block blockIdx.x, head blockIdx.y, sequence blockIdx.z).
 template <int D>
-__global__ void __launch_bounds__(kAttnThreads) attention_forward_kernel(__nv_bfloat16* out, float* lse, const __nv_bfloat16* q,
-                                                                   const __nv_bfloat16* k, const __nv_bfloat16* v,
-                                                                   const int* cu_seqlens, int H, int KV) {
+__global__ void __launch_bounds__(kAttnThreads)
+    attention_forward_kernel(__nv_bfloat16* out, float* lse, const __nv_bfloat16* q, const __nv_bfloat16* k,
+                             const __nv_bfloat16* v, const int* cu_seqlens, int H, int KV) {
     DYNAMIC_SHARED(__nv_bfloat16, smem);
     __nv_bfloat16 *q_tile = smem, *k_tile = q_tile + AttnTile<D>::elems, *v_tile = k_tile + AttnTile<D>::elems;
     const long seq_begin = cu_seqlens[blockIdx.z], seq_len = cu_seqlens[blockIdx.z + 1] - seq_begin;
@@ -146,11 +153,12 @@ __global__ void __launch_bounds__(kAttnThreads) attention_forward_kernel(__nv_bf
     const float scale = 1.0f / sqrtf((float)D);
     const long warp_row0 = q0 + 16 * warp;
     float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};  // rows g and g + 8; row_sum per lane
-    float o[D / 8][4];
-    zero_fragments<D / 8>(o);
+    float o[AttnTile<D>::frags][4];
+    zero_fragments<AttnTile<D>::frags>(o);
     for (long k0 = 0; k0 < key_end; k0 += kAttnTile) {
         const int keys = (int)min((long)kAttnTile, key_end - k0);
-        load_tile_pair<D>(k_tile, k + seq_begin * ldk + kv_head * D, v_tile, v + seq_begin * ldk + kv_head * D, ldk, k0, keys);
+        load_tile_pair<D>(k_tile, k + seq_begin * ldk + kv_head * D, v_tile, v + seq_begin * ldk + kv_head * D, ldk, k0,
+                          keys);
         __syncthreads();  // the tiles (and in the first round the query tile) are complete
         float s[8][4];
         warp_product_abt<D>(s, q_tile + 16 * warp * AttnTile<D>::ld, k_tile);
@@ -174,7 +182,7 @@ __global__ void __launch_bounds__(kAttnThreads) attention_forward_kernel(__nv_bf
                 s[j][i] = __expf(s[j][i] - row_max[i >> 1]);
                 row_sum[i >> 1] += s[j][i];
             }
-        for (int n = 0; n < D / 8; n++)
+        for (int n = 0; n < AttnTile<D>::frags; n++)
             for (int i = 0; i < 4; i++) o[n][i] *= correction[i >> 1];
         warp_product_pb<D>(o, s, v_tile);
         __syncthreads();  // every warp is done with the tiles before the next round overwrites them
@@ -189,8 +197,10 @@ __global__ void __launch_bounds__(kAttnThreads) attention_forward_kernel(__nv_bf
     store_rows_bf16<D>(out + seq_begin * ldq + head * D, ldq, warp_row0, seq_len, o, inv[0], inv[1]);
 }
 
-// delta[t][h] = sum_d dout[t][h][d] * out[t][h][d], one thread per (t, h).
-static __global__ void attention_delta_kernel(float* delta, const __nv_bfloat16* dout, const __nv_bfloat16* out, long rows, int D) {
+// delta[t][h] = sum_d dout[t][h][d] * out[t][h][d], one thread per (t, h). A template like the other
+// kernels, so that the header defines it in every file that includes it without a duplicate symbol.
+template <int D>
+__global__ void attention_delta_kernel(float* delta, const __nv_bfloat16* dout, const __nv_bfloat16* out, long rows) {
     const long th = blockIdx.x * (long)blockDim.x + threadIdx.x;
     if (th >= rows) return;
     float sum = 0.0f;
@@ -216,11 +226,10 @@ __device__ void probabilities_and_dscores(float s[8][4], float dp[8][4], float s
 
 // dq: one CTA per (query block blockIdx.x, head blockIdx.y, sequence blockIdx.z).
 template <int D>
-__global__ void __launch_bounds__(kAttnThreads) attention_backward_dq_kernel(__nv_bfloat16* dq, const __nv_bfloat16* dout,
-                                                                       const float* lse, const float* delta,
-                                                                       const __nv_bfloat16* q, const __nv_bfloat16* k,
-                                                                       const __nv_bfloat16* v, const int* cu_seqlens,
-                                                                       int H, int KV) {
+__global__ void __launch_bounds__(kAttnThreads)
+    attention_backward_dq_kernel(__nv_bfloat16* dq, const __nv_bfloat16* dout, const float* lse, const float* delta,
+                                 const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v,
+                                 const int* cu_seqlens, int H, int KV) {
     DYNAMIC_SHARED(__nv_bfloat16, smem);
     __nv_bfloat16 *q_tile = smem, *do_tile = q_tile + AttnTile<D>::elems, *k_tile = do_tile + AttnTile<D>::elems,
                   *v_tile = k_tile + AttnTile<D>::elems;
@@ -240,11 +249,12 @@ __global__ void __launch_bounds__(kAttnThreads) attention_backward_dq_kernel(__n
         row_lse[r] = row < seq_len ? lse[(seq_begin + row) * H + head] : 0.0f;
         row_delta[r] = row < seq_len ? delta[(seq_begin + row) * H + head] : 0.0f;
     }
-    float acc[D / 8][4];
-    zero_fragments<D / 8>(acc);
+    float acc[AttnTile<D>::frags][4];
+    zero_fragments<AttnTile<D>::frags>(acc);
     for (long k0 = 0; k0 < key_end; k0 += kAttnTile) {
         const int keys = (int)min((long)kAttnTile, key_end - k0);
-        load_tile_pair<D>(k_tile, k + seq_begin * ldk + kv_head * D, v_tile, v + seq_begin * ldk + kv_head * D, ldk, k0, keys);
+        load_tile_pair<D>(k_tile, k + seq_begin * ldk + kv_head * D, v_tile, v + seq_begin * ldk + kv_head * D, ldk, k0,
+                          keys);
         __syncthreads();  // the tiles (and in the first round the query and dO tiles) are complete
         float s[8][4], dp[8][4];
         warp_product_abt<D>(s, q_tile + 16 * warp * AttnTile<D>::ld, k_tile);
@@ -264,9 +274,10 @@ __global__ void __launch_bounds__(kAttnThreads) attention_backward_dq_kernel(__n
 
 // dk, dv: one CTA per (key block blockIdx.x, kv head blockIdx.y, sequence blockIdx.z).
 template <int D>
-__global__ void __launch_bounds__(kAttnThreads) attention_backward_dkv_kernel(
-    __nv_bfloat16* dk, __nv_bfloat16* dv, const __nv_bfloat16* dout, const float* lse, const float* delta,
-    const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const int* cu_seqlens, int H, int KV) {
+__global__ void __launch_bounds__(kAttnThreads)
+    attention_backward_dkv_kernel(__nv_bfloat16* dk, __nv_bfloat16* dv, const __nv_bfloat16* dout, const float* lse,
+                                  const float* delta, const __nv_bfloat16* q, const __nv_bfloat16* k,
+                                  const __nv_bfloat16* v, const int* cu_seqlens, int H, int KV) {
     DYNAMIC_SHARED(__nv_bfloat16, smem);
     __nv_bfloat16 *k_tile = smem, *v_tile = k_tile + AttnTile<D>::elems, *q_tile = v_tile + AttnTile<D>::elems,
                   *do_tile = q_tile + AttnTile<D>::elems;
@@ -278,22 +289,23 @@ __global__ void __launch_bounds__(kAttnThreads) attention_backward_dkv_kernel(
     if (k0 >= seq_len) return;
     const long ldq = (long)H * D, ldk = (long)KV * D;
     const int keys = (int)min((long)kAttnTile, seq_len - k0);
-    load_tile_pair<D>(k_tile, k + seq_begin * ldk + kv_head * D, v_tile, v + seq_begin * ldk + kv_head * D, ldk, k0, keys);
+    load_tile_pair<D>(k_tile, k + seq_begin * ldk + kv_head * D, v_tile, v + seq_begin * ldk + kv_head * D, ldk, k0,
+                      keys);
     const float scale = 1.0f / sqrtf((float)D);
     const long warp_key0 = k0 + 16 * warp;
-    float dk_acc[D / 8][4], dv_acc[D / 8][4];
-    zero_fragments<D / 8>(dk_acc);
-    zero_fragments<D / 8>(dv_acc);
+    float dk_acc[AttnTile<D>::frags][4], dv_acc[AttnTile<D>::frags][4];
+    zero_fragments<AttnTile<D>::frags>(dk_acc);
+    zero_fragments<AttnTile<D>::frags>(dv_acc);
     for (int head = kv_head * group; head < (kv_head + 1) * group; head++)
         for (long q0 = k0; q0 < seq_len; q0 += kAttnTile) {  // causal: earlier queries do not see the block
             const int queries = (int)min((long)kAttnTile, seq_len - q0);
-            load_tile_pair<D>(q_tile, q + seq_begin * ldq + head * D, do_tile, dout + seq_begin * ldq + head * D, ldq, q0,
-                              queries);
+            load_tile_pair<D>(q_tile, q + seq_begin * ldq + head * D, do_tile, dout + seq_begin * ldq + head * D, ldq,
+                              q0, queries);
             for (int r = threadIdx.x; r < kAttnTile; r += blockDim.x) {
                 lse_tile[r] = r < queries ? lse[(seq_begin + q0 + r) * H + head] : 0.0f;
                 delta_tile[r] = r < queries ? delta[(seq_begin + q0 + r) * H + head] : 0.0f;
             }
-            __syncthreads();  // the tiles (and in the first round the key and value tiles) are complete
+            __syncthreads();            // the tiles (and in the first round the key and value tiles) are complete
             float st[8][4], dpt[8][4];  // keys x queries: S^T = K Q^T, dP^T = V dO^T
             warp_product_abt<D>(st, k_tile + 16 * warp * AttnTile<D>::ld, q_tile);
             warp_product_abt<D>(dpt, v_tile + 16 * warp * AttnTile<D>::ld, do_tile);
@@ -308,14 +320,34 @@ __global__ void __launch_bounds__(kAttnThreads) attention_backward_dkv_kernel(
     store_rows_bf16<D>(dv + seq_begin * ldk + kv_head * D, ldk, warp_key0, seq_len, dv_acc, 1.0f, 1.0f);
 }
 
+// Calls f(std::integral_constant<int, D>()) with D = head_dim if the kernels support it; else fails
+// naming `who`.
+template <class F>
+void with_head_dim(const char* who, int head_dim, F f) {
+    switch (head_dim) {
+        case 8:
+            return f(std::integral_constant<int, 8>());
+        case 16:
+            return f(std::integral_constant<int, 16>());
+        case 32:
+            return f(std::integral_constant<int, 32>());
+        case 64:
+            return f(std::integral_constant<int, 64>());
+        case 128:
+            return f(std::integral_constant<int, 128>());
+        default:
+            fail("%s: head dim D = %d is not supported (8, 16, 32, 64 or 128)", who, head_dim);
+    }
+}
+
 // Checks a packed batch's shapes against what the kernels support; names the wrong one.
 inline void check_attention_shape(const char* who, const PackedAttentionShape& s) {
-    if (s.D != 16 && s.D != 32 && s.D != 64 && s.D != 128)
-        fail("%s: head dim D = %d is not supported (16, 32, 64 or 128)", who, s.D);
+    with_head_dim(who, s.D, [](auto) {});
     if (s.H < 1 || s.KV < 1 || s.H % s.KV != 0)
         fail("%s: heads H = %d must be a positive multiple of kv heads KV = %d", who, s.H, s.KV);
-    if (s.T < 0 || s.num_seqs < 0 || s.max_seqlen < 0 || s.max_seqlen > s.T)
-        fail("%s: T = %ld, num_seqs = %d, max_seqlen = %d: need 0 <= max_seqlen <= T", who, s.T, s.num_seqs, s.max_seqlen);
+    if (s.T < 0 || s.num_seqs < 0 || s.max_seqlen > s.T || s.max_seqlen < (s.T > 0 ? 1 : 0))
+        fail("%s: T = %ld, num_seqs = %d, max_seqlen = %d: need 1 <= max_seqlen <= T (or T = 0)", who, s.T, s.num_seqs,
+             s.max_seqlen);
     if (s.H > 65535 || s.num_seqs > 65535)
         fail("%s: H = %d or num_seqs = %d exceeds a grid dimension (65535)", who, s.H, s.num_seqs);
 }
@@ -335,22 +367,26 @@ size_t attention_smem(Kernel kernel, int tiles, size_t extra) {
 
 template <int D>
 void attention_forward_d(__nv_bfloat16* out, float* lse, const __nv_bfloat16* q, const __nv_bfloat16* k,
-                         const __nv_bfloat16* v, const int* cu_seqlens, const PackedAttentionShape& s, cudaStream_t stream) {
+                         const __nv_bfloat16* v, const int* cu_seqlens, const PackedAttentionShape& s,
+                         cudaStream_t stream) {
     const size_t smem = attention_smem<D>(attention_forward_kernel<D>, 3, 0);
     LAUNCH_KERNEL(attention_forward_kernel<D>, attention_grid(s, s.H), kAttnThreads, smem, stream, out, lse, q, k, v,
                   cu_seqlens, s.H, s.KV);
 }
 
 template <int D>
-void attention_backward_d(__nv_bfloat16* dq, __nv_bfloat16* dk, __nv_bfloat16* dv, const __nv_bfloat16* dout,
-                          const float* lse, const float* delta, const __nv_bfloat16* q, const __nv_bfloat16* k,
-                          const __nv_bfloat16* v, const int* cu_seqlens, const PackedAttentionShape& s, cudaStream_t stream) {
+void attention_backward_d(__nv_bfloat16* dq, __nv_bfloat16* dk, __nv_bfloat16* dv, float* delta,
+                          const __nv_bfloat16* dout, const __nv_bfloat16* out, const float* lse, const __nv_bfloat16* q,
+                          const __nv_bfloat16* k, const __nv_bfloat16* v, const int* cu_seqlens,
+                          const PackedAttentionShape& s, cudaStream_t stream) {
+    const long rows = s.T * s.H;
+    LAUNCH_KERNEL(attention_delta_kernel<D>, (unsigned)((rows + 255) / 256), 256, 0, stream, delta, dout, out, rows);
     const size_t dq_smem = attention_smem<D>(attention_backward_dq_kernel<D>, 4, 0);
     LAUNCH_KERNEL(attention_backward_dq_kernel<D>, attention_grid(s, s.H), kAttnThreads, dq_smem, stream, dq, dout, lse,
                   delta, q, k, v, cu_seqlens, s.H, s.KV);
     const size_t dkv_smem = attention_smem<D>(attention_backward_dkv_kernel<D>, 4, 2 * kAttnTile * sizeof(float));
-    LAUNCH_KERNEL(attention_backward_dkv_kernel<D>, attention_grid(s, s.KV), kAttnThreads, dkv_smem, stream, dk, dv, dout,
-                  lse, delta, q, k, v, cu_seqlens, s.H, s.KV);
+    LAUNCH_KERNEL(attention_backward_dkv_kernel<D>, attention_grid(s, s.KV), kAttnThreads, dkv_smem, stream, dk, dv,
+                  dout, lse, delta, q, k, v, cu_seqlens, s.H, s.KV);
 }
 
 // Forward: out [T][H][D], lse [T][H] from q [T][H][D], k, v [T][KV][D]; cu_seqlens [num_seqs + 1]
@@ -360,12 +396,9 @@ inline void attention_forward(__nv_bfloat16* out, float* lse, const __nv_bfloat1
                               cudaStream_t stream) {
     check_attention_shape("attention_forward", s);
     if (s.T == 0 || s.num_seqs == 0) return;
-    switch (s.D) {
-        case 16: attention_forward_d<16>(out, lse, q, k, v, cu_seqlens, s, stream); break;
-        case 32: attention_forward_d<32>(out, lse, q, k, v, cu_seqlens, s, stream); break;
-        case 64: attention_forward_d<64>(out, lse, q, k, v, cu_seqlens, s, stream); break;
-        default: attention_forward_d<128>(out, lse, q, k, v, cu_seqlens, s, stream); break;
-    }
+    with_head_dim("attention", s.D, [&](auto head_dim) {
+        attention_forward_d<decltype(head_dim)::value>(out, lse, q, k, v, cu_seqlens, s, stream);
+    });
 }
 
 // Backward: dq [T][H][D], dk, dv [T][KV][D] from dout, out [T][H][D] and lse [T][H] of the forward;
@@ -376,14 +409,10 @@ inline void attention_backward(__nv_bfloat16* dq, __nv_bfloat16* dk, __nv_bfloat
                                const int* cu_seqlens, const PackedAttentionShape& s, cudaStream_t stream) {
     check_attention_shape("attention_backward", s);
     if (s.T == 0 || s.num_seqs == 0) return;
-    const long rows = s.T * s.H;
-    LAUNCH_KERNEL(attention_delta_kernel, (unsigned)((rows + 255) / 256), 256, 0, stream, delta, dout, out, rows, s.D);
-    switch (s.D) {
-        case 16: attention_backward_d<16>(dq, dk, dv, dout, lse, delta, q, k, v, cu_seqlens, s, stream); break;
-        case 32: attention_backward_d<32>(dq, dk, dv, dout, lse, delta, q, k, v, cu_seqlens, s, stream); break;
-        case 64: attention_backward_d<64>(dq, dk, dv, dout, lse, delta, q, k, v, cu_seqlens, s, stream); break;
-        default: attention_backward_d<128>(dq, dk, dv, dout, lse, delta, q, k, v, cu_seqlens, s, stream); break;
-    }
+    with_head_dim("attention", s.D, [&](auto head_dim) {
+        attention_backward_d<decltype(head_dim)::value>(dq, dk, dv, delta, dout, out, lse, q, k, v, cu_seqlens, s,
+                                                        stream);
+    });
 }
 
 }  // namespace fp8rl

@@ -1,7 +1,7 @@
 // test_attention.cu: the FlashAttention-2 kernels of cuda/attention.cuh against the CPU engine's
 // attention (cpu/attention.h) on ragged packed batches: a one-token sequence, lengths that are not
-// multiples of 16 or 64, one longer than a 64-row tile; GQA ratios 1 to 4; head dims 16, 32 (those
-// of the fixture models), 64 and 128. Inputs are BF16 values.
+// multiples of 16 or 64, one longer than a 64-row tile; GQA ratios 1 to 4; head dims 8, 16, 32
+// (those of the fixture models), 64 and 128; ten short sequences in one batch. Inputs are BF16 values.
 //
 // Bounds (first order, per element): BF16's unit roundoff is u = 2^-8. mag is the sum of the
 // magnitudes of the terms an output sums, in double precision on the host from the CPU's lse; e_s
@@ -37,10 +37,10 @@
 
 using namespace fp8rl;
 
-#define REQUIRE_GPU_FOR_ATTENTION()                   \
-    do {                                              \
-        std::string why_not = no_gpu_reason();        \
-        if (!why_not.empty()) SKIP(why_not.c_str());  \
+#define REQUIRE_GPU_FOR_ATTENTION()                  \
+    do {                                             \
+        std::string why_not = no_gpu_reason();       \
+        if (!why_not.empty()) SKIP(why_not.c_str()); \
     } while (0)
 
 namespace {
@@ -57,14 +57,16 @@ const AttentionCase kCases[] = {
     {"D32 H3 KV1", {33, 1, 64, 9}, 3, 1, 32},
     {"D64 H2 KV2", {70, 1, 20}, 2, 2, 64},
     {"D128 H4 KV2", {3, 66, 1, 16}, 4, 2, 128},
+    {"D8 H2 KV1", {40, 1, 6}, 2, 1, 8},
+    {"D16 H2 KV1, 10 sequences", {2, 7, 1, 15, 16, 3, 31, 1, 9, 12}, 2, 1, 16},
 };
 
 // A packed batch: BF16 values held as floats (what the CPU engine reads), and the device layout.
 struct Batch {
     PackedAttentionShape shape;
-    std::vector<int64_t> offsets;         // the CPU's seq_offsets
-    std::vector<int> cu_seqlens;          // the same, int32, for the device
-    std::vector<float> q, k, v, dout;     // q, dout [T][H][D]; k, v [T][KV][D]
+    std::vector<int64_t> offsets;      // the CPU's seq_offsets
+    std::vector<int> cu_seqlens;       // the same, int32, for the device
+    std::vector<float> q, k, v, dout;  // q, dout [T][H][D]; k, v [T][KV][D]
 };
 
 std::vector<float> bf16_values(size_t n, uint32_t seed, float amplitude) {
@@ -133,7 +135,8 @@ GpuResults run_gpu(const Batch& b, bool backward) {
     auto dq = nan_buffer<__nv_bfloat16>(b.q.size()), dk = nan_buffer<__nv_bfloat16>(b.k.size()),
          dv = nan_buffer<__nv_bfloat16>(b.v.size());
     auto delta = nan_buffer<float>((size_t)s.T * s.H);
-    attention_backward(dq->ptr, dk->ptr, dv->ptr, delta->ptr, dout.ptr, out->ptr, lse->ptr, q.ptr, k.ptr, v.ptr, cu.ptr, s, 0);
+    attention_backward(dq->ptr, dk->ptr, dv->ptr, delta->ptr, dout.ptr, out->ptr, lse->ptr, q.ptr, k.ptr, v.ptr, cu.ptr,
+                       s, 0);
     r.dq = to_float(dq->download());
     r.dk = to_float(dk->download());
     r.dv = to_float(dv->download());
@@ -165,7 +168,8 @@ Magnitudes magnitudes(const Batch& b, const std::vector<float>& lse, const std::
                     const float *kj = &b.k[j * ldk + kvh * D], *vj = &b.v[j * ldk + kvh * D];
                     double score = 0, dp = 0;
                     for (int d = 0; d < D; d++) score += (double)qi[d] * kj[d], dp += (double)doi[d] * vj[d];
-                    const double p = std::exp(score * scale - lse[i * s.H + h]), ds = std::fabs(p * (dp - delta) * scale);
+                    const double p = std::exp(score * scale - lse[i * s.H + h]),
+                                 ds = std::fabs(p * (dp - delta) * scale);
                     for (int d = 0; d < D; d++) {
                         m.o[i * ldq + h * D + d] += p * std::fabs(vj[d]);
                         m.dq[i * ldq + h * D + d] += ds * std::fabs(kj[d]);
@@ -190,13 +194,15 @@ int count_outside(const char* what, const std::vector<float>& got, const std::ve
     for (size_t i = 0; i < want.size(); i++) {
         const double err = std::fabs((double)got[i] - want[i]), bound = rel * (mag[i] + std::fabs(want[i])) + abs_tol;
         if (!(err <= bound)) {  // NaN counts as outside
-            if (bad++ < 3) CHECK_MSG(false, "%s[%zu] = %.7g, expected %.7g (bound %.3g)", what, i, got[i], want[i], bound);
+            if (bad++ < 3)
+                CHECK_MSG(false, "%s[%zu] = %.7g, expected %.7g (bound %.3g)", what, i, got[i], want[i], bound);
             worst_ratio = INFINITY;
         }
         worst = err > worst ? err : worst;
         worst_ratio = err / bound > worst_ratio ? err / bound : worst_ratio;
     }
-    printf("    %-4s max |err| %.3g, max err/bound %.3g, %d / %zu outside\n", what, worst, worst_ratio, bad, want.size());
+    printf("    %-4s max |err| %.3g, max err/bound %.3g, %d / %zu outside\n", what, worst, worst_ratio, bad,
+           want.size());
     return bad;
 }
 
@@ -208,7 +214,8 @@ TEST(attention_forward_matches_cpu_bf16) {
         Batch b = make_batch(c);
         const PackedAttentionShape& s = b.shape;
         std::vector<float> out(b.q.size()), lse((size_t)s.T * s.H);
-        attention_forward_packed(out.data(), lse.data(), b.q.data(), b.k.data(), b.v.data(), b.offsets, {s.H, s.KV, s.D}, true);
+        attention_forward_packed(out.data(), lse.data(), b.q.data(), b.k.data(), b.v.data(), b.offsets,
+                                 {s.H, s.KV, s.D}, true);
         GpuResults g = run_gpu(b, false);
         Magnitudes m = magnitudes(b, lse, out);
         printf("  %s, T = %ld:\n", c.name, s.T);
@@ -225,8 +232,8 @@ TEST(attention_backward_matches_cpu) {
         const PackedAttentionShape& s = b.shape;
         GpuResults g = run_gpu(b, true);
         std::vector<float> dq(b.q.size()), dk(b.k.size()), dv(b.v.size()), delta((size_t)s.T * s.H);
-        attention_backward_packed(dq.data(), dk.data(), dv.data(), delta.data(), b.dout.data(), g.out.data(), g.lse.data(),
-                                  b.q.data(), b.k.data(), b.v.data(), b.offsets, s.T, {s.H, s.KV, s.D});
+        attention_backward_packed(dq.data(), dk.data(), dv.data(), delta.data(), b.dout.data(), g.out.data(),
+                                  g.lse.data(), b.q.data(), b.k.data(), b.v.data(), b.offsets, s.T, {s.H, s.KV, s.D});
         Magnitudes m = magnitudes(b, g.lse, g.out);
         printf("  %s, T = %ld:\n", c.name, s.T);
         const double rel = 0x1p-8 + score_error(s);
@@ -242,7 +249,8 @@ namespace {
 double forward_loss(const Batch& b) {
     const PackedAttentionShape& s = b.shape;
     std::vector<float> out(b.q.size()), lse((size_t)s.T * s.H);
-    attention_forward_packed(out.data(), lse.data(), b.q.data(), b.k.data(), b.v.data(), b.offsets, {s.H, s.KV, s.D}, false);
+    attention_forward_packed(out.data(), lse.data(), b.q.data(), b.k.data(), b.v.data(), b.offsets, {s.H, s.KV, s.D},
+                             false);
     double loss = 0;
     for (size_t i = 0; i < out.size(); i++) loss += (double)b.dout[i] * out[i];
     return loss;
@@ -284,8 +292,8 @@ TEST(attention_backward_matches_finite_differences) {
                 const double fd = central_difference(b, *in.x, i), got = (*in.grad)[i];
                 const double rel = 2 * (0x1p-8 + score_error(s));
                 const double bound = rel * ((*in.mag)[i] + std::fabs(fd)) + 2e-3, err = std::fabs(got - fd);
-                CHECK_MSG(err <= bound, "%s: d%s[%zu] = %.6g, finite difference %.6g (bound %.3g)", c.name, in.name, i, got,
-                          fd, bound);
+                CHECK_MSG(err <= bound, "%s: d%s[%zu] = %.6g, finite difference %.6g (bound %.3g)", c.name, in.name, i,
+                          got, fd, bound);
                 worst_ratio = err / bound > worst_ratio ? err / bound : worst_ratio;
                 points++;
             }
@@ -293,13 +301,25 @@ TEST(attention_backward_matches_finite_differences) {
     }
 }
 
+// Every output has one writer and a fixed summation order (no atomics): two runs agree bit for bit.
+TEST(attention_backward_is_deterministic) {
+    REQUIRE_GPU_FOR_ATTENTION();
+    Batch b = make_batch(kCases[0]);
+    GpuResults first = run_gpu(b, true), second = run_gpu(b, true);
+    CHECK(memcmp(first.dq.data(), second.dq.data(), first.dq.size() * sizeof(float)) == 0);
+    CHECK(memcmp(first.dk.data(), second.dk.data(), first.dk.size() * sizeof(float)) == 0);
+    CHECK(memcmp(first.dv.data(), second.dv.data(), first.dv.size() * sizeof(float)) == 0);
+}
+
 TEST(attention_rejects_unsupported_shapes) {
-    PackedAttentionShape s{10, 4, 2, 8, 1, 10};  // head dim 8, as test/fixtures/models' smallest model
-    CHECK_THROWS(attention_forward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, s, 0), "head dim D = 8");
+    PackedAttentionShape s{10, 4, 2, 48, 1, 10};
+    CHECK_THROWS(attention_forward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, s, 0), "head dim D = 48");
     s = {10, 4, 3, 64, 1, 10};
     CHECK_THROWS(attention_backward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
                                     nullptr, nullptr, s, 0),
                  "kv heads KV = 3");
     s = {10, 4, 2, 64, 2, 11};
     CHECK_THROWS(attention_forward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, s, 0), "max_seqlen = 11");
+    s = {10, 4, 2, 64, 2, 0};
+    CHECK_THROWS(attention_forward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, s, 0), "max_seqlen = 0");
 }

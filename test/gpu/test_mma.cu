@@ -12,10 +12,10 @@
 
 using namespace fp8rl;
 
-#define REQUIRE_GPU_FOR_MMA()                         \
-    do {                                              \
-        std::string why_not = no_gpu_reason();        \
-        if (!why_not.empty()) SKIP(why_not.c_str());  \
+#define REQUIRE_GPU_FOR_MMA()                        \
+    do {                                             \
+        std::string why_not = no_gpu_reason();       \
+        if (!why_not.empty()) SKIP(why_not.c_str()); \
     } while (0)
 
 namespace {
@@ -111,13 +111,9 @@ void check_mma(bool b_by_rows) {
 
 }  // namespace
 
-TEST(mma_m16n8k16_b_by_columns_matches_matmul) {
-    check_mma(false);
-}
+TEST(mma_m16n8k16_b_by_columns_matches_matmul) { check_mma(false); }
 
-TEST(mma_m16n8k16_b_by_rows_matches_matmul) {
-    check_mma(true);
-}
+TEST(mma_m16n8k16_b_by_rows_matches_matmul) { check_mma(true); }
 
 // (A B) E with A B kept in registers and repacked as an A operand: the probabilities-times-V path.
 TEST(mma_chained_through_pack_c_as_a_matches_matmul) {
