@@ -18,8 +18,8 @@ namespace fp8rl {
 class CpuEngine : public Engine {
 public:
     // dir: a HF model directory; its side files (tokenizer, generation config) are copied into
-    // every checkpoint.
-    explicit CpuEngine(const std::string& dir)
+    // every checkpoint. The CPU engine has no engine-specific options.
+    explicit CpuEngine(const std::string& dir, const EngineOptions& = {})
         : source_dir_(dir), weights_(ModelWeights::load(dir)), model_(weights_), grads_(weights_.num_floats(), 0.0f) {}
 
     // A frozen copy (the KL reference policy): same weights, its own buffers.

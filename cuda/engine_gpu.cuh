@@ -55,8 +55,8 @@ struct LayerActsGpu {
 class GpuEngine : public Engine {
   public:
     // dir: a HF model directory (its tokenizer and generation config are copied into checkpoints).
-    explicit GpuEngine(const std::string& dir)
-        : source_dir_(dir), weights_(ModelWeights::load(dir)), model_(weights_), head_(gemm_) {
+    explicit GpuEngine(const std::string& dir, const EngineOptions& options = {})
+        : options_(options), source_dir_(dir), weights_(ModelWeights::load(dir)), model_(weights_), head_(gemm_) {
         const size_t P = weights_.num_floats();
         master_.resize(P, "FP32 master weights");
         bf16_.resize(P, "BF16 weight copy");
@@ -70,7 +70,7 @@ class GpuEngine : public Engine {
     }
 
     // A frozen copy (the KL reference policy): the same weights, no optimizer.
-    GpuEngine(const GpuEngine& other) : GpuEngine(other.source_dir_) {
+    GpuEngine(const GpuEngine& other) : GpuEngine(other.source_dir_, other.options_) {
         CUDA_CHECK(cudaMemcpy(master_.get(), other.master_.get(), master_.size() * sizeof(float), cudaMemcpyDeviceToDevice));
         refresh_derived();
     }
@@ -171,6 +171,7 @@ class GpuEngine : public Engine {
     struct UsableDevice {
         UsableDevice() { check_device(); }
     } device_;
+    EngineOptions options_;
     std::string source_dir_;
     ModelWeights weights_;  // config and tensor table; master values only while saving or generating
     CpuModel model_;        // shapes, tensor offsets, RoPE frequencies (the CPU engine's, shared)

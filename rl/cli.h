@@ -116,13 +116,14 @@ void train_on_ranks(const Args& args, const Dist& dist, const char* binary) {
     }
     dist.barrier();
     const std::string dir = model_directory(args, cfg, dist);
-    EngineT engine(dir);
+    const EngineOptions options = engine_options_from_args(args);
+    EngineT engine(dir, options);
     check_fits_context(cfg, engine.config());
     std::unique_ptr<EngineT> reference;  // a frozen copy, only when the KL term needs it
     if (cfg.kl_coef > 0) {
         if (!args.given("resume")) reference = std::make_unique<EngineT>(engine);
-        else if (args.given("model")) reference = std::make_unique<EngineT>(args.str("model"));
-        else reference = std::make_unique<EngineT>(cfg.out_dir + "/init_model");
+        else if (args.given("model")) reference = std::make_unique<EngineT>(args.str("model"), options);
+        else reference = std::make_unique<EngineT>(cfg.out_dir + "/init_model", options);
     }
     std::unique_ptr<Tokenizer> tok = Tokenizer::load(dir + "/tokenizer.json");
     Trainer trainer(cfg, dist, engine, reference.get(), *tok, dir, training_prompts(cfg), eval_prompts(cfg));
@@ -174,7 +175,7 @@ int run_cli(const Args& args, const char* binary, const GenerationMode& generati
     if (args.given("logprobs")) {
         if (!args.given("model")) fail("--logprobs needs --model DIR (a HF model directory)");
         if (args.integer("threads") > 0) omp_set_num_threads((int)args.integer("threads"));
-        EngineT engine(args.str("model"));
+        EngineT engine(args.str("model"), engine_options_from_args(args));
         const std::string& in = args.str("logprobs");
         write_mode_output(args.str("output"),
                           logprobs_jsonl(engine, (int)engine.config().vocab_size, parse_precision(args.str("precision"), "--precision"),

@@ -44,6 +44,11 @@ struct Sequence {
     int32_t response_len() const { return (int32_t)ids.size() - prompt_len; }
 };
 
+// An engine's settings from the command line (rl/args.h, the flags marked for one engine). Each
+// engine reads the fields that concern it and ignores the others.
+struct EngineOptions {
+};
+
 // Per response position of each sequence.
 using TokenValues = std::vector<std::vector<float>>;
 

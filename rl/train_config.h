@@ -60,6 +60,12 @@ struct TrainConfig {
     int max_bad_steps = 3;
 };
 
+inline EngineOptions engine_options_from_args(const Args& a) {
+    (void)a;  // no engine flag yet: the GPU engine's join here
+    EngineOptions o;
+    return o;
+}
+
 inline TrainConfig train_config_from_args(const Args& a) {
     TrainConfig c;
     c.task = a.str("task");
