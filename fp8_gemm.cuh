@@ -15,6 +15,7 @@
 #ifndef FP8RL_FP8_GEMM_CUH
 #define FP8RL_FP8_GEMM_CUH
 #include "cuda/common.cuh"
+#include "cuda/element.cuh"
 #ifndef FP8RL_EMU
 #include <cublasLt.h>
 #endif
@@ -44,9 +45,6 @@ constexpr int QUANT_THREADS = 256;
 inline constexpr int TILE_PITCH = FP8_BLOCK + 1;  // padded row: column reads hit distinct banks
 inline constexpr size_t TILE_BYTES = sizeof(float) * FP8_BLOCK * TILE_PITCH;
 
-__device__ __forceinline__ float load_as_float(float x) { return x; }
-__device__ __forceinline__ float load_as_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-
 // Loads tile (tile_r, tile_c) of x [rows][cols] into smem [128][TILE_PITCH]; elements outside x
 // are stored as 0, which never changes an amax.
 template <class In>
@@ -54,7 +52,7 @@ __device__ inline void load_tile(const In* x, int rows, int cols, int tile_r, in
     for (int i = threadIdx.x; i < FP8_BLOCK * FP8_BLOCK; i += blockDim.x) {
         int r = tile_r * FP8_BLOCK + i / FP8_BLOCK, c = tile_c * FP8_BLOCK + i % FP8_BLOCK;
         tile[(i / FP8_BLOCK) * TILE_PITCH + i % FP8_BLOCK] =
-            (r < rows && c < cols) ? load_as_float(x[(size_t)r * cols + c]) : 0.0f;
+            (r < rows && c < cols) ? as_float(x[(size_t)r * cols + c]) : 0.0f;
     }
     __syncthreads();
 }
