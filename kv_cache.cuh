@@ -46,10 +46,11 @@ namespace fp8rl {
 // on the page size (any page_tokens >= 1 works).
 constexpr int kKvPageTokens = 16;
 
-constexpr int kDecodeTile = 32;        // keys per shared-memory tile: one per lane in the softmax step
+constexpr int kDecodeTile = 32;        // keys per shared-memory tile: one per lane of the warp that scores them
 constexpr int kDecodeThreads = 128;    // 4 warps per CTA
 constexpr int kDecodeMaxSplits = 16;   // chunks of the cache length per (row, kv head)
 constexpr int kDecodeMinSplitKeys = 256;  // a chunk shorter than this costs more in the merge than it saves
+static_assert(kDecodeTile == 32 && kDecodeThreads % 32 == 0, "a warp scores one tile, a lane per key");
 
 struct KvCacheShape {
     int layers, kv_heads, head_dim;
@@ -86,7 +87,7 @@ __global__ void kv_append_kernel(Elem* k_pool, Elem* v_pool, const float* k_scal
 
 // Dynamic shared memory of a decode CTA, in floats: q and the output accumulator [group][D], the
 // key tile [kDecodeTile][D + 1] (the odd row stride keeps the 32 lanes that read 32 keys at one d
-// on 32 banks), the value tile [kDecodeTile][D], scores [group][kDecodeTile], and per head the
+// on 32 banks), the value tile [kDecodeTile][D], probabilities [group][kDecodeTile], and per head the
 // running max, the running sum and the last rescale factor.
 inline size_t decode_smem_floats(int group, int D) {
     return (size_t)2 * group * D + (size_t)kDecodeTile * (2 * D + 1) + (size_t)group * kDecodeTile + 3 * group;
@@ -135,19 +136,14 @@ __global__ void __launch_bounds__(kDecodeThreads)
             v_s[j * D + d] = kv_value(v_pool[at], vs);
         }
         __syncthreads();  // the tiles are complete (and in the first round q, the output and the statistics)
-        for (int e = threadIdx.x; e < group * kDecodeTile; e += blockDim.x) {
-            const int g = e / kDecodeTile, j = e % kDecodeTile;
+        for (int g = warp; g < group; g += warps) {  // a warp per head, a lane per key
             float s = -INFINITY;
-            if (j < keys) {
+            if (lane < keys) {
                 s = 0.0f;
-                for (int d = 0; d < D; d++) s += q_s[g * D + d] * k_s[j * (D + 1) + d];
+                for (int d = 0; d < D; d++) s += q_s[g * D + d] * k_s[lane * (D + 1) + d];
                 s *= scale;
             }
-            p_s[e] = s;
-        }
-        __syncthreads();  // every score of the tile is written
-        for (int g = warp; g < group; g += warps) {  // a warp per head, a lane per key
-            const float s = p_s[g * kDecodeTile + lane], old_max = max_s[g];
+            const float old_max = max_s[g];
             const float new_max = fmaxf(old_max, warp_reduce(s, MaxOp()));  // finite: the tile has a key
             const float p = fast_exp(s - new_max), rescale = fast_exp(old_max - new_max);  // exp(-inf) = 0
             const float tile_sum = warp_reduce(p, SumOp());

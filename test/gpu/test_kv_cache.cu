@@ -1,7 +1,7 @@
 // test_kv_cache.cu: the paged KV cache of kv_cache.cuh against the CPU engine's cache and decode
 // attention (cpu/kv_cache.h, cpu/attention.h's attention_forward_cached) on the same K, V and Q:
 // BF16 and FP8 pages, ragged lengths (1 token, exactly a page, a page + 1, many pages), idle rows,
-// GQA ratios 1 to 4, head dims 8, 16, 32 (the fixture models and --init tiny), 64 and 128, pages
+// GQA ratios 1 to 4 and 7, head dims 8, 16, 32 (the fixture models and --init tiny), 64 and 128, pages
 // scattered over the pool (a shuffled page table), several chunk counts; FP8 append against the
 // host encoder, copy_page, the amax reduction, a CUDA-graph replay and bad input.
 //
@@ -53,6 +53,7 @@ const DecodeCase kCases[] = {
     {"D128 H2 KV2", 2, 2, 128, 16, {129, 16, 1}, {2}},
     {"D8 H6 KV2, 7-token pages", 6, 2, 8, 7, {15, 7, 8, 50}, {1, 4}},
     {"D32 H4 KV4, idle rows", 4, 4, 32, 16, {0, 40, 0}, {2}},
+    {"D32 H7 KV1 (a warp scores two heads)", 7, 1, 32, 16, {70, 2}, {2}},
 };
 
 constexpr int kLayers = 2, kLayer = 1;  // the layer under test; layer 0 gets other values at the same slots
