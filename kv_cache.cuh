@@ -94,21 +94,23 @@ inline size_t decode_smem_floats(int group, int D) {
 }
 
 // One CTA per (chunk blockIdx.x, kv head blockIdx.y, row blockIdx.z): the group's query heads over
-// the keys [chunk * split_keys, min(lens[row], (chunk + 1) * split_keys)) of the row. Writes
+// the keys [chunk * split_keys, min(lens[row], max_len, (chunk + 1) * split_keys)) of the row. Writes
 // part_o [B][H][splits][D] (the chunk's softmax-weighted V, normalised by the chunk's sum) and
 // part_lse [B][H][splits] (-inf for a chunk without keys, whose part_o is 0).
 template <int D, class Elem>
 __global__ void __launch_bounds__(kDecodeThreads)
     kv_decode_split_kernel(float* part_o, float* part_lse, const __nv_bfloat16* q, const Elem* k_pool,
                            const Elem* v_pool, const float* k_scale, const float* v_scale, const int32_t* page_table,
-                           int max_pages, const int32_t* lens, int H, int KV, int page_tokens, int split_keys) {
+                           int max_pages, const int32_t* lens, int max_len, int H, int KV, int page_tokens,
+                           int split_keys) {
     DYNAMIC_SHARED(float, decode_smem);  // named apart from attention.cuh's BF16 `smem`: one extern symbol per name
     const int group = H / KV, kv_head = blockIdx.y, splits = gridDim.x, chunk = blockIdx.x;
     const long row = blockIdx.z, head0 = (long)kv_head * group;
     float *q_s = decode_smem, *o_s = q_s + group * D, *k_s = o_s + group * D, *v_s = k_s + kDecodeTile * (D + 1),
           *p_s = v_s + kDecodeTile * D, *max_s = p_s + group * kDecodeTile, *sum_s = max_s + group,
           *rescale_s = sum_s + group;
-    const long key_begin = (long)chunk * split_keys, key_end = min((long)lens[row], key_begin + split_keys);
+    // keys past max_len (<= max_pages * page_tokens) are never read, whatever lens says
+    const long key_begin = (long)chunk * split_keys, key_end = min((long)min(lens[row], max_len), key_begin + split_keys);
     const long out_row0 = (row * H + head0) * splits + chunk;  // part_lse index of the group's first head
     if (key_begin >= key_end) {  // an idle row or a chunk past the row's length: reads nothing
         for (int e = threadIdx.x; e < group * D; e += blockDim.x) part_o[(out_row0 + (e / D) * splits) * D + e % D] = 0.0f;
@@ -168,22 +170,22 @@ __global__ void __launch_bounds__(kDecodeThreads)
     for (int g = threadIdx.x; g < group; g += blockDim.x) part_lse[out_row0 + g * splits] = max_s[g] + logf(sum_s[g]);
 }
 
-// out [B][H][D] = the chunks of each (row, head) merged by their LSE weights, one thread per output;
-// an idle row (lens 0) gets zeros. Chunks are added in chunk order.
+// out [B][H][D] = the chunks of each (row, head) merged by their LSE weights, one thread per output,
+// chunks added in chunk order; a row without keys (idle: every chunk's LSE is -inf) gets zeros.
 template <int D>
-__global__ void kv_decode_merge_kernel(__nv_bfloat16* out, const float* part_o, const float* part_lse,
-                                       const int32_t* lens, int H, int splits, long B) {
+__global__ void kv_decode_merge_kernel(__nv_bfloat16* out, const float* part_o, const float* part_lse, int splits,
+                                       long outputs) {
     const long i = blockIdx.x * (long)blockDim.x + threadIdx.x;
-    if (i >= B * H * D) return;
+    if (i >= outputs) return;
     const long row_head = i / D;
     const int d = (int)(i % D);
-    if (lens[row_head / H] <= 0) {
-        out[i] = __float2bfloat16_rn(0.0f);
-        return;
-    }
     const float* lse = part_lse + row_head * splits;
     float lse_max = -INFINITY;
     for (int s = 0; s < splits; s++) lse_max = fmaxf(lse_max, lse[s]);
+    if (lse_max == -INFINITY) {
+        out[i] = __float2bfloat16_rn(0.0f);
+        return;
+    }
     float weight_sum = 0.0f, acc = 0.0f;
     for (int s = 0; s < splits; s++) {
         const float w = fast_exp(lse[s] - lse_max);  // 0 for an empty chunk
@@ -337,11 +339,12 @@ class PagedKvCache {
                 LAUNCH_KERNEL((kv_decode_split_kernel<D, Elem>), dim3(splits, shape_.kv_heads, B), kDecodeThreads, smem,
                               stream, part_o_.get(), part_lse_.get(), q, layer_pool<Elem>(k_pool_, layer),
                               layer_pool<Elem>(v_pool_, layer), k_scale_dev_.get() + layer, v_scale_dev_.get() + layer,
-                              page_table, max_pages, lens, heads, shape_.kv_heads, shape_.page_tokens, split_keys);
+                              page_table, max_pages, lens, max_len, heads, shape_.kv_heads, shape_.page_tokens,
+                              split_keys);
             });
             const long outputs = (long)B * heads * D;
             LAUNCH_KERNEL(kv_decode_merge_kernel<D>, (unsigned)((outputs + 255) / 256), 256, 0, stream, out,
-                          part_o_.get(), part_lse_.get(), lens, heads, splits, (long)B);
+                          part_o_.get(), part_lse_.get(), splits, outputs);
         });
     }
 

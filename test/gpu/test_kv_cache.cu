@@ -49,7 +49,7 @@ struct DecodeCase {
 // Small enough for emulation (128 threads per CTA, one CTA per chunk, kv head and row).
 const DecodeCase kCases[] = {
     {"D16 H4 KV2", 4, 2, 16, 16, {1, 16, 17, 0, 150, 33}, {1, 3, 0}},
-    {"D64 H4 KV1", 4, 1, 64, 16, {0, 64, 1, 300}, {1, 5}},
+    {"D64 H4 KV1", 4, 1, 64, 16, {0, 64, 1, 300}, {1, 5, 0}},
     {"D128 H2 KV2", 2, 2, 128, 16, {129, 16, 1}, {2}},
     {"D8 H6 KV2, 7-token pages", 6, 2, 8, 7, {15, 7, 8, 50}, {1, 4}},
     {"D32 H4 KV4, idle rows", 4, 4, 32, 16, {0, 40, 0}, {2}},
@@ -400,6 +400,20 @@ TEST(kv_decode_attention_replays_in_a_graph) {
     CUDA_CHECK(cudaGraphExecDestroy(exec));
     CUDA_CHECK(cudaGraphDestroy(graph));
     CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
+// A length above max_len (a caller's bug) reads no key past max_len: not the -1 entries of the page
+// table after the row's pages (ASan would see the read), and the result is attention over max_len keys.
+TEST(kv_decode_attention_reads_no_key_past_max_len) {
+    REQUIRE_GPU();
+    const DecodeCase c = {"D16 H2 KV1", 2, 1, 16, 16, {17}, {1}};
+    const PagedBatch b = make_batch(c, 31);
+    GpuCache g(b, Precision::BF16, {1.0f, 1.0f}, {1.0f, 1.0f}, c.H);
+    g.lens.upload(std::vector<int32_t>{40});
+    const std::vector<float> got = gpu_decode(g, b, c.H, 17, 2);
+    const CpuDecode want = cpu_decode(b, c.H, Precision::BF16, 1.0f, 1.0f, false);
+    const std::vector<double> mag = magnitudes(b, c.H, Precision::BF16, 1.0f, 1.0f, want.lse);
+    CHECK(count_outside("O over max_len keys vs cpu fp32", got, want.out, mag, 0x1p-8 + score_error(c.D) + 1e-5) == 0);
 }
 
 // Bad shapes and calls fail with one line naming what is wrong.
