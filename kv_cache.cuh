@@ -145,7 +145,8 @@ __global__ void __launch_bounds__(kDecodeThreads)
                 for (int d = 0; d < D; d++) s += q_s[g * D + d] * k_s[lane * (D + 1) + d];
                 s *= scale;
             }
-            const float old_max = max_s[g];
+            // lane 0 owns the head's statistics (no lane reads them while it writes); the others get its copy
+            const float old_max = __shfl_sync(0xFFFFFFFFu, lane == 0 ? max_s[g] : 0.0f, 0);
             const float new_max = fmaxf(old_max, warp_reduce(s, MaxOp()));  // finite: the tile has a key
             const float p = fast_exp(s - new_max), rescale = fast_exp(old_max - new_max);  // exp(-inf) = 0
             const float tile_sum = warp_reduce(p, SumOp());
