@@ -119,6 +119,46 @@ TEST(sampling_kernel_matches_host_on_vocabulary_rows) {
     }
 }
 
+// Captured in a CUDA graph and replayed after new logits, keys and positions are uploaded to the same
+// buffers: the host's draws on the new inputs.
+TEST(sampling_kernel_replays_in_a_graph) {
+    REQUIRE_GPU();
+    const int B = 3, V = 1000, n = 990;
+    const SamplingParams p = {0.9f, 20, 0.9f};
+    std::vector<float> logits((size_t)B * V);
+    DeviceBuffer<float> d_logits(logits.size()), scratch((size_t)B * n);
+    DeviceBuffer<uint32_t> keys(B), positions(B);
+    DeviceBuffer<SampledToken> out(B);
+    cudaStream_t stream;
+    CUDA_CHECK(cudaStreamCreate(&stream));
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    sample_tokens_gpu(out.ptr, nullptr, d_logits.ptr, B, V, n, p, kSeed, kStep, keys.ptr, positions.ptr, scratch.ptr,
+                      stream);
+    CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+    CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    for (size_t i = 0; i < logits.size(); i++) logits[i] = 3.0f * hash_uniform(i, 8);
+    const std::vector<uint32_t> k = {7, 8, 9}, pos = {1, 2, 3};
+    d_logits.upload(logits);
+    keys.upload(k);
+    positions.upload(pos);
+    CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    const std::vector<SampledToken> dev = out.download();
+    std::vector<float> host_scratch(n);
+    for (int b = 0; b < B; b++) {
+        const SampledToken h = sample_token(&logits[(size_t)b * V], n, p, rng_uniform(kSeed, kStep, k[b], pos[b]),
+                                            host_scratch.data());
+        CHECK_MSG(h.token == dev[b].token && float_bits(h.logprob) == float_bits(dev[b].logprob) &&
+                      float_bits(h.logprob_full) == float_bits(dev[b].logprob_full),
+                  "row %d: host %d %.9g, replayed %d %.9g", b, h.token, h.logprob, dev[b].token, dev[b].logprob);
+    }
+    CUDA_CHECK(cudaGraphExecDestroy(exec));
+    CUDA_CHECK(cudaGraphDestroy(graph));
+    CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
 TEST(sampling_kernel_rejects_bad_input) {
     REQUIRE_GPU();
     auto fails = [](const char* what, auto f) {
