@@ -301,14 +301,29 @@ class PagedKvCache {
         });
     }
 
-    // Sizes the decode workspace for up to max_batch rows of `heads` query heads (allocates; call it
-    // before capturing a graph). decode_attention fails if a call needs more.
+    // Sizes the decode workspace for up to max_batch rows of `heads` query heads (allocates) and
+    // allows the decode kernel the shared memory of heads / kv_heads query heads per CTA: call it
+    // before capturing a graph. decode_attention fails if a call needs more.
     void reserve_decode(int max_batch, int heads) {
         check_heads("reserve_decode", heads);
         if (max_batch < 1) fail("PagedKvCache::reserve_decode: max_batch = %d rows (need >= 1)", max_batch);
+        const int group = heads / shape_.kv_heads;
+        const size_t smem = decode_smem_floats(group, shape_.head_dim) * sizeof(float);
+        if (smem > 227 * 1024)
+            fail("PagedKvCache::reserve_decode: %d query heads per kv head need %zu bytes of shared memory (at most "
+                 "227 KB)", group, smem);
+        with_head_dim("PagedKvCache::reserve_decode", shape_.head_dim, [&](auto head_dim) {
+            constexpr int D = decltype(head_dim)::value;
+            dispatch_storage([&](auto elem) {
+                using Elem = decltype(elem);
+                CUDA_CHECK(cudaFuncSetAttribute((kv_decode_split_kernel<D, Elem>),
+                                                cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+            });
+        });
         const size_t partials = decode_partials_for(shape_, max_batch, heads, sm_count_);
         part_o_.resize(partials * shape_.head_dim, "KV cache: decode partial outputs");
         part_lse_.resize(partials, "KV cache: decode partial LSE");
+        decode_group_ = group;
     }
     // Device bytes reserve_decode(max_batch, heads) takes, for the memory plan.
     static size_t decode_workspace_bytes(const KvCacheShape& shape, int max_batch, int heads, int sm_count) {
@@ -324,8 +339,8 @@ class PagedKvCache {
     // tokens of sequence b, whose pages are page_table[b * max_pages + 0 ..] (device int32); q
     // [B][H][D] BF16; query head h reads kv head h / (H / kv_heads). lens[b] == 0: an idle row, zeros
     // written, nothing read. max_len >= every lens[b] (keys past it are not read) fixes the chunk
-    // count; splits > 0 overrides decode_splits (tests). No host sync and no allocation: capturable
-    // in a CUDA graph, after reserve_decode.
+    // count; splits > 0 overrides decode_splits (tests). No host sync, no allocation, no attribute
+    // call: capturable in a CUDA graph, after reserve_decode.
     void decode_attention(int layer, __nv_bfloat16* out, const __nv_bfloat16* q, int heads, const int32_t* page_table,
                           int max_pages, const int32_t* lens, int B, int max_len, cudaStream_t stream, int splits = 0) {
         check_layer("decode_attention", layer);
@@ -337,9 +352,10 @@ class PagedKvCache {
         if (B == 0) return;
         if (splits <= 0) splits = decode_splits(B, max_len);
         if (splits > kDecodeMaxSplits) fail("PagedKvCache::decode_attention: %d splits (at most %d)", splits, kDecodeMaxSplits);
-        if ((size_t)B * heads * splits > part_lse_.size())
-            fail("PagedKvCache::decode_attention: %d rows x %d heads x %d splits exceed the decode workspace (%zu); call "
-                 "reserve_decode(max batch, heads) first", B, heads, splits, part_lse_.size());
+        if ((size_t)B * heads * splits > part_lse_.size() || heads / shape_.kv_heads > decode_group_)
+            fail("PagedKvCache::decode_attention: %d rows x %d heads x %d splits exceed the decode workspace (%zu "
+                 "partials, %d heads per kv head); call reserve_decode(max batch, heads) first", B, heads, splits,
+                 part_lse_.size(), decode_group_);
         const int chunk = (std::max(max_len, 1) + splits - 1) / splits;
         const int split_keys = (chunk + kDecodeTile - 1) / kDecodeTile * kDecodeTile;
         const int group = heads / shape_.kv_heads;
@@ -347,12 +363,7 @@ class PagedKvCache {
             constexpr int D = decltype(head_dim)::value;
             dispatch_storage([&](auto elem) {
                 using Elem = decltype(elem);
-                const size_t smem = decode_smem_floats(group, D) * sizeof(float);
-                if (smem > 227 * 1024)
-                    fail("PagedKvCache::decode_attention: %d query heads per kv head need %zu bytes of shared memory "
-                         "(at most 227 KB)", group, smem);
-                CUDA_CHECK(cudaFuncSetAttribute((kv_decode_split_kernel<D, Elem>),
-                                                cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+                const size_t smem = decode_smem_floats(group, D) * sizeof(float);  // allowed by reserve_decode
                 LAUNCH_KERNEL((kv_decode_split_kernel<D, Elem>), dim3(splits, shape_.kv_heads, B), kDecodeThreads, smem,
                               stream, part_o_.get(), part_lse_.get(), q, layer_pool<Elem>(k_pool_, layer),
                               layer_pool<Elem>(v_pool_, layer), k_scale_dev_.get() + layer, v_scale_dev_.get() + layer,
@@ -388,6 +399,7 @@ class PagedKvCache {
     DeviceArray<float> k_scale_dev_, v_scale_dev_;  // [layers]
     std::vector<float> k_scales_, v_scales_;
     DeviceArray<float> part_o_, part_lse_;  // decode workspace: [B][H][splits][D], [B][H][splits]
+    int decode_group_ = 0;  // query heads per kv head reserve_decode allowed for
     int sm_count_ = 1;
 
     static void check_shape(const KvCacheShape& s, Precision storage) {

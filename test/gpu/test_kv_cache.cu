@@ -1,9 +1,10 @@
 // test_kv_cache.cu: the paged KV cache of kv_cache.cuh against the CPU engine's cache and decode
 // attention (cpu/kv_cache.h, cpu/attention.h's attention_forward_cached) on the same K, V and Q:
 // BF16 and FP8 pages, ragged lengths (1 token, exactly a page, a page + 1, many pages), idle rows,
-// GQA ratios 1 to 4 and 7, head dims 8, 16, 32 (the fixture models and --init tiny), 64 and 128, pages
-// scattered over the pool (a shuffled page table), several chunk counts; FP8 append against the
-// host encoder, copy_page, the amax reduction, a CUDA-graph replay and bad input.
+// GQA ratios 1 to 4, 7 and 16 (above 48 KB of shared memory), head dims 8, 16, 32 (the fixture
+// models and --init tiny), 64 and 128, pages scattered over the pool (a shuffled page table),
+// several chunk counts; FP8 append against the host encoder, copy_page, the amax reduction, a
+// CUDA-graph replay and bad input.
 //
 // Bounds (per element, first order). The CPU reference keeps the cache as the FP32 values the stored
 // bytes decode to (the GPU reads the same values: BF16 as is, FP8 code * scale, one FP32 product
@@ -54,6 +55,7 @@ const DecodeCase kCases[] = {
     {"D8 H6 KV2, 7-token pages", 6, 2, 8, 7, {15, 7, 8, 50}, {1, 4}},
     {"D32 H4 KV4, idle rows", 4, 4, 32, 16, {0, 40, 0}, {2}},
     {"D32 H7 KV1 (a warp scores two heads)", 7, 1, 32, 16, {70, 2}, {2}},
+    {"D128 H16 KV1 (51 KB of shared memory)", 16, 1, 128, 16, {40, 1}, {2}},
 };
 
 constexpr int kLayers = 2, kLayer = 1;  // the layer under test; layer 0 gets other values at the same slots
@@ -447,6 +449,11 @@ TEST(kv_cache_rejects_bad_input) {
     fails("max_len beyond the page table", [&] {
         cache.decode_attention(0, nullptr, nullptr, 4, nullptr, 1, nullptr, 1, 17, 0);
     });
+    fails("8 heads after reserve_decode for 4", [&] {
+        cache.decode_attention(0, nullptr, nullptr, 8, nullptr, 1, nullptr, 1, 16, 0);
+    });
+    PagedKvCache wide({1, 1, 128, 16, 1}, Precision::BF16);
+    fails("400 query heads per kv head (410 KB of shared memory)", [&] { wide.reserve_decode(1, 400); });
     fails("3 rows in a workspace for 2", [&] {
         cache.decode_attention(0, nullptr, nullptr, 4, nullptr, 1, nullptr, 3, 16, 0, kDecodeMaxSplits);
     });
