@@ -262,6 +262,11 @@ class PagedKvCache {
         check_shape(shape, storage);
         return 2 * pool_bytes(shape, storage) + 2 * (size_t)shape.layers * sizeof(float);
     }
+    // Device bytes of one page in every layer, K and V (what a pool grows by per page).
+    static size_t page_bytes(const KvCacheShape& shape, Precision storage) {
+        check_shape(shape, storage);
+        return 2 * (size_t)shape.layers * shape.page_tokens * shape.width() * element_bytes(storage);
+    }
     const KvCacheShape& shape() const { return shape_; }
     Precision storage() const { return storage_; }
 

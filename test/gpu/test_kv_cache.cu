@@ -291,6 +291,7 @@ TEST(kv_append_matches_host_encoder) {
         const size_t eb = PagedKvCache::element_bytes(storage), width = b.shape.width();
         const size_t pool = (size_t)kLayers * b.shape.slots() * width * eb;
         CHECK(PagedKvCache::bytes(b.shape, storage) >= 2 * pool);
+        CHECK(PagedKvCache::page_bytes(b.shape, storage) * b.shape.pages == 2 * pool);
         const std::vector<uint8_t> kp = download_pool(g.cache.k_pool(), pool), vp = download_pool(g.cache.v_pool(), pool);
         int differ = 0, saturated = 0;
         for (size_t t = 0; t < b.slots.size(); t++)
