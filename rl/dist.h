@@ -40,6 +40,29 @@ template <> inline MPI_Datatype mpi_type<int64_t>() { return MPI_INT64_T; }
 template <> inline MPI_Datatype mpi_type<char>() { return MPI_CHAR; }
 #endif
 
+// This process's index among the ranks on its node (MPI_COMM_TYPE_SHARED), which picks its GPU;
+// 0 when MPI is not running. Collective over all ranks the first time (every rank builds its
+// engine at the same point), remembered after.
+inline int node_local_rank() {
+#ifdef FP8RL_MPI
+    static const int local = [] {
+        int inited = 0, finalized = 0;
+        MPI_CHECK(MPI_Initialized(&inited));
+        MPI_CHECK(MPI_Finalized(&finalized));
+        if (!inited || finalized) return 0;
+        MPI_Comm node;
+        MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
+        int r = 0;
+        MPI_CHECK(MPI_Comm_rank(node, &r));
+        MPI_CHECK(MPI_Comm_free(&node));
+        return r;
+    }();
+    return local;
+#else
+    return 0;
+#endif
+}
+
 class Dist {
 public:
     // Initializes MPI when built with it and started by mpirun; a plain `./train_rl_cpu` runs one
