@@ -166,7 +166,8 @@ class GpuEngine : public Engine {
 
     int64_t optimizer_steps() const override { return steps_; }
 
-    // Host copies of the gradients and the master weights, for tests that compare engines.
+    // Host copies of the gradients and the master weights (this rank's shard under ZeRO-1), for tests
+    // that compare engines.
     std::vector<float> gradients() const { return grads_.download(); }
     std::vector<float> master_weights() const { return master_.download(); }
 
@@ -324,8 +325,8 @@ class GpuEngine : public Engine {
         return grads_.get();
     }
 
-    // A whole vector [P] of per-parameter state (master_, m_ or v_), gathered under ZeRO-1 to every
-    // rank's device and downloaded by rank 0 alone (the one that writes checkpoints).
+    // A whole vector [P] of per-parameter state (master_, m_ or v_), gathered under ZeRO-1 into every
+    // rank's gradient buffer (as full_master) and downloaded by rank 0 alone (which writes checkpoints).
     std::vector<float> gather(const DeviceArray<float>& x) {
         if (shards_ == 1) return x.download();
         comm_->all_gather(x.get(), grads_.get(), shard_, stream_);
