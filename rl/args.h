@@ -101,7 +101,7 @@ inline const std::vector<FlagSpec>& flag_table() {
         {"tensorboard", "run", FlagKind::Int, "0", "0..1", "also write the metrics as TensorBoard event files (OUT_DIR/events.out.tfevents.*)"},
         {"out_dir", "run", FlagKind::String, "runs/latest", "", "where log.jsonl, checkpoints and the fresh model go"},
         {"resume", "run", FlagKind::String, "", "", "continue bit-exactly from a checkpoint directory, or from a run's --out_dir (its latest checkpoint)"},
-        {"collective_timeout", "run", FlagKind::Float, "600", "1..", "GPU engine only (train_rl): seconds one collective may wait for the other ranks before the job stops with an error naming the rank and the call"},
+        {"collective_timeout", "run", FlagKind::Float, "600", "1..", "seconds one collective (MPI, NCCL) may wait for the other ranks before the job stops with an error naming the rank and the call"},
         {"max_bad_steps", "run", FlagKind::Int, "3", "1..", "stop after this many consecutive steps skipped for NaN/Inf loss or gradients"},
     };
     return table;

@@ -14,7 +14,7 @@
 using namespace fp8rl;
 
 // MPI lives as long as the process: it cannot be initialized twice.
-static const Dist& the_dist() {
+static Dist& the_dist() {
     static Dist dist;
     return dist;
 }
@@ -117,6 +117,32 @@ TEST(nccl_collective_times_out_naming_the_call) {
         int bad = 0;
         for (float v : sum) bad += v != (float)dist.size();
         CHECK_MSG(bad == 0, "the late rank's sum: %d of %zu wrong", bad, n);
+    }
+    dist.barrier();
+}
+
+// The host's collectives (rl/dist.h) are bounded the same way: rank 1 reaches a barrier 2 s late,
+// rank 0 gives up after 0.5 s with an error naming the call; rank 1's late barrier then completes
+// against rank 0's abandoned one.
+TEST(nccl_dist_host_collective_times_out_naming_the_call) {
+    Dist& dist = the_dist();
+    if (dist.size() < 2) SKIP("needs 2 ranks (mpirun -np 2)");
+    if (dist.rank() == 0) {
+        dist.set_timeout(0.5);
+        const auto t0 = std::chrono::steady_clock::now();
+        std::string message;
+        try {
+            dist.barrier();
+        } catch (const Error& e) {
+            message = e.what();
+        }
+        const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        CHECK_MSG(message.find("MPI_Ibarrier did not complete within 0.5 s") != std::string::npos, "error: \"%s\"", message.c_str());
+        CHECK_MSG(waited >= 0.5 && waited < 1.9, "waited %.2f s", waited);
+        dist.set_timeout(600);
+    } else {
+        std::this_thread::sleep_for(std::chrono::seconds(2));
+        dist.barrier();
     }
     dist.barrier();
 }
