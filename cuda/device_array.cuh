@@ -36,6 +36,12 @@ class DeviceArray {
         }
         capacity_ = count_ = count;
     }
+    // Frees the memory (a later resize allocates anew), for an array that shrinks for good.
+    void release() {
+        cudaFree(ptr_);
+        ptr_ = nullptr;
+        capacity_ = count_ = 0;
+    }
     void zero(cudaStream_t stream) {
         if (count_) CUDA_CHECK(cudaMemsetAsync(ptr_, 0, count_ * sizeof(T), stream));
     }

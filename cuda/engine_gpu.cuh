@@ -6,6 +6,8 @@
 //             all refreshed on the device after every update (spec-gpu.md §3.1). Weights and
 //             gradients cross to the host only for checkpoints, --resume and (until rollout.cu)
 //             generation.
+//   ranks     data parallel over cuda/nccl.cuh's communicator (spec-gpu.md §6); with --zero 1 the
+//             master weights and moments are sharded over the ranks (ZeRO-1, init_optimizer).
 //   numerics  activations BF16 where the CPU engine's bf16/fp8 precisions round (DESIGN.md §3), so
 //             the two differ by summation order only, plus one rounding the CPU does not make: the
 //             attention backward returns dq, dk, dv in BF16 before RoPE's backward.
@@ -71,6 +73,7 @@ class GpuEngine : public Engine {
 
     // A frozen copy (the KL reference policy): the same weights, no optimizer.
     GpuEngine(const GpuEngine& other) : GpuEngine(other.source_dir_, other.options_) {
+        if (other.shards_ > 1) fail("internal: a GpuEngine is copied before its optimizer shards its weights, not after");
         CUDA_CHECK(cudaMemcpy(master_.get(), other.master_.get(), master_.size() * sizeof(float), cudaMemcpyDeviceToDevice));
         refresh_derived();
     }
@@ -98,59 +101,98 @@ class GpuEngine : public Engine {
 
     void backward(const TokenValues& d_logprob, const TokenValues& d_entropy) override;
 
+    // Data parallel (spec-gpu.md §6). With --zero 1 on N > 1 ranks (ZeRO-1), rank r owns shard r
+    // of S = ceil(P / N) parameters: its master weights, m and v are [S]; gradients stay [N * S]
+    // (zero padding past P), reduce-scattered so that block r holds the sum. Otherwise every rank
+    // owns everything (S = P) and the gradients are all-reduced.
     void init_optimizer(const AdamWConfig& cfg, const Dist& dist) override {
         const size_t P = num_floats();
         adam_ = cfg;
-        comm_.reset(new Communicator(dist));
-        grads_.resize(P, "FP32 gradients");
-        m_.resize(P, "AdamW first moments");
-        v_.resize(P, "AdamW second moments");
+        comm_.reset(new Communicator(dist, options_.collective_timeout_s));
+        shards_ = options_.zero == 1 ? comm_->size() : 1;
+        shard_ = (P + shards_ - 1) / shards_;
+        if (shards_ > 1) {  // keep this rank's shard (zero past P); the derived copies are already those of these weights
+            std::vector<float> mine(shard_, 0.0f);
+            CUDA_CHECK(cudaMemcpy(mine.data(), master_.get() + shard_offset(), own_params() * sizeof(float),
+                                  cudaMemcpyDeviceToHost));
+            master_.release();
+            master_.resize(shard_, "FP32 master weights (this rank's shard)");
+            master_.upload(mine);
+        }
+        grads_.resize(shards_ * shard_, "FP32 gradients");
+        m_.resize(shard_, "AdamW first moments (this rank's shard)");
+        v_.resize(shard_, "AdamW second moments (this rank's shard)");
         grads_.zero(stream_), m_.zero(stream_), v_.zero(stream_);
-        norm_partial_.resize((size_t)grad_norm_blocks(P), "gradient norm partial sums");
+        if (shards_ > 1 && comm_->rank() == 0)
+            printf("GPU engine: ZeRO-1, FP32 master weights and AdamW moments in %zu shards of %zu parameters (%.4g MB per rank)\n",
+                   shards_, shard_, optimizer_state_bytes() / 1e6);
+        norm_partial_.resize((size_t)grad_norm_blocks(shard_), "gradient norm partial sums");
         norm_.resize(2, "gradient norm");
     }
+
+    // ZeRO-1's shard count (1: every rank holds the whole optimizer state), and this rank's bytes of
+    // FP32 master weights and AdamW moments, for the memory plan. The gradients [P] and the BF16 and
+    // FP8 copies [P] are whole on every rank.
+    int optimizer_shards() const { return (int)shards_; }
+    size_t optimizer_state_bytes() const { return shard_ * 3 * sizeof(float); }
 
     void zero_grads() override { grads_.zero(stream_); }
 
     double reduce_and_clip_grads(double max_norm) override {
-        const size_t P = num_floats();
-        comm_->all_reduce_sum(grads_.get(), P, stream_);
-        grad_norm_squared_gpu(grads_.get(), P, norm_partial_.get(), norm_.get(), stream_);
-        clip_grad_norm_gpu(grads_.get(), P, norm_.get(), max_norm, norm_.get() + 1, stream_);
+        if (shards_ > 1) comm_->reduce_scatter_sum(grads_.get(), shard_, stream_);
+        else comm_->all_reduce_sum(grads_.get(), shard_, stream_);
+        // the norm of the whole gradient: each rank's sum of squares over its shard, summed
+        float* g = own_grads();
+        grad_norm_squared_gpu(g, shard_, norm_partial_.get(), norm_.get(), stream_);
+        if (shards_ > 1) comm_->all_reduce_sum(norm_.get(), 1, stream_);
+        clip_grad_norm_gpu(g, shard_, norm_.get(), max_norm, norm_.get() + 1, stream_);
         return norm_.download(2)[1];
     }
 
+    // AdamW on this rank's shard; then the BF16 and FP8 copies of all weights from the whole master
+    // (all-gathered under ZeRO-1). Every rank quantizes every FP8 block itself from the FP32 master
+    // rather than gathering BF16 weights and quantized blocks: 128x128 blocks do not align with flat
+    // shards, the copies stay bit for bit those of one rank (the CPU engine quantizes from FP32 too),
+    // and gathering FP32 moves 4 bytes per parameter, as an all-reduce's second half does.
     void optimizer_step(double lr) override {
         steps_++;
-        adamw_update_gpu(master_.get(), m_.get(), v_.get(), bf16_.get(), grads_.get(), num_floats(), adam_, steps_, lr,
-                         stream_);
-        requantize_projections();
+        if (own_params() > 0)  // the shard's padding past P stays zero
+            adamw_update_gpu(master_.get(), m_.get(), v_.get(), bf16_.get() + shard_offset(), own_grads(), own_params(), adam_,
+                             steps_, lr, stream_);
+        if (shards_ > 1) refresh_derived(full_master());
+        else requantize_projections(master_.get());
         host_stale_ = true;
     }
 
     int64_t optimizer_steps() const override { return steps_; }
 
-    // Host copies of the gradients and the master weights, for tests that compare engines.
+    // Host copies of the gradients and the master weights (this rank's shard under ZeRO-1), for tests
+    // that compare engines.
     std::vector<float> gradients() const { return grads_.download(); }
     std::vector<float> master_weights() const { return master_.download(); }
 
+    // Whole vectors [P] whatever the shard count (the shards gathered), so a checkpoint written on N
+    // ranks resumes on M. Collective under ZeRO-1: every rank calls it (the driver does), and only
+    // rank 0, which writes the checkpoint, receives the vectors.
     void save_state(TrainerState& s) override {
-        s.master = master_.download();
-        s.adam_m = m_.download();
-        s.adam_v = v_.download();
+        s.master = gather(master_);
+        s.adam_m = gather(m_);
+        s.adam_v = gather(v_);
         s.optimizer_steps = steps_;
     }
 
+    // s holds whole vectors [P]; each rank keeps its shard.
     void load_state(const TrainerState& s) override {
-        master_.upload(s.master);
-        m_.upload(s.adam_m);
-        v_.upload(s.adam_v);
+        set_state(s.master, m_.size() ? &s.adam_m : nullptr, v_.size() ? &s.adam_v : nullptr);
         steps_ = s.optimizer_steps;
-        refresh_derived();
     }
 
+    // From the BF16 copy, which every rank holds whole: the file's BF16 is that same rounding of the
+    // master weights, and rank 0 alone writes it.
     void save_hf(const std::string& dir) override {
-        weights_.master = master_.download();
+        const std::vector<bf16> w = bf16_.download(num_floats());
+        weights_.master.resize(w.size());
+        for (size_t i = 0; i < w.size(); i++) weights_.master[i] = __bfloat162float(w[i]);
         fp8rl::save_hf(weights_, dir, source_dir_);
     }
 
@@ -184,6 +226,8 @@ class GpuEngine : public Engine {
     AdamWConfig adam_;
     int64_t steps_ = 0;
     std::unique_ptr<Communicator> comm_;
+    size_t shards_ = 1;  // ZeRO-1: the ranks (init_optimizer); 1 = unsharded
+    size_t shard_ = 0;   // parameters per shard, S; master_, m_, v_ are [S]
     DeviceArray<double> norm_partial_, norm_;  // [blocks], {sum of squares, norm}
 
     // The batch of the last forward.
@@ -219,6 +263,7 @@ class GpuEngine : public Engine {
     std::unique_ptr<CpuEngine> host_;
     bool host_stale_ = true;
 
+    // Picks the rank's GPU, its node-local rank (spec-gpu.md §6), and checks it.
     static void check_device() {
         int n = 0;
         cudaError_t e = cudaGetDeviceCount(&n);
@@ -226,7 +271,17 @@ class GpuEngine : public Engine {
             fail("no CUDA device (%s): train_rl needs an NVIDIA GPU; on a machine without one, train_rl_emu runs the same "
                  "engine on the CPU",
                  e != cudaSuccess ? cudaGetErrorString(e) : "none found");
-        std::string why = fp8_block_gemm_unsupported_reason(0);
+#ifdef FP8RL_EMU
+        const int device = 0;  // every emulated rank is a process with a GPU of its own
+#else
+        const int device = node_local_rank();
+        if (device >= n)
+            fail("this rank is rank %d on its node, which has %d GPU(s): one GPU per rank, so start at most %d ranks per node "
+                 "(mpirun -npernode %d)",
+                 device, n, n, n);
+#endif
+        CUDA_CHECK(cudaSetDevice(device));
+        std::string why = fp8_block_gemm_unsupported_reason(device);
         if (!why.empty()) fail("%s; train_rl needs a Hopper GPU (sm_90) for its FP8 block-scaled GEMMs", why.c_str());
     }
 
@@ -238,27 +293,67 @@ class GpuEngine : public Engine {
         return {bf16_.get() + model_.weight_offset(l, j), &fp8_[(size_t)l * kProjections + j]->copy, w.N, w.K};
     }
 
-    // After the master weights changed wholesale: the BF16 copy and every FP8 copy.
-    void refresh_derived() {
-        cast(bf16_.get(), master_.get(), (long)master_.size(), stream_);
-        requantize_projections();
+    // After the master weights changed wholesale: the BF16 copy and every FP8 copy, from the whole
+    // FP32 master [P].
+    void refresh_derived(const float* master) {
+        cast(bf16_.get(), master, (long)num_floats(), stream_);
+        requantize_projections(master);
         host_stale_ = true;
     }
+    void refresh_derived() { refresh_derived(master_.get()); }
 
-    void requantize_projections() {
+    void requantize_projections(const float* master) {
         for (int l = 0; l < model_.L; l++)
             for (int j = 0; j < kProjections; j++) {
                 const LinearWeight w = model_.projection(l, (Projection)j, nullptr);
-                fp8_requantize_weight_gpu(master_.get() + model_.weight_offset(l, (Projection)j), w.N, w.K,
+                fp8_requantize_weight_gpu(master + model_.weight_offset(l, (Projection)j), w.N, w.K,
                                           fp8_[(size_t)l * kProjections + j]->copy, stream_);
             }
+    }
+
+    // This rank's shard: where it starts in [P], how many of the P parameters it holds, its gradients.
+    size_t shard_offset() const { return comm_ && shards_ > 1 ? (size_t)comm_->rank() * shard_ : 0; }
+    size_t own_params() const { return std::min(shard_, num_floats() - std::min(num_floats(), shard_offset())); }
+    float* own_grads() const { return grads_.get() + shard_offset(); }
+
+    // The whole FP32 master [P]: master_ itself, or under ZeRO-1 the shards all-gathered into the
+    // gradient buffer, which holds nothing between an update and the next backward (every caller
+    // runs there: the update, generation, checkpoints). Collective under ZeRO-1.
+    const float* full_master() {
+        if (shards_ == 1) return master_.get();
+        comm_->all_gather(master_.get(), grads_.get(), shard_, stream_);
+        return grads_.get();
+    }
+
+    // A whole vector [P] of per-parameter state (master_, m_ or v_), gathered under ZeRO-1 into every
+    // rank's gradient buffer (as full_master) and downloaded by rank 0 alone (which writes checkpoints).
+    std::vector<float> gather(const DeviceArray<float>& x) {
+        if (shards_ == 1) return x.download();
+        comm_->all_gather(x.get(), grads_.get(), shard_, stream_);
+        return comm_->rank() == 0 ? grads_.download(num_floats()) : std::vector<float>();
+    }
+
+    // This rank's shard of whole vectors [P] (m, v when given, else left as they are), then the
+    // derived copies from the whole master.
+    void set_state(const std::vector<float>& master, const std::vector<float>* m, const std::vector<float>* v) {
+        const size_t begin = std::min(num_floats(), shard_offset()), n = own_params();
+        for (auto [dst, src] : {std::make_pair(&master_, &master), std::make_pair(&m_, m), std::make_pair(&v_, v)}) {
+            if (!src) continue;
+            dst->zero(stream_);  // the last shard's padding past P
+            dst->upload(src->data() + begin, n);
+        }
+        if (shards_ == 1) return refresh_derived();
+        grads_.upload(master);  // scratch for the whole master
+        refresh_derived(grads_.get());
     }
 
     CpuEngine& host_engine() {
         if (!host_) host_.reset(new CpuEngine(source_dir_));
         if (host_stale_) {
+            const float* master = full_master();  // collective under ZeRO-1: every rank generates here
             TrainerState s;
-            s.master = master_.download();
+            s.master.resize(num_floats());
+            CUDA_CHECK(cudaMemcpy(s.master.data(), master, s.master.size() * sizeof(float), cudaMemcpyDeviceToHost));
             host_->load_state(s);  // the weights only: the host engine never trains
             host_stale_ = false;
         }

@@ -1,9 +1,11 @@
 // nccl.cuh: the one communicator of the GPU engine's data parallelism (spec-gpu.md §6): every
 // collective on device memory goes through it, so the engine holds no NCCL call of its own.
 //   nvcc       NCCL: rank 0's ncclGetUniqueId broadcast over MPI (rl/dist.h), ncclCommInitRank on
-//              the device the caller chose; collectives in stream order.
-//   emulation  the same collectives over MPI (device memory is host memory there), in stream
-//              order through emu::stream_op, so data-parallel code paths run in CI under mpirun.
+//              the device the caller chose (its node-local rank's); collectives on a stream of their
+//              own, ordered after the caller's stream by events, each waited for at most a timeout.
+//   emulation  the same collectives over nonblocking MPI (device memory is host memory there), in
+//              stream order through emu::stream_op, with the same timeout, so data-parallel code
+//              paths run in CI under mpirun.
 // One process without mpirun is one rank: every collective is then a copy or nothing.
 #ifndef FP8RL_NCCL_CUH
 #define FP8RL_NCCL_CUH
@@ -13,7 +15,9 @@
 #include <nccl.h>
 #endif
 
+#include <chrono>
 #include <cstdint>
+#include <thread>
 
 namespace fp8rl {
 
@@ -26,21 +30,32 @@ inline void nccl_check(ncclResult_t status, const char* call, const char* file, 
 
 class Communicator {
   public:
-    explicit Communicator(const Dist& dist) : rank_(dist.rank()), size_(dist.size()) {
-#if !defined(FP8RL_EMU) && defined(FP8RL_MPI)
+    // timeout_s: how long one collective may wait for the other ranks before it fails (a rank that
+    // died or hangs must end the job, not leave the others waiting forever).
+    Communicator(const Dist& dist, double timeout_s) : rank_(dist.rank()), size_(dist.size()), timeout_s_(timeout_s) {
         if (size_ == 1) return;
+        CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+        CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+        CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
+#if defined(FP8RL_EMU) && defined(FP8RL_MPI)
+        MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &mpi_comm_));  // as NCCL's: apart from the host's collectives
+#elif defined(FP8RL_MPI)
         ncclUniqueId id;
         if (dist.is_root()) NCCL_CHECK(ncclGetUniqueId(&id));
         dist.broadcast(reinterpret_cast<char*>(&id), sizeof id);
         NCCL_CHECK(ncclCommInitRank(&comm_, size_, id, rank_));
-#else
-        (void)dist;
 #endif
     }
     ~Communicator() {
-#if !defined(FP8RL_EMU) && defined(FP8RL_MPI)
+#if defined(FP8RL_EMU) && defined(FP8RL_MPI)
+        if (mpi_comm_ != MPI_COMM_NULL) MPI_Comm_free(&mpi_comm_);
+#elif defined(FP8RL_MPI)
         if (comm_) ncclCommDestroy(comm_);
 #endif
+        if (size_ == 1) return;
+        cudaEventDestroy(done_);
+        cudaEventDestroy(ready_);
+        cudaStreamDestroy(stream_);
     }
     Communicator(const Communicator&) = delete;
     Communicator& operator=(const Communicator&) = delete;
@@ -48,40 +63,55 @@ class Communicator {
     int rank() const { return rank_; }
     int size() const { return size_; }
 
-    // x [n] = the sum of every rank's x (in place).
-    void all_reduce_sum(float* x, size_t n, cudaStream_t stream) {
+    // Every collective runs on the communicator's own stream, after the work queued on `stream`
+    // and before the work queued there next (events), and the host waits for it at most timeout_s.
+
+    // x [n] = the sum of every rank's x (in place); T is float or double.
+    template <class T>
+    void all_reduce_sum(T* x, size_t n, cudaStream_t stream) {
         if (size_ == 1 || n == 0) return;
 #if defined(FP8RL_EMU) && defined(FP8RL_MPI)
-        on_stream(stream, [=] { MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, x, (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD)); });
+        run(stream, "MPI_Iallreduce", [=](MPI_Request* r) {
+            MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, x, (int)n, mpi_type<T>(), MPI_SUM, mpi_comm_, r));
+        });
 #elif defined(FP8RL_MPI)
-        NCCL_CHECK(ncclAllReduce(x, x, n, ncclFloat32, ncclSum, comm_, stream));
+        run(stream, "ncclAllReduce", [=](cudaStream_t s) { NCCL_CHECK(ncclAllReduce(x, x, n, nccl_type<T>(), ncclSum, comm_, s)); });
 #else
         (void)x, (void)stream;
 #endif
     }
 
-    // in [size][n] on every rank -> out [n] on rank r = the sum over ranks of in[r] (in and out
-    // must not overlap).
-    void reduce_scatter_sum(const float* in, float* out, size_t n, cudaStream_t stream) {
-        if (size_ == 1) return copy(out, in, n * sizeof(float), stream);
+    // x [size][n], in place: x[rank] becomes the sum over ranks of their x[rank]; the other blocks
+    // are left undefined (ZeRO-1's gradient shards).
+    void reduce_scatter_sum(float* x, size_t n, cudaStream_t stream) {
+        if (size_ == 1 || n == 0) return;
 #if defined(FP8RL_EMU) && defined(FP8RL_MPI)
-        on_stream(stream, [=] {
-            MPI_CHECK(MPI_Reduce_scatter_block(in, out, (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD));
+        // MPI's in-place form leaves the sum at the front of x: moved to this rank's block after
+        run(stream, "MPI_Ireduce_scatter_block", [=](MPI_Request* r) {
+            MPI_CHECK(MPI_Ireduce_scatter_block(MPI_IN_PLACE, x, (int)n, MPI_FLOAT, MPI_SUM, mpi_comm_, r));
         });
+        if (rank_ > 0) copy(x + (size_t)rank_ * n, x, n * sizeof(float), stream);
 #elif defined(FP8RL_MPI)
-        NCCL_CHECK(ncclReduceScatter(in, out, n, ncclFloat32, ncclSum, comm_, stream));
+        run(stream, "ncclReduceScatter", [=](cudaStream_t s) {
+            NCCL_CHECK(ncclReduceScatter(x, x + (size_t)rank_ * n, n, ncclFloat32, ncclSum, comm_, s));
+        });
+#else
+        (void)x, (void)stream;
 #endif
     }
 
-    // in [n] on rank r -> out [size][n] on every rank, out[r] = rank r's in (bytes: any element type).
+    // in [n] on rank r -> out [size][n] on every rank, out[r] = rank r's in (bytes: any element type;
+    // in and out must not overlap).
     template <class T>
     void all_gather(const T* in, T* out, size_t n, cudaStream_t stream) {
         size_t bytes = n * sizeof(T);
         if (size_ == 1) return copy(out, in, bytes, stream);
 #if defined(FP8RL_EMU) && defined(FP8RL_MPI)
-        on_stream(stream, [=] { MPI_CHECK(MPI_Allgather(in, (int)bytes, MPI_BYTE, out, (int)bytes, MPI_BYTE, MPI_COMM_WORLD)); });
+        run(stream, "MPI_Iallgather", [=](MPI_Request* r) {
+            MPI_CHECK(MPI_Iallgather(in, (int)bytes, MPI_BYTE, out, (int)bytes, MPI_BYTE, mpi_comm_, r));
+        });
 #elif defined(FP8RL_MPI)
-        NCCL_CHECK(ncclAllGather(in, out, bytes, ncclUint8, comm_, stream));
+        run(stream, "ncclAllGather", [=](cudaStream_t s) { NCCL_CHECK(ncclAllGather(in, out, bytes, ncclUint8, comm_, s)); });
 #endif
     }
 
@@ -90,9 +120,11 @@ class Communicator {
     void broadcast(T* x, size_t n, int root, cudaStream_t stream) {
         if (size_ == 1 || n == 0) return;
 #if defined(FP8RL_EMU) && defined(FP8RL_MPI)
-        on_stream(stream, [=] { MPI_CHECK(MPI_Bcast(x, (int)(n * sizeof(T)), MPI_BYTE, root, MPI_COMM_WORLD)); });
+        run(stream, "MPI_Ibcast", [=](MPI_Request* r) {
+            MPI_CHECK(MPI_Ibcast(x, (int)(n * sizeof(T)), MPI_BYTE, root, mpi_comm_, r));
+        });
 #elif defined(FP8RL_MPI)
-        NCCL_CHECK(ncclBroadcast(x, x, n * sizeof(T), ncclUint8, root, comm_, stream));
+        run(stream, "ncclBroadcast", [=](cudaStream_t s) { NCCL_CHECK(ncclBroadcast(x, x, n * sizeof(T), ncclUint8, root, comm_, s)); });
 #else
         (void)x, (void)root, (void)stream;
 #endif
@@ -100,20 +132,87 @@ class Communicator {
 
   private:
     int rank_, size_;
-#if !defined(FP8RL_EMU) && defined(FP8RL_MPI)
+    double timeout_s_;
+    cudaStream_t stream_ = nullptr;  // the collectives' own stream
+    cudaEvent_t ready_ = nullptr, done_ = nullptr;
+#if defined(FP8RL_EMU) && defined(FP8RL_MPI)
+    MPI_Comm mpi_comm_ = MPI_COMM_NULL;
+#elif defined(FP8RL_MPI)
     ncclComm_t comm_ = nullptr;
 #endif
 
     static void copy(void* dst, const void* src, size_t bytes, cudaStream_t stream) {
         if (dst != src && bytes) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream));
     }
-#ifdef FP8RL_EMU
-    template <class Op>
-    static void on_stream(cudaStream_t stream, Op op) {
-        CUDA_CHECK(emu::stream_op(stream, op));
+
+    [[noreturn]] void timed_out(const char* call) const {
+        fail("%s did not complete within %g s (--collective_timeout): another rank failed or hangs; its own error line, if "
+             "any, names the cause",
+             call, timeout_s_);
+    }
+
+#if defined(FP8RL_EMU) && defined(FP8RL_MPI)
+    // The emulated device's memory is host memory: the collective is a nonblocking MPI call,
+    // polled until done or timed out, in stream order on the communicator's stream.
+    template <class Start>
+    void run(cudaStream_t stream, const char* call, Start start) {
+        order_after(stream);
+        CUDA_CHECK(emu::stream_op(stream_, [=] {
+            MPI_Request request;
+            start(&request);
+            const auto t0 = std::chrono::steady_clock::now();
+            for (int done = 0;;) {
+                MPI_CHECK(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
+                if (done) return;
+                if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > timeout_s_) timed_out(call);
+                std::this_thread::sleep_for(std::chrono::microseconds(100));
+            }
+        }));
+        order_before(stream);
+    }
+#elif defined(FP8RL_MPI)
+    template <class T> static ncclDataType_t nccl_type();
+    // Enqueues the collective on the communicator's stream and waits for it, at most timeout_s:
+    // a failed or silent peer aborts the communicator (which ends its kernels) and becomes an error.
+    template <class Enqueue>
+    void run(cudaStream_t stream, const char* call, Enqueue enqueue) {
+        order_after(stream);
+        enqueue(stream_);
+        order_before(stream);
+        const auto t0 = std::chrono::steady_clock::now();
+        for (;;) {
+            cudaError_t e = cudaEventQuery(done_);
+            if (e == cudaSuccess) return;
+            if (e != cudaErrorNotReady) CUDA_CHECK(e);
+            ncclResult_t async = ncclSuccess;
+            NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
+            const bool late = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > timeout_s_;
+            if (async != ncclSuccess || late) {
+                ncclCommAbort(comm_);
+                comm_ = nullptr;
+                if (late) timed_out(call);
+                fail("%s failed: %s", call, ncclGetErrorString(async));
+            }
+            std::this_thread::sleep_for(std::chrono::microseconds(20));
+        }
     }
 #endif
+    // The communicator's stream waits for `stream`'s work so far ...
+    void order_after(cudaStream_t stream) {
+        CUDA_CHECK(cudaEventRecord(ready_, stream));
+        CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
+    }
+    // ... and `stream`'s next work waits for the collective.
+    void order_before(cudaStream_t stream) {
+        CUDA_CHECK(cudaEventRecord(done_, stream_));
+        CUDA_CHECK(cudaStreamWaitEvent(stream, done_, 0));
+    }
 };
+
+#if !defined(FP8RL_EMU) && defined(FP8RL_MPI)
+template <> inline ncclDataType_t Communicator::nccl_type<float>() { return ncclFloat32; }
+template <> inline ncclDataType_t Communicator::nccl_type<double>() { return ncclFloat64; }
+#endif
 
 }  // namespace fp8rl
 

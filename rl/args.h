@@ -91,6 +91,7 @@ inline const std::vector<FlagSpec>& flag_table() {
         {"warmup_steps", "optimizer", FlagKind::Int, "0", "0..", "linear warm-up steps of the learning rate"},
         {"lr_schedule", "optimizer", FlagKind::Choice, "constant", "constant|cosine", "learning rate after warm-up"},
         {"min_lr_ratio", "optimizer", FlagKind::Float, "0", "0..1", "cosine: final learning rate as a fraction of --lr"},
+        {"zero", "optimizer", FlagKind::Int, "1", "0..1", "GPU engine only (train_rl; the CPU engine ignores it): 1 shards the FP32 master weights and AdamW moments over the ranks (ZeRO-1), 0 keeps them whole on every rank"},
         {"seed", "run", FlagKind::Int, "1234", "0..", "seed of every random choice (sampling, data order, init)"},
         {"threads", "run", FlagKind::Int, "0", "0..", "OpenMP threads (0 = OMP_NUM_THREADS or all cores)"},
         {"steps", "run", FlagKind::Int, "100", "0..", "RL steps to train (a resumed run continues up to this step)"},
@@ -100,6 +101,7 @@ inline const std::vector<FlagSpec>& flag_table() {
         {"tensorboard", "run", FlagKind::Int, "0", "0..1", "also write the metrics as TensorBoard event files (OUT_DIR/events.out.tfevents.*)"},
         {"out_dir", "run", FlagKind::String, "runs/latest", "", "where log.jsonl, checkpoints and the fresh model go"},
         {"resume", "run", FlagKind::String, "", "", "continue bit-exactly from a checkpoint directory, or from a run's --out_dir (its latest checkpoint)"},
+        {"collective_timeout", "run", FlagKind::Float, "600", "1..", "seconds one collective (MPI, NCCL) may wait for the other ranks before the job stops with an error naming the rank and the call"},
         {"max_bad_steps", "run", FlagKind::Int, "3", "1..", "stop after this many consecutive steps skipped for NaN/Inf loss or gradients"},
     };
     return table;

@@ -142,6 +142,7 @@ void train_on_ranks(const Args& args, const Dist& dist, const char* binary) {
 template <class EngineT>
 int train(const Args& args, const char* binary) {
     Dist dist;
+    dist.set_timeout(args.number("collective_timeout"));
     try {
         train_on_ranks<EngineT>(args, dist, binary);
     } catch (const Error& e) {

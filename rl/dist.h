@@ -2,12 +2,14 @@
 // Every reduction gathers to rank 0, sums in rank order and broadcasts the result, so a sum over
 // N ranks is the same sequence of additions whatever the network does: runs are reproducible and
 // N ranks with the same global batch match one rank up to the order the per-rank partial sums
-// are formed in. Without FP8RL_MPI (set by the Makefile when mpicxx exists) the same calls
-// run one process and do nothing.
+// are formed in. Every collective waits at most --collective_timeout for the other ranks. Without
+// FP8RL_MPI (set by the Makefile when mpicxx exists) the same calls run one process and do nothing.
 #pragma once
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "rl/common.h"
@@ -40,6 +42,29 @@ template <> inline MPI_Datatype mpi_type<int64_t>() { return MPI_INT64_T; }
 template <> inline MPI_Datatype mpi_type<char>() { return MPI_CHAR; }
 #endif
 
+// This process's index among the ranks on its node (MPI_COMM_TYPE_SHARED), which picks its GPU;
+// 0 when MPI is not running. Collective over all ranks the first time (every rank builds its
+// engine at the same point), remembered after.
+inline int node_local_rank() {
+#ifdef FP8RL_MPI
+    static const int local = [] {
+        int inited = 0, finalized = 0;
+        MPI_CHECK(MPI_Initialized(&inited));
+        MPI_CHECK(MPI_Finalized(&finalized));
+        if (!inited || finalized) return 0;
+        MPI_Comm node;
+        MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
+        int r = 0;
+        MPI_CHECK(MPI_Comm_rank(node, &r));
+        MPI_CHECK(MPI_Comm_free(&node));
+        return r;
+    }();
+    return local;
+#else
+    return 0;
+#endif
+}
+
 class Dist {
 public:
     // Initializes MPI when built with it and started by mpirun; a plain `./train_rl_cpu` runs one
@@ -70,6 +95,10 @@ public:
     int size() const { return size_; }
     bool is_root() const { return rank_ == 0; }
 
+    // How long one collective may wait for the other ranks (--collective_timeout): past it, a rank
+    // that failed without aborting or hangs becomes an error naming the call, not an endless wait.
+    void set_timeout(double seconds) { timeout_s_ = seconds; }
+
     // In place: x[i] = sum over ranks, added in rank order 0, 1, ..., N-1 on rank 0.
     template <typename T> void all_reduce_sum(T* x, size_t n) const {
         all_reduce(x, n, [](T a, T b) { return a + b; });
@@ -96,7 +125,9 @@ public:
 #ifdef FP8RL_MPI
         std::vector<int64_t> counts((size_t)size_);
         int64_t mine = (int64_t)x.size();
-        MPI_CHECK(MPI_Allgather(&mine, 1, MPI_INT64_T, counts.data(), 1, MPI_INT64_T, MPI_COMM_WORLD));
+        MPI_Request req;
+        MPI_CHECK(MPI_Iallgather(&mine, 1, MPI_INT64_T, counts.data(), 1, MPI_INT64_T, MPI_COMM_WORLD, &req));
+        wait(&req, "MPI_Iallgather");
         std::vector<int> cnt((size_t)size_), disp((size_t)size_);
         int64_t total = 0;
         for (int r = 0; r < size_; r++) {
@@ -105,8 +136,9 @@ public:
             total += counts[(size_t)r];
         }
         out.resize((size_t)total);
-        MPI_CHECK(MPI_Allgatherv(x.data(), (int)mine, mpi_type<T>(), out.data(), cnt.data(), disp.data(),
-                                 mpi_type<T>(), MPI_COMM_WORLD));
+        MPI_CHECK(MPI_Iallgatherv(x.data(), (int)mine, mpi_type<T>(), out.data(), cnt.data(), disp.data(),
+                                  mpi_type<T>(), MPI_COMM_WORLD, &req));
+        wait(&req, "MPI_Iallgatherv");
 #endif
         return out;
     }
@@ -115,7 +147,9 @@ public:
     template <typename T> void broadcast(T* x, size_t n) const {
         if (size_ == 1 || n == 0) return;
 #ifdef FP8RL_MPI
-        MPI_CHECK(MPI_Bcast(x, (int)n, mpi_type<T>(), 0, MPI_COMM_WORLD));
+        MPI_Request r;
+        MPI_CHECK(MPI_Ibcast(x, (int)n, mpi_type<T>(), 0, MPI_COMM_WORLD, &r));
+        wait(&r, "MPI_Ibcast");
 #else
         (void)x;
 #endif
@@ -123,7 +157,10 @@ public:
 
     void barrier() const {
 #ifdef FP8RL_MPI
-        if (size_ > 1) MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+        if (size_ == 1) return;
+        MPI_Request r;
+        MPI_CHECK(MPI_Ibarrier(MPI_COMM_WORLD, &r));
+        wait(&r, "MPI_Ibarrier");
 #endif
     }
 
@@ -138,6 +175,23 @@ public:
 
 private:
     int rank_ = 0;
+    double timeout_s_ = 600;
+
+#ifdef FP8RL_MPI
+    // Polls a nonblocking collective until it completes or timeout_s_ passes.
+    void wait(MPI_Request* request, const char* call) const {
+        const auto t0 = std::chrono::steady_clock::now();
+        for (int done = 0;;) {
+            MPI_CHECK(MPI_Test(request, &done, MPI_STATUS_IGNORE));
+            if (done) return;
+            if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > timeout_s_)
+                fail("%s did not complete within %g s (--collective_timeout): another rank failed or hangs; its own error "
+                     "line, if any, names the cause",
+                     call, timeout_s_);
+            std::this_thread::sleep_for(std::chrono::microseconds(20));
+        }
+    }
+#endif
 
 #ifdef FP8RL_MPI
     // mpirun / mpiexec (Open MPI, MPICH, PMIx launchers) set one of these in every rank.
@@ -153,7 +207,9 @@ private:
         if (size_ == 1 || n == 0) return;
 #ifdef FP8RL_MPI
         std::vector<T> all(rank_ == 0 ? n * (size_t)size_ : 0);  // [ranks, n] on rank 0
-        MPI_CHECK(MPI_Gather(x, (int)n, mpi_type<T>(), all.data(), (int)n, mpi_type<T>(), 0, MPI_COMM_WORLD));
+        MPI_Request r;
+        MPI_CHECK(MPI_Igather(x, (int)n, mpi_type<T>(), all.data(), (int)n, mpi_type<T>(), 0, MPI_COMM_WORLD, &r));
+        wait(&r, "MPI_Igather");
         if (rank_ == 0)
             for (size_t i = 0; i < n; i++) {
                 T acc = all[i];

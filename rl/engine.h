@@ -47,6 +47,13 @@ struct Sequence {
 // An engine's settings from the command line (rl/args.h, the flags marked for one engine). Each
 // engine reads the fields that concern it and ignores the others.
 struct EngineOptions {
+    // GPU engine, data parallel: 1 = ZeRO-1 (each rank keeps 1/N of the FP32 master weights and AdamW
+    // moments: gradients reduce-scattered, weights all-gathered after the update), 0 = every rank
+    // keeps all of them (gradients all-reduced). The default is 1: on one rank the two are the same
+    // run, on N ranks 1 moves the same bytes (a reduce-scatter plus an all-gather is what a ring
+    // all-reduce does) and saves 12 (N - 1) / N bytes per parameter.
+    int zero = 1;
+    double collective_timeout_s = 600;  // GPU engine: how long a collective waits for the other ranks
 };
 
 // Per response position of each sequence.
@@ -89,7 +96,8 @@ public:
     virtual void optimizer_step(double lr) = 0;
     virtual int64_t optimizer_steps() const = 0;
     // Checkpoints: master weights, AdamW moments and step count to and from s (s.master holds
-    // num_floats() values when loading; the derived copies are refreshed).
+    // num_floats() values when loading; the derived copies are refreshed). Every rank calls both;
+    // an engine that shards its state over the ranks may fill s on rank 0 alone, which writes it.
     virtual void save_state(TrainerState& s) = 0;
     virtual void load_state(const TrainerState& s) = 0;
 

@@ -61,8 +61,9 @@ struct TrainConfig {
 };
 
 inline EngineOptions engine_options_from_args(const Args& a) {
-    (void)a;  // no engine flag yet: the GPU engine's join here
     EngineOptions o;
+    o.zero = (int)a.integer("zero");
+    o.collective_timeout_s = a.number("collective_timeout");
     return o;
 }
 

@@ -2,6 +2,9 @@
 // path (copies); `make test-gpu-emu` also runs it under `mpirun -np 2` in emulation, where the
 // collectives go over MPI, and on a node with several GPUs `mpirun -np N ./test_gpu nccl_` runs it
 // over NCCL. Every value is a small integer, so sums are exact in any order.
+#include <chrono>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "cuda/nccl.cuh"
@@ -10,10 +13,16 @@
 
 using namespace fp8rl;
 
+// MPI lives as long as the process: it cannot be initialized twice.
+static Dist& the_dist() {
+    static Dist dist;
+    return dist;
+}
+
 TEST(nccl_collectives_match_their_definition_on_every_rank) {
     REQUIRE_GPU();
-    static Dist dist;  // MPI lives as long as the process: it cannot be initialized twice
-    Communicator comm(dist);
+    const Dist& dist = the_dist();
+    Communicator comm(dist, 60);
     const int R = comm.size(), r = comm.rank();
     const size_t n = 1000 + 3;  // not a multiple of anything
     printf("    rank %d of %d\n", r, R);
@@ -27,19 +36,28 @@ TEST(nccl_collectives_match_their_definition_on_every_rank) {
     for (size_t i = 0; i < n; i++) bad += sum[i] != (float)(R * (R + 1) / 2 * (int)(i % 97)) + 0.5f * R;
     CHECK_MSG(bad == 0, "all_reduce_sum: %d of %zu wrong", bad, n);
 
-    std::vector<float> blocks((size_t)R * n);  // in [R][n]: block s goes to rank s
+    std::vector<double> xd(n);
+    for (size_t i = 0; i < n; i++) xd[i] = (double)((r + 1) * (int)(i % 89)) + 0.25;
+    DeviceBuffer<double> d_xd(xd);
+    comm.all_reduce_sum(d_xd.ptr, n, 0);
+    std::vector<double> sumd = d_xd.download();
+    bad = 0;
+    for (size_t i = 0; i < n; i++) bad += sumd[i] != (double)(R * (R + 1) / 2 * (int)(i % 89)) + 0.25 * R;
+    CHECK_MSG(bad == 0, "all_reduce_sum (double): %d of %zu wrong", bad, n);
+
+    std::vector<float> blocks((size_t)R * n);  // x [R][n]: block s is summed into rank s's block
     for (int s = 0; s < R; s++)
         for (size_t i = 0; i < n; i++) blocks[(size_t)s * n + i] = (float)(r * 1000 + s * 10 + (int)(i % 7));
-    DeviceBuffer<float> d_in(blocks), d_out(n);
-    comm.reduce_scatter_sum(d_in.ptr, d_out.ptr, n, 0);
-    std::vector<float> mine = d_out.download();
+    DeviceBuffer<float> d_blocks(blocks);
+    comm.reduce_scatter_sum(d_blocks.ptr, n, 0);
+    std::vector<float> after = d_blocks.download();
     bad = 0;
     for (size_t i = 0; i < n; i++) {
         float want = 0;
         for (int q = 0; q < R; q++) want += (float)(q * 1000 + r * 10 + (int)(i % 7));
-        bad += mine[i] != want;
+        bad += after[(size_t)r * n + i] != want;
     }
-    CHECK_MSG(bad == 0, "reduce_scatter_sum: %d of %zu wrong on rank %d", bad, n, r);
+    CHECK_MSG(bad == 0, "reduce_scatter_sum: %d of %zu wrong in rank %d's block", bad, n, r);
 
     std::vector<__nv_bfloat16> part(n);
     for (size_t i = 0; i < n; i++) part[i] = __float2bfloat16((float)(r * 64 + (int)(i % 64)));
@@ -58,4 +76,73 @@ TEST(nccl_collectives_match_their_definition_on_every_rank) {
     bad = 0;
     for (int v : got) bad += v != 7;
     CHECK_MSG(bad == 0, "broadcast from rank %d: %d of %zu wrong", R - 1, bad, n);
+}
+
+// A rank that does not arrive: the collective fails after its timeout with an error naming the
+// call, instead of waiting forever. Rank 1 joins 2 s late, with a patient timeout, and gets the sum
+// (rank 0's part was posted); rank 0's 0.5 s run out first. Emulation only: over NCCL rank 0 aborts
+// its communicator, so a late rank 1 could only time out too.
+TEST(nccl_collective_times_out_naming_the_call) {
+    REQUIRE_GPU();
+#ifndef FP8RL_EMU
+    SKIP("emulation only (over NCCL the timed-out rank aborts the communicator)");
+#endif
+    const Dist& dist = the_dist();
+    if (dist.size() < 2) SKIP("needs 2 ranks (mpirun -np 2)");
+    const int r = dist.rank();
+    Communicator comm(dist, r == 0 ? 0.5 : 60);
+    const size_t n = 257;
+    // kept: rank 0's abandoned collective completes into it when rank 1 arrives
+    float* x = nullptr;
+    CUDA_CHECK(cudaMalloc(&x, n * sizeof(float)));
+    std::vector<float> ones(n, 1.0f);
+    CUDA_CHECK(cudaMemcpy(x, ones.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+    if (r == 0) {
+        const auto t0 = std::chrono::steady_clock::now();
+        std::string message;
+        try {
+            comm.all_reduce_sum(x, n, 0);
+        } catch (const Error& e) {
+            message = e.what();
+        }
+        const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        CHECK_MSG(message.find("MPI_Iallreduce did not complete within 0.5 s") != std::string::npos, "error: \"%s\"",
+                  message.c_str());
+        CHECK_MSG(waited >= 0.5 && waited < 1.9, "waited %.2f s", waited);
+    } else {
+        std::this_thread::sleep_for(std::chrono::seconds(2));
+        comm.all_reduce_sum(x, n, 0);
+        std::vector<float> sum(n);
+        CUDA_CHECK(cudaMemcpy(sum.data(), x, n * sizeof(float), cudaMemcpyDeviceToHost));
+        int bad = 0;
+        for (float v : sum) bad += v != (float)dist.size();
+        CHECK_MSG(bad == 0, "the late rank's sum: %d of %zu wrong", bad, n);
+    }
+    dist.barrier();
+}
+
+// The host's collectives (rl/dist.h) are bounded the same way: rank 1 reaches a barrier 2 s late,
+// rank 0 gives up after 0.5 s with an error naming the call; rank 1's late barrier then completes
+// against rank 0's abandoned one.
+TEST(nccl_dist_host_collective_times_out_naming_the_call) {
+    Dist& dist = the_dist();
+    if (dist.size() < 2) SKIP("needs 2 ranks (mpirun -np 2)");
+    if (dist.rank() == 0) {
+        dist.set_timeout(0.5);
+        const auto t0 = std::chrono::steady_clock::now();
+        std::string message;
+        try {
+            dist.barrier();
+        } catch (const Error& e) {
+            message = e.what();
+        }
+        const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        CHECK_MSG(message.find("MPI_Ibarrier did not complete within 0.5 s") != std::string::npos, "error: \"%s\"", message.c_str());
+        CHECK_MSG(waited >= 0.5 && waited < 1.9, "waited %.2f s", waited);
+        dist.set_timeout(600);
+    } else {
+        std::this_thread::sleep_for(std::chrono::seconds(2));
+        dist.barrier();
+    }
+    dist.barrier();
 }
