@@ -136,6 +136,12 @@ test_gpu_emu: $(BUILD)/test_gpu_emu
 train_rl_emu: $(BUILD)/emu/train_rl.cu.o $(patsubst %,$(BUILD)/emu/%.o,$(EMU_RUNTIME))
 	$(CPU_LINK_CXX) $(CXXFLAGS) -o $@ $^ $(LDLIBS)
 
+# The GPU benchmarks (test/gpu/bench_*.cu) in emulation, each run once at tiny shapes by
+# test-bench-emu: a smoke test (it runs, prints its table, exits 0), never a timing.
+EMU_BENCH_BINS := $(patsubst test/gpu/bench_%.cu,$(BUILD)/emu_bench_%,$(wildcard test/gpu/bench_*.cu))
+$(BUILD)/emu_bench_%: $(BUILD)/emu/test/gpu/bench_%.cu.o $(patsubst %,$(BUILD)/emu/%.o,$(EMU_RUNTIME))
+	$(CPU_LINK_CXX) $(CXXFLAGS) -o $@ $^ $(LDLIBS)
+
 # make test: the unit and integration tests, the CUDA compile check, then everything again under
 # AddressSanitizer + UndefinedBehaviorSanitizer, then bounded fuzz runs of the JSON parser and the
 # safetensors reader. The binaries build in parallel (-j); the runs are sequential so their output
