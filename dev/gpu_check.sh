@@ -99,7 +99,8 @@ echo "=== machine: $machine; nvcc: $(command -v nvcc >/dev/null && nvcc --versio
 
 part 1 "build" 130 100 bash -c "make -j$(nproc) ${build_targets[*]} && echo built ${build_targets[*]}"
 part 2 "PTX wrappers and emulator assumptions on the device" 20 5 bash -c "set -e; for f in mma_ emu_ \
-    gpu_fp8_device_encoder gpu_fp8_block_gemms_match gpu_fp8_wrong_scale_layout; do $test_bin \$f; done"
+    gpu_fp8_device_encoder gpu_fp8_block_gemms_match gpu_fp8_wrong_scale_layout; do $test_bin \$f; done; \
+    echo 'passed: mma layouts, emulator assumptions, FP8 encoder, cuBLASLt scale layouts'"
 if [ "$emu" -eq 0 ]; then
     part 3 "test_gpu: every kernel against the CPU engine" 75 40 ./test_gpu
 else
