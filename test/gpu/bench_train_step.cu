@@ -56,7 +56,7 @@ StepResult bench_step(const std::string& dir, Precision p, const Batch& batch, c
         engine.reduce_and_clip_grads(1.0);
         engine.optimizer_step(1e-6);
     };
-    const double ms = median_ms(step, 3, 1);
+    const double ms = median_ms(step, 3, 1, 1);
     CUDA_CHECK(cudaDeviceSynchronize());
     return {ms, device_bytes_used() - before};
 }

@@ -27,16 +27,16 @@ inline bool bench_tiny(int argc, char** argv, const char* name) {
     return tiny;
 }
 
-// Median milliseconds of one fn() over `samples` samples after 3 warm-ups; each sample times `calls`
-// calls back to back, so the host's per-call work (descriptor lookup, launch) overlaps the GPU's
-// instead of adding to it. In emulation every call runs once per sample, once warm.
+// Median milliseconds of one fn() over `samples` samples after `warmups` calls; each sample times
+// `calls` calls back to back, so the host's per-call work (descriptor lookup, launch) overlaps the
+// GPU's instead of adding to it. In emulation: one warm-up, one sample of one call.
 template <class Fn>
-double median_ms(Fn fn, int samples = 10, int calls = 5) {
-    if (emulated) samples = 1, calls = 1;
+double median_ms(Fn fn, int samples = 10, int calls = 5, int warmups = 3) {
+    if (emulated) samples = 1, calls = 1, warmups = 1;
     cudaEvent_t start, stop;
     CUDA_CHECK(cudaEventCreate(&start));
     CUDA_CHECK(cudaEventCreate(&stop));
-    for (int i = 0; i < (emulated ? 1 : 3); i++) fn();
+    for (int i = 0; i < warmups; i++) fn();
     std::vector<float> ms((size_t)samples);
     for (float& t : ms) {
         CUDA_CHECK(cudaEventRecord(start));
