@@ -70,7 +70,7 @@ BENCH_BINS := $(patsubst bench/%.cpp,$(BUILD)/%,$(BENCH_SRCS))
 FUZZ_SECONDS ?= 30
 FUZZ_TARGETS := json safetensors
 
-.PHONY: all test test-unit test-asan test-gpu-emu test-gpu-emu-asan test_gpu_emu cuda-check bench bench_gpu fuzz clean demo
+.PHONY: all test test-unit test-asan test-gpu-emu test-gpu-emu-asan test-bench-emu test_gpu_emu cuda-check bench bench_gpu fuzz clean demo
 # make (all): every binary this machine can build, then each one it skipped and why. A target joins
 # ALL_BINS where its tools are found, else ALL_SKIPPED gets "name: reason".
 ALL_BINS := train_rl_cpu
@@ -136,12 +136,18 @@ test_gpu_emu: $(BUILD)/test_gpu_emu
 train_rl_emu: $(BUILD)/emu/train_rl.cu.o $(patsubst %,$(BUILD)/emu/%.o,$(EMU_RUNTIME))
 	$(CPU_LINK_CXX) $(CXXFLAGS) -o $@ $^ $(LDLIBS)
 
+# The GPU benchmarks (test/gpu/bench_*.cu) in emulation, each run once at tiny shapes by
+# test-bench-emu: a smoke test (it runs, prints its table, exits 0), never a timing.
+EMU_BENCH_BINS := $(patsubst test/gpu/bench_%.cu,$(BUILD)/emu_bench_%,$(wildcard test/gpu/bench_*.cu))
+$(BUILD)/emu_bench_%: $(BUILD)/emu/test/gpu/bench_%.cu.o $(patsubst %,$(BUILD)/emu/%.o,$(EMU_RUNTIME))
+	$(CPU_LINK_CXX) $(CXXFLAGS) -o $@ $^ $(LDLIBS)
+
 # make test: the unit and integration tests, the CUDA compile check, then everything again under
 # AddressSanitizer + UndefinedBehaviorSanitizer, then bounded fuzz runs of the JSON parser and the
 # safetensors reader. The binaries build in parallel (-j); the runs are sequential so their output
 # stays readable.
 TEST_BINS := $(BUILD)/test_cpu train_rl_cpu $(BUILD)/test_cpu_asan $(BUILD)/train_rl_cpu_asan \
-             $(if $(EMU_FLAGS),$(BUILD)/test_gpu_emu $(BUILD)/test_gpu_emu_asan train_rl_emu) \
+             $(if $(EMU_FLAGS),$(BUILD)/test_gpu_emu $(BUILD)/test_gpu_emu_asan train_rl_emu $(EMU_BENCH_BINS)) \
              $(if $(CLANGXX),$(FUZZ_TARGETS:%=$(BUILD)/fuzz_%))
 test: $(TEST_BINS)
 	$(MAKE) --no-print-directory test-unit
@@ -152,6 +158,7 @@ test: $(TEST_BINS)
 test-unit: $(BUILD)/test_cpu train_rl_cpu $(if $(EMU_FLAGS),train_rl_emu)
 	FP8RL_BIN=./train_rl_cpu FP8RL_EMU_BIN=./train_rl_emu OMP_NUM_THREADS=2 ./$(BUILD)/test_cpu
 	$(MAKE) --no-print-directory test-gpu-emu
+	$(MAKE) --no-print-directory test-bench-emu
 
 test-asan: $(BUILD)/test_cpu_asan $(BUILD)/train_rl_cpu_asan
 	FP8RL_BIN=./$(BUILD)/train_rl_cpu_asan OMP_NUM_THREADS=2 ASAN_OPTIONS=detect_leaks=1 ./$(BUILD)/test_cpu_asan
@@ -173,8 +180,14 @@ endif
 test-gpu-emu-asan: $(BUILD)/test_gpu_emu_asan
 	@echo "== GPU tests in emulation under ASan + UBSan, FP8RL_EMU_SEED=$(EMU_ASAN_SEED)"
 	FP8RL_EMU_SEED=$(EMU_ASAN_SEED) OMP_NUM_THREADS=2 ASAN_OPTIONS=detect_leaks=1 ./$(BUILD)/test_gpu_emu_asan
+
+# dev/gpu_check.sh's parts in emulation: the device checks, the engine against train_rl_cpu, and
+# every GPU benchmark once at tiny shapes (smoke tests: each runs, prints its table, exits 0).
+test-bench-emu: $(BUILD)/test_gpu_emu $(EMU_BENCH_BINS) train_rl_emu train_rl_cpu
+	@echo "== dev/gpu_check.sh --emu: its parts at tiny shapes in emulation (times are not GPU figures)"
+	dev/gpu_check.sh --emu
 else
-test-gpu-emu test-gpu-emu-asan:
+test-gpu-emu test-gpu-emu-asan test-bench-emu:
 	@echo "$@: SKIPPED (the CUDA headers were not found under $(CUDA_HOME)/include; the emulation needs them, not a GPU)"
 endif
 
@@ -189,10 +202,17 @@ cuda-check:
 # ./test_gpu: the GPU tests (test/gpu/test_*.cu) with the shared test runner; make bench_gpu builds
 # and runs each GPU benchmark (test/gpu/bench_*.cu). Both need a GPU to run; dev/gpu_check.sh runs all.
 GPU_LDLIBS := -lcublasLt -lgomp $(if $(MPI_FLAGS),-lnccl $(MPI_LIBS))
-GPU_HEADERS := $(wildcard *.cuh rl/*.h rl/*.cuh cpu/*.h cuda/*.cuh test/gpu/*.cuh test/harness.h)
+GPU_HEADERS := $(wildcard *.cuh rl/*.h rl/*.cuh cpu/*.h cuda/*.cuh test/gpu/*.cuh test/gpu/*.h test/harness.h)
 GPU_BENCH_BINS := $(patsubst test/gpu/bench_%.cu,$(BUILD)/gpu_bench_%,$(wildcard test/gpu/bench_*.cu))
-test_gpu: test/run_tests.cpp $(wildcard test/gpu/test_*.cu) $(GPU_HEADERS)
-	$(NVCC) $(NVCCFLAGS) -o $@ test/run_tests.cpp $(wildcard test/gpu/test_*.cu) $(GPU_LDLIBS)
+# Each test file is its own object, so make -j compiles them in parallel (one nvcc line compiles
+# its files one after another).
+GPU_TEST_NV_OBJS := $(patsubst %,$(BUILD)/nv/%.o,test/run_tests.cpp $(GPU_TESTS))
+$(BUILD)/nv/%.o: % $(GPU_HEADERS)
+	@mkdir -p $(@D)
+	$(NVCC) $(NVCCFLAGS) -c -o $@ $<
+
+test_gpu: $(GPU_TEST_NV_OBJS)
+	$(NVCC) $(NVCCFLAGS) -o $@ $^ $(GPU_LDLIBS)
 
 # ./train_rl: the product, the GPU binary (sm_90, cuBLASLt, NCCL and MPI when found).
 train_rl: train_rl.cu $(GPU_HEADERS)

@@ -1,54 +1,140 @@
 #!/usr/bin/env bash
-# dev/gpu_check.sh: builds and runs every GPU check of fp8rl on a machine with an NVIDIA GPU
-# (Hopper, sm_90, for the FP8 block-scaled GEMMs) and ends with a summary. Each part runs even when
-# an earlier one failed, under its own time limit; the limits add up to under 8 minutes.
-#   part 1: build ./train_rl, ./test_gpu and the GPU benchmarks (nvcc, cuBLASLt)
-#   part 2: ./test_gpu mma_, emu_  - the tensor-core mma.sync wrappers against a plain product, and
-#           what the CUDA emulation assumes, on the hardware: shuffles of every
-#           variant and width, votes, atomics, dynamic shared memory, graphs, launch limits (seconds;
-#           the likeliest to find what emulation cannot)
-#   part 3: ./test_gpu  - every GPU test, as in emulation: device FP8 encoder vs CUDA over all 2^32
-#           inputs; quantize kernels vs the CPU quantizers bit for bit; cuBLASLt fprop/dgrad/wgrad vs
-#           the CPU emulation; a wrong scale layout must fail; BF16 GEMM vs CPU; sampling, token loss
-#           ... and the GPU engine against the CPU engine on the fixture models (log-probs,
-#           entropies, gradients in bf16 and fp8: test/gpu/test_engine.cu)
-#   part 4: FP8 block-scaled vs BF16 GEMM TFLOP/s over Qwen3-0.6B / Qwen3-8B linear shapes
-# Usage: dev/gpu_check.sh   (from anywhere; it works in the repository root)
+# dev/gpu_check.sh: settles, in order, whether fp8rl's GPU code is right on this machine's GPU
+# (Hopper, sm_90) and how fast it is, in under 8 minutes on an H200. Each part runs under its own
+# time limit, even when an earlier one failed; the summary (PASS/FAIL, seconds, the key figure) and
+# every benchmark table go to one file, runs/gpu_check/summary.md (GPU_CHECK_OUT to change it).
+#
+# Expected seconds on one H200 (16 cores), from the work each part does (H200.md: ~990 TFLOP/s dense
+# BF16 by the datasheet, 4.8 TB/s), and the limits, which add up to 470 s:
+#   part                                                          expected  limit
+#   1 build train_rl, train_rl_cpu, test_gpu, the benchmarks         100     130
+#     (make -j16, one object per test file: the longest nvcc units, the engine's, set it)
+#   2 the PTX wrappers and the emulator's assumptions on the device    5      20
+#     (mma fragment layouts, shuffles, votes, atomics, shared memory, graphs, launch limits, the
+#     FP8 encoder over all 2^32 floats, cuBLASLt's VEC128/BLK128x128 scale layouts against the CPU
+#     emulation and a wrong layout caught): the likeliest to find what emulation cannot
+#   3 ./test_gpu: every kernel against the CPU engine                  40      75
+#     (GPU time is small; the CPU references of the engine tests dominate)
+#   4 the engine against train_rl_cpu on a tiny fixture model          10      30
+#     (dev/check_engine.sh: log-probs, one step's gradients, greedy generation)
+#   5 benchmarks, each a ratio against a baseline run in the same invocation:
+#     GEMM: FP8 vs BF16 on Qwen3-0.6B/1.7B/8B linear shapes at 4k, 16k  15      40
+#       (2mnk summed over the shapes ~6.7 TFLOP per GEMM kind, x 3 GEMMs x 53 calls x 2 kinds:
+#       ~3 s of GEMMs at 600-900 TFLOP/s, plus plans, quantizers, random fills)
+#     attention fwd/bwd vs cuBLASLt GEMM + softmax, 4k-16k tokens        10      25
+#       (causal FLOPs 1.4 TFLOP forward, 3.6 backward over the three lengths x 13 calls; the baseline
+#       moves ~40 GB (forward) and ~100 GB (backward) of N x N scores at 16k: ~0.5 s; the host compares)
+#     training step bf16 vs fp8, Qwen3-0.6B and 1.7B, 16 x 1,024 tokens 40      65
+#       (6 x params x tokens: 0.06 and 0.2 PFLOP a step, 4 steps per precision; writing the 1.7B
+#       model (4 GB) and loading it twice dominate)
+#     rollout bf16/bf16, fp8/bf16, fp8/fp8, 256 x 1,024 target           25      35
+#       (its own 10 s budget per model plus warm-ups; see test/gpu/bench_rollout.cu)
+#     RL step bf16/bf16/bf16 vs fp8/fp8/fp8 + Calibrated Clipping        35      50
+#       (Qwen3-0.6B, 16 sequences x 32 new tokens, 2 steps, twice: dev/bench_rl_step.sh, on the
+#       model the training-step benchmark wrote; loading the model twice per run (the host copy
+#       generates) and the final checkpoint (8 GB of FP32 state, to /dev/shm) dominate)
+# The random models are written by the project's own code (test/gpu/bench_model.h, under
+# build/bench_models/: ~6 GB of disk) with the real Qwen3 tokenizer of test/fixtures; no downloads,
+# no Python.
+#
+# Usage: dev/gpu_check.sh           on a GPU machine (nvcc, cuBLASLt; NCCL and MPI when found)
+#        dev/gpu_check.sh --emu     the same parts on the emulated GPU at tiny shapes (make
+#                                   test-bench-emu), limits x4: a broken part fails in CI, not on the
+#                                   GPU; part 3 is make test-gpu-emu's, so it is not repeated here
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 
-summary=()
-part() {  # part NAME LIMIT_SECONDS COMMAND...
-    local name=$1 limit=$2
-    shift 2
+emu=0
+[ "${1:-}" = --emu ] && emu=1
+benches=(fp8_gemm attention train_step rollout)
+if [ "$emu" -eq 1 ]; then
+    out=${GPU_CHECK_OUT:-build/gpu_check_emu}
+    gpu_bin=./train_rl_emu test_bin=./build/test_gpu_emu bench_prefix=./build/emu_bench_ size=--tiny
+    build_targets=(train_rl_emu train_rl_cpu build/test_gpu_emu "${benches[@]/#/build/emu_bench_}")
+    rl_step=(1 --init tiny --max_new_tokens 3 --group_size 4 --batch_prompts 4)
+    export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+    limit_scale=4  # the emulation runs the tiny shapes on 2 cores, not the GPU's sizes on a GPU
+else
+    out=${GPU_CHECK_OUT:-runs/gpu_check}
+    gpu_bin=./train_rl test_bin=./test_gpu bench_prefix=./build/gpu_bench_ size=
+    build_targets=(train_rl train_rl_cpu test_gpu "${benches[@]/#/build/gpu_bench_}")
+    rl_step=(2 --model build/bench_models/Qwen3-0.6B --max_new_tokens 32 --group_size 4 --batch_prompts 4)
+    limit_scale=1
+fi
+rm -rf "$out/logs"
+mkdir -p "$out/logs"
+summary_file=$out/summary.md
+rows=()
+tables=()
+total_limit=0
+
+part() {  # part ID NAME LIMIT_SECONDS EXPECTED_SECONDS COMMAND...
+    local number=$1 name=$2 limit=$(($3 * limit_scale)) expected=$4
+    shift 4
+    total_limit=$((total_limit + limit))
+    local log
+    log=$out/logs/$number-$(tr -cs 'A-Za-z0-9' '-' <<< "$name" | cut -c1-40 | sed 's/-$//').log
     echo
-    echo "=== $name: $* (limit ${limit}s)"
-    local t0=$SECONDS rc log
-    log=$(mktemp)
+    echo "=== part $number: $name: $* (limit ${limit}s, expected ${expected}s)"
+    local t0=$SECONDS rc
     timeout "$limit" "$@" 2>&1 | tee "$log"
-    rc=$?
-    local secs=$((SECONDS - t0)) last
-    last=$(tail -n 1 "$log")
-    rm -f "$log"
-    if [ "$rc" -eq 0 ]; then
-        summary+=("PASS  $name (${secs}s): $last")
+    rc=${PIPESTATUS[0]}
+    local secs=$((SECONDS - t0)) last verdict
+    last=$(grep -v '^[[:space:]]*$' "$log" | tail -n 1 | cut -c1-300)
+    local skipped
+    skipped=$(grep -c '^SKIP ' "$log")
+    if [ "$rc" -eq 0 ] && grep -q ': SKIPPED: ' "$log"; then
+        verdict=SKIP  # a benchmark that found no usable GPU
+    elif [ "$rc" -eq 0 ]; then
+        verdict=PASS
+        [ "$skipped" -gt 0 ] && verdict="PASS ($skipped tests skipped)"
     elif [ "$rc" -eq 124 ]; then
-        summary+=("FAIL  $name: timed out after ${limit}s")
+        verdict=FAIL last="timed out after ${limit}s; last line: $last"
     else
-        summary+=("FAIL  $name: exit status $rc (${secs}s): $last")
+        verdict=FAIL last="exit status $rc: $last"
     fi
+    rows+=("| $number | $verdict | $name | $secs | $expected | $limit | ${last//|/\\|} |")
+    [[ $name == benchmark* ]] && tables+=("$number. $name|$log")
 }
 
-echo "=== machine"
-nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv 2>&1 || echo "nvidia-smi failed"
-command -v nvcc >/dev/null && nvcc --version | tail -n 2
-echo "cores: $(nproc)"
+machine=$( (nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader 2>&1 ||
+    echo "nvidia-smi failed") | head -n 4)
+[ "$emu" -eq 1 ] && machine="emulated GPU (cuda/emu.h) on $(nproc) CPU cores: times are not GPU figures"
+echo "=== machine: $machine; nvcc: $(command -v nvcc >/dev/null && nvcc --version | tail -n 1 || echo none); cores: $(nproc)"
 
-part "build train_rl, test_gpu and GPU benchmarks" 200 make -j"$(nproc)" train_rl test_gpu build/gpu_bench_fp8_gemm
-part "mma.sync wrappers and the emulator's assumptions on the device" 20 bash -c './test_gpu mma_ && ./test_gpu emu_'
-part "test_gpu" 110 ./test_gpu
-part "benchmark: FP8 block-scaled vs BF16 GEMMs" 140 ./build/gpu_bench_fp8_gemm
+part 1 "build" 130 100 bash -c "make -j$(nproc) ${build_targets[*]} && echo built ${build_targets[*]}"
+part 2 "PTX wrappers and emulator assumptions on the device" 20 5 bash -c "set -e; for f in mma_ emu_ \
+    gpu_fp8_device_encoder gpu_fp8_block_gemms_match gpu_fp8_wrong_scale_layout; do $test_bin \$f; done; \
+    echo 'passed: mma layouts, emulator assumptions, FP8 encoder, cuBLASLt scale layouts'"
+if [ "$emu" -eq 0 ]; then
+    part 3 "test_gpu: every kernel against the CPU engine" 75 40 ./test_gpu
+else
+    rows+=("| 3 | SKIP | test_gpu: every kernel against the CPU engine | | | | make test-gpu-emu runs build/test_gpu_emu |")
+fi
+part 4 "engine against train_rl_cpu (tiny fixture model)" 30 10 dev/check_engine.sh "$gpu_bin" "$test_bin"
+part 5a "benchmark: FP8 block-scaled vs BF16 GEMMs" 40 15 "${bench_prefix}fp8_gemm" $size
+part 5b "benchmark: attention vs cuBLASLt GEMM + softmax" 25 10 "${bench_prefix}attention" $size
+part 5c "benchmark: training step bf16 vs fp8" 65 40 "${bench_prefix}train_step" $size
+part 5d "benchmark: rollout tokens/s" 35 25 "${bench_prefix}rollout" $size
+part 5e "benchmark: RL step bf16 vs fp8 + Calibrated Clipping" 50 35 dev/bench_rl_step.sh "$gpu_bin" "${rl_step[@]}"
 
+{
+    echo "# dev/gpu_check.sh$([ "$emu" -eq 1 ] && echo " --emu")"
+    echo
+    echo "$(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown); machine: $machine;" \
+        "$(nproc) cores; limits add up to ${total_limit}s, the run took ${SECONDS}s"
+    echo
+    echo "| part | verdict | what | seconds | expected | limit | key figure (last line) |"
+    echo "|---|---|---|---|---|---|---|"
+    printf '%s\n' "${rows[@]}"
+    for table in "${tables[@]}"; do
+        echo
+        echo "## ${table%%|*}"
+        echo
+        cat "${table#*|}"
+    done
+} > "$summary_file"
 echo
-echo "=== summary"
-printf '%s\n' "${summary[@]}"
+echo "=== summary (also in $summary_file)"
+printf '%s\n' "${rows[@]}"
+! grep -q '^| [0-9a-z]* | FAIL' <(printf '%s\n' "${rows[@]}")  # SKIP and PASS pass; the table shows which

@@ -7,6 +7,8 @@
 #include <cmath>
 #include <filesystem>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "rl/common.h"
 #include "rl/config.h"
@@ -86,6 +88,7 @@ inline void init_weights(ModelWeights& w, uint64_t seed, double std) {
         const TensorInfo& info = w.tensors[t];
         float* p = w.master.data() + info.offset;
         bool norm = info.name.find("norm") != std::string::npos, bias = info.name.find(".bias") != std::string::npos;
+#pragma omp parallel for schedule(static) if (info.numel > (1 << 20))
         for (size_t k = 0; k < info.numel; k++) {
             Philox4 r = rng_bits(seed, (uint32_t)t, (uint32_t)(k >> 32), (uint32_t)k, kRngInit);
             p[k] = norm ? 1.0f : bias ? 0.0f : (float)std * normal_from_bits(r.w[0], r.w[1]);
@@ -93,28 +96,34 @@ inline void init_weights(ModelWeights& w, uint64_t seed, double std) {
     }
 }
 
-// Writes the fresh model to `dir` (replacing it) and returns nothing: load it with
-// ModelWeights::load(dir) like any model.
-inline void write_fresh_model(const std::string& init, const std::string& dir, const std::string& symbols, uint64_t seed) {
+// Writes a model of config.json text `config` with random weights (init_weights) to `dir` as a HF
+// directory (replacing it); `files` (name, text) join config.json, e.g. the tokenizer's.
+inline void write_random_model(const std::string& dir, const std::string& config,
+                               const std::vector<std::pair<std::string, std::string>>& files, uint64_t seed) {
     namespace fs = std::filesystem;
     std::string staging = dir + ".source";
     std::error_code ec;
     fs::remove_all(staging, ec);
     fs::create_directories(staging, ec);
     if (ec) fail("%s: cannot create directory: %s", staging.c_str(), ec.message().c_str());
-    auto put = [&](const char* name, const std::string& text) {
-        write_file_atomic(staging + "/" + name, text);
-    };
-    put("config.json", fresh_config_text(init, symbols));
-    put("tokenizer.json", task_tokenizer_json(symbols));
-    put("tokenizer_config.json", task_tokenizer_config_json());
-    put("generation_config.json", strfmt("{\"eos_token_id\": %lld, \"pad_token_id\": %lld}\n", (long long)task_eos_id(symbols),
-                                         (long long)task_eos_id(symbols)));
+    write_file_atomic(staging + "/config.json", config);
+    for (const auto& f : files) write_file_atomic(staging + "/" + f.first, f.second);
     ModelWeights w = ModelWeights::from_config(load_model_config(staging));
     const Json* range = w.config.raw.find("initializer_range");
     init_weights(w, seed, range && range->is_number() ? range->number : 0.02);
     save_hf(w, dir, staging);
     fs::remove_all(staging, ec);
+}
+
+// Writes the fresh model to `dir` (replacing it) and returns nothing: load it with
+// ModelWeights::load(dir) like any model.
+inline void write_fresh_model(const std::string& init, const std::string& dir, const std::string& symbols, uint64_t seed) {
+    const std::string eos = strfmt("%lld", (long long)task_eos_id(symbols));
+    write_random_model(dir, fresh_config_text(init, symbols),
+                       {{"tokenizer.json", task_tokenizer_json(symbols)},
+                        {"tokenizer_config.json", task_tokenizer_config_json()},
+                        {"generation_config.json", "{\"eos_token_id\": " + eos + ", \"pad_token_id\": " + eos + "}\n"}},
+                       seed);
 }
 
 }  // namespace fp8rl

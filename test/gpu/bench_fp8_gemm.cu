@@ -1,15 +1,15 @@
 // bench_fp8_gemm.cu: cuBLASLt block-scaled FP8 vs BF16 GEMM throughput over the linear layers of
-// Qwen3-0.6B and Qwen3-8B at 4k and 16k tokens (fp8_gemm.cuh). Per layer and token count: the BF16
+// Qwen3-0.6B, 1.7B and 8B at 4k and 16k tokens (fp8_gemm.cuh); --tiny: one small shape, for make test. Per layer and token count: the BF16
 // GEMM and the three FP8 GEMMs (fprop BLK128x128 x VEC128, dgrad BLK x VEC, wgrad VEC128 x VEC128)
 // at the same m, n, k, all TN with BF16 output, FP8 fast accumulation off; plus the quantize
 // kernels (X 1x128 with its transposed copy in one pass; W 128x128 with its transposed copy).
-// Times: CUDA events, median of 10 samples of 5 calls after 3 warm-ups, on random data (never zeros). Each shape
-// runs independently: an error is printed and the next shape runs.
+// Times: CUDA events, median of 10 samples of 5 calls after 3 warm-ups (bench_util.cuh), on random data
+// (never zeros). Each shape runs independently: an error is printed and the next shape runs.
 #include <algorithm>
 #include <cstdio>
 #include <vector>
 
-#include "test/gpu/gpu_util.cuh"
+#include "test/gpu/bench_util.cuh"
 
 using namespace fp8rl;
 
@@ -21,37 +21,18 @@ struct Shape {
     int N, K;  // out, in
 };
 
-// spec-model.md: Qwen3-0.6B C=1024, I=3072, 16 q / 8 kv heads of 128; Qwen3-8B C=4096, I=12288, 32 / 8.
+// spec-model.md: Qwen3-0.6B C=1024, I=3072, 16 q / 8 kv heads of 128; Qwen3-1.7B C=2048, I=6144,
+// 16 / 8; Qwen3-8B C=4096, I=12288, 32 / 8.
 const Shape kShapes[] = {
-    {"Qwen3-0.6B", "q", 2048, 1024},     {"Qwen3-0.6B", "k,v", 1024, 1024}, {"Qwen3-0.6B", "o", 1024, 2048},
-    {"Qwen3-0.6B", "gate,up", 3072, 1024}, {"Qwen3-0.6B", "down", 1024, 3072}, {"Qwen3-8B", "q,o", 4096, 4096},
-    {"Qwen3-8B", "k,v", 1024, 4096},     {"Qwen3-8B", "gate,up", 12288, 4096}, {"Qwen3-8B", "down", 4096, 12288},
+    {"Qwen3-0.6B", "q", 2048, 1024},       {"Qwen3-0.6B", "k,v", 1024, 1024},   {"Qwen3-0.6B", "o", 1024, 2048},
+    {"Qwen3-0.6B", "gate,up", 3072, 1024}, {"Qwen3-0.6B", "down", 1024, 3072},  {"Qwen3-1.7B", "q,o", 2048, 2048},
+    {"Qwen3-1.7B", "k,v", 1024, 2048},     {"Qwen3-1.7B", "gate,up", 6144, 2048}, {"Qwen3-1.7B", "down", 2048, 6144},
+    {"Qwen3-8B", "q,o", 4096, 4096},       {"Qwen3-8B", "k,v", 1024, 4096},     {"Qwen3-8B", "gate,up", 12288, 4096},
+    {"Qwen3-8B", "down", 4096, 12288},
 };
+const Shape kTinyShape = {"tiny", "q", 256, 128};
 
-// Median milliseconds of one fn() over 10 samples after 3 warm-ups; each sample times 5 calls back to
-// back, so the host's per-call work (descriptor lookup, launch) overlaps the GPU's instead of adding to it.
-template <class Fn>
-double median_ms(Fn fn) {
-    cudaEvent_t start, stop;
-    CUDA_CHECK(cudaEventCreate(&start));
-    CUDA_CHECK(cudaEventCreate(&stop));
-    for (int i = 0; i < 3; i++) fn();
-    std::vector<float> ms(10);
-    for (float& t : ms) {
-        CUDA_CHECK(cudaEventRecord(start));
-        for (int i = 0; i < 5; i++) fn();
-        CUDA_CHECK(cudaEventRecord(stop));
-        CUDA_CHECK(cudaEventSynchronize(stop));
-        CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
-        t /= 5;
-    }
-    cudaEventDestroy(start);
-    cudaEventDestroy(stop);
-    std::sort(ms.begin(), ms.end());
-    return 0.5 * (ms[4] + ms[5]);
-}
-
-double tflops(int m, int n, int k, double ms) { return 2.0 * m * n * k / (ms * 1e-3) / 1e12; }
+double gemm_tflops(int m, int n, int k, double ms) { return tflops(2.0 * m * n * k, ms); }
 
 void bench_shape(GemmRunner& runner, const Shape& s, int T) {
     int N = s.N, K = s.K;
@@ -92,31 +73,32 @@ void bench_shape(GemmRunner& runner, const Shape& s, int T) {
         bool first = g.name == gemms[0].name;
         std::string quant = first ? strfmt("%.1f | %.1f", q_x * 1e3, q_w * 1e3) : " | ";
         printf("| %s | %s | %d | %s | %d | %d | %d | %.0f | %.0f | %.2f | %s |\n", s.model, s.layer, T, g.name, g.m, g.n,
-               g.k, tflops(g.m, g.n, g.k, bf16_ms), tflops(g.m, g.n, g.k, fp8_ms), bf16_ms / fp8_ms, quant.c_str());
+               g.k, gemm_tflops(g.m, g.n, g.k, bf16_ms), gemm_tflops(g.m, g.n, g.k, fp8_ms), bf16_ms / fp8_ms, quant.c_str());
         fflush(stdout);
     }
 }
 
 }  // namespace
 
-int main() {
-    std::string why_not = no_gpu_reason();
-    if (why_not.empty()) why_not = fp8_block_gemm_unsupported_reason(0);
+int main(int argc, char** argv) {
+    const bool tiny = bench_tiny(argc, argv, "bench_fp8_gemm");
+    std::string why_not = bench_unavailable_reason();
     if (!why_not.empty()) {
         printf("bench_fp8_gemm: SKIPPED: %s\n", why_not.c_str());
         return 0;
     }
-    cudaDeviceProp prop;
-    CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-    printf("bench_fp8_gemm on %s (%d SMs), cuBLASLt %zu\n", prop.name, prop.multiProcessorCount, cublasLtGetVersion());
+    print_bench_header("bench_fp8_gemm", tiny);
     printf("TFLOP/s = 2mnk / median time; speedup = BF16 time / FP8 time; quantize columns (us, on fprop rows): "
            "X [T][K] 1x128 + transposed copy in one pass, W [N][K] 128x128 + transposed copy\n\n");
     printf("| model | layer | T | GEMM | m | n | k | BF16 TF/s | FP8 TF/s | speedup | quant X us | quant W us |\n");
     printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     GemmRunner runner;
     int failures = 0;
-    for (int T : {4096, 16384})
-        for (const Shape& s : kShapes) {
+    std::vector<Shape> shapes(std::begin(kShapes), std::end(kShapes));
+    std::vector<int> token_counts = {4096, 16384};
+    if (tiny) shapes = {kTinyShape}, token_counts = {128};
+    for (int T : token_counts)
+        for (const Shape& s : shapes) {
             try {
                 bench_shape(runner, s, T);
             } catch (const Error& e) {

@@ -1,0 +1,87 @@
+// bench_util.cuh: what the GPU benchmarks (test/gpu/bench_*.cu) share: the size switch (--tiny:
+// shapes the emulation runs in seconds, for make test), event timing, TFLOP/s, the header line
+// naming the device and its library (and saying that emulated times are not figures), and the
+// benchmark's exit status.
+#ifndef FP8RL_TEST_GPU_BENCH_UTIL_CUH
+#define FP8RL_TEST_GPU_BENCH_UTIL_CUH
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "test/gpu/gpu_util.cuh"
+
+namespace fp8rl {
+
+// --tiny: the smoke-test shapes (make test-bench-emu); anything else is an error naming the usage.
+inline bool bench_tiny(int argc, char** argv, const char* name) {
+    bool tiny = false;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--tiny")) tiny = true;
+        else {
+            fprintf(stderr, "usage: %s [--tiny]   (--tiny: smoke-test shapes, as make test runs it in emulation)\n", name);
+            exit(2);
+        }
+    }
+    return tiny;
+}
+
+// Median milliseconds of one fn() over `samples` samples after `warmups` calls; each sample times
+// `calls` calls back to back, so the host's per-call work (descriptor lookup, launch) overlaps the
+// GPU's instead of adding to it. In emulation: one warm-up, one sample of one call.
+template <class Fn>
+double median_ms(Fn fn, int samples = 10, int calls = 5, int warmups = 3) {
+    if (emulated) samples = 1, calls = 1, warmups = 1;
+    cudaEvent_t start, stop;
+    CUDA_CHECK(cudaEventCreate(&start));
+    CUDA_CHECK(cudaEventCreate(&stop));
+    for (int i = 0; i < warmups; i++) fn();
+    std::vector<float> ms((size_t)samples);
+    for (float& t : ms) {
+        CUDA_CHECK(cudaEventRecord(start));
+        for (int i = 0; i < calls; i++) fn();
+        CUDA_CHECK(cudaEventRecord(stop));
+        CUDA_CHECK(cudaEventSynchronize(stop));
+        CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
+        t /= (float)calls;
+    }
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+    std::sort(ms.begin(), ms.end());
+    return 0.5 * (ms[(samples - 1) / 2] + ms[samples / 2]);
+}
+
+inline double tflops(double flop, double ms) { return flop / (ms * 1e-3) / 1e12; }
+
+// Prints "NAME on DEVICE (SMs), LIBRARY" and, in emulation, that the times are the CPU's.
+inline void print_bench_header(const char* name, bool tiny) {
+    cudaDeviceProp prop;
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+#ifdef FP8RL_EMU
+    const std::string library = "cuBLASLt emulated (cuda/emu_gemm.h)";
+#else
+    const std::string library = strfmt("cuBLASLt %zu", cublasLtGetVersion());
+#endif
+    printf("%s on %s (%d SMs), %s%s\n", name, prop.name, prop.multiProcessorCount, library.c_str(),
+           tiny ? ", tiny shapes (--tiny)" : "");
+    if (emulated)
+        printf("EMULATED: kernels run on the CPU (cuda/emu.h); the times below are the emulation's, not GPU figures\n");
+}
+
+// "" when the benchmark can run here (a GPU with FP8 block-scaled GEMMs, or the emulation), else why not.
+inline std::string bench_unavailable_reason() {
+    std::string why = no_gpu_reason();
+    return why.empty() ? fp8_block_gemm_unsupported_reason(0) : why;
+}
+
+// Bytes of device memory in use (all processes), for peak-memory columns.
+inline size_t device_bytes_used() {
+    size_t free_bytes = 0, total = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
+    return total - free_bytes;
+}
+
+}  // namespace fp8rl
+
+#endif  // FP8RL_TEST_GPU_BENCH_UTIL_CUH
