@@ -47,6 +47,7 @@ struct Sequence {
 // An engine's settings from the command line (rl/args.h, the flags marked for one engine). Each
 // engine reads the fields that concern it and ignores the others.
 struct EngineOptions {
+    bool recompute_layer = false;  // --recompute layer (GPU engine): keep layer inputs, recompute the rest in backward
 };
 
 // Per response position of each sequence.

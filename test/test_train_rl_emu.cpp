@@ -1,6 +1,7 @@
 // Tests of the GPU binary's whole pipeline in emulation (./train_rl_emu: train_rl.cu on the emulated
-// GPU engine) against the CPU binary: one RL step in bf16 and in fp8 gives the CPU's metrics, and
-// resuming equals not stopping, bit for bit. Not in the sanitizer build (the GPU engine's kernels
+// GPU engine) against the CPU binary: one RL step in bf16 and in fp8 gives the CPU's metrics,
+// resuming equals not stopping, bit for bit, micro-batches equal whole minibatches to rounding and
+// --recompute layer changes no bit. Not in the sanitizer build (the GPU engine's kernels
 // run under ASan in build/test_gpu_emu_asan); make test-unit sets FP8RL_EMU_BIN.
 #ifndef FP8RL_SANITIZE
 #include <cmath>
@@ -95,5 +96,32 @@ TEST(train_rl_emu_resume_is_bit_exact) {
     TrainerState x = final_state(d + "/full"), y = final_state(d + "/split");
     CHECK(x.master == y.master);
     CHECK(x.adam_m == y.adam_m && x.adam_v == y.adam_v);
+}
+// --micro_batch_tokens on the GPU engine, as trainer_micro_batches_match_whole_minibatches on the
+// CPU engine (its reasoning and tolerances: bf16 two steps, metrics at rtol 1e-3 and weights within
+// 1e-4; fp8 one update, its metrics, the wgrad's token groups being split). --recompute layer on
+// the same fp8 run: every metric and the final weights bit for bit (the engine test
+// gpu_engine_recompute_layer_is_bit_exact shows why; here the flag's way through the binary).
+TEST(train_rl_emu_micro_batches_and_recompute) {
+    if (std::system(("test -x " + emu_binary()).c_str()) != 0) SKIP("./train_rl_emu not built (make train_rl_emu)");
+    std::string d = temp_dir("emu_micro");
+    for (const char* p : {"bf16", "fp8"}) {
+        const bool fp8 = std::string(p) == "fp8";
+        auto run = [&](const std::string& name, const std::string& extra) {
+            return run_cmd(emu_binary() + tiny_run(d + "/" + name + "_" + p, fp8 ? 1 : 2, p) + " --entropy_coef 0.01" + extra);
+        };
+        harness::RunResult whole = run("whole", ""), micro = run("micro", " --micro_batch_tokens 12");
+        CHECK_MSG(whole.status == 0 && micro.status == 0, "%s\n%s", whole.output.c_str(), micro.output.c_str());
+        if (whole.status || micro.status) continue;
+        const double norm = first_row(d + "/whole_" + p)["actor/grad_norm"];
+        CHECK_MSG(norm > 1e-3, "%s: gradient norm %g: nothing to compare", p, norm);
+        check_runs_agree(d + "/whole_" + p, d + "/micro_" + p, 1e-3, 1e-6, fp8 ? INFINITY : 1e-4);
+        if (!fp8) continue;
+        harness::RunResult again = run("recompute", " --recompute layer");
+        CHECK_MSG(again.status == 0, "%s", again.output.c_str());
+        if (again.status) continue;
+        CHECK(log_without_timing(d + "/whole_fp8") == log_without_timing(d + "/recompute_fp8"));
+        CHECK(final_state(d + "/whole_fp8").master == final_state(d + "/recompute_fp8").master);
+    }
 }
 #endif  // FP8RL_SANITIZE
