@@ -37,6 +37,7 @@
 #include "cuda/embedding.cuh"
 #include "cuda/global_norm.cuh"
 #include "cuda/linear.cuh"
+#include "cuda/memory_plan.h"
 #include "cuda/nccl.cuh"
 #include "cuda/rmsnorm.cuh"
 #include "cuda/rope.cuh"
@@ -82,6 +83,29 @@ class GpuEngine : public Engine {
 
     const ModelConfig& config() const { return weights_.config; }
     size_t num_floats() const override { return weights_.num_floats(); }
+
+    // The constants of the GPU code that the memory plan counts with.
+    static PlanConstants plan_constants() {
+        return {GemmRunner::WORKSPACE_BYTES, HEAD_VOCAB_CHUNK, GRAD_NORM_THREADS, GRAD_NORM_MAX_BLOCKS, kColumnSumChunkRows};
+    }
+    static MemoryPlanRequest plan_request(const EngineOptions& o, const MemoryDemand& d) {
+        MemoryPlanRequest r;
+        r.tokens = d.tokens_per_forward;
+        r.recompute_layer = o.recompute_layer;
+        r.reference_policy = d.reference_policy;
+        r.optimizer_shards = 1;  // ZeRO-1 not yet: every rank holds the whole master and moments
+        r.longest_sequence = d.longest_sequence;
+        return r;
+    }
+    // Training's memory plan (cuda/memory_plan.h), checked against this device's free memory before
+    // anything is allocated: a plan that does not fit fails with the numbers and the options.
+    static std::string device_memory_plan(const ModelConfig& c, const EngineOptions& o, const MemoryDemand& d) {
+        check_device();
+        size_t free_bytes = 0, total_bytes = 0;
+        CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+        check_memory_plan_fits(c, plan_request(o, d), plan_constants(), free_bytes, total_bytes);
+        return memory_plan_text(plan_memory(c, plan_request(o, d), plan_constants()));
+    }
 
     std::vector<Generation> generate(const std::vector<GenRequest>& requests, uint32_t step, const SamplingConfig& s,
                                      Precision weights, Precision kv_cache, Progress* progress) override {
@@ -312,6 +336,7 @@ inline void GpuEngine::prepare_batch(const std::vector<Sequence>& seqs) {
     if (!rope_ || rope_host_.positions < max_seqlen_) {
         rope_host_ = RopeTable{m.D / 2, m.inv_freq, {}, {}, 0};
         rope_host_.ensure(max_seqlen_);
+        rope_.reset();
         rope_.reset(new DeviceRopeTable(rope_host_));
     }
     // BF16 activations, kept for the backward pass; zero, so the padding rows are zero operands.
@@ -350,6 +375,7 @@ inline void GpuEngine::prepare_batch(const std::vector<Sequence>& seqs) {
     rstdf_ = take_f(T), head_logprob_ = take_f(T), head_entropy_ = take_f(T), head_lse_ = take_f(T), head_mu_ = take_f(T);
     gemm_f32_ = take_f(Tp * max_dim);
     if (!scratch_ || scratch_max_tokens_ < Tp) {
+        scratch_.reset();  // freed before the larger one is allocated: the plan counts one
         scratch_.reset(new LinearScratch((int)Tp, (int)max_dim, false));
         scratch_max_tokens_ = Tp;
     }

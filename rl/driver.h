@@ -82,6 +82,48 @@ inline double seconds_since(std::chrono::steady_clock::time_point t0) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// A plain prompt is tokenized as it is; messages are rendered by the model's chat template (the
+// renderer of --chat, tested against transformers' apply_chat_template) with the opening of the
+// assistant turn, so the policy answers as the assistant. chat: loaded at the first "messages" row.
+inline std::vector<int32_t> encode_example_prompt(const Tokenizer& tok, const Example& ex, const std::string& model_dir,
+                                                  int enable_thinking, std::unique_ptr<ChatTemplate>& chat) {
+    std::vector<int> ids;
+    if (ex.messages.empty()) {
+        ids = tok.encode(ex.prompt);
+    } else {
+        if (!chat) chat = std::make_unique<ChatTemplate>(ChatTemplate::load(model_dir));
+        std::vector<ChatMessage> messages;
+        for (const auto& m : ex.messages) messages.push_back({m.first, m.second, "", false});
+        ChatOptions opt;
+        opt.enable_thinking = enable_thinking;
+        ids = chat->encode(tok, messages, opt);
+    }
+    return std::vector<int32_t>(ids.begin(), ids.end());
+}
+
+// The largest forward of a run, for an engine's memory plan. A sequence is at most the longest
+// prompt + --max_new_tokens tokens; the longest prompt is measured over every row of a dataset, or
+// over the first 1,000 prompts of a synthetic task (whose lengths --task_size bounds). A forward
+// holds --micro_batch_tokens (or that one sequence, when longer) or, at 0, a minibatch of this rank:
+// batch_prompts / (minibatches x ranks) prompts x group_size sequences. Not counted: the groups
+// dynamic sampling keeps beyond the batch (its last attempt's surplus).
+inline MemoryDemand memory_demand(const TrainConfig& cfg, int ranks, const Tokenizer& tok, const std::string& model_dir,
+                                  PromptSource& prompts) {
+    const int64_t n = prompts.size() > 0 ? prompts.size() : 1000;
+    std::unique_ptr<ChatTemplate> chat;
+    int64_t longest_prompt = 0;
+    for (int64_t i = 0; i < n; i++)
+        longest_prompt = std::max(longest_prompt,
+                                  (int64_t)encode_example_prompt(tok, prompts.at(i), model_dir, cfg.enable_thinking, chat).size());
+    MemoryDemand d;
+    d.longest_sequence = longest_prompt + cfg.sampling.max_new_tokens;
+    const int64_t per_rank = (cfg.batch_prompts + (int64_t)cfg.minibatches * ranks - 1) / ((int64_t)cfg.minibatches * ranks);
+    d.tokens_per_forward = cfg.micro_batch_tokens > 0 ? std::max(cfg.micro_batch_tokens, d.longest_sequence)
+                                                      : per_rank * cfg.group_size * d.longest_sequence;
+    d.reference_policy = cfg.kl_coef > 0;
+    return d;
+}
+
 // The micro-batches of the sequences [b, e): consecutive runs holding at most max_tokens tokens each
 // (a longer sequence forms one alone); max_tokens 0 = one micro-batch. Returns the boundaries,
 // b = bounds[0] < ... < bounds.back() = e (just {b, e} when the range is empty).
@@ -205,22 +247,8 @@ private:
     void save(Logger& log);
 };
 
-// A plain prompt is tokenized as it is; messages are rendered by the model's chat template (the
-// renderer of --chat, tested against transformers' apply_chat_template) with the opening of the
-// assistant turn, so the policy answers as the assistant.
 inline std::vector<int32_t> Trainer::encode_prompt(const Example& ex) const {
-    std::vector<int> ids;
-    if (ex.messages.empty()) {
-        ids = tok_.encode(ex.prompt);
-    } else {
-        if (!chat_) chat_ = std::make_unique<ChatTemplate>(ChatTemplate::load(model_dir_));
-        std::vector<ChatMessage> messages;
-        for (const auto& m : ex.messages) messages.push_back({m.first, m.second, "", false});
-        ChatOptions opt;
-        opt.enable_thinking = cfg_.enable_thinking;
-        ids = chat_->encode(tok_, messages, opt);
-    }
-    return std::vector<int32_t>(ids.begin(), ids.end());
+    return encode_example_prompt(tok_, ex, model_dir_, cfg_.enable_thinking, chat_);
 }
 
 inline std::string Trainer::decode_response(const std::vector<int32_t>& tokens) const {

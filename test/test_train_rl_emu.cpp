@@ -124,4 +124,23 @@ TEST(train_rl_emu_micro_batches_and_recompute) {
         CHECK(final_state(d + "/whole_fp8").master == final_state(d + "/recompute_fp8").master);
     }
 }
+// A run whose memory plan exceeds the device (FP8RL_EMU_DEVICE_MEMORY shrinks the emulated one to
+// 34 MB; the tiny run's plan is ~38 MB, 32 MiB of it the cuBLASLt workspace) is refused before the
+// engine allocates anything: one error line with the plan, the free memory and the options, exit 1,
+// and not the allocation failure a run without the plan would meet.
+TEST(train_rl_emu_refuses_a_run_that_does_not_fit) {
+    if (std::system(("test -x " + emu_binary()).c_str()) != 0) SKIP("./train_rl_emu not built (make train_rl_emu)");
+    std::string d = temp_dir("emu_oom");
+    harness::RunResult r = run_cmd("FP8RL_EMU_DEVICE_MEMORY=34000000 " + emu_binary() + tiny_run(d + "/run", 1, "bf16"));
+    CHECK_EQ(r.status, 1);
+    const size_t at = r.output.find("error: the memory plan needs ");
+    CHECK_MSG(at != std::string::npos, "%s", r.output.c_str());
+    if (at == std::string::npos) return;
+    const std::string line = r.output.substr(at, r.output.find('\n', at) - at);
+    for (const char* s : {"112 tokens per micro-batch", "the GPU has 32.4 MiB free of 32.4 MiB", "--recompute layer (",
+                          "--micro_batch_tokens", "more ranks"})
+        CHECK_MSG(line.find(s) != std::string::npos, "no \"%s\" in: %s", s, line.c_str());
+    CHECK_MSG(r.output.find("out of GPU memory allocating") == std::string::npos, "%s", r.output.c_str());
+    CHECK(r.output.find("memory plan (one GPU)") == std::string::npos);
+}
 #endif  // FP8RL_SANITIZE
