@@ -347,6 +347,7 @@ inline TokenValues Trainer::batched_logprobs(Engine& engine, const std::vector<S
     for (size_t j = 0; j + 1 < mb_begin.size(); j++) {
         const std::vector<size_t> mu = micro_batch_bounds(seqs, mb_begin[j], mb_begin[j + 1], cfg_.micro_batch_tokens);
         for (size_t k = 0; k + 1 < mu.size(); k++) {
+            if (mu[k] == mu[k + 1]) continue;  // an empty minibatch (fewer samples than minibatches)
             TokenValues lp;
             engine.logprobs(std::vector<Sequence>(seqs.begin() + (long)mu[k], seqs.begin() + (long)mu[k + 1]), p,
                             cfg_.sampling.temperature, &lp, nullptr);

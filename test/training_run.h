@@ -1,6 +1,6 @@
 // training_run.h: what the tests that run whole trainings through a binary share: running a command
 // with its output kept, a fresh directory per test, the log without wall-clock metrics, the final
-// trainer state.
+// trainer state, the comparison of two runs, and the learning test.
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -80,6 +80,31 @@ inline void check_runs_agree(const std::string& a_dir, const std::string& b_dir,
     for (size_t i = 0; i < std::min(x.master.size(), y.master.size()); i++)
         worst = std::max(worst, (double)std::fabs(x.master[i] - y.master[i]));
     CHECK_MSG(worst <= weight_atol, "max |w(%s) - w(%s)| = %g", a_dir.c_str(), b_dir.c_str(), worst);
+}
+
+// Learning from scratch: a fresh tiny model on 1-character sort (copy the digit), the quickest of
+// the synthetic tasks to learn, trained `steps` steps by `binary` (train_rl_cpu or train_rl_emu)
+// with `flags` (budget, batch, learning rate, precision): the mean reward (exact match) of the last
+// 5 steps must be at least min_last and at least min_ratio times that of the first 5.
+inline void check_learns_from_scratch(const std::string& binary, const std::string& dir, const std::string& flags, int steps,
+                                      double min_last, double min_ratio) {
+    harness::RunResult r = run_cmd(binary + strfmt(" --init tiny --task sort --task_size 1 --group_size 8 --steps %d"
+                                                   " --eval_every 0 --seed 11 --out_dir %s/run",
+                                                   steps, dir.c_str()) + flags);
+    CHECK_MSG(r.status == 0, "%s", r.output.c_str());
+    if (r.status) return;
+    std::vector<double> reward;
+    for (const Json& row : log_rows(dir + "/run")) reward.push_back(row.find("critic/rewards/mean")->number);
+    CHECK_EQ(reward.size(), (size_t)steps);
+    if (reward.size() != (size_t)steps) return;
+    double first = 0, last = 0;
+    for (int i = 0; i < 5; i++) {
+        first += reward[(size_t)i] / 5;
+        last += reward[(size_t)steps - 1 - (size_t)i] / 5;
+    }
+    printf("    %s%s: mean reward of the first 5 steps %.3f, of the last 5 %.3f\n", binary.c_str(), flags.c_str(), first, last);
+    CHECK_MSG(last >= min_last && last >= min_ratio * first, "%s%s: mean reward of the first 5 steps %.3f, of the last 5 %.3f",
+              binary.c_str(), flags.c_str(), first, last);
 }
 
 }  // namespace fp8rl
