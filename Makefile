@@ -202,7 +202,7 @@ cuda-check:
 # ./test_gpu: the GPU tests (test/gpu/test_*.cu) with the shared test runner; make bench_gpu builds
 # and runs each GPU benchmark (test/gpu/bench_*.cu). Both need a GPU to run; dev/gpu_check.sh runs all.
 GPU_LDLIBS := -lcublasLt -lgomp $(if $(MPI_FLAGS),-lnccl $(MPI_LIBS))
-GPU_HEADERS := $(wildcard *.cuh rl/*.h rl/*.cuh cpu/*.h cuda/*.cuh test/gpu/*.cuh test/gpu/*.h test/harness.h)
+GPU_HEADERS := $(wildcard *.cuh rl/*.h rl/*.cuh cpu/*.h cuda/*.cuh cuda/*.h test/gpu/*.cuh test/gpu/*.h test/harness.h)
 GPU_BENCH_BINS := $(patsubst test/gpu/bench_%.cu,$(BUILD)/gpu_bench_%,$(wildcard test/gpu/bench_*.cu))
 # Each test file is its own object, so make -j compiles them in parallel (one nvcc line compiles
 # its files one after another).

@@ -27,6 +27,9 @@ public:
         : source_dir_(other.source_dir_), weights_(other.weights_), model_(weights_), grads_() {}
     CpuEngine& operator=(const CpuEngine&) = delete;  // model_ points into weights_
 
+    // The CPU engine's memory is the host's: no device plan to print or check.
+    static std::string device_memory_plan(const ModelConfig&, const EngineOptions&, const MemoryDemand&) { return ""; }
+
     const ModelConfig& config() const { return weights_.config; }
     size_t num_floats() const override { return weights_.num_floats(); }
 

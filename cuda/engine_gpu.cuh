@@ -14,6 +14,10 @@
 //   batches   a packed batch of T tokens runs in buffers of Tp = T rounded up to 128 rows (the FP8
 //             GEMMs' rule); the padding rows are zero in every GEMM operand, so they change no sum
 //             and no 1x128 group's scale. Elementwise kernels run over the T real rows.
+//   recompute with --recompute layer (EngineOptions::recompute_layer) the forward keeps each layer's
+//             input only (and what the head needs); the rest of a layer's activations live in one
+//             shared set, which the backward fills again with the layer's forward just before the
+//             layer's backward: the same kernels on the same input, so the same bits.
 //   rollout   generation runs the CPU engine's generator (cpu/generate.h) on the current master
 //             weights, downloaded when they changed: the path the issue allows until rollout.cu.
 // fp32 is not a GPU precision: a high-precision pass (Calibrated Clipping's shadow log-probs) runs
@@ -35,6 +39,7 @@
 #include "cuda/embedding.cuh"
 #include "cuda/global_norm.cuh"
 #include "cuda/linear.cuh"
+#include "cuda/memory_plan.h"
 #include "cuda/nccl.cuh"
 #include "cuda/rmsnorm.cuh"
 #include "cuda/rope.cuh"
@@ -81,6 +86,29 @@ class GpuEngine : public Engine {
 
     const ModelConfig& config() const { return weights_.config; }
     size_t num_floats() const override { return weights_.num_floats(); }
+
+    // The constants of the GPU code that the memory plan counts with.
+    static PlanConstants plan_constants() {
+        return {GemmRunner::WORKSPACE_BYTES, HEAD_VOCAB_CHUNK, GRAD_NORM_THREADS, GRAD_NORM_MAX_BLOCKS, kColumnSumChunkRows};
+    }
+    static MemoryPlanRequest plan_request(const EngineOptions& o, const MemoryDemand& d) {
+        MemoryPlanRequest r;
+        r.tokens = d.tokens_per_forward;
+        r.recompute_layer = o.recompute_layer;
+        r.reference_policy = d.reference_policy;
+        r.optimizer_shards = o.zero == 1 ? d.ranks : 1;  // as init_optimizer shards them
+        r.longest_sequence = d.longest_sequence;
+        return r;
+    }
+    // Training's memory plan (cuda/memory_plan.h), checked against this device's free memory before
+    // anything is allocated: a plan that does not fit fails with the numbers and the options.
+    static std::string device_memory_plan(const ModelConfig& c, const EngineOptions& o, const MemoryDemand& d) {
+        check_device();
+        size_t free_bytes = 0, total_bytes = 0;
+        CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+        check_memory_plan_fits(c, plan_request(o, d), plan_constants(), free_bytes, total_bytes);
+        return memory_plan_text(plan_memory(c, plan_request(o, d), plan_constants()));
+    }
 
     std::vector<Generation> generate(const std::vector<GenRequest>& requests, uint32_t step, const SamplingConfig& s,
                                      Precision weights, Precision kv_cache, Progress* progress) override {
@@ -362,7 +390,8 @@ class GpuEngine : public Engine {
 
     void forward(const std::vector<Sequence>& seqs, Precision p, float temperature, TokenValues* logprob, TokenValues* entropy);
     void prepare_batch(const std::vector<Sequence>& seqs);
-    void layer_forward(int l);
+    // Layer l's forward into layers_[l]; recomputing: all but its output (the next layer's input).
+    void layer_forward(int l, bool recomputing);
     void layer_backward(int l, bf16* dh);
     // dst [T][n] = a linear layer's output: BF16 directly, or FP32 + bias, then BF16.
     void project(bf16* dst, const bf16* x, int l, Projection j, size_t bias);
@@ -402,21 +431,35 @@ inline void GpuEngine::prepare_batch(const std::vector<Sequence>& seqs) {
     if (!rope_ || rope_host_.positions < max_seqlen_) {
         rope_host_ = RopeTable{m.D / 2, m.inv_freq, {}, {}, 0};
         rope_host_.ensure(max_seqlen_);
+        rope_.reset();
         rope_.reset(new DeviceRopeTable(rope_host_));
     }
-    // BF16 activations, kept for the backward pass; zero, so the padding rows are zero operands
-    const long per_layer = Tp * (4 * C + (m.qk_norm ? Q + Kd : 0) + 2 * Q + 2 * Kd + 3 * I);
-    act_bf16_.resize((size_t)(m.L * per_layer + 2 * Tp * C), "BF16 activations");
+    // BF16 activations, kept for the backward pass; zero, so the padding rows are zero operands.
+    // Every layer's input x; the rest of a layer's activations (`inner`) per layer, or with
+    // --recompute layer one set that every layer's forward, and its recomputation just before its
+    // backward, writes.
+    const long inner = Tp * (3 * C + (m.qk_norm ? Q + Kd : 0) + 2 * Q + 2 * Kd + 3 * I);
+    const long inner_f32 = T * (2 + 2 * m.H + m.KV);  // rstd1, rstd2, rstd_q, rstd_k, lse
+    const long sets = options_.recompute_layer ? 1 : m.L;
+    act_bf16_.resize((size_t)(m.L * Tp * C + sets * inner + 2 * Tp * C), "BF16 activations");
     act_bf16_.zero(stream_);
     const long max_dim = std::max(std::max(C, I), std::max(Q, Kd));
-    act_f32_.resize((size_t)(m.L * T * (2 + 2 * m.H + m.KV) + 5 * T + Tp * max_dim), "FP32 activation statistics");
+    act_f32_.resize((size_t)(sets * inner_f32 + 5 * T + Tp * max_dim), "FP32 activation statistics");
     bf16* b = act_bf16_.get();
     float* f = act_f32_.get();
     auto take_b = [&](long n) { bf16* r = b; b += n; return r; };
     auto take_f = [&](long n) { float* r = f; f += n; return r; };
     layers_.assign(m.L, LayerActsGpu{});
-    for (LayerActsGpu& a : layers_) {
-        a.x = take_b(Tp * C), a.xn1 = take_b(Tp * C);
+    for (LayerActsGpu& a : layers_) a.x = take_b(Tp * C);
+    for (long l = 0; l < m.L; l++) {
+        LayerActsGpu& a = layers_[(size_t)l];
+        if (l >= sets) {  // recompute: the shared set
+            bf16* x = a.x;
+            a = layers_[0];
+            a.x = x;
+            continue;
+        }
+        a.xn1 = take_b(Tp * C);
         a.qp = m.qk_norm ? take_b(Tp * Q) : nullptr, a.kp = m.qk_norm ? take_b(Tp * Kd) : nullptr;
         a.q = take_b(Tp * Q), a.k = take_b(Tp * Kd), a.v = take_b(Tp * Kd), a.att = take_b(Tp * Q);
         a.h1 = take_b(Tp * C), a.xn2 = take_b(Tp * C), a.g = take_b(Tp * I), a.u = take_b(Tp * I), a.a = take_b(Tp * I);
@@ -427,6 +470,7 @@ inline void GpuEngine::prepare_batch(const std::vector<Sequence>& seqs) {
     rstdf_ = take_f(T), head_logprob_ = take_f(T), head_entropy_ = take_f(T), head_lse_ = take_f(T), head_mu_ = take_f(T);
     gemm_f32_ = take_f(Tp * max_dim);
     if (!scratch_ || scratch_max_tokens_ < Tp) {
+        scratch_.reset();  // freed before the larger one is allocated: the plan counts one
         scratch_.reset(new LinearScratch((int)Tp, (int)max_dim, false));
         scratch_max_tokens_ = Tp;
     }
@@ -440,7 +484,7 @@ inline void GpuEngine::project(bf16* dst, const bf16* x, int l, Projection j, si
     bias_add(dst, gemm_f32_, wb(bias), T_, W.N, stream_);
 }
 
-inline void GpuEngine::layer_forward(int l) {
+inline void GpuEngine::layer_forward(int l, bool recomputing) {
     const CpuModel& m = model_;
     const LayerTensors& w = m.layers[l];
     LayerActsGpu& A = layers_[l];
@@ -464,6 +508,7 @@ inline void GpuEngine::layer_forward(int l) {
     project(A.g, A.xn2, l, kGate, kNoTensor);
     project(A.u, A.xn2, l, kUp, kNoTensor);
     swiglu_forward(A.a, A.g, A.u, T * m.I, stream_);
+    if (recomputing) return;  // the output is the next layer's input, kept
     project(out, A.a, l, kDown, kNoTensor);
     residual_add(out, A.h1, out, T * m.C, stream_);
 }
@@ -476,7 +521,7 @@ inline void GpuEngine::forward(const std::vector<Sequence>& seqs, Precision p, f
     prepare_batch(seqs);
     const CpuModel& m = model_;
     embedding_forward(layers_[0].x, wb(m.embed), ids_.get(), T_, m.V, m.C, stream_);
-    for (int l = 0; l < m.L; l++) layer_forward(l);
+    for (int l = 0; l < m.L; l++) layer_forward(l, false);
     rmsnorm_forward(xf_, rstdf_, hf_, wb(m.final_norm), T_, m.C, m.eps, stream_);
     head_.forward(head_logprob_, head_entropy_, head_lse_, head_mu_, xf_, wb(m.lm_head), target_.get(), (int)T_,
                   {m.V, m.C, temperature}, stream_);
@@ -589,7 +634,10 @@ inline void GpuEngine::backward(const TokenValues& d_logprob, const TokenValues&
     cast(g_.dxn_b, g_.dxn, T * m.C, stream_);
     rmsnorm_backward(dh, grad(m.final_norm), g_.dxn_b, hf_, wb(m.final_norm), rstdf_, T, m.C, false, column_scratch_,
                      column_scratch_floats_, stream_);
-    for (int l = m.L - 1; l >= 0; l--) layer_backward(l, dh);
+    for (int l = m.L - 1; l >= 0; l--) {
+        if (options_.recompute_layer) layer_forward(l, true);
+        layer_backward(l, dh);
+    }
     embedding_backward(grad(m.embed), dh, ids_.get(), T, m.V, m.C, stream_);
 }
 

@@ -92,6 +92,9 @@ inline const std::vector<FlagSpec>& flag_table() {
         {"lr_schedule", "optimizer", FlagKind::Choice, "constant", "constant|cosine", "learning rate after warm-up"},
         {"min_lr_ratio", "optimizer", FlagKind::Float, "0", "0..1", "cosine: final learning rate as a fraction of --lr"},
         {"zero", "optimizer", FlagKind::Int, "1", "0..1", "GPU engine only (train_rl; the CPU engine ignores it): 1 shards the FP32 master weights and AdamW moments over the ranks (ZeRO-1), 0 keeps them whole on every rank"},
+        // memory
+        {"micro_batch_tokens", "memory", FlagKind::Int, "0", "0..", "run each minibatch's forward and backward in micro-batches of consecutive sequences of at most N tokens (a longer sequence alone), gradients accumulated; 0 = one forward per minibatch"},
+        {"recompute", "memory", FlagKind::Choice, "none", "none|layer", "GPU engine only (train_rl_cpu ignores it): layer keeps each layer's input and recomputes the layer's activations just before its backward"},
         {"seed", "run", FlagKind::Int, "1234", "0..", "seed of every random choice (sampling, data order, init)"},
         {"threads", "run", FlagKind::Int, "0", "0..", "OpenMP threads (0 = OMP_NUM_THREADS or all cores)"},
         {"steps", "run", FlagKind::Int, "100", "0..", "RL steps to train (a resumed run continues up to this step)"},

@@ -117,6 +117,12 @@ void train_on_ranks(const Args& args, const Dist& dist, const char* binary) {
     dist.barrier();
     const std::string dir = model_directory(args, cfg, dist);
     const EngineOptions options = engine_options_from_args(args);
+    std::unique_ptr<Tokenizer> tok = Tokenizer::load(dir + "/tokenizer.json");
+    PromptSource prompts = training_prompts(cfg);
+    // An engine on a device refuses here, before allocating, a run whose memory plan does not fit.
+    const std::string plan =
+        EngineT::device_memory_plan(load_model_config(dir), options, memory_demand(cfg, dist.size(), *tok, dir, prompts));
+    if (dist.is_root()) printf("%s", plan.c_str());
     EngineT engine(dir, options);
     check_fits_context(cfg, engine.config());
     std::unique_ptr<EngineT> reference;  // a frozen copy, only when the KL term needs it
@@ -125,8 +131,7 @@ void train_on_ranks(const Args& args, const Dist& dist, const char* binary) {
         else if (args.given("model")) reference = std::make_unique<EngineT>(args.str("model"), options);
         else reference = std::make_unique<EngineT>(cfg.out_dir + "/init_model", options);
     }
-    std::unique_ptr<Tokenizer> tok = Tokenizer::load(dir + "/tokenizer.json");
-    Trainer trainer(cfg, dist, engine, reference.get(), *tok, dir, training_prompts(cfg), eval_prompts(cfg));
+    Trainer trainer(cfg, dist, engine, reference.get(), *tok, dir, std::move(prompts), eval_prompts(cfg));
     if (args.given("resume")) trainer.restore(load_trainer_state(dir));
     Logger log(cfg.out_dir, dist.is_root(), trainer.step(), cfg.tensorboard);
     log.print(strfmt("model: %s (%zu parameters); steps %lld..%lld", dir.c_str(), engine.num_floats(),

@@ -82,6 +82,67 @@ inline double seconds_since(std::chrono::steady_clock::time_point t0) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// A plain prompt is tokenized as it is; messages are rendered by the model's chat template (the
+// renderer of --chat, tested against transformers' apply_chat_template) with the opening of the
+// assistant turn, so the policy answers as the assistant. chat: loaded at the first "messages" row.
+inline std::vector<int32_t> encode_example_prompt(const Tokenizer& tok, const Example& ex, const std::string& model_dir,
+                                                  int enable_thinking, std::unique_ptr<ChatTemplate>& chat) {
+    std::vector<int> ids;
+    if (ex.messages.empty()) {
+        ids = tok.encode(ex.prompt);
+    } else {
+        if (!chat) chat = std::make_unique<ChatTemplate>(ChatTemplate::load(model_dir));
+        std::vector<ChatMessage> messages;
+        for (const auto& m : ex.messages) messages.push_back({m.first, m.second, "", false});
+        ChatOptions opt;
+        opt.enable_thinking = enable_thinking;
+        ids = chat->encode(tok, messages, opt);
+    }
+    return std::vector<int32_t>(ids.begin(), ids.end());
+}
+
+// The largest forward of a run, for an engine's memory plan. A sequence is at most the longest
+// prompt + --max_new_tokens tokens; the longest prompt is measured over every row of a dataset, or
+// over the first 1,000 prompts of a synthetic task (whose lengths --task_size bounds). A forward
+// holds --micro_batch_tokens (or that one sequence, when longer) or, at 0, a minibatch of this rank:
+// batch_prompts / (minibatches x ranks) prompts x group_size sequences. Not counted: the groups
+// dynamic sampling keeps beyond the batch (its last attempt's surplus).
+inline MemoryDemand memory_demand(const TrainConfig& cfg, int ranks, const Tokenizer& tok, const std::string& model_dir,
+                                  PromptSource& prompts) {
+    const int64_t n = prompts.size() > 0 ? prompts.size() : 1000;
+    std::unique_ptr<ChatTemplate> chat;
+    int64_t longest_prompt = 0;
+    for (int64_t i = 0; i < n; i++)
+        longest_prompt = std::max(longest_prompt,
+                                  (int64_t)encode_example_prompt(tok, prompts.at(i), model_dir, cfg.enable_thinking, chat).size());
+    MemoryDemand d;
+    d.longest_sequence = longest_prompt + cfg.sampling.max_new_tokens;
+    const int64_t per_rank = (cfg.batch_prompts + (int64_t)cfg.minibatches * ranks - 1) / ((int64_t)cfg.minibatches * ranks);
+    d.tokens_per_forward = cfg.micro_batch_tokens > 0 ? std::max(cfg.micro_batch_tokens, d.longest_sequence)
+                                                      : per_rank * cfg.group_size * d.longest_sequence;
+    d.reference_policy = cfg.kl_coef > 0;
+    d.ranks = ranks;
+    return d;
+}
+
+// The micro-batches of the sequences [b, e): consecutive runs holding at most max_tokens tokens each
+// (a longer sequence forms one alone); max_tokens 0 = one micro-batch. Returns the boundaries,
+// b = bounds[0] < ... < bounds.back() = e (just {b, e} when the range is empty).
+inline std::vector<size_t> micro_batch_bounds(const std::vector<Sequence>& seqs, size_t b, size_t e, int64_t max_tokens) {
+    std::vector<size_t> bounds = {b};
+    int64_t tokens = 0;
+    for (size_t i = b; i < e; i++) {
+        const int64_t n = (int64_t)seqs[i].ids.size();
+        if (max_tokens > 0 && i > bounds.back() && tokens + n > max_tokens) {
+            bounds.push_back(i);
+            tokens = 0;
+        }
+        tokens += n;
+    }
+    bounds.push_back(e);
+    return bounds;
+}
+
 class Trainer {
 public:
     // model_dir: where the tokenizer's chat template is read from, for dataset rows with "messages".
@@ -182,25 +243,13 @@ private:
     std::vector<int32_t> encode_prompt(const Example& ex) const;
     std::string decode_response(const std::vector<int32_t>& tokens) const;
     std::vector<Sample> rollout(MetricRow& m, double* gen_seconds, int64_t* gen_tokens);
+    TokenValues batched_logprobs(Engine& engine, const std::vector<Sequence>& seqs, const std::vector<size_t>& mb_begin,
+                                 Precision p);
     void save(Logger& log);
 };
 
-// A plain prompt is tokenized as it is; messages are rendered by the model's chat template (the
-// renderer of --chat, tested against transformers' apply_chat_template) with the opening of the
-// assistant turn, so the policy answers as the assistant.
 inline std::vector<int32_t> Trainer::encode_prompt(const Example& ex) const {
-    std::vector<int> ids;
-    if (ex.messages.empty()) {
-        ids = tok_.encode(ex.prompt);
-    } else {
-        if (!chat_) chat_ = std::make_unique<ChatTemplate>(ChatTemplate::load(model_dir_));
-        std::vector<ChatMessage> messages;
-        for (const auto& m : ex.messages) messages.push_back({m.first, m.second, "", false});
-        ChatOptions opt;
-        opt.enable_thinking = cfg_.enable_thinking;
-        ids = chat_->encode(tok_, messages, opt);
-    }
-    return std::vector<int32_t>(ids.begin(), ids.end());
+    return encode_example_prompt(tok_, ex, model_dir_, cfg_.enable_thinking, chat_);
 }
 
 inline std::string Trainer::decode_response(const std::vector<int32_t>& tokens) const {
@@ -291,6 +340,24 @@ inline std::vector<Sample> Trainer::rollout(MetricRow& m, double* gen_seconds, i
     return kept;
 }
 
+// Log-probs of seqs in the forwards training makes: each minibatch's micro-batches, so that no
+// forward holds more tokens than a training one (the bound a GPU engine's memory plan counts on).
+inline TokenValues Trainer::batched_logprobs(Engine& engine, const std::vector<Sequence>& seqs,
+                                             const std::vector<size_t>& mb_begin, Precision p) {
+    TokenValues out;
+    for (size_t j = 0; j + 1 < mb_begin.size(); j++) {
+        const std::vector<size_t> mu = micro_batch_bounds(seqs, mb_begin[j], mb_begin[j + 1], cfg_.micro_batch_tokens);
+        for (size_t k = 0; k + 1 < mu.size(); k++) {
+            if (mu[k] == mu[k + 1]) continue;  // an empty minibatch (fewer samples than minibatches)
+            TokenValues lp;
+            engine.logprobs(std::vector<Sequence>(seqs.begin() + (long)mu[k], seqs.begin() + (long)mu[k + 1]), p,
+                            cfg_.sampling.temperature, &lp, nullptr);
+            for (auto& v : lp) out.push_back(std::move(v));
+        }
+    }
+    return out;
+}
+
 inline MetricRow Trainer::train_step() {
     auto t_step = std::chrono::steady_clock::now();
     MetricRow m;
@@ -304,17 +371,20 @@ inline MetricRow Trainer::train_step() {
     std::vector<Sequence> seqs;
     for (const Sample& s : samples) seqs.push_back(s.seq);
     const float T = cfg_.sampling.temperature;
+    // Minibatch j is the j-th contiguous share of this rank's samples (rank_positions keeps
+    // minibatch j the same prompts for any rank count).
+    const int M = cfg_.minibatches;
+    std::vector<size_t> mb_begin((size_t)M + 1);
+    for (int j = 0; j <= M; j++) mb_begin[(size_t)j] = samples.size() * (size_t)j / (size_t)M;
 
     // Old log-probs from the trainer, in training precision (decoupled PPO: never the rollout's).
     auto t0 = std::chrono::steady_clock::now();
-    TokenValues old_lp;
-    engine_.logprobs(seqs, cfg_.train_precision, T, &old_lp, nullptr);
+    TokenValues old_lp = batched_logprobs(engine_, seqs, mb_begin, cfg_.train_precision);
     for (size_t i = 0; i < samples.size(); i++) samples[i].old_lp = old_lp[i];
     m.set("timing_s/old_log_prob", seconds_since(t0));
     if (ref_) {
         t0 = std::chrono::steady_clock::now();
-        TokenValues ref_lp;
-        ref_->logprobs(seqs, cfg_.train_precision, T, &ref_lp, nullptr);
+        TokenValues ref_lp = batched_logprobs(*ref_, seqs, mb_begin, cfg_.train_precision);
         for (size_t i = 0; i < samples.size(); i++) samples[i].ref_lp = ref_lp[i];
         m.set("timing_s/ref", seconds_since(t0));
     }
@@ -338,18 +408,12 @@ inline MetricRow Trainer::train_step() {
     double calib_s = 0;
     if (calibrating) {
         t0 = std::chrono::steady_clock::now();
-        TokenValues hp;
-        engine_.logprobs(seqs, Precision::FP32, T, &hp, nullptr);
+        TokenValues hp = batched_logprobs(engine_, seqs, mb_begin, Precision::FP32);
         for (size_t i = 0; i < samples.size(); i++) samples[i].hp_old_lp = hp[i];
         calib_s += seconds_since(t0);
     }
 
-    // Minibatch j is the j-th contiguous share of this rank's samples (rank_positions keeps
-    // minibatch j the same prompts for any rank count). Its loss normalizers are counted over
-    // all ranks before the first backward.
-    const int M = cfg_.minibatches;
-    std::vector<size_t> mb_begin((size_t)M + 1);
-    for (int j = 0; j <= M; j++) mb_begin[(size_t)j] = samples.size() * (size_t)j / (size_t)M;
+    // Each minibatch's loss normalizers are counted over all ranks before the first backward.
     std::vector<int64_t> counts((size_t)M * 2, 0);  // [M][tokens, sequences]
     for (int j = 0; j < M; j++) {
         std::vector<int64_t> lens;
@@ -373,52 +437,61 @@ inline MetricRow Trainer::train_step() {
     bool bad = false;
     for (int epoch = 0; epoch < cfg_.epochs && !bad; epoch++) {
         for (int j = 0; j < M && !bad; j++) {
-            t0 = std::chrono::steady_clock::now();
             const size_t b = mb_begin[(size_t)j], e = mb_begin[(size_t)j + 1];
-            std::vector<Sequence> mb(seqs.begin() + (long)b, seqs.begin() + (long)e);
-            TokenValues lp, ent;
-            engine_.forward_train(mb, cfg_.train_precision, T, &lp, &ent);
-            train_s += seconds_since(t0);
-            if (calibrating && epoch == 0) {  // fp32 log-probs of the weights about to be updated
+            const AggCounts global{counts[(size_t)j * 2], counts[(size_t)j * 2 + 1]};
+            const bool calibrate = calibrating && epoch == 0;
+            TokenValues hp_lp;  // calibrate: fp32 log-probs of the weights about to be updated, [b, e)
+            if (calibrate) {
                 auto tc = std::chrono::steady_clock::now();
-                TokenValues hp_lp;
                 if (j == 0) {  // still the old weights: the old pass is this pass
                     for (size_t i = b; i < e; i++) hp_lp.push_back(samples[i].hp_old_lp);
-                } else {
-                    engine_.logprobs(mb, Precision::FP32, T, &hp_lp, nullptr);
-                }
-                for (size_t k = 0; k < mb.size(); k++) {
-                    const Sample& s = samples[b + k];
-                    cc_stats.add_sequence(lp[k].data(), s.old_lp.data(), hp_lp[k].data(), s.hp_old_lp.data(), s.adv.data(),
-                                          s.is_weight.data(), s.mask.data(), s.T());
+                } else {  // before the training forward: a GPU engine keeps one forward's activations
+                    std::vector<size_t> whole = {b, e};
+                    hp_lp = batched_logprobs(engine_, seqs, whole, Precision::FP32);
                 }
                 calib_s += seconds_since(tc);
             }
-            t0 = std::chrono::steady_clock::now();
-            const AggCounts global{counts[(size_t)j * 2], counts[(size_t)j * 2 + 1]};
-            TokenValues d_lp(mb.size()), d_ent(mb.size());
-            double loss = 0;
-            for (size_t k = 0; k < mb.size(); k++) {
-                const Sample& s = samples[b + k];
-                d_lp[k].resize((size_t)s.T());
-                d_ent[k].resize((size_t)s.T());
-                SequenceTokens st;
-                st.T = s.T();
-                st.logp = lp[k].data();
-                st.old_logp = s.old_lp.data();
-                st.ref_logp = ref_ ? s.ref_lp.data() : nullptr;
-                st.adv = s.adv.data();
-                st.is_weight = s.is_weight.data();
-                st.entropy = ent[k].data();
-                st.mask = s.mask.data();
-                SequenceLoss sl = sequence_loss(st, lc, cfg_.loss_agg, global, horizon, d_lp[k].data(), d_ent[k].data());
-                loss += sl.loss;
-                sm.add_sequence_loss(sl);
-                sm.add_policy_sequence(st, lc.bounds);
-                train_tokens += s.T();
-            }
+            // One update: the gradients of the minibatch's micro-batches accumulate (backward adds).
             engine_.zero_grads();
-            engine_.backward(d_lp, d_ent);
+            double loss = 0;
+            const std::vector<size_t> mu = micro_batch_bounds(seqs, b, e, cfg_.micro_batch_tokens);
+            for (size_t u = 0; u + 1 < mu.size(); u++) {
+                t0 = std::chrono::steady_clock::now();
+                const size_t ub = mu[u], ue = mu[u + 1];
+                std::vector<Sequence> mb(seqs.begin() + (long)ub, seqs.begin() + (long)ue);
+                TokenValues lp, ent;
+                engine_.forward_train(mb, cfg_.train_precision, T, &lp, &ent);
+                if (calibrate) {
+                    for (size_t k = 0; k < mb.size(); k++) {
+                        const Sample& s = samples[ub + k];
+                        cc_stats.add_sequence(lp[k].data(), s.old_lp.data(), hp_lp[ub - b + k].data(), s.hp_old_lp.data(),
+                                              s.adv.data(), s.is_weight.data(), s.mask.data(), s.T());
+                    }
+                }
+                TokenValues d_lp(mb.size()), d_ent(mb.size());
+                for (size_t k = 0; k < mb.size(); k++) {
+                    const Sample& s = samples[ub + k];
+                    d_lp[k].resize((size_t)s.T());
+                    d_ent[k].resize((size_t)s.T());
+                    SequenceTokens st;
+                    st.T = s.T();
+                    st.logp = lp[k].data();
+                    st.old_logp = s.old_lp.data();
+                    st.ref_logp = ref_ ? s.ref_lp.data() : nullptr;
+                    st.adv = s.adv.data();
+                    st.is_weight = s.is_weight.data();
+                    st.entropy = ent[k].data();
+                    st.mask = s.mask.data();
+                    SequenceLoss sl = sequence_loss(st, lc, cfg_.loss_agg, global, horizon, d_lp[k].data(), d_ent[k].data());
+                    loss += sl.loss;
+                    sm.add_sequence_loss(sl);
+                    sm.add_policy_sequence(st, lc.bounds);
+                    train_tokens += s.T();
+                }
+                engine_.backward(d_lp, d_ent);
+                train_s += seconds_since(t0);
+            }
+            t0 = std::chrono::steady_clock::now();
             double norm = engine_.reduce_and_clip_grads(cfg_.grad_clip);
             loss = dist_.sum(loss);
             if (!std::isfinite(norm) || !std::isfinite(loss)) {

@@ -54,6 +54,16 @@ struct EngineOptions {
     // all-reduce does) and saves 12 (N - 1) / N bytes per parameter.
     int zero = 1;
     double collective_timeout_s = 600;  // GPU engine: how long a collective waits for the other ranks
+    bool recompute_layer = false;  // --recompute layer (GPU engine): keep layer inputs, recompute the rest in backward
+};
+
+// The most a training run asks of an engine's memory at once, known before the engine exists (an
+// engine on a device plans its memory with it: cuda/memory_plan.h).
+struct MemoryDemand {
+    int64_t tokens_per_forward = 0;  // tokens of the largest forward_train / logprobs call
+    int64_t longest_sequence = 0;    // tokens of the longest sequence (prompt + max_new_tokens)
+    bool reference_policy = false;   // a frozen copy of the policy lives beside the engine (KL)
+    int ranks = 1;                   // data-parallel ranks (ZeRO-1 shards the optimizer state over them)
 };
 
 // Per response position of each sequence.

@@ -52,6 +52,8 @@ struct TrainConfig {
     AdamWConfig adam;
     LrSchedule lr;
     double grad_clip = 1.0;
+    // memory
+    int64_t micro_batch_tokens = 0;  // most tokens of one forward_train/backward; 0 = the whole minibatch
     // run
     uint64_t seed = 0;
     int64_t steps = 0, eval_every = 0, save_every = 0, keep_checkpoints = 0;
@@ -64,6 +66,7 @@ inline EngineOptions engine_options_from_args(const Args& a) {
     EngineOptions o;
     o.zero = (int)a.integer("zero");
     o.collective_timeout_s = a.number("collective_timeout");
+    o.recompute_layer = a.str("recompute") == "layer";
     return o;
 }
 
@@ -129,6 +132,7 @@ inline TrainConfig train_config_from_args(const Args& a) {
     c.adam.eps = a.number("adam_eps");
     c.adam.weight_decay = a.number("weight_decay");
     c.grad_clip = a.number("grad_clip");
+    c.micro_batch_tokens = a.integer("micro_batch_tokens");
     c.steps = a.integer("steps");
     c.lr.lr = a.number("lr");
     c.lr.warmup = a.integer("warmup_steps") * c.minibatches * c.epochs;  // flags count steps, the schedule updates

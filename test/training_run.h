@@ -1,13 +1,16 @@
 // training_run.h: what the tests that run whole trainings through a binary share: running a command
 // with its output kept, a fresh directory per test, the log without wall-clock metrics, the final
-// trainer state.
+// trainer state, the comparison of two runs, and the learning test.
 #pragma once
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <string>
 #include <vector>
 
 #include "rl/checkpoint.h"
 #include "rl/json.h"
+#include "test/harness.h"
 #include "test/run_binary.h"
 
 namespace fp8rl {
@@ -45,5 +48,78 @@ inline std::vector<std::string> log_without_timing(const std::string& dir) {
 }
 
 inline TrainerState final_state(const std::string& dir) { return load_trainer_state(resolve_checkpoint(dir)); }
+
+// The rows of a run's log.jsonl.
+inline std::vector<Json> log_rows(const std::string& dir) {
+    std::vector<Json> out;
+    std::string text = read_file(dir + "/log.jsonl");
+    for (size_t pos = 0, nl; pos < text.size(); pos = nl + 1) {
+        nl = text.find('\n', pos);
+        out.push_back(json_parse(text.substr(pos, nl - pos), dir + "/log.jsonl"));
+    }
+    return out;
+}
+
+// Two runs of the same training whose sums are grouped differently (ranks, micro-batches) agree
+// to rounding: every metric of every step (but wall-clock ones) within rtol (+ atol); the final step,
+// data cursor, master weights and AdamW moments (m, and sqrt(v): v is a squared gradient) within
+// weight_atol. Returns the largest weight or moment difference.
+inline double check_runs_agree(const std::string& a, const std::string& b, double rtol, double atol, double weight_atol) {
+    std::vector<Json> x = log_rows(a), y = log_rows(b);
+    CHECK_EQ(x.size(), y.size());
+    int compared = 0;
+    for (size_t i = 0; i < std::min(x.size(), y.size()); i++)
+        for (const auto& kv : x[i].fields) {
+            if (kv.first.rfind("timing_s/", 0) == 0 || kv.first.rfind("perf/", 0) == 0 || kv.second.is_null()) continue;
+            const Json* other = y[i].find(kv.first);
+            CHECK_MSG(other && other->is_number(), "step %zu: %s missing in %s", i + 1, kv.first.c_str(), b.c_str());
+            if (!other || !other->is_number()) continue;
+            CHECK_MSG(harness::close(kv.second.number, other->number, rtol, atol), "step %zu %s: %.9g (%s) vs %.9g (%s)", i + 1,
+                      kv.first.c_str(), kv.second.number, a.c_str(), other->number, b.c_str());
+            compared++;
+        }
+    CHECK(compared > 20 * (int)x.size());
+    TrainerState s = final_state(a), t = final_state(b);
+    CHECK_EQ(s.step, t.step);
+    CHECK_EQ(s.data_cursor, t.data_cursor);
+    CHECK_EQ(s.master.size(), t.master.size());
+    double worst = 0, moved = 0;
+    for (size_t i = 0; i < std::min(s.master.size(), t.master.size()); i++) {
+        worst = std::max(worst, (double)std::fabs(s.master[i] - t.master[i]));
+        worst = std::max(worst, (double)std::fabs(s.adam_m[i] - t.adam_m[i]));
+        worst = std::max(worst, (double)std::sqrt(std::fabs(s.adam_v[i] - t.adam_v[i])));
+        moved = std::max(moved, (double)std::fabs(s.adam_m[i]));
+    }
+    CHECK_MSG(moved > 0, "%s: the AdamW moments are zero: the run never updated", a.c_str());
+    CHECK_MSG(worst <= weight_atol, "%s vs %s: max |difference| of master, m, sqrt(v) = %g", a.c_str(), b.c_str(), worst);
+    printf("    %s vs %s: %d metrics within rtol %g; weights and moments differ by at most %g\n", a.c_str(), b.c_str(),
+           compared, rtol, worst);
+    return worst;
+}
+
+// Learning from scratch: a fresh tiny model on 1-character sort (copy the digit), the quickest of
+// the synthetic tasks to learn, trained `steps` steps by `binary` (train_rl_cpu or train_rl_emu)
+// with `flags` (budget, batch, learning rate, precision): the mean reward (exact match) of the last
+// 5 steps must be at least min_last and at least min_ratio times that of the first 5.
+inline void check_learns_from_scratch(const std::string& binary, const std::string& dir, const std::string& flags, int steps,
+                                      double min_last, double min_ratio) {
+    harness::RunResult r = run_cmd(binary + strfmt(" --init tiny --task sort --task_size 1 --group_size 8 --steps %d"
+                                                   " --eval_every 0 --seed 11 --out_dir %s/run",
+                                                   steps, dir.c_str()) + flags);
+    CHECK_MSG(r.status == 0, "%s", r.output.c_str());
+    if (r.status) return;
+    std::vector<double> reward;
+    for (const Json& row : log_rows(dir + "/run")) reward.push_back(row.find("critic/rewards/mean")->number);
+    CHECK_EQ(reward.size(), (size_t)steps);
+    if (reward.size() != (size_t)steps) return;
+    double first = 0, last = 0;
+    for (int i = 0; i < 5; i++) {
+        first += reward[(size_t)i] / 5;
+        last += reward[(size_t)steps - 1 - (size_t)i] / 5;
+    }
+    printf("    %s%s: mean reward of the first 5 steps %.3f, of the last 5 %.3f\n", binary.c_str(), flags.c_str(), first, last);
+    CHECK_MSG(last >= min_last && last >= min_ratio * first, "%s%s: mean reward of the first 5 steps %.3f, of the last 5 %.3f",
+              binary.c_str(), flags.c_str(), first, last);
+}
 
 }  // namespace fp8rl

@@ -1,6 +1,7 @@
 // test_engine.cu: the GPU engine (cuda/engine_gpu.cuh) against the CPU engine (cpu/engine_cpu.h) on
 // the fixture models: log-probs and entropies of ragged packed batches in bf16 and fp8, and the
-// gradients of one backward, tensor by tensor.
+// gradients of one backward, tensor by tensor; backward adds to the gradients (micro-batches);
+// --recompute layer changes no bit.
 //
 // The bound, justified: both engines store BF16 activations at the same points (embedding, norms,
 // projections, residuals, SwiGLU match bit for bit), but attention rounds differently: the CPU
@@ -13,6 +14,7 @@
 // entropies and for each gradient tensor's relative Frobenius distance. A wrong layout, index or
 // formula is off by orders of magnitude more.
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "cpu/engine_cpu.h"
@@ -141,4 +143,91 @@ TEST(gpu_engine_matches_cpu_engine_llama3_untied) {
 TEST(gpu_engine_matches_cpu_engine_gqa3_dims_not_multiples_of_128) {
     REQUIRE_GPU();
     compare_engines("test/fixtures/models/qwen3_gqa3_tiny");
+}
+
+namespace {
+
+const char* const kAccumulationModels[] = {"test/fixtures/models/qwen3_tiny", "test/fixtures/models/qwen2_tiny",
+                                           "test/fixtures/models/llama_tiny"};
+
+// One backward of seqs[b, e) after zero_grads (or, accumulate, on top of what the gradients hold).
+std::vector<float> backward_of(GpuEngine& gpu, const std::vector<Sequence>& seqs, size_t b, size_t e, Precision p,
+                               bool accumulate) {
+    const std::vector<Sequence> part(seqs.begin() + (long)b, seqs.begin() + (long)e);
+    TokenValues lp, ent;
+    if (!accumulate) gpu.zero_grads();
+    gpu.forward_train(part, p, 0.8f, &lp, &ent);
+    gpu.backward(pseudo_gradients(part, 21), pseudo_gradients(part, 22));
+    return gpu.gradients();
+}
+
+}  // namespace
+
+// backward() adds to the gradients on every path (linear wgrad, biases, norms, head, embedding;
+// tied or not): two micro-batches' backwards without zero_grads in between give the sum of their
+// gradients taken apart. Per tensor the relative distance is at most 1e-5: the two differ only by
+// where a float addition rounds (one addition per contribution either way); a path that overwrote
+// would lose a whole micro-batch's share, a distance of order 1.
+TEST(gpu_engine_backward_adds_to_the_gradients) {
+    REQUIRE_GPU();
+    for (const char* dir : kAccumulationModels) {
+        GpuEngine gpu(dir);
+        gpu.init_optimizer(AdamWConfig(), one_rank());
+        const std::vector<Sequence> seqs = ragged_batch((int)gpu.config().vocab_size, 7);
+        const size_t half = seqs.size() / 2;
+        const ModelWeights table = ModelWeights::load(dir, false);
+        for (Precision p : {Precision::BF16, Precision::FP8}) {
+            const std::vector<float> a = backward_of(gpu, seqs, 0, half, p, false);
+            const std::vector<float> b = backward_of(gpu, seqs, half, seqs.size(), p, false);
+            backward_of(gpu, seqs, 0, half, p, false);
+            const std::vector<float> ab = backward_of(gpu, seqs, half, seqs.size(), p, true);
+            std::vector<float> sum(a.size());
+            for (size_t i = 0; i < a.size(); i++) sum[i] = a[i] + b[i];
+            double worst = 0;
+            for (const TensorInfo& t : table.tensors) {
+                const double d = relative_distance(&ab[t.offset], &sum[t.offset], t.numel);
+                CHECK_MSG(d <= 1e-5, "%s %s gradient of %s: accumulated vs summed apart %.3g", dir, precision_name(p),
+                          t.name.c_str(), d);
+                worst = std::max(worst, d);
+            }
+            printf("    %-22s %s: accumulated vs summed apart, worst tensor %.3g\n", dir + std::string(dir).rfind('/') + 1,
+                   precision_name(p), worst);
+        }
+    }
+}
+
+// --recompute layer: the same log-probs, entropies and gradients as keeping every activation, bit
+// for bit (the kernels are deterministic and the recomputation reads the same layer input).
+TEST(gpu_engine_recompute_layer_is_bit_exact) {
+    REQUIRE_GPU();
+    EngineOptions recompute;
+    recompute.recompute_layer = true;
+    for (const char* dir : kAccumulationModels) {
+        GpuEngine keep(dir), again(dir, recompute);
+        keep.init_optimizer(AdamWConfig(), one_rank());
+        again.init_optimizer(AdamWConfig(), one_rank());
+        const std::vector<Sequence> seqs = ragged_batch((int)keep.config().vocab_size, 7);
+        for (Precision p : {Precision::BF16, Precision::FP8}) {
+            TokenValues lp[2], ent[2];
+            GpuEngine* engines[2] = {&keep, &again};
+            std::vector<float> grads[2];
+            for (int e = 0; e < 2; e++) {
+                engines[e]->zero_grads();
+                engines[e]->forward_train(seqs, p, 0.8f, &lp[e], &ent[e]);
+                engines[e]->backward(pseudo_gradients(seqs, 21), pseudo_gradients(seqs, 22));
+                grads[e] = engines[e]->gradients();
+            }
+            auto same_bits = [](const std::vector<float>& x, const std::vector<float>& y) {
+                return x.size() == y.size() && (x.empty() || memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0);
+            };
+            bool values_equal = true;
+            for (size_t s = 0; s < seqs.size(); s++)
+                values_equal = values_equal && same_bits(lp[0][s], lp[1][s]) && same_bits(ent[0][s], ent[1][s]);
+            CHECK_MSG(values_equal, "%s %s: log-probs or entropies differ with --recompute layer", dir, precision_name(p));
+            CHECK_MSG(same_bits(grads[0], grads[1]), "%s %s: gradients differ with --recompute layer", dir, precision_name(p));
+            double norm = 0;
+            for (float g : grads[0]) norm += (double)g * g;
+            CHECK_MSG(norm > 0, "%s %s: zero gradients, nothing compared", dir, precision_name(p));
+        }
+    }
 }

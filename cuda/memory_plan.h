@@ -1,0 +1,200 @@
+// memory_plan.h: the device memory the GPU engine (cuda/engine_gpu.cuh) will allocate, from the
+// model's shapes and the run's flags, before it allocates anything (spec-gpu.md §5): printed at the
+// start of training, and a run that does not fit the device is refused with the numbers and the
+// flags that would make it fit. Host code only: the figures are the engine's own allocation sizes
+// written out for `tokens` tokens per forward (every buffer of a batch grows to the largest batch
+// and stays), so the plan is an upper bound of what the engine holds at its largest forward.
+// Constants of the GPU code (the cuBLASLt workspace, the head's vocabulary chunk, ...) come in
+// PlanConstants, filled by the engine from the headers that define them.
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "rl/common.h"
+#include "rl/config.h"
+#include "rl/fp8_block.h"
+#include "rl/weights.h"
+
+namespace fp8rl {
+
+struct PlanConstants {
+    size_t gemm_workspace_bytes;  // GemmRunner's cuBLASLt workspace
+    int head_vocab_chunk;         // loss.cuh's columns of logits at a time
+    int grad_norm_threads, grad_norm_max_blocks;  // cuda/global_norm.cuh's partial sums
+    int column_sum_chunk_rows;    // cuda/column_sum.cuh's rows per partial
+};
+
+struct MemoryPlanRequest {
+    int64_t tokens = 0;            // the most tokens one forward holds (the micro-batch)
+    bool recompute_layer = false;  // --recompute layer
+    bool reference_policy = false; // a frozen copy for the KL term (a second engine without optimizer)
+    int optimizer_shards = 1;      // ranks the FP32 master and AdamW moments are split over (ZeRO-1; 1 = none)
+    int64_t longest_sequence = 1;  // a micro-batch holds at least one sequence, however long
+};
+
+struct MemoryPlan {
+    MemoryPlanRequest request;
+    size_t params = 0;
+    // bytes on one device
+    size_t master = 0, gradients = 0, adam_m = 0, adam_v = 0, bf16_copy = 0, fp8_copies = 0;
+    size_t activations = 0;  // the forward's per micro-batch (by --recompute), ids, positions, RoPE table
+    size_t backward = 0;     // the backward's activation gradients and column-sum scratch
+    size_t head = 0;         // the log-prob head's workspaces (one vocabulary chunk of logits, dlogits, ...)
+    size_t gemm_scratch = 0; // the cuBLASLt workspace and the FP8 copies of GEMM operands
+    size_t reference = 0;    // the KL reference's weights and forward buffers
+    size_t kv_cache_bytes = 0;  // the rollout's paged KV cache (generation runs on the host until rollout.cu)
+
+    size_t total() const {
+        return master + gradients + adam_m + adam_v + bf16_copy + fp8_copies + activations + backward + head +
+               gemm_scratch + reference + kv_cache_bytes;
+    }
+};
+
+inline double gib(size_t bytes) { return (double)bytes / (1024.0 * 1024.0 * 1024.0); }
+inline double mib(size_t bytes) { return (double)bytes / (1024.0 * 1024.0); }
+inline std::string bytes_text(size_t bytes) { return bytes >= (1u << 30) ? strfmt("%.2f GiB", gib(bytes)) : strfmt("%.1f MiB", mib(bytes)); }
+
+namespace memory_plan_detail {
+
+inline long round_up(long n, long m) { return (n + m - 1) / m * m; }
+
+// The FP8 copies of every projection: codes and transposed codes, both scale grids.
+inline size_t fp8_copy_bytes(const ModelConfig& c) {
+    const int C = (int)c.hidden_size, Q = (int)c.q_dim(), Kd = (int)c.kv_dim(), I = (int)c.intermediate_size;
+    const int shapes[7][2] = {{Q, C}, {Kd, C}, {Kd, C}, {C, Q}, {I, C}, {I, C}, {C, I}};  // [N][K] of q k v o gate up down
+    size_t per_layer = 0;
+    for (const auto& s : shapes)
+        per_layer += 2 * (size_t)s[0] * s[1] + sizeof(float) * (blk128_scale_count(s[0], s[1]) + blk128_scale_count(s[1], s[0]));
+    return per_layer * (size_t)c.num_layers;
+}
+
+// The buffers of one forward of T tokens (prepare_batch): ids, positions, targets, sequence offsets
+// (at most T sequences), the RoPE table (at most T positions), BF16 activations and FP32 statistics.
+inline size_t forward_bytes(const ModelConfig& c, long T, bool recompute) {
+    const long Tp = round_up(T, 128), C = c.hidden_size, Q = c.q_dim(), Kd = c.kv_dim(), I = c.intermediate_size;
+    const long L = c.num_layers, H = c.num_heads, KV = c.num_kv_heads, D = c.head_dim;
+    const long inner = Tp * (3 * C + (c.qk_norm ? Q + Kd : 0) + 2 * Q + 2 * Kd + 3 * I);
+    const long inner_f32 = T * (2 + 2 * H + KV);
+    const long sets = recompute ? 1 : L, max_dim = std::max(std::max(C, I), std::max(Q, Kd));
+    const size_t ids = 4 * (size_t)(Tp + T + T + T + 1), rope = 2 * sizeof(float) * (size_t)T * (size_t)(D / 2);
+    return ids + rope + 2 * (size_t)(L * Tp * C + sets * inner + 2 * Tp * C) +
+           4 * (size_t)(sets * inner_f32 + 5 * T + Tp * max_dim);
+}
+
+// The FP8 operand scratch of the linear layers (LinearScratch: two operands and their transposes).
+inline size_t linear_scratch_bytes(const ModelConfig& c, long T) {
+    const int Tp = (int)round_up(T, 128);
+    const int max_dim = (int)std::max(std::max(c.hidden_size, c.intermediate_size), std::max(c.q_dim(), c.kv_dim()));
+    const size_t scales = std::max(vec128_scale_count(Tp, max_dim), vec128_scale_count(max_dim, Tp));
+    return 2 * (2 * (size_t)Tp * max_dim + 2 * sizeof(float) * scales);
+}
+
+// The head's scratch (LogprobHeadGpu): forward statistics and one chunk of FP32 logits; backward
+// one chunk of BF16 dlogits and the padded copies of x, of the last chunk of W and of dW.
+inline size_t head_bytes(const ModelConfig& c, long T, int chunk, bool backward) {
+    const long C = c.hidden_size, V = c.vocab_size, T8 = round_up(T, 8);
+    const long last = V % chunk ? V % chunk : std::min<long>(chunk, V);  // columns of the last chunk
+    const bool padded_w = last % 8 != 0;
+    size_t b = (size_t)T * (4 + 4 + 8 + 8) + 4 * (size_t)T * chunk + (padded_w ? 2 * (size_t)round_up(last, 8) * C : 0);
+    if (backward)
+        b += (T8 != T ? 2 * (size_t)T8 * C : 0) + 2 * (size_t)T8 * chunk + (padded_w ? 4 * (size_t)round_up(last, 8) * C : 0);
+    return b;
+}
+
+// The backward's buffers: BF16 activation gradients, FP32 dgrad outputs, the head's d(log-prob) and
+// d(entropy) rows and the column sums' scratch (norm weights, biases).
+inline size_t backward_bytes(const ModelConfig& c, long T, int chunk_rows) {
+    const long Tp = round_up(T, 128), C = c.hidden_size, Q = c.q_dim(), Kd = c.kv_dim(), I = c.intermediate_size;
+    const long H = c.num_heads, KV = c.num_kv_heads, D = c.head_dim;
+    auto column_scratch = [&](long rows, long n) { return (rows + chunk_rows - 1) / chunk_rows * n; };
+    const long scratch = std::max({column_scratch(T, C), column_scratch(T * H, D), column_scratch(T * KV, D),
+                                   column_scratch(T, Q), column_scratch(T, Kd)});
+    return 2 * (size_t)(Tp * (3 * C + 3 * I + 3 * Q + 3 * Kd)) + 4 * (size_t)(Tp * (C + I + Q) + T * H + 2 * T + scratch);
+}
+
+}  // namespace memory_plan_detail
+
+inline MemoryPlan plan_memory(const ModelConfig& c, const MemoryPlanRequest& r, const PlanConstants& k) {
+    using namespace memory_plan_detail;
+    if (r.tokens <= 0) fail("memory plan: tokens per micro-batch must be positive (got %lld)", (long long)r.tokens);
+    if (r.optimizer_shards < 1) fail("memory plan: optimizer shards %d must be at least 1", r.optimizer_shards);
+    MemoryPlan p;
+    p.request = r;
+    tensor_layout(c, &p.params);
+    const size_t P = p.params, shard = (P + (size_t)r.optimizer_shards - 1) / (size_t)r.optimizer_shards;
+    const size_t norm_blocks = std::min<size_t>((P + k.grad_norm_threads - 1) / k.grad_norm_threads, (size_t)k.grad_norm_max_blocks);
+    const long T = r.tokens;
+    p.master = 4 * shard;
+    p.adam_m = 4 * shard;
+    p.adam_v = 4 * shard;
+    p.gradients = 4 * P + 8 * (std::max<size_t>(norm_blocks, 1) + 2);  // + the norm's partial sums
+    p.bf16_copy = 2 * P;
+    p.fp8_copies = fp8_copy_bytes(c);
+    p.activations = forward_bytes(c, T, r.recompute_layer);
+    p.backward = backward_bytes(c, T, k.column_sum_chunk_rows);
+    p.head = head_bytes(c, T, k.head_vocab_chunk, true);
+    p.gemm_scratch = k.gemm_workspace_bytes + linear_scratch_bytes(c, T);
+    if (r.reference_policy)
+        p.reference = 4 * P + 2 * P + p.fp8_copies + forward_bytes(c, T, r.recompute_layer) + head_bytes(c, T, k.head_vocab_chunk, false) +
+                      k.gemm_workspace_bytes + linear_scratch_bytes(c, T);
+    return p;
+}
+
+// The plan as the lines printed at start.
+inline std::string memory_plan_text(const MemoryPlan& p) {
+    const MemoryPlanRequest& r = p.request;
+    std::string s = strfmt("memory plan (one GPU): %s for %s parameters, %lld tokens per micro-batch, --recompute %s\n",
+                           bytes_text(p.total()).c_str(), std::to_string(p.params).c_str(), (long long)r.tokens,
+                           r.recompute_layer ? "layer" : "none");
+    auto line = [&](const char* what, size_t bytes) { s += strfmt("  %-50s %12.1f MiB\n", what, mib(bytes)); };
+    const std::string shards = strfmt(" (1/%d: optimizer shards)", r.optimizer_shards);
+    line(("FP32 master weights" + (r.optimizer_shards > 1 ? shards : std::string())).c_str(), p.master);
+    line("FP32 gradients", p.gradients);
+    line(("AdamW m" + (r.optimizer_shards > 1 ? shards : std::string())).c_str(), p.adam_m);
+    line(("AdamW v" + (r.optimizer_shards > 1 ? shards : std::string())).c_str(), p.adam_v);
+    line("BF16 weight copy", p.bf16_copy);
+    line("FP8 weight copies + scale grids", p.fp8_copies);
+    line("activations per micro-batch", p.activations);
+    line("backward buffers", p.backward);
+    line("log-prob head workspaces", p.head);
+    line("GEMM scratch (cuBLASLt workspace, FP8 operands)", p.gemm_scratch);
+    if (r.reference_policy) line("KL reference policy (weights + forward)", p.reference);
+    line("KV cache (rollout)", p.kv_cache_bytes);
+    return s;
+}
+
+// Fails, before anything is allocated, when the plan exceeds the device's free memory: one line with
+// the numbers and what would fit (--recompute layer, fewer tokens per micro-batch, more ranks).
+inline void check_memory_plan_fits(const ModelConfig& c, const MemoryPlanRequest& r, const PlanConstants& k,
+                                   size_t free_bytes, size_t total_bytes) {
+    const MemoryPlan p = plan_memory(c, r, k);
+    if (p.total() <= free_bytes) return;
+    std::string options;
+    MemoryPlanRequest alt = r;
+    if (!r.recompute_layer) {
+        alt.recompute_layer = true;
+        const size_t with_recompute = plan_memory(c, alt, k).total();
+        options += strfmt("--recompute layer (%s%s)", bytes_text(with_recompute).c_str(), with_recompute <= free_bytes ? ", fits" : "");
+    }
+    int64_t fitting = 0;  // the most tokens per micro-batch that fit (with the recompute just named)
+    for (int64_t lo = std::min(r.longest_sequence, r.tokens), hi = r.tokens; lo <= hi;) {
+        alt.tokens = lo + (hi - lo) / 2;
+        if (plan_memory(c, alt, k).total() <= free_bytes) fitting = alt.tokens, lo = alt.tokens + 1;
+        else hi = alt.tokens - 1;
+    }
+    if (!options.empty()) options += ", ";
+    options += fitting > 0 ? strfmt("--micro_batch_tokens %lld%s", (long long)fitting, r.recompute_layer ? "" : " with it")
+                           : std::string("no --micro_batch_tokens fits");
+    const size_t sharded = p.master + p.adam_m + p.adam_v;
+    options += strfmt(", or more ranks (ZeRO-1 splits the %s of master weights and AdamW moments over them)",
+                      bytes_text(sharded).c_str());
+    fail("the memory plan needs %s of GPU memory (weights and optimizer %s, %lld tokens per micro-batch %s), the GPU has "
+         "%s free of %s; try %s",
+         bytes_text(p.total()).c_str(), bytes_text(p.master + p.gradients + p.adam_m + p.adam_v + p.bf16_copy + p.fp8_copies).c_str(),
+         (long long)r.tokens, bytes_text(p.activations + p.backward + p.head + p.gemm_scratch).c_str(),
+         bytes_text(free_bytes).c_str(), bytes_text(total_bytes).c_str(), options.c_str());
+}
+
+}  // namespace fp8rl
