@@ -47,6 +47,9 @@ struct Sequence {
 // An engine's settings from the command line (rl/args.h, the flags marked for one engine). Each
 // engine reads the fields that concern it and ignores the others.
 struct EngineOptions {
+    int rollout_slots = 64;     // GPU: sequences decoded together (continuous batching)
+    double kv_cache_mb = 0;     // GPU: KV page pool in MiB; 0 = every slot at its longest
+    int kv_page_tokens = 16;    // GPU: tokens per KV page
 };
 
 // Per response position of each sequence.

@@ -61,8 +61,10 @@ struct TrainConfig {
 };
 
 inline EngineOptions engine_options_from_args(const Args& a) {
-    (void)a;  // no engine flag yet: the GPU engine's join here
     EngineOptions o;
+    o.rollout_slots = (int)a.integer("rollout_slots");
+    o.kv_cache_mb = a.number("kv_cache_mb");
+    o.kv_page_tokens = (int)a.integer("kv_page_tokens");
     return o;
 }
 
