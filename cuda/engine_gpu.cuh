@@ -107,6 +107,9 @@ class GpuEngine : public Engine {
                                            const std::vector<std::vector<int32_t>>& tokens, Precision weights,
                                            Precision kv_cache);
     const RolloutStats& rollout_stats() const { return rollout_stats_; }
+    void last_kv_scales(std::vector<float>* k_scale, std::vector<float>* v_scale) const override {
+        *k_scale = rollout_stats_.k_scale, *v_scale = rollout_stats_.v_scale;
+    }
     ~GpuEngine() override;
 
     void logprobs(const std::vector<Sequence>& seqs, Precision p, float temperature, TokenValues* logprob,

@@ -67,6 +67,9 @@ public:
                                              const SamplingConfig& sampling, Precision weights, Precision kv_cache,
                                              Progress* progress) = 0;
 
+    // The FP8 KV-cache scales per layer (K, V) the last generate() used; empty unless its cache was FP8.
+    virtual void last_kv_scales(std::vector<float>* k_scale, std::vector<float>* v_scale) const = 0;
+
     // Log-prob (and entropy, when asked) of every response position; no state kept.
     virtual void logprobs(const std::vector<Sequence>& seqs, Precision precision, float temperature, TokenValues* logprob,
                           TokenValues* entropy) = 0;

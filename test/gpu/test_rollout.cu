@@ -213,3 +213,35 @@ TEST(rollout_scheduling_matches_each_request_alone) {
         CHECK_EQ(lengths.back(), (size_t)s.max_new_tokens);
     }
 }
+
+// Bad input: one clear error each, never a hang.
+TEST(rollout_bad_input_fails_clearly) {
+    REQUIRE_GPU();
+    const char* dir = kFixtures[0];  // 512 positions
+    SamplingConfig s;
+    s.max_new_tokens = 8;
+    {
+        GpuEngine gpu(dir);
+        CHECK_THROWS(gpu.generate({{random_ids(513, 320, 1), 0}}, 0, s, Precision::BF16, Precision::BF16, nullptr),
+                     "more than the model's 512 positions");
+        SamplingConfig far = s;
+        far.max_new_tokens = 600;
+        CHECK_THROWS(gpu.generate({{random_ids(5, 320, 1), 0}}, 0, far, Precision::BF16, Precision::BF16, nullptr),
+                     "lower --max_new_tokens");
+        CHECK_THROWS(gpu.generate({{{}, 0}}, 0, s, Precision::BF16, Precision::BF16, nullptr), "prompt 0 is empty");
+        CHECK_THROWS(gpu.generate({{{5, 320}, 0}}, 0, s, Precision::BF16, Precision::BF16, nullptr), "outside the vocabulary");
+        CHECK_THROWS(gpu.generate({{{5}, 0}}, 0, s, Precision::BF16, Precision::FP32, nullptr), "not fp32");
+    }
+    {
+        EngineOptions o;
+        o.kv_cache_mb = 0.001;  // 1 KiB: not one page of 16 tokens
+        GpuEngine gpu(dir, o);
+        CHECK_THROWS(gpu.generate({{{5, 6}, 0}}, 0, s, Precision::BF16, Precision::BF16, nullptr), "raise --kv_cache_mb");
+    }
+    {
+        EngineOptions o;
+        o.kv_cache_mb = 1e9;  // a petabyte: more than the device has
+        GpuEngine gpu(dir, o);
+        CHECK_THROWS(gpu.generate({{{5, 6}, 0}}, 0, s, Precision::BF16, Precision::BF16, nullptr), "out of GPU memory");
+    }
+}
