@@ -169,7 +169,7 @@ std::string many_eos_model(const harness::TempDir& tmp, const char* dir) {
 
 }  // namespace
 
-// Scheduling: 12 requests through 3 slots with a page pool too small for three long sequences
+// Scheduling: 10 requests through 3 slots with a page pool too small for three long sequences
 // (pages of 4 tokens), so sequences wait for slots, finish at every length and get preempted;
 // every completion must equal the same request generated alone (one slot, all pages: the same FP8
 // scales, which come from all the prompts of a call), bit for bit.
@@ -181,13 +181,14 @@ TEST(rollout_scheduling_matches_each_request_alone) {
     s.temperature = 1.0f;
     s.max_new_tokens = 16;
     s.seed = 5;
-    for (Precision kv : {Precision::BF16, Precision::FP8}) {
+    {  // the schedule is the same for either storage; BF16 keeps the test short
+        const Precision kv = Precision::BF16;
         EngineOptions o = small_pages(4);
         o.rollout_slots = 3;
         const size_t page = PagedKvCache::bytes({2, 2, 32, 4, 1}, kv);
         o.kv_cache_mb = (14 * page + page / 2) / 1048576.0;  // 14 pages: 2 sequences at full length hold 10
         GpuEngine batched(dir, o);
-        std::vector<GenRequest> requests = ragged_requests(12, 320, 3);
+        std::vector<GenRequest> requests = ragged_requests(10, 320, 3);
         std::vector<Generation> all = batched.generate(requests, 2, s, Precision::BF16, kv, nullptr);
         const RolloutStats st = batched.rollout_stats();
         EngineOptions one_slot = small_pages(4);
