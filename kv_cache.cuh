@@ -1,0 +1,421 @@
+// kv_cache.cuh: the paged key/value cache of generation on the GPU (spec-gpu.md §4), the device twin
+// of cpu/kv_cache.h: per layer K (after k-norm and RoPE) and V of every cached token, stored in BF16
+// or as FP8 E4M3 codes with one scale per layer for K and one for V (spec-fp8.md §9), and the decode
+// attention that reads them.
+//
+// Layout: one pool each for K and V, [layers][pages][page_tokens][kv_heads][head_dim]; token slot
+// s = page * page_tokens + offset is row s of a layer's [pages * page_tokens][kv_heads * head_dim].
+// A sequence's tokens live in the pages its page table names, in order: position p is at offset
+// p % page_tokens of page page_table[p / page_tokens].
+//
+// Decode attention is flash-decoding: the cache length is cut into `splits` chunks; one CTA per
+// (chunk, kv head, row) loads the chunk's keys and values tile by tile into shared memory (as the
+// FP32 values they stand for), and every query head of the GQA group reads each loaded tile; it
+// keeps an online softmax (running max, running sum, rescaled output) and writes the chunk's
+// normalised partial O and its log-sum-exp (FP32). A second kernel merges the chunks by their LSE
+// weights and writes O in BF16. Decode is bound by reading the cache, so the math runs on the
+// CUDA cores in FP32: scores are FP32 dot products in d order, exp is rl/fast_exp.h's (the CPU
+// engine's), P stays FP32 (no BF16 rounding of P, unlike the training kernel's tensor-core P V), and
+// the only rounding to BF16 is the output's.
+//
+//   PagedKvCache cache(shape, Precision::FP8);       // the pools (bytes(shape, storage) for the plan)
+//   cache.reserve_decode(max_batch, heads);          // the decode workspace, before any graph capture
+//   cache.set_scales(k_scales, v_scales);            // after every update (kv_amax_gpu + kv_scale_from_amax)
+//   cache.append(layer, k, v, slots, n, stream);     // prefill and every decode step
+//   cache.decode_attention(layer, out, q, heads, page_table, max_pages, lens, B, max_len, stream);
+#ifndef FP8RL_KV_CACHE_CUH
+#define FP8RL_KV_CACHE_CUH
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "cuda/attention.cuh"
+#include "cuda/block_reduce.cuh"
+#include "cuda/common.cuh"
+#include "cuda/device_array.cuh"
+#include "rl/fast_exp.h"
+#include "rl/fp8.h"
+#include "rl/precision.h"
+
+namespace fp8rl {
+
+// Tokens per page. 16 (vLLM's default) rather than nano-vllm's 256: RL completions are short and
+// a group's G samples each copy the prompt's last partial page (copy_page), so small pages waste
+// at most 15 slots per sequence and make that copy cheap; the decode kernel's tiles do not depend
+// on the page size (any page_tokens >= 1 works).
+constexpr int kKvPageTokens = 16;
+
+constexpr int kDecodeTile = 32;        // keys per shared-memory tile: one per lane of the warp that scores them
+constexpr int kDecodeThreads = 128;    // 4 warps per CTA
+constexpr int kDecodeMaxSplits = 16;   // chunks of the cache length per (row, kv head)
+constexpr int kDecodeMinSplitKeys = 256;  // a chunk shorter than this costs more in the merge than it saves
+static_assert(kDecodeTile == 32 && kDecodeThreads % 32 == 0, "a warp scores one tile, a lane per key");
+
+struct KvCacheShape {
+    int layers, kv_heads, head_dim;
+    int page_tokens = kKvPageTokens;  // tokens per page
+    int pages;        // pages in the pool
+    long width() const { return (long)kv_heads * head_dim; }
+    long slots() const { return (long)pages * page_tokens; }
+};
+
+// The value a stored element stands for: BF16 as it is; an FP8 code times its layer's scale,
+// rounded to FP32 as cpu/kv_cache.h's stored() rounds it.
+__device__ __forceinline__ float kv_value(__nv_bfloat16 x, float) { return __bfloat162float(x); }
+__device__ __forceinline__ float kv_value(uint8_t code, float scale) { return mul_rn(e4m3_to_float(code), scale); }
+// The stored element for a BF16 input: BF16 as it is; FP8 encodes x / scale (satfinite E4M3).
+__device__ __forceinline__ void kv_store(__nv_bfloat16* dst, __nv_bfloat16 x, float) { *dst = x; }
+__device__ __forceinline__ void kv_store(uint8_t* dst, __nv_bfloat16 x, float scale) {
+    *dst = float_to_e4m3(__bfloat162float(x) / scale);
+}
+
+// Rows i < n of k, v [n][width] into slots[i] of one layer's pools [slots][width]. A slot outside
+// [0, slot_count) writes nothing: -1 marks the padding rows of a CUDA-graph bucket.
+template <class Elem>
+__global__ void kv_append_kernel(Elem* k_pool, Elem* v_pool, const float* k_scale, const float* v_scale,
+                                 const __nv_bfloat16* k, const __nv_bfloat16* v, const int32_t* slots, long n,
+                                 long width, long slot_count) {
+    const float ks = *k_scale, vs = *v_scale;
+    for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n * width; i += (long)gridDim.x * blockDim.x) {
+        const long slot = slots[i / width], c = i % width;
+        if (slot < 0 || slot >= slot_count) continue;
+        kv_store(k_pool + slot * width + c, k[i], ks);
+        kv_store(v_pool + slot * width + c, v[i], vs);
+    }
+}
+
+// Dynamic shared memory of a decode CTA, in floats: q and the output accumulator [group][D], the
+// key tile [kDecodeTile][D + 1] (the odd row stride keeps the 32 lanes that read 32 keys at one d
+// on 32 banks), the value tile [kDecodeTile][D], probabilities [group][kDecodeTile], and per head the
+// running max, the running sum and the last rescale factor.
+inline size_t decode_smem_floats(int group, int D) {
+    return (size_t)2 * group * D + (size_t)kDecodeTile * (2 * D + 1) + (size_t)group * kDecodeTile + 3 * group;
+}
+
+// One CTA per (chunk blockIdx.x, kv head blockIdx.y, row blockIdx.z): the group's query heads over
+// the keys [chunk * split_keys, min(lens[row], (chunk + 1) * split_keys)) of the row. Writes
+// part_o [B][H][splits][D] (the chunk's softmax-weighted V, normalised by the chunk's sum) and
+// part_lse [B][H][splits] (-inf for a chunk without keys, whose part_o is 0).
+template <int D, class Elem>
+__global__ void __launch_bounds__(kDecodeThreads)
+    kv_decode_split_kernel(float* part_o, float* part_lse, const __nv_bfloat16* q, const Elem* k_pool,
+                           const Elem* v_pool, const float* k_scale, const float* v_scale, const int32_t* page_table,
+                           int max_pages, const int32_t* lens, int H, int KV, int page_tokens, int split_keys) {
+    DYNAMIC_SHARED(float, decode_smem);  // named apart from attention.cuh's BF16 `smem`: one extern symbol per name
+    const int group = H / KV, kv_head = blockIdx.y, splits = gridDim.x, chunk = blockIdx.x;
+    const long row = blockIdx.z, head0 = (long)kv_head * group;
+    float *q_s = decode_smem, *o_s = q_s + group * D, *k_s = o_s + group * D, *v_s = k_s + kDecodeTile * (D + 1),
+          *p_s = v_s + kDecodeTile * D, *max_s = p_s + group * kDecodeTile, *sum_s = max_s + group,
+          *rescale_s = sum_s + group;
+    const long key_begin = (long)chunk * split_keys, key_end = min((long)lens[row], key_begin + split_keys);
+    const long out_row0 = (row * H + head0) * splits + chunk;  // part_lse index of the group's first head
+    if (key_begin >= key_end) {  // an idle row or a chunk past the row's length: reads nothing
+        for (int e = threadIdx.x; e < group * D; e += blockDim.x) part_o[(out_row0 + (e / D) * splits) * D + e % D] = 0.0f;
+        for (int g = threadIdx.x; g < group; g += blockDim.x) part_lse[out_row0 + g * splits] = -INFINITY;
+        return;
+    }
+    const float ks = *k_scale, vs = *v_scale, scale = 1.0f / sqrtf((float)D);
+    for (int e = threadIdx.x; e < group * D; e += blockDim.x) {
+        q_s[e] = __bfloat162float(q[(row * H + head0) * D + e]);
+        o_s[e] = 0.0f;
+    }
+    for (int g = threadIdx.x; g < group; g += blockDim.x) {
+        max_s[g] = -INFINITY;
+        sum_s[g] = 0.0f;
+    }
+    const int32_t* pages = page_table + row * max_pages;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+    for (long k0 = key_begin; k0 < key_end; k0 += kDecodeTile) {
+        const int keys = (int)min((long)kDecodeTile, key_end - k0);
+        for (int e = threadIdx.x; e < keys * D; e += blockDim.x) {
+            const int j = e / D, d = e % D;
+            const long pos = k0 + j, slot = (long)pages[pos / page_tokens] * page_tokens + pos % page_tokens;
+            const long at = (slot * KV + kv_head) * D + d;
+            k_s[j * (D + 1) + d] = kv_value(k_pool[at], ks);
+            v_s[j * D + d] = kv_value(v_pool[at], vs);
+        }
+        __syncthreads();  // the tiles are complete (and in the first round q, the output and the statistics)
+        for (int g = warp; g < group; g += warps) {  // a warp per head, a lane per key
+            float s = -INFINITY;
+            if (lane < keys) {
+                s = 0.0f;
+                for (int d = 0; d < D; d++) s += q_s[g * D + d] * k_s[lane * (D + 1) + d];
+                s *= scale;
+            }
+            const float old_max = max_s[g];
+            const float new_max = fmaxf(old_max, warp_reduce(s, MaxOp()));  // finite: the tile has a key
+            const float p = fast_exp(s - new_max), rescale = fast_exp(old_max - new_max);  // exp(-inf) = 0
+            const float tile_sum = warp_reduce(p, SumOp());
+            p_s[g * kDecodeTile + lane] = p;
+            if (lane == 0) {
+                max_s[g] = new_max;
+                sum_s[g] = sum_s[g] * rescale + tile_sum;
+                rescale_s[g] = rescale;
+            }
+        }
+        __syncthreads();  // probabilities and rescale factors are written
+        for (int e = threadIdx.x; e < group * D; e += blockDim.x) {
+            const int g = e / D, d = e % D;
+            float acc = o_s[e] * rescale_s[g];
+            for (int j = 0; j < keys; j++) acc += p_s[g * kDecodeTile + j] * v_s[j * D + d];
+            o_s[e] = acc;
+        }
+        __syncthreads();  // every thread is done with the tiles before the next round overwrites them
+    }
+    for (int e = threadIdx.x; e < group * D; e += blockDim.x)
+        part_o[(out_row0 + (e / D) * splits) * D + e % D] = o_s[e] / sum_s[e / D];
+    for (int g = threadIdx.x; g < group; g += blockDim.x) part_lse[out_row0 + g * splits] = max_s[g] + logf(sum_s[g]);
+}
+
+// out [B][H][D] = the chunks of each (row, head) merged by their LSE weights, one thread per output;
+// an idle row (lens 0) gets zeros. Chunks are added in chunk order.
+template <int D>
+__global__ void kv_decode_merge_kernel(__nv_bfloat16* out, const float* part_o, const float* part_lse,
+                                       const int32_t* lens, int H, int splits, long B) {
+    const long i = blockIdx.x * (long)blockDim.x + threadIdx.x;
+    if (i >= B * H * D) return;
+    const long row_head = i / D;
+    const int d = (int)(i % D);
+    if (lens[row_head / H] <= 0) {
+        out[i] = __float2bfloat16_rn(0.0f);
+        return;
+    }
+    const float* lse = part_lse + row_head * splits;
+    float lse_max = -INFINITY;
+    for (int s = 0; s < splits; s++) lse_max = fmaxf(lse_max, lse[s]);
+    float weight_sum = 0.0f, acc = 0.0f;
+    for (int s = 0; s < splits; s++) {
+        const float w = fast_exp(lse[s] - lse_max);  // 0 for an empty chunk
+        weight_sum += w;
+        acc += w * part_o[(row_head * splits + s) * D + d];
+    }
+    out[i] = __float2bfloat16_rn(acc / weight_sum);
+}
+
+// Page src to page dst in every layer: blockIdx.x is the layer, blockIdx.y 0 for K and 1 for V.
+static __global__ void kv_copy_page_kernel(uint8_t* k_pool, uint8_t* v_pool, long layer_bytes, long page_bytes, int src,
+                                           int dst) {
+    uint8_t* pool = (blockIdx.y == 0 ? k_pool : v_pool) + blockIdx.x * layer_bytes;
+    for (long i = threadIdx.x; i < page_bytes; i += blockDim.x) pool[dst * page_bytes + i] = pool[src * page_bytes + i];
+}
+
+// amax = max |x[i]| as the bits of a non-negative float (which order like the values), so the
+// blocks' atomic maxima give one result whatever their order. NaN is skipped, as cpu/model_layers.h's
+// max_abs skips it (x > m is false); amax starts at 0 (set before the launch).
+static __global__ void kv_amax_kernel(float* amax, const __nv_bfloat16* x, long n) {
+    float m = 0.0f;
+    for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x) {
+        const float a = fabsf(__bfloat162float(x[i]));
+        m = a > m ? a : m;
+    }
+    m = block_reduce(m, MaxOp());
+    if (threadIdx.x == 0) atomicMax(reinterpret_cast<unsigned*>(amax), float_bits(m));
+}
+
+// FP8 KV calibration: amax (device [1]) = max |x[i]| over n values (device), FP32 and exact.
+inline void kv_amax_gpu(float* amax, const __nv_bfloat16* x, long n, cudaStream_t stream) {
+    if (n < 0) fail("kv_amax_gpu: n = %ld values", n);
+    CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof(float), stream));
+    if (n == 0) return;
+    const long threads = 256, blocks = std::min<long>(1024, (n + threads * 8 - 1) / (threads * 8));
+    LAUNCH_KERNEL(kv_amax_kernel, (unsigned)blocks, (unsigned)threads, 0, stream, amax, x, n);
+}
+
+class PagedKvCache {
+  public:
+    // storage: BF16 or FP8. FP8 scales start at 1 (set_scales sets the calibrated ones).
+    PagedKvCache(const KvCacheShape& shape, Precision storage) : shape_(shape), storage_(storage) {
+        check_shape(shape, storage);
+        const size_t pool = pool_bytes(shape, storage);
+        k_pool_.resize(pool, "KV cache: K pages");
+        v_pool_.resize(pool, "KV cache: V pages");
+        k_scale_dev_.resize(shape.layers, "KV cache: K scales");
+        v_scale_dev_.resize(shape.layers, "KV cache: V scales");
+        set_scales(std::vector<float>(shape.layers, 1.0f), std::vector<float>(shape.layers, 1.0f));
+        int device = 0;
+        CUDA_CHECK(cudaGetDevice(&device));
+        CUDA_CHECK(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device));
+    }
+
+    // Device bytes of the K and V pools and their scales (the decode workspace is decode_workspace_bytes).
+    static size_t bytes(const KvCacheShape& shape, Precision storage) {
+        check_shape(shape, storage);
+        return 2 * pool_bytes(shape, storage) + 2 * (size_t)shape.layers * sizeof(float);
+    }
+    const KvCacheShape& shape() const { return shape_; }
+    Precision storage() const { return storage_; }
+
+    // FP8 scales per layer for K and V (host vectors [layers]); set before appending (a synchronous
+    // upload: not while capturing). The kernels read them from the device, so a captured graph
+    // uses the scales set last.
+    void set_scales(const std::vector<float>& k_scale, const std::vector<float>& v_scale) {
+        if ((int)k_scale.size() != shape_.layers || (int)v_scale.size() != shape_.layers)
+            fail("PagedKvCache::set_scales: %zu K and %zu V scales for %d layers (one per layer each)", k_scale.size(),
+                 v_scale.size(), shape_.layers);
+        for (int l = 0; l < shape_.layers; l++)
+            if (!(k_scale[l] > 0.0f) || !(v_scale[l] > 0.0f) || std::isinf(k_scale[l]) || std::isinf(v_scale[l]))
+                fail("PagedKvCache::set_scales: layer %d has K scale %g, V scale %g: scales must be positive and finite "
+                     "(kv_scale_from_amax gives them)", l, k_scale[l], v_scale[l]);
+        k_scales_ = k_scale;
+        v_scales_ = v_scale;
+        k_scale_dev_.upload(k_scale);
+        v_scale_dev_.upload(v_scale);
+    }
+    const std::vector<float>& k_scales() const { return k_scales_; }
+    const std::vector<float>& v_scales() const { return v_scales_; }
+
+    // Writes the K and V rows of n tokens of `layer` (k, v: [n][kv_heads][head_dim] BF16 on the
+    // device; k after k-norm and RoPE) into slots[i] = page * page_tokens + offset (device int32 [n];
+    // -1: a padding row, nothing written). FP8 storage encodes x / scale (satfinite E4M3).
+    void append(int layer, const __nv_bfloat16* k, const __nv_bfloat16* v, const int32_t* slots, long n,
+                cudaStream_t stream) {
+        check_layer("append", layer);
+        if (n < 0) fail("PagedKvCache::append: n = %ld tokens", n);
+        if (n == 0) return;
+        const long blocks = std::min<long>(4096, (n * shape_.width() + 255) / 256);
+        dispatch_storage([&](auto elem) {
+            using Elem = decltype(elem);
+            LAUNCH_KERNEL((kv_append_kernel<Elem>), (unsigned)blocks, 256, 0, stream, layer_pool<Elem>(k_pool_, layer),
+                          layer_pool<Elem>(v_pool_, layer), k_scale_dev_.get() + layer, v_scale_dev_.get() + layer, k, v,
+                          slots, n, shape_.width(), shape_.slots());
+        });
+    }
+
+    // Sizes the decode workspace for up to max_batch rows of `heads` query heads (allocates; call it
+    // before capturing a graph). decode_attention fails if a call needs more.
+    void reserve_decode(int max_batch, int heads) {
+        check_heads("reserve_decode", heads);
+        if (max_batch < 1) fail("PagedKvCache::reserve_decode: max_batch = %d rows (need >= 1)", max_batch);
+        const size_t partials = decode_partials_for(shape_, max_batch, heads, sm_count_);
+        part_o_.resize(partials * shape_.head_dim, "KV cache: decode partial outputs");
+        part_lse_.resize(partials, "KV cache: decode partial LSE");
+    }
+    // Device bytes reserve_decode(max_batch, heads) takes, for the memory plan.
+    static size_t decode_workspace_bytes(const KvCacheShape& shape, int max_batch, int heads, int sm_count) {
+        return decode_partials_for(shape, max_batch, heads, sm_count) * (shape.head_dim + 1) * sizeof(float);
+    }
+
+    // The number of chunks decode_attention cuts the cache length into for B rows and lengths up to
+    // max_len: enough CTAs to fill the SMs twice, no chunk below kDecodeMinSplitKeys keys, at most
+    // kDecodeMaxSplits.
+    int decode_splits(int B, int max_len) const { return decode_splits_for(shape_.kv_heads, B, max_len, sm_count_); }
+
+    // out [B][H][D] BF16: for each row b, softmax(q_b k^T / sqrt(D)) v over the first lens[b] cached
+    // tokens of sequence b, whose pages are page_table[b * max_pages + 0 ..] (device int32); q
+    // [B][H][D] BF16; query head h reads kv head h / (H / kv_heads). lens[b] == 0: an idle row, zeros
+    // written, nothing read. max_len >= every lens[b] (keys past it are not read) fixes the chunk
+    // count; splits > 0 overrides decode_splits (tests). No host sync and no allocation: capturable
+    // in a CUDA graph, after reserve_decode.
+    void decode_attention(int layer, __nv_bfloat16* out, const __nv_bfloat16* q, int heads, const int32_t* page_table,
+                          int max_pages, const int32_t* lens, int B, int max_len, cudaStream_t stream, int splits = 0) {
+        check_layer("decode_attention", layer);
+        check_heads("decode_attention", heads);
+        if (B < 0 || max_len < 0 || max_pages < 0 || (long)max_len > (long)max_pages * shape_.page_tokens)
+            fail("PagedKvCache::decode_attention: B = %d, max_len = %d, max_pages = %d: need B, max_len >= 0 and "
+                 "max_len <= max_pages * page_tokens (%d)", B, max_len, max_pages, shape_.page_tokens);
+        if (B > 65535) fail("PagedKvCache::decode_attention: B = %d rows exceeds a grid dimension (65535)", B);
+        if (B == 0) return;
+        if (splits <= 0) splits = decode_splits(B, max_len);
+        if (splits > kDecodeMaxSplits) fail("PagedKvCache::decode_attention: %d splits (at most %d)", splits, kDecodeMaxSplits);
+        if ((size_t)B * heads * splits > part_lse_.size())
+            fail("PagedKvCache::decode_attention: %d rows x %d heads x %d splits exceed the decode workspace (%zu); call "
+                 "reserve_decode(max batch, heads) first", B, heads, splits, part_lse_.size());
+        const int chunk = (std::max(max_len, 1) + splits - 1) / splits;
+        const int split_keys = (chunk + kDecodeTile - 1) / kDecodeTile * kDecodeTile;
+        const int group = heads / shape_.kv_heads;
+        with_head_dim("PagedKvCache::decode_attention", shape_.head_dim, [&](auto head_dim) {
+            constexpr int D = decltype(head_dim)::value;
+            dispatch_storage([&](auto elem) {
+                using Elem = decltype(elem);
+                const size_t smem = decode_smem_floats(group, D) * sizeof(float);
+                if (smem > 227 * 1024)
+                    fail("PagedKvCache::decode_attention: %d query heads per kv head need %zu bytes of shared memory "
+                         "(at most 227 KB)", group, smem);
+                CUDA_CHECK(cudaFuncSetAttribute((kv_decode_split_kernel<D, Elem>),
+                                                cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+                LAUNCH_KERNEL((kv_decode_split_kernel<D, Elem>), dim3(splits, shape_.kv_heads, B), kDecodeThreads, smem,
+                              stream, part_o_.get(), part_lse_.get(), q, layer_pool<Elem>(k_pool_, layer),
+                              layer_pool<Elem>(v_pool_, layer), k_scale_dev_.get() + layer, v_scale_dev_.get() + layer,
+                              page_table, max_pages, lens, heads, shape_.kv_heads, shape_.page_tokens, split_keys);
+            });
+            const long outputs = (long)B * heads * D;
+            LAUNCH_KERNEL(kv_decode_merge_kernel<D>, (unsigned)((outputs + 255) / 256), 256, 0, stream, out,
+                          part_o_.get(), part_lse_.get(), lens, heads, splits, (long)B);
+        });
+    }
+
+    // Copies page src to page dst in every layer, K and V (copy-on-write of a prompt's last partial
+    // page when G samples share the prompt's pages).
+    void copy_page(int src, int dst, cudaStream_t stream) {
+        if (src < 0 || src >= shape_.pages || dst < 0 || dst >= shape_.pages)
+            fail("PagedKvCache::copy_page: pages %d -> %d outside the pool [0, %d)", src, dst, shape_.pages);
+        const long page_bytes = (long)shape_.page_tokens * shape_.width() * element_bytes(storage_);
+        LAUNCH_KERNEL(kv_copy_page_kernel, dim3(shape_.layers, 2), 256, 0, stream, k_pool_.get(), v_pool_.get(),
+                      page_bytes * shape_.pages, page_bytes, src, dst);
+    }
+
+    // The raw pools (tests): [layers][pages][page_tokens][kv_heads][head_dim] elements of
+    // element_bytes(storage) bytes (BF16 bits or E4M3 codes).
+    const uint8_t* k_pool() const { return k_pool_.get(); }
+    const uint8_t* v_pool() const { return v_pool_.get(); }
+    static size_t element_bytes(Precision storage) { return storage == Precision::FP8 ? 1 : 2; }
+
+  private:
+    KvCacheShape shape_;
+    Precision storage_;
+    DeviceArray<uint8_t> k_pool_, v_pool_;
+    DeviceArray<float> k_scale_dev_, v_scale_dev_;  // [layers]
+    std::vector<float> k_scales_, v_scales_;
+    DeviceArray<float> part_o_, part_lse_;  // decode workspace: [B][H][splits][D], [B][H][splits]
+    int sm_count_ = 1;
+
+    static void check_shape(const KvCacheShape& s, Precision storage) {
+        if (storage != Precision::BF16 && storage != Precision::FP8)
+            fail("PagedKvCache: storage %s is not supported (bf16 or fp8)", precision_name(storage));
+        if (s.layers < 1 || s.kv_heads < 1 || s.page_tokens < 1 || s.pages < 1)
+            fail("PagedKvCache: layers = %d, kv_heads = %d, page_tokens = %d, pages = %d: each must be >= 1", s.layers,
+                 s.kv_heads, s.page_tokens, s.pages);
+        with_head_dim("PagedKvCache", s.head_dim, [](auto) {});
+        if (s.slots() > INT32_MAX) fail("PagedKvCache: %ld slots exceed int32 slot ids", s.slots());
+    }
+    static size_t pool_bytes(const KvCacheShape& s, Precision storage) {
+        return (size_t)s.layers * s.slots() * s.width() * element_bytes(storage);
+    }
+    void check_layer(const char* who, int layer) const {
+        if (layer < 0 || layer >= shape_.layers)
+            fail("PagedKvCache::%s: layer %d outside [0, %d)", who, layer, shape_.layers);
+    }
+    void check_heads(const char* who, int heads) const {
+        if (heads < 1 || heads % shape_.kv_heads != 0 || heads > 65535)
+            fail("PagedKvCache::%s: heads = %d must be a positive multiple of kv_heads = %d", who, heads,
+                 shape_.kv_heads);
+    }
+    static int decode_splits_for(int kv_heads, int B, int max_len, int sm_count) {
+        const long by_length = (std::max(max_len, 1) + kDecodeMinSplitKeys - 1) / kDecodeMinSplitKeys;
+        const long ctas = (long)std::max(B, 1) * kv_heads, by_occupancy = (2L * sm_count + ctas - 1) / ctas;
+        return (int)std::max(1L, std::min({by_length, by_occupancy, (long)kDecodeMaxSplits}));
+    }
+    // The most (row, head, chunk) partials decode_splits asks for with up to max_batch rows, of any length.
+    static size_t decode_partials_for(const KvCacheShape& s, int max_batch, int heads, int sm_count) {
+        size_t most = 0;
+        for (int b = 1; b <= max_batch; b++)
+            most = std::max(most, (size_t)b * heads * decode_splits_for(s.kv_heads, b, INT32_MAX / 2, sm_count));
+        return most;
+    }
+    template <class F>
+    void dispatch_storage(F f) const {
+        if (storage_ == Precision::FP8)
+            f(uint8_t());
+        else
+            f(__nv_bfloat16());
+    }
+    template <class Elem>
+    Elem* layer_pool(const DeviceArray<uint8_t>& pool, int layer) const {
+        return reinterpret_cast<Elem*>(pool.get()) + (size_t)layer * shape_.slots() * shape_.width();
+    }
+};
+
+}  // namespace fp8rl
+
+#endif  // FP8RL_KV_CACHE_CUH

@@ -1,0 +1,439 @@
+// test_kv_cache.cu: the paged KV cache of kv_cache.cuh against the CPU engine's cache and decode
+// attention (cpu/kv_cache.h, cpu/attention.h's attention_forward_cached) on the same K, V and Q:
+// BF16 and FP8 pages, ragged lengths (1 token, exactly a page, a page + 1, many pages), idle rows,
+// GQA ratios 1 to 4 and 7, head dims 8, 16, 32 (the fixture models and --init tiny), 64 and 128, pages
+// scattered over the pool (a shuffled page table), several chunk counts; FP8 append against the
+// host encoder, copy_page, the amax reduction, a CUDA-graph replay and bad input.
+//
+// Bounds (per element, first order). The CPU reference keeps the cache as the FP32 values the stored
+// bytes decode to (the GPU reads the same values: BF16 as is, FP8 code * scale, one FP32 product
+// each), so the two differ only in summation order and in where they round:
+//   vs the CPU in FP32 mode (bf16 = false: P and O in FP32): the GPU rounds O to BF16, u |O| with
+//     u = 2^-8 (a bound twice BF16's unit roundoff 2^-9, for the nearest-even tie on either side),
+//     plus e_s (mag + |O|) for scores summed in another order (e_s = D 2^-24 sum|q k| scale, as
+//     test_attention.cu) and 1e-5 (mag + |O|) for FP32 exp, sums and the chunk merge, where
+//     mag = sum_j p_j |v_j| (host, double, from the CPU's lse);
+//   vs the CPU in BF16 mode (the engine's bf16/fp8 precisions): the CPU also rounds P to BF16 before
+//     P V (u mag) and O (u |O|): rel = 2u + e_s + 1e-5 on (mag + |O|).
+// A missed or extra key moves O by about p |v - O|, which for these peaked rows is far above u |O|.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <vector>
+
+#ifdef __CUDACC__
+#pragma nv_diag_suppress 177  // cpu/gemm.h: a variable only an OpenMP if() clause reads (see test_fp8_gemm.cu)
+#endif
+#include "cpu/attention.h"
+#include "cpu/kv_cache.h"
+#include "cpu/model_layers.h"
+#ifdef __CUDACC__
+#pragma nv_diag_default 177
+#endif
+#include "kv_cache.cuh"
+#include "test/gpu/gpu_util.cuh"
+#include "test/harness.h"
+
+using namespace fp8rl;
+
+namespace {
+
+struct DecodeCase {
+    const char* name;
+    int H, KV, D, page_tokens;
+    std::vector<int> lens;    // per row; 0 = idle
+    std::vector<int> splits;  // chunk counts to run (0: decode_splits' choice)
+};
+
+// Small enough for emulation (128 threads per CTA, one CTA per chunk, kv head and row).
+const DecodeCase kCases[] = {
+    {"D16 H4 KV2", 4, 2, 16, 16, {1, 16, 17, 0, 150, 33}, {1, 3, 0}},
+    {"D64 H4 KV1", 4, 1, 64, 16, {0, 64, 1, 300}, {1, 5}},
+    {"D128 H2 KV2", 2, 2, 128, 16, {129, 16, 1}, {2}},
+    {"D8 H6 KV2, 7-token pages", 6, 2, 8, 7, {15, 7, 8, 50}, {1, 4}},
+    {"D32 H4 KV4, idle rows", 4, 4, 32, 16, {0, 40, 0}, {2}},
+    {"D32 H7 KV1 (a warp scores two heads)", 7, 1, 32, 16, {70, 2}, {2}},
+};
+
+constexpr int kLayers = 2, kLayer = 1;  // the layer under test; layer 0 gets other values at the same slots
+
+std::vector<float> bf16_values(size_t n, uint32_t seed, float amplitude) {
+    std::vector<float> x(n);
+    for (size_t i = 0; i < n; i++) x[i] = round_bf16(amplitude * hash_uniform(i, seed));
+    return x;
+}
+
+std::vector<__nv_bfloat16> to_bf16(const std::vector<float>& x) {
+    std::vector<__nv_bfloat16> out;
+    for (float v : x) out.push_back(__float2bfloat16_rn(v));
+    return out;
+}
+
+std::vector<float> to_float(const std::vector<__nv_bfloat16>& x) {
+    std::vector<float> out;
+    for (__nv_bfloat16 v : x) out.push_back(__bfloat162float(v));
+    return out;
+}
+
+// A batch of rows with their tokens on shuffled pages of a pool with spare pages.
+struct PagedBatch {
+    KvCacheShape shape;
+    int B = 0, max_len = 0, max_pages = 0;
+    std::vector<int> lens;
+    std::vector<int32_t> page_table;  // [B][max_pages], -1 past a row's pages (reading one would fault)
+    std::vector<int32_t> slots;       // [tokens] slot of each token, rows in order
+    std::vector<int64_t> cpu_rows;    // [tokens] the CPU cache's row b * max_len + pos
+    std::vector<float> k, v;          // [tokens][KV][D] of the layer under test
+    std::vector<float> q;             // [B][H][D]
+};
+
+PagedBatch make_batch(const DecodeCase& c, uint32_t seed) {
+    PagedBatch b;
+    b.B = (int)c.lens.size();
+    b.lens = c.lens;
+    b.max_len = *std::max_element(c.lens.begin(), c.lens.end());
+    b.max_pages = (b.max_len + 20 + c.page_tokens - 1) / c.page_tokens;  // room for an upper bound max_len + 20
+    int needed = 0;
+    for (int len : c.lens) needed += (len + c.page_tokens - 1) / c.page_tokens;
+    b.shape = {kLayers, c.KV, c.D, c.page_tokens, needed + 5};
+    std::vector<int32_t> order(b.shape.pages);
+    std::iota(order.begin(), order.end(), 0);
+    for (int i = b.shape.pages - 1; i > 0; i--)  // Fisher-Yates with the test's hash
+        std::swap(order[i], order[(int)((hash_uniform(i, seed) + 1.0f) * 0.5f * (i + 1)) % (i + 1)]);
+    b.page_table.assign((size_t)b.B * b.max_pages, -1);
+    int next = 0;
+    for (int r = 0; r < b.B; r++)
+        for (int p = 0; p * c.page_tokens < c.lens[r]; p++) b.page_table[(size_t)r * b.max_pages + p] = order[next++];
+    for (int r = 0; r < b.B; r++)
+        for (int pos = 0; pos < c.lens[r]; pos++) {
+            b.slots.push_back(b.page_table[(size_t)r * b.max_pages + pos / c.page_tokens] * c.page_tokens +
+                              pos % c.page_tokens);
+            b.cpu_rows.push_back((int64_t)r * b.max_len + pos);
+        }
+    const size_t width = (size_t)c.KV * c.D, tokens = b.slots.size();
+    // q in [-3, 3), k in [-2, 2): scores with a standard deviation of 2 (peaked rows); v in [-1, 1)
+    b.k = bf16_values(tokens * width, seed + 1, 2.0f);
+    b.v = bf16_values(tokens * width, seed + 2, 1.0f);
+    b.q = bf16_values((size_t)b.B * c.H * c.D, seed + 3, 3.0f);
+    return b;
+}
+
+// The GPU cache of a batch: layer 0 holds other values at the same slots, layer kLayer the batch's.
+struct GpuCache {
+    PagedKvCache cache;
+    DeviceBuffer<int32_t> page_table, lens;
+    GpuCache(const PagedBatch& b, Precision storage, const std::vector<float>& k_scale, const std::vector<float>& v_scale,
+             int heads)
+        : cache(b.shape, storage), page_table(b.page_table), lens(std::vector<int32_t>(b.lens.begin(), b.lens.end())) {
+        cache.set_scales(k_scale, v_scale);
+        cache.reserve_decode(b.B, heads);
+        if (b.slots.empty()) return;
+        DeviceBuffer<int32_t> slots(b.slots);
+        DeviceBuffer<__nv_bfloat16> k(to_bf16(b.k)), v(to_bf16(b.v));
+        DeviceBuffer<__nv_bfloat16> other_k(to_bf16(bf16_values(b.k.size(), 77, 5.0f))),
+            other_v(to_bf16(bf16_values(b.v.size(), 78, 5.0f)));
+        cache.append(0, other_k.ptr, other_v.ptr, slots.ptr, (long)b.slots.size(), 0);
+        cache.append(kLayer, k.ptr, v.ptr, slots.ptr, (long)b.slots.size(), 0);
+        CUDA_CHECK(cudaDeviceSynchronize());
+    }
+};
+
+std::vector<float> gpu_decode(GpuCache& g, const PagedBatch& b, int H, int max_len, int splits) {
+    DeviceBuffer<__nv_bfloat16> q(to_bf16(b.q)), out((size_t)b.B * H * b.shape.head_dim);
+    CUDA_CHECK(cudaMemset(out.ptr, 0xFF, out.count * sizeof(__nv_bfloat16)));  // NaN: an output not written fails
+    g.cache.decode_attention(kLayer, out.ptr, q.ptr, H, g.page_table.ptr, b.max_pages, g.lens.ptr, b.B, max_len, 0,
+                             splits);
+    return to_float(out.download());
+}
+
+// The CPU engine's decode attention over the active rows, in row order of the batch ([B][H][D],
+// zeros for idle rows), the cache written by KvCache::store; lse [B][H] (0 for idle rows).
+struct CpuDecode {
+    std::vector<float> out, lse;
+};
+
+CpuDecode cpu_decode(const PagedBatch& b, int H, Precision storage, float k_scale, float v_scale, bool bf16) {
+    const int KV = b.shape.kv_heads, D = b.shape.head_dim;
+    KvCache cache;
+    cache.allocate(kLayers, b.B, b.max_len, KV * D, storage);
+    std::vector<float> ks(kLayers, 1.0f), vs(kLayers, 1.0f);
+    ks[kLayer] = k_scale;
+    vs[kLayer] = v_scale;
+    cache.set_scales(ks, vs);
+    cache.store(kLayer, (long)b.cpu_rows.size(), b.cpu_rows.data(), b.k.data(), b.v.data());
+    std::vector<int64_t> key_start;
+    std::vector<int32_t> key_count;
+    std::vector<int> active;
+    std::vector<float> q;
+    for (int r = 0; r < b.B; r++)
+        if (b.lens[r] > 0) {
+            active.push_back(r);
+            key_start.push_back((int64_t)r * b.max_len);
+            key_count.push_back(b.lens[r]);
+            q.insert(q.end(), b.q.begin() + (size_t)r * H * D, b.q.begin() + (size_t)(r + 1) * H * D);
+        }
+    const long T = (long)active.size(), stride = (long)H * std::max(b.max_len, 1);
+    std::vector<float> out((size_t)T * H * D), lse((size_t)T * H), scratch((size_t)omp_get_max_threads() * stride);
+    if (T > 0)
+        attention_forward_cached(out.data(), lse.data(), q.data(), cache.keys(kLayer), cache.values(kLayer),
+                                 key_start.data(), key_count.data(), T, {H, KV, D}, scratch.data(), stride, bf16);
+    CpuDecode r{std::vector<float>((size_t)b.B * H * D, 0.0f), std::vector<float>((size_t)b.B * H, 0.0f)};
+    for (long t = 0; t < T; t++) {
+        std::copy(out.begin() + t * H * D, out.begin() + (t + 1) * H * D, r.out.begin() + (size_t)active[t] * H * D);
+        std::copy(lse.begin() + t * H, lse.begin() + (t + 1) * H, r.lse.begin() + (size_t)active[t] * H);
+    }
+    return r;
+}
+
+// mag = sum_j p_j |v_j| of every output, in double from the CPU cache's values and the CPU's lse.
+std::vector<double> magnitudes(const PagedBatch& b, int H, Precision storage, float k_scale, float v_scale,
+                               const std::vector<float>& lse) {
+    const int KV = b.shape.kv_heads, D = b.shape.head_dim, group = H / KV;
+    KvCache cache;  // only for stored(): the values the cache keeps
+    cache.format = storage;
+    std::vector<double> mag((size_t)b.B * H * D, 0.0);
+    const double scale = 1.0 / std::sqrt((double)D);
+    long token0 = 0;
+    for (int r = 0; r < b.B; token0 += b.lens[r], r++)
+        for (int h = 0; h < H; h++)
+            for (int j = 0; j < b.lens[r]; j++) {
+                const size_t kv = ((size_t)(token0 + j) * KV + h / group) * D;
+                double s = 0;
+                for (int d = 0; d < D; d++) s += (double)b.q[((size_t)r * H + h) * D + d] * cache.stored(b.k[kv + d], k_scale);
+                const double p = std::exp(s * scale - lse[(size_t)r * H + h]);
+                for (int d = 0; d < D; d++) mag[((size_t)r * H + h) * D + d] += p * std::fabs(cache.stored(b.v[kv + d], v_scale));
+            }
+    return mag;
+}
+
+// Counts outputs with |got - want| > rel (mag + |want|); idle rows must be exactly 0. Prints the
+// worst ratio of error to bound.
+int count_outside(const char* what, const std::vector<float>& got, const std::vector<float>& want,
+                  const std::vector<double>& mag, double rel) {
+    int bad = 0;
+    double worst_ratio = 0;
+    for (size_t i = 0; i < want.size(); i++) {
+        const double err = std::fabs((double)got[i] - want[i]), bound = rel * (mag[i] + std::fabs(want[i]));
+        if (!(err <= bound)) {  // NaN counts as outside; an idle row's bound is 0
+            if (bad++ < 3) CHECK_MSG(false, "%s[%zu] = %.7g, expected %.7g (bound %.3g)", what, i, got[i], want[i], bound);
+        } else if (bound > 0) {
+            worst_ratio = std::max(worst_ratio, err / bound);
+        }
+    }
+    printf("    %s: %d of %zu outside, worst error/bound %.3f\n", what, bad, want.size(), worst_ratio);
+    return bad;
+}
+
+double score_error(int D) { return D * 0x1p-24 * (D * 3.0 * 2.0) / std::sqrt((double)D); }
+
+// Per layer scales from the amax of the layer's values, as the rollout sets them.
+float scale_of(const std::vector<float>& x) { return kv_scale_from_amax(max_abs(x.data(), (long)x.size())); }
+
+void check_decode(Precision storage) {
+    for (const DecodeCase& c : kCases) {
+        const PagedBatch b = make_batch(c, 1000 + c.D);
+        const float ks = storage == Precision::FP8 ? scale_of(b.k) : 1.0f, vs = storage == Precision::FP8 ? scale_of(b.v) : 1.0f;
+        GpuCache g(b, storage, {0.5f, ks}, {0.25f, vs}, c.H);
+        const CpuDecode fp32 = cpu_decode(b, c.H, storage, ks, vs, false), bf16 = cpu_decode(b, c.H, storage, ks, vs, true);
+        const std::vector<double> mag = magnitudes(b, c.H, storage, ks, vs, fp32.lse);
+        const double u = 0x1p-8, e = score_error(c.D) + 1e-5;
+        for (int splits : c.splits)
+            for (int max_len : {b.max_len, b.max_len + 20}) {  // exact and an upper bound (chunks past every length)
+                printf("    %s %s, splits %d (%d used), max_len %d\n", c.name, precision_name(storage), splits,
+                       splits > 0 ? splits : g.cache.decode_splits(b.B, max_len), max_len);
+                const std::vector<float> got = gpu_decode(g, b, c.H, max_len, splits);
+                CHECK(count_outside("O vs cpu fp32", got, fp32.out, mag, u + e) == 0);
+                CHECK(count_outside("O vs cpu bf16", got, bf16.out, mag, 2 * u + e) == 0);
+            }
+    }
+}
+
+}  // namespace
+
+TEST(kv_decode_attention_bf16_matches_cpu) {
+    REQUIRE_GPU();
+    check_decode(Precision::BF16);
+}
+
+TEST(kv_decode_attention_fp8_matches_cpu) {
+    REQUIRE_GPU();
+    check_decode(Precision::FP8);
+}
+
+// The bytes the host writes for x: FP8 float_to_e4m3(x / scale) (rl/fp8.h), BF16 the value's bits.
+void host_encode(uint8_t* dst, float x, float scale, Precision storage) {
+    if (storage == Precision::FP8) {
+        *dst = float_to_e4m3(x / scale);
+    } else {
+        const uint16_t bits = float_to_bf16(x);
+        memcpy(dst, &bits, 2);
+    }
+}
+
+std::vector<uint8_t> download_pool(const uint8_t* dev, size_t bytes) {
+    std::vector<uint8_t> host(bytes);
+    CUDA_CHECK(cudaMemcpy(host.data(), dev, bytes, cudaMemcpyDeviceToHost));
+    return host;
+}
+
+// The pool's bytes at every written slot of the layer are the host's encoding of the input; then
+// appending rows {0, padding (-1), 2} to slots {s0, -1, s1} changes exactly slot s1's row.
+TEST(kv_append_matches_host_encoder) {
+    REQUIRE_GPU();
+    const DecodeCase c = {"D32 H2 KV2", 2, 2, 32, 16, {5, 16, 17}, {1}};
+    const PagedBatch b = make_batch(c, 7);
+    for (Precision storage : {Precision::FP8, Precision::BF16}) {
+        const float ks = 0.0043f, vs = 0.0021f;  // |x| / scale beyond 448 for some values: satfinite
+        GpuCache g(b, storage, {1.0f, ks}, {1.0f, vs}, c.H);
+        const size_t eb = PagedKvCache::element_bytes(storage), width = b.shape.width();
+        const size_t pool = (size_t)kLayers * b.shape.slots() * width * eb;
+        CHECK(PagedKvCache::bytes(b.shape, storage) >= 2 * pool);
+        const std::vector<uint8_t> kp = download_pool(g.cache.k_pool(), pool), vp = download_pool(g.cache.v_pool(), pool);
+        int differ = 0, saturated = 0;
+        for (size_t t = 0; t < b.slots.size(); t++)
+            for (size_t i = 0; i < width; i++) {
+                const size_t at = (((size_t)kLayer * b.shape.slots() + b.slots[t]) * width + i) * eb;
+                uint8_t want_k[2], want_v[2];
+                host_encode(want_k, b.k[t * width + i], ks, storage);
+                host_encode(want_v, b.v[t * width + i], vs, storage);
+                differ += memcmp(&kp[at], want_k, eb) != 0;
+                differ += memcmp(&vp[at], want_v, eb) != 0;
+                saturated += std::fabs(b.k[t * width + i] / ks) > E4M3_MAX;
+            }
+        CHECK_MSG(differ == 0, "%s: %d stored elements differ from the host encoder", precision_name(storage), differ);
+        if (storage == Precision::FP8) CHECK_MSG(saturated > 0, "no K value reaches satfinite (the test lost its edge)");
+        DeviceBuffer<int32_t> slots(std::vector<int32_t>{b.slots[0], -1, b.slots[1]});
+        DeviceBuffer<__nv_bfloat16> k(to_bf16(std::vector<float>(b.k.begin(), b.k.begin() + 3 * width))),
+            v(to_bf16(std::vector<float>(b.v.begin(), b.v.begin() + 3 * width)));
+        g.cache.append(kLayer, k.ptr, v.ptr, slots.ptr, 3, 0);
+        std::vector<uint8_t> want = kp;
+        for (size_t i = 0; i < width; i++)
+            host_encode(&want[(((size_t)kLayer * b.shape.slots() + b.slots[1]) * width + i) * eb], b.k[2 * width + i], ks,
+                        storage);
+        CHECK_MSG(download_pool(g.cache.k_pool(), pool) == want, "%s: the padded append wrote other bytes than slot %d's row",
+                  precision_name(storage), b.slots[1]);
+    }
+}
+
+// copy_page: the copy's bytes equal the source page's in every layer, K and V, and a row reading the
+// copy attends exactly as the row reading the original.
+TEST(kv_copy_page_copies_every_layer) {
+    REQUIRE_GPU();
+    const DecodeCase c = {"D16 H2 KV1", 2, 1, 16, 16, {20}, {1}};
+    PagedBatch b = make_batch(c, 21);
+    const float ks = scale_of(b.k), vs = scale_of(b.v);
+    GpuCache g(b, Precision::FP8, {ks, ks}, {vs, vs}, c.H);
+    const int src = b.page_table[1];  // the partial second page
+    int dst = 0;                      // a spare page
+    while (dst == b.page_table[0] || dst == src) dst++;
+    g.cache.copy_page(src, dst, 0);
+    const size_t pool = (size_t)kLayers * b.shape.slots() * b.shape.width(), page = (size_t)b.shape.page_tokens * b.shape.width();
+    for (const uint8_t* dev : {g.cache.k_pool(), g.cache.v_pool()}) {
+        const std::vector<uint8_t> bytes = download_pool(dev, pool);
+        for (int l = 0; l < kLayers; l++) {
+            const uint8_t* layer = bytes.data() + (size_t)l * b.shape.slots() * b.shape.width();
+            CHECK_MSG(memcmp(layer + (size_t)dst * page, layer + (size_t)src * page, page) == 0,
+                      "layer %d: page %d differs from page %d after the copy", l, dst, src);
+        }
+    }
+    const std::vector<float> before = gpu_decode(g, b, c.H, b.max_len, 1);
+    b.page_table[1] = dst;
+    g.page_table.upload(b.page_table);
+    const std::vector<float> after = gpu_decode(g, b, c.H, b.max_len, 1);
+    CHECK(before == after);
+    const CpuDecode want = cpu_decode(b, c.H, Precision::FP8, ks, vs, false);
+    const std::vector<double> mag = magnitudes(b, c.H, Precision::FP8, ks, vs, want.lse);
+    CHECK(count_outside("O over the copied page vs cpu fp32", after, want.out, mag, 0x1p-8 + score_error(c.D) + 1e-5) == 0);
+}
+
+// max |x| of n BF16 values, bit for bit the CPU engine's max_abs (cpu/model_layers.h), with the
+// largest magnitude negative, at the end of the array, with NaN skipped, and with +-inf.
+TEST(kv_amax_matches_cpu_max_abs) {
+    REQUIRE_GPU();
+    for (long n : {1L, 1000L, 300001L}) {
+        std::vector<float> x = bf16_values((size_t)n, (uint32_t)n, 3.0f);
+        x[n - 1] = -7.5f;
+        for (int special = 0; special < 3; special++) {
+            if (special == 1 && n > 1) x[n / 2] = NAN;
+            if (special == 2) x[0] = -INFINITY;
+            DeviceBuffer<__nv_bfloat16> dx(to_bf16(x));
+            DeviceBuffer<float> amax(1);
+            kv_amax_gpu(amax.ptr, dx.ptr, n, 0);
+            const float got = amax.download()[0], want = max_abs(x.data(), n);
+            CHECK_MSG(float_bits(got) == float_bits(want), "n = %ld, case %d: amax %g, max_abs %g", n, special, got, want);
+        }
+    }
+    DeviceBuffer<float> amax(1);
+    kv_amax_gpu(amax.ptr, nullptr, 0, 0);
+    CHECK(amax.download()[0] == 0.0f);
+}
+
+// A decode step captured in a CUDA graph, replayed after new lengths, queries and scales are
+// uploaded to the same device buffers, gives what an eager call gives on the new inputs.
+TEST(kv_decode_attention_replays_in_a_graph) {
+    REQUIRE_GPU();
+    const DecodeCase c = {"D16 H4 KV2", 4, 2, 16, 16, {3, 40, 17}, {2}};
+    PagedBatch b = make_batch(c, 5);
+    const int max_len = 48;  // the bucket's bound
+    GpuCache g(b, Precision::FP8, {1.0f, scale_of(b.k)}, {1.0f, scale_of(b.v)}, c.H);
+    DeviceBuffer<__nv_bfloat16> q(to_bf16(b.q)), out((size_t)b.B * c.H * c.D);
+    cudaStream_t stream;
+    CUDA_CHECK(cudaStreamCreate(&stream));
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    g.cache.decode_attention(kLayer, out.ptr, q.ptr, c.H, g.page_table.ptr, b.max_pages, g.lens.ptr, b.B, max_len, stream);
+    CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+    CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    b.lens = {1, 0, 17};  // a shorter row, an idle one, one unchanged
+    b.q = bf16_values(b.q.size(), 99, 3.0f);
+    g.lens.upload(std::vector<int32_t>(b.lens.begin(), b.lens.end()));
+    q.upload(to_bf16(b.q));
+    g.cache.set_scales({1.0f, 2 * scale_of(b.k)}, {1.0f, scale_of(b.v)});  // read at replay, not at capture
+    CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    const std::vector<float> replayed = to_float(out.download());
+    const std::vector<float> eager = gpu_decode(g, b, c.H, max_len, 0);
+    CHECK(replayed == eager);
+    CHECK(replayed[(size_t)1 * c.H * c.D] == 0.0f);
+    CUDA_CHECK(cudaGraphExecDestroy(exec));
+    CUDA_CHECK(cudaGraphDestroy(graph));
+    CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
+// Bad shapes and calls fail with one line naming what is wrong.
+TEST(kv_cache_rejects_bad_input) {
+    REQUIRE_GPU();
+    const KvCacheShape shape = {2, 2, 16, kKvPageTokens, 4};
+    auto fails = [](const char* what, auto f) {
+        bool failed = false;
+        try {
+            f();
+        } catch (const Error&) {
+            failed = true;
+        }
+        CHECK_MSG(failed, "%s did not fail", what);
+    };
+    fails("FP32 storage", [&] { PagedKvCache(shape, Precision::FP32); });
+    fails("head dim 24", [&] { PagedKvCache({2, 2, 24, 16, 4}, Precision::BF16); });
+    fails("zero pages", [&] { PagedKvCache({2, 2, 16, 16, 0}, Precision::BF16); });
+    PagedKvCache cache(shape, Precision::FP8);
+    fails("one scale for two layers", [&] { cache.set_scales({1.0f}, {1.0f}); });
+    fails("a zero scale", [&] { cache.set_scales({1.0f, 0.0f}, {1.0f, 1.0f}); });
+    fails("layer 2 of 2", [&] { cache.append(2, nullptr, nullptr, nullptr, 1, 0); });
+    fails("page 4 of 4", [&] { cache.copy_page(0, 4, 0); });
+    fails("decode before reserve_decode", [&] {
+        cache.decode_attention(0, nullptr, nullptr, 4, nullptr, 1, nullptr, 1, 16, 0);
+    });
+    cache.reserve_decode(2, 4);
+    fails("heads not a multiple of kv heads", [&] {
+        cache.decode_attention(0, nullptr, nullptr, 3, nullptr, 1, nullptr, 1, 16, 0);
+    });
+    fails("max_len beyond the page table", [&] {
+        cache.decode_attention(0, nullptr, nullptr, 4, nullptr, 1, nullptr, 1, 17, 0);
+    });
+    fails("3 rows in a workspace for 2", [&] {
+        cache.decode_attention(0, nullptr, nullptr, 4, nullptr, 1, nullptr, 3, 16, 0, kDecodeMaxSplits);
+    });
+}

@@ -1,0 +1,139 @@
+// test_sampling_kernel.cu: cuda/sampling.cuh's sample_tokens_gpu against the host rule
+// (rl/sampling.h's sample_token with u = rng_uniform(seed, step, key, position), as cpu/generate.h
+// draws it), bit for bit: token, log-prob and full log-prob. On the sampling fixtures of
+// test/test_sampling.cpp and on rows of the real vocabulary size (151,936) built for the rule's
+// edges: exact ties at the top-k threshold and at the top-p boundary, a flat row, masked (-inf)
+// logits, greedy with tied maxima, a vocabulary limit below V that cuts off the largest logit.
+// Bit equality holds in emulation (the device code is the host code); on a GPU it also needs the
+// device's double log to round as glibc's does (both are within 1 ulp; see cuda/sampling.cuh).
+#include <cmath>
+#include <cstring>
+#include <sstream>
+#include <vector>
+
+#include "cuda/sampling.cuh"
+#include "rl/json.h"
+#include "test/gpu/gpu_util.cuh"
+#include "test/harness.h"
+
+using namespace fp8rl;
+
+namespace {
+
+constexpr uint64_t kSeed = 1234;
+constexpr uint32_t kStep = 9;
+
+// Samples rows [B][V] of `logits` on the device and on the host with the same uniforms; returns the
+// number of rows whose token or log-prob bits differ (each one reported).
+int count_mismatches(const char* what, const std::vector<float>& logits, int B, int V, int n, const SamplingParams& p,
+                     uint32_t key0) {
+    std::vector<uint32_t> keys(B), positions(B);
+    for (int b = 0; b < B; b++) {
+        keys[b] = key0 + 31 * b;
+        positions[b] = 5 + b;
+    }
+    DeviceBuffer<float> d_logits(logits), scratch((size_t)B * n);
+    DeviceBuffer<uint32_t> d_keys(keys), d_positions(positions);
+    DeviceBuffer<SampledToken> out(B);
+    DeviceBuffer<int32_t> tokens(B);
+    sample_tokens_gpu(out.ptr, tokens.ptr, d_logits.ptr, B, V, n, p, kSeed, kStep, d_keys.ptr, d_positions.ptr,
+                      scratch.ptr, 0);
+    const std::vector<SampledToken> dev = out.download();
+    const std::vector<int32_t> dev_tokens = tokens.download();
+    std::vector<float> host_scratch(n);
+    int bad = 0;
+    for (int b = 0; b < B; b++) {
+        const float u = rng_uniform(kSeed, kStep, keys[b], positions[b]);
+        const SampledToken h = sample_token(&logits[(size_t)b * V], n, p, u, host_scratch.data());
+        const bool same = h.token == dev[b].token && dev_tokens[b] == h.token &&
+                          float_bits(h.logprob) == float_bits(dev[b].logprob) &&
+                          float_bits(h.logprob_full) == float_bits(dev[b].logprob_full);
+        if (!same && bad++ < 5)
+            CHECK_MSG(false, "%s row %d (n=%d T=%g k=%d p=%g u=%.9g): host %d %.9g %.9g, device %d (%d) %.9g %.9g", what, b,
+                      n, p.temperature, p.top_k, p.top_p, u, h.token, h.logprob, h.logprob_full, dev[b].token,
+                      dev_tokens[b], dev[b].logprob, dev[b].logprob_full);
+    }
+    return bad;
+}
+
+}  // namespace
+
+// Every case of test/fixtures/sampling/cases.jsonl, four rows each (four uniforms).
+TEST(sampling_kernel_matches_host_on_fixtures) {
+    REQUIRE_GPU();
+    std::istringstream lines(read_file("test/fixtures/sampling/cases.jsonl"));
+    std::string line;
+    int cases = 0, bad = 0;
+    while (std::getline(lines, line)) {
+        const Json c = json_parse(line, "cases.jsonl");
+        std::vector<float> row;
+        for (const Json& x : c.find("logits")->items) row.push_back((float)x.number);
+        SamplingParams p;
+        p.temperature = (float)c.find("temperature")->number;
+        p.top_k = (int)c.find("top_k")->integer;
+        p.top_p = (float)c.find("top_p")->number;
+        const int B = 4, V = (int)row.size();
+        std::vector<float> logits;
+        for (int b = 0; b < B; b++) logits.insert(logits.end(), row.begin(), row.end());
+        bad += count_mismatches("fixture", logits, B, V, V, p, (uint32_t)cases);
+        cases++;
+    }
+    CHECK(cases >= 100);
+    CHECK_MSG(bad == 0, "%d of %d fixture rows differ", bad, 4 * cases);
+}
+
+// Rows of the real vocabulary size, two per setting (different uniforms).
+TEST(sampling_kernel_matches_host_on_vocabulary_rows) {
+    REQUIRE_GPU();
+    const int V = 151936, B = 2;
+    struct Setting {
+        const char* name;
+        SamplingParams p;
+        int n;       // vocabulary limit
+        int shape;   // 0: smooth, 1: quantised to 1/4 (many exact ties), 2: flat, 3: tied maxima, 4: masked
+    };
+    const Setting settings[] = {
+        {"T=1, no cut", {1.0f, 0, 1.0f}, V, 0},
+        {"top-k 50 on quantised logits (ties at the k-th)", {0.8f, 50, 1.0f}, V, 1},
+        {"top-p 0.9 on quantised logits (a tie group at the boundary)", {1.0f, 0, 0.9f}, V, 1},
+        {"top-k 40 + top-p 0.7", {0.7f, 40, 0.7f}, V, 0},
+        {"flat row, top-p 0.5", {1.0f, 0, 0.5f}, V, 2},
+        {"greedy, tied maxima", {0.0f, 0, 1.0f}, V, 3},
+        {"top-k 1", {1.3f, 1, 1.0f}, V, 3},
+        {"masked logits, top-p 0.95", {1.0f, 0, 0.95f}, V, 4},
+        {"vocabulary limit below the largest logit", {1.0f, 0, 1.0f}, 151665, 0},
+    };
+    int key = 0;
+    for (const Setting& s : settings) {
+        std::vector<float> logits((size_t)B * V);
+        for (int b = 0; b < B; b++)
+            for (int i = 0; i < V; i++) {
+                const float x = 4.0f * hash_uniform((uint64_t)b * V + i, 3 + key);
+                float& l = logits[(size_t)b * V + i];
+                l = s.shape == 1 ? std::round(x * 4.0f) / 4.0f : s.shape == 2 ? 0.5f : x;
+                if (s.shape == 3 && i % 9973 == 17) l = 6.0f;                  // the maximum at several ids
+                if (s.shape == 4 && i % 3 != 0) l = -INFINITY;                 // two thirds masked
+                if (i == V - 3) l = s.n < V ? 30.0f : l;                       // beyond the limit: never drawn
+            }
+        CHECK_MSG(count_mismatches(s.name, logits, B, V, s.n, s.p, 1000u * ++key) == 0, "%s", s.name);
+    }
+}
+
+TEST(sampling_kernel_rejects_bad_input) {
+    REQUIRE_GPU();
+    auto fails = [](const char* what, auto f) {
+        bool failed = false;
+        try {
+            f();
+        } catch (const Error&) {
+            failed = true;
+        }
+        CHECK_MSG(failed, "%s did not fail", what);
+    };
+    SamplingParams p;
+    fails("n > V", [&] { sample_tokens_gpu(nullptr, nullptr, nullptr, 1, 10, 11, p, 0, 0, nullptr, nullptr, nullptr, 0); });
+    fails("n = 0", [&] { sample_tokens_gpu(nullptr, nullptr, nullptr, 1, 10, 0, p, 0, 0, nullptr, nullptr, nullptr, 0); });
+    p.temperature = -1.0f;
+    fails("negative temperature",
+          [&] { sample_tokens_gpu(nullptr, nullptr, nullptr, 1, 10, 10, p, 0, 0, nullptr, nullptr, nullptr, 0); });
+}
