@@ -27,31 +27,23 @@
 #include <set>
 
 #include "cuda/engine_gpu.cuh"
+#include "cuda/sampling.cuh"
 #include "kv_cache.cuh"
-#include "rl/rng.h"
-#include "rl/sampling.h"
 
 namespace fp8rl {
 
-// One thread per row of logits [rows][ld] (the first n columns may be sampled): the token of
-// rl/sampling.h's rule for the row's key and position, or, where forced[r] >= 0 (teacher forcing),
-// that token with its log-prob at temperature 1. scratch [rows][n].
-static __global__ void rollout_sample_kernel(const float* logits, int ld, int n, SamplingParams params, uint64_t seed,
-                                             uint32_t step, const int32_t* keys, const int32_t* positions,
-                                             const int32_t* forced, int rows, float* scratch, SampledToken* out) {
+// Teacher forcing, one thread per row of logits [rows][ld]: the given token forced[r] with its
+// log-prob at temperature 1 over the first n columns, as rl/sampling.h computes logprob_full.
+// scratch [rows][n].
+static __global__ void forced_token_kernel(const float* logits, int ld, int n, const int32_t* forced, int rows,
+                                           float* scratch, SampledToken* out) {
     const int r = blockIdx.x * blockDim.x + threadIdx.x;
     if (r >= rows) return;
     const float* z = logits + (size_t)r * ld;
-    float* e = scratch + (size_t)r * n;
-    if (forced[r] >= 0) {
-        double sum;
-        const float s_max = exp_shifted_row(z, n, 1.0f, e, &sum);
-        const float lp = (float)((z[forced[r]] - s_max) - log(sum));
-        out[r] = SampledToken{forced[r], lp, lp};
-        return;
-    }
-    const float u = rng_uniform(seed, step, (uint32_t)keys[r], (uint32_t)positions[r]);
-    out[r] = sample_token(z, n, params, u, e);
+    double sum;
+    const float s_max = exp_shifted_row(z, n, 1.0f, scratch + (size_t)r * n, &sum);
+    const float lp = (float)((z[forced[r]] - s_max) - log(sum));
+    out[r] = SampledToken{forced[r], lp, lp};
 }
 
 // The host-side state of one request and the device buffers of the decode step.
@@ -70,13 +62,15 @@ struct RolloutState {
     long rows = 0;  // decode buffers' rows: the slots, padded to 128 for the FP8 GEMMs
     DeviceArray<bf16> act, head;  // decode activations; the head padded to a multiple of 8 rows
     DeviceArray<float> act_f32, logits, sample_scratch, amax;
-    DeviceArray<int32_t> ids, pos, cache_rows, lens, table, keys, sample_pos, forced, prefill_rows;
+    DeviceArray<int32_t> ids, pos, cache_rows, lens, table, forced, prefill_rows;
+    DeviceArray<uint32_t> keys, sample_pos;
     DeviceArray<SampledToken> sampled;
     LayerActsGpu A{};
     bf16 *x_next = nullptr, *xf = nullptr;  // [rows][C] the other residual buffer; the final normed hidden
     float *rstdf = nullptr, *gemm_f32 = nullptr;
     // the rows of the step being sampled: key, position of the new token, forced token or -1
-    std::vector<int32_t> step_keys, step_pos, step_forced;
+    std::vector<uint32_t> step_keys, step_pos;
+    std::vector<int32_t> step_forced;
 
     int pages_for(long tokens) const { return (int)((tokens + page_tokens - 1) / page_tokens); }
     int32_t cache_row(const Request& q, long position) const {
@@ -184,8 +178,9 @@ inline std::vector<Generation> GpuEngine::rollout(const std::vector<GenRequest>&
     R.xf = take_b(rows * C);
     A.rstd1 = take_f(rows), A.rstd2 = take_f(rows), R.rstdf = take_f(rows);
     A.rstd_q = take_f(rows * m.H), A.rstd_k = take_f(rows * m.KV), R.gemm_f32 = take_f(rows * max_dim);
-    for (DeviceArray<int32_t>* a : {&R.ids, &R.pos, &R.cache_rows, &R.lens, &R.keys, &R.sample_pos, &R.forced})
-        a->resize((size_t)slots, "decode step indices");
+    for (DeviceArray<int32_t>* a : {&R.ids, &R.pos, &R.cache_rows, &R.lens, &R.forced}) a->resize((size_t)slots, "decode step rows");
+    R.keys.resize((size_t)slots, "sampling keys"), R.sample_pos.resize((size_t)slots, "sampling positions");
+    R.cache->reserve_decode(slots, m.H);
     R.table.resize((size_t)slots * R.max_pages, "decode page table");
     if (m.V % 8) {  // the logits GEMM needs a multiple of 8 rows: the head with zero rows appended
         R.head.resize((size_t)V8 * C, "padded head weights");
@@ -232,8 +227,8 @@ inline std::vector<Generation> GpuEngine::rollout(const std::vector<GenRequest>&
         for (int i : seqs) {
             const RolloutState::Request& q = R.requests[(size_t)i];
             const size_t k = q.gen.tokens.size();
-            R.step_keys.push_back((int32_t)q.key);
-            R.step_pos.push_back((int32_t)(q.prompt->size() + k));
+            R.step_keys.push_back(q.key);
+            R.step_pos.push_back((uint32_t)(q.prompt->size() + k));
             R.step_forced.push_back(q.forced ? (*q.forced)[k] : -1);
         }
         R.keys.upload(R.step_keys), R.sample_pos.upload(R.step_pos), R.forced.upload(R.step_forced);
@@ -363,17 +358,21 @@ inline void GpuEngine::decode_step(const std::vector<int>& seqs, Precision weigh
 }
 
 // Logits of R.xf's first `rows` rows through the BF16 head (FP32 accumulation, as loss.cuh's
-// head and the CPU generator compute them), then one token per row.
+// head and the CPU generator compute them), then one token per row (cuda/sampling.cuh), or the
+// forced token when teacher forcing.
 inline void GpuEngine::sample_rows(int rows, const SamplingConfig& s, uint32_t step) {
     RolloutState& R = *rollout_;
     const CpuModel& m = model_;
     const int V8 = round_up8(m.V), n = s.vocab_limit > 0 ? s.vocab_limit : m.V;
     const bf16* W = m.V % 8 ? R.head.get() : wb(m.lm_head);
     gemm_.bf16("rollout logits", V8, rows, m.C, W, R.xf, R.logits.get(), GemmOut::F32, stream_);
-    const SamplingParams params{s.temperature, s.top_k, s.top_p};
-    LAUNCH_KERNEL(rollout_sample_kernel, (rows + 63) / 64, 64, 0, stream_, (const float*)R.logits.get(), V8, n, params,
-                  s.seed, step, (const int32_t*)R.keys.get(), (const int32_t*)R.sample_pos.get(),
-                  (const int32_t*)R.forced.get(), rows, R.sample_scratch.get(), R.sampled.get());
+    if (R.requests.front().forced) {
+        LAUNCH_KERNEL(forced_token_kernel, (rows + 63) / 64, 64, 0, stream_, (const float*)R.logits.get(), V8, n,
+                      (const int32_t*)R.forced.get(), rows, R.sample_scratch.get(), R.sampled.get());
+        return;
+    }
+    sample_tokens_gpu(R.sampled.get(), nullptr, R.logits.get(), rows, V8, n, {s.temperature, s.top_k, s.top_p}, s.seed,
+                      step, R.keys.get(), R.sample_pos.get(), R.sample_scratch.get(), stream_);
 }
 
 }  // namespace fp8rl
