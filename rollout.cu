@@ -9,6 +9,9 @@
 //   decode    one token per running sequence per step: embedding, per layer the shared attention
 //             inputs, append, paged decode attention, the shared attention outputs and MLP; final
 //             norm; logits [B][V] through the BF16 head in FP32; sampling on the device.
+//   sharing   requests with the same prompt (the G samples of a group) share its cached K/V: it is
+//             prefilled once while any of them runs; each holds its full pages and copies its last
+//             partial page (copy on write), and the pages return to the pool with their last holder.
 //   schedule  continuous batching: up to --rollout_slots sequences run together; a waiting one is
 //             admitted as soon as a slot and its prompt's pages are free; a finished one frees both
 //             at once. When a running sequence needs a page and none is free, the newest running
@@ -18,12 +21,13 @@
 //   FP8 KV    per-layer scales from a forward over the prompts with the current weights (the amax
 //             of K after norm and RoPE, and of V: spec-fp8.md §9.4, as the CPU engine does), set
 //             before the first append and reported in rollout_stats().
-// Not done yet: sharing a prompt's pages among its G samples, CUDA graphs of the decode step.
+// Not done yet: CUDA graphs of the decode step.
 // Included at the end of cuda/engine_gpu.cuh (the GPU program is one translation unit per binary,
 // so the build needs no new object); compiled alone by make cuda-check, it includes the engine.
 #ifndef FP8RL_ROLLOUT_CU
 #define FP8RL_ROLLOUT_CU
 #include <deque>
+#include <map>
 #include <set>
 
 #include "cuda/engine_gpu.cuh"
@@ -52,15 +56,25 @@ struct RolloutState {
         const std::vector<int32_t>* prompt;
         uint32_t key;
         const std::vector<int32_t>* forced;  // teacher forcing: the completion to score; null = sample
-        std::vector<int> pages;               // KV pages, in position order
+        int prompt_id;                        // its prompt in `prompts`
+        std::vector<int> pages;               // KV pages, in position order: its prompt's full pages, then its own
         Generation gen;
     };
+    // A distinct prompt's K/V, prefilled once and shared by the running requests that have it: they
+    // hold its full pages and each copy its last partial page (copy on write), which stays unwritten.
+    struct Prompt {
+        const std::vector<int32_t>* ids;
+        std::vector<int> pages;
+        int users = 0;  // running requests on these pages; 0: not cached
+    };
     std::vector<Request> requests;
+    std::vector<Prompt> prompts;
     std::unique_ptr<PagedKvCache> cache;
-    std::vector<int> free_pages;
+    std::vector<int> free_pages, page_refs;  // page_refs [pages]: holders of each page
     int page_tokens = 0, max_pages = 0, max_len = 0;
     long rows = 0;  // decode buffers' rows: the slots, padded to 128 for the FP8 GEMMs
     DeviceArray<bf16> act, head;  // decode activations; the head padded to a multiple of 8 rows
+    DeviceArray<bf16> prompt_xf;  // [prompts][C] final normed hidden state of each prompt's last token
     DeviceArray<float> act_f32, logits, sample_scratch, amax;
     DeviceArray<int32_t> ids, pos, cache_rows, lens, table, forced, prefill_rows;
     DeviceArray<uint32_t> keys, sample_pos;
@@ -73,6 +87,15 @@ struct RolloutState {
     std::vector<int32_t> step_forced;
 
     int pages_for(long tokens) const { return (int)((tokens + page_tokens - 1) / page_tokens); }
+    int take_page() {
+        const int p = free_pages.back();
+        free_pages.pop_back();
+        page_refs[(size_t)p] = 1;
+        return p;
+    }
+    void drop_page(int p) {
+        if (--page_refs[(size_t)p] == 0) free_pages.push_back(p);
+    }
     int32_t cache_row(const Request& q, long position) const {
         return (int32_t)((long)q.pages[position / page_tokens] * page_tokens + position % page_tokens);
     }
@@ -139,9 +162,10 @@ inline std::vector<Generation> GpuEngine::rollout(const std::vector<GenRequest>&
     KvCacheShape shape{m.L, m.KV, m.D, R.page_tokens, 1};
     const size_t page_bytes = PagedKvCache::bytes(shape, kv_cache);
     shape.pages = options_.kv_cache_mb > 0 ? (int)std::min(options_.kv_cache_mb * 1048576.0 / page_bytes, 1e9)
-                                           : slots * R.max_pages;
-    // the last token of a completion is never fed: a sequence holds prompt + max_new_tokens - 1 positions
-    const int needed = R.pages_for(longest + s.max_new_tokens - 1);
+                                           : slots * (R.max_pages + 1);
+    // the last token of a completion is never fed: a sequence holds prompt + max_new_tokens - 1
+    // positions, plus its prompt's unwritten partial page
+    const int needed = R.pages_for(longest + s.max_new_tokens - 1) + 1;
     if (shape.pages < needed)
         fail("generate: --kv_cache_mb %g holds %d KV pages of %d tokens (%zu bytes each), but the longest request "
              "(%ld prompt + %d new tokens) needs %d; raise --kv_cache_mb or lower --max_new_tokens",
@@ -154,6 +178,7 @@ inline std::vector<Generation> GpuEngine::rollout(const std::vector<GenRequest>&
     if (kv_cache == Precision::FP8) calibrate_kv_scales(requests, weights);
     R.free_pages.clear();
     for (int p = shape.pages - 1; p >= 0; p--) R.free_pages.push_back(p);
+    R.page_refs.assign((size_t)shape.pages, 0);
 
     // decode buffers for `slots` rows
     const long C = m.C, Q = (long)m.H * m.D, Kd = (long)m.KV * m.D, I = m.I, V8 = round_up8(m.V);
@@ -192,15 +217,25 @@ inline std::vector<Generation> GpuEngine::rollout(const std::vector<GenRequest>&
     ensure_scratch(rows);
 
     R.requests.assign(requests.size(), RolloutState::Request{});
-    for (size_t i = 0; i < requests.size(); i++)
-        R.requests[i] = {&requests[i].prompt, requests[i].sequence, forced ? &(*forced)[i] : nullptr, {}, {}};
+    std::map<std::vector<int32_t>, int> prompt_ids;
+    for (size_t i = 0; i < requests.size(); i++) {
+        const int id = prompt_ids.emplace(requests[i].prompt, (int)prompt_ids.size()).first->second;
+        R.requests[i] = {&requests[i].prompt, requests[i].sequence, forced ? &(*forced)[i] : nullptr, id, {}, {}};
+    }
+    R.prompts.assign(prompt_ids.size(), RolloutState::Prompt{});
+    for (const RolloutState::Request& q : R.requests) R.prompts[(size_t)q.prompt_id].ids = q.prompt;
+    R.prompt_xf.resize(prompt_ids.size() * (size_t)C, "prompts' last hidden states");
     auto done_with = [&](const RolloutState::Request& q) {
         return q.forced ? q.gen.tokens.size() == q.forced->size()
                         : q.gen.finished || (int)q.gen.tokens.size() >= s.max_new_tokens;
     };
     auto release = [&](RolloutState::Request& q) {
-        for (int p : q.pages) R.free_pages.push_back(p);
+        for (int p : q.pages) R.drop_page(p);
         q.pages.clear();
+        RolloutState::Prompt& pr = R.prompts[(size_t)q.prompt_id];
+        if (--pr.users > 0) return;
+        for (int p : pr.pages) R.drop_page(p);
+        pr.pages.clear();
     };
     // appends each row's token; returns the rows' sequences that go on
     int64_t finished = 0;
@@ -238,18 +273,34 @@ inline std::vector<Generation> GpuEngine::rollout(const std::vector<GenRequest>&
     for (size_t i = 0; i < requests.size(); i++) waiting.push_back((int)i);
     std::vector<int> running;  // in admission order: the newest last
     while (finished < (int64_t)requests.size()) {
-        // admit waiting sequences while a slot and their prompt's pages are free
-        std::vector<int> admit;
+        // admit waiting sequences while a slot and the pages are free: their prompt's (unless it is
+        // cached) and their copy of its last partial page
+        std::vector<int> admit, new_prompts;
+        std::vector<std::pair<int, int>> copies;  // (prompt page, the request's copy)
         while (!waiting.empty() && (int)(running.size() + admit.size()) < slots) {
             RolloutState::Request& q = R.requests[(size_t)waiting.front()];
-            const int need = R.pages_for((long)q.prompt->size());
+            RolloutState::Prompt& pr = R.prompts[(size_t)q.prompt_id];
+            const long P = (long)q.prompt->size(), full = P / R.page_tokens;
+            const int need = (pr.users ? 0 : R.pages_for(P)) + (P % R.page_tokens ? 1 : 0);
             if (need > (int)R.free_pages.size()) break;
-            for (int k = 0; k < need; k++) q.pages.push_back(R.free_pages.back()), R.free_pages.pop_back();
+            if (pr.users++ == 0) {
+                for (int k = 0; k < R.pages_for(P); k++) pr.pages.push_back(R.take_page());
+                new_prompts.push_back(q.prompt_id);
+            }
+            for (long k = 0; k < full; k++) q.pages.push_back(pr.pages[(size_t)k]), R.page_refs[(size_t)pr.pages[(size_t)k]]++;
+            if (P % R.page_tokens) {
+                q.pages.push_back(R.take_page());
+                copies.push_back({pr.pages[(size_t)full], q.pages.back()});
+            }
             admit.push_back(waiting.front());
             waiting.pop_front();
         }
         if (!admit.empty()) {
-            prefill(admit, weights);
+            if (!new_prompts.empty()) prefill(new_prompts, weights);
+            for (const auto& c : copies) R.cache->copy_page(c.first, c.second, stream_);
+            for (size_t r = 0; r < admit.size(); r++)  // each samples its first token from its prompt's last row
+                CUDA_CHECK(cudaMemcpyAsync(R.xf + r * C, R.prompt_xf.get() + (size_t)R.requests[(size_t)admit[r]].prompt_id * C,
+                                           C * sizeof(bf16), cudaMemcpyDeviceToDevice, stream_));
             set_step_rows(admit);
             sample_rows((int)admit.size(), s, step);
             for (int i : record(admit)) running.push_back(i);
@@ -262,7 +313,7 @@ inline std::vector<Generation> GpuEngine::rollout(const std::vector<GenRequest>&
             if (position / R.page_tokens < (long)q.pages.size()) {
                 k++;
             } else if (!R.free_pages.empty()) {
-                q.pages.push_back(R.free_pages.back()), R.free_pages.pop_back();
+                q.pages.push_back(R.take_page());
                 k++;
             } else {
                 RolloutState::Request& newest = R.requests[(size_t)running.back()];
@@ -305,25 +356,29 @@ inline void GpuEngine::calibrate_kv_scales(const std::vector<GenRequest>& reques
     rollout_stats_.k_scale = k, rollout_stats_.v_scale = v;
 }
 
-inline void GpuEngine::prefill(const std::vector<int>& seqs, Precision weights) {
+// Prefill of distinct prompts into their pages (R.prompts[id].pages); each prompt's last row is
+// kept in R.prompt_xf, where its requests sample their first token from.
+inline void GpuEngine::prefill(const std::vector<int>& prompt_ids, Precision weights) {
     RolloutState& R = *rollout_;
     const CpuModel& m = model_;
     std::vector<Sequence> prompts;
     std::vector<int32_t> rows;
-    for (int i : seqs) {
-        const RolloutState::Request& q = R.requests[(size_t)i];
-        prompts.push_back({*q.prompt, (int32_t)q.prompt->size()});
-        for (long t = 0; t < (long)q.prompt->size(); t++) rows.push_back(R.cache_row(q, t));
+    for (int id : prompt_ids) {
+        const std::vector<int32_t>* p = R.prompts[(size_t)id].ids;
+        prompts.push_back({*p, (int32_t)p->size()});
+        const std::vector<int>& pages = R.prompts[(size_t)id].pages;
+        for (long t = 0; t < (long)p->size(); t++)
+            rows.push_back((int32_t)((long)pages[(size_t)(t / R.page_tokens)] * R.page_tokens + t % R.page_tokens));
     }
     trunk_forward(prompts, weights);
     R.prefill_rows.resize(rows.size(), "prefill cache rows");
     R.prefill_rows.upload(rows);
     for (int l = 0; l < m.L; l++) R.cache->append(l, layers_[l].k, layers_[l].v, R.prefill_rows.get(), T_, stream_);
-    // each prompt's last row samples its first token
-    for (size_t s = 0; s < seqs.size(); s++)
-        CUDA_CHECK(cudaMemcpyAsync(R.xf + s * m.C, xf_ + (batch_.offsets[s + 1] - 1) * m.C, m.C * sizeof(bf16),
-                                   cudaMemcpyDeviceToDevice, stream_));
+    for (size_t s = 0; s < prompt_ids.size(); s++)
+        CUDA_CHECK(cudaMemcpyAsync(R.prompt_xf.get() + (size_t)prompt_ids[s] * m.C, xf_ + (batch_.offsets[s + 1] - 1) * m.C,
+                                   m.C * sizeof(bf16), cudaMemcpyDeviceToDevice, stream_));
     rollout_stats_.prefills++;
+    rollout_stats_.prefill_tokens += T_;
 }
 
 inline void GpuEngine::decode_step(const std::vector<int>& seqs, Precision weights) {

@@ -66,7 +66,7 @@ struct RolloutState;  // rollout.cu: the KV cache and decode buffers of generati
 
 // What the last generate() did (tests and logs).
 struct RolloutStats {
-    int64_t prefills = 0, decode_steps = 0, preemptions = 0;
+    int64_t prefills = 0, prefill_tokens = 0, decode_steps = 0, preemptions = 0;
     int max_running = 0;                  // most sequences decoded in one step
     std::vector<float> k_scale, v_scale;  // per layer, the FP8 cache's scales in use (empty for BF16)
 };
@@ -299,7 +299,7 @@ class GpuEngine : public Engine {
                                     uint32_t step, const SamplingConfig& s, Precision weights, Precision kv_cache,
                                     Progress* progress);
     void calibrate_kv_scales(const std::vector<GenRequest>& requests, Precision weights);
-    void prefill(const std::vector<int>& seqs, Precision weights);
+    void prefill(const std::vector<int>& prompt_ids, Precision weights);
     void decode_step(const std::vector<int>& seqs, Precision weights);
     void sample_rows(int rows, const SamplingConfig& s, uint32_t step);
     // dx (FP32, accumulated when asked) and the weight (and bias) gradient of projection j.

@@ -169,10 +169,11 @@ std::string many_eos_model(const harness::TempDir& tmp, const char* dir) {
 
 }  // namespace
 
-// Scheduling: 10 requests through 3 slots with a page pool too small for three long sequences
-// (pages of 4 tokens), so sequences wait for slots, finish at every length and get preempted;
-// every completion must equal the same request generated alone (one slot, all pages: the same FP8
-// scales, which come from all the prompts of a call), bit for bit.
+// Scheduling: 5 prompts x 2 samples through 3 slots with a page pool too small for three long
+// sequences (pages of 4 tokens), so sequences wait for slots, finish at every length, share their
+// prompt's pages and get preempted; every completion must equal the same request generated alone
+// (one slot: its prompt prefilled for it alone), bit for bit. With every request in a slot at once
+// each prompt is prefilled once for its two samples.
 TEST(rollout_scheduling_matches_each_request_alone) {
     REQUIRE_GPU();
     harness::TempDir tmp;
@@ -181,38 +182,46 @@ TEST(rollout_scheduling_matches_each_request_alone) {
     s.temperature = 1.0f;
     s.max_new_tokens = 16;
     s.seed = 5;
-    {  // the schedule is the same for either storage; BF16 keeps the test short
-        const Precision kv = Precision::BF16;
-        EngineOptions o = small_pages(4);
-        o.rollout_slots = 3;
-        const size_t page = PagedKvCache::bytes({2, 2, 32, 4, 1}, kv);
-        o.kv_cache_mb = (14 * page + page / 2) / 1048576.0;  // 14 pages: 2 sequences at full length hold 10
-        GpuEngine batched(dir, o);
-        std::vector<GenRequest> requests = ragged_requests(10, 320, 3);
-        std::vector<Generation> all = batched.generate(requests, 2, s, Precision::BF16, kv, nullptr);
-        const RolloutStats st = batched.rollout_stats();
-        EngineOptions one_slot = small_pages(4);
-        one_slot.rollout_slots = 1;
-        GpuEngine alone(dir, one_slot);
-        std::vector<Generation> each = alone.generate(requests, 2, s, Precision::BF16, kv, nullptr);
-        std::vector<size_t> lengths;
-        CHECK(all.size() == requests.size() && each.size() == requests.size());
-        for (size_t i = 0; i < std::min(all.size(), each.size()); i++) {
-            CHECK_MSG(each[i].tokens == all[i].tokens && each[i].logprobs == all[i].logprobs && each[i].finished == all[i].finished,
-                      "%s KV request %zu: batched completion (%zu tokens) differs from the one alone (%zu tokens)",
-                      precision_name(kv), i, all[i].tokens.size(), each[i].tokens.size());
-            lengths.push_back(all[i].tokens.size());
-        }
-        CHECK_EQ(alone.rollout_stats().max_running, 1);
-        std::sort(lengths.begin(), lengths.end());
-        printf("    %s KV: %lld prefills, %lld decode steps, %lld preemptions, at most %d running; lengths %zu..%zu\n",
-               precision_name(kv), (long long)st.prefills, (long long)st.decode_steps, (long long)st.preemptions,
-               st.max_running, lengths.front(), lengths.back());
-        CHECK(st.preemptions > 0);
-        CHECK_EQ(st.max_running, 3);
-        CHECK_EQ(lengths.front(), (size_t)1);
-        CHECK_EQ(lengths.back(), (size_t)s.max_new_tokens);
+    const Precision kv = Precision::BF16;  // the schedule is the same for either storage
+    std::vector<GenRequest> requests;
+    long distinct_prompt_tokens = 0;
+    for (const GenRequest& r : ragged_requests(5, 320, 3)) {
+        distinct_prompt_tokens += (long)r.prompt.size();
+        for (int g = 0; g < 2; g++) requests.push_back({r.prompt, r.sequence * 2 + (uint32_t)g});
     }
+    EngineOptions tight = small_pages(4), one_slot = small_pages(4), wide = small_pages(4);
+    tight.rollout_slots = 3;
+    const size_t page = PagedKvCache::bytes({2, 2, 32, 4, 1}, kv);
+    tight.kv_cache_mb = (16 * page + page / 2) / 1048576.0;  // 16 pages: 2 sequences at full length hold 12
+    one_slot.rollout_slots = 1;
+    GpuEngine batched(dir, tight), alone(dir, one_slot), together(dir, wide);
+    const std::vector<Generation> all = batched.generate(requests, 2, s, Precision::BF16, kv, nullptr);
+    const std::vector<Generation> each = alone.generate(requests, 2, s, Precision::BF16, kv, nullptr);
+    const std::vector<Generation> at_once = together.generate(requests, 2, s, Precision::BF16, kv, nullptr);
+    const RolloutStats st = batched.rollout_stats();
+    std::vector<size_t> lengths;
+    CHECK(all.size() == requests.size() && each.size() == requests.size() && at_once.size() == requests.size());
+    for (size_t i = 0; i < std::min(all.size(), each.size()); i++) {
+        CHECK_MSG(each[i].tokens == all[i].tokens && each[i].logprobs == all[i].logprobs && each[i].finished == all[i].finished,
+                  "request %zu: batched completion (%zu tokens) differs from the one alone (%zu tokens)", i,
+                  all[i].tokens.size(), each[i].tokens.size());
+        CHECK_MSG(i >= at_once.size() || (each[i].tokens == at_once[i].tokens && each[i].logprobs == at_once[i].logprobs),
+                  "request %zu: with every request in a slot the completion differs from the one alone", i);
+        lengths.push_back(all[i].tokens.size());
+    }
+    std::sort(lengths.begin(), lengths.end());
+    printf("    3 slots: %lld prefills of %lld tokens, %lld decode steps, %lld preemptions, at most %d running; lengths "
+           "%zu..%zu; all at once: %lld prompt tokens prefilled of %ld distinct\n",
+           (long long)st.prefills, (long long)st.prefill_tokens, (long long)st.decode_steps, (long long)st.preemptions,
+           st.max_running, lengths.front(), lengths.back(), (long long)together.rollout_stats().prefill_tokens,
+           distinct_prompt_tokens);
+    CHECK(st.preemptions > 0);
+    CHECK_EQ(st.max_running, 3);
+    CHECK_EQ(alone.rollout_stats().max_running, 1);
+    CHECK_EQ(together.rollout_stats().prefill_tokens, distinct_prompt_tokens);
+    CHECK_EQ(together.rollout_stats().prefills, (int64_t)1);
+    CHECK_EQ(lengths.front(), (size_t)1);
+    CHECK_EQ(lengths.back(), (size_t)s.max_new_tokens);
 }
 
 // Bad input: one clear error each, never a hang.
