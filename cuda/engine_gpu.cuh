@@ -4,8 +4,7 @@
 //   state     FP32 master weights, gradients and AdamW moments [P]; the BF16 copy of every weight;
 //             for the seven projections of every layer the FP8 128x128-block copy and its transpose,
 //             all refreshed on the device after every update (spec-gpu.md §3.1). Weights and
-//             gradients cross to the host only for checkpoints, --resume and (until rollout.cu)
-//             generation.
+//             gradients cross to the host only for checkpoints and --resume.
 //   numerics  activations BF16 where the CPU engine's bf16/fp8 precisions round (DESIGN.md §3), so
 //             the two differ by summation order only, plus one rounding the CPU does not make: the
 //             attention backward returns dq, dk, dv in BF16 before RoPE's backward.

@@ -56,10 +56,12 @@ EngineOptions small_pages(int page_tokens) {
 // one such computation's rounding is the CPU engine's distance from bf16 to fp32 on the same
 // sequences: the decode path must be within twice that RMS of the prefill. With an FP8 cache K and
 // V are rounded to E4M3 (3 mantissa bits, 16x BF16's relative step): its distance to the prefill is
-// reported and bounded by 16x the BF16 bound.
+// reported and bounded by 16x the BF16 bound. Under ASan only the GQA-3 fixture runs.
 TEST(rollout_teacher_forced_decode_matches_prefill) {
     REQUIRE_GPU();
-    for (const char* dir : {kFixtures[0], kFixtures[1], kFixtures[3]}) {
+    const std::vector<const char*> dirs = harness::sanitized ? std::vector<const char*>{kFixtures[3]}
+                                                             : std::vector<const char*>{kFixtures[0], kFixtures[1], kFixtures[3]};
+    for (const char* dir : dirs) {
         CpuEngine cpu(dir);
         GpuEngine gpu(dir, small_pages(4));
         const int V = (int)cpu.config().vocab_size;
@@ -111,6 +113,7 @@ TEST(rollout_greedy_matches_cpu_engine) {
     REQUIRE_GPU();
     int same = 0, total = 0;
     for (const char* dir : kFixtures) {
+        if (harness::sanitized && dir != kFixtures[2] && dir != kFixtures[3]) continue;  // ASan: 2 of the 4
         CpuEngine cpu(dir);
         GpuEngine gpu(dir, small_pages(8));
         const int V = (int)cpu.config().vocab_size;
