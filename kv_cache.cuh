@@ -28,6 +28,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "cuda/attention.cuh"
@@ -64,6 +66,18 @@ struct KvCacheShape {
 // rounded to FP32 as cpu/kv_cache.h's stored() rounds it.
 __device__ __forceinline__ float kv_value(__nv_bfloat16 x, float) { return __bfloat162float(x); }
 __device__ __forceinline__ float kv_value(uint8_t code, float scale) { return mul_rn(e4m3_to_float(code), scale); }
+// kKvVector stored elements at p (aligned to kKvVector elements) as the values they stand for, read
+// in one 16-byte (BF16) or 8-byte (FP8) load; every supported head dim is a multiple of kKvVector.
+constexpr int kKvVector = 8;
+template <class Elem>
+__device__ __forceinline__ void load_kv_values(float* out, const Elem* p, float scale) {
+    using Vector = typename std::conditional<sizeof(Elem) == 2, uint4, uint2>::type;
+    static_assert(sizeof(Vector) == kKvVector * sizeof(Elem), "one load per kKvVector elements");
+    const Vector bits = *reinterpret_cast<const Vector*>(p);
+    Elem raw[kKvVector];
+    memcpy(static_cast<void*>(raw), &bits, sizeof bits);
+    for (int i = 0; i < kKvVector; i++) out[i] = kv_value(raw[i], scale);
+}
 // The stored element for a BF16 input: BF16 as it is; FP8 encodes x / scale (satfinite E4M3).
 __device__ __forceinline__ void kv_store(__nv_bfloat16* dst, __nv_bfloat16 x, float) { *dst = x; }
 __device__ __forceinline__ void kv_store(uint8_t* dst, __nv_bfloat16 x, float scale) {
@@ -94,21 +108,23 @@ inline size_t decode_smem_floats(int group, int D) {
 }
 
 // One CTA per (chunk blockIdx.x, kv head blockIdx.y, row blockIdx.z): the group's query heads over
-// the keys [chunk * split_keys, min(lens[row], (chunk + 1) * split_keys)) of the row. Writes
+// the keys [chunk * split_keys, min(lens[row], max_len, (chunk + 1) * split_keys)) of the row. Writes
 // part_o [B][H][splits][D] (the chunk's softmax-weighted V, normalised by the chunk's sum) and
 // part_lse [B][H][splits] (-inf for a chunk without keys, whose part_o is 0).
 template <int D, class Elem>
 __global__ void __launch_bounds__(kDecodeThreads)
     kv_decode_split_kernel(float* part_o, float* part_lse, const __nv_bfloat16* q, const Elem* k_pool,
                            const Elem* v_pool, const float* k_scale, const float* v_scale, const int32_t* page_table,
-                           int max_pages, const int32_t* lens, int H, int KV, int page_tokens, int split_keys) {
+                           int max_pages, const int32_t* lens, int max_len, int H, int KV, int page_tokens,
+                           int split_keys) {
     DYNAMIC_SHARED(float, decode_smem);  // named apart from attention.cuh's BF16 `smem`: one extern symbol per name
     const int group = H / KV, kv_head = blockIdx.y, splits = gridDim.x, chunk = blockIdx.x;
     const long row = blockIdx.z, head0 = (long)kv_head * group;
     float *q_s = decode_smem, *o_s = q_s + group * D, *k_s = o_s + group * D, *v_s = k_s + kDecodeTile * (D + 1),
           *p_s = v_s + kDecodeTile * D, *max_s = p_s + group * kDecodeTile, *sum_s = max_s + group,
           *rescale_s = sum_s + group;
-    const long key_begin = (long)chunk * split_keys, key_end = min((long)lens[row], key_begin + split_keys);
+    // keys past max_len (<= max_pages * page_tokens) are never read, whatever lens says
+    const long key_begin = (long)chunk * split_keys, key_end = min((long)min(lens[row], max_len), key_begin + split_keys);
     const long out_row0 = (row * H + head0) * splits + chunk;  // part_lse index of the group's first head
     if (key_begin >= key_end) {  // an idle row or a chunk past the row's length: reads nothing
         for (int e = threadIdx.x; e < group * D; e += blockDim.x) part_o[(out_row0 + (e / D) * splits) * D + e % D] = 0.0f;
@@ -125,15 +141,17 @@ __global__ void __launch_bounds__(kDecodeThreads)
         sum_s[g] = 0.0f;
     }
     const int32_t* pages = page_table + row * max_pages;
+    static_assert(D % kKvVector == 0, "a key row is whole vectors");
+    constexpr int vectors = D / kKvVector;  // loads per key row
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
     for (long k0 = key_begin; k0 < key_end; k0 += kDecodeTile) {
         const int keys = (int)min((long)kDecodeTile, key_end - k0);
-        for (int e = threadIdx.x; e < keys * D; e += blockDim.x) {
-            const int j = e / D, d = e % D;
+        for (int e = threadIdx.x; e < keys * vectors; e += blockDim.x) {
+            const int j = e / vectors, d = e % vectors * kKvVector;
             const long pos = k0 + j, slot = (long)pages[pos / page_tokens] * page_tokens + pos % page_tokens;
             const long at = (slot * KV + kv_head) * D + d;
-            k_s[j * (D + 1) + d] = kv_value(k_pool[at], ks);
-            v_s[j * D + d] = kv_value(v_pool[at], vs);
+            load_kv_values(k_s + j * (D + 1) + d, k_pool + at, ks);
+            load_kv_values(v_s + j * D + d, v_pool + at, vs);
         }
         __syncthreads();  // the tiles are complete (and in the first round q, the output and the statistics)
         for (int g = warp; g < group; g += warps) {  // a warp per head, a lane per key
@@ -143,7 +161,8 @@ __global__ void __launch_bounds__(kDecodeThreads)
                 for (int d = 0; d < D; d++) s += q_s[g * D + d] * k_s[lane * (D + 1) + d];
                 s *= scale;
             }
-            const float old_max = max_s[g];
+            // lane 0 owns the head's statistics (no lane reads them while it writes); the others get its copy
+            const float old_max = __shfl_sync(0xFFFFFFFFu, lane == 0 ? max_s[g] : 0.0f, 0);
             const float new_max = fmaxf(old_max, warp_reduce(s, MaxOp()));  // finite: the tile has a key
             const float p = fast_exp(s - new_max), rescale = fast_exp(old_max - new_max);  // exp(-inf) = 0
             const float tile_sum = warp_reduce(p, SumOp());
@@ -168,22 +187,22 @@ __global__ void __launch_bounds__(kDecodeThreads)
     for (int g = threadIdx.x; g < group; g += blockDim.x) part_lse[out_row0 + g * splits] = max_s[g] + logf(sum_s[g]);
 }
 
-// out [B][H][D] = the chunks of each (row, head) merged by their LSE weights, one thread per output;
-// an idle row (lens 0) gets zeros. Chunks are added in chunk order.
+// out [B][H][D] = the chunks of each (row, head) merged by their LSE weights, one thread per output,
+// chunks added in chunk order; a row without keys (idle: every chunk's LSE is -inf) gets zeros.
 template <int D>
-__global__ void kv_decode_merge_kernel(__nv_bfloat16* out, const float* part_o, const float* part_lse,
-                                       const int32_t* lens, int H, int splits, long B) {
+__global__ void kv_decode_merge_kernel(__nv_bfloat16* out, const float* part_o, const float* part_lse, int splits,
+                                       long outputs) {
     const long i = blockIdx.x * (long)blockDim.x + threadIdx.x;
-    if (i >= B * H * D) return;
+    if (i >= outputs) return;
     const long row_head = i / D;
     const int d = (int)(i % D);
-    if (lens[row_head / H] <= 0) {
-        out[i] = __float2bfloat16_rn(0.0f);
-        return;
-    }
     const float* lse = part_lse + row_head * splits;
     float lse_max = -INFINITY;
     for (int s = 0; s < splits; s++) lse_max = fmaxf(lse_max, lse[s]);
+    if (lse_max == -INFINITY) {
+        out[i] = __float2bfloat16_rn(0.0f);
+        return;
+    }
     float weight_sum = 0.0f, acc = 0.0f;
     for (int s = 0; s < splits; s++) {
         const float w = fast_exp(lse[s] - lse_max);  // 0 for an empty chunk
@@ -243,6 +262,11 @@ class PagedKvCache {
         check_shape(shape, storage);
         return 2 * pool_bytes(shape, storage) + 2 * (size_t)shape.layers * sizeof(float);
     }
+    // Device bytes of one page in every layer, K and V (what a pool grows by per page).
+    static size_t page_bytes(const KvCacheShape& shape, Precision storage) {
+        check_shape(shape, storage);
+        return 2 * (size_t)shape.layers * shape.page_tokens * shape.width() * element_bytes(storage);
+    }
     const KvCacheShape& shape() const { return shape_; }
     Precision storage() const { return storage_; }
 
@@ -282,14 +306,29 @@ class PagedKvCache {
         });
     }
 
-    // Sizes the decode workspace for up to max_batch rows of `heads` query heads (allocates; call it
-    // before capturing a graph). decode_attention fails if a call needs more.
+    // Sizes the decode workspace for up to max_batch rows of `heads` query heads (allocates) and
+    // allows the decode kernel the shared memory of heads / kv_heads query heads per CTA: call it
+    // before capturing a graph. decode_attention fails if a call needs more.
     void reserve_decode(int max_batch, int heads) {
         check_heads("reserve_decode", heads);
         if (max_batch < 1) fail("PagedKvCache::reserve_decode: max_batch = %d rows (need >= 1)", max_batch);
+        const int group = heads / shape_.kv_heads;
+        const size_t smem = decode_smem_floats(group, shape_.head_dim) * sizeof(float);
+        if (smem > 227 * 1024)
+            fail("PagedKvCache::reserve_decode: %d query heads per kv head need %zu bytes of shared memory (at most "
+                 "227 KB)", group, smem);
+        with_head_dim("PagedKvCache::reserve_decode", shape_.head_dim, [&](auto head_dim) {
+            constexpr int D = decltype(head_dim)::value;
+            dispatch_storage([&](auto elem) {
+                using Elem = decltype(elem);
+                CUDA_CHECK(cudaFuncSetAttribute((kv_decode_split_kernel<D, Elem>),
+                                                cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+            });
+        });
         const size_t partials = decode_partials_for(shape_, max_batch, heads, sm_count_);
         part_o_.resize(partials * shape_.head_dim, "KV cache: decode partial outputs");
         part_lse_.resize(partials, "KV cache: decode partial LSE");
+        decode_group_ = group;
     }
     // Device bytes reserve_decode(max_batch, heads) takes, for the memory plan.
     static size_t decode_workspace_bytes(const KvCacheShape& shape, int max_batch, int heads, int sm_count) {
@@ -305,8 +344,8 @@ class PagedKvCache {
     // tokens of sequence b, whose pages are page_table[b * max_pages + 0 ..] (device int32); q
     // [B][H][D] BF16; query head h reads kv head h / (H / kv_heads). lens[b] == 0: an idle row, zeros
     // written, nothing read. max_len >= every lens[b] (keys past it are not read) fixes the chunk
-    // count; splits > 0 overrides decode_splits (tests). No host sync and no allocation: capturable
-    // in a CUDA graph, after reserve_decode.
+    // count; splits > 0 overrides decode_splits (tests). No host sync, no allocation, no attribute
+    // call: capturable in a CUDA graph, after reserve_decode.
     void decode_attention(int layer, __nv_bfloat16* out, const __nv_bfloat16* q, int heads, const int32_t* page_table,
                           int max_pages, const int32_t* lens, int B, int max_len, cudaStream_t stream, int splits = 0) {
         check_layer("decode_attention", layer);
@@ -318,9 +357,10 @@ class PagedKvCache {
         if (B == 0) return;
         if (splits <= 0) splits = decode_splits(B, max_len);
         if (splits > kDecodeMaxSplits) fail("PagedKvCache::decode_attention: %d splits (at most %d)", splits, kDecodeMaxSplits);
-        if ((size_t)B * heads * splits > part_lse_.size())
-            fail("PagedKvCache::decode_attention: %d rows x %d heads x %d splits exceed the decode workspace (%zu); call "
-                 "reserve_decode(max batch, heads) first", B, heads, splits, part_lse_.size());
+        if ((size_t)B * heads * splits > part_lse_.size() || heads / shape_.kv_heads > decode_group_)
+            fail("PagedKvCache::decode_attention: %d rows x %d heads x %d splits exceed the decode workspace (%zu "
+                 "partials, %d heads per kv head); call reserve_decode(max batch, heads) first", B, heads, splits,
+                 part_lse_.size(), decode_group_);
         const int chunk = (std::max(max_len, 1) + splits - 1) / splits;
         const int split_keys = (chunk + kDecodeTile - 1) / kDecodeTile * kDecodeTile;
         const int group = heads / shape_.kv_heads;
@@ -328,20 +368,16 @@ class PagedKvCache {
             constexpr int D = decltype(head_dim)::value;
             dispatch_storage([&](auto elem) {
                 using Elem = decltype(elem);
-                const size_t smem = decode_smem_floats(group, D) * sizeof(float);
-                if (smem > 227 * 1024)
-                    fail("PagedKvCache::decode_attention: %d query heads per kv head need %zu bytes of shared memory "
-                         "(at most 227 KB)", group, smem);
-                CUDA_CHECK(cudaFuncSetAttribute((kv_decode_split_kernel<D, Elem>),
-                                                cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+                const size_t smem = decode_smem_floats(group, D) * sizeof(float);  // allowed by reserve_decode
                 LAUNCH_KERNEL((kv_decode_split_kernel<D, Elem>), dim3(splits, shape_.kv_heads, B), kDecodeThreads, smem,
                               stream, part_o_.get(), part_lse_.get(), q, layer_pool<Elem>(k_pool_, layer),
                               layer_pool<Elem>(v_pool_, layer), k_scale_dev_.get() + layer, v_scale_dev_.get() + layer,
-                              page_table, max_pages, lens, heads, shape_.kv_heads, shape_.page_tokens, split_keys);
+                              page_table, max_pages, lens, max_len, heads, shape_.kv_heads, shape_.page_tokens,
+                              split_keys);
             });
             const long outputs = (long)B * heads * D;
             LAUNCH_KERNEL(kv_decode_merge_kernel<D>, (unsigned)((outputs + 255) / 256), 256, 0, stream, out,
-                          part_o_.get(), part_lse_.get(), lens, heads, splits, (long)B);
+                          part_o_.get(), part_lse_.get(), splits, outputs);
         });
     }
 
@@ -368,6 +404,7 @@ class PagedKvCache {
     DeviceArray<float> k_scale_dev_, v_scale_dev_;  // [layers]
     std::vector<float> k_scales_, v_scales_;
     DeviceArray<float> part_o_, part_lse_;  // decode workspace: [B][H][splits][D], [B][H][splits]
+    int decode_group_ = 0;  // query heads per kv head reserve_decode allowed for
     int sm_count_ = 1;
 
     static void check_shape(const KvCacheShape& s, Precision storage) {

@@ -1,40 +1,158 @@
 // sampling.cuh: the next token of B sequences on the device, by the host sampler's exact rule
 // (rl/sampling.h's sample_token: temperature, top-k, top-p, inverse CDF in id order) with the
-// uniform cpu/generate.h draws: u = rng_uniform(seed, step, key_b, position_b). The device runs the
-// very code the host runs (rl/sampling.h and rl/rng.h are FP8RL_HD): fast_exp, unfused products and
-// fixed-order LaneSum sums, so tokens and log-probs are the host's bits wherever the device's double
-// log (the two log-probs' last step) rounds as glibc's does.
+// uniform cpu/generate.h draws: u = rng_uniform(seed, step, key_b, position_b).
 //
-// One thread per row: the rule is sequential by design (its sums add in one fixed order), and a
-// row's work is O(n) per bisection pass.
+// One block per row. Every step gives the host's bits, because each is either order-free or done in
+// the host's order:
+//   - the max of the scaled logits, the greedy argmax (lowest id on ties), the counts of top-k's
+//     bisection and the masks: exact whatever the order, so all threads share them;
+//   - every LaneSum (the row's mass, the kept masses, top-p's bisection): thread l < 8 adds lane l
+//     (ids l, l + 8, ...) in id order, as LaneSum does, and LaneSum::total() combines the lanes;
+//   - top-p's boundary tie group: its members all hold the same probability x, so the host's walk
+//     in id order keeps a prefix of them whose length follows from the masses before + x + x ...;
+//     every thread computes that length, then keeps the members whose rank (a prefix count over
+//     contiguous chunks of ids) is below it;
+//   - the inverse CDF, one sequential sum in id order: one thread, rl/sampling.h's inverse_cdf.
+// The elementwise math is rl/fast_exp.h's exp and unfused products (mul_rn); the log-probs'
+// double log is the device's, which matches glibc's to within an ulp but is not guaranteed to
+// round the same: the bits are the host's in emulation, and on a GPU wherever the two logs agree
+// (bit equality there needs one FP8RL_HD log shared by host and device, as fast_exp is).
 #ifndef FP8RL_CUDA_SAMPLING_CUH
 #define FP8RL_CUDA_SAMPLING_CUH
 #include <cstdint>
 
+#include "cuda/block_reduce.cuh"
 #include "cuda/common.cuh"
 #include "rl/rng.h"
 #include "rl/sampling.h"
 
 namespace fp8rl {
 
-constexpr int kSampleThreads = 64;  // rows per block
+constexpr int kSampleThreads = 256;  // one block per row
 
-static __global__ void sample_rows_kernel(SampledToken* out, int32_t* tokens, const float* logits, int B, long V,
-                                          int n, SamplingParams params, uint64_t seed, uint32_t step,
-                                          const uint32_t* keys, const uint32_t* positions, float* scratch) {
-    const int row = blockIdx.x * blockDim.x + threadIdx.x;
-    if (row >= B) return;
-    const float u = rng_uniform(seed, step, keys[row], positions[row]);
-    const SampledToken t = sample_token(logits + row * V, n, params, u, scratch + (long)row * n);
-    out[row] = t;
-    if (tokens) tokens[row] = t.token;
+// The row's LaneSum of x(i) over i < n; every thread of the block calls it and gets the total.
+template <class X>
+__device__ double block_lane_sum(int n, X x) {
+    __shared__ double lanes[8];
+    if (threadIdx.x < 8) {
+        double sum = 0.0;
+        for (int i = threadIdx.x; i < n; i += 8) sum += x(i);
+        lanes[threadIdx.x] = sum;
+    }
+    __syncthreads();  // the lanes are complete
+    LaneSum sum;
+    for (int l = 0; l < 8; l++) sum.lane[l] = lanes[l];
+    __syncthreads();  // every thread has read the lanes before the next call writes them
+    return sum.total();
+}
+
+// How many i < n satisfy pred(i), for every thread of the block.
+template <class Pred>
+__device__ int block_count(int n, Pred pred) {
+    int count = 0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) count += pred(i) ? 1 : 0;
+    return block_reduce(count, SumOp());
+}
+
+// rl/sampling.h's CountAtLeast and MassAtLeast, computed by the block (for largest_key_at_least).
+struct BlockCountAtLeast {
+    const float* p;
+    int n;
+    __device__ double operator()(uint32_t key) const {
+        return block_count(n, [&](int i) { return prob_key(p[i]) >= key; });
+    }
+};
+struct BlockMassAtLeast {
+    const float* p;
+    int n;
+    // Adding 0.0 for a skipped entry leaves a lane's (non-negative) sum as skipping it does.
+    __device__ double operator()(uint32_t key) const {
+        return block_lane_sum(n, [&](int i) { return prob_key(p[i]) >= key ? (double)p[i] : 0.0; });
+    }
+};
+
+// rl/sampling.h's apply_top_p on the block.
+__device__ inline void block_apply_top_p(float* scratch, int n, float top_p, double kept_mass) {
+    const double target = (double)top_p * kept_mass;
+    const uint32_t key = largest_key_at_least(0u, prob_key(1.0f), BlockMassAtLeast{scratch, n}, target);
+    const double before = key == prob_key(1.0f) ? 0.0 : BlockMassAtLeast{scratch, n}(key + 1);
+    const int ties = block_count(n, [&](int i) { return prob_key(scratch[i]) == key; });
+    int keep = 0;  // the host's walk: keep while the mass before is < target, and never keep nothing
+    for (double mass = before; keep < ties && (mass < target || (keep == 0 && !(before > 0.0))); keep++)
+        mass += bits_float(key);
+    __shared__ int chunk_ties[kSampleThreads];  // tie members per contiguous chunk of ids
+    const int chunk = (n + blockDim.x - 1) / blockDim.x, lo = min(n, (int)threadIdx.x * chunk), hi = min(n, lo + chunk);
+    int rank = 0;
+    for (int i = lo; i < hi; i++) rank += prob_key(scratch[i]) == key;
+    chunk_ties[threadIdx.x] = rank;
+    __syncthreads();  // every chunk's count is written
+    rank = 0;
+    for (unsigned t = 0; t < threadIdx.x; t++) rank += chunk_ties[t];
+    for (int i = lo; i < hi; i++) {
+        const uint32_t b = prob_key(scratch[i]);
+        if (b < key || (b == key && rank++ >= keep)) scratch[i] = 0.0f;
+    }
+    __syncthreads();  // the cut row is complete
+}
+
+// Row blockIdx.x of logits [B][V] sampled over ids < n into out (and tokens, if not null).
+static __global__ void __launch_bounds__(kSampleThreads)
+    sample_rows_kernel(SampledToken* out, int32_t* tokens, const float* logits, long V, int n, SamplingParams params,
+                       uint64_t seed, uint32_t step, const uint32_t* keys, const uint32_t* positions, float* scratch) {
+    const long row = blockIdx.x;
+    logits += row * V;
+    scratch += row * n;
+    const bool greedy = params.temperature == 0.0f;
+    const float inv_t = greedy ? 1.0f : 1.0f / params.temperature;
+    // exp_shifted_row: s_max, scratch[i] = exp(s_i - s_max), z_all; and for greedy the argmax, as
+    // (value's order bits, ~id) so that the max of the keys is the lowest id of the largest logit
+    float s_max = -INFINITY;
+    unsigned long long best = 0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        s_max = fmaxf(s_max, mul_rn(logits[i], inv_t));
+        const uint32_t bits = float_bits(logits[i]), order = bits >> 31 ? ~bits : bits | 0x80000000u;
+        const unsigned long long candidate = (unsigned long long)order << 32 | (0xFFFFFFFFu - (uint32_t)i);
+        best = candidate > best ? candidate : best;
+    }
+    s_max = block_reduce(s_max, [](float a, float b) { return fmaxf(a, b); });
+    for (int i = threadIdx.x; i < n; i += blockDim.x) scratch[i] = fast_exp(mul_rn(logits[i], inv_t) - s_max);
+    __syncthreads();  // the row's probabilities are complete
+    const double z_all = block_lane_sum(n, [&](int i) { return (double)scratch[i]; });
+    if (greedy) {
+        best = block_reduce(best, MaxOp());
+        const int token = (int)(0xFFFFFFFFu - (uint32_t)(best & 0xFFFFFFFFu));
+        if (threadIdx.x == 0) {
+            out[row] = SampledToken{token, 0.0f, (float)-log(z_all)};
+            if (tokens) tokens[row] = token;
+        }
+        return;
+    }
+    double kept = z_all;
+    if (params.top_k > 0 && params.top_k < n) {
+        const uint32_t key = largest_key_at_least(0u, prob_key(1.0f), BlockCountAtLeast{scratch, n}, params.top_k);
+        for (int i = threadIdx.x; i < n; i += blockDim.x)
+            if (prob_key(scratch[i]) < key) scratch[i] = 0.0f;
+        __syncthreads();  // the cut row is complete
+        kept = BlockMassAtLeast{scratch, n}(0u);
+    }
+    if (params.top_p < 1.0f) {
+        block_apply_top_p(scratch, n, params.top_p, kept);
+        kept = BlockMassAtLeast{scratch, n}(0u);
+    }
+    if (threadIdx.x == 0) {
+        const float u = rng_uniform(seed, step, keys[row], positions[row]);
+        const SampledToken t = sampled_token(logits, inverse_cdf(scratch, n, (double)u * kept), inv_t, s_max, kept, z_all);
+        out[row] = t;
+        if (tokens) tokens[row] = t.token;
+    }
 }
 
 // For rows b < B of logits [B][V] (FP32, device): out[b] = sample_token(logits_b, n, params, u_b,
 // ...) with u_b = rng_uniform(seed, step, keys[b], positions[b]) (keys, positions: device [B]);
 // tokens (device int32 [B], may be null) gets the tokens too, to feed the next decode step. n <= V
 // is the vocabulary limit (SamplingConfig.vocab_limit: only ids < n are drawn). scratch: device
-// FP32 [B][n]. No host sync, no allocation: capturable in a CUDA graph.
+// FP32 [B][n]. Logits must not be NaN; at least one per row must be finite. No host sync, no
+// allocation: capturable in a CUDA graph.
 inline void sample_tokens_gpu(SampledToken* out, int32_t* tokens, const float* logits, int B, int V, int n,
                               const SamplingParams& params, uint64_t seed, uint32_t step, const uint32_t* keys,
                               const uint32_t* positions, float* scratch, cudaStream_t stream) {
@@ -44,8 +162,8 @@ inline void sample_tokens_gpu(SampledToken* out, int32_t* tokens, const float* l
         fail("sample_tokens_gpu: temperature %g, top_p %g: need temperature >= 0 (0 = greedy) and top_p > 0",
              params.temperature, params.top_p);
     if (B == 0) return;
-    LAUNCH_KERNEL(sample_rows_kernel, (unsigned)((B + kSampleThreads - 1) / kSampleThreads), kSampleThreads, 0, stream,
-                  out, tokens, logits, B, (long)V, n, params, seed, step, keys, positions, scratch);
+    LAUNCH_KERNEL(sample_rows_kernel, (unsigned)B, kSampleThreads, 0, stream, out, tokens, logits, (long)V, n, params,
+                  seed, step, keys, positions, scratch);
 }
 
 }  // namespace fp8rl

@@ -166,6 +166,27 @@ FP8RL_HD void apply_top_p(float* scratch, int n, float top_p, double kept_mass) 
     }
 }
 
+// The inverse CDF in id order over the kept entries (nonzero scratch): the first token whose running
+// sum exceeds target (= u * kept mass).
+FP8RL_HD int inverse_cdf(const float* scratch, int n, double target) {
+    double cum = 0.0;
+    int token = -1;
+    for (int i = 0; i < n && (token < 0 || cum <= target); i++) {
+        if (scratch[i] == 0.0f) continue;
+        cum += scratch[i];
+        token = i;  // the last nonzero token also catches u * kept rounding up to the total
+    }
+    return token;
+}
+
+// The draw of `token` with its log-probs under the kept mass and under all of z_all (the masses of
+// exp(s - s_max), s = logits * inv_t).
+FP8RL_HD SampledToken sampled_token(const float* logits, int token, float inv_t, float s_max, double kept,
+                                    double z_all) {
+    const float s_tok = mul_rn(logits[token], inv_t) - s_max;
+    return SampledToken{token, (float)(s_tok - log(kept)), (float)(s_tok - log(z_all))};
+}
+
 // Samples one token from `logits` [n] with uniform u in [0, 1); scratch [n] is overwritten.
 FP8RL_HD SampledToken sample_token(const float* logits, int n, const SamplingParams& params, float u,
                                    float* scratch) {
@@ -184,16 +205,7 @@ FP8RL_HD SampledToken sample_token(const float* logits, int n, const SamplingPar
         apply_top_p(scratch, n, params.top_p, kept);
         kept = MassAtLeast{scratch, n}(0u);
     }
-    const double target = (double)u * kept;
-    double cum = 0.0;
-    int token = -1;
-    for (int i = 0; i < n && (token < 0 || cum <= target); i++) {
-        if (scratch[i] == 0.0f) continue;
-        cum += scratch[i];
-        token = i;  // the last nonzero token also catches u * kept rounding up to the total
-    }
-    const float s_tok = mul_rn(logits[token], inv_t) - s_max;
-    return SampledToken{token, (float)(s_tok - log(kept)), (float)(s_tok - log(z_all))};
+    return sampled_token(logits, inverse_cdf(scratch, n, (double)u * kept), inv_t, s_max, kept, z_all);
 }
 
 }  // namespace fp8rl

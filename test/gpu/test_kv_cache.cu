@@ -1,9 +1,10 @@
 // test_kv_cache.cu: the paged KV cache of kv_cache.cuh against the CPU engine's cache and decode
 // attention (cpu/kv_cache.h, cpu/attention.h's attention_forward_cached) on the same K, V and Q:
 // BF16 and FP8 pages, ragged lengths (1 token, exactly a page, a page + 1, many pages), idle rows,
-// GQA ratios 1 to 4 and 7, head dims 8, 16, 32 (the fixture models and --init tiny), 64 and 128, pages
-// scattered over the pool (a shuffled page table), several chunk counts; FP8 append against the
-// host encoder, copy_page, the amax reduction, a CUDA-graph replay and bad input.
+// GQA ratios 1 to 4, 7 and 16 (above 48 KB of shared memory), head dims 8, 16, 32 (the fixture
+// models and --init tiny), 64 and 128, pages scattered over the pool (a shuffled page table),
+// several chunk counts; FP8 append against the host encoder, copy_page, the amax reduction, a
+// CUDA-graph replay and bad input.
 //
 // Bounds (per element, first order). The CPU reference keeps the cache as the FP32 values the stored
 // bytes decode to (the GPU reads the same values: BF16 as is, FP8 code * scale, one FP32 product
@@ -49,11 +50,12 @@ struct DecodeCase {
 // Small enough for emulation (128 threads per CTA, one CTA per chunk, kv head and row).
 const DecodeCase kCases[] = {
     {"D16 H4 KV2", 4, 2, 16, 16, {1, 16, 17, 0, 150, 33}, {1, 3, 0}},
-    {"D64 H4 KV1", 4, 1, 64, 16, {0, 64, 1, 300}, {1, 5}},
+    {"D64 H4 KV1", 4, 1, 64, 16, {0, 64, 1, 300}, {1, 5, 0}},
     {"D128 H2 KV2", 2, 2, 128, 16, {129, 16, 1}, {2}},
     {"D8 H6 KV2, 7-token pages", 6, 2, 8, 7, {15, 7, 8, 50}, {1, 4}},
     {"D32 H4 KV4, idle rows", 4, 4, 32, 16, {0, 40, 0}, {2}},
     {"D32 H7 KV1 (a warp scores two heads)", 7, 1, 32, 16, {70, 2}, {2}},
+    {"D128 H16 KV1 (51 KB of shared memory)", 16, 1, 128, 16, {40, 1}, {2}},
 };
 
 constexpr int kLayers = 2, kLayer = 1;  // the layer under test; layer 0 gets other values at the same slots
@@ -289,6 +291,7 @@ TEST(kv_append_matches_host_encoder) {
         const size_t eb = PagedKvCache::element_bytes(storage), width = b.shape.width();
         const size_t pool = (size_t)kLayers * b.shape.slots() * width * eb;
         CHECK(PagedKvCache::bytes(b.shape, storage) >= 2 * pool);
+        CHECK(PagedKvCache::page_bytes(b.shape, storage) * b.shape.pages == 2 * pool);
         const std::vector<uint8_t> kp = download_pool(g.cache.k_pool(), pool), vp = download_pool(g.cache.v_pool(), pool);
         int differ = 0, saturated = 0;
         for (size_t t = 0; t < b.slots.size(); t++)
@@ -402,6 +405,20 @@ TEST(kv_decode_attention_replays_in_a_graph) {
     CUDA_CHECK(cudaStreamDestroy(stream));
 }
 
+// A length above max_len (a caller's bug) reads no key past max_len: not the -1 entries of the page
+// table after the row's pages (ASan would see the read), and the result is attention over max_len keys.
+TEST(kv_decode_attention_reads_no_key_past_max_len) {
+    REQUIRE_GPU();
+    const DecodeCase c = {"D16 H2 KV1", 2, 1, 16, 16, {17}, {1}};
+    const PagedBatch b = make_batch(c, 31);
+    GpuCache g(b, Precision::BF16, {1.0f, 1.0f}, {1.0f, 1.0f}, c.H);
+    g.lens.upload(std::vector<int32_t>{40});
+    const std::vector<float> got = gpu_decode(g, b, c.H, 17, 2);
+    const CpuDecode want = cpu_decode(b, c.H, Precision::BF16, 1.0f, 1.0f, false);
+    const std::vector<double> mag = magnitudes(b, c.H, Precision::BF16, 1.0f, 1.0f, want.lse);
+    CHECK(count_outside("O over max_len keys vs cpu fp32", got, want.out, mag, 0x1p-8 + score_error(c.D) + 1e-5) == 0);
+}
+
 // Bad shapes and calls fail with one line naming what is wrong.
 TEST(kv_cache_rejects_bad_input) {
     REQUIRE_GPU();
@@ -433,6 +450,11 @@ TEST(kv_cache_rejects_bad_input) {
     fails("max_len beyond the page table", [&] {
         cache.decode_attention(0, nullptr, nullptr, 4, nullptr, 1, nullptr, 1, 17, 0);
     });
+    fails("8 heads after reserve_decode for 4", [&] {
+        cache.decode_attention(0, nullptr, nullptr, 8, nullptr, 1, nullptr, 1, 16, 0);
+    });
+    PagedKvCache wide({1, 1, 128, 16, 1}, Precision::BF16);
+    fails("400 query heads per kv head (410 KB of shared memory)", [&] { wide.reserve_decode(1, 400); });
     fails("3 rows in a workspace for 2", [&] {
         cache.decode_attention(0, nullptr, nullptr, 4, nullptr, 1, nullptr, 3, 16, 0, kDecodeMaxSplits);
     });
