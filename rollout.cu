@@ -160,7 +160,7 @@ inline std::vector<Generation> GpuEngine::rollout(const std::vector<GenRequest>&
     R.max_pages = R.pages_for(R.max_len);
     if (slots < 1 || R.page_tokens < 1) fail("generate: --rollout_slots and --kv_page_tokens must be at least 1");
     KvCacheShape shape{m.L, m.KV, m.D, R.page_tokens, 1};
-    const size_t page_bytes = PagedKvCache::bytes(shape, kv_cache);
+    const size_t page_bytes = PagedKvCache::page_bytes(shape, kv_cache);
     shape.pages = options_.kv_cache_mb > 0 ? (int)std::min(options_.kv_cache_mb * 1048576.0 / page_bytes, 1e9)
                                            : slots * (R.max_pages + 1);
     // the last token of a completion is never fed: a sequence holds prompt + max_new_tokens - 1

@@ -194,7 +194,7 @@ TEST(rollout_scheduling_matches_each_request_alone) {
     }
     EngineOptions tight = small_pages(4), one_slot = small_pages(4), wide = small_pages(4);
     tight.rollout_slots = 3;
-    const size_t page = PagedKvCache::bytes({2, 2, 32, 4, 1}, kv);
+    const size_t page = PagedKvCache::page_bytes({2, 2, 32, 4, 1}, kv);
     tight.kv_cache_mb = (16 * page + page / 2) / 1048576.0;  // 16 pages: 2 sequences at full length hold 12
     one_slot.rollout_slots = 1;
     GpuEngine batched(dir, tight), alone(dir, one_slot), together(dir, wide);
