@@ -46,6 +46,7 @@ public:
         o.step = step;
         o.kv_cache = kv_cache;
         if (kv_cache == Precision::FP8) kv_scales(requests, weights, &o.kv_k_scale, &o.kv_v_scale);
+        kv_k_scale_ = o.kv_k_scale, kv_v_scale_ = o.kv_v_scale;
         // Chunks only pace the progress bar: every completion depends on its own key alone.
         const size_t chunk = 256;
         std::vector<Generation> out;
@@ -67,6 +68,10 @@ public:
             if (progress) progress->update((int64_t)end);
         }
         return out;
+    }
+
+    void last_kv_scales(std::vector<float>* k_scale, std::vector<float>* v_scale) const override {
+        *k_scale = kv_k_scale_, *v_scale = kv_v_scale_;
     }
 
     void logprobs(const std::vector<Sequence>& seqs, Precision p, float temperature, TokenValues* logprob,
@@ -146,6 +151,7 @@ private:
     TokenBatch train_batch_, eval_batch_;
     std::vector<Sequence> train_seqs_;
     Precision train_precision_ = Precision::FP32;
+    std::vector<float> kv_k_scale_, kv_v_scale_;  // of the last generate(), FP8 cache only
 
     // After the master weights changed: the prepared copies (BF16/FP8) follow.
     void weights_updated() {

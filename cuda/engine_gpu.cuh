@@ -4,8 +4,7 @@
 //   state     FP32 master weights, gradients and AdamW moments [P]; the BF16 copy of every weight;
 //             for the seven projections of every layer the FP8 128x128-block copy and its transpose,
 //             all refreshed on the device after every update (spec-gpu.md §3.1). Weights and
-//             gradients cross to the host only for checkpoints, --resume and (until rollout.cu)
-//             generation.
+//             gradients cross to the host only for checkpoints and --resume.
 //   ranks     data parallel over cuda/nccl.cuh's communicator (spec-gpu.md §6); with --zero 1 the
 //             master weights and moments are sharded over the ranks (ZeRO-1, init_optimizer).
 //   numerics  activations BF16 where the CPU engine's bf16/fp8 precisions round (DESIGN.md §3), so
@@ -18,8 +17,8 @@
 //             input only (and what the head needs); the rest of a layer's activations live in one
 //             shared set, which the backward fills again with the layer's forward just before the
 //             layer's backward: the same kernels on the same input, so the same bits.
-//   rollout   generation runs the CPU engine's generator (cpu/generate.h) on the current master
-//             weights, downloaded when they changed: the path the issue allows until rollout.cu.
+//   rollout   generation (rollout.cu): prefill of the prompts through this forward, then batched
+//             decode steps over a paged KV cache (kv_cache.cuh), one layer step shared by all three.
 // fp32 is not a GPU precision: a high-precision pass (Calibrated Clipping's shadow log-probs) runs
 // in BF16 with FP32 accumulation, the paper's BF16 reference (spec-gpu.md §3.3).
 #ifndef FP8RL_ENGINE_GPU_CUH
@@ -29,7 +28,6 @@
 #include <string>
 #include <vector>
 
-#include "cpu/engine_cpu.h"
 #include "cpu/model.h"
 #include "cuda/adamw.cuh"
 #include "cuda/attention.cuh"
@@ -53,10 +51,30 @@ namespace fp8rl {
 
 using bf16 = __nv_bfloat16;
 
-// One layer's activations of a batch, kept for the backward pass (device, [Tp] rows).
+// One layer's activations of a batch, kept for the backward pass (device, [Tp] rows); a decode
+// step keeps one set for all layers.
 struct LayerActsGpu {
     bf16 *x, *xn1, *qp, *kp, *q, *k, *v, *att, *h1, *xn2, *g, *u, *a;  // x: the residual entering the layer
     float *rstd1, *rstd_q, *rstd_k, *lse, *rstd2;
+};
+
+// The rows one forward step runs over: T real rows in buffers of Tp (a multiple of 128 for the
+// FP8 GEMMs; the padding rows are zero GEMM operands), their positions [T], FP32 GEMM scratch
+// [Tp][max dim], and the precision of the linear layers.
+struct StepRows {
+    long T, Tp;
+    const int32_t* pos;
+    float* gemm_f32;
+    Precision precision;
+};
+
+struct RolloutState;  // rollout.cu: the KV cache and decode buffers of generation
+
+// What the last generate() did (tests and logs).
+struct RolloutStats {
+    int64_t prefills = 0, prefill_tokens = 0, decode_steps = 0, preemptions = 0;
+    int max_running = 0;                  // most sequences decoded in one step
+    std::vector<float> k_scale, v_scale;  // per layer, the FP8 cache's scales in use (empty for BF16)
 };
 
 class GpuEngine : public Engine {
@@ -110,10 +128,19 @@ class GpuEngine : public Engine {
         return memory_plan_text(plan_memory(c, plan_request(o, d), plan_constants()));
     }
 
+    // rollout.cu. Generation overwrites the state the last forward_train kept for backward.
     std::vector<Generation> generate(const std::vector<GenRequest>& requests, uint32_t step, const SamplingConfig& s,
-                                     Precision weights, Precision kv_cache, Progress* progress) override {
-        return host_engine().generate(requests, step, s, weights, kv_cache, progress);
+                                     Precision weights, Precision kv_cache, Progress* progress) override;
+    // Teacher forcing through the same prefill and paged decode: the completion of request i is
+    // tokens[i], each with its log-prob at temperature 1 (tests: decode against the forward).
+    std::vector<Generation> teacher_forced(const std::vector<GenRequest>& requests,
+                                           const std::vector<std::vector<int32_t>>& tokens, Precision weights,
+                                           Precision kv_cache);
+    const RolloutStats& rollout_stats() const { return rollout_stats_; }
+    void last_kv_scales(std::vector<float>* k_scale, std::vector<float>* v_scale) const override {
+        *k_scale = rollout_stats_.k_scale, *v_scale = rollout_stats_.v_scale;
     }
+    ~GpuEngine() override;
 
     void logprobs(const std::vector<Sequence>& seqs, Precision p, float temperature, TokenValues* logprob,
                   TokenValues* entropy) override {
@@ -189,7 +216,6 @@ class GpuEngine : public Engine {
                              steps_, lr, stream_);
         if (shards_ > 1) refresh_derived(full_master());
         else requantize_projections(master_.get());
-        host_stale_ = true;
     }
 
     int64_t optimizer_steps() const override { return steps_; }
@@ -287,9 +313,8 @@ class GpuEngine : public Engine {
     RopeTable rope_host_;
     int max_seqlen_ = 0;
 
-    // The host copy generation reads (cpu/engine_cpu.h on the downloaded master weights).
-    std::unique_ptr<CpuEngine> host_;
-    bool host_stale_ = true;
+    std::unique_ptr<RolloutState> rollout_;
+    RolloutStats rollout_stats_;
 
     // Picks the rank's GPU, its node-local rank (spec-gpu.md §6), and checks it.
     static void check_device() {
@@ -326,7 +351,6 @@ class GpuEngine : public Engine {
     void refresh_derived(const float* master) {
         cast(bf16_.get(), master, (long)num_floats(), stream_);
         requantize_projections(master);
-        host_stale_ = true;
     }
     void refresh_derived() { refresh_derived(master_.get()); }
 
@@ -375,26 +399,31 @@ class GpuEngine : public Engine {
         refresh_derived(grads_.get());
     }
 
-    CpuEngine& host_engine() {
-        if (!host_) host_.reset(new CpuEngine(source_dir_));
-        if (host_stale_) {
-            const float* master = full_master();  // collective under ZeRO-1: every rank generates here
-            TrainerState s;
-            s.master.resize(num_floats());
-            CUDA_CHECK(cudaMemcpy(s.master.data(), master, s.master.size() * sizeof(float), cudaMemcpyDeviceToHost));
-            host_->load_state(s);  // the weights only: the host engine never trains
-            host_stale_ = false;
-        }
-        return *host_;
-    }
-
     void forward(const std::vector<Sequence>& seqs, Precision p, float temperature, TokenValues* logprob, TokenValues* entropy);
+    // Embedding, every layer and the final norm over the packed batch (xf_ [Tp][C]).
+    void trunk_forward(const std::vector<Sequence>& seqs, Precision p);
     void prepare_batch(const std::vector<Sequence>& seqs);
     // Layer l's forward into layers_[l]; recomputing: all but its output (the next layer's input).
     void layer_forward(int l, bool recomputing);
+    void ensure_rope(int positions);
+    void ensure_scratch(long rows);
+    StepRows batch_rows() { return {T_, Tp_, pos_.get(), gemm_f32_, precision_}; }
+    // The layer step shared by the training forward, prefill and decode: A.x -> A.q, A.k (after
+    // q/k-norm and RoPE at r.pos), A.v; then, with A.att filled by attention, A.att -> out (nullptr:
+    // stop before the down projection, recomputing a layer whose output is kept).
+    void attention_inputs(LayerActsGpu& A, int l, const StepRows& r);
+    void attention_outputs(LayerActsGpu& A, bf16* out, int l, const StepRows& r);
     void layer_backward(int l, bf16* dh);
     // dst [T][n] = a linear layer's output: BF16 directly, or FP32 + bias, then BF16.
-    void project(bf16* dst, const bf16* x, int l, Projection j, size_t bias);
+    void project(bf16* dst, const bf16* x, int l, Projection j, size_t bias, const StepRows& r);
+    // rollout.cu
+    std::vector<Generation> rollout(const std::vector<GenRequest>& requests, const std::vector<std::vector<int32_t>>* forced,
+                                    uint32_t step, const SamplingConfig& s, Precision weights, Precision kv_cache,
+                                    Progress* progress);
+    void calibrate_kv_scales(const std::vector<GenRequest>& requests, Precision weights);
+    void prefill(const std::vector<int>& prompt_ids, Precision weights);
+    void decode_step(const std::vector<int>& seqs, Precision weights);
+    void sample_rows(int rows, const SamplingConfig& s, uint32_t step);
     // dx (FP32, accumulated when asked) and the weight (and bias) gradient of projection j.
     void project_backward(float* dx, bool accumulate, const bf16* dy, const bf16* x, int l, Projection j, size_t bias);
 };
@@ -428,12 +457,7 @@ inline void GpuEngine::prepare_batch(const std::vector<Sequence>& seqs) {
     pos_.resize((size_t)T, "positions"), pos_.upload(pos_host_);
     target_.resize((size_t)T, "targets"), target_.upload(target_host_);
     cu_seqlens_.resize(cu.size(), "sequence offsets"), cu_seqlens_.upload(cu);
-    if (!rope_ || rope_host_.positions < max_seqlen_) {
-        rope_host_ = RopeTable{m.D / 2, m.inv_freq, {}, {}, 0};
-        rope_host_.ensure(max_seqlen_);
-        rope_.reset();
-        rope_.reset(new DeviceRopeTable(rope_host_));
-    }
+    ensure_rope(max_seqlen_);
     // BF16 activations, kept for the backward pass; zero, so the padding rows are zero operands.
     // Every layer's input x; the rest of a layer's activations (`inner`) per layer, or with
     // --recompute layer one set that every layer's forward, and its recomputation just before its
@@ -469,60 +493,91 @@ inline void GpuEngine::prepare_batch(const std::vector<Sequence>& seqs) {
     hf_ = take_b(Tp * C), xf_ = take_b(Tp * C);
     rstdf_ = take_f(T), head_logprob_ = take_f(T), head_entropy_ = take_f(T), head_lse_ = take_f(T), head_mu_ = take_f(T);
     gemm_f32_ = take_f(Tp * max_dim);
-    if (!scratch_ || scratch_max_tokens_ < Tp) {
-        scratch_.reset();  // freed before the larger one is allocated: the plan counts one
-        scratch_.reset(new LinearScratch((int)Tp, (int)max_dim, false));
-        scratch_max_tokens_ = Tp;
-    }
+    ensure_scratch(Tp);
 }
 
-inline void GpuEngine::project(bf16* dst, const bf16* x, int l, Projection j, size_t bias) {
+inline void GpuEngine::ensure_rope(int positions) {
+    if (rope_ && rope_host_.positions >= positions) return;
+    rope_host_ = RopeTable{model_.D / 2, model_.inv_freq, {}, {}, 0};
+    rope_host_.ensure(positions);
+    rope_.reset();  // freed before the larger one is allocated: the memory plan counts one
+    rope_.reset(new DeviceRopeTable(rope_host_));
+}
+
+inline void GpuEngine::ensure_scratch(long rows) {
+    if (scratch_ && scratch_max_tokens_ >= rows) return;
+    const CpuModel& m = model_;
+    const long max_dim = std::max(std::max((long)m.C, (long)m.I), std::max((long)m.H * m.D, (long)m.KV * m.D));
+    scratch_.reset();  // freed before the larger one is allocated: the memory plan counts one
+    scratch_.reset(new LinearScratch((int)rows, (int)max_dim, false));
+    scratch_max_tokens_ = rows;
+}
+
+inline void GpuEngine::project(bf16* dst, const bf16* x, int l, Projection j, size_t bias, const StepRows& r) {
     const LinearDevice W = linear(l, j);
-    if (bias == kNoTensor) return linear_forward_gpu(gemm_, *scratch_, precision_, W, x, (int)Tp_, dst, GemmOut::BF16, stream_);
+    if (bias == kNoTensor)
+        return linear_forward_gpu(gemm_, *scratch_, r.precision, W, x, (int)r.Tp, dst, GemmOut::BF16, stream_);
     // the bias joins the FP32 product before the one BF16 rounding, as on the CPU
-    linear_forward_gpu(gemm_, *scratch_, precision_, W, x, (int)Tp_, gemm_f32_, GemmOut::F32, stream_);
-    bias_add(dst, gemm_f32_, wb(bias), T_, W.N, stream_);
+    linear_forward_gpu(gemm_, *scratch_, r.precision, W, x, (int)r.Tp, r.gemm_f32, GemmOut::F32, stream_);
+    bias_add(dst, r.gemm_f32, wb(bias), r.T, W.N, stream_);
 }
 
-inline void GpuEngine::layer_forward(int l, bool recomputing) {
+inline void GpuEngine::attention_inputs(LayerActsGpu& A, int l, const StepRows& r) {
     const CpuModel& m = model_;
     const LayerTensors& w = m.layers[l];
-    LayerActsGpu& A = layers_[l];
-    const long T = T_;
-    bf16* out = l + 1 < m.L ? layers_[l + 1].x : hf_;
+    const long T = r.T;
     rmsnorm_forward(A.xn1, A.rstd1, A.x, wb(w.ln1), T, m.C, m.eps, stream_);
-    project(m.qk_norm ? A.qp : A.q, A.xn1, l, kQ, w.bq);
-    project(m.qk_norm ? A.kp : A.k, A.xn1, l, kK, w.bk);
-    project(A.v, A.xn1, l, kV, w.bv);
+    project(m.qk_norm ? A.qp : A.q, A.xn1, l, kQ, w.bq, r);
+    project(m.qk_norm ? A.kp : A.k, A.xn1, l, kK, w.bk, r);
+    project(A.v, A.xn1, l, kV, w.bv, r);
     if (m.qk_norm) {
         rmsnorm_forward(A.q, A.rstd_q, A.qp, wb(w.q_norm), T * m.H, m.D, m.eps, stream_);
         rmsnorm_forward(A.k, A.rstd_k, A.kp, wb(w.k_norm), T * m.KV, m.D, m.eps, stream_);
     }
-    rope_forward(A.q, A.q, pos_.get(), rope_->view(), T, m.H, true, stream_);
-    rope_forward(A.k, A.k, pos_.get(), rope_->view(), T, m.KV, true, stream_);
-    const PackedAttentionShape shape{T, m.H, m.KV, m.D, batch_.num_sequences(), max_seqlen_};
-    attention_forward(A.att, A.lse, A.q, A.k, A.v, cu_seqlens_.get(), shape, stream_);
-    project(A.h1, A.att, l, kO, kNoTensor);
+    rope_forward(A.q, A.q, r.pos, rope_->view(), T, m.H, true, stream_);
+    rope_forward(A.k, A.k, r.pos, rope_->view(), T, m.KV, true, stream_);
+}
+
+inline void GpuEngine::attention_outputs(LayerActsGpu& A, bf16* out, int l, const StepRows& r) {
+    const CpuModel& m = model_;
+    const LayerTensors& w = m.layers[l];
+    const long T = r.T;
+    project(A.h1, A.att, l, kO, kNoTensor, r);
     residual_add(A.h1, A.x, A.h1, T * m.C, stream_);
     rmsnorm_forward(A.xn2, A.rstd2, A.h1, wb(w.ln2), T, m.C, m.eps, stream_);
-    project(A.g, A.xn2, l, kGate, kNoTensor);
-    project(A.u, A.xn2, l, kUp, kNoTensor);
+    project(A.g, A.xn2, l, kGate, kNoTensor, r);
+    project(A.u, A.xn2, l, kUp, kNoTensor, r);
     swiglu_forward(A.a, A.g, A.u, T * m.I, stream_);
-    if (recomputing) return;  // the output is the next layer's input, kept
-    project(out, A.a, l, kDown, kNoTensor);
+    if (!out) return;  // recomputing: the output is the next layer's input, kept
+    project(out, A.a, l, kDown, kNoTensor, r);
     residual_add(out, A.h1, out, T * m.C, stream_);
 }
 
-inline void GpuEngine::forward(const std::vector<Sequence>& seqs, Precision p, float temperature, TokenValues* logprob,
-                               TokenValues* entropy) {
-    if (!(temperature > 0.0f)) fail("GpuEngine: temperature must be > 0 (got %g)", temperature);
+inline void GpuEngine::layer_forward(int l, bool recomputing) {
+    const CpuModel& m = model_;
+    LayerActsGpu& A = layers_[l];
+    const StepRows r = batch_rows();
+    attention_inputs(A, l, r);
+    const PackedAttentionShape shape{T_, m.H, m.KV, m.D, batch_.num_sequences(), max_seqlen_};
+    attention_forward(A.att, A.lse, A.q, A.k, A.v, cu_seqlens_.get(), shape, stream_);
+    attention_outputs(A, recomputing ? nullptr : l + 1 < m.L ? layers_[l + 1].x : hf_, l, r);
+}
+
+inline void GpuEngine::trunk_forward(const std::vector<Sequence>& seqs, Precision p) {
     precision_ = p;
-    temperature_ = temperature;
     prepare_batch(seqs);
     const CpuModel& m = model_;
     embedding_forward(layers_[0].x, wb(m.embed), ids_.get(), T_, m.V, m.C, stream_);
     for (int l = 0; l < m.L; l++) layer_forward(l, false);
     rmsnorm_forward(xf_, rstdf_, hf_, wb(m.final_norm), T_, m.C, m.eps, stream_);
+}
+
+inline void GpuEngine::forward(const std::vector<Sequence>& seqs, Precision p, float temperature, TokenValues* logprob,
+                               TokenValues* entropy) {
+    if (!(temperature > 0.0f)) fail("GpuEngine: temperature must be > 0 (got %g)", temperature);
+    temperature_ = temperature;
+    trunk_forward(seqs, p);
+    const CpuModel& m = model_;
     head_.forward(head_logprob_, head_entropy_, head_lse_, head_mu_, xf_, wb(m.lm_head), target_.get(), (int)T_,
                   {m.V, m.C, temperature}, stream_);
     std::vector<float> lp((size_t)T_), ent((size_t)T_);
@@ -642,5 +697,7 @@ inline void GpuEngine::backward(const TokenValues& d_logprob, const TokenValues&
 }
 
 }  // namespace fp8rl
+
+#include "rollout.cu"  // GpuEngine's generation, after the class it completes
 
 #endif  // FP8RL_ENGINE_GPU_CUH

@@ -80,6 +80,9 @@ inline const std::vector<FlagSpec>& flag_table() {
         {"top_k", "sampling", FlagKind::Int, "0", "0..", "sample among the k most likely tokens (0 = off)"},
         {"max_new_tokens", "sampling", FlagKind::Int, "256", "1..", "generation budget per completion"},
         {"kv_cache", "sampling", FlagKind::Choice, "bf16", "fp32|bf16|fp8", "KV cache storage during generation (fp32 only on the CPU engine)"},
+        {"rollout_slots", "sampling", FlagKind::Int, "64", "1..4096", "GPU engine only: sequences decoded together; a finished one frees its slot at once"},
+        {"kv_cache_mb", "sampling", FlagKind::Float, "0", "0..", "GPU engine only: MiB of KV cache pages (0 = every slot at full length); when full, the newest sequence is preempted and redone"},
+        {"kv_page_tokens", "sampling", FlagKind::Int, "16", "1..4096", "GPU engine only: tokens per KV cache page"},
         {"eval_k", "sampling", FlagKind::Int, "4", "0..", "eval: samples per prompt at --temperature for mean@k (0 = greedy only)"},
         // optimizer
         {"lr", "optimizer", FlagKind::Float, "1e-6", "0..", "AdamW peak learning rate"},

@@ -327,6 +327,15 @@ inline std::vector<Sample> Trainer::rollout(MetricRow& m, double* gen_seconds, i
         m.set("dynamic_sampling/num_gen_batches", (double)attempts);
         m.set("dynamic_sampling/kept_group_fraction", (double)kept_groups_global / (double)seen_groups_global);
     }
+    // the FP8 KV cache's scales of the last generation, recalibrated on every call
+    std::vector<float> k_scale, v_scale;
+    engine_.last_kv_scales(&k_scale, &v_scale);
+    if (!k_scale.empty()) {
+        m.set("fp8/kv_scale_k_min", *std::min_element(k_scale.begin(), k_scale.end()));
+        m.set("fp8/kv_scale_k_max", *std::max_element(k_scale.begin(), k_scale.end()));
+        m.set("fp8/kv_scale_v_min", *std::min_element(v_scale.begin(), v_scale.end()));
+        m.set("fp8/kv_scale_v_max", *std::max_element(v_scale.begin(), v_scale.end()));
+    }
     std::vector<double> advantages;
     for (const Sample& x : kept) advantages.push_back(x.advantage);
     summary_metrics(dist_, "critic/advantages", advantages, m);

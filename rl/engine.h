@@ -55,6 +55,9 @@ struct EngineOptions {
     int zero = 1;
     double collective_timeout_s = 600;  // GPU engine: how long a collective waits for the other ranks
     bool recompute_layer = false;  // --recompute layer (GPU engine): keep layer inputs, recompute the rest in backward
+    int rollout_slots = 64;     // GPU: sequences decoded together (continuous batching)
+    double kv_cache_mb = 0;     // GPU: KV page pool in MiB; 0 = every slot at its longest
+    int kv_page_tokens = 16;    // GPU: tokens per KV page
 };
 
 // The most a training run asks of an engine's memory at once, known before the engine exists (an
@@ -80,6 +83,9 @@ public:
     virtual std::vector<Generation> generate(const std::vector<GenRequest>& requests, uint32_t step,
                                              const SamplingConfig& sampling, Precision weights, Precision kv_cache,
                                              Progress* progress) = 0;
+
+    // The FP8 KV-cache scales per layer (K, V) the last generate() used; empty unless its cache was FP8.
+    virtual void last_kv_scales(std::vector<float>* k_scale, std::vector<float>* v_scale) const = 0;
 
     // Log-prob (and entropy, when asked) of every response position; no state kept.
     virtual void logprobs(const std::vector<Sequence>& seqs, Precision precision, float temperature, TokenValues* logprob,

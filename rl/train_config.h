@@ -67,6 +67,9 @@ inline EngineOptions engine_options_from_args(const Args& a) {
     o.zero = (int)a.integer("zero");
     o.collective_timeout_s = a.number("collective_timeout");
     o.recompute_layer = a.str("recompute") == "layer";
+    o.rollout_slots = (int)a.integer("rollout_slots");
+    o.kv_cache_mb = a.number("kv_cache_mb");
+    o.kv_page_tokens = (int)a.integer("kv_page_tokens");
     return o;
 }
 

@@ -1,0 +1,260 @@
+// test_rollout.cu: generation on the GPU engine (rollout.cu over kv_cache.cuh's pages) against
+// independent references: the engine's own prefill forward (teacher-forced decode), the CPU
+// engine's greedy generation, and each request generated alone (scheduling), plus bad input.
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "cpu/engine_cpu.h"
+#include "cuda/engine_gpu.cuh"
+#include "test/gpu/gpu_util.cuh"
+#include "test/harness.h"
+#include "test/temp_dir.h"
+
+using namespace fp8rl;
+
+namespace {
+
+const char* const kFixtures[] = {"test/fixtures/models/qwen3_tiny", "test/fixtures/models/qwen2_tiny",
+                                 "test/fixtures/models/llama_tiny", "test/fixtures/models/qwen3_gqa3_tiny"};
+
+std::vector<int32_t> random_ids(int n, int V, uint32_t seed) {
+    std::vector<int32_t> ids;
+    for (int i = 0; i < n; i++) ids.push_back((int32_t)((hash_uniform(i, seed) + 1.0f) * 0.5f * (V - 1)));
+    return ids;
+}
+
+// Prompts of ragged lengths (1 to 23 tokens), each its own sequence key.
+std::vector<GenRequest> ragged_requests(int count, int V, uint32_t seed) {
+    std::vector<GenRequest> r;
+    for (int i = 0; i < count; i++) r.push_back({random_ids(1 + (i * 7) % 23, V, seed + 31 * i), (uint32_t)(100 + i)});
+    return r;
+}
+
+double rms(const std::vector<double>& d) {
+    double s = 0;
+    for (double x : d) s += x * x;
+    return std::sqrt(s / std::max<size_t>(d.size(), 1));
+}
+
+EngineOptions small_pages(int page_tokens) {
+    EngineOptions o;
+    o.kv_page_tokens = page_tokens;
+    return o;
+}
+
+}  // namespace
+
+// Teacher forcing through the pages: feeding prompt + completion token by token (prefill of the
+// prompt, then one decode step per token over pages of 4 tokens, so sequences span many pages)
+// gives the log-probs the engine's prefill forward gives over the whole sequence. The bound,
+// justified: both paths store the same BF16 activations except in attention (the decode kernel
+// reads the cached K/V and sums in its own order and roundings; FlashAttention-2 rounds its
+// unnormalized probabilities), so they are two BF16 computations of the same function. The size of
+// one such computation's rounding is the CPU engine's distance from bf16 to fp32 on the same
+// sequences: the decode path must be within twice that RMS of the prefill. With an FP8 cache K and
+// V are rounded to E4M3 (3 mantissa bits, 16x BF16's relative step): its distance to the prefill is
+// reported and bounded by 16x the BF16 bound. Under ASan only the GQA-3 fixture runs.
+TEST(rollout_teacher_forced_decode_matches_prefill) {
+    REQUIRE_GPU();
+    const std::vector<const char*> dirs = harness::sanitized ? std::vector<const char*>{kFixtures[3]}
+                                                             : std::vector<const char*>{kFixtures[0], kFixtures[1], kFixtures[3]};
+    for (const char* dir : dirs) {
+        CpuEngine cpu(dir);
+        GpuEngine gpu(dir, small_pages(4));
+        const int V = (int)cpu.config().vocab_size;
+        std::vector<GenRequest> requests = ragged_requests(5, V, 11);
+        std::vector<std::vector<int32_t>> completions;
+        std::vector<Sequence> seqs;
+        for (size_t i = 0; i < requests.size(); i++) {
+            completions.push_back(random_ids(3 + 5 * (int)i, V, 500 + (uint32_t)i));
+            Sequence s{requests[i].prompt, (int32_t)requests[i].prompt.size()};
+            s.ids.insert(s.ids.end(), completions.back().begin(), completions.back().end());
+            seqs.push_back(s);
+        }
+        TokenValues prefill, cpu32, cpu16;
+        gpu.logprobs(seqs, Precision::BF16, 1.0f, &prefill, nullptr);
+        cpu.logprobs(seqs, Precision::FP32, 1.0f, &cpu32, nullptr);
+        cpu.logprobs(seqs, Precision::BF16, 1.0f, &cpu16, nullptr);
+        std::vector<double> noise;
+        for (size_t s = 0; s < seqs.size(); s++)
+            for (size_t k = 0; k < cpu16[s].size(); k++) noise.push_back((double)cpu16[s][k] - cpu32[s][k]);
+        const double bound = 2 * rms(noise);
+        double by_kv[2] = {0, 0};
+        for (Precision kv : {Precision::BF16, Precision::FP8}) {
+            std::vector<Generation> dec = gpu.teacher_forced(requests, completions, Precision::BF16, kv);
+            std::vector<double> d;
+            bool same_tokens = dec.size() == seqs.size();
+            for (size_t s = 0; s < dec.size() && same_tokens; s++) {
+                same_tokens = dec[s].tokens == completions[s] && dec[s].logprobs.size() == prefill[s].size();
+                for (size_t k = 0; same_tokens && k < prefill[s].size(); k++) d.push_back((double)dec[s].logprobs[k] - prefill[s][k]);
+            }
+            CHECK_MSG(same_tokens, "%s: teacher forcing did not return the forced tokens", dir);
+            by_kv[kv == Precision::FP8] = rms(d);
+            if (kv == Precision::FP8) CHECK(gpu.rollout_stats().k_scale.size() == (size_t)cpu.config().num_layers);
+        }
+        printf("    %s: RMS(decode - prefill) bf16 KV %.3g, fp8 KV %.3g; bound %.3g (bf16), %.3g (fp8)\n", dir, by_kv[0],
+               by_kv[1], bound, 16 * bound);
+        CHECK_MSG(by_kv[0] <= bound, "%s: bf16 KV decode off the prefill by %.3g RMS (bound %.3g)", dir, by_kv[0], bound);
+        CHECK_MSG(by_kv[1] <= 16 * bound, "%s: fp8 KV decode off the prefill by %.3g RMS (bound %.3g)", dir, by_kv[1],
+                  16 * bound);
+    }
+}
+
+// Greedy generation against the CPU engine's (bf16 weights and KV cache, the same rounding points)
+// on every fixture. Logits differ by summation order (BF16 GEMMs and attention kernels), so a
+// completion can leave the CPU's where two tokens' logits are within that noise. Each divergence
+// is explained by the CPU's own log-probs at that position: the two candidates must be a near tie
+// (log-prob gap below 0.05, ~10x the engines' BF16 log-prob RMS distance of test_engine.cu);
+// at least 3/4 of the completions must match exactly, and the fraction is reported.
+TEST(rollout_greedy_matches_cpu_engine) {
+    REQUIRE_GPU();
+    int same = 0, total = 0;
+    for (const char* dir : kFixtures) {
+        if (harness::sanitized && dir != kFixtures[2] && dir != kFixtures[3]) continue;  // ASan: 2 of the 4
+        CpuEngine cpu(dir);
+        GpuEngine gpu(dir, small_pages(8));
+        const int V = (int)cpu.config().vocab_size;
+        std::vector<GenRequest> requests = ragged_requests(6, V, 77);
+        SamplingConfig s;
+        s.temperature = 0.0f;
+        s.max_new_tokens = 12;
+        std::vector<Generation> want = cpu.generate(requests, 0, s, Precision::BF16, Precision::BF16, nullptr);
+        std::vector<Generation> got = gpu.generate(requests, 0, s, Precision::BF16, Precision::BF16, nullptr);
+        CHECK_EQ(got.size(), want.size());
+        for (size_t i = 0; i < std::min(got.size(), want.size()); i++) {
+            total++;
+            if (got[i].tokens == want[i].tokens) {
+                same++;
+                CHECK(got[i].finished == want[i].finished);
+                for (size_t k = 0; k < got[i].logprobs.size(); k++)
+                    CHECK_NEAR(got[i].logprobs[k], want[i].logprobs[k], 0, 0.05);
+                continue;
+            }
+            size_t k = 0;
+            while (k < got[i].tokens.size() && k < want[i].tokens.size() && got[i].tokens[k] == want[i].tokens[k]) k++;
+            CHECK_MSG(k < got[i].tokens.size() && k < want[i].tokens.size(), "%s request %zu: one completion is a prefix of the other", dir, i);
+            if (k >= got[i].tokens.size() || k >= want[i].tokens.size()) continue;
+            // the CPU's log-probs of both candidates after the shared prefix
+            std::vector<Sequence> two(2, Sequence{requests[i].prompt, (int32_t)requests[i].prompt.size()});
+            for (Sequence& q : two) q.ids.insert(q.ids.end(), want[i].tokens.begin(), want[i].tokens.begin() + (long)k);
+            two[0].ids.push_back(want[i].tokens[k]);
+            two[1].ids.push_back(got[i].tokens[k]);
+            TokenValues lp;
+            cpu.logprobs(two, Precision::BF16, 1.0f, &lp, nullptr);
+            const double gap = (double)lp[0][k] - lp[1][k];
+            printf("    %s request %zu: differs at token %zu (CPU %d, GPU %d), CPU log-prob gap %.3g\n", dir, i, k,
+                   want[i].tokens[k], got[i].tokens[k], gap);
+            CHECK_MSG(std::fabs(gap) < 0.05, "%s request %zu: GPU greedy token %d is not a near tie of the CPU's %d (gap %.3g)",
+                      dir, i, got[i].tokens[k], want[i].tokens[k], gap);
+        }
+    }
+    printf("    greedy completions equal to the CPU engine's: %d of %d\n", same, total);
+    CHECK(4 * same >= 3 * total);
+}
+
+namespace {
+
+// A copy of a fixture model whose generation config stops on ids 0..39 (1/8 of the vocabulary),
+// so sampled completions end anywhere from 1 token to the budget.
+std::string many_eos_model(const harness::TempDir& tmp, const char* dir) {
+    const std::string out = tmp / "many_eos";
+    std::filesystem::create_directories(out);
+    for (const auto& e : std::filesystem::directory_iterator(dir))
+        std::filesystem::copy_file(e.path(), out + "/" + e.path().filename().string());
+    std::string eos;
+    for (int i = 0; i < 40; i++) eos += strfmt("%s%d", i ? ", " : "", i);
+    harness::write_text(out + "/generation_config.json", "{\"eos_token_id\": [" + eos + "]}\n");
+    return out;
+}
+
+}  // namespace
+
+// Scheduling: 5 prompts x 2 samples through 3 slots with a page pool too small for three long
+// sequences (pages of 4 tokens), so sequences wait for slots, finish at every length, share their
+// prompt's pages and get preempted; every completion must equal the same request generated alone
+// (one slot: its prompt prefilled for it alone), bit for bit. With every request in a slot at once
+// each prompt is prefilled once for its two samples.
+TEST(rollout_scheduling_matches_each_request_alone) {
+    REQUIRE_GPU();
+    harness::TempDir tmp;
+    const std::string dir = many_eos_model(tmp, kFixtures[0]);
+    SamplingConfig s;
+    s.temperature = 1.0f;
+    s.max_new_tokens = 16;
+    s.seed = 5;
+    const Precision kv = Precision::BF16;  // the schedule is the same for either storage
+    std::vector<GenRequest> requests;
+    long distinct_prompt_tokens = 0;
+    for (const GenRequest& r : ragged_requests(5, 320, 3)) {
+        distinct_prompt_tokens += (long)r.prompt.size();
+        for (int g = 0; g < 2; g++) requests.push_back({r.prompt, r.sequence * 2 + (uint32_t)g});
+    }
+    EngineOptions tight = small_pages(4), one_slot = small_pages(4), wide = small_pages(4);
+    tight.rollout_slots = 3;
+    const size_t page = PagedKvCache::page_bytes({2, 2, 32, 4, 1}, kv);
+    tight.kv_cache_mb = (16 * page + page / 2) / 1048576.0;  // 16 pages: 2 sequences at full length hold 12
+    one_slot.rollout_slots = 1;
+    GpuEngine batched(dir, tight), alone(dir, one_slot), together(dir, wide);
+    const std::vector<Generation> all = batched.generate(requests, 2, s, Precision::BF16, kv, nullptr);
+    const std::vector<Generation> each = alone.generate(requests, 2, s, Precision::BF16, kv, nullptr);
+    const std::vector<Generation> at_once = together.generate(requests, 2, s, Precision::BF16, kv, nullptr);
+    const RolloutStats st = batched.rollout_stats();
+    std::vector<size_t> lengths;
+    CHECK(all.size() == requests.size() && each.size() == requests.size() && at_once.size() == requests.size());
+    for (size_t i = 0; i < std::min(all.size(), each.size()); i++) {
+        CHECK_MSG(each[i].tokens == all[i].tokens && each[i].logprobs == all[i].logprobs && each[i].finished == all[i].finished,
+                  "request %zu: batched completion (%zu tokens) differs from the one alone (%zu tokens)", i,
+                  all[i].tokens.size(), each[i].tokens.size());
+        CHECK_MSG(i >= at_once.size() || (each[i].tokens == at_once[i].tokens && each[i].logprobs == at_once[i].logprobs),
+                  "request %zu: with every request in a slot the completion differs from the one alone", i);
+        lengths.push_back(all[i].tokens.size());
+    }
+    std::sort(lengths.begin(), lengths.end());
+    printf("    3 slots: %lld prefills of %lld tokens, %lld decode steps, %lld preemptions, at most %d running; lengths "
+           "%zu..%zu; all at once: %lld prompt tokens prefilled of %ld distinct\n",
+           (long long)st.prefills, (long long)st.prefill_tokens, (long long)st.decode_steps, (long long)st.preemptions,
+           st.max_running, lengths.front(), lengths.back(), (long long)together.rollout_stats().prefill_tokens,
+           distinct_prompt_tokens);
+    CHECK(st.preemptions > 0);
+    CHECK_EQ(st.max_running, 3);
+    CHECK_EQ(alone.rollout_stats().max_running, 1);
+    CHECK_EQ(together.rollout_stats().prefill_tokens, distinct_prompt_tokens);
+    CHECK_EQ(together.rollout_stats().prefills, (int64_t)1);
+    CHECK_EQ(lengths.front(), (size_t)1);
+    CHECK_EQ(lengths.back(), (size_t)s.max_new_tokens);
+}
+
+// Bad input: one clear error each, never a hang.
+TEST(rollout_bad_input_fails_clearly) {
+    REQUIRE_GPU();
+    const char* dir = kFixtures[0];  // 512 positions
+    SamplingConfig s;
+    s.max_new_tokens = 8;
+    {
+        GpuEngine gpu(dir);
+        CHECK_THROWS(gpu.generate({{random_ids(513, 320, 1), 0}}, 0, s, Precision::BF16, Precision::BF16, nullptr),
+                     "more than the model's 512 positions");
+        SamplingConfig far = s;
+        far.max_new_tokens = 600;
+        CHECK_THROWS(gpu.generate({{random_ids(5, 320, 1), 0}}, 0, far, Precision::BF16, Precision::BF16, nullptr),
+                     "lower --max_new_tokens");
+        CHECK_THROWS(gpu.generate({{{}, 0}}, 0, s, Precision::BF16, Precision::BF16, nullptr), "prompt 0 is empty");
+        CHECK_THROWS(gpu.generate({{{5, 320}, 0}}, 0, s, Precision::BF16, Precision::BF16, nullptr), "outside the vocabulary");
+        CHECK_THROWS(gpu.generate({{{5}, 0}}, 0, s, Precision::BF16, Precision::FP32, nullptr), "not fp32");
+    }
+    {
+        EngineOptions o;
+        o.kv_cache_mb = 0.001;  // 1 KiB: not one page of 16 tokens
+        GpuEngine gpu(dir, o);
+        CHECK_THROWS(gpu.generate({{{5, 6}, 0}}, 0, s, Precision::BF16, Precision::BF16, nullptr), "raise --kv_cache_mb");
+    }
+    {
+        EngineOptions o;
+        o.kv_cache_mb = 1e6;  // a terabyte: more than the device has
+        GpuEngine gpu(dir, o);
+        CHECK_THROWS(gpu.generate({{{5, 6}, 0}}, 0, s, Precision::BF16, Precision::BF16, nullptr), "out of GPU memory");
+    }
+}
