@@ -36,6 +36,51 @@
 
 namespace fp8rl {
 
+// The sizes of what generate() allocates for `requests` requests of at most longest_prompt +
+// max_new_tokens tokens, beyond the training forward's buffers (prefill runs in those): the KV page
+// pool and the decode step's buffers, in elements. One function for the allocation and for the
+// memory plan (rollout_device_bytes), so the two cannot drift apart.
+struct RolloutSizes {
+    int slots = 0;       // sequences decoded together
+    long rows = 0;       // decode rows: the slots, padded to 128 for the FP8 GEMMs
+    KvCacheShape shape{};
+    size_t act = 0, act_f32 = 0, logits = 0, sample_scratch = 0, padded_head = 0, table = 0;  // elements
+};
+
+inline RolloutSizes rollout_sizes(const ModelConfig& c, const EngineOptions& o, long requests, long longest_prompt,
+                                  int max_new_tokens, Precision kv_cache) {
+    RolloutSizes z;
+    z.slots = (int)std::min<long>(o.rollout_slots, requests);
+    if (z.slots < 1 || o.kv_page_tokens < 1) fail("generate: --rollout_slots and --kv_page_tokens must be at least 1");
+    const long longest = longest_prompt + max_new_tokens;
+    const int max_pages = (int)((longest + o.kv_page_tokens - 1) / o.kv_page_tokens);
+    z.shape = KvCacheShape{(int)c.num_layers, (int)c.num_kv_heads, (int)c.head_dim, o.kv_page_tokens, 1};
+    const size_t page_bytes = PagedKvCache::page_bytes(z.shape, kv_cache);
+    z.shape.pages = o.kv_cache_mb > 0 ? (int)std::min(o.kv_cache_mb * 1048576.0 / page_bytes, 1e9) : z.slots * (max_pages + 1);
+    const long C = c.hidden_size, Q = c.q_dim(), Kd = c.kv_dim(), I = c.intermediate_size, V = c.vocab_size;
+    const long V8 = round_up8((int)V), max_dim = std::max(std::max(C, I), std::max(Q, Kd));
+    z.rows = (z.slots + 127) / 128 * 128;
+    z.act = (size_t)(z.rows * (6 * C + (c.qk_norm ? Q + Kd : 0) + 2 * Q + 2 * Kd + 3 * I));
+    z.act_f32 = (size_t)(z.rows * (3 + c.num_heads + c.num_kv_heads + max_dim));
+    z.logits = (size_t)(z.rows * V8);
+    z.sample_scratch = (size_t)z.slots * V;
+    z.padded_head = V % 8 ? (size_t)V8 * C : 0;
+    z.table = (size_t)z.slots * max_pages;
+    return z;
+}
+
+inline size_t rollout_device_bytes(const ModelConfig& c, const EngineOptions& o, long requests, long longest_prompt,
+                                   int max_new_tokens, Precision kv_cache, int sm_count) {
+    const RolloutSizes z = rollout_sizes(c, o, requests, longest_prompt, max_new_tokens, kv_cache);
+    return PagedKvCache::bytes(z.shape, kv_cache) +
+           PagedKvCache::decode_workspace_bytes(z.shape, z.slots, (int)c.num_heads, sm_count) +
+           (z.act + z.padded_head) * sizeof(bf16) + (z.act_f32 + z.logits + z.sample_scratch) * sizeof(float) +
+           z.table * sizeof(int32_t) + (size_t)z.slots * (5 * sizeof(int32_t) + 2 * sizeof(uint32_t) + sizeof(SampledToken)) +
+           // the prompts' last hidden states (at most one per request), a prefill's cache rows, the KV amax
+           (size_t)requests * c.hidden_size * sizeof(bf16) + (size_t)z.slots * longest_prompt * sizeof(int32_t) +
+           2 * (size_t)c.num_layers * sizeof(float);
+}
+
 // Teacher forcing, one thread per row of logits [rows][ld]: the given token forced[r] with its
 // log-prob at temperature 1 over the first n columns, as rl/sampling.h computes logprob_full.
 // scratch [rows][n].
@@ -153,23 +198,21 @@ inline std::vector<Generation> GpuEngine::rollout(const std::vector<GenRequest>&
     RolloutState& R = *rollout_;
     rollout_stats_ = RolloutStats();
 
-    // the page pool: every slot at its longest, or the pages --kv_cache_mb holds
-    const int slots = std::min(options_.rollout_slots, (int)requests.size());
-    R.page_tokens = options_.kv_page_tokens;
+    // the page pool (every slot at its longest, or the pages --kv_cache_mb holds) and the decode buffers
+    const RolloutSizes z = rollout_sizes(weights_.config, options_, (long)requests.size(), longest, s.max_new_tokens, kv_cache);
+    const int slots = z.slots;
+    R.page_tokens = z.shape.page_tokens;
     R.max_len = (int)(longest + s.max_new_tokens);
     R.max_pages = R.pages_for(R.max_len);
-    if (slots < 1 || R.page_tokens < 1) fail("generate: --rollout_slots and --kv_page_tokens must be at least 1");
-    KvCacheShape shape{m.L, m.KV, m.D, R.page_tokens, 1};
-    const size_t page_bytes = PagedKvCache::page_bytes(shape, kv_cache);
-    shape.pages = options_.kv_cache_mb > 0 ? (int)std::min(options_.kv_cache_mb * 1048576.0 / page_bytes, 1e9)
-                                           : slots * (R.max_pages + 1);
+    const KvCacheShape shape = z.shape;
     // the last token of a completion is never fed: a sequence holds prompt + max_new_tokens - 1
     // positions, plus its prompt's unwritten partial page
     const int needed = R.pages_for(longest + s.max_new_tokens - 1) + 1;
     if (shape.pages < needed)
         fail("generate: --kv_cache_mb %g holds %d KV pages of %d tokens (%zu bytes each), but the longest request "
              "(%ld prompt + %d new tokens) needs %d; raise --kv_cache_mb or lower --max_new_tokens",
-             options_.kv_cache_mb, shape.pages, R.page_tokens, page_bytes, longest, s.max_new_tokens, needed);
+             options_.kv_cache_mb, shape.pages, R.page_tokens, PagedKvCache::page_bytes(shape, kv_cache), longest,
+             s.max_new_tokens, needed);
     const KvCacheShape& had = R.cache ? R.cache->shape() : shape;
     if (!R.cache || R.cache->storage() != kv_cache || had.pages != shape.pages || had.page_tokens != shape.page_tokens) {
         R.cache.reset();  // free the old pool before the new one is allocated
@@ -181,15 +224,14 @@ inline std::vector<Generation> GpuEngine::rollout(const std::vector<GenRequest>&
     R.page_refs.assign((size_t)shape.pages, 0);
 
     // decode buffers for `slots` rows
-    const long C = m.C, Q = (long)m.H * m.D, Kd = (long)m.KV * m.D, I = m.I, V8 = round_up8(m.V);
-    const long max_dim = std::max(std::max(C, I), std::max(Q, Kd));
-    R.rows = (slots + 127) / 128 * 128;
+    const long C = m.C, Q = (long)m.H * m.D, Kd = (long)m.KV * m.D, I = m.I, max_dim = std::max(std::max(C, I), std::max(Q, Kd));
+    R.rows = z.rows;
     const long rows = R.rows;
-    R.act.resize((size_t)(rows * (6 * C + (m.qk_norm ? Q + Kd : 0) + 2 * Q + 2 * Kd + 3 * I)), "decode activations");
+    R.act.resize(z.act, "decode activations");
     R.act.zero(stream_);  // the padding rows stay zero GEMM operands
-    R.act_f32.resize((size_t)(rows * (3 + m.H + m.KV + max_dim)), "decode FP32 activations");
-    R.logits.resize((size_t)(rows * V8), "decode logits");
-    R.sample_scratch.resize((size_t)slots * m.V, "sampling scratch");
+    R.act_f32.resize(z.act_f32, "decode FP32 activations");
+    R.logits.resize(z.logits, "decode logits");
+    R.sample_scratch.resize(z.sample_scratch, "sampling scratch");
     R.sampled.resize((size_t)slots, "sampled tokens");
     bf16* b = R.act.get();
     float* f = R.act_f32.get();
@@ -206,9 +248,9 @@ inline std::vector<Generation> GpuEngine::rollout(const std::vector<GenRequest>&
     for (DeviceArray<int32_t>* a : {&R.ids, &R.pos, &R.cache_rows, &R.lens, &R.forced}) a->resize((size_t)slots, "decode step rows");
     R.keys.resize((size_t)slots, "sampling keys"), R.sample_pos.resize((size_t)slots, "sampling positions");
     R.cache->reserve_decode(slots, m.H);
-    R.table.resize((size_t)slots * R.max_pages, "decode page table");
+    R.table.resize(z.table, "decode page table");
     if (m.V % 8) {  // the logits GEMM needs a multiple of 8 rows: the head with zero rows appended
-        R.head.resize((size_t)V8 * C, "padded head weights");
+        R.head.resize(z.padded_head, "padded head weights");
         R.head.zero(stream_);
         CUDA_CHECK(cudaMemcpyAsync(R.head.get(), wb(m.lm_head), (size_t)m.V * C * sizeof(bf16), cudaMemcpyDeviceToDevice,
                                    stream_));
@@ -341,13 +383,12 @@ inline void GpuEngine::calibrate_kv_scales(const std::vector<GenRequest>& reques
     std::set<std::vector<int32_t>> seen;
     for (const GenRequest& r : requests)
         if (seen.insert(r.prompt).second) prompts.push_back({r.prompt, (int32_t)r.prompt.size()});
-    trunk_forward(prompts, weights);
     const CpuModel& m = model_;
     R.amax.resize((size_t)2 * m.L, "KV amax");
-    for (int l = 0; l < m.L; l++) {
+    trunk_forward(prompts, weights, [&](int l) {
         kv_amax_gpu(R.amax.get() + 2 * l, layers_[l].k, T_ * m.KV * m.D, stream_);
         kv_amax_gpu(R.amax.get() + 2 * l + 1, layers_[l].v, T_ * m.KV * m.D, stream_);
-    }
+    });
     const std::vector<float> amax = R.amax.download();
     std::vector<float> k(m.L), v(m.L);
     for (int l = 0; l < m.L; l++) k[l] = kv_scale_from_amax(amax[2 * l]), v[l] = kv_scale_from_amax(amax[2 * l + 1]);
@@ -370,10 +411,10 @@ inline void GpuEngine::prefill(const std::vector<int>& prompt_ids, Precision wei
         for (long t = 0; t < (long)p->size(); t++)
             rows.push_back((int32_t)((long)pages[(size_t)(t / R.page_tokens)] * R.page_tokens + t % R.page_tokens));
     }
-    trunk_forward(prompts, weights);
     R.prefill_rows.resize(rows.size(), "prefill cache rows");
     R.prefill_rows.upload(rows);
-    for (int l = 0; l < m.L; l++) R.cache->append(l, layers_[l].k, layers_[l].v, R.prefill_rows.get(), T_, stream_);
+    trunk_forward(prompts, weights,
+                  [&](int l) { R.cache->append(l, layers_[l].k, layers_[l].v, R.prefill_rows.get(), T_, stream_); });
     for (size_t s = 0; s < prompt_ids.size(); s++)
         CUDA_CHECK(cudaMemcpyAsync(R.prompt_xf.get() + (size_t)prompt_ids[s] * m.C, xf_ + (batch_.offsets[s + 1] - 1) * m.C,
                                    m.C * sizeof(bf16), cudaMemcpyDeviceToDevice, stream_));

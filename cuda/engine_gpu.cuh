@@ -24,6 +24,7 @@
 #ifndef FP8RL_ENGINE_GPU_CUH
 #define FP8RL_ENGINE_GPU_CUH
 #include <algorithm>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -69,6 +70,9 @@ struct StepRows {
 };
 
 struct RolloutState;  // rollout.cu: the KV cache and decode buffers of generation
+// rollout.cu: the device bytes generate() allocates beyond the training forward's (the memory plan)
+inline size_t rollout_device_bytes(const ModelConfig& c, const EngineOptions& o, long requests, long longest_prompt,
+                                   int max_new_tokens, Precision kv_cache, int sm_count);
 
 // What the last generate() did (tests and logs).
 struct RolloutStats {
@@ -109,13 +113,16 @@ class GpuEngine : public Engine {
     static PlanConstants plan_constants() {
         return {GemmRunner::WORKSPACE_BYTES, HEAD_VOCAB_CHUNK, GRAD_NORM_THREADS, GRAD_NORM_MAX_BLOCKS, kColumnSumChunkRows};
     }
-    static MemoryPlanRequest plan_request(const EngineOptions& o, const MemoryDemand& d) {
+    static MemoryPlanRequest plan_request(const ModelConfig& c, const EngineOptions& o, const MemoryDemand& d, int sm_count) {
         MemoryPlanRequest r;
         r.tokens = d.tokens_per_forward;
         r.recompute_layer = o.recompute_layer;
         r.reference_policy = d.reference_policy;
         r.optimizer_shards = o.zero == 1 ? d.ranks : 1;  // as init_optimizer shards them
         r.longest_sequence = d.longest_sequence;
+        if (d.rollout_requests > 0)
+            r.rollout_bytes = rollout_device_bytes(c, o, (long)d.rollout_requests, (long)d.longest_prompt, d.max_new_tokens,
+                                                   d.kv_cache, sm_count);
         return r;
     }
     // Training's memory plan (cuda/memory_plan.h), checked against this device's free memory before
@@ -124,8 +131,12 @@ class GpuEngine : public Engine {
         check_device();
         size_t free_bytes = 0, total_bytes = 0;
         CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
-        check_memory_plan_fits(c, plan_request(o, d), plan_constants(), free_bytes, total_bytes);
-        return memory_plan_text(plan_memory(c, plan_request(o, d), plan_constants()));
+        int device = 0, sm_count = 0;
+        CUDA_CHECK(cudaGetDevice(&device));
+        CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
+        const MemoryPlanRequest r = plan_request(c, o, d, sm_count);
+        check_memory_plan_fits(c, r, plan_constants(), free_bytes, total_bytes);
+        return memory_plan_text(plan_memory(c, r, plan_constants()));
     }
 
     // rollout.cu. Generation overwrites the state the last forward_train kept for backward.
@@ -401,7 +412,10 @@ class GpuEngine : public Engine {
 
     void forward(const std::vector<Sequence>& seqs, Precision p, float temperature, TokenValues* logprob, TokenValues* entropy);
     // Embedding, every layer and the final norm over the packed batch (xf_ [Tp][C]).
-    void trunk_forward(const std::vector<Sequence>& seqs, Precision p);
+    // Embedding, every layer, the final norm of a packed batch. after_layer(l) runs right after layer
+    // l's forward, while layers_[l] holds its activations (with --recompute layer the next layer
+    // overwrites them).
+    void trunk_forward(const std::vector<Sequence>& seqs, Precision p, const std::function<void(int)>& after_layer = {});
     void prepare_batch(const std::vector<Sequence>& seqs);
     // Layer l's forward into layers_[l]; recomputing: all but its output (the next layer's input).
     void layer_forward(int l, bool recomputing);
@@ -563,12 +577,15 @@ inline void GpuEngine::layer_forward(int l, bool recomputing) {
     attention_outputs(A, recomputing ? nullptr : l + 1 < m.L ? layers_[l + 1].x : hf_, l, r);
 }
 
-inline void GpuEngine::trunk_forward(const std::vector<Sequence>& seqs, Precision p) {
+inline void GpuEngine::trunk_forward(const std::vector<Sequence>& seqs, Precision p, const std::function<void(int)>& after_layer) {
     precision_ = p;
     prepare_batch(seqs);
     const CpuModel& m = model_;
     embedding_forward(layers_[0].x, wb(m.embed), ids_.get(), T_, m.V, m.C, stream_);
-    for (int l = 0; l < m.L; l++) layer_forward(l, false);
+    for (int l = 0; l < m.L; l++) {
+        layer_forward(l, false);
+        if (after_layer) after_layer(l);
+    }
     rmsnorm_forward(xf_, rstdf_, hf_, wb(m.final_norm), T_, m.C, m.eps, stream_);
 }
 

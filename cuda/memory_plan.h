@@ -32,6 +32,7 @@ struct MemoryPlanRequest {
     bool reference_policy = false; // a frozen copy for the KL term (a second engine without optimizer)
     int optimizer_shards = 1;      // ranks the FP32 master and AdamW moments are split over (ZeRO-1; 1 = none)
     int64_t longest_sequence = 1;  // a micro-batch holds at least one sequence, however long
+    size_t rollout_bytes = 0;      // generation's KV page pool and decode buffers (rollout.cu's rollout_device_bytes)
 };
 
 struct MemoryPlan {
@@ -44,7 +45,7 @@ struct MemoryPlan {
     size_t head = 0;         // the log-prob head's workspaces (one vocabulary chunk of logits, dlogits, ...)
     size_t gemm_scratch = 0; // the cuBLASLt workspace and the FP8 copies of GEMM operands
     size_t reference = 0;    // the KL reference's weights and forward buffers
-    size_t kv_cache_bytes = 0;  // the rollout's paged KV cache (generation runs on the host until rollout.cu)
+    size_t kv_cache_bytes = 0;  // generation's paged KV cache and decode buffers (rollout.cu)
 
     size_t total() const {
         return master + gradients + adam_m + adam_v + bf16_copy + fp8_copies + activations + backward + head +
@@ -136,6 +137,7 @@ inline MemoryPlan plan_memory(const ModelConfig& c, const MemoryPlanRequest& r, 
     p.backward = backward_bytes(c, T, k.column_sum_chunk_rows);
     p.head = head_bytes(c, T, k.head_vocab_chunk, true);
     p.gemm_scratch = k.gemm_workspace_bytes + linear_scratch_bytes(c, T);
+    p.kv_cache_bytes = r.rollout_bytes;
     if (r.reference_policy)
         p.reference = 4 * P + 2 * P + p.fp8_copies + forward_bytes(c, T, r.recompute_layer) + head_bytes(c, T, k.head_vocab_chunk, false) +
                       k.gemm_workspace_bytes + linear_scratch_bytes(c, T);

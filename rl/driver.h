@@ -122,6 +122,12 @@ inline MemoryDemand memory_demand(const TrainConfig& cfg, int ranks, const Token
                                                       : per_rank * cfg.group_size * d.longest_sequence;
     d.reference_policy = cfg.kl_coef > 0;
     d.ranks = ranks;
+    const int64_t eval_per_rank = (cfg.eval_prompts + ranks - 1) / ranks;
+    d.rollout_requests = std::max((cfg.batch_prompts + ranks - 1) / ranks * cfg.group_size,
+                                  cfg.eval_every > 0 ? eval_per_rank * std::max(1, cfg.eval_k) : 0);
+    d.longest_prompt = longest_prompt;
+    d.max_new_tokens = cfg.sampling.max_new_tokens;
+    d.kv_cache = cfg.kv_cache;
     return d;
 }
 

@@ -67,6 +67,11 @@ struct MemoryDemand {
     int64_t longest_sequence = 0;    // tokens of the longest sequence (prompt + max_new_tokens)
     bool reference_policy = false;   // a frozen copy of the policy lives beside the engine (KL)
     int ranks = 1;                   // data-parallel ranks (ZeRO-1 shards the optimizer state over them)
+    // generation: the most completions one generate() call samples on a rank (training or eval), of
+    // at most longest_prompt + max_new_tokens tokens, with this KV cache
+    int64_t rollout_requests = 0, longest_prompt = 0;
+    int max_new_tokens = 0;
+    Precision kv_cache = Precision::BF16;
 };
 
 // Per response position of each sequence.

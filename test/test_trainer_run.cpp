@@ -193,7 +193,8 @@ TEST(trainer_threads_do_not_change_results) {
 // and everything before the first update are identical; after it, weights differ by float noise
 // amplified at most by AdamW's normalization (|update| <= lr per step), so we compare metrics at
 // rtol 1e-3 and weights at an absolute 1e-4 after two steps of lr 3e-3 (measured: 1.8e-6, and
-// every metric but the grad norm's 9th digit identical).
+// every metric but the grad norm's 9th digit identical). An entropy bonus keeps the gradients from
+// being all zero when no sample is rewarded, so the runs always update (check_runs_agree checks).
 TEST(trainer_mpi_two_ranks_match_one) {
     if (std::system("command -v mpirun > /dev/null 2>&1") != 0) SKIP("mpirun not found (install openmpi-bin)");
     std::string d = temp_dir("mpi");
@@ -201,8 +202,9 @@ TEST(trainer_mpi_two_ranks_match_one) {
     // no suppression can name, so leak checking is off for these two runs only; every other test
     // runs the binary with it on.
     std::string mpirun = "ASAN_OPTIONS=detect_leaks=0 OMPI_MCA_btl=self,vader mpirun --allow-run-as-root --oversubscribe -np ";
-    harness::RunResult one = run_cmd(mpirun + "1 " + harness::binary() + small_run(d + "/r1", 2) + " --threads 1");
-    harness::RunResult two = run_cmd(mpirun + "2 " + harness::binary() + small_run(d + "/r2", 2) + " --threads 1");
+    harness::RunResult one = run_cmd(mpirun + "1 " + harness::binary() + small_run(d + "/r1", 2) + " --threads 1 --entropy_coef 0.01");
+    harness::RunResult two =
+        run_cmd(mpirun + "2 " + harness::binary() + small_run(d + "/r2", 2) + " --threads 1 --entropy_coef 0.01");
     CHECK_MSG(one.status == 0 && two.status == 0, "%s\n%s", one.output.c_str(), two.output.c_str());
     if (one.status || two.status) return;
     if (two.output.find("2 rank(s)") == std::string::npos) SKIP("train_rl_cpu was built without MPI (no mpicxx: install libopenmpi-dev, then rebuild)");
