@@ -163,7 +163,7 @@ inline std::string memory_plan_text(const MemoryPlan& p) {
     line("log-prob head workspaces", p.head);
     line("GEMM scratch (cuBLASLt workspace, FP8 operands)", p.gemm_scratch);
     if (r.reference_policy) line("KL reference policy (weights + forward)", p.reference);
-    line("KV cache (rollout)", p.kv_cache_bytes);
+    line("generation: KV page pool, decode buffers", p.kv_cache_bytes);
     return s;
 }
 

@@ -180,5 +180,15 @@ TEST(gpu_memory_plan_of_qwen3_1p7b) {
     CHECK_EQ(keep.bf16_copy, 2 * params);
     CHECK(again.activations < keep.activations);
     CHECK_EQ(keep.total() - keep.activations, again.total() - again.activations);
-    printf("%s%s", memory_plan_text(keep).c_str(), memory_plan_text(again).c_str());
+    // generation: 64 slots of a 256-token prompt + 1,024 new tokens; a BF16 KV cache holds K and V of
+    // 28 layers x 8 heads x 128 dims per token (112 KiB, spec-gpu.md §5's 144 KiB for 36 layers), and
+    // the pool holds each slot at its longest plus a page
+    EngineOptions o;
+    r.rollout_bytes = rollout_device_bytes(c, o, 64, 256, 1024, Precision::BF16, 132);
+    const MemoryPlan rollout = plan_memory(c, r, GpuEngine::plan_constants());
+    const double kv_per_token = 2.0 * 28 * 8 * 128 * 2, kv = 64 * 1280 * kv_per_token;
+    CHECK_EQ(kv_per_token, 112.0 * 1024);
+    CHECK_MSG(rollout.kv_cache_bytes >= kv && rollout.kv_cache_bytes <= 1.05 * kv, "KV cache and decode buffers %zu bytes, "
+              "the pool alone at least %.0f", rollout.kv_cache_bytes, kv);
+    printf("%s%s%s", memory_plan_text(keep).c_str(), memory_plan_text(again).c_str(), memory_plan_text(rollout).c_str());
 }
