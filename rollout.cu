@@ -44,6 +44,7 @@ struct RolloutSizes {
     int slots = 0;       // sequences decoded together
     long rows = 0;       // decode rows: the slots, padded to 128 for the FP8 GEMMs
     KvCacheShape shape{};
+    size_t page_bytes = 0;  // K and V of one page in every layer
     size_t act = 0, act_f32 = 0, logits = 0, sample_scratch = 0, padded_head = 0, table = 0;  // elements
 };
 
@@ -55,8 +56,8 @@ inline RolloutSizes rollout_sizes(const ModelConfig& c, const EngineOptions& o, 
     const long longest = longest_prompt + max_new_tokens;
     const int max_pages = (int)((longest + o.kv_page_tokens - 1) / o.kv_page_tokens);
     z.shape = KvCacheShape{(int)c.num_layers, (int)c.num_kv_heads, (int)c.head_dim, o.kv_page_tokens, 1};
-    const size_t page_bytes = PagedKvCache::page_bytes(z.shape, kv_cache);
-    z.shape.pages = o.kv_cache_mb > 0 ? (int)std::min(o.kv_cache_mb * 1048576.0 / page_bytes, 1e9) : z.slots * (max_pages + 1);
+    z.page_bytes = PagedKvCache::page_bytes(z.shape, kv_cache);
+    z.shape.pages = o.kv_cache_mb > 0 ? (int)std::min(o.kv_cache_mb * 1048576.0 / z.page_bytes, 1e9) : z.slots * (max_pages + 1);
     const long C = c.hidden_size, Q = c.q_dim(), Kd = c.kv_dim(), I = c.intermediate_size, V = c.vocab_size;
     const long V8 = round_up8((int)V), max_dim = std::max(std::max(C, I), std::max(Q, Kd));
     z.rows = (z.slots + 127) / 128 * 128;
@@ -211,8 +212,7 @@ inline std::vector<Generation> GpuEngine::rollout(const std::vector<GenRequest>&
     if (shape.pages < needed)
         fail("generate: --kv_cache_mb %g holds %d KV pages of %d tokens (%zu bytes each), but the longest request "
              "(%ld prompt + %d new tokens) needs %d; raise --kv_cache_mb or lower --max_new_tokens",
-             options_.kv_cache_mb, shape.pages, R.page_tokens, PagedKvCache::page_bytes(shape, kv_cache), longest,
-             s.max_new_tokens, needed);
+             options_.kv_cache_mb, shape.pages, R.page_tokens, z.page_bytes, longest, s.max_new_tokens, needed);
     const KvCacheShape& had = R.cache ? R.cache->shape() : shape;
     if (!R.cache || R.cache->storage() != kv_cache || had.pages != shape.pages || had.page_tokens != shape.page_tokens) {
         R.cache.reset();  // free the old pool before the new one is allocated
