@@ -192,17 +192,26 @@ test-gpu-emu test-gpu-emu-asan test-bench-emu:
 endif
 
 ifneq ($(NVCC),)
-cuda-check:
-	@for f in $(CUDA_SRCS) $(GPU_TEST_SRCS); do echo "nvcc compile check: $$f"; \
-	  $(NVCC) $(NVCCFLAGS) -x cu -c -o /dev/null $$f || exit 1; done
-	@echo "nvcc compile check: $(words $(CUDA_SRCS) $(GPU_TEST_SRCS)) CUDA sources compiled for sm_90"
-	$(MAKE) --no-print-directory train_rl
-	@echo "nvcc build: ./train_rl (sm_90) linked"
 
 # ./test_gpu: the GPU tests (test/gpu/test_*.cu) with the shared test runner; make bench_gpu builds
 # and runs each GPU benchmark (test/gpu/bench_*.cu). Both need a GPU to run; dev/gpu_check.sh runs all.
 GPU_LDLIBS := -lcublasLt -lgomp $(if $(MPI_FLAGS),-lnccl $(MPI_LIBS))
-GPU_HEADERS := $(wildcard *.cuh rl/*.h rl/*.cuh cpu/*.h cuda/*.cuh cuda/*.h test/gpu/*.cuh test/gpu/*.h test/harness.h)
+# rollout.cu is included by cuda/engine_gpu.cuh: a header to its users
+GPU_HEADERS := $(wildcard *.cuh rl/*.h rl/*.cuh cpu/*.h cuda/*.cuh cuda/*.h test/gpu/*.cuh test/gpu/*.h test/harness.h) rollout.cu
+
+# Every CUDA source compiled alone (a header must compile by itself), in parallel under make -j; a
+# stamp records each success, so a rerun compiles only what changed. train_rl.cu is compiled by
+# ./train_rl's own build, in parallel with the rest.
+NVCHECK_SRCS   := $(filter-out train_rl.cu,$(CUDA_SRCS) $(GPU_TEST_SRCS))
+NVCHECK_STAMPS := $(patsubst %,$(BUILD)/nvcheck/%.ok,$(NVCHECK_SRCS))
+$(BUILD)/nvcheck/%.ok: % $(GPU_HEADERS)
+	@mkdir -p $(@D)
+	@echo "nvcc compile check: $<"
+	@$(NVCC) $(NVCCFLAGS) -x cu -c -o /dev/null $< && touch $@
+cuda-check: $(NVCHECK_STAMPS) train_rl
+	@echo "nvcc compile check: $(words $(NVCHECK_SRCS) train_rl.cu) CUDA sources compiled for sm_90"
+	@echo "nvcc build: ./train_rl (sm_90) linked"
+
 GPU_BENCH_BINS := $(patsubst test/gpu/bench_%.cu,$(BUILD)/gpu_bench_%,$(wildcard test/gpu/bench_*.cu))
 # Each test file is its own object, so make -j compiles them in parallel (one nvcc line compiles
 # its files one after another).

@@ -22,6 +22,7 @@
 //   cache.reserve_decode(max_batch, heads);          // the decode workspace, before any graph capture
 //   cache.set_scales(k_scales, v_scales);            // after every update (kv_amax_gpu + kv_scale_from_amax)
 //   cache.append(layer, k, v, slots, n, stream);     // prefill and every decode step
+//   cache.round_trip(layer, k, v, n, stream);        // prefill: attend over what the pages hold
 //   cache.decode_attention(layer, out, q, heads, page_table, max_pages, lens, B, max_len, stream);
 #ifndef FP8RL_KV_CACHE_CUH
 #define FP8RL_KV_CACHE_CUH
@@ -96,6 +97,21 @@ __global__ void kv_append_kernel(Elem* k_pool, Elem* v_pool, const float* k_scal
         if (slot < 0 || slot >= slot_count) continue;
         kv_store(k_pool + slot * width + c, k[i], ks);
         kv_store(v_pool + slot * width + c, v[i], vs);
+    }
+}
+
+// k, v [n][width] of one layer replaced, in place, by the values their FP8 codes stand for (rounded
+// to BF16): a prefill then attends over what decode steps will read, as cpu/generate.h's prefill
+// reads its cache.
+static __global__ void kv_round_trip_kernel(__nv_bfloat16* k, __nv_bfloat16* v, const float* k_scale, const float* v_scale,
+                                     long count) {
+    const float ks = *k_scale, vs = *v_scale;
+    for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < count; i += (long)gridDim.x * blockDim.x) {
+        uint8_t code;
+        kv_store(&code, k[i], ks);
+        k[i] = __float2bfloat16(kv_value(code, ks));
+        kv_store(&code, v[i], vs);
+        v[i] = __float2bfloat16(kv_value(code, vs));
     }
 }
 
@@ -304,6 +320,18 @@ class PagedKvCache {
                           layer_pool<Elem>(v_pool_, layer), k_scale_dev_.get() + layer, v_scale_dev_.get() + layer, k, v,
                           slots, n, shape_.width(), shape_.slots());
         });
+    }
+
+    // With FP8 storage, replaces n tokens' K and V rows of `layer` (as append takes them) by the values
+    // the cache stores for them, rounded to BF16, so that attention over k and v (a prefill) reads
+    // what decode reads from the pages; BF16 storage stores them as they are: nothing to do.
+    void round_trip(int layer, __nv_bfloat16* k, __nv_bfloat16* v, long n, cudaStream_t stream) {
+        check_layer("round_trip", layer);
+        if (n < 0) fail("PagedKvCache::round_trip: n = %ld tokens", n);
+        if (storage_ != Precision::FP8 || n == 0) return;
+        const long count = n * shape_.width(), blocks = std::min<long>(4096, (count + 255) / 256);
+        LAUNCH_KERNEL(kv_round_trip_kernel, (unsigned)blocks, 256, 0, stream, k, v, k_scale_dev_.get() + layer,
+                      v_scale_dev_.get() + layer, count);
     }
 
     // Sizes the decode workspace for up to max_batch rows of `heads` query heads (allocates) and

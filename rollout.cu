@@ -4,8 +4,10 @@
 // per token the log-prob under softmax(logits / T) over the full vocabulary (logprob_full, what
 // the CPU engine returns).
 //   prefill   a packed batch of prompts through the training forward (trunk_forward, the same layer
-//             step), then every layer's K (after k-norm and RoPE) and V appended to the sequences'
-//             KV pages (kv_cache.cuh); the first token is sampled from each prompt's last row.
+//             step); every layer's K (after k-norm and RoPE) and V are appended to the sequences' KV
+//             pages (kv_cache.cuh) before the layer's attention, which with an FP8 cache reads them
+//             as the pages hold them (as the CPU generator's prefill reads its cache); the first
+//             token is sampled from each prompt's last row.
 //   decode    one token per running sequence per step: embedding, per layer the shared attention
 //             inputs, append, paged decode attention, the shared attention outputs and MLP; final
 //             norm; logits [B][V] through the BF16 head in FP32; sampling on the device.
@@ -175,7 +177,7 @@ inline std::vector<Generation> GpuEngine::rollout(const std::vector<GenRequest>&
                                                   const SamplingConfig& s, Precision weights, Precision kv_cache,
                                                   Progress* progress) {
     const CpuModel& m = model_;
-    if (weights == Precision::FP32) fail("the GPU engine generates in bf16 or fp8 (--rollout_precision), not fp32");
+    if (weights == Precision::FP32) fail("the GPU engine generates in bf16 or fp8 (--rollout_precision; --precision with --prompts), not fp32");
     if (kv_cache == Precision::FP32) fail("the GPU engine's KV cache is bf16 or fp8 (--kv_cache), not fp32");
     if (requests.empty()) fail("generate: no prompts");
     if (s.max_new_tokens < 1) fail("generate: max_new_tokens must be at least 1");
@@ -288,6 +290,7 @@ inline std::vector<Generation> GpuEngine::rollout(const std::vector<GenRequest>&
             RolloutState::Request& q = R.requests[(size_t)seqs[r]];
             q.gen.tokens.push_back(tok[r].token);
             q.gen.logprobs.push_back(tok[r].logprob_full);
+            q.gen.logprobs_sampled.push_back(tok[r].logprob);
             for (int64_t e : config().eos_token_ids) q.gen.finished |= !q.forced && tok[r].token == e;
             if (done_with(q)) {
                 release(q);
@@ -413,8 +416,10 @@ inline void GpuEngine::prefill(const std::vector<int>& prompt_ids, Precision wei
     }
     R.prefill_rows.resize(rows.size(), "prefill cache rows");
     R.prefill_rows.upload(rows);
-    trunk_forward(prompts, weights,
-                  [&](int l) { R.cache->append(l, layers_[l].k, layers_[l].v, R.prefill_rows.get(), T_, stream_); });
+    trunk_forward(prompts, weights, [&](int l) {
+        R.cache->append(l, layers_[l].k, layers_[l].v, R.prefill_rows.get(), T_, stream_);
+        R.cache->round_trip(l, layers_[l].k, layers_[l].v, T_, stream_);
+    });
     for (size_t s = 0; s < prompt_ids.size(); s++)
         CUDA_CHECK(cudaMemcpyAsync(R.prompt_xf.get() + (size_t)prompt_ids[s] * m.C, xf_ + (batch_.offsets[s + 1] - 1) * m.C,
                                    m.C * sizeof(bf16), cudaMemcpyDeviceToDevice, stream_));

@@ -1,7 +1,6 @@
 // train_rl_cpu.cpp: main() of the CPU reference binary: the command line of rl/cli.h on the CPU
 // engine (cpu/engine_cpu.h).
 #include "cpu/engine_cpu.h"
-#include "cpu/model_cli.h"
 #include "rl/cli.h"
 
-int main(int argc, char** argv) { return fp8rl::cli_main<fp8rl::CpuEngine>(argc, argv, "train_rl_cpu", fp8rl::run_generation_mode); }
+int main(int argc, char** argv) { return fp8rl::cli_main<fp8rl::CpuEngine>(argc, argv, "train_rl_cpu"); }

@@ -62,6 +62,7 @@ public:
                 Generation g;
                 g.tokens = std::move(c.tokens);
                 g.logprobs = std::move(c.logprobs_full);  // full softmax(logits / T): what the trainer computes
+                g.logprobs_sampled = std::move(c.logprobs);
                 g.finished = c.stopped_on_eos;
                 out.push_back(std::move(g));
             }

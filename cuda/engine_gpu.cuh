@@ -411,14 +411,14 @@ class GpuEngine : public Engine {
     }
 
     void forward(const std::vector<Sequence>& seqs, Precision p, float temperature, TokenValues* logprob, TokenValues* entropy);
-    // Embedding, every layer and the final norm over the packed batch (xf_ [Tp][C]).
-    // Embedding, every layer, the final norm of a packed batch. after_layer(l) runs right after layer
-    // l's forward, while layers_[l] holds its activations (with --recompute layer the next layer
-    // overwrites them).
-    void trunk_forward(const std::vector<Sequence>& seqs, Precision p, const std::function<void(int)>& after_layer = {});
+    // Embedding, every layer and the final norm over the packed batch (xf_ [Tp][C]). kv_ready(l), when
+    // given, runs once layer l's K (after k-norm and RoPE) and V are in layers_[l], before its
+    // attention reads them (prefill and the FP8 KV calibration read them there: with --recompute
+    // layer the next layer overwrites them).
+    void trunk_forward(const std::vector<Sequence>& seqs, Precision p, const std::function<void(int)>& kv_ready = {});
     void prepare_batch(const std::vector<Sequence>& seqs);
     // Layer l's forward into layers_[l]; recomputing: all but its output (the next layer's input).
-    void layer_forward(int l, bool recomputing);
+    void layer_forward(int l, bool recomputing, const std::function<void(int)>& kv_ready = {});
     void ensure_rope(int positions);
     void ensure_scratch(long rows);
     StepRows batch_rows() { return {T_, Tp_, pos_.get(), gemm_f32_, precision_}; }
@@ -567,25 +567,23 @@ inline void GpuEngine::attention_outputs(LayerActsGpu& A, bf16* out, int l, cons
     residual_add(out, A.h1, out, T * m.C, stream_);
 }
 
-inline void GpuEngine::layer_forward(int l, bool recomputing) {
+inline void GpuEngine::layer_forward(int l, bool recomputing, const std::function<void(int)>& kv_ready) {
     const CpuModel& m = model_;
     LayerActsGpu& A = layers_[l];
     const StepRows r = batch_rows();
     attention_inputs(A, l, r);
+    if (kv_ready) kv_ready(l);
     const PackedAttentionShape shape{T_, m.H, m.KV, m.D, batch_.num_sequences(), max_seqlen_};
     attention_forward(A.att, A.lse, A.q, A.k, A.v, cu_seqlens_.get(), shape, stream_);
     attention_outputs(A, recomputing ? nullptr : l + 1 < m.L ? layers_[l + 1].x : hf_, l, r);
 }
 
-inline void GpuEngine::trunk_forward(const std::vector<Sequence>& seqs, Precision p, const std::function<void(int)>& after_layer) {
+inline void GpuEngine::trunk_forward(const std::vector<Sequence>& seqs, Precision p, const std::function<void(int)>& kv_ready) {
     precision_ = p;
     prepare_batch(seqs);
     const CpuModel& m = model_;
     embedding_forward(layers_[0].x, wb(m.embed), ids_.get(), T_, m.V, m.C, stream_);
-    for (int l = 0; l < m.L; l++) {
-        layer_forward(l, false);
-        if (after_layer) after_layer(l);
-    }
+    for (int l = 0; l < m.L; l++) layer_forward(l, false, kv_ready);
     rmsnorm_forward(xf_, rstdf_, hf_, wb(m.final_norm), T_, m.C, m.eps, stream_);
 }
 

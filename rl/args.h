@@ -42,7 +42,7 @@ inline const std::vector<FlagSpec>& flag_table() {
         {"model", "model", FlagKind::String, "", "", "HF model directory (config.json, *.safetensors, tokenizer.json)"},
         {"tokenizer", "model", FlagKind::String, "", "", "tokenizer.json or a directory holding one (default: --model)"},
         {"enable_thinking", "model", FlagKind::Int, "1", "0..1", "Qwen3 chat template: 1 lets the model think, 0 adds the empty think block"},
-        {"precision", "model", FlagKind::Choice, "fp32", "fp32|bf16|fp8", "precision of --logprobs and generation on the CPU engine"},
+        {"precision", "model", FlagKind::Choice, "fp32", "fp32|bf16|fp8", "precision of --logprobs, --prompt and --prompts (the GPU engine: bf16 or fp8)"},
         {"init", "model", FlagKind::String, "", "", "train a fresh random model instead of --model: a preset (tiny|small) or a config.json path; gets a task tokenizer"},
         // data
         {"task", "data", FlagKind::Choice, "add", "add|reverse|sort|copy|countdown|gsm8k|gsm8k_flexible|math|dapo", "task: its verifier scores responses; the synthetic ones (add, reverse, sort, copy, countdown) also generate prompts"},

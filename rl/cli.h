@@ -102,8 +102,90 @@ inline std::string logprobs_jsonl(Engine& engine, int vocab, Precision p, float 
     });
 }
 
-// A binary's --prompt / --prompts mode (args, mode name).
-using GenerationMode = std::function<int(const Args&, const std::string&)>;
+// --prompt TEXT, --prompts FILE: generation on `engine` (Engine::generate, the rollout's own path) in
+// --precision with --kv_cache, --temperature (0 = greedy), --top_k, --top_p, --max_new_tokens and
+// --seed, stopping on the eos ids of config.json / generation_config.json. Prompt i is sampled with
+// the key (seed, step 0, sequence i, position), so both engines draw the same tokens for the same
+// logits. Every prompt is one request of one generate() call.
+//   --prompts: per line {"prompt": "..."} or {"ids": [...]} -> {"ids": [...], "text": "...",
+//              "logprobs": [...], "finish": "eos" | "length"} (text when there is a tokenizer;
+//              logprobs under the distribution each token was drawn from: 0 for greedy).
+//   --prompt:  the completion of TEXT, as text.
+inline std::vector<int32_t> encode_prompt(const Tokenizer* tok, const std::string& text, int vocab, const std::string& where) {
+    if (!tok) fail("%s: a text prompt needs a tokenizer (tokenizer.json in --model, or --tokenizer)", where.c_str());
+    std::vector<int32_t> ids;
+    for (int id : tok->encode(text)) ids.push_back(id);
+    if (ids.empty()) fail("%s: the prompt encodes to no tokens", where.c_str());
+    for (int32_t id : ids)
+        if (id >= vocab) fail("%s: the tokenizer gives id %d, outside the model's vocabulary [0, %d)", where.c_str(), id, vocab);
+    return ids;
+}
+
+inline std::vector<Generation> generate_prompts(Engine& engine, const Args& args, int vocab, const Tokenizer* tok,
+                                                const std::vector<std::vector<int32_t>>& prompts) {
+    SamplingConfig s;
+    s.temperature = (float)args.number("temperature");
+    s.top_k = (int)args.integer("top_k");
+    s.top_p = (float)args.number("top_p");
+    s.max_new_tokens = (int)args.integer("max_new_tokens");
+    s.seed = (uint64_t)args.integer("seed");
+    if (tok && tok->vocab_size() < vocab) s.vocab_limit = tok->vocab_size();  // only ids the tokenizer knows
+    std::vector<GenRequest> requests;
+    for (size_t i = 0; i < prompts.size(); i++) requests.push_back({prompts[i], (uint32_t)i});
+    return engine.generate(requests, 0, s, parse_precision(args.str("precision"), "--precision"),
+                           parse_precision(args.str("kv_cache"), "--kv_cache"), nullptr);
+}
+
+inline std::string generations_jsonl(const std::vector<Generation>& out, const Tokenizer* tok) {
+    std::string lines;
+    for (const Generation& g : out) {
+        std::string line = "{\"ids\":[";
+        for (size_t i = 0; i < g.tokens.size(); i++) line += (i ? "," : "") + std::to_string(g.tokens[i]);
+        line += "]";
+        if (tok) line += ",\"text\":" + json_quote(tok->decode(std::vector<int>(g.tokens.begin(), g.tokens.end())));
+        line += ",\"logprobs\":" + float_list_json(g.logprobs_sampled.data(), g.logprobs_sampled.size());
+        line += std::string(",\"finish\":\"") + (g.finished ? "eos" : "length") + "\"}\n";
+        lines += line;
+    }
+    return lines;
+}
+
+template <class EngineT>
+int run_generation_mode(const Args& args, const std::string& mode) {
+    if (!args.given("model")) fail("--%s needs --model DIR (a HF model directory)", mode.c_str());
+    if (args.integer("threads") > 0) omp_set_num_threads((int)args.integer("threads"));
+    // the tokenizer is optional for --prompts with ids: a model directory without tokenizer.json still runs
+    const std::string tok_path = args.given("tokenizer") ? args.str("tokenizer") : args.str("model");
+    std::unique_ptr<Tokenizer> tok;
+    if (args.given("tokenizer") || std::ifstream(tok_path + "/tokenizer.json").good()) tok = Tokenizer::load(tok_path);
+    std::vector<std::vector<int32_t>> prompts;
+    std::string source;
+    const int vocab = (int)load_model_config(args.str("model")).vocab_size;
+    if (mode == "prompt") {
+        prompts.push_back(encode_prompt(tok.get(), args.str("prompt"), vocab, "--prompt"));
+    } else {
+        const std::string& in = args.str(mode);
+        source = in == "-" ? "<stdin>" : in;
+        map_jsonl(read_mode_input(in), source, [&](const Json& row, const std::string& where) {
+            const Json* ids = row.find("ids");
+            const Json* prompt = row.find("prompt");
+            if (ids) prompts.push_back(model_ids_from_json(*ids, vocab, where));
+            else if (prompt && prompt->is_string()) prompts.push_back(encode_prompt(tok.get(), prompt->str, vocab, where));
+            else fail("%s: expected {\"prompt\": \"...\"} or {\"ids\": [...]}", where.c_str());
+            return std::string();
+        });
+        if (prompts.empty()) fail("%s: no prompts", source.c_str());
+    }
+    EngineT engine(args.str("model"), engine_options_from_args(args));
+    const std::vector<Generation> out = generate_prompts(engine, args, vocab, tok.get(), prompts);
+    if (mode == "prompt") {
+        const std::vector<int32_t>& t = out[0].tokens;
+        fputs((tok->decode(std::vector<int>(t.begin(), t.end())) + "\n").c_str(), stdout);
+    } else {
+        write_mode_output(args.str("output"), generations_jsonl(out, tok.get()));
+    }
+    return 0;
+}
 
 // Training (no mode flag): DESIGN.md §2 on EngineT, data parallel over MPI ranks.
 template <class EngineT>
@@ -159,7 +241,7 @@ int train(const Args& args, const char* binary) {
 }
 
 template <class EngineT>
-int run_cli(const Args& args, const char* binary, const GenerationMode& generation) {
+int run_cli(const Args& args, const char* binary) {
     if (args.flag("help")) {
         fprintf(stdout, "usage: %s [--flag value ...]\n\n", binary);
         fputs(help_text().c_str(), stdout);
@@ -189,15 +271,15 @@ int run_cli(const Args& args, const char* binary, const GenerationMode& generati
         return 0;
     }
     for (const char* mode : {"prompts", "prompt"})
-        if (args.given(mode)) return generation(args, mode);
+        if (args.given(mode)) return run_generation_mode<EngineT>(args, mode);
     return train<EngineT>(args, binary);
 }
 
-// main() of a binary: its engine, its name (in --help and the config table), its generation modes.
+// main() of a binary: its engine and its name (in --help and the config table).
 template <class EngineT>
-int cli_main(int argc, char** argv, const char* binary, const GenerationMode& generation) {
+int cli_main(int argc, char** argv, const char* binary) {
     try {
-        return run_cli<EngineT>(Args::parse(argc, argv), binary, generation);
+        return run_cli<EngineT>(Args::parse(argc, argv), binary);
     } catch (const Error& e) {
         fprintf(stderr, "error: %s\n", e.what());
         return 1;

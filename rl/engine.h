@@ -34,7 +34,10 @@ struct GenRequest {
 
 struct Generation {
     std::vector<int32_t> tokens;  // response, including the eos token when one was sampled
-    std::vector<float> logprobs;  // [tokens.size()] log-prob of each sampled token (rollout precision)
+    std::vector<float> logprobs;  // [tokens.size()] log softmax(logits / T) of each token (rollout precision)
+    // [tokens.size()] log-prob under the distribution each token was drawn from (after top-k and
+    // top-p; 0 for greedy): what --prompts prints
+    std::vector<float> logprobs_sampled;
     bool finished = false;        // ended on eos (false: stopped at max_new_tokens)
 };
 

@@ -1,4 +1,4 @@
-// Tests of the model modes of the binary (cpu/model_cli.h): --logprobs against the HF reference,
+// Tests of the model modes of the binary (rl/cli.h): --logprobs against the HF reference,
 // --prompts / --prompt generation against HF greedy output, and one clear error line for bad input.
 #include <cstdio>
 #include <string>

@@ -261,8 +261,88 @@ TEST(train_rl_emu_learns_from_scratch) {
     if (std::system(("test -x " + emu_binary()).c_str()) != 0) SKIP("./train_rl_emu not built (make train_rl_emu)");
     for (const char* p : {"bf16", "fp8"})
         check_learns_from_scratch(emu_binary(), temp_dir(std::string("emu_learn_") + p),
-                                  strfmt(" --max_new_tokens 1 --batch_prompts 8 --lr 3e-3 --train_precision %s --rollout_precision %s", p, p),
+                                  strfmt(" --max_new_tokens 1 --batch_prompts 8 --lr 3e-3 --train_precision %s"
+                                         " --rollout_precision %s --kv_cache %s", p, p, p),
                                   15, 0.13, 1.5);
+}
+
+// --prompts on train_rl_emu (rollout.cu) against train_rl_cpu (cpu/generate.h) on three fixture
+// models, greedy and sampled (temperature 1, top-k 20), in bf16 with a BF16 KV cache and in fp8 with
+// an FP8 one. Both binaries key prompt i's draws by (seed, 0, i, position) and both prefills attend
+// over what the cache holds, so a completion differs only where the engines' logits (summation order
+// apart: ~1e-3 in bf16, more in fp8 where the FP8 KV scales of each engine's forward differ too)
+// straddle an argmax or a CDF boundary, after which the two continue apart. The random fixture
+// models' logits are nearly flat, so a sampled completion meets many near-boundaries: greedy
+// completions must agree whole for most prompts (test/gpu/test_rollout.cu's
+// rollout_greedy_matches_cpu_engine checks each greedy flip is a near tie), sampled ones over most
+// of their tokens before the first difference (a key mismatch or a broken decoder agrees at about
+// 1 token in 20). The fractions are printed. Greedy lines carry log-probs of 0 (a point mass).
+TEST(train_rl_emu_prompts_match_train_rl_cpu) {
+    if (std::system(("test -x " + emu_binary()).c_str()) != 0) SKIP("./train_rl_emu not built (make train_rl_emu)");
+    const std::string d = temp_dir("emu_prompts");
+    std::string prompts;
+    uint64_t state = 12345;
+    for (int i = 0; i < 6; i++) {  // 6 prompts of 1..11 random ids below the fixtures' vocabulary (320)
+        std::string line = "{\"ids\":[";
+        for (int t = 0; t < 1 + 2 * i; t++) {
+            state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+            line += (t ? "," : "") + std::to_string((state >> 33) % 320);
+        }
+        prompts += line + "]}\n";
+    }
+    write_file_atomic(d + "/prompts.jsonl", prompts);
+    auto lines = [](const std::string& text) {
+        std::vector<Json> rows;
+        for (size_t at = 0, nl; (nl = text.find('\n', at)) != std::string::npos; at = nl + 1)
+            rows.push_back(json_parse(text.substr(at, nl - at), "--prompts output"));
+        return rows;
+    };
+    auto ids = [](const Json& row) {
+        std::vector<double> v;
+        for (const Json& x : row.find("ids")->items) v.push_back(x.number);
+        return v;
+    };
+    // each (precision, greedy or sampled) on one or two models: the emulated engine takes ~3 s a run
+    const struct { const char* model; const char* precision; bool greedy; } runs[] = {
+        {"qwen3_tiny", "bf16", true}, {"qwen3_tiny", "fp8", false}, {"llama_tiny", "fp8", true},
+        {"llama_tiny", "bf16", false}, {"qwen2_tiny", "fp8", true}, {"qwen2_tiny", "fp8", false}};
+    for (const auto& run : runs) {
+        const char *model = run.model, *precision = run.precision;
+        const bool greedy = run.greedy;
+        const std::string flags =
+            strfmt(" --threads 2 --model test/fixtures/models/%s --prompts %s/prompts.jsonl --max_new_tokens 12"
+                   " --precision %s --kv_cache %s",
+                   model, d.c_str(), precision, precision) +
+            (greedy ? " --temperature 0" : " --temperature 1 --top_k 20 --seed 5");
+        harness::RunResult cpu = run_cmd(harness::binary() + flags), gpu = run_cmd(emu_binary() + flags);
+        CHECK_MSG(cpu.status == 0 && gpu.status == 0, "%s\n%s", cpu.output.c_str(), gpu.output.c_str());
+        const std::vector<Json> a = lines(cpu.output), b = lines(gpu.output);
+        CHECK_EQ(a.size(), (size_t)6);
+        CHECK_EQ(b.size(), (size_t)6);
+        if (a.size() != 6 || b.size() != 6) continue;
+        int same = 0;
+        double prefix = 0;  // mean fraction of the CPU's tokens before the first difference
+        for (size_t i = 0; i < a.size(); i++) {
+            const std::vector<double> x = ids(a[i]), y = ids(b[i]);
+            size_t k = 0;
+            while (k < x.size() && k < y.size() && x[k] == y[k]) k++;
+            prefix += (double)k / x.size() / 6;
+            same += x == y;
+            if (x == y) CHECK_EQ(a[i].find("finish")->str, b[i].find("finish")->str);
+            CHECK_EQ(b[i].find("logprobs")->items.size(), y.size());
+            if (greedy)
+                for (const Json& lp : b[i].find("logprobs")->items) CHECK_EQ(lp.number, 0.0);
+        }
+        const char* how = greedy ? "greedy" : "sampled";
+        printf("    %s %s %s: %d of 6 completions equal to train_rl_cpu's, %.2f of the tokens before the first "
+               "difference\n", model, precision, how, same, prefix);
+        if (greedy) CHECK_MSG(same >= 4, "%s %s greedy: only %d of 6 completions equal", model, precision, same);
+        else CHECK_MSG(prefix >= 0.4, "%s %s sampled: only %.2f of the tokens agree", model, precision, prefix);
+    }
+    harness::RunResult r = run_cmd(emu_binary() + " --model test/fixtures/models/qwen3_tiny --prompts " + d +
+                                   "/prompts.jsonl --precision fp32 2>&1");
+    CHECK_EQ(r.status, 1);
+    CHECK_MSG(r.output.find("error: the GPU engine generates in bf16 or fp8") != std::string::npos, "%s", r.output.c_str());
 }
 
 // A run whose memory plan exceeds the device (FP8RL_EMU_DEVICE_MEMORY shrinks the emulated one to

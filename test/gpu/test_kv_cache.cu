@@ -319,6 +319,36 @@ TEST(kv_append_matches_host_encoder) {
     }
 }
 
+// round_trip: with FP8 storage, K and V become the values cpu/kv_cache.h's stored() keeps for them
+// (the CPU engine's prefill reads those), rounded to BF16, including satfinite ones; with BF16
+// storage they stay as they are, bit for bit.
+TEST(kv_round_trip_matches_cpu_stored_values) {
+    REQUIRE_GPU();
+    const DecodeCase c = {"D32 H2 KV2", 2, 2, 32, 16, {5, 16, 17}, {1}};
+    const PagedBatch b = make_batch(c, 9);
+    const float ks = 0.0043f, vs = 0.0021f;  // |x| / scale beyond 448 for some values: satfinite
+    KvCache cpu;
+    cpu.format = Precision::FP8;
+    const size_t n = b.slots.size(), width = b.shape.width();
+    for (Precision storage : {Precision::FP8, Precision::BF16}) {
+        GpuCache g(b, storage, {1.0f, ks}, {1.0f, vs}, c.H);
+        const std::vector<__nv_bfloat16> k_in = to_bf16(std::vector<float>(b.k.begin(), b.k.begin() + n * width)),
+                                         v_in = to_bf16(std::vector<float>(b.v.begin(), b.v.begin() + n * width));
+        DeviceBuffer<__nv_bfloat16> k(k_in), v(v_in);
+        g.cache.round_trip(kLayer, k.ptr, v.ptr, (long)n, 0);
+        const std::vector<float> k_out = to_float(k.download()), v_out = to_float(v.download());
+        const std::vector<float> k_ref = to_float(k_in), v_ref = to_float(v_in);
+        int differ = 0;
+        for (size_t i = 0; i < n * width; i++) {
+            const float want_k = storage == Precision::FP8 ? round_bf16(cpu.stored(k_ref[i], ks)) : k_ref[i];
+            const float want_v = storage == Precision::FP8 ? round_bf16(cpu.stored(v_ref[i], vs)) : v_ref[i];
+            differ += memcmp(&k_out[i], &want_k, 4) != 0;
+            differ += memcmp(&v_out[i], &want_v, 4) != 0;
+        }
+        CHECK_MSG(differ == 0, "%s: %d values differ from the CPU cache's stored values", precision_name(storage), differ);
+    }
+}
+
 // copy_page: the copy's bytes equal the source page's in every layer, K and V, and a row reading the
 // copy attends exactly as the row reading the original.
 TEST(kv_copy_page_copies_every_layer) {
