@@ -1,7 +1,7 @@
 // kv_cache.cuh: the paged key/value cache of generation on the GPU (spec-gpu.md §4), the device twin
 // of cpu/kv_cache.h: per layer K (after k-norm and RoPE) and V of every cached token, stored in BF16
-// or as FP8 E4M3 codes with one scale per layer for K and one for V (spec-fp8.md §9), and the decode
-// attention that reads them.
+// or as FP8 E4M3 codes with one scale per layer for K and one for V (spec-fp8.md §9), or one per
+// layer and KV head (--kv_scales head), and the decode attention that reads them.
 //
 // Layout: one pool each for K and V, [layers][pages][page_tokens][kv_heads][head_dim]; token slot
 // s = page * page_tokens + offset is row s of a layer's [pages * page_tokens][kv_heads * head_dim].
@@ -85,18 +85,18 @@ __device__ __forceinline__ void kv_store(uint8_t* dst, __nv_bfloat16 x, float sc
     *dst = float_to_e4m3(__bfloat162float(x) / scale);
 }
 
-// Rows i < n of k, v [n][width] into slots[i] of one layer's pools [slots][width]. A slot outside
-// [0, slot_count) writes nothing: -1 marks the padding rows of a CUDA-graph bucket.
+// Rows i < n of k, v [n][width] into slots[i] of one layer's pools [slots][width], column c with its
+// KV head's scale k_scale[c / head_dim] (the layer's [kv_heads]). A slot outside [0, slot_count)
+// writes nothing: -1 marks the padding rows of a CUDA-graph bucket.
 template <class Elem>
 __global__ void kv_append_kernel(Elem* k_pool, Elem* v_pool, const float* k_scale, const float* v_scale,
                                  const __nv_bfloat16* k, const __nv_bfloat16* v, const int32_t* slots, long n,
-                                 long width, long slot_count) {
-    const float ks = *k_scale, vs = *v_scale;
+                                 long width, int head_dim, long slot_count) {
     for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n * width; i += (long)gridDim.x * blockDim.x) {
         const long slot = slots[i / width], c = i % width;
         if (slot < 0 || slot >= slot_count) continue;
-        kv_store(k_pool + slot * width + c, k[i], ks);
-        kv_store(v_pool + slot * width + c, v[i], vs);
+        kv_store(k_pool + slot * width + c, k[i], k_scale[c / head_dim]);
+        kv_store(v_pool + slot * width + c, v[i], v_scale[c / head_dim]);
     }
 }
 
@@ -104,9 +104,9 @@ __global__ void kv_append_kernel(Elem* k_pool, Elem* v_pool, const float* k_scal
 // to BF16): a prefill then attends over what decode steps will read, as cpu/generate.h's prefill
 // reads its cache.
 static __global__ void kv_round_trip_kernel(__nv_bfloat16* k, __nv_bfloat16* v, const float* k_scale, const float* v_scale,
-                                     long count) {
-    const float ks = *k_scale, vs = *v_scale;
+                                     long count, long width, int head_dim) {
     for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < count; i += (long)gridDim.x * blockDim.x) {
+        const float ks = k_scale[i % width / head_dim], vs = v_scale[i % width / head_dim];
         uint8_t code;
         kv_store(&code, k[i], ks);
         k[i] = __float2bfloat16(kv_value(code, ks));
@@ -147,7 +147,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
         for (int g = threadIdx.x; g < group; g += blockDim.x) part_lse[out_row0 + g * splits] = -INFINITY;
         return;
     }
-    const float ks = *k_scale, vs = *v_scale, scale = 1.0f / sqrtf((float)D);
+    const float ks = k_scale[kv_head], vs = v_scale[kv_head], scale = 1.0f / sqrtf((float)D);
     for (int e = threadIdx.x; e < group * D; e += blockDim.x) {
         q_s[e] = __bfloat162float(q[(row * H + head0) * D + e]);
         o_s[e] = 0.0f;
@@ -235,26 +235,32 @@ static __global__ void kv_copy_page_kernel(uint8_t* k_pool, uint8_t* v_pool, lon
     for (long i = threadIdx.x; i < page_bytes; i += blockDim.x) pool[dst * page_bytes + i] = pool[src * page_bytes + i];
 }
 
-// amax = max |x[i]| as the bits of a non-negative float (which order like the values), so the
-// blocks' atomic maxima give one result whatever their order. NaN is skipped, as cpu/model_layers.h's
-// max_abs skips it (x > m is false); amax starts at 0 (set before the launch).
-static __global__ void kv_amax_kernel(float* amax, const __nv_bfloat16* x, long n) {
+// amax[h] = max |x[r][h][d]| over rows r and d < head_dim, as the bits of a non-negative float (which
+// order like the values), so the blocks' atomic maxima give one result whatever their order; head h
+// is blockIdx.y. NaN is skipped, as cpu/model_layers.h's max_abs skips it (x > m is false); amax
+// starts at 0 (set before the launch).
+static __global__ void kv_amax_kernel(float* amax, const __nv_bfloat16* x, long rows, int head_dim) {
+    const int h = blockIdx.y, heads = gridDim.y;
     float m = 0.0f;
-    for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x) {
-        const float a = fabsf(__bfloat162float(x[i]));
+    for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < rows * head_dim; i += (long)gridDim.x * blockDim.x) {
+        const float a = fabsf(__bfloat162float(x[(i / head_dim * heads + h) * head_dim + i % head_dim]));
         m = a > m ? a : m;
     }
     m = block_reduce(m, MaxOp());
-    if (threadIdx.x == 0) atomicMax(reinterpret_cast<unsigned*>(amax), float_bits(m));
+    if (threadIdx.x == 0) atomicMax(reinterpret_cast<unsigned*>(amax + h), float_bits(m));
 }
 
-// FP8 KV calibration: amax (device [1]) = max |x[i]| over n values (device), FP32 and exact.
-inline void kv_amax_gpu(float* amax, const __nv_bfloat16* x, long n, cudaStream_t stream) {
-    if (n < 0) fail("kv_amax_gpu: n = %ld values", n);
-    CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof(float), stream));
+// FP8 KV calibration: amax (device [heads]) = per head, max |x| over x [rows][heads][head_dim]
+// (device), FP32 and exact (heads 1, head_dim n: the max over n values).
+inline void kv_amax_gpu(float* amax, const __nv_bfloat16* x, long rows, int heads, int head_dim, cudaStream_t stream) {
+    if (rows < 0 || heads < 1 || head_dim < 1 || heads > 65535)
+        fail("kv_amax_gpu: rows = %ld, heads = %d, head_dim = %d", rows, heads, head_dim);
+    CUDA_CHECK(cudaMemsetAsync(amax, 0, (size_t)heads * sizeof(float), stream));
+    const long n = rows * head_dim;
     if (n == 0) return;
     const long threads = 256, blocks = std::min<long>(1024, (n + threads * 8 - 1) / (threads * 8));
-    LAUNCH_KERNEL(kv_amax_kernel, (unsigned)blocks, (unsigned)threads, 0, stream, amax, x, n);
+    LAUNCH_KERNEL(kv_amax_kernel, dim3((unsigned)blocks, (unsigned)heads), (unsigned)threads, 0, stream, amax, x, rows,
+                  head_dim);
 }
 
 class PagedKvCache {
@@ -265,8 +271,8 @@ class PagedKvCache {
         const size_t pool = pool_bytes(shape, storage);
         k_pool_.resize(pool, "KV cache: K pages");
         v_pool_.resize(pool, "KV cache: V pages");
-        k_scale_dev_.resize(shape.layers, "KV cache: K scales");
-        v_scale_dev_.resize(shape.layers, "KV cache: V scales");
+        k_scale_dev_.resize((size_t)shape.layers * shape.kv_heads, "KV cache: K scales");
+        v_scale_dev_.resize((size_t)shape.layers * shape.kv_heads, "KV cache: V scales");
         set_scales(std::vector<float>(shape.layers, 1.0f), std::vector<float>(shape.layers, 1.0f));
         int device = 0;
         CUDA_CHECK(cudaGetDevice(&device));
@@ -276,7 +282,7 @@ class PagedKvCache {
     // Device bytes of the K and V pools and their scales (the decode workspace is decode_workspace_bytes).
     static size_t bytes(const KvCacheShape& shape, Precision storage) {
         check_shape(shape, storage);
-        return 2 * pool_bytes(shape, storage) + 2 * (size_t)shape.layers * sizeof(float);
+        return 2 * pool_bytes(shape, storage) + 2 * (size_t)shape.layers * shape.kv_heads * sizeof(float);
     }
     // Device bytes of one page in every layer, K and V (what a pool grows by per page).
     static size_t page_bytes(const KvCacheShape& shape, Precision storage) {
@@ -286,21 +292,28 @@ class PagedKvCache {
     const KvCacheShape& shape() const { return shape_; }
     Precision storage() const { return storage_; }
 
-    // FP8 scales per layer for K and V (host vectors [layers]); set before appending (a synchronous
-    // upload: not while capturing). The kernels read them from the device, so a captured graph
-    // uses the scales set last.
+    // FP8 scales for K and V: host vectors [layers] (one per layer) or [layers][kv_heads] (one per
+    // layer and KV head); set before appending (a synchronous upload: not while capturing). The
+    // device holds them [layers][kv_heads] either way (a layer's scale repeated over its heads), so
+    // the kernels index one layout, and reads them there: a captured graph uses the scales set last.
     void set_scales(const std::vector<float>& k_scale, const std::vector<float>& v_scale) {
-        if ((int)k_scale.size() != shape_.layers || (int)v_scale.size() != shape_.layers)
-            fail("PagedKvCache::set_scales: %zu K and %zu V scales for %d layers (one per layer each)", k_scale.size(),
-                 v_scale.size(), shape_.layers);
-        for (int l = 0; l < shape_.layers; l++)
-            if (!(k_scale[l] > 0.0f) || !(v_scale[l] > 0.0f) || std::isinf(k_scale[l]) || std::isinf(v_scale[l]))
-                fail("PagedKvCache::set_scales: layer %d has K scale %g, V scale %g: scales must be positive and finite "
-                     "(kv_scale_from_amax gives them)", l, k_scale[l], v_scale[l]);
+        const size_t layers = (size_t)shape_.layers, heads = (size_t)shape_.kv_heads;
+        if (k_scale.size() != v_scale.size() || (k_scale.size() != layers && k_scale.size() != layers * heads))
+            fail("PagedKvCache::set_scales: %zu K and %zu V scales for %zu layers of %zu KV heads (one per layer, or "
+                 "one per layer and KV head)", k_scale.size(), v_scale.size(), layers, heads);
+        const size_t per_layer = k_scale.size() / layers;
+        std::vector<float> k_dev(layers * heads), v_dev(layers * heads);
+        for (size_t i = 0; i < layers * heads; i++) {
+            const size_t g = i / heads * per_layer + (per_layer > 1 ? i % heads : 0);
+            if (!(k_scale[g] > 0.0f) || !(v_scale[g] > 0.0f) || std::isinf(k_scale[g]) || std::isinf(v_scale[g]))
+                fail("PagedKvCache::set_scales: layer %zu, KV head %zu has K scale %g, V scale %g: scales must be "
+                     "positive and finite (kv_scale_from_amax gives them)", i / heads, i % heads, k_scale[g], v_scale[g]);
+            k_dev[i] = k_scale[g], v_dev[i] = v_scale[g];
+        }
         k_scales_ = k_scale;
         v_scales_ = v_scale;
-        k_scale_dev_.upload(k_scale);
-        v_scale_dev_.upload(v_scale);
+        k_scale_dev_.upload(k_dev);
+        v_scale_dev_.upload(v_dev);
     }
     const std::vector<float>& k_scales() const { return k_scales_; }
     const std::vector<float>& v_scales() const { return v_scales_; }
@@ -317,8 +330,8 @@ class PagedKvCache {
         dispatch_storage([&](auto elem) {
             using Elem = decltype(elem);
             LAUNCH_KERNEL((kv_append_kernel<Elem>), (unsigned)blocks, 256, 0, stream, layer_pool<Elem>(k_pool_, layer),
-                          layer_pool<Elem>(v_pool_, layer), k_scale_dev_.get() + layer, v_scale_dev_.get() + layer, k, v,
-                          slots, n, shape_.width(), shape_.slots());
+                          layer_pool<Elem>(v_pool_, layer), layer_scales(k_scale_dev_, layer), layer_scales(v_scale_dev_, layer),
+                          k, v, slots, n, shape_.width(), shape_.head_dim, shape_.slots());
         });
     }
 
@@ -330,8 +343,8 @@ class PagedKvCache {
         if (n < 0) fail("PagedKvCache::round_trip: n = %ld tokens", n);
         if (storage_ != Precision::FP8 || n == 0) return;
         const long count = n * shape_.width(), blocks = std::min<long>(4096, (count + 255) / 256);
-        LAUNCH_KERNEL(kv_round_trip_kernel, (unsigned)blocks, 256, 0, stream, k, v, k_scale_dev_.get() + layer,
-                      v_scale_dev_.get() + layer, count);
+        LAUNCH_KERNEL(kv_round_trip_kernel, (unsigned)blocks, 256, 0, stream, k, v, layer_scales(k_scale_dev_, layer),
+                      layer_scales(v_scale_dev_, layer), count, shape_.width(), shape_.head_dim);
     }
 
     // Sizes the decode workspace for up to max_batch rows of `heads` query heads (allocates) and
@@ -399,7 +412,7 @@ class PagedKvCache {
                 const size_t smem = decode_smem_floats(group, D) * sizeof(float);  // allowed by reserve_decode
                 LAUNCH_KERNEL((kv_decode_split_kernel<D, Elem>), dim3(splits, shape_.kv_heads, B), kDecodeThreads, smem,
                               stream, part_o_.get(), part_lse_.get(), q, layer_pool<Elem>(k_pool_, layer),
-                              layer_pool<Elem>(v_pool_, layer), k_scale_dev_.get() + layer, v_scale_dev_.get() + layer,
+                              layer_pool<Elem>(v_pool_, layer), layer_scales(k_scale_dev_, layer), layer_scales(v_scale_dev_, layer),
                               page_table, max_pages, lens, max_len, heads, shape_.kv_heads, shape_.page_tokens,
                               split_keys);
             });
@@ -429,7 +442,7 @@ class PagedKvCache {
     KvCacheShape shape_;
     Precision storage_;
     DeviceArray<uint8_t> k_pool_, v_pool_;
-    DeviceArray<float> k_scale_dev_, v_scale_dev_;  // [layers]
+    DeviceArray<float> k_scale_dev_, v_scale_dev_;  // [layers][kv_heads]
     std::vector<float> k_scales_, v_scales_;
     DeviceArray<float> part_o_, part_lse_;  // decode workspace: [B][H][splits][D], [B][H][splits]
     int decode_group_ = 0;  // query heads per kv head reserve_decode allowed for
@@ -474,6 +487,9 @@ class PagedKvCache {
             f(uint8_t());
         else
             f(__nv_bfloat16());
+    }
+    const float* layer_scales(const DeviceArray<float>& scales, int layer) const {
+        return scales.get() + (size_t)layer * shape_.kv_heads;
     }
     template <class Elem>
     Elem* layer_pool(const DeviceArray<uint8_t>& pool, int layer) const {

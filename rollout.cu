@@ -20,9 +20,10 @@
 //             sequence is preempted: its pages are freed and it is generated again later from its
 //             prompt. Its keys are (seed, step, sequence, position) and every row of a step is
 //             computed independently of the others, so the redone completion is the same.
-//   FP8 KV    per-layer scales from a forward over the prompts with the current weights (the amax
-//             of K after norm and RoPE, and of V: spec-fp8.md §9.4, as the CPU engine does), set
-//             before the first append and reported in rollout_stats().
+//   FP8 KV    scales per layer (or per layer and KV head, --kv_scales head) from a forward over the
+//             prompts with the current weights (the amax of K after norm and RoPE, and of V:
+//             spec-fp8.md §9.4, as the CPU engine does), set before the first append and reported
+//             in rollout_stats().
 // Not done yet: CUDA graphs of the decode step.
 // Included at the end of cuda/engine_gpu.cuh (the GPU program is one translation unit per binary,
 // so the build needs no new object); compiled alone by make cuda-check, it includes the engine.
@@ -387,14 +388,22 @@ inline void GpuEngine::calibrate_kv_scales(const std::vector<GenRequest>& reques
     for (const GenRequest& r : requests)
         if (seen.insert(r.prompt).second) prompts.push_back({r.prompt, (int32_t)r.prompt.size()});
     const CpuModel& m = model_;
-    R.amax.resize((size_t)2 * m.L, "KV amax");
+    R.amax.resize((size_t)2 * m.L * m.KV, "KV amax");  // [L][K, V][KV]
     trunk_forward(prompts, weights, [&](int l) {
-        kv_amax_gpu(R.amax.get() + 2 * l, layers_[l].k, T_ * m.KV * m.D, stream_);
-        kv_amax_gpu(R.amax.get() + 2 * l + 1, layers_[l].v, T_ * m.KV * m.D, stream_);
+        kv_amax_gpu(R.amax.get() + (size_t)2 * l * m.KV, layers_[l].k, T_, m.KV, m.D, stream_);
+        kv_amax_gpu(R.amax.get() + (size_t)(2 * l + 1) * m.KV, layers_[l].v, T_, m.KV, m.D, stream_);
     });
     const std::vector<float> amax = R.amax.download();
-    std::vector<float> k(m.L), v(m.L);
-    for (int l = 0; l < m.L; l++) k[l] = kv_scale_from_amax(amax[2 * l]), v[l] = kv_scale_from_amax(amax[2 * l + 1]);
+    // one scale per layer (the max over its KV heads) or, with --kv_scales head, per layer and KV head
+    const int groups = options_.kv_scale_per_head ? m.KV : 1;
+    std::vector<float> k((size_t)m.L * groups, 0.0f), v((size_t)m.L * groups, 0.0f);
+    for (int l = 0; l < m.L; l++)
+        for (int h = 0; h < m.KV; h++) {
+            const size_t g = (size_t)l * groups + (groups > 1 ? h : 0);
+            k[g] = std::max(k[g], amax[(size_t)2 * l * m.KV + h]);
+            v[g] = std::max(v[g], amax[(size_t)(2 * l + 1) * m.KV + h]);
+        }
+    for (size_t g = 0; g < k.size(); g++) k[g] = kv_scale_from_amax(k[g]), v[g] = kv_scale_from_amax(v[g]);
     R.cache->set_scales(k, v);
     if (R.cache->k_scales() != k || R.cache->v_scales() != v) fail("generate: the KV cache did not take its FP8 scales");
     rollout_stats_.k_scale = k, rollout_stats_.v_scale = v;

@@ -18,13 +18,15 @@ namespace fp8rl {
 class CpuEngine : public Engine {
 public:
     // dir: a HF model directory; its side files (tokenizer, generation config) are copied into
-    // every checkpoint. The CPU engine has no engine-specific options.
-    explicit CpuEngine(const std::string& dir, const EngineOptions& = {})
-        : source_dir_(dir), weights_(ModelWeights::load(dir)), model_(weights_), grads_(weights_.num_floats(), 0.0f) {}
+    // every checkpoint. Of the options it reads kv_scale_per_head (the GPU's are the rest).
+    explicit CpuEngine(const std::string& dir, const EngineOptions& options = {})
+        : kv_scale_per_head_(options.kv_scale_per_head), source_dir_(dir), weights_(ModelWeights::load(dir)),
+          model_(weights_), grads_(weights_.num_floats(), 0.0f) {}
 
     // A frozen copy (the KL reference policy): same weights, its own buffers.
     CpuEngine(const CpuEngine& other)
-        : source_dir_(other.source_dir_), weights_(other.weights_), model_(weights_), grads_() {}
+        : kv_scale_per_head_(other.kv_scale_per_head_), source_dir_(other.source_dir_), weights_(other.weights_),
+          model_(weights_), grads_() {}
     CpuEngine& operator=(const CpuEngine&) = delete;  // model_ points into weights_
 
     // The CPU engine's memory is the host's: no device plan to print or check.
@@ -140,6 +142,7 @@ public:
     void save_hf(const std::string& dir) override { fp8rl::save_hf(weights_, dir, source_dir_); }
 
 private:
+    bool kv_scale_per_head_;  // --kv_scales head: FP8 KV scales per layer and KV head
     std::string source_dir_;
     ModelWeights weights_;
     CpuModel model_;
@@ -175,7 +178,7 @@ private:
         std::vector<Sequence> seqs;
         for (const GenRequest& r : requests) seqs.push_back({r.prompt, 0});
         run_forward(seqs, weights, 1.0f, nullptr, nullptr, eval_acts_, eval_batch_, false);
-        kv_scales_from_forward(eval_acts_, *k, *v);
+        kv_scales_from_forward(eval_acts_, model_.KV, kv_scale_per_head_, *k, *v);
     }
 
     // Packs the sequences, runs the model, and cuts out the response positions.

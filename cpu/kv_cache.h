@@ -1,6 +1,7 @@
 // kv_cache.h: the key/value cache of generation. Per layer it holds K (after k-norm and RoPE) and
 // V of every (slot, position), as the chosen format stores them: FP32, BF16, or FP8 E4M3 with one
-// scale per layer for K and one for V (spec-fp8.md §9). Values are kept as the FP32 numbers the
+// scale per layer for K and one for V (spec-fp8.md §9), or, with --kv_scales head, one per layer and
+// KV head (the option §9.1 allows: a head whose values are small keeps its precision). Values are kept as the FP32 numbers the
 // stored bytes decode to, so attention reads them directly and the emulation is exact.
 #pragma once
 #include <cmath>
@@ -28,7 +29,10 @@ struct KvCache {
     long slots = 0;
     int width = 0;                   // KV * D
     std::vector<float> k, v;         // [layers, slots * max_len, width]
-    std::vector<float> k_scale, v_scale;  // [layers], FP8 only
+    // FP8 only: [layers][groups], scale g of a layer for columns [g, g + 1) * width / groups (groups
+    // 1: per layer; KV: per KV head)
+    std::vector<float> k_scale, v_scale;
+    int groups = 1;
 
     // Sizes the cache; allocates only when it grows.
     void allocate(int n_layers, long n_slots, int len, int kv_width, Precision fmt) {
@@ -42,14 +46,19 @@ struct KvCache {
             k.resize(n);
             v.resize(n);
         }
+        groups = 1;
         k_scale.assign(layers, 1.0f);
         v_scale.assign(layers, 1.0f);
     }
 
-    // FP8 scales per layer (from kv_scale_from_amax of the trainer's calibration).
+    // FP8 scales [layers][groups] (from kv_scale_from_amax of the trainer's calibration): groups 1 per
+    // layer, or one per KV head.
     void set_scales(const std::vector<float>& ks, const std::vector<float>& vs) {
-        if ((int)ks.size() != layers || (int)vs.size() != layers)
-            fail("KV cache: %zu/%zu scales given for %d layers", ks.size(), vs.size(), layers);
+        const int g = layers > 0 ? (int)(ks.size() / layers) : 0;
+        if (ks.size() != vs.size() || g < 1 || ks.size() != (size_t)g * layers || width % g != 0)
+            fail("KV cache: %zu/%zu scales given for %d layers of width %d (need layers x groups, groups dividing "
+                 "the width)", ks.size(), vs.size(), layers, width);
+        groups = g;
         k_scale = ks;
         v_scale = vs;
     }
@@ -69,12 +78,14 @@ struct KvCache {
     void store(int layer, long T, const int64_t* row_index, const float* kt, const float* vt) {
         float* K = keys(layer);
         float* V = values(layer);
-        const float ks = k_scale[layer], vs = v_scale[layer];
+        const float* ks = k_scale.data() + (size_t)layer * groups;
+        const float* vs = v_scale.data() + (size_t)layer * groups;
+        const int group_width = width / groups;
 #pragma omp parallel for schedule(static)
         for (long t = 0; t < T; t++)
             for (int i = 0; i < width; i++) {
-                K[row_index[t] * width + i] = stored(kt[t * width + i], ks);
-                V[row_index[t] * width + i] = stored(vt[t * width + i], vs);
+                K[row_index[t] * width + i] = stored(kt[t * width + i], ks[i / group_width]);
+                V[row_index[t] * width + i] = stored(vt[t * width + i], vs[i / group_width]);
             }
     }
 };

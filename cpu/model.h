@@ -234,7 +234,7 @@ struct ForwardActs {
     std::vector<int64_t> key_start, cache_row;
     std::vector<int64_t> seq_offsets;  // [B + 1] packed batch: sequence s is rows seq_offsets[s] .. seq_offsets[s+1]
     std::vector<LayerActs> layers;
-    std::vector<float> k_amax, v_amax;  // [L] max |K| (after k-norm and RoPE) and max |V| of the last pass
+    std::vector<float> k_amax, v_amax;  // [L][KV] max |K| (after k-norm and RoPE) and max |V| per KV head, last pass
     float *hf = nullptr, *xf = nullptr, *rstdf = nullptr;               // final hidden [T, C], normed, rstd
     float *head_logprob = nullptr, *head_entropy = nullptr, *head_lse = nullptr, *head_mu = nullptr;  // [T]
     BackwardActs grad{};
@@ -247,8 +247,8 @@ struct ForwardActs {
     void reserve(const CpuModel& m, long tokens, bool keep_all, bool backward) {
         T = tokens;
         keep_all_layers = keep_all;
-        k_amax.assign(m.L, 0.0f);
-        v_amax.assign(m.L, 0.0f);
+        k_amax.assign((size_t)m.L * m.KV, 0.0f);
+        v_amax.assign((size_t)m.L * m.KV, 0.0f);
         size_t n = layout(m, backward, nullptr);
         if (storage_.size() < n) storage_.resize(n);
         layout(m, backward, storage_.data());
@@ -346,8 +346,8 @@ inline void layer_forward(const CpuModel& m, const ModelParams& p, ForwardActs& 
     }
     rope_forward(A.q, acts.pos.data(), acts.rope, T, m.H, bf16);
     rope_forward(A.k, acts.pos.data(), acts.rope, T, m.KV, bf16);
-    acts.k_amax[l] = max_abs(A.k, T * m.KV * m.D);
-    acts.v_amax[l] = max_abs(A.v, T * m.KV * m.D);
+    max_abs_per_head(&acts.k_amax[(size_t)l * m.KV], A.k, T, m.KV, m.D);
+    max_abs_per_head(&acts.v_amax[(size_t)l * m.KV], A.v, T, m.KV, m.D);
     if (cache) {
         cache->store(l, T, acts.cache_row.data(), A.k, A.v);
         attention_forward_cached(A.att, A.lse, A.q, cache->keys(l), cache->values(l), acts.key_start.data(),
@@ -367,15 +367,22 @@ inline void layer_forward(const CpuModel& m, const ModelParams& p, ForwardActs& 
     residual_add(out, A.h1, out, T * m.C, bf16);
 }
 
-// FP8 KV-cache scales per layer from the K/V amax of the last forward pass (spec-fp8.md §9.4: the
-// trainer runs the updated weights forward and hands these to the next rollout).
-inline void kv_scales_from_forward(const ForwardActs& acts, std::vector<float>& k_scale, std::vector<float>& v_scale) {
-    k_scale.resize(acts.k_amax.size());
-    v_scale.resize(acts.v_amax.size());
-    for (size_t l = 0; l < acts.k_amax.size(); l++) {
-        k_scale[l] = kv_scale_from_amax(acts.k_amax[l]);
-        v_scale[l] = kv_scale_from_amax(acts.v_amax[l]);
-    }
+// FP8 KV-cache scales [L] (per layer) or [L][KV] (per_head) from the K/V amax of the last forward
+// pass (spec-fp8.md §9.4: the trainer runs the updated weights forward and hands these to the next
+// rollout).
+inline void kv_scales_from_forward(const ForwardActs& acts, int kv_heads, bool per_head, std::vector<float>& k_scale,
+                                   std::vector<float>& v_scale) {
+    const size_t layers = acts.k_amax.size() / kv_heads, groups = per_head ? kv_heads : 1;
+    k_scale.assign(layers * groups, 0.0f);
+    v_scale.assign(layers * groups, 0.0f);
+    for (size_t l = 0; l < layers; l++)
+        for (int h = 0; h < kv_heads; h++) {  // a layer's amax: the max over its heads
+            const size_t g = l * groups + (per_head ? h : 0);
+            k_scale[g] = std::max(k_scale[g], acts.k_amax[l * kv_heads + h]);
+            v_scale[g] = std::max(v_scale[g], acts.v_amax[l * kv_heads + h]);
+        }
+    for (size_t g = 0; g < k_scale.size(); g++)
+        k_scale[g] = kv_scale_from_amax(k_scale[g]), v_scale[g] = kv_scale_from_amax(v_scale[g]);
 }
 
 // Embedding, every layer and the final norm over the rows set up in acts (ids, pos, key ranges).

@@ -29,6 +29,25 @@ inline float max_abs(const float* x, long n) {
     return m;
 }
 
+// amax[h] = max |x[t][h][d]| over t < T, d < D of x [T][H][D], per head h, as max_abs computes it
+// (NaN skipped); max is exact in any order, so the threads' partial maxima merge to one result.
+inline void max_abs_per_head(float* amax, const float* x, long T, int H, int D) {
+    for (int h = 0; h < H; h++) amax[h] = 0.0f;
+#pragma omp parallel
+    {
+        std::vector<float> m((size_t)H, 0.0f);
+#pragma omp for schedule(static) nowait
+        for (long t = 0; t < T; t++)
+            for (int h = 0; h < H; h++)
+                for (int d = 0; d < D; d++) {
+                    const float a = std::fabs(x[(t * H + h) * D + d]);
+                    m[(size_t)h] = a > m[(size_t)h] ? a : m[(size_t)h];
+                }
+#pragma omp critical
+        for (int h = 0; h < H; h++) amax[h] = m[(size_t)h] > amax[h] ? m[(size_t)h] : amax[h];
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Embedding: x[t] = E[ids[t]] (no scaling).
 

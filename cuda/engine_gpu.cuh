@@ -78,7 +78,7 @@ inline size_t rollout_device_bytes(const ModelConfig& c, const EngineOptions& o,
 struct RolloutStats {
     int64_t prefills = 0, prefill_tokens = 0, decode_steps = 0, preemptions = 0;
     int max_running = 0;                  // most sequences decoded in one step
-    std::vector<float> k_scale, v_scale;  // per layer, the FP8 cache's scales in use (empty for BF16)
+    std::vector<float> k_scale, v_scale;  // [L] or [L][KV] (--kv_scales head): the FP8 cache's scales in use (empty for BF16)
 };
 
 class GpuEngine : public Engine {

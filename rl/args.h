@@ -82,6 +82,7 @@ inline const std::vector<FlagSpec>& flag_table() {
         {"kv_cache", "sampling", FlagKind::Choice, "bf16", "fp32|bf16|fp8", "KV cache storage during generation (fp32 only on the CPU engine)"},
         {"rollout_slots", "sampling", FlagKind::Int, "64", "1..4096", "GPU engine only: sequences decoded together; a finished one frees its slot at once"},
         {"kv_cache_mb", "sampling", FlagKind::Float, "0", "0..", "GPU engine only: MiB of KV cache pages (0 = every slot at full length); when full, the newest sequence is preempted and redone"},
+        {"kv_scales", "sampling", FlagKind::Choice, "layer", "layer|head", "FP8 KV cache: one scale per layer for K and one for V, or one per layer and KV head"},
         {"kv_page_tokens", "sampling", FlagKind::Int, "16", "1..4096", "GPU engine only: tokens per KV cache page"},
         {"eval_k", "sampling", FlagKind::Int, "4", "0..", "eval: samples per prompt at --temperature for mean@k (0 = greedy only)"},
         // optimizer

@@ -145,7 +145,9 @@ TEST(generate_stops_on_eos_and_budget) {
 // The FP8 cache (scales from a calibration forward pass over the prompts) changes the log-probs a
 // little and only a little: against a bf16 full forward over the same tokens, E4M3's 2^-4 relative
 // step on K and V moves attention scores by a few percent of their spread, so <= 0.05 nats; and
-// not at all would mean the cache is not quantizing.
+// not at all would mean the cache is not quantizing. With one scale per layer and with one per KV
+// head (--kv_scales head), each scale 1.05 amax / 448 of the values it covers, the amax taken here
+// from the calibration forward's K and V directly.
 TEST(generate_fp8_kv_cache) {
     Setup s("qwen2_tiny");
     ModelParams p;
@@ -153,25 +155,42 @@ TEST(generate_fp8_kv_cache) {
     std::vector<std::vector<int32_t>> prompts = some_prompts();
     TokenBatch calib;
     for (const auto& pr : prompts) calib.add(pr);
-    ForwardActs acts;
-    std::vector<float> lp(calib.num_tokens()), ent(calib.num_tokens());
-    model_forward(s.m, p, calib, 1.0f, acts, lp.data(), ent.data(), false);
-    GenerateOptions o;
-    o.sampling.temperature = 1.0f;
-    o.max_new_tokens = 10;
-    o.kv_cache = Precision::FP8;
-    kv_scales_from_forward(acts, o.kv_k_scale, o.kv_v_scale);
-    for (int l = 0; l < s.m.L; l++) CHECK(o.kv_k_scale[l] > 0.0f && o.kv_k_scale[l] != 1.0f);
-    Generator gen;
-    std::vector<Completion> out = gen.generate(s.m, p, prompts, o);
-    TokenBatch batch = prompts_with_completions(prompts, out);
-    lp.resize(batch.num_tokens()), ent.resize(batch.num_tokens());
-    model_forward(s.m, p, batch, 1.0f, acts, lp.data(), ent.data(), false);
-    double worst = 0.0;
-    for (size_t i = 0; i < prompts.size(); i++)
-        for (size_t j = 0; j < out[i].tokens.size(); j++)
-            worst = std::fmax(worst, std::fabs(out[i].logprobs_full[j] - lp[batch.offsets[i] + prompts[i].size() + j]));
-    CHECK_MSG(worst > 0.0 && worst <= 0.05, "fp8 cache moved log-probs by %.4g", worst);
+    for (const bool per_head : {false, true}) {
+        ForwardActs acts;
+        std::vector<float> lp(calib.num_tokens()), ent(calib.num_tokens());
+        model_forward(s.m, p, calib, 1.0f, acts, lp.data(), ent.data(), /*for_backward=*/true);  // keeps every layer's K, V
+        GenerateOptions o;
+        o.sampling.temperature = 1.0f;
+        o.max_new_tokens = 10;
+        o.kv_cache = Precision::FP8;
+        kv_scales_from_forward(acts, s.m.KV, per_head, o.kv_k_scale, o.kv_v_scale);
+        const int groups = per_head ? s.m.KV : 1;
+        CHECK_EQ(o.kv_k_scale.size(), (size_t)s.m.L * groups);
+        for (int l = 0; l < s.m.L && o.kv_k_scale.size() == (size_t)s.m.L * groups; l++)
+            for (int g = 0; g < groups; g++) {
+                float k_amax = 0.0f, v_amax = 0.0f;
+                const LayerActs& A = acts.layer(l);
+                for (long t = 0; t < calib.num_tokens(); t++)
+                    for (int h = 0; h < s.m.KV; h++)
+                        for (int d = 0; d < s.m.D && (!per_head || h == g); d++) {
+                            k_amax = std::fmax(k_amax, std::fabs(A.k[(t * s.m.KV + h) * s.m.D + d]));
+                            v_amax = std::fmax(v_amax, std::fabs(A.v[(t * s.m.KV + h) * s.m.D + d]));
+                        }
+                CHECK_EQ(o.kv_k_scale[(size_t)l * groups + g], 1.05f * k_amax / 448.0f);
+                CHECK_EQ(o.kv_v_scale[(size_t)l * groups + g], 1.05f * v_amax / 448.0f);
+            }
+        Generator gen;
+        std::vector<Completion> out = gen.generate(s.m, p, prompts, o);
+        TokenBatch batch = prompts_with_completions(prompts, out);
+        lp.resize(batch.num_tokens()), ent.resize(batch.num_tokens());
+        model_forward(s.m, p, batch, 1.0f, acts, lp.data(), ent.data(), false);
+        double worst = 0.0;
+        for (size_t i = 0; i < prompts.size(); i++)
+            for (size_t j = 0; j < out[i].tokens.size(); j++)
+                worst = std::fmax(worst, std::fabs(out[i].logprobs_full[j] - lp[batch.offsets[i] + prompts[i].size() + j]));
+        CHECK_MSG(worst > 0.0 && worst <= 0.05, "fp8 cache (scales per %s) moved log-probs by %.4g",
+                  per_head ? "KV head" : "layer", worst);
+    }
 }
 
 TEST(generate_rejects_bad_input) {

@@ -44,7 +44,8 @@ std::map<std::string, double> first_row(const std::string& dir) {
 
 }  // namespace
 
-// Step 1 of the same run on both engines, in bf16, fp8, and fp8 with an FP8 KV cache. Generation
+// Step 1 of the same run on both engines, in bf16, fp8, and fp8 with an FP8 KV cache (scales per layer,
+// and per KV head: their least is below the least per-layer one). Generation
 // runs on each engine's own model (rollout.cu on the GPU), whose logits differ from the CPU's by
 // BF16 summation order (~1e-3); a sampled token changes only where its uniform falls within that of
 // a CDF boundary, which this run's 48 tokens do not, so rewards, lengths and advantages agree
@@ -59,12 +60,14 @@ std::map<std::string, double> first_row(const std::string& dir) {
 // 5e-3) within 5e-2, absolute.
 TEST(train_rl_emu_step_matches_train_rl_cpu) {
     if (std::system(("test -x " + emu_binary()).c_str()) != 0) SKIP("./train_rl_emu not built (make train_rl_emu)");
-    const char* const runs[][2] = {{"bf16", "bf16"}, {"fp8", "bf16"}, {"fp8", "fp8"}};
+    const char* const runs[][3] = {{"bf16", "bf16", "layer"}, {"fp8", "bf16", "layer"}, {"fp8", "fp8", "layer"}, {"fp8", "fp8", "head"}};
+    double layer_k_min = 0;  // fp8/kv_scale_k_min with scales per layer: per KV head the least is smaller
     for (const auto& run : runs) {
         const char *precision = run[0], *kv_cache = run[1];
-        std::string d = temp_dir(std::string("emu_step_") + precision + "_kv_" + kv_cache);
-        harness::RunResult cpu = run_cmd(harness::binary() + tiny_run(d + "/cpu", 1, precision, kv_cache));
-        harness::RunResult gpu = run_cmd(emu_binary() + tiny_run(d + "/gpu", 1, precision, kv_cache));
+        const std::string scales = run[2], flags = " --kv_scales " + scales;
+        std::string d = temp_dir(std::string("emu_step_") + precision + "_kv_" + kv_cache + "_" + scales);
+        harness::RunResult cpu = run_cmd(harness::binary() + tiny_run(d + "/cpu", 1, precision, kv_cache) + flags);
+        harness::RunResult gpu = run_cmd(emu_binary() + tiny_run(d + "/gpu", 1, precision, kv_cache) + flags);
         CHECK_MSG(cpu.status == 0 && gpu.status == 0, "%s\n%s", cpu.output.c_str(), gpu.output.c_str());
         if (cpu.status || gpu.status) continue;
         std::map<std::string, double> c = first_row(d + "/cpu"), g = first_row(d + "/gpu");
@@ -82,7 +85,12 @@ TEST(train_rl_emu_step_matches_train_rl_cpu) {
                       k.c_str(), g[k], kv.second);
             compared++;
         }
-        printf("    %s, KV cache %s: %d metrics compared\n", precision, kv_cache, compared);
+        printf("    %s, KV cache %s (scales per %s): %d metrics compared\n", precision, kv_cache, scales.c_str(), compared);
+        if (std::string(kv_cache) == "fp8" && scales == "layer") layer_k_min = c["fp8/kv_scale_k_min"];
+        if (scales == "head")
+            CHECK_MSG(c["fp8/kv_scale_k_min"] < layer_k_min && g["fp8/kv_scale_k_min"] < layer_k_min,
+                      "--kv_scales head: the least K scale (cpu %g, gpu %g) is not below the least per-layer one (%g)",
+                      c["fp8/kv_scale_k_min"], g["fp8/kv_scale_k_min"], layer_k_min);
         CHECK(compared > 20);
         const bool fp8_kv = std::string(kv_cache) == "fp8";
         CHECK_MSG(g.count("fp8/kv_scale_k_max") == (size_t)fp8_kv && c.count("fp8/kv_scale_k_max") == (size_t)fp8_kv,
@@ -254,9 +262,9 @@ TEST(train_rl_emu_micro_batches_and_recompute) {
 // Learning from scratch on the GPU engine (check_learns_from_scratch), shrunk to emulation's speed
 // (~80 s of CPU per precision; the CPU engine's test takes 30 steps of 16 prompts with a 2-token
 // budget): a 1-token budget, where a response is the digit alone and a random policy is right 1 time
-// in 14 (0.071), 15 steps of 8 prompts. The last 5 steps' mean reward must be at least 0.13 and 1.5
-// times the first 5's. (Measured with seed 11: fp8 0.094 -> 0.206 on train_rl_emu, 0.100 -> 0.206 on
-// train_rl_cpu; bf16 0.084 -> 0.216 on train_rl_emu. CPU time: fp8 79 s, bf16 68 s.)
+// in 14 (0.071), 15 steps of 8 prompts, generated through rollout.cu, fp8 with an FP8 KV cache. The
+// last 5 steps' mean reward must be at least 0.13 and 1.5 times the first 5's. (Measured with seed
+// 11 on train_rl_emu: bf16 0.072 -> 0.206, fp8 + FP8 KV 0.087 -> 0.203.)
 TEST(train_rl_emu_learns_from_scratch) {
     if (std::system(("test -x " + emu_binary()).c_str()) != 0) SKIP("./train_rl_emu not built (make train_rl_emu)");
     for (const char* p : {"bf16", "fp8"})

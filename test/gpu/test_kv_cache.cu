@@ -155,13 +155,15 @@ struct CpuDecode {
     std::vector<float> out, lse;
 };
 
-CpuDecode cpu_decode(const PagedBatch& b, int H, Precision storage, float k_scale, float v_scale, bool bf16) {
+// k_scale, v_scale: layer kLayer's FP8 scale of each KV head [KV].
+CpuDecode cpu_decode(const PagedBatch& b, int H, Precision storage, const std::vector<float>& k_scale,
+                     const std::vector<float>& v_scale, bool bf16) {
     const int KV = b.shape.kv_heads, D = b.shape.head_dim;
     KvCache cache;
     cache.allocate(kLayers, b.B, b.max_len, KV * D, storage);
-    std::vector<float> ks(kLayers, 1.0f), vs(kLayers, 1.0f);
-    ks[kLayer] = k_scale;
-    vs[kLayer] = v_scale;
+    std::vector<float> ks((size_t)kLayers * KV, 1.0f), vs((size_t)kLayers * KV, 1.0f);
+    std::copy(k_scale.begin(), k_scale.end(), ks.begin() + (size_t)kLayer * KV);
+    std::copy(v_scale.begin(), v_scale.end(), vs.begin() + (size_t)kLayer * KV);
     cache.set_scales(ks, vs);
     cache.store(kLayer, (long)b.cpu_rows.size(), b.cpu_rows.data(), b.k.data(), b.v.data());
     std::vector<int64_t> key_start;
@@ -189,8 +191,8 @@ CpuDecode cpu_decode(const PagedBatch& b, int H, Precision storage, float k_scal
 }
 
 // mag = sum_j p_j |v_j| of every output, in double from the CPU cache's values and the CPU's lse.
-std::vector<double> magnitudes(const PagedBatch& b, int H, Precision storage, float k_scale, float v_scale,
-                               const std::vector<float>& lse) {
+std::vector<double> magnitudes(const PagedBatch& b, int H, Precision storage, const std::vector<float>& k_scale,
+                               const std::vector<float>& v_scale, const std::vector<float>& lse) {
     const int KV = b.shape.kv_heads, D = b.shape.head_dim, group = H / KV;
     KvCache cache;  // only for stored(): the values the cache keeps
     cache.format = storage;
@@ -202,9 +204,10 @@ std::vector<double> magnitudes(const PagedBatch& b, int H, Precision storage, fl
             for (int j = 0; j < b.lens[r]; j++) {
                 const size_t kv = ((size_t)(token0 + j) * KV + h / group) * D;
                 double s = 0;
-                for (int d = 0; d < D; d++) s += (double)b.q[((size_t)r * H + h) * D + d] * cache.stored(b.k[kv + d], k_scale);
+                const float ks = k_scale[(size_t)(h / group)], vs = v_scale[(size_t)(h / group)];
+                for (int d = 0; d < D; d++) s += (double)b.q[((size_t)r * H + h) * D + d] * cache.stored(b.k[kv + d], ks);
                 const double p = std::exp(s * scale - lse[(size_t)r * H + h]);
-                for (int d = 0; d < D; d++) mag[((size_t)r * H + h) * D + d] += p * std::fabs(cache.stored(b.v[kv + d], v_scale));
+                for (int d = 0; d < D; d++) mag[((size_t)r * H + h) * D + d] += p * std::fabs(cache.stored(b.v[kv + d], vs));
             }
     return mag;
 }
@@ -231,12 +234,28 @@ double score_error(int D) { return D * 0x1p-24 * (D * 3.0 * 2.0) / std::sqrt((do
 
 // Per layer scales from the amax of the layer's values, as the rollout sets them.
 float scale_of(const std::vector<float>& x) { return kv_scale_from_amax(max_abs(x.data(), (long)x.size())); }
+// Per KV head scales of x [tokens][KV][D] (--kv_scales head), from each head's amax.
+std::vector<float> head_scales_of(const std::vector<float>& x, int KV, int D) {
+    std::vector<float> amax((size_t)KV);
+    max_abs_per_head(amax.data(), x.data(), (long)(x.size() / ((size_t)KV * D)), KV, D);
+    for (float& a : amax) a = kv_scale_from_amax(a);
+    return amax;
+}
 
-void check_decode(Precision storage) {
+// per_head: FP8 scales per layer and KV head (the GPU cache gets [layers][KV] scales, the layers'
+// heads apart), else one per layer (the GPU cache gets [layers]; the CPU's repeats it per head).
+void check_decode(Precision storage, bool per_head = false) {
     for (const DecodeCase& c : kCases) {
         const PagedBatch b = make_batch(c, 1000 + c.D);
-        const float ks = storage == Precision::FP8 ? scale_of(b.k) : 1.0f, vs = storage == Precision::FP8 ? scale_of(b.v) : 1.0f;
-        GpuCache g(b, storage, {0.5f, ks}, {0.25f, vs}, c.H);
+        const bool fp8 = storage == Precision::FP8;
+        std::vector<float> ks = per_head ? head_scales_of(b.k, c.KV, c.D) : std::vector<float>(c.KV, fp8 ? scale_of(b.k) : 1.0f);
+        std::vector<float> vs = per_head ? head_scales_of(b.v, c.KV, c.D) : std::vector<float>(c.KV, fp8 ? scale_of(b.v) : 1.0f);
+        std::vector<float> gpu_ks = {0.5f, ks[0]}, gpu_vs = {0.25f, vs[0]};
+        if (per_head) {
+            gpu_ks.assign((size_t)c.KV, 0.5f), gpu_vs.assign((size_t)c.KV, 0.25f);
+            gpu_ks.insert(gpu_ks.end(), ks.begin(), ks.end()), gpu_vs.insert(gpu_vs.end(), vs.begin(), vs.end());
+        }
+        GpuCache g(b, storage, gpu_ks, gpu_vs, c.H);
         const CpuDecode fp32 = cpu_decode(b, c.H, storage, ks, vs, false), bf16 = cpu_decode(b, c.H, storage, ks, vs, true);
         const std::vector<double> mag = magnitudes(b, c.H, storage, ks, vs, fp32.lse);
         const double u = 0x1p-8, e = score_error(c.D) + 1e-5;
@@ -261,6 +280,11 @@ TEST(kv_decode_attention_bf16_matches_cpu) {
 TEST(kv_decode_attention_fp8_matches_cpu) {
     REQUIRE_GPU();
     check_decode(Precision::FP8);
+}
+
+TEST(kv_decode_attention_fp8_scales_per_kv_head_match_cpu) {
+    REQUIRE_GPU();
+    check_decode(Precision::FP8, /*per_head=*/true);
 }
 
 // The bytes the host writes for x: FP8 float_to_e4m3(x / scale) (rl/fp8.h), BF16 the value's bits.
@@ -320,8 +344,8 @@ TEST(kv_append_matches_host_encoder) {
 }
 
 // round_trip: with FP8 storage, K and V become the values cpu/kv_cache.h's stored() keeps for them
-// (the CPU engine's prefill reads those), rounded to BF16, including satfinite ones; with BF16
-// storage they stay as they are, bit for bit.
+// (the CPU engine's prefill reads those), rounded to BF16, including satfinite ones, with scales per
+// layer and per KV head; with BF16 storage they stay as they are, bit for bit.
 TEST(kv_round_trip_matches_cpu_stored_values) {
     REQUIRE_GPU();
     const DecodeCase c = {"D32 H2 KV2", 2, 2, 32, 16, {5, 16, 17}, {1}};
@@ -330,8 +354,12 @@ TEST(kv_round_trip_matches_cpu_stored_values) {
     KvCache cpu;
     cpu.format = Precision::FP8;
     const size_t n = b.slots.size(), width = b.shape.width();
-    for (Precision storage : {Precision::FP8, Precision::BF16}) {
-        GpuCache g(b, storage, {1.0f, ks}, {1.0f, vs}, c.H);
+    for (int per_head = 0; per_head < 3; per_head++) {  // 2: BF16 storage
+        const Precision storage = per_head < 2 ? Precision::FP8 : Precision::BF16;
+        // layer kLayer's scale per KV head: head 1's three times head 0's with per-head scales
+        const std::vector<float> k_heads = {ks, per_head == 1 ? 3 * ks : ks}, v_heads = {vs, per_head == 1 ? 3 * vs : vs};
+        GpuCache g(b, storage, per_head == 1 ? std::vector<float>{1.0f, 1.0f, k_heads[0], k_heads[1]} : std::vector<float>{1.0f, ks},
+                   per_head == 1 ? std::vector<float>{1.0f, 1.0f, v_heads[0], v_heads[1]} : std::vector<float>{1.0f, vs}, c.H);
         const std::vector<__nv_bfloat16> k_in = to_bf16(std::vector<float>(b.k.begin(), b.k.begin() + n * width)),
                                          v_in = to_bf16(std::vector<float>(b.v.begin(), b.v.begin() + n * width));
         DeviceBuffer<__nv_bfloat16> k(k_in), v(v_in);
@@ -340,12 +368,14 @@ TEST(kv_round_trip_matches_cpu_stored_values) {
         const std::vector<float> k_ref = to_float(k_in), v_ref = to_float(v_in);
         int differ = 0;
         for (size_t i = 0; i < n * width; i++) {
-            const float want_k = storage == Precision::FP8 ? round_bf16(cpu.stored(k_ref[i], ks)) : k_ref[i];
-            const float want_v = storage == Precision::FP8 ? round_bf16(cpu.stored(v_ref[i], vs)) : v_ref[i];
+            const size_t head = i % width / (size_t)c.D;
+            const float want_k = storage == Precision::FP8 ? round_bf16(cpu.stored(k_ref[i], k_heads[head])) : k_ref[i];
+            const float want_v = storage == Precision::FP8 ? round_bf16(cpu.stored(v_ref[i], v_heads[head])) : v_ref[i];
             differ += memcmp(&k_out[i], &want_k, 4) != 0;
             differ += memcmp(&v_out[i], &want_v, 4) != 0;
         }
-        CHECK_MSG(differ == 0, "%s: %d values differ from the CPU cache's stored values", precision_name(storage), differ);
+        CHECK_MSG(differ == 0, "%s%s: %d values differ from the CPU cache's stored values", precision_name(storage),
+                  per_head == 1 ? " (scales per KV head)" : "", differ);
     }
 }
 
@@ -375,13 +405,15 @@ TEST(kv_copy_page_copies_every_layer) {
     g.page_table.upload(b.page_table);
     const std::vector<float> after = gpu_decode(g, b, c.H, b.max_len, 1);
     CHECK(before == after);
-    const CpuDecode want = cpu_decode(b, c.H, Precision::FP8, ks, vs, false);
-    const std::vector<double> mag = magnitudes(b, c.H, Precision::FP8, ks, vs, want.lse);
+    const std::vector<float> k_heads((size_t)c.KV, ks), v_heads((size_t)c.KV, vs);
+    const CpuDecode want = cpu_decode(b, c.H, Precision::FP8, k_heads, v_heads, false);
+    const std::vector<double> mag = magnitudes(b, c.H, Precision::FP8, k_heads, v_heads, want.lse);
     CHECK(count_outside("O over the copied page vs cpu fp32", after, want.out, mag, 0x1p-8 + score_error(c.D) + 1e-5) == 0);
 }
 
 // max |x| of n BF16 values, bit for bit the CPU engine's max_abs (cpu/model_layers.h), with the
-// largest magnitude negative, at the end of the array, with NaN skipped, and with +-inf.
+// largest magnitude negative, at the end of the array, with NaN skipped, and with +-inf; and per KV
+// head of x [rows][heads][head_dim], bit for bit its max_abs_per_head (--kv_scales head).
 TEST(kv_amax_matches_cpu_max_abs) {
     REQUIRE_GPU();
     for (long n : {1L, 1000L, 300001L}) {
@@ -392,14 +424,28 @@ TEST(kv_amax_matches_cpu_max_abs) {
             if (special == 2) x[0] = -INFINITY;
             DeviceBuffer<__nv_bfloat16> dx(to_bf16(x));
             DeviceBuffer<float> amax(1);
-            kv_amax_gpu(amax.ptr, dx.ptr, n, 0);
+            kv_amax_gpu(amax.ptr, dx.ptr, 1, 1, (int)n, 0);
             const float got = amax.download()[0], want = max_abs(x.data(), n);
             CHECK_MSG(float_bits(got) == float_bits(want), "n = %ld, case %d: amax %g, max_abs %g", n, special, got, want);
         }
     }
-    DeviceBuffer<float> amax(1);
-    kv_amax_gpu(amax.ptr, nullptr, 0, 0);
-    CHECK(amax.download()[0] == 0.0f);
+    const long rows = 777;
+    const int heads = 3, head_dim = 40;
+    std::vector<float> x = bf16_values((size_t)rows * heads * head_dim, 5, 2.0f), want((size_t)heads);
+    x[(size_t)(500 * heads + 1) * head_dim + 7] = -9.0f;  // head 1's largest, negative, mid-array
+    x[(size_t)(rows * heads - 1) * head_dim] = 8.0f;      // head 2's largest, in the last row
+    max_abs_per_head(want.data(), x.data(), rows, heads, head_dim);
+    DeviceBuffer<__nv_bfloat16> dx(to_bf16(x));
+    DeviceBuffer<float> amax((size_t)heads);
+    kv_amax_gpu(amax.ptr, dx.ptr, rows, heads, head_dim, 0);
+    const std::vector<float> got = amax.download();
+    for (int h = 0; h < heads; h++)
+        CHECK_MSG(float_bits(got[(size_t)h]) == float_bits(want[(size_t)h]), "head %d: amax %g, max_abs_per_head %g", h,
+                  got[(size_t)h], want[(size_t)h]);
+    CHECK(want[1] == 9.0f && want[2] == 8.0f);
+    DeviceBuffer<float> none(1);
+    kv_amax_gpu(none.ptr, nullptr, 0, 1, 1, 0);
+    CHECK(none.download()[0] == 0.0f);
 }
 
 // A decode step captured in a CUDA graph, replayed after new lengths, queries and scales are
@@ -444,8 +490,9 @@ TEST(kv_decode_attention_reads_no_key_past_max_len) {
     GpuCache g(b, Precision::BF16, {1.0f, 1.0f}, {1.0f, 1.0f}, c.H);
     g.lens.upload(std::vector<int32_t>{40});
     const std::vector<float> got = gpu_decode(g, b, c.H, 17, 2);
-    const CpuDecode want = cpu_decode(b, c.H, Precision::BF16, 1.0f, 1.0f, false);
-    const std::vector<double> mag = magnitudes(b, c.H, Precision::BF16, 1.0f, 1.0f, want.lse);
+    const std::vector<float> ones((size_t)c.KV, 1.0f);
+    const CpuDecode want = cpu_decode(b, c.H, Precision::BF16, ones, ones, false);
+    const std::vector<double> mag = magnitudes(b, c.H, Precision::BF16, ones, ones, want.lse);
     CHECK(count_outside("O over max_len keys vs cpu fp32", got, want.out, mag, 0x1p-8 + score_error(c.D) + 1e-5) == 0);
 }
 
@@ -468,6 +515,8 @@ TEST(kv_cache_rejects_bad_input) {
     PagedKvCache cache(shape, Precision::FP8);
     fails("one scale for two layers", [&] { cache.set_scales({1.0f}, {1.0f}); });
     fails("a zero scale", [&] { cache.set_scales({1.0f, 0.0f}, {1.0f, 1.0f}); });
+    fails("three scales for two layers of two KV heads", [&] { cache.set_scales({1.0f, 1.0f, 1.0f}, {1.0f, 1.0f, 1.0f}); });
+    fails("a zero scale of one KV head", [&] { cache.set_scales({1.0f, 1.0f, 1.0f, 1.0f}, {1.0f, 1.0f, 0.0f, 1.0f}); });
     fails("layer 2 of 2", [&] { cache.append(2, nullptr, nullptr, nullptr, 1, 0); });
     fails("page 4 of 4", [&] { cache.copy_page(0, 4, 0); });
     fails("decode before reserve_decode", [&] {
