@@ -105,7 +105,8 @@ Shares component_shares(const ModelConfig& c, const EngineOptions& o, const Sett
     const long slots = cache.shape().slots(), width = cache.shape().width();
     DeviceArray<bf16> k((size_t)(slots * width), "benchmark K"), v((size_t)(slots * width), "benchmark V");
     DeviceArray<bf16> q((size_t)B * H * D, "benchmark queries"), out((size_t)B * H * D, "benchmark attention output");
-    fill_uniform(k.get(), k.size(), 22, 1.0f), fill_uniform(v.get(), v.size(), 23, 1.0f), fill_uniform(q.get(), q.size(), 24, 1.0f);
+    fill_uniform(k.get(), k.size(), 22, 1.0f), fill_uniform(v.get(), v.size(), 23, 1.0f);
+    fill_uniform(q.get(), q.size(), 24, 1.0f);
     std::vector<int32_t> rows((size_t)slots), table((size_t)B * max_pages, 0);
     for (long i = 0; i < slots; i++) rows[(size_t)i] = (int32_t)i;
     for (int b = 0; b < B; b++)
@@ -130,7 +131,8 @@ void print_row(const BenchModel& m, int sequences, int new_tokens, const Setting
     fflush(stdout);
 }
 
-void bench_model(const BenchModel& m, bool tiny) {
+// Returns the last setting's key figures (fp8 weights + fp8 KV), for the closing line (dev/gpu_check.sh's summary).
+std::string bench_model(const BenchModel& m, bool tiny) {
     const EngineOptions options;
     GpuEngine engine(bench_model_dir(m), options);
     int sequences = tiny ? 2 : 4, new_tokens = tiny ? 4 : 8;
@@ -146,11 +148,17 @@ void bench_model(const BenchModel& m, bool tiny) {
         base = generate(engine, kSettings[0], sequences, new_tokens, m.vocab);
         spent += base.seconds;
     }
+    std::string key;
     const auto report = [&](const Setting& s, const Run& r) {
-        print_row(m, sequences, new_tokens, s, r, base.seconds, component_shares(engine.config(), options, s, r, new_tokens));
+        const Shares shares = component_shares(engine.config(), options, s, r, new_tokens);
+        print_row(m, sequences, new_tokens, s, r, base.seconds, shares);
+        key = strfmt("%s %s/%s at %d x %d: %.0f tokens/s (%.2fx bf16/bf16), sampling %.1f%%, attention %.1f%%, peak %.2f GiB",
+                     m.name, precision_name(s.weights), precision_name(s.kv_cache), sequences, new_tokens, r.tokens / r.seconds,
+                     base.seconds / r.seconds, 100 * shares.sampling, 100 * shares.attention, r.peak / 1073741824.0);
     };
     report(kSettings[0], base);
     for (int i = 1; i < 3; i++) report(kSettings[i], generate(engine, kSettings[i], sequences, new_tokens, m.vocab));
+    return key;
 }
 
 }  // namespace
@@ -177,6 +185,7 @@ int main(int argc, char** argv) {
     std::vector<BenchModel> models = {kQwen3_0_6B, kQwen3_1_7B};
     if (tiny) models = {kTinyBenchModel};
     int failures = 0;
+    std::string key;  // the last model's
     const auto start = std::chrono::steady_clock::now();
     for (const BenchModel& m : models) {
         // a slow generator would take the next model past dev/gpu_check.sh's limit
@@ -187,13 +196,13 @@ int main(int argc, char** argv) {
             continue;
         }
         try {
-            bench_model(m, tiny);
+            key = "; " + bench_model(m, tiny);
         } catch (const Error& e) {
             printf("| %s | ERROR: %s |\n", m.name, e.what());
             failures++;
             cudaGetLastError();  // clear a sticky launch error so the next model can run
         }
     }
-    printf("\nbench_rollout: %d model(s) failed\n", failures);
+    printf("\nbench_rollout: %d model(s) failed%s\n", failures, key.c_str());
     return failures ? 1 : 0;
 }

@@ -100,6 +100,7 @@ int main(int argc, char** argv) {
     if (tiny) models = {kTinyBenchModel}, num_seqs = 2, length = 48;
     Dist dist;
     int failures = 0;
+    std::string key;  // the last model's fp8 figures, for the closing line (dev/gpu_check.sh's summary)
     for (const BenchModel& m : models) {
         try {
             const std::string dir = bench_model_dir(m);
@@ -114,6 +115,9 @@ int main(int argc, char** argv) {
                        length, precision_name(p), r.ms, batch.tokens / (r.ms * 1e-3), r.peak / GiB, r.used / GiB, plan / GiB,
                        p == Precision::BF16 ? "1.00" : strfmt("%.2f", bf16_ms / r.ms).c_str());
                 fflush(stdout);
+                if (p == Precision::FP8)
+                    key = strfmt("; %s fp8: %.2fx bf16, peak %.2f GiB (plan %.2f)", m.name, bf16_ms / r.ms, r.peak / GiB,
+                                 plan / GiB);
             }
         } catch (const Error& e) {
             printf("| %s | ERROR: %s |\n", m.name, e.what());
@@ -121,6 +125,6 @@ int main(int argc, char** argv) {
             cudaGetLastError();  // clear a sticky launch error so the next model can run
         }
     }
-    printf("\nbench_train_step: %d model(s) failed\n", failures);
+    printf("\nbench_train_step: %d model(s) failed%s\n", failures, key.c_str());
     return failures ? 1 : 0;
 }

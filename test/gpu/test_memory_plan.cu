@@ -48,10 +48,10 @@ std::vector<Sequence> batch_of(const std::vector<int>& lengths, int V) {
 // (DeviceArray's count, device_bytes_peak), which is at least what it holds at the end; that count
 // sees every allocation of the engine: in emulation it equals cudaMemGetInfo's, on a GPU it is at most
 // that (cudaMemGetInfo adds the allocator's rounding and cuBLASLt's memory). A larger first batch then
-// a smaller one: the buffers keep their largest size, which is what the plan counts. Both --recompute settings, tied and untied heads,
-// biases; fp8 (bf16 uses the same buffers). Generation too: 6 completions of up to 8 new tokens
-// after the batch's first prompts (rollout.cu's KV page pool and decode buffers), with a BF16 and
-// an FP8 KV cache.
+// a smaller one: the buffers keep their largest size, which is what the plan counts. Both --recompute
+// settings, tied and untied heads, biases; fp8 (bf16 uses the same buffers). Generation too: 6
+// completions of up to 8 new tokens after the batch's first prompts (rollout.cu's KV page pool and
+// decode buffers), with a BF16 and then an FP8 KV cache (the BF16 pool, freed first, sets the peak).
 TEST(gpu_memory_plan_bounds_what_the_engine_allocates) {
     REQUIRE_GPU();
     const std::pair<const char*, bool> cases[] = {{"test/fixtures/models/qwen3_tiny", false}, {"test/fixtures/models/qwen3_tiny", true},
