@@ -15,6 +15,7 @@
 #ifndef FP8RL_FP8_GEMM_CUH
 #define FP8RL_FP8_GEMM_CUH
 #include "cuda/common.cuh"
+#include "cuda/device_array.cuh"
 #include "cuda/element.cuh"
 #ifndef FP8RL_EMU
 #include <cublasLt.h>
@@ -245,14 +246,13 @@ class GemmRunner {
 #ifndef FP8RL_EMU
         cublas_check(cublasLtCreate(&handle_), "cublasLtCreate");
 #endif
-        CUDA_CHECK(cudaMalloc(&workspace_, WORKSPACE_BYTES));
+        workspace_.resize(WORKSPACE_BYTES, "cuBLASLt workspace");
     }
     ~GemmRunner() {
 #ifndef FP8RL_EMU
         for (auto& kv : plans_) destroy(kv.second);
         cublasLtDestroy(handle_);
 #endif
-        cudaFree(workspace_);
     }
     GemmRunner(const GemmRunner&) = delete;
     GemmRunner& operator=(const GemmRunner&) = delete;
@@ -293,7 +293,7 @@ class GemmRunner {
     }
 
   private:
-    void* workspace_ = nullptr;
+    DeviceArray<uint8_t> workspace_;
 
     static void check_accumulate(const std::string& what, GemmOut out, bool accumulate) {
         if (accumulate && out != GemmOut::F32) fail("%s: accumulating into D needs an FP32 output", what.c_str());
@@ -390,7 +390,7 @@ class GemmRunner {
         }
         const float alpha = 1.0f, beta = c.accumulate ? 1.0f : 0.0f;
         cublas_check(cublasLtMatmul(handle_, p.desc, &alpha, c.a, p.a, c.b, p.b, &beta, c.d, p.d, c.d, p.d, &p.algo,
-                                    workspace_, WORKSPACE_BYTES, stream),
+                                    workspace_.get(), WORKSPACE_BYTES, stream),
                      what + ": cublasLtMatmul");
     }
 #endif

@@ -28,6 +28,7 @@
 #include <cstdint>
 
 #include "cuda/block_reduce.cuh"
+#include "cuda/device_array.cuh"
 #include "fp8_gemm.cuh"
 #include "rl/bf16.h"
 #include "rl/fast_exp.h"
@@ -119,23 +120,13 @@ static __global__ void __launch_bounds__(HEAD_THREADS)
 template <class T>
 class DeviceScratch {
   public:
-    DeviceScratch() = default;
-    ~DeviceScratch() { cudaFree(ptr_); }
-    DeviceScratch(const DeviceScratch&) = delete;
-    DeviceScratch& operator=(const DeviceScratch&) = delete;
     T* get(size_t count) {
-        if (count > count_) {
-            CUDA_CHECK(cudaFree(ptr_));
-            ptr_ = nullptr;
-            CUDA_CHECK(cudaMalloc(&ptr_, count * sizeof(T)));
-            count_ = count;
-        }
-        return ptr_;
+        if (count > array_.size()) array_.resize(count, "LM head scratch");
+        return array_.get();
     }
 
   private:
-    T* ptr_ = nullptr;
-    size_t count_ = 0;
+    DeviceArray<T> array_;
 };
 
 struct HeadGpuShape {

@@ -1,19 +1,36 @@
 // device_array.cuh: an owning array in device memory, the one container of the GPU engine's state.
 // A failed allocation is an Error naming what was asked for and how much the device has free.
+// Every array's bytes are counted in one place (device_bytes_live / device_bytes_peak), so the
+// engine's high-water mark is known exactly: cudaMemGetInfo also sees the CUDA context, cuBLASLt's
+// and NCCL's own memory and the allocator's rounding, and only what is held when it is called.
 #ifndef FP8RL_DEVICE_ARRAY_CUH
 #define FP8RL_DEVICE_ARRAY_CUH
+#include <algorithm>
 #include <vector>
 
 #include "cuda/common.cuh"
 
 namespace fp8rl {
 
+// Device bytes held by all DeviceArrays of the process now, and the most held at once since the
+// last reset_device_bytes_peak(). Plain counters: the engine allocates from one host thread.
+struct DeviceBytes {
+    size_t live = 0, peak = 0;
+};
+inline DeviceBytes& device_bytes() {
+    static DeviceBytes bytes;
+    return bytes;
+}
+inline size_t device_bytes_live() { return device_bytes().live; }
+inline size_t device_bytes_peak() { return device_bytes().peak; }
+inline void reset_device_bytes_peak() { device_bytes().peak = device_bytes().live; }
+
 template <class T>
 class DeviceArray {
   public:
     DeviceArray() = default;
     DeviceArray(size_t count, const char* what) { resize(count, what); }
-    ~DeviceArray() { cudaFree(ptr_); }
+    ~DeviceArray() { free_memory(); }
     DeviceArray(const DeviceArray&) = delete;
     DeviceArray& operator=(const DeviceArray&) = delete;
 
@@ -23,9 +40,7 @@ class DeviceArray {
             count_ = count;
             return;
         }
-        cudaFree(ptr_);
-        ptr_ = nullptr;
-        capacity_ = count_ = 0;
+        free_memory();
         cudaError_t e = cudaMalloc(&ptr_, count * sizeof(T));
         if (e != cudaSuccess) {
             cudaGetLastError();
@@ -35,13 +50,12 @@ class DeviceArray {
                  free_bytes / 1e9, total / 1e9, cudaGetErrorString(e));
         }
         capacity_ = count_ = count;
+        DeviceBytes& b = device_bytes();
+        b.live += count * sizeof(T);
+        b.peak = std::max(b.peak, b.live);
     }
     // Frees the memory (a later resize allocates anew), for an array that shrinks for good.
-    void release() {
-        cudaFree(ptr_);
-        ptr_ = nullptr;
-        capacity_ = count_ = 0;
-    }
+    void release() { free_memory(); }
     void zero(cudaStream_t stream) {
         if (count_) CUDA_CHECK(cudaMemsetAsync(ptr_, 0, count_ * sizeof(T), stream));
     }
@@ -61,6 +75,13 @@ class DeviceArray {
     size_t size() const { return count_; }
 
   private:
+    void free_memory() {
+        cudaFree(ptr_);
+        device_bytes().live -= capacity_ * sizeof(T);
+        ptr_ = nullptr;
+        capacity_ = count_ = 0;
+    }
+
     T* ptr_ = nullptr;
     size_t count_ = 0, capacity_ = 0;
 };

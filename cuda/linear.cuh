@@ -13,6 +13,7 @@
 #include <algorithm>
 
 #include "cuda/common.cuh"
+#include "cuda/device_array.cuh"
 #include "fp8_gemm.cuh"
 #include "rl/precision.h"
 
@@ -33,18 +34,13 @@ class LinearScratch {
         : max_tokens_(max_tokens), max_dim_(max_dim), pow2_(pow2_scales) {
         size_t codes = (size_t)max_tokens * max_dim;
         size_t scales = std::max(vec128_scale_count(max_tokens, max_dim), vec128_scale_count(max_dim, max_tokens));
-        for (Operand* o : {&a_, &b_}) {
-            CUDA_CHECK(cudaMalloc(&o->codes, codes));
-            CUDA_CHECK(cudaMalloc(&o->codes_t, codes));
-            CUDA_CHECK(cudaMalloc(&o->scales, scales * sizeof(float)));
-            CUDA_CHECK(cudaMalloc(&o->scales_t, scales * sizeof(float)));
+        for (int i = 0; i < 2; i++) {
+            Storage& m = memory_[i];
+            m.codes.resize(codes, "FP8 activation codes"), m.codes_t.resize(codes, "FP8 transposed activation codes");
+            m.scales.resize(scales, "FP8 activation scales"), m.scales_t.resize(scales, "FP8 transposed activation scales");
+            (i == 0 ? a_ : b_) = {m.codes.get(), m.codes_t.get(), m.scales.get(), m.scales_t.get()};
         }
     }
-    ~LinearScratch() {
-        for (Operand* o : {&a_, &b_}) cudaFree(o->codes), cudaFree(o->codes_t), cudaFree(o->scales), cudaFree(o->scales_t);
-    }
-    LinearScratch(const LinearScratch&) = delete;
-    LinearScratch& operator=(const LinearScratch&) = delete;
 
     bool pow2_scales() const { return pow2_; }
 
@@ -63,8 +59,13 @@ class LinearScratch {
     }
 
   private:
+    struct Storage {
+        DeviceArray<uint8_t> codes, codes_t;
+        DeviceArray<float> scales, scales_t;
+    };
     int max_tokens_, max_dim_;
     bool pow2_;
+    Storage memory_[2];  // what a_ and b_ point into
     Operand a_, b_;
 };
 

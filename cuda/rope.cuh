@@ -9,6 +9,7 @@
 #ifndef FP8RL_CUDA_ROPE_CUH
 #define FP8RL_CUDA_ROPE_CUH
 #include "cpu/model_layers.h"
+#include "cuda/device_array.cuh"
 #include "cuda/element.cuh"
 #include "rl/bf16.h"
 #include "rl/hostdevice.h"
@@ -30,8 +31,7 @@ struct RopeTableView {
 
 // The CPU's RopeTable in device memory (owns it).
 struct DeviceRopeTable {
-    float* cos = nullptr;
-    float* sin = nullptr;
+    DeviceArray<float> cos, sin;
     int half = 0;
     long positions = 0;
 
@@ -40,18 +40,12 @@ struct DeviceRopeTable {
         if (half <= 0 || positions <= 0 || table.cos.size() != count || table.sin.size() != count)
             fail("DeviceRopeTable: the RopeTable has half = %d, %ld positions, %zu cos and %zu sin values", half, positions,
                  table.cos.size(), table.sin.size());
-        CUDA_CHECK(cudaMalloc(&cos, count * sizeof(float)));
-        CUDA_CHECK(cudaMalloc(&sin, count * sizeof(float)));
-        CUDA_CHECK(cudaMemcpy(cos, table.cos.data(), count * sizeof(float), cudaMemcpyHostToDevice));
-        CUDA_CHECK(cudaMemcpy(sin, table.sin.data(), count * sizeof(float), cudaMemcpyHostToDevice));
+        cos.resize(count, "RoPE cos table");
+        sin.resize(count, "RoPE sin table");
+        cos.upload(table.cos);
+        sin.upload(table.sin);
     }
-    ~DeviceRopeTable() {
-        cudaFree(cos);
-        cudaFree(sin);
-    }
-    DeviceRopeTable(const DeviceRopeTable&) = delete;
-    DeviceRopeTable& operator=(const DeviceRopeTable&) = delete;
-    RopeTableView view() const { return {cos, sin, half, positions}; }
+    RopeTableView view() const { return {cos.get(), sin.get(), half, positions}; }
 };
 
 // One thread per (row, head, pair i). x, y [rows][heads][2 * half] (y may be x); pos [rows].

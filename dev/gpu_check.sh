@@ -26,9 +26,12 @@
 #       moves ~40 GB (forward) and ~100 GB (backward) of N x N scores at 16k: ~0.5 s; the host compares)
 #     training step bf16 vs fp8, Qwen3-0.6B and 1.7B, 16 x 1,024 tokens 40      65
 #       (6 x params x tokens: 0.06 and 0.2 PFLOP a step, 4 steps per precision; writing the 1.7B
-#       model (4 GB) and loading it twice dominate)
+#       model (4 GB) and loading it twice dominate; memory: the engine's device high-water mark
+#       (DeviceArray's count) beside cudaMemGetInfo's used bytes after the steps and the memory plan)
 #     rollout bf16/bf16, fp8/bf16, fp8/fp8, 256 x 1,024 target           25      35
-#       (its own 10 s budget per model plus warm-ups; see test/gpu/bench_rollout.cu)
+#       (its own 10 s budget per model plus warm-ups; tokens/s, the engine's peak device bytes, and the
+#       fractions in sampling and in decode attention, estimated after each run from those kernels
+#       timed alone at its shapes; see test/gpu/bench_rollout.cu)
 #     RL step bf16/bf16/bf16 vs fp8/fp8/fp8 + Calibrated Clipping        35      50
 #       (Qwen3-0.6B, 16 sequences x 32 new tokens, 2 steps, twice: dev/bench_rl_step.sh, on the
 #       model the training-step benchmark wrote; loading the model twice per run (the host copy
@@ -114,8 +117,8 @@ fi
 part 4 "engine against train_rl_cpu (tiny fixture model)" 30 10 dev/check_engine.sh "$gpu_bin" "$test_bin"
 part 5a "benchmark: FP8 block-scaled vs BF16 GEMMs" 40 15 "${bench_prefix}fp8_gemm" $size
 part 5b "benchmark: attention vs cuBLASLt GEMM + softmax" 25 10 "${bench_prefix}attention" $size
-part 5c "benchmark: training step bf16 vs fp8" 65 40 "${bench_prefix}train_step" $size
-part 5d "benchmark: rollout tokens/s" 35 25 "${bench_prefix}rollout" $size
+part 5c "benchmark: training step bf16 vs fp8, tokens/s and peak memory" 65 40 "${bench_prefix}train_step" $size
+part 5d "benchmark: rollout tokens/s, sampling and attention shares" 35 25 "${bench_prefix}rollout" $size
 part 5e "benchmark: RL step bf16 vs fp8 + Calibrated Clipping" 50 35 dev/bench_rl_step.sh "$gpu_bin" "${rl_step[@]}"
 
 {

@@ -1,20 +1,24 @@
-// bench_rollout.cu: generation through the engine interface (GpuEngine::generate, rl/engine.h), so it
-// times whatever the engine generates with: today the CPU model on the host (cuda/engine_gpu.cuh),
-// rollout.cu once merged. Three settings at the same size: bf16 weights + bf16 KV cache, fp8
-// weights + bf16 KV, fp8 weights + fp8 KV; random models of Qwen3-0.6B and 1.7B shape with the real
-// vocabulary (bench_model.h); prompts of 64 random ids, temperature 1, no eos in practice.
+// bench_rollout.cu: generation through the engine interface (GpuEngine::generate, rl/engine.h: rollout.cu's
+// prefill, paged-KV decode and device sampling). Three settings at the same size: bf16 weights + bf16
+// KV cache, fp8 weights + bf16 KV, fp8 weights + fp8 KV; random models of Qwen3-0.6B and 1.7B shape
+// with the real vocabulary (bench_model.h); prompts of 64 random ids, temperature 1, no eos in practice.
 // The target is 256 sequences x 1,024 new tokens. The size grows from 4 x 8 (sequences and new
 // tokens doubled in turn) while the next size, at most twice the last one's time, fits the model's
 // time budget, so a slow generator reports a smaller size instead of overrunning dev/gpu_check.sh's
 // limit; the table says which size ran, and a model is skipped, saying so, when those before it took
 // over 1.5 budgets. What is timed: the whole generate() call (prefill, decode, sampling, the results'
-// transfer); the fractions in sampling and in attention need timers inside the generator and are not
-// measured here. --tiny: the tiny model, 2 x 4, no growth.
+// transfer). The fractions of that time in sampling and in attention are estimates (the decode step
+// has no timers inside; rollout.cu is not changed for a benchmark): after each run, the two are timed
+// alone at the run's shapes (component_shares) and scaled by the run's decode steps. Peak: the
+// engine's device high-water mark during the call (DeviceArray's count, cuda/device_array.cuh).
+// --tiny: the tiny model, 2 x 4, no growth.
 #include <chrono>
 #include <cstdio>
 #include <vector>
 
 #include "cuda/engine_gpu.cuh"
+#include "cuda/sampling.cuh"
+#include "kv_cache.cuh"
 #include "test/gpu/bench_model.h"
 #include "test/gpu/bench_util.cuh"
 
@@ -32,8 +36,18 @@ const Setting kSettings[] = {{Precision::BF16, Precision::BF16}, {Precision::FP8
 
 struct Run {
     double seconds;
-    long tokens;  // generated
+    long tokens;         // generated
+    RolloutStats stats;  // the engine's, of this call
+    size_t peak;         // the engine's device bytes at most during the call
 };
+
+// What every run samples with (the component timing samples the same way).
+SamplingConfig run_sampling(int new_tokens) {
+    SamplingConfig sampling;
+    sampling.max_new_tokens = new_tokens;
+    sampling.seed = 1;
+    return sampling;
+}
 
 Run generate(GpuEngine& engine, const Setting& s, int sequences, int new_tokens, long vocab) {
     std::vector<GenRequest> requests((size_t)sequences);
@@ -42,25 +56,85 @@ Run generate(GpuEngine& engine, const Setting& s, int sequences, int new_tokens,
             requests[r].prompt.push_back((int32_t)((hash_uniform(r * 1009 + i, 9) + 1.0f) * 0.5f * (vocab - 1)));
         requests[r].sequence = (uint32_t)r;
     }
-    SamplingConfig sampling;
-    sampling.max_new_tokens = new_tokens;
-    sampling.seed = 1;
+    reset_device_bytes_peak();
     const auto t0 = std::chrono::steady_clock::now();
-    const std::vector<Generation> out = engine.generate(requests, 0, sampling, s.weights, s.kv_cache, nullptr);
+    const std::vector<Generation> out = engine.generate(requests, 0, run_sampling(new_tokens), s.weights, s.kv_cache, nullptr);
     CUDA_CHECK(cudaDeviceSynchronize());
-    Run run{std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 0};
+    Run run{std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 0, engine.rollout_stats(),
+            device_bytes_peak()};
     for (const Generation& g : out) run.tokens += (long)g.tokens.size();
     return run;
 }
 
-void print_row(const BenchModel& m, int sequences, int new_tokens, const Setting& s, const Run& r, double base_seconds) {
-    printf("| %s | %d x %d | %s | %s | %.2f | %ld | %.0f | %.2f |\n", m.name, sequences, new_tokens, precision_name(s.weights),
-           precision_name(s.kv_cache), r.seconds, r.tokens, r.tokens / r.seconds, base_seconds / r.seconds);
+struct Shares {
+    double sampling, attention;  // fractions of the run's seconds
+};
+
+// The run's time in sampling and in attention, estimated from the kernels timed alone (cudaEvents,
+// median_ms) at its shapes, per decode step times its decode steps: sampling = sample_tokens_gpu
+// over [B][V] FP32 logits rows with the run's temperature, top-k and top-p (the head's logits GEMM
+// before it is counted in neither); attention = PagedKvCache::decode_attention in every layer at
+// the mean context (prompt + half the new tokens), with the run's KV storage and page size. B is the
+// most sequences the run decoded together (its slot count, when it has that many sequences); the
+// prefills' first tokens are not counted.
+Shares component_shares(const ModelConfig& c, const EngineOptions& o, const Setting& s, const Run& run, int new_tokens) {
+    const int B = run.stats.max_running, V = (int)c.vocab_size, V8 = round_up8(V), H = (int)c.num_heads, D = (int)c.head_dim;
+    const int L = (int)c.num_layers;
+    const SamplingConfig sc = run_sampling(new_tokens);
+    const int context = kPromptLength + new_tokens / 2, max_len = kPromptLength + new_tokens;
+    const double steps = (double)run.stats.decode_steps;
+
+    DeviceArray<float> logits((size_t)B * V8, "benchmark logits"), scratch((size_t)B * V, "benchmark sampling scratch");
+    DeviceArray<uint32_t> keys((size_t)B, "benchmark sampling keys"), positions((size_t)B, "benchmark sampling positions");
+    DeviceArray<SampledToken> sampled((size_t)B, "benchmark sampled tokens");
+    fill_uniform(logits.get(), logits.size(), 21, 8.0f);
+    std::vector<uint32_t> ids((size_t)B);
+    for (int b = 0; b < B; b++) ids[(size_t)b] = (uint32_t)b;
+    keys.upload(ids);
+    positions.upload(std::vector<uint32_t>((size_t)B, (uint32_t)context));
+    const double sampling_ms = median_ms([&] {
+        sample_tokens_gpu(sampled.get(), nullptr, logits.get(), B, V8, V, {sc.temperature, sc.top_k, sc.top_p}, sc.seed, 0,
+                          keys.get(), positions.get(), scratch.get(), 0);
+    });
+
+    // sequence b holds pages [b * pages, (b + 1) * pages), filled with random K and V in every layer
+    const int page_tokens = o.kv_page_tokens, pages = (context + page_tokens - 1) / page_tokens,
+              max_pages = (max_len + page_tokens - 1) / page_tokens;
+    PagedKvCache cache(KvCacheShape{L, (int)c.num_kv_heads, D, page_tokens, B * pages}, s.kv_cache);
+    cache.reserve_decode(B, H);
+    const long slots = cache.shape().slots(), width = cache.shape().width();
+    DeviceArray<bf16> k((size_t)(slots * width), "benchmark K"), v((size_t)(slots * width), "benchmark V");
+    DeviceArray<bf16> q((size_t)B * H * D, "benchmark queries"), out((size_t)B * H * D, "benchmark attention output");
+    fill_uniform(k.get(), k.size(), 22, 1.0f), fill_uniform(v.get(), v.size(), 23, 1.0f);
+    fill_uniform(q.get(), q.size(), 24, 1.0f);
+    std::vector<int32_t> rows((size_t)slots), table((size_t)B * max_pages, 0);
+    for (long i = 0; i < slots; i++) rows[(size_t)i] = (int32_t)i;
+    for (int b = 0; b < B; b++)
+        for (int j = 0; j < pages; j++) table[(size_t)b * max_pages + j] = b * pages + j;
+    DeviceArray<int32_t> rows_d(rows.size(), "benchmark cache rows"), table_d(table.size(), "benchmark page table");
+    DeviceArray<int32_t> lens((size_t)B, "benchmark lengths");
+    rows_d.upload(rows), table_d.upload(table), lens.upload(std::vector<int32_t>((size_t)B, context));
+    for (int l = 0; l < L; l++) cache.append(l, k.get(), v.get(), rows_d.get(), slots, 0);
+    const double attention_ms = median_ms([&] {
+        for (int l = 0; l < L; l++)
+            cache.decode_attention(l, out.get(), q.get(), H, table_d.get(), max_pages, lens.get(), B, max_len, 0);
+    });
+    return {steps * sampling_ms * 1e-3 / run.seconds, steps * attention_ms * 1e-3 / run.seconds};
+}
+
+void print_row(const BenchModel& m, int sequences, int new_tokens, const Setting& s, const Run& r, double base_seconds,
+               const Shares& shares) {
+    printf("| %s | %d x %d | %s | %s | %.2f | %ld | %.0f | %.2f | %.1f | %.1f | %lld | %.2f |\n", m.name, sequences, new_tokens,
+           precision_name(s.weights), precision_name(s.kv_cache), r.seconds, r.tokens, r.tokens / r.seconds,
+           base_seconds / r.seconds, 100 * shares.sampling, 100 * shares.attention, (long long)r.stats.decode_steps,
+           r.peak / 1073741824.0);
     fflush(stdout);
 }
 
-void bench_model(const BenchModel& m, bool tiny) {
-    GpuEngine engine(bench_model_dir(m));
+// Returns the last setting's key figures (fp8 weights + fp8 KV), for the closing line (dev/gpu_check.sh's summary).
+std::string bench_model(const BenchModel& m, bool tiny) {
+    const EngineOptions options;
+    GpuEngine engine(bench_model_dir(m), options);
     int sequences = tiny ? 2 : 4, new_tokens = tiny ? 4 : 8;
     for (const Setting& s : kSettings) generate(engine, s, sequences, new_tokens, m.vocab);  // warm-up: buffers, copies
     Run base = generate(engine, kSettings[0], sequences, new_tokens, m.vocab);
@@ -74,8 +148,17 @@ void bench_model(const BenchModel& m, bool tiny) {
         base = generate(engine, kSettings[0], sequences, new_tokens, m.vocab);
         spent += base.seconds;
     }
-    print_row(m, sequences, new_tokens, kSettings[0], base, base.seconds);
-    for (int i = 1; i < 3; i++) print_row(m, sequences, new_tokens, kSettings[i], generate(engine, kSettings[i], sequences, new_tokens, m.vocab), base.seconds);
+    std::string key;
+    const auto report = [&](const Setting& s, const Run& r) {
+        const Shares shares = component_shares(engine.config(), options, s, r, new_tokens);
+        print_row(m, sequences, new_tokens, s, r, base.seconds, shares);
+        key = strfmt("%s %s/%s at %d x %d: %.0f tokens/s (%.2fx bf16/bf16), sampling %.1f%%, attention %.1f%%, peak %.2f GiB",
+                     m.name, precision_name(s.weights), precision_name(s.kv_cache), sequences, new_tokens, r.tokens / r.seconds,
+                     base.seconds / r.seconds, 100 * shares.sampling, 100 * shares.attention, r.peak / 1073741824.0);
+    };
+    report(kSettings[0], base);
+    for (int i = 1; i < 3; i++) report(kSettings[i], generate(engine, kSettings[i], sequences, new_tokens, m.vocab));
+    return key;
 }
 
 }  // namespace
@@ -88,18 +171,24 @@ int main(int argc, char** argv) {
         return 0;
     }
     print_bench_header("bench_rollout", tiny);
-    printf("GpuEngine::generate timed whole (prefill, decode, sampling, transfers; sampling and attention are not "
-           "timed apart); target %d x %d, grown from 4 x 8 within %.0f s per model; speedup = bf16/bf16 time / this "
-           "time\n\n",
-           kTargetSequences, kTargetNewTokens, kBudgetSeconds);
-    printf("| model | sequences x new tokens | weights | KV cache | seconds | tokens | tokens/s | speedup |\n");
-    printf("|---|---|---|---|---|---|---|---|\n");
+    printf("GpuEngine::generate timed whole (prefill, decode, sampling, transfers); target %d x %d, grown from 4 x 8 "
+           "within %.0f s per model; speedup = bf16/bf16 time / this time; sampling %% and attention %% are estimated "
+           "from the kernels timed alone at the run's shapes (sample_tokens_gpu on [slots][V] FP32 logits, the logits "
+           "GEMM not included; decode_attention in every layer at prompt + half the new tokens, the run's KV storage "
+           "and page size) times the run's decode steps, over its seconds%s; peak = the engine's device high-water "
+           "mark during the call (DeviceArray's count)\n\n",
+           kTargetSequences, kTargetNewTokens, kBudgetSeconds,
+           emulated ? " (in emulation the fractions mean nothing: the CPU runs each kernel at its own speed)" : "");
+    printf("| model | sequences x new tokens | weights | KV cache | seconds | tokens | tokens/s | speedup | sampling %% | "
+           "attention %% | decode steps | peak GiB |\n");
+    printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     std::vector<BenchModel> models = {kQwen3_0_6B, kQwen3_1_7B};
     if (tiny) models = {kTinyBenchModel};
     int failures = 0;
+    std::string key;  // the last model's
     const auto start = std::chrono::steady_clock::now();
     for (const BenchModel& m : models) {
-        // a slow generator (the host's, today) would take the next model past dev/gpu_check.sh's limit
+        // a slow generator would take the next model past dev/gpu_check.sh's limit
         const double spent = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         if (spent > 1.5 * kBudgetSeconds) {
             printf("| %s | SKIPPED: the models before it took %.0f s, over 1.5 x the %.0f s budget |\n", m.name, spent,
@@ -107,13 +196,13 @@ int main(int argc, char** argv) {
             continue;
         }
         try {
-            bench_model(m, tiny);
+            key = "; " + bench_model(m, tiny);
         } catch (const Error& e) {
             printf("| %s | ERROR: %s |\n", m.name, e.what());
             failures++;
             cudaGetLastError();  // clear a sticky launch error so the next model can run
         }
     }
-    printf("\nbench_rollout: %d model(s) failed\n", failures);
+    printf("\nbench_rollout: %d model(s) failed%s\n", failures, key.c_str());
     return failures ? 1 : 0;
 }

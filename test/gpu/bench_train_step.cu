@@ -1,9 +1,13 @@
 // bench_train_step.cu: one training step of the GPU engine (cuda/engine_gpu.cuh through rl/engine.h:
 // forward_train, backward, reduce_and_clip_grads, optimizer_step), bf16 against fp8 in the same run,
 // on random models of Qwen3-0.6B and Qwen3-1.7B shape with the real vocabulary (bench_model.h):
-// tokens/s, and the device memory the engine holds after its steps (its buffers only grow, so that
-// is its peak). The batch is 16 sequences of 1,024 tokens (--tiny: the tiny model, 2 of 48), random
-// ids, pseudo-random d(loss)/d(logprob) and d(loss)/d(entropy); time: median of 3 steps after one.
+// tokens/s and device memory three ways: the peak (the high-water mark of the engine's device bytes,
+// DeviceArray's count in cuda/device_array.cuh, from its construction through its steps), what
+// cudaMemGetInfo says is used after the steps beyond what was before the engine (on a GPU that adds
+// the allocator's rounding and cuBLASLt's and the CUDA context's own memory), and the memory plan's
+// figure for this batch (cuda/memory_plan.h, what train_rl checks before it allocates). The batch is
+// 16 sequences of 1,024 tokens (--tiny: the tiny model, 2 of 48), random ids, pseudo-random
+// d(loss)/d(logprob) and d(loss)/d(entropy); time: median of 3 steps after one.
 #include <cstdio>
 #include <memory>
 #include <vector>
@@ -41,11 +45,12 @@ Batch random_batch(int num_seqs, int length, long vocab) {
 
 struct StepResult {
     double ms;
-    size_t bytes;
+    size_t peak, used;  // the engine's device high-water mark; cudaMemGetInfo's used bytes after the steps, less before
 };
 
 StepResult bench_step(const std::string& dir, Precision p, const Batch& batch, const Dist& dist) {
-    const size_t before = device_bytes_used();
+    const size_t used_before = cuda_mem_used(), live_before = device_bytes_live();
+    reset_device_bytes_peak();
     GpuEngine engine(dir);
     engine.init_optimizer(AdamWConfig(), dist);
     const auto step = [&] {
@@ -58,7 +63,19 @@ StepResult bench_step(const std::string& dir, Precision p, const Batch& batch, c
     };
     const double ms = median_ms(step, 3, 1, 1);
     CUDA_CHECK(cudaDeviceSynchronize());
-    return {ms, device_bytes_used() - before};
+    return {ms, device_bytes_peak() - live_before, cuda_mem_used() - used_before};
+}
+
+// The memory plan's bytes for training on this batch (no generation, no reference policy).
+size_t planned_bytes(const std::string& dir, const Batch& batch, int length) {
+    const ModelConfig c = load_model_config(dir);
+    MemoryDemand d;
+    d.tokens_per_forward = batch.tokens;
+    d.longest_sequence = length;
+    int device = 0, sm_count = 0;
+    CUDA_CHECK(cudaGetDevice(&device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
+    return plan_memory(c, GpuEngine::plan_request(c, EngineOptions(), d, sm_count), GpuEngine::plan_constants()).total();
 }
 
 }  // namespace
@@ -72,28 +89,35 @@ int main(int argc, char** argv) {
     }
     print_bench_header("bench_train_step", tiny);
     printf("step = forward + backward + gradient norm and clip + AdamW (+ FP8 re-quantization); tokens/s = batch "
-           "tokens / median step time; memory = device bytes the engine holds after its steps; speedup = bf16 time / "
-           "fp8 time\n\n");
-    printf("| model | parameters | batch | precision | step ms | tokens/s | memory GiB | speedup |\n");
-    printf("|---|---|---|---|---|---|---|---|\n");
+           "tokens / median step time; peak = the engine's device high-water mark from its construction through its "
+           "steps (DeviceArray's count); used = cudaMemGetInfo's used bytes after the steps less before the engine (on a "
+           "GPU: plus allocator rounding, cuBLASLt's and the context's memory); plan = cuda/memory_plan.h's figure for "
+           "this batch; speedup = bf16 time / fp8 time\n\n");
+    printf("| model | parameters | batch | precision | step ms | tokens/s | peak GiB | used GiB | plan GiB | speedup |\n");
+    printf("|---|---|---|---|---|---|---|---|---|---|\n");
     std::vector<BenchModel> models = {kQwen3_0_6B, kQwen3_1_7B};
     int num_seqs = 16, length = 1024;
     if (tiny) models = {kTinyBenchModel}, num_seqs = 2, length = 48;
     Dist dist;
     int failures = 0;
+    std::string key;  // the last model's fp8 figures, for the closing line (dev/gpu_check.sh's summary)
     for (const BenchModel& m : models) {
         try {
             const std::string dir = bench_model_dir(m);
             const Batch batch = random_batch(num_seqs, length, m.vocab);
-            const size_t params = ModelWeights::load(dir, false).num_floats();
+            const size_t params = ModelWeights::load(dir, false).num_floats(), plan = planned_bytes(dir, batch, length);
             double bf16_ms = 0;
             for (Precision p : {Precision::BF16, Precision::FP8}) {
                 const StepResult r = bench_step(dir, p, batch, dist);
                 if (p == Precision::BF16) bf16_ms = r.ms;
-                printf("| %s | %.3gM | %d x %d | %s | %.1f | %.0f | %.2f | %s |\n", m.name, params / 1e6, num_seqs, length,
-                       precision_name(p), r.ms, batch.tokens / (r.ms * 1e-3), r.bytes / 1073741824.0,
+                const double GiB = 1073741824.0;
+                printf("| %s | %.3gM | %d x %d | %s | %.1f | %.0f | %.3f | %.3f | %.3f | %s |\n", m.name, params / 1e6, num_seqs,
+                       length, precision_name(p), r.ms, batch.tokens / (r.ms * 1e-3), r.peak / GiB, r.used / GiB, plan / GiB,
                        p == Precision::BF16 ? "1.00" : strfmt("%.2f", bf16_ms / r.ms).c_str());
                 fflush(stdout);
+                if (p == Precision::FP8)
+                    key = strfmt("; %s fp8: %.2fx bf16, peak %.2f GiB (plan %.2f)", m.name, bf16_ms / r.ms, r.peak / GiB,
+                                 plan / GiB);
             }
         } catch (const Error& e) {
             printf("| %s | ERROR: %s |\n", m.name, e.what());
@@ -101,6 +125,6 @@ int main(int argc, char** argv) {
             cudaGetLastError();  // clear a sticky launch error so the next model can run
         }
     }
-    printf("\nbench_train_step: %d model(s) failed\n", failures);
+    printf("\nbench_train_step: %d model(s) failed%s\n", failures, key.c_str());
     return failures ? 1 : 0;
 }

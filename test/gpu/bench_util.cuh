@@ -75,8 +75,9 @@ inline std::string bench_unavailable_reason() {
     return why.empty() ? fp8_block_gemm_unsupported_reason(0) : why;
 }
 
-// Bytes of device memory in use (all processes), for peak-memory columns.
-inline size_t device_bytes_used() {
+// Bytes of device memory in use by all processes (cudaMemGetInfo), to compare with the engine's own
+// count (device_bytes_live / device_bytes_peak, cuda/device_array.cuh).
+inline size_t cuda_mem_used() {
     size_t free_bytes = 0, total = 0;
     CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
     return total - free_bytes;

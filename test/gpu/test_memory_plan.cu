@@ -1,6 +1,6 @@
-// test_memory_plan.cu: the memory plan (cuda/memory_plan.h) against what the GPU engine allocates,
-// its refusal and suggestions, DeviceArray's out-of-memory error, and the plan of Qwen3-1.7B (the
-// README's figures).
+// test_memory_plan.cu: the memory plan (cuda/memory_plan.h) against what the GPU engine allocates
+// (held after its steps, and its high-water mark), its refusal and suggestions, DeviceArray's byte
+// count and out-of-memory error, and the plan of Qwen3-1.7B (the README's figures).
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -44,11 +44,14 @@ std::vector<Sequence> batch_of(const std::vector<int>& lengths, int V) {
 // exactly the bytes asked) is at most the plan for T tokens, and the plan is at most 5% above it
 // once the fixed 32 MiB cuBLASLt workspace (which would make any tiny model's ratio look perfect) is
 // set aside: the plan bounds the sequence count by T and the RoPE table by T positions, the only
-// slack (measured: 1.005-1.016 with generation). A larger first batch then a smaller one: the buffers keep their
-// largest size, which is what the plan counts. Both --recompute settings, tied and untied heads,
-// biases; fp8 (bf16 uses the same buffers). Generation too: 6 completions of up to 8 new tokens
-// after the batch's first prompts (rollout.cu's KV page pool and decode buffers), with a BF16 and
-// an FP8 KV cache.
+// slack (measured: 1.005-1.016 with generation). The plan also bounds the engine's high-water mark
+// (DeviceArray's count, device_bytes_peak), which is at least what it holds at the end; that count
+// sees every allocation of the engine: in emulation it equals cudaMemGetInfo's, on a GPU it is at most
+// that (cudaMemGetInfo adds the allocator's rounding and cuBLASLt's memory). A larger first batch then
+// a smaller one: the buffers keep their largest size, which is what the plan counts. Both --recompute
+// settings, tied and untied heads, biases; fp8 (bf16 uses the same buffers). Generation too: 6
+// completions of up to 8 new tokens after the batch's first prompts (rollout.cu's KV page pool and
+// decode buffers), with a BF16 and then an FP8 KV cache (the BF16 pool, freed first, sets the peak).
 TEST(gpu_memory_plan_bounds_what_the_engine_allocates) {
     REQUIRE_GPU();
     const std::pair<const char*, bool> cases[] = {{"test/fixtures/models/qwen3_tiny", false}, {"test/fixtures/models/qwen3_tiny", true},
@@ -68,8 +71,9 @@ TEST(gpu_memory_plan_bounds_what_the_engine_allocates) {
             requests.push_back({std::vector<int32_t>(q.ids.begin(), q.ids.begin() + std::max(1, q.prompt_len)), (uint32_t)i});
             longest_prompt = std::max(longest_prompt, (long)requests.back().prompt.size());
         }
-        const size_t before = free_device_bytes();
-        size_t used = 0;
+        const size_t before = free_device_bytes(), live_before = device_bytes_live();
+        reset_device_bytes_peak();
+        size_t used = 0, held = 0;
         {
             GpuEngine gpu(dir, o);
             gpu.init_optimizer(AdamWConfig(), one_rank());
@@ -88,7 +92,9 @@ TEST(gpu_memory_plan_bounds_what_the_engine_allocates) {
                 gpu.generate(requests, 0, s, Precision::FP8, kv, nullptr);
             }
             used = before - free_device_bytes();
+            held = device_bytes_live() - live_before;
         }
+        const size_t peak = device_bytes_peak() - live_before;
         MemoryDemand d;
         d.tokens_per_forward = T;
         d.longest_sequence = 61;
@@ -101,12 +107,17 @@ TEST(gpu_memory_plan_bounds_what_the_engine_allocates) {
         const MemoryPlan plan = plan_memory(c, GpuEngine::plan_request(c, o, d, sm_count), GpuEngine::plan_constants());
         const size_t ws = GemmRunner::WORKSPACE_BYTES;
         const double ratio = (double)(plan.total() - ws) / (double)(used - ws);
-        printf("    %-12s recompute %-5s T %ld: plan %zu bytes, allocated %zu, ratio without the workspace %.4f\n",
-               dir + std::string(dir).rfind('/') + 1, recompute ? "layer" : "none", T,
-               plan.total(), used, ratio);
+        printf("    %-12s recompute %-5s T %ld: plan %zu bytes, allocated %zu (counted %zu, peak %zu), ratio without the "
+               "workspace %.4f\n", dir + std::string(dir).rfind('/') + 1, recompute ? "layer" : "none", T, plan.total(), used,
+               held, peak, ratio);
         CHECK_MSG(plan.total() >= used, "%s: the plan (%zu bytes) is below what the engine allocated (%zu)", dir,
                   plan.total(), used);
         CHECK_MSG(ratio <= 1.05, "%s: the plan is %.3f x what the engine allocated", dir, ratio);
+        CHECK_MSG(emulated ? held == used : held <= used, "%s: DeviceArray counted %zu bytes, cudaMemGetInfo %zu", dir, held,
+                  used);
+        CHECK_MSG(peak >= held && plan.total() >= peak, "%s: peak %zu bytes, held at the end %zu, plan %zu", dir, peak, held,
+                  plan.total());
+        CHECK_EQ(device_bytes_live(), live_before);  // the engine gave back all it counted
     }
 }
 
@@ -154,6 +165,41 @@ TEST(gpu_device_array_out_of_memory_is_one_clear_error) {
     CHECK_THROWS(a.resize((size_t)1 << 40, "a test buffer"), "out of GPU memory allocating a test buffer (4398.047 GB;");
     CHECK_EQ(a.size(), (size_t)0);
     CHECK(cudaGetLastError() == cudaSuccess);  // not sticky: the run can report and end cleanly
+}
+
+// DeviceArray's byte count is exact: arrays of known sizes allocated, grown, shrunk, released,
+// destroyed, and one allocation that fails move the live bytes and the high-water mark by the bytes
+// asked for (the sizes below, counted by hand), and a reset brings the mark down to the live bytes.
+TEST(gpu_memory_device_array_counts_live_and_peak_bytes) {
+    REQUIRE_GPU();
+    const size_t base = device_bytes_live();
+    reset_device_bytes_peak();
+    CHECK_EQ(device_bytes_peak(), base);
+    {
+        DeviceArray<float> a(1000, "a");  // 4,000 bytes
+        DeviceArray<double> b(300, "b");  // 2,400
+        CHECK_EQ(device_bytes_live(), base + 6400);
+        a.resize(500, "a");  // shrinking keeps the memory
+        CHECK_EQ(device_bytes_live(), base + 6400);
+        a.resize(2000, "a");  // growing frees the 4,000 first, then takes 8,000
+        CHECK_EQ(device_bytes_live(), base + 10400);
+        CHECK_EQ(device_bytes_peak(), base + 10400);
+        b.release();
+        CHECK_EQ(device_bytes_live(), base + 8000);
+        CHECK_EQ(device_bytes_peak(), base + 10400);
+        reset_device_bytes_peak();
+        CHECK_EQ(device_bytes_peak(), base + 8000);
+        DeviceArray<uint16_t> c(50, "c");  // 100
+        CHECK_EQ(device_bytes_peak(), base + 8100);
+        CHECK_THROWS(a.resize((size_t)1 << 40, "a test buffer"), "out of GPU memory");  // frees a's 8,000, takes nothing
+        CHECK(cudaGetLastError() == cudaSuccess);
+        CHECK_EQ(device_bytes_live(), base + 100);
+        b.resize(10, "b");  // 80: below the mark
+        CHECK_EQ(device_bytes_live(), base + 180);
+        CHECK_EQ(device_bytes_peak(), base + 8100);
+    }
+    CHECK_EQ(device_bytes_live(), base);
+    CHECK_EQ(device_bytes_peak(), base + 8100);
 }
 
 // Qwen3-1.7B (hidden 2048, 28 layers, FFN 6144, 16 q / 8 kv heads, head_dim 128, vocabulary 151936,
