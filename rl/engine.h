@@ -58,6 +58,7 @@ struct EngineOptions {
     int rollout_slots = 64;     // GPU: sequences decoded together (continuous batching)
     double kv_cache_mb = 0;     // GPU: KV page pool in MiB; 0 = every slot at its longest
     int kv_page_tokens = 16;    // GPU: tokens per KV page
+    bool cuda_graphs = true;    // GPU: decode steps replayed from CUDA graphs, one per batch-size bucket
 };
 
 // The most a training run asks of an engine's memory at once, known before the engine exists (an

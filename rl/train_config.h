@@ -70,6 +70,7 @@ inline EngineOptions engine_options_from_args(const Args& a) {
     o.rollout_slots = (int)a.integer("rollout_slots");
     o.kv_cache_mb = a.number("kv_cache_mb");
     o.kv_page_tokens = (int)a.integer("kv_page_tokens");
+    o.cuda_graphs = a.integer("cuda_graphs") == 1;
     return o;
 }
 
