@@ -24,7 +24,18 @@
 //             prompts with the current weights (the amax of K after norm and RoPE, and of V:
 //             spec-fp8.md §9.4, as the CPU engine does), set before the first append and reported
 //             in rollout_stats().
-// Not done yet: CUDA graphs of the decode step.
+//   graphs    a decode step runs over its B sequences padded to a bucket (decode_bucket: powers of
+//             two, capped at the slots), with or without graphs, so --cuda_graphs changes no bit.
+//             The first step of a bucket in a rollout() call runs its launches (embedding to
+//             sampling) once as a warm-up, then captures them into a graph on the engine's stream;
+//             later steps of that bucket replay it. What changes per step lives in device buffers
+//             uploaded before the launch: token ids, positions, cache slots, lengths, page tables,
+//             sampling keys and positions, forced tokens; padding rows have token 0 at position 0,
+//             cache slot -1 (nothing appended) and length 0 (attention writes zeros), and their
+//             tokens are ignored. What the kernels take by value (rows, max_len, split count, seed,
+//             step, temperature) and the buffers' addresses hold for one call: the graphs are
+//             destroyed at its start and end, and when a prefill reallocates the FP8 GEMM scratch.
+//             Prefill and each admission's first token run eagerly.
 // Included at the end of cuda/engine_gpu.cuh (the GPU program is one translation unit per binary,
 // so the build needs no new object); compiled alone by make cuda-check, it includes the engine.
 #ifndef FP8RL_ROLLOUT_CU
@@ -134,6 +145,12 @@ struct RolloutState {
     // the rows of the step being sampled: key, position of the new token, forced token or -1
     std::vector<uint32_t> step_keys, step_pos;
     std::vector<int32_t> step_forced;
+    std::map<int, cudaGraphExec_t> graphs;  // decode step graphs of this rollout() call, by bucket
+
+    void drop_graphs() {
+        for (const auto& g : graphs) CUDA_CHECK(cudaGraphExecDestroy(g.second));
+        graphs.clear();
+    }
 
     int pages_for(long tokens) const { return (int)((tokens + page_tokens - 1) / page_tokens); }
     int take_page() {
@@ -150,7 +167,24 @@ struct RolloutState {
     }
 };
 
-inline GpuEngine::~GpuEngine() = default;
+// Unchecked, as every destructor here: a CUDA error thrown from one would end the program, and
+// during unwinding would hide the error being reported.
+inline GpuEngine::~GpuEngine() {
+    if (rollout_)
+        for (const auto& g : rollout_->graphs) cudaGraphExecDestroy(g.second);
+    cudaStreamDestroy(stream_);
+}
+
+// The rows a decode step of B sequences runs over: B padded up to a power of two, capped at the
+// slots. Each bucket costs one warm-up and one capture per rollout() call, at most log2(slots) + 2
+// of them, and at most doubles the rows; extra rows cost little in decode, which reads every
+// weight once whatever the rows (and the FP8 GEMMs pad to 128 rows anyway), and an idle row's
+// attention reads no key.
+inline int decode_bucket(int B, int slots) {
+    int b = 1;
+    while (b < B) b *= 2;
+    return std::min(b, slots);
+}
 
 inline std::vector<Generation> GpuEngine::generate(const std::vector<GenRequest>& requests, uint32_t step,
                                                    const SamplingConfig& s, Precision weights, Precision kv_cache,
@@ -200,6 +234,7 @@ inline std::vector<Generation> GpuEngine::rollout(const std::vector<GenRequest>&
     }
     if (!rollout_) rollout_.reset(new RolloutState());
     RolloutState& R = *rollout_;
+    R.drop_graphs();  // a call that failed may have left some
     rollout_stats_ = RolloutStats();
 
     // the page pool (every slot at its longest, or the pages --kv_cache_mb holds) and the decode buffers
@@ -303,14 +338,16 @@ inline std::vector<Generation> GpuEngine::rollout(const std::vector<GenRequest>&
         if (progress) progress->update(finished);
         return going;
     };
-    auto set_step_rows = [&](const std::vector<int>& seqs) {
-        R.step_keys.clear(), R.step_pos.clear(), R.step_forced.clear();
-        for (int i : seqs) {
-            const RolloutState::Request& q = R.requests[(size_t)i];
+    // the sampling inputs of `rows` rows: the sequences', then padding rows (key 0, position 0,
+    // token 0 forced: a valid id)
+    auto set_step_rows = [&](const std::vector<int>& seqs, int rows) {
+        R.step_keys.assign((size_t)rows, 0), R.step_pos.assign((size_t)rows, 0), R.step_forced.assign((size_t)rows, 0);
+        for (size_t r = 0; r < seqs.size(); r++) {
+            const RolloutState::Request& q = R.requests[(size_t)seqs[r]];
             const size_t k = q.gen.tokens.size();
-            R.step_keys.push_back(q.key);
-            R.step_pos.push_back((uint32_t)(q.prompt->size() + k));
-            R.step_forced.push_back(q.forced ? (*q.forced)[k] : -1);
+            R.step_keys[r] = q.key;
+            R.step_pos[r] = (uint32_t)(q.prompt->size() + k);
+            R.step_forced[r] = q.forced ? (*q.forced)[k] : -1;
         }
         R.keys.upload(R.step_keys), R.sample_pos.upload(R.step_pos), R.forced.upload(R.step_forced);
     };
@@ -347,7 +384,7 @@ inline std::vector<Generation> GpuEngine::rollout(const std::vector<GenRequest>&
             for (size_t r = 0; r < admit.size(); r++)  // each samples its first token from its prompt's last row
                 CUDA_CHECK(cudaMemcpyAsync(R.xf + r * C, R.prompt_xf.get() + (size_t)R.requests[(size_t)admit[r]].prompt_id * C,
                                            C * sizeof(bf16), cudaMemcpyDeviceToDevice, stream_));
-            set_step_rows(admit);
+            set_step_rows(admit, (int)admit.size());
             sample_rows((int)admit.size(), s, step);
             for (int i : record(admit)) running.push_back(i);
         }
@@ -371,11 +408,12 @@ inline std::vector<Generation> GpuEngine::rollout(const std::vector<GenRequest>&
             }
         }
         if (running.empty()) continue;
-        decode_step(running, weights);
-        set_step_rows(running);
-        sample_rows((int)running.size(), s, step);
+        const int rows = decode_bucket((int)running.size(), slots);
+        set_step_rows(running, rows);
+        decode_step(running, rows, weights, s, step);
         running = record(running);
     }
+    R.drop_graphs();
     std::vector<Generation> out;
     for (RolloutState::Request& q : R.requests) out.push_back(std::move(q.gen));
     return out;
@@ -425,10 +463,12 @@ inline void GpuEngine::prefill(const std::vector<int>& prompt_ids, Precision wei
     }
     R.prefill_rows.resize(rows.size(), "prefill cache rows");
     R.prefill_rows.upload(rows);
+    const long scratch_rows = scratch_max_tokens_;
     trunk_forward(prompts, weights, [&](int l) {
         R.cache->append(l, layers_[l].k, layers_[l].v, R.prefill_rows.get(), T_, stream_);
         R.cache->round_trip(l, layers_[l].k, layers_[l].v, T_, stream_);
     });
+    if (scratch_max_tokens_ != scratch_rows) R.drop_graphs();  // they quantize into the FP8 scratch this forward reallocated
     for (size_t s = 0; s < prompt_ids.size(); s++)
         CUDA_CHECK(cudaMemcpyAsync(R.prompt_xf.get() + (size_t)prompt_ids[s] * m.C, xf_ + (batch_.offsets[s + 1] - 1) * m.C,
                                    m.C * sizeof(bf16), cudaMemcpyDeviceToDevice, stream_));
@@ -436,35 +476,68 @@ inline void GpuEngine::prefill(const std::vector<int>& prompt_ids, Precision wei
     rollout_stats_.prefill_tokens += T_;
 }
 
-inline void GpuEngine::decode_step(const std::vector<int>& seqs, Precision weights) {
+// One decode step of the running sequences `seqs` over `rows` rows (their bucket; the sampling
+// inputs already uploaded): the rows' inputs uploaded, then the step's launches, or the replay of
+// the bucket's graph, captured at its first step.
+inline void GpuEngine::decode_step(const std::vector<int>& seqs, int rows, Precision weights, const SamplingConfig& s,
+                                   uint32_t step) {
     RolloutState& R = *rollout_;
-    const CpuModel& m = model_;
     const int B = (int)seqs.size();
-    std::vector<int32_t> ids, pos, cache_rows, lens, table((size_t)B * R.max_pages, 0);
+    // padding rows: token 0 at position 0, no cache slot, length 0
+    std::vector<int32_t> ids((size_t)rows, 0), pos((size_t)rows, 0), cache_rows((size_t)rows, -1), lens((size_t)rows, 0);
+    std::vector<int32_t> table((size_t)rows * R.max_pages, 0);
     for (int r = 0; r < B; r++) {
         const RolloutState::Request& q = R.requests[(size_t)seqs[r]];
         const long position = (long)(q.prompt->size() + q.gen.tokens.size() - 1);
-        ids.push_back(q.gen.tokens.back());
-        pos.push_back((int32_t)position);
-        cache_rows.push_back(R.cache_row(q, position));
-        lens.push_back((int32_t)position + 1);
+        ids[(size_t)r] = q.gen.tokens.back();
+        pos[(size_t)r] = (int32_t)position;
+        cache_rows[(size_t)r] = R.cache_row(q, position);
+        lens[(size_t)r] = (int32_t)position + 1;
         std::copy(q.pages.begin(), q.pages.end(), table.begin() + (size_t)r * R.max_pages);
     }
     R.ids.upload(ids), R.pos.upload(pos), R.cache_rows.upload(cache_rows), R.lens.upload(lens), R.table.upload(table);
-    const StepRows rows{B, weights == Precision::FP8 ? (B + 127) / 128 * 128 : B, R.pos.get(), R.gemm_f32, weights};
-    LayerActsGpu A = R.A;
-    bf16* next = R.x_next;
-    embedding_forward(A.x, wb(m.embed), R.ids.get(), B, m.V, m.C, stream_);
-    for (int l = 0; l < m.L; l++) {
-        attention_inputs(A, l, rows);
-        R.cache->append(l, A.k, A.v, R.cache_rows.get(), B, stream_);
-        R.cache->decode_attention(l, A.att, A.q, m.H, R.table.get(), R.max_pages, R.lens.get(), B, R.max_len, stream_);
-        attention_outputs(A, next, l, rows);
-        std::swap(A.x, next);
-    }
-    rmsnorm_forward(R.xf, R.rstdf, A.x, wb(m.final_norm), B, m.C, m.eps, stream_);
     rollout_stats_.decode_steps++;
     rollout_stats_.max_running = std::max(rollout_stats_.max_running, B);
+    if (!options_.cuda_graphs) return decode_launches(rows, weights, s, step);
+    const auto graph = R.graphs.find(rows);
+    if (graph != R.graphs.end()) {
+        CUDA_CHECK(cudaGraphLaunch(graph->second, stream_));
+        rollout_stats_.graph_launches++;
+        return;
+    }
+    // the warm-up computes this step; whatever the launches set up lazily (GEMM plans, kernel
+    // attributes) is done by then, so the capture records kernels and device copies only
+    decode_launches(rows, weights, s, step);
+    cudaGraph_t captured = nullptr;
+    CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    decode_launches(rows, weights, s, step);
+    CUDA_CHECK(cudaStreamEndCapture(stream_, &captured));
+    cudaGraphExec_t exec = nullptr;
+    CUDA_CHECK(cudaGraphInstantiate(&exec, captured, 0));
+    CUDA_CHECK(cudaGraphDestroy(captured));
+    R.graphs[rows] = exec;
+    rollout_stats_.graphs_captured++;
+}
+
+// The launches of a decode step over `rows` rows, every input on the device: embedding, per layer
+// the shared attention inputs, append, paged decode attention, the shared attention outputs and
+// MLP; final norm; then the tokens (sample_rows).
+inline void GpuEngine::decode_launches(int rows, Precision weights, const SamplingConfig& s, uint32_t step) {
+    RolloutState& R = *rollout_;
+    const CpuModel& m = model_;
+    const StepRows r{rows, weights == Precision::FP8 ? (rows + 127) / 128 * 128 : rows, R.pos.get(), R.gemm_f32, weights};
+    LayerActsGpu A = R.A;
+    bf16* next = R.x_next;
+    embedding_forward(A.x, wb(m.embed), R.ids.get(), rows, m.V, m.C, stream_);
+    for (int l = 0; l < m.L; l++) {
+        attention_inputs(A, l, r);
+        R.cache->append(l, A.k, A.v, R.cache_rows.get(), rows, stream_);
+        R.cache->decode_attention(l, A.att, A.q, m.H, R.table.get(), R.max_pages, R.lens.get(), rows, R.max_len, stream_);
+        attention_outputs(A, next, l, r);
+        std::swap(A.x, next);
+    }
+    rmsnorm_forward(R.xf, R.rstdf, A.x, wb(m.final_norm), rows, m.C, m.eps, stream_);
+    sample_rows(rows, s, step);
 }
 
 // Logits of R.xf's first `rows` rows through the BF16 head (FP32 accumulation, as loss.cuh's

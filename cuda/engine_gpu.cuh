@@ -77,6 +77,7 @@ inline size_t rollout_device_bytes(const ModelConfig& c, const EngineOptions& o,
 // What the last generate() did (tests and logs).
 struct RolloutStats {
     int64_t prefills = 0, prefill_tokens = 0, decode_steps = 0, preemptions = 0;
+    int64_t graphs_captured = 0, graph_launches = 0;  // decode step graphs captured, and steps replayed from them
     int max_running = 0;                  // most sequences decoded in one step
     std::vector<float> k_scale, v_scale;  // [L] or [L][KV] (--kv_scales head): the FP8 cache's scales in use (empty for BF16)
 };
@@ -86,6 +87,7 @@ class GpuEngine : public Engine {
     // dir: a HF model directory (its tokenizer and generation config are copied into checkpoints).
     explicit GpuEngine(const std::string& dir, const EngineOptions& options = {})
         : options_(options), source_dir_(dir), weights_(ModelWeights::load(dir)), model_(weights_), head_(gemm_) {
+        CUDA_CHECK(cudaStreamCreate(&stream_));
         const size_t P = weights_.num_floats();
         master_.resize(P, "FP32 master weights");
         bf16_.resize(P, "BF16 weight copy");
@@ -282,7 +284,10 @@ class GpuEngine : public Engine {
     std::string source_dir_;
     ModelWeights weights_;  // config and tensor table; master values only while saving or generating
     CpuModel model_;        // shapes, tensor offsets, RoPE frequencies (the CPU engine's, shared)
-    cudaStream_t stream_ = 0;
+    // The engine's own stream (the legacy stream cannot be captured into a graph), a blocking one:
+    // DeviceArray's synchronous copies on the legacy stream stay ordered with its work. Destroyed
+    // in ~GpuEngine (rollout.cu).
+    cudaStream_t stream_ = nullptr;
     GemmRunner gemm_;
     LogprobHeadGpu head_;
     DeviceArray<float> master_, grads_, m_, v_;
@@ -436,7 +441,8 @@ class GpuEngine : public Engine {
                                     Progress* progress);
     void calibrate_kv_scales(const std::vector<GenRequest>& requests, Precision weights);
     void prefill(const std::vector<int>& prompt_ids, Precision weights);
-    void decode_step(const std::vector<int>& seqs, Precision weights);
+    void decode_step(const std::vector<int>& seqs, int rows, Precision weights, const SamplingConfig& s, uint32_t step);
+    void decode_launches(int rows, Precision weights, const SamplingConfig& s, uint32_t step);
     void sample_rows(int rows, const SamplingConfig& s, uint32_t step);
     // dx (FP32, accumulated when asked) and the weight (and bias) gradient of projection j.
     void project_backward(float* dx, bool accumulate, const bf16* dy, const bf16* x, int l, Projection j, size_t bias);

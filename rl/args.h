@@ -84,6 +84,7 @@ inline const std::vector<FlagSpec>& flag_table() {
         {"kv_cache_mb", "sampling", FlagKind::Float, "0", "0..", "GPU engine only: MiB of KV cache pages (0 = every slot at full length); when full, the newest sequence is preempted and redone"},
         {"kv_scales", "sampling", FlagKind::Choice, "layer", "layer|head", "FP8 KV cache: one scale per layer for K and one for V, or one per layer and KV head"},
         {"kv_page_tokens", "sampling", FlagKind::Int, "16", "1..4096", "GPU engine only: tokens per KV cache page"},
+        {"cuda_graphs", "sampling", FlagKind::Int, "1", "0..1", "GPU engine only: capture each decode step batch-size bucket as a CUDA graph and replay it; 0 launches the kernels one by one"},
         {"eval_k", "sampling", FlagKind::Int, "4", "0..", "eval: samples per prompt at --temperature for mean@k (0 = greedy only)"},
         // optimizer
         {"lr", "optimizer", FlagKind::Float, "1e-6", "0..", "AdamW peak learning rate"},

@@ -62,6 +62,7 @@ struct EngineOptions {
     double kv_cache_mb = 0;     // GPU: KV page pool in MiB; 0 = every slot at its longest
     int kv_page_tokens = 16;    // GPU: tokens per KV page
     bool kv_scale_per_head = false;  // both engines, --kv_scales head: FP8 KV scales per layer and KV head
+    bool cuda_graphs = true;    // GPU: decode steps replayed from CUDA graphs, one per batch-size bucket
 };
 
 // The most a training run asks of an engine's memory at once, known before the engine exists (an

@@ -71,6 +71,7 @@ inline EngineOptions engine_options_from_args(const Args& a) {
     o.kv_cache_mb = a.number("kv_cache_mb");
     o.kv_page_tokens = (int)a.integer("kv_page_tokens");
     o.kv_scale_per_head = a.str("kv_scales") == "head";
+    o.cuda_graphs = a.integer("cuda_graphs") == 1;
     return o;
 }
 

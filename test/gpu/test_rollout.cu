@@ -213,11 +213,11 @@ TEST(rollout_scheduling_matches_each_request_alone) {
         lengths.push_back(all[i].tokens.size());
     }
     std::sort(lengths.begin(), lengths.end());
-    printf("    3 slots: %lld prefills of %lld tokens, %lld decode steps, %lld preemptions, at most %d running; lengths "
-           "%zu..%zu; all at once: %lld prompt tokens prefilled of %ld distinct\n",
-           (long long)st.prefills, (long long)st.prefill_tokens, (long long)st.decode_steps, (long long)st.preemptions,
-           st.max_running, lengths.front(), lengths.back(), (long long)together.rollout_stats().prefill_tokens,
-           distinct_prompt_tokens);
+    printf("    3 slots: %lld prefills of %lld tokens, %lld decode steps (%lld graphs captured, %lld replays), %lld "
+           "preemptions, at most %d running; lengths %zu..%zu; all at once: %lld prompt tokens prefilled of %ld distinct\n",
+           (long long)st.prefills, (long long)st.prefill_tokens, (long long)st.decode_steps, (long long)st.graphs_captured,
+           (long long)st.graph_launches, (long long)st.preemptions, st.max_running, lengths.front(), lengths.back(),
+           (long long)together.rollout_stats().prefill_tokens, distinct_prompt_tokens);
     CHECK(st.preemptions > 0);
     CHECK_EQ(st.max_running, 3);
     CHECK_EQ(alone.rollout_stats().max_running, 1);
@@ -225,6 +225,84 @@ TEST(rollout_scheduling_matches_each_request_alone) {
     CHECK_EQ(together.rollout_stats().prefills, (int64_t)1);
     CHECK_EQ(lengths.front(), (size_t)1);
     CHECK_EQ(lengths.back(), (size_t)s.max_new_tokens);
+}
+
+// CUDA graphs: generation with the decode steps replayed from graphs (the default) equals the same
+// generation launched kernel by kernel (--cuda_graphs 0), bit for bit, with bf16 weights and KV and
+// with fp8 weights and KV, sampling (temperature 1, top-k, top-p) and teacher forcing (of the
+// sampled completions). 3 prompts x 2 samples on 4 slots and a pool of 8 pages of 4 tokens:
+// sequences finish at every length, so the bucket moves between 4, 2 and 1 (3 running: one
+// padding row), and some are preempted. Under ASan only fp8.
+TEST(rollout_cuda_graphs_match_launches) {
+    REQUIRE_GPU();
+    harness::TempDir tmp;
+    const std::string dir = many_eos_model(tmp, kFixtures[0]);
+    SamplingConfig s;
+    s.temperature = 1.0f, s.top_k = 50, s.top_p = 0.9f, s.max_new_tokens = 6, s.seed = 7;
+    std::vector<GenRequest> requests;
+    for (const GenRequest& r : ragged_requests(3, 320, 9))
+        for (int g = 0; g < 2; g++) requests.push_back({r.prompt, r.sequence * 2 + (uint32_t)g});
+    const std::vector<Precision> precisions =
+        harness::sanitized ? std::vector<Precision>{Precision::FP8} : std::vector<Precision>{Precision::BF16, Precision::FP8};
+    for (Precision p : precisions) {
+        EngineOptions graphs = small_pages(4);
+        graphs.rollout_slots = 4;
+        const size_t page = PagedKvCache::page_bytes({2, 2, 32, 4, 1}, p);
+        graphs.kv_cache_mb = (8 * page + page / 2) / 1048576.0;
+        EngineOptions launches = graphs;
+        launches.cuda_graphs = false;
+        GpuEngine on(dir, graphs), off(dir, launches);
+        std::vector<std::vector<int32_t>> sampled;
+        for (bool teacher : {false, true}) {
+            auto run = [&](GpuEngine& e) {
+                return teacher ? e.teacher_forced(requests, sampled, p, p) : e.generate(requests, 3, s, p, p, nullptr);
+            };
+            const std::vector<Generation> got = run(on), want = run(off);
+            const RolloutStats st = on.rollout_stats();
+            const char* what = teacher ? "teacher forcing" : "sampling";
+            printf("    %s %s: %lld decode steps, %lld graphs captured, %lld replays, %lld preemptions\n", precision_name(p),
+                   what, (long long)st.decode_steps, (long long)st.graphs_captured, (long long)st.graph_launches,
+                   (long long)st.preemptions);
+            CHECK(st.graphs_captured >= 2);
+            CHECK(st.graph_launches > st.graphs_captured);
+            CHECK(st.preemptions >= 1);
+            CHECK_EQ(st.decode_steps, off.rollout_stats().decode_steps);
+            CHECK_EQ(off.rollout_stats().graphs_captured + off.rollout_stats().graph_launches, (int64_t)0);
+            CHECK_EQ(got.size(), want.size());
+            for (size_t i = 0; i < std::min(got.size(), want.size()); i++)
+                CHECK_MSG(got[i].tokens == want[i].tokens && got[i].logprobs == want[i].logprobs &&
+                              got[i].finished == want[i].finished,
+                          "%s %s, request %zu: with graphs %zu tokens, launched one by one %zu, or other log-probs",
+                          precision_name(p), what, i, got[i].tokens.size(), want[i].tokens.size());
+            for (const Generation& g : want) sampled.push_back(g.tokens);
+        }
+    }
+}
+
+// A prefill that grows the FP8 GEMM scratch (a long prompt admitted after the first decode steps)
+// frees the buffers the captured graphs quantize into: they are captured again, and the generation
+// still equals the one launched kernel by kernel (under ASan a stale graph reads freed memory).
+// Teacher forcing on 2 slots: two short prompts decode first, the long one joins when the shorter
+// completion ends.
+TEST(rollout_cuda_graphs_recaptured_after_the_scratch_grows) {
+    REQUIRE_GPU();
+    const std::vector<GenRequest> requests = {{random_ids(4, 320, 1), 0}, {random_ids(4, 320, 2), 1}, {random_ids(140, 320, 3), 2}};
+    const std::vector<std::vector<int32_t>> forced = {random_ids(6, 320, 4), random_ids(2, 320, 5), random_ids(4, 320, 6)};
+    EngineOptions graphs;
+    graphs.rollout_slots = 2;
+    EngineOptions launches = graphs;
+    launches.cuda_graphs = false;
+    GpuEngine on(kFixtures[0], graphs), off(kFixtures[0], launches);
+    const std::vector<Generation> got = on.teacher_forced(requests, forced, Precision::FP8, Precision::BF16);
+    const std::vector<Generation> want = off.teacher_forced(requests, forced, Precision::FP8, Precision::BF16);
+    const RolloutStats st = on.rollout_stats();
+    printf("    %lld decode steps, %lld graphs captured, %lld replays\n", (long long)st.decode_steps,
+           (long long)st.graphs_captured, (long long)st.graph_launches);
+    CHECK(st.graphs_captured >= 3);  // bucket 2 before and after the long prefill, then bucket 1
+    CHECK_EQ(got.size(), want.size());
+    for (size_t i = 0; i < std::min(got.size(), want.size()); i++)
+        CHECK_MSG(got[i].tokens == want[i].tokens && got[i].logprobs == want[i].logprobs,
+                  "request %zu: with graphs other log-probs than launched one by one", i);
 }
 
 // Bad input: one clear error each, never a hang.
