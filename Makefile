@@ -201,15 +201,16 @@ GPU_HEADERS := $(wildcard *.cuh rl/*.h rl/*.cuh cpu/*.h cuda/*.cuh cuda/*.h test
 
 # Every CUDA source compiled alone (a header must compile by itself), in parallel under make -j; a
 # stamp records each success, so a rerun compiles only what changed. train_rl.cu is compiled by
-# ./train_rl's own build, in parallel with the rest.
-NVCHECK_SRCS   := $(filter-out train_rl.cu,$(CUDA_SRCS) $(GPU_TEST_SRCS))
+# ./train_rl's own build, in parallel with the rest; it includes cuda/engine_gpu.cuh first, which
+# includes rollout.cu, so those two compile alone there.
+NVCHECK_SRCS   := $(filter-out train_rl.cu cuda/engine_gpu.cuh rollout.cu,$(CUDA_SRCS) $(GPU_TEST_SRCS))
 NVCHECK_STAMPS := $(patsubst %,$(BUILD)/nvcheck/%.ok,$(NVCHECK_SRCS))
 $(BUILD)/nvcheck/%.ok: % $(GPU_HEADERS)
 	@mkdir -p $(@D)
 	@echo "nvcc compile check: $<"
 	@$(NVCC) $(NVCCFLAGS) -x cu -c -o /dev/null $< && touch $@
 cuda-check: $(NVCHECK_STAMPS) train_rl
-	@echo "nvcc compile check: $(words $(NVCHECK_SRCS) train_rl.cu) CUDA sources compiled for sm_90"
+	@echo "nvcc compile check: $(words $(CUDA_SRCS) $(GPU_TEST_SRCS)) CUDA sources compiled for sm_90 (train_rl.cu, cuda/engine_gpu.cuh and rollout.cu by ./train_rl)"
 	@echo "nvcc build: ./train_rl (sm_90) linked"
 
 GPU_BENCH_BINS := $(patsubst test/gpu/bench_%.cu,$(BUILD)/gpu_bench_%,$(wildcard test/gpu/bench_*.cu))

@@ -98,8 +98,11 @@ TEST(trainer_renders_chat_messages) {
 // Learning from scratch (check_learns_from_scratch): a random policy is right about 0.5% of the
 // time ((1/14)^2: digit, then end of text); within 30 steps of 16 prompts at a high learning rate
 // the last 5 steps' mean reward must be at least 0.10 and three times the first 5's. (Measured with
-// seed 11: 0.008 -> 0.18. Not shrunk under the sanitizer.)
+// seed 11: 0.008 -> 0.18.) Skipped under the sanitizer: learning is a property of the numbers, which
+// the plain build checks, and the sanitizer sees the same training code in the shorter run tests
+// (resume, micro-batches, threads, MPI); this one would cost CI 90 s there.
 TEST(trainer_learns_from_scratch) {
+    if (harness::sanitized) SKIP("learning is checked by the plain build; the sanitizer build runs the shorter training tests");
     check_learns_from_scratch(harness::binary(), temp_dir("learn"), " --max_new_tokens 2 --batch_prompts 16 --lr 3e-3", 30, 0.10, 3);
 }
 

@@ -500,41 +500,26 @@ TEST(kv_decode_attention_reads_no_key_past_max_len) {
 TEST(kv_cache_rejects_bad_input) {
     REQUIRE_GPU();
     const KvCacheShape shape = {2, 2, 16, kKvPageTokens, 4};
-    auto fails = [](const char* what, auto f) {
-        bool failed = false;
-        try {
-            f();
-        } catch (const Error&) {
-            failed = true;
-        }
-        CHECK_MSG(failed, "%s did not fail", what);
-    };
-    fails("FP32 storage", [&] { PagedKvCache(shape, Precision::FP32); });
-    fails("head dim 24", [&] { PagedKvCache({2, 2, 24, 16, 4}, Precision::BF16); });
-    fails("zero pages", [&] { PagedKvCache({2, 2, 16, 16, 0}, Precision::BF16); });
+    CHECK_THROWS((PagedKvCache(shape, Precision::FP32)), "storage fp32 is not supported");
+    CHECK_THROWS((PagedKvCache({2, 2, 24, 16, 4}, Precision::BF16)), "head dim D = 24 is not supported");
+    CHECK_THROWS((PagedKvCache({2, 2, 16, 16, 0}, Precision::BF16)), "pages = 0: each must be >= 1");
     PagedKvCache cache(shape, Precision::FP8);
-    fails("one scale for two layers", [&] { cache.set_scales({1.0f}, {1.0f}); });
-    fails("a zero scale", [&] { cache.set_scales({1.0f, 0.0f}, {1.0f, 1.0f}); });
-    fails("three scales for two layers of two KV heads", [&] { cache.set_scales({1.0f, 1.0f, 1.0f}, {1.0f, 1.0f, 1.0f}); });
-    fails("a zero scale of one KV head", [&] { cache.set_scales({1.0f, 1.0f, 1.0f, 1.0f}, {1.0f, 1.0f, 0.0f, 1.0f}); });
-    fails("layer 2 of 2", [&] { cache.append(2, nullptr, nullptr, nullptr, 1, 0); });
-    fails("page 4 of 4", [&] { cache.copy_page(0, 4, 0); });
-    fails("decode before reserve_decode", [&] {
-        cache.decode_attention(0, nullptr, nullptr, 4, nullptr, 1, nullptr, 1, 16, 0);
-    });
+    CHECK_THROWS((cache.set_scales({1.0f}, {1.0f})), "1 K and 1 V scales for 2 layers of 2 KV heads");
+    CHECK_THROWS((cache.set_scales({1.0f, 0.0f}, {1.0f, 1.0f})), "layer 1, KV head 0 has K scale 0");
+    CHECK_THROWS((cache.set_scales({1.0f, 1.0f, 1.0f}, {1.0f, 1.0f, 1.0f})), "3 K and 3 V scales");
+    CHECK_THROWS((cache.set_scales({1.0f, 1.0f, 1.0f, 1.0f}, {1.0f, 1.0f, 0.0f, 1.0f})), "layer 1, KV head 0 has K scale 1, V scale 0");
+    CHECK_THROWS((cache.append(2, nullptr, nullptr, nullptr, 1, 0)), "append: layer 2 outside [0, 2)");
+    CHECK_THROWS((cache.copy_page(0, 4, 0)), "pages 0 -> 4 outside the pool [0, 4)");
+    CHECK_THROWS((cache.decode_attention(0, nullptr, nullptr, 4, nullptr, 1, nullptr, 1, 16, 0)), "call reserve_decode");
     cache.reserve_decode(2, 4);
-    fails("heads not a multiple of kv heads", [&] {
-        cache.decode_attention(0, nullptr, nullptr, 3, nullptr, 1, nullptr, 1, 16, 0);
-    });
-    fails("max_len beyond the page table", [&] {
-        cache.decode_attention(0, nullptr, nullptr, 4, nullptr, 1, nullptr, 1, 17, 0);
-    });
-    fails("8 heads after reserve_decode for 4", [&] {
-        cache.decode_attention(0, nullptr, nullptr, 8, nullptr, 1, nullptr, 1, 16, 0);
-    });
+    CHECK_THROWS((cache.decode_attention(0, nullptr, nullptr, 3, nullptr, 1, nullptr, 1, 16, 0)),
+                 "heads = 3 must be a positive multiple of kv_heads = 2");
+    CHECK_THROWS((cache.decode_attention(0, nullptr, nullptr, 4, nullptr, 1, nullptr, 1, 17, 0)),
+                 "max_len <= max_pages * page_tokens");
+    CHECK_THROWS((cache.decode_attention(0, nullptr, nullptr, 8, nullptr, 1, nullptr, 1, 16, 0)),
+                 "1 rows x 8 heads x");
     PagedKvCache wide({1, 1, 128, 16, 1}, Precision::BF16);
-    fails("400 query heads per kv head (410 KB of shared memory)", [&] { wide.reserve_decode(1, 400); });
-    fails("3 rows in a workspace for 2", [&] {
-        cache.decode_attention(0, nullptr, nullptr, 4, nullptr, 1, nullptr, 3, 16, 0, kDecodeMaxSplits);
-    });
+    CHECK_THROWS((wide.reserve_decode(1, 400)), "400 query heads per kv head need");
+    CHECK_THROWS((cache.decode_attention(0, nullptr, nullptr, 4, nullptr, 1, nullptr, 3, 16, 0, kDecodeMaxSplits)),
+                 "3 rows x 4 heads x 16 splits exceed the decode workspace");
 }
