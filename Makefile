@@ -9,7 +9,7 @@ CXXSTD    := -std=c++17
 WARN      := -Wall -Wextra -Werror
 OPT       := -O3 -march=native
 # a * b + c stays two roundings, as written (g++ would fuse it into an FMA where it sees fit): code
-# shared with the GPU rounds as its device build does (rl/hostdevice.h)
+# shared with the GPU rounds as its device build does (rl/numerics/hostdevice.h)
 FPFLAGS   := -ffp-contract=off
 CXXFLAGS  := $(CXXSTD) $(OPT) $(FPFLAGS) $(WARN) -fopenmp -I. -MMD -MP
 LDLIBS    := -lm
@@ -44,7 +44,7 @@ endif
 
 NVCCFLAGS := -std=c++17 -O3 -gencode arch=compute_90,code=sm_90 -Werror all-warnings -I. \
              -Xcompiler -Wall,-Wextra,-fopenmp $(MPI_FLAGS) $(MPI_INCLUDE)
-CUDA_SRCS := $(wildcard *.cu *.cuh rl/*.cuh cuda/*.cu cuda/*.cuh)
+CUDA_SRCS := $(wildcard *.cu *.cuh rl/*/*.cuh cuda/*.cu cuda/*.cuh)
 GPU_TEST_SRCS := $(wildcard test/gpu/*.cu)
 GPU_TESTS     := $(wildcard test/gpu/test_*.cu)
 
@@ -197,7 +197,7 @@ ifneq ($(NVCC),)
 # and runs each GPU benchmark (test/gpu/bench_*.cu). Both need a GPU to run; dev/gpu_check.sh runs all.
 GPU_LDLIBS := -lcublasLt -lgomp $(if $(MPI_FLAGS),-lnccl $(MPI_LIBS))
 # rollout.cu is included by cuda/engine_gpu.cuh: a header to its users
-GPU_HEADERS := $(wildcard *.cuh rl/*.h rl/*.cuh cpu/*.h cuda/*.cuh cuda/*.h test/gpu/*.cuh test/gpu/*.h test/harness.h) rollout.cu
+GPU_HEADERS := $(wildcard *.cuh rl/*.h rl/*/*.h rl/*/*.cuh cpu/*.h cuda/*.cuh cuda/*.h test/gpu/*.cuh test/gpu/*.h test/harness.h) rollout.cu
 
 # Every CUDA source compiled alone (a header must compile by itself), in parallel under make -j; a
 # stamp records each success, so a rerun compiles only what changed. train_rl.cu is compiled by

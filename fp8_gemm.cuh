@@ -1,5 +1,5 @@
 // fp8_gemm.cuh: FP8 quantization kernels and cuBLASLt GEMM wrappers for the GPU engine (Hopper,
-// sm_90). The kernels call the shared scalar code of rl/fp8.h and rl/fp8_block.h (encoder, scale
+// sm_90). The kernels call the shared scalar code of rl/numerics/fp8.h and rl/numerics/fp8_block.h (encoder, scale
 // rule, index formulas), so their bytes equal the CPU quantizers' bit for bit; the block-scaled GEMMs
 // are the ones cpu/fp8_gemm_ref.h emulates. Layouts and the fprop/dgrad/wgrad mapping: spec-fp8.md §6-§7.
 //
@@ -26,7 +26,7 @@
 #include <tuple>
 
 #include "rl/common.h"
-#include "rl/fp8_block.h"
+#include "rl/numerics/fp8_block.h"
 
 namespace fp8rl {
 

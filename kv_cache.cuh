@@ -14,7 +14,7 @@
 // keeps an online softmax (running max, running sum, rescaled output) and writes the chunk's
 // normalised partial O and its log-sum-exp (FP32). A second kernel merges the chunks by their LSE
 // weights and writes O in BF16. Decode is bound by reading the cache, so the math runs on the
-// CUDA cores in FP32: scores are FP32 dot products in d order, exp is rl/fast_exp.h's (the CPU
+// CUDA cores in FP32: scores are FP32 dot products in d order, exp is rl/numerics/fast_exp.h's (the CPU
 // engine's), P stays FP32 (no BF16 rounding of P, unlike the training kernel's tensor-core P V), and
 // the only rounding to BF16 is the output's.
 //
@@ -37,9 +37,9 @@
 #include "cuda/block_reduce.cuh"
 #include "cuda/common.cuh"
 #include "cuda/device_array.cuh"
-#include "rl/fast_exp.h"
-#include "rl/fp8.h"
-#include "rl/precision.h"
+#include "rl/numerics/fast_exp.h"
+#include "rl/numerics/fp8.h"
+#include "rl/numerics/precision.h"
 
 namespace fp8rl {
 

@@ -7,7 +7,7 @@
 //   logprob = z_y - logZ;  backward with a = dL/dlogprob, b = dL/dentropy:
 //   dL/dlogits_j = (a (1[j = y] - p_j) - b p_j (z_j - mu)) / T,  dX += dlogits W,  dW += dlogits^T X.
 // The running max, sum exp and sum z exp of a token are merged chunk by chunk in vocabulary order
-// (sums in double, each term rl/fast_exp.h's FP32 exp, as on the CPU). Precision (DESIGN.md §3): X
+// (sums in double, each term rl/numerics/fast_exp.h's FP32 exp, as on the CPU). Precision (DESIGN.md §3): X
 // and W are BF16, logits FP32 (GemmRunner's BF16 GEMM with FP32 output), statistics FP32/FP64,
 // dX and dW accumulate in FP32; dlogits enter the backward GEMMs rounded to BF16 (the tensor-core
 // operand type), the one rounding the CPU engine does not make.
@@ -30,8 +30,8 @@
 #include "cuda/block_reduce.cuh"
 #include "cuda/device_array.cuh"
 #include "fp8_gemm.cuh"
-#include "rl/bf16.h"
-#include "rl/fast_exp.h"
+#include "rl/numerics/bf16.h"
+#include "rl/numerics/fast_exp.h"
 
 namespace fp8rl {
 

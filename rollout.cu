@@ -1,6 +1,6 @@
 // rollout.cu: generation on the GPU engine (GpuEngine::generate), the semantics of the CPU
 // generator (cpu/generate.h) on the device: stop on any eos id or after max_new_tokens, tokens
-// drawn by rl/sampling.h's rule from the uniform keyed by (seed, step, sequence, position), and
+// drawn by rl/numerics/sampling.h's rule from the uniform keyed by (seed, step, sequence, position), and
 // per token the log-prob under softmax(logits / T) over the full vocabulary (logprob_full, what
 // the CPU engine returns).
 //   prefill   a packed batch of prompts through the training forward (trunk_forward, the same layer
@@ -97,7 +97,7 @@ inline size_t rollout_device_bytes(const ModelConfig& c, const EngineOptions& o,
 }
 
 // Teacher forcing, one thread per row of logits [rows][ld]: the given token forced[r] with its
-// log-prob at temperature 1 over the first n columns, as rl/sampling.h computes logprob_full.
+// log-prob at temperature 1 over the first n columns, as rl/numerics/sampling.h computes logprob_full.
 // scratch [rows][n].
 static __global__ void forced_token_kernel(const float* logits, int ld, int n, const int32_t* forced, int rows,
                                            float* scratch, SampledToken* out) {

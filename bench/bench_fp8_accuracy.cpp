@@ -22,7 +22,7 @@
 #include <random>
 #include <vector>
 
-#include "rl/bf16.h"
+#include "rl/numerics/bf16.h"
 #include "cpu/fp8_gemm_ref.h"
 
 using namespace fp8rl;

@@ -1,4 +1,4 @@
-// bench_json.cpp: parse time of the 11 MB Qwen3 tokenizer.json with rl/json.h, as a ratio to a
+// bench_json.cpp: parse time of the 11 MB Qwen3 tokenizer.json with rl/io/json.h, as a ratio to a
 // baseline measured in the same run: one pass of memchr-style byte scanning over the same text
 // (counting quotes), the least any parser must do. The issue asks for "well under a second".
 //   FP8RL_TOKENIZERS=/path/to/tokenizers make bench   (default: test/fixtures/tokenizer)
@@ -9,7 +9,7 @@
 #include <cstring>
 #include <string>
 
-#include "rl/json.h"
+#include "rl/io/json.h"
 
 using namespace fp8rl;
 

@@ -16,8 +16,8 @@
 #include "bench/llama2c_baseline.h"
 #include "cpu/generate.h"
 #include "cpu/model.h"
-#include "rl/rng.h"
-#include "rl/weights.h"
+#include "rl/numerics/rng.h"
+#include "rl/model/weights.h"
 
 using namespace fp8rl;
 

@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "rl/tokenizer.h"
+#include "rl/text/tokenizer.h"
 
 using namespace fp8rl;
 

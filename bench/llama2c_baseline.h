@@ -13,9 +13,9 @@
 
 #include <omp.h>
 
-#include "rl/fast_exp.h"
+#include "rl/numerics/fast_exp.h"
 #include "cpu/model.h"
-#include "rl/rng.h"
+#include "rl/numerics/rng.h"
 
 namespace fp8rl {
 

@@ -18,8 +18,8 @@
 
 #include <omp.h>
 
-#include "rl/bf16.h"
-#include "rl/fast_exp.h"
+#include "rl/numerics/bf16.h"
+#include "rl/numerics/fast_exp.h"
 #include "cpu/gemm.h"
 
 namespace fp8rl {

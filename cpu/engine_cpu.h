@@ -1,6 +1,6 @@
-// engine_cpu.h: the CPU reference engine behind the driver's interface (rl/engine.h). It owns the
-// model's FP32 master weights (rl/weights.h), the gradient buffer in the same layout, the AdamW
-// state (rl/adamw.h), and one prepared parameter copy per precision in use, refreshed after every
+// engine_cpu.h: the CPU reference engine behind the driver's interface (rl/driver/engine.h). It owns the
+// model's FP32 master weights (rl/model/weights.h), the gradient buffer in the same layout, the AdamW
+// state (rl/objective/adamw.h), and one prepared parameter copy per precision in use, refreshed after every
 // update; forward, backward and generation are the reference model's (cpu/model.h, cpu/generate.h).
 #pragma once
 #include <algorithm>
@@ -8,10 +8,10 @@
 #include <string>
 #include <vector>
 
-#include "rl/engine.h"
+#include "rl/driver/engine.h"
 #include "cpu/generate.h"
 #include "cpu/model.h"
-#include "rl/weights.h"
+#include "rl/model/weights.h"
 
 namespace fp8rl {
 

@@ -9,7 +9,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "rl/fp8_block.h"
+#include "rl/numerics/fp8_block.h"
 #include "cpu/gemm.h"
 
 namespace fp8rl {

@@ -1,7 +1,7 @@
 // generate.h: batched generation on the CPU model: one prefill over every prompt, then one decode
 // step per new token over the sequences still running, with a KV cache (cpu/kv_cache.h). Each
 // sequence stops on any eos id or after max_new_tokens. Tokens are drawn by the shared sampling
-// rule (rl/sampling.h) from a uniform keyed by (seed, step, sequence key, position) (rl/rng.h),
+// rule (rl/numerics/sampling.h) from a uniform keyed by (seed, step, sequence key, position) (rl/numerics/rng.h),
 // so a completion depends neither on the other sequences of the batch nor on the thread count.
 //
 //   Generator gen;                               // buffers grow on first use, then are reused
@@ -13,8 +13,8 @@
 #include <omp.h>
 
 #include "cpu/model.h"
-#include "rl/rng.h"
-#include "rl/sampling.h"
+#include "rl/numerics/rng.h"
+#include "rl/numerics/sampling.h"
 
 namespace fp8rl {
 

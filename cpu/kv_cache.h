@@ -8,10 +8,10 @@
 #include <cstdint>
 #include <vector>
 
-#include "rl/bf16.h"
+#include "rl/numerics/bf16.h"
 #include "rl/common.h"
-#include "rl/fp8.h"
-#include "rl/precision.h"
+#include "rl/numerics/fp8.h"
+#include "rl/numerics/precision.h"
 
 namespace fp8rl {
 

@@ -9,7 +9,7 @@
 #include "cpu/fp8_gemm_ref.h"
 #include "cpu/gemm.h"
 #include "cpu/model_layers.h"
-#include "rl/precision.h"
+#include "rl/numerics/precision.h"
 
 namespace fp8rl {
 

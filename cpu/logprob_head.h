@@ -16,7 +16,7 @@
 
 #include <omp.h>
 
-#include "rl/fast_exp.h"
+#include "rl/numerics/fast_exp.h"
 #include "cpu/gemm.h"
 
 namespace fp8rl {
@@ -51,7 +51,7 @@ constexpr size_t kSavedLogitsMaxBytes = size_t(1) << 30;
 
 // Scratch of the head: one block of logits, and the running sums of a forward pass in FP64 (sums
 // over 10^5 terms in FP32 would lose ~1e-5 relative, the size of the errors we test for; each
-// term is an FP32 exp, rl/fast_exp.h, good to 2 ulp).
+// term is an FP32 exp, rl/numerics/fast_exp.h, good to 2 ulp).
 struct HeadScratch {
     std::vector<float> logits;   // [head_rows_per_block(), kVocabChunk]
     std::vector<double> sum, sz;  // [head_rows_per_block()]

@@ -1,7 +1,7 @@
 // model.h: the CPU reference model of the Qwen3 / Qwen2 / Llama-3 dense family (spec-model.md §2):
 // pre-norm decoder, GQA with any heads:kv ratio, head_dim independent of hidden/heads, Qwen3's
 // per-head q/k RMSNorm, Qwen2's q/k/v biases, llama3 RoPE scaling, rotate-half RoPE, SwiGLU, tied
-// or untied head. Parameters live in the ONE master buffer of rl/weights.h; gradients go into any
+// or untied head. Parameters live in the ONE master buffer of rl/model/weights.h; gradients go into any
 // buffer with the same layout. Linear layers run as GEMMs over all tokens of the batch; attention
 // (cpu/attention.h) as GEMMs per sequence and head, or per (token, head) over a KV cache.
 //
@@ -26,8 +26,8 @@
 #include "cpu/linear.h"
 #include "cpu/logprob_head.h"
 #include "cpu/model_layers.h"
-#include "rl/precision.h"
-#include "rl/weights.h"
+#include "rl/numerics/precision.h"
+#include "rl/model/weights.h"
 
 namespace fp8rl {
 

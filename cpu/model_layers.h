@@ -9,8 +9,8 @@
 
 #include <omp.h>
 
-#include "rl/bf16.h"
-#include "rl/fast_exp.h"
+#include "rl/numerics/bf16.h"
+#include "rl/numerics/fast_exp.h"
 
 namespace fp8rl {
 
@@ -176,7 +176,7 @@ inline void rope_backward(float* dx, const int32_t* pos, const RopeTable& rt, lo
 }
 
 // ---------------------------------------------------------------------------------------------
-// SwiGLU: a = silu(g) * u, silu(z) = z / (1 + exp(-z)), exp from rl/fast_exp.h. One rounding of the
+// SwiGLU: a = silu(g) * u, silu(z) = z / (1 + exp(-z)), exp from rl/numerics/fast_exp.h. One rounding of the
 // fused output with bf16. The AVX2 loops run the scalar code's operations in its order (same bits).
 
 constexpr long kSwigluBlock = 2048;  // elements per parallel task (a multiple of the vector width)

@@ -1,24 +1,24 @@
 // adamw.cuh: AdamW over the FP32 master weights on the device (llm.c's adamw.cuh in spirit): one
 // pass updates w, m and v and writes the BF16 copy of w that the GEMMs read; for the projection
 // weights, the FP8 128x128-block copy and its transpose (spec-gpu.md §3.1) are requantized from the
-// updated master by the same call. Bit-exact with rl/adamw.h's AdamW::step given the same
+// updated master by the same call. Bit-exact with rl/objective/adamw.h's AdamW::step given the same
 // gradients: the same float operations in the same order, every product unfused (mul_rn), IEEE
-// division and square root; the BF16 copy is rl/bf16.h's rounding, as the CPU engine's.
+// division and square root; the BF16 copy is rl/numerics/bf16.h's rounding, as the CPU engine's.
 #ifndef FP8RL_CUDA_ADAMW_CUH
 #define FP8RL_CUDA_ADAMW_CUH
 #include <cmath>
 #include <cstdint>
 
 #include "fp8_gemm.cuh"
-#include "rl/adamw.h"
-#include "rl/bf16.h"
+#include "rl/objective/adamw.h"
+#include "rl/numerics/bf16.h"
 
 namespace fp8rl {
 
 constexpr int ADAMW_THREADS = 256;
 constexpr int ADAMW_MAX_BLOCKS = 4 * 132;  // grid-stride beyond: four blocks per SM of an H200
 
-// The per-step scalars of AdamW::step (rl/adamw.h), computed from the same doubles.
+// The per-step scalars of AdamW::step (rl/objective/adamw.h), computed from the same doubles.
 struct AdamWStepScalars {
     float b1, b2, decay, step_size, sqrt_bc2, eps;
 };

@@ -1,6 +1,6 @@
 // element.cuh: the element types of GPU tensors, FP32 and BF16, read as FP32 and written from FP32,
 // so one kernel template serves both. A BF16 store rounds to nearest, ties to even: the same bits
-// as round_bf16 (rl/bf16.h), which is where the CPU engine rounds what the GPU stores as BF16.
+// as round_bf16 (rl/numerics/bf16.h), which is where the CPU engine rounds what the GPU stores as BF16.
 #ifndef FP8RL_CUDA_ELEMENT_CUH
 #define FP8RL_CUDA_ELEMENT_CUH
 #include "cuda/common.cuh"

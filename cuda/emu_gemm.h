@@ -6,7 +6,7 @@
 // with A = op(A) (m x k) and B = op(B) (k x n) read from the stored matrices as GemmOps says.
 // Sums are exact in double and rounded once to FP32 (then to BF16 for a BF16 output); the GPU's
 // tensor cores accumulate with less precision, so tests compare with tolerances. The scale
-// tensors are read with the index formulas of the spec written out here, not with rl/fp8_block.h,
+// tensors are read with the index formulas of the spec written out here, not with rl/numerics/fp8_block.h,
 // so a layout bug there fails a test against this backend. Operands must be device memory.
 #pragma once
 #include <cmath>

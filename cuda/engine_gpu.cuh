@@ -1,4 +1,4 @@
-// engine_gpu.cuh: the GPU engine behind the driver's interface (rl/engine.h), the product's
+// engine_gpu.cuh: the GPU engine behind the driver's interface (rl/driver/engine.h), the product's
 // model: the forward and backward of cpu/model.h's model_forward / model_backward, step for step,
 // on the device kernels of cuda/ and loss.cuh (spec-gpu.md §3).
 //   state     FP32 master weights, gradients and AdamW moments [P]; the BF16 copy of every weight;
@@ -45,8 +45,8 @@
 #include "cuda/swiglu.cuh"
 #include "fp8_gemm.cuh"
 #include "loss.cuh"
-#include "rl/engine.h"
-#include "rl/weights.h"
+#include "rl/driver/engine.h"
+#include "rl/model/weights.h"
 
 namespace fp8rl {
 

@@ -2,9 +2,9 @@
 // global_norm.cuh in spirit). Deterministic: each block sums its grid-stride share of g^2 in
 // double and reduces it in a fixed tree (cuda/block_reduce.cuh), then one block adds the blocks'
 // partial sums in the same way; the grid depends on n only. The squares are exact in double (24-bit
-// significands), so the result differs from rl/adamw.h's grad_norm (one double sum in index order)
+// significands), so the result differs from rl/objective/adamw.h's grad_norm (one double sum in index order)
 // only by the summation order: |S_gpu - S_cpu| <= (n + 2 log2 n) 2^-53 S for S = sum g^2.
-// Clipping applies rl/adamw.h's clip_grad_norm rule (torch's clip_grad_norm_) on the device,
+// Clipping applies rl/objective/adamw.h's clip_grad_norm rule (torch's clip_grad_norm_) on the device,
 // reading the sum of squares from device memory, so no host round trip is needed (and a
 // data-parallel engine can all-reduce the sums of squares in between).
 #ifndef FP8RL_CUDA_GLOBAL_NORM_CUH
@@ -50,7 +50,7 @@ inline void grad_norm_squared_gpu(const float* g, size_t n, double* partial, dou
     LAUNCH_KERNEL(grad_norm_total_kernel, 1, GRAD_NORM_THREADS, 0, stream, (const double*)partial, blocks, sum_sq);
 }
 
-// rl/adamw.h's clip_grad_norm given the norm: the factor max_norm / (norm + 1e-6), applied (in
+// rl/objective/adamw.h's clip_grad_norm given the norm: the factor max_norm / (norm + 1e-6), applied (in
 // double, rounded to float) only when it is below 1; norm_out (when not null) gets the norm.
 static __global__ void clip_grad_kernel(float* g, size_t n, const double* sum_sq, double max_norm, double* norm_out) {
     double norm = sqrt(*sum_sq);

@@ -15,7 +15,7 @@
 #include "cuda/common.cuh"
 #include "cuda/device_array.cuh"
 #include "fp8_gemm.cuh"
-#include "rl/precision.h"
+#include "rl/numerics/precision.h"
 
 namespace fp8rl {
 

@@ -13,9 +13,9 @@
 #include <vector>
 
 #include "rl/common.h"
-#include "rl/config.h"
-#include "rl/fp8_block.h"
-#include "rl/weights.h"
+#include "rl/model/config.h"
+#include "rl/numerics/fp8_block.h"
+#include "rl/model/weights.h"
 
 namespace fp8rl {
 

@@ -1,6 +1,6 @@
 // nccl.cuh: the one communicator of the GPU engine's data parallelism (spec-gpu.md §6): every
 // collective on device memory goes through it, so the engine holds no NCCL call of its own.
-//   nvcc       NCCL: rank 0's ncclGetUniqueId broadcast over MPI (rl/dist.h), ncclCommInitRank on
+//   nvcc       NCCL: rank 0's ncclGetUniqueId broadcast over MPI (rl/driver/dist.h), ncclCommInitRank on
 //              the device the caller chose (its node-local rank's); collectives on a stream of their
 //              own, ordered after the caller's stream by events, each waited for at most a timeout.
 //   emulation  the same collectives over nonblocking MPI (device memory is host memory there), in
@@ -10,7 +10,7 @@
 #ifndef FP8RL_NCCL_CUH
 #define FP8RL_NCCL_CUH
 #include "cuda/common.cuh"
-#include "rl/dist.h"
+#include "rl/driver/dist.h"
 #if !defined(FP8RL_EMU) && defined(FP8RL_MPI)
 #include <nccl.h>
 #endif

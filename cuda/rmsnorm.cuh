@@ -11,8 +11,8 @@
 #define FP8RL_CUDA_RMSNORM_CUH
 #include "cuda/block_reduce.cuh"
 #include "cuda/column_sum.cuh"
-#include "rl/bf16.h"
-#include "rl/hostdevice.h"
+#include "rl/numerics/bf16.h"
+#include "rl/numerics/hostdevice.h"
 
 #include <climits>
 

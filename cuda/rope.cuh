@@ -11,8 +11,8 @@
 #include "cpu/model_layers.h"
 #include "cuda/device_array.cuh"
 #include "cuda/element.cuh"
-#include "rl/bf16.h"
-#include "rl/hostdevice.h"
+#include "rl/numerics/bf16.h"
+#include "rl/numerics/hostdevice.h"
 
 #include <climits>
 #include <cstdint>

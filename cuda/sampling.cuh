@@ -1,5 +1,5 @@
 // sampling.cuh: the next token of B sequences on the device, by the host sampler's exact rule
-// (rl/sampling.h's sample_token: temperature, top-k, top-p, inverse CDF in id order) with the
+// (rl/numerics/sampling.h's sample_token: temperature, top-k, top-p, inverse CDF in id order) with the
 // uniform cpu/generate.h draws: u = rng_uniform(seed, step, key_b, position_b).
 //
 // One block per row. Every step gives the host's bits, because each is either order-free or done in
@@ -12,8 +12,8 @@
 //     in id order keeps a prefix of them whose length follows from the masses before + x + x ...;
 //     every thread computes that length, then keeps the members whose rank (a prefix count over
 //     contiguous chunks of ids) is below it;
-//   - the inverse CDF, one sequential sum in id order: one thread, rl/sampling.h's inverse_cdf.
-// The elementwise math is rl/fast_exp.h's exp and unfused products (mul_rn); the log-probs'
+//   - the inverse CDF, one sequential sum in id order: one thread, rl/numerics/sampling.h's inverse_cdf.
+// The elementwise math is rl/numerics/fast_exp.h's exp and unfused products (mul_rn); the log-probs'
 // double log is the device's, which matches glibc's to within an ulp but is not guaranteed to
 // round the same: the bits are the host's in emulation, and on a GPU wherever the two logs agree
 // (bit equality there needs one FP8RL_HD log shared by host and device, as fast_exp is).
@@ -23,8 +23,8 @@
 
 #include "cuda/block_reduce.cuh"
 #include "cuda/common.cuh"
-#include "rl/rng.h"
-#include "rl/sampling.h"
+#include "rl/numerics/rng.h"
+#include "rl/numerics/sampling.h"
 
 namespace fp8rl {
 
@@ -54,7 +54,7 @@ __device__ int block_count(int n, Pred pred) {
     return block_reduce(count, SumOp());
 }
 
-// rl/sampling.h's CountAtLeast and MassAtLeast, computed by the block (for largest_key_at_least).
+// rl/numerics/sampling.h's CountAtLeast and MassAtLeast, computed by the block (for largest_key_at_least).
 struct BlockCountAtLeast {
     const float* p;
     int n;
@@ -71,7 +71,7 @@ struct BlockMassAtLeast {
     }
 };
 
-// rl/sampling.h's apply_top_p on the block.
+// rl/numerics/sampling.h's apply_top_p on the block.
 __device__ inline void block_apply_top_p(float* scratch, int n, float top_p, double kept_mass) {
     const double target = (double)top_p * kept_mass;
     const uint32_t key = largest_key_at_least(0u, prob_key(1.0f), BlockMassAtLeast{scratch, n}, target);

@@ -1,6 +1,6 @@
 // swiglu.cuh: the SwiGLU activation (spec-model.md §2.6), forward and backward, as
 // cpu/model_layers.h's swiglu_forward / swiglu_backward, bit for bit: the same operations in the
-// same order, exp from rl/fast_exp.h (the function the CPU calls), products unfused (mul_rn) and the
+// same order, exp from rl/numerics/fast_exp.h (the function the CPU calls), products unfused (mul_rn) and the
 // 1 + exp(-g) addition unfused (__fadd_rn: nvcc may fuse fast_exp's final product y * 2^n into it,
 // which differs when that product is subnormal).
 //   a = silu(g) * u, silu(z) = z / (1 + exp(-z));
@@ -9,8 +9,8 @@
 #ifndef FP8RL_CUDA_SWIGLU_CUH
 #define FP8RL_CUDA_SWIGLU_CUH
 #include "cuda/element.cuh"
-#include "rl/fast_exp.h"
-#include "rl/hostdevice.h"
+#include "rl/numerics/fast_exp.h"
+#include "rl/numerics/hostdevice.h"
 
 namespace fp8rl {
 

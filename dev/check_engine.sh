@@ -11,7 +11,7 @@
 #   greedy       --prompts at temperature 0, 16 new tokens: the fraction of completions equal to the
 #                CPU's; a near-tie of a random model's logits may flip one argmax, a broken generator
 #                matches almost never, so it passes at >= 0.5. Each binary generates on its own
-#                engine (rl/cli.h's --prompts: rollout.cu on the GPU, cpu/generate.h on the CPU).
+#                engine (rl/driver/cli.h's --prompts: rollout.cu on the GPU, cpu/generate.h on the CPU).
 # Usage: dev/check_engine.sh GPU_BIN TEST_BIN [CPU_BIN]   (from the repository root; prints one
 # summary line last)
 set -u -o pipefail

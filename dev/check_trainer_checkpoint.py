@@ -45,7 +45,7 @@ def main():
             out = model.generate(**inp, max_new_tokens=digits + 3, do_sample=False, eos_token_id=tok.eos_token_id,
                                  pad_token_id=tok.eos_token_id)
         text = tok.decode(out[0, inp["input_ids"].shape[1]:], skip_special_tokens=True).split("\n")[0].strip()
-        correct += text == str(x + y).zfill(digits + 1)  # rl/tasks.h: sums zero-padded to digits + 1
+        correct += text == str(x + y).zfill(digits + 1)  # rl/tasks/tasks.h: sums zero-padded to digits + 1
     logged = None
     with open(os.path.join(a.run_dir, "log.jsonl")) as f:
         for line in f:

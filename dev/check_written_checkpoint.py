@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Checks that checkpoints written by fp8rl (rl/weights.h save_hf) load in python safetensors and
+"""Checks that checkpoints written by fp8rl (rl/model/weights.h save_hf) load in python safetensors and
 HF transformers, and equal their source rounded to bf16.
 
 For each tiny fixture model it builds dev/resave_model.cpp, writes the model back (as a single file,

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes rl/reward_digits.h: the code points for which Python's str.isdigit() is true.
+"""Writes rl/tasks/reward_digits.h: the code points for which Python's str.isdigit() is true.
 
 The DAPO verifier (verl math_dapo.normalize_final_answer) calls str.isdigit(), which accepts
 every Unicode digit (Arabic-Indic, superscripts, circled digits...). The table makes the C++
@@ -55,6 +55,6 @@ lines += [
     "}  // namespace fp8rl",
     "",
 ]
-with open("rl/reward_digits.h", "w") as f:
+with open("rl/tasks/reward_digits.h", "w") as f:
     f.write("\n".join(lines))
-print("rl/reward_digits.h: %d ranges, %d code points" % (len(ranges), len(digits)))
+print("rl/tasks/reward_digits.h: %d ranges, %d code points" % (len(ranges), len(digits)))

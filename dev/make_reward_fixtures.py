@@ -9,7 +9,7 @@ str methods and `ast`, so the expected values do not come from fp8rl's C++:
   * dapo: verl utils/reward_score/math_dapo.py (Minerva "Answer:" then \\boxed{} fallback);
   * countdown: TinyZero's countdown.py extraction and scores, with the expression checked by
     Python's `ast` parser and evaluated with fractions instead of eval();
-  * add/reverse/sort/copy: exact match of the response's stripped first line (rl/tasks.h).
+  * add/reverse/sort/copy: exact match of the response's stripped first line (rl/tasks/tasks.h).
 Rerun: python3 dev/make_reward_fixtures.py
 """
 import ast

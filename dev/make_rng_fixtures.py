@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Known-answer vectors for rl/rng.h (Philox4x32-10) from an independent implementation.
+"""Known-answer vectors for rl/numerics/rng.h (Philox4x32-10) from an independent implementation.
 
 Source of truth: randomgen's Philox(number=4, width=32) (pip install randomgen; 2.5.1 used), which
 itself reproduces the three Random123 `tests/kat_vectors` lines for philox4x32 10 (checked below,
@@ -8,7 +8,7 @@ for counter c is read with the state counter set to c - 1.
 
 Writes test/fixtures/rng/philox.json:
   raw:   [{counter: [4 x u32], key: [2 x u32], out: [4 x u32]}]
-  keyed: [{seed (16 hex digits), step, sequence, position, stream, out: [4 x u32], uniform}]  for rl/rng.h's layout
+  keyed: [{seed (16 hex digits), step, sequence, position, stream, out: [4 x u32], uniform}]  for rl/numerics/rng.h's layout
          key = (seed lo, seed hi), counter = (position, sequence, step, stream); uniform is the
          documented construction (out[0] >> 8) * 2^-24.
 Run from the repository root: python3 dev/make_rng_fixtures.py

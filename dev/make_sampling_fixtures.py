@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Expected samples for rl/sampling.h from HF transformers' own warpers and torch.
+"""Expected samples for rl/numerics/sampling.h from HF transformers' own warpers and torch.
 
 For each case (float32 logits, temperature, top_k, top_p) the final distribution is what HF's
 TemperatureLogitsWarper -> TopKLogitsWarper -> TopPLogitsWarper (the order `generate` applies them)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Tiny random HF checkpoints for fp8rl's tests, written by HF transformers' own save_pretrained.
 
-These files are the real-format test of rl/safetensors.h, rl/config.h and rl/weights.h: they are
+These files are the real-format test of rl/io/safetensors.h, rl/model/config.h and rl/model/weights.h: they are
 produced by code nobody on this project wrote. Each model is a few hundred KB (FP32 weights, so
 the CPU model can be compared to torch at FP32 precision) with a small byte-level BPE
 tokenizer.json trained by HF `tokenizers` on a fixed text, so the fixtures are complete model

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""Generates rl/unicode_tables.h from the Unicode Character Database (Debian package unicode-data).
+"""Generates rl/text/unicode_tables.h from the Unicode Character Database (Debian package unicode-data).
 
     pip install unicodedata2==16.0.0    # general categories of Unicode 16.0
-    python3 dev/make_unicode_tables.py [/usr/share/unicode] > rl/unicode_tables.h
+    python3 dev/make_unicode_tables.py [/usr/share/unicode] > rl/text/unicode_tables.h
 
 What the tokenizer needs, as sorted range/pair tables (binary-searched at run time):
   * the character classes of the pre-tokenizer regexes: \\p{L} (Lu Ll Lt Lm Lo), \\p{N} (Nd Nl No)

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Dashboard of a train_rl_cpu run as a PNG with matplotlib: reads OUT_DIR/log.jsonl. The trainer
-itself writes OUT_DIR/dashboard.html with these panels and more (rl/dashboard.h; no Python needed).
+itself writes OUT_DIR/dashboard.html with these panels and more (rl/io/dashboard.h; no Python needed).
 
 usage: python3 dev/plot_log.py RUN_DIR_OR_LOG [--out FILE.png] [--title TEXT]
 

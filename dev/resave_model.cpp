@@ -1,4 +1,4 @@
-// resave_model.cpp: loads a HF model directory with rl/weights.h and writes it back with save_hf,
+// resave_model.cpp: loads a HF model directory with rl/model/weights.h and writes it back with save_hf,
 // for dev/check_written_checkpoint.py (which builds it). Not part of the product or the tests.
 //   resave_model SRC_DIR OUT_DIR [MAX_SHARD_BYTES [GENERATE_CONFIG]]
 // GENERATE_CONFIG 1 writes config.json from the parsed fields alone (as for a model made from
@@ -6,7 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "rl/weights.h"
+#include "rl/model/weights.h"
 
 int main(int argc, char** argv) {
     if (argc < 3) {

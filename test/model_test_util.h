@@ -4,8 +4,8 @@
 #include <vector>
 
 #include "cpu/model.h"
-#include "rl/safetensors.h"
-#include "rl/weights.h"
+#include "rl/io/safetensors.h"
+#include "rl/model/weights.h"
 
 namespace model_test {
 

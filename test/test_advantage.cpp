@@ -1,7 +1,7 @@
-// Tests of rl/advantage.h by properties: definitions restated in another form (RLOO as a
+// Tests of rl/objective/advantage.h by properties: definitions restated in another form (RLOO as a
 // leave-one-out mean, GRPO as unit unbiased std), invariants, and DAPO's shaping ramp. The values
 // against torch are in test_loss.cpp's fixture (dev/make_loss_fixtures.py).
-#include "rl/advantage.h"
+#include "rl/objective/advantage.h"
 #include "test/harness.h"
 
 using namespace fp8rl;

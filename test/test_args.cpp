@@ -1,5 +1,5 @@
-// Tests of rl/args.h: parsing, rejection of bad flags, and the README carrying the --help table.
-#include "rl/args.h"
+// Tests of rl/driver/args.h: parsing, rejection of bad flags, and the README carrying the --help table.
+#include "rl/driver/args.h"
 #include "test/harness.h"
 
 using namespace fp8rl;

@@ -1,9 +1,9 @@
-// Tests of rl/bf16.h: hand-derivable IEEE facts (exact values, round-to-nearest-even ties, NaN and
+// Tests of rl/numerics/bf16.h: hand-derivable IEEE facts (exact values, round-to-nearest-even ties, NaN and
 // overflow). The exhaustive bit-exact comparison with cuda_bf16.h lives with the FP8 tests.
 #include <cmath>
 #include <limits>
 
-#include "rl/bf16.h"
+#include "rl/numerics/bf16.h"
 #include "rl/common.h"
 #include "test/harness.h"
 

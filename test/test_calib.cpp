@@ -1,4 +1,4 @@
-// Tests of the Calibrated Clipping controller (rl/calibrated_clip.h) on synthetic tokens with known
+// Tests of the Calibrated Clipping controller (rl/objective/calibrated_clip.h) on synthetic tokens with known
 // answers: HP log-ratios drawn from N(0, σ²), production ones = HP + N(0, τ²) noise, so the
 // production log-ratio is N(0, σ² + τ²) and the matched quantile is L_ref^sqrt(1 + τ²/σ²).
 // Also: zero noise gives the reference bounds, a two-rank split decides bit for bit the same, the
@@ -7,7 +7,7 @@
 #include <cmath>
 #include <random>
 
-#include "rl/calibrated_clip.h"
+#include "rl/objective/calibrated_clip.h"
 #include "test/harness.h"
 
 using namespace fp8rl;

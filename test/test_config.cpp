@@ -1,7 +1,7 @@
-// Tests of rl/config.h: the HF-written configs of the tiny fixtures (transformers v5 keys), the
+// Tests of rl/model/config.h: the HF-written configs of the tiny fixtures (transformers v5 keys), the
 // Qwen3-0.6B config.json of spec-model.md §5.2 (v4 keys), llama3 RoPE in both spellings, and a
 // clear error for each kind of bad config.
-#include "rl/config.h"
+#include "rl/model/config.h"
 #include "test/harness.h"
 #include "test/temp_dir.h"
 

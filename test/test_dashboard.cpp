@@ -1,10 +1,10 @@
-// Tests of rl/dashboard.h: the page is self-contained (no script, nothing fetched), has every
+// Tests of rl/io/dashboard.h: the page is self-contained (no script, nothing fetched), has every
 // panel, draws a line per series present, says so where a panel has no data, and escapes names.
 // (How it looks in a browser: dev/render_dashboard.sh renders it with headless Chromium.)
 #include <string>
 #include <vector>
 
-#include "rl/dashboard.h"
+#include "rl/io/dashboard.h"
 #include "test/harness.h"
 
 using namespace fp8rl;

@@ -1,10 +1,10 @@
-// Tests of rl/fast_exp.h against glibc's double-precision exp.
+// Tests of rl/numerics/fast_exp.h against glibc's double-precision exp.
 #include <cmath>
 #include <cstring>
 #include <vector>
 
 #include "rl/common.h"
-#include "rl/fast_exp.h"
+#include "rl/numerics/fast_exp.h"
 #include "test/harness.h"
 
 using namespace fp8rl;

@@ -1,9 +1,9 @@
-// test_fp8.cpp: the FP8 scalar formats (rl/fp8.h). The oracle is CUDA's own cuda_fp8.h, which
+// test_fp8.cpp: the FP8 scalar formats (rl/numerics/fp8.h). The oracle is CUDA's own cuda_fp8.h, which
 // compiles as plain host code: every one of the 2^32 FP32 bit patterns is encoded by both, in both
 // formats and both saturation modes, and all 256 codes of each format are decoded by both.
 
 #include "rl/common.h"
-#include "rl/fp8.h"
+#include "rl/numerics/fp8.h"
 #include "test/harness.h"
 
 #ifdef FP8RL_HAVE_CUDA_FP8_H
@@ -78,7 +78,7 @@ static long long count_mismatches(int mode, const uint32_t* in, uint32_t* exampl
         for (int i = 0; i < kChunk; i++) ours[i] = float_to_fp8(bits_float(in[i]), fmt, sat);
         for (int i = 0; i < kChunk; i++)
             theirs[i] = __nv_cvt_float_to_fp8(bits_float(in[i]), sat ? __NV_SATFINITE : __NV_NOSAT, cuda_fmt);
-    } else {  // BF16: CUDA returns the canonical NaN 0x7FFF; rl/bf16.h keeps the NaN's sign
+    } else {  // BF16: CUDA returns the canonical NaN 0x7FFF; rl/numerics/bf16.h keeps the NaN's sign
         for (int i = 0; i < kChunk; i++) ours[i] = float_to_bf16(bits_float(in[i]));
         for (int i = 0; i < kChunk; i++) theirs[i] = __nv_bfloat16_raw(__float2bfloat16(bits_float(in[i]))).x;
         for (int i = 0; i < kChunk; i++)

@@ -1,4 +1,4 @@
-// test_fp8_block.cpp: blockwise E4M3 quantization (rl/fp8_block.h) and the emulated FP8 GEMMs
+// test_fp8_block.cpp: blockwise E4M3 quantization (rl/numerics/fp8_block.h) and the emulated FP8 GEMMs
 // (cpu/fp8_gemm_ref.h). Expected codes, scales and GEMM results come from torch
 // (dev/make_fp8_fixtures.py: float8_e4m3fn casts, float64 products of the dequantized operands);
 // the rest are properties (NaN/Inf/zero blocks, transposition, bounds).
@@ -7,7 +7,7 @@
 #include <map>
 
 #include "cpu/fp8_gemm_ref.h"
-#include "rl/json.h"
+#include "rl/io/json.h"
 #include "test/harness.h"
 
 using namespace fp8rl;

@@ -1,5 +1,5 @@
-// Tests of rl/json.h: RFC 8259 acceptance and rejection, positions in errors, escapes.
-#include "rl/json.h"
+// Tests of rl/io/json.h: RFC 8259 acceptance and rejection, positions in errors, escapes.
+#include "rl/io/json.h"
 #include "test/harness.h"
 
 using namespace fp8rl;

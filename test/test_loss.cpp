@@ -1,12 +1,12 @@
-// Tests of rl/token_loss.h and rl/loss_agg.h against torch (dev/make_loss_fixtures.py: verl's
+// Tests of rl/objective/token_loss.h and rl/objective/loss_agg.h against torch (dev/make_loss_fixtures.py: verl's
 // formulas in float64 with autograd), plus properties: ratio ≡ 1 never clips, aggregation modes
 // agree where they must, and closed-form gradients match finite differences.
 #include <cmath>
 
-#include "rl/advantage.h"
-#include "rl/json.h"
-#include "rl/loss_agg.h"
-#include "rl/metrics.h"
+#include "rl/objective/advantage.h"
+#include "rl/io/json.h"
+#include "rl/objective/loss_agg.h"
+#include "rl/objective/metrics.h"
 #include "test/harness.h"
 
 using namespace fp8rl;

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "cpu/model.h"
-#include "rl/safetensors.h"
+#include "rl/io/safetensors.h"
 #include "test/harness.h"
 #include "test/model_test_util.h"
 

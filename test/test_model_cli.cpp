@@ -1,10 +1,10 @@
-// Tests of the model modes of the binary (rl/cli.h): --logprobs against the HF reference,
+// Tests of the model modes of the binary (rl/driver/cli.h): --logprobs against the HF reference,
 // --prompts / --prompt generation against HF greedy output, and one clear error line for bad input.
 #include <cstdio>
 #include <string>
 #include <vector>
 
-#include "rl/json.h"
+#include "rl/io/json.h"
 #include "test/harness.h"
 #include "test/model_test_util.h"
 #include "test/run_binary.h"

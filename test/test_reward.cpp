@@ -1,10 +1,10 @@
-// Tests of the verifiers (rl/reward*.h) and the synthetic tasks (rl/tasks.h). The table of tricky
+// Tests of the verifiers (rl/reward*.h) and the synthetic tasks (rl/tasks/tasks.h). The table of tricky
 // and adversarial cases is labelled by dev/make_reward_fixtures.py with Python ports of verl's,
 // lm-eval's and TinyZero's verifiers; the synthetic generators are checked by properties.
 #include <set>
 
-#include "rl/json.h"
-#include "rl/reward.h"
+#include "rl/io/json.h"
+#include "rl/tasks/reward.h"
 #include "test/harness.h"
 #include "test/run_binary.h"
 

@@ -1,9 +1,9 @@
-// Tests of rl/rng.h against known-answer vectors from an independent Philox implementation
+// Tests of rl/numerics/rng.h against known-answer vectors from an independent Philox implementation
 // (randomgen, itself checked against Random123's KAT; dev/make_rng_fixtures.py).
 #include <cstdlib>
 
-#include "rl/json.h"
-#include "rl/rng.h"
+#include "rl/io/json.h"
+#include "rl/numerics/rng.h"
 #include "test/harness.h"
 
 using namespace fp8rl;

@@ -1,11 +1,11 @@
-// Tests of rl/safetensors.h: the HF-written fixtures, our writer's format (alignment, order,
+// Tests of rl/io/safetensors.h: the HF-written fixtures, our writer's format (alignment, order,
 // metadata), sharded directories, and a battery of malformed files built here, each of which must
 // give its own specific error (never a crash: the sanitizer run checks that too).
 #include <sys/stat.h>
 
 #include <cstring>
 
-#include "rl/safetensors.h"
+#include "rl/io/safetensors.h"
 #include "test/harness.h"
 #include "test/temp_dir.h"
 

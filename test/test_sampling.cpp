@@ -1,12 +1,12 @@
-// Tests of rl/sampling.h: picks and log-probs against HF transformers' warpers + inverse CDF
+// Tests of rl/numerics/sampling.h: picks and log-probs against HF transformers' warpers + inverse CDF
 // (dev/make_sampling_fixtures.py), and the documented tie-breaking and edge rules.
 #include <cmath>
 #include <cstring>
 #include <sstream>
 #include <vector>
 
-#include "rl/json.h"
-#include "rl/sampling.h"
+#include "rl/io/json.h"
+#include "rl/numerics/sampling.h"
 #include "test/harness.h"
 
 using namespace fp8rl;

@@ -1,4 +1,4 @@
-// Tests of rl/tensorboard.h: CRC-32C against its published check value, and whole event records
+// Tests of rl/io/tensorboard.h: CRC-32C against its published check value, and whole event records
 // against the bytes the tensorboard package's own writer produced for the same events
 // (dev/make_tensorboard_fixtures.py), then a run's event file read back record by record.
 #include <algorithm>
@@ -7,8 +7,8 @@
 #include <string>
 
 #include "rl/common.h"
-#include "rl/logger.h"
-#include "rl/tensorboard.h"
+#include "rl/io/logger.h"
+#include "rl/io/tensorboard.h"
 #include "test/harness.h"
 #include "test/temp_dir.h"
 

@@ -1,4 +1,4 @@
-// Tests of rl/unicode.h, rl/pretokenize.h and rl/tokenizer.h against fixtures from HF tokenizers
+// Tests of rl/text/unicode.h, rl/text/pretokenize.h and rl/text/tokenizer.h against fixtures from HF tokenizers
 // (dev/make_tokenizer_fixtures.py): ids on the real Qwen3 and Qwen2.5 files and on Llama-3-style
 // and GPT-2-style files built with the tokenizers library, decodes, NFC, invalid UTF-8, long
 // documents; plus properties (round trip, streaming decode) and malformed tokenizer.json errors.
@@ -6,8 +6,8 @@
 #include <map>
 #include <memory>
 
-#include "rl/chat.h"
-#include "rl/tokenizer.h"
+#include "rl/text/chat.h"
+#include "rl/text/tokenizer.h"
 #include "test/harness.h"
 #include "test/run_binary.h"
 

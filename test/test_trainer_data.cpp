@@ -3,10 +3,10 @@
 #include <algorithm>
 #include <filesystem>
 
-#include "rl/checkpoint.h"
-#include "rl/data.h"
-#include "rl/logger.h"
-#include "rl/task_tokenizer.h"
+#include "rl/io/checkpoint.h"
+#include "rl/tasks/data.h"
+#include "rl/io/logger.h"
+#include "rl/text/task_tokenizer.h"
 #include "test/harness.h"
 
 using namespace fp8rl;

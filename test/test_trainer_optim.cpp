@@ -1,8 +1,8 @@
-// Tests of rl/adamw.h and rl/lr_schedule.h: AdamW and gradient clipping against torch
+// Tests of rl/objective/adamw.h and rl/objective/lr_schedule.h: AdamW and gradient clipping against torch
 // (fixture from dev/make_trainer_fixtures.py), the learning-rate schedule by its properties.
-#include "rl/adamw.h"
-#include "rl/json.h"
-#include "rl/lr_schedule.h"
+#include "rl/objective/adamw.h"
+#include "rl/io/json.h"
+#include "rl/objective/lr_schedule.h"
 #include "test/harness.h"
 
 using namespace fp8rl;

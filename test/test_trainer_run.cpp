@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
-#include "rl/checkpoint.h"
-#include "rl/driver.h"
-#include "rl/json.h"
+#include "rl/io/checkpoint.h"
+#include "rl/driver/driver.h"
+#include "rl/io/json.h"
 #include "test/harness.h"
 #include "test/run_binary.h"
 #include "test/temp_dir.h"

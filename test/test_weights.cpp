@@ -1,11 +1,11 @@
-// Tests of rl/weights.h on the checkpoints HF transformers wrote (dev/make_tiny_models.py): every
+// Tests of rl/model/weights.h on the checkpoints HF transformers wrote (dev/make_tiny_models.py): every
 // tensor must match what torch held (expected_<model>.json, written by the same script), shapes
 // come from the config, tied/untied rules hold, and a written checkpoint reloads identically.
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 
-#include "rl/weights.h"
+#include "rl/model/weights.h"
 #include "test/harness.h"
 #include "test/temp_dir.h"
 

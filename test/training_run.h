@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "rl/checkpoint.h"
-#include "rl/json.h"
+#include "rl/io/checkpoint.h"
+#include "rl/io/json.h"
 #include "test/harness.h"
 #include "test/run_binary.h"
 

@@ -2,7 +2,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "rl/json.h"
+#include "rl/io/json.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     try {

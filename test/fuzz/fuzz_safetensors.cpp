@@ -9,8 +9,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "rl/safetensors.h"
-#include "rl/weights.h"
+#include "rl/io/safetensors.h"
+#include "rl/model/weights.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     int fd = memfd_create("fuzz.safetensors", 0);

@@ -1,5 +1,5 @@
 // bench_model.h: the random models the engine benchmarks run on, written as HF directories by the
-// project's own writer (rl/init_model.h: random bf16 weights) with the real Qwen3 tokenizer of the
+// project's own writer (rl/model/init_model.h: random bf16 weights) with the real Qwen3 tokenizer of the
 // test fixtures, so nothing is downloaded. One directory per shape under build/bench_models/, reused
 // while its config.json has this shape (a 1.7B model is ~4 GB of safetensors).
 #pragma once
@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "rl/common.h"
-#include "rl/init_model.h"
+#include "rl/model/init_model.h"
 
 namespace fp8rl {
 

@@ -1,4 +1,4 @@
-// bench_rollout.cu: generation through the engine interface (GpuEngine::generate, rl/engine.h: rollout.cu's
+// bench_rollout.cu: generation through the engine interface (GpuEngine::generate, rl/driver/engine.h: rollout.cu's
 // prefill, paged-KV decode and device sampling). Three settings at the same size: bf16 weights + bf16
 // KV cache, fp8 weights + bf16 KV, fp8 weights + fp8 KV; random models of Qwen3-0.6B and 1.7B shape
 // with the real vocabulary (bench_model.h); prompts of 64 random ids, temperature 1, no eos in practice.

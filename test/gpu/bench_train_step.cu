@@ -1,4 +1,4 @@
-// bench_train_step.cu: one training step of the GPU engine (cuda/engine_gpu.cuh through rl/engine.h:
+// bench_train_step.cu: one training step of the GPU engine (cuda/engine_gpu.cuh through rl/driver/engine.h:
 // forward_train, backward, reduce_and_clip_grads, optimizer_step), bf16 against fp8 in the same run,
 // on random models of Qwen3-0.6B and Qwen3-1.7B shape with the real vocabulary (bench_model.h):
 // tokens/s and device memory three ways: the peak (the high-water mark of the engine's device bytes,

@@ -1,7 +1,7 @@
 // test_fp8_gemm.cu: the GPU side of the FP8 recipe (fp8_gemm.cuh) against the CPU side:
-//   - the device encoder (rl/fp8.h compiled for sm_90) equals CUDA's device conversion (the PTX
+//   - the device encoder (rl/numerics/fp8.h compiled for sm_90) equals CUDA's device conversion (the PTX
 //     cvt.rn.satfinite instruction for satfinite) over all 2^32 inputs, both formats and modes;
-//   - the quantize kernels equal the CPU quantizers (rl/fp8_block.h) bit for bit;
+//   - the quantize kernels equal the CPU quantizers (rl/numerics/fp8_block.h) bit for bit;
 //   - cuBLASLt's block-scaled fprop / dgrad / wgrad equal the CPU emulation (cpu/fp8_gemm_ref.h)
 //     within a stated tolerance, and a deliberately wrong scale layout FAILS that same check;
 //   - the BF16 GEMM equals an FP32 CPU GEMM of the same BF16 values within tolerance.

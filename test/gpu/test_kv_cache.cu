@@ -287,7 +287,7 @@ TEST(kv_decode_attention_fp8_scales_per_kv_head_match_cpu) {
     check_decode(Precision::FP8, /*per_head=*/true);
 }
 
-// The bytes the host writes for x: FP8 float_to_e4m3(x / scale) (rl/fp8.h), BF16 the value's bits.
+// The bytes the host writes for x: FP8 float_to_e4m3(x / scale) (rl/numerics/fp8.h), BF16 the value's bits.
 void host_encode(uint8_t* dst, float x, float scale, Precision storage) {
     if (storage == Precision::FP8) {
         *dst = float_to_e4m3(x / scale);

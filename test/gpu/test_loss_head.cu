@@ -95,7 +95,7 @@ struct Exact {
 // Forward bound per token, GPU vs CPU. Logits: the CPU's FP32 FMA chain over C terms rounds C times,
 // the GPU's FP32 accumulation at most C times with truncation (2 U each; the emulation rounds once),
 // and the division by the temperature once on each side: |dz_j| <= (3C + 2) U S_j. Each exp term
-// (rl/fast_exp.h, < 2 ulp = 4U relative, of an argument z_j - max rounded once) acts like a
+// (rl/numerics/fast_exp.h, < 2 ulp = 4U relative, of an argument z_j - max rounded once) acts like a
 // perturbation of z_j by 4U + U |z_j - max| on each side. With D = max_j of both:
 //   |d logZ| <= D (a p-weighted mean of the perturbations), |d logprob| <= |dz_y| + D <= 2D,
 //   |d mu| <= D + (e^{2D} - 1) sum_j p_j |z_j - mu|, |d entropy| <= |d logZ| + |d mu|,

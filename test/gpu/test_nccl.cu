@@ -121,7 +121,7 @@ TEST(nccl_collective_times_out_naming_the_call) {
     dist.barrier();
 }
 
-// The host's collectives (rl/dist.h) are bounded the same way: rank 1 reaches a barrier 2 s late,
+// The host's collectives (rl/driver/dist.h) are bounded the same way: rank 1 reaches a barrier 2 s late,
 // rank 0 gives up after 0.5 s with an error naming the call; rank 1's late barrier then completes
 // against rank 0's abandoned one.
 TEST(nccl_dist_host_collective_times_out_naming_the_call) {

@@ -1,4 +1,4 @@
-// test_optimizer.cu: the optimizer's kernels against the CPU engine's (rl/adamw.h, rl/fp8_block.h):
+// test_optimizer.cu: the optimizer's kernels against the CPU engine's (rl/objective/adamw.h, rl/numerics/fp8_block.h):
 //   - AdamW (cuda/adamw.cuh) equals AdamW::step bit for bit over several steps on ragged sizes,
 //     including one past the kernel's grid-stride bound, and its BF16 copy equals round_bf16 of the
 //     CPU's master;
@@ -72,7 +72,7 @@ TEST(gpu_adamw_matches_cpu_bit_for_bit) {
             for (size_t i = 0; i < n; i++) expected[i] = float_to_bf16(w[i]);
             bad += count_bit_mismatches(bf16_bits(d_w_bf16.download()), expected, "w_bf16", n);
         }
-        printf("    n=%zu, %d steps: %zu of %zu w/m/v/BF16 values differ in any bit from rl/adamw.h\n", n, steps, bad,
+        printf("    n=%zu, %d steps: %zu of %zu w/m/v/BF16 values differ in any bit from rl/objective/adamw.h\n", n, steps, bad,
                4 * n * steps);
         CHECK_MSG(bad == 0, "n=%zu: %zu values differ", n, bad);
     }

@@ -1,11 +1,11 @@
-// GPU tests of rl/rng.h and rl/sampling.h run as CUDA device code: the same functions must give
+// GPU tests of rl/numerics/rng.h and rl/numerics/sampling.h run as CUDA device code: the same functions must give
 // what the host gives. Philox words bit for bit; sampled tokens exactly, log-probs within 1e-5
 // (device expf/logf may differ from glibc's in the last ulps). Part of ./test_gpu.
 #include <cmath>
 #include <vector>
 
-#include "rl/rng.h"
-#include "rl/sampling.h"
+#include "rl/numerics/rng.h"
+#include "rl/numerics/sampling.h"
 #include "test/gpu/gpu_util.cuh"
 #include "test/harness.h"
 

@@ -1,5 +1,5 @@
 // test_sampling_kernel.cu: cuda/sampling.cuh's sample_tokens_gpu against the host rule
-// (rl/sampling.h's sample_token with u = rng_uniform(seed, step, key, position), as cpu/generate.h
+// (rl/numerics/sampling.h's sample_token with u = rng_uniform(seed, step, key, position), as cpu/generate.h
 // draws it), bit for bit: token, log-prob and full log-prob. On the sampling fixtures of
 // test/test_sampling.cpp and on rows of the real vocabulary size (151,936) built for the rule's
 // edges: exact ties at the top-k threshold and at the top-p boundary, a flat row, masked (-inf)
@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "cuda/sampling.cuh"
-#include "rl/json.h"
+#include "rl/io/json.h"
 #include "test/gpu/gpu_util.cuh"
 #include "test/harness.h"
 

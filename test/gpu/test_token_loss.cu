@@ -1,11 +1,11 @@
-// test_token_loss.cu: the per-token RL loss functions (rl/token_loss.h, FP8RL_HD) run on the device
+// test_token_loss.cu: the per-token RL loss functions (rl/objective/token_loss.h, FP8RL_HD) run on the device
 // give what the host gives on the torch fixture's inputs (test/fixtures/loss/token_losses.json):
 // same branch flags, values and gradients within a few FP64 ulps (device and host exp() may
 // differ in the last bit). The host results are checked against torch by test/test_loss.cpp.
 #include <cmath>
 
-#include "rl/json.h"
-#include "rl/token_loss.h"
+#include "rl/io/json.h"
+#include "rl/objective/token_loss.h"
 #include "test/gpu/gpu_util.cuh"
 #include "test/harness.h"
 

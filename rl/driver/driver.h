@@ -1,0 +1,615 @@
+// driver.h: one RL step (DESIGN.md §2) and the run around it, on any Engine (rl/driver/engine.h).
+//
+//   prompts (rank's share of the global batch) -> rollout (G completions each, rollout precision)
+//   -> rewards + overlong shaping -> group advantages (+ DAPO dynamic sampling, refilling)
+//   -> old log-probs recomputed by the trainer (train precision); rollout/train mismatch metrics;
+//      TIS/MIS weights; reference log-probs when KL is on
+//   -> Calibrated Clipping shadow passes (fp32) on calibration steps
+//   -> epochs x minibatches: forward, per-token loss, backward, gradient all-reduce (sum),
+//      NaN/Inf guard, clip, AdamW, refresh derived weights
+//   -> metrics line + log.jsonl (+ TensorBoard); periodic eval, dashboard.html; periodic checkpoint
+//   -> at the end, a three-line summary (rl/io/run_summary.h)
+//
+// Ranks run the same code on their own prompts; everything global (token counts of the loss
+// normalizer, gradients, metrics, calibration statistics) is summed over ranks in rank order.
+#pragma once
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "rl/objective/adamw.h"
+#include "rl/objective/advantage.h"
+#include "rl/objective/calibrated_clip.h"
+#include "rl/text/chat.h"
+#include "rl/io/checkpoint.h"
+#include "rl/io/dashboard.h"
+#include "rl/tasks/data.h"
+#include "rl/driver/dist.h"
+#include "rl/driver/engine.h"
+#include "rl/io/logger.h"
+#include "rl/objective/loss_agg.h"
+#include "rl/objective/metrics.h"
+#include "rl/tasks/reward.h"
+#include "rl/io/run_summary.h"
+#include "rl/text/tokenizer.h"
+#include "rl/driver/train_config.h"
+
+namespace fp8rl {
+
+// One response of the step, with everything computed about it. Arrays are per response token.
+struct Sample {
+    Sequence seq;
+    std::vector<float> rollout_lp, old_lp, ref_lp, hp_old_lp;
+    std::vector<float> adv;        // the sequence's advantage on every token
+    std::vector<double> is_weight; // TIS/MIS weight (detached)
+    std::vector<uint8_t> mask;     // 1 = a valid response token (all of them: the eos is trained too)
+    double score = 0, reward = 0, advantage = 0;
+    bool finished = false;
+    int T() const { return seq.response_len(); }
+};
+
+// mean/max/min of per-response values over all ranks, as metrics prefix/{mean,max,min}.
+inline void summary_metrics(const Dist& dist, const std::string& prefix, const std::vector<double>& v, MetricRow& m) {
+    double sum[2] = {0.0, (double)v.size()}, lo = INFINITY, hi = -INFINITY;
+    for (double x : v) {
+        sum[0] += x;
+        lo = std::min(lo, x);
+        hi = std::max(hi, x);
+    }
+    dist.all_reduce_sum(sum, 2);
+    dist.all_reduce_min(&lo, 1);
+    dist.all_reduce_max(&hi, 1);
+    m.set(prefix + "/mean", sum[1] > 0 ? sum[0] / sum[1] : NAN);
+    m.set(prefix + "/max", hi);
+    m.set(prefix + "/min", lo);
+}
+
+// The reduced StepMetrics (sums, minima, maxima over ranks) into the row.
+inline void report_step_metrics(const Dist& dist, StepMetrics& sm, int64_t updates, MetricRow& m) {
+    dist.all_reduce_sum(sm.sums);
+    dist.all_reduce_min(sm.mins);
+    dist.all_reduce_max(sm.maxes);
+    for (const auto& kv : sm.finalize(updates)) m.set(kv.first, kv.second);
+}
+
+// Seconds since `t0`.
+inline double seconds_since(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// A plain prompt is tokenized as it is; messages are rendered by the model's chat template (the
+// renderer of --chat, tested against transformers' apply_chat_template) with the opening of the
+// assistant turn, so the policy answers as the assistant. chat: loaded at the first "messages" row.
+inline std::vector<int32_t> encode_example_prompt(const Tokenizer& tok, const Example& ex, const std::string& model_dir,
+                                                  int enable_thinking, std::unique_ptr<ChatTemplate>& chat) {
+    std::vector<int> ids;
+    if (ex.messages.empty()) {
+        ids = tok.encode(ex.prompt);
+    } else {
+        if (!chat) chat = std::make_unique<ChatTemplate>(ChatTemplate::load(model_dir));
+        std::vector<ChatMessage> messages;
+        for (const auto& m : ex.messages) messages.push_back({m.first, m.second, "", false});
+        ChatOptions opt;
+        opt.enable_thinking = enable_thinking;
+        ids = chat->encode(tok, messages, opt);
+    }
+    return std::vector<int32_t>(ids.begin(), ids.end());
+}
+
+// The largest forward of a run, for an engine's memory plan. A sequence is at most the longest
+// prompt + --max_new_tokens tokens; the longest prompt is measured over every row of a dataset, or
+// over the first 1,000 prompts of a synthetic task (whose lengths --task_size bounds). A forward
+// holds --micro_batch_tokens (or that one sequence, when longer) or, at 0, a minibatch of this rank:
+// batch_prompts / (minibatches x ranks) prompts x group_size sequences. Not counted: the groups
+// dynamic sampling keeps beyond the batch (its last attempt's surplus).
+inline MemoryDemand memory_demand(const TrainConfig& cfg, int ranks, const Tokenizer& tok, const std::string& model_dir,
+                                  PromptSource& prompts) {
+    const int64_t n = prompts.size() > 0 ? prompts.size() : 1000;
+    std::unique_ptr<ChatTemplate> chat;
+    int64_t longest_prompt = 0;
+    for (int64_t i = 0; i < n; i++)
+        longest_prompt = std::max(longest_prompt,
+                                  (int64_t)encode_example_prompt(tok, prompts.at(i), model_dir, cfg.enable_thinking, chat).size());
+    MemoryDemand d;
+    d.longest_sequence = longest_prompt + cfg.sampling.max_new_tokens;
+    const int64_t per_rank = (cfg.batch_prompts + (int64_t)cfg.minibatches * ranks - 1) / ((int64_t)cfg.minibatches * ranks);
+    d.tokens_per_forward = cfg.micro_batch_tokens > 0 ? std::max(cfg.micro_batch_tokens, d.longest_sequence)
+                                                      : per_rank * cfg.group_size * d.longest_sequence;
+    d.reference_policy = cfg.kl_coef > 0;
+    d.ranks = ranks;
+    const int64_t eval_per_rank = (cfg.eval_prompts + ranks - 1) / ranks;
+    d.rollout_requests = std::max((cfg.batch_prompts + ranks - 1) / ranks * cfg.group_size,
+                                  cfg.eval_every > 0 ? eval_per_rank * std::max(1, cfg.eval_k) : 0);
+    d.longest_prompt = longest_prompt;
+    d.max_new_tokens = cfg.sampling.max_new_tokens;
+    d.kv_cache = cfg.kv_cache;
+    return d;
+}
+
+// The micro-batches of the sequences [b, e): consecutive runs holding at most max_tokens tokens each
+// (a longer sequence forms one alone); max_tokens 0 = one micro-batch. Returns the boundaries,
+// b = bounds[0] < ... < bounds.back() = e (just {b, e} when the range is empty).
+inline std::vector<size_t> micro_batch_bounds(const std::vector<Sequence>& seqs, size_t b, size_t e, int64_t max_tokens) {
+    std::vector<size_t> bounds = {b};
+    int64_t tokens = 0;
+    for (size_t i = b; i < e; i++) {
+        const int64_t n = (int64_t)seqs[i].ids.size();
+        if (max_tokens > 0 && i > bounds.back() && tokens + n > max_tokens) {
+            bounds.push_back(i);
+            tokens = 0;
+        }
+        tokens += n;
+    }
+    bounds.push_back(e);
+    return bounds;
+}
+
+class Trainer {
+public:
+    // model_dir: where the tokenizer's chat template is read from, for dataset rows with "messages".
+    Trainer(TrainConfig cfg, const Dist& dist, Engine& engine, Engine* reference, const Tokenizer& tok,
+            const std::string& model_dir, PromptSource train, std::vector<Example> eval)
+        : cfg_(std::move(cfg)), dist_(dist), engine_(engine), ref_(reference), tok_(tok), model_dir_(model_dir),
+          train_(std::move(train)), eval_(std::move(eval)) {
+        engine_.init_optimizer(cfg_.adam, dist_);
+        cfg_.sampling.vocab_limit = tok.vocab_size();  // a padded embedding's extra rows are never sampled
+        // Without Calibrated Clipping the bounds are the reference bounds, always.
+        if (!cfg_.calibrated_clip) bounds_ = CalibState{1.0 - cfg_.clip_low, 1.0 + cfg_.clip_high};
+    }
+
+    // Continues from a checkpoint's trainer state (weights, optimizer, cursor, bounds, step).
+    void restore(const TrainerState& s) {
+        if (s.master.size() != engine_.num_floats())
+            fail("--resume: the trainer state holds %zu weights, the model %zu; resume with the same model",
+                 s.master.size(), engine_.num_floats());
+        engine_.load_state(s);
+        step_ = s.step;
+        cursor_ = s.data_cursor;
+        bad_steps_ = s.bad_steps;
+        bounds_ = CalibState{s.clip_low, s.clip_high};
+    }
+
+    int64_t step() const { return step_; }
+
+    // Runs steps until cfg.steps; evaluates, redraws the dashboard and checkpoints on schedule;
+    // ends with the summary. Returns the last eval.
+    MetricRow run(Logger& log) {
+        MetricRow last_eval;
+        const auto t0 = std::chrono::steady_clock::now();
+        for (; step_ < cfg_.steps;) {
+            MetricRow m = train_step();
+            bool last = step_ == cfg_.steps;
+            const bool eval = cfg_.eval_every > 0 && (step_ % cfg_.eval_every == 0 || last);
+            if (eval) {
+                last_eval = evaluate();
+                for (auto& kv : last_eval.items) m.set(kv.first, kv.second);
+            }
+            log.record(m);
+            log.print(step_line(m, cfg_.steps));
+            if (m.has("val-core/" + cfg_.task + "/acc/greedy")) log.print(eval_line(m));
+            if ((eval || last) && log.enabled()) write_dashboard(dashboard_path(), dashboard_title(), log.rows());
+            if ((cfg_.save_every > 0 && step_ % cfg_.save_every == 0) || last) save(log);
+        }
+        log.print(run_summary(cfg_, log.rows(), seconds_since(t0)));
+        return last_eval;
+    }
+
+    std::string dashboard_path() const { return cfg_.out_dir + "/dashboard.html"; }
+    std::string dashboard_title() const {
+        return strfmt("fp8rl: %s on %s, rollout %s, training %s, KV cache %s, Calibrated Clipping %s", cfg_.algo.c_str(),
+                      cfg_.task.c_str(), precision_name(cfg_.rollout_precision), precision_name(cfg_.train_precision),
+                      precision_name(cfg_.kv_cache), cfg_.calibrated_clip ? "on" : "off");
+    }
+
+    // The eval's readable line.
+    std::string eval_line(const MetricRow& m) const {
+        const std::string p = "val-core/" + cfg_.task + "/acc/";
+        std::string line = strfmt("  eval: greedy accuracy %.3f", m.get(p + "greedy"));
+        if (cfg_.eval_k > 0)
+            line += strfmt(", mean@%d %.3f, pass@%d %.3f", cfg_.eval_k, m.get(p + strfmt("mean@%d", cfg_.eval_k)), cfg_.eval_k,
+                           m.get(p + strfmt("pass@%d", cfg_.eval_k)));
+        return line + strfmt(" on %lld held-out prompts", (long long)m.get("val/num_prompts"));
+    }
+
+    // The state a checkpoint holds.
+    TrainerState state() {
+        TrainerState s;
+        s.step = step_;
+        s.data_cursor = cursor_;
+        s.bad_steps = bad_steps_;
+        s.clip_low = bounds_.low;
+        s.clip_high = bounds_.high;
+        engine_.save_state(s);
+        return s;
+    }
+
+    // One RL step; returns its metrics (reduced over ranks).
+    MetricRow train_step();
+    // Greedy accuracy and mean@k / pass@k on the held-out prompts.
+    MetricRow evaluate();
+
+private:
+    TrainConfig cfg_;
+    const Dist& dist_;
+    Engine& engine_;
+    Engine* ref_;  // frozen reference policy, only when KL is on
+    const Tokenizer& tok_;
+    std::string model_dir_;
+    mutable std::unique_ptr<ChatTemplate> chat_;  // loaded at the first "messages" row
+    PromptSource train_;
+    std::vector<Example> eval_;
+    int64_t step_ = 0, cursor_ = 0, bad_steps_ = 0, consecutive_bad_ = 0;
+    CalibState bounds_;  // ratio bounds in force (Calibrated Clipping's initial ones when it is on)
+
+    std::vector<int32_t> encode_prompt(const Example& ex) const;
+    std::string decode_response(const std::vector<int32_t>& tokens) const;
+    std::vector<Sample> rollout(MetricRow& m, double* gen_seconds, int64_t* gen_tokens);
+    TokenValues batched_logprobs(Engine& engine, const std::vector<Sequence>& seqs, const std::vector<size_t>& mb_begin,
+                                 Precision p);
+    void save(Logger& log);
+};
+
+inline std::vector<int32_t> Trainer::encode_prompt(const Example& ex) const {
+    return encode_example_prompt(tok_, ex, model_dir_, cfg_.enable_thinking, chat_);
+}
+
+inline std::string Trainer::decode_response(const std::vector<int32_t>& tokens) const {
+    return tok_.decode(std::vector<int>(tokens.begin(), tokens.end()), /*skip_special_tokens=*/true);
+}
+
+// Rollout, scoring and advantages, with DAPO dynamic sampling: batches of prompts are generated
+// until the kept groups (rewards not all equal) fill the global batch or the attempts run out.
+inline std::vector<Sample> Trainer::rollout(MetricRow& m, double* gen_seconds, int64_t* gen_tokens) {
+    const int G = cfg_.group_size, ranks = dist_.size();
+    const int64_t B = cfg_.batch_prompts;
+    std::vector<Sample> kept;
+    std::vector<double> scores, correct, rewards, lengths, prompt_lengths, clipped;
+    int64_t kept_groups_global = 0, seen_groups_global = 0, attempts = 0;
+    *gen_seconds = 0;
+    *gen_tokens = 0;
+    for (int attempt = 0; attempt < cfg_.max_gen_batches; attempt++) {
+        attempts++;
+        std::vector<int64_t> positions = PromptSource::rank_positions(B, cfg_.minibatches, dist_.rank(), ranks);
+        std::vector<GenRequest> requests;
+        std::vector<Example> examples;
+        for (int64_t pos : positions) {
+            examples.push_back(train_.at(cursor_ + pos));
+            std::vector<int32_t> prompt = encode_prompt(examples.back());
+            for (int g = 0; g < G; g++)
+                requests.push_back({prompt, (uint32_t)(((int64_t)attempt * B + pos) * G + g)});
+        }
+        cursor_ += B;
+        auto t0 = std::chrono::steady_clock::now();
+        Progress bar("rollout", (int64_t)requests.size(), dist_.is_root());
+        std::vector<Generation> done =
+            engine_.generate(requests, (uint32_t)step_, cfg_.sampling, cfg_.rollout_precision, cfg_.kv_cache, &bar);
+        *gen_seconds += seconds_since(t0);
+        std::vector<Sample> batch(done.size());
+        std::vector<double> batch_rewards(done.size());
+        for (size_t i = 0; i < done.size(); i++) {
+            Sample& s = batch[i];
+            s.seq.ids = requests[i].prompt;
+            s.seq.prompt_len = (int32_t)requests[i].prompt.size();
+            s.seq.ids.insert(s.seq.ids.end(), done[i].tokens.begin(), done[i].tokens.end());
+            s.rollout_lp = done[i].logprobs;
+            s.finished = done[i].finished;
+            *gen_tokens += (int64_t)done[i].tokens.size();
+            const Example& ex = examples[i / (size_t)G];
+            Verdict v = score_response(cfg_.task, decode_response(done[i].tokens), ex.answer);
+            s.score = v.reward;
+            correct.push_back(v.correct ? 1.0 : 0.0);
+            s.reward = s.score + overlong_penalty((int64_t)done[i].tokens.size(), cfg_.sampling.max_new_tokens,
+                                                  cfg_.overlong_buffer, cfg_.overlong_penalty);
+            batch_rewards[i] = s.reward;
+            scores.push_back(s.score);
+            rewards.push_back(s.reward);
+            lengths.push_back((double)done[i].tokens.size());
+            prompt_lengths.push_back((double)s.seq.prompt_len);
+            clipped.push_back(s.finished ? 0.0 : 1.0);
+        }
+        std::vector<double> adv = batch_advantages(batch_rewards, (size_t)G, cfg_.estimator);
+        for (size_t i = 0; i < batch.size(); i++) {
+            batch[i].advantage = adv[i];
+            batch[i].adv.assign((size_t)batch[i].T(), (float)adv[i]);
+            batch[i].mask.assign((size_t)batch[i].T(), 1);
+        }
+        if (!cfg_.dynamic_sampling) {
+            kept = std::move(batch);
+            break;
+        }
+        GroupFilter f = filter_informative_groups(batch_rewards, (size_t)G);
+        for (size_t g : f.kept)
+            for (int i = 0; i < G; i++) kept.push_back(std::move(batch[g * (size_t)G + (size_t)i]));
+        kept_groups_global += dist_.sum((int64_t)f.kept.size());
+        seen_groups_global += B;
+        if (kept_groups_global >= B) break;
+    }
+    if (cfg_.dynamic_sampling) {
+        m.set("dynamic_sampling/num_gen_batches", (double)attempts);
+        m.set("dynamic_sampling/kept_group_fraction", (double)kept_groups_global / (double)seen_groups_global);
+    }
+    // the FP8 KV cache's scales of the last generation, recalibrated on every call
+    std::vector<float> k_scale, v_scale;
+    engine_.last_kv_scales(&k_scale, &v_scale);
+    if (!k_scale.empty()) {
+        m.set("fp8/kv_scale_k_min", *std::min_element(k_scale.begin(), k_scale.end()));
+        m.set("fp8/kv_scale_k_max", *std::max_element(k_scale.begin(), k_scale.end()));
+        m.set("fp8/kv_scale_v_min", *std::min_element(v_scale.begin(), v_scale.end()));
+        m.set("fp8/kv_scale_v_max", *std::max_element(v_scale.begin(), v_scale.end()));
+    }
+    std::vector<double> advantages;
+    for (const Sample& x : kept) advantages.push_back(x.advantage);
+    summary_metrics(dist_, "critic/advantages", advantages, m);
+    summary_metrics(dist_, "critic/score", scores, m);
+    summary_metrics(dist_, "critic/rewards", rewards, m);
+    summary_metrics(dist_, "response_length", lengths, m);
+    summary_metrics(dist_, "prompt_length", prompt_lengths, m);
+    summary_metrics(dist_, "response_length/clip", clipped, m);  // its mean is the clip ratio
+    m.set("response_length/clip_ratio", m.get("response_length/clip/mean"));
+    summary_metrics(dist_, "critic/correct", correct, m);
+    return kept;
+}
+
+// Log-probs of seqs in the forwards training makes: each minibatch's micro-batches, so that no
+// forward holds more tokens than a training one (the bound a GPU engine's memory plan counts on).
+inline TokenValues Trainer::batched_logprobs(Engine& engine, const std::vector<Sequence>& seqs,
+                                             const std::vector<size_t>& mb_begin, Precision p) {
+    TokenValues out;
+    for (size_t j = 0; j + 1 < mb_begin.size(); j++) {
+        const std::vector<size_t> mu = micro_batch_bounds(seqs, mb_begin[j], mb_begin[j + 1], cfg_.micro_batch_tokens);
+        for (size_t k = 0; k + 1 < mu.size(); k++) {
+            if (mu[k] == mu[k + 1]) continue;  // an empty minibatch (fewer samples than minibatches)
+            TokenValues lp;
+            engine.logprobs(std::vector<Sequence>(seqs.begin() + (long)mu[k], seqs.begin() + (long)mu[k + 1]), p,
+                            cfg_.sampling.temperature, &lp, nullptr);
+            for (auto& v : lp) out.push_back(std::move(v));
+        }
+    }
+    return out;
+}
+
+inline MetricRow Trainer::train_step() {
+    auto t_step = std::chrono::steady_clock::now();
+    MetricRow m;
+    m.set("training/global_step", (double)step_);
+    double gen_s = 0;
+    int64_t gen_tokens = 0;
+    std::vector<Sample> samples = rollout(m, &gen_s, &gen_tokens);
+    m.set("timing_s/gen", gen_s);
+    m.set("perf/gen_tokens_per_s", (double)dist_.sum(gen_tokens) / std::max(gen_s, 1e-9) / dist_.size());
+
+    std::vector<Sequence> seqs;
+    for (const Sample& s : samples) seqs.push_back(s.seq);
+    const float T = cfg_.sampling.temperature;
+    // Minibatch j is the j-th contiguous share of this rank's samples (rank_positions keeps
+    // minibatch j the same prompts for any rank count).
+    const int M = cfg_.minibatches;
+    std::vector<size_t> mb_begin((size_t)M + 1);
+    for (int j = 0; j <= M; j++) mb_begin[(size_t)j] = samples.size() * (size_t)j / (size_t)M;
+
+    // Old log-probs from the trainer, in training precision (decoupled PPO: never the rollout's).
+    auto t0 = std::chrono::steady_clock::now();
+    TokenValues old_lp = batched_logprobs(engine_, seqs, mb_begin, cfg_.train_precision);
+    for (size_t i = 0; i < samples.size(); i++) samples[i].old_lp = old_lp[i];
+    m.set("timing_s/old_log_prob", seconds_since(t0));
+    if (ref_) {
+        t0 = std::chrono::steady_clock::now();
+        TokenValues ref_lp = batched_logprobs(*ref_, seqs, mb_begin, cfg_.train_precision);
+        for (size_t i = 0; i < samples.size(); i++) samples[i].ref_lp = ref_lp[i];
+        m.set("timing_s/ref", seconds_since(t0));
+    }
+    // Mismatch between what the rollout sampled with and what the trainer computes; IS weights.
+    StepMetrics sm;
+    for (Sample& s : samples) {
+        s.is_weight.resize((size_t)s.T());
+        sequence_is_weights(cfg_.is_correction, cfg_.is_cap, s.old_lp.data(), s.rollout_lp.data(), s.mask.data(), s.T(),
+                            s.is_weight.data());
+        sm.add_rollout_sequence(s.old_lp.data(), s.rollout_lp.data(), s.is_weight.data(), s.mask.data(), s.T(), cfg_.is_cap);
+    }
+
+    // Calibrated Clipping: fp32 shadow pass of the old policy on calibration steps.
+    const bool calibrating = cfg_.calibrated_clip && cc_is_calibration_step(step_, cfg_.cc_interval);
+    CalibConfig ccfg;
+    ccfg.ref_low = 1.0 - cfg_.clip_low;
+    ccfg.ref_high = 1.0 + cfg_.clip_high;
+    ccfg.dual_clip = cfg_.dual_clip;
+    ccfg.agg = cfg_.loss_agg;
+    CalibStats cc_stats(ccfg, bounds_);
+    double calib_s = 0;
+    if (calibrating) {
+        t0 = std::chrono::steady_clock::now();
+        TokenValues hp = batched_logprobs(engine_, seqs, mb_begin, Precision::FP32);
+        for (size_t i = 0; i < samples.size(); i++) samples[i].hp_old_lp = hp[i];
+        calib_s += seconds_since(t0);
+    }
+
+    // Each minibatch's loss normalizers are counted over all ranks before the first backward.
+    std::vector<int64_t> counts((size_t)M * 2, 0);  // [M][tokens, sequences]
+    for (int j = 0; j < M; j++) {
+        std::vector<int64_t> lens;
+        for (size_t i = mb_begin[(size_t)j]; i < mb_begin[(size_t)j + 1]; i++) lens.push_back(samples[i].T());
+        AggCounts c = agg_counts_of(lens.data(), lens.size());
+        counts[(size_t)j * 2] = c.tokens;
+        counts[(size_t)j * 2 + 1] = c.sequences;
+    }
+    dist_.all_reduce_sum(counts);
+
+    TokenLossConfig lc;
+    lc.bounds.low = bounds_.low;
+    lc.bounds.high = bounds_.high;
+    lc.bounds.dual_clip = cfg_.dual_clip;
+    lc.kl_coef = cfg_.kl_coef;
+    lc.kl = cfg_.kl_estimator;
+    lc.entropy_coef = cfg_.entropy_coef;
+    const double horizon = (double)cfg_.sampling.max_new_tokens;  // Λ of seq-mean-token-sum-norm
+    double grad_norm_sum = 0, train_s = 0, lr = 0;
+    int64_t train_tokens = 0, updates = 0;
+    bool bad = false;
+    for (int epoch = 0; epoch < cfg_.epochs && !bad; epoch++) {
+        for (int j = 0; j < M && !bad; j++) {
+            const size_t b = mb_begin[(size_t)j], e = mb_begin[(size_t)j + 1];
+            const AggCounts global{counts[(size_t)j * 2], counts[(size_t)j * 2 + 1]};
+            const bool calibrate = calibrating && epoch == 0;
+            TokenValues hp_lp;  // calibrate: fp32 log-probs of the weights about to be updated, [b, e)
+            if (calibrate) {
+                auto tc = std::chrono::steady_clock::now();
+                if (j == 0) {  // still the old weights: the old pass is this pass
+                    for (size_t i = b; i < e; i++) hp_lp.push_back(samples[i].hp_old_lp);
+                } else {  // before the training forward: a GPU engine keeps one forward's activations
+                    std::vector<size_t> whole = {b, e};
+                    hp_lp = batched_logprobs(engine_, seqs, whole, Precision::FP32);
+                }
+                calib_s += seconds_since(tc);
+            }
+            // One update: the gradients of the minibatch's micro-batches accumulate (backward adds).
+            engine_.zero_grads();
+            double loss = 0;
+            const std::vector<size_t> mu = micro_batch_bounds(seqs, b, e, cfg_.micro_batch_tokens);
+            for (size_t u = 0; u + 1 < mu.size(); u++) {
+                t0 = std::chrono::steady_clock::now();
+                const size_t ub = mu[u], ue = mu[u + 1];
+                std::vector<Sequence> mb(seqs.begin() + (long)ub, seqs.begin() + (long)ue);
+                TokenValues lp, ent;
+                engine_.forward_train(mb, cfg_.train_precision, T, &lp, &ent);
+                if (calibrate) {
+                    for (size_t k = 0; k < mb.size(); k++) {
+                        const Sample& s = samples[ub + k];
+                        cc_stats.add_sequence(lp[k].data(), s.old_lp.data(), hp_lp[ub - b + k].data(), s.hp_old_lp.data(),
+                                              s.adv.data(), s.is_weight.data(), s.mask.data(), s.T());
+                    }
+                }
+                TokenValues d_lp(mb.size()), d_ent(mb.size());
+                for (size_t k = 0; k < mb.size(); k++) {
+                    const Sample& s = samples[ub + k];
+                    d_lp[k].resize((size_t)s.T());
+                    d_ent[k].resize((size_t)s.T());
+                    SequenceTokens st;
+                    st.T = s.T();
+                    st.logp = lp[k].data();
+                    st.old_logp = s.old_lp.data();
+                    st.ref_logp = ref_ ? s.ref_lp.data() : nullptr;
+                    st.adv = s.adv.data();
+                    st.is_weight = s.is_weight.data();
+                    st.entropy = ent[k].data();
+                    st.mask = s.mask.data();
+                    SequenceLoss sl = sequence_loss(st, lc, cfg_.loss_agg, global, horizon, d_lp[k].data(), d_ent[k].data());
+                    loss += sl.loss;
+                    sm.add_sequence_loss(sl);
+                    sm.add_policy_sequence(st, lc.bounds);
+                    train_tokens += s.T();
+                }
+                engine_.backward(d_lp, d_ent);
+                train_s += seconds_since(t0);
+            }
+            t0 = std::chrono::steady_clock::now();
+            double norm = engine_.reduce_and_clip_grads(cfg_.grad_clip);
+            loss = dist_.sum(loss);
+            if (!std::isfinite(norm) || !std::isfinite(loss)) {
+                bad = true;  // skip this and the remaining updates of the step; the weights stay as they are
+                break;
+            }
+            lr = cfg_.lr.at(engine_.optimizer_steps());
+            engine_.optimizer_step(lr);
+            grad_norm_sum += norm;
+            updates++;
+            train_s += seconds_since(t0);
+        }
+    }
+    if (bad) {
+        bad_steps_++;
+        consecutive_bad_++;
+        if (consecutive_bad_ >= cfg_.max_bad_steps)
+            fail("step %lld: NaN/Inf in the loss or gradients for %d steps in a row; stopping (the last checkpoint in %s is intact); lower --lr or check the data",
+                 (long long)step_ + 1, (int)consecutive_bad_, cfg_.out_dir.c_str());
+    } else {
+        consecutive_bad_ = 0;
+    }
+    m.set("training/skipped_bad", bad ? 1 : 0);
+    m.set("training/bad_steps_total", (double)bad_steps_);
+    report_step_metrics(dist_, sm, updates, m);
+    m.set("actor/grad_norm", updates ? grad_norm_sum / (double)updates : NAN);
+    m.set("actor/lr", lr);
+    m.set("actor/kl_coef", cfg_.kl_coef);
+    m.set("timing_s/update_actor", train_s);
+    m.set("perf/train_tokens_per_s", (double)dist_.sum(train_tokens) / std::max(train_s, 1e-9) / dist_.size());
+
+    // New bounds take effect from the next step (spec-rl.md §12.8).
+    m.set("calib/clip_low", bounds_.low);
+    m.set("calib/clip_high", bounds_.high);
+    if (calibrating) {
+        auto tc = std::chrono::steady_clock::now();
+        dist_.all_reduce_sum(cc_stats.values);
+        CalibResult r = cc_decide(ccfg, bounds_, cc_stats);
+        for (const auto& kv : cc_metrics(r)) m.set(kv.first, kv.second);
+        bounds_ = r.bounds;
+        m.set("timing_s/calib", calib_s + seconds_since(tc));
+    }
+    step_++;
+    m.set("training/epoch", (double)cursor_ / std::max<double>(1.0, (double)train_.size()));
+    m.set("timing_s/step", seconds_since(t_step));
+    return m;
+}
+
+inline MetricRow Trainer::evaluate() {
+    MetricRow m;
+    const int64_t n = (int64_t)eval_.size(), ranks = dist_.size();
+    const int64_t begin = n * dist_.rank() / ranks, end = n * (dist_.rank() + 1) / ranks;
+    std::vector<GenRequest> greedy, sampled;
+    const int k = cfg_.eval_k;
+    for (int64_t i = begin; i < end; i++) {
+        std::vector<int32_t> prompt = encode_prompt(eval_[(size_t)i]);
+        greedy.push_back({prompt, (uint32_t)i});
+        for (int j = 0; j < k; j++) sampled.push_back({prompt, (uint32_t)(i * k + j)});
+    }
+    SamplingConfig g = cfg_.sampling;
+    g.temperature = 0.0f;
+    const uint32_t eval_step = 0x80000000u | (uint32_t)step_;  // eval draws never collide with training draws
+    std::vector<Generation> out = engine_.generate(greedy, eval_step, g, cfg_.rollout_precision, cfg_.kv_cache, nullptr);
+    std::vector<double> sums(4, 0.0);  // [greedy correct, sampled correct, prompts with any correct, prompts]
+    for (size_t i = 0; i < out.size(); i++)
+        sums[0] += score_response(cfg_.task, decode_response(out[i].tokens), eval_[(size_t)begin + i].answer).correct;
+    if (k > 0) {
+        out = engine_.generate(sampled, eval_step, cfg_.sampling, cfg_.rollout_precision, cfg_.kv_cache, nullptr);
+        for (int64_t i = 0; i < end - begin; i++) {
+            int correct = 0;
+            for (int j = 0; j < k; j++) {
+                const Generation& c = out[(size_t)(i * k + j)];
+                correct += score_response(cfg_.task, decode_response(c.tokens), eval_[(size_t)(begin + i)].answer).correct;
+            }
+            sums[1] += (double)correct / k;
+            sums[2] += correct > 0;
+        }
+    }
+    sums[3] = (double)(end - begin);
+    dist_.all_reduce_sum(sums);
+    const std::string p = "val-core/" + cfg_.task + "/acc/";
+    m.set(p + "greedy", sums[0] / sums[3]);
+    if (k > 0) {
+        m.set(p + strfmt("mean@%d", k), sums[1] / sums[3]);
+        m.set(p + strfmt("pass@%d", k), sums[2] / sums[3]);
+    }
+    m.set("val/num_prompts", sums[3]);
+    return m;
+}
+
+inline void Trainer::save(Logger& log) {
+    auto t0 = std::chrono::steady_clock::now();
+    TrainerState s = state();
+    if (dist_.is_root()) {
+        std::string dir = save_checkpoint(cfg_.out_dir, s, [&](const std::string& d) { engine_.save_hf(d); });
+        std::string line = "  checkpoint: " + dir + strfmt(" (%.1fs)", seconds_since(t0));
+        if (cfg_.keep_checkpoints > 0) {
+            size_t removed = prune_checkpoints(cfg_.out_dir, cfg_.keep_checkpoints).size();
+            if (removed) line += strfmt("; removed %zu older (--keep_checkpoints %lld)", removed, (long long)cfg_.keep_checkpoints);
+        }
+        log.print(line);
+    }
+    dist_.barrier();
+}
+
+}  // namespace fp8rl

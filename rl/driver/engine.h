@@ -1,0 +1,134 @@
+// engine.h: what the RL driver (rl/driver/driver.h) asks of an engine (DESIGN.md §1). The CPU engine
+// (cpu/engine_cpu.h) implements it on the reference model; the GPU engine implements the same
+// calls, so the driver, and everything it computes around the model, is shared.
+//
+// A sequence is prompt + response token ids; "response positions" are the tokens after the
+// prompt, each predicted from the ones before it. Log-probs and entropies are of the
+// temperature-scaled distribution (the one the sampler used), one value per response position.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "rl/objective/adamw.h"
+#include "rl/io/checkpoint.h"
+#include "rl/driver/dist.h"
+#include "rl/io/logger.h"
+#include "rl/numerics/precision.h"
+
+namespace fp8rl {
+
+struct SamplingConfig {
+    float temperature = 1.0f;  // 0 = greedy
+    float top_p = 1.0f;
+    int top_k = 0;
+    int max_new_tokens = 256;
+    uint64_t seed = 0;
+    int vocab_limit = 0;  // sample only ids below this (the tokenizer's size); 0 = all
+};
+
+struct GenRequest {
+    std::vector<int32_t> prompt;
+    uint32_t sequence = 0;  // global id: the sampling RNG is keyed by (seed, step, sequence, position)
+};
+
+struct Generation {
+    std::vector<int32_t> tokens;  // response, including the eos token when one was sampled
+    std::vector<float> logprobs;  // [tokens.size()] log softmax(logits / T) of each token (rollout precision)
+    // [tokens.size()] log-prob under the distribution each token was drawn from (after top-k and
+    // top-p; 0 for greedy): what --prompts prints
+    std::vector<float> logprobs_sampled;
+    bool finished = false;        // ended on eos (false: stopped at max_new_tokens)
+};
+
+struct Sequence {
+    std::vector<int32_t> ids;  // prompt + response
+    int32_t prompt_len = 0;
+    int32_t response_len() const { return (int32_t)ids.size() - prompt_len; }
+};
+
+// An engine's settings from the command line (rl/driver/args.h, the flags marked for one engine). Each
+// engine reads the fields that concern it and ignores the others.
+struct EngineOptions {
+    // GPU engine, data parallel: 1 = ZeRO-1 (each rank keeps 1/N of the FP32 master weights and AdamW
+    // moments: gradients reduce-scattered, weights all-gathered after the update), 0 = every rank
+    // keeps all of them (gradients all-reduced). The default is 1: on one rank the two are the same
+    // run, on N ranks 1 moves the same bytes (a reduce-scatter plus an all-gather is what a ring
+    // all-reduce does) and saves 12 (N - 1) / N bytes per parameter.
+    int zero = 1;
+    double collective_timeout_s = 600;  // GPU engine: how long a collective waits for the other ranks
+    bool recompute_layer = false;  // --recompute layer (GPU engine): keep layer inputs, recompute the rest in backward
+    int rollout_slots = 64;     // GPU: sequences decoded together (continuous batching)
+    double kv_cache_mb = 0;     // GPU: KV page pool in MiB; 0 = every slot at its longest
+    int kv_page_tokens = 16;    // GPU: tokens per KV page
+    bool kv_scale_per_head = false;  // both engines, --kv_scales head: FP8 KV scales per layer and KV head
+    bool cuda_graphs = true;    // GPU: decode steps replayed from CUDA graphs, one per batch-size bucket
+};
+
+// The most a training run asks of an engine's memory at once, known before the engine exists (an
+// engine on a device plans its memory with it: cuda/memory_plan.h).
+struct MemoryDemand {
+    int64_t tokens_per_forward = 0;  // tokens of the largest forward_train / logprobs call
+    int64_t longest_sequence = 0;    // tokens of the longest sequence (prompt + max_new_tokens)
+    bool reference_policy = false;   // a frozen copy of the policy lives beside the engine (KL)
+    int ranks = 1;                   // data-parallel ranks (ZeRO-1 shards the optimizer state over them)
+    // generation: the most completions one generate() call samples on a rank (training or eval), of
+    // at most longest_prompt + max_new_tokens tokens, with this KV cache
+    int64_t rollout_requests = 0, longest_prompt = 0;
+    int max_new_tokens = 0;
+    Precision kv_cache = Precision::BF16;
+};
+
+// Per response position of each sequence.
+using TokenValues = std::vector<std::vector<float>>;
+
+class Engine {
+public:
+    virtual ~Engine() = default;
+
+    // The number of parameters (FP32 master weights).
+    virtual size_t num_floats() const = 0;
+
+    // Samples one completion per request.
+    virtual std::vector<Generation> generate(const std::vector<GenRequest>& requests, uint32_t step,
+                                             const SamplingConfig& sampling, Precision weights, Precision kv_cache,
+                                             Progress* progress) = 0;
+
+    // The FP8 KV-cache scales per layer (K, V) the last generate() used; empty unless its cache was FP8.
+    virtual void last_kv_scales(std::vector<float>* k_scale, std::vector<float>* v_scale) const = 0;
+
+    // Log-prob (and entropy, when asked) of every response position; no state kept.
+    virtual void logprobs(const std::vector<Sequence>& seqs, Precision precision, float temperature, TokenValues* logprob,
+                          TokenValues* entropy) = 0;
+
+    // The training forward: as logprobs(), keeping what backward() needs.
+    virtual void forward_train(const std::vector<Sequence>& seqs, Precision precision, float temperature, TokenValues* logprob,
+                               TokenValues* entropy) = 0;
+    // Adds d(loss)/d(weights) to the gradients given d(loss)/d(logprob) and d(loss)/d(entropy) per
+    // response position of the last forward_train().
+    virtual void backward(const TokenValues& d_logprob, const TokenValues& d_entropy) = 0;
+
+    // The optimizer lives in the engine with the weights and gradients it updates, so an engine
+    // on a GPU keeps all three there (spec-gpu.md §3.1). The driver calls init_optimizer once
+    // before training; then per update: zero_grads, backward, reduce_and_clip_grads and, when the
+    // norm is finite, optimizer_step.
+    virtual void init_optimizer(const AdamWConfig& cfg, const Dist& dist) = 0;
+    virtual void zero_grads() = 0;
+    // Sums the gradients over the ranks of dist and scales them so their global norm is at most
+    // max_norm (rl/objective/adamw.h's rule; 0 = no clipping). Returns the norm before clipping.
+    virtual double reduce_and_clip_grads(double max_norm) = 0;
+    // One AdamW step at lr on the reduced gradients; then the derived copies (BF16/FP8 weights)
+    // are refreshed.
+    virtual void optimizer_step(double lr) = 0;
+    virtual int64_t optimizer_steps() const = 0;
+    // Checkpoints: master weights, AdamW moments and step count to and from s (s.master holds
+    // num_floats() values when loading; the derived copies are refreshed). Every rank calls both;
+    // an engine that shards its state over the ranks may fill s on rank 0 alone, which writes it.
+    virtual void save_state(TrainerState& s) = 0;
+    virtual void load_state(const TrainerState& s) = 0;
+
+    // Writes the weights as a HF directory (bf16 safetensors, config.json, tokenizer files).
+    virtual void save_hf(const std::string& dir) = 0;
+};
+
+}  // namespace fp8rl

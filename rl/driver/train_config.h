@@ -1,0 +1,158 @@
+// train_config.h: the settings of a training run, read once from the flags (rl/driver/args.h) with the
+// algorithm presets applied (DAPO: clip-higher 0.28, dual clip 10, dynamic sampling; Dr.GRPO:
+// seq-mean-token-sum-norm), and the checks that need more than one flag.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "rl/objective/adamw.h"
+#include "rl/objective/advantage.h"
+#include "rl/driver/args.h"
+#include "rl/driver/engine.h"
+#include "rl/objective/loss_agg.h"
+#include "rl/objective/lr_schedule.h"
+#include "rl/numerics/precision.h"
+#include "rl/tasks/tasks.h"
+#include "rl/objective/token_loss.h"
+
+namespace fp8rl {
+
+struct TrainConfig {
+    // data
+    std::string task;
+    int task_size = 0;
+    std::string data, eval_data;
+    int64_t eval_prompts = 0;
+    int enable_thinking = 1;  // Qwen3 chat template, for dataset rows with "messages"
+    // algorithm
+    std::string algo;
+    AdvantageEstimator estimator = AdvantageEstimator::Grpo;
+    int group_size = 8;
+    int64_t batch_prompts = 32;
+    int minibatches = 1, epochs = 1;
+    double clip_low = 0.2, clip_high = 0.24, dual_clip = 3.0;
+    double kl_coef = 0.0;
+    KlEstimator kl_estimator = KlEstimator::K3;
+    double entropy_coef = 0.0;
+    LossAgg loss_agg = LossAgg::TokenMean;
+    IsCorrection is_correction = IsCorrection::TokenTis;
+    double is_cap = 2.0;
+    bool dynamic_sampling = false;
+    int max_gen_batches = 10;
+    int64_t overlong_buffer = 0;
+    double overlong_penalty = 1.0;
+    // precision
+    Precision rollout_precision = Precision::BF16, train_precision = Precision::BF16, kv_cache = Precision::BF16;
+    bool calibrated_clip = false;
+    int cc_interval = 20;
+    // sampling
+    SamplingConfig sampling;
+    int eval_k = 4;
+    // optimizer
+    AdamWConfig adam;
+    LrSchedule lr;
+    double grad_clip = 1.0;
+    // memory
+    int64_t micro_batch_tokens = 0;  // most tokens of one forward_train/backward; 0 = the whole minibatch
+    // run
+    uint64_t seed = 0;
+    int64_t steps = 0, eval_every = 0, save_every = 0, keep_checkpoints = 0;
+    std::string out_dir;
+    bool tensorboard = false;
+    int max_bad_steps = 3;
+};
+
+inline EngineOptions engine_options_from_args(const Args& a) {
+    EngineOptions o;
+    o.zero = (int)a.integer("zero");
+    o.collective_timeout_s = a.number("collective_timeout");
+    o.recompute_layer = a.str("recompute") == "layer";
+    o.rollout_slots = (int)a.integer("rollout_slots");
+    o.kv_cache_mb = a.number("kv_cache_mb");
+    o.kv_page_tokens = (int)a.integer("kv_page_tokens");
+    o.kv_scale_per_head = a.str("kv_scales") == "head";
+    o.cuda_graphs = a.integer("cuda_graphs") == 1;
+    return o;
+}
+
+inline TrainConfig train_config_from_args(const Args& a) {
+    TrainConfig c;
+    c.task = a.str("task");
+    c.data = a.str("data");
+    c.eval_data = a.str("eval_data");
+    c.eval_prompts = a.integer("eval_prompts");
+    c.enable_thinking = (int)a.integer("enable_thinking");
+    if (is_synthetic_task(c.task)) c.task_size = a.integer("task_size") ? (int)a.integer("task_size") : default_task_size(c.task);
+    else if (c.data.empty())
+        fail("--task %s has no built-in prompts; give --data FILE.jsonl (see dev/ for GSM8K/MATH preparation)", c.task.c_str());
+    else if (a.integer("task_size"))
+        fail("--task_size applies to the synthetic tasks only, not --task %s", c.task.c_str());
+
+    c.algo = a.str("algo");
+    const bool dapo = c.algo == "dapo";
+    c.estimator = parse_advantage_estimator(c.algo);
+    c.group_size = (int)a.integer("group_size");
+    c.batch_prompts = a.integer("batch_prompts");
+    c.minibatches = (int)a.integer("minibatches");
+    c.epochs = (int)a.integer("epochs");
+    c.clip_low = a.number("clip_low");
+    c.clip_high = a.given("clip_high") ? a.number("clip_high") : dapo ? 0.28 : 0.24;
+    c.dual_clip = a.given("dual_clip") ? a.number("dual_clip") : dapo ? 10.0 : 3.0;
+    if (c.dual_clip != 0.0 && c.dual_clip <= 1.0) fail("--dual_clip %g: must be above 1 (or 0 = off)", c.dual_clip);
+    c.kl_coef = a.number("kl_coef");
+    const std::string kl = a.str("kl_estimator");  // the flag table admits only these
+    c.kl_estimator = kl == "k1" ? KlEstimator::K1 : kl == "abs" ? KlEstimator::Abs : kl == "k2" ? KlEstimator::K2 : KlEstimator::K3;
+    c.entropy_coef = a.number("entropy_coef");
+    c.loss_agg = parse_loss_agg(a.given("loss_agg") ? a.str("loss_agg") : c.algo == "drgrpo" ? "seq-mean-token-sum-norm" : "token-mean");
+    const std::string is = a.str("is_correction");
+    c.is_correction = is == "off" ? IsCorrection::Off : is == "tis" ? IsCorrection::TokenTis : is == "mis" ? IsCorrection::TokenMis
+                    : is == "seq-tis" ? IsCorrection::SeqTis : IsCorrection::SeqMis;
+    c.is_cap = a.number("is_cap");
+    c.dynamic_sampling = a.given("dynamic_sampling") ? a.integer("dynamic_sampling") == 1 : dapo;
+    c.max_gen_batches = (int)a.integer("max_gen_batches");
+    c.overlong_buffer = a.integer("overlong_buffer");
+    c.overlong_penalty = a.number("overlong_penalty");
+    if (c.batch_prompts % c.minibatches != 0)
+        fail("--batch_prompts %lld is not a multiple of --minibatches %d", (long long)c.batch_prompts, c.minibatches);
+
+    c.rollout_precision = parse_precision(a.str("rollout_precision"), "--rollout_precision");
+    c.train_precision = parse_precision(a.str("train_precision"), "--train_precision");
+    c.kv_cache = parse_precision(a.str("kv_cache"), "--kv_cache");
+    c.calibrated_clip = a.integer("calibrated_clip") == 1;
+    c.cc_interval = (int)a.integer("cc_interval");
+
+    c.sampling.temperature = (float)a.number("temperature");
+    c.sampling.top_p = (float)a.number("top_p");
+    c.sampling.top_k = (int)a.integer("top_k");
+    c.sampling.max_new_tokens = (int)a.integer("max_new_tokens");
+    c.sampling.seed = (uint64_t)a.integer("seed");
+    if (c.sampling.temperature == 0.0f)
+        fail("--temperature 0 (greedy) gives every response of a group the same text, so no advantage; RL needs > 0");
+    c.eval_k = (int)a.integer("eval_k");
+    if (c.overlong_buffer > c.sampling.max_new_tokens)
+        fail("--overlong_buffer %lld exceeds --max_new_tokens %d", (long long)c.overlong_buffer, c.sampling.max_new_tokens);
+
+    c.adam.beta1 = a.number("beta1");
+    c.adam.beta2 = a.number("beta2");
+    c.adam.eps = a.number("adam_eps");
+    c.adam.weight_decay = a.number("weight_decay");
+    c.grad_clip = a.number("grad_clip");
+    c.micro_batch_tokens = a.integer("micro_batch_tokens");
+    c.steps = a.integer("steps");
+    c.lr.lr = a.number("lr");
+    c.lr.warmup = a.integer("warmup_steps") * c.minibatches * c.epochs;  // flags count steps, the schedule updates
+    c.lr.total = c.steps * c.minibatches * c.epochs;
+    c.lr.cosine = a.str("lr_schedule") == "cosine";
+    c.lr.min_ratio = a.number("min_lr_ratio");
+
+    c.seed = (uint64_t)a.integer("seed");
+    c.eval_every = a.integer("eval_every");
+    c.save_every = a.integer("save_every");
+    c.keep_checkpoints = a.integer("keep_checkpoints");
+    c.out_dir = a.str("out_dir");
+    c.tensorboard = a.flag("tensorboard");
+    c.max_bad_steps = (int)a.integer("max_bad_steps");
+    return c;
+}
+
+}  // namespace fp8rl

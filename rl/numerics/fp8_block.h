@@ -1,0 +1,156 @@
+// fp8_block.h: blockwise E4M3 quantization (the DeepSeek-V3 / TransformerEngine recipe,
+// spec-fp8.md §4-§7) with outputs laid out exactly as cuBLASLt's block-scaled modes read them.
+//   1x128 groups ("rowwise"): one scale per row and 128-column block of a row-major [rows][cols]
+//     tensor whose cols are the GEMM's reduction dim; scales in VEC128_32F layout.
+//   128x128 blocks ("blockwise"): one scale per 128x128 tile; scales in BLK128x128_32F layout.
+// A block's scale is E4M3_MAX / amax (optionally rounded down to a power of two); the codes are
+// float_to_e4m3(x * scale) and what is stored, and what the GEMM multiplies by, is scale_inv =
+// 1 / scale. The scalar pieces (scale rule, index formulas) are FP8RL_HD so the CUDA quantize
+// kernels (fp8_gemm.cuh) compute the very same bytes.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "rl/common.h"
+#include "rl/numerics/fp8.h"
+
+namespace fp8rl {
+
+constexpr int FP8_BLOCK = 128;
+
+FP8RL_HD int fp8_num_blocks(int n) { return (n + FP8_BLOCK - 1) / FP8_BLOCK; }
+FP8RL_HD int round_up4(int n) { return (n + 3) & ~3; }
+
+FP8RL_HD float abs_bits(float x) { return bits_float(float_bits(x) & 0x7FFFFFFFu); }
+
+// Running amax that ignores NaN (as CUDA's fmaxf does), so a NaN element cannot poison its block's
+// scale; the NaN itself still encodes to the E4M3 NaN code.
+FP8RL_HD float amax_update(float amax, float x) {
+    float a = abs_bits(x);
+    return a > amax ? a : amax;
+}
+
+// Quantization multiplier of a block (TransformerEngine's compute_scale_from_amax): amax 0, Inf
+// or NaN gives 1 (never a NaN or Inf scale); a tiny amax whose 448 / amax overflows gives FLT_MAX.
+// pow2 keeps only sign and exponent, rounding the scale down so |x * scale| <= 448 still holds.
+FP8RL_HD float fp8_scale_from_amax(float amax, bool pow2) {
+    float scale = 1.0f;
+    if (amax > 0.0f && float_bits(amax) < 0x7F800000u) {
+        scale = E4M3_MAX / amax;
+        if (float_bits(scale) == 0x7F800000u) scale = bits_float(0x7F7FFFFFu);  // FLT_MAX
+    }
+    return pow2 ? bits_float(float_bits(scale) & 0xFF800000u) : scale;
+}
+
+// VEC128_32F: scale of (row r, column block kb) of a [rows][cols] operand, rows contiguous.
+FP8RL_HD size_t vec128_scale_index(int r, int kb, int rows) { return (size_t)kb * rows + r; }
+FP8RL_HD size_t vec128_scale_count(int rows, int cols) { return (size_t)fp8_num_blocks(cols) * rows; }
+
+// BLK128x128_32F: scale of (row block rb, column block kb); column blocks contiguous, each row of
+// the grid padded to a multiple of 4 entries (the padding is written as 0).
+FP8RL_HD size_t blk128_scale_index(int rb, int kb, int cols) {
+    return (size_t)rb * round_up4(fp8_num_blocks(cols)) + kb;
+}
+FP8RL_HD size_t blk128_scale_count(int rows, int cols) {
+    return (size_t)fp8_num_blocks(rows) * round_up4(fp8_num_blocks(cols));
+}
+
+// E4M3 tensor [rows][cols] with 1x128 scales along cols (VEC128 layout).
+struct Fp8Rowwise {
+    int rows = 0, cols = 0;
+    std::vector<uint8_t> data;     // [rows][cols] E4M3 codes
+    std::vector<float> scale_inv;  // [ceil(cols/128)][rows]
+    float scale_inv_at(int r, int kb) const { return scale_inv[vec128_scale_index(r, kb, rows)]; }
+};
+
+// E4M3 tensor [rows][cols] with 128x128 block scales (BLK128x128 layout).
+struct Fp8Blockwise {
+    int rows = 0, cols = 0;
+    std::vector<uint8_t> data;     // [rows][cols] E4M3 codes
+    std::vector<float> scale_inv;  // [ceil(rows/128)][round_up4(ceil(cols/128))]
+    float scale_inv_at(int r, int kb) const {
+        return scale_inv[blk128_scale_index(r / FP8_BLOCK, kb, cols)];
+    }
+};
+
+inline void check_fp8_shape(const char* what, int rows, int cols) {
+    if (rows <= 0 || cols <= 0) fail("%s: shape [%d][%d] must be positive", what, rows, cols);
+}
+
+// 1x128 groups along the rows of x [rows][cols] (activations X for fprop, dY for dgrad).
+inline Fp8Rowwise fp8_quantize_rowwise(const float* x, int rows, int cols, bool pow2) {
+    check_fp8_shape("fp8_quantize_rowwise", rows, cols);
+    Fp8Rowwise q;
+    q.rows = rows, q.cols = cols;
+    q.data.resize((size_t)rows * cols);
+    q.scale_inv.resize(vec128_scale_count(rows, cols));
+    int blocks = fp8_num_blocks(cols);
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < rows; r++)
+        for (int kb = 0; kb < blocks; kb++) {
+            const float* group = x + (size_t)r * cols + (size_t)kb * FP8_BLOCK;
+            uint8_t* out = q.data.data() + (size_t)r * cols + (size_t)kb * FP8_BLOCK;
+            int width = cols - kb * FP8_BLOCK < FP8_BLOCK ? cols - kb * FP8_BLOCK : FP8_BLOCK;
+            float amax = 0.0f;
+            for (int c = 0; c < width; c++) amax = amax_update(amax, group[c]);
+            float scale = fp8_scale_from_amax(amax, pow2);
+            for (int c = 0; c < width; c++) out[c] = float_to_e4m3(group[c] * scale);
+            q.scale_inv[vec128_scale_index(r, kb, rows)] = 1.0f / scale;
+        }
+    return q;
+}
+
+// x [rows][cols] -> x^T [cols][rows] quantized in 1x128 groups along the original rows (tokens):
+// the wgrad operands X^T and dY^T, quantized from the high-precision source (a 1x128-quantized
+// tensor cannot be transposed in place).
+inline Fp8Rowwise fp8_quantize_rowwise_transposed(const float* x, int rows, int cols, bool pow2) {
+    check_fp8_shape("fp8_quantize_rowwise_transposed", rows, cols);
+    std::vector<float> xt((size_t)rows * cols);  // [cols][rows]
+#pragma omp parallel for schedule(static)
+    for (int c = 0; c < cols; c++)
+        for (int r = 0; r < rows; r++) xt[(size_t)c * rows + r] = x[(size_t)r * cols + c];
+    return fp8_quantize_rowwise(xt.data(), cols, rows, pow2);
+}
+
+// 128x128 blocks of x [rows][cols] (weights W [N][K]).
+inline Fp8Blockwise fp8_quantize_blockwise(const float* x, int rows, int cols, bool pow2) {
+    check_fp8_shape("fp8_quantize_blockwise", rows, cols);
+    Fp8Blockwise q;
+    q.rows = rows, q.cols = cols;
+    q.data.resize((size_t)rows * cols);
+    q.scale_inv.assign(blk128_scale_count(rows, cols), 0.0f);
+    int row_blocks = fp8_num_blocks(rows), col_blocks = fp8_num_blocks(cols);
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int rb = 0; rb < row_blocks; rb++)
+        for (int kb = 0; kb < col_blocks; kb++) {
+            int r0 = rb * FP8_BLOCK, r1 = r0 + FP8_BLOCK < rows ? r0 + FP8_BLOCK : rows;
+            int c0 = kb * FP8_BLOCK, c1 = c0 + FP8_BLOCK < cols ? c0 + FP8_BLOCK : cols;
+            float amax = 0.0f;
+            for (int r = r0; r < r1; r++)
+                for (int c = c0; c < c1; c++) amax = amax_update(amax, x[(size_t)r * cols + c]);
+            float scale = fp8_scale_from_amax(amax, pow2);
+            for (int r = r0; r < r1; r++)
+                for (int c = c0; c < c1; c++) q.data[(size_t)r * cols + c] = float_to_e4m3(x[(size_t)r * cols + c] * scale);
+            q.scale_inv[blk128_scale_index(rb, kb, cols)] = 1.0f / scale;
+        }
+    return q;
+}
+
+// The dgrad copy of a 128x128-quantized weight: transposed bytes and transposed scale grid, which is
+// exact because the blocks are square.
+inline Fp8Blockwise fp8_transpose(const Fp8Blockwise& w) {
+    Fp8Blockwise t;
+    t.rows = w.cols, t.cols = w.rows;
+    t.data.resize(w.data.size());
+    t.scale_inv.assign(blk128_scale_count(t.rows, t.cols), 0.0f);
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < t.rows; r++)
+        for (int c = 0; c < t.cols; c++) t.data[(size_t)r * t.cols + c] = w.data[(size_t)c * w.cols + r];
+    for (int rb = 0; rb < fp8_num_blocks(t.rows); rb++)
+        for (int kb = 0; kb < fp8_num_blocks(t.cols); kb++)
+            t.scale_inv[blk128_scale_index(rb, kb, t.cols)] = w.scale_inv[blk128_scale_index(kb, rb, w.cols)];
+    return t;
+}
+
+}  // namespace fp8rl

@@ -1,0 +1,288 @@
+// calibrated_clip.h: the Calibrated Clipping controller, exactly as spec-rl.md §12.8 defines it.
+//
+// Every cc_interval steps the trainer runs high-precision (HP) shadow passes, so that each valid
+// token has its production ratio r = exp(clamp(ℓ^θ − ℓ^old, ±20)) and its HP ratio r̂ (same with
+// ℓ̂^θ, ℓ̂^old), its advantage A, its TIS weight w and its aggregation weight c. From them:
+//   Stage 1: α = |{t ∈ T⁻ : r̂ < L_ref}| / |T⁻|; L* = the k-th smallest r over T⁻, k = α·|T⁻|
+//            (= that count); L* clamped to [0.5, 0.9] and rounded to the 0.02 grid;
+//            L_new = clamp(L + clip((L* − L)/2, ±0.05), 0.5, 0.9).
+//   Stage 2: P(r, h) = Σ_{T⁺} c·w·|A|·r·1{r < h},  N(r, l) = Σ_{T⁻} c·w·|A|·r·1{r > l}·1{r < c_dual};
+//            ρ_ref = P(r̂, H_ref)/N(r̂, L_ref); H* = argmin over h ∈ {1.20, 1.22, …, 2.00} of
+//            |P(r, h)/N(r, L_new) − ρ_ref| (ties: smallest h);
+//            H_new = clamp(H + clip((H* − H)/2, ±0.1), 1.2, 2.0).
+//
+// Data parallelism: every statistic is an int64 that ranks all-reduce with MPI_SUM, so N ranks
+// decide bit for bit what one rank holding all tokens decides. Counts are counts; the k-th
+// smallest r only matters through the grid value it rounds to, so a 21-bin histogram of r over
+// T⁻ (bin edges at the rounding midpoints 0.51, 0.53, …, 0.89) gives the exact L*; the sums P and
+// N are fixed-point (integer part + 2^-40 units, both int64) and exact in any order. N(r, L_new)
+// is needed before L_new is known, but L_new can only take 21 values (one per grid L*), so N is
+// accumulated for each of them. One all-reduce of CalibStats::values per calibration step.
+#pragma once
+#include <math.h>
+#include <stdint.h>
+
+#include <cmath>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "rl/common.h"
+#include "rl/objective/loss_agg.h"
+#include "rl/objective/token_loss.h"
+
+namespace fp8rl {
+
+// Fixed parameters of §12.8 plus the configured reference bounds and dual clip.
+struct CalibConfig {
+    double ref_low = 1.0 - default_clip_low;         // L_ref = 1 − ε_low
+    double ref_high = 1.0 + default_clip_high_grpo;  // H_ref = 1 + ε_high (DAPO: 1.28)
+    double dual_clip = 0.0;                          // c of the loss, 0 = off
+    LossAgg agg = LossAgg::TokenMean;                // gives the token weight c_t
+    int64_t min_tokens = 256;                        // guard on |T⁻| and |T⁺|
+};
+
+constexpr int64_t cc_default_interval = 20;
+constexpr double cc_initial_low = 0.6, cc_initial_high = 1.8;
+constexpr int cc_low_grid = 21;   // L* ∈ {0.50, 0.52, …, 0.90}
+constexpr int cc_high_grid = 41;  // H  ∈ {1.20, 1.22, …, 2.00}
+constexpr double cc_low_min = 0.5, cc_low_max = 0.9, cc_high_min = 1.2, cc_high_max = 2.0;
+constexpr double cc_max_step_low = 0.05, cc_max_step_high = 0.1;
+constexpr double cc_degenerate_eps = 1e-6;
+
+// Grid values from integer indices (no accumulated rounding): 0.50 + 0.02 j and 1.20 + 0.02 j.
+inline double cc_low_grid_value(int j) { return (50.0 + 2.0 * j) / 100.0; }
+inline double cc_high_grid_value(int j) { return (120.0 + 2.0 * j) / 100.0; }
+
+// The bounds in force; replicated on every rank and saved in the checkpoint.
+struct CalibState {
+    double low = cc_initial_low;
+    double high = cc_initial_high;
+};
+
+inline bool cc_is_calibration_step(int64_t step, int64_t interval) { return interval > 0 && step % interval == 0; }
+
+// b + clip((target − b)/2, ±max_step), clamped to [lo, hi].
+inline double cc_damped(double b, double target, double max_step, double lo, double hi) {
+    return fmin(fmax(b + fmin(fmax((target - b) / 2.0, -max_step), max_step), lo), hi);
+}
+
+// L_new for the j-th grid value of L*, given the bound in force.
+inline double cc_low_after(double low, int j) {
+    return cc_damped(low, cc_low_grid_value(j), cc_max_step_low, cc_low_min, cc_low_max);
+}
+
+// One valid token's stage inputs (production and HP log-probs of π_θ and π_old).
+struct CalibToken {
+    float logp, old_logp;        // production ℓ^θ, ℓ^old (what the loss uses)
+    float hp_logp, hp_old_logp;  // HP shadow ℓ̂^θ, ℓ̂^old
+    float adv;
+    double is_weight;  // w_t, the production TIS weight
+    double agg_weight; // c_t: 1, or 1/|y_i| for seq-mean-token-mean
+};
+
+// The statistics as one flat int64 array (all-reduce `values` with MPI_SUM).
+class CalibStats {
+public:
+    enum Count { kNeg, kPos, kValid, kNonDegenerate, kAlpha, kNegBelowRefFp8, kOverclip, kNumCounts };
+
+    std::vector<int64_t> values;
+
+    // The bound in force when the statistics are taken (same on every rank).
+    CalibStats(const CalibConfig& cfg, const CalibState& state) : cfg_(cfg) {
+        values.assign(size(), 0);
+        for (int j = 0; j < cc_low_grid; j++) low_after_[j] = cc_low_after(state.low, j);
+    }
+
+    void add_token(const CalibToken& t) {
+        double r = ratio(t.logp, t.old_logp), rh = ratio(t.hp_logp, t.hp_old_logp);
+        values[kValid]++;
+        values[kNonDegenerate] += fabs(r - 1.0) >= cc_degenerate_eps || fabs(rh - 1.0) >= cc_degenerate_eps;
+        add_fixed(kSumAbsDiff, fabs(r - rh));
+        double mag = t.agg_weight * t.is_weight * fabs((double)t.adv);
+        if (t.adv < 0.0f) {
+            values[kNeg]++;
+            values[kAlpha] += rh < cfg_.ref_low;
+            values[kNegBelowRefFp8] += r < cfg_.ref_low;
+            values[kOverclip] += rh >= cfg_.ref_low && r < cfg_.ref_low;
+            values[neg_hist(low_bin(r))]++;
+            bool below_dual = cfg_.dual_clip <= 0.0 || r < cfg_.dual_clip;
+            bool below_dual_hp = cfg_.dual_clip <= 0.0 || rh < cfg_.dual_clip;
+            if (rh > cfg_.ref_low && below_dual_hp) add_fixed(kSumNegRef, mag * rh);
+            for (int j = 0; j < cc_low_grid; j++) {
+                if (r > low_after_[j] && below_dual) add_fixed(sum_neg_fp8(j), mag * r);
+                values[neg_below_new(j)] += r < low_after_[j];
+            }
+        } else if (t.adv > 0.0f) {
+            values[kPos]++;
+            if (rh < cfg_.ref_high) add_fixed(kSumPosRef, mag * rh);
+            for (int j = 0; j < cc_high_grid; j++)
+                if (r < cc_high_grid_value(j)) add_fixed(sum_pos_fp8(j), mag * r);
+        }
+    }
+
+    // Every valid token of one sequence (arrays [T]; token weights from the loss aggregation).
+    void add_sequence(const float* logp, const float* old_logp, const float* hp_logp, const float* hp_old_logp,
+                      const float* adv, const double* is_weight, const uint8_t* mask, int T) {
+        int64_t len = valid_tokens(mask, T);
+        double c = cfg_.agg == LossAgg::SeqMeanTokenMean && len > 0 ? 1.0 / (double)len : 1.0;
+        for (int t = 0; t < T; t++)
+            if (mask[t]) add_token({logp[t], old_logp[t], hp_logp[t], hp_old_logp[t], adv[t], is_weight[t], c});
+    }
+
+    // Adds another rank's (or mini-batch's) statistics: what MPI_SUM does.
+    void merge(const CalibStats& o) {
+        for (size_t i = 0; i < values.size(); i++) values[i] += o.values[i];
+    }
+
+    // Accessors used by the decision.
+    int64_t count(Count c) const { return values[c]; }
+    int64_t neg_hist_count(int bin) const { return values[neg_hist(bin)]; }
+    int64_t neg_below_new_count(int j) const { return values[neg_below_new(j)]; }
+    double neg_ref() const { return fixed(kSumNegRef); }
+    double pos_ref() const { return fixed(kSumPosRef); }
+    double neg_fp8(int j) const { return fixed(sum_neg_fp8(j)); }
+    double pos_fp8(int j) const { return fixed(sum_pos_fp8(j)); }
+    double abs_diff_sum() const { return fixed(kSumAbsDiff); }
+
+private:
+    CalibConfig cfg_;
+    double low_after_[cc_low_grid];
+
+    // Layout after the counts: fixed-point sums (2 slots each), then the per-grid arrays.
+    enum Fixed { kSumAbsDiff = kNumCounts, kSumNegRef = kSumAbsDiff + 2, kSumPosRef = kSumNegRef + 2, kFixedEnd = kSumPosRef + 2 };
+    static int neg_hist(int bin) { return kFixedEnd + bin; }
+    static int neg_below_new(int j) { return kFixedEnd + cc_low_grid + j; }
+    static int sum_neg_fp8(int j) { return kFixedEnd + 2 * cc_low_grid + 2 * j; }
+    static int sum_pos_fp8(int j) { return kFixedEnd + 4 * cc_low_grid + 2 * j; }
+    static size_t size() { return (size_t)(kFixedEnd + 4 * cc_low_grid + 2 * cc_high_grid); }
+
+    static double ratio(float logp, float old_logp) {
+        double d = (double)logp - (double)old_logp;
+        return exp(fmin(fmax(d, -log_ratio_clamp), log_ratio_clamp));
+    }
+
+    // The grid index r rounds to after clamping to [0.5, 0.9]: the number of midpoints
+    // 0.51, 0.53, …, 0.89 at or below r (a midpoint rounds up).
+    static int low_bin(double r) {
+        int b = 0;
+        while (b < cc_low_grid - 1 && r >= (51.0 + 2.0 * b) / 100.0) b++;
+        return b;
+    }
+
+    // Fixed point: integer part and fraction in units of 2^-40, summed separately (exact in int64
+    // for any summation order; 2^23 tokens of magnitude up to 2^40 fit).
+    static constexpr double fixed_unit = 1099511627776.0;  // 2^40
+    void add_fixed(int slot, double v) {
+        if (!(v >= 0.0 && v < fixed_unit))
+            fail("calibrated clipping: token term %g is out of range; check advantages and IS weights for NaN/Inf", v);
+        double whole = floor(v);
+        values[slot] += (int64_t)whole;
+        values[slot + 1] += (int64_t)llround((v - whole) * fixed_unit);
+    }
+    double fixed(int slot) const { return (double)values[slot] + (double)values[slot + 1] / fixed_unit; }
+};
+
+// What one calibration decided, with the §12.9 metrics.
+struct CalibResult {
+    CalibState bounds;         // in force from the next step
+    bool skipped = false;      // a guard fired (reason says which); skipped stages keep their bound
+    std::string reason;
+    double target_low = NAN, target_high = NAN;
+    double alpha_ref = NAN, clipfrac_neg_fp8_at_ref = NAN, clipfrac_neg_fp8 = NAN, overclip_low_frac = NAN;
+    double rho_ref = NAN, rho_fp8 = NAN, ratio_abs_diff_mean = NAN;
+};
+
+// Stage 1's grid index of L*: the bin of the k-th smallest production ratio of T⁻, k = the
+// number of T⁻ tokens whose HP ratio is below L_ref (= ceil(α·|T⁻|) exactly, without rounding).
+inline int cc_low_target_index(const CalibStats& s) {
+    int64_t k = s.count(CalibStats::kAlpha);
+    if (k == 0) return 0;
+    int64_t seen = 0;
+    for (int b = 0; b < cc_low_grid; b++) {
+        seen += s.neg_hist_count(b);
+        if (seen >= k) return b;
+    }
+    return cc_low_grid - 1;
+}
+
+// Stage 2's grid index of H*: |ρ_fp8(h) − ρ_ref| smallest, ties to the smallest h.
+inline int cc_high_target_index(const CalibStats& s, int low_index, double rho_ref, double* rho_at_best) {
+    int best = 0;
+    double best_gap = INFINITY, neg = s.neg_fp8(low_index);
+    for (int j = 0; j < cc_high_grid; j++) {
+        double rho = s.pos_fp8(j) / neg, gap = fabs(rho - rho_ref);
+        if (gap < best_gap) {
+            best_gap = gap;
+            best = j;
+            *rho_at_best = rho;
+        }
+    }
+    return best;
+}
+
+// The decision from the all-reduced statistics; every rank gets the same result.
+inline CalibResult cc_decide(const CalibConfig& cfg, const CalibState& current, const CalibStats& s) {
+    CalibResult out;
+    out.bounds = current;
+    int64_t neg = s.count(CalibStats::kNeg), pos = s.count(CalibStats::kPos), valid = s.count(CalibStats::kValid);
+    if (valid > 0) out.ratio_abs_diff_mean = s.abs_diff_sum() / (double)valid;
+    if (neg > 0) {
+        out.alpha_ref = (double)s.count(CalibStats::kAlpha) / (double)neg;
+        out.clipfrac_neg_fp8_at_ref = (double)s.count(CalibStats::kNegBelowRefFp8) / (double)neg;
+        out.overclip_low_frac = (double)s.count(CalibStats::kOverclip) / (double)neg;
+    }
+    auto skip = [&](const std::string& why) {
+        out.skipped = true;
+        out.reason += (out.reason.empty() ? "" : "; ") + why;
+    };
+    if (s.count(CalibStats::kNonDegenerate) == 0) {
+        skip("degenerate ratios (all within 1e-6 of 1: calibration needs >= 2 mini-batches or epochs)");
+        return out;
+    }
+    if (neg < cfg.min_tokens) {
+        skip(strfmt("%lld negative-advantage tokens < %lld", (long long)neg, (long long)cfg.min_tokens));
+        return out;
+    }
+    int low_index = cc_low_target_index(s);
+    out.target_low = cc_low_grid_value(low_index);
+    out.bounds.low = cc_low_after(current.low, low_index);
+    out.clipfrac_neg_fp8 = (double)s.neg_below_new_count(low_index) / (double)neg;
+    if (pos < cfg.min_tokens) {
+        skip(strfmt("%lld positive-advantage tokens < %lld", (long long)pos, (long long)cfg.min_tokens));
+        return out;
+    }
+    if (s.neg_ref() == 0.0 || s.neg_fp8(low_index) == 0.0) {
+        skip("no active negative-advantage update (N = 0)");
+        return out;
+    }
+    out.rho_ref = s.pos_ref() / s.neg_ref();
+    int high_index = cc_high_target_index(s, low_index, out.rho_ref, &out.rho_fp8);
+    out.target_high = cc_high_grid_value(high_index);
+    out.bounds.high = cc_damped(current.high, out.target_high, cc_max_step_high, cc_high_min, cc_high_max);
+    return out;
+}
+
+// The calib/* metrics of a calibration step (spec-rl.md §12.9); the bounds in force are logged
+// every step by the trainer as calib/clip_low and calib/clip_high. NaN entries are left out.
+inline std::vector<std::pair<std::string, double>> cc_metrics(const CalibResult& r) {
+    std::vector<std::pair<std::string, double>> all = {
+        {"calib/target_low", r.target_low},
+        {"calib/target_high", r.target_high},
+        {"calib/alpha_ref", r.alpha_ref},
+        {"calib/clipfrac_neg_fp8_at_ref", r.clipfrac_neg_fp8_at_ref},
+        {"calib/clipfrac_neg_fp8", r.clipfrac_neg_fp8},
+        {"calib/overclip_low_frac", r.overclip_low_frac},
+        {"calib/rho_ref", r.rho_ref},
+        {"calib/rho_fp8", r.rho_fp8},
+        {"calib/ratio_abs_diff_mean", r.ratio_abs_diff_mean},
+        {"calib/skipped", r.skipped ? 1.0 : 0.0},
+    };
+    std::vector<std::pair<std::string, double>> out;
+    for (const auto& kv : all)
+        if (!std::isnan(kv.second)) out.push_back(kv);
+    return out;
+}
+
+}  // namespace fp8rl

@@ -1,0 +1,253 @@
+// chat.h: the chat templates of the model families fp8rl supports, written out in C++ (no Jinja
+// engine): Qwen3 (ChatML with thinking), Qwen2.5 (ChatML with a default system prompt) and
+// Llama-3 (header tokens, dated system block). The family is recognized from the chat_template in
+// the model directory's tokenizer_config.json; renderings equal transformers' apply_chat_template
+// (fixtures in test/fixtures/tokenizer/chat_*.jsonl). Tools and tool calls are not rendered.
+#pragma once
+#include <cstring>
+#include <string>
+#include <sys/stat.h>
+#include <vector>
+
+#include "rl/common.h"
+#include "rl/io/json.h"
+#include "rl/text/tokenizer.h"
+
+namespace fp8rl {
+
+struct ChatMessage {
+    std::string role;     // system, user, assistant (Qwen also: tool)
+    std::string content;
+    std::string reasoning_content;  // Qwen3 assistant turns: thinking given apart from content
+    bool has_reasoning = false;
+};
+
+struct ChatOptions {
+    bool add_generation_prompt = true;  // end with the opening of an assistant turn
+    int enable_thinking = -1;           // Qwen3: -1 unset (= the model may think), 1 true, 0 false
+    std::string date_string = "26 Jul 2024";  // Llama-3's "Today Date", fixed for reproducible prompts
+};
+
+enum class ChatFamily { Qwen3, Qwen25, Llama3 };
+
+inline const char* chat_family_name(ChatFamily f) {
+    switch (f) {
+        case ChatFamily::Qwen3: return "qwen3";
+        case ChatFamily::Qwen25: return "qwen2.5";
+        case ChatFamily::Llama3: return "llama3";
+    }
+    return "?";
+}
+
+// Messages from JSON ([{"role": ..., "content": ...}, ...]); `where` names the source in errors.
+inline std::vector<ChatMessage> chat_messages_from_json(const Json& messages, const std::string& where) {
+    if (!messages.is_array() || messages.items.empty()) fail("%s: \"messages\" must be a non-empty array", where.c_str());
+    std::vector<ChatMessage> out;
+    for (size_t i = 0; i < messages.items.size(); i++) {
+        const Json& m = messages.items[i];
+        const Json* role = m.find("role");
+        const Json* content = m.find("content");
+        if (!role || !role->is_string() || !content || !content->is_string())
+            fail("%s: messages[%zu] needs string \"role\" and \"content\"", where.c_str(), i);
+        if (m.find("tool_calls")) fail("%s: messages[%zu] has tool_calls, which fp8rl does not render", where.c_str(), i);
+        ChatMessage msg{role->str, content->str, "", false};
+        if (const Json* r = m.find("reasoning_content"); r && !r->is_null()) {
+            if (!r->is_string()) fail("%s: messages[%zu].reasoning_content must be a string", where.c_str(), i);
+            msg.reasoning_content = r->str;
+            msg.has_reasoning = true;
+        }
+        out.push_back(std::move(msg));
+    }
+    return out;
+}
+
+// Python's str.strip(chars) family, which the templates call.
+inline std::string lstrip_chars(const std::string& s, const char* chars) {
+    size_t b = s.find_first_not_of(chars);
+    return b == std::string::npos ? "" : s.substr(b);
+}
+inline std::string rstrip_chars(const std::string& s, const char* chars) {
+    size_t e = s.find_last_not_of(chars);
+    return e == std::string::npos ? "" : s.substr(0, e + 1);
+}
+
+// Jinja's trim (Python str.strip()): removes characters Python calls whitespace at both ends.
+inline std::string python_strip(const std::string& s) {
+    auto is_space = [](uint32_t c) { return unicode_class(c) == UC_SPACE || (c >= 0x1C && c <= 0x1F); };
+    std::vector<uint32_t> cps = utf8_decode(s);
+    size_t b = 0, e = cps.size();
+    while (b < e && is_space(cps[b])) b++;
+    while (e > b && is_space(cps[e - 1])) e--;
+    return utf8_encode(std::vector<uint32_t>(cps.begin() + (long)b, cps.begin() + (long)e));
+}
+
+// tokenizer_config.json beside `path` (a model directory, or a file in it such as tokenizer.json).
+inline std::string tokenizer_config_path(const std::string& path) {
+    struct stat st;
+    std::string dir = path;
+    if (stat(path.c_str(), &st) == 0 && !S_ISDIR(st.st_mode)) {
+        size_t slash = path.find_last_of('/');
+        dir = slash == std::string::npos ? "." : path.substr(0, slash);
+    }
+    return dir + "/tokenizer_config.json";
+}
+
+// A token named in tokenizer_config.json ("eos_token", "bos_token", "pad_token"), as a string or
+// {"content": ...}; "" when the file or the key is absent or null. The stop set of generation is
+// this eos_token together with generation_config.json's eos_token_id (spec-model.md section 9).
+inline std::string tokenizer_config_token(const std::string& path, const char* key) {
+    std::string file = tokenizer_config_path(path);
+    struct stat st;
+    if (stat(file.c_str(), &st) != 0) return "";
+    Json config = json_parse_file(file);
+    const Json* v = config.find(key);
+    if (v && v->is_string()) return v->str;
+    if (const Json* c = v ? v->find("content") : nullptr; c && c->is_string()) return c->str;
+    return "";
+}
+
+class ChatTemplate {
+public:
+    // Recognizes the family from tokenizer_config.json in `path` (a model directory, or the
+    // directory of the tokenizer.json given).
+    static ChatTemplate load(const std::string& path) {
+        struct stat st;
+        std::string file = tokenizer_config_path(path);
+        const char* hint = "fp8rl renders the Qwen3, Qwen2.5 and Llama-3 chat templates; for other models give raw "
+                           "prompts ({\"prompt\": ...} lines) instead of chat messages";
+        if (stat(file.c_str(), &st) != 0) fail("%s: not found, so the chat template is unknown; %s", file.c_str(), hint);
+        Json config = json_parse_file(file);
+        const Json* tmpl = config.find("chat_template");
+        // transformers >= 4.43 saves the template beside the config as chat_template.jinja
+        const std::string jinja = file.substr(0, file.size() - strlen("tokenizer_config.json")) + "chat_template.jinja";
+        std::string s;
+        if (tmpl && tmpl->is_string()) s = tmpl->str;
+        else if (stat(jinja.c_str(), &st) == 0) s = read_file(jinja);
+        else fail("%s: no chat_template string and no %s; %s", file.c_str(), jinja.c_str(), hint);
+        ChatTemplate t;
+        if (s.find("enable_thinking") != std::string::npos && s.find("<think>") != std::string::npos) t.family_ = ChatFamily::Qwen3;
+        else if (s.find("You are Qwen, created by Alibaba Cloud.") != std::string::npos) t.family_ = ChatFamily::Qwen25;
+        else if (s.find("<|start_header_id|>") != std::string::npos && s.find("Cutting Knowledge Date") != std::string::npos)
+            t.family_ = ChatFamily::Llama3;
+        else fail("%s: chat_template is not one fp8rl knows; %s", file.c_str(), hint);
+        t.bos_token_ = tokenizer_config_token(path, "bos_token");
+        if (t.family_ == ChatFamily::Llama3 && t.bos_token_.empty()) fail("%s: Llama-3 template without bos_token", file.c_str());
+        return t;
+    }
+
+    ChatFamily family() const { return family_; }
+
+    // The prompt text, as transformers' apply_chat_template(tokenize=False) renders it.
+    std::string render(const std::vector<ChatMessage>& messages, const ChatOptions& opt) const {
+        if (messages.empty()) fail("chat: no messages to render");
+        switch (family_) {
+            case ChatFamily::Qwen3: return render_qwen3(messages, opt);
+            case ChatFamily::Qwen25: return render_qwen25(messages, opt);
+            case ChatFamily::Llama3: return render_llama3(messages, opt);
+        }
+        return "";
+    }
+
+    // Token ids of the rendering (special tokens come from the text; nothing else is added).
+    std::vector<int> encode(const Tokenizer& tok, const std::vector<ChatMessage>& messages, const ChatOptions& opt) const {
+        return tok.encode(render(messages, opt), false);
+    }
+
+private:
+    ChatFamily family_ = ChatFamily::Qwen3;
+    std::string bos_token_;
+
+    [[noreturn]] void bad_role(size_t i, const std::string& role) const {
+        fail("chat: messages[%zu] has role \"%s\", which the %s template does not render", i, role.c_str(),
+             chat_family_name(family_));
+    }
+
+    // Qwen's tool results: consecutive tool messages share one user turn.
+    static void qwen_tool_turn(const std::vector<ChatMessage>& m, size_t i, std::string& out) {
+        if (i == 0 || m[i - 1].role != "tool") out += "<|im_start|>user";
+        out += "\n<tool_response>\n" + m[i].content + "\n</tool_response>";
+        if (i + 1 == m.size() || m[i + 1].role != "tool") out += "<|im_end|>\n";
+    }
+
+    static std::string turn(const std::string& role, const std::string& content) {
+        return "<|im_start|>" + role + "\n" + content + "<|im_end|>\n";
+    }
+
+    std::string render_qwen25(const std::vector<ChatMessage>& m, const ChatOptions& opt) const {
+        std::string out = m[0].role == "system" ? turn("system", m[0].content)
+                                                : turn("system", "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.");
+        for (size_t i = 0; i < m.size(); i++) {
+            const std::string& role = m[i].role;
+            if (role == "user" || role == "assistant" || (role == "system" && i > 0)) out += turn(role, m[i].content);
+            else if (role == "tool") qwen_tool_turn(m, i, out);
+            else if (role != "system") bad_role(i, role);
+        }
+        if (opt.add_generation_prompt) out += "<|im_start|>assistant\n";
+        return out;
+    }
+
+    // Index of the last user message that is not a wrapped tool response (Qwen3's last query).
+    static size_t qwen3_last_query(const std::vector<ChatMessage>& m) {
+        for (size_t k = m.size(); k-- > 0;) {
+            const std::string& c = m[k].content;
+            bool tool_response = c.rfind("<tool_response>", 0) == 0 && c.size() >= 16 &&
+                                 c.compare(c.size() - 16, 16, "</tool_response>") == 0;
+            if (m[k].role == "user" && !tool_response) return k;
+        }
+        return m.size() - 1;
+    }
+
+    std::string render_qwen3(const std::vector<ChatMessage>& m, const ChatOptions& opt) const {
+        std::string out;
+        if (m[0].role == "system") out += turn("system", m[0].content);
+        size_t last_query = qwen3_last_query(m);
+        for (size_t i = 0; i < m.size(); i++) {
+            const std::string& role = m[i].role;
+            if (role == "user" || (role == "system" && i > 0)) out += turn(role, m[i].content);
+            else if (role == "assistant") out += qwen3_assistant(m[i], i > last_query, i + 1 == m.size());
+            else if (role == "tool") qwen_tool_turn(m, i, out);
+            else if (role != "system") bad_role(i, role);
+        }
+        if (opt.add_generation_prompt) {
+            out += "<|im_start|>assistant\n";
+            if (opt.enable_thinking == 0) out += "<think>\n\n</think>\n\n";
+        }
+        return out;
+    }
+
+    // An assistant turn: reasoning from reasoning_content or split out of content at </think>; it
+    // is shown only for turns after the last user query (always for the final one).
+    static std::string qwen3_assistant(const ChatMessage& msg, bool after_last_query, bool last) {
+        std::string content = msg.content, reasoning;
+        if (msg.has_reasoning) {
+            reasoning = msg.reasoning_content;
+        } else if (size_t end = content.find("</think>"); end != std::string::npos) {
+            std::string before = rstrip_chars(content.substr(0, end), "\n");
+            size_t open = before.rfind("<think>");
+            reasoning = lstrip_chars(open == std::string::npos ? before : before.substr(open + 7), "\n");
+            content = lstrip_chars(content.substr(content.rfind("</think>") + 8), "\n");
+        }
+        std::string out = "<|im_start|>assistant\n";
+        if (after_last_query && (last || !reasoning.empty()))
+            out += "<think>\n" + lstrip_chars(rstrip_chars(reasoning, "\n"), "\n") + "\n</think>\n\n" + lstrip_chars(content, "\n");
+        else
+            out += content;
+        return out + "<|im_end|>\n";
+    }
+
+    std::string render_llama3(const std::vector<ChatMessage>& m, const ChatOptions& opt) const {
+        size_t first = m[0].role == "system" ? 1 : 0;
+        std::string out = bos_token_ + "<|start_header_id|>system<|end_header_id|>\n\n";
+        out += "Cutting Knowledge Date: December 2023\nToday Date: " + opt.date_string + "\n\n";
+        out += (first ? python_strip(m[0].content) : std::string()) + "<|eot_id|>";
+        for (size_t i = first; i < m.size(); i++) {
+            const std::string& role = m[i].role;
+            if (role != "system" && role != "user" && role != "assistant") bad_role(i, role);
+            out += "<|start_header_id|>" + role + "<|end_header_id|>\n\n" + python_strip(m[i].content) + "<|eot_id|>";
+        }
+        if (opt.add_generation_prompt) out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
+        return out;
+    }
+};
+
+}  // namespace fp8rl
