@@ -5,4 +5,4 @@
 #include "cuda/engine_gpu.cuh"
 #include "rl/driver/cli.h"
 
-int main(int argc, char** argv) { return fp8rl::cli_main<fp8rl::GpuEngine>(argc, argv, "train_rl"); }
+int main(int argc, char** argv) { return fp8rl::cli_main<fp8rl::GpuEngine>(argc, argv, "train_rl", fp8rl::FlagEngine::Gpu); }

@@ -3,4 +3,4 @@
 #include "cpu/engine_cpu.h"
 #include "rl/driver/cli.h"
 
-int main(int argc, char** argv) { return fp8rl::cli_main<fp8rl::CpuEngine>(argc, argv, "train_rl_cpu"); }
+int main(int argc, char** argv) { return fp8rl::cli_main<fp8rl::CpuEngine>(argc, argv, "train_rl_cpu", fp8rl::FlagEngine::Cpu); }

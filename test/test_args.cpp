@@ -1,13 +1,14 @@
-// Tests of rl/driver/args.h: parsing, rejection of bad flags, and the README carrying the --help table.
+// Tests of rl/driver/args.h: parsing, rejection of bad flags, each binary's defaults and choices, and
+// docs/flags.md carrying both binaries' --help tables.
 #include "rl/driver/args.h"
 #include "test/harness.h"
 
 using namespace fp8rl;
 
-static Args parse(std::vector<std::string> words) {
+static Args parse(std::vector<std::string> words, FlagEngine engine = FlagEngine::Cpu) {
     std::vector<char*> argv = {(char*)"train_rl_cpu"};
     for (std::string& w : words) argv.push_back(&w[0]);
-    return Args::parse((int)argv.size(), argv.data());
+    return Args::parse((int)argv.size(), argv.data(), engine);
 }
 
 TEST(args_parse_values_and_defaults) {
@@ -31,8 +32,28 @@ TEST(args_reject_bad_input) {
     CHECK_THROWS(parse({"top_k"}), "expected a flag");
 }
 
-TEST(args_readme_documents_every_flag) {
-    std::string readme = read_file("README.md");
-    CHECK_MSG(readme.find(help_text()) != std::string::npos,
-              "README.md's flag table differs from --help; paste `./train_rl_cpu --help | tail -n +3` into it");
+// train_rl has no fp32: its defaults are bf16 and an fp32 value is refused with one line naming the
+// binary that runs it.
+TEST(args_gpu_binary_defaults_and_refusals) {
+    Args cpu = parse({}), gpu = parse({}, FlagEngine::Gpu);
+    CHECK_EQ(cpu.str("precision"), std::string("fp32"));
+    CHECK_EQ(gpu.str("precision"), std::string("bf16"));
+    for (const char* f : {"--precision", "--rollout_precision", "--train_precision", "--kv_cache"}) {
+        CHECK_THROWS(parse({f, "fp32"}, FlagEngine::Gpu), "the GPU engine runs bf16|fp8 (fp32 is the CPU engine's");
+        CHECK_EQ(parse({f, "fp32"}).str(f + 2), std::string("fp32"));
+        CHECK_EQ(parse({f, "fp8"}, FlagEngine::Gpu).str(f + 2), std::string("fp8"));
+    }
+    CHECK_THROWS(parse({"--precision", "fp16"}, FlagEngine::Gpu), "must be one of bf16|fp8");
+    std::string help = help_text(FlagEngine::Gpu);
+    CHECK(help.find("| `--precision` | choice | bf16 | bf16\\|fp8 |") != std::string::npos);
+    CHECK(help.find("fp32\\|") == std::string::npos);
+    CHECK(help_text(FlagEngine::Cpu).find("| `--precision` | choice | fp32 | fp32\\|bf16\\|fp8 |") != std::string::npos);
+}
+
+TEST(args_docs_document_every_flag_of_both_binaries) {
+    std::string doc = read_file("docs/flags.md");
+    CHECK_MSG(doc.find(help_text(FlagEngine::Gpu)) != std::string::npos,
+              "docs/flags.md's train_rl table differs from --help; paste `./train_rl_emu --help | tail -n +3` into it");
+    CHECK_MSG(doc.find(help_text(FlagEngine::Cpu)) != std::string::npos,
+              "docs/flags.md's train_rl_cpu table differs from --help; paste `./train_rl_cpu --help | tail -n +3` into it");
 }

@@ -350,7 +350,7 @@ TEST(train_rl_emu_prompts_match_train_rl_cpu) {
     harness::RunResult r = run_cmd(emu_binary() + " --model test/fixtures/models/qwen3_tiny --prompts " + d +
                                    "/prompts.jsonl --precision fp32 2>&1");
     CHECK_EQ(r.status, 1);
-    CHECK_MSG(r.output.find("error: the GPU engine generates in bf16 or fp8") != std::string::npos, "%s", r.output.c_str());
+    CHECK_MSG(r.output.find("error: --precision fp32: the GPU engine runs bf16|fp8") != std::string::npos, "%s", r.output.c_str());
 }
 
 // A run whose memory plan exceeds the device (FP8RL_EMU_DEVICE_MEMORY shrinks the emulated one to

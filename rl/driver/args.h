@@ -1,6 +1,8 @@
 // args.h: the command line. One table of flags drives the parser, the validation of values, the
-// --help text (which the README reproduces) and the config table printed at start, so the four
-// cannot drift apart. Flags are long and take one value (`--group_size 8`); switches (`--info`)
+// --help text (which docs/flags.md reproduces) and the config table printed at start, so the four
+// cannot drift apart. The two binaries share the table; where the GPU engine cannot run a CPU
+// value (fp32), a flag carries the GPU binary's own default and choices, so train_rl's --help shows
+// what train_rl runs and its parser refuses the rest. Flags are long and take one value (`--group_size 8`); switches (`--info`)
 // take none. Unknown flags, missing values and out-of-range values are errors naming the flag.
 #pragma once
 #include <cmath>
@@ -15,6 +17,9 @@ namespace fp8rl {
 
 enum class FlagKind { Switch, Int, Float, String, Choice };
 
+// Which binary parses: train_rl_cpu (the CPU engine) or train_rl / train_rl_emu (the GPU engine).
+enum class FlagEngine { Cpu, Gpu };
+
 struct FlagSpec {
     const char* name;       // without the leading "--"
     const char* group;      // heading in --help
@@ -22,9 +27,14 @@ struct FlagSpec {
     const char* default_value;  // "" = unset
     const char* choices;    // Choice: "a|b|c"; Int/Float: "min..max" (either side may be empty)
     const char* help;
+    const char* gpu_default = nullptr;  // the GPU binary's default and choices, where they differ
+    const char* gpu_choices = nullptr;
+
+    const char* default_for(FlagEngine e) const { return e == FlagEngine::Gpu && gpu_default ? gpu_default : default_value; }
+    const char* choices_for(FlagEngine e) const { return e == FlagEngine::Gpu && gpu_choices ? gpu_choices : choices; }
 };
 
-// The single table of every flag of train_rl_cpu (and, later, train_rl).
+// The single table of every flag of train_rl_cpu and train_rl.
 inline const std::vector<FlagSpec>& flag_table() {
     static const std::vector<FlagSpec> table = {
         // what to do (at most one mode; none = train)
@@ -42,7 +52,7 @@ inline const std::vector<FlagSpec>& flag_table() {
         {"model", "model", FlagKind::String, "", "", "HF model directory (config.json, *.safetensors, tokenizer.json)"},
         {"tokenizer", "model", FlagKind::String, "", "", "tokenizer.json or a directory holding one (default: --model)"},
         {"enable_thinking", "model", FlagKind::Int, "1", "0..1", "Qwen3 chat template: 1 lets the model think, 0 adds the empty think block"},
-        {"precision", "model", FlagKind::Choice, "fp32", "fp32|bf16|fp8", "precision of --logprobs, --prompt and --prompts (the GPU engine: bf16 or fp8)"},
+        {"precision", "model", FlagKind::Choice, "fp32", "fp32|bf16|fp8", "precision of --logprobs, --prompt and --prompts", "bf16", "bf16|fp8"},
         {"init", "model", FlagKind::String, "", "", "train a fresh random model instead of --model: a preset (tiny|small) or a config.json path; gets a task tokenizer"},
         // data
         {"task", "data", FlagKind::Choice, "add", "add|reverse|sort|copy|countdown|gsm8k|gsm8k_flexible|math|dapo", "task: its verifier scores responses; the synthetic ones (add, reverse, sort, copy, countdown) also generate prompts"},
@@ -70,16 +80,16 @@ inline const std::vector<FlagSpec>& flag_table() {
         {"overlong_buffer", "algorithm", FlagKind::Int, "0", "0..", "DAPO overlong shaping: soft buffer in tokens before --max_new_tokens (0 = off)"},
         {"overlong_penalty", "algorithm", FlagKind::Float, "1.0", "0..", "DAPO overlong shaping: penalty factor"},
         // precision
-        {"rollout_precision", "precision", FlagKind::Choice, "bf16", "fp32|bf16|fp8", "linear layers during generation"},
-        {"train_precision", "precision", FlagKind::Choice, "bf16", "fp32|bf16|fp8", "linear layers in the trainer's forward and backward"},
-        {"calibrated_clip", "precision", FlagKind::Int, "0", "0..1", "Calibrated Clipping: fit the clip bounds against fp32 shadow passes"},
+        {"rollout_precision", "precision", FlagKind::Choice, "bf16", "fp32|bf16|fp8", "linear layers during generation", "bf16", "bf16|fp8"},
+        {"train_precision", "precision", FlagKind::Choice, "bf16", "fp32|bf16|fp8", "linear layers in the trainer's forward and backward", "bf16", "bf16|fp8"},
+        {"calibrated_clip", "precision", FlagKind::Int, "0", "0..1", "Calibrated Clipping: fit the clip bounds against high-precision shadow passes (fp32 on the CPU engine; BF16 with FP32 accumulation on the GPU)"},
         {"cc_interval", "precision", FlagKind::Int, "20", "1..", "Calibrated Clipping: steps between calibrations"},
         // sampling
         {"temperature", "sampling", FlagKind::Float, "1.0", "0..100", "sampling temperature (0 = greedy)"},
         {"top_p", "sampling", FlagKind::Float, "1.0", "0..1", "nucleus sampling mass (1 = off)"},
         {"top_k", "sampling", FlagKind::Int, "0", "0..", "sample among the k most likely tokens (0 = off)"},
         {"max_new_tokens", "sampling", FlagKind::Int, "256", "1..", "generation budget per completion"},
-        {"kv_cache", "sampling", FlagKind::Choice, "bf16", "fp32|bf16|fp8", "KV cache storage during generation (fp32 only on the CPU engine)"},
+        {"kv_cache", "sampling", FlagKind::Choice, "bf16", "fp32|bf16|fp8", "KV cache storage during generation", "bf16", "bf16|fp8"},
         {"rollout_slots", "sampling", FlagKind::Int, "64", "1..4096", "GPU engine only: sequences decoded together; a finished one frees its slot at once"},
         {"kv_cache_mb", "sampling", FlagKind::Float, "0", "0..", "GPU engine only: MiB of KV cache pages (0 = every slot at full length); when full, the newest sequence is preempted and redone"},
         {"kv_scales", "sampling", FlagKind::Choice, "layer", "layer|head", "FP8 KV cache: one scale per layer for K and one for V, or one per layer and KV head"},
@@ -117,10 +127,10 @@ inline const std::vector<FlagSpec>& flag_table() {
 
 class Args {
 public:
-    // Parses argv against the table; throws Error naming the offending flag.
-    static Args parse(int argc, char** argv) {
+    // Parses argv against the table for one binary's engine; throws Error naming the offending flag.
+    static Args parse(int argc, char** argv, FlagEngine engine) {
         Args a;
-        for (const FlagSpec& f : flag_table()) a.values_[f.name] = f.default_value;
+        for (const FlagSpec& f : flag_table()) a.values_[f.name] = f.default_for(engine);
         for (int i = 1; i < argc; i++) {
             std::string tok = argv[i];
             if (tok.size() < 3 || tok.compare(0, 2, "--") != 0)
@@ -133,7 +143,7 @@ public:
             if (spec->kind == FlagKind::Switch) { a.values_[name] = "1"; continue; }
             if (i + 1 >= argc) fail("flag --%s needs a value; see --help", name.c_str());
             std::string value = argv[++i];
-            validate(*spec, value);
+            validate(*spec, spec->choices_for(engine), value, engine);
             a.values_[name] = value;
         }
         return a;
@@ -160,12 +170,15 @@ private:
         return name;
     }
 
-    static void validate(const FlagSpec& f, const std::string& v) {
-        std::string range = f.choices;
+    static void validate(const FlagSpec& f, const std::string& range, const std::string& v, FlagEngine engine) {
         if (f.kind == FlagKind::Choice) {
             std::string opts = "|" + range + "|";
+            if (!v.empty() && opts.find("|" + v + "|") == std::string::npos && engine == FlagEngine::Gpu &&
+                ("|" + std::string(f.choices) + "|").find("|" + v + "|") != std::string::npos)
+                fail("--%s %s: the GPU engine runs %s (%s is the CPU engine's, train_rl_cpu)", f.name, v.c_str(),
+                     range.c_str(), v.c_str());
             if (v.empty() || opts.find("|" + v + "|") == std::string::npos)
-                fail("--%s %s: must be one of %s", f.name, v.c_str(), f.choices);
+                fail("--%s %s: must be one of %s", f.name, v.c_str(), range.c_str());
             return;
         }
         if (f.kind != FlagKind::Int && f.kind != FlagKind::Float) return;
@@ -200,8 +213,8 @@ inline const char* flag_kind_name(FlagKind k) {
     return "?";
 }
 
-// The --help text: a Markdown table, pasted as is into the README's flag section.
-inline std::string help_text() {
+// The --help text of one binary: a Markdown table, pasted as is into docs/flags.md.
+inline std::string help_text(FlagEngine engine) {
     std::string out = "| flag | type | default | values | meaning |\n|---|---|---|---|---|\n";
     std::string group;
     for (const FlagSpec& f : flag_table()) {
@@ -213,8 +226,8 @@ inline std::string help_text() {
         std::string escaped;
         for (char c : help) escaped += c == '|' ? std::string("\\|") : std::string(1, c);
         std::string choices;
-        for (char c : std::string(f.choices)) choices += c == '|' ? std::string("\\|") : std::string(1, c);
-        out += strfmt("| `--%s` | %s | %s | %s | %s |\n", f.name, flag_kind_name(f.kind), f.default_value, choices.c_str(),
+        for (char c : std::string(f.choices_for(engine))) choices += c == '|' ? std::string("\\|") : std::string(1, c);
+        out += strfmt("| `--%s` | %s | %s | %s | %s |\n", f.name, flag_kind_name(f.kind), f.default_for(engine), choices.c_str(),
                       escaped.c_str());
     }
     return out;

@@ -241,10 +241,10 @@ int train(const Args& args, const char* binary) {
 }
 
 template <class EngineT>
-int run_cli(const Args& args, const char* binary) {
+int run_cli(const Args& args, const char* binary, FlagEngine flags) {
     if (args.flag("help")) {
         fprintf(stdout, "usage: %s [--flag value ...]\n\n", binary);
-        fputs(help_text().c_str(), stdout);
+        fputs(help_text(flags).c_str(), stdout);
         return 0;
     }
     if (args.flag("info")) {
@@ -275,11 +275,12 @@ int run_cli(const Args& args, const char* binary) {
     return train<EngineT>(args, binary);
 }
 
-// main() of a binary: its engine and its name (in --help and the config table).
+// main() of a binary: its engine, its name (in --help and the config table) and which defaults and
+// choices its flags have (rl/driver/args.h).
 template <class EngineT>
-int cli_main(int argc, char** argv, const char* binary) {
+int cli_main(int argc, char** argv, const char* binary, FlagEngine flags) {
     try {
-        return run_cli<EngineT>(Args::parse(argc, argv), binary);
+        return run_cli<EngineT>(Args::parse(argc, argv, flags), binary, flags);
     } catch (const Error& e) {
         fprintf(stderr, "error: %s\n", e.what());
         return 1;
