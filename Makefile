@@ -13,7 +13,8 @@ OPT       := -O3 -march=native
 FPFLAGS   := -ffp-contract=off
 CXXFLAGS  := $(CXXSTD) $(OPT) $(FPFLAGS) $(WARN) -fopenmp -I. -MMD -MP
 LDLIBS    := -lm
-SANFLAGS  := $(CXXSTD) $(FPFLAGS) -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined \
+# -g1: line tables, what a sanitizer report needs to name file:line; full -g costs 40% more compile time
+SANFLAGS  := $(CXXSTD) $(FPFLAGS) -O1 -g1 -fno-omit-frame-pointer -fsanitize=address,undefined \
              -fno-sanitize-recover=all -DFP8RL_SANITIZE $(WARN) -fopenmp -I. -MMD -MP
 
 CUDA_HOME ?= /usr/local/cuda
@@ -70,7 +71,8 @@ BENCH_BINS := $(patsubst bench/%.cpp,$(BUILD)/%,$(BENCH_SRCS))
 FUZZ_SECONDS ?= 30
 FUZZ_TARGETS := json safetensors
 
-.PHONY: all test test-unit test-asan test-gpu-emu test-gpu-emu-asan test-bench-emu test_gpu_emu cuda-check bench bench_gpu fuzz clean demo
+.PHONY: all test test-runs test-unit test-asan test-cpu test-cpu-asan test-gpu-emu test-gpu-emu-asan test-bench-emu \
+        test_gpu_emu cuda-check bench bench_gpu fuzz $(FUZZ_TARGETS:%=fuzz-%) clean demo
 # make (all): every binary this machine can build, then each one it skipped and why. A target joins
 # ALL_BINS where its tools are found, else ALL_SKIPPED gets "name: reason".
 ALL_BINS := train_rl_cpu
@@ -139,53 +141,62 @@ train_rl_emu: $(BUILD)/emu/train_rl.cu.o $(patsubst %,$(BUILD)/emu/%.o,$(EMU_RUN
 # The GPU benchmarks (test/gpu/bench_*.cu) in emulation, each run once at tiny shapes by
 # test-bench-emu: a smoke test (it runs, prints its table, exits 0), never a timing.
 EMU_BENCH_BINS := $(patsubst test/gpu/bench_%.cu,$(BUILD)/emu_bench_%,$(wildcard test/gpu/bench_*.cu))
+# their objects are kept (make would delete them as intermediates and recompile them every run)
+.SECONDARY: $(patsubst %,$(BUILD)/emu/%.o,$(wildcard test/gpu/bench_*.cu))
 $(BUILD)/emu_bench_%: $(BUILD)/emu/test/gpu/bench_%.cu.o $(patsubst %,$(BUILD)/emu/%.o,$(EMU_RUNTIME))
 	$(CPU_LINK_CXX) $(CXXFLAGS) -o $@ $^ $(LDLIBS)
 
-# make test: the unit and integration tests, the CUDA compile check, then everything again under
-# AddressSanitizer + UndefinedBehaviorSanitizer, then bounded fuzz runs of the JSON parser and the
-# safetensors reader. The binaries build in parallel (-j); the runs are sequential so their output
-# stays readable.
-TEST_BINS := $(BUILD)/test_cpu train_rl_cpu $(BUILD)/test_cpu_asan $(BUILD)/train_rl_cpu_asan \
-             $(if $(EMU_FLAGS),$(BUILD)/test_gpu_emu $(BUILD)/test_gpu_emu_asan train_rl_emu $(EMU_BENCH_BINS)) \
-             $(if $(CLANGXX),$(FUZZ_TARGETS:%=$(BUILD)/fuzz_%))
-test: $(TEST_BINS)
-	$(MAKE) --no-print-directory test-unit
-	$(MAKE) --no-print-directory cuda-check
-	$(MAKE) --no-print-directory test-asan
-	$(MAKE) --no-print-directory fuzz
+# make test: every test run, side by side under make -j (a run starts as soon as its binaries are
+# built, so runs and compiles keep every core busy). Each run's output is printed whole when it ends
+# (--output-sync) and kept in build/logs/RUN.log; the last line sums the runs' closing lines.
+# The runs: the unit and integration tests, the GPU tests in emulation (plain and under ASan), the
+# GPU check's parts in emulation, the CUDA compile check, the CPU tests under ASan + UBSan, and
+# bounded fuzz runs of the JSON parser and the safetensors reader. Slowest first, so they start first.
+TEST_RUNS := $(if $(EMU_FLAGS),test-gpu-emu-asan) test-cpu $(if $(EMU_FLAGS),test-gpu-emu) test-cpu-asan cuda-check \
+             $(if $(EMU_FLAGS),test-bench-emu) $(FUZZ_TARGETS:%=fuzz-%)
+LOGS := $(BUILD)/logs
+test:
+	@rm -rf $(LOGS) && mkdir -p $(LOGS)
+	@$(MAKE) --no-print-directory --output-sync=target test-runs; rc=$$?; test/summarize_runs.sh $(LOGS) $$rc; exit $$rc
+test-runs: $(TEST_RUNS)
 
-test-unit: $(BUILD)/test_cpu train_rl_cpu $(if $(EMU_FLAGS),train_rl_emu)
-	FP8RL_BIN=./train_rl_cpu FP8RL_EMU_BIN=./train_rl_emu OMP_NUM_THREADS=2 ./$(BUILD)/test_cpu
-	$(MAKE) --no-print-directory test-gpu-emu
-	$(MAKE) --no-print-directory test-bench-emu
+# Each run alone, or a group: test-unit (the plain runs), test-asan (the sanitizer runs).
+test-unit: test-cpu $(if $(EMU_FLAGS),test-gpu-emu test-bench-emu)
+test-asan: test-cpu-asan $(if $(EMU_FLAGS),test-gpu-emu-asan)
 
-test-asan: $(BUILD)/test_cpu_asan $(BUILD)/train_rl_cpu_asan
-	FP8RL_BIN=./$(BUILD)/train_rl_cpu_asan OMP_NUM_THREADS=2 ASAN_OPTIONS=detect_leaks=1 ./$(BUILD)/test_cpu_asan
-	$(MAKE) --no-print-directory test-gpu-emu-asan
+test-cpu: $(BUILD)/test_cpu train_rl_cpu $(if $(EMU_FLAGS),train_rl_emu)
+	@mkdir -p $(LOGS)
+	FP8RL_BIN=./train_rl_cpu FP8RL_EMU_BIN=./train_rl_emu OMP_NUM_THREADS=2 ./$(BUILD)/test_cpu 2>&1 | tee $(LOGS)/$@.log
+
+test-cpu-asan: $(BUILD)/test_cpu_asan $(BUILD)/train_rl_cpu_asan
+	@mkdir -p $(LOGS)
+	FP8RL_BIN=./$(BUILD)/train_rl_cpu_asan OMP_NUM_THREADS=2 ASAN_OPTIONS=detect_leaks=1 ./$(BUILD)/test_cpu_asan 2>&1 | tee $(LOGS)/$@.log
 
 # The GPU tests in emulation, once per scheduling seed (seed 0: threads and blocks in order; others
 # shuffle them), then under ASan with one more seed.
 ifneq ($(EMU_FLAGS),)
 test-gpu-emu: $(BUILD)/test_gpu_emu
+	@mkdir -p $(LOGS)
 	@for s in $(EMU_SEEDS); do echo "== GPU tests in emulation, FP8RL_EMU_SEED=$$s"; \
-	  FP8RL_EMU_SEED=$$s OMP_NUM_THREADS=2 ./$(BUILD)/test_gpu_emu || exit 1; done
+	  FP8RL_EMU_SEED=$$s OMP_NUM_THREADS=2 ./$(BUILD)/test_gpu_emu 2>&1 | tee -a $(LOGS)/$@.log || exit 1; done
 ifneq ($(and $(MPICXX),$(MPIRUN)),)
 	@echo "== the communicator over 2 ranks in emulation (mpirun -np 2)"
-	OMPI_MCA_btl=self,vader $(MPIRUN) --allow-run-as-root --oversubscribe -np 2 ./$(BUILD)/test_gpu_emu nccl_
+	OMPI_MCA_btl=self,vader $(MPIRUN) --allow-run-as-root --oversubscribe -np 2 ./$(BUILD)/test_gpu_emu nccl_ 2>&1 | tee -a $(LOGS)/$@.log
 else
 	@echo "communicator over 2 ranks: SKIPPED (needs mpicxx and mpirun: apt-get install libopenmpi-dev openmpi-bin)"
 endif
 
 test-gpu-emu-asan: $(BUILD)/test_gpu_emu_asan
 	@echo "== GPU tests in emulation under ASan + UBSan, FP8RL_EMU_SEED=$(EMU_ASAN_SEED)"
-	FP8RL_EMU_SEED=$(EMU_ASAN_SEED) OMP_NUM_THREADS=2 ASAN_OPTIONS=detect_leaks=1 ./$(BUILD)/test_gpu_emu_asan
+	@mkdir -p $(LOGS)
+	FP8RL_EMU_SEED=$(EMU_ASAN_SEED) OMP_NUM_THREADS=2 ASAN_OPTIONS=detect_leaks=1 ./$(BUILD)/test_gpu_emu_asan 2>&1 | tee $(LOGS)/$@.log
 
 # dev/gpu_check.sh's parts in emulation: the device checks, the engine against train_rl_cpu, and
 # every GPU benchmark once at tiny shapes (smoke tests: each runs, prints its table, exits 0).
 test-bench-emu: $(BUILD)/test_gpu_emu $(EMU_BENCH_BINS) train_rl_emu train_rl_cpu
 	@echo "== dev/gpu_check.sh --emu: its parts at tiny shapes in emulation (times are not GPU figures)"
-	dev/gpu_check.sh --emu
+	@mkdir -p $(LOGS)
+	dev/gpu_check.sh --emu 2>&1 | tee $(LOGS)/$@.log
 else
 test-gpu-emu test-gpu-emu-asan test-bench-emu:
 	@echo "$@: SKIPPED (the CUDA headers were not found under $(CUDA_HOME)/include; the emulation needs them, not a GPU)"
@@ -203,12 +214,16 @@ GPU_HEADERS := $(wildcard *.cuh rl/*.h rl/*/*.h rl/*/*.cuh cpu/*.h cuda/*.cuh cu
 # stamp records each success, so a rerun compiles only what changed. train_rl.cu is compiled by
 # ./train_rl's own build, in parallel with the rest; it includes cuda/engine_gpu.cuh first, which
 # includes rollout.cu, so those two compile alone there.
+# The device code compiles as the product's does (cicc and ptxas optimize it for sm_90 whatever -O
+# says); the host side at -O0, since its object goes to /dev/null and the emulation's g++ -O3 build
+# compiles the same host code with the same warnings as errors (-O3 there would double the time).
+NVCHECK_FLAGS  := $(filter-out -O3,$(NVCCFLAGS)) -O0
 NVCHECK_SRCS   := $(filter-out train_rl.cu cuda/engine_gpu.cuh rollout.cu,$(CUDA_SRCS) $(GPU_TEST_SRCS))
 NVCHECK_STAMPS := $(patsubst %,$(BUILD)/nvcheck/%.ok,$(NVCHECK_SRCS))
 $(BUILD)/nvcheck/%.ok: % $(GPU_HEADERS)
 	@mkdir -p $(@D)
 	@echo "nvcc compile check: $<"
-	@$(NVCC) $(NVCCFLAGS) -x cu -c -o /dev/null $< && touch $@
+	@$(NVCC) $(NVCHECK_FLAGS) -x cu -c -o /dev/null $< && touch $@
 cuda-check: $(NVCHECK_STAMPS) train_rl
 	@echo "nvcc compile check: $(words $(CUDA_SRCS) $(GPU_TEST_SRCS)) CUDA sources compiled for sm_90 (train_rl.cu, cuda/engine_gpu.cuh and rollout.cu by ./train_rl)"
 	@echo "nvcc build: ./train_rl (sm_90) linked"
@@ -247,14 +262,15 @@ ifneq ($(CLANGXX),)
 $(BUILD)/fuzz_%: test/fuzz/fuzz_%.cpp
 	@mkdir -p $(@D)
 	$(CLANGXX) $(CXXSTD) -g -O1 -fsanitize=fuzzer,address,undefined -I. -MMD -MP -o $@ $<
-fuzz: $(FUZZ_TARGETS:%=$(BUILD)/fuzz_%)
-	@for t in $(FUZZ_TARGETS); do mkdir -p $(BUILD)/fuzz_corpus_$$t; \
-	  ./$(BUILD)/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -print_final_stats=0 \
-	    $(BUILD)/fuzz_corpus_$$t test/fuzz/$${t}_seeds 2>&1 | tail -n 3 || exit 1; \
-	  echo "fuzz: $$t ran $(FUZZ_SECONDS)s without a crash"; done
+fuzz: $(FUZZ_TARGETS:%=fuzz-%)
+$(FUZZ_TARGETS:%=fuzz-%): fuzz-%: $(BUILD)/fuzz_%
+	@mkdir -p $(BUILD)/fuzz_corpus_$* $(LOGS)
+	@./$(BUILD)/fuzz_$* -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -print_final_stats=0 \
+	    $(BUILD)/fuzz_corpus_$* test/fuzz/$*_seeds 2>&1 | tail -n 3
+	@echo "fuzz: $* ran $(FUZZ_SECONDS)s without a crash" | tee $(LOGS)/$@.log
 else
-fuzz:
-	@echo "fuzz: SKIPPED (clang++ not found)"
+fuzz $(FUZZ_TARGETS:%=fuzz-%):
+	@echo "$@: SKIPPED (clang++ not found)"
 endif
 
 $(BUILD)/bench_%: bench/bench_%.cpp
@@ -270,7 +286,7 @@ bench: $(BENCH_BINS)
 # writes the dashboard and the TensorBoard event file itself.
 DEMO_DIR ?= runs/demo
 DEMO_FLAGS ?= --init tiny --task add --task_size 1 --max_new_tokens 3 --group_size 16 --batch_prompts 32 --minibatches 2 \
-  --lr 3e-4 --temperature 1.5 --entropy_coef 0.01 --steps 1200 --eval_every 100 --eval_prompts 100 --eval_k 4 \
+  --lr 3e-4 --temperature 1.5 --entropy_coef 0.01 --steps 700 --eval_every 100 --eval_prompts 100 --eval_k 4 \
   --rollout_precision fp8 --train_precision fp8 --kv_cache fp8 --calibrated_clip 1 --tensorboard 1 --threads 2
 demo: train_rl_cpu
 	rm -f $(DEMO_DIR)/events.out.tfevents.*  # one event file per run: a rerun starts the charts afresh

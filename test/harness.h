@@ -2,8 +2,11 @@
 // TEST(name); checks record failures and keep going; SKIP(reason) marks a test skipped with a
 // visible reason. The runner (test/run_tests.cpp) prints "N passed, N failed, N skipped".
 #pragma once
+#include <errno.h>
+
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <functional>
 #include <string>
 #include <vector>
@@ -57,6 +60,17 @@ constexpr bool sanitized = true;
 #else
 constexpr bool sanitized = false;
 #endif
+
+// The folder a test binary writes its scratch files under: build/test_tmp/BINARY (test_cpu,
+// test_cpu_asan, ...), so the runs that make test starts side by side never share a file.
+inline const std::string& scratch_dir() {
+    static const std::string dir = [] {
+        std::string d = std::string("build/test_tmp/") + program_invocation_short_name;
+        std::filesystem::create_directories(d);
+        return d;
+    }();
+    return dir;
+}
 
 }  // namespace harness
 

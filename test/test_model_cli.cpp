@@ -14,7 +14,7 @@ using namespace fp8rl;
 namespace {
 
 std::string write_temp(const std::string& name, const std::string& text) {
-    std::string path = "build/" + name;
+    std::string path = harness::scratch_dir() + "/" + name;
     FILE* f = fopen(path.c_str(), "wb");
     fwrite(text.data(), 1, text.size(), f);
     fclose(f);

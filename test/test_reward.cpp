@@ -128,24 +128,25 @@ TEST(reward_score_cli_matches_table) {
 }
 
 TEST(reward_score_cli_rejects_bad_lines) {
-    const char* path = "build/reward_bad_score.jsonl";
+    const std::string file = harness::scratch_dir() + "/reward_bad_score.jsonl";
+    const char* path = file.c_str();
     FILE* f = fopen(path, "w");
     fputs("{\"task\":\"gsm8k\",\"response\":\"#### 5\",\"answer\":\"5\"}\n\n{\"task\":\"gsm8k\",\"response\":5,\"answer\":\"5\"}\n", f);
     fclose(f);
     harness::RunResult r = harness::run_command(harness::binary() + " --score " + path + " 2>&1");
     CHECK_EQ(r.status, 1);
-    CHECK_MSG(r.output.find("error: build/reward_bad_score.jsonl:3: \"response\" must be a string") == 0, "got: %s", r.output.c_str());
+    CHECK_MSG(r.output.find("error: " + file + ":3: \"response\" must be a string") == 0, "got: %s", r.output.c_str());
     f = fopen(path, "w");
     fputs("{\"task\":\"sudoku\",\"response\":\"\",\"answer\":\"\"}\n", f);
     fclose(f);
     r = harness::run_command(harness::binary() + " --score " + path + " 2>&1");
     CHECK_EQ(r.status, 1);
-    CHECK_MSG(r.output.find("error: build/reward_bad_score.jsonl:1: unknown task 'sudoku'") == 0, "got: %s", r.output.c_str());
+    CHECK_MSG(r.output.find("error: " + file + ":1: unknown task 'sudoku'") == 0, "got: %s", r.output.c_str());
     f = fopen(path, "w");
     fputs("[1,2]\n", f);
     fclose(f);
     r = harness::run_command(harness::binary() + " --score " + path + " 2>&1");
     CHECK_EQ(r.status, 1);
-    CHECK_MSG(r.output.find("build/reward_bad_score.jsonl:1: expected a JSON object") != std::string::npos, "got: %s", r.output.c_str());
+    CHECK_MSG(r.output.find(file + ":1: expected a JSON object") != std::string::npos, "got: %s", r.output.c_str());
     remove(path);
 }

@@ -260,7 +260,8 @@ TEST(tokenizer_cli_encode_decode_chat) {
     for (size_t i = 0; i < got.size() && i < want.size(); i++)
         CHECK_MSG(ids_of(*got[i].find("ids")) == ids_of(*want[i].find("ids")), "--encode line %zu", i + 1);
 
-    const char* ids_path = "build/tokenizer_cli_ids.jsonl";
+    const std::string ids_file = harness::scratch_dir() + "/tokenizer_cli_ids.jsonl";
+    const char* ids_path = ids_file.c_str();
     FILE* f = fopen(ids_path, "wb");
     CHECK(f != nullptr);
     if (!f) return;
@@ -283,7 +284,8 @@ TEST(tokenizer_cli_encode_decode_chat) {
 }
 
 TEST(tokenizer_cli_rejects_bad_input) {
-    const char* path = "build/tokenizer_cli_bad.jsonl";
+    const std::string file = harness::scratch_dir() + "/tokenizer_cli_bad.jsonl";
+    const char* path = file.c_str();
     FILE* f = fopen(path, "wb");
     CHECK(f != nullptr);
     if (!f) return;
@@ -292,7 +294,7 @@ TEST(tokenizer_cli_rejects_bad_input) {
     const std::string tok = " --tokenizer " + fixtures + "llama3_style";
     harness::RunResult r = harness::run_command(harness::binary() + tok + " --encode " + path + " 2>&1");
     CHECK_EQ(r.status, 1);
-    CHECK_MSG(r.output.find("error: build/tokenizer_cli_bad.jsonl:3: expected {\"text\": \"...\"}") != std::string::npos, "%s", r.output.c_str());
+    CHECK_MSG(r.output.find("error: " + file + ":3: expected {\"text\": \"...\"}") != std::string::npos, "%s", r.output.c_str());
     r = harness::run_command(harness::binary() + tok + " --decode " + path + " 2>&1");
     CHECK_EQ(r.status, 1);
     CHECK_MSG(r.output.find("tokenizer_cli_bad.jsonl:1: expected {\"ids\": [...]}") != std::string::npos, "%s", r.output.c_str());

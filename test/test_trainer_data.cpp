@@ -12,7 +12,7 @@
 using namespace fp8rl;
 
 static std::string temp_dir(const char* name) {
-    std::string d = std::string("build/test_tmp/") + name;
+    std::string d = harness::scratch_dir() + "/" + name;
     std::filesystem::remove_all(d);
     std::filesystem::create_directories(d);
     return d;

@@ -22,7 +22,7 @@ inline harness::RunResult run_cmd(const std::string& cmd) {
 }
 
 inline std::string temp_dir(const std::string& name) {
-    std::string d = "build/test_tmp/" + name;
+    std::string d = harness::scratch_dir() + "/" + name;
     std::filesystem::remove_all(d);
     std::filesystem::create_directories(d);
     return d;
