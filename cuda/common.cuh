@@ -34,7 +34,7 @@ template <class... Params, class... Args>
 void launch_kernel(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
                    const char* file, int line, Args&&... args) {
 #ifdef FP8RL_EMU
-    emu::launch(name, (const void*)kernel, grid, block, smem, stream, [=] { kernel(args...); });
+    emu::launch(name, (const void*)kernel, grid, block, smem, stream, {emu::pointer_arg(args)...}, [=] { kernel(args...); });
 #else
     kernel<<<grid, block, smem, stream>>>(std::forward<Args>(args)...);
 #endif
