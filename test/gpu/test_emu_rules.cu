@@ -1,6 +1,7 @@
 // test_emu_rules.cu: what a GPU refuses, refused by the emulation too (docs/gpu-emulation.md):
 // each rule has a small wrong program that must trip it with a message naming the rule. A host
-// dereference of device memory stops the program, so that one runs in a forked child.
+// dereference of device memory stops the program, so that one runs in a forked child. Also the
+// device selection of cuda/device.cuh (both builds).
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -9,12 +10,26 @@
 #include <string>
 #include <vector>
 
+#include "cuda/device.cuh"
 #include "test/gpu/gpu_util.cuh"
 #include "test/harness.h"
 
 using namespace fp8rl;
 
 namespace {
+
+// Device selection: local rank modulo the visible GPUs; only two ranks on one GPU are an error.
+TEST(device_selection_takes_local_rank_modulo_visible_gpus) {
+    CHECK_EQ(device_for_rank(0, 8), 0);
+    CHECK_EQ(device_for_rank(5, 8), 5);
+    CHECK_EQ(device_for_rank(5, 1), 0);  // SLURM --gpus-per-task: every rank sees its own GPU as device 0
+    CHECK_EQ(device_for_rank(3, 2), 1);
+    CHECK(shared_gpu_error({"0000:18:00.0", "0000:19:00.0"}).empty());
+    CHECK(shared_gpu_error({"0000:18:00.0"}).empty());
+    std::string e = shared_gpu_error({"0000:18:00.0", "0000:19:00.0", "0000:18:00.0"});
+    CHECK_MSG(e.find("ranks 0 and 2 of this node would share the GPU at PCI 0000:18:00.0") != std::string::npos, "%s",
+              e.c_str());
+}
 
 #ifdef FP8RL_EMU
 
@@ -177,6 +192,25 @@ TEST(emu_rule_devices_are_filtered_by_cuda_visible_devices) {
     env.set("CUDA_VISIBLE_DEVICES", "");
     CHECK_EQ(cudaGetDeviceCount(&n), cudaErrorNoDevice);
     cudaGetLastError();
+}
+
+// A rank of a launcher that gives each rank its own CUDA_VISIBLE_DEVICES sees one GPU, whatever its
+// local rank; before MPI_Init its device comes from the launcher's variable.
+TEST(device_selection_with_a_gpu_per_rank) {
+    ScopedEnv env;
+    env.set("FP8RL_EMU_DEVICES", "8");
+    env.set("CUDA_VISIBLE_DEVICES", "5");
+    env.set("OMPI_COMM_WORLD_LOCAL_RANK", "5");
+    select_device_before_mpi();
+    int d = -1;
+    CUDA_CHECK(cudaGetDevice(&d));
+    CHECK_EQ(d, 0);
+    env.set("CUDA_VISIBLE_DEVICES", nullptr);
+    env.set("OMPI_COMM_WORLD_LOCAL_RANK", nullptr);
+    env.set("SLURM_LOCALID", "3");
+    select_device_before_mpi();
+    CUDA_CHECK(cudaGetDevice(&d));
+    CHECK_EQ(d, 3);
 }
 
 #endif  // FP8RL_EMU
