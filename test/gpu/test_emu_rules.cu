@@ -1,7 +1,7 @@
 // test_emu_rules.cu: what a GPU refuses, refused by the emulation too (docs/gpu-emulation.md):
 // each rule has a small wrong program that must trip it with a message naming the rule. A host
 // dereference of device memory stops the program, so that one runs in a forked child. Also the
-// device selection of cuda/device.cuh (both builds).
+// device selection of cuda/device.cuh (both builds) and the once-only cudaFuncSetAttribute.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/attention.cuh"
 #include "cuda/device.cuh"
 #include "test/gpu/gpu_util.cuh"
 #include "test/harness.h"
@@ -211,6 +212,21 @@ TEST(device_selection_with_a_gpu_per_rank) {
     select_device_before_mpi();
     CUDA_CHECK(cudaGetDevice(&d));
     CHECK_EQ(d, 3);
+}
+
+// Defect 6: the attention launchers set the shared-memory attribute once, not per launch.
+TEST(attention_sets_its_shared_memory_attribute_once) {
+    PackedAttentionShape s{8, 2, 1, 64, 1, 8};
+    DeviceBuffer<__nv_bfloat16> q((size_t)8 * 2 * 64), k((size_t)8 * 64), v((size_t)8 * 64), out((size_t)8 * 2 * 64);
+    DeviceBuffer<float> lse(8 * 2);
+    DeviceBuffer<int> cu(std::vector<int>{0, 8});
+    q.poison(), k.poison(), v.poison();
+    attention_forward(out.ptr, lse.ptr, q.ptr, k.ptr, v.ptr, cu.ptr, s, 0);
+    const uint64_t before = emu::func_attribute_calls();
+    for (int i = 0; i < 3; i++) attention_forward(out.ptr, lse.ptr, q.ptr, k.ptr, v.ptr, cu.ptr, s, 0);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    CHECK_MSG(emu::func_attribute_calls() == before, "%llu cudaFuncSetAttribute calls in 3 launches",
+              (unsigned long long)(emu::func_attribute_calls() - before));
 }
 
 #endif  // FP8RL_EMU
