@@ -42,6 +42,10 @@ struct ArenaOpen {
     ArenaOpen(const ArenaOpen&) = delete;
     ArenaOpen& operator=(const ArenaOpen&) = delete;
 };
+// After a stream operation failed midway (a collective that timed out), work it started may still
+// write device memory at any time (its MPI request completes when the peer arrives): from then
+// on the arena stays open, as no access can be told apart any more.
+void keep_arena_open();
 void* device_alloc(size_t bytes);  // nullptr when out of memory
 bool device_free(void* p);         // false when p is no allocation's base
 size_t device_allocated();

@@ -153,6 +153,10 @@ ArenaOpen::~ArenaOpen() {
     if (--open_depth == 0 && arena) protect(0, top, PROT_NONE);
 }
 
+void keep_arena_open() {
+    if (open_depth++ == 0 && arena) protect(0, top, PROT_READ | PROT_WRITE);
+}
+
 void* device_alloc(size_t bytes) {
     if (!arena) reserve_arena();
     if (bytes > capacity() - allocated) return nullptr;

@@ -168,7 +168,12 @@ cudaError_t enqueue(cudaStream_t s, std::function<void()> op) {
     if (!st && capturing_streams > 0) return set_error(cudaErrorStreamCaptureImplicit);
     if (pending_error != cudaSuccess) return cudaSuccess;  // the context faulted: nothing more runs
     ArenaOpen open;  // what runs in stream order may touch device memory
-    op();
+    try {
+        op();
+    } catch (...) {
+        keep_arena_open();
+        throw;
+    }
     return cudaSuccess;
 }
 
