@@ -27,12 +27,20 @@ NCCL      := $(firstword $(wildcard $(CUDA_HOME)/lib64/libnccl.so /usr/lib/x86_6
 CUDA_FP8_H := $(wildcard $(CUDA_HOME)/include/cuda_fp8.h)
 
 # The CPU binary links MPI when available (data parallel); without it, one process. The GPU
-# builds take Open MPI's include and link flags (nvcc does not go through mpicxx).
+# builds take mpicxx's include and link flags (nvcc does not go through mpicxx): Open MPI's
+# --showme:compile/--showme:link, else the compile line of MPICH's (and Intel MPI's) -show.
 ifneq ($(MPICXX),)
   CPU_LINK_CXX := OMPI_CXX=$(CXX) MPICH_CXX=$(CXX) $(MPICXX)
   MPI_FLAGS    := -DFP8RL_MPI
-  MPI_INCLUDE  := $(shell $(MPICXX) --showme:incdirs 2>/dev/null | tr ' ' '\n' | sed 's/^/-I/')
-  MPI_LIBS     := $(shell $(MPICXX) --showme:libdirs 2>/dev/null | tr ' ' '\n' | sed 's/^/-L/') -lmpi
+  MPI_OPENMPI  := $(shell $(MPICXX) --showme:incdirs >/dev/null 2>&1 && echo yes)
+  ifeq ($(MPI_OPENMPI),yes)
+    MPI_INCLUDE := $(filter -I%,$(shell $(MPICXX) --showme:compile 2>/dev/null))
+    MPI_LIBS    := $(filter -L% -l%,$(shell $(MPICXX) --showme:link 2>/dev/null))
+  else
+    MPI_SHOW    := $(shell $(MPICXX) -show 2>/dev/null)
+    MPI_INCLUDE := $(filter -I%,$(MPI_SHOW))
+    MPI_LIBS    := $(filter -L% -l%,$(MPI_SHOW))
+  endif
 else
   CPU_LINK_CXX := $(CXX)
   MPI_FLAGS    :=
@@ -43,8 +51,12 @@ ifneq ($(CUDA_FP8_H),)
   ORACLE_FLAGS := -DFP8RL_HAVE_CUDA_FP8_H -isystem $(CUDA_HOME)/include
 endif
 
+# The GPU binary is data parallel over NCCL: without NCCL it builds single-process (no FP8RL_MPI),
+# since cuda/nccl.cuh's collectives need it. The host pass contracts no a*b+c either: the bit-exact
+# CPU oracles rely on it (FPFLAGS).
+NV_MPI    := $(if $(and $(MPI_FLAGS),$(NCCL)),$(MPI_FLAGS) $(MPI_INCLUDE))
 NVCCFLAGS := -std=c++17 -O3 -gencode arch=compute_90,code=sm_90 -Werror all-warnings -I. \
-             -Xcompiler -Wall,-Wextra,-fopenmp $(MPI_FLAGS) $(MPI_INCLUDE)
+             -Xcompiler -Wall,-Wextra,-fopenmp,$(FPFLAGS) $(NV_MPI)
 CUDA_SRCS := $(wildcard *.cu *.cuh rl/*/*.cuh cuda/*.cu cuda/*.cuh)
 GPU_TEST_SRCS := $(wildcard test/gpu/*.cu)
 GPU_TESTS     := $(wildcard test/gpu/test_*.cu)
@@ -57,7 +69,7 @@ BUILD := build
 # kernel on the CPU. It needs the CUDA headers (cuda_runtime.h, cuda_bf16.h, cuda_fp8.h), not a GPU.
 ifneq ($(CUDA_FP8_H),)
   EMU_FLAGS     := -DFP8RL_EMU -isystem $(CUDA_HOME)/include $(MPI_FLAGS)
-  EMU_RUNTIME   := cuda/emu_threads.cpp cuda/emu_runtime.cpp
+  EMU_RUNTIME   := cuda/emu_threads.cpp cuda/emu_memory.cpp cuda/emu_runtime.cpp
   GPU_TEST_OBJS := $(patsubst %,$(BUILD)/emu/%.o,test/run_tests.cpp $(EMU_RUNTIME) $(GPU_TESTS))
   GPU_ASAN_OBJS := $(patsubst %,$(BUILD)/emu-asan/%.o,test/run_tests.cpp $(EMU_RUNTIME) $(GPU_TESTS))
   EMU_SEEDS     ?= 1
@@ -209,7 +221,10 @@ ifneq ($(NVCC),)
 
 # ./test_gpu: the GPU tests (test/gpu/test_*.cu) with the shared test runner; make bench_gpu builds
 # and runs each GPU benchmark (test/gpu/bench_*.cu). Both need a GPU to run; dev/gpu_check.sh runs all.
-GPU_LDLIBS := -lcublasLt -lgomp $(if $(MPI_FLAGS),-lnccl $(MPI_LIBS))
+GPU_LDLIBS := -lcublasLt -lgomp $(if $(NV_MPI),-lnccl $(MPI_LIBS))
+ifeq ($(and $(MPI_FLAGS),$(if $(NCCL),,no)),no)
+  $(info fp8rl build: NCCL not found, so ./train_rl and ./test_gpu build single-process (no MPI data parallelism))
+endif
 # rollout.cu is included by cuda/engine_gpu.cuh: a header to its users
 GPU_HEADERS := $(wildcard *.cuh rl/*.h rl/*/*.h rl/*/*.cuh cpu/*.h cuda/*.cuh cuda/*.h test/gpu/*.cuh test/gpu/*.h test/harness.h) rollout.cu
 

@@ -5,4 +5,12 @@
 #include "cuda/engine_gpu.cuh"
 #include "rl/driver/cli.h"
 
-int main(int argc, char** argv) { return fp8rl::cli_main<fp8rl::GpuEngine>(argc, argv, "train_rl", fp8rl::FlagEngine::Gpu); }
+int main(int argc, char** argv) {
+    try {
+        fp8rl::select_device_before_mpi();  // the launcher's local rank; the engine checks it after MPI_Init
+    } catch (const fp8rl::Error& e) {
+        fprintf(stderr, "error: %s\n", e.what());
+        return 1;
+    }
+    return fp8rl::cli_main<fp8rl::GpuEngine>(argc, argv, "train_rl", fp8rl::FlagEngine::Gpu);
+}

@@ -357,11 +357,11 @@ inline dim3 attention_grid(const PackedAttentionShape& s, int heads) {
     return dim3((unsigned)((s.max_seqlen + kAttnTile - 1) / kAttnTile), (unsigned)heads, (unsigned)s.num_seqs);
 }
 
-// Dynamic shared memory of `tiles` tiles of head dim D plus `extra` bytes, allowed above 48 KB for `kernel`.
+// Dynamic shared memory of `tiles` tiles of head dim D plus `extra` bytes, allowed above 48 KB for `kernel` (once).
 template <int D, class Kernel>
 size_t attention_smem(Kernel kernel, int tiles, size_t extra) {
     const size_t bytes = (size_t)tiles * AttnTile<D>::elems * sizeof(__nv_bfloat16) + extra;
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+    allow_dynamic_smem(kernel, bytes);
     return bytes;
 }
 

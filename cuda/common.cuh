@@ -13,7 +13,10 @@
 #include <cuda_runtime.h>
 #endif
 
+#include <mutex>
+#include <set>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "rl/common.h"
@@ -34,7 +37,7 @@ template <class... Params, class... Args>
 void launch_kernel(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
                    const char* file, int line, Args&&... args) {
 #ifdef FP8RL_EMU
-    emu::launch(name, (const void*)kernel, grid, block, smem, stream, [=] { kernel(args...); });
+    emu::launch(name, (const void*)kernel, grid, block, smem, stream, {emu::pointer_arg(args)...}, [=] { kernel(args...); });
 #else
     kernel<<<grid, block, smem, stream>>>(std::forward<Args>(args)...);
 #endif
@@ -42,6 +45,20 @@ void launch_kernel(const char* name, void (*kernel)(Params...), dim3 grid, dim3 
 }
 #define LAUNCH_KERNEL(kernel, grid, block, smem, stream, ...) \
     ::fp8rl::launch_kernel(#kernel, kernel, grid, block, smem, stream, __FILE__, __LINE__, __VA_ARGS__)
+
+// Allows `kernel` `bytes` of dynamic shared memory on the current device. The attribute stays set
+// for the process, so it is set once per (kernel, device, size): launchers call this before every
+// launch, thousands of times a step and inside captured decode steps.
+template <class Kernel>
+void allow_dynamic_smem(Kernel kernel, size_t bytes) {
+    static std::mutex mutex;
+    static std::set<std::tuple<const void*, int, size_t>> done;
+    int device = 0;
+    CUDA_CHECK(cudaGetDevice(&device));
+    std::lock_guard<std::mutex> lock(mutex);
+    if (done.insert(std::make_tuple((const void*)kernel, device, bytes)).second)
+        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+}
 
 }  // namespace fp8rl
 

@@ -10,7 +10,8 @@
 //     kernel fault that names the kernel, the block and what each thread waits for;
 //   - the runtime API the engine calls (memory, streams, events, graphs, device query) is
 //     implemented in cuda/emu_runtime.cpp against the real declarations of cuda_runtime.h, so the
-//     types are CUDA's own. Device memory is host heap (ASan sees it) filled with a NaN pattern.
+//     types are CUDA's own. Device memory is an arena that host code cannot touch (PROT_NONE but
+//     while kernels, copies, sets and library calls run), filled with a NaN pattern.
 // The real CUDA headers are included first: they use gridDim/blockDim/warpSize as names, and
 // host_defines.h defines __shared__ and friends, which are redefined below.
 #pragma once
@@ -27,6 +28,7 @@
 #include <functional>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 // One static instance per (template instantiation of a) kernel is block-local because blocks run
 // one at a time on one host thread. ASan redzones static arrays, so an overflow is caught.
@@ -60,14 +62,25 @@ void* dynamic_shared();  // the launch's dynamic shared memory (NaN-filled at ea
 // Runs `body` as a kernel of `name` on grid x block threads with `smem` bytes of dynamic shared
 // memory, on `stream` (recorded instead when the stream is capturing a graph). Checks the launch
 // configuration against sm_90's limits first; errors are returned by cudaGetLastError.
+// `pointers` holds each argument that is a pointer (null for the others): each must be null, device
+// memory or cudaMallocHost'ed memory, else the kernel faults with cudaErrorIllegalAddress, reported
+// at the next synchronization as on a GPU.
 void launch(const char* name, const void* kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-            std::function<void()> body);
+            std::vector<const void*> pointers, std::function<void()> body);
+template <class T>
+const void* pointer_arg(const T& arg) {
+    if constexpr (std::is_pointer<T>::value) return (const void*)arg;
+    return nullptr;
+}
 
 // Runs a host operation in stream order (now, or recorded when the stream captures a graph): how
 // library calls such as the emulated cuBLASLt GEMM take part in streams and graphs.
 cudaError_t stream_op(cudaStream_t stream, std::function<void()> op);
 // True when [p, p + bytes) lies inside one cudaMalloc'ed buffer.
 bool is_device_memory(const void* p, size_t bytes);
+
+// How many times cudaFuncSetAttribute was called (tests check that launchers set it once).
+uint64_t func_attribute_calls();
 
 // The scheduling seed (FP8RL_EMU_SEED at start-up; tests may change it).
 uint64_t seed();

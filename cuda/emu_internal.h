@@ -31,4 +31,28 @@ void run_grid(const char* name, dim3 grid, dim3 block, size_t smem, const std::f
 void set_sticky_error(cudaError_t e);
 void clear_fault();
 
+// The device's capacity in bytes (FP8RL_EMU_DEVICE_MEMORY, else an H200's).
+size_t capacity();
+
+// Device memory (cuda/emu_memory.cpp). While an ArenaOpen lives, host code may touch the arena
+// (the runtime opens it around kernels, copies, sets and stream operations); else it is PROT_NONE.
+struct ArenaOpen {
+    ArenaOpen();
+    ~ArenaOpen();
+    ArenaOpen(const ArenaOpen&) = delete;
+    ArenaOpen& operator=(const ArenaOpen&) = delete;
+};
+// After a stream operation failed midway (a collective that timed out), work it started may still
+// write device memory at any time (its MPI request completes when the peer arrives): from then
+// on the arena stays open, as no access can be told apart any more.
+void keep_arena_open();
+void* device_alloc(size_t bytes);  // nullptr when out of memory
+bool device_free(void* p);         // false when p is no allocation's base
+size_t device_allocated();
+bool on_device(const void* p, size_t bytes);  // [p, p + bytes) inside one live allocation
+bool in_device_arena(const void* p);          // anywhere in the arena, live or not
+void pinned_add(void* p, size_t bytes);       // cudaMallocHost'ed memory, which kernels may use
+bool pinned_remove(void* p);
+bool kernel_may_use(const void* p);  // null, device memory (or one past a buffer's end), pinned memory
+
 }  // namespace emu

@@ -1,19 +1,29 @@
 // emu_runtime.cpp: the CUDA runtime API of the emulation (cuda/emu.h), implemented against the
 // real declarations of cuda_runtime_api.h (so the program links without libcudart):
-//   - one device, reported as an H200 (sm_90, 132 SMs, 143,771 MiB; FP8RL_EMU_DEVICE_MEMORY=bytes
-//     lowers the capacity, so out-of-memory paths can be tested);
-//   - device memory from the host heap, exactly the size asked (ASan sees an overflow), filled
-//     with 0xFF bytes (NaN as FP32, BF16 and E4M3) so a read of memory nobody wrote shows;
-//     copies check that their device side lies inside one allocation;
+//   - FP8RL_EMU_DEVICES=N devices (default 1, a node of its own per process), filtered by
+//     CUDA_VISIBLE_DEVICES as the real runtime filters them, each reported as an H200 (sm_90,
+//     132 SMs, 143,771 MiB; FP8RL_EMU_DEVICE_MEMORY=bytes lowers the capacity, so out-of-memory
+//     paths can be tested); the devices share one memory arena;
+//   - device memory in an arena host code cannot touch (cuda/emu_memory.cpp), filled with 0xFF
+//     bytes (NaN as FP32, BF16 and E4M3) so a read of memory nobody wrote shows; copies check that
+//     their device side lies inside one allocation and their host side outside device memory;
+//     kernel pointer arguments must be null, device memory or cudaMallocHost'ed memory, else the
+//     kernel faults with cudaErrorIllegalAddress at the next synchronization;
+//   - during a global or thread-local capture, the calls CUDA calls unsafe (cudaMalloc, cudaFree,
+//     synchronous copies and sets, synchronizations) fail with cudaErrorStreamCaptureUnsupported
+//     and invalidate the capture (cudaStreamEndCapture: cudaErrorStreamCaptureInvalidated);
 //   - streams and events in issue order (everything runs synchronously), event times from the
 //     host clock; graph capture records launches, copies and sets, and a graph launch replays them;
 //   - launch configurations checked against sm_90's limits; launch errors returned once by
 //     cudaGetLastError, kernel faults sticky until cudaDeviceReset.
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdlib>
 #include <map>
 #include <memory>
 #include <set>
+#include <thread>
 #include <vector>
 
 #include "cuda/emu.h"
@@ -22,7 +32,9 @@
 #undef warpSize  // the field of cudaDeviceProp, not the built-in variable
 
 struct CUstream_st {
-    bool capturing = false;
+    bool capturing = false, invalidated = false;
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal;
+    std::thread::id capturer;
     cudaGraph_t graph = nullptr;
 };
 struct CUevent_st {
@@ -45,19 +57,44 @@ constexpr unsigned MAX_GRID_X = 0x7FFFFFFFu, MAX_GRID_YZ = 65535;
 constexpr int DEFAULT_SMEM = 48 << 10, MAX_OPTIN_SMEM = 227 << 10;
 
 cudaError_t last_error = cudaSuccess, sticky_error = cudaSuccess;
-std::map<uintptr_t, size_t> allocations;  // base -> bytes
-size_t allocated = 0;
+cudaError_t pending_error = cudaSuccess;  // a kernel's fault, sticky from the next synchronization on
 std::map<const void*, int> max_dynamic_smem;  // kernel -> cudaFuncAttributeMaxDynamicSharedMemorySize
 std::set<cudaStream_t> streams;
 int capturing_streams = 0;
 const auto clock_start = std::chrono::steady_clock::now();
+uint64_t attribute_calls = 0;
+int current_device = 0;
 
-size_t capacity() {
-    static size_t bytes = [] {
-        const char* s = getenv("FP8RL_EMU_DEVICE_MEMORY");
-        return s && *s ? (size_t)strtoull(s, nullptr, 0) : H200_BYTES;
-    }();
-    return bytes;
+// The devices this process sees: the physical ordinals of FP8RL_EMU_DEVICES (default 1) that
+// CUDA_VISIBLE_DEVICES lists, in its order, up to its first entry that names no device (as the
+// runtime filters them). Read at each call, so tests can change them.
+std::vector<int> visible_devices() {
+    const char* n = getenv("FP8RL_EMU_DEVICES");
+    const int physical = n && *n ? atoi(n) : 1;
+    std::vector<int> out;
+    const char* v = getenv("CUDA_VISIBLE_DEVICES");
+    if (!v) {
+        for (int d = 0; d < physical; d++) out.push_back(d);
+        return out;
+    }
+    for (const char* p = v; *p;) {
+        char* end = nullptr;
+        long d = strtol(p, &end, 10);
+        if (end == p || d < 0 || d >= physical) break;
+        bool seen = false;
+        for (int e : out) seen = seen || e == (int)d;
+        if (seen) break;
+        out.push_back((int)d);
+        p = end;
+        while (*p == ' ') p++;
+        if (*p != ',') break;
+        p++;
+    }
+    return out;
+}
+
+cudaError_t check_device(int device) {
+    return device >= 0 && device < (int)visible_devices().size() ? cudaSuccess : cudaErrorInvalidDevice;
 }
 
 cudaError_t set_error(cudaError_t e) {
@@ -73,13 +110,29 @@ CUstream_st* stream_of(cudaStream_t s, bool* bad) {
     return s;
 }
 
-// True when [p, p + bytes) lies inside one device allocation.
-bool on_device(const void* p, size_t bytes) {
-    uintptr_t u = (uintptr_t)p;
-    auto it = allocations.upper_bound(u);
-    if (it == allocations.begin()) return false;
-    --it;
-    return u >= it->first && u + bytes <= it->first + it->second;
+// A call that CUDA calls potentially unsafe during capture: refused while this thread is in a
+// global or thread-local capture, or another thread is in a global one; the capture that forbids
+// it is invalidated (spec: cudaThreadExchangeStreamCaptureMode).
+cudaError_t unsafe_during_capture(const char* call) {
+    bool refused = false;
+    for (cudaStream_t s : streams) {
+        if (!s->capturing || s->mode == cudaStreamCaptureModeRelaxed) continue;
+        if (s->mode == cudaStreamCaptureModeThreadLocal && s->capturer != std::this_thread::get_id()) continue;
+        s->invalidated = refused = true;
+    }
+    if (!refused) return cudaSuccess;
+    fprintf(stderr, "CUDA emulation: %s during a stream capture (the rule: unsafe calls during a global or "
+            "thread-local capture): refused, and the capture is invalidated\n", call);
+    return set_error(cudaErrorStreamCaptureUnsupported);
+}
+
+// A synchronization point: a kernel fault that happened since becomes the sticky error here.
+cudaError_t synchronize() {
+    if (pending_error != cudaSuccess) {
+        sticky_error = pending_error;
+        pending_error = cudaSuccess;
+    }
+    return sticky_error;
 }
 
 cudaError_t check_copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
@@ -88,6 +141,14 @@ cudaError_t check_copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind 
     if ((dst_dev && !on_device(dst, bytes)) || (src_dev && !on_device(src, bytes))) {
         fprintf(stderr, "CUDA emulation: cudaMemcpy of %zu bytes (kind %d): the device side is not inside one cudaMalloc'ed buffer\n",
                 bytes, (int)kind);
+        return set_error(cudaErrorInvalidValue);
+    }
+    const bool host_dst = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyHostToHost;
+    const bool host_src = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyHostToHost;
+    if ((host_dst && bytes && in_device_arena(dst)) || (host_src && bytes && in_device_arena(src))) {
+        fprintf(stderr, "CUDA emulation: cudaMemcpy of %zu bytes (kind %d): the host side %p lies in device memory (the "
+                "rule: device memory is not host memory; a device-to-device copy is cudaMemcpyDeviceToDevice)\n",
+                bytes, (int)kind, host_dst ? dst : src);
         return set_error(cudaErrorInvalidValue);
     }
     return cudaSuccess;
@@ -100,11 +161,19 @@ cudaError_t enqueue(cudaStream_t s, std::function<void()> op) {
     if (bad) return set_error(cudaErrorInvalidResourceHandle);
     if (sticky_error != cudaSuccess) return sticky_error;
     if (st && st->capturing) {
+        if (st->invalidated) return set_error(cudaErrorStreamCaptureInvalidated);
         st->graph->ops.push_back(std::move(op));
         return cudaSuccess;
     }
     if (!st && capturing_streams > 0) return set_error(cudaErrorStreamCaptureImplicit);
-    op();
+    if (pending_error != cudaSuccess) return cudaSuccess;  // the context faulted: nothing more runs
+    ArenaOpen open;  // what runs in stream order may touch device memory
+    try {
+        op();
+    } catch (...) {
+        keep_arena_open();
+        throw;
+    }
     return cudaSuccess;
 }
 
@@ -112,10 +181,18 @@ cudaError_t enqueue(cudaStream_t s, std::function<void()> op) {
 
 void set_sticky_error(cudaError_t e) { sticky_error = e; }
 cudaError_t stream_op(cudaStream_t stream, std::function<void()> op) { return enqueue(stream, std::move(op)); }
-bool is_device_memory(const void* p, size_t bytes) { return on_device(p, bytes); }
+uint64_t func_attribute_calls() { return attribute_calls; }
+
+size_t capacity() {
+    static size_t bytes = [] {
+        const char* s = getenv("FP8RL_EMU_DEVICE_MEMORY");
+        return s && *s ? (size_t)strtoull(s, nullptr, 0) : H200_BYTES;
+    }();
+    return bytes;
+}
 
 void launch(const char* name, const void* kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-            std::function<void()> body) {
+            std::vector<const void*> pointers, std::function<void()> body) {
     long threads = (long)block.x * block.y * block.z;
     if (block.x == 0 || block.y == 0 || block.z == 0 || block.x > MAX_DIM_XY || block.y > MAX_DIM_XY || block.z > MAX_DIM_Z ||
         threads > MAX_THREADS || grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.x > MAX_GRID_X || grid.y > MAX_GRID_YZ ||
@@ -134,6 +211,19 @@ void launch(const char* name, const void* kernel, dim3 grid, dim3 block, size_t 
         return;
     }
     std::string kernel_name = name;
+    for (size_t i = 0; i < pointers.size(); i++) {
+        if (kernel_may_use(pointers[i])) continue;
+        // A GPU launches it, and the kernel's first access faults; the error shows at the next synchronization.
+        const void* p = pointers[i];
+        enqueue(stream, [=] {
+            fprintf(stderr, "CUDA emulation: kernel %s: argument %zu (%p) is neither device memory nor cudaMallocHost'ed "
+                    "memory (the rule: kernels reach only device and pinned memory; a std::vector's data or a stack "
+                    "address is an illegal address on a GPU): cudaErrorIllegalAddress at the next synchronization\n",
+                    kernel_name.c_str(), i, p);
+            pending_error = cudaErrorIllegalAddress;
+        });
+        return;
+    }
     enqueue(stream, [=] { run_grid(kernel_name.c_str(), grid, block, smem, body); });
 }
 
@@ -163,6 +253,9 @@ const char* cudaGetErrorName(cudaError_t e) {
         case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
         case cudaErrorStreamCaptureImplicit: return "cudaErrorStreamCaptureImplicit";
         case cudaErrorIllegalState: return "cudaErrorIllegalState";
+        case cudaErrorIllegalAddress: return "cudaErrorIllegalAddress";
+        case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
+        case cudaErrorNoDevice: return "cudaErrorNoDevice";
         default: return "cudaErrorUnknown";
     }
 }
@@ -182,22 +275,41 @@ const char* cudaGetErrorString(cudaError_t e) {
         case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
         case cudaErrorStreamCaptureImplicit: return "operation would make the legacy stream depend on a capturing blocking stream";
         case cudaErrorIllegalState: return "the operation is not permitted in the current state";
+        case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
+        case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
+        case cudaErrorNoDevice: return "no CUDA-capable device is detected";
         default: return "unknown error";
     }
 }
 
 cudaError_t cudaGetDeviceCount(int* count) {
-    *count = 1;
-    return cudaSuccess;
+    *count = (int)visible_devices().size();
+    return *count ? cudaSuccess : set_error(cudaErrorNoDevice);
 }
 cudaError_t cudaGetDevice(int* device) {
-    *device = 0;
+    *device = current_device;
     return cudaSuccess;
 }
-cudaError_t cudaSetDevice(int device) { return device == 0 ? cudaSuccess : set_error(cudaErrorInvalidDevice); }
+cudaError_t cudaSetDevice(int device) {
+    if (check_device(device) != cudaSuccess) return set_error(cudaErrorInvalidDevice);
+    current_device = device;
+    return cudaSuccess;
+}
+
+// Unique per physical device; without FP8RL_EMU_DEVICES every process is a node of its own, so
+// its one device's id is unique to the process (ranks under mpirun never share it).
+cudaError_t cudaDeviceGetPCIBusId(char* id, int len, int device) {
+    if (check_device(device) != cudaSuccess) return set_error(cudaErrorInvalidDevice);
+    const char* n = getenv("FP8RL_EMU_DEVICES");
+    if (n && *n)
+        snprintf(id, (size_t)len, "0000:%02x:00.0", 0x18 + visible_devices()[(size_t)device]);
+    else
+        snprintf(id, (size_t)len, "emu-pid%d:00.0", (int)getpid());
+    return cudaSuccess;
+}
 
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int device) {
-    if (device != 0) return set_error(cudaErrorInvalidDevice);
+    if (check_device(device) != cudaSuccess) return set_error(cudaErrorInvalidDevice);
     *p = cudaDeviceProp();
     snprintf(p->name, sizeof p->name, "NVIDIA H200 (fp8rl CUDA emulation)");
     p->major = 9, p->minor = 0;
@@ -242,17 +354,21 @@ cudaError_t cudaRuntimeGetVersion(int* v) {
     return cudaSuccess;
 }
 
-cudaError_t cudaDeviceSynchronize() { return sticky_error; }
+cudaError_t cudaDeviceSynchronize() {
+    cudaError_t e = unsafe_during_capture("cudaDeviceSynchronize");
+    return e != cudaSuccess ? e : synchronize();
+}
 
 // Clears the sticky error (a real reset also frees every allocation; here they stay valid, so
 // a test can go on with its buffers).
 cudaError_t cudaDeviceReset() {
-    sticky_error = last_error = cudaSuccess;
+    sticky_error = last_error = pending_error = cudaSuccess;
     clear_fault();
     return cudaSuccess;
 }
 
 cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {
+    attribute_calls++;
     if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize) {
         if (value < 0 || value > MAX_OPTIN_SMEM) return set_error(cudaErrorInvalidValue);
         max_dynamic_smem[func] = value;
@@ -266,37 +382,34 @@ cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int v
 cudaError_t cudaMalloc(void** ptr, size_t bytes) {
     *ptr = nullptr;
     if (sticky_error != cudaSuccess) return sticky_error;
+    cudaError_t e = unsafe_during_capture("cudaMalloc");
+    if (e != cudaSuccess) return e;
     if (bytes == 0) return cudaSuccess;
-    if (bytes > capacity() - allocated) return set_error(cudaErrorMemoryAllocation);
-    void* p = nullptr;
-    if (posix_memalign(&p, 256, bytes) != 0) return set_error(cudaErrorMemoryAllocation);
-    memset(p, 0xFF, bytes);
-    allocations[(uintptr_t)p] = bytes;
-    allocated += bytes;
-    *ptr = p;
-    return cudaSuccess;
+    *ptr = device_alloc(bytes);
+    return *ptr ? cudaSuccess : set_error(cudaErrorMemoryAllocation);
 }
 
 cudaError_t cudaFree(void* ptr) {
+    cudaError_t e = unsafe_during_capture("cudaFree");
+    if (e != cudaSuccess) return e;
     if (ptr == nullptr) return cudaSuccess;
-    auto it = allocations.find((uintptr_t)ptr);
-    if (it == allocations.end()) return set_error(cudaErrorInvalidValue);
-    allocated -= it->second;
-    allocations.erase(it);
-    free(ptr);
-    return cudaSuccess;
+    return device_free(ptr) ? cudaSuccess : set_error(cudaErrorInvalidValue);
 }
 
 cudaError_t cudaMallocHost(void** ptr, size_t bytes) {
     *ptr = malloc(bytes ? bytes : 1);
-    return *ptr ? cudaSuccess : set_error(cudaErrorMemoryAllocation);
+    if (!*ptr) return set_error(cudaErrorMemoryAllocation);
+    pinned_add(*ptr, bytes);
+    return cudaSuccess;
 }
 cudaError_t cudaFreeHost(void* ptr) {
+    if (ptr && !pinned_remove(ptr)) return set_error(cudaErrorInvalidValue);
     free(ptr);
     return cudaSuccess;
 }
 
 cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total) {
+    const size_t allocated = device_allocated();
     *free_bytes = capacity() - allocated;
     *total = capacity();
     return cudaSuccess;
@@ -308,8 +421,11 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
     return enqueue(stream, [=] { memmove(dst, src, bytes); });
 }
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+    cudaError_t e = unsafe_during_capture("cudaMemcpy (synchronous, on the legacy stream)");
+    if (e != cudaSuccess) return e;
     if (capturing_streams > 0) return set_error(cudaErrorStreamCaptureImplicit);
-    return cudaMemcpyAsync(dst, src, bytes, kind, nullptr);
+    e = cudaMemcpyAsync(dst, src, bytes, kind, nullptr);
+    return e != cudaSuccess ? e : synchronize();
 }
 
 cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t stream) {
@@ -320,6 +436,8 @@ cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t str
     return enqueue(stream, [=] { memset(dst, value, bytes); });
 }
 cudaError_t cudaMemset(void* dst, int value, size_t bytes) {
+    cudaError_t e = unsafe_during_capture("cudaMemset (on the legacy stream)");
+    if (e != cudaSuccess) return e;
     if (capturing_streams > 0) return set_error(cudaErrorStreamCaptureImplicit);
     return cudaMemsetAsync(dst, value, bytes, nullptr);
 }
@@ -344,8 +462,13 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s) {
     bool bad;
     CUstream_st* st = stream_of(s, &bad);
     if (bad) return set_error(cudaErrorInvalidResourceHandle);
-    if (st && st->capturing) return set_error(cudaErrorStreamCaptureUnsupported);
-    return sticky_error;
+    if (st && st->capturing) {
+        st->invalidated = true;
+        fprintf(stderr, "CUDA emulation: cudaStreamSynchronize of a capturing stream: refused, and the capture is invalidated\n");
+        return set_error(cudaErrorStreamCaptureUnsupported);
+    }
+    cudaError_t e = unsafe_during_capture("cudaStreamSynchronize");
+    return e != cudaSuccess ? e : synchronize();
 }
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t, unsigned int) {
     bool bad;
@@ -353,13 +476,16 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t, unsigned int) {
     return bad ? set_error(cudaErrorInvalidResourceHandle) : cudaSuccess;
 }
 
-cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode) {
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode) {
     bool bad;
     CUstream_st* st = stream_of(s, &bad);
     if (bad) return set_error(cudaErrorInvalidResourceHandle);
     if (!st) return set_error(cudaErrorStreamCaptureUnsupported);  // the legacy stream cannot capture
     if (st->capturing) return set_error(cudaErrorIllegalState);
     st->capturing = true;
+    st->invalidated = false;
+    st->mode = mode;
+    st->capturer = std::this_thread::get_id();
     st->graph = new CUgraph_st();
     capturing_streams++;
     return cudaSuccess;
@@ -372,13 +498,20 @@ cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t* graph) {
     capturing_streams--;
     *graph = st->graph;
     st->graph = nullptr;
+    if (st->invalidated) {
+        delete *graph;
+        *graph = nullptr;
+        return set_error(cudaErrorStreamCaptureInvalidated);
+    }
     return cudaSuccess;
 }
 cudaError_t cudaStreamIsCapturing(cudaStream_t s, cudaStreamCaptureStatus* status) {
     bool bad;
     CUstream_st* st = stream_of(s, &bad);
     if (bad) return set_error(cudaErrorInvalidResourceHandle);
-    *status = st && st->capturing ? cudaStreamCaptureStatusActive : cudaStreamCaptureStatusNone;
+    *status = !st || !st->capturing ? cudaStreamCaptureStatusNone
+              : st->invalidated        ? cudaStreamCaptureStatusInvalidated
+                                       : cudaStreamCaptureStatusActive;
     return cudaSuccess;
 }
 
@@ -420,8 +553,11 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t stream) {
         e->recorded = true;
     });
 }
-cudaError_t cudaEventSynchronize(cudaEvent_t) { return sticky_error; }
-cudaError_t cudaEventQuery(cudaEvent_t) { return sticky_error; }
+cudaError_t cudaEventSynchronize(cudaEvent_t) {
+    cudaError_t e = unsafe_during_capture("cudaEventSynchronize");
+    return e != cudaSuccess ? e : synchronize();
+}
+cudaError_t cudaEventQuery(cudaEvent_t) { return synchronize(); }
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
     if (!start->recorded || !end->recorded) return set_error(cudaErrorInvalidResourceHandle);
     *ms = (float)(end->ms - start->ms);

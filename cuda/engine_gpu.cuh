@@ -33,6 +33,7 @@
 #include "cuda/adamw.cuh"
 #include "cuda/attention.cuh"
 #include "cuda/common.cuh"
+#include "cuda/device.cuh"
 #include "cuda/device_array.cuh"
 #include "cuda/elementwise.cuh"
 #include "cuda/embedding.cuh"
@@ -332,24 +333,9 @@ class GpuEngine : public Engine {
     std::unique_ptr<RolloutState> rollout_;
     RolloutStats rollout_stats_;
 
-    // Picks the rank's GPU, its node-local rank (spec-gpu.md §6), and checks it.
+    // Picks the rank's GPU (cuda/device.cuh) and checks it.
     static void check_device() {
-        int n = 0;
-        cudaError_t e = cudaGetDeviceCount(&n);
-        if (e != cudaSuccess || n == 0)
-            fail("no CUDA device (%s): train_rl needs an NVIDIA GPU; on a machine without one, train_rl_emu runs the same "
-                 "engine on the CPU",
-                 e != cudaSuccess ? cudaGetErrorString(e) : "none found");
-#ifdef FP8RL_EMU
-        const int device = 0;  // every emulated rank is a process with a GPU of its own
-#else
-        const int device = node_local_rank();
-        if (device >= n)
-            fail("this rank is rank %d on its node, which has %d GPU(s): one GPU per rank, so start at most %d ranks per node "
-                 "(mpirun -npernode %d)",
-                 device, n, n, n);
-#endif
-        CUDA_CHECK(cudaSetDevice(device));
+        const int device = select_device();
         std::string why = fp8_block_gemm_unsupported_reason(device);
         if (!why.empty()) fail("%s; train_rl needs a Hopper GPU (sm_90) for its FP8 block-scaled GEMMs", why.c_str());
     }
