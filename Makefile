@@ -69,7 +69,7 @@ BUILD := build
 # kernel on the CPU. It needs the CUDA headers (cuda_runtime.h, cuda_bf16.h, cuda_fp8.h), not a GPU.
 ifneq ($(CUDA_FP8_H),)
   EMU_FLAGS     := -DFP8RL_EMU -isystem $(CUDA_HOME)/include $(MPI_FLAGS)
-  EMU_RUNTIME   := cuda/emu_threads.cpp cuda/emu_memory.cpp cuda/emu_runtime.cpp
+  EMU_RUNTIME   := cuda/emu_threads.cpp cuda/emu_memory.cpp cuda/emu_runtime.cpp cuda/emu_cublaslt.cpp
   GPU_TEST_OBJS := $(patsubst %,$(BUILD)/emu/%.o,test/run_tests.cpp $(EMU_RUNTIME) $(GPU_TESTS))
   GPU_ASAN_OBJS := $(patsubst %,$(BUILD)/emu-asan/%.o,test/run_tests.cpp $(EMU_RUNTIME) $(GPU_TESTS))
   EMU_SEEDS     ?= 1

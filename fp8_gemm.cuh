@@ -17,9 +17,7 @@
 #include "cuda/common.cuh"
 #include "cuda/device_array.cuh"
 #include "cuda/element.cuh"
-#ifndef FP8RL_EMU
-#include <cublasLt.h>
-#endif
+#include <cublasLt.h>  // in emulation: the same declarations, implemented by cuda/emu_cublaslt.cpp
 
 #include <cstdint>
 #include <map>
@@ -30,12 +28,15 @@
 
 namespace fp8rl {
 
-#ifndef FP8RL_EMU
 inline void cublas_check(cublasStatus_t status, const std::string& what) {
-    if (status != CUBLAS_STATUS_SUCCESS)
-        fail("cuBLASLt error in %s: %s (%d)", what.c_str(), cublasLtGetStatusString(status), (int)status);
-}
+#ifdef FP8RL_EMU
+    const std::string rule = status != CUBLAS_STATUS_SUCCESS ? ": " + emu::cublaslt_last_error() : "";  // the rule it broke
+#else
+    const std::string rule;
 #endif
+    if (status != CUBLAS_STATUS_SUCCESS)
+        fail("cuBLASLt error in %s: %s (%d)%s", what.c_str(), cublasLtGetStatusString(status), (int)status, rule.c_str());
+}
 
 // ---------------------------------------------------------------------------------------------
 // Quantization kernels. One thread block quantizes one 128x128 tile, staged in shared memory as
@@ -212,23 +213,13 @@ struct GemmCall {
     bool accumulate;
 };
 
-}  // namespace fp8rl
-
-#ifdef FP8RL_EMU
-#include "cuda/emu_gemm.h"  // the emulation backend: what cuBLASLt documents for a GemmCall, on the CPU
-#endif
-
-namespace fp8rl {
-
 // Block-scaled FP8 GEMMs need cuBLASLt >= 12.9 and compute capability 9.x (spec-fp8.md §6.1).
 // Returns "" when supported, else the reason.
 inline std::string fp8_block_gemm_unsupported_reason(int device) {
     cudaDeviceProp prop;
     CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
-#ifndef FP8RL_EMU
     size_t version = cublasLtGetVersion();
     if (version < 120900) return strfmt("cuBLASLt %zu is older than 12.9 (no VEC128/BLK128x128 scaling)", version);
-#endif
     if (prop.major != 9)
         return strfmt("%s is compute capability %d.%d; cuBLASLt's 128-block FP8 scaling runs only on 9.x (Hopper)",
                       prop.name, prop.major, prop.minor);
@@ -236,23 +227,20 @@ inline std::string fp8_block_gemm_unsupported_reason(int device) {
 }
 
 // Owns the cuBLASLt handle, the workspace and one cached plan (descriptors + chosen algorithm) per
-// GEMM configuration, so the heuristic query runs once per shape. One per device; not thread-safe.
-// In emulation the same checks run and the GemmCall goes to cuda/emu_gemm.h instead.
+// GEMM configuration (shape, modes, types and the operands' pointer alignments), so the heuristic
+// query runs once per configuration. The same code runs in emulation (cuda/emu_cublaslt.cpp).
+// One per device; not thread-safe.
 class GemmRunner {
   public:
     static constexpr size_t WORKSPACE_BYTES = 32u << 20;  // what cuBLAS and TE use on Hopper
 
     GemmRunner() {
-#ifndef FP8RL_EMU
         cublas_check(cublasLtCreate(&handle_), "cublasLtCreate");
-#endif
         workspace_.resize(WORKSPACE_BYTES, "cuBLASLt workspace");
     }
     ~GemmRunner() {
-#ifndef FP8RL_EMU
         for (auto& kv : plans_) destroy(kv.second);
         cublasLtDestroy(handle_);
-#endif
     }
     GemmRunner(const GemmRunner&) = delete;
     GemmRunner& operator=(const GemmRunner&) = delete;
@@ -273,6 +261,12 @@ class GemmRunner {
             fail("%s: cuBLASLt has no BLK128x128 x BLK128x128 mode", what.c_str());
         if ((uintptr_t)a_scale % 16 || (uintptr_t)b_scale % 16)
             fail("%s: scale tensors must start on a 16-byte boundary", what.c_str());
+        if ((uintptr_t)a % 16 || (uintptr_t)b % 16 || (uintptr_t)d % 16)
+            fail("%s: FP8 GEMMs need A, B and D on 16-byte boundaries (A %p, B %p, D %p)", what.c_str(), (const void*)a,
+                 (const void*)b, d);
+        // D's rows (m elements) must be 16-byte multiples: 8 BF16 values (spec-fp8.md §6.4)
+        if (out == GemmOut::BF16 && m % 8)
+            fail("%s: an FP8 GEMM with BF16 output needs m a multiple of 8 (16-byte rows of D)", what.c_str());
         check_accumulate(what, out, accumulate);
         run(what, GemmCall{m, n, k, true, a, b, a_scale, b_scale, a_mode, b_mode, d, out, GemmOps::TN, accumulate}, stream);
     }
@@ -299,15 +293,22 @@ class GemmRunner {
         if (accumulate && out != GemmOut::F32) fail("%s: accumulating into D needs an FP32 output", what.c_str());
     }
 
-#ifdef FP8RL_EMU
-    void run(const std::string& what, const GemmCall& call, cudaStream_t stream) { emulated_gemm(what, call, stream); }
-#else
-    using Key = std::tuple<int, int, int, bool, int, int, int, int>;  // m, n, k, fp8, a mode, b mode, out, ops
+    // m, n, k, fp8, a mode, b mode, out, ops, and the alignments of A, B, D the algorithms were chosen for
+    using Key = std::tuple<int, int, int, bool, int, int, int, int, uint32_t, uint32_t, uint32_t>;
+    static constexpr int MAX_ALGOS = 4;  // the heuristic's best few, tried in order when one is refused
     struct Plan {
         cublasLtMatmulDesc_t desc = nullptr;
         cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
-        cublasLtMatmulAlgo_t algo;
+        cublasLtMatmulHeuristicResult_t algos[MAX_ALGOS];
+        int num_algos = 0;
     };
+
+    // The largest power of two (up to 256, cuBLASLt's default assumption) that divides p.
+    static uint32_t alignment_of(const void* p) {
+        uint32_t a = 256;
+        while (a > 1 && (uintptr_t)p % a) a /= 2;
+        return a;
+    }
 
     cublasLtHandle_t handle_ = nullptr;
     std::map<Key, Plan> plans_;
@@ -325,7 +326,8 @@ class GemmRunner {
     }
 
     Plan& get_plan(const std::string& what, const GemmCall& c) {
-        Key key{c.m, c.n, c.k, c.fp8, (int)c.a_mode, (int)c.b_mode, (int)c.out, (int)c.ops};
+        const uint32_t align[3] = {alignment_of(c.a), alignment_of(c.b), alignment_of(c.d)};  // A, B, C = D
+        Key key{c.m, c.n, c.k, c.fp8, (int)c.a_mode, (int)c.b_mode, (int)c.out, (int)c.ops, align[0], align[1], align[2]};
         auto it = plans_.find(key);
         if (it != plans_.end()) return it->second;
         cudaDataType_t in_type = c.fp8 ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
@@ -347,6 +349,9 @@ class GemmRunner {
                 cublas_check(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast_accum,
                                                             sizeof(fast_accum)),
                              what + ": FAST_ACCUM");
+                // the heuristic refuses block modes without scale pointers (NVIDIA's LtBlk128x128Fp8Matmul
+                // sets them first); these are the call's own, and run() sets each call's again
+                set_scale_pointers(what, p, c);
             }
             // the stored matrices, column-major: A k x m (T) or m x k (N); B k x n (N) or n x k (T)
             if (a_t)
@@ -363,14 +368,18 @@ class GemmRunner {
             size_t ws = WORKSPACE_BYTES;
             cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                                      &ws, sizeof(ws));
-            cublasLtMatmulHeuristicResult_t result = {};
-            int found = 0;
+            // the heuristic assumes 256-byte-aligned operands unless told otherwise; BF16 weight slices are less
+            const cublasLtMatmulPreferenceAttributes_t align_attr[4] = {
+                CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+            for (int i = 0; i < 4 && st == CUBLAS_STATUS_SUCCESS; i++)
+                st = cublasLtMatmulPreferenceSetAttribute(pref, align_attr[i], &align[i < 3 ? i : 2], sizeof(uint32_t));
             if (st == CUBLAS_STATUS_SUCCESS)
-                st = cublasLtMatmulAlgoGetHeuristic(handle_, p.desc, p.a, p.b, p.d, p.d, pref, 1, &result, &found);
+                st = cublasLtMatmulAlgoGetHeuristic(handle_, p.desc, p.a, p.b, p.d, p.d, pref, MAX_ALGOS, p.algos,
+                                                    &p.num_algos);
             cublasLtMatmulPreferenceDestroy(pref);
             cublas_check(st, what + ": algorithm heuristic");
-            if (found == 0) fail("%s: cuBLASLt found no algorithm for this configuration", what.c_str());
-            p.algo = result.algo;
+            if (p.num_algos == 0) fail("%s: cuBLASLt found no algorithm for this configuration", what.c_str());
         } catch (...) {
             destroy(p);
             throw;
@@ -378,22 +387,29 @@ class GemmRunner {
         return plans_.emplace(key, p).first->second;
     }
 
+    static void set_scale_pointers(const std::string& what, Plan& p, const GemmCall& c) {
+        cublas_check(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &c.a_scale,
+                                                    sizeof(c.a_scale)),
+                     what + ": A scale pointer");
+        cublas_check(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &c.b_scale,
+                                                    sizeof(c.b_scale)),
+                     what + ": B scale pointer");
+    }
+
+    // Runs the plan's first algorithm the library accepts for these pointers; an algorithm refused
+    // (CUBLAS_STATUS_NOT_SUPPORTED) gives way to the next, and the plan keeps the survivor first.
     void run(const std::string& what, const GemmCall& c, cudaStream_t stream) {
         Plan& p = get_plan(what, c);
-        if (c.fp8) {
-            cublas_check(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &c.a_scale,
-                                                        sizeof(c.a_scale)),
-                         what + ": A scale pointer");
-            cublas_check(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &c.b_scale,
-                                                        sizeof(c.b_scale)),
-                         what + ": B scale pointer");
-        }
+        if (c.fp8) set_scale_pointers(what, p, c);
         const float alpha = 1.0f, beta = c.accumulate ? 1.0f : 0.0f;
-        cublas_check(cublasLtMatmul(handle_, p.desc, &alpha, c.a, p.a, c.b, p.b, &beta, c.d, p.d, c.d, p.d, &p.algo,
-                                    workspace_.get(), WORKSPACE_BYTES, stream),
-                     what + ": cublasLtMatmul");
+        cublasStatus_t st = CUBLAS_STATUS_NOT_SUPPORTED;
+        int i = 0;
+        for (; i < p.num_algos && st == CUBLAS_STATUS_NOT_SUPPORTED; i++)
+            st = cublasLtMatmul(handle_, p.desc, &alpha, c.a, p.a, c.b, p.b, &beta, c.d, p.d, c.d, p.d, &p.algos[i].algo,
+                                workspace_.get(), WORKSPACE_BYTES, stream);
+        cublas_check(st, strfmt("%s: cublasLtMatmul (%d of %d algorithms tried)", what.c_str(), i, p.num_algos));
+        if (i > 1) std::swap(p.algos[0], p.algos[i - 1]);
     }
-#endif
 };
 
 }  // namespace fp8rl

@@ -76,6 +76,8 @@ const void* pointer_arg(const T& arg) {
 // Runs a host operation in stream order (now, or recorded when the stream captures a graph): how
 // library calls such as the emulated cuBLASLt GEMM take part in streams and graphs.
 cudaError_t stream_op(cudaStream_t stream, std::function<void()> op);
+// The rule the last refused cuBLASLt call broke (cuda/emu_cublaslt.cpp), "" if none.
+std::string cublaslt_last_error();
 // True when [p, p + bytes) lies inside one cudaMalloc'ed buffer.
 bool is_device_memory(const void* p, size_t bytes);
 

@@ -471,14 +471,18 @@ inline void GpuEngine::prepare_batch(const std::vector<Sequence>& seqs) {
     const long inner = Tp * (3 * C + (m.qk_norm ? Q + Kd : 0) + 2 * Q + 2 * Kd + 3 * I);
     const long inner_f32 = T * (2 + 2 * m.H + m.KV);  // rstd1, rstd2, rstd_q, rstd_k, lse
     const long sets = options_.recompute_layer ? 1 : m.L;
-    act_bf16_.resize((size_t)(m.L * Tp * C + sets * inner + 2 * Tp * C), "BF16 activations");
+    // Every carve starts on a 256-byte boundary (memory_plan.h's CARVE_ALIGN_BYTES): T-sized FP32 buffers would
+    // leave the next one 8-byte aligned when T % 4 != 0, and FP8 GEMMs need 16 (their D: gemm_f32_).
+    const size_t slack = memory_plan_detail::forward_carve_slack(m.L, sets);
+    act_bf16_.resize((size_t)(m.L * Tp * C + sets * inner + 2 * Tp * C) + slack / sizeof(bf16), "BF16 activations");
     act_bf16_.zero(stream_);
     const long max_dim = std::max(std::max(C, I), std::max(Q, Kd));
-    act_f32_.resize((size_t)(sets * inner_f32 + 5 * T + Tp * max_dim), "FP32 activation statistics");
+    act_f32_.resize((size_t)(sets * inner_f32 + 5 * T + Tp * max_dim) + slack / sizeof(float), "FP32 activation statistics");
     bf16* b = act_bf16_.get();
     float* f = act_f32_.get();
-    auto take_b = [&](long n) { bf16* r = b; b += n; return r; };
-    auto take_f = [&](long n) { float* r = f; f += n; return r; };
+    const long align_b = memory_plan_detail::CARVE_ALIGN_BYTES / sizeof(bf16), align_f = memory_plan_detail::CARVE_ALIGN_BYTES / sizeof(float);
+    auto take_b = [&](long n) { bf16* r = b; b += memory_plan_detail::round_up(n, align_b); return r; };
+    auto take_f = [&](long n) { float* r = f; f += memory_plan_detail::round_up(n, align_f); return r; };
     layers_.assign(m.L, LayerActsGpu{});
     for (LayerActsGpu& a : layers_) a.x = take_b(Tp * C);
     for (long l = 0; l < m.L; l++) {

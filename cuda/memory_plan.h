@@ -71,6 +71,12 @@ inline size_t fp8_copy_bytes(const ModelConfig& c) {
     return per_layer * (size_t)c.num_layers;
 }
 
+// prepare_batch carves its activations on 256-byte boundaries (cuBLASLt's default alignment
+// assumption; FP8 GEMM operands need 16): each carve wastes less than this, and it counts the
+// carves of a forward (every layer's x, up to 12 per activation set in BF16 and 5 in FP32, 2 + 6 more).
+constexpr size_t CARVE_ALIGN_BYTES = 256;
+inline size_t forward_carve_slack(long layers, long sets) { return CARVE_ALIGN_BYTES * (size_t)(layers + 17 * sets + 8); }
+
 // The buffers of one forward of T tokens (prepare_batch): ids, positions, targets, sequence offsets
 // (at most T sequences), the RoPE table (at most T positions), BF16 activations and FP32 statistics.
 inline size_t forward_bytes(const ModelConfig& c, long T, bool recompute) {
@@ -81,7 +87,7 @@ inline size_t forward_bytes(const ModelConfig& c, long T, bool recompute) {
     const long sets = recompute ? 1 : L, max_dim = std::max(std::max(C, I), std::max(Q, Kd));
     const size_t ids = 4 * (size_t)(Tp + T + T + T + 1), rope = 2 * sizeof(float) * (size_t)T * (size_t)(D / 2);
     return ids + rope + 2 * (size_t)(L * Tp * C + sets * inner + 2 * Tp * C) +
-           4 * (size_t)(sets * inner_f32 + 5 * T + Tp * max_dim);
+           4 * (size_t)(sets * inner_f32 + 5 * T + Tp * max_dim) + 2 * forward_carve_slack(L, sets);
 }
 
 // The FP8 operand scratch of the linear layers (LinearScratch: two operands and their transposes).

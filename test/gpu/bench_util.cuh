@@ -59,7 +59,7 @@ inline void print_bench_header(const char* name, bool tiny) {
     cudaDeviceProp prop;
     CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
 #ifdef FP8RL_EMU
-    const std::string library = "cuBLASLt emulated (cuda/emu_gemm.h)";
+    const std::string library = "cuBLASLt emulated (cuda/emu_cublaslt.cpp)";
 #else
     const std::string library = strfmt("cuBLASLt %zu", cublasLtGetVersion());
 #endif

@@ -1,0 +1,225 @@
+// test_cublaslt.cu: cuBLASLt's documented rules, called as a plain CUDA program calls the library
+// (the same code runs against the real cuBLASLt with nvcc and against cuda/emu_cublaslt.cpp in
+// emulation, where the message must also name the rule), and the GemmRunner defects those rules
+// exposed (issue 26): scale pointers before the heuristic, operand alignment, BF16-output m % 8.
+#include <cublasLt.h>
+
+#include <cstring>
+
+#include "fp8_gemm.cuh"
+#include "test/gpu/gpu_util.cuh"
+#include "test/harness.h"
+
+using namespace fp8rl;
+
+namespace {
+
+#define LT_CHECK(call) cublas_check((call), #call)
+
+// cuBLASLt >= 12.9 on compute capability 9.x, as test_fp8_gemm.cu requires
+#define REQUIRE_FP8_BLOCK_GEMM()                                    \
+    do {                                                            \
+        REQUIRE_GPU();                                              \
+        std::string why_not = fp8_block_gemm_unsupported_reason(0); \
+        if (!why_not.empty()) SKIP(why_not.c_str());                \
+    } while (0)
+
+// One cublasLtMatmul's configuration in cuBLAS's column-major terms; D = C (ldd = m).
+struct LtConfig {
+    int m = 128, n = 128, k = 128;
+    bool fp8 = true;
+    cublasOperation_t transa = CUBLAS_OP_T, transb = CUBLAS_OP_N;
+    int32_t a_mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F, b_mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    const float *a_scale = nullptr, *b_scale = nullptr;
+    cudaDataType_t out = CUDA_R_32F;
+    uint32_t pref_align = 256;  // every MIN_ALIGNMENT_*_BYTES
+};
+
+// The descriptors of one configuration, destroyed with it.
+struct LtPlan {
+    cublasLtHandle_t handle = nullptr;
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+    cublasLtMatmulPreference_t pref = nullptr;
+    explicit LtPlan(const LtConfig& c) {
+        LT_CHECK(cublasLtCreate(&handle));
+        LT_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+        LT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &c.transa, sizeof(c.transa)));
+        LT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &c.transb, sizeof(c.transb)));
+        if (c.fp8) {
+            LT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &c.a_mode, sizeof(c.a_mode)));
+            LT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &c.b_mode, sizeof(c.b_mode)));
+            if (c.a_scale)
+                LT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &c.a_scale, sizeof(c.a_scale)));
+            if (c.b_scale)
+                LT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &c.b_scale, sizeof(c.b_scale)));
+        }
+        cudaDataType_t in = c.fp8 ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
+        bool at = c.transa == CUBLAS_OP_T, bt = c.transb == CUBLAS_OP_T;
+        LT_CHECK(cublasLtMatrixLayoutCreate(&a, in, at ? c.k : c.m, at ? c.m : c.k, at ? c.k : c.m));
+        LT_CHECK(cublasLtMatrixLayoutCreate(&b, in, bt ? c.n : c.k, bt ? c.k : c.n, bt ? c.n : c.k));
+        LT_CHECK(cublasLtMatrixLayoutCreate(&d, c.out, c.m, c.n, c.m));
+        LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+        size_t ws = GemmRunner::WORKSPACE_BYTES;
+        LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+        const cublasLtMatmulPreferenceAttributes_t attrs[4] = {
+            CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+            CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+        for (auto attr : attrs) LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &c.pref_align, sizeof(uint32_t)));
+    }
+    ~LtPlan() {
+        cublasLtMatmulPreferenceDestroy(pref);
+        cublasLtMatrixLayoutDestroy(d);
+        cublasLtMatrixLayoutDestroy(b);
+        cublasLtMatrixLayoutDestroy(a);
+        cublasLtMatmulDescDestroy(desc);
+        cublasLtDestroy(handle);
+    }
+    cublasStatus_t heuristic(cublasLtMatmulHeuristicResult_t* r, int* found) {
+        return cublasLtMatmulAlgoGetHeuristic(handle, desc, a, b, d, d, pref, 1, r, found);
+    }
+};
+
+// Checks the status of a refused call and, in emulation, that the message names the rule.
+void check_refused(cublasStatus_t got, cublasStatus_t want, const char* rule) {
+    CHECK_MSG(got == want, "status %d, expected %d (%s)", (int)got, (int)want, rule);
+#ifdef FP8RL_EMU
+    CHECK_MSG(emu::cublaslt_last_error().find(rule) != std::string::npos, "message \"%s\" lacks \"%s\"",
+              emu::cublaslt_last_error().c_str(), rule);
+#endif
+}
+
+cublasStatus_t heuristic_status(const LtConfig& c) {
+    LtPlan p(c);
+    cublasLtMatmulHeuristicResult_t r = {};
+    int found = 0;
+    return p.heuristic(&r, &found);
+}
+
+}  // namespace
+
+TEST(cublaslt_fp8_is_tn_only) {
+    REQUIRE_FP8_BLOCK_GEMM();
+    DeviceBuffer<float> s(64);
+    LtConfig c;
+    c.a_scale = c.b_scale = s.ptr;
+    c.transa = CUBLAS_OP_N;
+    check_refused(heuristic_status(c), CUBLAS_STATUS_NOT_SUPPORTED, "TN only");
+}
+
+TEST(cublaslt_block_modes_need_scale_pointers_at_heuristic_time) {
+    REQUIRE_FP8_BLOCK_GEMM();
+    LtConfig c;
+    check_refused(heuristic_status(c), CUBLAS_STATUS_INVALID_VALUE, "requires a custom pointer for A scale");
+}
+
+TEST(cublaslt_block_scale_tensors_are_16_byte_aligned) {
+    REQUIRE_FP8_BLOCK_GEMM();
+    DeviceBuffer<float> s(64);
+    LtConfig c;
+    c.a_scale = s.ptr + 1, c.b_scale = s.ptr;
+    check_refused(heuristic_status(c), CUBLAS_STATUS_NOT_SUPPORTED, "scale tensors must start on a 16-byte boundary");
+}
+
+TEST(cublaslt_fp8_needs_16_byte_alignment) {
+    REQUIRE_FP8_BLOCK_GEMM();
+    DeviceBuffer<float> s(64);
+    LtConfig c;
+    c.a_scale = c.b_scale = s.ptr;
+    c.pref_align = 8;
+    check_refused(heuristic_status(c), CUBLAS_STATUS_NOT_SUPPORTED, "16-byte-aligned A, B, C and D");
+}
+
+TEST(cublaslt_fp8_shape_rules) {
+    REQUIRE_FP8_BLOCK_GEMM();
+    DeviceBuffer<float> s(64);
+    LtConfig c;
+    c.a_scale = c.b_scale = s.ptr;
+    c.m = 126;  // block modes: m and n multiples of 4
+    check_refused(heuristic_status(c), CUBLAS_STATUS_NOT_SUPPORTED, "m and n multiples of 4");
+    c.m = 128, c.k = 120;  // lda = k: 16-byte rows
+    check_refused(heuristic_status(c), CUBLAS_STATUS_NOT_SUPPORTED, "multiples of 16 (16-byte rows)");
+    c.k = 128, c.m = 132, c.out = CUDA_R_16BF;  // BF16 D rows of m elements: 16-byte multiples
+    check_refused(heuristic_status(c), CUBLAS_STATUS_NOT_SUPPORTED, "ldd (= m) a multiple of 8");
+    c.m = 128, c.out = CUDA_R_32F;
+    c.a_mode = c.b_mode = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+    check_refused(heuristic_status(c), CUBLAS_STATUS_NOT_SUPPORTED, "BLK128x128 x BLK128x128");
+}
+
+TEST(cublaslt_leading_dimension_below_rows_is_invalid) {
+    REQUIRE_FP8_BLOCK_GEMM();
+    cublasLtMatrixLayout_t l = nullptr;
+    LtConfig c;
+    c.fp8 = false;
+    LtPlan p(c);
+    LT_CHECK(cublasLtMatrixLayoutCreate(&l, CUDA_R_16BF, 128, 128, 64));  // ld 64 < 128 rows
+    cublasLtMatmulHeuristicResult_t r = {};
+    int found = 0;
+    check_refused(cublasLtMatmulAlgoGetHeuristic(p.handle, p.desc, l, p.b, p.d, p.d, p.pref, 1, &r, &found),
+                  CUBLAS_STATUS_INVALID_VALUE, "leading dimension");
+    cublasLtMatrixLayoutDestroy(l);
+}
+
+// An algorithm chosen for 256-byte alignment (the preference's default) refuses a pointer with less.
+TEST(cublaslt_pointer_less_aligned_than_the_preference_is_refused) {
+    REQUIRE_FP8_BLOCK_GEMM();
+    LtConfig c;
+    c.fp8 = false;
+    LtPlan p(c);
+    cublasLtMatmulHeuristicResult_t r = {};
+    int found = 0;
+    LT_CHECK(p.heuristic(&r, &found));
+    CHECK(found >= 1);
+    DeviceBuffer<__nv_bfloat16> a(128 * 128 + 64), b(128 * 128);
+    DeviceBuffer<float> d(128 * 128);
+    DeviceArray<uint8_t> ws;
+    ws.resize(GemmRunner::WORKSPACE_BYTES, "workspace");
+    const float alpha = 1, beta = 0;
+    check_refused(cublasLtMatmul(p.handle, p.desc, &alpha, a.ptr + 64, p.a, b.ptr, p.b, &beta, d.ptr, p.d, d.ptr, p.d,
+                                 &r.algo, ws.get(), GemmRunner::WORKSPACE_BYTES, 0),
+                  CUBLAS_STATUS_NOT_SUPPORTED, "MIN_ALIGNMENT_A_BYTES");
+}
+
+// Defect 1: GemmRunner must put the scale pointers on the descriptor before the heuristic query.
+TEST(gemm_runner_block_scaled_plan_sets_scale_pointers_first) {
+    REQUIRE_FP8_BLOCK_GEMM();
+    GemmRunner runner;
+    const int m = 128, n = 128, k = 256;
+    DeviceBuffer<uint8_t> a(std::vector<uint8_t>((size_t)m * k, 0x38)), b(std::vector<uint8_t>((size_t)n * k, 0x38));  // 1.0
+    DeviceBuffer<float> sa(std::vector<float>(64, 1.0f)), sb(std::vector<float>(256, 0.5f));
+    DeviceBuffer<float> d((size_t)m * n);
+    runner.fp8("fprop", m, n, k, a.ptr, sa.ptr, Fp8ScaleMode::BLK128x128, b.ptr, sb.ptr, Fp8ScaleMode::VEC128, d.ptr,
+               GemmOut::F32, 0);
+    std::vector<float> got = d.download();
+    CHECK_EQ(got[0], 128.0f);  // 256 products of 1.0, at scales 1 x 0.5
+    CHECK_EQ(got.back(), 128.0f);
+}
+
+// Defect 3: a BF16 operand 128-byte aligned (a weight slice) must get an algorithm for its alignment.
+TEST(gemm_runner_plans_for_the_operands_alignment) {
+    REQUIRE_FP8_BLOCK_GEMM();
+    GemmRunner runner;
+    const int m = 128, n = 128, k = 128;
+    DeviceBuffer<__nv_bfloat16> a(std::vector<__nv_bfloat16>((size_t)m * k + 64, __float2bfloat16(1.0f)));
+    DeviceBuffer<__nv_bfloat16> b(std::vector<__nv_bfloat16>((size_t)n * k, __float2bfloat16(2.0f)));
+    DeviceBuffer<float> d((size_t)m * n);
+    runner.bf16("aligned", m, n, k, a.ptr, b.ptr, d.ptr, GemmOut::F32, 0);
+    runner.bf16("slice", m, n, k, a.ptr + 64, b.ptr, d.ptr, GemmOut::F32, 0);  // 128 bytes past a 256-byte boundary
+    std::vector<float> got = d.download();
+    CHECK_EQ(got[0], 256.0f);
+    CHECK_EQ(got.back(), 256.0f);
+}
+
+// Defects 2 and 7: GemmRunner names the rule before cuBLASLt refuses the call.
+TEST(gemm_runner_checks_fp8_alignment_and_bf16_rows) {
+    REQUIRE_FP8_BLOCK_GEMM();
+    GemmRunner runner;
+    DeviceBuffer<uint8_t> a(256 * 128), b(256 * 128);
+    DeviceBuffer<float> s(1024), d(256 * 256 + 4);
+    CHECK_THROWS(runner.fp8("fprop", 132, 128, 128, a.ptr, s.ptr, Fp8ScaleMode::BLK128x128, b.ptr, s.ptr,
+                            Fp8ScaleMode::VEC128, d.ptr, GemmOut::BF16, 0),
+                 "BF16 output needs m a multiple of 8");
+    CHECK_THROWS(runner.fp8("fprop", 128, 128, 128, a.ptr, s.ptr, Fp8ScaleMode::BLK128x128, b.ptr, s.ptr,
+                            Fp8ScaleMode::VEC128, d.ptr + 2, GemmOut::F32, 0),
+                 "A, B and D on 16-byte boundaries");
+}
