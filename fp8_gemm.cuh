@@ -135,10 +135,10 @@ __global__ void __launch_bounds__(QUANT_THREADS)
     }
 }
 
-// Allows a kernel the dynamic shared memory of one tile (once per kernel; cheap to repeat).
+// Allows a kernel the dynamic shared memory of one tile (set once per kernel and device).
 template <class Kernel>
 void allow_tile_smem(Kernel kernel) {
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)TILE_BYTES));
+    allow_dynamic_smem(kernel, TILE_BYTES);
 }
 
 // Host launchers. Device pointers; sizes as in the kernels' comments (vec128_scale_count,

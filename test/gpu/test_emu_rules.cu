@@ -12,6 +12,7 @@
 
 #include "cuda/attention.cuh"
 #include "cuda/device.cuh"
+#include "fp8_gemm.cuh"
 #include "test/gpu/gpu_util.cuh"
 #include "test/harness.h"
 
@@ -226,6 +227,25 @@ TEST(attention_sets_its_shared_memory_attribute_once) {
     for (int i = 0; i < 3; i++) attention_forward(out.ptr, lse.ptr, q.ptr, k.ptr, v.ptr, cu.ptr, s, 0);
     CUDA_CHECK(cudaDeviceSynchronize());
     CHECK_MSG(emu::func_attribute_calls() == before, "%llu cudaFuncSetAttribute calls in 3 launches",
+              (unsigned long long)(emu::func_attribute_calls() - before));
+}
+
+// Defect 6: the quantize launchers set the shared-memory attribute once, not per launch.
+TEST(quantize_sets_its_shared_memory_attribute_once) {
+    const int rows = 128, cols = 128;
+    DeviceBuffer<__nv_bfloat16> x((size_t)rows * cols);
+    DeviceBuffer<uint8_t> codes((size_t)rows * cols), codes_t((size_t)rows * cols);
+    DeviceBuffer<float> scale(1024), scale_t(1024);  // more than either layout's scale count at 128 x 128
+    x.poison();
+    auto quantize_both = [&] {
+        fp8_quantize_rowwise_gpu(x.ptr, rows, cols, false, codes.ptr, scale.ptr, codes_t.ptr, scale_t.ptr, 0);
+        fp8_quantize_blockwise_gpu(x.ptr, rows, cols, false, codes.ptr, scale.ptr, codes_t.ptr, scale_t.ptr, 0);
+    };
+    quantize_both();
+    const uint64_t before = emu::func_attribute_calls();
+    for (int i = 0; i < 3; i++) quantize_both();
+    CUDA_CHECK(cudaDeviceSynchronize());
+    CHECK_MSG(emu::func_attribute_calls() == before, "%llu cudaFuncSetAttribute calls in 6 launches",
               (unsigned long long)(emu::func_attribute_calls() - before));
 }
 
