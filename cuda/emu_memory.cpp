@@ -25,6 +25,7 @@ constexpr size_t GAP = 256;    // between allocations: ASan's redzone
 char* arena = nullptr;
 size_t reserved = 0, top = 0;  // bytes reserved, high-water mark of what was ever handed out
 int open_depth = 0;
+bool left_open = false;  // open since a stream operation, until the host synchronizes
 struct Allocation {
     size_t bytes;
     unsigned long long serial;  // the n-th cudaMalloc, so a message can name the buffer
@@ -120,7 +121,7 @@ size_t take(size_t span) {
     if (top + span > reserved) return SIZE_MAX;
     size_t off = top;
     top += span;
-    if (open_depth > 0) protect(off, top, PROT_READ | PROT_WRITE);
+    if (open_depth > 0 || left_open) protect(off, top, PROT_READ | PROT_WRITE);
     return off;
 }
 
@@ -146,11 +147,22 @@ size_t span_of(size_t bytes) { return (bytes + ALIGN - 1) / ALIGN * ALIGN + GAP;
 
 }  // namespace
 
-ArenaOpen::ArenaOpen() {
-    if (open_depth++ == 0 && arena) protect(0, top, PROT_READ | PROT_WRITE);
+ArenaOpen::ArenaOpen(bool until_sync_) : until_sync(until_sync_) {
+    if (open_depth++ == 0 && arena && !left_open) protect(0, top, PROT_READ | PROT_WRITE);
 }
 ArenaOpen::~ArenaOpen() {
-    if (--open_depth == 0 && arena) protect(0, top, PROT_NONE);
+    if (--open_depth > 0 || !arena) return;
+    if (until_sync) {
+        left_open = true;
+    } else {
+        protect(0, top, PROT_NONE);
+        left_open = false;
+    }
+}
+
+void close_arena_at_sync() {
+    if (open_depth == 0 && arena && left_open) protect(0, top, PROT_NONE);
+    left_open = false;
 }
 
 void keep_arena_open() {

@@ -128,6 +128,7 @@ cudaError_t unsafe_during_capture(const char* call) {
 
 // A synchronization point: a kernel fault that happened since becomes the sticky error here.
 cudaError_t synchronize() {
+    close_arena_at_sync();  // host code runs on from here: it must not touch device memory
     if (pending_error != cudaSuccess) {
         sticky_error = pending_error;
         pending_error = cudaSuccess;
@@ -167,7 +168,7 @@ cudaError_t enqueue(cudaStream_t s, std::function<void()> op) {
     }
     if (!st && capturing_streams > 0) return set_error(cudaErrorStreamCaptureImplicit);
     if (pending_error != cudaSuccess) return cudaSuccess;  // the context faulted: nothing more runs
-    ArenaOpen open;  // what runs in stream order may touch device memory
+    ArenaOpen open(/*until_sync=*/true);  // what runs in stream order may touch device memory
     try {
         op();
     } catch (...) {
