@@ -26,6 +26,7 @@
 #include <cstdio>
 #include <new>
 #include <string>
+#include <vector>
 
 #include "cuda/emu_internal.h"
 
@@ -382,31 +383,42 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
             if (mode == CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F) return s[(size_t)(row / 128) * L4 + kb];
             return s[0];
         };
+        // The operands decoded to float once (A as [m][k], B as [k][n]): decoding FP8 per product was
+        // most of the emulated GEMM's time. Each output's sums keep the order below.
+        auto element = [&](const void* x, size_t i) {
+            return p.fp8 ? __half2float(__half(__nv_cvt_fp8_to_halfraw(((const uint8_t*)x)[i], __NV_E4M3)))
+                         : __bfloat162float(((const __nv_bfloat16*)x)[i]);
+        };
+        std::vector<float> a((size_t)p.m * p.k), b((size_t)p.k * p.n);
+#pragma omp parallel for schedule(static)
+        for (int l = 0; l < p.k; l++) {
+            for (int i = 0; i < p.m; i++) a[(size_t)i * p.k + l] = element(A, p.a_t ? (size_t)i * p.a.ld + l : (size_t)l * p.a.ld + i);
+            for (int j = 0; j < p.n; j++) b[(size_t)l * p.n + j] = element(B, p.b_t ? (size_t)l * p.b.ld + j : (size_t)j * p.b.ld + l);
+        }
         const int per_split = (L + algo.splits - 1) / algo.splits;
 #pragma omp parallel for schedule(static)
-        for (int j = 0; j < p.n; j++)
-            for (int i = 0; i < p.m; i++) {
-                float total = 0;
-                for (int s0 = 0; s0 < L; s0 += per_split) {
-                    float part = 0;  // one split's FP32 sum of scaled 128-block sums, in k order
-                    for (int kb = s0; kb < std::min(L, s0 + per_split); kb++) {
-                        float block = 0;
-                        for (int l = kb * 128; l < p.k && l < (kb + 1) * 128; l++) {
-                            size_t ai = p.a_t ? (size_t)i * p.a.ld + l : (size_t)l * p.a.ld + i;
-                            size_t bi = p.b_t ? (size_t)l * p.b.ld + j : (size_t)j * p.b.ld + l;
-                            float x = p.fp8 ? __half2float(__half(__nv_cvt_fp8_to_halfraw(((const uint8_t*)A)[ai], __NV_E4M3)))
-                                            : __bfloat162float(((const __nv_bfloat16*)A)[ai]);
-                            float y = p.fp8 ? __half2float(__half(__nv_cvt_fp8_to_halfraw(((const uint8_t*)B)[bi], __NV_E4M3)))
-                                            : __bfloat162float(((const __nv_bfloat16*)B)[bi]);
-                            block += x * y;  // exact products; FP32 sums
-                        }
-                        if (p.fp8) block *= scale(sa, p.desc.a_mode, i, kb, p.m) * scale(sb, p.desc.b_mode, j, kb, p.n);
-                        part += block;
+        for (int i = 0; i < p.m; i++) {
+            // row i of D, its n outputs side by side (the inner loops run over j, so they vectorize)
+            std::vector<float> total(p.n, 0.0f), part(p.n), block(p.n);
+            for (int s0 = 0; s0 < L; s0 += per_split) {
+                std::fill(part.begin(), part.end(), 0.0f);  // one split's FP32 sum of scaled 128-block sums, in k order
+                for (int kb = s0; kb < std::min(L, s0 + per_split); kb++) {
+                    std::fill(block.begin(), block.end(), 0.0f);
+                    for (int l = kb * 128; l < p.k && l < (kb + 1) * 128; l++) {
+                        const float x = a[(size_t)i * p.k + l];
+                        const float* y = &b[(size_t)l * p.n];
+                        for (int j = 0; j < p.n; j++) block[j] += x * y[j];  // exact products; FP32 sums
                     }
-                    total += part;
+                    for (int j = 0; j < p.n; j++) {
+                        if (p.fp8) block[j] *= scale(sa, p.desc.a_mode, i, kb, p.m) * scale(sb, p.desc.b_mode, j, kb, p.n);
+                        part[j] += block[j];
+                    }
                 }
+                for (int j = 0; j < p.n; j++) total[j] += part[j];
+            }
+            for (int j = 0; j < p.n; j++) {
                 size_t di = (size_t)j * p.d.ld + i;
-                float out = alpha * total;
+                float out = alpha * total[j];
                 if (p.d.type == CUDA_R_32F) {
                     if (beta != 0) out += beta * ((const float*)C)[di];
                     ((float*)D)[di] = out;
@@ -415,6 +427,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
                     ((__nv_bfloat16*)D)[di] = __float2bfloat16_rn(out);
                 }
             }
+        }
     };
     if (emu::stream_op(stream, compute) != cudaSuccess)
         return refuse(CUBLAS_STATUS_EXECUTION_FAILED, "matmul: the stream refused the operation");
