@@ -60,24 +60,40 @@ NVCCFLAGS := -std=c++17 -O3 -gencode arch=compute_90,code=sm_90 -Werror all-warn
 CUDA_SRCS := $(wildcard *.cu *.cuh rl/*/*.cuh cuda/*.cu cuda/*.cuh)
 GPU_TEST_SRCS := $(wildcard test/gpu/*.cu)
 GPU_TESTS     := $(wildcard test/gpu/test_*.cu)
+GPU_BENCHES   := $(wildcard test/gpu/bench_*.cu)
 
 $(info fp8rl build: g++=$(shell command -v $(CXX)) nvcc=$(or $(NVCC),not found) cuBLASLt=$(or $(CUBLASLT),not found) NCCL=$(or $(NCCL),not found) MPI=$(or $(MPICXX),not found) clang++=$(or $(CLANGXX),not found))
 
 BUILD := build
+
+# Each test binary compiles its test files as one translation unit (build/unity/*: one #include per
+# file, rewritten only when the list changes). The files share the engine's headers and templates,
+# which per-file objects compiled again in every file: 83 s of g++ -O3 for the CPU tests' 28 files,
+# 32 s as one unit (docs/test-time.md). So a binary's test files share one namespace: what two of
+# them need lives in test/harness.h or test/gpu/gpu_util.cuh.
+UNITY := $(BUILD)/unity
+# $(call unity_source,FILE,SOURCES): FILE includes each of SOURCES.
+define unity_source
+$(shell mkdir -p $(UNITY) && printf '#include "%s"\n' $(2) > $(1).new && \
+        { cmp -s $(1).new $(1) && rm $(1).new || mv $(1).new $(1); })
+endef
+CPU_UNITY := $(UNITY)/test_cpu.cpp
+GPU_UNITY := $(UNITY)/test_gpu.cu
+$(call unity_source,$(CPU_UNITY),$(wildcard test/test_*.cpp))
+$(call unity_source,$(GPU_UNITY),$(GPU_TESTS))
 
 # CUDA emulation (spec-gpu.md §2): g++ builds the GPU sources against cuda/emu.h and runs every
 # kernel on the CPU. It needs the CUDA headers (cuda_runtime.h, cuda_bf16.h, cuda_fp8.h), not a GPU.
 ifneq ($(CUDA_FP8_H),)
   EMU_FLAGS     := -DFP8RL_EMU -isystem $(CUDA_HOME)/include $(MPI_FLAGS)
   EMU_RUNTIME   := cuda/emu_threads.cpp cuda/emu_memory.cpp cuda/emu_runtime.cpp cuda/emu_cublaslt.cpp
-  GPU_TEST_OBJS := $(patsubst %,$(BUILD)/emu/%.o,test/run_tests.cpp $(EMU_RUNTIME) $(GPU_TESTS))
-  GPU_ASAN_OBJS := $(patsubst %,$(BUILD)/emu-asan/%.o,test/run_tests.cpp $(EMU_RUNTIME) $(GPU_TESTS))
+  GPU_TEST_OBJS := $(patsubst %,$(BUILD)/emu/%.o,test/run_tests.cpp $(EMU_RUNTIME) $(GPU_UNITY))
+  GPU_ASAN_OBJS := $(patsubst %,$(BUILD)/emu-asan/%.o,test/run_tests.cpp $(EMU_RUNTIME) $(GPU_UNITY))
   EMU_SEEDS     ?= 1
   EMU_ASAN_SEED ?= 3
 endif
-TEST_SRCS  := test/run_tests.cpp $(wildcard test/test_*.cpp)
-TEST_OBJS  := $(patsubst %.cpp,$(BUILD)/%.o,$(TEST_SRCS))
-ASAN_OBJS  := $(patsubst %.cpp,$(BUILD)/asan/%.o,$(TEST_SRCS))
+TEST_OBJS  := $(BUILD)/test/run_tests.o $(BUILD)/test/unity.o
+ASAN_OBJS  := $(BUILD)/asan/test/run_tests.o $(BUILD)/asan/test/unity.o
 BENCH_SRCS := $(wildcard bench/bench_*.cpp)
 BENCH_BINS := $(patsubst bench/%.cpp,$(BUILD)/%,$(BENCH_SRCS))
 FUZZ_SECONDS ?= 30
@@ -120,6 +136,14 @@ $(BUILD)/%.o: %.cpp
 	$(CXX) $(CXXFLAGS) $(ORACLE_FLAGS) -c -o $@ $<
 
 $(BUILD)/asan/%.o: %.cpp
+	@mkdir -p $(@D)
+	$(CXX) $(SANFLAGS) $(ORACLE_FLAGS) -c -o $@ $<
+
+$(BUILD)/test/unity.o: $(CPU_UNITY)
+	@mkdir -p $(@D)
+	$(CXX) $(CXXFLAGS) $(ORACLE_FLAGS) -c -o $@ $<
+
+$(BUILD)/asan/test/unity.o: $(CPU_UNITY)
 	@mkdir -p $(@D)
 	$(CXX) $(SANFLAGS) $(ORACLE_FLAGS) -c -o $@ $<
 
@@ -170,6 +194,10 @@ $(BUILD)/emu_bench_%: $(BUILD)/emu/test/gpu/bench_%.cu.o $(patsubst %,$(BUILD)/e
 TEST_RUNS := $(if $(EMU_FLAGS),test-gpu-emu-asan) test-cpu $(if $(EMU_FLAGS),test-gpu-emu) test-cpu-asan cuda-check \
              $(if $(EMU_FLAGS),test-bench-emu) $(FUZZ_TARGETS:%=fuzz-%)
 LOGS := $(BUILD)/logs
+# The runs share two cores with each other and with compiles. OpenMP's threads wait passively: by
+# default a thread spins at each barrier until its partner, descheduled by another run, comes back
+# (trainer_micro_batches_match_whole_minibatches under ASan: 44 s spinning, 5 s passive).
+TEST_ENV := OMP_NUM_THREADS=2 OMP_WAIT_POLICY=passive
 test:
 	@rm -rf $(LOGS) && mkdir -p $(LOGS)
 	@$(MAKE) --no-print-directory --output-sync=target test-runs; rc=$$?; test/summarize_runs.sh $(LOGS) $$rc; exit $$rc
@@ -181,11 +209,11 @@ test-asan: test-cpu-asan $(if $(EMU_FLAGS),test-gpu-emu-asan)
 
 test-cpu: $(BUILD)/test_cpu train_rl_cpu $(if $(EMU_FLAGS),train_rl_emu)
 	@mkdir -p $(LOGS)
-	FP8RL_BIN=./train_rl_cpu FP8RL_EMU_BIN=./train_rl_emu OMP_NUM_THREADS=2 ./$(BUILD)/test_cpu 2>&1 | tee $(LOGS)/$@.log
+	FP8RL_BIN=./train_rl_cpu FP8RL_EMU_BIN=./train_rl_emu $(TEST_ENV) ./$(BUILD)/test_cpu 2>&1 | tee $(LOGS)/$@.log
 
 test-cpu-asan: $(BUILD)/test_cpu_asan $(BUILD)/train_rl_cpu_asan
 	@mkdir -p $(LOGS)
-	FP8RL_BIN=./$(BUILD)/train_rl_cpu_asan OMP_NUM_THREADS=2 ASAN_OPTIONS=detect_leaks=1 ./$(BUILD)/test_cpu_asan 2>&1 | tee $(LOGS)/$@.log
+	FP8RL_BIN=./$(BUILD)/train_rl_cpu_asan $(TEST_ENV) ASAN_OPTIONS=detect_leaks=1 ./$(BUILD)/test_cpu_asan 2>&1 | tee $(LOGS)/$@.log
 
 # The GPU tests in emulation, once per scheduling seed (seed 0: threads and blocks in order; others
 # shuffle them), then under ASan with one more seed.
@@ -193,10 +221,10 @@ ifneq ($(EMU_FLAGS),)
 test-gpu-emu: $(BUILD)/test_gpu_emu
 	@mkdir -p $(LOGS)
 	@for s in $(EMU_SEEDS); do echo "== GPU tests in emulation, FP8RL_EMU_SEED=$$s"; \
-	  FP8RL_EMU_SEED=$$s OMP_NUM_THREADS=2 ./$(BUILD)/test_gpu_emu 2>&1 | tee -a $(LOGS)/$@.log || exit 1; done
+	  FP8RL_EMU_SEED=$$s $(TEST_ENV) ./$(BUILD)/test_gpu_emu 2>&1 | tee -a $(LOGS)/$@.log || exit 1; done
 ifneq ($(and $(MPICXX),$(MPIRUN)),)
 	@echo "== the communicator over 2 ranks in emulation (mpirun -np 2)"
-	OMPI_MCA_btl=self,vader $(MPIRUN) --allow-run-as-root --oversubscribe -np 2 ./$(BUILD)/test_gpu_emu nccl_ 2>&1 | tee -a $(LOGS)/$@.log
+	$(TEST_ENV) OMPI_MCA_btl=self,vader $(MPIRUN) --allow-run-as-root --oversubscribe -np 2 ./$(BUILD)/test_gpu_emu nccl_ 2>&1 | tee -a $(LOGS)/$@.log
 else
 	@echo "communicator over 2 ranks: SKIPPED (needs mpicxx and mpirun: apt-get install libopenmpi-dev openmpi-bin)"
 endif
@@ -204,14 +232,14 @@ endif
 test-gpu-emu-asan: $(BUILD)/test_gpu_emu_asan
 	@echo "== GPU tests in emulation under ASan + UBSan, FP8RL_EMU_SEED=$(EMU_ASAN_SEED)"
 	@mkdir -p $(LOGS)
-	FP8RL_EMU_SEED=$(EMU_ASAN_SEED) OMP_NUM_THREADS=2 ASAN_OPTIONS=detect_leaks=1 ./$(BUILD)/test_gpu_emu_asan 2>&1 | tee $(LOGS)/$@.log
+	FP8RL_EMU_SEED=$(EMU_ASAN_SEED) $(TEST_ENV) ASAN_OPTIONS=detect_leaks=1 ./$(BUILD)/test_gpu_emu_asan 2>&1 | tee $(LOGS)/$@.log
 
 # dev/gpu_check.sh's parts in emulation: the device checks, the engine against train_rl_cpu, and
 # every GPU benchmark once at tiny shapes (smoke tests: each runs, prints its table, exits 0).
 test-bench-emu: $(BUILD)/test_gpu_emu $(EMU_BENCH_BINS) train_rl_emu train_rl_cpu
 	@echo "== dev/gpu_check.sh --emu: its parts at tiny shapes in emulation (times are not GPU figures)"
 	@mkdir -p $(LOGS)
-	dev/gpu_check.sh --emu 2>&1 | tee $(LOGS)/$@.log
+	$(TEST_ENV) dev/gpu_check.sh --emu 2>&1 | tee $(LOGS)/$@.log
 else
 test-gpu-emu test-gpu-emu-asan test-bench-emu:
 	@echo "$@: SKIPPED (the CUDA headers were not found under $(CUDA_HOME)/include; the emulation needs them, not a GPU)"
@@ -228,29 +256,42 @@ endif
 # rollout.cu is included by cuda/engine_gpu.cuh: a header to its users
 GPU_HEADERS := $(wildcard *.cuh rl/*.h rl/*/*.h rl/*/*.cuh cpu/*.h cuda/*.cuh cuda/*.h test/gpu/*.cuh test/gpu/*.h test/harness.h) rollout.cu
 
-# Every CUDA source compiled alone (a header must compile by itself), in parallel under make -j; a
-# stamp records each success, so a rerun compiles only what changed. train_rl.cu is compiled by
-# ./train_rl's own build, in parallel with the rest; it includes cuda/engine_gpu.cuh first, which
-# includes rollout.cu, so those two compile alone there.
+# Every CUDA source compiled for sm_90 with warnings as errors, in parallel under make -j; a stamp
+# records each success, so a rerun compiles only what changed:
+#   - the headers and the test files as one unit (build/unity/nvcheck.cu), as ./test_gpu compiles
+#     its tests: nvcc's fixed cost per unit (its headers, cicc and ptxas start-up) was 2-3 s of each
+#     header's 3 s alone;
+#   - each benchmark alone (each is a program of its own);
+#   - train_rl.cu by ./train_rl's own build; it includes cuda/engine_gpu.cuh first, which includes
+#     rollout.cu, so those two compile alone there.
+# That each header also compiles by itself is checked by g++ on the emulation build (-fsyntax-only,
+# 1 s a header), where the same text is compiled.
 # The device code compiles as the product's does (cicc and ptxas optimize it for sm_90 whatever -O
 # says); the host side at -O0, since its object goes to /dev/null and the emulation's g++ -O3 build
 # compiles the same host code with the same warnings as errors (-O3 there would double the time).
-NVCHECK_FLAGS  := $(filter-out -O3,$(NVCCFLAGS)) -O0
-NVCHECK_SRCS   := $(filter-out train_rl.cu cuda/engine_gpu.cuh rollout.cu,$(CUDA_SRCS) $(GPU_TEST_SRCS))
-NVCHECK_STAMPS := $(patsubst %,$(BUILD)/nvcheck/%.ok,$(NVCHECK_SRCS))
-$(BUILD)/nvcheck/%.ok: % $(GPU_HEADERS)
+NVCHECK_FLAGS   := $(filter-out -O3,$(NVCCFLAGS)) -O0
+NVCHECK_HEADERS := $(filter-out train_rl.cu cuda/engine_gpu.cuh rollout.cu,$(CUDA_SRCS))
+NVCHECK_UNITY   := $(UNITY)/nvcheck.cu
+$(call unity_source,$(NVCHECK_UNITY),$(NVCHECK_HEADERS) $(GPU_TESTS))
+NVCHECK_STAMPS  := $(patsubst %,$(BUILD)/nvcheck/%.ok,$(NVCHECK_UNITY) $(GPU_BENCHES))
+$(BUILD)/nvcheck/%.ok: % $(GPU_HEADERS) $(GPU_TESTS)
 	@mkdir -p $(@D)
 	@echo "nvcc compile check: $<"
 	@$(NVCC) $(NVCHECK_FLAGS) -x cu -c -o /dev/null $< && touch $@
-cuda-check: $(NVCHECK_STAMPS) train_rl
-	@echo "nvcc compile check: $(words $(CUDA_SRCS) $(GPU_TEST_SRCS)) CUDA sources compiled for sm_90 (train_rl.cu, cuda/engine_gpu.cuh and rollout.cu by ./train_rl)"
+ifneq ($(EMU_FLAGS),)
+SELF_CONTAINED_STAMPS := $(patsubst %,$(BUILD)/selfcontained/%.ok,$(NVCHECK_HEADERS))
+$(BUILD)/selfcontained/%.ok: % $(GPU_HEADERS)
+	@mkdir -p $(@D)
+	@$(CPU_LINK_CXX) $(CXXSTD) $(FPFLAGS) $(WARN) -fopenmp -I. $(EMU_FLAGS) -fsyntax-only -x c++ $< && touch $@
+endif
+cuda-check: $(NVCHECK_STAMPS) $(SELF_CONTAINED_STAMPS) train_rl
+	@echo "nvcc compile check: $(words $(CUDA_SRCS) $(GPU_TEST_SRCS)) CUDA sources compiled for sm_90 (train_rl.cu, cuda/engine_gpu.cuh and rollout.cu by ./train_rl)$(if $(SELF_CONTAINED_STAMPS),; $(words $(SELF_CONTAINED_STAMPS)) headers compile alone (g++, emulation))"
 	@echo "nvcc build: ./train_rl (sm_90) linked"
 
 GPU_BENCH_BINS := $(patsubst test/gpu/bench_%.cu,$(BUILD)/gpu_bench_%,$(wildcard test/gpu/bench_*.cu))
-# Each test file is its own object, so make -j compiles them in parallel (one nvcc line compiles
-# its files one after another).
-GPU_TEST_NV_OBJS := $(patsubst %,$(BUILD)/nv/%.o,test/run_tests.cpp $(GPU_TESTS))
-$(BUILD)/nv/%.o: % $(GPU_HEADERS)
+# The test files as one unit, as in emulation.
+GPU_TEST_NV_OBJS := $(patsubst %,$(BUILD)/nv/%.o,test/run_tests.cpp $(GPU_UNITY))
+$(BUILD)/nv/%.o: % $(GPU_HEADERS) $(GPU_TESTS)
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCCFLAGS) -c -o $@ $<
 

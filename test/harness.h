@@ -72,6 +72,9 @@ inline const std::string& scratch_dir() {
     return dir;
 }
 
+// The tiny HF models of dev/make_model_fixtures.py.
+inline const std::string model_fixtures = "test/fixtures/models/";
+
 }  // namespace harness
 
 #define HARNESS_CONCAT2(a, b) a##b

@@ -7,9 +7,8 @@
 
 using namespace fp8rl;
 
-static const std::string fixtures = "test/fixtures/models/";
 
-static ModelConfig parse(const std::string& text) { return parse_model_config(json_parse(text, "config.json"), "config.json"); }
+static ModelConfig parse_config(const std::string& text) { return parse_model_config(json_parse(text, "config.json"), "config.json"); }
 
 // Qwen3-0.6B's config.json as spec-model.md §5.2 lists it (transformers 4.51, v4 spellings).
 static const char* qwen3_06b =
@@ -23,7 +22,7 @@ static const char* qwen3_06b =
         "use_cache": true, "use_sliding_window": false, "vocab_size": 151936})";
 
 TEST(config_qwen3_v4_keys) {
-    ModelConfig c = parse(qwen3_06b);
+    ModelConfig c = parse_config(qwen3_06b);
     CHECK(c.arch == Arch::Qwen3);
     CHECK_EQ(c.vocab_size, (int64_t)151936);
     CHECK_EQ(c.hidden_size, (int64_t)1024);
@@ -45,7 +44,7 @@ TEST(config_qwen3_v4_keys) {
 }
 
 TEST(config_fixtures_v5_keys) {
-    ModelConfig q3 = load_model_config(fixtures + "qwen3_tiny");
+    ModelConfig q3 = load_model_config(harness::model_fixtures + "qwen3_tiny");
     CHECK(q3.arch == Arch::Qwen3 && q3.qk_norm && !q3.qkv_bias);
     CHECK_EQ(q3.head_dim, (int64_t)32);
     CHECK_EQ(q3.hidden_size / q3.num_heads, (int64_t)16);
@@ -53,11 +52,11 @@ TEST(config_fixtures_v5_keys) {
     CHECK_EQ(q3.rope.theta, 1e6);   // from rope_parameters
     CHECK_EQ(q3.dtype, std::string("float32"));  // from "dtype"
     CHECK(q3.eos_token_ids == (std::vector<int64_t>{317, 315}));  // generation_config.json's list
-    ModelConfig q2 = load_model_config(fixtures + "qwen2_tiny");
+    ModelConfig q2 = load_model_config(harness::model_fixtures + "qwen2_tiny");
     CHECK(q2.arch == Arch::Qwen2 && q2.qkv_bias && !q2.qk_norm);
     CHECK_EQ(q2.head_dim, (int64_t)16);  // no head_dim key: C/H
     CHECK(q2.tie_word_embeddings);
-    ModelConfig ll = load_model_config(fixtures + "llama_tiny");
+    ModelConfig ll = load_model_config(harness::model_fixtures + "llama_tiny");
     CHECK(ll.arch == Arch::Llama && !ll.qkv_bias && !ll.qk_norm);
     CHECK(!ll.tie_word_embeddings && ll.tie_given);
     CHECK_EQ(ll.num_kv_heads, (int64_t)1);
@@ -77,7 +76,7 @@ TEST(config_llama3_rope_v4_spellings) {
         "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "rope_theta": 500000.0,
         "eos_token_id": [128001, 128008, 128009], "tie_word_embeddings": true, "rope_scaling": )";
     for (const char* key : {"rope_type", "type"}) {
-        ModelConfig c = parse(std::string(base) + "{\"" + key + R"(": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+        ModelConfig c = parse_config(std::string(base) + "{\"" + key + R"(": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
             "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}})");
         CHECK_EQ(c.rope.type, std::string("llama3"));
         CHECK_EQ(c.rope.factor, 32.0);
@@ -96,18 +95,18 @@ TEST(config_rejects_bad_configs) {
         if (at == std::string::npos) fp8rl::fail("test setup: %s not in config", from.c_str());
         return s.replace(at, from.size(), to);
     };
-    CHECK_THROWS(parse(with("\"model_type\": \"qwen3\"", "\"model_type\": \"gpt2\"")), "model_type \"gpt2\" is not supported");
-    CHECK_THROWS(parse(with("\"hidden_size\": 1024,", "")), "missing field \"hidden_size\"");
-    CHECK_THROWS(parse(with("\"rope_theta\": 1000000,", "")), "missing field \"rope_theta\"");
-    CHECK_THROWS(parse(with("\"num_hidden_layers\": 28", "\"num_hidden_layers\": \"28\"")), "\"num_hidden_layers\" must be an integer");
-    CHECK_THROWS(parse(with("\"num_attention_heads\": 16", "\"num_attention_heads\": 0")), "out of range");
-    CHECK_THROWS(parse(with("\"num_key_value_heads\": 8", "\"num_key_value_heads\": 5")), "not a multiple of num_key_value_heads");
-    CHECK_THROWS(parse(with("\"rope_scaling\": null", "\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4.0}")),
+    CHECK_THROWS(parse_config(with("\"model_type\": \"qwen3\"", "\"model_type\": \"gpt2\"")), "model_type \"gpt2\" is not supported");
+    CHECK_THROWS(parse_config(with("\"hidden_size\": 1024,", "")), "missing field \"hidden_size\"");
+    CHECK_THROWS(parse_config(with("\"rope_theta\": 1000000,", "")), "missing field \"rope_theta\"");
+    CHECK_THROWS(parse_config(with("\"num_hidden_layers\": 28", "\"num_hidden_layers\": \"28\"")), "\"num_hidden_layers\" must be an integer");
+    CHECK_THROWS(parse_config(with("\"num_attention_heads\": 16", "\"num_attention_heads\": 0")), "out of range");
+    CHECK_THROWS(parse_config(with("\"num_key_value_heads\": 8", "\"num_key_value_heads\": 5")), "not a multiple of num_key_value_heads");
+    CHECK_THROWS(parse_config(with("\"rope_scaling\": null", "\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4.0}")),
                  "RoPE scaling type \"yarn\" is not supported");
-    CHECK_THROWS(parse(with("\"use_sliding_window\": false", "\"use_sliding_window\": true")), "use_sliding_window");
-    CHECK_THROWS(parse(with("\"Qwen3ForCausalLM\"", "\"Qwen3ForSequenceClassification\"")), "architectures[0]");
-    CHECK_THROWS(parse(with("\"attention_bias\": false", "\"attention_bias\": true")), "attention_bias");
-    CHECK_THROWS(parse("[1, 2]"), "not a JSON object");
+    CHECK_THROWS(parse_config(with("\"use_sliding_window\": false", "\"use_sliding_window\": true")), "use_sliding_window");
+    CHECK_THROWS(parse_config(with("\"Qwen3ForCausalLM\"", "\"Qwen3ForSequenceClassification\"")), "architectures[0]");
+    CHECK_THROWS(parse_config(with("\"attention_bias\": false", "\"attention_bias\": true")), "attention_bias");
+    CHECK_THROWS(parse_config("[1, 2]"), "not a JSON object");
     harness::TempDir dir;
     harness::write_text(dir / "config.json", "{\"model_type\": \"qwen3\",");
     CHECK_THROWS(load_model_config(dir.path), "config.json:1:");

@@ -41,7 +41,7 @@ void check_logits(const CpuModel& m, const ModelParams& p, ForwardActs& acts, co
     CHECK(worst < 1e-5);
 }
 
-void check_against_hf(const std::string& name) {
+void check_model_against_hf(const std::string& name) {
     ModelWeights w = ModelWeights::load("test/fixtures/models/" + name);
     Fixture f("test/fixtures/model/" + name + ".safetensors");
     CpuModel m(w);
@@ -89,11 +89,11 @@ void check_against_hf(const std::string& name) {
 
 }  // namespace
 
-TEST(model_matches_hf_qwen3) { check_against_hf("qwen3_tiny"); }
-TEST(model_matches_hf_qwen2_biases) { check_against_hf("qwen2_tiny"); }
-TEST(model_matches_hf_llama3_rope_untied) { check_against_hf("llama_tiny"); }
-TEST(model_matches_hf_qwen3_gqa3_untied) { check_against_hf("qwen3_gqa3_tiny"); }
-TEST(model_matches_hf_vocab_over_100k) { check_against_hf("qwen3_bigvocab_tiny"); }
+TEST(model_matches_hf_qwen3) { check_model_against_hf("qwen3_tiny"); }
+TEST(model_matches_hf_qwen2_biases) { check_model_against_hf("qwen2_tiny"); }
+TEST(model_matches_hf_llama3_rope_untied) { check_model_against_hf("llama_tiny"); }
+TEST(model_matches_hf_qwen3_gqa3_untied) { check_model_against_hf("qwen3_gqa3_tiny"); }
+TEST(model_matches_hf_vocab_over_100k) { check_model_against_hf("qwen3_bigvocab_tiny"); }
 
 // Central finite differences of L = sum a_t logprob_t + b_t entropy_t on a few parameters of every
 // tensor kind, in FP32: the analytic gradient must agree to 2% where it is well above FD noise.

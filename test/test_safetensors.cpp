@@ -11,7 +11,6 @@
 
 using namespace fp8rl;
 
-static const std::string fixtures = "test/fixtures/models/";
 
 // A file from a header (no padding) and `data_bytes` bytes of data.
 static std::string raw_file(const std::string& header, size_t data_bytes) {
@@ -23,7 +22,7 @@ static std::string raw_file(const std::string& header, size_t data_bytes) {
 static void open_file(const std::string& path) { SafetensorsFile f(path); }
 
 TEST(safetensors_reads_hf_files) {
-    SafetensorsFile f(fixtures + "qwen3_tiny/model.safetensors");
+    SafetensorsFile f(harness::model_fixtures + "qwen3_tiny/model.safetensors");
     CHECK_EQ(f.metadata().at("format"), std::string("pt"));
     CHECK_EQ(f.tensors().size(), (size_t)24);  // embed + 2 x 11 + norm (tied: no lm_head)
     const TensorView* q = f.find("model.layers.1.self_attn.q_proj.weight");
@@ -34,7 +33,7 @@ TEST(safetensors_reads_hf_files) {
         CHECK_EQ(q->nbytes, (size_t)128 * 64 * 4);
     }
     CHECK(f.find("lm_head.weight") == nullptr);
-    Checkpoint sharded(fixtures + "qwen2_tiny");
+    Checkpoint sharded(harness::model_fixtures + "qwen2_tiny");
     CHECK_EQ(sharded.num_files(), (size_t)4);
     CHECK_EQ(sharded.tensors().size(), (size_t)(1 + 2 * 12 + 1));
     CHECK(sharded.find("model.layers.0.self_attn.k_proj.bias") != nullptr);
@@ -150,7 +149,7 @@ TEST(safetensors_rejects_malformed_files) {
 // Every prefix length class of a real file fails cleanly (the tiling check catches a cut buffer).
 TEST(safetensors_truncated_real_file) {
     harness::TempDir dir;
-    std::string real = read_file(fixtures + "llama_tiny/model.safetensors");
+    std::string real = read_file(harness::model_fixtures + "llama_tiny/model.safetensors");
     uint64_t n = 0;
     for (int i = 7; i >= 0; i--) n = (n << 8) | (uint8_t)real[i];
     for (size_t len : {(size_t)0, (size_t)1, (size_t)7, (size_t)8, (size_t)9, (size_t)(8 + n / 2), (size_t)(8 + n - 1),

@@ -13,14 +13,14 @@
 
 using namespace fp8rl;
 
-static const std::string fixtures = "test/fixtures/tokenizer/";
+static const std::string tokenizer_fixtures = "test/fixtures/tokenizer/";
 
 // Tokenizers by fixture name (the real Qwen3 and Qwen2.5 files and the built ones, all under
 // test/fixtures/tokenizer/), loaded once for all tests.
 static const Tokenizer& tokenizer_named(const std::string& name) {
     static std::map<std::string, std::unique_ptr<Tokenizer>> loaded;
     std::unique_ptr<Tokenizer>& t = loaded[name];
-    if (!t) t = Tokenizer::load(fixtures + name);
+    if (!t) t = Tokenizer::load(tokenizer_fixtures + name);
     return *t;
 }
 
@@ -72,12 +72,12 @@ static std::string fnv1a64(const std::vector<int>& ids) {
 }
 
 // Every line of <name>.jsonl: encodes, long documents, invalid UTF-8, decodes; and the round trip.
-static void check_against_hf(const std::string& name) {
+static void check_tokenizer_against_hf(const std::string& name) {
     const Tokenizer* tok = &tokenizer_named(name);
     std::vector<std::string> corpus;
-    for (const Json& row : read_jsonl(fixtures + "corpus.jsonl")) corpus.push_back(row.find("text")->str);
+    for (const Json& row : read_jsonl(tokenizer_fixtures + "corpus.jsonl")) corpus.push_back(row.find("text")->str);
     int checked = 0;
-    for (const Json& row : read_jsonl(fixtures + name + ".jsonl")) {
+    for (const Json& row : read_jsonl(tokenizer_fixtures + name + ".jsonl")) {
         if (const Json* text = row.find("text"); text && row.find("ids_special")) {
             std::vector<int> ids = tok->encode(text->str);
             CHECK_MSG(ids == ids_of(*row.find("ids")), "%s: encode(%s)\n      ours %s\n      HF   %s", name.c_str(),
@@ -108,14 +108,14 @@ static void check_against_hf(const std::string& name) {
     CHECK(checked > 100);
 }
 
-TEST(tokenizer_qwen3_matches_hf) { check_against_hf("qwen3"); }
-TEST(tokenizer_qwen25_matches_hf) { check_against_hf("qwen2.5"); }
-TEST(tokenizer_llama3_style_matches_hf) { check_against_hf("llama3_style"); }
-TEST(tokenizer_gpt2_style_matches_hf) { check_against_hf("gpt2_style"); }
+TEST(tokenizer_qwen3_matches_hf) { check_tokenizer_against_hf("qwen3"); }
+TEST(tokenizer_qwen25_matches_hf) { check_tokenizer_against_hf("qwen2.5"); }
+TEST(tokenizer_llama3_style_matches_hf) { check_tokenizer_against_hf("llama3_style"); }
+TEST(tokenizer_gpt2_style_matches_hf) { check_tokenizer_against_hf("gpt2_style"); }
 
 TEST(tokenizer_nfc_matches_hf) {
     int n = 0;
-    for (const Json& row : read_jsonl(fixtures + "nfc.jsonl")) {
+    for (const Json& row : read_jsonl(tokenizer_fixtures + "nfc.jsonl")) {
         const std::string& text = row.find("text")->str;
         CHECK_MSG(nfc(text) == row.find("nfc")->str, "NFC of %s", json_quote(text.substr(0, 60)).c_str());
         n++;
@@ -139,7 +139,7 @@ TEST(tokenizer_qwen3_spec_vectors) {
 // Streaming: the pieces concatenate to decode(ids), and no piece ends inside a UTF-8 character.
 TEST(tokenizer_stream_decoder_never_splits_characters) {
     const Tokenizer* tok = &tokenizer_named("llama3_style");
-    for (const Json& row : read_jsonl(fixtures + "corpus.jsonl")) {
+    for (const Json& row : read_jsonl(tokenizer_fixtures + "corpus.jsonl")) {
         std::vector<int> ids = tok->encode(row.find("text")->str);
         for (bool skip : {false, true}) {
             StreamDecoder stream(*tok, skip);
@@ -196,15 +196,15 @@ TEST(tokenizer_malformed_json_is_a_clear_error) {
     expect_load_error("{\"model\":{\"type\":\"BPE\",\"vocab\":{},\"merges\":[]},\"added_tokens\":[{\"id\":5,\"content\":\"<x>\","
                       "\"lstrip\":true}]," + pre + "}",
                       "sets lstrip");
-    CHECK_THROWS(Tokenizer::load(fixtures + "no_such_dir"), "cannot open file");
+    CHECK_THROWS(Tokenizer::load(tokenizer_fixtures + "no_such_dir"), "cannot open file");
 }
 
 // Chat renderings and their ids against transformers' apply_chat_template.
 static void check_chat(const std::string& name) {
     const Tokenizer* tok = &tokenizer_named(name);
-    ChatTemplate chat = ChatTemplate::load(fixtures + name);
+    ChatTemplate chat = ChatTemplate::load(tokenizer_fixtures + name);
     int n = 0;
-    for (const Json& row : read_jsonl(fixtures + "chat_" + name + ".jsonl")) {
+    for (const Json& row : read_jsonl(tokenizer_fixtures + "chat_" + name + ".jsonl")) {
         ChatOptions opt;
         opt.add_generation_prompt = row.find("add_generation_prompt")->boolean;
         const Json* thinking = row.find("enable_thinking");
@@ -224,14 +224,14 @@ TEST(tokenizer_chat_qwen25_matches_transformers) { check_chat("qwen2.5"); }
 TEST(tokenizer_chat_llama3_matches_transformers) { check_chat("llama3_style"); }
 
 TEST(tokenizer_chat_unknown_template_is_a_clear_error) {
-    CHECK_THROWS(ChatTemplate::load(fixtures + "gpt2_style"), "not found, so the chat template is unknown");
-    CHECK_THROWS(ChatTemplate::load(fixtures + "gpt2_style/tokenizer.json"), "give raw prompts");
+    CHECK_THROWS(ChatTemplate::load(tokenizer_fixtures + "gpt2_style"), "not found, so the chat template is unknown");
+    CHECK_THROWS(ChatTemplate::load(tokenizer_fixtures + "gpt2_style/tokenizer.json"), "give raw prompts");
     CHECK_THROWS(chat_messages_from_json(json_parse("[]", "x"), "x"), "non-empty array");
     CHECK_THROWS(chat_messages_from_json(json_parse("[{\"role\":\"user\"}]", "x"), "x"), "needs string \"role\" and \"content\"");
-    CHECK_EQ(tokenizer_config_token(fixtures + "llama3_style/tokenizer.json", "eos_token"), std::string("<|eot_id|>"));
-    CHECK_EQ(tokenizer_config_token(fixtures + "llama3_style", "pad_token"), std::string(""));
-    CHECK_EQ(tokenizer_config_token(fixtures + "gpt2_style", "eos_token"), std::string(""));
-    ChatTemplate llama = ChatTemplate::load(fixtures + "llama3_style");
+    CHECK_EQ(tokenizer_config_token(tokenizer_fixtures + "llama3_style/tokenizer.json", "eos_token"), std::string("<|eot_id|>"));
+    CHECK_EQ(tokenizer_config_token(tokenizer_fixtures + "llama3_style", "pad_token"), std::string(""));
+    CHECK_EQ(tokenizer_config_token(tokenizer_fixtures + "gpt2_style", "eos_token"), std::string(""));
+    ChatTemplate llama = ChatTemplate::load(tokenizer_fixtures + "llama3_style");
     CHECK_EQ(std::string(chat_family_name(llama.family())), std::string("llama3"));
     CHECK_THROWS(llama.render(chat_messages_from_json(json_parse("[{\"role\":\"tool\",\"content\":\"x\"}]", "x"), "x"), ChatOptions()),
                  "role \"tool\"");
@@ -250,12 +250,12 @@ static std::vector<Json> parse_lines(const std::string& text, const char* source
 
 // --encode of the corpus gives HF's ids; --decode gives the text back; --chat gives HF's chat ids.
 TEST(tokenizer_cli_encode_decode_chat) {
-    const std::string tok = " --tokenizer " + fixtures + "llama3_style";
-    harness::RunResult encoded = harness::run_command(harness::binary() + tok + " --encode " + fixtures + "corpus.jsonl");
+    const std::string tok = " --tokenizer " + tokenizer_fixtures + "llama3_style";
+    harness::RunResult encoded = harness::run_command(harness::binary() + tok + " --encode " + tokenizer_fixtures + "corpus.jsonl");
     CHECK_EQ(encoded.status, 0);
     std::vector<Json> got = parse_lines(encoded.output, "--encode output");
-    std::vector<Json> want = read_jsonl(fixtures + "llama3_style.jsonl");
-    std::vector<Json> corpus = read_jsonl(fixtures + "corpus.jsonl");
+    std::vector<Json> want = read_jsonl(tokenizer_fixtures + "llama3_style.jsonl");
+    std::vector<Json> corpus = read_jsonl(tokenizer_fixtures + "corpus.jsonl");
     CHECK_EQ(got.size(), corpus.size());
     for (size_t i = 0; i < got.size() && i < want.size(); i++)
         CHECK_MSG(ids_of(*got[i].find("ids")) == ids_of(*want[i].find("ids")), "--encode line %zu", i + 1);
@@ -274,10 +274,10 @@ TEST(tokenizer_cli_encode_decode_chat) {
     for (size_t i = 0; i < texts.size() && i < corpus.size(); i++)
         CHECK_MSG(texts[i].find("text")->str == corpus[i].find("text")->str, "--decode line %zu", i + 1);
 
-    harness::RunResult chat = harness::run_command(harness::binary() + tok + " --chat " + fixtures + "chat_llama3_style.jsonl");
+    harness::RunResult chat = harness::run_command(harness::binary() + tok + " --chat " + tokenizer_fixtures + "chat_llama3_style.jsonl");
     CHECK_EQ(chat.status, 0);
     std::vector<Json> chat_got = parse_lines(chat.output, "--chat output");
-    std::vector<Json> chat_want = read_jsonl(fixtures + "chat_llama3_style.jsonl");
+    std::vector<Json> chat_want = read_jsonl(tokenizer_fixtures + "chat_llama3_style.jsonl");
     CHECK_EQ(chat_got.size(), chat_want.size());
     for (size_t i = 0; i < chat_got.size() && i < chat_want.size(); i++)
         CHECK_MSG(ids_of(*chat_got[i].find("ids")) == ids_of(*chat_want[i].find("ids")), "--chat line %zu", i + 1);
@@ -291,7 +291,7 @@ TEST(tokenizer_cli_rejects_bad_input) {
     if (!f) return;
     fputs("{\"text\": \"fine\"}\n\n{\"text\": 5}\n", f);
     fclose(f);
-    const std::string tok = " --tokenizer " + fixtures + "llama3_style";
+    const std::string tok = " --tokenizer " + tokenizer_fixtures + "llama3_style";
     harness::RunResult r = harness::run_command(harness::binary() + tok + " --encode " + path + " 2>&1");
     CHECK_EQ(r.status, 1);
     CHECK_MSG(r.output.find("error: " + file + ":3: expected {\"text\": \"...\"}") != std::string::npos, "%s", r.output.c_str());
@@ -299,7 +299,7 @@ TEST(tokenizer_cli_rejects_bad_input) {
     CHECK_EQ(r.status, 1);
     CHECK_MSG(r.output.find("tokenizer_cli_bad.jsonl:1: expected {\"ids\": [...]}") != std::string::npos, "%s", r.output.c_str());
     r = harness::run_command("echo '{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}' | " + harness::binary() +
-                             " --tokenizer " + fixtures + "gpt2_style --chat - 2>&1");
+                             " --tokenizer " + tokenizer_fixtures + "gpt2_style --chat - 2>&1");
     CHECK_EQ(r.status, 1);
     CHECK_MSG(r.output.find("give raw prompts") != std::string::npos, "%s", r.output.c_str());
     r = harness::run_command(harness::binary() + " --encode " + std::string(path) + " 2>&1");
@@ -319,7 +319,7 @@ TEST(tokenizer_ignore_merges_emits_whole_vocab_words) {
     CHECK(hello >= 0 && quick >= 0);
     CHECK(tok->encode(" hello") == std::vector<int>({hello}));
     CHECK(tok->encode("quick") == std::vector<int>({quick}));
-    Json j = json_parse_file(fixtures + "llama3_style/tokenizer.json");
+    Json j = json_parse_file(tokenizer_fixtures + "llama3_style/tokenizer.json");
     for (auto& kv : j.fields)
         if (kv.first == "model")
             for (auto& m : kv.second.fields)

@@ -11,13 +11,12 @@
 
 using namespace fp8rl;
 
-static const std::string fixtures = "test/fixtures/models/";
 static const char* tiny_models[] = {"qwen3_tiny", "qwen2_tiny", "llama_tiny"};
 
 TEST(weights_load_matches_torch) {
     for (const char* name : tiny_models) {
-        ModelWeights w = ModelWeights::load(fixtures + name);
-        Json expected = json_parse_file(fixtures + "expected_" + name + ".json");
+        ModelWeights w = ModelWeights::load(harness::model_fixtures + name);
+        Json expected = json_parse_file(harness::model_fixtures + "expected_" + name + ".json");
         CHECK_EQ((int64_t)w.num_params(), expected.find("num_parameters")->integer);
         CHECK_EQ((int64_t)w.num_params(), config_num_params(w.config));
         CHECK_EQ(w.config.tie_word_embeddings, expected.find("tied")->boolean);
@@ -46,7 +45,7 @@ TEST(weights_load_matches_torch) {
 }
 
 TEST(weights_layout_is_canonical_and_aligned) {
-    ModelWeights w = ModelWeights::load(fixtures + "qwen2_tiny");
+    ModelWeights w = ModelWeights::load(harness::model_fixtures + "qwen2_tiny");
     CHECK_EQ(w.tensors.front().name, std::string("model.embed_tokens.weight"));
     CHECK_EQ(w.tensors[1].name, std::string("model.layers.0.input_layernorm.weight"));
     CHECK_EQ(w.tensors[3].name, std::string("model.layers.0.self_attn.q_proj.bias"));
@@ -63,7 +62,7 @@ TEST(weights_layout_is_canonical_and_aligned) {
     for (float v : fresh.master) CHECK_EQ(v, 0.0f);
     CHECK_EQ(w.layer_data(1, "mlp.up_proj.weight"), w.data("model.layers.1.mlp.up_proj.weight"));
     CHECK_EQ(w.lm_head_name(), std::string("model.embed_tokens.weight"));
-    ModelWeights ll = ModelWeights::load(fixtures + "llama_tiny");
+    ModelWeights ll = ModelWeights::load(harness::model_fixtures + "llama_tiny");
     CHECK_EQ(ll.tensors.back().name, std::string("lm_head.weight"));
     CHECK_EQ(ll.lm_head_name(), std::string("lm_head.weight"));
     CHECK_THROWS(w.tensor("model.layers.9.mlp.up_proj.weight"), "model has no tensor model.layers.9");
@@ -73,9 +72,9 @@ TEST(weights_layout_is_canonical_and_aligned) {
 // second save -> load gives back exactly the same tensors (the round trip is a fixed point).
 TEST(weights_round_trip_through_writer) {
     for (const char* name : tiny_models) {
-        ModelWeights a = ModelWeights::load(fixtures + name);
+        ModelWeights a = ModelWeights::load(harness::model_fixtures + name);
         harness::TempDir dir;
-        save_hf(a, dir / "out", fixtures + name);
+        save_hf(a, dir / "out", harness::model_fixtures + name);
         ModelWeights b = ModelWeights::load(dir / "out");
         CHECK_EQ(b.num_floats(), a.num_floats());
         CHECK_EQ(b.config.tie_word_embeddings, a.config.tie_word_embeddings);
@@ -89,7 +88,7 @@ TEST(weights_round_trip_through_writer) {
         ModelWeights c = ModelWeights::load(dir / "out");
         CHECK(c.master == b.master);
         for (const char* f : {"tokenizer.json", "tokenizer_config.json", "generation_config.json"})
-            CHECK_MSG(read_file(dir / "out/" + f) == read_file(fixtures + name + "/" + f), "%s not copied", f);
+            CHECK_MSG(read_file(dir / "out/" + f) == read_file(harness::model_fixtures + name + "/" + f), "%s not copied", f);
         CHECK(!Checkpoint::file_exists(dir / "out.tmp-" + std::to_string(getpid())));
     }
 }
@@ -127,7 +126,7 @@ struct Variant {
 };
 
 TEST(weights_rejects_bad_checkpoints) {
-    const std::string q3 = fixtures + "qwen3_tiny", ll = fixtures + "llama_tiny";
+    const std::string q3 = harness::model_fixtures + "qwen3_tiny", ll = harness::model_fixtures + "llama_tiny";
     ModelWeights w3 = ModelWeights::load(q3), wl = ModelWeights::load(ll);
     harness::TempDir dir;
     int case_no = 0;
@@ -164,7 +163,7 @@ TEST(weights_rejects_bad_checkpoints) {
 }
 
 TEST(weights_tied_rules) {
-    const std::string q3 = fixtures + "qwen3_tiny", ll = fixtures + "llama_tiny";
+    const std::string q3 = harness::model_fixtures + "qwen3_tiny", ll = harness::model_fixtures + "llama_tiny";
     ModelWeights w3 = ModelWeights::load(q3), wl = ModelWeights::load(ll);
     harness::TempDir dir;
     {  // tied config, file with a (different) lm_head: it is ignored, embed_tokens is the logits matrix
@@ -191,7 +190,7 @@ TEST(weights_tied_rules) {
 
 // F16 and BF16 files convert exactly (every F16/BF16 value is an FP32 value).
 TEST(weights_load_converts_half_dtypes) {
-    const std::string q3 = fixtures + "qwen3_tiny";
+    const std::string q3 = harness::model_fixtures + "qwen3_tiny";
     ModelWeights w3 = ModelWeights::load(q3);
     harness::TempDir dir;
     Variant v(w3, q3);
@@ -268,7 +267,7 @@ TEST(weights_fresh_model_round_trip) {
 
 // write_hf_files fills a directory the caller made (a trainer checkpoint's temporary directory).
 TEST(weights_write_hf_files_into_existing_directory) {
-    const std::string q2 = fixtures + "qwen2_tiny";
+    const std::string q2 = harness::model_fixtures + "qwen2_tiny";
     ModelWeights w = ModelWeights::load(q2);
     harness::TempDir dir;
     harness::write_text(dir / "trainer_state.bin", "x");
@@ -281,7 +280,7 @@ TEST(weights_write_hf_files_into_existing_directory) {
 
 // read_values = false checks everything but reads no data (--info on models larger than memory).
 TEST(weights_load_without_values_checks_the_same) {
-    const std::string q3 = fixtures + "qwen3_tiny";
+    const std::string q3 = harness::model_fixtures + "qwen3_tiny";
     ModelWeights full = ModelWeights::load(q3);
     ModelWeights table = ModelWeights::load(q3, false);
     CHECK(table.master.empty());

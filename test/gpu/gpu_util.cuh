@@ -6,6 +6,8 @@
 #include <vector>
 
 #include "fp8_gemm.cuh"
+#include "rl/driver/dist.h"
+#include "rl/numerics/bf16.h"
 
 namespace fp8rl {
 
@@ -75,6 +77,31 @@ __global__ void fill_uniform_kernel(T* x, size_t n, uint32_t seed, float amplitu
 template <class T>
 void fill_uniform(T* x, size_t n, uint32_t seed, float amplitude) {
     LAUNCH_KERNEL(fill_uniform_kernel<T>, 1024, 256, 0, 0, x, n, seed, amplitude);
+}
+
+// n BF16-valued floats, uniform in [-amplitude, amplitude) (hash_uniform, rounded to BF16).
+inline std::vector<float> bf16_values(size_t n, uint32_t seed, float amplitude) {
+    std::vector<float> x(n);
+    for (size_t i = 0; i < n; i++) x[i] = round_bf16(amplitude * hash_uniform(i, seed));
+    return x;
+}
+
+inline std::vector<__nv_bfloat16> to_bf16(const std::vector<float>& x) {
+    std::vector<__nv_bfloat16> out(x.size());
+    for (size_t i = 0; i < x.size(); i++) out[i] = __float2bfloat16_rn(x[i]);
+    return out;
+}
+
+inline std::vector<float> to_float(const std::vector<__nv_bfloat16>& x) {
+    std::vector<float> out(x.size());
+    for (size_t i = 0; i < x.size(); i++) out[i] = __bfloat162float(x[i]);
+    return out;
+}
+
+// The engine tests' communicator: one process, no MPI.
+inline const Dist& one_rank() {
+    static Dist dist;
+    return dist;
 }
 
 }  // namespace fp8rl

@@ -52,7 +52,7 @@ struct AttentionCase {
 };
 
 // Small enough for emulation (about 4 us per emulated thread), ragged enough to hit every edge.
-const AttentionCase kCases[] = {
+const AttentionCase kAttentionCases[] = {
     {"D16 H4 KV1", {1, 17, 70, 5}, 4, 1, 16},
     {"D32 H3 KV1", {33, 1, 64, 9}, 3, 1, 32},
     {"D64 H2 KV2", {70, 1, 20}, 2, 2, 64},
@@ -68,12 +68,6 @@ struct Batch {
     std::vector<int> cu_seqlens;       // the same, int32, for the device
     std::vector<float> q, k, v, dout;  // q, dout [T][H][D]; k, v [T][KV][D]
 };
-
-std::vector<float> bf16_values(size_t n, uint32_t seed, float amplitude) {
-    std::vector<float> x(n);
-    for (size_t i = 0; i < n; i++) x[i] = round_bf16(amplitude * hash_uniform(i, seed));
-    return x;
-}
 
 // Scores q.k / sqrt(D) with q in [-3, 3), k in [-2, 2) have a standard deviation of 2: peaked
 // softmax rows, not uniform ones. v and dO in [-1, 1).
@@ -93,18 +87,6 @@ Batch make_batch(const AttentionCase& c) {
     b.v = bf16_values((size_t)T * c.KV * c.D, 13, 1.0f);
     b.dout = bf16_values((size_t)T * c.H * c.D, 14, 1.0f);
     return b;
-}
-
-std::vector<__nv_bfloat16> to_bf16(const std::vector<float>& x) {
-    std::vector<__nv_bfloat16> out;
-    for (float v : x) out.push_back(__float2bfloat16_rn(v));
-    return out;
-}
-
-std::vector<float> to_float(const std::vector<__nv_bfloat16>& x) {
-    std::vector<float> out;
-    for (__nv_bfloat16 v : x) out.push_back(__bfloat162float(v));
-    return out;
 }
 
 // A device buffer of n elements filled with all-ones bytes (NaN in BF16 and FP32), so an element
@@ -210,7 +192,7 @@ int count_outside(const char* what, const std::vector<float>& got, const std::ve
 
 TEST(attention_forward_matches_cpu_bf16) {
     REQUIRE_GPU_FOR_ATTENTION();
-    for (const AttentionCase& c : kCases) {
+    for (const AttentionCase& c : kAttentionCases) {
         Batch b = make_batch(c);
         const PackedAttentionShape& s = b.shape;
         std::vector<float> out(b.q.size()), lse((size_t)s.T * s.H);
@@ -227,7 +209,7 @@ TEST(attention_forward_matches_cpu_bf16) {
 
 TEST(attention_backward_matches_cpu) {
     REQUIRE_GPU_FOR_ATTENTION();
-    for (const AttentionCase& c : kCases) {
+    for (const AttentionCase& c : kAttentionCases) {
         Batch b = make_batch(c);
         const PackedAttentionShape& s = b.shape;
         GpuResults g = run_gpu(b, true);
@@ -272,7 +254,7 @@ double central_difference(Batch& b, std::vector<float>& x, size_t i) {
 
 TEST(attention_backward_matches_finite_differences) {
     REQUIRE_GPU_FOR_ATTENTION();
-    for (const AttentionCase& c : kCases) {
+    for (const AttentionCase& c : kAttentionCases) {
         Batch b = make_batch(c);
         const PackedAttentionShape& s = b.shape;
         GpuResults g = run_gpu(b, true);
@@ -304,7 +286,7 @@ TEST(attention_backward_matches_finite_differences) {
 // Every output has one writer and a fixed summation order (no atomics): two runs agree bit for bit.
 TEST(attention_backward_is_deterministic) {
     REQUIRE_GPU_FOR_ATTENTION();
-    Batch b = make_batch(kCases[0]);
+    Batch b = make_batch(kAttentionCases[0]);
     GpuResults first = run_gpu(b, true), second = run_gpu(b, true);
     CHECK(memcmp(first.dq.data(), second.dq.data(), first.dq.size() * sizeof(float)) == 0);
     CHECK(memcmp(first.dk.data(), second.dk.data(), first.dk.size() * sizeof(float)) == 0);

@@ -26,11 +26,6 @@ using namespace fp8rl;
 
 namespace {
 
-const Dist& one_rank() {
-    static Dist dist;
-    return dist;
-}
-
 // Ragged sequences over the vocabulary: lengths not multiples of 16, a one-token prompt, a long one
 // (the first three only under the sanitizer, where the emulation runs ~3x slower).
 std::vector<Sequence> ragged_batch(int V, uint32_t seed) {

@@ -102,12 +102,6 @@ static std::vector<float> varied_data(int rows, int cols, uint32_t seed) {
     return x;
 }
 
-static std::vector<__nv_bfloat16> to_bf16(const std::vector<float>& x) {
-    std::vector<__nv_bfloat16> out(x.size());
-    for (size_t i = 0; i < x.size(); i++) out[i] = __float2bfloat16(x[i]);  // exact: x is BF16-valued
-    return out;
-}
-
 template <class A, class B>
 static int count_bit_differences(const std::vector<A>& device, const std::vector<B>& host, const char* what) {
     if (device.size() != host.size()) {

@@ -48,7 +48,7 @@ struct DecodeCase {
 };
 
 // Small enough for emulation (128 threads per CTA, one CTA per chunk, kv head and row).
-const DecodeCase kCases[] = {
+const DecodeCase kDecodeCases[] = {
     {"D16 H4 KV2", 4, 2, 16, 16, {1, 16, 17, 0, 150, 33}, {1, 3, 0}},
     {"D64 H4 KV1", 4, 1, 64, 16, {0, 64, 1, 300}, {1, 5, 0}},
     {"D128 H2 KV2", 2, 2, 128, 16, {129, 16, 1}, {2}},
@@ -59,24 +59,6 @@ const DecodeCase kCases[] = {
 };
 
 constexpr int kLayers = 2, kLayer = 1;  // the layer under test; layer 0 gets other values at the same slots
-
-std::vector<float> bf16_values(size_t n, uint32_t seed, float amplitude) {
-    std::vector<float> x(n);
-    for (size_t i = 0; i < n; i++) x[i] = round_bf16(amplitude * hash_uniform(i, seed));
-    return x;
-}
-
-std::vector<__nv_bfloat16> to_bf16(const std::vector<float>& x) {
-    std::vector<__nv_bfloat16> out;
-    for (float v : x) out.push_back(__float2bfloat16_rn(v));
-    return out;
-}
-
-std::vector<float> to_float(const std::vector<__nv_bfloat16>& x) {
-    std::vector<float> out;
-    for (__nv_bfloat16 v : x) out.push_back(__bfloat162float(v));
-    return out;
-}
 
 // A batch of rows with their tokens on shuffled pages of a pool with spare pages.
 struct PagedBatch {
@@ -245,7 +227,7 @@ std::vector<float> head_scales_of(const std::vector<float>& x, int KV, int D) {
 // per_head: FP8 scales per layer and KV head (the GPU cache gets [layers][KV] scales, the layers'
 // heads apart), else one per layer (the GPU cache gets [layers]; the CPU's repeats it per head).
 void check_decode(Precision storage, bool per_head = false) {
-    for (const DecodeCase& c : kCases) {
+    for (const DecodeCase& c : kDecodeCases) {
         const PagedBatch b = make_batch(c, 1000 + c.D);
         const bool fp8 = storage == Precision::FP8;
         std::vector<float> ks = per_head ? head_scales_of(b.k, c.KV, c.D) : std::vector<float>(c.KV, fp8 ? scale_of(b.k) : 1.0f);

@@ -19,12 +19,6 @@ using namespace fp8rl;
 
 namespace {
 
-std::vector<float> random_bf16_values(size_t n, uint32_t seed, float amplitude) {
-    std::vector<float> v(n);
-    for (size_t i = 0; i < n; i++) v[i] = round_bf16(amplitude * hash_uniform(i, seed));
-    return v;
-}
-
 std::vector<__nv_bfloat16> to_device_bf16(const std::vector<float>& x, size_t padded) {
     std::vector<__nv_bfloat16> out(padded, __float2bfloat16(0.0f));
     for (size_t i = 0; i < x.size(); i++) out[i] = __float2bfloat16(x[i]);
@@ -62,8 +56,8 @@ std::vector<float> bf16_download(const DeviceBuffer<__nv_bfloat16>& d, size_t n)
 void check_linear_layer(Precision p, int T, int K, int N, bool pow2) {
     const int Tp = (T + 127) / 128 * 128;
     const std::string tag = strfmt("%s T=%d K=%d N=%d%s", precision_name(p), T, K, N, pow2 ? " pow2" : "");
-    std::vector<float> master(N * (size_t)K), x = random_bf16_values((size_t)T * K, 11, 2.0f),
-                                               dy = random_bf16_values((size_t)T * N, 12, 0.5f);
+    std::vector<float> master(N * (size_t)K), x = bf16_values((size_t)T * K, 11, 2.0f),
+                                               dy = bf16_values((size_t)T * N, 12, 0.5f);
     for (size_t i = 0; i < master.size(); i++) master[i] = 0.1f * hash_uniform(i, 13 + K) * (1 + (int)(i / K) % 5);
     std::vector<float> w(master.size());
     for (size_t i = 0; i < w.size(); i++) w[i] = round_bf16(master[i]);

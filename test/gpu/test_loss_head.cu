@@ -54,12 +54,6 @@ struct HeadProblem {
     HeadGpuShape shape() const { return {V, C, temperature}; }
 };
 
-std::vector<__nv_bfloat16> to_bf16(const std::vector<float>& x) {
-    std::vector<__nv_bfloat16> out(x.size());
-    for (size_t i = 0; i < x.size(); i++) out[i] = __float2bfloat16(x[i]);  // exact: x is BF16-valued
-    return out;
-}
-
 // What the bounds need, in double from the BF16 inputs (products exact, sums of <= 1000 terms
 // within 1e-13 relative): per token z_j, p_j, mu, logZ, entropy and S_j = sum_c |x_c W_jc| / T.
 struct Exact {
@@ -150,7 +144,7 @@ struct GpuHead {
 struct HeadCase {
     int T, C, V, chunk;
 };
-const HeadCase kCases[] = {
+const HeadCase kHeadCases[] = {
     {37, 72, 2300, HEAD_VOCAB_CHUNK},  // 2 chunks, the last 252 columns (not a multiple of 8)
     {21, 136, 1003, 256},              // 4 chunks of 256 (the CPU's stay 2048), the last 235 columns
 };
@@ -159,7 +153,7 @@ const HeadCase kCases[] = {
 
 TEST(gpu_head_forward_matches_cpu) {
     GemmRunner gemm;
-    for (const HeadCase& hc : kCases)
+    for (const HeadCase& hc : kHeadCases)
         for (float temperature : {1.0f, 0.7f}) {
             HeadProblem h(hc.T, hc.C, hc.V, temperature, 17 + hc.T);
             GpuHead g(h);
@@ -204,7 +198,7 @@ TEST(gpu_head_forward_matches_cpu) {
 // plus one rounding of the result on each side (2U |dX|): the buffers start non-zero.
 TEST(gpu_head_backward_matches_cpu) {
     GemmRunner gemm;
-    for (const HeadCase& hc : kCases)
+    for (const HeadCase& hc : kHeadCases)
         for (float temperature : {1.0f, 0.7f}) {
             HeadProblem h(hc.T, hc.C, hc.V, temperature, 29 + hc.T);
             GpuHead g(h);

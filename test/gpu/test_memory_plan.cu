@@ -14,11 +14,6 @@ using namespace fp8rl;
 
 namespace {
 
-const Dist& one_rank() {
-    static Dist dist;
-    return dist;
-}
-
 size_t free_device_bytes() {
     size_t free_bytes = 0, total = 0;
     CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));

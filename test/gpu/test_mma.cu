@@ -25,12 +25,6 @@ constexpr int kWarps = 2;
 // A small integer that differs between neighbouring rows and columns: (i * 7 + j * 3 + salt) % 9 - 4.
 float small_int(int i, int j, int salt) { return (float)((i * 7 + j * 3 + salt) % 9 - 4); }
 
-std::vector<__nv_bfloat16> to_bf16(const std::vector<float>& x) {
-    std::vector<__nv_bfloat16> out;
-    for (float v : x) out.push_back(__float2bfloat16_rn(v));
-    return out;
-}
-
 // d[w] = a[w] b[w] + c[w] per warp w: a [16][16] row-major, b [16][8] given as b_nk [8][16] (by
 // columns) or b_kn [16][8] (by rows), c and d [16][8]. b_by_rows picks the B load.
 __global__ void mma_kernel(float* d, const __nv_bfloat16* a, const __nv_bfloat16* b, const float* c, bool b_by_rows) {
