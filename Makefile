@@ -57,7 +57,7 @@ endif
 NV_MPI    := $(if $(and $(MPI_FLAGS),$(NCCL)),$(MPI_FLAGS) $(MPI_INCLUDE))
 NVCCFLAGS := -std=c++17 -O3 -gencode arch=compute_90,code=sm_90 -Werror all-warnings -I. \
              -Xcompiler -Wall,-Wextra,-fopenmp,$(FPFLAGS) $(NV_MPI)
-CUDA_SRCS := $(wildcard *.cu *.cuh rl/*/*.cuh cuda/*.cu cuda/*.cuh)
+CUDA_SRCS := $(wildcard *.cu *.cuh rl/*/*.cuh cuda/*.cu cuda/*.cuh docs/examples/*.cu)
 GPU_TEST_SRCS := $(wildcard test/gpu/*.cu)
 GPU_TESTS     := $(wildcard test/gpu/test_*.cu)
 GPU_BENCHES   := $(wildcard test/gpu/bench_*.cu)
@@ -87,7 +87,7 @@ $(call unity_source,$(GPU_UNITY),$(GPU_TESTS))
 ifneq ($(CUDA_FP8_H),)
   EMU_FLAGS     := -DFP8RL_EMU -isystem $(CUDA_HOME)/include $(MPI_FLAGS)
   EMU_RUNTIME   := cuda/emu_threads.cpp cuda/emu_memory.cpp cuda/emu_runtime.cpp cuda/emu_cublaslt.cpp
-  GPU_TEST_OBJS := $(patsubst %,$(BUILD)/emu/%.o,test/run_tests.cpp $(EMU_RUNTIME) $(GPU_UNITY))
+  GPU_TEST_OBJS := $(patsubst %,$(BUILD)/emu/%.o,test/run_tests.cpp $(GPU_UNITY))
   GPU_ASAN_OBJS := $(patsubst %,$(BUILD)/emu-asan/%.o,test/run_tests.cpp $(EMU_RUNTIME) $(GPU_UNITY))
   EMU_SEEDS     ?= 1
   EMU_ASAN_SEED ?= 3
@@ -100,7 +100,7 @@ FUZZ_SECONDS ?= 30
 FUZZ_TARGETS := json safetensors
 
 .PHONY: all test test-runs test-unit test-asan test-cpu test-cpu-asan test-gpu-emu test-gpu-emu-asan test-bench-emu \
-        test_gpu_emu cuda-check bench bench_gpu fuzz $(FUZZ_TARGETS:%=fuzz-%) clean demo
+        test_gpu_emu emu-lib cuda-check bench bench_gpu fuzz $(FUZZ_TARGETS:%=fuzz-%) clean demo
 # make (all): every binary this machine can build, then each one it skipped and why. A target joins
 # ALL_BINS where its tools are found, else ALL_SKIPPED gets "name: reason".
 ALL_BINS := train_rl_cpu
@@ -162,16 +162,26 @@ $(BUILD)/emu-asan/%.o: %
 	@mkdir -p $(@D)
 	$(CPU_LINK_CXX) $(SANFLAGS) $(EMU_FLAGS) -x c++ -c -o $@ $<
 
-$(BUILD)/test_gpu_emu: $(GPU_TEST_OBJS)
-	$(CPU_LINK_CXX) $(CXXFLAGS) -o $@ $^ $(LDLIBS)
+# The emulation runtime as one library, what the emulated binaries link and any CUDA source written
+# on cuda/common.cuh can link (docs/gpu-emulation.md); the example is built by the command given there.
+EMU_LIB := $(BUILD)/libcudaemu.a
+$(EMU_LIB): $(patsubst %,$(BUILD)/emu/%.o,$(EMU_RUNTIME))
+	rm -f $@ && ar rcs $@ $^
+emu-lib: $(EMU_LIB)
+$(BUILD)/emu_block_sum: docs/examples/block_sum.cu $(EMU_LIB) cuda/common.cuh cuda/emu.h rl/common.h
+	$(CXX) -std=c++17 -DFP8RL_EMU -I. -isystem $(CUDA_HOME)/include -x c++ $< -x none $(EMU_LIB) -fopenmp -lpthread $(WARN) -o $@
+
+# Several translation units drop the list of __launch_bounds__' pads, which g++ 12 files wrongly (cuda/emu.ld).
+$(BUILD)/test_gpu_emu: $(GPU_TEST_OBJS) $(EMU_LIB)
+	$(CPU_LINK_CXX) $(CXXFLAGS) -o $@ $^ -Wl,-T,cuda/emu.ld $(LDLIBS)
 
 $(BUILD)/test_gpu_emu_asan: $(GPU_ASAN_OBJS)
-	$(CPU_LINK_CXX) $(SANFLAGS) -o $@ $^ $(LDLIBS)
+	$(CPU_LINK_CXX) $(SANFLAGS) -o $@ $^ -Wl,-T,cuda/emu.ld $(LDLIBS)
 
 test_gpu_emu: $(BUILD)/test_gpu_emu
 
 # ./train_rl_emu: the GPU binary's main (train_rl.cu) on the emulated GPU engine.
-train_rl_emu: $(BUILD)/emu/train_rl.cu.o $(patsubst %,$(BUILD)/emu/%.o,$(EMU_RUNTIME))
+train_rl_emu: $(BUILD)/emu/train_rl.cu.o $(EMU_LIB)
 	$(CPU_LINK_CXX) $(CXXFLAGS) -o $@ $^ $(LDLIBS)
 
 # The GPU benchmarks (test/gpu/bench_*.cu) in emulation, each run once at tiny shapes by
@@ -182,7 +192,7 @@ EMU_BENCH_BINS := $(patsubst test/gpu/bench_%.cu,$(BUILD)/emu_bench_%,$(wildcard
 EMU_BENCH_OBJS := $(patsubst %,$(BUILD)/emu/%.o,$(wildcard test/gpu/bench_*.cu))
 .SECONDARY: $(EMU_BENCH_OBJS)
 $(EMU_BENCH_OBJS): CXXFLAGS := $(CXXSTD) -O1 $(FPFLAGS) $(WARN) -fopenmp -I. -MMD -MP
-$(BUILD)/emu_bench_%: $(BUILD)/emu/test/gpu/bench_%.cu.o $(patsubst %,$(BUILD)/emu/%.o,$(EMU_RUNTIME))
+$(BUILD)/emu_bench_%: $(BUILD)/emu/test/gpu/bench_%.cu.o $(EMU_LIB)
 	$(CPU_LINK_CXX) $(CXXFLAGS) -o $@ $^ $(LDLIBS)
 
 # make test: every test run, side by side under make -j (a run starts as soon as its binaries are
@@ -218,10 +228,12 @@ test-cpu-asan: $(BUILD)/test_cpu_asan $(BUILD)/train_rl_cpu_asan
 # The GPU tests in emulation, once per scheduling seed (seed 0: threads and blocks in order; others
 # shuffle them), then under ASan with one more seed.
 ifneq ($(EMU_FLAGS),)
-test-gpu-emu: $(BUILD)/test_gpu_emu
+test-gpu-emu: $(BUILD)/test_gpu_emu $(BUILD)/emu_block_sum
 	@mkdir -p $(LOGS)
 	@for s in $(EMU_SEEDS); do echo "== GPU tests in emulation, FP8RL_EMU_SEED=$$s"; \
 	  FP8RL_EMU_SEED=$$s $(TEST_ENV) ./$(BUILD)/test_gpu_emu 2>&1 | tee -a $(LOGS)/$@.log || exit 1; done
+	@echo "== a program of one's own on build/libcudaemu.a (docs/examples/block_sum.cu)"
+	./$(BUILD)/emu_block_sum 2>&1 | tee -a $(LOGS)/$@.log
 ifneq ($(and $(MPICXX),$(MPIRUN)),)
 	@echo "== the communicator over 2 ranks in emulation (mpirun -np 2)"
 	$(TEST_ENV) OMPI_MCA_btl=self,vader $(MPIRUN) --allow-run-as-root --oversubscribe -np 2 ./$(BUILD)/test_gpu_emu nccl_ 2>&1 | tee -a $(LOGS)/$@.log

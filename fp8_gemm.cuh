@@ -108,7 +108,7 @@ __global__ void __launch_bounds__(QUANT_THREADS)
     quantize_blockwise_kernel(const In* w, int rows, int cols, bool pow2, uint8_t* codes, float* scale_inv,
                               uint8_t* codes_t, float* scale_inv_t) {
     DYNAMIC_SHARED(float, tile);  // [128][TILE_PITCH]
-    __shared__ float warp_max[QUANT_THREADS / 32];
+    STATIC_SHARED(float, warp_max, [QUANT_THREADS / 32]);
     int tile_c = blockIdx.x, tile_r = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     load_tile(w, rows, cols, tile_r, tile_c, tile);
     float amax = 0.0f;

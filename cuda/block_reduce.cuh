@@ -32,7 +32,7 @@ __device__ inline T warp_reduce(T value, Op op) {
 // completes, so no emulated test fails without it).
 template <class T, class Op>
 __device__ inline T block_reduce(T value, Op op) {
-    __shared__ T warp_values[32];
+    STATIC_SHARED(T, warp_values, [32]);
     int warps = blockDim.x / 32;
     value = warp_reduce(value, op);
     if (threadIdx.x % 32 == 0) warp_values[threadIdx.x / 32] = value;

@@ -2,7 +2,8 @@
 //   nvcc             the CUDA headers; kernels run on the GPU (sm_90);
 //   g++ -DFP8RL_EMU  cuda/emu.h; kernels run on the CPU as fibers (spec-gpu.md §2), in CI.
 // Every CUDA runtime call goes through CUDA_CHECK, every kernel launch through LAUNCH_KERNEL,
-// and dynamic shared memory is declared with DYNAMIC_SHARED, so neither build needs its own copy.
+// and shared memory is declared with STATIC_SHARED and DYNAMIC_SHARED, so neither build needs
+// its own copy.
 #ifndef FP8RL_CUDA_COMMON_CUH
 #define FP8RL_CUDA_COMMON_CUH
 #ifdef FP8RL_EMU
@@ -63,10 +64,14 @@ void allow_dynamic_smem(Kernel kernel, size_t bytes) {
 }  // namespace fp8rl
 
 // DYNAMIC_SHARED(float, tile); declares `tile`, the launch's dynamic shared memory, as float[].
+// STATIC_SHARED(float, partial, [256]); declares `__shared__ float partial[256]` (at block scope);
+// in emulation it also tells the runtime its size, which counts against the launch's limits.
 #ifdef FP8RL_EMU
 #define DYNAMIC_SHARED(type, name) FP8RL_EMU_DYNAMIC_SHARED(type, name)
+#define STATIC_SHARED(type, name, ...) FP8RL_EMU_STATIC_SHARED(type, name, __VA_ARGS__)
 #else
 #define DYNAMIC_SHARED(type, name) extern __shared__ __align__(16) type name[]
+#define STATIC_SHARED(type, name, ...) __shared__ type name __VA_ARGS__
 #endif
 
 #endif  // FP8RL_CUDA_COMMON_CUH

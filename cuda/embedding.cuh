@@ -38,7 +38,7 @@ __global__ void embedding_forward_kernel(Out* x, const Table* table, const int32
 template <class Grad>
 __global__ void embedding_backward_kernel(float* dE, const Grad* dx, const int32_t* ids, long T, int V, int C,
                                           int rows_per_range) {
-    __shared__ int32_t staged_ids[kEmbeddingBackwardThreads];
+    STATIC_SHARED(int32_t, staged_ids, [kEmbeddingBackwardThreads]);
     const int v0 = blockIdx.x * rows_per_range, v1 = min(v0 + rows_per_range, V);
     const int c = blockIdx.y * kEmbeddingBackwardThreads + threadIdx.x;
     for (long t0 = 0; t0 < T; t0 += kEmbeddingBackwardThreads) {

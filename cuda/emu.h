@@ -30,12 +30,23 @@
 #include <type_traits>
 #include <vector>
 
-// One static instance per (template instantiation of a) kernel is block-local because blocks run
-// one at a time on one host thread. ASan redzones static arrays, so an overflow is caught.
+// Static shared memory is declared with cuda/common.cuh's STATIC_SHARED, which tells the runtime
+// each variable's size as a block reaches it (so it counts against the launch limits); a plain
+// __shared__ declaration is an error here, as it would go uncounted.
 #undef __shared__
-#define __shared__ static
+#define __shared__ static_assert(false, "in emulation, declare static shared memory with STATIC_SHARED(type, name, [dims]) (cuda/common.cuh)");
+// __launch_bounds__(max_threads, ...): max_threads one-byte NOPs right before the kernel's entry
+// (never executed), the pad starting on a 2048-byte boundary, so the runtime reads the bound as
+// the kernel's address mod 2048 where that many NOPs precede it (emu::launch_bound). GCC's
+// patchable_function_entry is the only attribute that takes an integer constant expression (the
+// bounds are constexpr names; "+ 0" makes g++ 12 fold a bare one, it crashes on that) and leaves
+// a trace found from the function's address; no_icf keeps two kernels from being merged. GCC also
+// lists each pad in the section __patchable_function_entries, filed wrongly by g++ 12 for template
+// kernels, so a program of several translation units drops that list at link time (cuda/emu.ld).
 #undef __launch_bounds__
-#define __launch_bounds__(...)
+#define __launch_bounds__(...) FP8RL_EMU_LAUNCH_BOUNDS(__VA_ARGS__, 0)
+#define FP8RL_EMU_LAUNCH_BOUNDS(max_threads, ...) \
+    __attribute__((patchable_function_entry((max_threads) + 0, (max_threads) + 0), aligned(2048), no_icf))
 #undef __forceinline__
 #define __forceinline__ inline
 
@@ -58,10 +69,15 @@ int block_barrier(const char* file, int line, int predicate, int kind);  // kind
 void atomic_point(bool changed);  // every atomic: a chance to yield, and spin-wait detection
 [[noreturn]] void kernel_fault(const std::string& what);
 void* dynamic_shared();  // the launch's dynamic shared memory (NaN-filled at each block start)
+// A block reached the static shared variable `p` of `bytes` (cuda/common.cuh's STATIC_SHARED): the
+// first time for its kernel, the bytes count against the kernel's limits from then on, and the
+// variable is NaN-filled at each of its blocks' starts, as dynamic shared memory is.
+void static_shared(void* p, size_t bytes, const char* name);
 
 // Runs `body` as a kernel of `name` on grid x block threads with `smem` bytes of dynamic shared
 // memory, on `stream` (recorded instead when the stream is capturing a graph). Checks the launch
-// configuration against sm_90's limits first; errors are returned by cudaGetLastError.
+// configuration against sm_90's limits and the kernel's own (its __launch_bounds__, its static and
+// dynamic shared memory) first; errors are returned by cudaGetLastError.
 // `pointers` holds each argument that is a pointer (null for the others): each must be null, device
 // memory or cudaMallocHost'ed memory, else the kernel faults with cudaErrorIllegalAddress, reported
 // at the next synchronization as on a GPU.
@@ -106,10 +122,14 @@ T from_bits(uint64_t u) {
 
 }  // namespace emu
 
-// cuda_runtime.h's overload taking the kernel itself exists only for nvcc.
+// cuda_runtime.h's overloads taking the kernel itself exist only for nvcc.
 template <class T>
 cudaError_t cudaFuncSetAttribute(T* kernel, cudaFuncAttribute attr, int value) {
     return cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel), attr, value);
+}
+template <class T>
+cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attr, T* kernel) {
+    return cudaFuncGetAttributes(attr, reinterpret_cast<const void*>(kernel));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -227,3 +247,9 @@ T __ldg(const T* p) { return *p; }
 // Dynamic shared memory: nvcc's `extern __shared__` has no host equivalent (cuda/common.cuh's
 // DYNAMIC_SHARED picks this in emulation).
 #define FP8RL_EMU_DYNAMIC_SHARED(type, name) type* name = reinterpret_cast<type*>(::emu::dynamic_shared())
+// Static shared memory: one static per (template instantiation of a) function is block-local
+// because blocks run one at a time on one host thread; ASan redzones static arrays, so an overflow
+// is caught. Each thread that passes the declaration reports it (cuda/common.cuh's STATIC_SHARED).
+#define FP8RL_EMU_STATIC_SHARED(type, name, ...) \
+    static type name __VA_ARGS__;                 \
+    ::emu::static_shared(&name, sizeof(name), #name)

@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <functional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "cuda/emu.h"
 
@@ -26,9 +28,26 @@ inline std::string strformat(const char* fmt, ...) {
     return out;
 }
 
+// What the runtime knows of one kernel (found by its address): its __launch_bounds__ maximum, its
+// cudaFuncAttributeMaxDynamicSharedMemorySize, and the static shared variables its blocks have
+// reached so far (each counted once; a variable of a __device__ function counts for every kernel
+// that reaches it, as nvcc allocates it in each).
+struct KernelInfo {
+    int max_threads = 1024;     // the bound, else the device's limit
+    int max_dynamic_smem = -1;  // the opt-in, -1 while unset
+    size_t static_smem = 0;
+    std::vector<std::pair<void*, size_t>> static_vars;
+};
+KernelInfo& kernel_info(const void* kernel);
+// The shared-memory rule a launch of `k` with `dynamic` bytes breaks, "" if none.
+std::string shared_memory_error(const KernelInfo& k, size_t dynamic);
+
 // Runs every block of a grid now; a fault stops the grid, is printed and becomes the sticky error.
-void run_grid(const char* name, dim3 grid, dim3 block, size_t smem, const std::function<void()>& body);
+// A block that reaches static shared memory beyond the limits ends the grid as a refused launch
+// (cudaErrorInvalidValue from cudaGetLastError, not sticky), as a GPU refuses it before it runs.
+void run_grid(const char* name, KernelInfo* kernel, dim3 grid, dim3 block, size_t smem, const std::function<void()>& body);
 void set_sticky_error(cudaError_t e);
+void set_launch_error(cudaError_t e);
 void clear_fault();
 
 // The device's capacity in bytes (FP8RL_EMU_DEVICE_MEMORY, else an H200's).

@@ -14,10 +14,12 @@
 //     and invalidate the capture (cudaStreamEndCapture: cudaErrorStreamCaptureInvalidated);
 //   - streams and events in issue order (everything runs synchronously), event times from the
 //     host clock; graph capture records launches, copies and sets, and a graph launch replays them;
-//   - launch configurations checked against sm_90's limits; launch errors returned once by
-//     cudaGetLastError, kernel faults sticky until cudaDeviceReset.
+//   - launch configurations checked against sm_90's limits and the kernel's own: its
+//     __launch_bounds__ (read at its address, cuda/emu.h) and its static + dynamic shared memory;
+//     launch errors returned once by cudaGetLastError, kernel faults sticky until cudaDeviceReset.
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <map>
@@ -58,7 +60,7 @@ constexpr int DEFAULT_SMEM = 48 << 10, MAX_OPTIN_SMEM = 227 << 10;
 
 cudaError_t last_error = cudaSuccess, sticky_error = cudaSuccess;
 cudaError_t pending_error = cudaSuccess;  // a kernel's fault, sticky from the next synchronization on
-std::map<const void*, int> max_dynamic_smem;  // kernel -> cudaFuncAttributeMaxDynamicSharedMemorySize
+std::map<const void*, KernelInfo> kernels;
 std::set<cudaStream_t> streams;
 int capturing_streams = 0;
 const auto clock_start = std::chrono::steady_clock::now();
@@ -100,6 +102,17 @@ cudaError_t check_device(int device) {
 cudaError_t set_error(cudaError_t e) {
     if (e != cudaSuccess) last_error = e;
     return e;
+}
+
+// The kernel's __launch_bounds__ maximum, else the device's limit. cuda/emu.h puts a bounded
+// kernel's n NOPs from a 2048-byte boundary up to its entry; any other function is preceded by
+// code within 16 bytes (its neighbour's end), never by NOPs alone.
+int launch_bound(const void* kernel) {
+    const unsigned char* entry = (const unsigned char*)kernel;
+    const uintptr_t n = (uintptr_t)kernel % 2048;
+    if (n == 0 || n > (uintptr_t)MAX_THREADS || !std::all_of(entry - n, entry, [](unsigned char c) { return c == 0x90; }))
+        return MAX_THREADS;
+    return (int)n;
 }
 
 // The stream a call names, or null for the default stream; *bad when the handle is unknown.
@@ -181,6 +194,7 @@ cudaError_t enqueue(cudaStream_t s, std::function<void()> op) {
 }  // namespace
 
 void set_sticky_error(cudaError_t e) { sticky_error = e; }
+void set_launch_error(cudaError_t e) { set_error(e); }
 cudaError_t stream_op(cudaStream_t stream, std::function<void()> op) { return enqueue(stream, std::move(op)); }
 uint64_t func_attribute_calls() { return attribute_calls; }
 
@@ -190,6 +204,35 @@ size_t capacity() {
         return s && *s ? (size_t)strtoull(s, nullptr, 0) : H200_BYTES;
     }();
     return bytes;
+}
+
+KernelInfo& kernel_info(const void* kernel) {
+    auto it = kernels.find(kernel);
+    if (it == kernels.end()) {
+        it = kernels.emplace(kernel, KernelInfo()).first;
+        it->second.max_threads = launch_bound(kernel);
+    }
+    return it->second;
+}
+
+// sm_90: static shared memory at most 48 KB (nvcc's limit); static + dynamic at most 48 KB, or with
+// the MaxDynamicSharedMemorySize opt-in, dynamic at most the opt-in and static + opt-in at most 227 KB.
+std::string shared_memory_error(const KernelInfo& k, size_t dynamic) {
+    const char* rule = "(the rule: static + dynamic shared memory at most 48 KB per block, or up to 227 KB with "
+                       "cudaFuncSetAttribute(MaxDynamicSharedMemorySize) at least the dynamic part)";
+    if (k.static_smem > (size_t)DEFAULT_SMEM)
+        return strformat("%zu bytes of static shared memory, above the 48 KB a kernel may declare (nvcc refuses to "
+                         "compile it: ptxas, too much shared data)", k.static_smem);
+    if (k.max_dynamic_smem < 0 && k.static_smem + dynamic > (size_t)DEFAULT_SMEM)
+        return strformat("%zu bytes of static + %zu of dynamic shared memory, above the 48 KB a block has without the "
+                         "opt-in %s", k.static_smem, dynamic, rule);
+    if (k.max_dynamic_smem >= 0 && dynamic > (size_t)k.max_dynamic_smem)
+        return strformat("%zu bytes of dynamic shared memory, above the kernel's opt-in of %d %s", dynamic,
+                         k.max_dynamic_smem, rule);
+    if (k.max_dynamic_smem >= 0 && k.static_smem + (size_t)k.max_dynamic_smem > (size_t)MAX_OPTIN_SMEM)
+        return strformat("%zu bytes of static shared memory + the kernel's opt-in of %d bytes of dynamic, above 227 KB "
+                         "(cudaFuncSetAttribute refuses that opt-in) %s", k.static_smem, k.max_dynamic_smem, rule);
+    return "";
 }
 
 void launch(const char* name, const void* kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
@@ -203,11 +246,17 @@ void launch(const char* name, const void* kernel, dim3 grid, dim3 block, size_t 
         set_error(cudaErrorInvalidConfiguration);
         return;
     }
-    auto it = max_dynamic_smem.find(kernel);
-    size_t allowed = it != max_dynamic_smem.end() ? (size_t)it->second : DEFAULT_SMEM;
-    if (smem > allowed) {
-        fprintf(stderr, "CUDA emulation: launch of %s asks %zu bytes of dynamic shared memory, %zu allowed (raise it with "
-                "cudaFuncSetAttribute(MaxDynamicSharedMemorySize), at most %d)\n", name, smem, allowed, MAX_OPTIN_SMEM);
+    KernelInfo* info = &kernel_info(kernel);
+    if (threads > info->max_threads) {
+        fprintf(stderr, "CUDA emulation: launch of %s with %ld threads per block, above its __launch_bounds__ maximum of %d "
+                "(the rule: a launch above the kernel's bound fails): cudaErrorLaunchOutOfResources\n", name, threads,
+                info->max_threads);
+        set_error(cudaErrorLaunchOutOfResources);
+        return;
+    }
+    std::string smem_error = shared_memory_error(*info, smem);
+    if (!smem_error.empty()) {
+        fprintf(stderr, "CUDA emulation: launch of %s refused: %s: cudaErrorInvalidValue\n", name, smem_error.c_str());
         set_error(cudaErrorInvalidValue);
         return;
     }
@@ -225,7 +274,7 @@ void launch(const char* name, const void* kernel, dim3 grid, dim3 block, size_t 
         });
         return;
     }
-    enqueue(stream, [=] { run_grid(kernel_name.c_str(), grid, block, smem, body); });
+    enqueue(stream, [=] { run_grid(kernel_name.c_str(), info, grid, block, smem, body); });
 }
 
 }  // namespace emu
@@ -251,6 +300,8 @@ const char* cudaGetErrorName(cudaError_t e) {
         case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
         case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
         case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
+        case cudaErrorLaunchOutOfResources: return "cudaErrorLaunchOutOfResources";
+        case cudaErrorInvalidDeviceFunction: return "cudaErrorInvalidDeviceFunction";
         case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
         case cudaErrorStreamCaptureImplicit: return "cudaErrorStreamCaptureImplicit";
         case cudaErrorIllegalState: return "cudaErrorIllegalState";
@@ -273,6 +324,8 @@ const char* cudaGetErrorString(cudaError_t e) {
         case cudaErrorLaunchFailure:
             message = "unspecified launch failure (emulation: " + last_fault() + ")";
             return message.c_str();
+        case cudaErrorLaunchOutOfResources: return "too many resources requested for launch";
+        case cudaErrorInvalidDeviceFunction: return "invalid device function";
         case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
         case cudaErrorStreamCaptureImplicit: return "operation would make the legacy stream depend on a capturing blocking stream";
         case cudaErrorIllegalState: return "the operation is not permitted in the current state";
@@ -368,12 +421,29 @@ cudaError_t cudaDeviceReset() {
     return cudaSuccess;
 }
 
+// The opt-in is refused when it and the kernel's static shared memory (as far as its blocks have
+// reached it) exceed 227 KB, as cudaFuncSetAttribute documents.
 cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {
     attribute_calls++;
+    if (!func) return set_error(cudaErrorInvalidDeviceFunction);
     if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize) {
-        if (value < 0 || value > MAX_OPTIN_SMEM) return set_error(cudaErrorInvalidValue);
-        max_dynamic_smem[func] = value;
+        KernelInfo& k = kernel_info(func);
+        if (value < 0 || (size_t)value + k.static_smem > (size_t)MAX_OPTIN_SMEM) return set_error(cudaErrorInvalidValue);
+        k.max_dynamic_smem = value;
     }
+    return cudaSuccess;
+}
+
+// What a GPU reports of a kernel, but sharedSizeBytes: the static shared memory its blocks have
+// reached so far, not all it declares.
+cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attr, const void* func) {
+    if (!func) return set_error(cudaErrorInvalidDeviceFunction);
+    const KernelInfo& k = kernel_info(func);
+    *attr = cudaFuncAttributes();
+    attr->sharedSizeBytes = k.static_smem;
+    attr->maxThreadsPerBlock = k.max_threads;
+    attr->maxDynamicSharedSizeBytes = k.max_dynamic_smem >= 0 ? k.max_dynamic_smem : DEFAULT_SMEM - (int)k.static_smem;
+    attr->ptxVersion = attr->binaryVersion = 90;
     return cudaSuccess;
 }
 

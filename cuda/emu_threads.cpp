@@ -113,6 +113,7 @@ struct Thread {
 
 struct Block {
     const char* kernel = "";
+    KernelInfo* info = nullptr;
     uint3 index;
     std::function<void()>* body = nullptr;
     std::vector<Thread> threads;
@@ -122,6 +123,7 @@ struct Block {
     std::vector<int> at_warp;  // per warp: its threads waiting at a warp collective
     bool progress = false;  // since the last round: a wait resolved, a thread exited, memory changed
     std::string fault;
+    cudaError_t refused = cudaSuccess;  // the launch is refused instead of faulting (static shared memory)
 };
 
 std::vector<std::unique_ptr<Stack>> stack_pool;
@@ -382,6 +384,7 @@ std::string run_block(Block& b, const dim3& grid, const dim3& block, std::mt1993
         t.sp = start_frame(t.stack->base, STACK_BYTES);
     }
     std::fill(b.smem.begin(), b.smem.end(), (char)0xFF);
+    for (const auto& v : b.info->static_vars) memset(v.first, 0xFF, v.second);
     const int warps = (n + 31) / 32;
     b.at_warp.assign(warps, 0);
     auto pick_straggler = [&] { b.straggler_warp = scheduling_seed != 0 && warps > 1 ? (int)(rng() % warps) : -1; };
@@ -469,6 +472,23 @@ void* dynamic_shared() {
     return current_block->smem.data();
 }
 
+void static_shared(void* p, size_t bytes, const char* name) {
+    Block* b = current_block;
+    if (!b || !current_thread) kernel_fault(strformat("static shared memory %s used outside a kernel", name));
+    for (const auto& v : b->info->static_vars)
+        if (v.first == p) return;
+    // The first thread of the kernel's blocks to reach it: no thread has written it yet.
+    b->info->static_vars.emplace_back(p, bytes);
+    b->info->static_smem += bytes;
+    memset(p, 0xFF, bytes);
+    std::string err = shared_memory_error(*b->info, b->smem.size());
+    if (err.empty()) return;
+    b->fault = strformat("%s, found as block (%u,%u,%u) reached STATIC_SHARED %s (%zu bytes): cudaErrorInvalidValue, as a "
+                         "GPU refuses the launch", err.c_str(), b->index.x, b->index.y, b->index.z, name, bytes);
+    b->refused = cudaErrorInvalidValue;
+    throw KernelAbort();
+}
+
 [[noreturn]] void kernel_fault(const std::string& what) {
     Block* b = current_block;
     if (!b || !current_thread) {
@@ -511,12 +531,13 @@ void atomic_point(bool changed) {
 }
 
 // Runs the grid now (the stream is synchronous); a fault ends the kernel and is kept as the
-// sticky error.
-void run_grid(const char* name, dim3 grid, dim3 block, size_t smem, const std::function<void()>& body) {
+// sticky error, a refusal is the launch's error.
+void run_grid(const char* name, KernelInfo* kernel, dim3 grid, dim3 block, size_t smem, const std::function<void()>& body) {
     uint64_t launch = launch_counter++;
     std::mt19937_64 rng = make_rng(seed(), launch);
     Block b;
     b.kernel = name;
+    b.info = kernel;
     b.body = const_cast<std::function<void()>*>(&body);
     b.smem.assign(smem, (char)0xFF);
     uint64_t blocks = (uint64_t)grid.x * grid.y * grid.z;
@@ -526,13 +547,17 @@ void run_grid(const char* name, dim3 grid, dim3 block, size_t smem, const std::f
         b.index = make_uint3((unsigned)(id % grid.x), (unsigned)(id / grid.x % grid.y), (unsigned)(id / ((uint64_t)grid.x * grid.y)));
         b.fault.clear();
         std::string err = run_block(b, grid, block, rng);
-        if (!err.empty()) {
+        if (err.empty()) continue;
+        for (auto& stack : stack_pool) ASAN_UNPOISON_MEMORY_REGION(stack->base, STACK_BYTES);  // abandoned fibers
+        if (b.refused != cudaSuccess) {
+            fprintf(stderr, "CUDA emulation: launch of %s refused: %s\n", name, err.c_str());
+            set_launch_error(b.refused);
+        } else {
             last_fault_message = where(b) + ": " + err;
-            for (auto& stack : stack_pool) ASAN_UNPOISON_MEMORY_REGION(stack->base, STACK_BYTES);  // abandoned fibers
             fprintf(stderr, "CUDA emulation: %s\n", last_fault_message.c_str());
             set_sticky_error(cudaErrorLaunchFailure);
-            break;
         }
+        break;
     }
     current_block = nullptr;
     current_coords = nullptr;

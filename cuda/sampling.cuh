@@ -33,7 +33,7 @@ constexpr int kSampleThreads = 256;  // one block per row
 // The row's LaneSum of x(i) over i < n; every thread of the block calls it and gets the total.
 template <class X>
 __device__ double block_lane_sum(int n, X x) {
-    __shared__ double lanes[8];
+    STATIC_SHARED(double, lanes, [8]);
     if (threadIdx.x < 8) {
         double sum = 0.0;
         for (int i = threadIdx.x; i < n; i += 8) sum += x(i);
@@ -80,7 +80,7 @@ __device__ inline void block_apply_top_p(float* scratch, int n, float top_p, dou
     int keep = 0;  // the host's walk: keep while the mass before is < target, and never keep nothing
     for (double mass = before; keep < ties && (mass < target || (keep == 0 && !(before > 0.0))); keep++)
         mass += bits_float(key);
-    __shared__ int chunk_ties[kSampleThreads];  // tie members per contiguous chunk of ids
+    STATIC_SHARED(int, chunk_ties, [kSampleThreads]);  // tie members per contiguous chunk of ids
     const int chunk = (n + blockDim.x - 1) / blockDim.x, lo = min(n, (int)threadIdx.x * chunk), hi = min(n, lo + chunk);
     int rank = 0;
     for (int i = lo; i < hi; i++) rank += prob_key(scratch[i]) == key;

@@ -24,7 +24,7 @@ namespace {
 
 // Tree reduction in shared memory: the sum of in[0 .. n) per block of 256 threads.
 __global__ void block_sum_kernel(const int* in, int n, int* out) {
-    __shared__ int partial[256];
+    STATIC_SHARED(int, partial, [256]);
     int t = threadIdx.x, i = blockIdx.x * blockDim.x + t;
     partial[t] = i < n ? in[i] : 0;
     __syncthreads();
@@ -262,7 +262,7 @@ namespace {
 
 // Each thread reads its left neighbour's value: correct only with the barrier.
 __global__ void neighbour_kernel(const int* in, int* out, bool with_barrier) {
-    __shared__ int tile[256];
+    STATIC_SHARED(int, tile, [256]);
     int t = threadIdx.x;
     tile[t] = in[t];
     if (with_barrier) __syncthreads();
@@ -298,13 +298,12 @@ __global__ void outside_mask_kernel(int* x) {
     } while (0)
 
 // Wrong results of neighbour_kernel (without its barrier when with_barrier is false) at `seed`.
-// The data differ per call: a static __shared__ array keeps what the last launch left in it.
+// A read before the neighbour's write sees the NaN pattern static shared memory starts each block with.
 int neighbour_mismatches(uint64_t seed, bool with_barrier) {
-    static int call = 0;
     uint64_t saved = emu::seed();
     emu::set_seed(seed);
     std::vector<int> in(256);
-    std::iota(in.begin(), in.end(), 1000 * ++call);
+    std::iota(in.begin(), in.end(), 1000);
     DeviceBuffer<int> d_in(in), d_out(256);
     LAUNCH_KERNEL(neighbour_kernel, 1, 256, 0, 0, d_in.ptr, d_out.ptr, with_barrier);
     std::vector<int> out = d_out.download();
@@ -374,7 +373,7 @@ TEST(emu_device_memory_starts_as_nan_and_out_of_memory_is_an_error) {
 // sanitizer build only (make test-asan), where the report can happen.
 #ifdef FP8RL_SANITIZE
 static __global__ void shared_overflow_kernel(int* x, int n) {
-    __shared__ int buf[64];
+    STATIC_SHARED(int, buf, [64]);
     for (int i = threadIdx.x; i < n; i += blockDim.x) buf[i] = i;
     __syncthreads();
     x[threadIdx.x] = buf[threadIdx.x];

@@ -1,7 +1,9 @@
 // test_emu_rules.cu: what a GPU refuses, refused by the emulation too (docs/gpu-emulation.md):
 // each rule has a small wrong program that must trip it with a message naming the rule. A host
-// dereference of device memory stops the program, so that one runs in a forked child. Also the
-// device selection of cuda/device.cuh (both builds) and the once-only cudaFuncSetAttribute.
+// dereference of device memory stops the program, so that one runs in a forked child, as do the
+// programs whose messages are checked. The launch rules (__launch_bounds__, static + dynamic
+// shared memory) run in both builds, so ./test_gpu checks the errors they expect on a GPU. Also
+// the device selection of cuda/device.cuh (both builds) and the once-only cudaFuncSetAttribute.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -31,6 +33,66 @@ TEST(device_selection_takes_local_rank_modulo_visible_gpus) {
     std::string e = shared_gpu_error({"0000:18:00.0", "0000:19:00.0", "0000:18:00.0"});
     CHECK_MSG(e.find("ranks 0 and 2 of this node would share the GPU at PCI 0000:18:00.0") != std::string::npos, "%s",
               e.c_str());
+}
+
+// A bound by a constexpr name, as the product's kernels have theirs.
+constexpr int kBoundedThreads = 64;
+__global__ void __launch_bounds__(kBoundedThreads) bounded_kernel(int* out) {
+    out[blockIdx.x * blockDim.x + threadIdx.x] = (int)threadIdx.x;
+}
+__global__ void unbounded_kernel(int* out) { out[threadIdx.x] = 1; }
+
+// 40 KB of static shared memory, each block's own. One instantiation per test, so each starts with
+// a kernel the runtime has not seen (a forked child inherits what the parent's launches taught it).
+constexpr int kStaticInts = 10240;
+template <int Test>
+__global__ void static_tile_kernel(int* out) {
+    STATIC_SHARED(int, tile, [kStaticInts]);
+    for (int i = threadIdx.x; i < kStaticInts; i += blockDim.x) tile[i] = i + (int)blockIdx.x;
+    __syncthreads();
+    if (threadIdx.x == 0) out[blockIdx.x] = tile[kStaticInts - 1];
+}
+
+// CUDA Programming Guide: a launch with more threads per block than the kernel's
+// __launch_bounds__ fails, and cudaFuncAttributes::maxThreadsPerBlock is that limit. The error,
+// driver_types.h's for "too many threads for the kernel's register count", is inferred; on a GPU
+// this test checks it.
+TEST(emu_rule_a_launch_above_launch_bounds_fails) {
+    REQUIRE_GPU();
+    DeviceBuffer<int> out(256);
+    LAUNCH_KERNEL(bounded_kernel, 2, kBoundedThreads, 0, 0, out.ptr);
+    CHECK_EQ(out.download()[kBoundedThreads + 5], 5);
+    CHECK_THROWS(LAUNCH_KERNEL(bounded_kernel, 1, kBoundedThreads + 1, 0, 0, out.ptr), "cudaErrorLaunchOutOfResources");
+    CHECK_THROWS(LAUNCH_KERNEL(bounded_kernel, 1, dim3(16, 8), 0, 0, out.ptr), "cudaErrorLaunchOutOfResources");
+    LAUNCH_KERNEL(unbounded_kernel, 1, 256, 0, 0, out.ptr);
+    cudaFuncAttributes attr;
+    CUDA_CHECK(cudaFuncGetAttributes(&attr, bounded_kernel));
+    CHECK_EQ(attr.maxThreadsPerBlock, kBoundedThreads);
+    CUDA_CHECK(cudaFuncGetAttributes(&attr, unbounded_kernel));
+    CHECK_EQ(attr.maxThreadsPerBlock, 1024);
+    CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+// cudaFuncSetAttribute: the opt-in plus the kernel's static shared memory (sharedSizeBytes) is at
+// most sharedMemPerBlockOptin (227 KB on sm_90); without it a block has 48 KB, static included.
+TEST(emu_rule_static_and_dynamic_shared_memory_count_together) {
+    REQUIRE_GPU();
+    const int static_bytes = kStaticInts * (int)sizeof(int), optin = 64 << 10;
+    DeviceBuffer<int> out(2);
+    LAUNCH_KERNEL(static_tile_kernel<0>, 2, 128, 4 << 10, 0, out.ptr);  // 44 KB of 48
+    CHECK_EQ(out.download()[1], kStaticInts);
+    cudaFuncAttributes attr;
+    CUDA_CHECK(cudaFuncGetAttributes(&attr, static_tile_kernel<0>));
+    CHECK_EQ(attr.sharedSizeBytes, (size_t)static_bytes);
+    CHECK_THROWS(LAUNCH_KERNEL(static_tile_kernel<0>, 1, 128, 16 << 10, 0, out.ptr), "cudaErrorInvalidValue");  // 56 KB
+    CHECK_EQ(cudaFuncSetAttribute(static_tile_kernel<0>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  (227 << 10) - static_bytes + 1024), cudaErrorInvalidValue);
+    cudaGetLastError();
+    CUDA_CHECK(cudaFuncSetAttribute(static_tile_kernel<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
+    LAUNCH_KERNEL(static_tile_kernel<0>, 2, 128, optin, 0, out.ptr);
+    CHECK_EQ(out.download()[0], kStaticInts - 1);
+    CHECK_THROWS(LAUNCH_KERNEL(static_tile_kernel<0>, 1, 128, optin + 1024, 0, out.ptr), "cudaErrorInvalidValue");
+    CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 #ifdef FP8RL_EMU
@@ -89,6 +151,76 @@ ChildResult run_child(Body body) {
     if (WIFSIGNALED(st)) r.signal = WTERMSIG(st);
     if (WIFEXITED(st)) r.status = WEXITSTATUS(st);
     return r;
+}
+
+// Runs `body` in a child and returns its stderr, with the message of the Error it threw.
+template <class Body>
+std::string child_stderr(Body body) {
+    return run_child([&] {
+        try {
+            body();
+        } catch (const Error& e) {
+            fprintf(stderr, "%s\n", e.what());
+        }
+    }).err;
+}
+
+TEST(emu_rule_launch_messages_name_the_rule_and_kernel) {
+    std::string err = child_stderr([] {
+        DeviceBuffer<int> out(128);
+        LAUNCH_KERNEL(bounded_kernel, 1, 128, 0, 0, out.ptr);
+    });
+    CHECK_MSG(err.find("launch of bounded_kernel with 128 threads per block, above its __launch_bounds__ maximum of 64 "
+                       "(the rule: a launch above the kernel's bound fails): cudaErrorLaunchOutOfResources") != std::string::npos,
+              "%s", err.c_str());
+    // The static part is known from the first block that reached it, so the second launch is refused before it runs.
+    err = child_stderr([] {
+        DeviceBuffer<int> out(1);
+        LAUNCH_KERNEL(static_tile_kernel<1>, 1, 128, 0, 0, out.ptr);
+        LAUNCH_KERNEL(static_tile_kernel<1>, 1, 128, 16 << 10, 0, out.ptr);
+    });
+    CHECK_MSG(err.find("launch of static_tile_kernel<1> refused: 40960 bytes of static + 16384 of dynamic shared memory, above "
+                       "the 48 KB a block has without the opt-in (the rule: static + dynamic shared memory at most 48 KB") !=
+                  std::string::npos, "%s", err.c_str());
+}
+
+// A kernel whose static shared memory nobody has reached yet: its first block finds it over the limit
+// and the launch is refused there, with the error a GPU returns, not a sticky fault.
+TEST(emu_rule_static_shared_memory_over_the_limit_refuses_its_first_launch) {
+    std::string err = child_stderr([] {
+        DeviceBuffer<int> out(1);
+        LAUNCH_KERNEL(static_tile_kernel<2>, 1, 128, 16 << 10, 0, out.ptr);
+    });
+    CHECK_MSG(err.find("launch of static_tile_kernel<2> refused: 40960 bytes of static + 16384 of dynamic shared memory") !=
+                  std::string::npos && err.find("found as block (0,0,0) reached STATIC_SHARED tile (40960 bytes): "
+                                                "cudaErrorInvalidValue, as a GPU refuses the launch") != std::string::npos,
+              "%s", err.c_str());
+    DeviceBuffer<int> out(1);
+    CHECK_THROWS([&] {
+        LAUNCH_KERNEL(static_tile_kernel<3>, 1, 128, 16 << 10, 0, out.ptr);
+        CUDA_CHECK(cudaDeviceSynchronize());
+        CUDA_CHECK(cudaGetLastError());
+    }(), "cudaErrorInvalidValue");
+    CUDA_CHECK(cudaDeviceSynchronize());  // not sticky: the device goes on
+    CHECK_THROWS(LAUNCH_KERNEL(static_tile_kernel<3>, 1, 128, 16 << 10, 0, out.ptr), "cudaErrorInvalidValue");
+    LAUNCH_KERNEL(static_tile_kernel<3>, 1, 128, 0, 0, out.ptr);
+    CHECK_EQ(out.download()[0], kStaticInts - 1);
+}
+
+// Static shared memory starts each block as the NaN pattern, as dynamic shared memory does: a block
+// does not see what another one left, whichever order they run in.
+__global__ void leftover_kernel(int* out) {
+    STATIC_SHARED(int, slot, [1]);
+    if (blockIdx.x == 0) slot[0] = 7;
+    out[blockIdx.x] = slot[0];
+}
+
+TEST(emu_static_shared_memory_starts_each_block_as_nan) {
+    DeviceBuffer<int> out(2);
+    for (int launch = 0; launch < 2; launch++) {
+        LAUNCH_KERNEL(leftover_kernel, 2, 1, 0, 0, out.ptr);
+        CHECK(out.download() == std::vector<int>({7, -1}));
+    }
 }
 
 TEST(emu_rule_host_code_cannot_touch_device_memory) {
