@@ -19,6 +19,7 @@
 #include "cuda/element.cuh"
 #include <cublasLt.h>  // in emulation: the same declarations, implemented by cuda/emu_cublaslt.cpp
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <tuple>
@@ -229,6 +230,12 @@ inline std::string fp8_block_gemm_unsupported_reason(int device) {
 // Owns the cuBLASLt handle, the workspace and one cached plan (descriptors + chosen algorithm) per
 // GEMM configuration (shape, modes, types and the operands' pointer alignments), so the heuristic
 // query runs once per configuration. The same code runs in emulation (cuda/emu_cublaslt.cpp).
+// Batch invariance: a row of D must not depend on how many rows (n, the tokens) are computed with
+// it, so a completion decodes the same whatever it is batched with. Two things would break it: a
+// split-K algorithm (its parts and their sums follow the shape), excluded by the preference's
+// reduction scheme mask; and a different kernel per n, so the first algorithm chosen for a weight
+// (m, k and its modes) is pinned for every n (cublasLtMatmulAlgoCheck), the heuristic's own choice
+// for n taking over only where cuBLASLt refuses the pinned one.
 // One per device; not thread-safe.
 class GemmRunner {
   public:
@@ -312,6 +319,9 @@ class GemmRunner {
 
     cublasLtHandle_t handle_ = nullptr;
     std::map<Key, Plan> plans_;
+    // m, k, fp8, a mode, b mode, out, ops, A's alignment: a weight, whatever n
+    using PinKey = std::tuple<int, int, bool, int, int, int, int, uint32_t>;
+    std::map<PinKey, cublasLtMatmulAlgo_t> pinned_;
 
     static void destroy(Plan& p) {
         if (p.d) cublasLtMatrixLayoutDestroy(p.d);
@@ -374,17 +384,39 @@ class GemmRunner {
                 CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
             for (int i = 0; i < 4 && st == CUBLAS_STATUS_SUCCESS; i++)
                 st = cublasLtMatmulPreferenceSetAttribute(pref, align_attr[i], &align[i < 3 ? i : 2], sizeof(uint32_t));
+            const uint32_t no_split_k = CUBLASLT_REDUCTION_SCHEME_NONE;  // batch invariance (above)
+            if (st == CUBLAS_STATUS_SUCCESS)
+                st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &no_split_k,
+                                                          sizeof(no_split_k));
             if (st == CUBLAS_STATUS_SUCCESS)
                 st = cublasLtMatmulAlgoGetHeuristic(handle_, p.desc, p.a, p.b, p.d, p.d, pref, MAX_ALGOS, p.algos,
                                                     &p.num_algos);
             cublasLtMatmulPreferenceDestroy(pref);
             cublas_check(st, what + ": algorithm heuristic");
             if (p.num_algos == 0) fail("%s: cuBLASLt found no algorithm for this configuration", what.c_str());
+            pin_algorithm(PinKey{c.m, c.k, c.fp8, (int)c.a_mode, (int)c.b_mode, (int)c.out, (int)c.ops, align[0]}, p);
         } catch (...) {
             destroy(p);
             throw;
         }
         return plans_.emplace(key, p).first->second;
+    }
+
+    // The weight's pinned algorithm goes first in the plan where cuBLASLt accepts it for this shape;
+    // a weight's first plan pins its best algorithm.
+    void pin_algorithm(const PinKey& key, Plan& p) {
+        auto it = pinned_.find(key);
+        if (it == pinned_.end()) {
+            pinned_.emplace(key, p.algos[0].algo);
+            return;
+        }
+        cublasLtMatmulHeuristicResult_t checked;
+        if (cublasLtMatmulAlgoCheck(handle_, p.desc, p.a, p.b, p.d, p.d, &it->second, &checked) != CUBLAS_STATUS_SUCCESS ||
+            checked.workspaceSize > WORKSPACE_BYTES)
+            return;
+        for (int i = std::min(p.num_algos, MAX_ALGOS - 1); i > 0; i--) p.algos[i] = p.algos[i - 1];
+        p.algos[0] = checked;
+        p.num_algos = std::min(p.num_algos + 1, MAX_ALGOS);
     }
 
     static void set_scale_pointers(const std::string& what, Plan& p, const GemmCall& c) {

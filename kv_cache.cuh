@@ -8,7 +8,7 @@
 // A sequence's tokens live in the pages its page table names, in order: position p is at offset
 // p % page_tokens of page page_table[p / page_tokens].
 //
-// Decode attention is flash-decoding: the cache length is cut into `splits` chunks; one CTA per
+// Decode attention is flash-decoding: each row's cache length is cut into chunks; one CTA per
 // (chunk, kv head, row) loads the chunk's keys and values tile by tile into shared memory (as the
 // FP32 values they stand for), and every query head of the GQA group reads each loaded tile; it
 // keeps an online softmax (running max, running sum, rescaled output) and writes the chunk's
@@ -16,7 +16,9 @@
 // weights and writes O in BF16. Decode is bound by reading the cache, so the math runs on the
 // CUDA cores in FP32: scores are FP32 dot products in d order, exp is rl/numerics/fast_exp.h's (the CPU
 // engine's), P stays FP32 (no BF16 rounding of P, unlike the training kernel's tensor-core P V), and
-// the only rounding to BF16 is the output's.
+// the only rounding to BF16 is the output's. A row's chunks depend on its own length alone, never on
+// the batch (its other rows, its size, the longest row): a sequence decodes to the same bits whatever
+// it is batched with, so a redone or preempted completion is the same (decode_row_splits).
 //
 //   PagedKvCache cache(shape, Precision::FP8);       // the pools (bytes(shape, storage) for the plan)
 //   cache.reserve_decode(max_batch, heads);          // the decode workspace, before any graph capture
@@ -54,6 +56,18 @@ constexpr int kDecodeThreads = 128;    // 4 warps per CTA
 constexpr int kDecodeMaxSplits = 16;   // chunks of the cache length per (row, kv head)
 constexpr int kDecodeMinSplitKeys = 256;  // a chunk shorter than this costs more in the merge than it saves
 static_assert(kDecodeTile == 32 && kDecodeThreads % 32 == 0, "a warp scores one tile, a lane per key");
+
+// The chunks of a row of `len` cached keys: one per kDecodeMinSplitKeys keys, at most kDecodeMaxSplits
+// (forced > 0: that many, for tests), each a whole number of tiles (decode_split_keys) but the last.
+__host__ __device__ inline int decode_row_splits(long len, int forced = 0) {
+    if (forced > 0) return forced;
+    const long by_length = (len + kDecodeMinSplitKeys - 1) / kDecodeMinSplitKeys;
+    return (int)(by_length < 1 ? 1 : by_length > kDecodeMaxSplits ? kDecodeMaxSplits : by_length);
+}
+__host__ __device__ inline long decode_split_keys(long len, int splits) {
+    const long chunk = (len + splits - 1) / splits;
+    return (chunk + kDecodeTile - 1) / kDecodeTile * kDecodeTile;
+}
 
 struct KvCacheShape {
     int layers, kv_heads, head_dim;
@@ -124,15 +138,16 @@ inline size_t decode_smem_floats(int group, int D) {
 }
 
 // One CTA per (chunk blockIdx.x, kv head blockIdx.y, row blockIdx.z): the group's query heads over
-// the keys [chunk * split_keys, min(lens[row], max_len, (chunk + 1) * split_keys)) of the row. Writes
-// part_o [B][H][splits][D] (the chunk's softmax-weighted V, normalised by the chunk's sum) and
-// part_lse [B][H][splits] (-inf for a chunk without keys, whose part_o is 0).
+// the row's chunk of keys, len = min(lens[row], max_len) cut as decode_row_splits(len, forced_splits)
+// says (chunks past the row's count, up to the grid's, hold no keys). Writes part_o [B][H][splits][D]
+// (the chunk's softmax-weighted V, normalised by the chunk's sum) and part_lse [B][H][splits] (-inf
+// for a chunk without keys, whose part_o is 0), splits = gridDim.x.
 template <int D, class Elem>
 __global__ void __launch_bounds__(kDecodeThreads)
     kv_decode_split_kernel(float* part_o, float* part_lse, const __nv_bfloat16* q, const Elem* k_pool,
                            const Elem* v_pool, const float* k_scale, const float* v_scale, const int32_t* page_table,
                            int max_pages, const int32_t* lens, int max_len, int H, int KV, int page_tokens,
-                           int split_keys) {
+                           int forced_splits) {
     DYNAMIC_SHARED(float, decode_smem);  // named apart from attention.cuh's BF16 `smem`: one extern symbol per name
     const int group = H / KV, kv_head = blockIdx.y, splits = gridDim.x, chunk = blockIdx.x;
     const long row = blockIdx.z, head0 = (long)kv_head * group;
@@ -140,7 +155,10 @@ __global__ void __launch_bounds__(kDecodeThreads)
           *p_s = v_s + kDecodeTile * D, *max_s = p_s + group * kDecodeTile, *sum_s = max_s + group,
           *rescale_s = sum_s + group;
     // keys past max_len (<= max_pages * page_tokens) are never read, whatever lens says
-    const long key_begin = (long)chunk * split_keys, key_end = min((long)min(lens[row], max_len), key_begin + split_keys);
+    const long len = min(lens[row], max_len);
+    const int row_splits = decode_row_splits(len, forced_splits);
+    const long split_keys = decode_split_keys(len, row_splits);
+    const long key_begin = chunk < row_splits ? chunk * split_keys : len, key_end = min(len, key_begin + split_keys);
     const long out_row0 = (row * H + head0) * splits + chunk;  // part_lse index of the group's first head
     if (key_begin >= key_end) {  // an idle row or a chunk past the row's length: reads nothing
         for (int e = threadIdx.x; e < group * D; e += blockDim.x) part_o[(out_row0 + (e / D) * splits) * D + e % D] = 0.0f;
@@ -274,9 +292,6 @@ class PagedKvCache {
         k_scale_dev_.resize((size_t)shape.layers * shape.kv_heads, "KV cache: K scales");
         v_scale_dev_.resize((size_t)shape.layers * shape.kv_heads, "KV cache: V scales");
         set_scales(std::vector<float>(shape.layers, 1.0f), std::vector<float>(shape.layers, 1.0f));
-        int device = 0;
-        CUDA_CHECK(cudaGetDevice(&device));
-        CUDA_CHECK(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device));
     }
 
     // Device bytes of the K and V pools and their scales (the decode workspace is decode_workspace_bytes).
@@ -366,26 +381,25 @@ class PagedKvCache {
                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
             });
         });
-        const size_t partials = decode_partials_for(shape_, max_batch, heads, sm_count_);
+        const size_t partials = decode_partials_for(max_batch, heads);
         part_o_.resize(partials * shape_.head_dim, "KV cache: decode partial outputs");
         part_lse_.resize(partials, "KV cache: decode partial LSE");
         decode_group_ = group;
     }
     // Device bytes reserve_decode(max_batch, heads) takes, for the memory plan.
-    static size_t decode_workspace_bytes(const KvCacheShape& shape, int max_batch, int heads, int sm_count) {
-        return decode_partials_for(shape, max_batch, heads, sm_count) * (shape.head_dim + 1) * sizeof(float);
+    static size_t decode_workspace_bytes(const KvCacheShape& shape, int max_batch, int heads) {
+        return decode_partials_for(max_batch, heads) * (shape.head_dim + 1) * sizeof(float);
     }
 
-    // The number of chunks decode_attention cuts the cache length into for B rows and lengths up to
-    // max_len: enough CTAs to fill the SMs twice, no chunk below kDecodeMinSplitKeys keys, at most
-    // kDecodeMaxSplits.
-    int decode_splits(int B, int max_len) const { return decode_splits_for(shape_.kv_heads, B, max_len, sm_count_); }
+    // The chunks decode_attention launches per (row, kv head) for rows of up to max_len keys: the
+    // longest row's count (decode_row_splits grows with the length).
+    static int decode_splits(int max_len) { return decode_row_splits(max_len); }
 
     // out [B][H][D] BF16: for each row b, softmax(q_b k^T / sqrt(D)) v over the first lens[b] cached
     // tokens of sequence b, whose pages are page_table[b * max_pages + 0 ..] (device int32); q
     // [B][H][D] BF16; query head h reads kv head h / (H / kv_heads). lens[b] == 0: an idle row, zeros
-    // written, nothing read. max_len >= every lens[b] (keys past it are not read) fixes the chunk
-    // count; splits > 0 overrides decode_splits (tests). No host sync, no allocation, no attribute
+    // written, nothing read. max_len >= every lens[b] (keys past it are not read) fixes the grid's
+    // chunk count; splits > 0 cuts every row into that many chunks (tests). No host sync, no allocation, no attribute
     // call: capturable in a CUDA graph, after reserve_decode.
     void decode_attention(int layer, __nv_bfloat16* out, const __nv_bfloat16* q, int heads, const int32_t* page_table,
                           int max_pages, const int32_t* lens, int B, int max_len, cudaStream_t stream, int splits = 0) {
@@ -396,14 +410,13 @@ class PagedKvCache {
                  "max_len <= max_pages * page_tokens (%d)", B, max_len, max_pages, shape_.page_tokens);
         if (B > 65535) fail("PagedKvCache::decode_attention: B = %d rows exceeds a grid dimension (65535)", B);
         if (B == 0) return;
-        if (splits <= 0) splits = decode_splits(B, max_len);
+        const int forced_splits = splits;
+        splits = decode_row_splits(max_len, forced_splits);
         if (splits > kDecodeMaxSplits) fail("PagedKvCache::decode_attention: %d splits (at most %d)", splits, kDecodeMaxSplits);
         if ((size_t)B * heads * splits > part_lse_.size() || heads / shape_.kv_heads > decode_group_)
             fail("PagedKvCache::decode_attention: %d rows x %d heads x %d splits exceed the decode workspace (%zu "
                  "partials, %d heads per kv head); call reserve_decode(max batch, heads) first", B, heads, splits,
                  part_lse_.size(), decode_group_);
-        const int chunk = (std::max(max_len, 1) + splits - 1) / splits;
-        const int split_keys = (chunk + kDecodeTile - 1) / kDecodeTile * kDecodeTile;
         const int group = heads / shape_.kv_heads;
         with_head_dim("PagedKvCache::decode_attention", shape_.head_dim, [&](auto head_dim) {
             constexpr int D = decltype(head_dim)::value;
@@ -414,13 +427,17 @@ class PagedKvCache {
                               stream, part_o_.get(), part_lse_.get(), q, layer_pool<Elem>(k_pool_, layer),
                               layer_pool<Elem>(v_pool_, layer), layer_scales(k_scale_dev_, layer), layer_scales(v_scale_dev_, layer),
                               page_table, max_pages, lens, max_len, heads, shape_.kv_heads, shape_.page_tokens,
-                              split_keys);
+                              forced_splits);
             });
             const long outputs = (long)B * heads * D;
             LAUNCH_KERNEL(kv_decode_merge_kernel<D>, (unsigned)((outputs + 255) / 256), 256, 0, stream, out,
                           part_o_.get(), part_lse_.get(), splits, outputs);
         });
     }
+
+    // The LSE of every (row, head, chunk) the last decode_attention wrote, [B][H][decode_splits(max_len)]
+    // (-inf for a chunk without keys): tests read a row's chunks.
+    const float* decode_chunk_lse() const { return part_lse_.get(); }
 
     // Copies page src to page dst in every layer, K and V (copy-on-write of a prompt's last partial
     // page when G samples share the prompt's pages).
@@ -446,7 +463,6 @@ class PagedKvCache {
     std::vector<float> k_scales_, v_scales_;
     DeviceArray<float> part_o_, part_lse_;  // decode workspace: [B][H][splits][D], [B][H][splits]
     int decode_group_ = 0;  // query heads per kv head reserve_decode allowed for
-    int sm_count_ = 1;
 
     static void check_shape(const KvCacheShape& s, Precision storage) {
         if (storage != Precision::BF16 && storage != Precision::FP8)
@@ -469,18 +485,8 @@ class PagedKvCache {
             fail("PagedKvCache::%s: heads = %d must be a positive multiple of kv_heads = %d", who, heads,
                  shape_.kv_heads);
     }
-    static int decode_splits_for(int kv_heads, int B, int max_len, int sm_count) {
-        const long by_length = (std::max(max_len, 1) + kDecodeMinSplitKeys - 1) / kDecodeMinSplitKeys;
-        const long ctas = (long)std::max(B, 1) * kv_heads, by_occupancy = (2L * sm_count + ctas - 1) / ctas;
-        return (int)std::max(1L, std::min({by_length, by_occupancy, (long)kDecodeMaxSplits}));
-    }
-    // The most (row, head, chunk) partials decode_splits asks for with up to max_batch rows, of any length.
-    static size_t decode_partials_for(const KvCacheShape& s, int max_batch, int heads, int sm_count) {
-        size_t most = 0;
-        for (int b = 1; b <= max_batch; b++)
-            most = std::max(most, (size_t)b * heads * decode_splits_for(s.kv_heads, b, INT32_MAX / 2, sm_count));
-        return most;
-    }
+    // The most (row, head, chunk) partials decode_attention writes with up to max_batch rows, of any length.
+    static size_t decode_partials_for(int max_batch, int heads) { return (size_t)max_batch * heads * kDecodeMaxSplits; }
     template <class F>
     void dispatch_storage(F f) const {
         if (storage_ == Precision::FP8)

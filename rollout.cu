@@ -85,10 +85,10 @@ inline RolloutSizes rollout_sizes(const ModelConfig& c, const EngineOptions& o, 
 }
 
 inline size_t rollout_device_bytes(const ModelConfig& c, const EngineOptions& o, long requests, long longest_prompt,
-                                   int max_new_tokens, Precision kv_cache, int sm_count) {
+                                   int max_new_tokens, Precision kv_cache) {
     const RolloutSizes z = rollout_sizes(c, o, requests, longest_prompt, max_new_tokens, kv_cache);
     return PagedKvCache::bytes(z.shape, kv_cache) +
-           PagedKvCache::decode_workspace_bytes(z.shape, z.slots, (int)c.num_heads, sm_count) +
+           PagedKvCache::decode_workspace_bytes(z.shape, z.slots, (int)c.num_heads) +
            (z.act + z.padded_head) * sizeof(bf16) + (z.act_f32 + z.logits + z.sample_scratch) * sizeof(float) +
            z.table * sizeof(int32_t) + (size_t)z.slots * (5 * sizeof(int32_t) + 2 * sizeof(uint32_t) + sizeof(SampledToken)) +
            // the prompts' last hidden states (at most one per request), a prefill's cache rows, the KV amax

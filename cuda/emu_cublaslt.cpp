@@ -14,11 +14,17 @@
 //   [BLK] NVIDIA CUDALibrarySamples LtBlk128x128Fp8Matmul and PyTorch's scaled_gemm set
 //         CUBLASLT_MATMUL_DESC_{A,B}_SCALE_POINTER before cublasLtMatmulAlgoGetHeuristic; the
 //         heuristic refuses block modes without them ("requires a custom pointer for A scale", 7).
+//   [RED] cublasLtMatmulPreferenceAttributes_t: REDUCTION_SCHEME_MASK "filters heuristic result to
+//         only include algo configs that use one of the required modes"; a split-K configuration
+//         (CUBLASLT_ALGO_CONFIG_SPLITK_NUM > 1) reduces its parts by a scheme other than NONE.
 //   spec-fp8.md §6.3-§6.5 summarizes them with the scale layouts.
 // Rounding depends on the algorithm as a library's does: algorithm 0 sums each 128-wide k block
 // in FP32 and adds the scaled block sums in FP32 in k order (shape-independent, as the CPU oracle
-// cpu/fp8_gemm_ref.h); algorithms >= 1 split k into a number of parts chosen from (m, n, k, index),
-// each summed so, then added, so their last bits depend on the shape.
+// cpu/fp8_gemm_ref.h); algorithms >= 1 split k into 2-4 parts chosen from (m, n, k, index),
+// each summed so, then added last part first, so their last bits depend on the shape. Which algorithm the
+// heuristic ranks first depends on the shape too: a split-K one where the output's 128 x 128 tiles
+// do not fill the device's 132 SMs and k has several blocks, as libraries split skinny GEMMs. So a
+// program that takes the heuristic's first answer rounds differently as n (a batch size) changes.
 #include "cuda/emu.h"
 #include <cublasLt.h>
 
@@ -61,6 +67,7 @@ struct Layout {
 struct Pref {
     uint64_t max_workspace;
     uint32_t align[4];  // A, B, C, D
+    uint32_t reduction_mask;  // [RED] the reduction schemes a returned algorithm may use
 };
 struct Algo {
     int32_t index, splits;
@@ -179,14 +186,16 @@ cublasStatus_t check_problem(cublasLtMatmulDesc_t dp, cublasLtMatrixLayout_t al,
     return CUBLAS_STATUS_SUCCESS;
 }
 
-// Algorithm `index`: its k split (1 for algorithm 0) from the shape, as a library's tile choice.
+// Algorithm `index`: its k split from the shape, as a library's tile choice: 1 part for algorithm
+// 0, 2 to 4 for the others where k has 2 blocks or more.
 Algo make_algo(const Problem& p, const Pref& pref, int index) {
     Algo a{};
     a.index = index;
     uint64_t h = ((uint64_t)p.m * 0x9E3779B97F4A7C15ull) ^ ((uint64_t)p.n * 0xC2B2AE3D27D4EB4Full) ^
                  ((uint64_t)p.k * 0x165667B19E3779F9ull) ^ ((uint64_t)index * 0x27D4EB2F165667C5ull);
     h ^= h >> 29;
-    a.splits = index == 0 ? 1 : 1 + (int)(h % (uint64_t)std::min(p.blocks, 4));
+    const int most = std::min(p.blocks, 4);
+    a.splits = index == 0 || most < 2 ? 1 : 2 + (int)(h % (uint64_t)(most - 1));
     for (int i = 0; i < 4; i++) a.align[i] = pref.align[i];
     a.workspace = a.splits > 1 ? (uint64_t)p.m * p.n * sizeof(float) * a.splits : 0;
     return a;
@@ -281,7 +290,8 @@ cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t layout) {
 cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t* pref) {
     if (!pref) return refuse(CUBLAS_STATUS_INVALID_VALUE, "cublasLtMatmulPreferenceCreate: null pointer");
     *pref = new cublasLtMatmulPreferenceOpaque_t{};
-    new (pref_of(*pref)) Pref{0, {256, 256, 256, 256}};  // [PREF]: workspace 0 and 256-byte alignment by default
+    // [PREF], [RED]: workspace 0, 256-byte alignment and every reduction scheme by default
+    new (pref_of(*pref)) Pref{0, {256, 256, 256, 256}, CUBLASLT_REDUCTION_SCHEME_MASK};
     return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -296,6 +306,7 @@ cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p
     Pref& p = *pref_of(pref);
     switch (attr) {
         case CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES: return set_value(p.max_workspace, buf, size, "MAX_WORKSPACE_BYTES");
+        case CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK: return set_value(p.reduction_mask, buf, size, "REDUCTION_SCHEME_MASK");
         case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES: return set_value(p.align[0], buf, size, "MIN_ALIGNMENT_A_BYTES");
         case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES: return set_value(p.align[1], buf, size, "MIN_ALIGNMENT_B_BYTES");
         case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES: return set_value(p.align[2], buf, size, "MIN_ALIGNMENT_C_BYTES");
@@ -323,9 +334,13 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtM
                                         emu::strformat("FP8 GEMMs need 16-byte-aligned A, B, C and D; the preference allows %u "
                                                        "bytes for %c", pr.align[i], "ABCD"[i]));
     }
-    for (int i = 0; i < NUM_ALGOS && *returned < requested; i++) {
-        Algo algo = make_algo(p, pr, i);
+    // skinny outputs rank a split-K algorithm first (algorithm 1), others the plain one (0)
+    const uint64_t tiles = ((p.m + 127) / 128) * (uint64_t)((p.n + 127) / 128);
+    const int first = tiles < 132 && p.blocks >= 2 ? 1 : 0;
+    for (int rank = 0; rank < NUM_ALGOS && *returned < requested; rank++) {
+        Algo algo = make_algo(p, pr, (first + rank) % NUM_ALGOS);
         if (algo.workspace > pr.max_workspace) continue;
+        if (algo.splits > 1 && !(pr.reduction_mask & CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE)) continue;  // [RED]
         cublasLtMatmulHeuristicResult_t& r = results[(*returned)++];
         r = cublasLtMatmulHeuristicResult_t{};
         memcpy(r.algo.data, &algo, sizeof(algo));
@@ -333,6 +348,29 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtM
         r.state = CUBLAS_STATUS_SUCCESS;
         r.wavesCount = 1.0f;
     }
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+// An algorithm (from a heuristic query of another shape) checked for this problem: the same
+// configuration, its workspace for this shape.
+cublasStatus_t cublasLtMatmulAlgoCheck(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t a,
+                                       cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t d,
+                                       const cublasLtMatmulAlgo_t* algo_p, cublasLtMatmulHeuristicResult_t* result) {
+    if (!handle) return refuse(CUBLAS_STATUS_NOT_INITIALIZED, "algorithm check: null handle");
+    if (!algo_p || !result) return refuse(CUBLAS_STATUS_INVALID_VALUE, "algorithm check: null algorithm or result");
+    Problem p;
+    cublasStatus_t st = check_problem(desc, a, b, c, d, p);
+    if (st != CUBLAS_STATUS_SUCCESS) return st;
+    Algo algo = *algo_of(algo_p);
+    if (algo.splits > p.blocks)
+        return refuse(CUBLAS_STATUS_NOT_SUPPORTED, emu::strformat("algorithm %d splits k into %d parts; k has %d blocks",
+                                                                  algo.index, algo.splits, p.blocks));
+    algo.workspace = algo.splits > 1 ? (uint64_t)p.m * p.n * sizeof(float) * algo.splits : 0;
+    *result = cublasLtMatmulHeuristicResult_t{};
+    memcpy(result->algo.data, &algo, sizeof(algo));
+    result->workspaceSize = algo.workspace;
+    result->state = CUBLAS_STATUS_SUCCESS;
+    result->wavesCount = 1.0f;
     return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -347,7 +385,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
     if (st != CUBLAS_STATUS_SUCCESS) return st;
     const float alpha = *(const float*)alpha_p, beta = *(const float*)beta_p;  // host pointer mode
     if (beta != 0 && !C) return refuse(CUBLAS_STATUS_INVALID_VALUE, "matmul: beta != 0 with a null C");
-    Pref defaults{0, {256, 256, 256, 256}};
+    Pref defaults{0, {256, 256, 256, 256}, CUBLASLT_REDUCTION_SCHEME_MASK};
     // [LT]: a null algo runs an implicit heuristic query with default preferences
     Algo algo = algo_p ? *algo_of(algo_p) : make_algo(p, defaults, 0);
     if (p.fp8 && (A == nullptr || B == nullptr)) return refuse(CUBLAS_STATUS_INVALID_VALUE, "matmul: null FP8 operand");
@@ -400,7 +438,8 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
         for (int i = 0; i < p.m; i++) {
             // row i of D, its n outputs side by side (the inner loops run over j, so they vectorize)
             std::vector<float> total(p.n, 0.0f), part(p.n), block(p.n);
-            for (int s0 = 0; s0 < L; s0 += per_split) {
+            // a split algorithm's reduction adds the parts last first (one part: algorithm 0's k order)
+            for (int s0 = (L - 1) / per_split * per_split; s0 >= 0; s0 -= per_split) {
                 std::fill(part.begin(), part.end(), 0.0f);  // one split's FP32 sum of scaled 128-block sums, in k order
                 for (int kb = s0; kb < std::min(L, s0 + per_split); kb++) {
                     std::fill(block.begin(), block.end(), 0.0f);

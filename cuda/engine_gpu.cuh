@@ -73,7 +73,7 @@ struct StepRows {
 struct RolloutState;  // rollout.cu: the KV cache and decode buffers of generation
 // rollout.cu: the device bytes generate() allocates beyond the training forward's (the memory plan)
 inline size_t rollout_device_bytes(const ModelConfig& c, const EngineOptions& o, long requests, long longest_prompt,
-                                   int max_new_tokens, Precision kv_cache, int sm_count);
+                                   int max_new_tokens, Precision kv_cache);
 
 // What the last generate() did (tests and logs).
 struct RolloutStats {
@@ -116,7 +116,7 @@ class GpuEngine : public Engine {
     static PlanConstants plan_constants() {
         return {GemmRunner::WORKSPACE_BYTES, HEAD_VOCAB_CHUNK, GRAD_NORM_THREADS, GRAD_NORM_MAX_BLOCKS, kColumnSumChunkRows};
     }
-    static MemoryPlanRequest plan_request(const ModelConfig& c, const EngineOptions& o, const MemoryDemand& d, int sm_count) {
+    static MemoryPlanRequest plan_request(const ModelConfig& c, const EngineOptions& o, const MemoryDemand& d) {
         MemoryPlanRequest r;
         r.tokens = d.tokens_per_forward;
         r.recompute_layer = o.recompute_layer;
@@ -125,7 +125,7 @@ class GpuEngine : public Engine {
         r.longest_sequence = d.longest_sequence;
         if (d.rollout_requests > 0)
             r.rollout_bytes = rollout_device_bytes(c, o, (long)d.rollout_requests, (long)d.longest_prompt, d.max_new_tokens,
-                                                   d.kv_cache, sm_count);
+                                                   d.kv_cache);
         return r;
     }
     // Training's memory plan (cuda/memory_plan.h), checked against this device's free memory before
@@ -134,10 +134,7 @@ class GpuEngine : public Engine {
         check_device();
         size_t free_bytes = 0, total_bytes = 0;
         CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
-        int device = 0, sm_count = 0;
-        CUDA_CHECK(cudaGetDevice(&device));
-        CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
-        const MemoryPlanRequest r = plan_request(c, o, d, sm_count);
+        const MemoryPlanRequest r = plan_request(c, o, d);
         check_memory_plan_fits(c, r, plan_constants(), free_bytes, total_bytes);
         return memory_plan_text(plan_memory(c, r, plan_constants()));
     }

@@ -72,10 +72,7 @@ size_t planned_bytes(const std::string& dir, const Batch& batch, int length) {
     MemoryDemand d;
     d.tokens_per_forward = batch.tokens;
     d.longest_sequence = length;
-    int device = 0, sm_count = 0;
-    CUDA_CHECK(cudaGetDevice(&device));
-    CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
-    return plan_memory(c, GpuEngine::plan_request(c, EngineOptions(), d, sm_count), GpuEngine::plan_constants()).total();
+    return plan_memory(c, GpuEngine::plan_request(c, EngineOptions(), d), GpuEngine::plan_constants()).total();
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 // exposed (issue 26): scale pointers before the heuristic, operand alignment, BF16-output m % 8.
 #include <cublasLt.h>
 
+#include <cmath>
 #include <cstring>
 
 #include "fp8_gemm.cuh"
@@ -222,4 +223,50 @@ TEST(gemm_runner_checks_fp8_alignment_and_bf16_rows) {
     CHECK_THROWS(runner.fp8("fprop", 128, 128, 128, a.ptr, s.ptr, Fp8ScaleMode::BLK128x128, b.ptr, s.ptr,
                             Fp8ScaleMode::VEC128, d.ptr + 2, GemmOut::F32, 0),
                  "A, B and D on 16-byte boundaries");
+}
+
+// Defect 4: a row of D must not depend on the batch (n) it is computed with, or a completion decodes
+// differently with other requests beside it. cuBLASLt ranks split-K first for outputs too small to
+// fill the SMs, and split-K's sums follow the shape: the first 128 rows of D at n = 16,896 (132
+// output tiles of 128 x 128, no split ranked first) must equal the same rows alone (n = 128, one
+// tile), bit for bit, in FP32, from FP8 (block-scaled) and BF16 operands.
+TEST(gemm_runner_rows_do_not_depend_on_n) {
+    REQUIRE_FP8_BLOCK_GEMM();
+    GemmRunner runner;
+    const int m = 128, k = 512, small = 128, big = 132 * 128, L = k / 128;  // 4 k blocks: 2 split parts of 2
+    auto same_rows = [&](const char* what, const DeviceBuffer<float>& d_small, const DeviceBuffer<float>& d_big) {
+        std::vector<float> s = d_small.download(), b = d_big.download();
+        CHECK_MSG(memcmp(s.data(), b.data(), (size_t)m * small * sizeof(float)) == 0,
+                  "%s: the first %d rows of D differ at n = %d and n = %d", what, small, small, big);
+    };
+    {
+        auto spread = [](size_t n, uint32_t seed) {  // BF16 values over 2^-8..2^8, so the FP32 sums round
+            std::vector<float> x(n);
+            for (size_t i = 0; i < n; i++) x[i] = round_bf16(hash_uniform(i, seed) * exp2f(std::floor(8.0f * hash_uniform(i, seed + 1))));
+            return x;
+        };
+        std::vector<float> av = spread((size_t)m * k, 1), bv = spread((size_t)big * k, 3);
+        DeviceBuffer<__nv_bfloat16> a(to_bf16(av)), b(to_bf16(bv));
+        DeviceBuffer<float> d_small((size_t)m * small), d_big((size_t)m * big);
+        runner.bf16("rows alone", m, small, k, a.ptr, b.ptr, d_small.ptr, GemmOut::F32, 0);
+        runner.bf16("rows in a batch", m, big, k, a.ptr, b.ptr, d_big.ptr, GemmOut::F32, 0);
+        same_rows("BF16", d_small, d_big);
+    }
+    std::vector<uint8_t> a8((size_t)m * k), b8((size_t)big * k);  // E4M3 codes of every magnitude but NaN
+    for (size_t i = 0; i < a8.size(); i++) a8[i] = (uint8_t)((hash_uniform(i, 3) + 1.0f) * 63.0f) ^ (i % 2 ? 0x80 : 0);
+    for (size_t i = 0; i < b8.size(); i++) b8[i] = (uint8_t)((hash_uniform(i, 4) + 1.0f) * 63.0f) ^ (i % 3 ? 0 : 0x80);
+    const int L4 = (L + 3) / 4 * 4;
+    std::vector<float> sa(L4), sb((size_t)L * big);  // A BLK128x128 [m/128][L rounded up to 4], B VEC128 [L][n]
+    for (int i = 0; i < L4; i++) sa[i] = 1.0f + 0.37f * hash_uniform(i, 5);
+    for (size_t i = 0; i < sb.size(); i++) sb[i] = 1.0f + 0.37f * hash_uniform(i, 6);
+    std::vector<float> sb_small((size_t)L * small);  // the same rows' scales, [L][small]
+    for (int kb = 0; kb < L; kb++)
+        for (int j = 0; j < small; j++) sb_small[(size_t)kb * small + j] = sb[(size_t)kb * big + j];
+    DeviceBuffer<uint8_t> a(a8), b(b8);
+    DeviceBuffer<float> da(sa), db(sb), db_small(sb_small), d_small((size_t)m * small), d_big((size_t)m * big);
+    runner.fp8("rows alone", m, small, k, a.ptr, da.ptr, Fp8ScaleMode::BLK128x128, b.ptr, db_small.ptr, Fp8ScaleMode::VEC128,
+               d_small.ptr, GemmOut::F32, 0);
+    runner.fp8("rows in a batch", m, big, k, a.ptr, da.ptr, Fp8ScaleMode::BLK128x128, b.ptr, db.ptr, Fp8ScaleMode::VEC128,
+               d_big.ptr, GemmOut::F32, 0);
+    same_rows("FP8", d_small, d_big);
 }

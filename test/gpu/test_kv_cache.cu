@@ -244,7 +244,7 @@ void check_decode(Precision storage, bool per_head = false) {
         for (int splits : c.splits)
             for (int max_len : {b.max_len, b.max_len + 20}) {  // exact and an upper bound (chunks past every length)
                 printf("    %s %s, splits %d (%d used), max_len %d\n", c.name, precision_name(storage), splits,
-                       splits > 0 ? splits : g.cache.decode_splits(b.B, max_len), max_len);
+                       splits > 0 ? splits : PagedKvCache::decode_splits(max_len), max_len);
                 const std::vector<float> got = gpu_decode(g, b, c.H, max_len, splits);
                 CHECK(count_outside("O vs cpu fp32", got, fp32.out, mag, u + e) == 0);
                 CHECK(count_outside("O vs cpu bf16", got, bf16.out, mag, 2 * u + e) == 0);
@@ -267,6 +267,40 @@ TEST(kv_decode_attention_fp8_matches_cpu) {
 TEST(kv_decode_attention_fp8_scales_per_kv_head_match_cpu) {
     REQUIRE_GPU();
     check_decode(Precision::FP8, /*per_head=*/true);
+}
+
+// Batch invariance (issue 26, defect 4): a row's chunks follow its own length alone. Row 0 (600 keys:
+// 3 chunks) decoded beside a 2,000-key row, alone, and with max_len 20 above every length (a longer
+// row elsewhere in the pool): the same chunk LSEs and the same output bits each time.
+TEST(kv_decode_chunks_do_not_depend_on_the_batch) {
+    REQUIRE_GPU();
+    const DecodeCase c{"D16 H4 KV2, rows past 512 keys", 4, 2, 16, 16, {600, 2000, 37, 0}, {0}};
+    const PagedBatch b = make_batch(c, 99);
+    GpuCache g(b, Precision::BF16, {1.0f, 1.0f}, {1.0f, 1.0f}, c.H);
+    struct Row0 {
+        std::vector<float> lse;            // its chunks' LSEs, head by head
+        std::vector<__nv_bfloat16> out;  // [H][D]
+    };
+    auto decode_row0 = [&](int B, int max_len) {
+        DeviceBuffer<__nv_bfloat16> q(to_bf16(b.q)), out((size_t)B * c.H * c.D);
+        g.cache.decode_attention(kLayer, out.ptr, q.ptr, c.H, g.page_table.ptr, b.max_pages, g.lens.ptr, B, max_len, 0);
+        const int splits = PagedKvCache::decode_splits(max_len);
+        std::vector<float> lse((size_t)B * c.H * splits);
+        Row0 r;
+        r.out = out.download();  // synchronizes
+        r.out.resize((size_t)c.H * c.D);
+        CUDA_CHECK(cudaMemcpy(lse.data(), g.cache.decode_chunk_lse(), lse.size() * sizeof(float), cudaMemcpyDeviceToHost));
+        for (int i = 0; i < c.H * splits; i++)
+            if (lse[i] != -INFINITY) r.lse.push_back(lse[i]);
+        return r;
+    };
+    const Row0 batched = decode_row0(b.B, b.max_len), alone = decode_row0(1, c.lens[0]),
+               padded = decode_row0(b.B, b.max_len + 20);
+    CHECK_EQ(batched.lse.size(), (size_t)c.H * 3);
+    for (const Row0* other : {&alone, &padded}) {
+        CHECK(other->lse == batched.lse);
+        CHECK(memcmp(other->out.data(), batched.out.data(), batched.out.size() * sizeof(__nv_bfloat16)) == 0);
+    }
 }
 
 // The bytes the host writes for x: FP8 float_to_e4m3(x / scale) (rl/numerics/fp8.h), BF16 the value's bits.

@@ -97,9 +97,7 @@ TEST(gpu_memory_plan_bounds_what_the_engine_allocates) {
         d.longest_prompt = longest_prompt;
         d.max_new_tokens = kMaxNew;
         d.kv_cache = Precision::BF16;  // the larger pool of the two
-        int sm_count = 0;
-        CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, 0));
-        const MemoryPlan plan = plan_memory(c, GpuEngine::plan_request(c, o, d, sm_count), GpuEngine::plan_constants());
+        const MemoryPlan plan = plan_memory(c, GpuEngine::plan_request(c, o, d), GpuEngine::plan_constants());
         const size_t ws = GemmRunner::WORKSPACE_BYTES;
         const double ratio = (double)(plan.total() - ws) / (double)(used - ws);
         printf("    %-12s recompute %-5s T %ld: plan %zu bytes, allocated %zu (counted %zu, peak %zu), ratio without the "
@@ -225,7 +223,7 @@ TEST(gpu_memory_plan_of_qwen3_1p7b) {
     // 28 layers x 8 heads x 128 dims per token (112 KiB, spec-gpu.md §5's 144 KiB for 36 layers), and
     // the pool holds each slot at its longest plus a page
     EngineOptions o;
-    r.rollout_bytes = rollout_device_bytes(c, o, 64, 256, 1024, Precision::BF16, 132);
+    r.rollout_bytes = rollout_device_bytes(c, o, 64, 256, 1024, Precision::BF16);
     const MemoryPlan rollout = plan_memory(c, r, GpuEngine::plan_constants());
     const double kv_per_token = 2.0 * 28 * 8 * 128 * 2, kv = 64 * 1280 * kv_per_token;
     CHECK_EQ(kv_per_token, 112.0 * 1024);
