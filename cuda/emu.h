@@ -11,7 +11,9 @@
 //   - the runtime API the engine calls (memory, streams, events, graphs, device query) is
 //     implemented in cuda/emu_runtime.cpp against the real declarations of cuda_runtime.h, so the
 //     types are CUDA's own. Device memory is an arena that host code cannot touch (PROT_NONE but
-//     while kernels, copies, sets and library calls run), filled with a NaN pattern.
+//     while kernels, copies, sets and library calls run), filled with a NaN pattern. Under a
+//     nonzero seed stream work is queued and runs in a seeded order that events, the legacy
+//     stream and host synchronization allow, so a missing event or an early host read shows.
 // The real CUDA headers are included first: they use gridDim/blockDim/warpSize as names, and
 // host_defines.h defines __shared__ and friends, which are redefined below.
 #pragma once
@@ -89,9 +91,11 @@ const void* pointer_arg(const T& arg) {
     return nullptr;
 }
 
-// Runs a host operation in stream order (now, or recorded when the stream captures a graph): how
-// library calls such as the emulated cuBLASLt GEMM take part in streams and graphs.
-cudaError_t stream_op(cudaStream_t stream, std::function<void()> op);
+// Runs a host operation in stream order (queued, or recorded when the stream captures a graph): how
+// library calls such as the emulated cuBLASLt GEMM take part in streams and graphs. `at_issue`
+// runs it, and the work it waits for, before returning: collectives, which every rank must start
+// in program order (one left queued while its rank waits in a host MPI call would deadlock).
+cudaError_t stream_op(cudaStream_t stream, std::function<void()> op, bool at_issue = false);
 // The rule the last refused cuBLASLt call broke (cuda/emu_cublaslt.cpp), "" if none.
 std::string cublaslt_last_error();
 // True when [p, p + bytes) lies inside one cudaMalloc'ed buffer.

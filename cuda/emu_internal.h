@@ -49,6 +49,8 @@ void run_grid(const char* name, KernelInfo* kernel, dim3 grid, dim3 block, size_
 void set_sticky_error(cudaError_t e);
 void set_launch_error(cudaError_t e);
 void clear_fault();
+// Restarts the seeded choice of which stream's work runs next (set_seed: a test's seeds repeat).
+void reset_stream_order();
 
 // The device's capacity in bytes (FP8RL_EMU_DEVICE_MEMORY, else an H200's).
 size_t capacity();

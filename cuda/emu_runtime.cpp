@@ -12,8 +12,13 @@
 //   - during a global or thread-local capture, the calls CUDA calls unsafe (cudaMalloc, cudaFree,
 //     synchronous copies and sets, synchronizations) fail with cudaErrorStreamCaptureUnsupported
 //     and invalidate the capture (cudaStreamEndCapture: cudaErrorStreamCaptureInvalidated);
-//   - streams and events in issue order (everything runs synchronously), event times from the
-//     host clock; graph capture records launches, copies and sets, and a graph launch replays them;
+//   - streams run as a GPU runs them: under FP8RL_EMU_SEED != 0 each operation is queued on its
+//     stream and runs when a synchronization needs it (or earlier, by the seed), in an order the
+//     seed picks among those that stream order, events, the legacy stream's synchronization with
+//     blocking streams and host synchronization allow; an async copy happens when its stream
+//     reaches it. Seed 0 runs each at issue. Collectives run at issue with what they wait for.
+//     Event times come from the host clock; graph capture records launches, copies and sets, and a
+//     graph launch queues them on its stream;
 //   - launch configurations checked against sm_90's limits and the kernel's own: its
 //     __launch_bounds__ (read at its address, cuda/emu.h) and its static + dynamic shared memory;
 //     launch errors returned once by cudaGetLastError, kernel faults sticky until cudaDeviceReset.
@@ -22,10 +27,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <deque>
 #include <map>
 #include <memory>
+#include <random>
 #include <set>
 #include <thread>
+#include <unordered_set>
 #include <vector>
 
 #include "cuda/emu.h"
@@ -33,15 +41,26 @@
 
 #undef warpSize  // the field of cudaDeviceProp, not the built-in variable
 
+// One operation in stream order: it runs after the operations before it on its stream and after
+// `after`, operations of other streams (an event waited for, the legacy stream's rules).
+struct StreamOp {
+    uint64_t serial;
+    std::vector<uint64_t> after;
+    std::function<void()> fn;
+};
 struct CUstream_st {
     bool capturing = false, invalidated = false;
     cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal;
     std::thread::id capturer;
     cudaGraph_t graph = nullptr;
+    bool blocking = true;    // synchronizes with the legacy stream (created without cudaStreamNonBlocking)
+    bool retired = false;    // destroyed with work queued: deleted when that work has run
+    std::deque<StreamOp> ops;  // issued, not yet run
+    uint64_t last = 0;       // the serial of the latest operation issued
 };
 struct CUevent_st {
-    double ms = 0;
-    bool recorded = false;
+    std::shared_ptr<double> ms = std::make_shared<double>(-1);  // the host clock when it completed; -1: never
+    uint64_t serial = 0;  // the operation it waits for: its record, or 0
 };
 struct CUgraph_st {
     std::vector<std::function<void()>> ops;
@@ -168,8 +187,76 @@ cudaError_t check_copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind 
     return cudaSuccess;
 }
 
-// Runs `op` now, or records it when the stream captures a graph.
-cudaError_t enqueue(cudaStream_t s, std::function<void()> op) {
+// The device's queues. An operation issued on a stream is queued (FP8RL_EMU_SEED != 0) and runs
+// when a synchronization needs it, or earlier when the seeded schedule lets the device get ahead of
+// the host; of the operations that stream order, events and the legacy stream allow, the seed
+// picks which runs next. Seed 0 runs each at issue, in order.
+CUstream_st legacy_stream;                   // stream 0: synchronizes with every blocking stream
+std::vector<CUstream_st*> busy;              // the streams with queued work
+std::unordered_set<uint64_t> pending;        // the serials of queued operations
+uint64_t serials = 0;
+std::mt19937_64 order_rng;
+bool order_rng_seeded = false;
+
+uint64_t draw() {  // the schedule's next random number
+    if (!order_rng_seeded) order_rng.seed(seed() * 0x9E3779B97F4A7C15ull + 1);
+    order_rng_seeded = true;
+    return order_rng();
+}
+
+CUstream_st* queue_of(CUstream_st* st) { return st ? st : &legacy_stream; }
+
+void run_op(const std::function<void()>& fn) {
+    if (sticky_error != cudaSuccess || pending_error != cudaSuccess) return;  // the context faulted: nothing more runs
+    ArenaOpen open(/*until_sync=*/true);  // what runs in stream order may touch device memory
+    try {
+        fn();
+    } catch (...) {
+        keep_arena_open();
+        throw;
+    }
+}
+
+bool ready(const StreamOp& op) {
+    for (uint64_t s : op.after)
+        if (pending.count(s)) return false;
+    return true;
+}
+
+// Runs one queued operation that may run now: the oldest at seed 0, else one the seed picks. One
+// always may: the oldest queued operation waits only for older ones, which have run.
+void run_one() {
+    static std::vector<CUstream_st*> may_run;
+    may_run.clear();
+    for (CUstream_st* q : busy)
+        if (ready(q->ops.front())) may_run.push_back(q);
+    CUstream_st* pick = may_run[0];
+    if (seed())
+        pick = may_run[draw() % may_run.size()];
+    else
+        for (CUstream_st* q : may_run)
+            if (q->ops.front().serial < pick->ops.front().serial) pick = q;
+    StreamOp op = std::move(pick->ops.front());
+    pick->ops.pop_front();
+    pending.erase(op.serial);
+    if (pick->ops.empty()) {
+        busy.erase(std::find(busy.begin(), busy.end(), pick));
+        if (pick->retired) delete pick;
+    }
+    run_op(op.fn);
+}
+
+void run_until(uint64_t serial) {
+    while (pending.count(serial)) run_one();
+}
+void run_all() {
+    while (!pending.empty()) run_one();
+}
+
+// Issues `op` on stream s: recorded when s captures a graph, else queued in stream order (or run at
+// once, see above), after operation `wait_for` too. `at_issue` runs it, and what it waits for,
+// before returning.
+cudaError_t enqueue(cudaStream_t s, std::function<void()> op, bool at_issue = false, uint64_t wait_for = 0) {
     bool bad;
     CUstream_st* st = stream_of(s, &bad);
     if (bad) return set_error(cudaErrorInvalidResourceHandle);
@@ -181,13 +268,25 @@ cudaError_t enqueue(cudaStream_t s, std::function<void()> op) {
     }
     if (!st && capturing_streams > 0) return set_error(cudaErrorStreamCaptureImplicit);
     if (pending_error != cudaSuccess) return cudaSuccess;  // the context faulted: nothing more runs
-    ArenaOpen open(/*until_sync=*/true);  // what runs in stream order may touch device memory
-    try {
-        op();
-    } catch (...) {
-        keep_arena_open();
-        throw;
+    CUstream_st* q = queue_of(st);
+    const uint64_t serial = q->last = ++serials;
+    if (!seed() && pending.empty()) {
+        run_op(op);
+        return cudaSuccess;
     }
+    // The legacy stream waits for every blocking stream's work so far, and a blocking stream's
+    // work waits for the legacy stream's (CUDA's "stream synchronization behavior").
+    std::vector<uint64_t> after;
+    for (CUstream_st* b : busy)
+        if (q == &legacy_stream ? b != q && b->blocking : q->blocking && b == &legacy_stream) after.push_back(b->last);
+    if (pending.count(wait_for)) after.push_back(wait_for);
+    if (q->ops.empty()) busy.push_back(q);
+    q->ops.push_back({serial, std::move(after), std::move(op)});
+    pending.insert(serial);
+    if (at_issue || !seed())
+        run_until(serial);
+    else if (draw() % 4 == 0)
+        run_one();  // the device got ahead of the host
     return cudaSuccess;
 }
 
@@ -195,7 +294,10 @@ cudaError_t enqueue(cudaStream_t s, std::function<void()> op) {
 
 void set_sticky_error(cudaError_t e) { sticky_error = e; }
 void set_launch_error(cudaError_t e) { set_error(e); }
-cudaError_t stream_op(cudaStream_t stream, std::function<void()> op) { return enqueue(stream, std::move(op)); }
+cudaError_t stream_op(cudaStream_t stream, std::function<void()> op, bool at_issue) {
+    return enqueue(stream, std::move(op), at_issue);
+}
+void reset_stream_order() { order_rng_seeded = false; }
 uint64_t func_attribute_calls() { return attribute_calls; }
 
 size_t capacity() {
@@ -308,6 +410,7 @@ const char* cudaGetErrorName(cudaError_t e) {
         case cudaErrorIllegalAddress: return "cudaErrorIllegalAddress";
         case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
         case cudaErrorNoDevice: return "cudaErrorNoDevice";
+        case cudaErrorNotReady: return "cudaErrorNotReady";
         default: return "cudaErrorUnknown";
     }
 }
@@ -332,6 +435,7 @@ const char* cudaGetErrorString(cudaError_t e) {
         case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
         case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
         case cudaErrorNoDevice: return "no CUDA-capable device is detected";
+        case cudaErrorNotReady: return "device not ready";
         default: return "unknown error";
     }
 }
@@ -410,12 +514,20 @@ cudaError_t cudaRuntimeGetVersion(int* v) {
 
 cudaError_t cudaDeviceSynchronize() {
     cudaError_t e = unsafe_during_capture("cudaDeviceSynchronize");
-    return e != cudaSuccess ? e : synchronize();
+    if (e != cudaSuccess) return e;
+    run_all();
+    return synchronize();
 }
 
 // Clears the sticky error (a real reset also frees every allocation; here they stay valid, so
 // a test can go on with its buffers).
 cudaError_t cudaDeviceReset() {
+    for (CUstream_st* q : busy) {  // queued work is dropped with the context
+        q->ops.clear();
+        if (q->retired) delete q;
+    }
+    busy.clear();
+    pending.clear();
     sticky_error = last_error = pending_error = cudaSuccess;
     clear_fault();
     return cudaSuccess;
@@ -464,6 +576,8 @@ cudaError_t cudaFree(void* ptr) {
     cudaError_t e = unsafe_during_capture("cudaFree");
     if (e != cudaSuccess) return e;
     if (ptr == nullptr) return cudaSuccess;
+    run_all();  // cudaFree synchronizes the device: no queued work may use the buffer after
+    synchronize();
     return device_free(ptr) ? cudaSuccess : set_error(cudaErrorInvalidValue);
 }
 
@@ -475,6 +589,7 @@ cudaError_t cudaMallocHost(void** ptr, size_t bytes) {
 }
 cudaError_t cudaFreeHost(void* ptr) {
     if (ptr && !pinned_remove(ptr)) return set_error(cudaErrorInvalidValue);
+    run_all();  // as cudaFree: queued copies and kernels may still use the memory
     free(ptr);
     return cudaSuccess;
 }
@@ -495,8 +610,12 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind 
     cudaError_t e = unsafe_during_capture("cudaMemcpy (synchronous, on the legacy stream)");
     if (e != cudaSuccess) return e;
     if (capturing_streams > 0) return set_error(cudaErrorStreamCaptureImplicit);
+    // On the legacy stream; it returns when the copy is done, except from device to device
+    // (the runtime's "API synchronization behavior").
     e = cudaMemcpyAsync(dst, src, bytes, kind, nullptr);
-    return e != cudaSuccess ? e : synchronize();
+    if (e != cudaSuccess || kind == cudaMemcpyDeviceToDevice) return e;
+    run_until(legacy_stream.last);
+    return synchronize();
 }
 
 cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t stream) {
@@ -516,17 +635,23 @@ cudaError_t cudaMemset(void* dst, int value, size_t bytes) {
 // ---------------------------------------------------------------------------------------------
 // Streams, events, graphs.
 
-cudaError_t cudaStreamCreate(cudaStream_t* s) {
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int flags) {
     *s = new CUstream_st();
+    (*s)->blocking = !(flags & cudaStreamNonBlocking);
     streams.insert(*s);
     return cudaSuccess;
 }
-cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int) { return cudaStreamCreate(s); }
+cudaError_t cudaStreamCreate(cudaStream_t* s) { return cudaStreamCreateWithFlags(s, cudaStreamDefault); }
+// Work still queued runs, as on a GPU; the stream is deleted when it has.
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
     if (!streams.erase(s)) return set_error(cudaErrorInvalidResourceHandle);
     if (s->capturing) capturing_streams--;
     delete s->graph;
-    delete s;
+    s->graph = nullptr;
+    if (s->ops.empty())
+        delete s;
+    else
+        s->retired = true;
     return cudaSuccess;
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
@@ -539,12 +664,18 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s) {
         return set_error(cudaErrorStreamCaptureUnsupported);
     }
     cudaError_t e = unsafe_during_capture("cudaStreamSynchronize");
-    return e != cudaSuccess ? e : synchronize();
+    if (e != cudaSuccess) return e;
+    run_until(queue_of(st)->last);
+    return synchronize();
 }
-cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t, unsigned int) {
+// The stream's next work waits for what the event's latest record waits for (in a capture the
+// stream's own order already holds).
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t event, unsigned int) {
     bool bad;
-    stream_of(s, &bad);
-    return bad ? set_error(cudaErrorInvalidResourceHandle) : cudaSuccess;
+    CUstream_st* st = stream_of(s, &bad);
+    if (bad) return set_error(cudaErrorInvalidResourceHandle);
+    if (st && st->capturing) return cudaSuccess;
+    return enqueue(s, [] {}, false, event->serial);
 }
 
 cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode) {
@@ -618,19 +749,33 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
     delete e;
     return cudaSuccess;
 }
-cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t stream) {
-    return enqueue(stream, [e] {
-        e->ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - clock_start).count();
-        e->recorded = true;
+// The event completes when its record, queued on the stream, runs. The record holds the event's
+// time, not the event, which may be destroyed before it runs, as CUDA allows.
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+    bool bad;
+    CUstream_st* st = stream_of(stream, &bad);
+    std::shared_ptr<double> ms = event->ms;
+    cudaError_t e = enqueue(stream, [ms] {
+        *ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - clock_start).count();
     });
+    if (e == cudaSuccess && !(st && st->capturing)) event->serial = queue_of(st)->last;
+    return e;
 }
-cudaError_t cudaEventSynchronize(cudaEvent_t) {
+cudaError_t cudaEventSynchronize(cudaEvent_t event) {
     cudaError_t e = unsafe_during_capture("cudaEventSynchronize");
-    return e != cudaSuccess ? e : synchronize();
+    if (e != cudaSuccess) return e;
+    run_until(event->serial);
+    return synchronize();
 }
-cudaError_t cudaEventQuery(cudaEvent_t) { return synchronize(); }
+// Under a seed the device may not have reached the event yet: a caller must poll or synchronize.
+cudaError_t cudaEventQuery(cudaEvent_t event) {
+    if (pending.count(event->serial) && seed() && draw() % 2) return cudaErrorNotReady;
+    run_until(event->serial);
+    return synchronize();
+}
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
-    if (!start->recorded || !end->recorded) return set_error(cudaErrorInvalidResourceHandle);
-    *ms = (float)(end->ms - start->ms);
+    if (pending.count(start->serial) || pending.count(end->serial)) return cudaErrorNotReady;
+    if (*start->ms < 0 || *end->ms < 0) return set_error(cudaErrorInvalidResourceHandle);
+    *ms = (float)(*end->ms - *start->ms);
     return cudaSuccess;
 }

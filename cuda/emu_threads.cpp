@@ -462,6 +462,7 @@ uint64_t seed() {
 void set_seed(uint64_t s) {
     scheduling_seed = s;
     seed_read = true;
+    reset_stream_order();
 }
 
 std::string last_fault() { return last_fault_message; }

@@ -4,8 +4,8 @@
 //              the device the caller chose (its node-local rank's); collectives on a stream of their
 //              own, ordered after the caller's stream by events, each waited for at most a timeout.
 //   emulation  the same collectives over nonblocking MPI (device memory is host memory there), in
-//              stream order through emu::stream_op, with the same timeout, so data-parallel code
-//              paths run in CI under mpirun.
+//              stream order through emu::stream_op (run at issue), with the same timeout, so
+//              data-parallel code paths run in CI under mpirun.
 // One process without mpirun is one rank: every collective is then a copy or nothing.
 #ifndef FP8RL_NCCL_CUH
 #define FP8RL_NCCL_CUH
@@ -153,7 +153,9 @@ class Communicator {
 
 #if defined(FP8RL_EMU) && defined(FP8RL_MPI)
     // The emulated device's memory is host memory: the collective is a nonblocking MPI call,
-    // polled until done or timed out, in stream order on the communicator's stream.
+    // polled until done or timed out, in stream order on the communicator's stream. It runs at
+    // issue, with the work it waits for: queued, it could wait forever for a peer blocked in a host
+    // MPI call that waits for this rank.
     template <class Start>
     void run(cudaStream_t stream, const char* call, Start start) {
         order_after(stream);
@@ -167,7 +169,7 @@ class Communicator {
                 if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > timeout_s_) timed_out(call);
                 std::this_thread::sleep_for(std::chrono::microseconds(100));
             }
-        }));
+        }, /*at_issue=*/true));
         order_before(stream);
     }
 #elif defined(FP8RL_MPI)

@@ -287,11 +287,14 @@ __global__ void outside_mask_kernel(int* x) {
     if (lane < 16) x[lane] = __shfl_sync(0x0000FFFFu, lane, 20);  // lane 20 is not in the mask
 }
 
-// Launches a kernel that must fault with a message containing `needle` (the emulation runs it at
-// once, so the launch's own check reports it), then clears the sticky error.
+// Launches a kernel that must fault with a message containing `needle` (reported by the launch's
+// own check when the kernel ran at issue, else by the synchronization), then clears the sticky error.
 #define CHECK_KERNEL_FAULT(needle, kernel, grid, block, ...)                 \
     do {                                                                     \
-        CHECK_THROWS(LAUNCH_KERNEL(kernel, grid, block, 0, 0, __VA_ARGS__), needle); \
+        CHECK_THROWS([&] {                                                   \
+            LAUNCH_KERNEL(kernel, grid, block, 0, 0, __VA_ARGS__);           \
+            CUDA_CHECK(cudaDeviceSynchronize());                             \
+        }(), needle);                                                        \
         CHECK(cudaDeviceSynchronize() == cudaErrorLaunchFailure);            \
         CHECK(emu::last_fault().find(needle) != std::string::npos);          \
         CUDA_CHECK(cudaDeviceReset());                                       \
@@ -345,7 +348,10 @@ TEST(emu_shuffle_outside_the_mask_is_a_fault) {
 
 TEST(emu_a_fault_is_sticky_until_reset) {
     DeviceBuffer<int> x(32);
-    CHECK_THROWS(LAUNCH_KERNEL(divergent_barrier_kernel, 1, 32, 0, 0, x.ptr), "divergent __syncthreads");
+    CHECK_THROWS([&] {
+        LAUNCH_KERNEL(divergent_barrier_kernel, 1, 32, 0, 0, x.ptr);
+        CUDA_CHECK(cudaDeviceSynchronize());
+    }(), "divergent __syncthreads");
     CHECK_THROWS(CUDA_CHECK(cudaDeviceSynchronize()), "divergent __syncthreads");
     CHECK_THROWS(LAUNCH_KERNEL(empty_kernel, 1, 32, 0, 0, x.ptr), "cudaErrorLaunchFailure");
     CUDA_CHECK(cudaDeviceReset());

@@ -662,11 +662,13 @@ TEST(gpu_layers_launchers_name_a_wrong_shape) {
 #ifdef FP8RL_EMU
 namespace {
 
-// Runs `launch`, which must trap in `kernel`; then resets the device (a trap leaves it faulted).
+// Runs `launch`, which must trap in `kernel` (reported at the launch or the synchronization); then
+// resets the device (a trap leaves it faulted).
 int trap_mismatches(const char* kernel, const std::function<void()>& launch) {
     bool threw = false;
     try {
         launch();
+        CUDA_CHECK(cudaDeviceSynchronize());
     } catch (const Error&) {
         threw = true;
     }
