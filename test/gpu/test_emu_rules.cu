@@ -3,7 +3,9 @@
 // dereference of device memory stops the program, so that one runs in a forked child, as do the
 // programs whose messages are checked. The launch rules (__launch_bounds__, static + dynamic
 // shared memory) run in both builds, so ./test_gpu checks the errors they expect on a GPU. Also
-// the device selection of cuda/device.cuh (both builds) and the once-only cudaFuncSetAttribute.
+// the device selection of cuda/device.cuh (both builds), the once-only cudaFuncSetAttribute, and
+// stream ordering: programs ordered by events and the legacy stream are right under every seed
+// (and on a GPU), unordered ones are wrong under some seed.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -95,7 +97,123 @@ TEST(emu_rule_static_and_dynamic_shared_memory_count_together) {
     CUDA_CHECK(cudaDeviceSynchronize());
 }
 
+__global__ void fill_kernel(int* x, int n, int base) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = base + i;
+}
+__global__ void copy_kernel(int* out, const int* in, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = in[i];
+}
+
+// Stream `a` writes x, then stream `b` copies x to y (after an event recorded on `a` when `event`):
+// how many elements of y missed a's write.
+int stale_copies(cudaStream_t a, cudaStream_t b, bool event) {
+    const int n = 64;
+    DeviceBuffer<int> x(std::vector<int>(n, -1)), y(n);
+    cudaEvent_t written;
+    CUDA_CHECK(cudaEventCreateWithFlags(&written, cudaEventDisableTiming));
+    LAUNCH_KERNEL(fill_kernel, 1, n, 0, a, x.ptr, n, 1000);
+    if (event) {
+        CUDA_CHECK(cudaEventRecord(written, a));
+        CUDA_CHECK(cudaStreamWaitEvent(b, written, 0));
+    }
+    LAUNCH_KERNEL(copy_kernel, 1, n, 0, b, y.ptr, x.ptr, n);
+    std::vector<int> out = y.download();
+    CUDA_CHECK(cudaEventDestroy(written));
+    int stale = 0;
+    for (int i = 0; i < n; i++) stale += out[i] != 1000 + i;
+    return stale;
+}
+
 #ifdef FP8RL_EMU
+// Runs fn(seed) under scheduling seeds 0-8 (each another interleaving of the streams' work).
+template <class Fn>
+void for_each_schedule(Fn fn) {
+    struct Restore {
+        uint64_t saved = emu::seed();
+        ~Restore() { emu::set_seed(saved); }
+    } restore;
+    for (uint64_t s = 0; s <= 8; s++) {
+        emu::set_seed(s);
+        fn(s);
+    }
+}
+#else
+template <class Fn>
+void for_each_schedule(Fn fn) {
+    fn(0);
+}
+#endif
+
+// Events order two non-blocking streams; the legacy stream and a blocking stream order each other.
+TEST(streams_ordered_by_events_and_the_legacy_stream_see_each_others_writes) {
+    cudaStream_t a, b, blocking;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaStreamCreate(&blocking));
+    for_each_schedule([&](uint64_t seed) {
+        CHECK_MSG(stale_copies(a, b, true) == 0, "seed %llu: an event did not order two streams", (unsigned long long)seed);
+        CHECK_MSG(stale_copies(0, blocking, false) == 0, "seed %llu: a blocking stream ran before legacy-stream work",
+                  (unsigned long long)seed);
+        CHECK_MSG(stale_copies(blocking, 0, false) == 0, "seed %llu: the legacy stream ran before a blocking stream's work",
+                  (unsigned long long)seed);
+    });
+    CUDA_CHECK(cudaStreamDestroy(blocking));
+    CUDA_CHECK(cudaStreamDestroy(b));
+    CUDA_CHECK(cudaStreamDestroy(a));
+}
+
+#ifdef FP8RL_EMU
+
+// Without an event, two non-blocking streams (or a non-blocking stream after the legacy stream)
+// race: some seed runs the copy first.
+TEST(emu_rule_unordered_streams_race_under_some_seed) {
+    cudaStream_t a, b;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking));
+    int two_streams = 0, after_legacy = 0;
+    for_each_schedule([&](uint64_t seed) {
+        if (seed == 0) return;  // in order: no race shows
+        two_streams += stale_copies(a, b, false) > 0;
+        after_legacy += stale_copies(0, b, false) > 0;
+    });
+    printf("    stale copies under %d of seeds 1-8 (two streams), %d (non-blocking after legacy)\n", two_streams, after_legacy);
+    CHECK_MSG(two_streams > 0, "two unordered non-blocking streams were right under seeds 1-8 (the rule: streams run as a GPU runs them)");
+    CHECK_MSG(after_legacy > 0, "a non-blocking stream was ordered after the legacy stream under seeds 1-8 (the rule: "
+              "cudaStreamNonBlocking streams do not synchronize with the legacy stream)");
+    CUDA_CHECK(cudaStreamDestroy(b));
+    CUDA_CHECK(cudaStreamDestroy(a));
+}
+
+// cudaMemcpyAsync to the host happens when its stream reaches it: a host read before
+// cudaStreamSynchronize sees the old contents under some seed, pinned or pageable.
+TEST(emu_rule_async_copy_lands_when_its_stream_reaches_it) {
+    const int n = 64;
+    cudaStream_t s;
+    CUDA_CHECK(cudaStreamCreate(&s));
+    DeviceBuffer<int> d(n);
+    int* pinned = nullptr;
+    CUDA_CHECK(cudaMallocHost((void**)&pinned, n * sizeof(int)));
+    int old_pinned = 0, old_pageable = 0;
+    for_each_schedule([&](uint64_t seed) {
+        std::vector<int> pageable(n, -1);
+        for (int i = 0; i < n; i++) pinned[i] = -1;
+        LAUNCH_KERNEL(fill_kernel, 1, n, 0, s, d.ptr, n, 1000 * (int)seed);
+        CUDA_CHECK(cudaMemcpyAsync(pinned, d.ptr, n * sizeof(int), cudaMemcpyDeviceToHost, s));
+        CUDA_CHECK(cudaMemcpyAsync(pageable.data(), d.ptr, n * sizeof(int), cudaMemcpyDeviceToHost, s));
+        old_pinned += pinned[n - 1] == -1;  // read before synchronizing: wrong on a GPU
+        old_pageable += pageable[n - 1] == -1;
+        CUDA_CHECK(cudaStreamSynchronize(s));
+        CHECK_EQ(pinned[n - 1], 1000 * (int)seed + n - 1);
+        CHECK_EQ(pageable[n - 1], 1000 * (int)seed + n - 1);
+    });
+    printf("    old contents read under %d (pinned), %d (pageable) of seeds 0-8\n", old_pinned, old_pageable);
+    CHECK_MSG(old_pinned > 0 && old_pageable > 0, "a host read before cudaStreamSynchronize saw the copy done under every "
+              "seed (the rule: an async copy happens when its stream reaches it)");
+    CUDA_CHECK(cudaFreeHost(pinned));
+    CUDA_CHECK(cudaStreamDestroy(s));
+}
 
 __global__ void write_kernel(int* out, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
