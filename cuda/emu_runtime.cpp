@@ -337,6 +337,14 @@ std::string shared_memory_error(const KernelInfo& k, size_t dynamic) {
     return "";
 }
 
+bool refuse_shared_memory(const char* name, const KernelInfo& k, size_t dynamic) {
+    std::string error = shared_memory_error(k, dynamic);
+    if (error.empty()) return false;
+    fprintf(stderr, "CUDA emulation: launch of %s refused: %s: cudaErrorInvalidValue\n", name, error.c_str());
+    set_error(cudaErrorInvalidValue);
+    return true;
+}
+
 void launch(const char* name, const void* kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
             std::vector<const void*> pointers, std::function<void()> body) {
     long threads = (long)block.x * block.y * block.z;
@@ -356,12 +364,7 @@ void launch(const char* name, const void* kernel, dim3 grid, dim3 block, size_t 
         set_error(cudaErrorLaunchOutOfResources);
         return;
     }
-    std::string smem_error = shared_memory_error(*info, smem);
-    if (!smem_error.empty()) {
-        fprintf(stderr, "CUDA emulation: launch of %s refused: %s: cudaErrorInvalidValue\n", name, smem_error.c_str());
-        set_error(cudaErrorInvalidValue);
-        return;
-    }
+    if (refuse_shared_memory(name, *info, smem)) return;
     std::string kernel_name = name;
     for (size_t i = 0; i < pointers.size(); i++) {
         if (kernel_may_use(pointers[i])) continue;
@@ -376,7 +379,10 @@ void launch(const char* name, const void* kernel, dim3 grid, dim3 block, size_t 
         });
         return;
     }
-    enqueue(stream, [=] { run_grid(kernel_name.c_str(), info, grid, block, smem, body); });
+    enqueue(stream, [=] {
+        // Queued, it may run after another launch's block made the static part known: refused then.
+        if (!refuse_shared_memory(kernel_name.c_str(), *info, smem)) run_grid(kernel_name.c_str(), info, grid, block, smem, body);
+    });
 }
 
 }  // namespace emu
