@@ -583,7 +583,6 @@ cudaError_t cudaFree(void* ptr) {
     if (e != cudaSuccess) return e;
     if (ptr == nullptr) return cudaSuccess;
     run_all();  // cudaFree synchronizes the device: no queued work may use the buffer after
-    synchronize();
     return device_free(ptr) ? cudaSuccess : set_error(cudaErrorInvalidValue);
 }
 
