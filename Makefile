@@ -57,7 +57,8 @@ endif
 NV_MPI    := $(if $(and $(MPI_FLAGS),$(NCCL)),$(MPI_FLAGS) $(MPI_INCLUDE))
 NVCCFLAGS := -std=c++17 -O3 -gencode arch=compute_90,code=sm_90 -Werror all-warnings -I. \
              -Xcompiler -Wall,-Wextra,-fopenmp,$(FPFLAGS) $(NV_MPI)
-CUDA_SRCS := $(wildcard *.cu *.cuh rl/*/*.cuh cuda/*.cu cuda/*.cuh docs/examples/*.cu)
+CUDA_SRCS := $(wildcard *.cu *.cuh rl/*/*.cuh cuda/*.cu cuda/*.cuh)
+CUDA_EXAMPLES := $(wildcard docs/examples/*.cu)
 GPU_TEST_SRCS := $(wildcard test/gpu/*.cu)
 GPU_TESTS     := $(wildcard test/gpu/test_*.cu)
 GPU_BENCHES   := $(wildcard test/gpu/bench_*.cu)
@@ -273,7 +274,7 @@ GPU_HEADERS := $(wildcard *.cuh rl/*.h rl/*/*.h rl/*/*.cuh cpu/*.h cuda/*.cuh cu
 #   - the headers and the test files as one unit (build/unity/nvcheck.cu), as ./test_gpu compiles
 #     its tests: nvcc's fixed cost per unit (its headers, cicc and ptxas start-up) was 2-3 s of each
 #     header's 3 s alone;
-#   - each benchmark alone (each is a program of its own);
+#   - each benchmark and example alone (each is a program of its own);
 #   - train_rl.cu by ./train_rl's own build; it includes cuda/engine_gpu.cuh first, which includes
 #     rollout.cu, so those two compile alone there.
 # That each header also compiles by itself is checked by g++ on the emulation build (-fsyntax-only,
@@ -285,7 +286,7 @@ NVCHECK_FLAGS   := $(filter-out -O3,$(NVCCFLAGS)) -O0
 NVCHECK_HEADERS := $(filter-out train_rl.cu cuda/engine_gpu.cuh rollout.cu,$(CUDA_SRCS))
 NVCHECK_UNITY   := $(UNITY)/nvcheck.cu
 $(call unity_source,$(NVCHECK_UNITY),$(NVCHECK_HEADERS) $(GPU_TESTS))
-NVCHECK_STAMPS  := $(patsubst %,$(BUILD)/nvcheck/%.ok,$(NVCHECK_UNITY) $(GPU_BENCHES))
+NVCHECK_STAMPS  := $(patsubst %,$(BUILD)/nvcheck/%.ok,$(NVCHECK_UNITY) $(GPU_BENCHES) $(CUDA_EXAMPLES))
 $(BUILD)/nvcheck/%.ok: % $(GPU_HEADERS) $(GPU_TESTS)
 	@mkdir -p $(@D)
 	@echo "nvcc compile check: $<"
@@ -297,7 +298,7 @@ $(BUILD)/selfcontained/%.ok: % $(GPU_HEADERS)
 	@$(CPU_LINK_CXX) $(CXXSTD) $(FPFLAGS) $(WARN) -fopenmp -I. $(EMU_FLAGS) -fsyntax-only -x c++ $< && touch $@
 endif
 cuda-check: $(NVCHECK_STAMPS) $(SELF_CONTAINED_STAMPS) train_rl
-	@echo "nvcc compile check: $(words $(CUDA_SRCS) $(GPU_TEST_SRCS)) CUDA sources compiled for sm_90 (train_rl.cu, cuda/engine_gpu.cuh and rollout.cu by ./train_rl)$(if $(SELF_CONTAINED_STAMPS),; $(words $(SELF_CONTAINED_STAMPS)) headers compile alone (g++, emulation))"
+	@echo "nvcc compile check: $(words $(CUDA_SRCS) $(GPU_TEST_SRCS) $(CUDA_EXAMPLES)) CUDA sources compiled for sm_90 (train_rl.cu, cuda/engine_gpu.cuh and rollout.cu by ./train_rl)$(if $(SELF_CONTAINED_STAMPS),; $(words $(SELF_CONTAINED_STAMPS)) headers compile alone (g++, emulation))"
 	@echo "nvcc build: ./train_rl (sm_90) linked"
 
 GPU_BENCH_BINS := $(patsubst test/gpu/bench_%.cu,$(BUILD)/gpu_bench_%,$(wildcard test/gpu/bench_*.cu))
