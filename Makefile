@@ -83,11 +83,11 @@ GPU_UNITY := $(UNITY)/test_gpu.cu
 $(call unity_source,$(CPU_UNITY),$(wildcard test/test_*.cpp))
 $(call unity_source,$(GPU_UNITY),$(GPU_TESTS))
 
-# CUDA emulation (spec-gpu.md §2): g++ builds the GPU sources against cuda/emu.h and runs every
+# CUDA emulation (spec-gpu.md §2): g++ builds the GPU sources against cuda/emu/emu.h and runs every
 # kernel on the CPU. It needs the CUDA headers (cuda_runtime.h, cuda_bf16.h, cuda_fp8.h), not a GPU.
 ifneq ($(CUDA_FP8_H),)
   EMU_FLAGS     := -DFP8RL_EMU -isystem $(CUDA_HOME)/include $(MPI_FLAGS)
-  EMU_RUNTIME   := cuda/emu_threads.cpp cuda/emu_memory.cpp cuda/emu_runtime.cpp cuda/emu_cublaslt.cpp
+  EMU_RUNTIME   := cuda/emu/emu_threads.cpp cuda/emu/emu_memory.cpp cuda/emu/emu_runtime.cpp cuda/emu/emu_cublaslt.cpp
   GPU_TEST_OBJS := $(patsubst %,$(BUILD)/emu/%.o,test/run_tests.cpp $(GPU_UNITY))
   GPU_ASAN_OBJS := $(patsubst %,$(BUILD)/emu-asan/%.o,test/run_tests.cpp $(EMU_RUNTIME) $(GPU_UNITY))
   EMU_SEEDS     ?= 1
@@ -169,15 +169,15 @@ EMU_LIB := $(BUILD)/libcudaemu.a
 $(EMU_LIB): $(patsubst %,$(BUILD)/emu/%.o,$(EMU_RUNTIME))
 	rm -f $@ && ar rcs $@ $^
 emu-lib: $(EMU_LIB)
-$(BUILD)/emu_block_sum: docs/examples/block_sum.cu $(EMU_LIB) cuda/common.cuh cuda/emu.h rl/common.h
+$(BUILD)/emu_block_sum: docs/examples/block_sum.cu $(EMU_LIB) cuda/common.cuh cuda/emu/emu.h rl/common.h
 	$(CXX) -std=c++17 -DFP8RL_EMU -I. -isystem $(CUDA_HOME)/include -x c++ $< -x none $(EMU_LIB) -fopenmp -lpthread $(WARN) -o $@
 
-# Several translation units drop the list of __launch_bounds__' pads, which g++ 12 files wrongly (cuda/emu.ld).
+# Several translation units drop the list of __launch_bounds__' pads, which g++ 12 files wrongly (cuda/emu/emu.ld).
 $(BUILD)/test_gpu_emu: $(GPU_TEST_OBJS) $(EMU_LIB)
-	$(CPU_LINK_CXX) $(CXXFLAGS) -o $@ $^ -Wl,-T,cuda/emu.ld $(LDLIBS)
+	$(CPU_LINK_CXX) $(CXXFLAGS) -o $@ $^ -Wl,-T,cuda/emu/emu.ld $(LDLIBS)
 
 $(BUILD)/test_gpu_emu_asan: $(GPU_ASAN_OBJS)
-	$(CPU_LINK_CXX) $(SANFLAGS) -o $@ $^ -Wl,-T,cuda/emu.ld $(LDLIBS)
+	$(CPU_LINK_CXX) $(SANFLAGS) -o $@ $^ -Wl,-T,cuda/emu/emu.ld $(LDLIBS)
 
 test_gpu_emu: $(BUILD)/test_gpu_emu
 
@@ -267,7 +267,7 @@ ifeq ($(and $(MPI_FLAGS),$(if $(NCCL),,no)),no)
   $(info fp8rl build: NCCL not found, so ./train_rl and ./test_gpu build single-process (no MPI data parallelism))
 endif
 # rollout.cu is included by cuda/engine_gpu.cuh: a header to its users
-GPU_HEADERS := $(wildcard *.cuh rl/*.h rl/*/*.h rl/*/*.cuh cpu/*.h cuda/*.cuh cuda/*.h test/gpu/*.cuh test/gpu/*.h test/harness.h) rollout.cu
+GPU_HEADERS := $(wildcard *.cuh rl/*.h rl/*/*.h rl/*/*.cuh cpu/*.h cuda/*.cuh cuda/*.h cuda/emu/*.h test/gpu/*.cuh test/gpu/*.h test/harness.h) rollout.cu
 
 # Every CUDA source compiled for sm_90 with warnings as errors, in parallel under make -j; a stamp
 # records each success, so a rerun compiles only what changed:

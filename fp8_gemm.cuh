@@ -17,7 +17,7 @@
 #include "cuda/common.cuh"
 #include "cuda/device_array.cuh"
 #include "cuda/element.cuh"
-#include <cublasLt.h>  // in emulation: the same declarations, implemented by cuda/emu_cublaslt.cpp
+#include <cublasLt.h>  // in emulation: the same declarations, implemented by cuda/emu/emu_cublaslt.cpp
 
 #include <algorithm>
 #include <cstdint>
@@ -229,7 +229,7 @@ inline std::string fp8_block_gemm_unsupported_reason(int device) {
 
 // Owns the cuBLASLt handle, the workspace and one cached plan (descriptors + chosen algorithm) per
 // GEMM configuration (shape, modes, types and the operands' pointer alignments), so the heuristic
-// query runs once per configuration. The same code runs in emulation (cuda/emu_cublaslt.cpp).
+// query runs once per configuration. The same code runs in emulation (cuda/emu/emu_cublaslt.cpp).
 // Batch invariance: a row of D must not depend on how many rows (n, the tokens) are computed with
 // it, so a completion decodes the same whatever it is batched with. Two things would break it: a
 // split-K algorithm (its parts and their sums follow the shape), excluded by the preference's

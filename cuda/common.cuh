@@ -1,13 +1,13 @@
 // common.cuh: what every GPU source includes first. It builds the same code two ways:
 //   nvcc             the CUDA headers; kernels run on the GPU (sm_90);
-//   g++ -DFP8RL_EMU  cuda/emu.h; kernels run on the CPU as fibers (spec-gpu.md §2), in CI.
+//   g++ -DFP8RL_EMU  cuda/emu/emu.h; kernels run on the CPU as fibers (spec-gpu.md §2), in CI.
 // Every CUDA runtime call goes through CUDA_CHECK, every kernel launch through LAUNCH_KERNEL,
 // and shared memory is declared with STATIC_SHARED and DYNAMIC_SHARED, so neither build needs
 // its own copy.
 #ifndef FP8RL_CUDA_COMMON_CUH
 #define FP8RL_CUDA_COMMON_CUH
 #ifdef FP8RL_EMU
-#include "cuda/emu.h"
+#include "cuda/emu/emu.h"
 #else
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>

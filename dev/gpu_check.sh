@@ -102,7 +102,7 @@ part() {  # part ID NAME LIMIT_SECONDS EXPECTED_SECONDS COMMAND...
 
 machine=$( (nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader 2>&1 ||
     echo "nvidia-smi failed") | head -n 4)
-[ "$emu" -eq 1 ] && machine="emulated GPU (cuda/emu.h) on $(nproc) CPU cores: times are not GPU figures"
+[ "$emu" -eq 1 ] && machine="emulated GPU (cuda/emu/emu.h) on $(nproc) CPU cores: times are not GPU figures"
 echo "=== machine: $machine; nvcc: $(command -v nvcc >/dev/null && nvcc --version | tail -n 1 || echo none); cores: $(nproc)"
 
 part 1 "build" 130 100 bash -c "make -j$(nproc) ${build_targets[*]} && echo built ${build_targets[*]}"

@@ -59,14 +59,14 @@ inline void print_bench_header(const char* name, bool tiny) {
     cudaDeviceProp prop;
     CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
 #ifdef FP8RL_EMU
-    const std::string library = "cuBLASLt emulated (cuda/emu_cublaslt.cpp)";
+    const std::string library = "cuBLASLt emulated (cuda/emu/emu_cublaslt.cpp)";
 #else
     const std::string library = strfmt("cuBLASLt %zu", cublasLtGetVersion());
 #endif
     printf("%s on %s (%d SMs), %s%s\n", name, prop.name, prop.multiProcessorCount, library.c_str(),
            tiny ? ", tiny shapes (--tiny)" : "");
     if (emulated)
-        printf("EMULATED: kernels run on the CPU (cuda/emu.h); the times below are the emulation's, not GPU figures\n");
+        printf("EMULATED: kernels run on the CPU (cuda/emu/emu.h); the times below are the emulation's, not GPU figures\n");
 }
 
 // "" when the benchmark can run here (a GPU with FP8 block-scaled GEMMs, or the emulation), else why not.

@@ -1,5 +1,5 @@
 // test_cublaslt.cu: cuBLASLt's documented rules, called as a plain CUDA program calls the library
-// (the same code runs against the real cuBLASLt with nvcc and against cuda/emu_cublaslt.cpp in
+// (the same code runs against the real cuBLASLt with nvcc and against cuda/emu/emu_cublaslt.cpp in
 // emulation, where the message must also name the rule), and the GemmRunner defects those rules
 // exposed (issue 26): scale pointers before the heuristic, operand alignment, BF16-output m % 8.
 #include <cublasLt.h>

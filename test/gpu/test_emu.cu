@@ -1,4 +1,4 @@
-// test_emu.cu: the CUDA semantics that the kernels rely on and the emulation (cuda/emu.h)
+// test_emu.cu: the CUDA semantics that the kernels rely on and the emulation (cuda/emu/emu.h)
 // implements, with answers known from the CUDA Programming Guide's definitions written out here:
 // block reductions over shared memory, every shuffle variant and width, votes, atomics under
 // contention, dynamic shared memory above 48 KB, graph capture and replay, sm_90's launch limits.

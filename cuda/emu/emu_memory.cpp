@@ -1,4 +1,4 @@
-// emu_memory.cpp: the emulated device's memory (cuda/emu.h). Device memory is not host memory on a
+// emu_memory.cpp: the emulated device's memory (cuda/emu/emu.h). Device memory is not host memory on a
 // GPU, so here it is an mmap'ed arena that host code cannot touch: PROT_NONE except while an
 // ArenaOpen lives (kernels, copies, sets, library calls and collectives run inside one). A host
 // dereference is a SIGSEGV that the handler below turns into one message naming the buffer.
@@ -14,7 +14,7 @@
 #include <cstring>
 #include <map>
 
-#include "cuda/emu_internal.h"
+#include "cuda/emu/emu_internal.h"
 
 namespace emu {
 namespace {

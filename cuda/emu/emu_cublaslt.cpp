@@ -25,7 +25,7 @@
 // heuristic ranks first depends on the shape too: a split-K one where the output's 128 x 128 tiles
 // do not fill the device's 132 SMs and k has several blocks, as libraries split skinny GEMMs. So a
 // program that takes the heuristic's first answer rounds differently as n (a batch size) changes.
-#include "cuda/emu.h"
+#include "cuda/emu/emu.h"
 #include <cublasLt.h>
 
 #include <algorithm>
@@ -34,7 +34,7 @@
 #include <string>
 #include <vector>
 
-#include "cuda/emu_internal.h"
+#include "cuda/emu/emu_internal.h"
 
 struct cublasLtContext {
     int live;

@@ -1,5 +1,5 @@
-// emu_internal.h: what the two halves of the CUDA emulation share (cuda/emu_threads.cpp runs
-// kernels, cuda/emu_runtime.cpp is the runtime API around them). Not for kernels or engine code.
+// emu_internal.h: what the two halves of the CUDA emulation share (cuda/emu/emu_threads.cpp runs
+// kernels, cuda/emu/emu_runtime.cpp is the runtime API around them). Not for kernels or engine code.
 #pragma once
 #include <cstdarg>
 #include <cstdio>
@@ -8,7 +8,7 @@
 #include <utility>
 #include <vector>
 
-#include "cuda/emu.h"
+#include "cuda/emu/emu.h"
 
 namespace emu {
 
@@ -55,7 +55,7 @@ void reset_stream_order();
 // The device's capacity in bytes (FP8RL_EMU_DEVICE_MEMORY, else an H200's).
 size_t capacity();
 
-// Device memory (cuda/emu_memory.cpp). While an ArenaOpen lives, host code may touch the arena
+// Device memory (cuda/emu/emu_memory.cpp). While an ArenaOpen lives, host code may touch the arena
 // (the runtime opens it around kernels, copies, sets and stream operations); else it is PROT_NONE.
 // A stream operation's ArenaOpen(until_sync) leaves it open until the host next synchronizes
 // (close_arena_at_sync): mprotect costs ~0.4 ms per call over a resident arena, and closing after

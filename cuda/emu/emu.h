@@ -1,6 +1,6 @@
 // emu.h: CUDA emulation mode (FP8RL_EMU). g++ compiles the project's .cu/.cuh sources unchanged
 // against this header and runs every kernel on the CPU (spec-gpu.md §2):
-//   - the threads of a block are fibers (cuda/emu_threads.cpp), blocks run one after another;
+//   - the threads of a block are fibers (cuda/emu/emu_threads.cpp), blocks run one after another;
 //     a fiber runs until it waits (barrier, warp collective) or exits, and FP8RL_EMU_SEED != 0
 //     shuffles the order of runnable fibers at every round and the order of blocks, so a missing
 //     __syncthreads shows up as wrong results under some seed;
@@ -9,7 +9,7 @@
 //     collective whose lanes disagree, a lane outside the mask, or nothing left that can run is a
 //     kernel fault that names the kernel, the block and what each thread waits for;
 //   - the runtime API the engine calls (memory, streams, events, graphs, device query) is
-//     implemented in cuda/emu_runtime.cpp against the real declarations of cuda_runtime.h, so the
+//     implemented in cuda/emu/emu_runtime.cpp against the real declarations of cuda_runtime.h, so the
 //     types are CUDA's own. Device memory is an arena that host code cannot touch (PROT_NONE but
 //     while kernels, copies, sets and library calls run), filled with a NaN pattern. Under a
 //     nonzero seed stream work is queued and runs in a seeded order that events, the legacy
@@ -18,7 +18,7 @@
 // host_defines.h defines __shared__ and friends, which are redefined below.
 #pragma once
 #ifndef FP8RL_EMU
-#error "cuda/emu.h is the emulation runtime: build with -DFP8RL_EMU (include cuda/common.cuh instead)"
+#error "cuda/emu/emu.h is the emulation runtime: build with -DFP8RL_EMU (include cuda/common.cuh instead)"
 #endif
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
@@ -44,7 +44,7 @@
 // bounds are constexpr names; "+ 0" makes g++ 12 fold a bare one, it crashes on that) and leaves
 // a trace found from the function's address; no_icf keeps two kernels from being merged. GCC also
 // lists each pad in the section __patchable_function_entries, filed wrongly by g++ 12 for template
-// kernels, so a program of several translation units drops that list at link time (cuda/emu.ld).
+// kernels, so a program of several translation units drops that list at link time (cuda/emu/emu.ld).
 #undef __launch_bounds__
 #define __launch_bounds__(...) FP8RL_EMU_LAUNCH_BOUNDS(__VA_ARGS__, 0)
 #define FP8RL_EMU_LAUNCH_BOUNDS(max_threads, ...) \
@@ -55,7 +55,7 @@
 namespace emu {
 
 // ---------------------------------------------------------------------------------------------
-// Threads and blocks (cuda/emu_threads.cpp).
+// Threads and blocks (cuda/emu/emu_threads.cpp).
 
 struct ThreadCoords {
     uint3 thread_idx, block_idx;
@@ -96,7 +96,7 @@ const void* pointer_arg(const T& arg) {
 // runs it, and the work it waits for, before returning: collectives, which every rank must start
 // in program order (one left queued while its rank waits in a host MPI call would deadlock).
 cudaError_t stream_op(cudaStream_t stream, std::function<void()> op, bool at_issue = false);
-// The rule the last refused cuBLASLt call broke (cuda/emu_cublaslt.cpp), "" if none.
+// The rule the last refused cuBLASLt call broke (cuda/emu/emu_cublaslt.cpp), "" if none.
 std::string cublaslt_last_error();
 // True when [p, p + bytes) lies inside one cudaMalloc'ed buffer.
 bool is_device_memory(const void* p, size_t bytes);

@@ -1,10 +1,10 @@
-// emu_runtime.cpp: the CUDA runtime API of the emulation (cuda/emu.h), implemented against the
+// emu_runtime.cpp: the CUDA runtime API of the emulation (cuda/emu/emu.h), implemented against the
 // real declarations of cuda_runtime_api.h (so the program links without libcudart):
 //   - FP8RL_EMU_DEVICES=N devices (default 1, a node of its own per process), filtered by
 //     CUDA_VISIBLE_DEVICES as the real runtime filters them, each reported as an H200 (sm_90,
 //     132 SMs, 143,771 MiB; FP8RL_EMU_DEVICE_MEMORY=bytes lowers the capacity, so out-of-memory
 //     paths can be tested); the devices share one memory arena;
-//   - device memory in an arena host code cannot touch (cuda/emu_memory.cpp), filled with 0xFF
+//   - device memory in an arena host code cannot touch (cuda/emu/emu_memory.cpp), filled with 0xFF
 //     bytes (NaN as FP32, BF16 and E4M3) so a read of memory nobody wrote shows; copies check that
 //     their device side lies inside one allocation and their host side outside device memory;
 //     kernel pointer arguments must be null, device memory or cudaMallocHost'ed memory, else the
@@ -20,7 +20,7 @@
 //     Event times come from the host clock; graph capture records launches, copies and sets, and a
 //     graph launch queues them on its stream;
 //   - launch configurations checked against sm_90's limits and the kernel's own: its
-//     __launch_bounds__ (read at its address, cuda/emu.h) and its static + dynamic shared memory;
+//     __launch_bounds__ (read at its address, cuda/emu/emu.h) and its static + dynamic shared memory;
 //     launch errors returned once by cudaGetLastError, kernel faults sticky until cudaDeviceReset.
 #include <unistd.h>
 
@@ -36,8 +36,8 @@
 #include <unordered_set>
 #include <vector>
 
-#include "cuda/emu.h"
-#include "cuda/emu_internal.h"
+#include "cuda/emu/emu.h"
+#include "cuda/emu/emu_internal.h"
 
 #undef warpSize  // the field of cudaDeviceProp, not the built-in variable
 
@@ -123,7 +123,7 @@ cudaError_t set_error(cudaError_t e) {
     return e;
 }
 
-// The kernel's __launch_bounds__ maximum, else the device's limit. cuda/emu.h puts a bounded
+// The kernel's __launch_bounds__ maximum, else the device's limit. cuda/emu/emu.h puts a bounded
 // kernel's n NOPs from a 2048-byte boundary up to its entry; any other function is preceded by
 // code within 16 bytes (its neighbour's end), never by NOPs alone.
 int launch_bound(const void* kernel) {

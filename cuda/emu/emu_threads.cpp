@@ -1,4 +1,4 @@
-// emu_threads.cpp: the thread scheduler of the CUDA emulation (cuda/emu.h): one fiber per CUDA
+// emu_threads.cpp: the thread scheduler of the CUDA emulation (cuda/emu/emu.h): one fiber per CUDA
 // thread of a block, blocks one after another, barriers and warp collectives resolved when no
 // fiber can run any further. Facts behind the choices: spec-gpu.md §2.2.
 #include <sanitizer/asan_interface.h>
@@ -15,8 +15,8 @@
 #include <random>
 #include <vector>
 
-#include "cuda/emu.h"
-#include "cuda/emu_internal.h"
+#include "cuda/emu/emu.h"
+#include "cuda/emu/emu_internal.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #define EMU_ASAN 1
