@@ -186,6 +186,19 @@ cublasStatus_t check_problem(cublasLtMatmulDesc_t dp, cublasLtMatrixLayout_t al,
     return CUBLAS_STATUS_SUCCESS;
 }
 
+// The FP32 partial sums a split algorithm keeps in the workspace.
+uint64_t split_workspace(const Problem& p, int splits) { return splits > 1 ? (uint64_t)p.m * p.n * sizeof(float) * splits : 0; }
+
+// What the heuristic (or the algorithm check) answers for an algorithm.
+cublasLtMatmulHeuristicResult_t result_of(const Algo& algo) {
+    cublasLtMatmulHeuristicResult_t r{};
+    memcpy(r.algo.data, &algo, sizeof(algo));
+    r.workspaceSize = algo.workspace;
+    r.state = CUBLAS_STATUS_SUCCESS;
+    r.wavesCount = 1.0f;
+    return r;
+}
+
 // Algorithm `index`: its k split from the shape, as a library's tile choice: 1 part for algorithm
 // 0, 2 to 4 for the others where k has 2 blocks or more.
 Algo make_algo(const Problem& p, const Pref& pref, int index) {
@@ -197,7 +210,7 @@ Algo make_algo(const Problem& p, const Pref& pref, int index) {
     const int most = std::min(p.blocks, 4);
     a.splits = index == 0 || most < 2 ? 1 : 2 + (int)(h % (uint64_t)(most - 1));
     for (int i = 0; i < 4; i++) a.align[i] = pref.align[i];
-    a.workspace = a.splits > 1 ? (uint64_t)p.m * p.n * sizeof(float) * a.splits : 0;
+    a.workspace = split_workspace(p, a.splits);
     return a;
 }
 
@@ -341,12 +354,7 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtM
         Algo algo = make_algo(p, pr, (first + rank) % NUM_ALGOS);
         if (algo.workspace > pr.max_workspace) continue;
         if (algo.splits > 1 && !(pr.reduction_mask & CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE)) continue;  // [RED]
-        cublasLtMatmulHeuristicResult_t& r = results[(*returned)++];
-        r = cublasLtMatmulHeuristicResult_t{};
-        memcpy(r.algo.data, &algo, sizeof(algo));
-        r.workspaceSize = algo.workspace;
-        r.state = CUBLAS_STATUS_SUCCESS;
-        r.wavesCount = 1.0f;
+        results[(*returned)++] = result_of(algo);
     }
     return CUBLAS_STATUS_SUCCESS;
 }
@@ -365,12 +373,8 @@ cublasStatus_t cublasLtMatmulAlgoCheck(cublasLtHandle_t handle, cublasLtMatmulDe
     if (algo.splits > p.blocks)
         return refuse(CUBLAS_STATUS_NOT_SUPPORTED, emu::strformat("algorithm %d splits k into %d parts; k has %d blocks",
                                                                   algo.index, algo.splits, p.blocks));
-    algo.workspace = algo.splits > 1 ? (uint64_t)p.m * p.n * sizeof(float) * algo.splits : 0;
-    *result = cublasLtMatmulHeuristicResult_t{};
-    memcpy(result->algo.data, &algo, sizeof(algo));
-    result->workspaceSize = algo.workspace;
-    result->state = CUBLAS_STATUS_SUCCESS;
-    result->wavesCount = 1.0f;
+    algo.workspace = split_workspace(p, algo.splits);
+    *result = result_of(algo);
     return CUBLAS_STATUS_SUCCESS;
 }
 
