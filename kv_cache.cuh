@@ -39,6 +39,7 @@
 #include "cuda/block_reduce.cuh"
 #include "cuda/common.cuh"
 #include "cuda/device_array.cuh"
+#include "rl/numerics/attention_tiles.h"
 #include "rl/numerics/fast_exp.h"
 #include "rl/numerics/fp8.h"
 #include "rl/numerics/precision.h"
@@ -51,23 +52,8 @@ namespace fp8rl {
 // on the page size (any page_tokens >= 1 works).
 constexpr int kKvPageTokens = 16;
 
-constexpr int kDecodeTile = 32;        // keys per shared-memory tile: one per lane of the warp that scores them
 constexpr int kDecodeThreads = 128;    // 4 warps per CTA
-constexpr int kDecodeMaxSplits = 16;   // chunks of the cache length per (row, kv head)
-constexpr int kDecodeMinSplitKeys = 256;  // a chunk shorter than this costs more in the merge than it saves
 static_assert(kDecodeTile == 32 && kDecodeThreads % 32 == 0, "a warp scores one tile, a lane per key");
-
-// The chunks of a row of `len` cached keys: one per kDecodeMinSplitKeys keys, at most kDecodeMaxSplits
-// (forced > 0: that many, for tests), each a whole number of tiles (decode_split_keys) but the last.
-__host__ __device__ inline int decode_row_splits(long len, int forced = 0) {
-    if (forced > 0) return forced;
-    const long by_length = (len + kDecodeMinSplitKeys - 1) / kDecodeMinSplitKeys;
-    return (int)(by_length < 1 ? 1 : by_length > kDecodeMaxSplits ? kDecodeMaxSplits : by_length);
-}
-__host__ __device__ inline long decode_split_keys(long len, int splits) {
-    const long chunk = (len + splits - 1) / splits;
-    return (chunk + kDecodeTile - 1) / kDecodeTile * kDecodeTile;
-}
 
 struct KvCacheShape {
     int layers, kv_heads, head_dim;

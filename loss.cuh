@@ -10,7 +10,7 @@
 // (sums in double, each term rl/numerics/fast_exp.h's FP32 exp, as on the CPU). Precision (DESIGN.md §3): X
 // and W are BF16, logits FP32 (GemmRunner's BF16 GEMM with FP32 output), statistics FP32/FP64,
 // dX and dW accumulate in FP32; dlogits enter the backward GEMMs rounded to BF16 (the tensor-core
-// operand type), the one rounding the CPU engine does not make.
+// operand type), as the CPU engine rounds them with BF16 activations (HeadShape::bf16).
 //
 // The GEMMs (GemmRunner's BF16 layouts, D [n][m]; m and k multiples of 8, n too for NT):
 //   logits [T][n8]  = X [T][C] . Wc [n8][C]^T          TN  m = n8, n = T,  k = C

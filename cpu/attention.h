@@ -1,23 +1,30 @@
 // attention.h: causal attention with GQA on the CPU, forward and backward. Query head h reads kv
 // head h / (H/KV); scores scale by D^-1/2; softmax in FP32; lse [T, H] is kept for the backward.
 //
-// Two forms of the forward pass:
-//   - packed batch (training, --logprobs): per (sequence, head, block of kQueryBlock queries), the
-//     scores are one GEMM (Q K^T) and the output another (P V), so attention runs at GEMM speed;
-//   - KV cache (generation): per (query row, head) over the row's keys in the cache, as a decode step
-//     has one query per sequence.
-// Both compute the same function; their roundings differ (a dot product summed in SIMD lanes vs one
-// FMA chain per output), which the decode-vs-forward test bounds. Each output is written by one
-// task in a fixed order, so results are bitwise identical for any thread count, and a sequence's
-// result does not depend on the other sequences of the batch (masked scores enter the P V product
-// as exact zeros, so the query blocking does not change a row's sum either).
+// The CPU engine is the GPU engine's oracle, so with BF16 activations attention rounds where the
+// GPU kernels round, in their order (rl/numerics/attention_tiles.h), and with FP32 it rounds nowhere:
+//   packed batch (training, --logprobs, and a generator's prefill over its cache): the training
+//     kernel's online softmax (cuda/attention.cuh) over key tiles of kFlashTile: per tile the running
+//     max grows, the partial sums and the output are rescaled by exp(old max - new max), the tile's
+//     exp(s - max) join the kFlashLanes partial sums unrounded and meet V rounded to BF16; the output
+//     is scaled by 1 / sum and rounded once. Per (sequence, head, block of kFlashTile queries) the
+//     scores are one GEMM (Q K^T) and each key tile's P V another, so attention runs at GEMM speed.
+//   decode (a generator's decode step over its cache): the decode kernel's flash-decoding
+//     (kv_cache.cuh): the row's keys cut into chunks, each an online softmax over kDecodeTile-key
+//     tiles with P in FP32, normalised by its own sum, the chunks merged by their log-sum-exps.
+//   backward: P recomputed from lse; P and dS rounded to BF16 where they meet dO, K and Q.
+// exp is rl/numerics/fast_exp.h's, as in the kernels. Each output is written by one task in a fixed
+// order, so results are bitwise identical for any thread count, and a sequence's result does not
+// depend on the other sequences of the batch (masked scores enter the products as exact zeros).
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
 
 #include <omp.h>
 
+#include "rl/numerics/attention_tiles.h"
 #include "rl/numerics/bf16.h"
 #include "rl/numerics/fast_exp.h"
 #include "cpu/gemm.h"
@@ -30,32 +37,39 @@ struct AttentionShape {
     long ldk() const { return (long)KV * D; }
 };
 
-constexpr int kQueryBlock = 64;  // queries per score block: [64 x keys] scores stay in L2 for 1k keys
-
-inline float dot_product(const float* a, const float* b, int n) {
+// a . b summed in index order from 0: the order of a tensor-core product's chain (cuda/mma.cuh in
+// emulation) and of the decode kernel's loop.
+inline float dot_in_order(const float* a, const float* b, int n) {
     float s = 0.0f;
-#pragma omp simd reduction(+ : s)
     for (int i = 0; i < n; i++) s += a[i] * b[i];
     return s;
 }
 
-// Softmax of one row of raw scores p[0..valid) in place (scaled first), zeros in p[valid..keys);
-// returns the row's log-sum-exp of the scaled scores. bf16: the probabilities are rounded, as they
-// meet V in BF16 in flash attention.
-inline float softmax_row(float* p, int valid, int keys, float scale, bool bf16) {
-    float mx = -INFINITY;
-    for (int j = 0; j < valid; j++) {
-        p[j] *= scale;
-        mx = p[j] > mx ? p[j] : mx;
+// The training kernel's softmax state of one row: the running max and the lanes' partial sums.
+struct FlashRow {
+    float max = -INFINITY, lane_sum[kFlashLanes] = {};
+
+    // One key tile of the row: s[0..n) its scaled scores, keys past `valid` masked. Returns the
+    // factor that rescales what the earlier tiles gave; leaves in p[0..n) the tile's weights
+    // exp(s - max) (rounded to BF16 with bf16, 0 where masked).
+    float add_tile(float* p, const float* s, int valid, int n, bool bf16) {
+        float tile_max = -INFINITY;
+        for (int j = 0; j < valid; j++) tile_max = s[j] > tile_max ? s[j] : tile_max;
+        const float new_max = tile_max > max ? tile_max : max;
+        const float rescale = fast_exp(max - new_max);  // exp(-inf) = 0 on the first tile
+        max = new_max;
+        for (float& l : lane_sum) l *= rescale;
+        fast_exp_shifted(p, s, new_max, valid);
+        for (int j = 0; j < valid; j++) {
+            lane_sum[j % 8 / 2] += p[j];  // lane t of a C fragment holds columns 8i + 2t, 8i + 2t + 1
+            if (bf16) p[j] = round_bf16(p[j]);
+        }
+        for (int j = valid; j < n; j++) p[j] = 0.0f;
+        return rescale;
     }
-    fast_exp_shifted(p, p, mx, valid);
-    float sum = 0.0f;
-    for (int j = 0; j < valid; j++) sum += p[j];
-    const float inv = 1.0f / sum;
-    for (int j = 0; j < valid; j++) p[j] = bf16 ? round_bf16(p[j] * inv) : p[j] * inv;
-    for (int j = valid; j < keys; j++) p[j] = 0.0f;
-    return mx + std::log(sum);
-}
+    // The row's sum, as the lanes add it (a quad shuffle: (l0 + l1) + (l2 + l3)).
+    float total() const { return (lane_sum[0] + lane_sum[1]) + (lane_sum[2] + lane_sum[3]); }
+};
 
 // One unit of work over a packed batch: sequence rows [begin, end), head (forward: query head,
 // backward: kv head), and for the forward a block of queries [q0, q1).
@@ -76,30 +90,60 @@ inline void attention_forward_packed(float* out, float* lse, const float* q, con
         const long b = seq_offsets[i], e = seq_offsets[i + 1];
         longest = e - b > longest ? e - b : longest;
         for (int h = 0; h < s.H; h++)
-            for (long q0 = b; q0 < e; q0 += kQueryBlock) tasks.push_back({b, e, q0, std::min(e, q0 + kQueryBlock), h});
+            for (long q0 = b; q0 < e; q0 += kFlashTile) tasks.push_back({b, e, q0, std::min(e, q0 + kFlashTile), h});
     }
 #pragma omp parallel
     {
-        std::vector<float> p((size_t)kQueryBlock * longest);  // [queries, keys] scores, then probabilities
+        std::vector<float> scores((size_t)kFlashTile * longest), p((size_t)kFlashTile * kFlashTile);  // [queries, keys]
+        FlashRow rows[kFlashTile];
+        float rescale[kFlashTile];
 #pragma omp for schedule(dynamic, 1)
         for (size_t ti = 0; ti < tasks.size(); ti++) {
             const AttentionTask& t = tasks[ti];
             const int nq = (int)(t.q1 - t.q0), keys = (int)(t.q1 - t.begin), kvh = t.head / group;
             const float* kb = k + t.begin * s.ldk() + kvh * s.D;
             const float* vb = v + t.begin * s.ldk() + kvh * s.D;
-            gemm_nt(nq, keys, s.D, q + t.q0 * s.ldq() + t.head * s.D, (int)s.ldq(), kb, (int)s.ldk(), p.data(), keys,
-                    false);
+            float* o = out + t.q0 * s.ldq() + t.head * s.D;  // [nq] rows of ldq
+            gemm_nt(nq, keys, s.D, q + t.q0 * s.ldq() + t.head * s.D, (int)s.ldq(), kb, (int)s.ldk(), scores.data(),
+                    keys, false);
             for (int i = 0; i < nq; i++) {
-                const long row = t.q0 + i;
-                lse[row * s.H + t.head] = softmax_row(p.data() + (long)i * keys, (int)(row - t.begin) + 1, keys, scale, bf16);
+                rows[i] = FlashRow();
+                const int valid = (int)(t.q0 + i - t.begin) + 1;
+                for (int j = 0; j < valid; j++) scores[(size_t)i * keys + j] *= scale;
+                for (int d = 0; d < s.D; d++) o[i * s.ldq() + d] = 0.0f;
             }
-            float* o = out + t.q0 * s.ldq() + t.head * s.D;
-            gemm_nn(nq, s.D, keys, p.data(), keys, vb, (int)s.ldk(), o, (int)s.ldq(), false);
-            if (bf16)
-                for (int i = 0; i < nq; i++)
-                    for (int d = 0; d < s.D; d++) o[(long)i * s.ldq() + d] = round_bf16(o[(long)i * s.ldq() + d]);
+            for (int k0 = 0; k0 < keys; k0 += kFlashTile) {
+                const int n = std::min(kFlashTile, keys - k0);
+                for (int i = 0; i < nq; i++) {
+                    const int valid = std::min(n, (int)(t.q0 + i - t.begin) + 1 - k0);  // >= 1: k0 <= the block's first query
+                    rescale[i] = rows[i].add_tile(p.data() + (size_t)i * n, scores.data() + (size_t)i * keys + k0, valid,
+                                                  n, bf16);
+                    for (int d = 0; d < s.D; d++) o[i * s.ldq() + d] *= rescale[i];
+                }
+                gemm_nn(nq, s.D, n, p.data(), n, vb + (long)k0 * s.ldk(), (int)s.ldk(), o, (int)s.ldq(), true);
+            }
+            for (int i = 0; i < nq; i++) {
+                const float total = rows[i].total(), inv = 1.0f / total;
+                lse[(t.q0 + i) * s.H + t.head] = rows[i].max + std::log(total);
+                for (int d = 0; d < s.D; d++) {
+                    float& x = o[i * s.ldq() + d];
+                    x = bf16 ? round_bf16(x * inv) : x * inv;
+                }
+            }
         }
     }
+}
+
+// Which GPU kernel a cached attention call stands for: a prefill (the training kernel over the K, V
+// the cache holds, rounded to BF16 as the GPU prefill reads them) or a decode step (flash-decoding
+// over the cache's FP32 values).
+enum class CachedRows { Prefill, Decode };
+
+// Floats of scratch per thread that attention_forward_cached needs for rows of at most max_keys keys.
+inline long cached_attention_scratch_floats(AttentionShape s, long max_keys) {
+    const long prefill = (long)s.H * max_keys + 2L * s.ldk();  // the row's weights [H][keys], a K and a V row
+    const long decode = (long)kDecodeMaxSplits * s.H * (s.D + 1) + (long)s.H * (kDecodeTile + 2);
+    return std::max(prefill, decode);
 }
 
 constexpr int kPrefetchRows = 4;  // cache rows ahead of the one being read
@@ -109,45 +153,140 @@ inline void prefetch_row(const float* p, long n) {
     for (long i = 0; i < n; i += 16) __builtin_prefetch(p + i, 0, 3);
 }
 
-// Forward reading a KV cache: query row t sees `key_count[t]` keys starting at row `key_start[t]`
-// of K and V (rows of KV*D). One task per query row walks each key row once for all heads, so
-// the cache streams through in contiguous rows (decode is bound by reading it).
-// out [T, H, D]; lse [T, H]; q [T, H, D]; scratch [threads, H * max key_count].
-inline void attention_forward_cached(float* out, float* lse, const float* q, const float* K, const float* V,
-                                     const int64_t* key_start, const int32_t* key_count, long T, AttentionShape s,
-                                     float* scratch, long scratch_stride, bool bf16) {
+// The sum of v[0..32) as a warp's xor-butterfly reduction adds it (cuda/block_reduce.cuh); v is
+// clobbered.
+inline float warp_sum(float v[kDecodeTile]) {
+    for (int offset = kDecodeTile / 2; offset > 0; offset /= 2)
+        for (int l = 0; l < offset; l++) v[l] += v[l + offset];  // lanes l and l + offset agree
+    return v[0];
+}
+
+// One prefill row of attention_forward_cached: the training kernel's tiles over keys kb, vb [n][ldk].
+inline void cached_prefill_row(float* o, float* lse, const float* qt, const float* kb, const float* vb, int n,
+                               AttentionShape s, float* scratch, FlashRow* rows, bool bf16) {
     const float scale = 1.0f / std::sqrt((float)s.D);
     const int group = s.H / s.KV;
-    const long per_head = scratch_stride / s.H;  // [H, per_head] scores of one row
-#pragma omp parallel
-    {
-        float* p = scratch + (long)omp_get_thread_num() * scratch_stride;
-#pragma omp for schedule(dynamic, 1)
-        for (long t = 0; t < T; t++) {
-            const int n = key_count[t];
-            const float* qt = q + t * s.ldq();
-            const float* kb = K + key_start[t] * s.ldk();
-            const float* vb = V + key_start[t] * s.ldk();
-            for (int j = 0; j < n; j++) {
-                if (j + kPrefetchRows < n) prefetch_row(kb + (j + kPrefetchRows) * s.ldk(), s.ldk());
-                for (int h = 0; h < s.H; h++)
-                    p[h * per_head + j] = dot_product(qt + h * s.D, kb + j * s.ldk() + (h / group) * s.D, s.D);
-            }
-            for (int h = 0; h < s.H; h++) lse[t * s.H + h] = softmax_row(p + h * per_head, n, n, scale, bf16);
-            float* o = out + t * s.ldq();
-            for (int d = 0; d < s.H * s.D; d++) o[d] = 0.0f;
-            for (int j = 0; j < n; j++) {
-                if (j + kPrefetchRows < n) prefetch_row(vb + (j + kPrefetchRows) * s.ldk(), s.ldk());
-                for (int h = 0; h < s.H; h++) {
-                    const float pj = p[h * per_head + j];
-                    const float* vj = vb + j * s.ldk() + (h / group) * s.D;
-                    float* oh = o + h * s.D;
+    float *w = scratch, *k_row = w + (long)s.H * n, *v_row = k_row + s.ldk();  // w [H][n]
+    for (int j = 0; j < n; j++) {
+        if (j + kPrefetchRows < n) prefetch_row(kb + (j + kPrefetchRows) * s.ldk(), s.ldk());
+        for (long c = 0; c < s.ldk(); c++) k_row[c] = bf16 ? round_bf16(kb[j * s.ldk() + c]) : kb[j * s.ldk() + c];
+        for (int h = 0; h < s.H; h++) w[(long)h * n + j] = dot_in_order(qt + h * s.D, k_row + (h / group) * s.D, s.D) * scale;
+    }
+    for (int h = 0; h < s.H; h++) rows[h] = FlashRow();
+    for (int d = 0; d < s.H * s.D; d++) o[d] = 0.0f;
+    for (int k0 = 0; k0 < n; k0 += kFlashTile) {
+        const int tile = std::min(kFlashTile, n - k0);
+        for (int h = 0; h < s.H; h++) {
+            float* wh = w + (long)h * n + k0;
+            const float rescale = rows[h].add_tile(wh, wh, tile, tile, bf16);
+            for (int d = 0; d < s.D; d++) o[h * s.D + d] *= rescale;
+        }
+        for (int j = k0; j < k0 + tile; j++) {
+            for (long c = 0; c < s.ldk(); c++) v_row[c] = bf16 ? round_bf16(vb[j * s.ldk() + c]) : vb[j * s.ldk() + c];
+            for (int h = 0; h < s.H; h++) {
+                const float wj = w[(long)h * n + j];
+                const float* vj = v_row + (h / group) * s.D;
+                float* oh = o + h * s.D;
 #pragma omp simd
-                    for (int d = 0; d < s.D; d++) oh[d] += pj * vj[d];
+                for (int d = 0; d < s.D; d++) oh[d] += wj * vj[d];
+            }
+        }
+    }
+    for (int h = 0; h < s.H; h++) {
+        const float total = rows[h].total(), inv = 1.0f / total;
+        lse[h] = rows[h].max + std::log(total);
+        for (int d = 0; d < s.D; d++) o[h * s.D + d] = bf16 ? round_bf16(o[h * s.D + d] * inv) : o[h * s.D + d] * inv;
+    }
+}
+
+// One decode row of attention_forward_cached: the decode kernels' chunks over keys kb, vb [n][ldk]
+// (kv_decode_split_kernel, then kv_decode_merge_kernel).
+inline void cached_decode_row(float* o, float* lse, const float* qt, const float* kb, const float* vb, int n,
+                              AttentionShape s, float* scratch, bool bf16) {
+    const float scale = 1.0f / std::sqrt((float)s.D);
+    const int group = s.H / s.KV, splits = decode_row_splits(n);
+    const long chunk_keys = decode_split_keys(n, splits);
+    float* part_o = scratch;                                         // [splits][H][D]
+    float* part_lse = part_o + (long)kDecodeMaxSplits * s.H * s.D;   // [splits][H]
+    float* p = part_lse + (long)kDecodeMaxSplits * s.H;              // [H][kDecodeTile]
+    float *max = p + (long)s.H * kDecodeTile, *sum = max + s.H;      // [H] each
+    for (int c = 0; c < splits; c++) {
+        const long begin = std::min<long>(n, c * chunk_keys), end = std::min<long>(n, begin + chunk_keys);
+        float *po = part_o + (long)c * s.H * s.D, *pl = part_lse + (long)c * s.H;
+        for (int e = 0; e < s.H * s.D; e++) po[e] = 0.0f;
+        for (int h = 0; h < s.H; h++) max[h] = -INFINITY, sum[h] = 0.0f;
+        for (long k0 = begin; k0 < end; k0 += kDecodeTile) {
+            const int keys = (int)std::min<long>(kDecodeTile, end - k0);
+            for (int j = 0; j < keys; j++) {
+                const float* kj = kb + (k0 + j) * s.ldk();
+                if (k0 + j + kPrefetchRows < end) prefetch_row(kj + kPrefetchRows * s.ldk(), s.ldk());
+                for (int h = 0; h < s.H; h++)
+                    p[h * kDecodeTile + j] = dot_in_order(qt + h * s.D, kj + (h / group) * s.D, s.D) * scale;
+            }
+            for (int h = 0; h < s.H; h++) {
+                float* ph = p + h * kDecodeTile;
+                float new_max = max[h];
+                for (int j = 0; j < keys; j++) new_max = ph[j] > new_max ? ph[j] : new_max;
+                const float rescale = fast_exp(max[h] - new_max);  // exp(-inf) = 0 on the first tile
+                float lanes[kDecodeTile];
+                for (int j = 0; j < kDecodeTile; j++) lanes[j] = ph[j] = j < keys ? fast_exp(ph[j] - new_max) : 0.0f;
+                max[h] = new_max;
+                sum[h] = sum[h] * rescale + warp_sum(lanes);
+                for (int d = 0; d < s.D; d++) po[h * s.D + d] *= rescale;
+            }
+            for (int j = 0; j < keys; j++) {
+                const float* vj = vb + (k0 + j) * s.ldk();
+                for (int h = 0; h < s.H; h++) {
+                    const float pj = p[h * kDecodeTile + j];
+                    const float* vh = vj + (h / group) * s.D;
+                    float* oh = po + h * s.D;
+#pragma omp simd
+                    for (int d = 0; d < s.D; d++) oh[d] += pj * vh[d];
                 }
             }
-            if (bf16)
-                for (int d = 0; d < s.H * s.D; d++) o[d] = round_bf16(o[d]);
+        }
+        for (int h = 0; h < s.H; h++) {
+            pl[h] = begin < end ? max[h] + std::log(sum[h]) : -INFINITY;  // an empty chunk weighs 0
+            if (begin < end)
+                for (int d = 0; d < s.D; d++) po[h * s.D + d] /= sum[h];
+        }
+    }
+    for (int h = 0; h < s.H; h++) {  // the merge, chunks in order
+        float lse_max = -INFINITY;
+        for (int c = 0; c < splits; c++) lse_max = std::max(lse_max, part_lse[c * s.H + h]);
+        float weight_sum = 0.0f;
+        for (int c = 0; c < splits; c++) weight_sum += fast_exp(part_lse[c * s.H + h] - lse_max);
+        for (int d = 0; d < s.D; d++) {
+            float acc = 0.0f;
+            for (int c = 0; c < splits; c++)
+                acc += fast_exp(part_lse[c * s.H + h] - lse_max) * part_o[((long)c * s.H + h) * s.D + d];
+            o[h * s.D + d] = bf16 ? round_bf16(acc / weight_sum) : acc / weight_sum;
+        }
+        lse[h] = lse_max + std::log(weight_sum);
+    }
+}
+
+// Forward reading a KV cache: query row t sees `key_count[t]` keys starting at row `key_start[t]`
+// of K and V (rows of KV*D), as a prefill or as a decode step computes it (`rows`). One task per
+// query row walks the key rows once for all heads, so the cache streams through in contiguous rows
+// (decode is bound by reading it). out [T, H, D]; lse [T, H]; q [T, H, D]; scratch [threads,
+// scratch_stride >= cached_attention_scratch_floats(s, max key_count)].
+inline void attention_forward_cached(float* out, float* lse, const float* q, const float* K, const float* V,
+                                     const int64_t* key_start, const int32_t* key_count, long T, AttentionShape s,
+                                     float* scratch, long scratch_stride, bool bf16, CachedRows rows) {
+#pragma omp parallel
+    {
+        float* thread_scratch = scratch + (long)omp_get_thread_num() * scratch_stride;
+        std::vector<FlashRow> flash(rows == CachedRows::Prefill ? s.H : 0);  // a prefill row's state per head
+#pragma omp for schedule(dynamic, 1)
+        for (long t = 0; t < T; t++) {
+            const float *kb = K + key_start[t] * s.ldk(), *vb = V + key_start[t] * s.ldk();
+            if (rows == CachedRows::Prefill)
+                cached_prefill_row(out + t * s.ldq(), lse + t * s.H, q + t * s.ldq(), kb, vb, key_count[t], s,
+                                   thread_scratch, flash.data(), bf16);
+            else
+                cached_decode_row(out + t * s.ldq(), lse + t * s.H, q + t * s.ldq(), kb, vb, key_count[t], s,
+                                  thread_scratch, bf16);
         }
     }
 }
@@ -157,17 +296,19 @@ inline void attention_forward_cached(float* out, float* lse, const float* q, con
 // order, so every gradient row has one writer and a fixed summation order:
 //   P = exp(Q K^T * scale - lse), dP = dO V^T, dS = P * (dP - delta) * scale,
 //   dQ = dS K, dK += dS^T Q, dV += P^T dO;  delta [T, H] = rowsum(dO * O).
+// bf16: P and dS are rounded to BF16 once dS is formed, as the kernels round them to meet dO, K and Q
+// on the tensor cores (the caller rounds dq, dk, dv, which the kernels store in BF16).
 inline void attention_backward_packed(float* dq, float* dk, float* dv, float* delta, const float* dout,
                                       const float* out, const float* lse, const float* q, const float* k,
                                       const float* v, const std::vector<int64_t>& seq_offsets, long T,
-                                      AttentionShape s) {
+                                      AttentionShape s, bool bf16) {
     const float scale = 1.0f / std::sqrt((float)s.D);
     const int group = s.H / s.KV;
 #pragma omp parallel for schedule(static)
     for (long th = 0; th < T * s.H; th++) {
         const long t = th / s.H;
         const int h = (int)(th % s.H);
-        delta[th] = dot_product(dout + t * s.ldq() + h * s.D, out + t * s.ldq() + h * s.D, s.D);
+        delta[th] = dot_in_order(dout + t * s.ldq() + h * s.D, out + t * s.ldq() + h * s.D, s.D);  // attention_delta_kernel's order
     }
     std::vector<AttentionTask> tasks;
     long longest = 0;
@@ -178,7 +319,7 @@ inline void attention_backward_packed(float* dq, float* dk, float* dv, float* de
     }
 #pragma omp parallel
     {
-        std::vector<float> p((size_t)kQueryBlock * longest), ds((size_t)kQueryBlock * longest);  // [queries, keys]
+        std::vector<float> p((size_t)kFlashTile * longest), ds((size_t)kFlashTile * longest);  // [queries, keys]
 #pragma omp for schedule(dynamic, 1)
         for (size_t ti = 0; ti < tasks.size(); ti++) {
             const AttentionTask& t = tasks[ti];
@@ -190,8 +331,8 @@ inline void attention_backward_packed(float* dq, float* dk, float* dv, float* de
             for (int j = 0; j < n; j++)
                 for (int d = 0; d < s.D; d++) dkb[(long)j * s.ldk() + d] = dvb[(long)j * s.ldk() + d] = 0.0f;
             for (int h = kvh * group; h < (kvh + 1) * group; h++)
-                for (long q0 = t.begin; q0 < t.end; q0 += kQueryBlock) {
-                    const int nq = (int)std::min<long>(kQueryBlock, t.end - q0), keys = (int)(q0 + nq - t.begin);
+                for (long q0 = t.begin; q0 < t.end; q0 += kFlashTile) {
+                    const int nq = (int)std::min<long>(kFlashTile, t.end - q0), keys = (int)(q0 + nq - t.begin);
                     const float* qb = q + q0 * s.ldq() + h * s.D;
                     const float* dob = dout + q0 * s.ldq() + h * s.D;
                     gemm_nt(nq, keys, s.D, qb, (int)s.ldq(), kb, (int)s.ldk(), p.data(), keys, false);
@@ -204,6 +345,8 @@ inline void attention_backward_packed(float* dq, float* dk, float* dv, float* de
                         fast_exp_shifted(pr, pr, lse[row * s.H + h], valid);
                         const float dl = delta[row * s.H + h];
                         for (int j = 0; j < valid; j++) dsr[j] = pr[j] * (dsr[j] - dl) * scale;
+                        if (bf16)
+                            for (int j = 0; j < valid; j++) pr[j] = round_bf16(pr[j]), dsr[j] = round_bf16(dsr[j]);
                         for (int j = valid; j < keys; j++) pr[j] = dsr[j] = 0.0f;
                     }
                     gemm_nn(nq, s.D, keys, ds.data(), keys, kb, (int)s.ldk(), dq + q0 * s.ldq() + h * s.D, (int)s.ldq(),

@@ -509,4 +509,29 @@ inline void gemm_tn(int M, int N, int K, const float* A, int lda, const float* B
     gemm_detail::gemm(M, N, K, {A, 1, lda}, {B, ldb, 1}, C, ldc, accumulate);
 }
 
+// C[M,N] += A . B with the product summed from 0 and then added to C, as cuBLASLt computes beta = 1
+// (its epilogue adds C to the finished product), where accumulate = true continues C's chain (as a
+// tensor-core mma does: cpu/attention.h relies on that). The product goes through a per-thread
+// buffer of M x N floats.
+inline void add_product(int M, int N, float* C, int ldc, const std::vector<float>& product) {
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) C[(long)i * ldc + j] += product[(size_t)i * N + j];
+}
+inline std::vector<float>& product_buffer(int M, int N) {
+    static thread_local std::vector<float> buffer;
+    if (buffer.size() < (size_t)M * N) buffer.resize((size_t)M * N);
+    return buffer;
+}
+inline void gemm_nn_then_add(int M, int N, int K, const float* A, int lda, const float* B, int ldb, float* C, int ldc) {
+    std::vector<float>& product = product_buffer(M, N);
+    gemm_nn(M, N, K, A, lda, B, ldb, product.data(), N, false);
+    add_product(M, N, C, ldc, product);
+}
+inline void gemm_tn_then_add(int M, int N, int K, const float* A, int lda, const float* B, int ldb, float* C, int ldc) {
+    std::vector<float>& product = product_buffer(M, N);
+    gemm_tn(M, N, K, A, lda, B, ldb, product.data(), N, false);
+    add_product(M, N, C, ldc, product);
+}
+
 }  // namespace fp8rl

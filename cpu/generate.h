@@ -66,7 +66,9 @@ public:
         rows_.clear();
         for (long s = 0; s < S; s++)
             for (size_t i = 0; i < prompts[s].size(); i++) rows_.push_back({s, (int32_t)i, prompts[s][i]});
+        acts_.cached_rows = CachedRows::Prefill;  // attention as the GPU prefill computes it, then as its decode steps
         run_rows(m, p, max_len);
+        acts_.cached_rows = CachedRows::Decode;
         std::vector<long> active, last_row, next;
         next.reserve(S);
         for (long s = 0, r = 0; s < S; s++) {

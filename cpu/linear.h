@@ -46,17 +46,18 @@ inline void linear_backward(float* dx, bool accumulate_dx, float* dW, float* db,
     if (p == Precision::FP8) {
         fp8_linear_dgrad(dy, (int)T, *W.fp8, dx, accumulate_dx);
         fp8_linear_wgrad(dy, x, (int)T, W.N, W.K, W.fp8->pow2_scales, dW, true);
-    } else {
-        gemm_nn((int)T, W.K, W.N, dy, W.N, W.w, W.K, dx, W.K, accumulate_dx);
-        gemm_tn(W.N, W.K, (int)T, dy, W.N, x, W.K, dW, W.K, true);
+    } else {  // accumulating as cuBLASLt's beta = 1 does: the product, then the add
+        if (accumulate_dx)
+            gemm_nn_then_add((int)T, W.K, W.N, dy, W.N, W.w, W.K, dx, W.K);
+        else
+            gemm_nn((int)T, W.K, W.N, dy, W.N, W.w, W.K, dx, W.K, false);
+        gemm_tn_then_add(W.N, W.K, (int)T, dy, W.N, x, W.K, dW, W.K);
     }
-    if (db) {
+    if (db) {  // in the GPU's column-sum order (rl/numerics/reduction_order.h)
+        constexpr int kCols = 32;
 #pragma omp parallel for schedule(static)
-        for (int n = 0; n < W.N; n++) {
-            float s = 0.0f;
-            for (long t = 0; t < T; t++) s += dy[t * W.N + n];
-            db[n] += s;
-        }
+        for (int c0 = 0; c0 < W.N; c0 += kCols)
+            column_sum_add_range(db, T, c0, std::min(W.N, c0 + kCols), [&](long t, int n) { return dy[t * W.N + n]; });
     }
 }
 

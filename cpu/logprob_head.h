@@ -8,7 +8,8 @@
 //   lse = log sum_j exp(z_j),  logprob = z_y - lse,  entropy = lse - mu,  mu = sum_j p_j z_j.
 // The sums run online over the chunks in vocabulary order (rescaled on a new running max), so
 // a row's result depends neither on the number of rows nor on the thread count.
-// Backward, with a = dL/dlogprob, b = dL/dentropy:  dL/dz_j = a (1[j=y] - p_j) - b p_j (z_j - mu).
+// Backward, with a = dL/dlogprob, b = dL/dentropy:  dL/dz_j = a (1[j=y] - p_j) - b p_j (z_j - mu),
+// rounded to BF16 with BF16 activations (HeadShape::bf16) as it meets W and x in the GPU's GEMMs.
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -16,6 +17,7 @@
 
 #include <omp.h>
 
+#include "rl/numerics/bf16.h"
 #include "rl/numerics/fast_exp.h"
 #include "cpu/gemm.h"
 
@@ -29,6 +31,7 @@ struct HeadShape {
     int V, C;
     float temperature;
     const float* packed = nullptr;  // W packed for gemm_nt_packed when the caller keeps it, else nullptr
+    bool bf16 = false;  // BF16 activations: the backward rounds dL/dlogits to BF16, the GPU's GEMM operand
 };
 
 inline long head_rows_per_block() { return kHeadBufferFloats / kVocabChunk; }
@@ -154,9 +157,12 @@ inline void head_backward(float* dx, float* dW, const float* dlogprob, const flo
                 for (int j = 0; j < n; j++) g[j] = (-a * p[j] - b * p[j] * (z[j] - m)) * inv_t;
                 int y = target[r] - v0;
                 if (y >= 0 && y < n) g[y] += a * inv_t;
+                if (s.bf16)
+                    for (int j = 0; j < n; j++) g[j] = round_bf16(g[j]);
             }
-            gemm_nn((int)nr, s.C, n, buffer, n, W + (long)v0 * s.C, s.C, dx + r0 * s.C, s.C, true);
-            gemm_tn(n, s.C, (int)nr, buffer, n, x + r0 * s.C, s.C, dW + (long)v0 * s.C, s.C, true);
+            // each chunk's product added to dx and dW, as the GPU's GEMMs with beta = 1
+            gemm_nn_then_add((int)nr, s.C, n, buffer, n, W + (long)v0 * s.C, s.C, dx + r0 * s.C, s.C);
+            gemm_tn_then_add(n, s.C, (int)nr, buffer, n, x + r0 * s.C, s.C, dW + (long)v0 * s.C, s.C);
         }
     }
 }

@@ -242,6 +242,7 @@ struct ForwardActs {
     HeadScratch head;
     std::vector<float> attn_scratch;
     long attn_scratch_stride = 0;
+    CachedRows cached_rows = CachedRows::Prefill;  // with a KV cache: a prefill's rows or a decode step's
 
     // Lays out storage for T tokens (and the backward buffers when `backward`); grows it if needed.
     void reserve(const CpuModel& m, long tokens, bool keep_all, bool backward) {
@@ -258,10 +259,10 @@ struct ForwardActs {
     float* resid(const CpuModel& m, int l) { return keep_all_layers ? (l < m.L ? layers[l].x : hf) : layers[0].x; }
     LayerActs& layer(int l) { return layers[keep_all_layers ? l : 0]; }
 
-    // Per-thread attention scores: max_keys floats (all heads of one row over a KV cache).
-    void reserve_attention(long max_keys) {
-        attn_scratch_stride = max_keys;
-        size_t n = (size_t)omp_get_max_threads() * max_keys;
+    // Per-thread scratch of attention over a KV cache: `floats` (cached_attention_scratch_floats).
+    void reserve_attention(long floats) {
+        attn_scratch_stride = floats;
+        size_t n = (size_t)omp_get_max_threads() * floats;
         if (attn_scratch.size() < n) attn_scratch.resize(n);
     }
 
@@ -352,7 +353,7 @@ inline void layer_forward(const CpuModel& m, const ModelParams& p, ForwardActs& 
         cache->store(l, T, acts.cache_row.data(), A.k, A.v);
         attention_forward_cached(A.att, A.lse, A.q, cache->keys(l), cache->values(l), acts.key_start.data(),
                                  acts.key_count.data(), T, {m.H, m.KV, m.D}, acts.attn_scratch.data(),
-                                 acts.attn_scratch_stride, bf16);
+                                 acts.attn_scratch_stride, bf16, acts.cached_rows);
     } else {
         attention_forward_packed(A.att, A.lse, A.q, A.k, A.v, acts.seq_offsets, {m.H, m.KV, m.D}, bf16);
     }
@@ -395,7 +396,7 @@ inline void forward_trunk(const CpuModel& m, const ModelParams& p, ForwardActs& 
     }
     if (acts.rope.inv_freq != m.inv_freq) acts.rope = RopeTable{m.D / 2, m.inv_freq, {}, {}, 0};
     acts.rope.ensure(max_pos);
-    acts.reserve_attention(max_keys * m.H);
+    if (cache) acts.reserve_attention(cached_attention_scratch_floats({m.H, m.KV, m.D}, max_keys));
     embedding_forward(acts.resid(m, 0), p.at(m.embed), acts.ids.data(), acts.T, m.C);
     for (int l = 0; l < m.L; l++) layer_forward(m, p, acts, l, cache);
     rmsnorm_forward(acts.xf, acts.rstdf, acts.resid(m, m.L), p.at(m.final_norm), acts.T, m.C, m.eps,
@@ -448,12 +449,14 @@ inline void layer_backward(const CpuModel& m, const ModelParams& p, ForwardActs&
     linear_backward(g.datt, false, gr(w.wo), nullptr, g.dh, A.att, T, p.linear(m, l, kO), pr);
     round_bf16_if(bf16, g.datt, T * Q);
     attention_backward_packed(g.dq, g.dk, g.dv, g.delta, g.datt, A.att, A.lse, A.q, A.k, A.v, acts.seq_offsets, T,
-                              {m.H, m.KV, m.D});
+                              {m.H, m.KV, m.D}, bf16);
+    round_bf16_if(bf16, g.dq, T * Q);  // attention's outputs are BF16 tensors, RoPE's backward reads them
+    round_bf16_if(bf16, g.dk, T * K);
+    round_bf16_if(bf16, g.dv, T * K);
     rope_backward(g.dq, acts.pos.data(), acts.rope, T, m.H, bf16);
     rope_backward(g.dk, acts.pos.data(), acts.rope, T, m.KV, bf16);
     round_bf16_if(bf16, g.dq, T * Q);
     round_bf16_if(bf16, g.dk, T * K);
-    round_bf16_if(bf16, g.dv, T * K);
     float *dq = g.dq, *dk = g.dk;
     if (m.qk_norm) {
         rmsnorm_backward(g.dqp, gr(w.q_norm), g.dq, A.qp, p.at(w.q_norm), A.rstd_q, T * m.H, m.D, false);
@@ -486,8 +489,8 @@ inline void model_backward(const CpuModel& m, const ModelParams& p, ForwardActs&
     const bool bf16 = stores_bf16(p.precision);
     std::fill(g.dxn, g.dxn + T * m.C, 0.0f);
     head_backward(g.dxn, grad + m.lm_head, g.dlogprob_row, g.dentropy_row, acts.head_lse, acts.head_mu, acts.xf,
-                  p.at(m.lm_head), acts.target.data(), T, {m.V, m.C, acts.temperature, p.packed_at(m.lm_head)},
-                  acts.head);
+                  p.at(m.lm_head), acts.target.data(), T,
+                  {m.V, m.C, acts.temperature, p.packed_at(m.lm_head), stores_bf16(p.precision)}, acts.head);
     round_bf16_if(bf16, g.dxn, T * m.C);
     rmsnorm_backward(g.dh, grad + m.final_norm, g.dxn, acts.hf, p.at(m.final_norm), acts.rstdf, T, m.C, false);
     round_bf16_if(bf16, g.dh, T * m.C);

@@ -3,6 +3,7 @@
 // in a fixed order, so results are bitwise identical for any OpenMP thread count. `bf16` marks the
 // GPU's BF16 storage points (DESIGN.md §3): the kernel rounds what the GPU would store as BF16.
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -11,6 +12,7 @@
 
 #include "rl/numerics/bf16.h"
 #include "rl/numerics/fast_exp.h"
+#include "rl/numerics/reduction_order.h"
 
 namespace fp8rl {
 
@@ -69,7 +71,8 @@ inline void embedding_backward(float* dE, const float* dx, const int32_t* ids, l
 // ---------------------------------------------------------------------------------------------
 // RMSNorm over rows of n values: y = w * (x * rstd), rstd = 1/sqrt(mean(x^2) + eps). Also the
 // per-head q/k norm of Qwen3 (rows = tokens x heads, n = head_dim). With bf16, as HF does, x*rstd
-// is rounded to BF16 before the weight multiply, and the product is rounded again.
+// is rounded to BF16 before the weight multiply, and the product is rounded again. A row's sums and
+// the weight gradient's column sums add in the GPU kernels' order (rl/numerics/reduction_order.h).
 
 inline void rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, long rows, int n, float eps,
                             bool bf16) {  // y, x [rows, n]; rstd [rows]
@@ -77,9 +80,7 @@ inline void rmsnorm_forward(float* y, float* rstd, const float* x, const float* 
     for (long r = 0; r < rows; r++) {
         const float* xr = x + r * n;
         float* yr = y + r * n;
-        float ss = 0.0f;
-#pragma omp simd reduction(+ : ss)
-        for (int i = 0; i < n; i++) ss += xr[i] * xr[i];
+        const float ss = block_sum(n, norm_threads(n), [&](int i) { return xr[i] * xr[i]; });
         float s = 1.0f / std::sqrt(ss / (float)n + eps);
         rstd[r] = s;
         for (int i = 0; i < n; i++) {
@@ -96,9 +97,7 @@ inline void rmsnorm_backward(float* dx, float* dw, const float* dy, const float*
     for (long r = 0; r < rows; r++) {
         const float *xr = x + r * n, *dyr = dy + r * n;
         float* dxr = dx + r * n;
-        float s = rstd[r], dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-        for (int i = 0; i < n; i++) dot += w[i] * dyr[i] * xr[i];
+        const float s = rstd[r], dot = block_sum(n, norm_threads(n), [&](int i) { return w[i] * dyr[i] * xr[i]; });
         float c = dot * s * s * s / (float)n;
         for (int i = 0; i < n; i++) {
             float g = s * w[i] * dyr[i] - xr[i] * c;
@@ -107,13 +106,9 @@ inline void rmsnorm_backward(float* dx, float* dw, const float* dy, const float*
     }
     constexpr int kCols = 32;
 #pragma omp parallel for schedule(static)
-    for (int c0 = 0; c0 < n; c0 += kCols) {
-        int c1 = c0 + kCols < n ? c0 + kCols : n;
-        float acc[kCols] = {};
-        for (long r = 0; r < rows; r++)
-            for (int c = c0; c < c1; c++) acc[c - c0] += dy[r * n + c] * x[r * n + c] * rstd[r];
-        for (int c = c0; c < c1; c++) dw[c] += acc[c - c0];
-    }
+    for (int c0 = 0; c0 < n; c0 += kCols)
+        column_sum_add_range(dw, rows, c0, std::min(n, c0 + kCols),
+                             [&](long r, int c) { return dy[r * n + c] * x[r * n + c] * rstd[r]; });
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -19,6 +19,9 @@
 // FA2 folds dQ into the dK/dV kernel with atomic FP32 adds; here dQ has its own kernel (two more
 // tile products) so that every output has one writer and a fixed summation order: the backward is
 // deterministic, run to run, without a [key blocks][T][H][D] buffer of partial dQ.
+// exp is rl/numerics/fast_exp.h's, the CPU engine's (FMAs on the CUDA cores, where __expf would
+// round differently on the device than in emulation), and the CPU engine rounds at this tiling
+// (rl/numerics/attention_tiles.h), so that it is this code's oracle to FP32 rounding.
 // Head dims 8 (padded to 16 in shared memory), 16, 32, 64 and 128.
 #ifndef FP8RL_CUDA_ATTENTION_CUH
 #define FP8RL_CUDA_ATTENTION_CUH
@@ -27,12 +30,15 @@
 
 #include "cuda/common.cuh"
 #include "cuda/mma.cuh"
+#include "rl/numerics/attention_tiles.h"
+#include "rl/numerics/fast_exp.h"
 
 namespace fp8rl {
 
 constexpr int kAttnWarps = 4;
 constexpr int kAttnTile = 16 * kAttnWarps;  // rows of a query or key tile: 16 per warp
 constexpr int kAttnThreads = 32 * kAttnWarps;
+static_assert(kAttnTile == kFlashTile, "the CPU engine rounds at this tiling (rl/numerics/attention_tiles.h)");
 
 // A shared tile of head dim D: `cols` is D padded to the mma's k extent of 16 (the columns past D
 // are zeros and add nothing to a product); `frags` 16x8 accumulator blocks span them. The row
@@ -173,13 +179,13 @@ __global__ void __launch_bounds__(kAttnThreads)
         float correction[2];
         for (int r = 0; r < 2; r++) {
             const float new_max = fmaxf(row_max[r], quad_max(tile_max[r]));
-            correction[r] = __expf(row_max[r] - new_max);
+            correction[r] = fast_exp(row_max[r] - new_max);
             row_max[r] = new_max;
             row_sum[r] *= correction[r];
         }
         for (int j = 0; j < 8; j++)
             for (int i = 0; i < 4; i++) {
-                s[j][i] = __expf(s[j][i] - row_max[i >> 1]);
+                s[j][i] = fast_exp(s[j][i] - row_max[i >> 1]);
                 row_sum[i >> 1] += s[j][i];
             }
         for (int n = 0; n < AttnTile<D>::frags; n++)
@@ -218,7 +224,7 @@ __device__ void probabilities_and_dscores(float s[8][4], float dp[8][4], float s
     for (int j = 0; j < 8; j++)
         for (int i = 0; i < 4; i++) {
             const int row = c_fragment_row(i), col = 8 * j + c_fragment_col(i);
-            const float p = visible(row, col) ? __expf(s[j][i] * scale - lse_of(row, col)) : 0.0f;
+            const float p = visible(row, col) ? fast_exp(s[j][i] * scale - lse_of(row, col)) : 0.0f;
             s[j][i] = p;
             dp[j][i] = p * (dp[j][i] - delta_of(row, col)) * scale;
         }

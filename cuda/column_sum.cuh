@@ -3,16 +3,15 @@
 //   stage 1  partials [chunks][n]: each chunk of kColumnSumChunkRows rows summed per column, from 0, in
 //            row order (one thread per column; a warp reads consecutive columns of a row);
 //   stage 2  out[c] += the chunks' partials added in chunk order.
-// With a single chunk (rows <= kColumnSumChunkRows) this is the CPU's order (a sum from 0 over the rows
-// in order, then added to out), so the result is bit-exact with cpu/model_layers.h's rmsnorm weight
-// gradient and cpu/linear.h's bias gradient; more chunks change only the order of the additions.
+// The CPU engine sums its rmsnorm weight gradient and bias gradient in this order
+// (rl/numerics/reduction_order.h's column_sum_add_range), so the two are bit-exact.
 #ifndef FP8RL_CUDA_COLUMN_SUM_CUH
 #define FP8RL_CUDA_COLUMN_SUM_CUH
 #include "cuda/element.cuh"
+#include "rl/numerics/reduction_order.h"  // kColumnSumChunkRows, and the order as host code for the CPU engine
 
 namespace fp8rl {
 
-inline constexpr int kColumnSumChunkRows = 256;
 inline constexpr int kColumnSumThreads = 128;
 
 // FP32 scratch the column sum of rows x n needs (the partials).

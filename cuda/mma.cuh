@@ -91,9 +91,11 @@ __device__ __forceinline__ void mma_m16n8k16(float c[4], const uint32_t a[4], co
     __syncwarp();
     for (int i = 0; i < 4; i++) {
         const int row = g + 8 * (i >> 1), col = 2 * t + (i & 1);
-        float sum = 0.0f;  // products of BF16 values are exact in FP32; the summation order is ours
-        for (int k = 0; k < 16; k++) sum += w.a[row][k] * w.b[k][col];
-        c[i] += sum;
+        // Products of BF16 values are exact in FP32; the sum is one chain from c in k order, the
+        // order of cpu/gemm.h's FMA chains, so the emulated attention kernels agree with the CPU
+        // engine bit for bit (a tensor core orders and truncates its sums its own way: the engine
+        // tests bound that on a GPU).
+        for (int k = 0; k < 16; k++) c[i] += w.a[row][k] * w.b[k][col];
     }
     __syncwarp();
 #else

@@ -5,26 +5,19 @@
 // Also Qwen3's per-head q/k norm: q [T][H][D] is T*H rows of D with one weight vector of D.
 // A BF16 output rounds as HF (and the CPU's bf16 flag): x * rstd to BF16, times w, to BF16 again.
 // One block per row; the row's sum of squares and the backward's dot product are block reductions in
-// a fixed order (cuda/block_reduce.cuh): deterministic, but not the CPU's order (the tests bound the
-// difference). The weight gradient is a deterministic column sum (cuda/column_sum.cuh), no atomics.
+// a fixed order (cuda/block_reduce.cuh), the CPU engine's (rl/numerics/reduction_order.h's block_sum).
+// The weight gradient is a deterministic column sum (cuda/column_sum.cuh), no atomics.
 #ifndef FP8RL_CUDA_RMSNORM_CUH
 #define FP8RL_CUDA_RMSNORM_CUH
 #include "cuda/block_reduce.cuh"
 #include "cuda/column_sum.cuh"
 #include "rl/numerics/bf16.h"
 #include "rl/numerics/hostdevice.h"
+#include "rl/numerics/reduction_order.h"
 
 #include <climits>
 
 namespace fp8rl {
-
-inline constexpr int kRmsnormMaxThreads = 256;
-
-// Threads per row: n rounded up to whole warps (block_reduce's condition), at most kRmsnormMaxThreads.
-inline int rmsnorm_threads(int n) {
-    const int warps = (n + 31) / 32;
-    return warps * 32 < kRmsnormMaxThreads ? warps * 32 : kRmsnormMaxThreads;
-}
 
 // One block per row. x, y [rows][n]; rstd [rows].
 template <class In, class W, class Out>
@@ -81,7 +74,7 @@ void rmsnorm_forward(Out* y, float* rstd, const In* x, const W* w, long rows, in
     check_rmsnorm_shape("rmsnorm_forward", rows, n);
     if (!(eps > 0.0f)) fail("rmsnorm_forward: eps = %g must be positive", (double)eps);
     if (rows == 0) return;
-    LAUNCH_KERNEL((rmsnorm_forward_kernel<In, W, Out>), dim3((unsigned)rows), rmsnorm_threads(n), 0, stream, y, rstd, x,
+    LAUNCH_KERNEL((rmsnorm_forward_kernel<In, W, Out>), dim3((unsigned)rows), norm_threads(n), 0, stream, y, rstd, x,
                   w, n, eps);
 }
 
@@ -96,7 +89,7 @@ void rmsnorm_backward(Dx* dx, float* dw, const In* dy, const In* x, const W* w, 
     const char* dw_who = "rmsnorm_backward (weight gradient)";
     check_column_sum(dw_who, rows, n, scratch_floats);  // before anything runs
     if (rows == 0) return;
-    LAUNCH_KERNEL((rmsnorm_backward_dx_kernel<In, W, Dx>), dim3((unsigned)rows), rmsnorm_threads(n), 0, stream, dx, dy,
+    LAUNCH_KERNEL((rmsnorm_backward_dx_kernel<In, W, Dx>), dim3((unsigned)rows), norm_threads(n), 0, stream, dx, dy,
                   x, w, rstd, n, accumulate_dx);
     column_sum_add(dw_who, dw, RmsnormWeightGradTerm<In>{dy, x, rstd, n}, rows, n, scratch,
                    scratch_floats, stream);

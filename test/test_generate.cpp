@@ -65,7 +65,11 @@ TEST(generate_greedy_matches_hf_vocab_over_100k) { check_greedy_against_hf("qwen
 
 // Every sampled token's log-prob (at the sampling temperature) equals what a full forward pass over
 // prompt + completion computes for it: fp32 with an fp32 cache, and bf16 with a bf16 cache (the
-// forward pass stores K and V in BF16 too, so the cache adds no rounding).
+// forward pass stores K and V in BF16 too, so the cache adds no rounding). The first token comes from
+// the prefill, whose attention is the training forward's: equal to FP32 rounding in both precisions.
+// A decode step's attention keeps P in FP32 where the training forward rounds it to BF16 (the GPU
+// kernels' difference, cpu/attention.h), so in bf16 the later tokens agree to that rounding: one
+// BF16 rounding (2^-9 relative) of every attention weight moves a log-prob by far less than 0.01.
 TEST(generate_decode_matches_full_forward) {
     Setup s("qwen3_gqa3_tiny");
     for (Precision pr : {Precision::FP32, Precision::BF16}) {
@@ -87,7 +91,8 @@ TEST(generate_decode_matches_full_forward) {
             CHECK_EQ((int)out[i].tokens.size(), 9);
             for (size_t j = 0; j < out[i].tokens.size(); j++) {
                 float full = lp[batch.offsets[i] + prompts[i].size() + j];
-                CHECK_NEAR(out[i].logprobs_full[j], full, 1e-5, 2e-6);
+                const bool decoded_bf16 = j > 0 && pr == Precision::BF16;
+                CHECK_NEAR(out[i].logprobs_full[j], full, decoded_bf16 ? 0.0 : 1e-5, decoded_bf16 ? 1e-2 : 2e-6);
                 CHECK_EQ(out[i].logprobs[j], out[i].logprobs_full[j]);  // no top-k/top-p: the same distribution
             }
         }

@@ -20,7 +20,8 @@
 //   spec-fp8.md §6.3-§6.5 summarizes them with the scale layouts.
 // Rounding depends on the algorithm as a library's does: algorithm 0 sums each 128-wide k block
 // in FP32 and adds the scaled block sums in FP32 in k order (shape-independent, as the CPU oracle
-// cpu/fp8_gemm_ref.h); algorithms >= 1 split k into 2-4 parts chosen from (m, n, k, index),
+// cpu/fp8_gemm_ref.h), and a BF16 GEMM's k as one FP32 chain (cpu/gemm.h's order: the accumulator
+// is never rescaled); algorithms >= 1 split k into 2-4 parts chosen from (m, n, k, index),
 // each summed so, then added last part first, so their last bits depend on the shape. Which algorithm the
 // heuristic ranks first depends on the shape too: a split-K one where the output's 128 x 128 tiles
 // do not fill the device's 132 SMs and k has several blocks, as libraries split skinny GEMMs. So a
@@ -445,18 +446,21 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
             // a split algorithm's reduction adds the parts last first (one part: algorithm 0's k order)
             for (int s0 = (L - 1) / per_split * per_split; s0 >= 0; s0 -= per_split) {
                 std::fill(part.begin(), part.end(), 0.0f);  // one split's FP32 sum of scaled 128-block sums, in k order
+                // FP8: each 128-block's sum is scaled before it joins the part; BF16 has no scales, and
+                // the tensor cores' one FP32 accumulator takes the whole part as one chain in k order
+                std::fill(block.begin(), block.end(), 0.0f);
                 for (int kb = s0; kb < std::min(L, s0 + per_split); kb++) {
-                    std::fill(block.begin(), block.end(), 0.0f);
+                    if (p.fp8) std::fill(block.begin(), block.end(), 0.0f);
                     for (int l = kb * 128; l < p.k && l < (kb + 1) * 128; l++) {
                         const float x = a[(size_t)i * p.k + l];
                         const float* y = &b[(size_t)l * p.n];
                         for (int j = 0; j < p.n; j++) block[j] += x * y[j];  // exact products; FP32 sums
                     }
-                    for (int j = 0; j < p.n; j++) {
-                        if (p.fp8) block[j] *= scale(sa, p.desc.a_mode, i, kb, p.m) * scale(sb, p.desc.b_mode, j, kb, p.n);
-                        part[j] += block[j];
-                    }
+                    if (p.fp8)
+                        for (int j = 0; j < p.n; j++)
+                            part[j] += block[j] * (scale(sa, p.desc.a_mode, i, kb, p.m) * scale(sb, p.desc.b_mode, j, kb, p.n));
                 }
+                if (!p.fp8) part = block;
                 for (int j = 0; j < p.n; j++) total[j] += part[j];
             }
             for (int j = 0; j < p.n; j++) {

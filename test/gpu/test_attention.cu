@@ -215,7 +215,8 @@ TEST(attention_backward_matches_cpu) {
         GpuResults g = run_gpu(b, true);
         std::vector<float> dq(b.q.size()), dk(b.k.size()), dv(b.v.size()), delta((size_t)s.T * s.H);
         attention_backward_packed(dq.data(), dk.data(), dv.data(), delta.data(), b.dout.data(), g.out.data(),
-                                  g.lse.data(), b.q.data(), b.k.data(), b.v.data(), b.offsets, s.T, {s.H, s.KV, s.D});
+                                  g.lse.data(), b.q.data(), b.k.data(), b.v.data(), b.offsets, s.T, {s.H, s.KV, s.D},
+                                  true);
         Magnitudes m = magnitudes(b, g.lse, g.out);
         printf("  %s, T = %ld:\n", c.name, s.T);
         const double rel = 0x1p-8 + score_error(s);

@@ -159,11 +159,12 @@ CpuDecode cpu_decode(const PagedBatch& b, int H, Precision storage, const std::v
             key_count.push_back(b.lens[r]);
             q.insert(q.end(), b.q.begin() + (size_t)r * H * D, b.q.begin() + (size_t)(r + 1) * H * D);
         }
-    const long T = (long)active.size(), stride = (long)H * std::max(b.max_len, 1);
+    const long T = (long)active.size(), stride = cached_attention_scratch_floats({H, KV, D}, std::max(b.max_len, 1));
     std::vector<float> out((size_t)T * H * D), lse((size_t)T * H), scratch((size_t)omp_get_max_threads() * stride);
     if (T > 0)
         attention_forward_cached(out.data(), lse.data(), q.data(), cache.keys(kLayer), cache.values(kLayer),
-                                 key_start.data(), key_count.data(), T, {H, KV, D}, scratch.data(), stride, bf16);
+                                 key_start.data(), key_count.data(), T, {H, KV, D}, scratch.data(), stride, bf16,
+                                 CachedRows::Decode);
     CpuDecode r{std::vector<float>((size_t)b.B * H * D, 0.0f), std::vector<float>((size_t)b.B * H, 0.0f)};
     for (long t = 0; t < T; t++) {
         std::copy(out.begin() + t * H * D, out.begin() + (t + 1) * H * D, r.out.begin() + (size_t)active[t] * H * D);
