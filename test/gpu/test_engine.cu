@@ -3,16 +3,17 @@
 // gradients of one backward, tensor by tensor; backward adds to the gradients (micro-batches);
 // --recompute layer changes no bit.
 //
-// The bound, justified: both engines store BF16 activations at the same points (embedding, norms,
-// projections, residuals, SwiGLU match bit for bit), but attention rounds differently: the CPU
-// rounds the normalized probabilities to BF16, FlashAttention-2 the unnormalized exp values of its
-// online softmax (it never forms the normalized ones), and its backward returns dq, dk, dv in BF16
-// before RoPE's. So from the first attention on, the two are two different BF16 computations of the
-// same function. The CPU engine's fp32 run rounds nowhere; the distance of its bf16 (fp8) run from it
-// is the size of one BF16 computation's rounding. The GPU must be as close: RMS of (GPU - CPU bf16)
-// and of (GPU - CPU fp32) at most twice the RMS of (CPU bf16 - CPU fp32), for log-probs and
-// entropies and for each gradient tensor's relative Frobenius distance. A wrong layout, index or
-// formula is off by orders of magnitude more.
+// The bound, justified: the CPU engine rounds where the GPU kernels round, in their order (the
+// attention kernels' key tiles, running max, rescaling and BF16 probabilities, cpu/attention.h; dq,
+// dk, dv stored in BF16 before RoPE's backward; the head's BF16 dlogits), so all that may remain
+// between the two is FP32 rounding: the order of a tensor core's sums, the device's log. The CPU
+// engine's fp32 run rounds nowhere; the distance of its bf16 (fp8) run from it is that precision's
+// error. The GPU must be within a tenth of it: RMS of (GPU - CPU) at most 0.1 x the RMS of (CPU -
+// CPU fp32), for log-probs and entropies and for each gradient tensor's relative Frobenius distance.
+// Rounding the normalised instead of the unnormalised probabilities, or one BF16 rounding more or
+// less anywhere, moves the GPU by a good fraction of the precision's own error and fails it. In
+// emulation the tensor-core products are the CPU's FMA chains and exp is the CPU's, so the two
+// engines agree bit for bit, and that is checked too.
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -26,12 +27,15 @@ using namespace fp8rl;
 
 namespace {
 
-// Ragged sequences over the vocabulary: lengths not multiples of 16, a one-token prompt, a long one
+constexpr double kOracleBound = 0.1;  // GPU vs CPU, as a fraction of the CPU's distance to fp32
+
+// Ragged sequences over the vocabulary: lengths not multiples of 16, a one-token prompt, long ones
 // (the first three only under the sanitizer, where the emulation runs ~3x slower).
 std::vector<Sequence> ragged_batch(int V, uint32_t seed) {
-    const int lengths[] = {7, 33, 2, 61, 19}, prompts[] = {3, 10, 1, 20, 19 - 4};
+    // 141 tokens: three key tiles of the attention kernels, so the running max rescales
+    const int lengths[] = {7, 33, 2, 61, 19, 141}, prompts[] = {3, 10, 1, 20, 19 - 4, 30};
     std::vector<Sequence> seqs;
-    for (int s = 0; s < (harness::sanitized ? 3 : 5); s++) {
+    for (int s = 0; s < (harness::sanitized ? 3 : 6); s++) {
         Sequence q;
         for (int i = 0; i < lengths[s]; i++) q.ids.push_back((int32_t)((hash_uniform(s * 1000 + i, seed) + 1.0f) * 0.5f * (V - 1)));
         q.prompt_len = prompts[s];
@@ -76,12 +80,16 @@ void compare_engines(const std::string& dir) {
         const double lp_gpu = rms_distance(g_lp, c_lp), lp_ref = rms_distance(c_lp, ref_lp), lp_fp32 = rms_distance(g_lp, ref_lp);
         const double ent_gpu = rms_distance(g_ent, c_ent), ent_ref = rms_distance(c_ent, ref_ent),
                      ent_fp32 = rms_distance(g_ent, ref_ent);
-        printf("    %-22s %s log-prob RMS gpu-cpu %.3g, gpu-fp32 %.3g, cpu-fp32 %.3g; entropy %.3g, %.3g, %.3g\n",
-               dir.substr(dir.rfind('/') + 1).c_str(), precision_name(p), lp_gpu, lp_fp32, lp_ref, ent_gpu, ent_fp32, ent_ref);
-        CHECK_MSG(lp_gpu <= 2 * lp_ref && lp_fp32 <= 2 * lp_ref, "%s %s log-probs: gpu-cpu %.3g, gpu-fp32 %.3g > 2 x %.3g",
-                  dir.c_str(), precision_name(p), lp_gpu, lp_fp32, lp_ref);
-        CHECK_MSG(ent_gpu <= 2 * ent_ref && ent_fp32 <= 2 * ent_ref, "%s %s entropies: gpu-cpu %.3g, gpu-fp32 %.3g > 2 x %.3g",
-                  dir.c_str(), precision_name(p), ent_gpu, ent_fp32, ent_ref);
+        printf("    %-22s %s log-prob RMS gpu-cpu %.3g, gpu-fp32 %.3g, cpu-fp32 %.3g (ratio %.3g); entropy %.3g, %.3g, "
+               "%.3g (ratio %.3g)\n",
+               dir.substr(dir.rfind('/') + 1).c_str(), precision_name(p), lp_gpu, lp_fp32, lp_ref, lp_gpu / lp_ref, ent_gpu,
+               ent_fp32, ent_ref, ent_gpu / ent_ref);
+        CHECK_MSG(lp_gpu <= kOracleBound * lp_ref, "%s %s log-probs: gpu-cpu %.3g > %g x cpu-fp32 %.3g", dir.c_str(),
+                  precision_name(p), lp_gpu, kOracleBound, lp_ref);
+        CHECK_MSG(ent_gpu <= kOracleBound * ent_ref, "%s %s entropies: gpu-cpu %.3g > %g x cpu-fp32 %.3g", dir.c_str(),
+                  precision_name(p), ent_gpu, kOracleBound, ent_ref);
+        if (emulated) CHECK_MSG(lp_gpu == 0 && ent_gpu == 0, "%s %s: log-probs or entropies differ from the CPU engine's "
+                                 "in emulation (RMS %.3g, %.3g)", dir.c_str(), precision_name(p), lp_gpu, ent_gpu);
     }
     // one backward per precision, gradients tensor by tensor
     AdamWConfig adam;
@@ -108,13 +116,13 @@ void compare_engines(const std::string& dir) {
         std::string worst_name;
         for (const TensorInfo& t : table.tensors) {
             const double gpu_cpu = relative_distance(&g_gpu[t.offset], &g_cpu[t.offset], t.numel);
-            const double gpu_ref = relative_distance(&g_gpu[t.offset], &g_ref[t.offset], t.numel);
             const double cpu_ref = relative_distance(&g_cpu[t.offset], &g_ref[t.offset], t.numel);
-            CHECK_MSG(gpu_cpu <= 2 * cpu_ref && gpu_ref <= 2 * cpu_ref,
-                      "%s %s gradient of %s: relative distance to the CPU %.3g, to fp32 %.3g, > 2 x %.3g", dir.c_str(),
-                      precision_name(p), t.name.c_str(), gpu_cpu, gpu_ref, cpu_ref);
-            const double ratio = std::max(gpu_cpu, gpu_ref) / (cpu_ref + 1e-30);
-            if (ratio > worst) worst = ratio, worst_name = t.name;
+            CHECK_MSG(gpu_cpu <= kOracleBound * cpu_ref, "%s %s gradient of %s: relative distance to the CPU %.3g > %g x "
+                      "cpu-fp32 %.3g", dir.c_str(), precision_name(p), t.name.c_str(), gpu_cpu, kOracleBound, cpu_ref);
+            if (emulated) CHECK_MSG(gpu_cpu == 0, "%s %s gradient of %s differs from the CPU engine's in emulation (%.3g)",
+                                     dir.c_str(), precision_name(p), t.name.c_str(), gpu_cpu);
+            const double ratio = gpu_cpu / (cpu_ref + 1e-30);
+            if (ratio >= worst) worst = ratio, worst_name = t.name;
         }
         printf("    %-22s %s gradients: worst tensor %s at %.3g of the cpu-vs-fp32 distance\n",
                dir.substr(dir.rfind('/') + 1).c_str(), precision_name(p), worst_name.c_str(), worst);
