@@ -22,8 +22,8 @@
 //             computed independently of the others, so the redone completion is the same.
 //   FP8 KV    scales per layer (or per layer and KV head, --kv_scales head) from a forward over the
 //             prompts with the current weights (the amax of K after norm and RoPE, and of V:
-//             spec-fp8.md §9.4, as the CPU engine does), set before the first append and reported
-//             in rollout_stats().
+//             spec-fp8.md §9.4, as the CPU engine does), the amaxes reduced over the ranks
+//             (rl/numerics/kv_scales.h), set before the first append and reported in rollout_stats().
 //   graphs    a decode step runs over its B sequences padded to a bucket (decode_bucket: powers of
 //             two, capped at the slots), with or without graphs, so --cuda_graphs changes no bit.
 //             The first step of a bucket in a rollout() call runs its launches (embedding to
@@ -421,27 +421,25 @@ inline std::vector<Generation> GpuEngine::rollout(const std::vector<GenRequest>&
 
 inline void GpuEngine::calibrate_kv_scales(const std::vector<GenRequest>& requests, Precision weights) {
     RolloutState& R = *rollout_;
-    std::vector<Sequence> prompts;  // each distinct prompt once: duplicates change no amax
+    // each distinct prompt once: duplicates change no amax, nor do the other rows of the batch (rows
+    // are computed independently), so the max over the ranks is the amax over all their prompts
+    std::vector<Sequence> prompts;
     std::set<std::vector<int32_t>> seen;
     for (const GenRequest& r : requests)
         if (seen.insert(r.prompt).second) prompts.push_back({r.prompt, (int32_t)r.prompt.size()});
     const CpuModel& m = model_;
-    R.amax.resize((size_t)2 * m.L * m.KV, "KV amax");  // [L][K, V][KV]
+    const size_t per_tensor = (size_t)m.L * m.KV;
+    R.amax.resize(2 * per_tensor, "KV amax");  // [K, V][L][KV]
     trunk_forward(prompts, weights, [&](int l) {
-        kv_amax_gpu(R.amax.get() + (size_t)2 * l * m.KV, layers_[l].k, T_, m.KV, m.D, stream_);
-        kv_amax_gpu(R.amax.get() + (size_t)(2 * l + 1) * m.KV, layers_[l].v, T_, m.KV, m.D, stream_);
+        kv_amax_gpu(R.amax.get() + (size_t)l * m.KV, layers_[l].k, T_, m.KV, m.D, stream_);
+        kv_amax_gpu(R.amax.get() + per_tensor + (size_t)l * m.KV, layers_[l].v, T_, m.KV, m.D, stream_);
     });
     const std::vector<float> amax = R.amax.download();
-    // one scale per layer (the max over its KV heads) or, with --kv_scales head, per layer and KV head
-    const int groups = options_.kv_scale_per_head ? m.KV : 1;
-    std::vector<float> k((size_t)m.L * groups, 0.0f), v((size_t)m.L * groups, 0.0f);
-    for (int l = 0; l < m.L; l++)
-        for (int h = 0; h < m.KV; h++) {
-            const size_t g = (size_t)l * groups + (groups > 1 ? h : 0);
-            k[g] = std::max(k[g], amax[(size_t)2 * l * m.KV + h]);
-            v[g] = std::max(v[g], amax[(size_t)(2 * l + 1) * m.KV + h]);
-        }
-    for (size_t g = 0; g < k.size(); g++) k[g] = kv_scale_from_amax(k[g]), v[g] = kv_scale_from_amax(v[g]);
+    // one scale per layer (the max over its KV heads) or, with --kv_scales head, per layer and KV head,
+    // from the amaxes of every rank's prompts
+    std::vector<float> k, v;
+    kv_scales_from_amax(amax.data(), amax.data() + per_tensor, m.L, m.KV, options_.kv_scale_per_head, options_.kv_amax_reduce,
+                        k, v);
     R.cache->set_scales(k, v);
     if (R.cache->k_scales() != k || R.cache->v_scales() != v) fail("generate: the KV cache did not take its FP8 scales");
     rollout_stats_.k_scale = k, rollout_stats_.v_scale = v;

@@ -18,15 +18,16 @@ namespace fp8rl {
 class CpuEngine : public Engine {
 public:
     // dir: a HF model directory; its side files (tokenizer, generation config) are copied into
-    // every checkpoint. Of the options it reads kv_scale_per_head (the GPU's are the rest).
+    // every checkpoint. Of the options it reads kv_scale_per_head and kv_amax_reduce (the GPU's are
+    // the rest).
     explicit CpuEngine(const std::string& dir, const EngineOptions& options = {})
-        : kv_scale_per_head_(options.kv_scale_per_head), source_dir_(dir), weights_(ModelWeights::load(dir)),
-          model_(weights_), grads_(weights_.num_floats(), 0.0f) {}
+        : kv_scale_per_head_(options.kv_scale_per_head), kv_amax_reduce_(options.kv_amax_reduce), source_dir_(dir),
+          weights_(ModelWeights::load(dir)), model_(weights_), grads_(weights_.num_floats(), 0.0f) {}
 
     // A frozen copy (the KL reference policy): same weights, its own buffers.
     CpuEngine(const CpuEngine& other)
-        : kv_scale_per_head_(other.kv_scale_per_head_), source_dir_(other.source_dir_), weights_(other.weights_),
-          model_(weights_), grads_() {}
+        : kv_scale_per_head_(other.kv_scale_per_head_), kv_amax_reduce_(other.kv_amax_reduce_), source_dir_(other.source_dir_),
+          weights_(other.weights_), model_(weights_), grads_() {}
     CpuEngine& operator=(const CpuEngine&) = delete;  // model_ points into weights_
 
     // The CPU engine's memory is the host's: no device plan to print or check.
@@ -143,6 +144,7 @@ public:
 
 private:
     bool kv_scale_per_head_;  // --kv_scales head: FP8 KV scales per layer and KV head
+    KvAmaxReduce kv_amax_reduce_;  // the FP8 KV amaxes' max over the ranks (EngineOptions)
     std::string source_dir_;
     ModelWeights weights_;
     CpuModel model_;
@@ -173,12 +175,13 @@ private:
     }
 
     // FP8 KV-cache scales per layer from the K/V amax of a forward over the prompts with the
-    // current weights (spec-fp8.md §9.4), so stale scales never reach the rollout.
+    // current weights (spec-fp8.md §9.4), so stale scales never reach the rollout; the amaxes are
+    // every rank's prompts' (kv_amax_reduce_), so N ranks cache what one rank caches.
     void kv_scales(const std::vector<GenRequest>& requests, Precision weights, std::vector<float>* k, std::vector<float>* v) {
         std::vector<Sequence> seqs;
         for (const GenRequest& r : requests) seqs.push_back({r.prompt, 0});
         run_forward(seqs, weights, 1.0f, nullptr, nullptr, eval_acts_, eval_batch_, false);
-        kv_scales_from_forward(eval_acts_, model_.KV, kv_scale_per_head_, *k, *v);
+        kv_scales_from_forward(eval_acts_, model_.KV, kv_scale_per_head_, *k, *v, kv_amax_reduce_);
     }
 
     // Packs the sequences, runs the model, and cuts out the response positions.

@@ -11,16 +11,10 @@
 #include "rl/numerics/bf16.h"
 #include "rl/common.h"
 #include "rl/numerics/fp8.h"
+#include "rl/numerics/kv_scales.h"
 #include "rl/numerics/precision.h"
 
 namespace fp8rl {
-
-// The FP8 KV scale for an observed amax (spec-fp8.md §9.4): stored = e4m3(x / scale), read back as
-// code * scale; scale = 1.05 * amax / 448, and 1 when amax is zero, infinite or NaN (§4.1 guards).
-inline float kv_scale_from_amax(float amax) {
-    if (!(amax > 0.0f) || std::isinf(amax)) return 1.0f;
-    return 1.05f * amax / E4M3_MAX;
-}
 
 struct KvCache {
     Precision format = Precision::BF16;

@@ -370,20 +370,11 @@ inline void layer_forward(const CpuModel& m, const ModelParams& p, ForwardActs& 
 
 // FP8 KV-cache scales [L] (per layer) or [L][KV] (per_head) from the K/V amax of the last forward
 // pass (spec-fp8.md §9.4: the trainer runs the updated weights forward and hands these to the next
-// rollout).
+// rollout), reduced over the ranks by `reduce` (rl/numerics/kv_scales.h) when given.
 inline void kv_scales_from_forward(const ForwardActs& acts, int kv_heads, bool per_head, std::vector<float>& k_scale,
-                                   std::vector<float>& v_scale) {
-    const size_t layers = acts.k_amax.size() / kv_heads, groups = per_head ? kv_heads : 1;
-    k_scale.assign(layers * groups, 0.0f);
-    v_scale.assign(layers * groups, 0.0f);
-    for (size_t l = 0; l < layers; l++)
-        for (int h = 0; h < kv_heads; h++) {  // a layer's amax: the max over its heads
-            const size_t g = l * groups + (per_head ? h : 0);
-            k_scale[g] = std::max(k_scale[g], acts.k_amax[l * kv_heads + h]);
-            v_scale[g] = std::max(v_scale[g], acts.v_amax[l * kv_heads + h]);
-        }
-    for (size_t g = 0; g < k_scale.size(); g++)
-        k_scale[g] = kv_scale_from_amax(k_scale[g]), v_scale[g] = kv_scale_from_amax(v_scale[g]);
+                                   std::vector<float>& v_scale, const KvAmaxReduce& reduce = {}) {
+    kv_scales_from_amax(acts.k_amax.data(), acts.v_amax.data(), (int)(acts.k_amax.size() / kv_heads), kv_heads, per_head,
+                        reduce, k_scale, v_scale);
 }
 
 // Embedding, every layer and the final norm over the rows set up in acts (ids, pos, key ranges).

@@ -1,6 +1,6 @@
 // Tests of generation (cpu/generate.h): greedy output equals HF generate token for token, decoding
 // with the KV cache equals the full forward pass, samples do not depend on batch composition or
-// thread count, stopping on eos, and the bf16 / fp8 caches.
+// thread count, stopping on eos, and the bf16 / fp8 caches (their scales reduced over ranks too).
 #include <omp.h>
 
 #include <cmath>
@@ -195,6 +195,45 @@ TEST(generate_fp8_kv_cache) {
                 worst = std::fmax(worst, std::fabs(out[i].logprobs_full[j] - lp[batch.offsets[i] + prompts[i].size() + j]));
         CHECK_MSG(worst > 0.0 && worst <= 0.05, "fp8 cache (scales per %s) moved log-probs by %.4g",
                   per_head ? "KV head" : "layer", worst);
+    }
+}
+
+// Data-parallel calibration (rl/numerics/kv_scales.h): forwards over two parts of the prompts, one
+// part's amaxes reduced with the other's by the max (what two ranks do), give bit for bit the scales
+// of one forward over all of them: each row's K and V do not depend on the other rows (in bf16 and in
+// fp8, whose activation groups are 1x128 along a row), and the max is exact. Per layer and per KV
+// head; the first part alone gives other scales, so the reduction is seen.
+TEST(generate_fp8_kv_scales_reduced_over_parts_equal_whole) {
+    Setup s("qwen2_tiny");
+    const std::vector<std::vector<int32_t>> prompts = some_prompts();
+    for (const Precision pr : {Precision::BF16, Precision::FP8}) {
+        ModelParams p;
+        p.prepare(s.m, pr);
+        auto forward = [&](size_t begin, size_t end, ForwardActs& acts) {
+            TokenBatch b;
+            for (size_t i = begin; i < end; i++) b.add(prompts[i]);
+            std::vector<float> lp(b.num_tokens()), ent(b.num_tokens());
+            model_forward(s.m, p, b, 1.0f, acts, lp.data(), ent.data(), false);
+        };
+        ForwardActs all, first, second;
+        forward(0, prompts.size(), all), forward(0, 1, first), forward(1, prompts.size(), second);
+        for (const bool per_head : {false, true}) {
+            std::vector<float> k, v, k1, v1, k2, v2, other;
+            kv_scales_from_forward(all, s.m.KV, per_head, k, v);
+            kv_scales_from_forward(second, s.m.KV, per_head, k2, v2, [&](std::vector<float>& a) { other = a; });
+            int calls = 0;
+            kv_scales_from_forward(first, s.m.KV, per_head, k1, v1, [&](std::vector<float>& a) {
+                calls++;
+                CHECK_EQ(a.size(), other.size());
+                for (size_t i = 0; i < a.size() && i < other.size(); i++) a[i] = std::max(a[i], other[i]);
+            });
+            CHECK_EQ(calls, 1);
+            CHECK_MSG(k1 == k && v1 == v, "%s, per %s: reduced scales differ from the whole's", precision_name(pr),
+                      per_head ? "KV head" : "layer");
+            std::vector<float> k_alone, v_alone;
+            kv_scales_from_forward(first, s.m.KV, per_head, k_alone, v_alone);
+            CHECK(k_alone != k || v_alone != v);
+        }
     }
 }
 

@@ -131,11 +131,11 @@ std::string mpirun(int ranks) {
 
 // A run with a gradient at every step whatever the rewards (the entropy bonus), so the update is
 // never zero: 1-character sort, 4 prompts x 4 samples over all ranks.
-std::string dp_run(const std::string& out_dir, int steps, const char* precision) {
+std::string dp_run(const std::string& out_dir, int steps, const char* precision, const char* kv_cache = "bf16") {
     return strfmt(" --init tiny --task sort --task_size 1 --max_new_tokens 2 --group_size 4 --batch_prompts 4 --entropy_coef 0.01"
                   " --lr 3e-3 --steps %d --eval_every 0 --seed 7 --threads 1 --rollout_precision %s --train_precision %s"
-                  " --out_dir %s",
-                  steps, precision, precision, out_dir.c_str());
+                  " --kv_cache %s --out_dir %s",
+                  steps, precision, precision, kv_cache, out_dir.c_str());
 }
 
 }  // namespace
@@ -162,6 +162,26 @@ TEST(train_rl_emu_two_ranks_zero1_match_one_rank) {
     if (two.output.find("2 rank(s)") == std::string::npos) SKIP("train_rl_emu was built without MPI (install libopenmpi-dev, rebuild)");
     CHECK_MSG(two.output.find("ZeRO-1, FP32 master weights and AdamW moments in 2 shards") != std::string::npos, "%s",
               two.output.c_str());
+    check_runs_agree(d + "/r1", d + "/r2", 1e-3, 1e-6, 1e-4);
+}
+
+// With an FP8 KV cache (bf16 weights, so training is split alike): each rank calibrates the cache
+// from its own prompts, and the engine's amaxes are reduced over the ranks (the max, exact) before
+// they become scales. One step, as the CPU binary's test (trainer_mpi_two_ranks_match_one_fp8_kv_cache):
+// before the update the runs are the same computation, so the scales are the one rank's bit for bit
+// and the rollouts the same; the update agrees as above. Per KV head (--kv_scales head) here, per
+// layer there.
+TEST(train_rl_emu_two_ranks_match_one_rank_fp8_kv_cache) {
+    if (std::system(("test -x " + emu_binary()).c_str()) != 0) SKIP("./train_rl_emu not built (make train_rl_emu)");
+    if (!have_mpirun()) SKIP("mpirun not found (install openmpi-bin)");
+    std::string d = temp_dir("emu_mpi_kv");
+    const std::string flags = " --kv_scales head";
+    harness::RunResult one = run_cmd(mpirun(1) + emu_binary() + dp_run(d + "/r1", 1, "bf16", "fp8") + flags);
+    harness::RunResult two = run_cmd(mpirun(2) + emu_binary() + dp_run(d + "/r2", 1, "bf16", "fp8") + flags);
+    CHECK_MSG(one.status == 0 && two.status == 0, "%s\n%s", one.output.c_str(), two.output.c_str());
+    if (one.status || two.status) return;
+    if (two.output.find("2 rank(s)") == std::string::npos) SKIP("train_rl_emu was built without MPI (install libopenmpi-dev, rebuild)");
+    check_kv_scales_equal(d + "/r1", d + "/r2");
     check_runs_agree(d + "/r1", d + "/r2", 1e-3, 1e-6, 1e-4);
 }
 

@@ -1,6 +1,6 @@
 // training_run.h: what the tests that run whole trainings through a binary share: running a command
 // with its output kept, a fresh directory per test, the log without wall-clock metrics, the final
-// trainer state, the comparison of two runs, and the learning test.
+// trainer state, the comparison of two runs (and of their FP8 KV scales), and the learning test.
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -95,6 +95,21 @@ inline double check_runs_agree(const std::string& a, const std::string& b, doubl
     printf("    %s vs %s: %d metrics within rtol %g; weights and moments differ by at most %g\n", a.c_str(), b.c_str(),
            compared, rtol, worst);
     return worst;
+}
+
+// Two runs with an FP8 KV cache that must calibrate it alike (rank counts, from the same weights):
+// every step logs the four fp8/kv_scale_* metrics in both, bit for bit equal.
+inline void check_kv_scales_equal(const std::string& a, const std::string& b) {
+    std::vector<Json> x = log_rows(a), y = log_rows(b);
+    CHECK_EQ(x.size(), y.size());
+    for (size_t i = 0; i < std::min(x.size(), y.size()); i++)
+        for (const char* k : {"fp8/kv_scale_k_min", "fp8/kv_scale_k_max", "fp8/kv_scale_v_min", "fp8/kv_scale_v_max"}) {
+            const Json *p = x[i].find(k), *q = y[i].find(k);
+            CHECK_MSG(p && q && p->is_number() && q->is_number(), "step %zu: %s missing in %s or %s", i + 1, k, a.c_str(), b.c_str());
+            if (p && q && p->is_number() && q->is_number())
+                CHECK_MSG(p->number == q->number, "step %zu %s: %.9g (%s) vs %.9g (%s)", i + 1, k, p->number, a.c_str(), q->number,
+                          b.c_str());
+        }
 }
 
 // Learning from scratch: a fresh tiny model on 1-character sort (copy the digit), the quickest of

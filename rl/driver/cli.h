@@ -198,7 +198,9 @@ void train_on_ranks(const Args& args, const Dist& dist, const char* binary) {
     }
     dist.barrier();
     const std::string dir = model_directory(args, cfg, dist);
-    const EngineOptions options = engine_options_from_args(args);
+    EngineOptions options = engine_options_from_args(args);
+    // The FP8 KV cache's scales from every rank's prompts, not this rank's: N ranks generate what one does.
+    options.kv_amax_reduce = [&dist](std::vector<float>& amax) { dist.all_reduce_max(amax); };
     std::unique_ptr<Tokenizer> tok = Tokenizer::load(dir + "/tokenizer.json");
     PromptSource prompts = training_prompts(cfg);
     // An engine on a device refuses here, before allocating, a run whose memory plan does not fit.

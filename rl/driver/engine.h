@@ -14,6 +14,7 @@
 #include "rl/io/checkpoint.h"
 #include "rl/driver/dist.h"
 #include "rl/io/logger.h"
+#include "rl/numerics/kv_scales.h"
 #include "rl/numerics/precision.h"
 
 namespace fp8rl {
@@ -62,6 +63,9 @@ struct EngineOptions {
     double kv_cache_mb = 0;     // GPU: KV page pool in MiB; 0 = every slot at its longest
     int kv_page_tokens = 16;    // GPU: tokens per KV page
     bool kv_scale_per_head = false;  // both engines, --kv_scales head: FP8 KV scales per layer and KV head
+    // Both engines, data parallel: the max over the ranks of the FP8 KV amaxes, which each rank takes
+    // over its own prompts (the driver sets it: rl/driver/cli.h); empty: one rank.
+    KvAmaxReduce kv_amax_reduce;
     bool cuda_graphs = true;    // GPU: decode steps replayed from CUDA graphs, one per batch-size bucket
 };
 
