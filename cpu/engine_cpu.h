@@ -38,40 +38,19 @@ public:
 
     std::vector<Generation> generate(const std::vector<GenRequest>& requests, uint32_t step, const SamplingConfig& s,
                                      Precision weights, Precision kv_cache, Progress* progress) override {
-        GenerateOptions o;
-        o.sampling.temperature = s.temperature;
-        o.sampling.top_k = s.top_k;
-        o.sampling.top_p = s.top_p;
-        o.max_new_tokens = s.max_new_tokens;
-        o.eos_ids = weights_.config.eos_token_ids;
-        o.vocab_limit = s.vocab_limit;
-        o.seed = s.seed;
-        o.step = step;
-        o.kv_cache = kv_cache;
-        if (kv_cache == Precision::FP8) kv_scales(requests, weights, &o.kv_k_scale, &o.kv_v_scale);
-        kv_k_scale_ = o.kv_k_scale, kv_v_scale_ = o.kv_v_scale;
-        // Chunks only pace the progress bar: every completion depends on its own key alone.
-        const size_t chunk = 256;
-        std::vector<Generation> out;
-        for (size_t begin = 0; begin < requests.size(); begin += chunk) {
-            const size_t end = std::min(requests.size(), begin + chunk);
-            std::vector<std::vector<int32_t>> prompts;
-            o.sequence_keys.clear();
-            for (size_t i = begin; i < end; i++) {
-                prompts.push_back(requests[i].prompt);
-                o.sequence_keys.push_back(requests[i].sequence);
-            }
-            for (Completion& c : generator_.generate(model_, params(weights), prompts, o)) {
-                Generation g;
-                g.tokens = std::move(c.tokens);
-                g.logprobs = std::move(c.logprobs_full);  // full softmax(logits / T): what the trainer computes
-                g.logprobs_sampled = std::move(c.logprobs);
-                g.finished = c.stopped_on_eos;
-                out.push_back(std::move(g));
-            }
-            if (progress) progress->update((int64_t)end);
-        }
-        return out;
+        return rollout(requests, nullptr, step, s, weights, kv_cache, progress);
+    }
+
+    // Teacher forcing through the generator's prefill and decode steps (the GPU engine's twin): the
+    // completion of request i is tokens[i], each token with its log-prob and its sample_offset under
+    // the draw `s` and `step` would make there (the departure test of the GPU's completions). eos
+    // does not stop a forced completion; s.max_new_tokens is raised to the longest.
+    std::vector<Generation> teacher_forced(const std::vector<GenRequest>& requests,
+                                           const std::vector<std::vector<int32_t>>& tokens, uint32_t step,
+                                           SamplingConfig s, Precision weights, Precision kv_cache) {
+        if (tokens.size() != requests.size()) fail("teacher_forced: %zu completions for %zu requests", tokens.size(), requests.size());
+        for (const auto& t : tokens) s.max_new_tokens = std::max(s.max_new_tokens, (int)t.size());
+        return rollout(requests, &tokens, step, s, weights, kv_cache, nullptr);
     }
 
     void last_kv_scales(std::vector<float>* k_scale, std::vector<float>* v_scale) const override {
@@ -143,6 +122,49 @@ public:
     void save_hf(const std::string& dir) override { fp8rl::save_hf(weights_, dir, source_dir_); }
 
 private:
+    // generate(), or teacher forcing with `forced` completions.
+    std::vector<Generation> rollout(const std::vector<GenRequest>& requests, const std::vector<std::vector<int32_t>>* forced,
+                                    uint32_t step, const SamplingConfig& s, Precision weights, Precision kv_cache,
+                                    Progress* progress) {
+        GenerateOptions o;
+        o.sampling.temperature = s.temperature;
+        o.sampling.top_k = s.top_k;
+        o.sampling.top_p = s.top_p;
+        o.max_new_tokens = s.max_new_tokens;
+        o.eos_ids = weights_.config.eos_token_ids;
+        o.vocab_limit = s.vocab_limit;
+        o.seed = s.seed;
+        o.step = step;
+        o.kv_cache = kv_cache;
+        if (kv_cache == Precision::FP8) kv_scales(requests, weights, &o.kv_k_scale, &o.kv_v_scale);
+        kv_k_scale_ = o.kv_k_scale, kv_v_scale_ = o.kv_v_scale;
+        // Chunks only pace the progress bar: every completion depends on its own key alone.
+        const size_t chunk = 256;
+        std::vector<Generation> out;
+        for (size_t begin = 0; begin < requests.size(); begin += chunk) {
+            const size_t end = std::min(requests.size(), begin + chunk);
+            std::vector<std::vector<int32_t>> prompts, forced_chunk;
+            o.sequence_keys.clear();
+            for (size_t i = begin; i < end; i++) {
+                prompts.push_back(requests[i].prompt);
+                o.sequence_keys.push_back(requests[i].sequence);
+                if (forced) forced_chunk.push_back((*forced)[i]);
+            }
+            if (forced) o.forced = &forced_chunk;
+            for (Completion& c : generator_.generate(model_, params(weights), prompts, o)) {
+                Generation g;
+                g.tokens = std::move(c.tokens);
+                g.logprobs = std::move(c.logprobs_full);  // full softmax(logits / T): what the trainer computes
+                g.logprobs_sampled = std::move(c.logprobs);
+                g.sample_offsets = std::move(c.sample_offsets);
+                g.finished = c.stopped_on_eos;
+                out.push_back(std::move(g));
+            }
+            if (progress) progress->update((int64_t)end);
+        }
+        return out;
+    }
+
     bool kv_scale_per_head_;  // --kv_scales head: FP8 KV scales per layer and KV head
     KvAmaxReduce kv_amax_reduce_;  // the FP8 KV amaxes' max over the ranks (EngineOptions)
     std::string source_dir_;

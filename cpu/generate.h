@@ -7,6 +7,7 @@
 //   Generator gen;                               // buffers grow on first use, then are reused
 //   std::vector<Completion> out = gen.generate(model, params, prompts, options);
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -28,12 +29,16 @@ struct GenerateOptions {
     std::vector<uint32_t> sequence_keys;  // per prompt; empty = the prompt's index
     Precision kv_cache = Precision::FP32;
     std::vector<float> kv_k_scale, kv_v_scale;  // per layer, required for an FP8 cache
+    // Teacher forcing: prompt i's completion is (*forced)[i] (eos does not stop it), each token scored
+    // as if sampled, with its sample_offset; null = sample.
+    const std::vector<std::vector<int32_t>>* forced = nullptr;
 };
 
 struct Completion {
     std::vector<int32_t> tokens;
     std::vector<float> logprobs;       // log-prob of each token under the distribution it was drawn from
     std::vector<float> logprobs_full;  // log softmax(logits / T) of each token (T = 1 for greedy)
+    std::vector<float> sample_offsets;  // teacher forcing: each token's sample_offset (rl/numerics/sampling.h)
     bool stopped_on_eos = false;
 };
 
@@ -83,7 +88,8 @@ public:
             rows_.clear();
             for (long s : active) {
                 const Completion& c = out[s];
-                if (c.stopped_on_eos || (int)c.tokens.size() >= o.max_new_tokens) continue;
+                const size_t budget = o.forced ? (*o.forced)[s].size() : (size_t)o.max_new_tokens;
+                if (c.stopped_on_eos || c.tokens.size() >= budget) continue;
                 next.push_back(s);
                 rows_.push_back({s, (int32_t)(prompts[s].size() + c.tokens.size() - 1), c.tokens.back()});
             }
@@ -111,6 +117,17 @@ private:
             fail("generate: %zu sequence keys for %zu prompts", o.sequence_keys.size(), prompts.size());
         if (o.max_new_tokens < 1) fail("generate: max_new_tokens must be at least 1");
         if (o.vocab_limit < 0 || o.vocab_limit > m.V) fail("generate: vocab_limit %d outside [0, %d]", o.vocab_limit, m.V);
+        if (o.forced) {
+            if (o.forced->size() != prompts.size())
+                fail("generate: %zu forced completions for %zu prompts", o.forced->size(), prompts.size());
+            for (const auto& f : *o.forced) {
+                if (f.empty() || (int)f.size() > o.max_new_tokens)
+                    fail("generate: a forced completion of %zu tokens (need 1 to max_new_tokens = %d)", f.size(),
+                         o.max_new_tokens);
+                for (int32_t id : f)
+                    if (id < 0 || id >= m.V) fail("generate: forced token id %d outside the vocabulary [0, %d)", id, m.V);
+            }
+        }
         for (size_t s = 0; s < prompts.size(); s++) {
             if (prompts[s].empty()) fail("generate: prompt %zu is empty", s);
             for (int32_t id : prompts[s])
@@ -135,7 +152,16 @@ private:
         forward_trunk(m, p, a, &cache);
     }
 
-    // Samples the next token of each active sequence from its row's final hidden state.
+    // log softmax(z / T)[token] over all n ids (T = 1 for greedy), as a draw's logprob_full.
+    static float forced_logprob(const float* z, int n, float temperature, int token, float* scratch) {
+        const float inv_t = temperature > 0.0f ? 1.0f / temperature : 1.0f;
+        double z_all;
+        const float s_max = exp_shifted_row(z, n, inv_t, scratch, &z_all);
+        return (float)((mul_rn(z[token], inv_t) - s_max) - std::log(z_all));
+    }
+
+    // Samples the next token of each active sequence from its row's final hidden state (or, teacher
+    // forcing, scores the given one).
     void sample_rows(const CpuModel& m, const ModelParams& p, const std::vector<std::vector<int32_t>>& prompts,
                      const GenerateOptions& o, const std::vector<long>& active, const std::vector<long>& row,
                      std::vector<Completion>& out) {
@@ -158,8 +184,17 @@ private:
                 const uint32_t key = o.sequence_keys.empty() ? (uint32_t)s : o.sequence_keys[s];
                 const uint32_t position = (uint32_t)(prompts[s].size() + c.tokens.size());
                 const float u = rng_uniform(o.seed, o.step, key, position);
-                SampledToken tok = sample_token(logits_.data() + (i - i0) * m.V, limit, o.sampling, u,
-                                                scratch_.data() + (long)omp_get_thread_num() * m.V);
+                const float* z = logits_.data() + (i - i0) * m.V;
+                float* row_scratch = scratch_.data() + (long)omp_get_thread_num() * m.V;
+                if (o.forced) {
+                    const int32_t token = (*o.forced)[s][c.tokens.size()];
+                    c.sample_offsets.push_back(sample_offset(z, limit, o.sampling, u, token, row_scratch));
+                    c.tokens.push_back(token);
+                    c.logprobs_full.push_back(forced_logprob(z, limit, o.sampling.temperature, token, row_scratch));
+                    c.logprobs.push_back(c.logprobs_full.back());
+                    continue;
+                }
+                SampledToken tok = sample_token(z, limit, o.sampling, u, row_scratch);
                 c.tokens.push_back(tok.token);
                 c.logprobs.push_back(tok.logprob);
                 c.logprobs_full.push_back(tok.logprob_full);

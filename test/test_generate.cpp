@@ -99,6 +99,43 @@ TEST(generate_decode_matches_full_forward) {
     }
 }
 
+// Teacher forcing (GenerateOptions::forced) runs the generator's own computation: forcing a sampled
+// completion returns its tokens and log-probs bit for bit, each token inside its draw (offset <= 0);
+// forcing another token at one position gives that token a positive offset there (the CPU would not
+// have drawn it) and scores the rest after it. Greedy and sampled, bf16 and fp8 with an FP8 cache.
+TEST(generate_teacher_forcing_replays_and_scores) {
+    Setup s("qwen3_gqa3_tiny");
+    for (Precision pr : {Precision::BF16, Precision::FP8})
+        for (float temperature : {0.0f, 0.9f}) {
+            ModelParams p;
+            p.prepare(s.m, pr);
+            GenerateOptions o;
+            o.sampling.temperature = temperature;
+            o.max_new_tokens = 8;
+            o.seed = 3;
+            o.kv_cache = pr;
+            if (pr == Precision::FP8) o.kv_k_scale = o.kv_v_scale = std::vector<float>((size_t)s.m.L, 0.01f);
+            const std::vector<std::vector<int32_t>> prompts = some_prompts();
+            Generator gen;
+            const std::vector<Completion> out = gen.generate(s.m, p, prompts, o);
+            std::vector<std::vector<int32_t>> forced;
+            for (const Completion& c : out) forced.push_back(c.tokens);
+            forced[1][2] = (forced[1][2] + 1) % s.m.V;  // another token at position 2 of prompt 1
+            o.forced = &forced;
+            const std::vector<Completion> replay = gen.generate(s.m, p, prompts, o);
+            for (size_t i = 0; i < prompts.size(); i++) {
+                CHECK(replay[i].tokens == forced[i]);
+                const size_t same = i == 1 ? 2 : out[i].tokens.size();  // positions with the sampled prefix
+                for (size_t k = 0; k < same; k++) {
+                    CHECK_EQ(replay[i].logprobs_full[k], out[i].logprobs_full[k]);
+                    CHECK(replay[i].sample_offsets[k] <= 0.0f);
+                }
+            }
+            CHECK(replay[1].sample_offsets[2] > 0.0f);
+            CHECK_EQ(replay[1].sample_offsets.size(), forced[1].size());
+        }
+}
+
 // A sequence's samples depend only on (seed, step, sequence key, position): the same with other
 // prompts in the batch, and with 1 or 2 threads.
 TEST(generate_batch_and_thread_invariant) {

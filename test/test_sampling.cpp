@@ -43,6 +43,51 @@ TEST(sampling_matches_hf_warpers) {
     CHECK(draws >= 500);
 }
 
+// sample_offset, the departure test's distance, on the HF cases: greedy, the logit gap to the argmax;
+// sampled, 0 or less for the drawn token, and for every other kept token (probability >= 1e-3) a
+// uniform moved past the offset toward it draws it; +inf for a cut token (never drawn).
+TEST(sampling_offset_is_the_distance_to_a_draw) {
+    std::istringstream lines(read_file("test/fixtures/sampling/cases.jsonl"));
+    std::string line;
+    int checked = 0;
+    while (std::getline(lines, line)) {
+        Json c = json_parse(line, "cases.jsonl");
+        std::vector<float> logits;
+        for (const Json& x : c.find("logits")->items) logits.push_back((float)x.number);
+        const int n = (int)logits.size();
+        SamplingParams p;
+        p.temperature = (float)c.find("temperature")->number;
+        p.top_k = (int)c.find("top_k")->integer;
+        p.top_p = (float)c.find("top_p")->number;
+        std::vector<float> scratch(logits.size());
+        const float u = (float)c.find("draws")->items[0].find("u")->number;
+        const SampledToken drawn = sample(logits, p, u);
+        if (p.temperature == 0.0f) {
+            float best = -INFINITY;
+            for (float z : logits) best = std::max(best, z);
+            for (int t = 0; t < n; t++) CHECK_EQ(sample_offset(logits.data(), n, p, u, t, scratch.data()), best - logits[t]);
+            continue;
+        }
+        CHECK(sample_offset(logits.data(), n, p, u, drawn.token, scratch.data()) <= 0.0f);
+        std::vector<float> kept_p(logits.size());  // each token's kept probability
+        double kept, z_all;
+        kept_distribution(logits.data(), n, p, kept_p.data(), &kept, &z_all);
+        for (int t = 0; t < n; t++) {
+            const float offset = sample_offset(logits.data(), n, p, u, t, scratch.data());
+            CHECK_EQ(std::isinf(offset), kept_p[t] == 0.0f);
+            if (t == drawn.token || kept_p[t] < 1e-3 * kept) continue;
+            CHECK(offset > 0.0f);
+            const float moved = t > drawn.token ? u + offset + 1e-5f : u - offset - 1e-5f;
+            if (moved < 0.0f || moved >= 1.0f) continue;
+            CHECK_MSG(sample(logits, p, moved).token == t, "case n=%d T=%g k=%d p=%g u=%g: offset %g of token %d, u "
+                      "moved to %g draws %d", n, p.temperature, p.top_k, p.top_p, u, offset, t, moved,
+                      sample(logits, p, moved).token);
+            checked++;
+        }
+    }
+    CHECK(checked >= 100);
+}
+
 // Equal probabilities are ordered by ascending id: top-p 0.5 over four equal logits keeps ids 0, 1.
 TEST(sampling_top_p_ties_by_id) {
     std::vector<float> logits(4, 0.25f);

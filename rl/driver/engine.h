@@ -39,6 +39,7 @@ struct Generation {
     // [tokens.size()] log-prob under the distribution each token was drawn from (after top-k and
     // top-p; 0 for greedy): what --prompts prints
     std::vector<float> logprobs_sampled;
+    std::vector<float> sample_offsets;  // teacher forcing on the CPU engine: each token's sample_offset
     bool finished = false;        // ended on eos (false: stopped at max_new_tokens)
 };
 

@@ -187,25 +187,55 @@ FP8RL_HD SampledToken sampled_token(const float* logits, int token, float inv_t,
     return SampledToken{token, (float)(s_tok - log(kept)), (float)(s_tok - log(z_all))};
 }
 
-// Samples one token from `logits` [n] with uniform u in [0, 1); scratch [n] is overwritten.
-FP8RL_HD SampledToken sample_token(const float* logits, int n, const SamplingParams& params, float u,
-                                   float* scratch) {
-    if (params.temperature == 0.0f) return sample_greedy(logits, n, scratch);
-    const float inv_t = 1.0f / params.temperature;
-    double z_all;  // scratch[i] = probability x z_all
-    const float s_max = exp_shifted_row(logits, n, inv_t, scratch, &z_all);
-    double kept = z_all;
+// The distribution a non-greedy draw samples from: scratch[i] = exp(logits[i] / T - s_max) for the
+// tokens temperature, top-k and top-p keep, 0 for the rest; *kept their mass, *z_all the mass of all.
+FP8RL_HD float kept_distribution(const float* logits, int n, const SamplingParams& params, float* scratch,
+                                 double* kept, double* z_all) {
+    const float s_max = exp_shifted_row(logits, n, 1.0f / params.temperature, scratch, z_all);
+    *kept = *z_all;
     if (params.top_k > 0 && params.top_k < n) {
         const uint32_t key = largest_key_at_least(0u, prob_key(1.0f), CountAtLeast{scratch, n}, params.top_k);
         for (int i = 0; i < n; i++)
             if (prob_key(scratch[i]) < key) scratch[i] = 0.0f;
-        kept = MassAtLeast{scratch, n}(0u);
+        *kept = MassAtLeast{scratch, n}(0u);
     }
     if (params.top_p < 1.0f) {
-        apply_top_p(scratch, n, params.top_p, kept);
-        kept = MassAtLeast{scratch, n}(0u);
+        apply_top_p(scratch, n, params.top_p, *kept);
+        *kept = MassAtLeast{scratch, n}(0u);
     }
-    return sampled_token(logits, inverse_cdf(scratch, n, (double)u * kept), inv_t, s_max, kept, z_all);
+    return s_max;
+}
+
+// Samples one token from `logits` [n] with uniform u in [0, 1); scratch [n] is overwritten.
+FP8RL_HD SampledToken sample_token(const float* logits, int n, const SamplingParams& params, float u,
+                                   float* scratch) {
+    if (params.temperature == 0.0f) return sample_greedy(logits, n, scratch);
+    double kept, z_all;
+    const float s_max = kept_distribution(logits, n, params, scratch, &kept, &z_all);
+    return sampled_token(logits, inverse_cdf(scratch, n, (double)u * kept), 1.0f / params.temperature, s_max, kept, z_all);
+}
+
+// How far the draw with uniform u is from `token`, the distance a departure between two engines is
+// judged by (a near tie is a small one). Greedy: logit[argmax] - logit[token] at T = 1, in nats (0
+// for the argmax). Sampled: in fractions of the kept mass, the distance of u from the inverse-CDF
+// interval [before, before + p) that draws `token`, negative inside it (then minus the distance to
+// its nearer edge); +inf for a token top-k or top-p cut. scratch [n] is overwritten.
+FP8RL_HD float sample_offset(const float* logits, int n, const SamplingParams& params, float u, int token,
+                             float* scratch) {
+    if (params.temperature == 0.0f) {
+        float best = logits[0];
+        for (int i = 1; i < n; i++) best = fmaxf(best, logits[i]);
+        return best - logits[token];
+    }
+    double kept, z_all;
+    kept_distribution(logits, n, params, scratch, &kept, &z_all);
+    if (scratch[token] == 0.0f) return INFINITY;
+    double before = 0.0;  // inverse_cdf's running sum up to the token
+    for (int i = 0; i < token; i++) before += scratch[i];
+    const double target = (double)u * kept, after = before + scratch[token];
+    if (target < before) return (float)((before - target) / kept);
+    if (target >= after) return (float)((target - after) / kept);
+    return (float)(-fmin(target - before, after - target) / kept);
 }
 
 }  // namespace fp8rl
