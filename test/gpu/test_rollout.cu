@@ -121,8 +121,9 @@ size_t first_departure(const std::vector<int32_t>& a, const std::vector<int32_t>
 // forcing through its own generator (the same prefill, decode steps and KV cache): the sample_offset
 // of the GPU's token there (rl/numerics/sampling.h: greedy, the logit gap to the CPU's argmax;
 // sampled, how far the CPU's uniform lies outside the token's CDF interval, in kept mass) must be
-// within the precision's own error, the largest |log-prob| distance of the CPU's completions between
-// this precision and fp32 (a log-prob error e moves the CDF by at most about e). The CPU's teacher
+// within a tenth of the precision's own error (test_engine.cu's bound), the largest |log-prob|
+// distance of the CPU's completions between this precision and fp32 (a log-prob error e moves the
+// CDF by at most about e). The CPU's teacher
 // forcing of its own completions must reproduce its log-probs bit for bit, every own token inside
 // its interval. In emulation the engines agree bit for bit, so every completion must be equal.
 TEST(rollout_completions_match_cpu_engine_but_at_near_ties) {
@@ -159,16 +160,17 @@ TEST(rollout_completions_match_cpu_engine_but_at_near_ties) {
                 const std::vector<Generation> replay = cpu.teacher_forced(requests, own, step, s, pr.weights, pr.kv);
                 const std::vector<Generation> exact = cpu.teacher_forced(requests, own, step, s, Precision::FP32, Precision::FP32);
                 const std::vector<Generation> scored = cpu.teacher_forced(requests, theirs, step, s, pr.weights, pr.kv);
-                double tolerance = 0;  // the precision's error on these completions
+                double precision_error = 0;  // on these completions
                 for (size_t i = 0; i < requests.size(); i++) {
                     CHECK_MSG(replay[i].logprobs == want[i].logprobs, "%s request %zu: teacher forcing does not reproduce "
                               "the CPU's log-probs", dir, i);
                     for (size_t k = 0; k < own[i].size(); k++) {
                         CHECK_MSG(replay[i].sample_offsets[k] <= 0, "%s request %zu token %zu: the CPU's own token is "
                                   "outside its draw (offset %g)", dir, i, k, replay[i].sample_offsets[k]);
-                        tolerance = std::max(tolerance, std::fabs((double)want[i].logprobs[k] - exact[i].logprobs[k]));
+                        precision_error = std::max(precision_error, std::fabs((double)want[i].logprobs[k] - exact[i].logprobs[k]));
                     }
                 }
+                const double tolerance = 0.1 * precision_error;
                 for (size_t i = 0; i < requests.size(); i++) {
                     total++;
                     const size_t k = first_departure(got[i].tokens, want[i].tokens);
