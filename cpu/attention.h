@@ -27,6 +27,7 @@
 #include "rl/numerics/attention_tiles.h"
 #include "rl/numerics/bf16.h"
 #include "rl/numerics/fast_exp.h"
+#include "rl/numerics/reduction_order.h"
 #include "cpu/gemm.h"
 
 namespace fp8rl {
@@ -153,14 +154,6 @@ inline void prefetch_row(const float* p, long n) {
     for (long i = 0; i < n; i += 16) __builtin_prefetch(p + i, 0, 3);
 }
 
-// The sum of v[0..32) as a warp's xor-butterfly reduction adds it (cuda/block_reduce.cuh); v is
-// clobbered.
-inline float warp_sum(float v[kDecodeTile]) {
-    for (int offset = kDecodeTile / 2; offset > 0; offset /= 2)
-        for (int l = 0; l < offset; l++) v[l] += v[l + offset];  // lanes l and l + offset agree
-    return v[0];
-}
-
 // One prefill row of attention_forward_cached: the training kernel's tiles over keys kb, vb [n][ldk].
 inline void cached_prefill_row(float* o, float* lse, const float* qt, const float* kb, const float* vb, int n,
                                AttentionShape s, float* scratch, FlashRow* rows, bool bf16) {
@@ -231,7 +224,7 @@ inline void cached_decode_row(float* o, float* lse, const float* qt, const float
                 float lanes[kDecodeTile];
                 for (int j = 0; j < kDecodeTile; j++) lanes[j] = ph[j] = j < keys ? fast_exp(ph[j] - new_max) : 0.0f;
                 max[h] = new_max;
-                sum[h] = sum[h] * rescale + warp_sum(lanes);
+                sum[h] = sum[h] * rescale + warp_butterfly_sum(lanes);
                 for (int d = 0; d < s.D; d++) po[h * s.D + d] *= rescale;
             }
             for (int j = 0; j < keys; j++) {

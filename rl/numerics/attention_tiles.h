@@ -17,6 +17,7 @@ constexpr int kFlashTile = 64;   // query and key rows of a training-kernel tile
 constexpr int kFlashLanes = 4;   // lanes sharing a row of a tile
 
 constexpr int kDecodeTile = 32;           // keys per decode tile: one per lane of the warp that scores them
+static_assert(kDecodeTile == 32, "a decode tile is one warp: its sum is a warp butterfly");
 constexpr int kDecodeMaxSplits = 16;      // chunks of the cache length per (row, kv head)
 constexpr int kDecodeMinSplitKeys = 256;  // a chunk shorter than this costs more in the merge than it saves
 

@@ -22,6 +22,14 @@ FP8RL_HD int norm_threads(int n) {
     return warps * kWarpSize < kNormMaxThreads ? warps * kWarpSize : kNormMaxThreads;
 }
 
+// The sum of a warp's 32 values lane[0..32) as the xor butterfly (offsets 16, 8, 4, 2, 1) leaves it
+// in lane 0; lane is clobbered.
+inline float warp_butterfly_sum(float* lane) {
+    for (int offset = kWarpSize / 2; offset > 0; offset /= 2)
+        for (int l = 0; l < offset; l++) lane[l] += lane[l + offset];  // lanes l and l ^ offset agree
+    return lane[0];
+}
+
 // The sum of term(i) for i < n in a block reduction's order over `threads` (a multiple of 32, at
 // most kMaxBlockThreads) threads.
 template <class Term>
@@ -32,10 +40,8 @@ inline float block_sum(int n, int threads, const Term& term) {
         for (int t = 0; t < threads && i0 + t < n; t++) part[t] += term(i0 + t);
     float total = 0.0f;
     for (int w = 0; w < threads / kWarpSize; w++) {
-        float* lane = part + w * kWarpSize;
-        for (int offset = kWarpSize / 2; offset > 0; offset /= 2)
-            for (int l = 0; l < offset; l++) lane[l] += lane[l + offset];  // lanes l and l ^ offset agree
-        total = w == 0 ? lane[0] : total + lane[0];
+        const float warp = warp_butterfly_sum(part + w * kWarpSize);
+        total = w == 0 ? warp : total + warp;
     }
     return total;
 }
