@@ -73,10 +73,10 @@ inline RolloutSizes rollout_sizes(const ModelConfig& c, const EngineOptions& o, 
     z.page_bytes = PagedKvCache::page_bytes(z.shape, kv_cache);
     z.shape.pages = o.kv_cache_mb > 0 ? (int)std::min(o.kv_cache_mb * 1048576.0 / z.page_bytes, 1e9) : z.slots * (max_pages + 1);
     const long C = c.hidden_size, Q = c.q_dim(), Kd = c.kv_dim(), I = c.intermediate_size, V = c.vocab_size;
-    const long V8 = round_up8((int)V), max_dim = std::max(std::max(C, I), std::max(Q, Kd));
+    const long V8 = round_up8((int)V), N = Q + 2 * Kd;
     z.rows = (z.slots + 127) / 128 * 128;
-    z.act = (size_t)(z.rows * (6 * C + (c.qk_norm ? Q + Kd : 0) + 2 * Q + 2 * Kd + 3 * I));
-    z.act_f32 = (size_t)(z.rows * (3 + c.num_heads + c.num_kv_heads + max_dim));
+    z.act = (size_t)(z.rows * (7 * C + N + (c.qk_norm ? Q + Kd : 0) + 2 * Q + 2 * Kd + 3 * I));
+    z.act_f32 = (size_t)(z.rows * (3 + c.num_heads + c.num_kv_heads + N));
     z.logits = (size_t)(z.rows * V8);
     z.sample_scratch = (size_t)z.slots * V;
     z.padded_head = V % 8 ? (size_t)V8 * C : 0;
@@ -140,7 +140,7 @@ struct RolloutState {
     DeviceArray<uint32_t> keys, sample_pos;
     DeviceArray<SampledToken> sampled;
     LayerActsGpu A{};
-    bf16 *x_next = nullptr, *xf = nullptr;  // [rows][C] the other residual buffer; the final normed hidden
+    bf16* xf = nullptr;  // [rows][C] the final normed hidden
     float *rstdf = nullptr, *gemm_f32 = nullptr;
     // the rows of the step being sampled: key, position of the new token, forced token or -1
     std::vector<uint32_t> step_keys, step_pos;
@@ -262,11 +262,12 @@ inline std::vector<Generation> GpuEngine::rollout(const std::vector<GenRequest>&
     R.page_refs.assign((size_t)shape.pages, 0);
 
     // decode buffers for `slots` rows
-    const long C = m.C, Q = (long)m.H * m.D, Kd = (long)m.KV * m.D, I = m.I, max_dim = std::max(std::max(C, I), std::max(Q, Kd));
+    const long C = m.C, Q = (long)m.H * m.D, Kd = (long)m.KV * m.D, I = m.I, N = m.qkv_dim();
     R.rows = z.rows;
     const long rows = R.rows;
+    // not zeroed: a step writes every row of what it reads (padding slots run token 0 at position 0,
+    // the FP8 operands' padding rows are written as zeros by their producers)
     R.act.resize(z.act, "decode activations");
-    R.act.zero(stream_);  // the padding rows stay zero GEMM operands
     R.act_f32.resize(z.act_f32, "decode FP32 activations");
     R.logits.resize(z.logits, "decode logits");
     R.sample_scratch.resize(z.sample_scratch, "sampling scratch");
@@ -276,13 +277,14 @@ inline std::vector<Generation> GpuEngine::rollout(const std::vector<GenRequest>&
     auto take_b = [&](long n) { bf16* r = b; b += n; return r; };
     auto take_f = [&](long n) { float* r = f; f += n; return r; };
     LayerActsGpu& A = R.A;
-    A.x = take_b(rows * C), R.x_next = take_b(rows * C), A.xn1 = take_b(rows * C);
+    A.x = take_b(rows * C), A.xn1 = take_b(rows * C), A.qkv = take_b(rows * N);
     A.qp = m.qk_norm ? take_b(rows * Q) : nullptr, A.kp = m.qk_norm ? take_b(rows * Kd) : nullptr;
     A.q = take_b(rows * Q), A.k = take_b(rows * Kd), A.v = take_b(rows * Kd), A.att = take_b(rows * Q);
-    A.h1 = take_b(rows * C), A.xn2 = take_b(rows * C), A.g = take_b(rows * I), A.u = take_b(rows * I), A.a = take_b(rows * I);
+    A.o = take_b(rows * C), A.h1 = take_b(rows * C), A.xn2 = take_b(rows * C), A.gu = take_b(rows * 2 * I);
+    A.a = take_b(rows * I), A.mlp = take_b(rows * C);
     R.xf = take_b(rows * C);
     A.rstd1 = take_f(rows), A.rstd2 = take_f(rows), R.rstdf = take_f(rows);
-    A.rstd_q = take_f(rows * m.H), A.rstd_k = take_f(rows * m.KV), R.gemm_f32 = take_f(rows * max_dim);
+    A.rstd_q = take_f(rows * m.H), A.rstd_k = take_f(rows * m.KV), R.gemm_f32 = take_f(rows * N);
     for (DeviceArray<int32_t>* a : {&R.ids, &R.pos, &R.cache_rows, &R.lens, &R.forced}) a->resize((size_t)slots, "decode step rows");
     R.keys.resize((size_t)slots, "sampling keys"), R.sample_pos.resize((size_t)slots, "sampling positions");
     R.cache->reserve_decode(slots, m.H);
@@ -430,7 +432,7 @@ inline void GpuEngine::calibrate_kv_scales(const std::vector<GenRequest>& reques
     const CpuModel& m = model_;
     const size_t per_tensor = (size_t)m.L * m.KV;
     R.amax.resize(2 * per_tensor, "KV amax");  // [K, V][L][KV]
-    trunk_forward(prompts, weights, [&](int l) {
+    trunk_forward(prompts, weights, false, [&](int l) {
         kv_amax_gpu(R.amax.get() + (size_t)l * m.KV, layers_[l].k, T_, m.KV, m.D, stream_);
         kv_amax_gpu(R.amax.get() + per_tensor + (size_t)l * m.KV, layers_[l].v, T_, m.KV, m.D, stream_);
     });
@@ -462,7 +464,7 @@ inline void GpuEngine::prefill(const std::vector<int>& prompt_ids, Precision wei
     R.prefill_rows.resize(rows.size(), "prefill cache rows");
     R.prefill_rows.upload(rows);
     const long scratch_rows = scratch_max_tokens_;
-    trunk_forward(prompts, weights, [&](int l) {
+    trunk_forward(prompts, weights, false, [&](int l) {
         R.cache->append(l, layers_[l].k, layers_[l].v, R.prefill_rows.get(), T_, stream_);
         R.cache->round_trip(l, layers_[l].k, layers_[l].v, T_, stream_);
     });
@@ -523,18 +525,17 @@ inline void GpuEngine::decode_step(const std::vector<int>& seqs, int rows, Preci
 inline void GpuEngine::decode_launches(int rows, Precision weights, const SamplingConfig& s, uint32_t step) {
     RolloutState& R = *rollout_;
     const CpuModel& m = model_;
-    const StepRows r{rows, weights == Precision::FP8 ? (rows + 127) / 128 * 128 : rows, R.pos.get(), R.gemm_f32, weights};
-    LayerActsGpu A = R.A;
-    bf16* next = R.x_next;
+    const StepRows r{rows, weights == Precision::FP8 ? (rows + 127) / 128 * 128 : rows, R.pos.get(), R.gemm_f32, weights,
+                     false};
+    LayerActsGpu& A = R.A;
     embedding_forward(A.x, wb(m.embed), R.ids.get(), rows, m.V, m.C, stream_);
     for (int l = 0; l < m.L; l++) {
-        attention_inputs(A, l, r);
+        attention_inputs(A, l > 0 ? &A : nullptr, l, r);  // the residual: the last layer's h1 + mlp
         R.cache->append(l, A.k, A.v, R.cache_rows.get(), rows, stream_);
         R.cache->decode_attention(l, A.att, A.q, m.H, R.table.get(), R.max_pages, R.lens.get(), rows, R.max_len, stream_);
-        attention_outputs(A, next, l, r);
-        std::swap(A.x, next);
+        attention_outputs(A, l, r, false);
     }
-    rmsnorm_forward(R.xf, R.rstdf, A.x, wb(m.final_norm), rows, m.C, m.eps, stream_);
+    residual_rmsnorm_forward(R.xf, R.rstdf, A.x, A.h1, A.mlp, wb(m.final_norm), rows, m.C, m.eps, stream_);
     sample_rows(rows, s, step);
 }
 

@@ -38,8 +38,11 @@ struct LayerTensors {
     size_t ln1, wq, bq, wk, bk, wv, bv, q_norm, k_norm, wo, ln2, wg, wu, wd;
 };
 
-// The seven projections of a layer, in the order ModelParams keeps their FP8 weights.
-enum Projection { kQ, kK, kV, kO, kGate, kUp, kDown, kProjections };
+// The four projections of a layer, in the order ModelParams keeps their FP8 weights: q, k and v as
+// one fused [q|k|v] weight [(H + 2 KV) D][C] (and bias), gate and up as one [gate|up] [2I][C]
+// (rl/model/weights.h lays each out contiguously), o, down. Fused, a layer's input is read once
+// (and quantized once) for three outputs, and the backward adds their dgrad in one GEMM.
+enum Projection { kQKV, kO, kGateUp, kDown, kProjections };
 
 struct CpuModel {
     const ModelWeights* weights;
@@ -80,24 +83,38 @@ struct CpuModel {
     // Projection j of layer l (weight [N, K], bias) in a buffer with the master layout.
     LinearWeight projection(int l, Projection j, const float* base) const {
         const LayerTensors& t = layers[l];
-        const int Q = H * D, K = KV * D;
-        auto at = [&](size_t off) { return off == kNoTensor ? nullptr : base + off; };
+        const int Q = H * D;
         const float* w = base + weight_offset(l, j);
         switch (j) {
-            case kQ: return {w, at(t.bq), Q, C};
-            case kK: return {w, at(t.bk), K, C};
-            case kV: return {w, at(t.bv), K, C};
+            case kQKV: return {w, t.bq == kNoTensor ? nullptr : base + t.bq, qkv_dim(), C};
             case kO: return {w, nullptr, C, Q};
-            case kGate: return {w, nullptr, I, C};
-            case kUp: return {w, nullptr, I, C};
+            case kGateUp: return {w, nullptr, 2 * I, C};
             default: return {w, nullptr, C, I};
         }
+    }
+    int qkv_dim() const { return (H + 2 * KV) * D; }  // the fused [q|k|v] projection's outputs
+
+    // Every matrix the GEMMs read, by master offset: the embedding, the untied head, and each
+    // layer's four projections (fused).
+    struct Matrix {
+        size_t offset;
+        int N, K;
+    };
+    std::vector<Matrix> matrices() const {
+        std::vector<Matrix> r = {{embed, V, C}};
+        if (lm_head != embed) r.push_back({lm_head, V, C});
+        for (int l = 0; l < L; l++)
+            for (int j = 0; j < kProjections; j++) {
+                const LinearWeight w = projection(l, (Projection)j, nullptr);
+                r.push_back({weight_offset(l, (Projection)j), w.N, w.K});
+            }
+        return r;
     }
 
     // Offset of projection j's weight of layer l in the master layout.
     size_t weight_offset(int l, Projection j) const {
         const LayerTensors& t = layers[l];
-        const size_t offsets[kProjections] = {t.wq, t.wk, t.wv, t.wo, t.wg, t.wu, t.wd};
+        const size_t offsets[kProjections] = {t.wq, t.wo, t.wg, t.wd};
         return offsets[j];
     }
 
@@ -133,7 +150,7 @@ struct ModelParams {
     Precision precision = Precision::FP32;
     const float* base = nullptr;  // master layout
     std::vector<float> rounded;
-    std::vector<Fp8Weight> fp8;   // [L * kProjections], fp8 only
+    std::vector<Fp8Weight> fp8;   // [L * kProjections] (fused projections), fp8 only
     bool fp8_pow2_scales = false;  // power-of-two block scales (the option of spec-fp8.md §4.2)
 
     void prepare(const CpuModel& m, Precision p) {
@@ -184,16 +201,14 @@ private:
             return;
         }
         size_t used = 0;
-        for (const TensorInfo& t : m.weights->tensors)
-            if (t.shape.size() == 2) {
-                packed_offset_[t.offset] = used;
-                used += (size_t)(packed_weight_floats((int)t.shape[0], (int)t.shape[1]) + 15) / 16 * 16;
-            }
+        const std::vector<CpuModel::Matrix> matrices = m.matrices();
+        for (const CpuModel::Matrix& t : matrices) {
+            packed_offset_[t.offset] = used;
+            used += (size_t)(packed_weight_floats(t.N, t.K) + 15) / 16 * 16;
+        }
         packed_.resize(used + 16);
         float* const dst = gemm_detail::align64(packed_.data());
-        for (const TensorInfo& t : m.weights->tensors)
-            if (t.shape.size() == 2)
-                pack_weight(base + t.offset, (int)t.shape[0], (int)t.shape[1], dst + packed_offset_.at(t.offset));
+        for (const CpuModel::Matrix& t : matrices) pack_weight(base + t.offset, t.N, t.K, dst + packed_offset_.at(t.offset));
     }
 };
 
@@ -214,12 +229,12 @@ struct TokenBatch {
 
 // Activations of one layer (pointers into ForwardActs' storage).
 struct LayerActs {
-    float *x, *xn1, *rstd1, *qp, *kp, *rstd_q, *rstd_k, *q, *k, *v, *att, *lse, *h1, *xn2, *rstd2, *g, *u, *a;
+    float *x, *xn1, *rstd1, *qkv, *qp, *kp, *rstd_q, *rstd_k, *q, *k, *v, *att, *lse, *h1, *xn2, *rstd2, *gu, *a;
 };
 
 // Gradients of activations, used by the backward pass (one set, reused layer by layer).
 struct BackwardActs {
-    float *dh, *dxn, *dq, *dk, *dv, *dqp, *dkp, *datt, *delta, *dg, *du, *da, *dlogprob_row, *dentropy_row;
+    float *dh, *dxn, *dq, *dk, *dv, *dqp, *dkp, *dqkv, *datt, *delta, *dgu, *da, *dlogprob_row, *dentropy_row;
 };
 
 // Buffers of a forward (and backward) pass, sized from the batch shape; they grow when needed and
@@ -279,13 +294,14 @@ private:
             return r;
         };
         layers.resize(keep_all_layers ? m.L : 1);
+        const long N = m.qkv_dim();
         for (LayerActs& a : layers) {
-            a.x = take(T * C), a.xn1 = take(T * C), a.rstd1 = take(T);
+            a.x = take(T * C), a.xn1 = take(T * C), a.rstd1 = take(T), a.qkv = take(T * N);
             a.qp = m.qk_norm ? take(T * Q) : nullptr, a.kp = m.qk_norm ? take(T * K) : nullptr;
             a.rstd_q = m.qk_norm ? take(T * m.H) : nullptr, a.rstd_k = m.qk_norm ? take(T * m.KV) : nullptr;
             a.q = take(T * Q), a.k = take(T * K), a.v = take(T * K), a.att = take(T * Q), a.lse = take(T * m.H);
             a.h1 = take(T * C), a.xn2 = take(T * C), a.rstd2 = take(T);
-            a.g = take(T * I), a.u = take(T * I), a.a = take(T * I);
+            a.gu = take(T * 2 * I), a.a = take(T * I);
         }
         hf = keep_all_layers ? take(T * C) : layers[0].x;
         xf = take(T * C), rstdf = take(T);
@@ -294,8 +310,8 @@ private:
         if (backward) {
             BackwardActs& g = grad;
             g.dh = take(T * C), g.dxn = take(T * C), g.dq = take(T * Q), g.dk = take(T * K), g.dv = take(T * K);
-            g.dqp = take(T * Q), g.dkp = take(T * K), g.datt = take(T * Q), g.delta = take(T * m.H);
-            g.dg = take(T * I), g.du = take(T * I), g.da = take(T * I);
+            g.dqp = take(T * Q), g.dkp = take(T * K), g.dqkv = take(T * N), g.datt = take(T * Q), g.delta = take(T * m.H);
+            g.dgu = take(T * 2 * I), g.da = take(T * I);
             g.dlogprob_row = take(T), g.dentropy_row = take(T);
         }
         return used;
@@ -338,9 +354,8 @@ inline void layer_forward(const CpuModel& m, const ModelParams& p, ForwardActs& 
     const bool bf16 = stores_bf16(p.precision);
     float* x = acts.resid(m, l);
     rmsnorm_forward(A.xn1, A.rstd1, x, p.at(w.ln1), T, m.C, m.eps, bf16);
-    linear_forward(m.qk_norm ? A.qp : A.q, A.xn1, T, p.linear(m, l, kQ), p.precision);
-    linear_forward(m.qk_norm ? A.kp : A.k, A.xn1, T, p.linear(m, l, kK), p.precision);
-    linear_forward(A.v, A.xn1, T, p.linear(m, l, kV), p.precision);
+    linear_forward(A.qkv, A.xn1, T, p.linear(m, l, kQKV), p.precision);
+    split_qkv(m.qk_norm ? A.qp : A.q, m.qk_norm ? A.kp : A.k, A.v, A.qkv, T, m.H * m.D, m.KV * m.D);
     if (m.qk_norm) {
         rmsnorm_forward(A.q, A.rstd_q, A.qp, p.at(w.q_norm), T * m.H, m.D, m.eps, bf16);
         rmsnorm_forward(A.k, A.rstd_k, A.kp, p.at(w.k_norm), T * m.KV, m.D, m.eps, bf16);
@@ -360,9 +375,8 @@ inline void layer_forward(const CpuModel& m, const ModelParams& p, ForwardActs& 
     linear_forward(A.h1, A.att, T, p.linear(m, l, kO), p.precision);
     residual_add(A.h1, x, A.h1, T * m.C, bf16);
     rmsnorm_forward(A.xn2, A.rstd2, A.h1, p.at(w.ln2), T, m.C, m.eps, bf16);
-    linear_forward(A.g, A.xn2, T, p.linear(m, l, kGate), p.precision);
-    linear_forward(A.u, A.xn2, T, p.linear(m, l, kUp), p.precision);
-    swiglu_forward(A.a, A.g, A.u, T * m.I, bf16);
+    linear_forward(A.gu, A.xn2, T, p.linear(m, l, kGateUp), p.precision);
+    swiglu_forward(A.a, A.gu, T, m.I, bf16);
     float* out = acts.resid(m, l + 1);
     linear_forward(out, A.a, T, p.linear(m, l, kDown), p.precision);
     residual_add(out, A.h1, out, T * m.C, bf16);
@@ -428,11 +442,9 @@ inline void layer_backward(const CpuModel& m, const ModelParams& p, ForwardActs&
     // MLP
     linear_backward(g.da, false, gr(w.wd), nullptr, g.dh, A.a, T, p.linear(m, l, kDown), pr);
     round_bf16_if(bf16, g.da, T * m.I);
-    swiglu_backward(g.dg, g.du, g.da, A.g, A.u, T * m.I);
-    round_bf16_if(bf16, g.dg, T * m.I);
-    round_bf16_if(bf16, g.du, T * m.I);
-    linear_backward(g.dxn, false, gr(w.wg), nullptr, g.dg, A.xn2, T, p.linear(m, l, kGate), pr);
-    linear_backward(g.dxn, true, gr(w.wu), nullptr, g.du, A.xn2, T, p.linear(m, l, kUp), pr);
+    swiglu_backward(g.dgu, g.da, A.gu, T, m.I);
+    round_bf16_if(bf16, g.dgu, T * 2 * m.I);
+    linear_backward(g.dxn, false, gr(w.wg), nullptr, g.dgu, A.xn2, T, p.linear(m, l, kGateUp), pr);
     round_bf16_if(bf16, g.dxn, T * m.C);
     rmsnorm_backward(g.dh, gr(w.ln2), g.dxn, A.h1, p.at(w.ln2), A.rstd2, T, m.C, true);
     round_bf16_if(bf16, g.dh, T * m.C);
@@ -456,9 +468,8 @@ inline void layer_backward(const CpuModel& m, const ModelParams& p, ForwardActs&
         round_bf16_if(bf16, g.dkp, T * K);
         dq = g.dqp, dk = g.dkp;
     }
-    linear_backward(g.dxn, false, gr(w.wq), gr(w.bq), dq, A.xn1, T, p.linear(m, l, kQ), pr);
-    linear_backward(g.dxn, true, gr(w.wk), gr(w.bk), dk, A.xn1, T, p.linear(m, l, kK), pr);
-    linear_backward(g.dxn, true, gr(w.wv), gr(w.bv), g.dv, A.xn1, T, p.linear(m, l, kV), pr);
+    join_qkv(g.dqkv, dq, dk, g.dv, T, Q, K);
+    linear_backward(g.dxn, false, gr(w.wq), gr(w.bq), g.dqkv, A.xn1, T, p.linear(m, l, kQKV), pr);
     round_bf16_if(bf16, g.dxn, T * m.C);
     rmsnorm_backward(g.dh, gr(w.ln1), g.dxn, acts.resid(m, l), p.at(w.ln1), A.rstd1, T, m.C, true);
     round_bf16_if(bf16, g.dh, T * m.C);

@@ -1,5 +1,5 @@
 // model_layers.h: the non-GEMM kernels of the CPU model, forward and backward: embedding, RMSNorm,
-// RoPE, SwiGLU, residual add (attention: cpu/attention.h). Each output element is computed by one thread
+// RoPE, SwiGLU, the fused q/k/v split, residual add (attention: cpu/attention.h). Each output element is computed by one thread
 // in a fixed order, so results are bitwise identical for any OpenMP thread count. `bf16` marks the
 // GPU's BF16 storage points (DESIGN.md §3): the kernel rounds what the GPU would store as BF16.
 #pragma once
@@ -171,60 +171,82 @@ inline void rope_backward(float* dx, const int32_t* pos, const RopeTable& rt, lo
 }
 
 // ---------------------------------------------------------------------------------------------
-// SwiGLU: a = silu(g) * u, silu(z) = z / (1 + exp(-z)), exp from rl/numerics/fast_exp.h. One rounding of the
-// fused output with bf16. The AVX2 loops run the scalar code's operations in its order (same bits).
-
-constexpr long kSwigluBlock = 2048;  // elements per parallel task (a multiple of the vector width)
-
-// f(begin, end) over [0, n) in blocks of kSwigluBlock, the blocks split among the threads.
-template <class F>
-inline void swiglu_blocks(long n, const F& f) {
-#pragma omp parallel for schedule(static)
-    for (long i0 = 0; i0 < n; i0 += kSwigluBlock) f(i0, i0 + kSwigluBlock < n ? i0 + kSwigluBlock : n);
-}
+// SwiGLU: a = silu(g) * u, silu(z) = z / (1 + exp(-z)), exp from rl/numerics/fast_exp.h, over the
+// fused [gate|up] projection's output gu [T][2I] (row t: g = gu[t][0, I), u = gu[t][I, 2I)); a [T][I].
+// One rounding of the fused output with bf16. The AVX2 loops run the scalar code's operations in its
+// order (same bits).
 
 #if FP8RL_HOST_AVX2
 // exp(-g) on eight lanes, as fast_exp(-g) (the sign flipped exactly).
 inline __m256 exp_negated8(__m256 g) { return fast_exp8(_mm256_xor_ps(g, _mm256_set1_ps(-0.0f))); }
 #endif
 
-inline void swiglu_forward(float* a, const float* g, const float* u, long n, bool bf16) {
-    swiglu_blocks(n, [&](long begin, long end) {
-        long i = begin;
+inline void swiglu_forward(float* a, const float* gu, long T, int I, bool bf16) {
+#pragma omp parallel for schedule(static)
+    for (long t = 0; t < T; t++) {
+        const float *g = gu + t * 2 * I, *u = g + I;
+        float* at = a + t * I;
+        int i = 0;
 #if FP8RL_HOST_AVX2
         const __m256 one = _mm256_set1_ps(1.0f);
-        for (; i + 8 <= end; i += 8) {
+        for (; i + 8 <= I; i += 8) {
             const __m256 gv = _mm256_loadu_ps(g + i);
-            _mm256_storeu_ps(a + i, _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(one, exp_negated8(gv))),
-                                                  _mm256_loadu_ps(u + i)));
+            _mm256_storeu_ps(at + i, _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(one, exp_negated8(gv))),
+                                                   _mm256_loadu_ps(u + i)));
         }
 #endif
-        for (; i < end; i++) a[i] = g[i] / (1.0f + fast_exp(-g[i])) * u[i];
+        for (; i < I; i++) at[i] = g[i] / (1.0f + fast_exp(-g[i])) * u[i];
         if (bf16)
-            for (i = begin; i < end; i++) a[i] = round_bf16(a[i]);
-    });
+            for (i = 0; i < I; i++) at[i] = round_bf16(at[i]);
+    }
 }
 
-// sig = sigmoid(g): dg = da * u * sig * (1 + g * (1 - sig)), du = da * g * sig.
-inline void swiglu_backward(float* dg, float* du, const float* da, const float* g, const float* u, long n) {
-    swiglu_blocks(n, [&](long begin, long end) {
-        long i = begin;
+// sig = sigmoid(g): dg = da * u * sig * (1 + g * (1 - sig)), du = da * g * sig, into dgu [T][2I]
+// (the fused projection's output gradient, laid out as gu).
+inline void swiglu_backward(float* dgu, const float* da, const float* gu, long T, int I) {
+#pragma omp parallel for schedule(static)
+    for (long t = 0; t < T; t++) {
+        const float *g = gu + t * 2 * I, *u = g + I, *dat = da + t * I;
+        float *dg = dgu + t * 2 * I, *du = dg + I;
+        int i = 0;
 #if FP8RL_HOST_AVX2
         const __m256 one = _mm256_set1_ps(1.0f);
-        for (; i + 8 <= end; i += 8) {
-            const __m256 gv = _mm256_loadu_ps(g + i), dav = _mm256_loadu_ps(da + i);
+        for (; i + 8 <= I; i += 8) {
+            const __m256 gv = _mm256_loadu_ps(g + i), dav = _mm256_loadu_ps(dat + i);
             const __m256 sig = _mm256_div_ps(one, _mm256_add_ps(one, exp_negated8(gv)));
             const __m256 grow = _mm256_add_ps(one, _mm256_mul_ps(gv, _mm256_sub_ps(one, sig)));
             _mm256_storeu_ps(dg + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(dav, _mm256_loadu_ps(u + i)), sig), grow));
             _mm256_storeu_ps(du + i, _mm256_mul_ps(_mm256_mul_ps(dav, gv), sig));
         }
 #endif
-        for (; i < end; i++) {
+        for (; i < I; i++) {
             const float sig = 1.0f / (1.0f + fast_exp(-g[i]));
-            dg[i] = da[i] * u[i] * sig * (1.0f + g[i] * (1.0f - sig));
-            du[i] = da[i] * g[i] * sig;
+            dg[i] = dat[i] * u[i] * sig * (1.0f + g[i] * (1.0f - sig));
+            du[i] = dat[i] * g[i] * sig;
         }
-    });
+    }
+}
+
+// The fused [q|k|v] projection's output qkv [T][Q + 2K] split into q [T][Q], k, v [T][K], and
+// (join) the gradients dq, dk, dv assembled into dqkv, laid out as qkv.
+inline void split_qkv(float* q, float* k, float* v, const float* qkv, long T, int Q, int K) {
+    const int N = Q + 2 * K;
+#pragma omp parallel for schedule(static)
+    for (long t = 0; t < T; t++) {
+        std::copy(qkv + t * N, qkv + t * N + Q, q + t * Q);
+        std::copy(qkv + t * N + Q, qkv + t * N + Q + K, k + t * K);
+        std::copy(qkv + t * N + Q + K, qkv + (t + 1) * N, v + t * K);
+    }
+}
+
+inline void join_qkv(float* dqkv, const float* dq, const float* dk, const float* dv, long T, int Q, int K) {
+    const int N = Q + 2 * K;
+#pragma omp parallel for schedule(static)
+    for (long t = 0; t < T; t++) {
+        std::copy(dq + t * Q, dq + (t + 1) * Q, dqkv + t * N);
+        std::copy(dk + t * K, dk + (t + 1) * K, dqkv + t * N + Q);
+        std::copy(dv + t * K, dv + (t + 1) * K, dqkv + t * N + Q + K);
+    }
 }
 
 // y = a + b (the residual stream), rounded when the stream is BF16.

@@ -15,9 +15,8 @@
 #endif
 
 #include <mutex>
-#include <set>
+#include <map>
 #include <string>
-#include <tuple>
 #include <utility>
 
 #include "rl/common.h"
@@ -47,18 +46,21 @@ void launch_kernel(const char* name, void (*kernel)(Params...), dim3 grid, dim3 
 #define LAUNCH_KERNEL(kernel, grid, block, smem, stream, ...) \
     ::fp8rl::launch_kernel(#kernel, kernel, grid, block, smem, stream, __FILE__, __LINE__, __VA_ARGS__)
 
-// Allows `kernel` `bytes` of dynamic shared memory on the current device. The attribute stays set
-// for the process, so it is set once per (kernel, device, size): launchers call this before every
-// launch, thousands of times a step and inside captured decode steps.
+// Allows `kernel` `bytes` of dynamic shared memory on the current device. The attribute is the
+// most a launch may ask for and stays set for the process, so it only ever grows (a kernel launched
+// with several sizes keeps the largest) and is set when a launch needs more than it allows: launchers
+// call this before every launch, thousands of times a step and inside captured decode steps.
 template <class Kernel>
 void allow_dynamic_smem(Kernel kernel, size_t bytes) {
     static std::mutex mutex;
-    static std::set<std::tuple<const void*, int, size_t>> done;
+    static std::map<std::pair<const void*, int>, size_t> allowed;
     int device = 0;
     CUDA_CHECK(cudaGetDevice(&device));
     std::lock_guard<std::mutex> lock(mutex);
-    if (done.insert(std::make_tuple((const void*)kernel, device, bytes)).second)
-        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+    size_t& most = allowed[std::make_pair((const void*)kernel, device)];
+    if (bytes <= most) return;
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+    most = bytes;
 }
 
 }  // namespace fp8rl

@@ -2,14 +2,17 @@
 // model: the forward and backward of cpu/model.h's model_forward / model_backward, step for step,
 // on the device kernels of cuda/ and loss.cuh (spec-gpu.md §3).
 //   state     FP32 master weights, gradients and AdamW moments [P]; the BF16 copy of every weight;
-//             for the seven projections of every layer the FP8 128x128-block copy and its transpose,
+//             for the four (fused) projections of every layer the FP8 128x128-block copy and its transpose,
 //             all refreshed on the device after every update (spec-gpu.md §3.1). Weights and
 //             gradients cross to the host only for checkpoints and --resume.
 //   ranks     data parallel over cuda/nccl.cuh's communicator (spec-gpu.md §6); with --zero 1 the
 //             master weights and moments are sharded over the ranks (ZeRO-1, init_optimizer).
-//   numerics  activations BF16 where the CPU engine's bf16/fp8 precisions round (DESIGN.md §3), so
-//             the two differ by summation order only, plus one rounding the CPU does not make: the
-//             attention backward returns dq, dk, dv in BF16 before RoPE's backward.
+//   numerics  activations BF16 where the CPU engine's bf16/fp8 precisions round (DESIGN.md §3), in
+//             the CPU's order: the emulated build is bit-exact with the CPU engine.
+//   kernels   a layer's forward is 10 launches in fp8 (9 in bf16; issue 28): residual add + RMSNorm
+//             writing the FP8 operand, [q|k|v] GEMM, q/k-norm + RoPE, attention, the attention
+//             output's FP8 operand, O GEMM, residual add + RMSNorm, [gate|up] GEMM, SwiGLU writing
+//             the FP8 operand, down GEMM (whose output the next layer's norm adds).
 //   batches   a packed batch of T tokens runs in buffers of Tp = T rounded up to 128 rows (the FP8
 //             GEMMs' rule); the padding rows are zero in every GEMM operand, so they change no sum
 //             and no 1x128 group's scale. Elementwise kernels run over the T real rows.
@@ -41,6 +44,7 @@
 #include "cuda/linear.cuh"
 #include "cuda/memory_plan.h"
 #include "cuda/nccl.cuh"
+#include "cuda/qkv_rope.cuh"
 #include "cuda/rmsnorm.cuh"
 #include "cuda/rope.cuh"
 #include "cuda/swiglu.cuh"
@@ -54,20 +58,25 @@ namespace fp8rl {
 using bf16 = __nv_bfloat16;
 
 // One layer's activations of a batch, kept for the backward pass (device, [Tp] rows); a decode
-// step keeps one set for all layers.
+// step keeps one set for all layers. x: the residual entering the layer; h1: after attention; qkv
+// [Tp][(H + 2 KV) D] and gu [Tp][2I]: the fused projections' outputs; o and mlp: the attention and
+// MLP outputs, which the next norm adds to the residual (one pair shared by all layers).
 struct LayerActsGpu {
-    bf16 *x, *xn1, *qp, *kp, *q, *k, *v, *att, *h1, *xn2, *g, *u, *a;  // x: the residual entering the layer
+    bf16 *x, *xn1, *qkv, *qp, *kp, *q, *k, *v, *att, *o, *h1, *xn2, *gu, *a, *mlp;
     float *rstd1, *rstd_q, *rstd_k, *lse, *rstd2;
 };
 
 // The rows one forward step runs over: T real rows in buffers of Tp (a multiple of 128 for the
 // FP8 GEMMs; the padding rows are zero GEMM operands), their positions [T], FP32 GEMM scratch
-// [Tp][max dim], and the precision of the linear layers.
+// [Tp][max dim], the precision of the linear layers, and whether a backward follows: fp8 writes the
+// BF16 copies of its GEMM inputs (xn1, xn2, a) only for the backward's weight gradients.
 struct StepRows {
     long T, Tp;
     const int32_t* pos;
     float* gemm_f32;
     Precision precision;
+    bool for_backward;
+    bool bf16_inputs() const { return precision == Precision::BF16 || for_backward; }
 };
 
 struct RolloutState;  // rollout.cu: the KV cache and decode buffers of generation
@@ -155,13 +164,13 @@ class GpuEngine : public Engine {
 
     void logprobs(const std::vector<Sequence>& seqs, Precision p, float temperature, TokenValues* logprob,
                   TokenValues* entropy) override {
-        forward(seqs, p == Precision::FP32 ? Precision::BF16 : p, temperature, logprob, entropy);
+        forward(seqs, p == Precision::FP32 ? Precision::BF16 : p, false, temperature, logprob, entropy);
     }
 
     void forward_train(const std::vector<Sequence>& seqs, Precision p, float temperature, TokenValues* logprob,
                        TokenValues* entropy) override {
         if (p == Precision::FP32) fail("the GPU engine trains in bf16 or fp8 (--train_precision), not fp32");
-        forward(seqs, p, temperature, logprob, entropy);
+        forward(seqs, p, true, temperature, logprob, entropy);
         train_seqs_ = seqs;
     }
 
@@ -302,6 +311,7 @@ class GpuEngine : public Engine {
     TokenBatch batch_;
     std::vector<Sequence> train_seqs_;
     Precision precision_ = Precision::BF16;
+    bool for_backward_ = false;  // the last forward keeps what a backward reads
     float temperature_ = 1.0f;
     long T_ = 0, Tp_ = 0;
     std::vector<int32_t> target_host_, pos_host_;
@@ -311,16 +321,16 @@ class GpuEngine : public Engine {
     std::vector<LayerActsGpu> layers_;
     bf16 *hf_ = nullptr, *xf_ = nullptr;
     float *rstdf_ = nullptr, *head_logprob_ = nullptr, *head_entropy_ = nullptr, *head_lse_ = nullptr, *head_mu_ = nullptr;
-    float* gemm_f32_ = nullptr;     // [Tp][max dim] FP32 GEMM output before a bias
-    DeviceArray<bf16> grad_bf16_;   // backward: dh, dxn, da, dg, du, datt, dq, dk, dv, dqp, dkp
-    DeviceArray<float> grad_f32_;   // backward: dxn, da, datt (FP32 dgrad outputs), scratch
+    float* gemm_f32_ = nullptr;     // [Tp][qkv dim] FP32 [q|k|v] GEMM output before the bias
+    DeviceArray<bf16> grad_bf16_;   // backward: dh, dxn, da, dgu, datt, dq, dk, dv, dqkv
+    DeviceArray<float> grad_f32_;   // backward: the head's dx, delta, the head's row gradients, scratch
     std::unique_ptr<LinearScratch> scratch_;
     long scratch_max_tokens_ = 0;
     std::unique_ptr<DeviceRopeTable> rope_;
     // pointers into grad_bf16_ / grad_f32_ for the backward pass
     struct {
-        bf16 *dxn_b, *da_b, *dg, *du, *datt_b, *dq, *dk, *dv, *dqp, *dkp;
-        float *dxn, *da, *datt, *delta;
+        bf16 *dxn_b, *da_b, *dgu, *datt_b, *dq, *dk, *dv, *dqkv;
+        float *dxn, *delta;
     } g_{};
     float* column_scratch_ = nullptr;
     long column_scratch_floats_ = 0;
@@ -398,26 +408,38 @@ class GpuEngine : public Engine {
         refresh_derived(grads_.get());
     }
 
-    void forward(const std::vector<Sequence>& seqs, Precision p, float temperature, TokenValues* logprob, TokenValues* entropy);
+    void forward(const std::vector<Sequence>& seqs, Precision p, bool for_backward, float temperature, TokenValues* logprob,
+                 TokenValues* entropy);
     // Embedding, every layer and the final norm over the packed batch (xf_ [Tp][C]). kv_ready(l), when
     // given, runs once layer l's K (after k-norm and RoPE) and V are in layers_[l], before its
     // attention reads them (prefill and the FP8 KV calibration read them there: with --recompute
     // layer the next layer overwrites them).
-    void trunk_forward(const std::vector<Sequence>& seqs, Precision p, const std::function<void(int)>& kv_ready = {});
+    void trunk_forward(const std::vector<Sequence>& seqs, Precision p, bool for_backward,
+                       const std::function<void(int)>& kv_ready = {});
     void prepare_batch(const std::vector<Sequence>& seqs);
     // Layer l's forward into layers_[l]; recomputing: all but its output (the next layer's input).
     void layer_forward(int l, bool recomputing, const std::function<void(int)>& kv_ready = {});
     void ensure_rope(int positions);
     void ensure_scratch(long rows);
-    StepRows batch_rows() { return {T_, Tp_, pos_.get(), gemm_f32_, precision_}; }
-    // The layer step shared by the training forward, prefill and decode: A.x -> A.q, A.k (after
-    // q/k-norm and RoPE at r.pos), A.v; then, with A.att filled by attention, A.att -> out (nullptr:
-    // stop before the down projection, recomputing a layer whose output is kept).
-    void attention_inputs(LayerActsGpu& A, int l, const StepRows& r);
-    void attention_outputs(LayerActsGpu& A, bf16* out, int l, const StepRows& r);
+    StepRows batch_rows() { return {T_, Tp_, pos_.get(), gemm_f32_, precision_, for_backward_}; }
+    // The layer step shared by the training forward, prefill and decode: the residual entering the
+    // layer (before's h1 + mlp into A.x, or A.x as it is when before is null) -> A.q, A.k (after
+    // q/k-norm and RoPE at r.pos), A.v; then, with A.att filled by attention, A.att -> A.h1 and the
+    // MLP's output A.mlp (stop_before_down: recomputing a layer whose output is kept).
+    void attention_inputs(LayerActsGpu& A, const LayerActsGpu* before, int l, const StepRows& r);
+    void attention_outputs(LayerActsGpu& A, int l, const StepRows& r, bool stop_before_down);
     void layer_backward(int l, bf16* dh);
-    // dst [T][n] = a linear layer's output: BF16 directly, or FP32 + bias, then BF16.
-    void project(bf16* dst, const bf16* x, int l, Projection j, size_t bias, const StepRows& r);
+    // y [Tp][N] = projection j of x (bf16) or of the FP8 operand x's producer wrote (fp8).
+    void project(void* y, GemmOut out, const bf16* x, int l, Projection j, const StepRows& r);
+    // The FP8 operand target of a [Tp][cols] GEMM input in fp8 (none in bf16).
+    Fp8RowsOut fp8_operand(const StepRows& r, int cols) {
+        return r.precision == Precision::FP8 ? scratch_->rows_out(0, (int)r.Tp, cols) : Fp8RowsOut{};
+    }
+    QkvShape qkv_shape(int l) const {
+        const CpuModel& m = model_;
+        const LayerTensors& w = m.layers[l];
+        return {m.H, m.KV, m.D, m.eps, wb(w.bq), wb(w.q_norm), wb(w.k_norm)};
+    }
     // rollout.cu
     std::vector<Generation> rollout(const std::vector<GenRequest>& requests, const std::vector<std::vector<int32_t>>* forced,
                                     uint32_t step, const SamplingConfig& s, Precision weights, Precision kv_cache,
@@ -427,8 +449,8 @@ class GpuEngine : public Engine {
     void decode_step(const std::vector<int>& seqs, int rows, Precision weights, const SamplingConfig& s, uint32_t step);
     void decode_launches(int rows, Precision weights, const SamplingConfig& s, uint32_t step);
     void sample_rows(int rows, const SamplingConfig& s, uint32_t step);
-    // dx (FP32, accumulated when asked) and the weight (and bias) gradient of projection j.
-    void project_backward(float* dx, bool accumulate, const bf16* dy, const bf16* x, int l, Projection j, size_t bias);
+    // dx (BF16) and the weight (and bias) gradient of projection j.
+    void project_backward(bf16* dx, const bf16* dy, const bf16* x, int l, Projection j, size_t bias);
 };
 
 
@@ -461,20 +483,20 @@ inline void GpuEngine::prepare_batch(const std::vector<Sequence>& seqs) {
     target_.resize((size_t)T, "targets"), target_.upload(target_host_);
     cu_seqlens_.resize(cu.size(), "sequence offsets"), cu_seqlens_.upload(cu);
     ensure_rope(max_seqlen_);
-    // BF16 activations, kept for the backward pass; zero, so the padding rows are zero operands.
-    // Every layer's input x; the rest of a layer's activations (`inner`) per layer, or with
+    // BF16 activations, kept for the backward pass, not zeroed: the GEMMs write all Tp rows of their
+    // outputs, the producers of GEMM inputs (norms, SwiGLU, FP8 operands) write the padding rows as
+    // zeros, and the attention output's padding rows are zeroed below. Every layer's input x; the rest of a layer's activations (`inner`) per layer, or with
     // --recompute layer one set that every layer's forward, and its recomputation just before its
     // backward, writes.
-    const long inner = Tp * (3 * C + (m.qk_norm ? Q + Kd : 0) + 2 * Q + 2 * Kd + 3 * I);
+    const long N = m.qkv_dim();
+    const long inner = Tp * (3 * C + N + (m.qk_norm ? Q + Kd : 0) + 2 * Q + 2 * Kd + 3 * I);
     const long inner_f32 = T * (2 + 2 * m.H + m.KV);  // rstd1, rstd2, rstd_q, rstd_k, lse
     const long sets = options_.recompute_layer ? 1 : m.L;
     // Every carve starts on a 256-byte boundary (memory_plan.h's CARVE_ALIGN_BYTES): T-sized FP32 buffers would
     // leave the next one 8-byte aligned when T % 4 != 0, and FP8 GEMMs need 16 (their D: gemm_f32_).
     const size_t slack = memory_plan_detail::forward_carve_slack(m.L, sets);
-    act_bf16_.resize((size_t)(m.L * Tp * C + sets * inner + 2 * Tp * C) + slack / sizeof(bf16), "BF16 activations");
-    act_bf16_.zero(stream_);
-    const long max_dim = std::max(std::max(C, I), std::max(Q, Kd));
-    act_f32_.resize((size_t)(sets * inner_f32 + 5 * T + Tp * max_dim) + slack / sizeof(float), "FP32 activation statistics");
+    act_bf16_.resize((size_t)(m.L * Tp * C + sets * inner + 4 * Tp * C) + slack / sizeof(bf16), "BF16 activations");
+    act_f32_.resize((size_t)(sets * inner_f32 + 5 * T + Tp * N) + slack / sizeof(float), "FP32 activation statistics");
     bf16* b = act_bf16_.get();
     float* f = act_f32_.get();
     const long align_b = memory_plan_detail::CARVE_ALIGN_BYTES / sizeof(bf16), align_f = memory_plan_detail::CARVE_ALIGN_BYTES / sizeof(float);
@@ -482,6 +504,7 @@ inline void GpuEngine::prepare_batch(const std::vector<Sequence>& seqs) {
     auto take_f = [&](long n) { float* r = f; f += memory_plan_detail::round_up(n, align_f); return r; };
     layers_.assign(m.L, LayerActsGpu{});
     for (LayerActsGpu& a : layers_) a.x = take_b(Tp * C);
+    bf16 *const o = take_b(Tp * C), *const mlp = take_b(Tp * C);  // the branches, shared
     for (long l = 0; l < m.L; l++) {
         LayerActsGpu& a = layers_[(size_t)l];
         if (l >= sets) {  // recompute: the shared set
@@ -490,16 +513,19 @@ inline void GpuEngine::prepare_batch(const std::vector<Sequence>& seqs) {
             a.x = x;
             continue;
         }
-        a.xn1 = take_b(Tp * C);
+        a.xn1 = take_b(Tp * C), a.qkv = take_b(Tp * N);
         a.qp = m.qk_norm ? take_b(Tp * Q) : nullptr, a.kp = m.qk_norm ? take_b(Tp * Kd) : nullptr;
         a.q = take_b(Tp * Q), a.k = take_b(Tp * Kd), a.v = take_b(Tp * Kd), a.att = take_b(Tp * Q);
-        a.h1 = take_b(Tp * C), a.xn2 = take_b(Tp * C), a.g = take_b(Tp * I), a.u = take_b(Tp * I), a.a = take_b(Tp * I);
+        a.h1 = take_b(Tp * C), a.xn2 = take_b(Tp * C), a.gu = take_b(Tp * 2 * I), a.a = take_b(Tp * I);
+        a.o = o, a.mlp = mlp;
+        if (Tp > T)  // attention writes T rows; its output's padding rows are GEMM operands
+            CUDA_CHECK(cudaMemsetAsync(a.att + T * Q, 0, (size_t)(Tp - T) * Q * sizeof(bf16), stream_));
         a.rstd1 = take_f(T), a.rstd_q = take_f(T * m.H), a.rstd_k = take_f(T * m.KV), a.lse = take_f(T * m.H);
         a.rstd2 = take_f(T);
     }
     hf_ = take_b(Tp * C), xf_ = take_b(Tp * C);
     rstdf_ = take_f(T), head_logprob_ = take_f(T), head_entropy_ = take_f(T), head_lse_ = take_f(T), head_mu_ = take_f(T);
-    gemm_f32_ = take_f(Tp * max_dim);
+    gemm_f32_ = take_f(Tp * N);
     ensure_scratch(Tp);
 }
 
@@ -514,77 +540,78 @@ inline void GpuEngine::ensure_rope(int positions) {
 inline void GpuEngine::ensure_scratch(long rows) {
     if (scratch_ && scratch_max_tokens_ >= rows) return;
     const CpuModel& m = model_;
-    const long max_dim = std::max(std::max((long)m.C, (long)m.I), std::max((long)m.H * m.D, (long)m.KV * m.D));
+    // the widest GEMM operand: an input [rows][C, H D or I], an output gradient [rows][C, qkv dim or 2I]
+    const long max_dim = std::max({(long)m.C, (long)m.qkv_dim(), 2L * m.I});
     scratch_.reset();  // freed before the larger one is allocated: the memory plan counts one
     scratch_.reset(new LinearScratch((int)rows, (int)max_dim, false));
     scratch_max_tokens_ = rows;
 }
 
-inline void GpuEngine::project(bf16* dst, const bf16* x, int l, Projection j, size_t bias, const StepRows& r) {
-    const LinearDevice W = linear(l, j);
-    if (bias == kNoTensor)
-        return linear_forward_gpu(gemm_, *scratch_, r.precision, W, x, (int)r.Tp, dst, GemmOut::BF16, stream_);
-    // the bias joins the FP32 product before the one BF16 rounding, as on the CPU
-    linear_forward_gpu(gemm_, *scratch_, r.precision, W, x, (int)r.Tp, r.gemm_f32, GemmOut::F32, stream_);
-    bias_add(dst, r.gemm_f32, wb(bias), r.T, W.N, stream_);
+inline void GpuEngine::project(void* y, GemmOut out, const bf16* x, int l, Projection j, const StepRows& r) {
+    linear_forward_gpu(gemm_, *scratch_, r.precision, linear(l, j), x, (int)r.Tp, y, out, stream_);
 }
 
-inline void GpuEngine::attention_inputs(LayerActsGpu& A, int l, const StepRows& r) {
+inline void GpuEngine::attention_inputs(LayerActsGpu& A, const LayerActsGpu* before, int l, const StepRows& r) {
     const CpuModel& m = model_;
     const LayerTensors& w = m.layers[l];
-    const long T = r.T;
-    rmsnorm_forward(A.xn1, A.rstd1, A.x, wb(w.ln1), T, m.C, m.eps, stream_);
-    project(m.qk_norm ? A.qp : A.q, A.xn1, l, kQ, w.bq, r);
-    project(m.qk_norm ? A.kp : A.k, A.xn1, l, kK, w.bk, r);
-    project(A.v, A.xn1, l, kV, w.bv, r);
-    if (m.qk_norm) {
-        rmsnorm_forward(A.q, A.rstd_q, A.qp, wb(w.q_norm), T * m.H, m.D, m.eps, stream_);
-        rmsnorm_forward(A.k, A.rstd_k, A.kp, wb(w.k_norm), T * m.KV, m.D, m.eps, stream_);
+    bf16* xn = r.bf16_inputs() ? A.xn1 : nullptr;
+    if (before)
+        residual_rmsnorm_forward(xn, A.rstd1, A.x, before->h1, before->mlp, wb(w.ln1), r.T, m.C, m.eps, stream_,
+                                 fp8_operand(r, m.C), r.Tp);
+    else
+        rmsnorm_forward(xn, A.rstd1, (const bf16*)A.x, wb(w.ln1), r.T, m.C, m.eps, stream_, fp8_operand(r, m.C), r.Tp);
+    const QkvOut out{A.q, A.k, A.v, A.qp, A.kp, A.rstd_q, A.rstd_k};
+    if (w.bq == kNoTensor) {
+        project(A.qkv, GemmOut::BF16, A.xn1, l, kQKV, r);
+        qkv_rope_forward(out, (const bf16*)A.qkv, r.T, r.pos, rope_->view(), qkv_shape(l), stream_);
+    } else {  // the bias joins the FP32 product before the one BF16 rounding, as on the CPU
+        project(r.gemm_f32, GemmOut::F32, A.xn1, l, kQKV, r);
+        qkv_rope_forward(out, (const float*)r.gemm_f32, r.T, r.pos, rope_->view(), qkv_shape(l), stream_);
     }
-    rope_forward(A.q, A.q, r.pos, rope_->view(), T, m.H, true, stream_);
-    rope_forward(A.k, A.k, r.pos, rope_->view(), T, m.KV, true, stream_);
 }
 
-inline void GpuEngine::attention_outputs(LayerActsGpu& A, bf16* out, int l, const StepRows& r) {
+inline void GpuEngine::attention_outputs(LayerActsGpu& A, int l, const StepRows& r, bool stop_before_down) {
     const CpuModel& m = model_;
     const LayerTensors& w = m.layers[l];
-    const long T = r.T;
-    project(A.h1, A.att, l, kO, kNoTensor, r);
-    residual_add(A.h1, A.x, A.h1, T * m.C, stream_);
-    rmsnorm_forward(A.xn2, A.rstd2, A.h1, wb(w.ln2), T, m.C, m.eps, stream_);
-    project(A.g, A.xn2, l, kGate, kNoTensor, r);
-    project(A.u, A.xn2, l, kUp, kNoTensor, r);
-    swiglu_forward(A.a, A.g, A.u, T * m.I, stream_);
-    if (!out) return;  // recomputing: the output is the next layer's input, kept
-    project(out, A.a, l, kDown, kNoTensor, r);
-    residual_add(out, A.h1, out, T * m.C, stream_);
+    const long Q = (long)m.H * m.D;
+    if (r.precision == Precision::FP8) quantize_rows_gpu(A.att, (int)r.T, (int)Q, fp8_operand(r, (int)Q), stream_);
+    project(A.o, GemmOut::BF16, A.att, l, kO, r);
+    residual_rmsnorm_forward(r.bf16_inputs() ? A.xn2 : nullptr, A.rstd2, A.h1, A.x, A.o, wb(w.ln2), r.T, m.C, m.eps,
+                             stream_, fp8_operand(r, m.C), r.Tp);
+    project(A.gu, GemmOut::BF16, A.xn2, l, kGateUp, r);
+    swiglu_forward(r.bf16_inputs() ? A.a : nullptr, (const bf16*)A.gu, r.T, m.I, stream_, fp8_operand(r, m.I), r.Tp);
+    if (stop_before_down) return;  // recomputing: the output is the next layer's input, kept
+    project(A.mlp, GemmOut::BF16, A.a, l, kDown, r);
 }
 
 inline void GpuEngine::layer_forward(int l, bool recomputing, const std::function<void(int)>& kv_ready) {
     const CpuModel& m = model_;
     LayerActsGpu& A = layers_[l];
     const StepRows r = batch_rows();
-    attention_inputs(A, l, r);
+    attention_inputs(A, recomputing || l == 0 ? nullptr : &layers_[l - 1], l, r);
     if (kv_ready) kv_ready(l);
     const PackedAttentionShape shape{T_, m.H, m.KV, m.D, batch_.num_sequences(), max_seqlen_};
     attention_forward(A.att, A.lse, A.q, A.k, A.v, cu_seqlens_.get(), shape, stream_);
-    attention_outputs(A, recomputing ? nullptr : l + 1 < m.L ? layers_[l + 1].x : hf_, l, r);
+    attention_outputs(A, l, r, recomputing);
 }
 
-inline void GpuEngine::trunk_forward(const std::vector<Sequence>& seqs, Precision p, const std::function<void(int)>& kv_ready) {
+inline void GpuEngine::trunk_forward(const std::vector<Sequence>& seqs, Precision p, bool for_backward,
+                                     const std::function<void(int)>& kv_ready) {
     precision_ = p;
+    for_backward_ = for_backward;
     prepare_batch(seqs);
     const CpuModel& m = model_;
     embedding_forward(layers_[0].x, wb(m.embed), ids_.get(), T_, m.V, m.C, stream_);
     for (int l = 0; l < m.L; l++) layer_forward(l, false, kv_ready);
-    rmsnorm_forward(xf_, rstdf_, hf_, wb(m.final_norm), T_, m.C, m.eps, stream_);
+    const LayerActsGpu& last = layers_[(size_t)m.L - 1];
+    residual_rmsnorm_forward(xf_, rstdf_, hf_, last.h1, last.mlp, wb(m.final_norm), T_, m.C, m.eps, stream_);
 }
 
-inline void GpuEngine::forward(const std::vector<Sequence>& seqs, Precision p, float temperature, TokenValues* logprob,
-                               TokenValues* entropy) {
+inline void GpuEngine::forward(const std::vector<Sequence>& seqs, Precision p, bool for_backward, float temperature,
+                               TokenValues* logprob, TokenValues* entropy) {
     if (!(temperature > 0.0f)) fail("GpuEngine: temperature must be > 0 (got %g)", temperature);
     temperature_ = temperature;
-    trunk_forward(seqs, p);
+    trunk_forward(seqs, p, for_backward);
     const CpuModel& m = model_;
     head_.forward(head_logprob_, head_entropy_, head_lse_, head_mu_, xf_, wb(m.lm_head), target_.get(), (int)T_,
                   {m.V, m.C, temperature}, stream_);
@@ -607,10 +634,9 @@ inline void GpuEngine::forward(const std::vector<Sequence>& seqs, Precision p, f
 // ---------------------------------------------------------------------------------------------
 // Backward.
 
-inline void GpuEngine::project_backward(float* dx, bool accumulate, const bf16* dy, const bf16* x, int l, Projection j,
-                                        size_t bias) {
+inline void GpuEngine::project_backward(bf16* dx, const bf16* dy, const bf16* x, int l, Projection j, size_t bias) {
     const LinearDevice W = linear(l, j);
-    linear_backward_gpu(gemm_, *scratch_, precision_, W, dy, x, (int)Tp_, dx, accumulate,
+    linear_backward_gpu(gemm_, *scratch_, precision_, W, dy, x, (int)Tp_, dx, GemmOut::BF16,
                         grads_.get() + model_.weight_offset(l, j), stream_);
     if (bias != kNoTensor) bias_backward(grad(bias), dy, T_, W.N, column_scratch_, column_scratch_floats_, stream_);
 }
@@ -619,36 +645,26 @@ inline void GpuEngine::layer_backward(int l, bf16* dh) {
     const CpuModel& m = model_;
     const LayerTensors& w = m.layers[l];
     LayerActsGpu& A = layers_[l];
-    const long T = T_, Q = (long)m.H * m.D;
+    const long T = T_;
     float* const scratch = column_scratch_;
     const long sf = column_scratch_floats_;
     // MLP
-    project_backward(g_.da, false, dh, A.a, l, kDown, kNoTensor);
-    cast(g_.da_b, g_.da, T * m.I, stream_);
-    swiglu_backward(g_.dg, g_.du, g_.da_b, A.g, A.u, T * m.I, stream_);
-    project_backward(g_.dxn, false, g_.dg, A.xn2, l, kGate, kNoTensor);
-    project_backward(g_.dxn, true, g_.du, A.xn2, l, kUp, kNoTensor);
-    cast(g_.dxn_b, g_.dxn, T * m.C, stream_);
+    project_backward(g_.da_b, dh, A.a, l, kDown, kNoTensor);
+    swiglu_backward(g_.dgu, (const bf16*)g_.da_b, (const bf16*)A.gu, T, m.I, stream_);
+    project_backward(g_.dxn_b, g_.dgu, A.xn2, l, kGateUp, kNoTensor);
     rmsnorm_backward(dh, grad(w.ln2), g_.dxn_b, A.h1, wb(w.ln2), A.rstd2, T, m.C, true, scratch, sf, stream_);
     // attention
-    project_backward(g_.datt, false, dh, A.att, l, kO, kNoTensor);
-    cast(g_.datt_b, g_.datt, T * Q, stream_);
+    project_backward(g_.datt_b, dh, A.att, l, kO, kNoTensor);
     const PackedAttentionShape shape{T, m.H, m.KV, m.D, batch_.num_sequences(), max_seqlen_};
     attention_backward(g_.dq, g_.dk, g_.dv, g_.delta, g_.datt_b, A.att, A.lse, A.q, A.k, A.v, cu_seqlens_.get(), shape,
                        stream_);
-    rope_backward(g_.dq, g_.dq, pos_.get(), rope_->view(), T, m.H, true, stream_);
-    rope_backward(g_.dk, g_.dk, pos_.get(), rope_->view(), T, m.KV, true, stream_);
-    bf16 *dq = g_.dq, *dk = g_.dk;
-    if (m.qk_norm) {
-        rmsnorm_backward(g_.dqp, grad(w.q_norm), g_.dq, A.qp, wb(w.q_norm), A.rstd_q, T * m.H, m.D, false, scratch, sf, stream_);
-        rmsnorm_backward(g_.dkp, grad(w.k_norm), g_.dk, A.kp, wb(w.k_norm), A.rstd_k, T * m.KV, m.D, false, scratch, sf,
-                         stream_);
-        dq = g_.dqp, dk = g_.dkp;
+    qkv_rope_backward(g_.dqkv, {g_.dq, g_.dk, g_.dv, A.qp, A.kp, A.rstd_q, A.rstd_k}, T, pos_.get(), rope_->view(),
+                      qkv_shape(l), stream_);
+    if (m.qk_norm) {  // dq, dk now hold the norms' output gradients
+        rmsnorm_weight_grad(grad(w.q_norm), g_.dq, A.qp, A.rstd_q, T * m.H, m.D, scratch, sf, stream_);
+        rmsnorm_weight_grad(grad(w.k_norm), g_.dk, A.kp, A.rstd_k, T * m.KV, m.D, scratch, sf, stream_);
     }
-    project_backward(g_.dxn, false, dq, A.xn1, l, kQ, w.bq);
-    project_backward(g_.dxn, true, dk, A.xn1, l, kK, w.bk);
-    project_backward(g_.dxn, true, g_.dv, A.xn1, l, kV, w.bv);
-    cast(g_.dxn_b, g_.dxn, T * m.C, stream_);
+    project_backward(g_.dxn_b, g_.dqkv, A.xn1, l, kQKV, w.bq);
     rmsnorm_backward(dh, grad(w.ln1), g_.dxn_b, A.x, wb(w.ln1), A.rstd1, T, m.C, true, scratch, sf, stream_);
 }
 
@@ -657,7 +673,7 @@ inline void GpuEngine::backward(const TokenValues& d_logprob, const TokenValues&
     if (d_logprob.size() != train_seqs_.size()) fail("GpuEngine::backward: gradients of %zu sequences, the forward had %zu",
                                                      d_logprob.size(), train_seqs_.size());
     const CpuModel& m = model_;
-    const long T = T_, Tp = Tp_, C = m.C, Q = (long)m.H * m.D, Kd = (long)m.KV * m.D, I = m.I;
+    const long T = T_, Tp = Tp_, C = m.C, Q = (long)m.H * m.D, Kd = (long)m.KV * m.D, I = m.I, N = m.qkv_dim();
     // head row r predicts token r + 1: dL/dlogprob of response position k of sequence s sits at row first + k - 1
     std::vector<float> dlp((size_t)T, 0.0f), dent((size_t)T, 0.0f);
     for (size_t s = 0; s < train_seqs_.size(); s++) {
@@ -669,29 +685,31 @@ inline void GpuEngine::backward(const TokenValues& d_logprob, const TokenValues&
             dent[(size_t)row] = d_entropy[s][k];
         }
     }
-    // buffers: BF16 gradients of activations, zero (padding rows stay zero operands)
-    grad_bf16_.resize((size_t)(Tp * (3 * C + 3 * I + 3 * Q + 3 * Kd)), "BF16 activation gradients");
-    grad_bf16_.zero(stream_);
+    // buffers: BF16 gradients of activations, not zeroed: GEMMs write all Tp rows, the other kernels
+    // T rows; of what a GEMM reads, dh, dgu and dqkv get their padding rows zeroed below.
+    grad_bf16_.resize((size_t)(Tp * (2 * C + 3 * I + 2 * Q + 2 * Kd + N)), "BF16 activation gradients");
     bf16* b = grad_bf16_.get();
     auto take_b = [&](long n) { bf16* r = b; b += n; return r; };
     bf16* dh = take_b(Tp * C);
-    g_.dxn_b = take_b(Tp * C), g_.da_b = take_b(Tp * I), g_.dg = take_b(Tp * I), g_.du = take_b(Tp * I);
-    g_.datt_b = take_b(Tp * Q), g_.dq = take_b(Tp * Q), g_.dqp = take_b(Tp * Q);
-    g_.dk = take_b(Tp * Kd), g_.dv = take_b(Tp * Kd), g_.dkp = take_b(Tp * Kd);
+    g_.dxn_b = take_b(Tp * C), g_.da_b = take_b(Tp * I), g_.dgu = take_b(Tp * 2 * I);
+    g_.datt_b = take_b(Tp * Q), g_.dq = take_b(Tp * Q), g_.dk = take_b(Tp * Kd), g_.dv = take_b(Tp * Kd);
+    g_.dqkv = take_b(Tp * N);
+    for (auto [p, n] : {std::make_pair(dh, C), std::make_pair(g_.dgu, 2 * I), std::make_pair(g_.dqkv, N)})
+        if (Tp > T) CUDA_CHECK(cudaMemsetAsync(p + T * n, 0, (size_t)(Tp - T) * n * sizeof(bf16), stream_));
     column_scratch_floats_ = std::max({rmsnorm_backward_scratch_floats(T, m.C), rmsnorm_backward_scratch_floats(T * m.H, m.D),
-                                       rmsnorm_backward_scratch_floats(T * m.KV, m.D), bias_backward_scratch_floats(T, (int)Q),
-                                       bias_backward_scratch_floats(T, (int)Kd)});
-    grad_f32_.resize((size_t)(Tp * (m.C + I + Q) + T * m.H + 2 * T + column_scratch_floats_), "FP32 activation gradients");
-    grad_f32_.zero(stream_);
+                                       rmsnorm_backward_scratch_floats(T * m.KV, m.D), bias_backward_scratch_floats(T, (int)N)});
+    grad_f32_.resize((size_t)(Tp * m.C + T * m.H + 2 * T + column_scratch_floats_), "FP32 activation gradients");
     float* f = grad_f32_.get();
     auto take_f = [&](long n) { float* r = f; f += n; return r; };
-    g_.dxn = take_f(Tp * m.C), g_.da = take_f(Tp * I), g_.datt = take_f(Tp * Q), g_.delta = take_f(T * m.H);
+    g_.dxn = take_f(Tp * m.C), g_.delta = take_f(T * m.H);
     float* dlogprob_row = take_f(T);
     float* dentropy_row = take_f(T);
     column_scratch_ = take_f(column_scratch_floats_);
     CUDA_CHECK(cudaMemcpy(dlogprob_row, dlp.data(), T * sizeof(float), cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMemcpy(dentropy_row, dent.data(), T * sizeof(float), cudaMemcpyHostToDevice));
 
+    // the head's dX GEMMs add into dx (beta = 1)
+    CUDA_CHECK(cudaMemsetAsync(g_.dxn, 0, (size_t)T * m.C * sizeof(float), stream_));
     head_.backward(g_.dxn, grad(m.lm_head), dlogprob_row, dentropy_row, head_lse_, head_mu_, xf_, wb(m.lm_head),
                    target_.get(), (int)T, {m.V, m.C, temperature_}, stream_);
     cast(g_.dxn_b, g_.dxn, T * m.C, stream_);

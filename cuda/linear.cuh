@@ -1,11 +1,14 @@
 // linear.cuh: the linear layers of the GPU engine, y = x W^T, forward and backward, in BF16 or FP8
 // (DESIGN.md §3, spec-fp8.md §7), as the CPU engine's cpu/linear.h computes them:
 //   bf16  the BF16 weight copy through cuBLASLt's BF16 GEMMs (TN fprop, NN dgrad, NT wgrad);
-//   fp8   x and dy quantized 1x128 along the reduction dimension by fp8_gemm.cuh's kernels, the
-//         weight's 128x128-block copy and its transposed copy (refreshed after every update), and
-//         for wgrad x^T and dy^T quantized 1x128 along tokens, all three GEMMs block-scaled.
-// Activations are BF16; dx and dW are FP32 (dW accumulates into the gradient buffer, dx across the
-// projections that read the same input). Biases and the BF16 rounding after them are the caller's.
+//   fp8   x's FP8 1x128 operand written by the kernel that produced x (cuda/fp8_rows.cuh: a norm,
+//         SwiGLU, or one pass over the attention output) into LinearScratch's slot 0, dy quantized
+//         1x128 along the reduction dimension by fp8_gemm.cuh's kernels, the weight's 128x128-block
+//         copy and its transposed copy (refreshed after every update), and for wgrad x^T and dy^T
+//         quantized 1x128 along tokens, all three GEMMs block-scaled.
+// Activations are BF16; dx is BF16 or FP32 as the caller asks (every projection's dgrad is one
+// GEMM, so the GEMM rounds it); dW is FP32, accumulated into the gradient buffer. Biases and the
+// BF16 rounding after them are the caller's.
 // FP8 needs the token count T to be a multiple of 128 (the engine pads its batches; padding rows
 // are zero, which changes neither a 1x128 group's amax nor a sum) and N, K multiples of 16.
 #ifndef FP8RL_LINEAR_CUH
@@ -14,6 +17,7 @@
 
 #include "cuda/common.cuh"
 #include "cuda/device_array.cuh"
+#include "cuda/fp8_rows.cuh"
 #include "fp8_gemm.cuh"
 #include "rl/numerics/precision.h"
 
@@ -44,21 +48,34 @@ class LinearScratch {
 
     bool pow2_scales() const { return pow2_; }
 
+    // Slot `slot` as a producer's target for the FP8 operand of a [rows][cols] tensor.
+    Fp8RowsOut rows_out(int slot, int rows, int cols) {
+        check_fits(rows, cols);
+        Operand& o = slot == 0 ? a_ : b_;
+        Fp8RowsOut out;
+        out.codes = o.codes, out.scale_inv = o.scales, out.rows = rows, out.pow2 = pow2_;
+        return out;
+    }
+
     // An operand x [rows][cols] quantized 1x128 along cols (codes [rows][cols], scales [L_cols][rows])
     // and along rows (codes_t [cols][rows], scales_t [L_rows][cols]), in slot 0 or 1.
     struct Operand {
         uint8_t *codes = nullptr, *codes_t = nullptr;
         float *scales = nullptr, *scales_t = nullptr;
     };
+    const Operand& operand(int slot) const { return slot == 0 ? a_ : b_; }
     const Operand& quantize(int slot, const __nv_bfloat16* x, int rows, int cols, cudaStream_t stream) {
-        if (rows > max_tokens_ || cols > max_dim_)
-            fail("LinearScratch: an operand [%d][%d] exceeds the scratch's [%d][%d]", rows, cols, max_tokens_, max_dim_);
+        check_fits(rows, cols);
         Operand& o = slot == 0 ? a_ : b_;
         fp8_quantize_rowwise_gpu(x, rows, cols, pow2_, o.codes, o.scales, o.codes_t, o.scales_t, stream);
         return o;
     }
 
   private:
+    void check_fits(int rows, int cols) const {
+        if (rows > max_tokens_ || cols > max_dim_)
+            fail("LinearScratch: an operand [%d][%d] exceeds the scratch's [%d][%d]", rows, cols, max_tokens_, max_dim_);
+    }
     struct Storage {
         DeviceArray<uint8_t> codes, codes_t;
         DeviceArray<float> scales, scales_t;
@@ -78,30 +95,31 @@ inline void check_linear(const char* what, Precision p, const LinearDevice& W, i
     }
 }
 
-// y [T][N] = x [T][K] . W^T, BF16 or FP32 (out).
-inline void linear_forward_gpu(GemmRunner& gemm, LinearScratch& scratch, Precision p, const LinearDevice& W,
+// y [T][N] = x [T][K] . W^T, BF16 or FP32 (out): bf16 reads x, fp8 the operand x's producer wrote
+// into the scratch's slot 0 (LinearScratch::rows_out).
+inline void linear_forward_gpu(GemmRunner& gemm, const LinearScratch& scratch, Precision p, const LinearDevice& W,
                                const __nv_bfloat16* x, int T, void* y, GemmOut out, cudaStream_t stream) {
     check_linear("linear_forward_gpu", p, W, T);
     if (p == Precision::BF16) return gemm.bf16("fprop", W.N, T, W.K, W.w, x, y, out, stream, GemmOps::TN);
-    const LinearScratch::Operand& xq = scratch.quantize(0, x, T, W.K, stream);
+    const LinearScratch::Operand& xq = scratch.operand(0);
     gemm.fp8("fprop", W.N, T, W.K, W.w8->codes, W.w8->scale_inv, Fp8ScaleMode::BLK128x128, xq.codes, xq.scales,
              Fp8ScaleMode::VEC128, y, out, stream);
 }
 
-// dx [T][K] (+)= dy [T][N] . W (FP32; accumulate_dx adds to what dx holds); dW [N][K] += dy^T . x.
+// dx [T][K] = dy [T][N] . W (BF16 or FP32: dx_out); dW [N][K] += dy^T . x.
 inline void linear_backward_gpu(GemmRunner& gemm, LinearScratch& scratch, Precision p, const LinearDevice& W,
-                                const __nv_bfloat16* dy, const __nv_bfloat16* x, int T, float* dx, bool accumulate_dx,
+                                const __nv_bfloat16* dy, const __nv_bfloat16* x, int T, void* dx, GemmOut dx_out,
                                 float* dW, cudaStream_t stream) {
     check_linear("linear_backward_gpu", p, W, T);
     if (p == Precision::BF16) {
-        gemm.bf16("dgrad", W.K, T, W.N, W.w, dy, dx, GemmOut::F32, stream, GemmOps::NN, accumulate_dx);
+        gemm.bf16("dgrad", W.K, T, W.N, W.w, dy, dx, dx_out, stream, GemmOps::NN);
         gemm.bf16("wgrad", W.K, W.N, T, x, dy, dW, GemmOut::F32, stream, GemmOps::NT, true);
         return;
     }
     const LinearScratch::Operand& dyq = scratch.quantize(0, dy, T, W.N, stream);  // 1x128 along N and along T
     const LinearScratch::Operand& xq = scratch.quantize(1, x, T, W.K, stream);    // x^T 1x128 along T
     gemm.fp8("dgrad", W.K, T, W.N, W.w8->codes_t, W.w8->scale_inv_t, Fp8ScaleMode::BLK128x128, dyq.codes, dyq.scales,
-             Fp8ScaleMode::VEC128, dx, GemmOut::F32, stream, accumulate_dx);
+             Fp8ScaleMode::VEC128, dx, dx_out, stream);
     gemm.fp8("wgrad", W.K, W.N, T, xq.codes_t, xq.scales_t, Fp8ScaleMode::VEC128, dyq.codes_t, dyq.scales_t,
              Fp8ScaleMode::VEC128, dW, GemmOut::F32, stream, true);
 }

@@ -73,27 +73,28 @@ inline size_t fp8_copy_bytes(const ModelConfig& c) {
 
 // prepare_batch carves its activations on 256-byte boundaries (cuBLASLt's default alignment
 // assumption; FP8 GEMM operands need 16): each carve wastes less than this, and it counts the
-// carves of a forward (every layer's x, up to 12 per activation set in BF16 and 5 in FP32, 2 + 6 more).
+// carves of a forward (every layer's x, up to 12 per activation set in BF16 and 5 in FP32, 4 + 6 more).
 constexpr size_t CARVE_ALIGN_BYTES = 256;
-inline size_t forward_carve_slack(long layers, long sets) { return CARVE_ALIGN_BYTES * (size_t)(layers + 17 * sets + 8); }
+inline size_t forward_carve_slack(long layers, long sets) { return CARVE_ALIGN_BYTES * (size_t)(layers + 17 * sets + 10); }
 
 // The buffers of one forward of T tokens (prepare_batch): ids, positions, targets, sequence offsets
 // (at most T sequences), the RoPE table (at most T positions), BF16 activations and FP32 statistics.
 inline size_t forward_bytes(const ModelConfig& c, long T, bool recompute) {
     const long Tp = round_up(T, 128), C = c.hidden_size, Q = c.q_dim(), Kd = c.kv_dim(), I = c.intermediate_size;
     const long L = c.num_layers, H = c.num_heads, KV = c.num_kv_heads, D = c.head_dim;
-    const long inner = Tp * (3 * C + (c.qk_norm ? Q + Kd : 0) + 2 * Q + 2 * Kd + 3 * I);
+    const long N = Q + 2 * Kd;  // the fused [q|k|v] projection's outputs
+    const long inner = Tp * (3 * C + N + (c.qk_norm ? Q + Kd : 0) + 2 * Q + 2 * Kd + 3 * I);
     const long inner_f32 = T * (2 + 2 * H + KV);
-    const long sets = recompute ? 1 : L, max_dim = std::max(std::max(C, I), std::max(Q, Kd));
+    const long sets = recompute ? 1 : L;
     const size_t ids = 4 * (size_t)(Tp + T + T + T + 1), rope = 2 * sizeof(float) * (size_t)T * (size_t)(D / 2);
-    return ids + rope + 2 * (size_t)(L * Tp * C + sets * inner + 2 * Tp * C) +
-           4 * (size_t)(sets * inner_f32 + 5 * T + Tp * max_dim) + 2 * forward_carve_slack(L, sets);
+    return ids + rope + 2 * (size_t)(L * Tp * C + sets * inner + 4 * Tp * C) +
+           4 * (size_t)(sets * inner_f32 + 5 * T + Tp * N) + 2 * forward_carve_slack(L, sets);
 }
 
 // The FP8 operand scratch of the linear layers (LinearScratch: two operands and their transposes).
 inline size_t linear_scratch_bytes(const ModelConfig& c, long T) {
     const int Tp = (int)round_up(T, 128);
-    const int max_dim = (int)std::max(std::max(c.hidden_size, c.intermediate_size), std::max(c.q_dim(), c.kv_dim()));
+    const int max_dim = (int)std::max({c.hidden_size, c.q_dim() + 2 * c.kv_dim(), 2 * c.intermediate_size});
     const size_t scales = std::max(vec128_scale_count(Tp, max_dim), vec128_scale_count(max_dim, Tp));
     return 2 * (2 * (size_t)Tp * max_dim + 2 * sizeof(float) * scales);
 }
@@ -116,9 +117,10 @@ inline size_t backward_bytes(const ModelConfig& c, long T, int chunk_rows) {
     const long Tp = round_up(T, 128), C = c.hidden_size, Q = c.q_dim(), Kd = c.kv_dim(), I = c.intermediate_size;
     const long H = c.num_heads, KV = c.num_kv_heads, D = c.head_dim;
     auto column_scratch = [&](long rows, long n) { return (rows + chunk_rows - 1) / chunk_rows * n; };
+    const long N = Q + 2 * Kd;
     const long scratch = std::max({column_scratch(T, C), column_scratch(T * H, D), column_scratch(T * KV, D),
-                                   column_scratch(T, Q), column_scratch(T, Kd)});
-    return 2 * (size_t)(Tp * (3 * C + 3 * I + 3 * Q + 3 * Kd)) + 4 * (size_t)(Tp * (C + I + Q) + T * H + 2 * T + scratch);
+                                   column_scratch(T, N)});
+    return 2 * (size_t)(Tp * (2 * C + 3 * I + 2 * Q + 2 * Kd + N)) + 4 * (size_t)(Tp * C + T * H + 2 * T + scratch);
 }
 
 }  // namespace memory_plan_detail

@@ -266,29 +266,36 @@ TEST(model_rejects_bad_batches) {
 }
 
 // SwiGLU's AVX2 loops compute the scalar formula's bits at every position (vector body or tail, any
-// length), and stay within float rounding of the double-precision function.
+// row length), and stay within float rounding of the double-precision function. Rows of the fused
+// [gate|up] output: g = gu[t][0, I), u = gu[t][I, 2I).
 TEST(model_swiglu_vector_equals_scalar) {
-    const long n = 4100;  // two parallel blocks and a tail
-    std::vector<float> g(n), u(n), da(n), a(n), dg(n), du(n);
+    const long T = 3;
+    const int I = 1367;  // vector body and a tail per row
+    const long n = T * I;
+    std::vector<float> gu(2 * n), da(n), a(n), dgu(2 * n);
+    auto g = [&](long i) -> float& { return gu[(i / I) * 2 * I + i % I]; };
+    auto u = [&](long i) -> float& { return gu[(i / I) * 2 * I + I + i % I]; };
     for (long i = 0; i < n; i++) {
-        g[i] = 12.0f * std::sin(0.61f * (float)i);  // covers both tails of the sigmoid
-        u[i] = std::cos(0.23f * (float)i);
+        g(i) = 12.0f * std::sin(0.61f * (float)i);  // covers both tails of the sigmoid
+        u(i) = std::cos(0.23f * (float)i);
         da[i] = std::sin(0.11f * (float)i + 1.0f);
     }
-    g[5] = -100.0f;  // exp(-g) overflows: silu -> -0
-    g[6] = 100.0f;
-    swiglu_forward(a.data(), g.data(), u.data(), n, false);
-    swiglu_backward(dg.data(), du.data(), da.data(), g.data(), u.data(), n);
+    g(5) = -100.0f;  // exp(-g) overflows: silu -> -0
+    g(6) = 100.0f;
+    swiglu_forward(a.data(), gu.data(), T, I, false);
+    swiglu_backward(dgu.data(), da.data(), gu.data(), T, I);
     long differ = 0;
     double worst = 0.0;
     for (long i = 0; i < n; i++) {
-        const float want = g[i] / (1.0f + fast_exp(-g[i])) * u[i];
-        const float sig = 1.0f / (1.0f + fast_exp(-g[i]));
-        const float want_dg = da[i] * u[i] * sig * (1.0f + g[i] * (1.0f - sig)), want_du = da[i] * g[i] * sig;
-        differ += std::memcmp(&want, &a[i], 4) != 0 || std::memcmp(&want_dg, &dg[i], 4) != 0 ||
-                  std::memcmp(&want_du, &du[i], 4) != 0;
-        const double s = 1.0 / (1.0 + std::exp(-(double)g[i]));
-        const double ref = (double)g[i] * s * u[i];
+        const float gi = g(i), ui = u(i);
+        const float dg = dgu[(i / I) * 2 * I + i % I], du = dgu[(i / I) * 2 * I + I + i % I];
+        const float want = gi / (1.0f + fast_exp(-gi)) * ui;
+        const float sig = 1.0f / (1.0f + fast_exp(-gi));
+        const float want_dg = da[i] * ui * sig * (1.0f + gi * (1.0f - sig)), want_du = da[i] * gi * sig;
+        differ += std::memcmp(&want, &a[i], 4) != 0 || std::memcmp(&want_dg, &dg, 4) != 0 ||
+                  std::memcmp(&want_du, &du, 4) != 0;
+        const double s = 1.0 / (1.0 + std::exp(-(double)gi));
+        const double ref = (double)gi * s * ui;
         worst = std::fmax(worst, std::fabs(a[i] - ref) / std::fmax(std::fabs(ref), 1e-30));
     }
     CHECK_MSG(differ == 0, "%ld positions differ from the scalar formula", differ);

@@ -48,12 +48,26 @@ TEST(weights_layout_is_canonical_and_aligned) {
     ModelWeights w = ModelWeights::load(harness::model_fixtures + "qwen2_tiny");
     CHECK_EQ(w.tensors.front().name, std::string("model.embed_tokens.weight"));
     CHECK_EQ(w.tensors[1].name, std::string("model.layers.0.input_layernorm.weight"));
-    CHECK_EQ(w.tensors[3].name, std::string("model.layers.0.self_attn.q_proj.bias"));
+    CHECK_EQ(w.tensors[5].name, std::string("model.layers.0.self_attn.q_proj.bias"));
     CHECK_EQ(w.tensors.back().name, std::string("model.norm.weight"));  // tied: no lm_head
+    // k and v follow q, and up follows gate, without a gap (the fused projections); every other
+    // tensor starts on 64 floats
+    auto fused_tail = [](const std::string& n) {
+        for (const char* s : {"k_proj.weight", "v_proj.weight", "k_proj.bias", "v_proj.bias", "up_proj.weight"})
+            if (n.size() > strlen(s) && n.compare(n.size() - strlen(s), strlen(s), s) == 0) return true;
+        return false;
+    };
+    int fused = 0;
     for (size_t i = 0; i < w.tensors.size(); i++) {
-        CHECK_EQ(w.tensors[i].offset % 64, (size_t)0);
+        if (fused_tail(w.tensors[i].name)) {
+            fused++;
+            CHECK_EQ(w.tensors[i].offset, w.tensors[i - 1].offset + w.tensors[i - 1].numel);
+        } else {
+            CHECK_EQ(w.tensors[i].offset % 64, (size_t)0);
+        }
         if (i) CHECK(w.tensors[i].offset >= w.tensors[i - 1].offset + w.tensors[i - 1].numel);
     }
+    CHECK_EQ(fused, 5 * (int)w.config.num_layers);
     CHECK(w.tensors.back().offset + w.tensors.back().numel <= w.num_floats());
     // the layout depends on the config only: a fresh model of the same config has the same table
     ModelWeights fresh = ModelWeights::from_config(w.config);

@@ -3,10 +3,12 @@
 // any other buffer of num_floats() floats (gradients, AdamW moments) shares the same layout.
 //
 // Canonical order: model.embed_tokens.weight; per layer i, model.layers.{i}.{input_layernorm,
-// self_attn.q_proj (weight, bias), k_proj, v_proj, q_norm, k_norm, o_proj, post_attention_layernorm,
-// mlp.gate_proj, mlp.up_proj, mlp.down_proj}; model.norm.weight; lm_head.weight (untied only).
-// Biases exist for Qwen2, q/k norms for Qwen3. Each tensor starts at a multiple of 64 floats
-// (256 bytes, for vector loads and GPU copies); the padding between tensors is kept zero.
+// self_attn.{q,k,v}_proj.weight, self_attn.{q,k,v}_proj.bias, q_norm, k_norm, o_proj,
+// post_attention_layernorm, mlp.gate_proj, mlp.up_proj, mlp.down_proj}; model.norm.weight;
+// lm_head.weight (untied only). Biases exist for Qwen2, q/k norms for Qwen3. Each tensor starts at
+// a multiple of 64 floats (256 bytes, for vector loads and GPU copies), except that k and v follow
+// q, and up follows gate, without a gap: the fused projections [q|k|v] and [gate|up] (and the
+// [q|k|v] bias) are each one contiguous matrix. The padding between tensors is kept zero.
 //
 // load() reads a HF directory (single file or sharded): every tensor is checked against the
 // config's shape, converted to FP32 from F32/BF16/F16, and missing or unexpected tensors are named.
@@ -42,13 +44,16 @@ struct TensorInfo {
 inline std::vector<TensorInfo> tensor_layout(const ModelConfig& c, size_t* total = nullptr) {
     std::vector<TensorInfo> t;
     size_t offset = 0;
-    auto add = [&](std::string name, std::vector<int64_t> shape) {
+    // pad = false: the next tensor follows without padding, so a layer's q, k, v weights (and
+    // biases) and its gate and up weights are each one contiguous matrix, the fused projections'.
+    auto add = [&](std::string name, std::vector<int64_t> shape, bool pad = true) {
         TensorInfo info;
         info.name = std::move(name);
         info.shape = std::move(shape);
         info.numel = (size_t)shape_numel(info.shape);
         info.offset = offset;
-        offset += (info.numel + 63) / 64 * 64;
+        offset += info.numel;
+        if (pad) offset = (offset + 63) / 64 * 64;
         t.push_back(std::move(info));
     };
     const int64_t C = c.hidden_size, I = c.intermediate_size, Q = c.q_dim(), KV = c.kv_dim();
@@ -56,19 +61,21 @@ inline std::vector<TensorInfo> tensor_layout(const ModelConfig& c, size_t* total
     for (int64_t i = 0; i < c.num_layers; i++) {
         std::string p = "model.layers." + std::to_string(i) + ".";
         add(p + "input_layernorm.weight", {C});
-        add(p + "self_attn.q_proj.weight", {Q, C});
-        if (c.qkv_bias) add(p + "self_attn.q_proj.bias", {Q});
-        add(p + "self_attn.k_proj.weight", {KV, C});
-        if (c.qkv_bias) add(p + "self_attn.k_proj.bias", {KV});
+        add(p + "self_attn.q_proj.weight", {Q, C}, false);
+        add(p + "self_attn.k_proj.weight", {KV, C}, false);
         add(p + "self_attn.v_proj.weight", {KV, C});
-        if (c.qkv_bias) add(p + "self_attn.v_proj.bias", {KV});
+        if (c.qkv_bias) {
+            add(p + "self_attn.q_proj.bias", {Q}, false);
+            add(p + "self_attn.k_proj.bias", {KV}, false);
+            add(p + "self_attn.v_proj.bias", {KV});
+        }
         if (c.qk_norm) {
             add(p + "self_attn.q_norm.weight", {c.head_dim});
             add(p + "self_attn.k_norm.weight", {c.head_dim});
         }
         add(p + "self_attn.o_proj.weight", {C, Q});
         add(p + "post_attention_layernorm.weight", {C});
-        add(p + "mlp.gate_proj.weight", {I, C});
+        add(p + "mlp.gate_proj.weight", {I, C}, false);
         add(p + "mlp.up_proj.weight", {I, C});
         add(p + "mlp.down_proj.weight", {C, I});
     }

@@ -477,50 +477,62 @@ std::vector<float> gate_values(size_t n, bool bf16) {
     return g;
 }
 
+// Rows of the fused [gate|up] output gu [T][2I]: g = gu[t][0, I), u = gu[t][I, 2I).
+std::vector<float> fused_gate_up(const std::vector<float>& g, const std::vector<float>& u, long T, int I) {
+    std::vector<float> gu((size_t)T * 2 * I);
+    for (long t = 0; t < T; t++)
+        for (int i = 0; i < I; i++) {
+            gu[(size_t)t * 2 * I + i] = g[(size_t)t * I + i];
+            gu[(size_t)t * 2 * I + I + i] = u[(size_t)t * I + i];
+        }
+    return gu;
+}
+
 template <class In, class Out>
-int swiglu_case(long n) {
-    const std::vector<float> g = gate_values(n, is_bf16<In>), u = uniform(n, 103, 2.0f, is_bf16<In>);
+int swiglu_case(long T, int I) {
+    const long n = T * I;
+    const std::vector<float> gu = fused_gate_up(gate_values(n, is_bf16<In>), uniform(n, 103, 2.0f, is_bf16<In>), T, I);
     const std::vector<float> da = uniform(n, 107, 1.0f, is_bf16<In>);
-    DeviceBuffer<In> d_g(to_type<In>(g)), d_u(to_type<In>(u)), d_da(to_type<In>(da));
-    DeviceBuffer<Out> d_a(n), d_dg(n), d_du(n);
-    swiglu_forward(d_a.ptr, d_g.ptr, d_u.ptr, n, kStream);
-    swiglu_backward(d_dg.ptr, d_du.ptr, d_da.ptr, d_g.ptr, d_u.ptr, n, kStream);
-    std::vector<float> a(n), dg(n), du(n);
-    swiglu_forward(a.data(), g.data(), u.data(), n, is_bf16<Out>);
-    swiglu_backward(dg.data(), du.data(), da.data(), g.data(), u.data(), n);
-    round_bf16_if(is_bf16<Out>, dg.data(), n);
-    round_bf16_if(is_bf16<Out>, du.data(), n);
-    const std::string shape = strfmt("%s -> %s, n=%ld", type_name<In>(), type_name<Out>(), n);
+    DeviceBuffer<In> d_gu(to_type<In>(gu)), d_da(to_type<In>(da));
+    DeviceBuffer<Out> d_a(n), d_dgu(2 * n);
+    swiglu_forward(d_a.ptr, d_gu.ptr, T, I, kStream);
+    swiglu_backward(d_dgu.ptr, d_da.ptr, d_gu.ptr, T, I, kStream);
+    std::vector<float> a(n), dgu(2 * n);
+    swiglu_forward(a.data(), gu.data(), T, I, is_bf16<Out>);
+    swiglu_backward(dgu.data(), da.data(), gu.data(), T, I);
+    round_bf16_if(is_bf16<Out>, dgu.data(), 2 * n);
+    const std::string shape = strfmt("%s -> %s, %ld x %d", type_name<In>(), type_name<Out>(), T, I);
     return bit_mismatches(download_floats(d_a), a, "swiglu forward " + shape) +
-           bit_mismatches(download_floats(d_dg), dg, "swiglu backward dg " + shape) +
-           bit_mismatches(download_floats(d_du), du, "swiglu backward du " + shape);
+           bit_mismatches(download_floats(d_dgu), dgu, "swiglu backward " + shape);
 }
 
 }  // namespace
 
 TEST(gpu_layers_swiglu_matches_cpu_bit_for_bit) {
     REQUIRE_GPU();
-    CHECK_EQ((swiglu_case<float, float>(1037)), 0);
-    CHECK_EQ((swiglu_case<bf16_t, bf16_t>(1037)), 0);
-    CHECK_EQ((swiglu_case<bf16_t, float>(13)), 0);
+    CHECK_EQ((swiglu_case<float, float>(3, 1037)), 0);
+    CHECK_EQ((swiglu_case<bf16_t, bf16_t>(3, 1037)), 0);
+    CHECK_EQ((swiglu_case<bf16_t, bf16_t>(2, 256)), 0);
+    CHECK_EQ((swiglu_case<bf16_t, float>(1, 13)), 0);
 }
 
 TEST(gpu_layers_swiglu_backward_matches_finite_differences) {
     REQUIRE_GPU();
-    const long n = 50;
-    std::vector<float> g = uniform(n, 109, 4.0f, false), u = uniform(n, 113, 2.0f, false);
-    const std::vector<float> r = uniform(n, 127, 1.0f, false);
-    DeviceBuffer<float> d_g(g), d_u(u), d_r(r), d_a(n), d_dg(n), d_du(n);
-    swiglu_backward(d_dg.ptr, d_du.ptr, d_r.ptr, d_g.ptr, d_u.ptr, n, kStream);
-    const std::vector<float> dg = d_dg.download(), du = d_du.download();
+    const long T = 2;
+    const int I = 25;
+    std::vector<float> gu = fused_gate_up(uniform(T * I, 109, 4.0f, false), uniform(T * I, 113, 2.0f, false), T, I);
+    const std::vector<float> r = uniform(T * I, 127, 1.0f, false);
+    DeviceBuffer<float> d_gu(gu), d_r(r), d_a(T * I), d_dgu(2 * T * I);
+    swiglu_backward(d_dgu.ptr, d_r.ptr, d_gu.ptr, T, I, kStream);
+    const std::vector<float> dgu = d_dgu.download();
     auto forward = [&] {
-        d_g.upload(g);
-        d_u.upload(u);
-        swiglu_forward(d_a.ptr, d_g.ptr, d_u.ptr, n, kStream);
+        d_gu.upload(gu);
+        swiglu_forward(d_a.ptr, d_gu.ptr, T, I, kStream);
         return d_a.download();
     };
-    CHECK_EQ(finite_difference_mismatches("swiglu backward dg vs finite differences", g, dg, {0, 9, 23, 49}, r, forward), 0);
-    CHECK_EQ(finite_difference_mismatches("swiglu backward du vs finite differences", u, du, {1, 30, 48}, r, forward), 0);
+    // g of rows 0 and 1, then u of both rows
+    CHECK_EQ(finite_difference_mismatches("swiglu backward vs finite differences", gu, dgu, {0, 9, 23, 50, 74, 26, 40, 99}, r,
+                                          forward), 0);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -651,7 +663,7 @@ TEST(gpu_layers_launchers_name_a_wrong_shape) {
                  "scratch of 8 floats, the column sum of 300 x 8 needs 16");
     CHECK_THROWS(rope_forward(buffer.ptr, buffer.ptr, ids.ptr, RopeTableView{buffer.ptr, buffer.ptr, 0, 4}, 4, 2, false, kStream),
                  "rope_forward: rows = 4, heads = 2, half the head dim = 0");
-    CHECK_THROWS(swiglu_forward(buffer.ptr, buffer.ptr, buffer.ptr, -1, kStream), "swiglu_forward: element count -1");
+    CHECK_THROWS(swiglu_forward(buffer.ptr, buffer.ptr, -1, 4, kStream), "swiglu_forward: -1 rows");
     CHECK_THROWS(bias_add(buffer.ptr, buffer.ptr, buffer.ptr, 3, 0, kStream), "bias_add: 3 rows of 0 features");
     CHECK_THROWS(bias_backward(buffer.ptr, buffer.ptr, 3, 8, buffer.ptr, 0, kStream), "bias_backward: scratch of 0 floats");
 }

@@ -1,0 +1,166 @@
+// qkv_rope.cuh: what lies between the fused [q|k|v] projection and attention, in one kernel (and
+// its backward in one), as cpu/model.h's layer_forward / layer_backward compute it step by step:
+//   forward   row t of the projection's output qkv [T][(H + 2 KV) D] (BF16, or FP32 when Qwen2's
+//             bias joins it before the one BF16 rounding, as cpu/linear.h's bias add) split into
+//             q [T][H][D], k, v [T][KV][D]; Qwen3's per-head q/k RMSNorm (qp, kp: the normed
+//             inputs, kept for the backward; rstd per row and head); RoPE on q and k
+//             (cuda/rope.cuh's rotation: cos/sin from the CPU's table, rounded to BF16).
+//   backward  dq, dk from attention through RoPE's transposed rotation (rounded to BF16, kept in
+//             dq, dk for the norms' weight gradients) and the q/k norms' input gradient, and dv,
+//             assembled into dqkv laid out as qkv: the fused projection's output gradient.
+// One block per (token, head slot) of the H + 2 KV slots, norm_threads(D) threads: the norms' sums
+// are cuda/block_reduce.cuh's, in rl/numerics/reduction_order.h's block_sum order.
+#ifndef FP8RL_CUDA_QKV_ROPE_CUH
+#define FP8RL_CUDA_QKV_ROPE_CUH
+#include "cuda/block_reduce.cuh"
+#include "cuda/element.cuh"
+#include "cuda/rope.cuh"
+#include "rl/numerics/bf16.h"
+#include "rl/numerics/reduction_order.h"
+
+#include <climits>
+#include <cstdint>
+
+namespace fp8rl {
+
+// The shapes and per-model tensors of the kernels (device pointers; norm weights null without
+// Qwen3's q/k norm, bias null without Qwen2's).
+struct QkvShape {
+    int H, KV, D;
+    float eps;
+    const __nv_bfloat16* bias;    // [(H + 2 KV) D]
+    const __nv_bfloat16* q_norm;  // [D]
+    const __nv_bfloat16* k_norm;  // [D]
+    int slots() const { return H + 2 * KV; }
+};
+
+// The forward's outputs: q [T][H][D], k, v [T][KV][D]; with the q/k norm qp, kp (laid out as q, k)
+// and rstd_q [T][H], rstd_k [T][KV].
+struct QkvOut {
+    __nv_bfloat16 *q, *k, *v, *qp, *kp;
+    float *rstd_q, *rstd_k;
+};
+
+// Slot h of a token's H + 2 KV: query head h, key head h - H, value head h - H - KV.
+__device__ __forceinline__ int qkv_head(int h, int H, int KV, int* kind) {
+    *kind = h < H ? 0 : h < H + KV ? 1 : 2;
+    return h < H ? h : h < H + KV ? h - H : h - H - KV;
+}
+
+__device__ __forceinline__ void rope_factors(const RopeTableView& table, int32_t p, int i, float* c, float* s) {
+    if (p < 0 || p >= table.positions) __trap();  // past the uploaded table
+    *c = round_bf16(table.cos[(size_t)p * table.half + i]);
+    *s = round_bf16(table.sin[(size_t)p * table.half + i]);
+}
+
+template <class In>
+__global__ void qkv_rope_forward_kernel(QkvOut out, const In* qkv, const int32_t* pos, RopeTableView table, QkvShape s) {
+    DYNAMIC_SHARED(float, head);  // [D] the slot's values before RoPE
+    const int t = blockIdx.x, D = s.D;
+    int kind;
+    const int hh = qkv_head(blockIdx.y, s.H, s.KV, &kind), heads = kind == 0 ? s.H : s.KV;
+    const size_t in = (size_t)t * s.slots() * D + (size_t)blockIdx.y * D, at = ((size_t)t * heads + hh) * D;
+    const __nv_bfloat16* w = kind == 0 ? s.q_norm : s.k_norm;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < D; i += blockDim.x) {
+        float x = as_float(qkv[in + i]);
+        if (s.bias) x = round_bf16(x + as_float(s.bias[(size_t)blockIdx.y * D + i]));
+        if (kind == 2) {
+            store_float(out.v + at + i, x);
+            continue;
+        }
+        if (w) store_float((kind == 0 ? out.qp : out.kp) + at + i, x);
+        head[i] = x;
+        ss += mul_rn(x, x);
+    }
+    if (kind == 2) return;  // the whole block
+    if (w) {
+        ss = block_reduce(ss, SumOp());
+        const float r = 1.0f / sqrtf(ss / (float)D + s.eps);
+        if (threadIdx.x == 0) (kind == 0 ? out.rstd_q : out.rstd_k)[(size_t)t * heads + hh] = r;
+        for (int i = threadIdx.x; i < D; i += blockDim.x) head[i] = round_bf16(as_float(w[i]) * round_bf16(head[i] * r));
+    }
+    __syncthreads();
+    __nv_bfloat16* y = (kind == 0 ? out.q : out.k) + at;
+    for (int i = threadIdx.x; i < table.half; i += blockDim.x) {
+        float c, sn;
+        rope_factors(table, pos[t], i, &c, &sn);
+        const float a = head[i], b = head[i + table.half];
+        store_float(y + i, mul_rn(a, c) - mul_rn(b, sn));
+        store_float(y + i + table.half, mul_rn(b, c) + mul_rn(a, sn));
+    }
+}
+
+// dq [T][H][D], dk [T][KV][D] (attention's gradients, rotated back in place), dv; the forward's qp,
+// kp, rstd_q, rstd_k with the norm. dqkv [T][(H + 2 KV) D].
+struct QkvGrad {
+    __nv_bfloat16 *dq, *dk;
+    const __nv_bfloat16 *dv, *qp, *kp;
+    const float *rstd_q, *rstd_k;
+};
+
+__global__ void qkv_rope_backward_kernel(__nv_bfloat16* dqkv, QkvGrad g, const int32_t* pos, RopeTableView table,
+                                         QkvShape s) {
+    DYNAMIC_SHARED(float, dy);  // [D] the slot's gradient after RoPE's backward
+    const int t = blockIdx.x, D = s.D;
+    int kind;
+    const int hh = qkv_head(blockIdx.y, s.H, s.KV, &kind), heads = kind == 0 ? s.H : s.KV;
+    const size_t to = (size_t)t * s.slots() * D + (size_t)blockIdx.y * D, at = ((size_t)t * heads + hh) * D;
+    if (kind == 2) {
+        for (int i = threadIdx.x; i < D; i += blockDim.x) dqkv[to + i] = g.dv[at + i];
+        return;
+    }
+    __nv_bfloat16* d = (kind == 0 ? g.dq : g.dk) + at;
+    for (int i = threadIdx.x; i < table.half; i += blockDim.x) {  // the transposed rotation, rounded once
+        float c, sn;
+        rope_factors(table, pos[t], i, &c, &sn);
+        const float a = as_float(d[i]), b = as_float(d[i + table.half]);
+        dy[i] = round_bf16(mul_rn(a, c) - mul_rn(b, -sn));
+        dy[i + table.half] = round_bf16(mul_rn(b, c) + mul_rn(a, -sn));
+    }
+    __syncthreads();
+    const __nv_bfloat16* w = kind == 0 ? s.q_norm : s.k_norm;
+    if (!w) {
+        for (int i = threadIdx.x; i < D; i += blockDim.x) dqkv[to + i] = __float2bfloat16_rn(dy[i]);
+        return;
+    }
+    for (int i = threadIdx.x; i < D; i += blockDim.x) d[i] = __float2bfloat16_rn(dy[i]);  // the norm's weight gradient reads it
+    const __nv_bfloat16* x = (kind == 0 ? g.qp : g.kp) + at;
+    float dot = 0.0f;
+    for (int i = threadIdx.x; i < D; i += blockDim.x) dot += mul_rn(mul_rn(as_float(w[i]), dy[i]), as_float(x[i]));
+    dot = block_reduce(dot, SumOp());
+    const float r = (kind == 0 ? g.rstd_q : g.rstd_k)[(size_t)t * heads + hh], c = dot * r * r * r / (float)D;
+    for (int i = threadIdx.x; i < D; i += blockDim.x)
+        store_float(dqkv + to + i, mul_rn(mul_rn(r, as_float(w[i])), dy[i]) - mul_rn(as_float(x[i]), c));
+}
+
+inline void check_qkv_shape(const char* who, long T, const QkvShape& s, const RopeTableView& table) {
+    if (T < 0 || T > INT_MAX) fail("%s: token count %ld outside [0, 2^31)", who, T);
+    if (s.H <= 0 || s.KV <= 0 || s.D <= 0 || s.D % 2 || s.D != 2 * table.half)
+        fail("%s: %d query and %d key/value heads of dimension %d (RoPE table of %d pairs)", who, s.H, s.KV, s.D,
+             table.half);
+    if ((s.q_norm == nullptr) != (s.k_norm == nullptr)) fail("%s: the q and k norms come together", who);
+}
+
+// qkv [T][(H + 2 KV) D] -> out (see QkvOut); pos [T].
+template <class In>
+void qkv_rope_forward(const QkvOut& out, const In* qkv, long T, const int32_t* pos, const RopeTableView& table,
+                      const QkvShape& s, cudaStream_t stream) {
+    check_qkv_shape("qkv_rope_forward", T, s, table);
+    if (T == 0) return;
+    LAUNCH_KERNEL(qkv_rope_forward_kernel<In>, dim3((unsigned)T, (unsigned)s.slots()), norm_threads(s.D),
+                  sizeof(float) * s.D, stream, out, qkv, pos, table, s);
+}
+
+// dqkv [T][(H + 2 KV) D] from g (see QkvGrad; dq, dk hold RoPE's backward after the call).
+inline void qkv_rope_backward(__nv_bfloat16* dqkv, const QkvGrad& g, long T, const int32_t* pos,
+                              const RopeTableView& table, const QkvShape& s, cudaStream_t stream) {
+    check_qkv_shape("qkv_rope_backward", T, s, table);
+    if (T == 0) return;
+    LAUNCH_KERNEL(qkv_rope_backward_kernel, dim3((unsigned)T, (unsigned)s.slots()), norm_threads(s.D),
+                  sizeof(float) * s.D, stream, dqkv, g, pos, table, s);
+}
+
+}  // namespace fp8rl
+
+#endif  // FP8RL_CUDA_QKV_ROPE_CUH
