@@ -1,15 +1,20 @@
 // test_profile.cu: the emulation's profile (cuda/profile_range.h's PROFILE_RANGE, cuda/emu/emu_stats.cpp):
 // a known sequence of launches, GEMMs, copies, sets, synchronizations and graph replays in nested
-// ranges counts as written out here; FP8RL_EMU_STATS writes them as JSON at exit. The counters exist
-// in emulation only; on a GPU, Nsight Systems shows the same ranges (NVTX).
+// ranges counts as written out here; FP8RL_EMU_STATS writes them as JSON at exit; and one decoder
+// layer's forward in launches + GEMM calls (issue 28's bound: at most 10 in fp8, 9 in bf16), from two
+// random models that differ only in depth. The counters exist in emulation only; on a GPU, Nsight
+// Systems shows the same ranges (NVTX).
 #include <unistd.h>
 
 #include <cstdio>
 #include <string>
 #include <vector>
 
+#include "cuda/engine_gpu.cuh"
 #include "cuda/profile_range.h"
 #include "rl/io/json.h"
+#include "rl/model/init_model.h"
+#include "test/gpu/bench_model.h"
 #include "test/gpu/gpu_util.cuh"
 #include "test/harness.h"
 #include "test/run_binary.h"
@@ -136,4 +141,57 @@ TEST(emu_stats_file_is_written_at_exit) {
     CHECK_EQ(total->find("kernel_launches")->integer, 1);
 }
 
+namespace {
+
+// A random Qwen3 of `layers` layers whose every linear dimension is a multiple of 128 (hidden 128,
+// 2 heads and 2 KV heads of 64, intermediate 256), so the FP8 path needs no padding of its own.
+std::string depth_model(int layers) {
+    const BenchModel m = {"depth", 128, 256, layers, 2, 2, 64, 512};
+    const std::string dir = harness::scratch_dir() + "/profile_depth_" + std::to_string(layers);
+    write_random_model(dir, bench_model_config(m), {}, 1);
+    return dir;
+}
+
+// What the `forward` range counted in one log-prob pass (after one unmeasured pass: lazy set-up).
+emu::RangeStats forward_stats(GpuEngine& engine, const std::vector<Sequence>& seqs, Precision p) {
+    TokenValues lp;
+    engine.logprobs(seqs, p, 1.0f, &lp, nullptr);
+    emu::start_stats();
+    engine.logprobs(seqs, p, 1.0f, &lp, nullptr);
+    emu::stop_stats();
+    return emu::range_stats("forward");
+}
+
+}  // namespace
+
+// One decoder layer's forward in kernel launches + GEMM calls: the `forward` range of a 2-layer
+// model less that of the same model with 1 layer (embedding, final norm and head cancel), with the
+// per-kernel difference printed. Issue 28's bound, for when quantization is fused into the kernels
+// that produce the operands and q/k/v and gate/up are one GEMM each; unfused it is 17 and 24.
+TEST(forward_launches_per_layer) {
+    GpuEngine shallow(depth_model(1)), deep(depth_model(2));
+    std::vector<Sequence> seqs(2);
+    for (int s = 0; s < 2; s++) {
+        for (int i = 0; i < 40 - 15 * s; i++) seqs[s].ids.push_back((int32_t)((i * 37 + s * 11) % 512));
+        seqs[s].prompt_len = 5;
+    }
+    const long bound[] = {9, 10};  // bf16, fp8
+    int k = 0;
+    for (Precision p : {Precision::BF16, Precision::FP8}) {
+        const emu::RangeStats one = forward_stats(shallow, seqs, p), two = forward_stats(deep, seqs, p);
+        const long per_layer = (long)(two.kernel_launches + two.gemm_calls) - (long)(one.kernel_launches + one.gemm_calls);
+        std::string kernels;
+        for (const auto& kv : two.kernels) {
+            const auto it = one.kernels.find(kv.first);
+            const long d = (long)kv.second - (long)(it == one.kernels.end() ? 0 : it->second);
+            if (d) kernels += strfmt(", %s %ld", kv.first.c_str(), d);
+        }
+        printf("    %s: %ld launches + GEMM calls per layer (bound %ld): GEMMs %ld%s; memset bytes %lld\n", precision_name(p),
+               per_layer, bound[k], (long)two.gemm_calls - (long)one.gemm_calls, kernels.c_str(),
+               (long long)two.memset_bytes - (long long)one.memset_bytes);
+        CHECK_MSG(per_layer <= bound[k], "%s: one decoder layer's forward is %ld kernel launches + GEMM calls, above %ld",
+                  precision_name(p), per_layer, bound[k]);
+        k++;
+    }
+}
 #endif  // FP8RL_EMU
