@@ -110,7 +110,8 @@ uint64_t func_attribute_calls();
 // each event counts once in every open range (a range entered again while open, recursion, counts
 // it once, and its calls only the outermost entry). Work counts when issued, not when a seeded
 // schedule runs it; a graph launch counts every operation of its graph again, in the ranges open at
-// cudaGraphLaunch (a capture runs nothing and counts nothing). With FP8RL_EMU_STATS=FILE counting is
+// cudaGraphLaunch, as Nsight projects NVTX ranges (a capture runs nothing and counts nothing, not
+// even the calls of ranges entered while it records). With FP8RL_EMU_STATS=FILE counting is
 // on from start-up and FILE gets the JSON at exit (docs/gpu-emulation.md); otherwise it is off, and
 // an event costs one test of a flag.
 struct RangeStats {

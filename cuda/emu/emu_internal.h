@@ -38,6 +38,7 @@ struct Counted {
 void count(const Counted& what);  // into the total and every open range, when counting
 void count_host_sync();
 void count_graph_launch();
+bool capturing();  // some stream is capturing a graph
 // As stream_op, the operation counted as `what`: a library call (the emulated cuBLASLt GEMM).
 cudaError_t stream_op(cudaStream_t stream, std::function<void()> op, const Counted& what);
 

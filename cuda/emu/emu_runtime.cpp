@@ -310,6 +310,7 @@ cudaError_t stream_op(cudaStream_t stream, std::function<void()> op, const Count
     return enqueue(stream, std::move(op), false, 0, what);
 }
 void reset_stream_order() { order_rng_seeded = false; }
+bool capturing() { return capturing_streams > 0; }
 uint64_t func_attribute_calls() { return attribute_calls; }
 
 size_t capacity() {

@@ -120,7 +120,7 @@ void range_push(const char* name) {
     if (!counting) return stack.push_back(nullptr);
     Range* r = &ranges[name];
     if (r->depth++ == 0) {
-        r->stats.calls++;
+        if (!capturing()) r->stats.calls++;  // in a capture nothing runs: not a call
         open.push_back(r);
     }
     stack.push_back(r);

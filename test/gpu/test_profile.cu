@@ -50,7 +50,8 @@ void check_stats(const char* range, const emu::RangeStats& s, const emu::RangeSt
 
 // outer { sync H2D copy; inner { 2 fills, a set, outer again { a scale }, an async D2H copy, a
 // stream sync }; replay { 3 launches of a graph of a scale, a GEMM, a set and a D2H copy; a device
-// sync } }, then inner again, empty; one fill before the ranges and one after counting stops.
+// sync } }, a range entered during a capture, then inner again, empty; one fill before the ranges and
+// one after counting stops.
 TEST(emu_stats_count_nested_ranges_and_graph_replays) {
     const int n = 256;
     DeviceBuffer<float> x(n), d(n);
@@ -95,6 +96,14 @@ TEST(emu_stats_count_nested_ranges_and_graph_replays) {
             CUDA_CHECK(cudaDeviceSynchronize());
         }
     }
+    CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    {
+        PROFILE_RANGE("captured");  // entered while a capture records: nothing runs, not even a call
+        LAUNCH_KERNEL(profile_fill_kernel, 1, 64, 0, stream, x.ptr, n, 6.0f);
+    }
+    cudaGraph_t unused;
+    CUDA_CHECK(cudaStreamEndCapture(stream, &unused));
+    CUDA_CHECK(cudaGraphDestroy(unused));
     { PROFILE_RANGE("inner"); }
     emu::stop_stats();
     LAUNCH_KERNEL(profile_fill_kernel, 1, 64, 0, stream, x.ptr, n, 5.0f);
@@ -108,6 +117,7 @@ TEST(emu_stats_count_nested_ranges_and_graph_replays) {
                 {1, 6, 3, 3, 1, 4, 100 + 3 * 64, 3, {{"profile_fill_kernel", 2}, {"profile_scale_kernel", 4}}});
     check_stats("total", emu::total_stats(),
                 {1, 7, 3, 3, 1, 4, 100 + 3 * 64, 3, {{"profile_fill_kernel", 3}, {"profile_scale_kernel", 4}}});
+    check_stats("captured", emu::range_stats("captured"), {});
     check_stats("never entered", emu::range_stats("never"), {});
     CUDA_CHECK(cudaGraphExecDestroy(exec));
     CUDA_CHECK(cudaGraphDestroy(graph));
