@@ -189,6 +189,7 @@ inline int decode_bucket(int B, int slots) {
 inline std::vector<Generation> GpuEngine::generate(const std::vector<GenRequest>& requests, uint32_t step,
                                                    const SamplingConfig& s, Precision weights, Precision kv_cache,
                                                    Progress* progress) {
+    PROFILE_RANGE("rollout");
     return rollout(requests, nullptr, step, s, weights, kv_cache, progress);
 }
 
@@ -450,6 +451,7 @@ inline void GpuEngine::calibrate_kv_scales(const std::vector<GenRequest>& reques
 // Prefill of distinct prompts into their pages (R.prompts[id].pages); each prompt's last row is
 // kept in R.prompt_xf, where its requests sample their first token from.
 inline void GpuEngine::prefill(const std::vector<int>& prompt_ids, Precision weights) {
+    PROFILE_RANGE("forward");
     RolloutState& R = *rollout_;
     const CpuModel& m = model_;
     std::vector<Sequence> prompts;
@@ -481,6 +483,7 @@ inline void GpuEngine::prefill(const std::vector<int>& prompt_ids, Precision wei
 // the bucket's graph, captured at its first step.
 inline void GpuEngine::decode_step(const std::vector<int>& seqs, int rows, Precision weights, const SamplingConfig& s,
                                    uint32_t step) {
+    PROFILE_RANGE("decode_step");
     RolloutState& R = *rollout_;
     const int B = (int)seqs.size();
     // padding rows: token 0 at position 0, no cache slot, length 0
@@ -543,6 +546,7 @@ inline void GpuEngine::decode_launches(int rows, Precision weights, const Sampli
 // head and the CPU generator compute them), then one token per row (cuda/sampling.cuh), or the
 // forced token when teacher forcing.
 inline void GpuEngine::sample_rows(int rows, const SamplingConfig& s, uint32_t step) {
+    PROFILE_RANGE("sampling");
     RolloutState& R = *rollout_;
     const CpuModel& m = model_;
     const int V8 = round_up8(m.V), n = s.vocab_limit > 0 ? s.vocab_limit : m.V;

@@ -44,6 +44,7 @@
 #include "cuda/linear.cuh"
 #include "cuda/memory_plan.h"
 #include "cuda/nccl.cuh"
+#include "cuda/profile_range.h"
 #include "cuda/qkv_rope.cuh"
 #include "cuda/rmsnorm.cuh"
 #include "cuda/rope.cuh"
@@ -230,6 +231,7 @@ class GpuEngine : public Engine {
     // shards, the copies stay bit for bit those of one rank (the CPU engine quantizes from FP32 too),
     // and gathering FP32 moves 4 bytes per parameter, as an all-reduce's second half does.
     void optimizer_step(double lr) override {
+        PROFILE_RANGE("optimizer_step");
         steps_++;
         if (own_params() > 0)  // the shard's padding past P stays zero
             adamw_update_gpu(master_.get(), m_.get(), v_.get(), bf16_.get() + shard_offset(), own_grads(), own_params(), adam_,
@@ -609,6 +611,7 @@ inline void GpuEngine::trunk_forward(const std::vector<Sequence>& seqs, Precisio
 
 inline void GpuEngine::forward(const std::vector<Sequence>& seqs, Precision p, bool for_backward, float temperature,
                                TokenValues* logprob, TokenValues* entropy) {
+    PROFILE_RANGE("forward");
     if (!(temperature > 0.0f)) fail("GpuEngine: temperature must be > 0 (got %g)", temperature);
     temperature_ = temperature;
     trunk_forward(seqs, p, for_backward);
@@ -669,6 +672,7 @@ inline void GpuEngine::layer_backward(int l, bf16* dh) {
 }
 
 inline void GpuEngine::backward(const TokenValues& d_logprob, const TokenValues& d_entropy) {
+    PROFILE_RANGE("backward");
     if (!grads_.size()) fail("GpuEngine::backward before init_optimizer");
     if (d_logprob.size() != train_seqs_.size()) fail("GpuEngine::backward: gradients of %zu sequences, the forward had %zu",
                                                      d_logprob.size(), train_seqs_.size());

@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -76,7 +77,7 @@ void* dynamic_shared();  // the launch's dynamic shared memory (NaN-filled at ea
 // variable is NaN-filled at each of its blocks' starts, as dynamic shared memory is.
 void static_shared(void* p, size_t bytes, const char* name);
 
-// Runs `body` as a kernel of `name` on grid x block threads with `smem` bytes of dynamic shared
+// Runs `body` as a kernel of `name` (a string literal: the profile keeps the pointer) on grid x block threads with `smem` bytes of dynamic shared
 // memory, on `stream` (recorded instead when the stream is capturing a graph). Checks the launch
 // configuration against sm_90's limits and the kernel's own (its __launch_bounds__, its static and
 // dynamic shared memory) first; errors are returned by cudaGetLastError.
@@ -103,6 +104,29 @@ bool is_device_memory(const void* p, size_t bytes);
 
 // How many times cudaFuncSetAttribute was called (tests check that launchers set it once).
 uint64_t func_attribute_calls();
+
+// The profile's statistics (cuda/emu/emu_stats.cpp), the emulation's side of cuda/profile_range.h's
+// PROFILE_RANGE. A range counts the work the host issues while it is open, nested ranges' included:
+// each event counts once in every open range (a range entered again while open, recursion, counts
+// it once, and its calls only the outermost entry). Work counts when issued, not when a seeded
+// schedule runs it; a graph launch counts every operation of its graph again, in the ranges open at
+// cudaGraphLaunch, as Nsight projects NVTX ranges (a capture runs nothing and counts nothing, not
+// even the calls of ranges entered while it records). With FP8RL_EMU_STATS=FILE counting is
+// on from start-up and FILE gets the JSON at exit (docs/gpu-emulation.md); otherwise it is off, and
+// an event costs one test of a flag.
+struct RangeStats {
+    uint64_t calls = 0, kernel_launches = 0, gemm_calls = 0, host_syncs = 0, h2d_copies = 0, d2h_copies = 0,
+             memset_bytes = 0, graph_launches = 0;
+    std::map<std::string, uint64_t> kernels;  // launches per kernel, named as LAUNCH_KERNEL names it without template arguments
+};
+void range_push(const char* name);
+void range_pop();
+// Tests: start_stats zeroes every counter (ranges open now count on) and turns counting on;
+// stop_stats turns it off, the counters stay readable.
+void start_stats();
+void stop_stats();
+RangeStats range_stats(const std::string& name);  // zero for a range never entered
+RangeStats total_stats();                         // everything counted, in a range or not (calls: 1)
 
 // The scheduling seed (FP8RL_EMU_SEED at start-up; tests may change it).
 uint64_t seed();

@@ -476,7 +476,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
             }
         }
     };
-    if (emu::stream_op(stream, compute) != cudaSuccess)
+    if (emu::stream_op(stream, compute, emu::Counted{emu::Counted::Gemm}) != cudaSuccess)
         return refuse(CUBLAS_STATUS_EXECUTION_FAILED, "matmul: the stream refused the operation");
     return CUBLAS_STATUS_SUCCESS;
 }

@@ -28,6 +28,20 @@ inline std::string strformat(const char* fmt, ...) {
     return out;
 }
 
+// What the profile counts of one stream operation (cuda/emu/emu_stats.cpp). A graph keeps it with
+// each operation it records and counts it again at every launch.
+struct Counted {
+    enum Kind { Nothing, Kernel, Gemm, HostToDevice, DeviceToHost, Memset } kind = Nothing;
+    const char* kernel = nullptr;  // Kernel: LAUNCH_KERNEL's name
+    size_t bytes = 0;              // Memset
+};
+void count(const Counted& what);  // into the total and every open range, when counting
+void count_host_sync();
+void count_graph_launch();
+bool capturing();  // some stream is capturing a graph
+// As stream_op, the operation counted as `what`: a library call (the emulated cuBLASLt GEMM).
+cudaError_t stream_op(cudaStream_t stream, std::function<void()> op, const Counted& what);
+
 // What the runtime knows of one kernel (found by its address): its __launch_bounds__ maximum, its
 // cudaFuncAttributeMaxDynamicSharedMemorySize, and the static shared variables its blocks have
 // reached so far (each counted once; a variable of a __device__ function counts for every kernel

@@ -21,7 +21,9 @@
 //     graph launch queues them on its stream;
 //   - launch configurations checked against sm_90's limits and the kernel's own: its
 //     __launch_bounds__ (read at its address, cuda/emu/emu.h) and its static + dynamic shared memory;
-//     launch errors returned once by cudaGetLastError, kernel faults sticky until cudaDeviceReset.
+//     launch errors returned once by cudaGetLastError, kernel faults sticky until cudaDeviceReset;
+//   - launches, copies, sets, host synchronizations and graph launches counted, as issued, for the
+//     profile (cuda/emu/emu_stats.cpp).
 #include <unistd.h>
 
 #include <algorithm>
@@ -62,11 +64,16 @@ struct CUevent_st {
     std::shared_ptr<double> ms = std::make_shared<double>(-1);  // the host clock when it completed; -1: never
     uint64_t serial = 0;  // the operation it waits for: its record, or 0
 };
+// A recorded operation, with what the profile counts of it at each launch.
+struct GraphOp {
+    std::function<void()> fn;
+    emu::Counted what;
+};
 struct CUgraph_st {
-    std::vector<std::function<void()>> ops;
+    std::vector<GraphOp> ops;
 };
 struct CUgraphExec_st {
-    std::vector<std::function<void()>> ops;
+    std::vector<GraphOp> ops;
 };
 
 namespace emu {
@@ -253,21 +260,23 @@ void run_all() {
     while (!pending.empty()) run_one();
 }
 
-// Issues `op` on stream s: recorded when s captures a graph, else queued in stream order (or run at
-// once, see above), after operation `wait_for` too. `at_issue` runs it, and what it waits for,
-// before returning.
-cudaError_t enqueue(cudaStream_t s, std::function<void()> op, bool at_issue = false, uint64_t wait_for = 0) {
+// Issues `op` on stream s: recorded when s captures a graph, else counted as `what` by the profile
+// and queued in stream order (or run at once, see above), after operation `wait_for` too.
+// `at_issue` runs it, and what it waits for, before returning.
+cudaError_t enqueue(cudaStream_t s, std::function<void()> op, bool at_issue = false, uint64_t wait_for = 0,
+                    const Counted& what = {}) {
     bool bad;
     CUstream_st* st = stream_of(s, &bad);
     if (bad) return set_error(cudaErrorInvalidResourceHandle);
     if (sticky_error != cudaSuccess) return sticky_error;
     if (st && st->capturing) {
         if (st->invalidated) return set_error(cudaErrorStreamCaptureInvalidated);
-        st->graph->ops.push_back(std::move(op));
+        st->graph->ops.push_back({std::move(op), what});
         return cudaSuccess;
     }
     if (!st && capturing_streams > 0) return set_error(cudaErrorStreamCaptureImplicit);
     if (pending_error != cudaSuccess) return cudaSuccess;  // the context faulted: nothing more runs
+    count(what);
     CUstream_st* q = queue_of(st);
     const uint64_t serial = q->last = ++serials;
     if (!seed() && pending.empty()) {
@@ -297,7 +306,11 @@ void set_launch_error(cudaError_t e) { set_error(e); }
 cudaError_t stream_op(cudaStream_t stream, std::function<void()> op, bool at_issue) {
     return enqueue(stream, std::move(op), at_issue);
 }
+cudaError_t stream_op(cudaStream_t stream, std::function<void()> op, const Counted& what) {
+    return enqueue(stream, std::move(op), false, 0, what);
+}
 void reset_stream_order() { order_rng_seeded = false; }
+bool capturing() { return capturing_streams > 0; }
 uint64_t func_attribute_calls() { return attribute_calls; }
 
 size_t capacity() {
@@ -382,7 +395,7 @@ void launch(const char* name, const void* kernel, dim3 grid, dim3 block, size_t 
     enqueue(stream, [=] {
         // Queued, it may run after another launch's block made the static part known: refused then.
         if (!refuse_shared_memory(kernel_name.c_str(), *info, smem)) run_grid(kernel_name.c_str(), info, grid, block, smem, body);
-    });
+    }, false, 0, {Counted::Kernel, name});
 }
 
 }  // namespace emu
@@ -521,6 +534,7 @@ cudaError_t cudaRuntimeGetVersion(int* v) {
 cudaError_t cudaDeviceSynchronize() {
     cudaError_t e = unsafe_during_capture("cudaDeviceSynchronize");
     if (e != cudaSuccess) return e;
+    count_host_sync();
     run_all();
     return synchronize();
 }
@@ -582,6 +596,7 @@ cudaError_t cudaFree(void* ptr) {
     cudaError_t e = unsafe_during_capture("cudaFree");
     if (e != cudaSuccess) return e;
     if (ptr == nullptr) return cudaSuccess;
+    count_host_sync();
     run_all();  // cudaFree synchronizes the device: no queued work may use the buffer after
     return device_free(ptr) ? cudaSuccess : set_error(cudaErrorInvalidValue);
 }
@@ -594,6 +609,7 @@ cudaError_t cudaMallocHost(void** ptr, size_t bytes) {
 }
 cudaError_t cudaFreeHost(void* ptr) {
     if (ptr && !pinned_remove(ptr)) return set_error(cudaErrorInvalidValue);
+    if (ptr) count_host_sync();
     run_all();  // as cudaFree: queued copies and kernels may still use the memory
     free(ptr);
     return cudaSuccess;
@@ -609,7 +625,10 @@ cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total) {
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t stream) {
     cudaError_t e = check_copy(dst, src, bytes, kind);
     if (e != cudaSuccess) return e;
-    return enqueue(stream, [=] { memmove(dst, src, bytes); });
+    const Counted what{kind == cudaMemcpyHostToDevice ? Counted::HostToDevice
+                       : kind == cudaMemcpyDeviceToHost ? Counted::DeviceToHost
+                                                        : Counted::Nothing};
+    return enqueue(stream, [=] { memmove(dst, src, bytes); }, false, 0, what);
 }
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
     cudaError_t e = unsafe_during_capture("cudaMemcpy (synchronous, on the legacy stream)");
@@ -619,6 +638,7 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind 
     // (the runtime's "API synchronization behavior").
     e = cudaMemcpyAsync(dst, src, bytes, kind, nullptr);
     if (e != cudaSuccess || kind == cudaMemcpyDeviceToDevice) return e;
+    if (kind != cudaMemcpyHostToHost) count_host_sync();
     run_until(legacy_stream.last);
     return synchronize();
 }
@@ -628,7 +648,7 @@ cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t str
         fprintf(stderr, "CUDA emulation: cudaMemset of %zu bytes outside any cudaMalloc'ed buffer\n", bytes);
         return set_error(cudaErrorInvalidValue);
     }
-    return enqueue(stream, [=] { memset(dst, value, bytes); });
+    return enqueue(stream, [=] { memset(dst, value, bytes); }, false, 0, {Counted::Memset, nullptr, bytes});
 }
 cudaError_t cudaMemset(void* dst, int value, size_t bytes) {
     cudaError_t e = unsafe_during_capture("cudaMemset (on the legacy stream)");
@@ -670,6 +690,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s) {
     }
     cudaError_t e = unsafe_during_capture("cudaStreamSynchronize");
     if (e != cudaSuccess) return e;
+    count_host_sync();
     run_until(queue_of(st)->last);
     return synchronize();
 }
@@ -730,8 +751,9 @@ cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsig
 }
 cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
     if (!exec) return set_error(cudaErrorInvalidValue);
-    for (const auto& op : exec->ops) {
-        cudaError_t e = enqueue(stream, op);
+    count_graph_launch();
+    for (const GraphOp& op : exec->ops) {
+        cudaError_t e = enqueue(stream, op.fn, false, 0, op.what);
         if (e != cudaSuccess) return e;
     }
     return cudaSuccess;
@@ -769,6 +791,7 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
     cudaError_t e = unsafe_during_capture("cudaEventSynchronize");
     if (e != cudaSuccess) return e;
+    count_host_sync();
     run_until(event->serial);
     return synchronize();
 }

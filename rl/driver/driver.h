@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/profile_range.h"
 #include "rl/objective/adamw.h"
 #include "rl/objective/advantage.h"
 #include "rl/objective/calibrated_clip.h"
@@ -394,7 +395,11 @@ inline MetricRow Trainer::train_step() {
 
     // Old log-probs from the trainer, in training precision (decoupled PPO: never the rollout's).
     auto t0 = std::chrono::steady_clock::now();
-    TokenValues old_lp = batched_logprobs(engine_, seqs, mb_begin, cfg_.train_precision);
+    TokenValues old_lp;
+    {
+        PROFILE_RANGE("old_logprobs");
+        old_lp = batched_logprobs(engine_, seqs, mb_begin, cfg_.train_precision);
+    }
     for (size_t i = 0; i < samples.size(); i++) samples[i].old_lp = old_lp[i];
     m.set("timing_s/old_log_prob", seconds_since(t0));
     if (ref_) {
