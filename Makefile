@@ -219,7 +219,7 @@ test-runs: $(TEST_RUNS)
 test-unit: test-cpu $(if $(EMU_FLAGS),test-gpu-emu test-bench-emu)
 test-asan: test-cpu-asan $(if $(EMU_FLAGS),test-gpu-emu-asan)
 
-test-cpu: $(BUILD)/test_cpu train_rl_cpu $(if $(EMU_FLAGS),train_rl_emu)
+test-cpu: $(BUILD)/test_cpu train_rl_cpu $(if $(EMU_FLAGS),train_rl_emu) $(BUILD)/perf_model
 	@mkdir -p $(LOGS)
 	FP8RL_BIN=./train_rl_cpu FP8RL_EMU_BIN=./train_rl_emu $(TEST_ENV) ./$(BUILD)/test_cpu 2>&1 | tee $(LOGS)/$@.log
 
@@ -352,6 +352,12 @@ $(BUILD)/bench_%: bench/bench_%.cpp
 
 bench: $(BENCH_BINS)
 	@for b in $(BENCH_BINS); do echo "== $$b"; ./$$b || exit 1; done
+
+# build/perf_model: cuda/perf_model.h's predicted training step on an H200, bf16 against fp8, before
+# and after issue 28's fusion (docs/perf-model.md); make test builds it, so it cannot rot unseen.
+$(BUILD)/perf_model: dev/perf_model.cpp
+	@mkdir -p $(@D)
+	$(CXX) $(CXXFLAGS) -o $@ $< $(LDLIBS)
 
 # The README's first command: a tiny model learns 1-digit addition from scratch with GRPO on the
 # CPU through the FP8 pipeline (fp8 rollout, fp8 training, fp8 KV cache, Calibrated Clipping; two

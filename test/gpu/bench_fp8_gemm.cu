@@ -4,11 +4,14 @@
 // at the same m, n, k, all TN with BF16 output, FP8 fast accumulation off; plus the quantize
 // kernels (X 1x128 with its transposed copy in one pass; W 128x128 with its transposed copy).
 // Times: CUDA events, median of 10 samples of 5 calls after 3 warm-ups (bench_util.cuh), on random data
-// (never zeros). Each shape runs independently: an error is printed and the next shape runs.
+// (never zeros). Each shape runs independently: an error is printed and the next shape runs. Beside
+// each measured speedup and quantize time, cuda/perf_model.h's prediction at the same shape, so the
+// first GPU run checks the model's GEMM anchors and the tile quantizer's 7 ps per element.
 #include <algorithm>
 #include <cstdio>
 #include <vector>
 
+#include "cuda/perf_model.h"
 #include "test/gpu/bench_util.cuh"
 
 using namespace fp8rl;
@@ -70,10 +73,22 @@ void bench_shape(GemmRunner& runner, const Shape& s, int T) {
         double fp8_ms = median_ms([&] {
             runner.fp8(g.name, g.m, g.n, g.k, g.a, g.sa, g.ma, g.b, g.sb, g.mb, out.ptr, GemmOut::BF16, 0);
         });
+        const PerfHardware hw;
+        const auto predicted_s = [&](Precision p) {
+            return gemm_cost(hw, g.name, KernelClass::LayerGemm, g.m, g.n, g.k, p, GemmOutput::BF16).call_seconds(hw);
+        };
+        const auto quantizer_us = [&](int rows, int cols, bool weight) {
+            return tile_quantizer_cost(hw, "", rows, cols, weight).call_seconds(hw) * 1e6;
+        };
         bool first = g.name == gemms[0].name;
-        std::string quant = first ? strfmt("%.1f | %.1f", q_x * 1e3, q_w * 1e3) : " | ";
-        printf("| %s | %s | %d | %s | %d | %d | %d | %.0f | %.0f | %.2f | %s |\n", s.model, s.layer, T, g.name, g.m, g.n,
-               g.k, gemm_tflops(g.m, g.n, g.k, bf16_ms), gemm_tflops(g.m, g.n, g.k, fp8_ms), bf16_ms / fp8_ms, quant.c_str());
+        // W is BF16 here, the model's weight FP32 (the engine's master): at 7 ps per element the two
+        // bytes more per element take no time
+        std::string quant = first ? strfmt("%.1f | %.1f | %.1f | %.1f", q_x * 1e3, quantizer_us(T, K, false), q_w * 1e3,
+                                           quantizer_us(N, K, true))
+                                  : " | | | ";
+        printf("| %s | %s | %d | %s | %d | %d | %d | %.0f | %.0f | %.2f | %.2f | %s |\n", s.model, s.layer, T, g.name, g.m,
+               g.n, g.k, gemm_tflops(g.m, g.n, g.k, bf16_ms), gemm_tflops(g.m, g.n, g.k, fp8_ms), bf16_ms / fp8_ms,
+               predicted_s(Precision::BF16) / predicted_s(Precision::FP8), quant.c_str());
         fflush(stdout);
     }
 }
@@ -89,9 +104,12 @@ int main(int argc, char** argv) {
     }
     print_bench_header("bench_fp8_gemm", tiny);
     printf("TFLOP/s = 2mnk / median time; speedup = BF16 time / FP8 time; quantize columns (us, on fprop rows): "
-           "X [T][K] 1x128 + transposed copy in one pass, W [N][K] 128x128 + transposed copy\n\n");
-    printf("| model | layer | T | GEMM | m | n | k | BF16 TF/s | FP8 TF/s | speedup | quant X us | quant W us |\n");
-    printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+           "X [T][K] 1x128 + transposed copy in one pass, W [N][K] 128x128 + transposed copy; predicted: "
+           "cuda/perf_model.h at the same shape (BF16 GEMMs at 0.75 of peak, FP8 at 1.5x BF16, the tile quantizer at "
+           "7 ps per element)\n\n");
+    printf("| model | layer | T | GEMM | m | n | k | BF16 TF/s | FP8 TF/s | speedup | predicted | quant X us | predicted | "
+           "quant W us | predicted |\n");
+    printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     GemmRunner runner;
     int failures = 0;
     std::vector<Shape> shapes(std::begin(kShapes), std::end(kShapes));

@@ -7,12 +7,16 @@
 // the allocator's rounding and cuBLASLt's and the CUDA context's own memory), and the memory plan's
 // figure for this batch (cuda/memory_plan.h, what train_rl checks before it allocates). The batch is
 // 16 sequences of 1,024 tokens (--tiny: the tiny model, 2 of 48), random ids, pseudo-random
-// d(loss)/d(logprob) and d(loss)/d(entropy); time: median of 3 steps after one.
+// d(loss)/d(logprob) and d(loss)/d(entropy); time: median of 3 steps after one. Beside each measured
+// time and speedup, cuda/perf_model.h's prediction for the same shapes, for the engine before issue 28
+// (unfused) and after (fused); and the quantization apart from the GEMMs: the unfused fp8 step's
+// standalone quantizer calls, each shape timed alone with CUDA events in this run, against the model.
 #include <cstdio>
 #include <memory>
 #include <vector>
 
 #include "cuda/engine_gpu.cuh"
+#include "cuda/perf_model.h"
 #include "test/gpu/bench_model.h"
 #include "test/gpu/bench_util.cuh"
 
@@ -75,6 +79,42 @@ size_t planned_bytes(const std::string& dir, const Batch& batch, int length) {
     return plan_memory(c, GpuEngine::plan_request(c, EngineOptions(), d), GpuEngine::plan_constants()).total();
 }
 
+// The step as cuda/perf_model.h sees it: this batch, the engine's head chunk.
+StepShape step_shape(const std::string& dir, int num_seqs, int length) {
+    StepShape s;
+    s.model = load_model_config(dir);
+    s.tokens = (int64_t)num_seqs * length, s.seq_len = length;
+    s.head_vocab_chunk = HEAD_VOCAB_CHUNK;
+    return s;
+}
+
+// Milliseconds one step spends in the model's standalone quantizer calls `ks` (the tile quantizer,
+// fp8_gemm.cuh), each shape timed alone: {all, the weights' re-quantization}.
+std::pair<double, double> measured_quantize_ms(const std::vector<KernelCost>& ks) {
+    double all = 0, weights = 0;
+    for (const KernelCost& k : ks) {
+        if (k.cls != KernelClass::Quantize) continue;
+        const int rows = (int)k.rows, cols = (int)k.cols;
+        const size_t n = (size_t)rows * cols;
+        DeviceBuffer<uint8_t> codes(n), codes_t(n);
+        DeviceBuffer<float> scales(std::max(vec128_scale_count(rows, cols), blk128_scale_count(rows, cols))),
+            scales_t(std::max(vec128_scale_count(cols, rows), blk128_scale_count(cols, rows)));
+        double ms;
+        if (k.weight) {
+            DeviceBuffer<float> w(n);
+            fill_uniform(w.ptr, n, 8, 0.05f);
+            ms = median_ms([&] { fp8_quantize_blockwise_gpu(w.ptr, rows, cols, false, codes.ptr, scales.ptr, codes_t.ptr, scales_t.ptr, 0); });
+            weights += ms * k.calls;
+        } else {
+            DeviceBuffer<__nv_bfloat16> x(n);
+            fill_uniform(x.ptr, n, 9, 2.0f);
+            ms = median_ms([&] { fp8_quantize_rowwise_gpu(x.ptr, rows, cols, false, codes.ptr, scales.ptr, codes_t.ptr, scales_t.ptr, 0); });
+        }
+        all += ms * k.calls;
+    }
+    return {all, weights};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -89,9 +129,13 @@ int main(int argc, char** argv) {
            "tokens / median step time; peak = the engine's device high-water mark from its construction through its "
            "steps (DeviceArray's count); used = cudaMemGetInfo's used bytes after the steps less before the engine (on a "
            "GPU: plus allocator rounding, cuBLASLt's and the context's memory); plan = cuda/memory_plan.h's figure for "
-           "this batch; speedup = bf16 time / fp8 time\n\n");
-    printf("| model | parameters | batch | precision | step ms | tokens/s | peak GiB | used GiB | plan GiB | speedup |\n");
-    printf("|---|---|---|---|---|---|---|---|---|---|\n");
+           "this batch; speedup = bf16 time / fp8 time; predicted: cuda/perf_model.h's step on an H200 for the engine "
+           "before issue 28 (unfused) and after it (fused)\n\n");
+    printf("| model | parameters | batch | precision | step ms | predicted ms unfused / fused | tokens/s | peak GiB | used GiB "
+           "| plan GiB | speedup | predicted unfused / fused |\n");
+    printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    const PerfHardware hw;
+    std::vector<std::string> quant_rows;  // the quantization table, after the steps
     std::vector<BenchModel> models = {kQwen3_0_6B, kQwen3_1_7B};
     int num_seqs = 16, length = 1024;
     if (tiny) models = {kTinyBenchModel}, num_seqs = 2, length = 48;
@@ -103,25 +147,50 @@ int main(int argc, char** argv) {
             const std::string dir = bench_model_dir(m);
             const Batch batch = random_batch(num_seqs, length, m.vocab);
             const size_t params = ModelWeights::load(dir, false).num_floats(), plan = planned_bytes(dir, batch, length);
+            const StepShape shape = step_shape(dir, num_seqs, length);
             double bf16_ms = 0;
             for (Precision p : {Precision::BF16, Precision::FP8}) {
                 const StepResult r = bench_step(dir, p, batch, dist);
                 if (p == Precision::BF16) bf16_ms = r.ms;
                 const double GiB = 1073741824.0;
-                printf("| %s | %.3gM | %d x %d | %s | %.1f | %.0f | %.3f | %.3f | %.3f | %s |\n", m.name, params / 1e6, num_seqs,
-                       length, precision_name(p), r.ms, batch.tokens / (r.ms * 1e-3), r.peak / GiB, r.used / GiB, plan / GiB,
-                       p == Precision::BF16 ? "1.00" : strfmt("%.2f", bf16_ms / r.ms).c_str());
+                const auto predicted_ms = [&](StepStructure st) { return step_seconds(hw, shape, p, st) * 1e3; };
+                const std::string speedups =
+                    p == Precision::BF16 ? "1.00 | 1.00"
+                                         : strfmt("%.2f | %.2f / %.2f", bf16_ms / r.ms, step_speedup(hw, shape, StepStructure::Unfused),
+                                                  step_speedup(hw, shape, StepStructure::Fused));
+                printf("| %s | %.3gM | %d x %d | %s | %.1f | %.1f / %.1f | %.0f | %.3f | %.3f | %.3f | %s |\n", m.name, params / 1e6,
+                       num_seqs, length, precision_name(p), r.ms, predicted_ms(StepStructure::Unfused),
+                       predicted_ms(StepStructure::Fused), batch.tokens / (r.ms * 1e-3), r.peak / GiB, r.used / GiB, plan / GiB,
+                       speedups.c_str());
                 fflush(stdout);
                 if (p == Precision::FP8)
-                    key = strfmt("; %s fp8: %.2fx bf16, peak %.2f GiB (plan %.2f)", m.name, bf16_ms / r.ms, r.peak / GiB,
-                                 plan / GiB);
+                    key = strfmt("; %s fp8: %.2fx bf16 (predicted %.2f unfused, %.2f fused), peak %.2f GiB (plan %.2f)", m.name,
+                                 bf16_ms / r.ms, step_speedup(hw, shape, StepStructure::Unfused),
+                                 step_speedup(hw, shape, StepStructure::Fused), r.peak / GiB, plan / GiB);
             }
+            const std::vector<KernelCost> unfused = step_kernels(hw, shape, Precision::FP8, StepStructure::Unfused);
+            const std::vector<KernelCost> fused = step_kernels(hw, shape, Precision::FP8, StepStructure::Fused);
+            double calls = 0, weight_s = 0;
+            for (const KernelCost& k : unfused)
+                if (k.cls == KernelClass::Quantize) calls += k.calls, weight_s += k.weight ? k.seconds(hw) : 0;
+            const auto [measured, measured_weights] = measured_quantize_ms(unfused);
+            quant_rows.push_back(strfmt("| %s | %.0f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |", m.name, calls, measured,
+                                        class_seconds(unfused, hw, KernelClass::Quantize) * 1e3, measured_weights,
+                                        weight_s * 1e3, class_seconds(fused, hw, KernelClass::Quantize) * 1e3,
+                                        class_seconds(fused, hw, KernelClass::LayerGemm) * 1e3));
         } catch (const Error& e) {
             printf("| %s | ERROR: %s |\n", m.name, e.what());
             failures++;
             cudaGetLastError();  // clear a sticky launch error so the next model can run
         }
     }
+    printf("\nquantization apart from the GEMMs, fp8: measured = the unfused step's standalone quantizer calls (the tile "
+           "quantizer of fp8_gemm.cuh), each shape timed alone in this run (median, CUDA events) x its calls per step; "
+           "predicted = cuda/perf_model.h (7 ps per element); fused = issue 28's remaining standalone quantizers at "
+           "bandwidth; the fp8 projection GEMMs' predicted time for scale\n\n");
+    printf("| model | quantizer calls per step | measured ms | predicted ms | weights measured ms | predicted | "
+           "predicted ms fused | projection GEMMs predicted ms |\n|---|---|---|---|---|---|---|---|\n");
+    for (const std::string& row : quant_rows) printf("%s\n", row.c_str());
     printf("\nbench_train_step: %d model(s) failed%s\n", failures, key.c_str());
     return failures ? 1 : 0;
 }

@@ -1,0 +1,465 @@
+// perf_model.h: a FLOP and byte model of one training step of the GPU engine (cuda/engine_gpu.cuh,
+// loss.cuh) on one H200: forward + backward + gradient norm and clip + AdamW over one micro-batch of
+// T tokens packed in sequences of S, in bf16 or fp8, for two structures of the engine's kernels:
+//   unfused  the engine before issue 28: every projection quantizes its own input with the tile
+//            quantizer (fp8_gemm.cuh, ~7 ps per element, the transposed copy always written); q, k, v
+//            and gate, up as separate GEMMs; separate norms, RoPEs and residual adds; dgrad outputs in
+//            FP32, then a cast; activations and their gradients zeroed every step; the FP8 weight
+//            copies re-quantized by the tile quantizer after AdamW;
+//   fused    issue 28's: add + RMSNorm and SwiGLU write the FP8 operands; one QKV and one gate|up
+//            GEMM; q/k-norm + RoPE in one kernel; the remaining quantizers at bandwidth; BF16 dgrad
+//            outputs; no zeroing but the gradients'; AdamW writes the BF16 and FP8 copies in its pass.
+// A kernel's time is max(work / rate, bytes / achievable bandwidth) + its launches x a launch
+// overhead; bytes count each input read once and each output written once (HBM traffic, no L2
+// reuse). The rates are anchors, not measurements of this code (PerfHardware; docs/perf-model.md):
+// test/gpu/bench_train_step.cu and bench_fp8_gemm.cu print the predictions beside what they measure.
+// Not counted: host work and synchronizations, biases (Qwen2), communication (one GPU).
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "rl/model/config.h"
+#include "rl/model/weights.h"
+#include "rl/numerics/precision.h"
+
+namespace fp8rl {
+
+// The rates a kernel reaches, from the anchors of perf-anchors.md (shared docs) and what was measured
+// on this workplace's H200s (.library/device/KINDS.md), as fractions of the datasheet.
+struct PerfHardware {
+    double bf16_peak = 989e12, fp8_peak = 1979e12, hbm = 4.8e12;  // H200 SXM, dense, by the datasheet
+    // cuBLAS BF16 on large GEMMs; 8192^3 on random data measured 769-798 TFLOP/s here (0.78-0.81)
+    double bf16_gemm_eff = 0.75;
+    // FP8 block-scaled (1x128 / 128x128) over BF16 at the same shape: cuBLAS 12.9 "1.75x for large
+    // matmuls, at least 1.25x for most other cases"; FBGEMM's blockwise 870 against BF16 585 TFLOP/s
+    // on an H100 is 1.49x. The middle of cuBLAS's range; the CLI prints both ends.
+    double fp8_gemm_speedup = 1.5;
+    // memory-bound kernels (norms, quantizers, AdamW, memsets): a device-to-device copy measured
+    // 4.3 TB/s here (0.9); wide loads and stores are assumed, as issue 28 asks of the quantizers
+    double hbm_eff = 0.85;
+    double launch_s = 3e-6;  // per kernel launch or GEMM call: the gap between back-to-back kernels
+    // the tile quantizer of fp8_gemm.cuh before issue 28: one 2-byte load in flight per thread,
+    // software E4M3 encoding, single-byte stores (perf-anchors.md, issue 28)
+    double tile_quantizer_s_per_element = 7e-12;
+    // attention forward TFLOP/s; 0: FlashAttention-2's by sequence length (attention_tflops)
+    double attention_fwd_tflops = 0;
+
+    double bandwidth() const { return hbm * hbm_eff; }
+    double gemm_rate(Precision p) const {
+        const double bf16 = bf16_peak * bf16_gemm_eff;
+        return p == Precision::FP8 ? std::min(bf16 * fp8_gemm_speedup, fp8_peak) : bf16;
+    }
+};
+
+// Attention TFLOP/s at sequence length S (FLOPs counted as the kernels execute them, causal):
+// FlashAttention-2 on an H100 (the H200's tensor cores), head dim 128, at 512, 1k, 2k, 4k tokens:
+// causal forward 191, 260, 298, 319 (perf-anchors.md); its backward runs at its forward's rate times
+// 214/309, 260/350, 291/362, 310/368 (the FA3 paper's figures without a mask, FA2's backward over its
+// forward). Linear in log2(S) between the points, the nearest point outside them. Ours is FA2's
+// structure (cuda/attention.cuh); hw.attention_fwd_tflops replaces the forward figures.
+inline double attention_tflops(const PerfHardware& hw, double S, bool backward) {
+    const double fwd[4] = {191, 260, 298, 319}, bwd_over_fwd[4] = {214.0 / 309, 260.0 / 350, 291.0 / 362, 310.0 / 368};
+    const double x = std::min(3.0, std::max(0.0, std::log2(S / 512)));
+    const int i = std::min(2, (int)x);
+    const double f = x - i;
+    const double rate = hw.attention_fwd_tflops > 0 ? hw.attention_fwd_tflops : fwd[i] + f * (fwd[i + 1] - fwd[i]);
+    return backward ? rate * (bwd_over_fwd[i] + f * (bwd_over_fwd[i + 1] - bwd_over_fwd[i])) : rate;
+}
+
+enum class KernelClass { LayerGemm, HeadGemm, Attention, Quantize, Elementwise, HeadSoftmax, Zeroing, Optimizer };
+constexpr int kKernelClasses = 8;
+inline const char* kernel_class_name(KernelClass c) {
+    const char* names[kKernelClasses] = {"projection GEMMs",
+                                         "LM head GEMMs (BF16)",
+                                         "attention",
+                                         "FP8 quantization (standalone)",
+                                         "norms, RoPE, SwiGLU, adds, casts",
+                                         "LM head softmax",
+                                         "zeroing",
+                                         "gradient norm, clip, AdamW"};
+    return names[(int)c];
+}
+
+enum class StepPhase { Forward, Backward, Optimizer };
+enum class StepStructure { Unfused, Fused };
+inline const char* structure_name(StepStructure s) { return s == StepStructure::Unfused ? "unfused" : "fused (#28)"; }
+
+enum class GemmOutput { BF16, F32, F32_Accumulate };  // F32_Accumulate: beta = 1, D read and written
+
+// One kernel (or GEMM call) of the step, `calls` times per step.
+struct KernelCost {
+    std::string name;
+    KernelClass cls;
+    StepPhase phase;
+    bool per_layer;  // in every decoder layer: calls = layers x calls per layer
+    double calls;
+    int launches;   // per call (rmsnorm_backward: its kernel and a column sum's two)
+    double work;    // per call: FLOPs, or elements for the tile quantizer
+    double rate;    // work per second when compute-bound; 0: memory-bound
+    double bytes;   // per call
+    int64_t rows = 0, cols = 0;  // a standalone quantizer's input, so a benchmark can time it alone
+    bool weight = false;         // ... a weight: FP32 master in, 128x128 blocks (else BF16 in, 1x128 groups)
+
+    double call_seconds(const PerfHardware& hw) const {
+        return std::max(rate > 0 ? work / rate : 0.0, bytes / hw.bandwidth()) + launches * hw.launch_s;
+    }
+    double seconds(const PerfHardware& hw) const { return calls * call_seconds(hw); }
+};
+
+namespace perf_detail {
+constexpr double kBF16 = 2, kF32 = 4;
+constexpr double kFP8 = 1 + 4.0 / 128;  // codes and one FP32 scale per 1x128 group (weights' 128x128: less)
+inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+}  // namespace perf_detail
+
+// One GEMM call D [n][m] = B [n][k] . A [m][k]^T (fp8_gemm.cuh's orientation): 2mnk FLOPs, both
+// operands read once, D written (and read when accumulating).
+inline KernelCost gemm_cost(const PerfHardware& hw, std::string name, KernelClass cls, int64_t m, int64_t n, int64_t k,
+                            Precision p, GemmOutput out) {
+    using namespace perf_detail;
+    const double in = p == Precision::FP8 ? kFP8 : kBF16;
+    const double d = out == GemmOutput::BF16 ? kBF16 : out == GemmOutput::F32 ? kF32 : 2 * kF32;
+    return {std::move(name), cls, StepPhase::Forward, false, 1, 1, 2.0 * m * n * k, hw.gemm_rate(p),
+            (double)(m + n) * k * in + (double)m * n * d};
+}
+
+// The tile quantizer (before issue 28) on x [rows][cols]: codes and the transposed codes with their
+// scales; of a BF16 activation, or of an FP32 master weight (after two memsets of the scale grids).
+inline KernelCost tile_quantizer_cost(const PerfHardware& hw, std::string name, int64_t rows, int64_t cols, bool weight) {
+    const double elements = (double)rows * cols;
+    KernelCost k{std::move(name), KernelClass::Quantize, StepPhase::Forward, false, 1, weight ? 3 : 1, elements,
+                 1 / hw.tile_quantizer_s_per_element, elements * ((weight ? 4 : 2) + 2 * perf_detail::kFP8)};
+    k.rows = rows, k.cols = cols, k.weight = weight;
+    return k;
+}
+
+// The micro-batch and the engine constant the head's cost depends on.
+struct StepShape {
+    ModelConfig model;
+    int64_t tokens = 0, seq_len = 0;  // T tokens in sequences of seq_len (the last one shorter if need be)
+    int head_vocab_chunk = 2048;      // loss.cuh's HEAD_VOCAB_CHUNK (the GPU benchmarks pass theirs)
+    // micro-batches per optimizer step (gradients accumulated, --micro_batch_tokens): the
+    // optimizer's kernels count 1 / micro_batches of their calls
+    int micro_batches = 1;
+};
+
+namespace perf_detail {
+
+// Appends the kernels of one step; scope() says which phase the next ones belong to and whether
+// every layer runs them.
+class StepBuilder {
+  public:
+    StepBuilder(const PerfHardware& hw, const StepShape& s, Precision p) : hw(hw), s(s), p(p) {}
+    const PerfHardware& hw;
+    const StepShape& s;
+    const Precision p;
+    std::vector<KernelCost> kernels;
+
+    void scope(StepPhase phase, bool per_layer) { phase_ = phase, per_layer_ = per_layer; }
+    void add(KernelCost k, double repeat = 1) {
+        k.phase = phase_, k.per_layer = per_layer_;
+        k.calls = repeat * (per_layer_ ? (double)s.model.num_layers : 1) / (phase_ == StepPhase::Optimizer ? s.micro_batches : 1);
+        kernels.push_back(std::move(k));
+    }
+    void gemm(const char* name, int64_t m, int64_t n, int64_t k, GemmOutput out, double repeat = 1) {
+        add(gemm_cost(hw, name, KernelClass::LayerGemm, m, n, k, p, out), repeat);
+    }
+    void head_gemm(const char* name, int64_t m, int64_t n, int64_t k, GemmOutput out, double repeat) {  // BF16 in both precisions
+        add(gemm_cost(hw, name, KernelClass::HeadGemm, m, n, k, Precision::BF16, out), repeat);
+    }
+    void pass(const char* name, KernelClass cls, double bytes, int launches = 1, double repeat = 1) {
+        add({name, cls, phase_, per_layer_, 1, launches, 0, 0, bytes}, repeat);
+    }
+    // An activation's FP8 operand, in fp8 only: at bandwidth (issue 28), BF16 in and `copies` of
+    // codes and scales out (2: rowwise and transposed); or by the tile quantizer.
+    void quantize(const char* name, double elements, int copies) {
+        if (p == Precision::FP8) pass(name, KernelClass::Quantize, elements * (kBF16 + copies * kFP8));
+    }
+    void tile_quantize(const char* name, int64_t rows, int64_t cols, double repeat = 1) {
+        if (p == Precision::FP8) add(tile_quantizer_cost(hw, name, rows, cols, false), repeat);
+    }
+    void attention(bool backward) {
+        const ModelConfig& c = s.model;
+        const double H = c.num_heads, D = c.head_dim, T = s.tokens, Nqkv = c.q_dim() + 2 * c.kv_dim();
+        // causal: 2 products of S^2/2 x D per head forward (QK^T, PV); the backward's kernels make 7
+        // (dq: QK^T, dO V^T, dS K; dk/dv: K Q^T, V dO^T, P^T dO, dS^T Q) where FA2's fused one makes 5
+        const double products = backward ? 7 : 2;
+        double flops = 0, seconds = 0;
+        for (int64_t done = 0; done < s.tokens; done += s.seq_len) {
+            const double len = (double)std::min(s.seq_len, s.tokens - done);
+            const double f = products * D * H * len * len;
+            flops += f;
+            seconds += f / (attention_tflops(hw, len, backward) * 1e12);
+        }
+        const double bytes = backward ? T * (Nqkv + c.q_dim()) * kBF16 + T * H * 3 * kF32 + T * Nqkv * kBF16 +
+                                            T * c.q_dim() * 2 * kBF16  // delta's rowsum(dO * O)
+                                      : T * Nqkv * kBF16 + T * c.q_dim() * kBF16 + T * H * kF32;
+        add({backward ? "attention backward (delta, dq, dk/dv)" : "attention forward", KernelClass::Attention, phase_,
+             per_layer_, 1, backward ? 3 : 1, flops, flops / seconds, bytes});
+    }
+    // rmsnorm_backward as it is: dx (added to what dx holds, or written), then the weight gradient's
+    // column sums re-reading dy and x (two launches).
+    void norm_backward(const char* name, double rows, double n, bool accumulate) {
+        pass(name, KernelClass::Elementwise, rows * n * (kBF16 * (accumulate ? 4 : 3) + 2 * kBF16) + rows * kF32, 3);
+    }
+
+  private:
+    StepPhase phase_ = StepPhase::Forward;
+    bool per_layer_ = false;
+};
+
+// The LM head (loss.cuh; BF16 in both precisions): per vocabulary chunk the logits GEMM (FP32 out)
+// and the softmax statistics; in backward the logits again, dlogits (BF16), the dX and dW GEMMs.
+inline void head(StepBuilder& b, bool backward) {
+    const ModelConfig& c = b.s.model;
+    const int64_t T = b.s.tokens, T8 = round_up(T, 8), C = c.hidden_size, V = c.vocab_size, chunk = b.s.head_vocab_chunk;
+    const int64_t widths[2] = {chunk, V % chunk};
+    const double counts[2] = {(double)(V / chunk), V % chunk ? 1.0 : 0.0};
+    const double t = (double)T;
+    for (int i = 0; i < 2; i++) {
+        if (counts[i] == 0) continue;
+        const int64_t ld = round_up(widths[i], 8);
+        b.head_gemm(backward ? "head logits (again)" : "head logits", ld, T, C, GemmOutput::F32, counts[i]);
+        if (!backward) {
+            b.pass("head softmax statistics", KernelClass::HeadSoftmax, t * ld * kF32 + t * 28, 1, counts[i]);
+            continue;
+        }
+        b.pass("head dlogits", KernelClass::HeadSoftmax, t * ld * kF32 + (double)T8 * ld * kBF16 + t * 20, 1, counts[i]);
+        b.head_gemm("head dX", C, T, ld, GemmOutput::F32_Accumulate, counts[i]);
+        b.head_gemm("head dW", C, ld, T8, GemmOutput::F32_Accumulate, counts[i]);
+    }
+    if (!backward) b.pass("head finish", KernelClass::HeadSoftmax, t * 40);
+}
+
+// The fused structure's decoder layer, forward (issue 28: 10 launches and GEMM calls in fp8, 9 in bf16).
+inline void fused_layer_forward(StepBuilder& b) {
+    const ModelConfig& c = b.s.model;
+    const bool fp8 = b.p == Precision::FP8;
+    const double T = b.s.tokens, C = c.hidden_size, I = c.intermediate_size, Q = c.q_dim(), K = c.kv_dim(), N = Q + 2 * K;
+    const int64_t Tp = round_up(b.s.tokens, 128);
+    // the residual and the branch output in; the new residual, the normed BF16 (the operand in bf16;
+    // in fp8 what the backward's transposed quantization reads) and in fp8 the operand's codes out
+    const double add_norm = T * C * 4 * kBF16 + (fp8 ? T * C * kFP8 : 0) + T * kF32;
+    const double qk_norm = c.qk_norm ? T * (Q + K) * kBF16 + T * (c.num_heads + c.num_kv_heads) * kF32 : 0;  // qp, kp, rstd
+    b.pass("add + RMSNorm (attention input)", KernelClass::Elementwise, add_norm);
+    b.gemm("QKV fprop", (int64_t)N, Tp, c.hidden_size, GemmOutput::BF16);
+    b.pass("q/k RMSNorm + RoPE + split", KernelClass::Elementwise, 2 * T * N * kBF16 + qk_norm);
+    b.attention(false);
+    b.quantize("quantize attention output", T * Q, 1);
+    b.gemm("O fprop", c.hidden_size, Tp, c.q_dim(), GemmOutput::BF16);
+    b.pass("add + RMSNorm (MLP input)", KernelClass::Elementwise, add_norm);
+    b.gemm("gate|up fprop", 2 * c.intermediate_size, Tp, c.hidden_size, GemmOutput::BF16);
+    b.pass("SwiGLU", KernelClass::Elementwise, T * 2 * I * kBF16 + T * I * kBF16 + (fp8 ? T * I * kFP8 : 0));
+    b.gemm("down fprop", c.hidden_size, Tp, c.intermediate_size, GemmOutput::BF16);
+}
+
+// Its backward: every dgrad writes BF16; each FP8 GEMM operand quantized once (rowwise + transposed
+// for the output gradients, transposed only for the activations the weight gradients read).
+inline void fused_layer_backward(StepBuilder& b) {
+    const ModelConfig& c = b.s.model;
+    const double T = b.s.tokens, C = c.hidden_size, I = c.intermediate_size, Q = c.q_dim(), K = c.kv_dim(), N = Q + 2 * K;
+    const int64_t Tp = round_up(b.s.tokens, 128), Cn = c.hidden_size, In = c.intermediate_size, Qn = c.q_dim();
+    const int64_t Nn = c.q_dim() + 2 * c.kv_dim();
+    b.quantize("quantize dh (down)", T * C, 2);
+    b.quantize("quantize a^T", T * I, 1);
+    b.gemm("down dgrad", In, Tp, Cn, GemmOutput::BF16);
+    b.gemm("down wgrad", In, Cn, Tp, GemmOutput::F32_Accumulate);
+    b.pass("SwiGLU backward", KernelClass::Elementwise, T * I * kBF16 + 2 * T * 2 * I * kBF16);
+    b.quantize("quantize d[gate|up]", T * 2 * I, 2);
+    b.quantize("quantize xn2^T", T * C, 1);
+    b.gemm("gate|up dgrad", Cn, Tp, 2 * In, GemmOutput::BF16);
+    b.gemm("gate|up wgrad", Cn, 2 * In, Tp, GemmOutput::F32_Accumulate);
+    b.norm_backward("RMSNorm backward (MLP input)", T, C, true);
+    b.quantize("quantize dh (O)", T * C, 2);
+    b.quantize("quantize att^T", T * Q, 1);
+    b.gemm("O dgrad", Qn, Tp, Cn, GemmOutput::BF16);
+    b.gemm("O wgrad", Qn, Cn, Tp, GemmOutput::F32_Accumulate);
+    b.attention(true);
+    // dq, dk and the forward's qp, kp in, d[q|k] out (dv is written in place by the attention
+    // backward); the q/k-norm weights' column sums as partials of the same pass
+    b.pass("q/k RMSNorm + RoPE backward", KernelClass::Elementwise, 3 * T * (Q + K) * kBF16 + T * (c.num_heads + c.num_kv_heads) * kF32);
+    b.quantize("quantize d[q|k|v]", T * N, 2);
+    b.quantize("quantize xn1^T", T * C, 1);
+    b.gemm("QKV dgrad", Cn, Tp, Nn, GemmOutput::BF16);
+    b.gemm("QKV wgrad", Cn, Nn, Tp, GemmOutput::F32_Accumulate);
+    b.norm_backward("RMSNorm backward (attention input)", T, C, true);
+}
+
+// The unfused structure's decoder layer, forward, as engine_gpu.cuh's layer_forward before issue 28
+// (24 launches and GEMM calls in fp8, 17 in bf16).
+inline void unfused_layer_forward(StepBuilder& b) {
+    const ModelConfig& c = b.s.model;
+    const double T = b.s.tokens, C = c.hidden_size, I = c.intermediate_size, Q = c.q_dim(), K = c.kv_dim();
+    const int64_t Tp = round_up(b.s.tokens, 128), Cn = c.hidden_size, In = c.intermediate_size, Qn = c.q_dim(), Kn = c.kv_dim();
+    const double norm = T * C * 2 * kBF16 + T * kF32;
+    b.pass("RMSNorm (attention input)", KernelClass::Elementwise, norm);
+    b.tile_quantize("quantize xn1 (for q, k and v)", Tp, Cn, 3);
+    b.gemm("q fprop", Qn, Tp, Cn, GemmOutput::BF16);
+    b.gemm("k, v fprop", Kn, Tp, Cn, GemmOutput::BF16, 2);
+    if (c.qk_norm) {
+        b.pass("q RMSNorm", KernelClass::Elementwise, T * Q * 2 * kBF16 + T * c.num_heads * kF32);
+        b.pass("k RMSNorm", KernelClass::Elementwise, T * K * 2 * kBF16 + T * c.num_kv_heads * kF32);
+    }
+    b.pass("RoPE q", KernelClass::Elementwise, T * Q * 2 * kBF16);
+    b.pass("RoPE k", KernelClass::Elementwise, T * K * 2 * kBF16);
+    b.attention(false);
+    b.tile_quantize("quantize attention output", Tp, Qn);
+    b.gemm("o fprop", Cn, Tp, Qn, GemmOutput::BF16);
+    b.pass("residual add (attention)", KernelClass::Elementwise, T * C * 3 * kBF16);
+    b.pass("RMSNorm (MLP input)", KernelClass::Elementwise, norm);
+    b.tile_quantize("quantize xn2 (for gate and up)", Tp, Cn, 2);
+    b.gemm("gate, up fprop", In, Tp, Cn, GemmOutput::BF16, 2);
+    b.pass("SwiGLU", KernelClass::Elementwise, T * I * 3 * kBF16);
+    b.tile_quantize("quantize a", Tp, In);
+    b.gemm("down fprop", Cn, Tp, In, GemmOutput::BF16);
+    b.pass("residual add (MLP)", KernelClass::Elementwise, T * C * 3 * kBF16);
+}
+
+// Its backward (layer_backward): FP32 dgrad outputs and casts; every GEMM quantizes both its operands.
+inline void unfused_layer_backward(StepBuilder& b) {
+    const ModelConfig& c = b.s.model;
+    const double T = b.s.tokens, C = c.hidden_size, I = c.intermediate_size, Q = c.q_dim(), K = c.kv_dim();
+    const int64_t Tp = round_up(b.s.tokens, 128), Cn = c.hidden_size, In = c.intermediate_size, Qn = c.q_dim(), Kn = c.kv_dim();
+    const double cast = kF32 + kBF16;
+    b.tile_quantize("quantize dh (down)", Tp, Cn);
+    b.tile_quantize("quantize a", Tp, In);
+    b.gemm("down dgrad", In, Tp, Cn, GemmOutput::F32);
+    b.gemm("down wgrad", In, Cn, Tp, GemmOutput::F32_Accumulate);
+    b.pass("cast da", KernelClass::Elementwise, T * I * cast);
+    b.pass("SwiGLU backward", KernelClass::Elementwise, T * I * 5 * kBF16);
+    b.tile_quantize("quantize dg, du", Tp, In, 2);
+    b.tile_quantize("quantize xn2 (for gate and up)", Tp, Cn, 2);
+    b.gemm("gate dgrad", Cn, Tp, In, GemmOutput::F32);
+    b.gemm("up dgrad", Cn, Tp, In, GemmOutput::F32_Accumulate);
+    b.gemm("gate, up wgrad", Cn, In, Tp, GemmOutput::F32_Accumulate, 2);
+    b.pass("cast dxn (MLP)", KernelClass::Elementwise, T * C * cast);
+    b.norm_backward("RMSNorm backward (MLP input)", T, C, true);
+    b.tile_quantize("quantize dh (o)", Tp, Cn);
+    b.tile_quantize("quantize att", Tp, Qn);
+    b.gemm("o dgrad", Qn, Tp, Cn, GemmOutput::F32);
+    b.gemm("o wgrad", Qn, Cn, Tp, GemmOutput::F32_Accumulate);
+    b.pass("cast datt", KernelClass::Elementwise, T * Q * cast);
+    b.attention(true);
+    b.pass("RoPE backward q", KernelClass::Elementwise, T * Q * 2 * kBF16);
+    b.pass("RoPE backward k", KernelClass::Elementwise, T * K * 2 * kBF16);
+    if (c.qk_norm) {
+        b.norm_backward("q RMSNorm backward", T * c.num_heads, c.head_dim, false);
+        b.norm_backward("k RMSNorm backward", T * c.num_kv_heads, c.head_dim, false);
+    }
+    b.tile_quantize("quantize dq", Tp, Qn);
+    b.tile_quantize("quantize dk, dv", Tp, Kn, 2);
+    b.tile_quantize("quantize xn1 (for q, k and v)", Tp, Cn, 3);
+    b.gemm("q dgrad", Cn, Tp, Qn, GemmOutput::F32);
+    b.gemm("k, v dgrad", Cn, Tp, Kn, GemmOutput::F32_Accumulate, 2);
+    b.gemm("q wgrad", Cn, Qn, Tp, GemmOutput::F32_Accumulate);
+    b.gemm("k, v wgrad", Cn, Kn, Tp, GemmOutput::F32_Accumulate, 2);
+    b.pass("cast dxn (attention)", KernelClass::Elementwise, T * C * cast);
+    b.norm_backward("RMSNorm backward (attention input)", T, C, true);
+}
+
+}  // namespace perf_detail
+
+// The parameters the optimizer walks (weights.h's buffer, padding included) and those of the seven
+// projections, which have FP8 copies.
+inline double projection_params(const ModelConfig& c) {
+    const double C = c.hidden_size, I = c.intermediate_size;
+    return c.num_layers * (C * (c.q_dim() + 2 * c.kv_dim()) + c.q_dim() * C + 3 * C * I);
+}
+
+// Every kernel of one training step in this structure and precision.
+inline std::vector<KernelCost> step_kernels(const PerfHardware& hw, const StepShape& s, Precision p, StepStructure st) {
+    using namespace perf_detail;
+    if (p != Precision::BF16 && p != Precision::FP8) fail("step_kernels: the GPU engine trains in bf16 or fp8");
+    if (s.tokens <= 0 || s.seq_len <= 0 || s.micro_batches <= 0 || s.head_vocab_chunk <= 0 || s.head_vocab_chunk % 8)
+        fail("step_kernels: %lld tokens in sequences of %lld, %d micro-batches per update, head chunks of %d", (long long)s.tokens,
+             (long long)s.seq_len, s.micro_batches, s.head_vocab_chunk);
+    const ModelConfig& c = s.model;
+    const bool fused = st == StepStructure::Fused;
+    const double T = s.tokens, Tp = (double)round_up(s.tokens, 128), C = c.hidden_size, I = c.intermediate_size;
+    const double Q = c.q_dim(), K = c.kv_dim(), L = c.num_layers;
+    size_t params = 0;
+    tensor_layout(c, &params);
+    const double P = (double)params;
+    StepBuilder b(hw, s, p);
+
+    b.scope(StepPhase::Forward, false);
+    if (!fused) {  // prepare_batch zeroes every BF16 activation of the batch and the FP32 statistics
+        const double inner = Tp * (3 * C + (c.qk_norm ? Q + K : 0) + 2 * Q + 2 * K + 3 * I);
+        const double stats = L * T * (2 + 2 * c.num_heads + c.num_kv_heads) + 5 * T + Tp * std::max(std::max(C, I), Q);
+        b.pass("zero activations", KernelClass::Zeroing, (L * Tp * C + L * inner + 2 * Tp * C) * kBF16 + stats * kF32, 2);
+    }
+    b.pass("embedding", KernelClass::Elementwise, T * C * 2 * kBF16 + T * 4);
+    b.scope(StepPhase::Forward, true);
+    (fused ? fused_layer_forward : unfused_layer_forward)(b);
+    b.scope(StepPhase::Forward, false);
+    // the last layer's output joins the residual here when the adds are fused into the norms
+    b.pass(fused ? "add + final RMSNorm" : "final RMSNorm", KernelClass::Elementwise,
+           T * C * (fused ? 4 : 2) * kBF16 + T * kF32);
+    head(b, false);
+
+    b.scope(StepPhase::Backward, false);
+    if (!fused)
+        b.pass("zero activation gradients", KernelClass::Zeroing,
+               Tp * (3 * C + 3 * I + 3 * Q + 3 * K) * kBF16 + (Tp * (C + I + Q) + T * c.num_heads + 2 * T) * kF32, 2);
+    head(b, true);
+    b.pass("cast head dX", KernelClass::Elementwise, T * C * (kF32 + kBF16));
+    b.norm_backward("final RMSNorm backward", T, C, false);
+    b.scope(StepPhase::Backward, true);
+    (fused ? fused_layer_backward : unfused_layer_backward)(b);
+    b.scope(StepPhase::Backward, false);
+    b.pass("embedding backward", KernelClass::Elementwise, T * C * (kBF16 + 2 * kF32));  // FP32 rows added to
+
+    b.scope(StepPhase::Optimizer, false);
+    b.pass("zero gradients", KernelClass::Zeroing, P * kF32);
+    b.pass("gradient norm", KernelClass::Optimizer, P * kF32, 2);
+    b.pass("gradient clip (when the norm exceeds the bound)", KernelClass::Optimizer, P * 2 * kF32);
+    // master, gradient, m, v in; master, m, v and the BF16 copy out
+    const double adamw = P * (7 * kF32 + kBF16);
+    if (fused) {  // fp8: and the FP8 codes of each projection weight and of its transpose, one launch per weight
+        const bool fp8 = p == Precision::FP8;
+        b.pass(fp8 ? "AdamW + BF16 and FP8 copies" : "AdamW + BF16 copy", KernelClass::Optimizer,
+               adamw + (fp8 ? projection_params(c) * 2 * kFP8 : 0), fp8 ? 4 * (int)c.num_layers + 1 : 1);
+        return b.kernels;
+    }
+    b.pass("AdamW + BF16 copy", KernelClass::Optimizer, adamw);
+    // the engine re-quantizes the FP8 copies after every update, whatever the training precision
+    b.scope(StepPhase::Optimizer, true);
+    const int64_t Cn = c.hidden_size, In = c.intermediate_size;
+    b.add(tile_quantizer_cost(hw, "re-quantize q weight", c.q_dim(), Cn, true));
+    b.add(tile_quantizer_cost(hw, "re-quantize k, v weights", c.kv_dim(), Cn, true), 2);
+    b.add(tile_quantizer_cost(hw, "re-quantize o weight", Cn, c.q_dim(), true));
+    b.add(tile_quantizer_cost(hw, "re-quantize gate, up weights", In, Cn, true), 2);
+    b.add(tile_quantizer_cost(hw, "re-quantize down weight", Cn, In, true));
+    return b.kernels;
+}
+
+inline double total_seconds(const std::vector<KernelCost>& ks, const PerfHardware& hw) {
+    double t = 0;
+    for (const KernelCost& k : ks) t += k.seconds(hw);
+    return t;
+}
+
+inline double class_seconds(const std::vector<KernelCost>& ks, const PerfHardware& hw, KernelClass cls) {
+    double t = 0;
+    for (const KernelCost& k : ks) t += k.cls == cls ? k.seconds(hw) : 0;
+    return t;
+}
+
+inline double total_launches(const std::vector<KernelCost>& ks) {
+    double n = 0;
+    for (const KernelCost& k : ks) n += k.calls * k.launches;
+    return n;
+}
+
+inline double step_seconds(const PerfHardware& hw, const StepShape& s, Precision p, StepStructure st) {
+    return total_seconds(step_kernels(hw, s, p, st), hw);
+}
+
+// The predicted bf16 time over fp8 time of the step.
+inline double step_speedup(const PerfHardware& hw, const StepShape& s, StepStructure st) {
+    return step_seconds(hw, s, Precision::BF16, st) / step_seconds(hw, s, Precision::FP8, st);
+}
+
+}  // namespace fp8rl

@@ -1,0 +1,146 @@
+// perf_model.cpp: prints cuda/perf_model.h's prediction of one training step on an H200, bf16 and
+// fp8, for the engine before issue 28 (unfused) and after (fused): step time, the fp8 speedup, the
+// time per kernel class, and how the fused speedup moves with the two anchors it depends on most.
+//   build/perf_model [--model qwen3-1.7b|qwen3-8b|all|HF_DIR] [--tokens 16384] [--seq 1280]
+//                    [--micro_batches 1] [--fp8_gemm_speedup 1.5] [--kernels]
+// --micro_batches N: one optimizer update per N micro-batches (gradients accumulated), so a
+// micro-batch carries 1/N of the update's kernels; --kernels adds every kernel of the fused step
+// (bf16 and fp8) with its calls, FLOPs, bytes and time.
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "cuda/perf_model.h"
+
+using namespace fp8rl;
+
+namespace {
+
+// spec-model.md: Qwen3-1.7B ties its embeddings, Qwen3-8B does not.
+ModelConfig qwen3(int64_t C, int64_t I, int64_t L, int64_t H, bool tied) {
+    ModelConfig c;
+    c.arch = Arch::Qwen3, c.vocab_size = 151936, c.hidden_size = C, c.intermediate_size = I, c.num_layers = L;
+    c.num_heads = H, c.num_kv_heads = 8, c.head_dim = 128, c.qk_norm = true, c.tie_word_embeddings = tied;
+    return c;
+}
+
+struct Named {
+    std::string name;
+    ModelConfig config;
+};
+
+const Precision kPrecisions[2] = {Precision::BF16, Precision::FP8};
+const StepStructure kStructures[2] = {StepStructure::Unfused, StepStructure::Fused};
+
+void print_kernels(const std::vector<KernelCost>& ks, const PerfHardware& hw, Precision p) {
+    const char* phases[] = {"forward", "backward", "optimizer"};
+    printf("\nfused (#28) %s, every kernel (per layer: calls = layers x per layer):\n\n", precision_name(p));
+    printf("| phase | kernel | class | calls | GFLOP per call | MB per call | ms | bound |\n|---|---|---|---|---|---|---|---|\n");
+    for (const KernelCost& k : ks) {
+        const double compute = k.rate > 0 ? k.work / k.rate : 0, memory = k.bytes / hw.bandwidth();
+        printf("| %s | %s | %s | %.0f | %.1f | %.1f | %.2f | %s |\n", phases[(int)k.phase], k.name.c_str(),
+               kernel_class_name(k.cls), k.calls, k.rate > 0 ? k.work / 1e9 : 0.0, k.bytes / 1e6, k.seconds(hw) * 1e3,
+               compute > memory ? "compute" : "memory");
+    }
+}
+
+void report(const Named& m, const StepShape& s, const PerfHardware& hw, bool kernels) {
+    size_t params = 0;
+    tensor_layout(m.config, &params);
+    printf("## %s: %lld tokens in sequences of %lld, %.4gM parameters, one update per %d micro-batch%s\n\n", m.name.c_str(),
+           (long long)s.tokens, (long long)s.seq_len, params / 1e6, s.micro_batches, s.micro_batches > 1 ? "es" : "");
+    printf("| structure | precision | step ms | tokens/s | launches + GEMM calls | fp8 speedup (bf16 ms / fp8 ms) |\n");
+    printf("|---|---|---|---|---|---|\n");
+    std::vector<KernelCost> ks[2][2];
+    for (int st = 0; st < 2; st++)
+        for (int pi = 0; pi < 2; pi++) {
+            ks[st][pi] = step_kernels(hw, s, kPrecisions[pi], kStructures[st]);
+            const double t = total_seconds(ks[st][pi], hw), bf16 = total_seconds(ks[st][0], hw);
+            printf("| %s | %s | %.1f | %.0f | %.0f | %.3f |\n", structure_name(kStructures[st]), precision_name(kPrecisions[pi]),
+                   t * 1e3, s.tokens / t, total_launches(ks[st][pi]), bf16 / t);
+        }
+    printf("\n| ms per step | unfused bf16 | unfused fp8 | fused bf16 | fused fp8 |\n|---|---|---|---|---|\n");
+    for (int c = 0; c <= kKernelClasses; c++) {
+        printf("| %s |", c < kKernelClasses ? kernel_class_name((KernelClass)c) : "total");
+        for (int st = 0; st < 2; st++)
+            for (int pi = 0; pi < 2; pi++)
+                printf(" %.1f |", (c < kKernelClasses ? class_seconds(ks[st][pi], hw, (KernelClass)c) : total_seconds(ks[st][pi], hw)) * 1e3);
+        printf("\n");
+    }
+    printf("\nfused fp8 speedup as the two anchors move (FP8 GEMM speedup over BF16: cuBLAS 12.9's range; "
+           "attention: FA2's figures, or perf-anchors.md's estimate of the engine's kernels today):\n\n");
+    printf("| attention forward | FP8 GEMMs 1.25x BF16 | 1.50x | 1.75x |\n|---|---|---|---|\n");
+    for (double attention : {0.0, 85.0}) {
+        printf("| %s |", attention > 0 ? "85 TFLOP/s (today's kernels)" : "FA2 (191-319 TFLOP/s)");
+        for (double speedup : {1.25, 1.5, 1.75}) {
+            PerfHardware h = hw;
+            h.attention_fwd_tflops = attention, h.fp8_gemm_speedup = speedup;
+            printf(" %.3f |", step_speedup(h, s, StepStructure::Fused));
+        }
+        printf("\n");
+    }
+    if (kernels)
+        for (int pi = 0; pi < 2; pi++) print_kernels(ks[1][pi], hw, kPrecisions[pi]);
+    printf("\n");
+}
+
+[[noreturn]] void usage(const char* why) {
+    fprintf(stderr,
+            "perf_model: %s\nusage: perf_model [--model qwen3-1.7b|qwen3-8b|all|HF_DIR] [--tokens N] [--seq S] "
+            "[--micro_batches N] [--fp8_gemm_speedup X] [--kernels]\n",
+            why);
+    exit(2);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    std::string model = "all";
+    StepShape s;
+    s.tokens = 16384, s.seq_len = 1280;
+    PerfHardware hw;
+    bool kernels = false;
+    for (int i = 1; i < argc; i++) {
+        const std::string a = argv[i];
+        if (a == "--kernels") {
+            kernels = true;
+            continue;
+        }
+        if (a != "--model" && a != "--tokens" && a != "--seq" && a != "--micro_batches" && a != "--fp8_gemm_speedup")
+            usage(("unknown flag " + a).c_str());
+        if (i + 1 >= argc) usage(("missing value after " + a).c_str());
+        const char* v = argv[++i];
+        char* end = nullptr;
+        if (a == "--model") model = v;
+        else if (a == "--tokens") s.tokens = strtoll(v, &end, 10);
+        else if (a == "--seq") s.seq_len = strtoll(v, &end, 10);
+        else if (a == "--micro_batches") s.micro_batches = (int)strtol(v, &end, 10);
+        else hw.fp8_gemm_speedup = strtod(v, &end);
+        if (end && (*end || end == v)) usage(("bad value " + std::string(v) + " for " + a).c_str());
+    }
+    if (s.tokens <= 0 || s.seq_len <= 0 || s.micro_batches <= 0 || !(hw.fp8_gemm_speedup > 0))
+        usage("--tokens, --seq, --micro_batches and --fp8_gemm_speedup must be positive");
+    try {
+        std::vector<Named> models;
+        if (model == "all" || model == "qwen3-1.7b") models.push_back({"Qwen3-1.7B", qwen3(2048, 6144, 28, 16, true)});
+        if (model == "all" || model == "qwen3-8b") models.push_back({"Qwen3-8B", qwen3(4096, 12288, 36, 32, false)});
+        if (models.empty()) models.push_back({model, load_model_config(model)});
+        printf("perf_model (cuda/perf_model.h): one training step (forward, backward, gradient norm and clip, AdamW) on one "
+               "H200; BF16 GEMMs at %.0f TFLOP/s (%.2f of %.0f), FP8 block-scaled GEMMs %.2fx that (%.0f TFLOP/s), "
+               "attention at FlashAttention-2's rates, memory-bound kernels at %.2f TB/s (%.2f of %.1f), %.0f us per "
+               "launch, the tile quantizer before issue 28 at %.0f ps per element\n\n",
+               hw.gemm_rate(Precision::BF16) / 1e12, hw.bf16_gemm_eff, hw.bf16_peak / 1e12, hw.fp8_gemm_speedup,
+               hw.gemm_rate(Precision::FP8) / 1e12, hw.bandwidth() / 1e12, hw.hbm_eff, hw.hbm / 1e12, hw.launch_s * 1e6,
+               hw.tile_quantizer_s_per_element * 1e12);
+        for (const Named& m : models) {
+            s.model = m.config;
+            report(m, s, hw, kernels);
+        }
+    } catch (const Error& e) {
+        fprintf(stderr, "perf_model: %s\n", e.what());
+        return 1;
+    }
+    return 0;
+}

@@ -1,0 +1,152 @@
+// Tests of cuda/perf_model.h against cases worked by hand: each expected value is written out here
+// from the shapes (a GEMM's 2mnk and operand bytes, a memory-bound kernel's bytes, the step's 6 N T
+// GEMM FLOPs, the FA2 figures), never read back from the model; the per-layer launch counts are
+// issue 28's (24 and 17 counted in emulation before it, 10 and 9 its target).
+#include "cuda/perf_model.h"
+#include "test/harness.h"
+
+using namespace fp8rl;
+
+namespace {
+
+// A small Qwen3 (q/k norms), every size a multiple of 64, so weights.h's buffer has no padding.
+ModelConfig small_qwen3() {
+    ModelConfig c;
+    c.vocab_size = 5000, c.hidden_size = 256, c.intermediate_size = 768, c.num_layers = 3;
+    c.num_heads = 4, c.num_kv_heads = 2, c.head_dim = 64, c.qk_norm = true, c.tie_word_embeddings = true;
+    return c;
+}
+
+StepShape small_step() {
+    StepShape s;
+    s.model = small_qwen3();
+    s.tokens = 1024, s.seq_len = 384;  // sequences of 384, 384 and 256
+    return s;
+}
+
+const KernelCost& find_kernel(const std::vector<KernelCost>& ks, const std::string& name) {
+    for (const KernelCost& k : ks)
+        if (k.name == name) return k;
+    fail("no kernel named \"%s\"", name.c_str());
+}
+
+double sum_work(const std::vector<KernelCost>& ks, KernelClass cls) {
+    double w = 0;
+    for (const KernelCost& k : ks) w += k.cls == cls ? k.calls * k.work : 0;
+    return w;
+}
+
+}  // namespace
+
+TEST(perf_model_gemm_flops_bytes_and_time) {
+    const PerfHardware hw;
+    // compute-bound: 17.2 GFLOP at 0.75 x 989 TFLOP/s (23 us) over 29 MB at 0.85 x 4.8 TB/s (7 us)
+    const KernelCost g = gemm_cost(hw, "g", KernelClass::LayerGemm, 4096, 2048, 1024, Precision::BF16, GemmOutput::BF16);
+    CHECK_EQ(g.work, 17179869184.0);
+    CHECK_EQ(g.bytes, (4096.0 * 1024 + 2048.0 * 1024) * 2 + 4096.0 * 2048 * 2);
+    CHECK_NEAR(g.call_seconds(hw), 17179869184.0 / (989e12 * 0.75) + 3e-6, 1e-12, 0);
+    // FP8: one byte per operand element plus an FP32 scale per 128, 1.5x the BF16 rate (15.4 us)
+    const KernelCost f = gemm_cost(hw, "f", KernelClass::LayerGemm, 4096, 2048, 1024, Precision::FP8, GemmOutput::BF16);
+    CHECK_EQ(f.bytes, (4096.0 * 1024 + 2048.0 * 1024) * (1 + 4.0 / 128) + 4096.0 * 2048 * 2);
+    CHECK_NEAR(f.call_seconds(hw), 17179869184.0 / (989e12 * 0.75 * 1.5) + 3e-6, 1e-12, 0);
+    // ... accumulating into FP32 D (read and written): 73.6 MB, 18.0 us, so memory-bound
+    const KernelCost a = gemm_cost(hw, "a", KernelClass::LayerGemm, 4096, 2048, 1024, Precision::FP8, GemmOutput::F32_Accumulate);
+    CHECK_EQ(a.bytes, (4096.0 * 1024 + 2048.0 * 1024) * (1 + 4.0 / 128) + 4096.0 * 2048 * 8);
+    CHECK_NEAR(a.call_seconds(hw), a.bytes / (4.8e12 * 0.85) + 3e-6, 1e-12, 0);
+    // memory-bound: 8 tokens, 268 MFLOP (0.4 us) over 33.6 MB (8.2 us)
+    const KernelCost m = gemm_cost(hw, "m", KernelClass::LayerGemm, 4096, 8, 4096, Precision::BF16, GemmOutput::BF16);
+    const double bytes = (4096.0 + 8) * 4096 * 2 + 4096.0 * 8 * 2;
+    CHECK_EQ(m.bytes, bytes);
+    CHECK_NEAR(m.call_seconds(hw), bytes / (4.8e12 * 0.85) + 3e-6, 1e-12, 0);
+}
+
+TEST(perf_model_memory_bound_kernels_bytes) {
+    const PerfHardware hw;
+    const StepShape s = small_step();
+    const double T = 1024, I = 768, L = 3;
+    // SwiGLU reads [T][2I] BF16 and writes a in BF16, in fp8 also its codes with a scale per 128
+    const KernelCost fp8 = find_kernel(step_kernels(hw, s, Precision::FP8, StepStructure::Fused), "SwiGLU");
+    const KernelCost bf16 = find_kernel(step_kernels(hw, s, Precision::BF16, StepStructure::Fused), "SwiGLU");
+    CHECK_EQ(fp8.bytes, T * 2 * I * 2 + T * I * 2 + T * I * (1 + 4.0 / 128));
+    CHECK_EQ(bf16.bytes, T * 2 * I * 2 + T * I * 2);
+    CHECK_EQ(fp8.calls, L);
+    CHECK_NEAR(fp8.seconds(hw), L * (fp8.bytes / (4.8e12 * 0.85) + 3e-6), 1e-12, 0);
+    // the tile quantizer before issue 28: 7 ps per element of a [T][I] (more than its 4 bytes per element take)
+    const KernelCost q = find_kernel(step_kernels(hw, s, Precision::FP8, StepStructure::Unfused), "quantize a");
+    CHECK_EQ(q.calls, L);
+    CHECK_NEAR(q.call_seconds(hw), T * I * 7e-12 + 3e-6, 1e-12, 0);
+    // bf16 quantizes no activation
+    for (const KernelCost& k : step_kernels(hw, s, Precision::BF16, StepStructure::Fused)) CHECK(k.cls != KernelClass::Quantize);
+}
+
+TEST(perf_model_counts_issue_28_launches_per_layer) {
+    const PerfHardware hw;
+    const StepShape s = small_step();
+    const double want[2][2] = {{17, 24}, {9, 10}};  // [unfused, fused][bf16, fp8]
+    for (StepStructure st : {StepStructure::Unfused, StepStructure::Fused})
+        for (Precision p : {Precision::BF16, Precision::FP8}) {
+            double launches = 0;
+            for (const KernelCost& k : step_kernels(hw, s, p, st))
+                if (k.per_layer && k.phase == StepPhase::Forward) launches += k.calls * k.launches;
+            CHECK_EQ(launches / 3, want[st == StepStructure::Fused][p == Precision::FP8]);
+        }
+}
+
+TEST(perf_model_step_gemm_flops_are_6_params_tokens_plus_4_head_gemms) {
+    const PerfHardware hw;
+    const StepShape s = small_step();
+    const double T = 1024, C = 256, I = 768, L = 3, Q = 4 * 64, K = 2 * 64, V = 5000;
+    const double projections = L * (C * (Q + 2 * K) + Q * C + 3 * C * I);
+    for (StepStructure st : {StepStructure::Unfused, StepStructure::Fused})
+        for (Precision p : {Precision::BF16, Precision::FP8}) {
+            const std::vector<KernelCost> ks = step_kernels(hw, s, p, st);
+            CHECK_NEAR(sum_work(ks, KernelClass::LayerGemm), 6 * T * projections, 1e-12, 0);
+            // logits, logits again, dX, dW over the vocabulary (5000 = 2 x 2048 + 904, chunks already multiples of 8)
+            CHECK_NEAR(sum_work(ks, KernelClass::HeadGemm), 4 * 2 * T * C * V, 1e-12, 0);
+            // causal attention: 2 products of len^2 / 2 x D per head forward, 7 in the backward's two kernels
+            const double pairs = 2 * 384.0 * 384 / 2 + 256.0 * 256 / 2;
+            CHECK_NEAR(sum_work(ks, KernelClass::Attention), L * 4 * 64 * (2 + 7) * 2 * pairs, 1e-12, 0);
+        }
+}
+
+TEST(perf_model_attention_rates_follow_fa2) {
+    PerfHardware hw;
+    CHECK_NEAR(attention_tflops(hw, 1024, false), 260, 1e-12, 0);
+    CHECK_NEAR(attention_tflops(hw, 2048, false), 298, 1e-12, 0);
+    CHECK_NEAR(attention_tflops(hw, 1024 * std::sqrt(2.0), false), (260 + 298) / 2.0, 1e-12, 0);
+    CHECK_NEAR(attention_tflops(hw, 100, false), 191, 1e-12, 0);    // below 512: the 512 figure
+    CHECK_NEAR(attention_tflops(hw, 65536, false), 319, 1e-12, 0);  // above 4k: the 4k figure
+    CHECK_NEAR(attention_tflops(hw, 4096, true), 319 * 310.0 / 368, 1e-12, 0);
+    hw.attention_fwd_tflops = 85;
+    CHECK_NEAR(attention_tflops(hw, 512, true), 85 * 214.0 / 309, 1e-12, 0);
+}
+
+TEST(perf_model_optimizer_bytes_at_qwen3_1_7b) {
+    const PerfHardware hw;
+    StepShape s;
+    s.model = small_qwen3();
+    s.model.vocab_size = 151936, s.model.hidden_size = 2048, s.model.intermediate_size = 6144, s.model.num_layers = 28;
+    s.model.num_heads = 16, s.model.num_kv_heads = 8, s.model.head_dim = 128;
+    s.tokens = 16384, s.seq_len = 1024;
+    // 151936 x 2048 embedding + 28 x (q 2048^2, k and v 1024 x 2048, o 2048^2, gate, up, down 6144 x 2048,
+    // two norms of 2048, q/k norms of 128) + the final norm: 1.72 B, 1.41 B of them in projections
+    const double P = 1720574976, projections = 1409286144;
+    const KernelCost fp8 = find_kernel(step_kernels(hw, s, Precision::FP8, StepStructure::Fused), "AdamW + BF16 and FP8 copies");
+    const KernelCost bf16 = find_kernel(step_kernels(hw, s, Precision::BF16, StepStructure::Fused), "AdamW + BF16 copy");
+    // master, gradient, m, v read; master, m, v written (FP32); the BF16 copy; in fp8 the codes of
+    // each projection weight and of its transpose
+    CHECK_EQ(bf16.bytes, P * (7 * 4 + 2));
+    CHECK_NEAR(fp8.bytes, P * (7 * 4 + 2) + projections * 2 * (1 + 4.0 / 128), 1e-12, 0);
+    CHECK_EQ(fp8.launches, 4 * 28 + 1);
+    // one update per 4 micro-batches: a quarter of each optimizer kernel per micro-batch
+    s.micro_batches = 4;
+    CHECK_EQ(find_kernel(step_kernels(hw, s, Precision::FP8, StepStructure::Fused), "AdamW + BF16 and FP8 copies").calls, 0.25);
+}
+
+TEST(perf_model_fusion_only_removes_work) {
+    const PerfHardware hw;
+    const StepShape s = small_step();
+    for (Precision p : {Precision::BF16, Precision::FP8})
+        CHECK(step_seconds(hw, s, p, StepStructure::Fused) < step_seconds(hw, s, p, StepStructure::Unfused));
+    CHECK_THROWS(step_kernels(hw, s, Precision::FP32, StepStructure::Fused), "bf16 or fp8");
+}
