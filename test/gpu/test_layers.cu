@@ -536,6 +536,89 @@ TEST(gpu_layers_swiglu_backward_matches_finite_differences) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Producers that write the next GEMM's FP8 operand (cuda/fp8_rows.cuh)
+
+namespace {
+
+// The FP8 operand [padded][cols] a producer wrote, against the CPU's quantizer of its BF16 output
+// (real rows, then zero rows up to padded): codes and scales byte for byte.
+int fp8_operand_mismatches(const DeviceBuffer<uint8_t>& codes, const DeviceBuffer<float>& scales,
+                           const std::vector<float>& y, int rows, int padded, int cols, const std::string& what) {
+    std::vector<float> padded_y((size_t)padded * cols, 0.0f);
+    std::copy(y.begin(), y.begin() + (size_t)rows * cols, padded_y.begin());
+    const Fp8Rowwise want = fp8_quantize_rowwise(padded_y.data(), padded, cols, false);
+    const std::vector<uint8_t> got_codes = codes.download();
+    const std::vector<float> got_scales = scales.download();
+    int bad = 0;
+    for (size_t i = 0; i < want.data.size(); i++) bad += got_codes[i] != want.data[i];
+    for (size_t i = 0; i < want.scale_inv.size(); i++) bad += float_bits(got_scales[i]) != float_bits(want.scale_inv[i]);
+    printf("    %-58s %d of %zu codes and scales differ\n", what.c_str(), bad, want.data.size() + want.scale_inv.size());
+    return bad;
+}
+
+struct Fp8OperandBuffers {
+    DeviceBuffer<uint8_t> codes;
+    DeviceBuffer<float> scales;
+    Fp8RowsOut out;
+    Fp8OperandBuffers(int padded, int cols)
+        : codes(std::vector<uint8_t>((size_t)padded * cols, 0xAB)),  // garbage the producer must overwrite
+          scales(std::vector<float>(vec128_scale_count(padded, cols), NAN)) {
+        out.codes = codes.ptr, out.scale_inv = scales.ptr, out.rows = padded;
+    }
+};
+
+}  // namespace
+
+// The residual add + RMSNorm, SwiGLU and the attention output's pass write the FP8 1x128 operand of
+// what they produce as the CPU quantizes it, the padding rows as zeros (in the BF16 outputs too):
+// widths with an odd number of groups (the half-warp pairs) and a partial last group.
+TEST(gpu_layers_producers_write_fp8_operands_bit_for_bit) {
+    REQUIRE_GPU();
+    const int T = 130, Tp = 256, C = 384, I = 400;
+    const float eps = 1e-6f;
+    // residual add + RMSNorm
+    const std::vector<float> x = uniform((size_t)Tp * C, 131, 3.0f, true), branch = uniform((size_t)Tp * C, 137, 1.0f, true);
+    const std::vector<float> w = uniform(C, 139, 1.5f, true);
+    std::vector<float> sum((size_t)T * C), y((size_t)T * C), rstd(T);
+    residual_add(sum.data(), x.data(), branch.data(), (long)T * C, true);
+    rmsnorm_forward(y.data(), rstd.data(), sum.data(), w.data(), T, C, eps, true);
+    DeviceBuffer<bf16_t> d_x(to_type<bf16_t>(x)), d_branch(to_type<bf16_t>(branch)), d_w(to_type<bf16_t>(w));
+    DeviceBuffer<bf16_t> d_sum((size_t)Tp * C), d_y(std::vector<bf16_t>((size_t)Tp * C, (bf16_t)7.0f));
+    DeviceBuffer<float> d_rstd(T);
+    Fp8OperandBuffers norm_q(Tp, C);
+    residual_rmsnorm_forward(d_y.ptr, d_rstd.ptr, d_sum.ptr, d_x.ptr, d_branch.ptr, d_w.ptr, T, C, eps, kStream, norm_q.out, Tp);
+    std::vector<float> want_y((size_t)Tp * C, 0.0f);
+    std::copy(y.begin(), y.end(), want_y.begin());
+    std::vector<float> got_sum = download_floats(d_sum);
+    got_sum.resize(sum.size());
+    CHECK_EQ(bit_mismatches(got_sum, sum, "residual add into the norm"), 0);
+    CHECK_EQ(bit_mismatches(download_floats(d_y), want_y, "norm output, padding rows zero"), 0);
+    CHECK_EQ(bit_mismatches(d_rstd.download(), rstd, "norm rstd"), 0);
+    CHECK_EQ(fp8_operand_mismatches(norm_q.codes, norm_q.scales, y, T, Tp, C, "norm's FP8 operand"), 0);
+    // SwiGLU
+    std::vector<float> gu = fused_gate_up(gate_values((size_t)Tp * I, true), uniform((size_t)Tp * I, 149, 2.0f, true), Tp, I);
+    std::vector<float> a((size_t)T * I);
+    swiglu_forward(a.data(), gu.data(), T, I, true);
+    DeviceBuffer<bf16_t> d_gu(to_type<bf16_t>(gu)), d_a(std::vector<bf16_t>((size_t)Tp * I, (bf16_t)7.0f));
+    Fp8OperandBuffers swiglu_q(Tp, I);
+    swiglu_forward(d_a.ptr, d_gu.ptr, T, I, kStream, swiglu_q.out, Tp);
+    std::vector<float> want_a((size_t)Tp * I, 0.0f);
+    std::copy(a.begin(), a.end(), want_a.begin());
+    CHECK_EQ(bit_mismatches(download_floats(d_a), want_a, "SwiGLU output, padding rows zero"), 0);
+    CHECK_EQ(fp8_operand_mismatches(swiglu_q.codes, swiglu_q.scales, a, T, Tp, I, "SwiGLU's FP8 operand"), 0);
+    Fp8OperandBuffers fp8_only(Tp, I);  // without the BF16 output (forward-only fp8)
+    swiglu_forward((bf16_t*)nullptr, d_gu.ptr, T, I, kStream, fp8_only.out, Tp);
+    CHECK_EQ(fp8_operand_mismatches(fp8_only.codes, fp8_only.scales, a, T, Tp, I, "SwiGLU's FP8 operand alone"), 0);
+    // one pass over a BF16 tensor (the attention output), its padding rows not read
+    Fp8OperandBuffers rows_q(Tp, C);
+    quantize_rows_gpu(d_x.ptr, T, C, rows_q.out, kStream);
+    CHECK_EQ(fp8_operand_mismatches(rows_q.codes, rows_q.scales, x, T, Tp, C, "quantize_rows_gpu"), 0);
+    // what they refuse
+    CHECK_THROWS(quantize_rows_gpu(d_x.ptr, T, 100, rows_q.out, kStream), "multiple of 16 columns");
+    CHECK_THROWS(swiglu_forward(d_a.ptr, d_gu.ptr, T, I, kStream, swiglu_q.out, 384), "an FP8 operand of 256 rows for 384");
+}
+
+// ---------------------------------------------------------------------------------------------
 // Residual add, casts, bias
 
 TEST(gpu_layers_residual_add_and_casts_match_cpu_bit_for_bit) {
