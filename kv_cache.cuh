@@ -79,10 +79,32 @@ __device__ __forceinline__ void load_kv_values(float* out, const Elem* p, float 
     memcpy(static_cast<void*>(raw), &bits, sizeof bits);
     for (int i = 0; i < kKvVector; i++) out[i] = kv_value(raw[i], scale);
 }
-// The stored element for a BF16 input: BF16 as it is; FP8 encodes x / scale (satfinite E4M3).
-__device__ __forceinline__ void kv_store(__nv_bfloat16* dst, __nv_bfloat16 x, float) { *dst = x; }
-__device__ __forceinline__ void kv_store(uint8_t* dst, __nv_bfloat16 x, float scale) {
-    *dst = float_to_e4m3(__bfloat162float(x) / scale);
+// The stored element for a BF16 value x (held as a float): BF16 as it is; FP8 encodes x / scale
+// (satfinite E4M3).
+__device__ __forceinline__ void kv_store(__nv_bfloat16* dst, float x, float) { *dst = __float2bfloat16_rn(x); }
+__device__ __forceinline__ void kv_store(uint8_t* dst, float x, float scale) { *dst = float_to_e4m3(x / scale); }
+
+// Where a kernel that produces K and V (cuda/qkv_rope.cuh, in a decode step) appends them itself:
+// one layer's pools [slots][width] of BF16 or FP8 elements (with the layer's [kv_heads] scales), and
+// the slot of each row (-1: a padding row, nothing written). A null `slots`: no append.
+struct KvAppend {
+    void *k_pool = nullptr, *v_pool = nullptr;
+    const float *k_scale = nullptr, *v_scale = nullptr;
+    const int32_t* slots = nullptr;
+    long slot_count = 0, width = 0;
+    int head_dim = 0;
+    bool fp8 = false;
+};
+
+// Element col (of width) of row `row`'s K (key) or V, the BF16 value x, as kv_append_kernel stores it.
+__device__ __forceinline__ void kv_append_value(const KvAppend& a, long row, long col, float x, bool key) {
+    const long slot = a.slots[row];
+    if (slot < 0 || slot >= a.slot_count) return;
+    void* pool = key ? a.k_pool : a.v_pool;
+    if (a.fp8)
+        kv_store(static_cast<uint8_t*>(pool) + slot * a.width + col, x, (key ? a.k_scale : a.v_scale)[col / a.head_dim]);
+    else
+        kv_store(static_cast<__nv_bfloat16*>(pool) + slot * a.width + col, x, 1.0f);
 }
 
 // Rows i < n of k, v [n][width] into slots[i] of one layer's pools [slots][width], column c with its
@@ -95,8 +117,8 @@ __global__ void kv_append_kernel(Elem* k_pool, Elem* v_pool, const float* k_scal
     for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n * width; i += (long)gridDim.x * blockDim.x) {
         const long slot = slots[i / width], c = i % width;
         if (slot < 0 || slot >= slot_count) continue;
-        kv_store(k_pool + slot * width + c, k[i], k_scale[c / head_dim]);
-        kv_store(v_pool + slot * width + c, v[i], v_scale[c / head_dim]);
+        kv_store(k_pool + slot * width + c, __bfloat162float(k[i]), k_scale[c / head_dim]);
+        kv_store(v_pool + slot * width + c, __bfloat162float(v[i]), v_scale[c / head_dim]);
     }
 }
 
@@ -108,9 +130,9 @@ static __global__ void kv_round_trip_kernel(__nv_bfloat16* k, __nv_bfloat16* v, 
     for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < count; i += (long)gridDim.x * blockDim.x) {
         const float ks = k_scale[i % width / head_dim], vs = v_scale[i % width / head_dim];
         uint8_t code;
-        kv_store(&code, k[i], ks);
+        kv_store(&code, __bfloat162float(k[i]), ks);
         k[i] = __float2bfloat16(kv_value(code, ks));
-        kv_store(&code, v[i], vs);
+        kv_store(&code, __bfloat162float(v[i]), vs);
         v[i] = __float2bfloat16(kv_value(code, vs));
     }
 }
@@ -334,6 +356,19 @@ class PagedKvCache {
                           layer_pool<Elem>(v_pool_, layer), layer_scales(k_scale_dev_, layer), layer_scales(v_scale_dev_, layer),
                           k, v, slots, n, shape_.width(), shape_.head_dim, shape_.slots());
         });
+    }
+
+    // What append(layer, ..., slots, ...) writes to, for a kernel that appends the K and V it
+    // produces itself (a decode step's q/k-norm + RoPE): slots as append takes them.
+    KvAppend append_target(int layer, const int32_t* slots) const {
+        check_layer("append_target", layer);
+        KvAppend a;
+        a.k_pool = const_cast<uint8_t*>(k_pool_.get()) + (size_t)layer * shape_.slots() * shape_.width() * element_bytes(storage_);
+        a.v_pool = const_cast<uint8_t*>(v_pool_.get()) + (size_t)layer * shape_.slots() * shape_.width() * element_bytes(storage_);
+        a.k_scale = layer_scales(k_scale_dev_, layer), a.v_scale = layer_scales(v_scale_dev_, layer);
+        a.slots = slots, a.slot_count = shape_.slots(), a.width = shape_.width(), a.head_dim = shape_.head_dim;
+        a.fp8 = storage_ == Precision::FP8;
+        return a;
     }
 
     // With FP8 storage, replaces n tokens' K and V rows of `layer` (as append takes them) by the values

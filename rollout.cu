@@ -523,7 +523,7 @@ inline void GpuEngine::decode_step(const std::vector<int>& seqs, int rows, Preci
 }
 
 // The launches of a decode step over `rows` rows, every input on the device: embedding, per layer
-// the shared attention inputs, append, paged decode attention, the shared attention outputs and
+// the shared attention inputs (appending K and V), paged decode attention, the shared attention outputs and
 // MLP; final norm; then the tokens (sample_rows).
 inline void GpuEngine::decode_launches(int rows, Precision weights, const SamplingConfig& s, uint32_t step) {
     RolloutState& R = *rollout_;
@@ -533,8 +533,8 @@ inline void GpuEngine::decode_launches(int rows, Precision weights, const Sampli
     LayerActsGpu& A = R.A;
     embedding_forward(A.x, wb(m.embed), R.ids.get(), rows, m.V, m.C, stream_);
     for (int l = 0; l < m.L; l++) {
-        attention_inputs(A, l > 0 ? &A : nullptr, l, r);  // the residual: the last layer's h1 + mlp
-        R.cache->append(l, A.k, A.v, R.cache_rows.get(), rows, stream_);
+        // the residual: the last layer's h1 + mlp; K and V appended to the cache by the q/k-norm + RoPE kernel
+        attention_inputs(A, l > 0 ? &A : nullptr, l, r, R.cache->append_target(l, R.cache_rows.get()));
         R.cache->decode_attention(l, A.att, A.q, m.H, R.table.get(), R.max_pages, R.lens.get(), rows, R.max_len, stream_);
         attention_outputs(A, l, r, false);
     }

@@ -427,8 +427,10 @@ class GpuEngine : public Engine {
     // The layer step shared by the training forward, prefill and decode: the residual entering the
     // layer (before's h1 + mlp into A.x, or A.x as it is when before is null) -> A.q, A.k (after
     // q/k-norm and RoPE at r.pos), A.v; then, with A.att filled by attention, A.att -> A.h1 and the
-    // MLP's output A.mlp (stop_before_down: recomputing a layer whose output is kept).
-    void attention_inputs(LayerActsGpu& A, const LayerActsGpu* before, int l, const StepRows& r);
+    // MLP's output A.mlp (stop_before_down: recomputing a layer whose output is kept). A decode step
+    // appends K and V to the cache in the q/k-norm + RoPE kernel (append).
+    void attention_inputs(LayerActsGpu& A, const LayerActsGpu* before, int l, const StepRows& r,
+                          const KvAppend& append = {});
     void attention_outputs(LayerActsGpu& A, int l, const StepRows& r, bool stop_before_down);
     void layer_backward(int l, bf16* dh);
     // y [Tp][N] = projection j of x (bf16) or of the FP8 operand x's producer wrote (fp8).
@@ -553,7 +555,8 @@ inline void GpuEngine::project(void* y, GemmOut out, const bf16* x, int l, Proje
     linear_forward_gpu(gemm_, *scratch_, r.precision, linear(l, j), x, (int)r.Tp, y, out, stream_);
 }
 
-inline void GpuEngine::attention_inputs(LayerActsGpu& A, const LayerActsGpu* before, int l, const StepRows& r) {
+inline void GpuEngine::attention_inputs(LayerActsGpu& A, const LayerActsGpu* before, int l, const StepRows& r,
+                                        const KvAppend& append) {
     const CpuModel& m = model_;
     const LayerTensors& w = m.layers[l];
     bf16* xn = r.bf16_inputs() ? A.xn1 : nullptr;
@@ -565,10 +568,10 @@ inline void GpuEngine::attention_inputs(LayerActsGpu& A, const LayerActsGpu* bef
     const QkvOut out{A.q, A.k, A.v, A.qp, A.kp, A.rstd_q, A.rstd_k};
     if (w.bq == kNoTensor) {
         project(A.qkv, GemmOut::BF16, A.xn1, l, kQKV, r);
-        qkv_rope_forward(out, (const bf16*)A.qkv, r.T, r.pos, rope_->view(), qkv_shape(l), stream_);
+        qkv_rope_forward(out, (const bf16*)A.qkv, r.T, r.pos, rope_->view(), qkv_shape(l), stream_, append);
     } else {  // the bias joins the FP32 product before the one BF16 rounding, as on the CPU
         project(r.gemm_f32, GemmOut::F32, A.xn1, l, kQKV, r);
-        qkv_rope_forward(out, (const float*)r.gemm_f32, r.T, r.pos, rope_->view(), qkv_shape(l), stream_);
+        qkv_rope_forward(out, (const float*)r.gemm_f32, r.T, r.pos, rope_->view(), qkv_shape(l), stream_, append);
     }
 }
 

@@ -4,7 +4,8 @@
 //             bias joins it before the one BF16 rounding, as cpu/linear.h's bias add) split into
 //             q [T][H][D], k, v [T][KV][D]; Qwen3's per-head q/k RMSNorm (qp, kp: the normed
 //             inputs, kept for the backward; rstd per row and head); RoPE on q and k
-//             (cuda/rope.cuh's rotation: cos/sin from the CPU's table, rounded to BF16).
+//             (cuda/rope.cuh's rotation: cos/sin from the CPU's table, rounded to BF16); in a
+//             decode step also K and V appended to the paged KV cache (kv_cache.cuh's KvAppend).
 //   backward  dq, dk from attention through RoPE's transposed rotation (rounded to BF16, kept in
 //             dq, dk for the norms' weight gradients) and the q/k norms' input gradient, and dv,
 //             assembled into dqkv laid out as qkv: the fused projection's output gradient.
@@ -15,6 +16,7 @@
 #include "cuda/block_reduce.cuh"
 #include "cuda/element.cuh"
 #include "cuda/rope.cuh"
+#include "kv_cache.cuh"
 #include "rl/numerics/bf16.h"
 #include "rl/numerics/reduction_order.h"
 
@@ -54,7 +56,8 @@ __device__ __forceinline__ void rope_factors(const RopeTableView& table, int32_t
 }
 
 template <class In>
-__global__ void qkv_rope_forward_kernel(QkvOut out, const In* qkv, const int32_t* pos, RopeTableView table, QkvShape s) {
+__global__ void qkv_rope_forward_kernel(QkvOut out, const In* qkv, const int32_t* pos, RopeTableView table, QkvShape s,
+                                        KvAppend append) {
     DYNAMIC_SHARED(float, head);  // [D] the slot's values before RoPE
     const int t = blockIdx.x, D = s.D;
     int kind;
@@ -67,6 +70,7 @@ __global__ void qkv_rope_forward_kernel(QkvOut out, const In* qkv, const int32_t
         if (s.bias) x = round_bf16(x + as_float(s.bias[(size_t)blockIdx.y * D + i]));
         if (kind == 2) {
             store_float(out.v + at + i, x);
+            if (append.slots) kv_append_value(append, t, (long)hh * D + i, x, false);
             continue;
         }
         if (w) store_float((kind == 0 ? out.qp : out.kp) + at + i, x);
@@ -86,8 +90,13 @@ __global__ void qkv_rope_forward_kernel(QkvOut out, const In* qkv, const int32_t
         float c, sn;
         rope_factors(table, pos[t], i, &c, &sn);
         const float a = head[i], b = head[i + table.half];
-        store_float(y + i, mul_rn(a, c) - mul_rn(b, sn));
-        store_float(y + i + table.half, mul_rn(b, c) + mul_rn(a, sn));
+        const float o1 = round_bf16(mul_rn(a, c) - mul_rn(b, sn)), o2 = round_bf16(mul_rn(b, c) + mul_rn(a, sn));
+        store_float(y + i, o1);
+        store_float(y + i + table.half, o2);
+        if (kind == 1 && append.slots) {
+            kv_append_value(append, t, (long)hh * D + i, o1, true);
+            kv_append_value(append, t, (long)hh * D + i + table.half, o2, true);
+        }
     }
 }
 
@@ -142,14 +151,17 @@ inline void check_qkv_shape(const char* who, long T, const QkvShape& s, const Ro
     if ((s.q_norm == nullptr) != (s.k_norm == nullptr)) fail("%s: the q and k norms come together", who);
 }
 
-// qkv [T][(H + 2 KV) D] -> out (see QkvOut); pos [T].
+// qkv [T][(H + 2 KV) D] -> out (see QkvOut); pos [T]; with append.slots, K and V also appended.
 template <class In>
 void qkv_rope_forward(const QkvOut& out, const In* qkv, long T, const int32_t* pos, const RopeTableView& table,
-                      const QkvShape& s, cudaStream_t stream) {
+                      const QkvShape& s, cudaStream_t stream, const KvAppend& append = {}) {
     check_qkv_shape("qkv_rope_forward", T, s, table);
+    if (append.slots && (append.width != (long)s.KV * s.D || append.head_dim != s.D))
+        fail("qkv_rope_forward: a KV cache of %ld values per row (head dim %d) for %d heads of %d", append.width,
+             append.head_dim, s.KV, s.D);
     if (T == 0) return;
     LAUNCH_KERNEL(qkv_rope_forward_kernel<In>, dim3((unsigned)T, (unsigned)s.slots()), norm_threads(s.D),
-                  sizeof(float) * s.D, stream, out, qkv, pos, table, s);
+                  sizeof(float) * s.D, stream, out, qkv, pos, table, s, append);
 }
 
 // dqkv [T][(H + 2 KV) D] from g (see QkvGrad; dq, dk hold RoPE's backward after the call).
