@@ -79,6 +79,68 @@ TEST(gpu_fp8_device_encoder_matches_cuda_all_floats) {
     CHECK_MSG(bad == 0, "%d of 512 codes decode differently on the device", bad);
 }
 
+// The pair/quad encoders the quantize kernels write with (cuda/element.cuh: the hardware's
+// cvt.rn.satfinite.e4m3x2.f32 on the device, float_to_e4m3 in emulation) against the scalar encoder
+// and CUDA's single-value device conversion, byte by byte: every input u is the low value of a pair
+// and of a quad whose other values are other bit patterns (a rotation, a sign flip, an odd
+// multiple), so each byte position sees every input and a swapped byte order shows.
+__global__ void pair_encode_sweep_kernel(uint32_t stride, unsigned long long* mismatches, unsigned int* example) {
+    unsigned long long bad = 0;
+    for (uint64_t u = (blockIdx.x * (uint64_t)blockDim.x + threadIdx.x) * stride; u < (1ull << 32);
+         u += (uint64_t)gridDim.x * blockDim.x * stride) {
+        const uint32_t b = (uint32_t)u;
+        const float v[4] = {bits_float(b), bits_float(b << 13 | b >> 19), bits_float(b ^ 0x80000000u), bits_float(b * 2654435761u)};
+        uint8_t want[4];
+        for (int i = 0; i < 4; i++) {
+            want[i] = float_to_e4m3(v[i]);
+            if (want[i] != (uint8_t)__nv_cvt_float_to_fp8(v[i], __NV_SATFINITE, __NV_E4M3)) bad++;
+        }
+        const uint16_t pair = encode_e4m3x2(v[0], v[1]), pair_rev = encode_e4m3x2(v[1], v[0]);
+        const uint32_t quad = encode_e4m3x4(v[0], v[1], v[2], v[3]), quad_rot = encode_e4m3x4(v[3], v[0], v[1], v[2]);
+        bool same = pair == (uint16_t)(want[0] | want[1] << 8) && pair_rev == (uint16_t)(want[1] | want[0] << 8);
+        same = same && quad == ((uint32_t)want[0] | (uint32_t)want[1] << 8 | (uint32_t)want[2] << 16 | (uint32_t)want[3] << 24);
+        same = same && quad_rot == ((uint32_t)want[3] | (uint32_t)want[0] << 8 | (uint32_t)want[1] << 16 | (uint32_t)want[2] << 24);
+        if (!same) bad++, *example = b;
+    }
+    if (bad) atomicAdd(mismatches, bad);
+}
+
+// out: encode_e4m3x2 of each pair of x [n], then encode_e4m3x4 of each quad.
+__global__ void pair_encode_values_kernel(const float* x, int n, uint32_t* out) {
+    for (int i = 0; i + 1 < n; i += 2) out[i / 2] = encode_e4m3x2(x[i], x[i + 1]);
+    for (int i = 0; i + 3 < n; i += 4) out[n / 2 + i / 4] = encode_e4m3x4(x[i], x[i + 1], x[i + 2], x[i + 3]);
+}
+
+TEST(gpu_fp8_pair_encoder_matches_scalar_all_floats) {
+    REQUIRE_GPU();
+    const uint32_t stride = emulated ? 4099 : 1;
+    DeviceBuffer<unsigned long long> mismatches(1);
+    DeviceBuffer<unsigned int> example(1);
+    CUDA_CHECK(cudaMemset(mismatches.ptr, 0, sizeof(unsigned long long)));
+    LAUNCH_KERNEL(pair_encode_sweep_kernel, emulated ? 8 : 2048, 256, 0, 0, stride, mismatches.ptr, example.ptr);
+    unsigned long long bad = mismatches.download()[0];
+    printf("    encode_e4m3x2 / encode_e4m3x4, every %u-th of the 2^32 inputs in each byte: %llu mismatches vs "
+           "float_to_e4m3 and __nv_cvt_float_to_fp8\n",
+           stride, bad);
+    CHECK_MSG(bad == 0, "%llu mismatches, e.g. input bits 0x%08X", bad, example.download()[0]);
+    // the values the satfinite rule is about, on the device: +-Inf and overflow saturate to +-448,
+    // NaN of either sign is 0x7F, underflow keeps its sign
+    const std::vector<float> special = {NAN, -NAN, INFINITY, -INFINITY, 464.0f, -465.0f, -1e-9f, 0.3f};
+    const uint8_t want[] = {0x7F, 0x7F, 0x7E, 0xFE, 0x7E, 0xFE, 0x80, 0x2A};
+    DeviceBuffer<float> in(special);
+    DeviceBuffer<uint32_t> out(special.size() / 2 + special.size() / 4);
+    LAUNCH_KERNEL(pair_encode_values_kernel, 1, 1, 0, 0, in.ptr, (int)special.size(), out.ptr);
+    std::vector<uint32_t> got = out.download();
+    for (size_t i = 0; i < special.size(); i += 2)
+        CHECK_MSG(got[i / 2] == (uint32_t)(want[i] | want[i + 1] << 8), "encode_e4m3x2(%g, %g) = 0x%04X", special[i],
+                  special[i + 1], got[i / 2]);
+    for (size_t i = 0; i < special.size(); i += 4) {
+        uint32_t w = want[i] | want[i + 1] << 8 | want[i + 2] << 16 | (uint32_t)want[i + 3] << 24;
+        CHECK_MSG(got[special.size() / 2 + i / 4] == w, "encode_e4m3x4 of values %zu..%zu = 0x%08X, want 0x%08X", i, i + 3,
+                  got[special.size() / 2 + i / 4], w);
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Quantize kernels vs the CPU quantizers.
 
