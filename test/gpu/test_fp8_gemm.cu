@@ -214,6 +214,126 @@ TEST(gpu_fp8_quantize_kernels_match_host_bit_for_bit) {
         }
 }
 
+// The elements [offset, offset + n) of a device buffer.
+template <class T>
+static std::vector<T> download_range(const DeviceBuffer<T>& d, size_t offset, size_t n) {
+    std::vector<T> all = d.download();
+    return std::vector<T>(all.begin() + (long)offset, all.begin() + (long)(offset + n));
+}
+
+template <class T>
+static bool all_poisoned(const DeviceBuffer<T>& d) {
+    std::vector<T> all = d.download();
+    const uint8_t* bytes = reinterpret_cast<const uint8_t*>(all.data());
+    for (size_t i = 0; i < all.size() * sizeof(T); i++)
+        if (bytes[i] != 0xA5) return false;
+    return true;
+}
+
+// One call of the rowwise quantizer on x (In = float or BF16) placed `offset` elements into its
+// buffer, with codes and codes_t `offset` bytes into theirs; outputs: 0 both, 1 transposed only
+// (codes null), 2 rowwise only (codes_t null). Each given output must equal the CPU quantizer's
+// bytes, each output not given must stay untouched.
+template <class In>
+static void check_rowwise_call(const std::vector<float>& x, int rows, int cols, bool pow2, int offset, int outputs) {
+    const size_t n = (size_t)rows * cols;
+    std::vector<In> host_in(n + 16);
+    for (size_t i = 0; i < n; i++) {
+        if constexpr (std::is_same<In, float>::value) host_in[offset + i] = x[i];
+        else host_in[offset + i] = __float2bfloat16(x[i]);
+    }
+    DeviceBuffer<In> xd(host_in);
+    DeviceBuffer<uint8_t> codes(n + 16), codes_t(n + 16);
+    DeviceBuffer<float> s(vec128_scale_count(rows, cols)), s_t(vec128_scale_count(cols, rows));
+    codes.poison(), codes_t.poison(), s.poison(), s_t.poison();
+    const bool rowwise = outputs != 1, transposed = outputs != 2;
+    fp8_quantize_rowwise_gpu(xd.ptr + offset, rows, cols, pow2, rowwise ? codes.ptr + offset : nullptr, rowwise ? s.ptr : nullptr,
+                             transposed ? codes_t.ptr + offset : nullptr, transposed ? s_t.ptr : nullptr, 0);
+    const std::string tag = strfmt("[%d][%d] %s pow2=%d offset=%d outputs=%s", rows, cols,
+                                   std::is_same<In, float>::value ? "FP32" : "BF16", (int)pow2, offset,
+                                   outputs == 0 ? "both" : outputs == 1 ? "transposed only" : "rowwise only");
+    if (rowwise) {
+        Fp8Rowwise host = fp8_quantize_rowwise(x.data(), rows, cols, pow2);
+        CHECK_MSG(count_bit_differences(download_range(codes, offset, n), host.data, "rowwise codes") == 0, "rowwise codes %s",
+                  tag.c_str());
+        CHECK_MSG(count_bit_differences(s.download(), host.scale_inv, "rowwise scales") == 0, "rowwise scales %s", tag.c_str());
+        std::vector<uint8_t> all = codes.download();
+        bool around = true;  // the bytes before and after the tensor's codes
+        for (size_t i = 0; i < all.size(); i++) around = around && (i >= (size_t)offset && i < offset + n ? true : all[i] == 0xA5);
+        CHECK_MSG(around, "rowwise codes %s: a byte outside the tensor was written", tag.c_str());
+    } else {
+        CHECK_MSG(all_poisoned(codes) && all_poisoned(s), "%s: the rowwise outputs were written", tag.c_str());
+    }
+    if (transposed) {
+        Fp8Rowwise host_t = fp8_quantize_rowwise_transposed(x.data(), rows, cols, pow2);
+        CHECK_MSG(count_bit_differences(download_range(codes_t, offset, n), host_t.data, "transposed codes") == 0,
+                  "transposed codes %s", tag.c_str());
+        CHECK_MSG(count_bit_differences(s_t.download(), host_t.scale_inv, "transposed scales") == 0, "transposed scales %s",
+                  tag.c_str());
+    } else {
+        CHECK_MSG(all_poisoned(codes_t) && all_poisoned(s_t), "%s: the transposed outputs were written", tag.c_str());
+    }
+}
+
+template <class In>
+static void check_blockwise_call(const std::vector<float>& x, int rows, int cols, bool pow2, int offset) {
+    const size_t n = (size_t)rows * cols;
+    std::vector<float> host_in(n + 16, 0.0f);
+    std::copy(x.begin(), x.end(), host_in.begin() + offset);
+    DeviceBuffer<In> xd(n + 16);
+    if constexpr (std::is_same<In, float>::value) xd.upload(host_in);
+    else xd.upload(to_bf16(host_in));
+    DeviceBuffer<uint8_t> codes(n + 16), codes_t(n + 16);
+    DeviceBuffer<float> b(blk128_scale_count(rows, cols)), b_t(blk128_scale_count(cols, rows));
+    codes.poison(), codes_t.poison(), b.poison(), b_t.poison();
+    fp8_quantize_blockwise_gpu(xd.ptr + offset, rows, cols, pow2, codes.ptr + offset, b.ptr, codes_t.ptr + offset, b_t.ptr, 0);
+    Fp8Blockwise hw = fp8_quantize_blockwise(x.data(), rows, cols, pow2), hwt = fp8_transpose(hw);
+    const std::string tag = strfmt("[%d][%d] %s pow2=%d offset=%d", rows, cols, std::is_same<In, float>::value ? "FP32" : "BF16",
+                                   (int)pow2, offset);
+    CHECK_MSG(count_bit_differences(download_range(codes, offset, n), hw.data, "blockwise codes") == 0, "blockwise codes %s", tag.c_str());
+    CHECK_MSG(count_bit_differences(b.download(), hw.scale_inv, "blockwise scales") == 0, "blockwise scales %s", tag.c_str());
+    CHECK_MSG(count_bit_differences(download_range(codes_t, offset, n), hwt.data, "blockwise^T codes") == 0,
+              "blockwise transposed codes %s", tag.c_str());
+    CHECK_MSG(count_bit_differences(b_t.download(), hwt.scale_inv, "blockwise^T scales") == 0, "blockwise transposed scales %s",
+              tag.c_str());
+}
+
+// Shapes that are not multiples of 128, or of the 16-byte load (7, 131: narrow loads at each row's
+// end and rows that start off a 16-byte boundary; odd row counts: byte stores of the transposed
+// codes), tensors whose buffers start one element (x) and one byte (codes) off the allocation's
+// 256-byte boundary (every load and store narrow), both input types, and each output set of the
+// rowwise quantizer (transposed only: codes == nullptr, the wgrad's x^T alone).
+TEST(gpu_fp8_quantize_kernels_odd_shapes_offsets_and_single_outputs) {
+    REQUIRE_GPU();
+    const int shapes[][2] = {{129, 131}, {37, 250}, {200, 7}, {1, 1}, {256, 136}, {132, 264}};
+    int calls = 0;
+    for (auto shape : shapes) {
+        const int rows = shape[0], cols = shape[1];
+        std::vector<float> x = varied_data(rows, cols, 5 + rows + cols);
+        for (int offset : {0, 1})
+            for (int outputs : {0, 1, 2}) {
+                const bool pow2 = (outputs + offset) % 2 == 1;
+                check_rowwise_call<__nv_bfloat16>(x, rows, cols, pow2, offset, outputs);
+                check_rowwise_call<float>(x, rows, cols, !pow2, offset, outputs);
+                calls += 2;
+            }
+        for (int offset : {0, 1}) {
+            check_blockwise_call<__nv_bfloat16>(x, rows, cols, offset == 1, offset);
+            check_blockwise_call<float>(x, rows, cols, offset == 0, offset);
+            calls += 2;
+        }
+    }
+    printf("    %d quantizer calls over %zu shapes, offsets 0 and 1, every output set: bit-identical to the CPU quantizers\n",
+           calls, sizeof shapes / sizeof shapes[0]);
+    // a call without any output is an error, as is a codes buffer without its scales
+    DeviceBuffer<float> x(16);
+    DeviceBuffer<uint8_t> c(16);
+    CHECK_THROWS(fp8_quantize_rowwise_gpu(x.ptr, 4, 4, false, (uint8_t*)nullptr, nullptr, (uint8_t*)nullptr, nullptr, 0),
+                 "neither the rowwise nor the transposed output");
+    CHECK_THROWS(fp8_quantize_rowwise_gpu(x.ptr, 4, 4, false, c.ptr, nullptr, (uint8_t*)nullptr, nullptr, 0),
+                 "given together or not at all");
+}
+
 // ---------------------------------------------------------------------------------------------
 // cuBLASLt GEMMs vs the CPU emulation.
 
