@@ -77,8 +77,9 @@ __device__ __forceinline__ float amax4(float amax, const float4& v) {
     return amax_update(amax_update(amax_update(amax_update(amax, v.x), v.y), v.z), v.w);
 }
 
-// The 16 bytes of x at row r, columns c .. c + VEC - 1 (VEC = 16 / sizeof(In)) as floats; columns
-// at or past `cols` read as 0. One 16-byte load when aligned and inside the row, else per element.
+// How load_tile reads x: VEC = 16 / sizeof(In) elements at p (row r, columns c .. c + VEC - 1) in
+// one 16-byte load when p is 16-byte aligned and the VEC columns lie inside the row, and the raw
+// bits of such a load as floats.
 template <class In>
 struct TileLoad {
     static constexpr int VEC = 16 / (int)sizeof(In);
@@ -108,14 +109,14 @@ __device__ inline float load_tile(const In* x, int rows, int cols, int r0, int c
     for (int b = 0; b < LOADS; b += QUANT_LOADS_IN_FLIGHT) {
         uint4 raw[QUANT_LOADS_IN_FLIGHT];
         bool wide[QUANT_LOADS_IN_FLIGHT];
-FP8RL_UNROLL
+        FP8RL_UNROLL
         for (int k = 0; k < QUANT_LOADS_IN_FLIGHT; k++) {  // every load issued before any value is used
             const int v = threadIdx.x + (b + k) * QUANT_THREADS, r = r0 + v / PER_ROW, c = c0 + v % PER_ROW * VEC;
             const In* p = x + (size_t)r * cols + c;
             wide[k] = r < rows && L::vector_ok(p, c, cols);
             raw[k] = wide[k] ? load_vector<uint4>(p) : make_uint4(0u, 0u, 0u, 0u);
         }
-FP8RL_UNROLL
+        FP8RL_UNROLL
         for (int k = 0; k < QUANT_LOADS_IN_FLIGHT; k++) {
             const int v = threadIdx.x + (b + k) * QUANT_THREADS, tr = v / PER_ROW, tc = v % PER_ROW * VEC;
             const int r = r0 + tr, c = c0 + tc;
