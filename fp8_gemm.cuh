@@ -41,23 +41,28 @@ inline void cublas_check(cublasStatus_t status, const std::string& what) {
 
 // ---------------------------------------------------------------------------------------------
 // Quantization kernels. One thread block quantizes one 128x128 tile, staged in shared memory as
-// FP32 (exact for BF16 and FP32 inputs; 66 KB, so dynamic shared memory above the 48 KB default);
-// 256 threads = 8 warps, one warp per row or column.
+// FP32 (exact for BF16 and FP32 inputs; 64 KB, so dynamic shared memory above the 48 KB default);
+// 256 threads = 8 warps. Each pass moves 16 bytes per access where it can:
+//   load       16-byte global loads (8 BF16 or 4 FP32 values), 8 in flight per thread before the
+//              first is used; a load whose address is not 16-byte aligned, or that would cross the
+//              tensor's last column, falls back to one element at a time (ragged or odd shapes);
+//   rowwise    a warp per tile row, a lane per 4 consecutive values: amax by warp shuffles, codes
+//              by encode_e4m3x4, one 4-byte store per lane (128 contiguous bytes per warp);
+//   transposed a warp per strip of 4 tile columns, lane l holding rows 4l .. 4l+3 of them: the
+//              codes of 4 consecutive rows of x^T per 4-byte store.
+// A store whose address is not 4-byte aligned, or that would pass the tensor's end, writes bytes.
+// The tile is stored as float4 chunks with an XOR swizzle, chunk q (columns 4q .. 4q+3) of tile row
+// r at chunk q ^ ((r / 4) % 8) of that row, so that the 16-byte shared-memory accesses of every pass
+// hit distinct banks in each 8-lane phase: along a row (load, rowwise) the chunks differ, and down a
+// strip (transposed: rows 4l + i for lanes l) the swizzle differs.
 
 constexpr int QUANT_THREADS = 256;
-inline constexpr int TILE_PITCH = FP8_BLOCK + 1;  // padded row: column reads hit distinct banks
-inline constexpr size_t TILE_BYTES = sizeof(float) * FP8_BLOCK * TILE_PITCH;
+constexpr int TILE_CHUNKS = FP8_BLOCK / 4;  // float4 chunks in a tile row
+inline constexpr size_t TILE_BYTES = sizeof(float) * FP8_BLOCK * FP8_BLOCK;
+constexpr int QUANT_LOADS_IN_FLIGHT = 8;  // 16-byte loads a thread issues before it uses the first
 
-// Loads tile (tile_r, tile_c) of x [rows][cols] into smem [128][TILE_PITCH]; elements outside x
-// are stored as 0, which never changes an amax.
-template <class In>
-__device__ inline void load_tile(const In* x, int rows, int cols, int tile_r, int tile_c, float* tile) {
-    for (int i = threadIdx.x; i < FP8_BLOCK * FP8_BLOCK; i += blockDim.x) {
-        int r = tile_r * FP8_BLOCK + i / FP8_BLOCK, c = tile_c * FP8_BLOCK + i % FP8_BLOCK;
-        tile[(i / FP8_BLOCK) * TILE_PITCH + i % FP8_BLOCK] =
-            (r < rows && c < cols) ? as_float(x[(size_t)r * cols + c]) : 0.0f;
-    }
-    __syncthreads();
+__device__ __forceinline__ float4* tile_chunk(float* tile, int r, int q) {
+    return reinterpret_cast<float4*>(tile) + r * TILE_CHUNKS + (q ^ ((r >> 2) & 7));
 }
 
 __device__ __forceinline__ float warp_amax(float amax) {
@@ -68,71 +73,184 @@ __device__ __forceinline__ float warp_amax(float amax) {
     return amax;
 }
 
-// Quantizes 128 values of the tile, element e at tile[first + e * stride], as one 1x128 group:
-// codes go to out[e] (e < count, the elements inside the tensor); returns scale_inv.
-__device__ inline float quantize_group(const float* tile, int first, int stride, int count, bool pow2, uint8_t* out) {
-    int lane = threadIdx.x % 32;
-    float amax = 0.0f;
-    for (int e = lane; e < FP8_BLOCK; e += 32) amax = amax_update(amax, tile[first + e * stride]);
-    float scale = fp8_scale_from_amax(warp_amax(amax), pow2);
-    for (int e = lane; e < count; e += 32) out[e] = float_to_e4m3(tile[first + e * stride] * scale);
-    return 1.0f / scale;
+__device__ __forceinline__ float amax4(float amax, const float4& v) {
+    return amax_update(amax_update(amax_update(amax_update(amax, v.x), v.y), v.z), v.w);
 }
 
-// x [rows][cols] -> codes [rows][cols] + scale_inv VEC128 [ceil(cols/128)][rows] (1x128 along cols);
-// when codes_t is given, also x^T [cols][rows] quantized 1x128 along rows (the wgrad copy) with
-// scale_inv_t VEC128 [ceil(rows/128)][cols], from the same tile in the same pass.
+// How load_tile reads x: VEC = 16 / sizeof(In) elements at p (row r, columns c .. c + VEC - 1) in
+// one 16-byte load when p is 16-byte aligned and the VEC columns lie inside the row, and the raw
+// bits of such a load as floats.
+template <class In>
+struct TileLoad {
+    static constexpr int VEC = 16 / (int)sizeof(In);
+    static_assert(VEC == 4 || VEC == 8, "FP32 or BF16 input");
+    static __device__ __forceinline__ bool vector_ok(const In* p, int c, int cols) {
+        return c + VEC <= cols && (uintptr_t)p % 16 == 0;
+    }
+    static __device__ __forceinline__ void unpack(const uint4& raw, float* out) {
+        const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+        if constexpr (VEC == 8) {  // BF16 pairs, the lower-addressed value in the low half (as_float's bits)
+            for (int i = 0; i < 4; i++) out[2 * i] = bits_float(w[i] << 16), out[2 * i + 1] = bits_float(w[i] & 0xFFFF0000u);
+        } else {
+            for (int i = 0; i < 4; i++) out[i] = bits_float(w[i]);
+        }
+    }
+};
+
+// Loads tile (r0, c0) of x [rows][cols] into the swizzled smem tile; elements outside x are stored
+// as 0, which never changes an amax. Returns the amax of what this thread loaded (the blockwise
+// quantizer's first step).
+template <class In>
+__device__ inline float load_tile(const In* x, int rows, int cols, int r0, int c0, float* tile) {
+    using L = TileLoad<In>;
+    constexpr int VEC = L::VEC, PER_ROW = FP8_BLOCK / VEC, LOADS = FP8_BLOCK * PER_ROW / QUANT_THREADS;
+    static_assert(LOADS % QUANT_LOADS_IN_FLIGHT == 0, "whole batches of loads");
+    float amax = 0.0f;
+    for (int b = 0; b < LOADS; b += QUANT_LOADS_IN_FLIGHT) {
+        uint4 raw[QUANT_LOADS_IN_FLIGHT];
+        bool wide[QUANT_LOADS_IN_FLIGHT];
+        FP8RL_UNROLL
+        for (int k = 0; k < QUANT_LOADS_IN_FLIGHT; k++) {  // every load issued before any value is used
+            const int v = threadIdx.x + (b + k) * QUANT_THREADS, r = r0 + v / PER_ROW, c = c0 + v % PER_ROW * VEC;
+            const In* p = x + (size_t)r * cols + c;
+            wide[k] = r < rows && L::vector_ok(p, c, cols);
+            raw[k] = wide[k] ? load_vector<uint4>(p) : make_uint4(0u, 0u, 0u, 0u);
+        }
+        FP8RL_UNROLL
+        for (int k = 0; k < QUANT_LOADS_IN_FLIGHT; k++) {
+            const int v = threadIdx.x + (b + k) * QUANT_THREADS, tr = v / PER_ROW, tc = v % PER_ROW * VEC;
+            const int r = r0 + tr, c = c0 + tc;
+            float f[VEC];
+            if (wide[k]) {
+                L::unpack(raw[k], f);
+            } else {  // narrow: an unaligned row start, the tensor's last columns, or rows past its end
+                const In* p = x + (size_t)r * cols + c;
+                for (int e = 0; e < VEC; e++) f[e] = r < rows && c + e < cols ? as_float(p[e]) : 0.0f;
+            }
+            for (int e = 0; e < VEC; e++) amax = amax_update(amax, f[e]);
+            const float4 lo = make_float4(f[0], f[1], f[2], f[3]);
+            if constexpr (VEC == 8) {  // two chunks, in the order that keeps each 8-lane phase's stores on distinct banks
+                const float4 hi = make_float4(f[4], f[5], f[6], f[7]);
+                const bool swap = (v >> 2) & 1;
+                *tile_chunk(tile, tr, tc / 4 + swap) = swap ? hi : lo;
+                *tile_chunk(tile, tr, tc / 4 + !swap) = swap ? lo : hi;
+            } else {
+                *tile_chunk(tile, tr, tc / 4) = lo;
+            }
+        }
+    }
+    __syncthreads();
+    return amax;
+}
+
+// Four codes of consecutive bytes at p, low byte first; `valid` of them lie inside the tensor.
+__device__ __forceinline__ void store_codes4(uint8_t* p, uint32_t packed, int valid) {
+    if (valid >= 4 && (uintptr_t)p % 4 == 0) {
+        store_vector<uint32_t>(p, packed);
+        return;
+    }
+    for (int e = 0; e < 4 && e < valid; e++) p[e] = (uint8_t)(packed >> (8 * e));
+}
+
+// Tile row i (n_cols of its columns inside the tensor) as codes at out (the tensor's row, from the
+// tile's first column), by the warp: scale from the row's amax (scale <= 0) or the given one.
+// Returns the scale used.
+__device__ __forceinline__ float quantize_tile_row(float* tile, int i, int n_cols, float scale, bool pow2, uint8_t* out) {
+    const int lane = threadIdx.x % 32;
+    const float4 v = *tile_chunk(tile, i, lane);
+    if (scale <= 0.0f) scale = fp8_scale_from_amax(warp_amax(amax4(0.0f, v)), pow2);
+    store_codes4(out + 4 * lane, encode_e4m3x4(v.x * scale, v.y * scale, v.z * scale, v.w * scale), n_cols - 4 * lane);
+    return scale;
+}
+
+// Tile columns 4q .. 4q+3 as rows of x^T, by the warp (lane l: tile rows 4l .. 4l+3): column k's
+// codes go to out + k * ld (ld = the tensor's rows, x^T's row length), n_rows of them inside the
+// tensor; scale from each column's amax (scale <= 0) or the given one, into scales[k].
+__device__ __forceinline__ void quantize_tile_columns(float* tile, int q, int n_rows, float scale, bool pow2, uint8_t* out,
+                                                      size_t ld, int n_out, float* scales) {
+    const int lane = threadIdx.x % 32;
+    float4 v[4];
+    for (int i = 0; i < 4; i++) v[i] = *tile_chunk(tile, 4 * lane + i, q);
+    const float col[4][4] = {{v[0].x, v[1].x, v[2].x, v[3].x},
+                             {v[0].y, v[1].y, v[2].y, v[3].y},
+                             {v[0].z, v[1].z, v[2].z, v[3].z},
+                             {v[0].w, v[1].w, v[2].w, v[3].w}};
+    for (int k = 0; k < 4; k++) {
+        float s = scale;
+        if (s <= 0.0f) {
+            float amax = 0.0f;
+            for (int i = 0; i < 4; i++) amax = amax_update(amax, col[k][i]);
+            s = fp8_scale_from_amax(warp_amax(amax), pow2);
+        }
+        scales[k] = s;
+        if (k < n_out)
+            store_codes4(out + k * ld + 4 * lane, encode_e4m3x4(col[k][0] * s, col[k][1] * s, col[k][2] * s, col[k][3] * s),
+                         n_rows - 4 * lane);
+    }
+}
+
+// x [rows][cols] -> codes [rows][cols] + scale_inv VEC128 [ceil(cols/128)][rows] (1x128 along cols),
+// and x^T [cols][rows] quantized 1x128 along rows (the wgrad copy) into codes_t + scale_inv_t VEC128
+// [ceil(rows/128)][cols], from the same tile in the same pass. Either output may be null (codes_t:
+// rowwise only, for fprop and dgrad; codes: transposed only, for a wgrad operand).
 template <class In>
 __global__ void __launch_bounds__(QUANT_THREADS)
     quantize_rowwise_kernel(const In* x, int rows, int cols, bool pow2, uint8_t* codes, float* scale_inv,
                             uint8_t* codes_t, float* scale_inv_t) {
-    DYNAMIC_SHARED(float, tile);  // [128][TILE_PITCH]
-    int tile_c = blockIdx.x, tile_r = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    load_tile(x, rows, cols, tile_r, tile_c, tile);
-    int r0 = tile_r * FP8_BLOCK, c0 = tile_c * FP8_BLOCK;
-    int n_rows = min(FP8_BLOCK, rows - r0), n_cols = min(FP8_BLOCK, cols - c0);
-    for (int i = warp; i < n_rows; i += QUANT_THREADS / 32) {  // row r0 + i, columns c0 ..
-        float s = quantize_group(tile, i * TILE_PITCH, 1, n_cols, pow2, codes + (size_t)(r0 + i) * cols + c0);
-        if (lane == 0) scale_inv[vec128_scale_index(r0 + i, tile_c, rows)] = s;
-    }
+    DYNAMIC_SHARED(float, tile);  // [128][128], swizzled (tile_chunk)
+    const int tile_c = blockIdx.x, tile_r = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int r0 = tile_r * FP8_BLOCK, c0 = tile_c * FP8_BLOCK;
+    const int n_rows = min(FP8_BLOCK, rows - r0), n_cols = min(FP8_BLOCK, cols - c0);
+    load_tile(x, rows, cols, r0, c0, tile);
+    if (codes != nullptr)
+        for (int i = warp; i < n_rows; i += QUANT_THREADS / 32) {  // row r0 + i, columns c0 ..
+            float s = quantize_tile_row(tile, i, n_cols, 0.0f, pow2, codes + (size_t)(r0 + i) * cols + c0);
+            if (lane == 0) scale_inv[vec128_scale_index(r0 + i, tile_c, rows)] = 1.0f / s;
+        }
     if (codes_t == nullptr) return;
-    for (int j = warp; j < n_cols; j += QUANT_THREADS / 32) {  // column c0 + j = row of x^T, rows r0 ..
-        float s = quantize_group(tile, j, TILE_PITCH, n_rows, pow2, codes_t + (size_t)(c0 + j) * rows + r0);
-        if (lane == 0) scale_inv_t[vec128_scale_index(c0 + j, tile_r, cols)] = s;
+    for (int q = warp; q * 4 < n_cols; q += QUANT_THREADS / 32) {  // columns c0 + 4q .. = rows of x^T, from r0
+        float s[4];
+        quantize_tile_columns(tile, q, n_rows, 0.0f, pow2, codes_t + (size_t)(c0 + 4 * q) * rows + r0, (size_t)rows,
+                              n_cols - 4 * q, s);
+        if (lane == 0)
+            for (int k = 0; k < 4 && 4 * q + k < n_cols; k++) scale_inv_t[vec128_scale_index(c0 + 4 * q + k, tile_r, cols)] = 1.0f / s[k];
     }
 }
 
 // w [rows][cols] -> 128x128-block codes [rows][cols] + scale_inv BLK128x128, and the transposed copy
-// codes_t [cols][rows] + its transposed grid (the dgrad operand), from the same tile.
+// codes_t [cols][rows] + its transposed grid (the dgrad operand), from the same tile. The grids'
+// padding entries (each grid row padded to a multiple of 4) are written as 0 by the last tile of
+// each row of tiles.
 template <class In>
 __global__ void __launch_bounds__(QUANT_THREADS)
     quantize_blockwise_kernel(const In* w, int rows, int cols, bool pow2, uint8_t* codes, float* scale_inv,
                               uint8_t* codes_t, float* scale_inv_t) {
-    DYNAMIC_SHARED(float, tile);  // [128][TILE_PITCH]
+    DYNAMIC_SHARED(float, tile);  // [128][128], swizzled (tile_chunk)
     STATIC_SHARED(float, warp_max, [QUANT_THREADS / 32]);
-    int tile_c = blockIdx.x, tile_r = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    load_tile(w, rows, cols, tile_r, tile_c, tile);
-    float amax = 0.0f;
-    for (int i = threadIdx.x; i < FP8_BLOCK * FP8_BLOCK; i += blockDim.x)
-        amax = amax_update(amax, tile[(i / FP8_BLOCK) * TILE_PITCH + i % FP8_BLOCK]);
-    amax = warp_amax(amax);
+    const int tile_c = blockIdx.x, tile_r = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int r0 = tile_r * FP8_BLOCK, c0 = tile_c * FP8_BLOCK;
+    const int n_rows = min(FP8_BLOCK, rows - r0), n_cols = min(FP8_BLOCK, cols - c0);
+    float amax = warp_amax(load_tile(w, rows, cols, r0, c0, tile));
     if (lane == 0) warp_max[warp] = amax;
     __syncthreads();
     amax = 0.0f;
     for (int i = 0; i < QUANT_THREADS / 32; i++) amax = amax_update(amax, warp_max[i]);
-    float scale = fp8_scale_from_amax(amax, pow2);
-    int r0 = tile_r * FP8_BLOCK, c0 = tile_c * FP8_BLOCK;
-    int n_rows = min(FP8_BLOCK, rows - r0), n_cols = min(FP8_BLOCK, cols - c0);
-    for (int i = threadIdx.x; i < FP8_BLOCK * FP8_BLOCK; i += blockDim.x) {
-        int r = i / FP8_BLOCK, c = i % FP8_BLOCK;  // consecutive threads: consecutive columns of w
-        if (r < n_rows && c < n_cols) codes[(size_t)(r0 + r) * cols + c0 + c] = float_to_e4m3(tile[r * TILE_PITCH + c] * scale);
-        int rt = i % FP8_BLOCK, ct = i / FP8_BLOCK;  // consecutive threads: consecutive columns of w^T
-        if (rt < n_rows && ct < n_cols)
-            codes_t[(size_t)(c0 + ct) * rows + r0 + rt] = float_to_e4m3(tile[rt * TILE_PITCH + ct] * scale);
+    const float scale = fp8_scale_from_amax(amax, pow2);  // > 0: a positive finite scale, or FLT_MAX
+    for (int i = warp; i < n_rows; i += QUANT_THREADS / 32)
+        quantize_tile_row(tile, i, n_cols, scale, pow2, codes + (size_t)(r0 + i) * cols + c0);
+    for (int q = warp; q * 4 < n_cols; q += QUANT_THREADS / 32) {
+        float unused[4];
+        quantize_tile_columns(tile, q, n_rows, scale, pow2, codes_t + (size_t)(c0 + 4 * q) * rows + r0, (size_t)rows,
+                              n_cols - 4 * q, unused);
     }
     if (threadIdx.x == 0) {
         scale_inv[blk128_scale_index(tile_r, tile_c, cols)] = 1.0f / scale;
         scale_inv_t[blk128_scale_index(tile_c, tile_r, rows)] = 1.0f / scale;
+        const int col_blocks = fp8_num_blocks(cols), row_blocks = fp8_num_blocks(rows);
+        if (tile_c == col_blocks - 1)  // padding of this row of scale_inv
+            for (int kb = col_blocks; kb < round_up4(col_blocks); kb++) scale_inv[blk128_scale_index(tile_r, kb, cols)] = 0.0f;
+        if (tile_r == row_blocks - 1)  // padding of row tile_c of scale_inv_t
+            for (int kb = row_blocks; kb < round_up4(row_blocks); kb++) scale_inv_t[blk128_scale_index(tile_c, kb, rows)] = 0.0f;
     }
 }
 
@@ -143,11 +261,17 @@ void allow_tile_smem(Kernel kernel) {
 }
 
 // Host launchers. Device pointers; sizes as in the kernels' comments (vec128_scale_count,
-// blk128_scale_count). codes_t / scale_inv_t may be null for the rowwise quantizer.
+// blk128_scale_count). Any alignment works: 16-byte loads and 4-byte stores are taken where the
+// addresses allow, narrower accesses elsewhere, with the same bytes out.
+// Rowwise: codes / scale_inv may be null (transposed only), or codes_t / scale_inv_t (rowwise only),
+// not both.
 template <class In>
 void fp8_quantize_rowwise_gpu(const In* x, int rows, int cols, bool pow2, uint8_t* codes, float* scale_inv,
                               uint8_t* codes_t, float* scale_inv_t, cudaStream_t stream) {
     check_fp8_shape("fp8_quantize_rowwise_gpu", rows, cols);
+    if ((codes == nullptr) != (scale_inv == nullptr) || (codes_t == nullptr) != (scale_inv_t == nullptr))
+        fail("fp8_quantize_rowwise_gpu: codes and scale_inv (and codes_t and scale_inv_t) are given together or not at all");
+    if (codes == nullptr && codes_t == nullptr) fail("fp8_quantize_rowwise_gpu: neither the rowwise nor the transposed output is given");
     allow_tile_smem(quantize_rowwise_kernel<In>);
     dim3 grid(fp8_num_blocks(cols), fp8_num_blocks(rows));
     LAUNCH_KERNEL(quantize_rowwise_kernel<In>, grid, QUANT_THREADS, TILE_BYTES, stream, x, rows, cols, pow2, codes, scale_inv,
@@ -158,9 +282,6 @@ template <class In>
 void fp8_quantize_blockwise_gpu(const In* w, int rows, int cols, bool pow2, uint8_t* codes, float* scale_inv,
                                 uint8_t* codes_t, float* scale_inv_t, cudaStream_t stream) {
     check_fp8_shape("fp8_quantize_blockwise_gpu", rows, cols);
-    // the grids' padding entries (each row padded to a multiple of 4) are never written by the kernel
-    CUDA_CHECK(cudaMemsetAsync(scale_inv, 0, blk128_scale_count(rows, cols) * sizeof(float), stream));
-    CUDA_CHECK(cudaMemsetAsync(scale_inv_t, 0, blk128_scale_count(cols, rows) * sizeof(float), stream));
     allow_tile_smem(quantize_blockwise_kernel<In>);
     dim3 grid(fp8_num_blocks(cols), fp8_num_blocks(rows));
     LAUNCH_KERNEL(quantize_blockwise_kernel<In>, grid, QUANT_THREADS, TILE_BYTES, stream, w, rows, cols, pow2, codes,

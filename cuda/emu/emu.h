@@ -71,6 +71,9 @@ uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t value, int arg, int 
 int block_barrier(const char* file, int line, int predicate, int kind);  // kind: 0 plain, 1 count, 2 and, 3 or
 void atomic_point(bool changed);  // every atomic: a chance to yield, and spin-wait detection
 [[noreturn]] void kernel_fault(const std::string& what);
+// A vector access (ld/st.v2, .v4) of `bytes` at p, which is not a multiple of `bytes`: the kernel
+// faults with cudaErrorMisalignedAddress (sticky, reported at the next synchronization), as on a GPU.
+[[noreturn]] void misaligned_access(const void* p, size_t bytes, const char* what);
 void* dynamic_shared();  // the launch's dynamic shared memory (NaN-filled at each block start)
 // A block reached the static shared variable `p` of `bytes` (cuda/common.cuh's STATIC_SHARED): the
 // first time for its kernel, the bytes count against the kernel's limits from then on, and the

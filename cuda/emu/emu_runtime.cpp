@@ -427,6 +427,7 @@ const char* cudaGetErrorName(cudaError_t e) {
         case cudaErrorStreamCaptureImplicit: return "cudaErrorStreamCaptureImplicit";
         case cudaErrorIllegalState: return "cudaErrorIllegalState";
         case cudaErrorIllegalAddress: return "cudaErrorIllegalAddress";
+        case cudaErrorMisalignedAddress: return "cudaErrorMisalignedAddress";
         case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
         case cudaErrorNoDevice: return "cudaErrorNoDevice";
         case cudaErrorNotReady: return "cudaErrorNotReady";
@@ -452,6 +453,9 @@ const char* cudaGetErrorString(cudaError_t e) {
         case cudaErrorStreamCaptureImplicit: return "operation would make the legacy stream depend on a capturing blocking stream";
         case cudaErrorIllegalState: return "the operation is not permitted in the current state";
         case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
+        case cudaErrorMisalignedAddress:
+            message = "misaligned address (emulation: " + last_fault() + ")";
+            return message.c_str();
         case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
         case cudaErrorNoDevice: return "no CUDA-capable device is detected";
         case cudaErrorNotReady: return "device not ready";

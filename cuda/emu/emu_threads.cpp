@@ -123,6 +123,7 @@ struct Block {
     std::vector<int> at_warp;  // per warp: its threads waiting at a warp collective
     bool progress = false;  // since the last round: a wait resolved, a thread exited, memory changed
     std::string fault;
+    cudaError_t fault_error = cudaErrorLaunchFailure;  // the sticky error the fault leaves
     cudaError_t refused = cudaSuccess;  // the launch is refused instead of faulting (static shared memory)
 };
 
@@ -500,6 +501,13 @@ void static_shared(void* p, size_t bytes, const char* name) {
     throw KernelAbort();
 }
 
+[[noreturn]] void misaligned_access(const void* p, size_t bytes, const char* what) {
+    if (current_block && current_thread) current_block->fault_error = cudaErrorMisalignedAddress;
+    kernel_fault(strformat("a %zu-byte %s at %p, not a multiple of %zu (the rule: a vector access must be aligned to its "
+                           "size): cudaErrorMisalignedAddress",
+                           bytes, what, p, bytes));
+}
+
 int block_barrier(const char* file, int line, int predicate, int kind) {
     Thread* t = current_thread;
     if (!t) kernel_fault("__syncthreads outside a kernel");
@@ -547,6 +555,7 @@ void run_grid(const char* name, KernelInfo* kernel, dim3 grid, dim3 block, size_
         uint64_t id = order(i);
         b.index = make_uint3((unsigned)(id % grid.x), (unsigned)(id / grid.x % grid.y), (unsigned)(id / ((uint64_t)grid.x * grid.y)));
         b.fault.clear();
+        b.fault_error = cudaErrorLaunchFailure;
         std::string err = run_block(b, grid, block, rng);
         if (err.empty()) continue;
         for (auto& stack : stack_pool) ASAN_UNPOISON_MEMORY_REGION(stack->base, STACK_BYTES);  // abandoned fibers
@@ -556,7 +565,7 @@ void run_grid(const char* name, KernelInfo* kernel, dim3 grid, dim3 block, size_
         } else {
             last_fault_message = where(b) + ": " + err;
             fprintf(stderr, "CUDA emulation: %s\n", last_fault_message.c_str());
-            set_sticky_error(cudaErrorLaunchFailure);
+            set_sticky_error(b.fault_error);
         }
         break;
     }

@@ -3,7 +3,10 @@
 //   prompts (rank's share of the global batch) -> rollout (G completions each, rollout precision)
 //   -> rewards + overlong shaping -> group advantages (+ DAPO dynamic sampling, refilling)
 //   -> old log-probs recomputed by the trainer (train precision); rollout/train mismatch metrics;
-//      TIS/MIS weights; reference log-probs when KL is on
+//      TIS/MIS weights; reference log-probs when KL is on. With one minibatch and one epoch the
+//      old policy is the one being trained, so the training forward's log-probs are the old ones,
+//      bit for bit: no pass, and the mismatch metrics and weights are taken per micro-batch after
+//      its forward (old_lp_from_training)
 //   -> Calibrated Clipping shadow passes (fp32) on calibration steps
 //   -> epochs x minibatches: forward, per-token loss, backward, gradient all-reduce (sum),
 //      NaN/Inf guard, clip, AdamW, refresh derived weights
@@ -252,6 +255,7 @@ private:
     std::vector<Sample> rollout(MetricRow& m, double* gen_seconds, int64_t* gen_tokens);
     TokenValues batched_logprobs(Engine& engine, const std::vector<Sequence>& seqs, const std::vector<size_t>& mb_begin,
                                  Precision p);
+    bool old_lp_from_training() const;
     void save(Logger& log);
 };
 
@@ -374,6 +378,17 @@ inline TokenValues Trainer::batched_logprobs(Engine& engine, const std::vector<S
     return out;
 }
 
+// True when the old policy's log-probs are the training forward's, so the pass recomputing them is
+// skipped (as TRL's GRPOTrainer skips it): one minibatch and one epoch, so the single update's
+// forward runs on the weights the rollout ended with, over the micro-batches batched_logprobs would
+// form (micro_batch_bounds of the same range and budget), at the same precision and temperature,
+// and forward_train computes what logprobs() does (each engine's contract: cpu/engine_cpu.h and
+// cuda/engine_gpu.cuh run the same forward for both). The sums of the step's metrics keep their
+// order: the rollout mismatch ones are summed sequence by sequence in sample order either way.
+inline bool Trainer::old_lp_from_training() const {
+    return cfg_.minibatches == 1 && cfg_.epochs == 1 && !cfg_.always_old_logprob_pass;
+}
+
 inline MetricRow Trainer::train_step() {
     auto t_step = std::chrono::steady_clock::now();
     MetricRow m;
@@ -393,29 +408,33 @@ inline MetricRow Trainer::train_step() {
     std::vector<size_t> mb_begin((size_t)M + 1);
     for (int j = 0; j <= M; j++) mb_begin[(size_t)j] = samples.size() * (size_t)j / (size_t)M;
 
-    // Old log-probs from the trainer, in training precision (decoupled PPO: never the rollout's).
+    // Old log-probs from the trainer, in training precision (decoupled PPO: never the rollout's);
+    // from the training forward itself when that is the same computation (timing_s/old_log_prob 0).
+    const bool old_from_training = old_lp_from_training();
     auto t0 = std::chrono::steady_clock::now();
-    TokenValues old_lp;
-    {
+    if (!old_from_training) {
         PROFILE_RANGE("old_logprobs");
-        old_lp = batched_logprobs(engine_, seqs, mb_begin, cfg_.train_precision);
+        TokenValues old_lp = batched_logprobs(engine_, seqs, mb_begin, cfg_.train_precision);
+        for (size_t i = 0; i < samples.size(); i++) samples[i].old_lp = old_lp[i];
     }
-    for (size_t i = 0; i < samples.size(); i++) samples[i].old_lp = old_lp[i];
-    m.set("timing_s/old_log_prob", seconds_since(t0));
+    m.set("timing_s/old_log_prob", old_from_training ? 0.0 : seconds_since(t0));
     if (ref_) {
         t0 = std::chrono::steady_clock::now();
         TokenValues ref_lp = batched_logprobs(*ref_, seqs, mb_begin, cfg_.train_precision);
         for (size_t i = 0; i < samples.size(); i++) samples[i].ref_lp = ref_lp[i];
         m.set("timing_s/ref", seconds_since(t0));
     }
-    // Mismatch between what the rollout sampled with and what the trainer computes; IS weights.
+    // Mismatch between what the rollout sampled with and what the trainer computes; IS weights. A
+    // sample's old_lp must be known: before training, or after its training forward.
     StepMetrics sm;
-    for (Sample& s : samples) {
+    auto rollout_mismatch = [&](Sample& s) {
         s.is_weight.resize((size_t)s.T());
         sequence_is_weights(cfg_.is_correction, cfg_.is_cap, s.old_lp.data(), s.rollout_lp.data(), s.mask.data(), s.T(),
                             s.is_weight.data());
         sm.add_rollout_sequence(s.old_lp.data(), s.rollout_lp.data(), s.is_weight.data(), s.mask.data(), s.T(), cfg_.is_cap);
-    }
+    };
+    if (!old_from_training)
+        for (Sample& s : samples) rollout_mismatch(s);
 
     // Calibrated Clipping: fp32 shadow pass of the old policy on calibration steps.
     const bool calibrating = cfg_.calibrated_clip && cc_is_calibration_step(step_, cfg_.cc_interval);
@@ -481,6 +500,11 @@ inline MetricRow Trainer::train_step() {
                 std::vector<Sequence> mb(seqs.begin() + (long)ub, seqs.begin() + (long)ue);
                 TokenValues lp, ent;
                 engine_.forward_train(mb, cfg_.train_precision, T, &lp, &ent);
+                if (old_from_training)  // the only update's forward: these are the old policy's log-probs
+                    for (size_t k = 0; k < mb.size(); k++) {
+                        samples[ub + k].old_lp = lp[k];
+                        rollout_mismatch(samples[ub + k]);
+                    }
                 if (calibrate) {
                     for (size_t k = 0; k < mb.size(); k++) {
                         const Sample& s = samples[ub + k];

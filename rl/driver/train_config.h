@@ -60,6 +60,9 @@ struct TrainConfig {
     std::string out_dir;
     bool tensorboard = false;
     int max_bad_steps = 3;
+    // Not a flag: tests set it to run the old-log-prob pass even with one minibatch and one epoch,
+    // where the driver takes the training forward's log-probs instead (Trainer::old_lp_from_training).
+    bool always_old_logprob_pass = false;
 };
 
 inline EngineOptions engine_options_from_args(const Args& a) {

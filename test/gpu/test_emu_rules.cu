@@ -378,6 +378,35 @@ TEST(emu_rule_kernel_arguments_are_device_or_pinned_memory) {
     CHECK_EQ(dev.download()[5], 5);
 }
 
+// A GPU faults on a vector access at an address that is not a multiple of its size (16 bytes for
+// ld.global.v4): cudaErrorMisalignedAddress, sticky. cuda/element.cuh's load_vector and store_vector
+// fault so in emulation, so a kernel's fallback to narrower accesses is exercised by its tests.
+__global__ void vector_copy_kernel(const uint8_t* in, uint8_t* out) {
+    store_vector<uint4>(out, load_vector<uint4>(in));
+}
+
+TEST(emu_rule_vector_accesses_are_aligned_to_their_size) {
+    DeviceBuffer<uint8_t> in(64), out(64);
+    CUDA_CHECK(cudaMemset(in.ptr, 7, 64));
+    LAUNCH_KERNEL(vector_copy_kernel, 1, 1, 0, 0, in.ptr + 16, out.ptr + 32);  // aligned: fine
+    CHECK_EQ(out.download()[40], 7);
+    for (int misaligned : {0, 1}) {  // the load, then the store
+        std::string err;
+        try {
+            LAUNCH_KERNEL(vector_copy_kernel, 1, 1, 0, 0, in.ptr + (misaligned == 0 ? 8 : 0), out.ptr + (misaligned == 1 ? 4 : 0));
+            CUDA_CHECK(cudaDeviceSynchronize());
+        } catch (const Error& e) {
+            err = e.what();
+        }
+        CHECK_MSG(err.find("cudaErrorMisalignedAddress") != std::string::npos &&
+                      err.find(misaligned == 0 ? "16-byte vector load" : "16-byte vector store") != std::string::npos &&
+                      err.find("(the rule: a vector access must be aligned to its size)") != std::string::npos,
+                  "%s", err.c_str());
+        CHECK_EQ(cudaDeviceSynchronize(), cudaErrorMisalignedAddress);  // sticky
+        CHECK_EQ(cudaDeviceReset(), cudaSuccess);
+    }
+}
+
 TEST(emu_rule_copy_host_side_is_not_device_memory) {
     DeviceBuffer<int> a(16), b(16);
     CHECK_EQ(cudaMemcpy(a.ptr, b.ptr, 16 * sizeof(int), cudaMemcpyHostToDevice), cudaErrorInvalidValue);

@@ -79,6 +79,68 @@ TEST(gpu_fp8_device_encoder_matches_cuda_all_floats) {
     CHECK_MSG(bad == 0, "%d of 512 codes decode differently on the device", bad);
 }
 
+// The pair/quad encoders the quantize kernels write with (cuda/element.cuh: the hardware's
+// cvt.rn.satfinite.e4m3x2.f32 on the device, float_to_e4m3 in emulation) against the scalar encoder
+// and CUDA's single-value device conversion, byte by byte: every input u is the low value of a pair
+// and of a quad whose other values are other bit patterns (a rotation, a sign flip, an odd
+// multiple), so each byte position sees every input and a swapped byte order shows.
+__global__ void pair_encode_sweep_kernel(uint32_t stride, unsigned long long* mismatches, unsigned int* example) {
+    unsigned long long bad = 0;
+    for (uint64_t u = (blockIdx.x * (uint64_t)blockDim.x + threadIdx.x) * stride; u < (1ull << 32);
+         u += (uint64_t)gridDim.x * blockDim.x * stride) {
+        const uint32_t b = (uint32_t)u;
+        const float v[4] = {bits_float(b), bits_float(b << 13 | b >> 19), bits_float(b ^ 0x80000000u), bits_float(b * 2654435761u)};
+        uint8_t want[4];
+        for (int i = 0; i < 4; i++) {
+            want[i] = float_to_e4m3(v[i]);
+            if (want[i] != (uint8_t)__nv_cvt_float_to_fp8(v[i], __NV_SATFINITE, __NV_E4M3)) bad++;
+        }
+        const uint16_t pair = encode_e4m3x2(v[0], v[1]), pair_rev = encode_e4m3x2(v[1], v[0]);
+        const uint32_t quad = encode_e4m3x4(v[0], v[1], v[2], v[3]), quad_rot = encode_e4m3x4(v[3], v[0], v[1], v[2]);
+        bool same = pair == (uint16_t)(want[0] | want[1] << 8) && pair_rev == (uint16_t)(want[1] | want[0] << 8);
+        same = same && quad == ((uint32_t)want[0] | (uint32_t)want[1] << 8 | (uint32_t)want[2] << 16 | (uint32_t)want[3] << 24);
+        same = same && quad_rot == ((uint32_t)want[3] | (uint32_t)want[0] << 8 | (uint32_t)want[1] << 16 | (uint32_t)want[2] << 24);
+        if (!same) bad++, *example = b;
+    }
+    if (bad) atomicAdd(mismatches, bad);
+}
+
+// out: encode_e4m3x2 of each pair of x [n], then encode_e4m3x4 of each quad.
+__global__ void pair_encode_values_kernel(const float* x, int n, uint32_t* out) {
+    for (int i = 0; i + 1 < n; i += 2) out[i / 2] = encode_e4m3x2(x[i], x[i + 1]);
+    for (int i = 0; i + 3 < n; i += 4) out[n / 2 + i / 4] = encode_e4m3x4(x[i], x[i + 1], x[i + 2], x[i + 3]);
+}
+
+TEST(gpu_fp8_pair_encoder_matches_scalar_all_floats) {
+    REQUIRE_GPU();
+    const uint32_t stride = emulated ? 4099 : 1;
+    DeviceBuffer<unsigned long long> mismatches(1);
+    DeviceBuffer<unsigned int> example(1);
+    CUDA_CHECK(cudaMemset(mismatches.ptr, 0, sizeof(unsigned long long)));
+    LAUNCH_KERNEL(pair_encode_sweep_kernel, emulated ? 8 : 2048, 256, 0, 0, stride, mismatches.ptr, example.ptr);
+    unsigned long long bad = mismatches.download()[0];
+    printf("    encode_e4m3x2 / encode_e4m3x4, every %u-th of the 2^32 inputs in each byte: %llu mismatches vs "
+           "float_to_e4m3 and __nv_cvt_float_to_fp8\n",
+           stride, bad);
+    CHECK_MSG(bad == 0, "%llu mismatches, e.g. input bits 0x%08X", bad, example.download()[0]);
+    // the values the satfinite rule is about, on the device: +-Inf and overflow saturate to +-448,
+    // NaN of either sign is 0x7F, underflow keeps its sign
+    const std::vector<float> special = {NAN, -NAN, INFINITY, -INFINITY, 464.0f, -465.0f, -1e-9f, 0.3f};
+    const uint8_t want[] = {0x7F, 0x7F, 0x7E, 0xFE, 0x7E, 0xFE, 0x80, 0x2A};
+    DeviceBuffer<float> in(special);
+    DeviceBuffer<uint32_t> out(special.size() / 2 + special.size() / 4);
+    LAUNCH_KERNEL(pair_encode_values_kernel, 1, 1, 0, 0, in.ptr, (int)special.size(), out.ptr);
+    std::vector<uint32_t> got = out.download();
+    for (size_t i = 0; i < special.size(); i += 2)
+        CHECK_MSG(got[i / 2] == (uint32_t)(want[i] | want[i + 1] << 8), "encode_e4m3x2(%g, %g) = 0x%04X", special[i],
+                  special[i + 1], got[i / 2]);
+    for (size_t i = 0; i < special.size(); i += 4) {
+        uint32_t w = want[i] | want[i + 1] << 8 | want[i + 2] << 16 | (uint32_t)want[i + 3] << 24;
+        CHECK_MSG(got[special.size() / 2 + i / 4] == w, "encode_e4m3x4 of values %zu..%zu = 0x%08X, want 0x%08X", i, i + 3,
+                  got[special.size() / 2 + i / 4], w);
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Quantize kernels vs the CPU quantizers.
 
@@ -150,6 +212,126 @@ TEST(gpu_fp8_quantize_kernels_match_host_bit_for_bit) {
             CHECK_MSG(count_bit_differences(b_t.download(), hwt.scale_inv, "blockwise^T scales") == 0,
                       "blockwise transposed scales %s", tag.c_str());
         }
+}
+
+// The elements [offset, offset + n) of a device buffer.
+template <class T>
+static std::vector<T> download_range(const DeviceBuffer<T>& d, size_t offset, size_t n) {
+    std::vector<T> all = d.download();
+    return std::vector<T>(all.begin() + (long)offset, all.begin() + (long)(offset + n));
+}
+
+template <class T>
+static bool all_poisoned(const DeviceBuffer<T>& d) {
+    std::vector<T> all = d.download();
+    const uint8_t* bytes = reinterpret_cast<const uint8_t*>(all.data());
+    for (size_t i = 0; i < all.size() * sizeof(T); i++)
+        if (bytes[i] != 0xA5) return false;
+    return true;
+}
+
+// One call of the rowwise quantizer on x (In = float or BF16) placed `offset` elements into its
+// buffer, with codes and codes_t `offset` bytes into theirs; outputs: 0 both, 1 transposed only
+// (codes null), 2 rowwise only (codes_t null). Each given output must equal the CPU quantizer's
+// bytes, each output not given must stay untouched.
+template <class In>
+static void check_rowwise_call(const std::vector<float>& x, int rows, int cols, bool pow2, int offset, int outputs) {
+    const size_t n = (size_t)rows * cols;
+    std::vector<In> host_in(n + 16);
+    for (size_t i = 0; i < n; i++) {
+        if constexpr (std::is_same<In, float>::value) host_in[offset + i] = x[i];
+        else host_in[offset + i] = __float2bfloat16(x[i]);
+    }
+    DeviceBuffer<In> xd(host_in);
+    DeviceBuffer<uint8_t> codes(n + 16), codes_t(n + 16);
+    DeviceBuffer<float> s(vec128_scale_count(rows, cols)), s_t(vec128_scale_count(cols, rows));
+    codes.poison(), codes_t.poison(), s.poison(), s_t.poison();
+    const bool rowwise = outputs != 1, transposed = outputs != 2;
+    fp8_quantize_rowwise_gpu(xd.ptr + offset, rows, cols, pow2, rowwise ? codes.ptr + offset : nullptr, rowwise ? s.ptr : nullptr,
+                             transposed ? codes_t.ptr + offset : nullptr, transposed ? s_t.ptr : nullptr, 0);
+    const std::string tag = strfmt("[%d][%d] %s pow2=%d offset=%d outputs=%s", rows, cols,
+                                   std::is_same<In, float>::value ? "FP32" : "BF16", (int)pow2, offset,
+                                   outputs == 0 ? "both" : outputs == 1 ? "transposed only" : "rowwise only");
+    if (rowwise) {
+        Fp8Rowwise host = fp8_quantize_rowwise(x.data(), rows, cols, pow2);
+        CHECK_MSG(count_bit_differences(download_range(codes, offset, n), host.data, "rowwise codes") == 0, "rowwise codes %s",
+                  tag.c_str());
+        CHECK_MSG(count_bit_differences(s.download(), host.scale_inv, "rowwise scales") == 0, "rowwise scales %s", tag.c_str());
+        std::vector<uint8_t> all = codes.download();
+        bool around = true;  // the bytes before and after the tensor's codes
+        for (size_t i = 0; i < all.size(); i++) around = around && (i >= (size_t)offset && i < offset + n ? true : all[i] == 0xA5);
+        CHECK_MSG(around, "rowwise codes %s: a byte outside the tensor was written", tag.c_str());
+    } else {
+        CHECK_MSG(all_poisoned(codes) && all_poisoned(s), "%s: the rowwise outputs were written", tag.c_str());
+    }
+    if (transposed) {
+        Fp8Rowwise host_t = fp8_quantize_rowwise_transposed(x.data(), rows, cols, pow2);
+        CHECK_MSG(count_bit_differences(download_range(codes_t, offset, n), host_t.data, "transposed codes") == 0,
+                  "transposed codes %s", tag.c_str());
+        CHECK_MSG(count_bit_differences(s_t.download(), host_t.scale_inv, "transposed scales") == 0, "transposed scales %s",
+                  tag.c_str());
+    } else {
+        CHECK_MSG(all_poisoned(codes_t) && all_poisoned(s_t), "%s: the transposed outputs were written", tag.c_str());
+    }
+}
+
+template <class In>
+static void check_blockwise_call(const std::vector<float>& x, int rows, int cols, bool pow2, int offset) {
+    const size_t n = (size_t)rows * cols;
+    std::vector<float> host_in(n + 16, 0.0f);
+    std::copy(x.begin(), x.end(), host_in.begin() + offset);
+    DeviceBuffer<In> xd(n + 16);
+    if constexpr (std::is_same<In, float>::value) xd.upload(host_in);
+    else xd.upload(to_bf16(host_in));
+    DeviceBuffer<uint8_t> codes(n + 16), codes_t(n + 16);
+    DeviceBuffer<float> b(blk128_scale_count(rows, cols)), b_t(blk128_scale_count(cols, rows));
+    codes.poison(), codes_t.poison(), b.poison(), b_t.poison();
+    fp8_quantize_blockwise_gpu(xd.ptr + offset, rows, cols, pow2, codes.ptr + offset, b.ptr, codes_t.ptr + offset, b_t.ptr, 0);
+    Fp8Blockwise hw = fp8_quantize_blockwise(x.data(), rows, cols, pow2), hwt = fp8_transpose(hw);
+    const std::string tag = strfmt("[%d][%d] %s pow2=%d offset=%d", rows, cols, std::is_same<In, float>::value ? "FP32" : "BF16",
+                                   (int)pow2, offset);
+    CHECK_MSG(count_bit_differences(download_range(codes, offset, n), hw.data, "blockwise codes") == 0, "blockwise codes %s", tag.c_str());
+    CHECK_MSG(count_bit_differences(b.download(), hw.scale_inv, "blockwise scales") == 0, "blockwise scales %s", tag.c_str());
+    CHECK_MSG(count_bit_differences(download_range(codes_t, offset, n), hwt.data, "blockwise^T codes") == 0,
+              "blockwise transposed codes %s", tag.c_str());
+    CHECK_MSG(count_bit_differences(b_t.download(), hwt.scale_inv, "blockwise^T scales") == 0, "blockwise transposed scales %s",
+              tag.c_str());
+}
+
+// Shapes that are not multiples of 128, or of the 16-byte load (7, 131: narrow loads at each row's
+// end and rows that start off a 16-byte boundary; odd row counts: byte stores of the transposed
+// codes), tensors whose buffers start one element (x) and one byte (codes) off the allocation's
+// 256-byte boundary (every load and store narrow), both input types, and each output set of the
+// rowwise quantizer (transposed only: codes == nullptr, the wgrad's x^T alone).
+TEST(gpu_fp8_quantize_kernels_odd_shapes_offsets_and_single_outputs) {
+    REQUIRE_GPU();
+    const int shapes[][2] = {{129, 131}, {37, 250}, {200, 7}, {1, 1}, {256, 136}, {132, 264}};
+    int calls = 0;
+    for (auto shape : shapes) {
+        const int rows = shape[0], cols = shape[1];
+        std::vector<float> x = varied_data(rows, cols, 5 + rows + cols);
+        for (int offset : {0, 1})
+            for (int outputs : {0, 1, 2}) {
+                const bool pow2 = (outputs + offset) % 2 == 1;
+                check_rowwise_call<__nv_bfloat16>(x, rows, cols, pow2, offset, outputs);
+                check_rowwise_call<float>(x, rows, cols, !pow2, offset, outputs);
+                calls += 2;
+            }
+        for (int offset : {0, 1}) {
+            check_blockwise_call<__nv_bfloat16>(x, rows, cols, offset == 1, offset);
+            check_blockwise_call<float>(x, rows, cols, offset == 0, offset);
+            calls += 2;
+        }
+    }
+    printf("    %d quantizer calls over %zu shapes, offsets 0 and 1, every output set: bit-identical to the CPU quantizers\n",
+           calls, sizeof shapes / sizeof shapes[0]);
+    // a call without any output is an error, as is a codes buffer without its scales
+    DeviceBuffer<float> x(16);
+    DeviceBuffer<uint8_t> c(16);
+    CHECK_THROWS(fp8_quantize_rowwise_gpu(x.ptr, 4, 4, false, (uint8_t*)nullptr, nullptr, (uint8_t*)nullptr, nullptr, 0),
+                 "neither the rowwise nor the transposed output");
+    CHECK_THROWS(fp8_quantize_rowwise_gpu(x.ptr, 4, 4, false, c.ptr, nullptr, (uint8_t*)nullptr, nullptr, 0),
+                 "given together or not at all");
 }
 
 // ---------------------------------------------------------------------------------------------
