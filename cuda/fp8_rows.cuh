@@ -8,7 +8,9 @@
 //
 // Thread layout: a half warp quantizes one group, lane j of the half holding its 8 values
 // 8j .. 8j + 7, so one row's 128 BF16 values are one 16-byte load per lane and its codes one 8-byte
-// store; the half warp's amax is four xor shuffles.
+// store (codes by encode_e4m3x4: the hardware conversion on the device); the half warp's amax is
+// four xor shuffles. Vector accesses go through load_vector / store_vector (aligned, or the
+// emulation faults as a GPU would).
 #ifndef FP8RL_CUDA_FP8_ROWS_CUH
 #define FP8RL_CUDA_FP8_ROWS_CUH
 #include "cuda/element.cuh"
@@ -37,7 +39,7 @@ constexpr int kGroupLanes = FP8_BLOCK / 8;  // lanes of a half warp, 8 values ea
 // there and p is 16-byte aligned.
 __device__ __forceinline__ void load8(const __nv_bfloat16* p, int count, float v[8]) {
     if (count >= 8 && ((uintptr_t)p & 15) == 0) {
-        const uint4 raw = *reinterpret_cast<const uint4*>(p);
+        const uint4 raw = load_vector<uint4>(p);
         const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};  // element 2i in the low half of word i
         for (int e = 0; e < 8; e++) v[e] = bf16_to_float((uint16_t)(words[e / 2] >> (16 * (e % 2))));
         return;
@@ -53,7 +55,7 @@ __device__ __forceinline__ void store8(__nv_bfloat16* p, int count, const float 
     if (count >= 8 && ((uintptr_t)p & 15) == 0) {
         uint32_t words[4];
         for (int i = 0; i < 4; i++) words[i] = float_to_bf16(v[2 * i]) | (uint32_t)float_to_bf16(v[2 * i + 1]) << 16;
-        *reinterpret_cast<uint4*>(p) = make_uint4(words[0], words[1], words[2], words[3]);
+        store_vector<uint4>(p, make_uint4(words[0], words[1], words[2], words[3]));
         return;
     }
     for (int e = 0; e < count; e++) p[e] = __float2bfloat16_rn(v[e]);
@@ -84,12 +86,10 @@ __device__ inline void quantize_group8(const float v[8], int r, int kb, int cols
     const int count = c < cols ? min(8, cols - c) : 0;
     uint8_t* codes = out.codes + (size_t)r * cols + c;
     if (count == 8) {  // cols is a multiple of 16 (check_fp8_rows_out): the 8 codes are 8-byte aligned
-        uint32_t lo = 0, hi = 0;
-        for (int e = 0; e < 4; e++) lo |= (uint32_t)float_to_e4m3(v[e] * scale) << (8 * e);
-        for (int e = 0; e < 4; e++) hi |= (uint32_t)float_to_e4m3(v[e + 4] * scale) << (8 * e);
-        *reinterpret_cast<uint2*>(codes) = make_uint2(lo, hi);
+        store_vector<uint2>(codes, make_uint2(encode_e4m3x4(v[0] * scale, v[1] * scale, v[2] * scale, v[3] * scale),
+                                              encode_e4m3x4(v[4] * scale, v[5] * scale, v[6] * scale, v[7] * scale)));
     } else {
-        for (int e = 0; e < count; e++) codes[e] = float_to_e4m3(v[e] * scale);
+        for (int e = 0; e < count; e++) codes[e] = (uint8_t)encode_e4m3x2(v[e] * scale, 0.0f);
     }
     if (lane16 == 0 && kb * FP8_BLOCK < cols) out.scale_inv[vec128_scale_index(r, kb, out.rows)] = 1.0f / scale;
 }

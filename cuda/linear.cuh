@@ -64,10 +64,13 @@ class LinearScratch {
         float *scales = nullptr, *scales_t = nullptr;
     };
     const Operand& operand(int slot) const { return slot == 0 ? a_ : b_; }
-    const Operand& quantize(int slot, const __nv_bfloat16* x, int rows, int cols, cudaStream_t stream) {
+    // transposed_only: x^T alone (a weight gradient's activation operand), codes left as they are.
+    const Operand& quantize(int slot, const __nv_bfloat16* x, int rows, int cols, cudaStream_t stream,
+                            bool transposed_only = false) {
         check_fits(rows, cols);
         Operand& o = slot == 0 ? a_ : b_;
-        fp8_quantize_rowwise_gpu(x, rows, cols, pow2_, o.codes, o.scales, o.codes_t, o.scales_t, stream);
+        fp8_quantize_rowwise_gpu(x, rows, cols, pow2_, transposed_only ? nullptr : o.codes,
+                                 transposed_only ? nullptr : o.scales, o.codes_t, o.scales_t, stream);
         return o;
     }
 
@@ -117,7 +120,7 @@ inline void linear_backward_gpu(GemmRunner& gemm, LinearScratch& scratch, Precis
         return;
     }
     const LinearScratch::Operand& dyq = scratch.quantize(0, dy, T, W.N, stream);  // 1x128 along N and along T
-    const LinearScratch::Operand& xq = scratch.quantize(1, x, T, W.K, stream);    // x^T 1x128 along T
+    const LinearScratch::Operand& xq = scratch.quantize(1, x, T, W.K, stream, true);  // x^T 1x128 along T
     gemm.fp8("dgrad", W.K, T, W.N, W.w8->codes_t, W.w8->scale_inv_t, Fp8ScaleMode::BLK128x128, dyq.codes, dyq.scales,
              Fp8ScaleMode::VEC128, dx, dx_out, stream);
     gemm.fp8("wgrad", W.K, W.N, T, xq.codes_t, xq.scales_t, Fp8ScaleMode::VEC128, dyq.codes_t, dyq.scales_t,
