@@ -217,20 +217,18 @@ __global__ void __launch_bounds__(QUANT_THREADS)
     }
 }
 
-// w [rows][cols] -> 128x128-block codes [rows][cols] + scale_inv BLK128x128, and the transposed copy
-// codes_t [cols][rows] + its transposed grid (the dgrad operand), from the same tile. The grids'
-// padding entries (each grid row padded to a multiple of 4) are written as 0 by the last tile of
-// each row of tiles.
-template <class In>
-__global__ void __launch_bounds__(QUANT_THREADS)
-    quantize_blockwise_kernel(const In* w, int rows, int cols, bool pow2, uint8_t* codes, float* scale_inv,
-                              uint8_t* codes_t, float* scale_inv_t) {
-    DYNAMIC_SHARED(float, tile);  // [128][128], swizzled (tile_chunk)
-    STATIC_SHARED(float, warp_max, [QUANT_THREADS / 32]);
-    const int tile_c = blockIdx.x, tile_r = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+// Tile (tile_r, tile_c) of a weight w [rows][cols], staged in `tile` (swizzled; this thread's amax
+// of what it staged in `amax`), as 128x128-block codes + BLK128x128 scale_inv and the transposed copy
+// codes_t [cols][rows] + its transposed grid (the dgrad operand). The grids' padding entries (each
+// grid row padded to a multiple of 4) are written as 0 by the last tile of each row of tiles.
+// warp_max: QUANT_THREADS / 32 floats of shared memory.
+__device__ inline void quantize_weight_tile(float* tile, float amax, float* warp_max, int tile_r, int tile_c, int rows,
+                                            int cols, bool pow2, uint8_t* codes, float* scale_inv, uint8_t* codes_t,
+                                            float* scale_inv_t) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int r0 = tile_r * FP8_BLOCK, c0 = tile_c * FP8_BLOCK;
     const int n_rows = min(FP8_BLOCK, rows - r0), n_cols = min(FP8_BLOCK, cols - c0);
-    float amax = warp_amax(load_tile(w, rows, cols, r0, c0, tile));
+    amax = warp_amax(amax);
     if (lane == 0) warp_max[warp] = amax;
     __syncthreads();
     amax = 0.0f;
@@ -252,6 +250,18 @@ __global__ void __launch_bounds__(QUANT_THREADS)
         if (tile_r == row_blocks - 1)  // padding of row tile_c of scale_inv_t
             for (int kb = row_blocks; kb < round_up4(row_blocks); kb++) scale_inv_t[blk128_scale_index(tile_c, kb, rows)] = 0.0f;
     }
+}
+
+// w [rows][cols] -> its 128x128-block copy and transposed copy (quantize_weight_tile), a block per tile.
+template <class In>
+__global__ void __launch_bounds__(QUANT_THREADS)
+    quantize_blockwise_kernel(const In* w, int rows, int cols, bool pow2, uint8_t* codes, float* scale_inv,
+                              uint8_t* codes_t, float* scale_inv_t) {
+    DYNAMIC_SHARED(float, tile);  // [128][128], swizzled (tile_chunk)
+    STATIC_SHARED(float, warp_max, [QUANT_THREADS / 32]);
+    const int tile_c = blockIdx.x, tile_r = blockIdx.y;
+    const float amax = load_tile(w, rows, cols, tile_r * FP8_BLOCK, tile_c * FP8_BLOCK, tile);
+    quantize_weight_tile(tile, amax, warp_max, tile_r, tile_c, rows, cols, pow2, codes, scale_inv, codes_t, scale_inv_t);
 }
 
 // Allows a kernel the dynamic shared memory of one tile (set once per kernel and device).

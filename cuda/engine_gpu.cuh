@@ -103,11 +103,14 @@ class GpuEngine : public Engine {
         master_.resize(P, "FP32 master weights");
         bf16_.resize(P, "BF16 weight copy");
         master_.upload(weights_.master);
+        std::vector<ProjectionTiles> tiles;
         for (int l = 0; l < model_.L; l++)
             for (int j = 0; j < kProjections; j++) {
                 const LinearWeight w = model_.projection(l, (Projection)j, nullptr);
                 fp8_.emplace_back(new Fp8Storage(w.N, w.K));
+                tiles.push_back({model_.weight_offset(l, (Projection)j), w.N, w.K, 0, fp8_.back()->copy});
             }
+        projections_.reset(new ProjectionTable(tiles, P));
         refresh_derived();
     }
 
@@ -225,19 +228,22 @@ class GpuEngine : public Engine {
         return norm_.download(2)[1];
     }
 
-    // AdamW on this rank's shard; then the BF16 and FP8 copies of all weights from the whole master
-    // (all-gathered under ZeRO-1). Every rank quantizes every FP8 block itself from the FP32 master
+    // AdamW with the BF16 and FP8 copies written in the same pass (cuda/adamw.cuh). Under ZeRO-1,
+    // AdamW on this rank's shard, then the copies of all weights from the whole master, all-gathered:
+    // every rank quantizes every FP8 block itself from the FP32 master
     // rather than gathering BF16 weights and quantized blocks: 128x128 blocks do not align with flat
     // shards, the copies stay bit for bit those of one rank (the CPU engine quantizes from FP32 too),
     // and gathering FP32 moves 4 bytes per parameter, as an all-reduce's second half does.
     void optimizer_step(double lr) override {
         PROFILE_RANGE("optimizer_step");
         steps_++;
+        if (shards_ == 1)
+            return adamw_update_with_fp8_gpu(master_.get(), m_.get(), v_.get(), bf16_.get(), grads_.get(), num_floats(),
+                                             *projections_, adam_, steps_, lr, stream_);
         if (own_params() > 0)  // the shard's padding past P stays zero
             adamw_update_gpu(master_.get(), m_.get(), v_.get(), bf16_.get() + shard_offset(), own_grads(), own_params(), adam_,
                              steps_, lr, stream_);
-        if (shards_ > 1) refresh_derived(full_master());
-        else requantize_projections(master_.get());
+        refresh_derived(full_master());
     }
 
     int64_t optimizer_steps() const override { return steps_; }
@@ -302,6 +308,7 @@ class GpuEngine : public Engine {
     DeviceArray<float> master_, grads_, m_, v_;
     DeviceArray<bf16> bf16_;
     std::vector<std::unique_ptr<Fp8Storage>> fp8_;  // [L * kProjections]
+    std::unique_ptr<ProjectionTable> projections_;  // the FP8 copies' tiles, for the optimizer's pass
     AdamWConfig adam_;
     int64_t steps_ = 0;
     std::unique_ptr<Communicator> comm_;
@@ -361,18 +368,9 @@ class GpuEngine : public Engine {
     // FP32 master [P].
     void refresh_derived(const float* master) {
         cast(bf16_.get(), master, (long)num_floats(), stream_);
-        requantize_projections(master);
+        requantize_projections_gpu(master, *projections_, stream_);
     }
     void refresh_derived() { refresh_derived(master_.get()); }
-
-    void requantize_projections(const float* master) {
-        for (int l = 0; l < model_.L; l++)
-            for (int j = 0; j < kProjections; j++) {
-                const LinearWeight w = model_.projection(l, (Projection)j, nullptr);
-                fp8_requantize_weight_gpu(master + model_.weight_offset(l, (Projection)j), w.N, w.K,
-                                          fp8_[(size_t)l * kProjections + j]->copy, stream_);
-            }
-    }
 
     // This rank's shard: where it starts in [P], how many of the P parameters it holds, its gradients.
     size_t shard_offset() const { return comm_ && shards_ > 1 ? (size_t)comm_->rank() * shard_ : 0; }

@@ -2,11 +2,12 @@
 //   - AdamW (cuda/adamw.cuh) equals AdamW::step bit for bit over several steps on ragged sizes,
 //     including one past the kernel's grid-stride bound, and its BF16 copy equals round_bf16 of the
 //     CPU's master;
-//   - the requantized FP8 copy of a projection weight equals the CPU quantizer's bytes and scales;
+//   - the FP8 copies the update writes for the projections equal the CPU quantizer's bytes and scales;
 //   - the global gradient norm (cuda/global_norm.cuh) is within its stated bound of grad_norm, and
 //     clipping gives clip_grad_norm's gradients.
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "cuda/adamw.cuh"
@@ -79,33 +80,63 @@ TEST(gpu_adamw_matches_cpu_bit_for_bit) {
     CHECK_THROWS(adamw_update_gpu(nullptr, nullptr, nullptr, nullptr, nullptr, 10, cfg, 0, 1e-3, 0), "step number");
 }
 
-TEST(gpu_adamw_projection_requantizes_fp8_like_cpu) {
+// One update of a buffer holding two projections (partial 128x128 blocks both ways, the second
+// after its padding) and other parameters between and after them: the tile pass and the flat pass
+// together update every parameter as AdamW::step does, and the FP8 copies equal the CPU quantizer's
+// of the updated master; without an update, the copies alone (requantize_projections_gpu).
+TEST(gpu_adamw_writes_fp8_copies_like_cpu) {
     const AdamWConfig cfg;
     for (bool pow2 : {false, true}) {
-        const int rows = 300, cols = 260;  // partial 128x128 blocks in both directions
-        const size_t n = (size_t)rows * cols;
+        struct Shape { int rows, cols; size_t offset; };
+        const Shape shapes[2] = {{300, 260, 64}, {128, 144, 64 + 78016 + 1024}};  // 78000 floats padded to 78016, 1024 others
+        const size_t n = shapes[1].offset + 128 * 144 + 333;
         std::vector<float> w(n), g = varied_gradient(n, 5);
-        for (size_t i = 0; i < n; i++) w[i] = 0.05f * hash_uniform(i, 9) * (1 + (int)(i / cols) % 7);
+        for (size_t i = 0; i < n; i++) w[i] = 0.05f * hash_uniform(i, 9) * (1 + (int)(i / 260) % 7);
+        for (size_t i = 64 + 78000; i < 64 + 78016; i++) w[i] = g[i] = 0.0f;  // padding, zero as in weights.h's layout
         DeviceBuffer<float> d_w(w), d_m(std::vector<float>(n, 0.0f)), d_v(std::vector<float>(n, 0.0f)), d_g(g);
-        DeviceBuffer<__nv_bfloat16> d_w_bf16(n);
-        DeviceBuffer<uint8_t> codes(n), codes_t(n);
-        DeviceBuffer<float> s(blk128_scale_count(rows, cols)), s_t(blk128_scale_count(cols, rows));
-        codes.poison(), codes_t.poison(), s.poison(), s_t.poison();
-        adamw_update_projection_gpu(d_w.ptr, d_m.ptr, d_v.ptr, d_w_bf16.ptr, d_g.ptr, rows, cols, cfg, 1, 1e-2,
-                                    {codes.ptr, s.ptr, codes_t.ptr, s_t.ptr, pow2}, 0);
+        std::vector<__nv_bfloat16> initial_bf16(n);  // the engine's BF16 copy before the update (of zero padding: 0)
+        for (size_t i = 0; i < n; i++) initial_bf16[i] = __float2bfloat16_rn(w[i]);
+        DeviceBuffer<__nv_bfloat16> d_w_bf16(initial_bf16);
+        std::vector<std::unique_ptr<DeviceBuffer<uint8_t>>> codes, codes_t;
+        std::vector<std::unique_ptr<DeviceBuffer<float>>> s, s_t;
+        std::vector<ProjectionTiles> tiles;
+        for (const Shape& sh : shapes) {
+            const size_t e = (size_t)sh.rows * sh.cols;
+            codes.emplace_back(new DeviceBuffer<uint8_t>(e)), codes_t.emplace_back(new DeviceBuffer<uint8_t>(e));
+            s.emplace_back(new DeviceBuffer<float>(blk128_scale_count(sh.rows, sh.cols)));
+            s_t.emplace_back(new DeviceBuffer<float>(blk128_scale_count(sh.cols, sh.rows)));
+            codes.back()->poison(), codes_t.back()->poison(), s.back()->poison(), s_t.back()->poison();
+            tiles.push_back({sh.offset, sh.rows, sh.cols, 0,
+                             {codes.back()->ptr, s.back()->ptr, codes_t.back()->ptr, s_t.back()->ptr, pow2}});
+        }
+        const ProjectionTable table(tiles, n);
+        adamw_update_with_fp8_gpu(d_w.ptr, d_m.ptr, d_v.ptr, d_w_bf16.ptr, d_g.ptr, n, table, cfg, 1, 1e-2, 0);
         AdamW cpu(n, cfg);
         cpu.step(w.data(), g.data(), 1e-2);
-        Fp8Blockwise q = fp8_quantize_blockwise(w.data(), rows, cols, pow2), qt = fp8_transpose(q);
-        size_t bad_w = count_bit_mismatches(d_w.download(), w, "w", n);
-        size_t bad_codes = count_bit_mismatches(codes.download(), q.data, "codes", n);
-        size_t bad_scales = count_bit_mismatches(s.download(), q.scale_inv, "scale_inv", q.scale_inv.size());
-        size_t bad_codes_t = count_bit_mismatches(codes_t.download(), qt.data, "codes_t", n);
-        size_t bad_scales_t = count_bit_mismatches(s_t.download(), qt.scale_inv, "scale_inv_t", qt.scale_inv.size());
-        printf("    [%d][%d] pow2=%d: bytes differing from the CPU quantizer: codes %zu, scales %zu, transposed codes "
-               "%zu, transposed scales %zu (master %zu)\n",
-               rows, cols, (int)pow2, bad_codes, bad_scales, bad_codes_t, bad_scales_t, bad_w);
-        CHECK(bad_w == 0 && bad_codes == 0 && bad_scales == 0 && bad_codes_t == 0 && bad_scales_t == 0);
+        std::vector<__nv_bfloat16> want_bf16(n);
+        for (size_t i = 0; i < n; i++) want_bf16[i] = __float2bfloat16_rn(w[i]);
+        size_t bad = count_bit_mismatches(d_w.download(), w, "w", n) + count_bit_mismatches(d_m.download(), cpu.m(), "m", n) +
+                     count_bit_mismatches(d_v.download(), cpu.v(), "v", n) +
+                     count_bit_mismatches(d_w_bf16.download(), want_bf16, "w_bf16", n);
+        for (int pass = 0; pass < 2; pass++) {  // after the update; then again without one
+            if (pass == 1) {
+                for (size_t k = 0; k < 2; k++) codes[k]->poison(), codes_t[k]->poison(), s[k]->poison(), s_t[k]->poison();
+                requantize_projections_gpu(d_w.ptr, table, 0);
+            }
+            for (size_t k = 0; k < 2; k++) {
+                const Shape& sh = shapes[k];
+                const Fp8Blockwise q = fp8_quantize_blockwise(w.data() + sh.offset, sh.rows, sh.cols, pow2), qt = fp8_transpose(q);
+                bad += count_bit_mismatches(codes[k]->download(), q.data, "codes", q.data.size()) +
+                       count_bit_mismatches(s[k]->download(), q.scale_inv, "scale_inv", q.scale_inv.size()) +
+                       count_bit_mismatches(codes_t[k]->download(), qt.data, "codes_t", qt.data.size()) +
+                       count_bit_mismatches(s_t[k]->download(), qt.scale_inv, "scale_inv_t", qt.scale_inv.size());
+            }
+        }
+        printf("    two projections in %zu parameters, pow2=%d: %zu values or bytes differ from the CPU's\n", n, (int)pow2, bad);
+        CHECK(bad == 0);
     }
+    std::vector<ProjectionTiles> off = {{32, 128, 128, 0, {}}};
+    CHECK_THROWS(ProjectionTable(off, 100000), "it must start on 64");
 }
 
 // Norm: S = sum g^2 has exact terms in double, so the CPU's sequential sum and the GPU's tree each
