@@ -189,19 +189,30 @@ __device__ __forceinline__ void quantize_tile_columns(float* tile, int q, int n_
     }
 }
 
-// x [rows][cols] -> codes [rows][cols] + scale_inv VEC128 [ceil(cols/128)][rows] (1x128 along cols),
-// and x^T [cols][rows] quantized 1x128 along rows (the wgrad copy) into codes_t + scale_inv_t VEC128
-// [ceil(rows/128)][cols], from the same tile in the same pass. Either output may be null (codes_t:
-// rowwise only, for fprop and dgrad; codes: transposed only, for a wgrad operand).
+// The tile source of quantize_rowwise_kernel that reads a tensor x [rows][cols] (load_tile). A
+// source's stage() fills the swizzled tile (r0, c0) of the [rows][cols] values to quantize, zeros
+// outside them, and ends with __syncthreads(); a producer that computes the values (the SwiGLU
+// backward, cuda/swiglu.cuh) is another source, so its FP8 operands need no BF16 round trip.
 template <class In>
+struct TensorTile {
+    const In* x;
+    __device__ void stage(int rows, int cols, int r0, int c0, float* tile) const { load_tile(x, rows, cols, r0, c0, tile); }
+};
+
+// The values [rows][cols] of `source` -> codes [rows][cols] + scale_inv VEC128 [ceil(cols/128)][rows]
+// (1x128 along cols), and their transpose [cols][rows] quantized 1x128 along rows (the wgrad copy)
+// into codes_t + scale_inv_t VEC128 [ceil(rows/128)][cols], from the same tile in the same pass.
+// Either output may be null (codes_t: rowwise only, for fprop and dgrad; codes: transposed only, for
+// a wgrad operand).
+template <class Source>
 __global__ void __launch_bounds__(QUANT_THREADS)
-    quantize_rowwise_kernel(const In* x, int rows, int cols, bool pow2, uint8_t* codes, float* scale_inv,
+    quantize_rowwise_kernel(Source source, int rows, int cols, bool pow2, uint8_t* codes, float* scale_inv,
                             uint8_t* codes_t, float* scale_inv_t) {
     DYNAMIC_SHARED(float, tile);  // [128][128], swizzled (tile_chunk)
     const int tile_c = blockIdx.x, tile_r = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int r0 = tile_r * FP8_BLOCK, c0 = tile_c * FP8_BLOCK;
     const int n_rows = min(FP8_BLOCK, rows - r0), n_cols = min(FP8_BLOCK, cols - c0);
-    load_tile(x, rows, cols, r0, c0, tile);
+    source.stage(rows, cols, r0, c0, tile);
     if (codes != nullptr)
         for (int i = warp; i < n_rows; i += QUANT_THREADS / 32) {  // row r0 + i, columns c0 ..
             float s = quantize_tile_row(tile, i, n_cols, 0.0f, pow2, codes + (size_t)(r0 + i) * cols + c0);
@@ -275,17 +286,25 @@ void allow_tile_smem(Kernel kernel) {
 // addresses allow, narrower accesses elsewhere, with the same bytes out.
 // Rowwise: codes / scale_inv may be null (transposed only), or codes_t / scale_inv_t (rowwise only),
 // not both.
+// The launch of quantize_rowwise_kernel over the [rows][cols] values of `source`.
+template <class Source>
+void fp8_quantize_tiles_gpu(const char* who, const Source& source, int rows, int cols, bool pow2, uint8_t* codes,
+                            float* scale_inv, uint8_t* codes_t, float* scale_inv_t, cudaStream_t stream) {
+    check_fp8_shape(who, rows, cols);
+    if ((codes == nullptr) != (scale_inv == nullptr) || (codes_t == nullptr) != (scale_inv_t == nullptr))
+        fail("%s: codes and scale_inv (and codes_t and scale_inv_t) are given together or not at all", who);
+    if (codes == nullptr && codes_t == nullptr) fail("%s: neither the rowwise nor the transposed output is given", who);
+    allow_tile_smem(quantize_rowwise_kernel<Source>);
+    dim3 grid(fp8_num_blocks(cols), fp8_num_blocks(rows));
+    LAUNCH_KERNEL(quantize_rowwise_kernel<Source>, grid, QUANT_THREADS, TILE_BYTES, stream, source, rows, cols, pow2, codes,
+                  scale_inv, codes_t, scale_inv_t);
+}
+
 template <class In>
 void fp8_quantize_rowwise_gpu(const In* x, int rows, int cols, bool pow2, uint8_t* codes, float* scale_inv,
                               uint8_t* codes_t, float* scale_inv_t, cudaStream_t stream) {
-    check_fp8_shape("fp8_quantize_rowwise_gpu", rows, cols);
-    if ((codes == nullptr) != (scale_inv == nullptr) || (codes_t == nullptr) != (scale_inv_t == nullptr))
-        fail("fp8_quantize_rowwise_gpu: codes and scale_inv (and codes_t and scale_inv_t) are given together or not at all");
-    if (codes == nullptr && codes_t == nullptr) fail("fp8_quantize_rowwise_gpu: neither the rowwise nor the transposed output is given");
-    allow_tile_smem(quantize_rowwise_kernel<In>);
-    dim3 grid(fp8_num_blocks(cols), fp8_num_blocks(rows));
-    LAUNCH_KERNEL(quantize_rowwise_kernel<In>, grid, QUANT_THREADS, TILE_BYTES, stream, x, rows, cols, pow2, codes, scale_inv,
-                  codes_t, scale_inv_t);
+    fp8_quantize_tiles_gpu("fp8_quantize_rowwise_gpu", TensorTile<In>{x}, rows, cols, pow2, codes, scale_inv, codes_t,
+                           scale_inv_t, stream);
 }
 
 template <class In>

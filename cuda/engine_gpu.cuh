@@ -451,7 +451,8 @@ class GpuEngine : public Engine {
     void decode_step(const std::vector<int>& seqs, int rows, Precision weights, const SamplingConfig& s, uint32_t step);
     void decode_launches(int rows, Precision weights, const SamplingConfig& s, uint32_t step);
     void sample_rows(int rows, const SamplingConfig& s, uint32_t step);
-    // dx (BF16) and the weight (and bias) gradient of projection j.
+    // dx (BF16) and the weight (and bias) gradient of projection j (dy null: its FP8 operands are in the
+    // scratch, written by its producer).
     void project_backward(bf16* dx, const bf16* dy, const bf16* x, int l, Projection j, size_t bias);
 };
 
@@ -654,8 +655,15 @@ inline void GpuEngine::layer_backward(int l, bf16* dh) {
     const long sf = column_scratch_floats_;
     // MLP
     project_backward(g_.da_b, dh, A.a, l, kDown, kNoTensor);
-    swiglu_backward(g_.dgu, (const bf16*)g_.da_b, (const bf16*)A.gu, T, m.I, stream_);
-    project_backward(g_.dxn_b, g_.dgu, A.xn2, l, kGateUp, kNoTensor);
+    if (precision_ == Precision::FP8) {  // d[gate|up] straight into its FP8 operands, no BF16 tensor
+        const LinearScratch::Operand& q = scratch_->target(0, (int)Tp_, 2 * m.I);
+        swiglu_backward_fp8(g_.da_b, A.gu, T, Tp_, m.I, scratch_->pow2_scales(), q.codes, q.scales, q.codes_t, q.scales_t,
+                            stream_);
+        project_backward(g_.dxn_b, nullptr, A.xn2, l, kGateUp, kNoTensor);
+    } else {
+        swiglu_backward(g_.dgu, (const bf16*)g_.da_b, (const bf16*)A.gu, T, m.I, stream_);
+        project_backward(g_.dxn_b, g_.dgu, A.xn2, l, kGateUp, kNoTensor);
+    }
     rmsnorm_backward(dh, grad(w.ln2), g_.dxn_b, A.h1, wb(w.ln2), A.rstd2, T, m.C, true, scratch, sf, stream_);
     // attention
     project_backward(g_.datt_b, dh, A.att, l, kO, kNoTensor);

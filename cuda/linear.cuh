@@ -64,6 +64,12 @@ class LinearScratch {
         float *scales = nullptr, *scales_t = nullptr;
     };
     const Operand& operand(int slot) const { return slot == 0 ? a_ : b_; }
+    // Slot `slot` as the target of a producer that writes both FP8 operands of a [rows][cols] output
+    // gradient (rowwise and transposed), e.g. cuda/swiglu.cuh's swiglu_backward_fp8.
+    const Operand& target(int slot, int rows, int cols) const {
+        check_fits(rows, cols);
+        return operand(slot);
+    }
     // transposed_only: x^T alone (a weight gradient's activation operand), codes left as they are.
     const Operand& quantize(int slot, const __nv_bfloat16* x, int rows, int cols, cudaStream_t stream,
                             bool transposed_only = false) {
@@ -109,17 +115,20 @@ inline void linear_forward_gpu(GemmRunner& gemm, const LinearScratch& scratch, P
              Fp8ScaleMode::VEC128, y, out, stream);
 }
 
-// dx [T][K] = dy [T][N] . W (BF16 or FP32: dx_out); dW [N][K] += dy^T . x.
+// dx [T][K] = dy [T][N] . W (BF16 or FP32: dx_out); dW [N][K] += dy^T . x. In fp8 a null dy means
+// its producer wrote both its FP8 operands into the scratch's slot 0 (LinearScratch::target).
 inline void linear_backward_gpu(GemmRunner& gemm, LinearScratch& scratch, Precision p, const LinearDevice& W,
                                 const __nv_bfloat16* dy, const __nv_bfloat16* x, int T, void* dx, GemmOut dx_out,
                                 float* dW, cudaStream_t stream) {
+    if (!dy && p != Precision::FP8) fail("linear_backward_gpu: bf16 needs dy");
     check_linear("linear_backward_gpu", p, W, T);
     if (p == Precision::BF16) {
         gemm.bf16("dgrad", W.K, T, W.N, W.w, dy, dx, dx_out, stream, GemmOps::NN);
         gemm.bf16("wgrad", W.K, W.N, T, x, dy, dW, GemmOut::F32, stream, GemmOps::NT, true);
         return;
     }
-    const LinearScratch::Operand& dyq = scratch.quantize(0, dy, T, W.N, stream);  // 1x128 along N and along T
+    const LinearScratch::Operand& dyq = dy ? scratch.quantize(0, dy, T, W.N, stream)  // 1x128 along N and along T
+                                           : scratch.target(0, T, W.N);
     const LinearScratch::Operand& xq = scratch.quantize(1, x, T, W.K, stream, true);  // x^T 1x128 along T
     gemm.fp8("dgrad", W.K, T, W.N, W.w8->codes_t, W.w8->scale_inv_t, Fp8ScaleMode::BLK128x128, dyq.codes, dyq.scales,
              Fp8ScaleMode::VEC128, dx, dx_out, stream);

@@ -10,6 +10,7 @@
 #define FP8RL_CUDA_SWIGLU_CUH
 #include "cuda/element.cuh"
 #include "cuda/fp8_rows.cuh"
+#include "fp8_gemm.cuh"
 #include "rl/numerics/fast_exp.h"
 #include "rl/numerics/hostdevice.h"
 
@@ -43,17 +44,55 @@ __global__ void __launch_bounds__(kSwigluThreads)
     if (q) quantize_group8(v, r, kb, I, q);
 }
 
+// The gradients of a = silu(g) * u at one element.
+__device__ __forceinline__ void swiglu_grad(float da, float g, float u, float* dg, float* du) {
+    const float sig = 1.0f / __fadd_rn(1.0f, fast_exp(-g));
+    *dg = da * u * sig * (1.0f + mul_rn(g, 1.0f - sig));
+    *du = da * g * sig;
+}
+
 // dgu [rows][2I] (laid out as gu) from da [rows][I].
 template <class In, class Out>
 __global__ void swiglu_backward_kernel(Out* dgu, const In* da, const In* gu, long rows, int I) {
     for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < rows * I; i += (long)gridDim.x * blockDim.x) {
         const size_t g_at = (size_t)(i / I) * 2 * I + i % I, u_at = g_at + I;
-        const float gi = as_float(gu[g_at]), ui = as_float(gu[u_at]), dai = as_float(da[i]);
-        const float sig = 1.0f / __fadd_rn(1.0f, fast_exp(-gi));
-        store_float(dgu + g_at, dai * ui * sig * (1.0f + mul_rn(gi, 1.0f - sig)));
-        store_float(dgu + u_at, dai * gi * sig);
+        float dg, du;
+        swiglu_grad(as_float(da[i]), as_float(gu[g_at]), as_float(gu[u_at]), &dg, &du);
+        store_float(dgu + g_at, dg);
+        store_float(dgu + u_at, du);
     }
 }
+
+// In fp8, the backward's d[gate|up] [padded][2I] goes to the GEMMs only: fp8_gemm.cuh's tile
+// quantizer computes each tile of it here, rounded to BF16 as the bf16 kernel stores it, and writes
+// its FP8 operands (rowwise and transposed) without a BF16 tensor between. A thread stages 8 columns
+// (I is a multiple of 16 for FP8, so 8 never straddle g and u); rows from `valid` are zeros.
+struct SwigluGradTile {
+    const __nv_bfloat16 *da, *gu;
+    int I, valid;
+    __device__ void stage(int rows, int cols, int r0, int c0, float* tile) const {
+        constexpr int kSegments = FP8_BLOCK / 8;  // of a tile row
+        for (int v = threadIdx.x; v < FP8_BLOCK * kSegments; v += blockDim.x) {
+            const int tr = v / kSegments, c = c0 + v % kSegments * 8, r = r0 + tr;
+            float out[8] = {};
+            if (r < valid && r < rows && c < cols) {
+                const int count = min(8, cols - c), j = c < I ? c : c - I;
+                float d[8], g[8], u[8];
+                load8(da + (size_t)r * I + j, count, d);
+                load8(gu + (size_t)r * 2 * I + j, count, g);
+                load8(gu + (size_t)r * 2 * I + I + j, count, u);
+                for (int e = 0; e < count; e++) {
+                    float dg, du;
+                    swiglu_grad(d[e], g[e], u[e], &dg, &du);
+                    out[e] = round_bf16(c < I ? dg : du);
+                }
+            }
+            *tile_chunk(tile, tr, (c - c0) / 4) = make_float4(out[0], out[1], out[2], out[3]);
+            *tile_chunk(tile, tr, (c - c0) / 4 + 1) = make_float4(out[4], out[5], out[6], out[7]);
+        }
+        __syncthreads();
+    }
+};
 
 // a [rows][I] = SwiGLU of gu [rows][2I]; with q also a's FP8 operand (a may then be null). Rows
 // from `rows` to padded_rows (q.rows with q): zeros.
@@ -68,6 +107,18 @@ void swiglu_forward(Out* a, const In* gu, long rows, int I, cudaStream_t stream,
     if (blocks > INT_MAX) fail("swiglu_forward: %ld rows is too many for one launch", blocks);
     const dim3 grid((unsigned)blocks, (unsigned)((group_pairs(I) + kSwigluThreads / 32 - 1) / (kSwigluThreads / 32)));
     LAUNCH_KERNEL((swiglu_forward_kernel<In, Out>), grid, kSwigluThreads, 0, stream, a, gu, I, q, (int)rows);
+}
+
+// d[gate|up]'s FP8 operands for the gate|up GEMMs' backward, from da [rows][I] and gu (rows from
+// `rows` to padded_rows: zeros): codes [padded][2I] + scale_inv 1x128 along 2I, codes_t [2I][padded]
+// + scale_inv_t 1x128 along the rows.
+inline void swiglu_backward_fp8(const __nv_bfloat16* da, const __nv_bfloat16* gu, long rows, long padded_rows, int I,
+                                bool pow2, uint8_t* codes, float* scale_inv, uint8_t* codes_t, float* scale_inv_t,
+                                cudaStream_t stream) {
+    if (rows < 0 || rows > padded_rows || padded_rows > INT_MAX || I <= 0 || I % 16)
+        fail("swiglu_backward_fp8: %ld of %ld rows of %d features (FP8 needs a multiple of 16)", rows, padded_rows, I);
+    fp8_quantize_tiles_gpu("swiglu_backward_fp8", SwigluGradTile{da, gu, I, (int)rows}, (int)padded_rows, 2 * I, pow2,
+                           codes, scale_inv, codes_t, scale_inv_t, stream);
 }
 
 template <class In, class Out>

@@ -609,6 +609,24 @@ TEST(gpu_layers_producers_write_fp8_operands_bit_for_bit) {
     Fp8OperandBuffers fp8_only(Tp, I);  // without the BF16 output (forward-only fp8)
     swiglu_forward((bf16_t*)nullptr, d_gu.ptr, T, I, kStream, fp8_only.out, Tp);
     CHECK_EQ(fp8_operand_mismatches(fp8_only.codes, fp8_only.scales, a, T, Tp, I, "SwiGLU's FP8 operand alone"), 0);
+    // the SwiGLU backward's d[gate|up] straight into its FP8 operands, rowwise and transposed
+    const std::vector<float> da = uniform((size_t)Tp * I, 151, 1.0f, true);
+    std::vector<float> dgu((size_t)Tp * 2 * I, 0.0f);
+    swiglu_backward(dgu.data(), da.data(), gu.data(), T, I);
+    round_bf16_if(true, dgu.data(), (long)dgu.size());
+    DeviceBuffer<bf16_t> d_da(to_type<bf16_t>(da));
+    Fp8OperandBuffers dgu_q(Tp, 2 * I), dgu_t(2 * I, Tp);
+    swiglu_backward_fp8(d_da.ptr, d_gu.ptr, T, Tp, I, false, dgu_q.codes.ptr, dgu_q.scales.ptr, dgu_t.codes.ptr,
+                        dgu_t.scales.ptr, kStream);
+    CHECK_EQ(fp8_operand_mismatches(dgu_q.codes, dgu_q.scales, dgu, Tp, Tp, 2 * I, "SwiGLU backward's FP8 operand"), 0);
+    const Fp8Rowwise want_t = fp8_quantize_rowwise_transposed(dgu.data(), Tp, 2 * I, false);
+    const std::vector<uint8_t> got_t = dgu_t.codes.download();
+    const std::vector<float> got_ts = dgu_t.scales.download();
+    int bad_t = 0;
+    for (size_t i = 0; i < want_t.data.size(); i++) bad_t += got_t[i] != want_t.data[i];
+    for (size_t i = 0; i < want_t.scale_inv.size(); i++) bad_t += float_bits(got_ts[i]) != float_bits(want_t.scale_inv[i]);
+    printf("    %-58s %d codes and scales differ\n", "SwiGLU backward's transposed FP8 operand", bad_t);
+    CHECK_EQ(bad_t, 0);
     // one pass over a BF16 tensor (the attention output), its padding rows not read
     Fp8OperandBuffers rows_q(Tp, C);
     quantize_rows_gpu(d_x.ptr, T, C, rows_q.out, kStream);
