@@ -87,14 +87,16 @@ struct Run {
 };
 
 // `steps` steps of a fresh tiny model on 1-digit addition with `flags` on top: several
-// micro-batches per minibatch, the KL term (a reference policy), Calibrated Clipping calibrating on
-// steps 0 and 2 (its shadow passes and the calibration statistics read old_lp), TIS weights.
+// micro-batches per minibatch (of at most micro_batch_tokens tokens), the KL term (a reference
+// policy), Calibrated Clipping calibrating on steps 0, 2, ... (its shadow passes and the
+// calibration statistics read old_lp), TIS weights.
 template <class EngineT>
-inline Run train(const std::string& flags, bool always_pass, int steps = 3) {
+inline Run train(const std::string& flags, bool always_pass, int steps = 3, int micro_batch_tokens = 40) {
     harness::TempDir tmp;
     std::string line = "--init tiny --task add --task_size 1 --max_new_tokens 4 --group_size 4 --batch_prompts 8"
-                       " --lr 3e-3 --eval_every 0 --seed 7 --micro_batch_tokens 40 --kl_coef 0.05"
-                       " --calibrated_clip 1 --cc_interval 2 --out_dir " + tmp.path + strfmt(" --steps %d ", steps) + flags;
+                       " --lr 3e-3 --eval_every 0 --seed 7 --kl_coef 0.05"
+                       " --calibrated_clip 1 --cc_interval 2 --out_dir " + tmp.path +
+                       strfmt(" --steps %d --micro_batch_tokens %d ", steps, micro_batch_tokens) + flags;
     std::vector<std::string> words = {"train_rl_cpu"};
     for (size_t pos = 0; pos < line.size();) {
         size_t end = line.find(' ', pos);
