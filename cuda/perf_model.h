@@ -101,6 +101,7 @@ struct KernelCost {
     double bytes;   // per call
     int64_t rows = 0, cols = 0;  // a standalone quantizer's input, so a benchmark can time it alone
     bool weight = false;         // ... a weight: FP32 master in, 128x128 blocks (else BF16 in, 1x128 groups)
+    int outputs = 3;             // ... an activation's: 1 rowwise codes, 2 transposed, 3 both
 
     double call_seconds(const PerfHardware& hw) const {
         return std::max(rate > 0 ? work / rate : 0.0, bytes / hw.bandwidth()) + launches * hw.launch_s;
@@ -172,10 +173,16 @@ class StepBuilder {
     void pass(const char* name, KernelClass cls, double bytes, int launches = 1, double repeat = 1) {
         add({name, cls, phase_, per_layer_, 1, launches, 0, 0, bytes}, repeat);
     }
-    // An activation's FP8 operand, in fp8 only: at bandwidth (issue 28), BF16 in and `copies` of
-    // codes and scales out (2: rowwise and transposed); or by the tile quantizer.
-    void quantize(const char* name, double elements, int copies) {
-        if (p == Precision::FP8) pass(name, KernelClass::Quantize, elements * (kBF16 + copies * kFP8));
+    // An activation's FP8 operand [rows][cols], in fp8 only, at bandwidth (issue 28): BF16 in, the
+    // rowwise codes (outputs 1: quantize_rows_gpu), the transposed (2) or both (3: the tile quantizer)
+    // with their scales out; or by the tile quantizer before issue 28.
+    void quantize(const char* name, int64_t rows, int64_t cols, int outputs) {
+        if (p != Precision::FP8) return;
+        const double elements = (double)rows * cols;
+        KernelCost k{name, KernelClass::Quantize, phase_, per_layer_, 1, 1, 0, 0,
+                     elements * (kBF16 + (outputs == 3 ? 2 : 1) * kFP8)};
+        k.rows = rows, k.cols = cols, k.outputs = outputs;
+        add(std::move(k));
     }
     void tile_quantize(const char* name, int64_t rows, int64_t cols, double repeat = 1) {
         if (p == Precision::FP8) add(tile_quantizer_cost(hw, name, rows, cols, false), repeat);
@@ -247,7 +254,7 @@ inline void fused_layer_forward(StepBuilder& b) {
     b.gemm("QKV fprop", (int64_t)N, Tp, c.hidden_size, GemmOutput::BF16);
     b.pass("q/k RMSNorm + RoPE + split", KernelClass::Elementwise, 2 * T * N * kBF16 + qk_norm);
     b.attention(false);
-    b.quantize("quantize attention output", T * Q, 1);
+    b.quantize("quantize attention output", Tp, c.q_dim(), 1);
     b.gemm("O fprop", c.hidden_size, Tp, c.q_dim(), GemmOutput::BF16);
     b.pass("add + RMSNorm (MLP input)", KernelClass::Elementwise, add_norm);
     b.gemm("gate|up fprop", 2 * c.intermediate_size, Tp, c.hidden_size, GemmOutput::BF16);
@@ -259,29 +266,32 @@ inline void fused_layer_forward(StepBuilder& b) {
 // for the output gradients, transposed only for the activations the weight gradients read).
 inline void fused_layer_backward(StepBuilder& b) {
     const ModelConfig& c = b.s.model;
-    const double T = b.s.tokens, C = c.hidden_size, I = c.intermediate_size, Q = c.q_dim(), K = c.kv_dim(), N = Q + 2 * K;
+    const double T = b.s.tokens, C = c.hidden_size, I = c.intermediate_size, Q = c.q_dim(), K = c.kv_dim();
     const int64_t Tp = round_up(b.s.tokens, 128), Cn = c.hidden_size, In = c.intermediate_size, Qn = c.q_dim();
     const int64_t Nn = c.q_dim() + 2 * c.kv_dim();
-    b.quantize("quantize dh (down)", T * C, 2);
-    b.quantize("quantize a^T", T * I, 1);
+    b.quantize("quantize dh (down)", Tp, Cn, 3);
+    b.quantize("quantize a^T", Tp, In, 2);
     b.gemm("down dgrad", In, Tp, Cn, GemmOutput::BF16);
     b.gemm("down wgrad", In, Cn, Tp, GemmOutput::F32_Accumulate);
-    b.pass("SwiGLU backward", KernelClass::Elementwise, T * I * kBF16 + 2 * T * 2 * I * kBF16);
-    b.quantize("quantize d[gate|up]", T * 2 * I, 2);
-    b.quantize("quantize xn2^T", T * C, 1);
+    // bf16: d[gate|up] written in BF16; fp8: its rowwise and transposed FP8 operands written instead
+    // (swiglu_backward_fp8, the SwiGLU backward as the tile quantizer's source)
+    const bool fp8 = b.p == Precision::FP8;
+    b.pass(fp8 ? "SwiGLU backward -> FP8 d[gate|up]" : "SwiGLU backward", KernelClass::Elementwise,
+           T * I * kBF16 + T * 2 * I * kBF16 + (fp8 ? 2 * T * 2 * I * kFP8 : T * 2 * I * kBF16));
+    b.quantize("quantize xn2^T", Tp, Cn, 2);
     b.gemm("gate|up dgrad", Cn, Tp, 2 * In, GemmOutput::BF16);
     b.gemm("gate|up wgrad", Cn, 2 * In, Tp, GemmOutput::F32_Accumulate);
     b.norm_backward("RMSNorm backward (MLP input)", T, C, true);
-    b.quantize("quantize dh (O)", T * C, 2);
-    b.quantize("quantize att^T", T * Q, 1);
+    b.quantize("quantize dh (O)", Tp, Cn, 3);
+    b.quantize("quantize att^T", Tp, Qn, 2);
     b.gemm("O dgrad", Qn, Tp, Cn, GemmOutput::BF16);
     b.gemm("O wgrad", Qn, Cn, Tp, GemmOutput::F32_Accumulate);
     b.attention(true);
     // dq, dk and the forward's qp, kp in, d[q|k] out (dv is written in place by the attention
     // backward); the q/k-norm weights' column sums as partials of the same pass
     b.pass("q/k RMSNorm + RoPE backward", KernelClass::Elementwise, 3 * T * (Q + K) * kBF16 + T * (c.num_heads + c.num_kv_heads) * kF32);
-    b.quantize("quantize d[q|k|v]", T * N, 2);
-    b.quantize("quantize xn1^T", T * C, 1);
+    b.quantize("quantize d[q|k|v]", Tp, Nn, 3);
+    b.quantize("quantize xn1^T", Tp, Cn, 2);
     b.gemm("QKV dgrad", Cn, Tp, Nn, GemmOutput::BF16);
     b.gemm("QKV wgrad", Cn, Nn, Tp, GemmOutput::F32_Accumulate);
     b.norm_backward("RMSNorm backward (attention input)", T, C, true);

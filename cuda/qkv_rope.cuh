@@ -33,7 +33,7 @@ struct QkvShape {
     const __nv_bfloat16* bias;    // [(H + 2 KV) D]
     const __nv_bfloat16* q_norm;  // [D]
     const __nv_bfloat16* k_norm;  // [D]
-    int slots() const { return H + 2 * KV; }
+    FP8RL_HD int slots() const { return H + 2 * KV; }
 };
 
 // The forward's outputs: q [T][H][D], k, v [T][KV][D]; with the q/k norm qp, kp (laid out as q, k)

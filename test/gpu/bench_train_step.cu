@@ -9,8 +9,8 @@
 // 16 sequences of 1,024 tokens (--tiny: the tiny model, 2 of 48), random ids, pseudo-random
 // d(loss)/d(logprob) and d(loss)/d(entropy); time: median of 3 steps after one. Beside each measured
 // time and speedup, cuda/perf_model.h's prediction for the same shapes, for the engine before issue 28
-// (unfused) and after (fused); and the quantization apart from the GEMMs: the unfused fp8 step's
-// standalone quantizer calls, each shape timed alone with CUDA events in this run, against the model.
+// (unfused) and after (fused); and the quantization apart from the GEMMs: each structure's standalone
+// quantizer calls, each shape timed alone with CUDA events in this run, against the model.
 #include <cstdio>
 #include <memory>
 #include <vector>
@@ -105,10 +105,17 @@ std::pair<double, double> measured_quantize_ms(const std::vector<KernelCost>& ks
             fill_uniform(w.ptr, n, 8, 0.05f);
             ms = median_ms([&] { fp8_quantize_blockwise_gpu(w.ptr, rows, cols, false, codes.ptr, scales.ptr, codes_t.ptr, scales_t.ptr, 0); });
             weights += ms * k.calls;
-        } else {
+        } else {  // the engine's call for these outputs: one pass (rowwise), or the tile quantizer
             DeviceBuffer<__nv_bfloat16> x(n);
             fill_uniform(x.ptr, n, 9, 2.0f);
-            ms = median_ms([&] { fp8_quantize_rowwise_gpu(x.ptr, rows, cols, false, codes.ptr, scales.ptr, codes_t.ptr, scales_t.ptr, 0); });
+            Fp8RowsOut out;
+            out.codes = codes.ptr, out.scale_inv = scales.ptr, out.rows = rows;
+            const bool row = k.outputs & 1, col = k.outputs & 2;
+            ms = median_ms([&] {
+                if (!col) return quantize_rows_gpu(x.ptr, rows, cols, out, 0);
+                fp8_quantize_rowwise_gpu(x.ptr, rows, cols, false, row ? codes.ptr : nullptr, row ? scales.ptr : nullptr,
+                                         codes_t.ptr, scales_t.ptr, 0);
+            });
         }
         all += ms * k.calls;
     }
@@ -174,9 +181,13 @@ int main(int argc, char** argv) {
             for (const KernelCost& k : unfused)
                 if (k.cls == KernelClass::Quantize) calls += k.calls, weight_s += k.weight ? k.seconds(hw) : 0;
             const auto [measured, measured_weights] = measured_quantize_ms(unfused);
-            quant_rows.push_back(strfmt("| %s | %.0f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |", m.name, calls, measured,
-                                        class_seconds(unfused, hw, KernelClass::Quantize) * 1e3, measured_weights,
-                                        weight_s * 1e3, class_seconds(fused, hw, KernelClass::Quantize) * 1e3,
+            double fused_calls = 0;
+            for (const KernelCost& k : fused) fused_calls += k.cls == KernelClass::Quantize ? k.calls : 0;
+            const double fused_measured = measured_quantize_ms(fused).first;
+            quant_rows.push_back(strfmt("| %s | %.0f | %.1f | %.1f | %.1f | %.1f | %.0f | %.1f | %.1f | %.1f |", m.name, calls,
+                                        measured, class_seconds(unfused, hw, KernelClass::Quantize) * 1e3, measured_weights,
+                                        weight_s * 1e3, fused_calls, fused_measured,
+                                        class_seconds(fused, hw, KernelClass::Quantize) * 1e3,
                                         class_seconds(fused, hw, KernelClass::LayerGemm) * 1e3));
         } catch (const Error& e) {
             printf("| %s | ERROR: %s |\n", m.name, e.what());
@@ -184,12 +195,12 @@ int main(int argc, char** argv) {
             cudaGetLastError();  // clear a sticky launch error so the next model can run
         }
     }
-    printf("\nquantization apart from the GEMMs, fp8: measured = the unfused step's standalone quantizer calls (the tile "
-           "quantizer of fp8_gemm.cuh), each shape timed alone in this run (median, CUDA events) x its calls per step; "
-           "predicted = cuda/perf_model.h (7 ps per element); fused = issue 28's remaining standalone quantizers at "
-           "bandwidth; the fp8 projection GEMMs' predicted time for scale\n\n");
-    printf("| model | quantizer calls per step | measured ms | predicted ms | weights measured ms | predicted | "
-           "predicted ms fused | projection GEMMs predicted ms |\n|---|---|---|---|---|---|---|---|\n");
+    printf("\nquantization apart from the GEMMs, fp8: each standalone quantizer call of a step, its shape timed alone in "
+           "this run with today's kernels (median, CUDA events) x its calls per step; unfused = the calls the engine made "
+           "before issue 28 (predicted at the old tile quantizer's 7 ps per element), fused = the calls it makes now "
+           "(predicted at bandwidth); the fp8 projection GEMMs' predicted time for scale\n\n");
+    printf("| model | unfused calls | measured ms | predicted ms | weights measured ms | predicted | fused calls | measured "
+           "ms | predicted ms | projection GEMMs predicted ms |\n|---|---|---|---|---|---|---|---|---|---|\n");
     for (const std::string& row : quant_rows) printf("%s\n", row.c_str());
     printf("\nbench_train_step: %d model(s) failed%s\n", failures, key.c_str());
     return failures ? 1 : 0;
