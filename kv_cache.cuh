@@ -101,10 +101,11 @@ __device__ __forceinline__ void kv_append_value(const KvAppend& a, long row, lon
     const long slot = a.slots[row];
     if (slot < 0 || slot >= a.slot_count) return;
     void* pool = key ? a.k_pool : a.v_pool;
-    if (a.fp8)
-        kv_store(static_cast<uint8_t*>(pool) + slot * a.width + col, x, (key ? a.k_scale : a.v_scale)[col / a.head_dim]);
-    else
-        kv_store(static_cast<__nv_bfloat16*>(pool) + slot * a.width + col, x, 1.0f);
+    const long at = slot * a.width + col;
+    if (!a.fp8) return kv_store(static_cast<__nv_bfloat16*>(pool) + at, x, 1.0f);
+    const float* scales = key ? a.k_scale : a.v_scale;
+    const long head = col / a.head_dim;
+    kv_store(static_cast<uint8_t*>(pool) + at, x, scales[head]);
 }
 
 // Rows i < n of k, v [n][width] into slots[i] of one layer's pools [slots][width], column c with its
