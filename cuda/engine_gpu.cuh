@@ -61,7 +61,8 @@ using bf16 = __nv_bfloat16;
 // One layer's activations of a batch, kept for the backward pass (device, [Tp] rows); a decode
 // step keeps one set for all layers. x: the residual entering the layer; h1: after attention; qkv
 // [Tp][(H + 2 KV) D] and gu [Tp][2I]: the fused projections' outputs; o and mlp: the attention and
-// MLP outputs, which the next norm adds to the residual (one pair shared by all layers).
+// MLP outputs, which the next norm adds to the residual. qkv, o and mlp are one set shared by all
+// layers (nothing reads them after the next kernel).
 struct LayerActsGpu {
     bf16 *x, *xn1, *qkv, *qp, *kp, *q, *k, *v, *att, *o, *h1, *xn2, *gu, *a, *mlp;
     float *rstd1, *rstd_q, *rstd_k, *lse, *rstd2;
@@ -492,13 +493,13 @@ inline void GpuEngine::prepare_batch(const std::vector<Sequence>& seqs) {
     // --recompute layer one set that every layer's forward, and its recomputation just before its
     // backward, writes.
     const long N = m.qkv_dim();
-    const long inner = Tp * (3 * C + N + (m.qk_norm ? Q + Kd : 0) + 2 * Q + 2 * Kd + 3 * I);
+    const long inner = Tp * (3 * C + (m.qk_norm ? Q + Kd : 0) + 2 * Q + 2 * Kd + 3 * I);
     const long inner_f32 = T * (2 + 2 * m.H + m.KV);  // rstd1, rstd2, rstd_q, rstd_k, lse
     const long sets = options_.recompute_layer ? 1 : m.L;
     // Every carve starts on a 256-byte boundary (memory_plan.h's CARVE_ALIGN_BYTES): T-sized FP32 buffers would
     // leave the next one 8-byte aligned when T % 4 != 0, and FP8 GEMMs need 16 (their D: gemm_f32_).
     const size_t slack = memory_plan_detail::forward_carve_slack(m.L, sets);
-    act_bf16_.resize((size_t)(m.L * Tp * C + sets * inner + 4 * Tp * C) + slack / sizeof(bf16), "BF16 activations");
+    act_bf16_.resize((size_t)(m.L * Tp * C + sets * inner + 4 * Tp * C + Tp * N) + slack / sizeof(bf16), "BF16 activations");
     act_f32_.resize((size_t)(sets * inner_f32 + 5 * T + Tp * N) + slack / sizeof(float), "FP32 activation statistics");
     bf16* b = act_bf16_.get();
     float* f = act_f32_.get();
@@ -507,7 +508,8 @@ inline void GpuEngine::prepare_batch(const std::vector<Sequence>& seqs) {
     auto take_f = [&](long n) { float* r = f; f += memory_plan_detail::round_up(n, align_f); return r; };
     layers_.assign(m.L, LayerActsGpu{});
     for (LayerActsGpu& a : layers_) a.x = take_b(Tp * C);
-    bf16 *const o = take_b(Tp * C), *const mlp = take_b(Tp * C);  // the branches, shared
+    // shared by all layers: the [q|k|v] output (split at once) and the two branches (added at once)
+    bf16 *const qkv = take_b(Tp * N), *const o = take_b(Tp * C), *const mlp = take_b(Tp * C);
     for (long l = 0; l < m.L; l++) {
         LayerActsGpu& a = layers_[(size_t)l];
         if (l >= sets) {  // recompute: the shared set
@@ -516,7 +518,7 @@ inline void GpuEngine::prepare_batch(const std::vector<Sequence>& seqs) {
             a.x = x;
             continue;
         }
-        a.xn1 = take_b(Tp * C), a.qkv = take_b(Tp * N);
+        a.xn1 = take_b(Tp * C), a.qkv = qkv;
         a.qp = m.qk_norm ? take_b(Tp * Q) : nullptr, a.kp = m.qk_norm ? take_b(Tp * Kd) : nullptr;
         a.q = take_b(Tp * Q), a.k = take_b(Tp * Kd), a.v = take_b(Tp * Kd), a.att = take_b(Tp * Q);
         a.h1 = take_b(Tp * C), a.xn2 = take_b(Tp * C), a.gu = take_b(Tp * 2 * I), a.a = take_b(Tp * I);

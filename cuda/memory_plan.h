@@ -73,9 +73,9 @@ inline size_t fp8_copy_bytes(const ModelConfig& c) {
 
 // prepare_batch carves its activations on 256-byte boundaries (cuBLASLt's default alignment
 // assumption; FP8 GEMM operands need 16): each carve wastes less than this, and it counts the
-// carves of a forward (every layer's x, up to 12 per activation set in BF16 and 5 in FP32, 4 + 6 more).
+// carves of a forward (every layer's x, up to 11 per activation set in BF16 and 5 in FP32, 5 + 6 more).
 constexpr size_t CARVE_ALIGN_BYTES = 256;
-inline size_t forward_carve_slack(long layers, long sets) { return CARVE_ALIGN_BYTES * (size_t)(layers + 17 * sets + 10); }
+inline size_t forward_carve_slack(long layers, long sets) { return CARVE_ALIGN_BYTES * (size_t)(layers + 16 * sets + 11); }
 
 // The buffers of one forward of T tokens (prepare_batch): ids, positions, targets, sequence offsets
 // (at most T sequences), the RoPE table (at most T positions), BF16 activations and FP32 statistics.
@@ -83,11 +83,11 @@ inline size_t forward_bytes(const ModelConfig& c, long T, bool recompute) {
     const long Tp = round_up(T, 128), C = c.hidden_size, Q = c.q_dim(), Kd = c.kv_dim(), I = c.intermediate_size;
     const long L = c.num_layers, H = c.num_heads, KV = c.num_kv_heads, D = c.head_dim;
     const long N = Q + 2 * Kd;  // the fused [q|k|v] projection's outputs
-    const long inner = Tp * (3 * C + N + (c.qk_norm ? Q + Kd : 0) + 2 * Q + 2 * Kd + 3 * I);
+    const long inner = Tp * (3 * C + (c.qk_norm ? Q + Kd : 0) + 2 * Q + 2 * Kd + 3 * I);
     const long inner_f32 = T * (2 + 2 * H + KV);
     const long sets = recompute ? 1 : L;
     const size_t ids = 4 * (size_t)(Tp + T + T + T + 1), rope = 2 * sizeof(float) * (size_t)T * (size_t)(D / 2);
-    return ids + rope + 2 * (size_t)(L * Tp * C + sets * inner + 4 * Tp * C) +
+    return ids + rope + 2 * (size_t)(L * Tp * C + sets * inner + 4 * Tp * C + Tp * N) +
            4 * (size_t)(sets * inner_f32 + 5 * T + Tp * N) + 2 * forward_carve_slack(L, sets);
 }
 
