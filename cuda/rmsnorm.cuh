@@ -51,7 +51,7 @@ __global__ void rmsnorm_forward_kernel(Out* y, float* rstd, const In* x, const I
         const float s = 1.0f / sqrtf(ss / (float)n + eps);
         if (threadIdx.x == 0) rstd[r] = s;
         for (int i = threadIdx.x; i < n; i += blockDim.x) {
-            const float xi = branch ? round_bf16(as_float(x[row + i]) + as_float(branch[row + i])) : as_float(x[row + i]);
+            const float xi = as_float(branch ? sum[row + i] : x[row + i]);  // this thread stored sum[row + i]
             const float v = xi * s, wi = as_float(w[i]);
             const float yi = is_bf16<Out> ? round_bf16(wi * round_bf16(v)) : wi * v;
             if (y) store_float(y + row + i, yi);
