@@ -165,9 +165,9 @@ __device__ __forceinline__ float quantize_tile_row(float* tile, int i, int n_col
 
 // Tile columns 4q .. 4q+3 as rows of x^T, by the warp (lane l: tile rows 4l .. 4l+3): column k's
 // codes go to out + k * ld (ld = the tensor's rows, x^T's row length), n_rows of them inside the
-// tensor; scale from each column's amax (scale <= 0) or the given one, into scales[k].
-__device__ __forceinline__ void quantize_tile_columns(float* tile, int q, int n_rows, float scale, bool pow2, uint8_t* out,
-                                                      size_t ld, int n_out, float* scales) {
+// tensor; scale from each column's amax within the tile (given[k] <= 0) or given[k], into scales[k].
+__device__ __forceinline__ void quantize_tile_columns(float* tile, int q, int n_rows, const float given[4], bool pow2,
+                                                      uint8_t* out, size_t ld, int n_out, float* scales) {
     const int lane = threadIdx.x % 32;
     float4 v[4];
     for (int i = 0; i < 4; i++) v[i] = *tile_chunk(tile, 4 * lane + i, q);
@@ -176,7 +176,7 @@ __device__ __forceinline__ void quantize_tile_columns(float* tile, int q, int n_
                              {v[0].z, v[1].z, v[2].z, v[3].z},
                              {v[0].w, v[1].w, v[2].w, v[3].w}};
     for (int k = 0; k < 4; k++) {
-        float s = scale;
+        float s = given[k];
         if (s <= 0.0f) {
             float amax = 0.0f;
             for (int i = 0; i < 4; i++) amax = amax_update(amax, col[k][i]);
@@ -199,32 +199,94 @@ struct TensorTile {
     __device__ void stage(int rows, int cols, int r0, int c0, float* tile) const { load_tile(x, rows, cols, r0, c0, tile); }
 };
 
-// The values [rows][cols] of `source` -> codes [rows][cols] + scale_inv VEC128 [ceil(cols/128)][rows]
-// (1x128 along cols), and their transpose [cols][rows] quantized 1x128 along rows (the wgrad copy)
-// into codes_t + scale_inv_t VEC128 [ceil(rows/128)][cols], from the same tile in the same pass.
-// Either output may be null (codes_t: rowwise only, for fprop and dgrad; codes: transposed only, for
-// a wgrad operand).
+// Row and tensor scaling need the amax of a whole row (of x, and of x^T: a column of x) or of the
+// whole tensor before the first code is written, so they take two passes, as Transformer Engine's
+// per-tensor current scaling does (an amax kernel, then the cast): this one stages each tile as the
+// quantizer does and max-es the amaxes into row_amax [rows] and col_amax [cols] (row), or into
+// row_amax[0] (tensor; col_amax unused), as float bits: non-negative floats order like their bits and
+// a max is order-free, so the result is exact whatever the schedule. Either pointer may be null.
 template <class Source>
 __global__ void __launch_bounds__(QUANT_THREADS)
-    quantize_rowwise_kernel(Source source, int rows, int cols, bool pow2, uint8_t* codes, float* scale_inv,
+    amax_tiles_kernel(Source source, int rows, int cols, bool tensor, uint32_t* row_amax, uint32_t* col_amax) {
+    DYNAMIC_SHARED(float, tile);  // [128][128], swizzled (tile_chunk)
+    STATIC_SHARED(float, warp_max, [QUANT_THREADS / 32]);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int r0 = blockIdx.y * FP8_BLOCK, c0 = blockIdx.x * FP8_BLOCK;
+    const int n_rows = min(FP8_BLOCK, rows - r0), n_cols = min(FP8_BLOCK, cols - c0);
+    source.stage(rows, cols, r0, c0, tile);
+    float tile_amax = 0.0f;
+    for (int i = warp; i < n_rows; i += QUANT_THREADS / 32) {  // outside the tensor the tile holds zeros
+        const float a = warp_amax(amax4(0.0f, *tile_chunk(tile, i, lane)));
+        tile_amax = amax_update(tile_amax, a);
+        if (!tensor && row_amax && lane == 0) atomicMax(&row_amax[r0 + i], float_bits(a));
+    }
+    if (tensor) {  // one atomic per tile
+        if (lane == 0) warp_max[warp] = tile_amax;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            float a = 0.0f;
+            for (int w = 0; w < QUANT_THREADS / 32; w++) a = amax_update(a, warp_max[w]);
+            atomicMax(&row_amax[0], float_bits(a));
+        }
+        return;
+    }
+    if (col_amax)
+        for (int c = threadIdx.x; c < n_cols; c += QUANT_THREADS) {
+            float a = 0.0f;
+            for (int r = 0; r < n_rows; r++) a = amax_update(a, reinterpret_cast<const float*>(tile_chunk(tile, r, c / 4))[c % 4]);
+            atomicMax(&col_amax[c0 + c], float_bits(a));
+        }
+}
+
+// The amaxes a row- or tensor-scaled quantization reads (amax_tiles_kernel's output): null for block.
+struct Fp8Amax {
+    Fp8Scaling scaling = Fp8Scaling::Block;
+    const uint32_t* rows = nullptr;  // [rows] (row) or [1] (tensor)
+    const uint32_t* cols = nullptr;  // [cols] (row); unused for tensor
+    __device__ float row_scale(int r, bool pow2) const {
+        return fp8_scale_from_amax(bits_float(rows[scaling == Fp8Scaling::Tensor ? 0 : r]), pow2);
+    }
+    __device__ float col_scale(int c, bool pow2) const {
+        return fp8_scale_from_amax(bits_float(scaling == Fp8Scaling::Tensor ? rows[0] : cols[c]), pow2);
+    }
+};
+
+// The values [rows][cols] of `source` -> codes [rows][cols] + scale_inv, and their transpose
+// [cols][rows] (the wgrad copy; a row-scaled weight's dgrad copy) into codes_t + scale_inv_t, from
+// the same tile in the same pass. Block: 1x128 along cols (VEC128 [ceil(cols/128)][rows]) and along
+// rows for the transpose (VEC128 [ceil(rows/128)][cols]); row: one scale per row [rows] and per
+// column [cols]; tensor: one scale [1] for both (amax: the scales' amaxes, row and tensor). Either
+// output may be null (codes_t: rowwise only, for fprop and dgrad; codes: transposed only, for a
+// wgrad operand).
+template <class Source>
+__global__ void __launch_bounds__(QUANT_THREADS)
+    quantize_rowwise_kernel(Source source, int rows, int cols, bool pow2, Fp8Amax amax, uint8_t* codes, float* scale_inv,
                             uint8_t* codes_t, float* scale_inv_t) {
     DYNAMIC_SHARED(float, tile);  // [128][128], swizzled (tile_chunk)
     const int tile_c = blockIdx.x, tile_r = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int r0 = tile_r * FP8_BLOCK, c0 = tile_c * FP8_BLOCK;
     const int n_rows = min(FP8_BLOCK, rows - r0), n_cols = min(FP8_BLOCK, cols - c0);
+    const bool block = amax.scaling == Fp8Scaling::Block, tensor = amax.scaling == Fp8Scaling::Tensor;
     source.stage(rows, cols, r0, c0, tile);
     if (codes != nullptr)
         for (int i = warp; i < n_rows; i += QUANT_THREADS / 32) {  // row r0 + i, columns c0 ..
-            float s = quantize_tile_row(tile, i, n_cols, 0.0f, pow2, codes + (size_t)(r0 + i) * cols + c0);
-            if (lane == 0) scale_inv[vec128_scale_index(r0 + i, tile_c, rows)] = 1.0f / s;
+            const float given = block ? 0.0f : amax.row_scale(r0 + i, pow2);
+            float s = quantize_tile_row(tile, i, n_cols, given, pow2, codes + (size_t)(r0 + i) * cols + c0);
+            if (lane == 0 && block) scale_inv[vec128_scale_index(r0 + i, tile_c, rows)] = 1.0f / s;
+            if (lane == 0 && !block && tile_c == 0 && (!tensor || r0 + i == 0)) scale_inv[tensor ? 0 : r0 + i] = 1.0f / s;
         }
     if (codes_t == nullptr) return;
     for (int q = warp; q * 4 < n_cols; q += QUANT_THREADS / 32) {  // columns c0 + 4q .. = rows of x^T, from r0
-        float s[4];
-        quantize_tile_columns(tile, q, n_rows, 0.0f, pow2, codes_t + (size_t)(c0 + 4 * q) * rows + r0, (size_t)rows,
+        float given[4], s[4];
+        for (int k = 0; k < 4; k++) given[k] = block || 4 * q + k >= n_cols ? 0.0f : amax.col_scale(c0 + 4 * q + k, pow2);
+        quantize_tile_columns(tile, q, n_rows, given, pow2, codes_t + (size_t)(c0 + 4 * q) * rows + r0, (size_t)rows,
                               n_cols - 4 * q, s);
         if (lane == 0)
-            for (int k = 0; k < 4 && 4 * q + k < n_cols; k++) scale_inv_t[vec128_scale_index(c0 + 4 * q + k, tile_r, cols)] = 1.0f / s[k];
+            for (int k = 0; k < 4 && 4 * q + k < n_cols; k++) {
+                const int c = c0 + 4 * q + k;
+                if (block) scale_inv_t[vec128_scale_index(c, tile_r, cols)] = 1.0f / s[k];
+                else if (tile_r == 0 && (!tensor || c == 0)) scale_inv_t[tensor ? 0 : c] = 1.0f / s[k];
+            }
     }
 }
 
@@ -247,9 +309,10 @@ __device__ inline void quantize_weight_tile(float* tile, float amax, float* warp
     const float scale = fp8_scale_from_amax(amax, pow2);  // > 0: a positive finite scale, or FLT_MAX
     for (int i = warp; i < n_rows; i += QUANT_THREADS / 32)
         quantize_tile_row(tile, i, n_cols, scale, pow2, codes + (size_t)(r0 + i) * cols + c0);
+    const float given[4] = {scale, scale, scale, scale};
     for (int q = warp; q * 4 < n_cols; q += QUANT_THREADS / 32) {
         float unused[4];
-        quantize_tile_columns(tile, q, n_rows, scale, pow2, codes_t + (size_t)(c0 + 4 * q) * rows + r0, (size_t)rows,
+        quantize_tile_columns(tile, q, n_rows, given, pow2, codes_t + (size_t)(c0 + 4 * q) * rows + r0, (size_t)rows,
                               n_cols - 4 * q, unused);
     }
     if (threadIdx.x == 0) {
@@ -281,30 +344,52 @@ void allow_tile_smem(Kernel kernel) {
     allow_dynamic_smem(kernel, TILE_BYTES);
 }
 
-// Host launchers. Device pointers; sizes as in the kernels' comments (vec128_scale_count,
-// blk128_scale_count). Any alignment works: 16-byte loads and 4-byte stores are taken where the
-// addresses allow, narrower accesses elsewhere, with the same bytes out.
+// Host launchers. Device pointers; sizes as in the kernels' comments (fp8_scale_count of the
+// layout). Any alignment works: 16-byte loads and 4-byte stores are taken where the addresses
+// allow, narrower accesses elsewhere, with the same bytes out.
 // Rowwise: codes / scale_inv may be null (transposed only), or codes_t / scale_inv_t (rowwise only),
 // not both.
-// The launch of quantize_rowwise_kernel over the [rows][cols] values of `source`.
+
+// The uint32 words of amax scratch a row- or tensor-scaled quantization of [rows][cols] needs.
+inline size_t fp8_amax_words(Fp8Scaling scaling, int rows, int cols) {
+    return scaling == Fp8Scaling::Block ? 0 : scaling == Fp8Scaling::Row ? (size_t)rows + cols : 1;
+}
+
+// The launch of quantize_rowwise_kernel over the [rows][cols] values of `source` at `scaling`; row
+// and tensor first run amax_tiles_kernel into amax_scratch (fp8_amax_words of it).
 template <class Source>
 void fp8_quantize_tiles_gpu(const char* who, const Source& source, int rows, int cols, bool pow2, uint8_t* codes,
-                            float* scale_inv, uint8_t* codes_t, float* scale_inv_t, cudaStream_t stream) {
+                            float* scale_inv, uint8_t* codes_t, float* scale_inv_t, cudaStream_t stream,
+                            Fp8Scaling scaling = Fp8Scaling::Block, uint32_t* amax_scratch = nullptr) {
     check_fp8_shape(who, rows, cols);
     if ((codes == nullptr) != (scale_inv == nullptr) || (codes_t == nullptr) != (scale_inv_t == nullptr))
         fail("%s: codes and scale_inv (and codes_t and scale_inv_t) are given together or not at all", who);
     if (codes == nullptr && codes_t == nullptr) fail("%s: neither the rowwise nor the transposed output is given", who);
-    allow_tile_smem(quantize_rowwise_kernel<Source>);
     dim3 grid(fp8_num_blocks(cols), fp8_num_blocks(rows));
-    LAUNCH_KERNEL(quantize_rowwise_kernel<Source>, grid, QUANT_THREADS, TILE_BYTES, stream, source, rows, cols, pow2, codes,
-                  scale_inv, codes_t, scale_inv_t);
+    Fp8Amax amax;
+    amax.scaling = scaling;
+    if (scaling != Fp8Scaling::Block) {
+        if (!amax_scratch) fail("%s: %s scaling needs amax scratch", who, fp8_scaling_name(scaling));
+        const bool tensor = scaling == Fp8Scaling::Tensor;
+        uint32_t* row_amax = amax_scratch;
+        uint32_t* col_amax = tensor ? nullptr : amax_scratch + rows;
+        CUDA_CHECK(cudaMemsetAsync(amax_scratch, 0, fp8_amax_words(scaling, rows, cols) * sizeof(uint32_t), stream));
+        allow_tile_smem(amax_tiles_kernel<Source>);
+        LAUNCH_KERNEL(amax_tiles_kernel<Source>, grid, QUANT_THREADS, TILE_BYTES, stream, source, rows, cols, tensor,
+                      codes || tensor ? row_amax : nullptr, codes_t ? col_amax : nullptr);
+        amax.rows = row_amax, amax.cols = col_amax;
+    }
+    allow_tile_smem(quantize_rowwise_kernel<Source>);
+    LAUNCH_KERNEL(quantize_rowwise_kernel<Source>, grid, QUANT_THREADS, TILE_BYTES, stream, source, rows, cols, pow2, amax,
+                  codes, scale_inv, codes_t, scale_inv_t);
 }
 
 template <class In>
 void fp8_quantize_rowwise_gpu(const In* x, int rows, int cols, bool pow2, uint8_t* codes, float* scale_inv,
-                              uint8_t* codes_t, float* scale_inv_t, cudaStream_t stream) {
+                              uint8_t* codes_t, float* scale_inv_t, cudaStream_t stream,
+                              Fp8Scaling scaling = Fp8Scaling::Block, uint32_t* amax_scratch = nullptr) {
     fp8_quantize_tiles_gpu("fp8_quantize_rowwise_gpu", TensorTile<In>{x}, rows, cols, pow2, codes, scale_inv, codes_t,
-                           scale_inv_t, stream);
+                           scale_inv_t, stream, scaling, amax_scratch);
 }
 
 template <class In>
@@ -317,30 +402,58 @@ void fp8_quantize_blockwise_gpu(const In* w, int rows, int cols, bool pow2, uint
                   scale_inv, codes_t, scale_inv_t);
 }
 
-// The FP8 copy of a projection weight W [rows][cols] (device memory): 128x128-block codes and
-// BLK128x128 scale grid for fprop, the transposed codes [cols][rows] and grid for dgrad
-// (sizes: blk128_scale_count(rows, cols) and (cols, rows) floats).
+// The layout of a projection weight's FP8 copies at a granularity: 128x128 blocks, one scale per
+// output channel (W) and input channel (W^T), or one scale.
+inline Fp8Layout fp8_weight_layout(Fp8Scaling s) { return s == Fp8Scaling::Block ? Fp8Layout::Blk128x128 : fp8_rows_layout(s); }
+
+// The FP8 copy of a projection weight W [rows][cols] (device memory) at `scaling`: codes and scales
+// for fprop, the transposed codes [cols][rows] and scales for dgrad (sizes: fp8_scale_count of
+// fp8_weight_layout(scaling) for (rows, cols) and (cols, rows) floats), as cpu/fp8_gemm_ref.h's
+// fp8_quantize_weight.
 struct Fp8WeightCopy {
     uint8_t* codes;
     float* scale_inv;
     uint8_t* codes_t;
     float* scale_inv_t;
     bool pow2_scales;
+    Fp8Scaling scaling;
 };
 
-// The FP8 copy of w [rows][cols] (FP32 master, device) quantized again, after an update.
-inline void fp8_requantize_weight_gpu(const float* w, int rows, int cols, const Fp8WeightCopy& fp8, cudaStream_t stream) {
-    fp8_quantize_blockwise_gpu(w, rows, cols, fp8.pow2_scales, fp8.codes, fp8.scale_inv, fp8.codes_t, fp8.scale_inv_t,
-                               stream);
+// The FP8 copies of w [rows][cols] (FP32 master, device) quantized again, after an update: block
+// through the blockwise kernel, row and tensor through the rowwise one (its transposed output is W^T
+// with one scale per input channel, or W's one scale). amax_scratch: fp8_amax_words(scaling, rows, cols).
+inline void fp8_requantize_weight_gpu(const float* w, int rows, int cols, const Fp8WeightCopy& fp8, uint32_t* amax_scratch,
+                                      cudaStream_t stream) {
+    if (fp8.scaling == Fp8Scaling::Block)
+        return fp8_quantize_blockwise_gpu(w, rows, cols, fp8.pow2_scales, fp8.codes, fp8.scale_inv, fp8.codes_t,
+                                          fp8.scale_inv_t, stream);
+    fp8_quantize_rowwise_gpu(w, rows, cols, fp8.pow2_scales, fp8.codes, fp8.scale_inv, fp8.codes_t, fp8.scale_inv_t, stream,
+                             fp8.scaling, amax_scratch);
 }
 
 // ---------------------------------------------------------------------------------------------
 // cuBLASLt GEMMs.
 
-enum class Fp8ScaleMode { VEC128, BLK128x128 };
+// cuBLASLt's scale modes (cublasLtMatmulMatrixScale_t) fp8rl uses, one per granularity: block pairs
+// VEC128 with VEC128 or BLK128x128, row pairs OUTER_VEC with OUTER_VEC (cuBLAS docs: both A and B
+// must be OUTER_VEC_32F, scale_A [m], scale_B [n]), tensor pairs SCALAR with SCALAR. All four run on
+// compute capability 9.0 (spec-fp8.md §6.1).
+enum class Fp8ScaleMode { VEC128, BLK128x128, OUTER_VEC, SCALAR };
 enum class GemmOut { BF16, F32 };
 
-inline const char* scale_mode_name(Fp8ScaleMode m) { return m == Fp8ScaleMode::VEC128 ? "VEC128" : "BLK128x128"; }
+inline const char* scale_mode_name(Fp8ScaleMode m) {
+    const char* names[] = {"VEC128", "BLK128x128", "OUTER_VEC", "SCALAR"};
+    return names[(int)m];
+}
+inline bool is_block_mode(Fp8ScaleMode m) { return m == Fp8ScaleMode::VEC128 || m == Fp8ScaleMode::BLK128x128; }
+
+// The scale modes of an activation or gradient operand and of a weight at a granularity.
+inline Fp8ScaleMode rows_scale_mode(Fp8Scaling s) {
+    return s == Fp8Scaling::Block ? Fp8ScaleMode::VEC128 : s == Fp8Scaling::Row ? Fp8ScaleMode::OUTER_VEC : Fp8ScaleMode::SCALAR;
+}
+inline Fp8ScaleMode weight_scale_mode(Fp8Scaling s) {
+    return s == Fp8Scaling::Block ? Fp8ScaleMode::BLK128x128 : rows_scale_mode(s);
+}
 
 // Operand layouts of a GEMM, row-major, D [n][m] in every case:
 //   TN  D = B [n][k] . A [m][k]^T     (cuBLAS TRANSA=T, TRANSB=N; the only one FP8 block scaling allows)
@@ -411,11 +524,14 @@ class GemmRunner {
         std::string what = strfmt("FP8 GEMM %s (m=%d n=%d k=%d, A %s, B %s)", name, m, n, k, scale_mode_name(a_mode),
                                   scale_mode_name(b_mode));
         if (m % 4 || n % 4 || k % 16)
-            fail("%s: block-scaled FP8 GEMMs need m and n multiples of 4 and k a multiple of 16; pad the token count "
+            fail("%s: scaled FP8 GEMMs need m and n multiples of 4 and k a multiple of 16; pad the token count "
                  "to a multiple of 128",
                  what.c_str());
         if (a_mode == Fp8ScaleMode::BLK128x128 && b_mode == Fp8ScaleMode::BLK128x128)
             fail("%s: cuBLASLt has no BLK128x128 x BLK128x128 mode", what.c_str());
+        if (is_block_mode(a_mode) != is_block_mode(b_mode) || (!is_block_mode(a_mode) && a_mode != b_mode))
+            fail("%s: cuBLASLt pairs a block mode with a block mode, OUTER_VEC with OUTER_VEC and SCALAR with SCALAR",
+                 what.c_str());
         if ((uintptr_t)a_scale % 16 || (uintptr_t)b_scale % 16)
             fail("%s: scale tensors must start on a 16-byte boundary", what.c_str());
         if ((uintptr_t)a % 16 || (uintptr_t)b % 16 || (uintptr_t)d % 16)
@@ -500,8 +616,10 @@ class GemmRunner {
             set_desc(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, b_t ? CUBLAS_OP_T : CUBLAS_OP_N, what + ": TRANSB");
             if (c.fp8) {
                 auto mode = [](Fp8ScaleMode m) {
-                    return (int32_t)(m == Fp8ScaleMode::VEC128 ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F
-                                                               : CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F);
+                    const cublasLtMatmulMatrixScale_t modes[] = {
+                        CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F, CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F,
+                        CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F, CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F};
+                    return (int32_t)modes[(int)m];
                 };
                 set_desc(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, mode(c.a_mode), what + ": A scale mode");
                 set_desc(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, mode(c.b_mode), what + ": B scale mode");

@@ -529,7 +529,7 @@ inline void GpuEngine::decode_launches(int rows, Precision weights, const Sampli
     RolloutState& R = *rollout_;
     const CpuModel& m = model_;
     const StepRows r{rows, weights == Precision::FP8 ? (rows + 127) / 128 * 128 : rows, R.pos.get(), R.gemm_f32, weights,
-                     false};
+                     false, options_.fp8_scaling};
     LayerActsGpu& A = R.A;
     embedding_forward(A.x, wb(m.embed), R.ids.get(), rows, m.V, m.C, stream_);
     for (int l = 0; l < m.L; l++) {

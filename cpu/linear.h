@@ -1,8 +1,9 @@
 // linear.h: the linear layers of the CPU model (y = x W^T + b), forward and backward, in the
 // precision of the call. fp32 and bf16 use the FP32 GEMMs of cpu/gemm.h (bf16 hands them weights
 // and inputs already rounded to BF16, then rounds the output as the GPU stores it). fp8 runs all
-// three GEMMs through the emulated blockwise FP8 GEMM (cpu/fp8_gemm_ref.h): weights in 128x128
-// blocks quantized once per update, X and dY in 1x128 groups, wgrad operands along tokens.
+// three GEMMs through the emulated scaled FP8 GEMM (cpu/fp8_gemm_ref.h) at the weight's
+// granularity (--fp8_scaling; block: weights in 128x128 blocks quantized once per update, X and dY
+// in 1x128 groups, wgrad operands along tokens).
 #pragma once
 #include <cstddef>
 
@@ -45,7 +46,7 @@ inline void linear_backward(float* dx, bool accumulate_dx, float* dW, float* db,
                             long T, const LinearWeight& W, Precision p) {
     if (p == Precision::FP8) {
         fp8_linear_dgrad(dy, (int)T, *W.fp8, dx, accumulate_dx);
-        fp8_linear_wgrad(dy, x, (int)T, W.N, W.K, W.fp8->pow2_scales, dW, true);
+        fp8_linear_wgrad(dy, x, (int)T, W.N, W.K, W.fp8->pow2_scales, W.fp8->scaling, dW, true);
     } else {  // accumulating as cuBLASLt's beta = 1 does: the product, then the add
         if (accumulate_dx)
             gemm_nn_then_add((int)T, W.K, W.N, dy, W.N, W.w, W.K, dx, W.K);

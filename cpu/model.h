@@ -141,8 +141,8 @@ struct CpuModel {
 };
 
 // The parameters as one precision reads them: the master buffer itself (fp32) or a BF16-rounded
-// copy (bf16, fp8), and for fp8 the 128x128-block quantization of every projection weight (from
-// the FP32 master). fp32 and bf16 also keep every matrix packed for gemm_nt_packed (cpu/gemm.h):
+// copy (bf16, fp8), and for fp8 the quantization of every projection weight (from the FP32 master)
+// at the granularity of --fp8_scaling. fp32 and bf16 also keep every matrix packed for gemm_nt_packed (cpu/gemm.h):
 // the forward's X W^T reads the panels in place instead of repacking W on every call, and a decode
 // step's GEMV streams them contiguously. Call prepare() again after every change of the master
 // weights.
@@ -152,6 +152,7 @@ struct ModelParams {
     std::vector<float> rounded;
     std::vector<Fp8Weight> fp8;   // [L * kProjections] (fused projections), fp8 only
     bool fp8_pow2_scales = false;  // power-of-two block scales (the option of spec-fp8.md §4.2)
+    Fp8Scaling fp8_scaling = Fp8Scaling::Block;  // --fp8_scaling
 
     void prepare(const CpuModel& m, Precision p) {
         precision = p;
@@ -161,7 +162,7 @@ struct ModelParams {
             for (int l = 0; l < m.L; l++)
                 for (int j = 0; j < kProjections; j++) {
                     const LinearWeight w = m.projection(l, (Projection)j, master.data());
-                    fp8.push_back(fp8_quantize_weight(w.w, w.N, w.K, fp8_pow2_scales));
+                    fp8.push_back(fp8_quantize_weight(w.w, w.N, w.K, fp8_pow2_scales, fp8_scaling));
                 }
         if (p == Precision::FP32) {
             rounded.clear();

@@ -78,7 +78,11 @@ struct StepRows {
     float* gemm_f32;
     Precision precision;
     bool for_backward;
-    bool bf16_inputs() const { return precision == Precision::BF16 || for_backward; }
+    Fp8Scaling scaling;
+    // The producers write their outputs' FP8 operands themselves (block scaling), or the BF16
+    // tensors the GEMMs quantize (row and tensor: cuda/linear.cuh).
+    bool fused_fp8() const { return precision == Precision::FP8 && scaling == Fp8Scaling::Block; }
+    bool bf16_inputs() const { return precision == Precision::BF16 || for_backward || !fused_fp8(); }
 };
 
 struct RolloutState;  // rollout.cu: the KV cache and decode buffers of generation
@@ -105,13 +109,16 @@ class GpuEngine : public Engine {
         bf16_.resize(P, "BF16 weight copy");
         master_.upload(weights_.master);
         std::vector<ProjectionTiles> tiles;
+        size_t amax_words = 0;
         for (int l = 0; l < model_.L; l++)
             for (int j = 0; j < kProjections; j++) {
                 const LinearWeight w = model_.projection(l, (Projection)j, nullptr);
-                fp8_.emplace_back(new Fp8Storage(w.N, w.K));
+                fp8_.emplace_back(new Fp8Storage(w.N, w.K, options_.fp8_scaling));
+                amax_words = std::max(amax_words, fp8_amax_words(options_.fp8_scaling, w.N, w.K));
                 tiles.push_back({model_.weight_offset(l, (Projection)j), w.N, w.K, 0, fp8_.back()->copy});
             }
         projections_.reset(new ProjectionTable(tiles, P));
+        if (amax_words) weight_amax_.resize(amax_words, "FP8 weight amax scratch");
         refresh_derived();
     }
 
@@ -238,9 +245,14 @@ class GpuEngine : public Engine {
     void optimizer_step(double lr) override {
         PROFILE_RANGE("optimizer_step");
         steps_++;
-        if (shards_ == 1)
+        if (shards_ == 1 && options_.fp8_scaling == Fp8Scaling::Block)
             return adamw_update_with_fp8_gpu(master_.get(), m_.get(), v_.get(), bf16_.get(), grads_.get(), num_floats(),
                                              *projections_, adam_, steps_, lr, stream_);
+        if (shards_ == 1) {  // row and tensor scales need a whole weight's amax first: the update, then the copies
+            adamw_update_gpu(master_.get(), m_.get(), v_.get(), bf16_.get(), grads_.get(), num_floats(), adam_, steps_, lr,
+                             stream_);
+            return requantize_projections(master_.get());
+        }
         if (own_params() > 0)  // the shard's padding past P stays zero
             adamw_update_gpu(master_.get(), m_.get(), v_.get(), bf16_.get() + shard_offset(), own_grads(), own_params(), adam_,
                              steps_, lr, stream_);
@@ -280,15 +292,16 @@ class GpuEngine : public Engine {
     }
 
   private:
-    // The FP8 copies of one projection weight [N][K].
+    // The FP8 copies of one projection weight [N][K] at a granularity.
     struct Fp8Storage {
         DeviceArray<uint8_t> codes, codes_t;
         DeviceArray<float> scales, scales_t;
         Fp8WeightCopy copy;
-        Fp8Storage(int N, int K)
+        Fp8Storage(int N, int K, Fp8Scaling scaling)
             : codes((size_t)N * K, "FP8 weight codes"), codes_t((size_t)N * K, "FP8 transposed weight codes"),
-              scales(blk128_scale_count(N, K), "FP8 weight scales"), scales_t(blk128_scale_count(K, N), "FP8 weight scales") {
-            copy = {codes.get(), scales.get(), codes_t.get(), scales_t.get(), false};
+              scales(fp8_scale_count(fp8_weight_layout(scaling), N, K), "FP8 weight scales"),
+              scales_t(fp8_scale_count(fp8_weight_layout(scaling), K, N), "FP8 weight scales") {
+            copy = {codes.get(), scales.get(), codes_t.get(), scales_t.get(), false, scaling};
         }
     };
 
@@ -309,7 +322,8 @@ class GpuEngine : public Engine {
     DeviceArray<float> master_, grads_, m_, v_;
     DeviceArray<bf16> bf16_;
     std::vector<std::unique_ptr<Fp8Storage>> fp8_;  // [L * kProjections]
-    std::unique_ptr<ProjectionTable> projections_;  // the FP8 copies' tiles, for the optimizer's pass
+    std::unique_ptr<ProjectionTable> projections_;  // the FP8 copies' tiles, for the optimizer's pass (block)
+    DeviceArray<uint32_t> weight_amax_;  // row and tensor scaling: requantize_projections' amax scratch
     AdamWConfig adam_;
     int64_t steps_ = 0;
     std::unique_ptr<Communicator> comm_;
@@ -369,7 +383,19 @@ class GpuEngine : public Engine {
     // FP32 master [P].
     void refresh_derived(const float* master) {
         cast(bf16_.get(), master, (long)num_floats(), stream_);
-        requantize_projections_gpu(master, *projections_, stream_);
+        requantize_projections(master);
+    }
+
+    // Every projection's FP8 copies from the FP32 master [P]: block in one tile pass (cuda/adamw.cuh),
+    // row and tensor weight by weight (fp8_gemm.cuh's fp8_requantize_weight_gpu).
+    void requantize_projections(const float* master) {
+        if (options_.fp8_scaling == Fp8Scaling::Block) return requantize_projections_gpu(master, *projections_, stream_);
+        for (int l = 0; l < model_.L; l++)
+            for (int j = 0; j < kProjections; j++) {
+                const LinearWeight w = model_.projection(l, (Projection)j, nullptr);
+                fp8_requantize_weight_gpu(master + model_.weight_offset(l, (Projection)j), w.N, w.K,
+                                          fp8_[(size_t)l * kProjections + j]->copy, weight_amax_.get(), stream_);
+            }
     }
     void refresh_derived() { refresh_derived(master_.get()); }
 
@@ -422,7 +448,7 @@ class GpuEngine : public Engine {
     void layer_forward(int l, bool recomputing, const std::function<void(int)>& kv_ready = {});
     void ensure_rope(int positions);
     void ensure_scratch(long rows);
-    StepRows batch_rows() { return {T_, Tp_, pos_.get(), gemm_f32_, precision_, for_backward_}; }
+    StepRows batch_rows() { return {T_, Tp_, pos_.get(), gemm_f32_, precision_, for_backward_, options_.fp8_scaling}; }
     // The layer step shared by the training forward, prefill and decode: the residual entering the
     // layer (before's h1 + mlp into A.x, or A.x as it is when before is null) -> A.q, A.k (after
     // q/k-norm and RoPE at r.pos), A.v; then, with A.att filled by attention, A.att -> A.h1 and the
@@ -436,7 +462,7 @@ class GpuEngine : public Engine {
     void project(void* y, GemmOut out, const bf16* x, int l, Projection j, const StepRows& r);
     // The FP8 operand target of a [Tp][cols] GEMM input in fp8 (none in bf16).
     Fp8RowsOut fp8_operand(const StepRows& r, int cols) {
-        return r.precision == Precision::FP8 ? scratch_->rows_out(0, (int)r.Tp, cols) : Fp8RowsOut{};
+        return r.fused_fp8() ? scratch_->rows_out(0, (int)r.Tp, cols) : Fp8RowsOut{};
     }
     QkvShape qkv_shape(int l) const {
         const CpuModel& m = model_;
@@ -548,7 +574,7 @@ inline void GpuEngine::ensure_scratch(long rows) {
     // the widest GEMM operand: an input [rows][C, H D or I], an output gradient [rows][C, qkv dim or 2I]
     const long max_dim = std::max({(long)m.C, (long)m.qkv_dim(), 2L * m.I});
     scratch_.reset();  // freed before the larger one is allocated: the memory plan counts one
-    scratch_.reset(new LinearScratch((int)rows, (int)max_dim, false));
+    scratch_.reset(new LinearScratch((int)rows, (int)max_dim, false, options_.fp8_scaling));
     scratch_max_tokens_ = rows;
 }
 
@@ -580,7 +606,7 @@ inline void GpuEngine::attention_outputs(LayerActsGpu& A, int l, const StepRows&
     const CpuModel& m = model_;
     const LayerTensors& w = m.layers[l];
     const long Q = (long)m.H * m.D;
-    if (r.precision == Precision::FP8) quantize_rows_gpu(A.att, (int)r.T, (int)Q, fp8_operand(r, (int)Q), stream_);
+    if (r.fused_fp8()) quantize_rows_gpu(A.att, (int)r.T, (int)Q, fp8_operand(r, (int)Q), stream_);
     project(A.o, GemmOut::BF16, A.att, l, kO, r);
     residual_rmsnorm_forward(r.bf16_inputs() ? A.xn2 : nullptr, A.rstd2, A.h1, A.x, A.o, wb(w.ln2), r.T, m.C, m.eps,
                              stream_, fp8_operand(r, m.C), r.Tp);
@@ -660,7 +686,7 @@ inline void GpuEngine::layer_backward(int l, bf16* dh) {
     if (precision_ == Precision::FP8) {  // d[gate|up] straight into its FP8 operands, no BF16 tensor
         const LinearScratch::Operand& q = scratch_->target(0, (int)Tp_, 2 * m.I);
         swiglu_backward_fp8(g_.da_b, A.gu, T, Tp_, m.I, scratch_->pow2_scales(), q.codes, q.scales, q.codes_t, q.scales_t,
-                            stream_);
+                            stream_, scratch_->scaling(), scratch_->amax());
         project_backward(g_.dxn_b, nullptr, A.xn2, l, kGateUp, kNoTensor);
     } else {
         swiglu_backward(g_.dgu, (const bf16*)g_.da_b, (const bf16*)A.gu, T, m.I, stream_);

@@ -111,14 +111,16 @@ void swiglu_forward(Out* a, const In* gu, long rows, int I, cudaStream_t stream,
 
 // d[gate|up]'s FP8 operands for the gate|up GEMMs' backward, from da [rows][I] and gu (rows from
 // `rows` to padded_rows: zeros): codes [padded][2I] + scale_inv 1x128 along 2I, codes_t [2I][padded]
-// + scale_inv_t 1x128 along the rows.
+// + scale_inv_t 1x128 along the rows (block scaling), or one scale per row and per column (row), or
+// one (tensor: amax_scratch, fp8_gemm.cuh's fp8_amax_words, holds the amax pass's result).
 inline void swiglu_backward_fp8(const __nv_bfloat16* da, const __nv_bfloat16* gu, long rows, long padded_rows, int I,
                                 bool pow2, uint8_t* codes, float* scale_inv, uint8_t* codes_t, float* scale_inv_t,
-                                cudaStream_t stream) {
+                                cudaStream_t stream, Fp8Scaling scaling = Fp8Scaling::Block,
+                                uint32_t* amax_scratch = nullptr) {
     if (rows < 0 || rows > padded_rows || padded_rows > INT_MAX || I <= 0 || I % 16)
         fail("swiglu_backward_fp8: %ld of %ld rows of %d features (FP8 needs a multiple of 16)", rows, padded_rows, I);
     fp8_quantize_tiles_gpu("swiglu_backward_fp8", SwigluGradTile{da, gu, I, (int)rows}, (int)padded_rows, 2 * I, pow2,
-                           codes, scale_inv, codes_t, scale_inv_t, stream);
+                           codes, scale_inv, codes_t, scale_inv_t, stream, scaling, amax_scratch);
 }
 
 template <class In, class Out>

@@ -46,6 +46,9 @@ transformers.utils.logging.disable_progress_bar()
 # (GEMM k a multiple of 16, head_dim one of the attention kernels' 8..128); the intermediate and
 # vocabulary sizes are ragged (not multiples of 128). initializer_range 0.05 spreads the logits
 # (logit std about 1; std 0.02 would leave them nearly uniform).
+# fp8 at each --fp8_scaling granularity ("fp8" is the default, block)
+FP8_KEYS = ("fp8", "fp8 row", "fp8 tensor")
+
 MODELS = {
     "qwen3_hd64_gqa3_tied": dict(seed=101, config=dict(
         vocab_size=3001, hidden_size=384, intermediate_size=1040, num_hidden_layers=3, num_attention_heads=6,
@@ -100,8 +103,9 @@ def run(binary, args, what):
     TIMES[what] = TIMES.get(what, 0.0) + time.time() - start
 
 
-def engine_logprobs(binary, what, model, ids_path, precision, out):
-    run(binary, ["--model", model, "--logprobs", ids_path, "--precision", precision, "--output", out], what)
+def engine_logprobs(binary, what, model, ids_path, precision, out, scaling="block"):
+    run(binary, ["--model", model, "--logprobs", ids_path, "--precision", precision, "--fp8_scaling", scaling,
+                 "--output", out], what)
     return [np.array(r["logprobs"], dtype=np.float64) for r in read_jsonl(out)]
 
 
@@ -225,15 +229,17 @@ def main():
               f"{len(seqs)} sequences of {min(map(len, seqs))}..{max(map(len, seqs))} tokens ({ntok} log-probs)")
 
         ref = fp64_logprobs(model_dir, seqs)
-        cpu = {p: engine_logprobs(ARGS.cpu, f"logprobs cpu {p}", model_dir, ids_path, p,
-                                  os.path.join(work, f"cpu_{p}.jsonl")) for p in ("fp32", "bf16", "fp8")}
-        emu = {p: engine_logprobs(ARGS.emu, f"logprobs emu {p}", model_dir, ids_path, p,
-                                  os.path.join(work, f"emu_{p}.jsonl")) for p in ("bf16", "fp8")}
+        def logprobs(binary, side, key):  # key: a precision, or "fp8 <granularity>" (--fp8_scaling)
+            p, scaling = (key.split() + ["block"])[:2]
+            return engine_logprobs(binary, f"logprobs {side} {key}", model_dir, ids_path, p,
+                                   os.path.join(work, f"{side}_{key.replace(' ', '_')}.jsonl"), scaling)
+        cpu = {k: logprobs(ARGS.cpu, "cpu", k) for k in ("fp32", "bf16") + FP8_KEYS}
+        emu = {k: logprobs(ARGS.emu, "emu", k) for k in ("bf16",) + FP8_KEYS}
         ent = np.concatenate([np.array(r["entropy"]) for r in read_jsonl(os.path.join(work, "cpu_fp32.jsonl"))])
         m, mx = mean_abs(cpu["fp32"], ref)
         print(f"sanity: cpu fp32 vs fp64 mean |diff| {m:.2e} (max {mx:.2e}); mean log-prob "
               f"{np.concatenate(ref).mean():.3f}, mean entropy {ent.mean():.3f} nats (log V = {math.log(c['vocab_size']):.3f})")
-        for p in ("bf16", "fp8"):
+        for p in ("bf16",) + FP8_KEYS:
             gc, gcx = mean_abs(emu[p], cpu[p])
             cf, cfx = mean_abs(cpu[p], ref)
             gf, _ = mean_abs(emu[p], ref)
@@ -257,6 +263,15 @@ def main():
         print(f"| {p} | {' and '.join(f'{a:.3f}' for a, _ in r)} | {' and '.join(f'{b:.3f}' for _, b in r)} | "
               f"{min(ratios):.2f}-{max(ratios):.2f} |")
     print("(mean |log-prob difference| per token; one value per model: " + ", ".join(MODELS) + ")")
+    # issue 30: the error against FP64 orders as the granularity's coarseness, and the GPU engine stays
+    # within a quarter of it
+    for mi, name in enumerate(MODELS):
+        err = {k: rows[k][mi][1] for k in FP8_KEYS}
+        ordered = err["fp8 tensor"] >= err["fp8 row"] >= err["fp8"]
+        quarter = all(rows[k][mi][0] <= 0.25 * rows[k][mi][1] for k in FP8_KEYS)
+        print(f"{name}: cpu vs FP64 block {err['fp8']:.4f}, row {err['fp8 row']:.4f}, tensor {err['fp8 tensor']:.4f}: "
+              f"tensor >= row >= block {'yes' if ordered else 'NO'}; emu vs cpu within a quarter of it at every "
+              f"granularity {'yes' if quarter else 'NO'}")
     print("\n| greedy, 32 tokens | identical to the CPU's | CPU margin at first departures (max, min, median) |\n|---|---|---|")
     for p, r in gen_rows.items():
         same, total = sum(x[0] for x in r), sum(x[1] for x in r)

@@ -2,6 +2,7 @@
 // (cpu/fp8_gemm_ref.h). Expected codes, scales and GEMM results come from torch
 // (dev/make_fp8_fixtures.py: float8_e4m3fn casts, float64 products of the dequantized operands);
 // the rest are properties (NaN/Inf/zero blocks, transposition, bounds).
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -85,11 +86,11 @@ TEST(fp8_block_quantizers_match_torch) {
     auto dy = f.get<float>("dy", (size_t)f.T * f.N);
     for (bool pow2 : {false, true}) {
         std::string sfx = pow2 ? "_pow2" : "";
-        Fp8Rowwise xq = fp8_quantize_rowwise(x.data(), f.T, f.K, pow2);
-        Fp8Rowwise xtq = fp8_quantize_rowwise_transposed(x.data(), f.T, f.K, pow2);
-        Fp8Blockwise wq = fp8_quantize_blockwise(w.data(), f.N, f.K, pow2);
-        Fp8Rowwise dyq = fp8_quantize_rowwise(dy.data(), f.T, f.N, pow2);
-        Fp8Rowwise dytq = fp8_quantize_rowwise_transposed(dy.data(), f.T, f.N, pow2);
+        Fp8Tensor xq = fp8_quantize_rowwise(x.data(), f.T, f.K, pow2);
+        Fp8Tensor xtq = fp8_quantize_rowwise_transposed(x.data(), f.T, f.K, pow2);
+        Fp8Tensor wq = fp8_quantize_blockwise(w.data(), f.N, f.K, pow2);
+        Fp8Tensor dyq = fp8_quantize_rowwise(dy.data(), f.T, f.N, pow2);
+        Fp8Tensor dytq = fp8_quantize_rowwise_transposed(dy.data(), f.T, f.N, pow2);
         struct Case {
             const char* name;
             const std::vector<uint8_t>& codes;
@@ -117,7 +118,7 @@ TEST(fp8_block_gemms_match_torch_float64) {
     std::vector<float> y((size_t)f.T * f.N), dx((size_t)f.T * f.K), dw((size_t)f.N * f.K);
     fp8_linear_fprop(x.data(), f.T, wq, y.data(), false);
     fp8_linear_dgrad(dy.data(), f.T, wq, dx.data(), false);
-    fp8_linear_wgrad(dy.data(), x.data(), f.T, f.N, f.K, false, dw.data(), false);
+    fp8_linear_wgrad(dy.data(), x.data(), f.T, f.N, f.K, false, Fp8Scaling::Block, dw.data(), false);
     auto xop = fp8_gemm_operand(fp8_quantize_rowwise(x.data(), f.T, f.K, false));
     auto dyop = fp8_gemm_operand(fp8_quantize_rowwise(dy.data(), f.T, f.N, false));
     check_gemm(xop, fp8_gemm_operand(wq.w), y, f.get<float>("y_ref", y.size()), "fprop Y");
@@ -156,7 +157,7 @@ TEST(fp8_block_special_values) {
     x[2 * 256 + 7] = -INFINITY;                                      // row 2 group 0: one -Inf
     for (int c = 128; c < 256; c++) x[3 * 256 + c] = 1e-40f;        // row 3 group 1: FP32 subnormals
     for (bool pow2 : {false, true}) {
-        Fp8Rowwise q = fp8_quantize_rowwise(x.data(), 4, 256, pow2);
+        Fp8Tensor q = fp8_quantize_rowwise(x.data(), 4, 256, pow2);
         for (float s : q.scale_inv) CHECK_MSG(std::isfinite(s) && s > 0.0f, "scale_inv %g", s);
         CHECK_EQ(q.scale_inv_at(0, 0), 1.0f);
         CHECK_EQ(q.data[0], 0x00);
@@ -167,7 +168,7 @@ TEST(fp8_block_special_values) {
         CHECK_EQ(q.data[2 * 256 + 8], float_to_e4m3(0.5f));
         float deq = e4m3_to_float(q.data[3 * 256 + 200]) * q.scale_inv_at(3, 1);
         CHECK_NEAR(deq, 1e-40f, 0.07, 0);  // FLT_MAX scale: still within E4M3's relative step
-        Fp8Blockwise b = fp8_quantize_blockwise(x.data(), 4, 256, pow2);
+        Fp8Tensor b = fp8_quantize_blockwise(x.data(), 4, 256, pow2);
         for (float s : b.scale_inv) CHECK_MSG(std::isfinite(s) && s >= 0.0f, "block scale_inv %g", s);
     }
 }
@@ -183,7 +184,7 @@ TEST(fp8_block_round_trip_error_bound) {
         v = ((float)(s >> 8) / 16777216.0f - 0.5f) * (1 + (s & 7));
     }
     for (bool pow2 : {false, true}) {
-        Fp8Rowwise q = fp8_quantize_rowwise(x.data(), R, C, pow2);
+        Fp8Tensor q = fp8_quantize_rowwise(x.data(), R, C, pow2);
         int bad = 0;
         for (int r = 0; r < R; r++)
             for (int c = 0; c < C; c++) {
@@ -207,4 +208,91 @@ TEST(fp8_block_bad_shapes_fail) {
     Fp8GemmOperand b = fp8_gemm_operand(fp8_quantize_rowwise(x.data(), 4, 4, false));
     std::vector<float> out(8);
     CHECK_THROWS(fp8_gemm_nt_ref(a, b, out.data(), false), "reduction dims differ");
+}
+
+// --fp8_scaling row and tensor by their definition (spec-fp8.md §4): row r's scale is 448 over the
+// amax of the whole row, the tensor's over the amax of all of it, each code the E4M3 of x * scale;
+// the transposed quantizer quantizes x^T's rows; and the coarse granularities coincide with the
+// fine one where their groups are the same (one 128-column group per row; one row).
+TEST(fp8_row_and_tensor_quantizers_follow_their_definition) {
+    const int R = 37, C = 300;
+    std::vector<float> x((size_t)R * C);
+    uint32_t s = 777;
+    for (float& v : x) {
+        s = s * 1664525u + 1013904223u;
+        v = ((float)(s >> 8) / 16777216.0f - 0.5f) * (float)(1 + (s & 15));
+    }
+    for (bool pow2 : {false, true}) {
+        const Fp8Tensor row = fp8_quantize_rowwise(x.data(), R, C, pow2, Fp8Scaling::Row);
+        const Fp8Tensor tensor = fp8_quantize_rowwise(x.data(), R, C, pow2, Fp8Scaling::Tensor);
+        CHECK_EQ(row.scale_inv.size(), (size_t)R);
+        CHECK_EQ(tensor.scale_inv.size(), (size_t)1);
+        double all = 0;
+        for (float v : x) all = std::max(all, (double)std::fabs(v));
+        const float tensor_scale = fp8_scale_from_amax((float)all, pow2);
+        CHECK_EQ(tensor.scale_inv[0], 1.0f / tensor_scale);
+        int bad = 0;
+        for (int r = 0; r < R; r++) {
+            double amax = 0;
+            for (int c = 0; c < C; c++) amax = std::max(amax, (double)std::fabs(x[(size_t)r * C + c]));
+            const float scale = fp8_scale_from_amax((float)amax, pow2);
+            bad += row.scale_inv_at(r, 0) != 1.0f / scale;
+            for (int c = 0; c < C; c++) {
+                const float v = x[(size_t)r * C + c];
+                bad += row.data[(size_t)r * C + c] != float_to_e4m3(v * scale);
+                bad += tensor.data[(size_t)r * C + c] != float_to_e4m3(v * tensor_scale);
+            }
+        }
+        CHECK_EQ(bad, 0);
+        std::vector<float> xt((size_t)R * C);  // [C][R]
+        for (int r = 0; r < R; r++)
+            for (int c = 0; c < C; c++) xt[(size_t)c * R + r] = x[(size_t)r * C + c];
+        for (Fp8Scaling g : {Fp8Scaling::Row, Fp8Scaling::Tensor}) {
+            const Fp8Tensor t = fp8_quantize_rowwise_transposed(x.data(), R, C, pow2, g), u = fp8_quantize_rowwise(xt.data(), C, R, pow2, g);
+            CHECK(t.data == u.data && t.scale_inv == u.scale_inv);
+        }
+        // one group per row: row scaling is 1x128 scaling; one row: tensor scaling is row scaling
+        const Fp8Tensor narrow_row = fp8_quantize_rowwise(x.data(), R, 128, pow2, Fp8Scaling::Row);
+        const Fp8Tensor narrow_block = fp8_quantize_rowwise(x.data(), R, 128, pow2, Fp8Scaling::Block);
+        CHECK(narrow_row.data == narrow_block.data && narrow_row.scale_inv == narrow_block.scale_inv);
+        const Fp8Tensor one_row = fp8_quantize_rowwise(x.data(), 1, C, pow2, Fp8Scaling::Row);
+        const Fp8Tensor one_tensor = fp8_quantize_rowwise(x.data(), 1, C, pow2, Fp8Scaling::Tensor);
+        CHECK(one_row.data == one_tensor.data && one_row.scale_inv == one_tensor.scale_inv);
+    }
+}
+
+// The row and tensor GEMMs (OUTER_VEC, SCALAR) apply sA(i) sB(j) to the FP32 sum over all of K (cuBLAS
+// docs): against an FP64 sum of the decoded products times the two scales, within FP32 summation
+// error (2^-20 of sum |a b|, K = 300), for weights quantized per output channel and per input channel.
+TEST(fp8_row_and_tensor_gemms_scale_after_the_full_k_sum) {
+    const int T = 20, K = 300, N = 24;
+    std::vector<float> x((size_t)T * K), w((size_t)N * K);
+    uint32_t s = 99;
+    for (std::vector<float>* v : {&x, &w})
+        for (float& e : *v) {
+            s = s * 1664525u + 1013904223u;
+            e = ((float)(s >> 8) / 16777216.0f - 0.5f) * (float)(1 + (s & 7));
+        }
+    for (Fp8Scaling g : {Fp8Scaling::Row, Fp8Scaling::Tensor}) {
+        const Fp8Weight wq = fp8_quantize_weight(w.data(), N, K, false, g);
+        const Fp8Tensor xq = fp8_quantize_rowwise(x.data(), T, K, false, g);
+        std::vector<float> y((size_t)T * N);
+        fp8_linear_fprop(x.data(), T, wq, y.data(), false);
+        int bad = 0;
+        for (int t = 0; t < T; t++)
+            for (int n = 0; n < N; n++) {
+                double sum = 0, abs_sum = 0;
+                for (int k = 0; k < K; k++) {
+                    const double p = (double)e4m3_to_float(xq.data[(size_t)t * K + k]) * e4m3_to_float(wq.w.data[(size_t)n * K + k]);
+                    sum += p, abs_sum += std::fabs(p);
+                }
+                const double sx = xq.scale_inv_at(t, 0), sw = wq.w.scale_inv_at(n, 0);
+                bad += !(std::fabs(y[(size_t)t * N + n] - sx * sw * sum) <= std::ldexp(abs_sum, -20) * sx * sw * 1.01);
+            }
+        CHECK_MSG(bad == 0, "%s: %d outputs off the FP64 product", fp8_scaling_name(g), bad);
+        // the dgrad copy is W^T quantized per input channel (row) or with W's one scale (tensor)
+        const Fp8Tensor wt = fp8_quantize_rowwise_transposed(w.data(), N, K, false, g);
+        CHECK(wq.wt.data == wt.data && wq.wt.scale_inv == wt.scale_inv);
+        if (g == Fp8Scaling::Tensor) CHECK_EQ(wq.wt.scale_inv[0], wq.w.scale_inv[0]);
+    }
 }

@@ -1,7 +1,7 @@
 // emu_cublaslt.cpp: cuBLASLt in emulation, implemented against cublasLt.h's own declarations, so
 // GemmRunner (fp8_gemm.cuh) and any CUDA program call the same functions in both builds. What is
 // implemented is what fp8rl uses: D = alpha op(A) op(B) + beta C with FP32 compute, E4M3 x E4M3
-// (scalar, VEC128 or BLK128x128 scales) or BF16 x BF16, FP32 or BF16 D (C = D's type).
+// (scalar, outer-vector, VEC128 or BLK128x128 scales) or BF16 x BF16, FP32 or BF16 D (C = D's type).
 // A call the library documents as unsupported returns its status and prints the rule it broke
 // (emu::cublaslt_last_error keeps it), as CUBLASLT_LOG_LEVEL=1 would.
 // Sources of the rules:
@@ -14,6 +14,10 @@
 //   [BLK] NVIDIA CUDALibrarySamples LtBlk128x128Fp8Matmul and PyTorch's scaled_gemm set
 //         CUBLASLT_MATMUL_DESC_{A,B}_SCALE_POINTER before cublasLtMatmulAlgoGetHeuristic; the
 //         heuristic refuses block modes without them ("requires a custom pointer for A scale", 7).
+//   [OUT] cuBLAS docs, outer vector scaling: "both CUBLASLT_MATMUL_DESC_A_SCALE_MODE and
+//         CUBLASLT_MATMUL_DESC_B_SCALE_MODE must be set to CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F";
+//         scale_A is a vector of M floats and scale_B of N, D[i][j] = alpha sA[i] sB[j] sum_l a_il b_lj
+//         (the scales apply to the FP32 sum over all of k, as the scalar mode's single pair does).
 //   [RED] cublasLtMatmulPreferenceAttributes_t: REDUCTION_SCHEME_MASK "filters heuristic result to
 //         only include algo configs that use one of the required modes"; a split-K configuration
 //         (CUBLASLT_ALGO_CONFIG_SPLITK_NUM > 1) reduces its parts by a scheme other than NONE.
@@ -98,6 +102,7 @@ size_t type_bytes(cudaDataType_t t) { return t == CUDA_R_8F_E4M3 || t == CUDA_R_
 bool is_block(int32_t mode) {
     return mode == CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F || mode == CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
 }
+bool is_outer(int32_t mode) { return mode == CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F; }
 uint32_t alignment_of(const void* p) {
     uintptr_t u = (uintptr_t)p;
     return u == 0 ? 256u : (uint32_t)std::min<uintptr_t>(u & (~u + 1), 256);
@@ -115,6 +120,7 @@ struct Problem {
 size_t scale_floats(int32_t mode, int rows, int blocks) {
     if (mode == CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F) return (size_t)blocks * rows;
     if (mode == CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F) return (size_t)(blocks + 3) / 4 * 4 * ((rows + 127) / 128);
+    if (is_outer(mode)) return (size_t)rows;  // [OUT]
     return 1;
 }
 
@@ -149,8 +155,8 @@ cublasStatus_t check_problem(cublasLtMatmulDesc_t dp, cublasLtMatrixLayout_t al,
     if (!p.fp8) {
         if (p.a.type != CUDA_R_16BF || p.b.type != CUDA_R_16BF)
             return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "inputs must be E4M3 x E4M3 or BF16 x BF16 (emulated types)");
-        if (is_block(d.a_mode) || is_block(d.b_mode))
-            return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "block scale modes need FP8 inputs");
+        if (is_block(d.a_mode) || is_block(d.b_mode) || is_outer(d.a_mode) || is_outer(d.b_mode))
+            return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "block and outer-vector scale modes need FP8 inputs");
         return CUBLAS_STATUS_SUCCESS;
     }
     if (p.b.type != CUDA_R_8F_E4M3)
@@ -167,11 +173,17 @@ cublasStatus_t check_problem(cublasLtMatmulDesc_t dp, cublasLtMatrixLayout_t al,
                                                    (long long)p.d.ld));
     bool block = is_block(d.a_mode) || is_block(d.b_mode);
     if (block && !(is_block(d.a_mode) && is_block(d.b_mode)))
-        return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "a block scale mode cannot pair with a scalar one");
+        return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "a block scale mode cannot pair with a scalar or outer-vector one");
     if (d.a_mode == CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F && d.b_mode == CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F)
         return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "BLK128x128 x BLK128x128 is not a cuBLASLt mode");
-    if ((!block && (d.a_mode != CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F || d.b_mode != CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F)))
-        return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "only scalar, VEC128 and BLK128x128 scale modes are emulated");
+    const bool outer = is_outer(d.a_mode) || is_outer(d.b_mode);
+    if (outer && !(is_outer(d.a_mode) && is_outer(d.b_mode)))
+        return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "OUTER_VEC_32F scaling needs both A_SCALE_MODE and B_SCALE_MODE set to it [OUT]");
+    if (!block && !outer &&
+        (d.a_mode != CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F || d.b_mode != CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F))
+        return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "only scalar, outer-vector, VEC128 and BLK128x128 scale modes are emulated");
+    if (outer && (!d.a_scale || !d.b_scale))
+        return refuse(CUBLAS_STATUS_INVALID_VALUE, "OUTER_VEC_32F scaling needs both scale pointers (vectors of m and n floats)");
     if (block) {
         if (p.m % 4 || p.n % 4)
             return refuse(CUBLAS_STATUS_NOT_SUPPORTED,
@@ -413,8 +425,8 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
     if (p.fp8) {
         ok = ok && (!sa || emu::is_device_memory(sa, scale_floats(p.desc.a_mode, p.m, p.blocks) * sizeof(float))) &&
              (!sb || emu::is_device_memory(sb, scale_floats(p.desc.b_mode, p.n, p.blocks) * sizeof(float)));
-        if (is_block(p.desc.a_mode) && (!sa || !sb))
-            return refuse(CUBLAS_STATUS_INVALID_VALUE, "matmul: a block scale mode without its scale pointer");
+        if ((is_block(p.desc.a_mode) || is_outer(p.desc.a_mode)) && (!sa || !sb))
+            return refuse(CUBLAS_STATUS_INVALID_VALUE, "matmul: a block or outer-vector scale mode without its scale pointer");
     }
     if (!ok) return refuse(CUBLAS_STATUS_INVALID_VALUE, "matmul: an operand, scale tensor, C or D is not (wholly) in device memory");
     auto compute = [p, A, B, C, D, sa, sb, alpha, beta, algo] {
@@ -424,8 +436,11 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
             if (!s) return 1.0f;
             if (mode == CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F) return s[(size_t)kb * rows + row];
             if (mode == CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F) return s[(size_t)(row / 128) * L4 + kb];
+            if (is_outer(mode)) return s[row];
             return s[0];
         };
+        // block modes scale each 128-block's sum; scalar and outer-vector ones the sum over all of k [OUT]
+        const bool block_scaled = p.fp8 && is_block(p.desc.a_mode);
         // The operands decoded to float once (A as [m][k], B as [k][n]): decoding FP8 per product was
         // most of the emulated GEMM's time. Each output's sums keep the order below.
         auto element = [&](const void* x, size_t i) {
@@ -446,23 +461,27 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
             // a split algorithm's reduction adds the parts last first (one part: algorithm 0's k order)
             for (int s0 = (L - 1) / per_split * per_split; s0 >= 0; s0 -= per_split) {
                 std::fill(part.begin(), part.end(), 0.0f);  // one split's FP32 sum of scaled 128-block sums, in k order
-                // FP8: each 128-block's sum is scaled before it joins the part; BF16 has no scales, and
-                // the tensor cores' one FP32 accumulator takes the whole part as one chain in k order
+                // block-scaled FP8: each 128-block's sum is scaled before it joins the part; BF16 and the
+                // other FP8 modes have no per-block scales, and the tensor cores' one FP32 accumulator
+                // takes the whole part as one chain in k order
                 std::fill(block.begin(), block.end(), 0.0f);
                 for (int kb = s0; kb < std::min(L, s0 + per_split); kb++) {
-                    if (p.fp8) std::fill(block.begin(), block.end(), 0.0f);
+                    if (block_scaled) std::fill(block.begin(), block.end(), 0.0f);
                     for (int l = kb * 128; l < p.k && l < (kb + 1) * 128; l++) {
                         const float x = a[(size_t)i * p.k + l];
                         const float* y = &b[(size_t)l * p.n];
                         for (int j = 0; j < p.n; j++) block[j] += x * y[j];  // exact products; FP32 sums
                     }
-                    if (p.fp8)
+                    if (block_scaled)
                         for (int j = 0; j < p.n; j++)
                             part[j] += block[j] * (scale(sa, p.desc.a_mode, i, kb, p.m) * scale(sb, p.desc.b_mode, j, kb, p.n));
                 }
-                if (!p.fp8) part = block;
+                if (!block_scaled) part = block;
                 for (int j = 0; j < p.n; j++) total[j] += part[j];
             }
+            if (p.fp8 && !block_scaled)
+                for (int j = 0; j < p.n; j++)
+                    total[j] = (scale(sa, p.desc.a_mode, i, 0, p.m) * scale(sb, p.desc.b_mode, j, 0, p.n)) * total[j];
             for (int j = 0; j < p.n; j++) {
                 size_t di = (size_t)j * p.d.ld + i;
                 float out = alpha * total[j];

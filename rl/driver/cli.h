@@ -218,6 +218,8 @@ void train_on_ranks(const Args& args, const Dist& dist, const char* binary) {
     Trainer trainer(cfg, dist, engine, reference.get(), *tok, dir, std::move(prompts), eval_prompts(cfg));
     if (args.given("resume")) trainer.restore(load_trainer_state(dir));
     Logger log(cfg.out_dir, dist.is_root(), trainer.step(), cfg.tensorboard);
+    const std::string changed = args.given("resume") ? recipe_changes(dir, cfg) : "";
+    if (!changed.empty()) log.print(changed);
     log.print(strfmt("model: %s (%zu parameters); steps %lld..%lld", dir.c_str(), engine.num_floats(),
                      (long long)trainer.step() + 1, (long long)cfg.steps));
     trainer.run(log);

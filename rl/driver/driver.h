@@ -205,9 +205,10 @@ public:
 
     std::string dashboard_path() const { return cfg_.out_dir + "/dashboard.html"; }
     std::string dashboard_title() const {
-        return strfmt("fp8rl: %s on %s, rollout %s, training %s, KV cache %s, Calibrated Clipping %s", cfg_.algo.c_str(),
-                      cfg_.task.c_str(), precision_name(cfg_.rollout_precision), precision_name(cfg_.train_precision),
-                      precision_name(cfg_.kv_cache), cfg_.calibrated_clip ? "on" : "off");
+        return strfmt("fp8rl: %s on %s, rollout %s, training %s, KV cache %s, FP8 scaling %s, Calibrated Clipping %s",
+                      cfg_.algo.c_str(), cfg_.task.c_str(), precision_name(cfg_.rollout_precision),
+                      precision_name(cfg_.train_precision), precision_name(cfg_.kv_cache), fp8_scaling_name(cfg_.fp8_scaling),
+                      cfg_.calibrated_clip ? "on" : "off");
     }
 
     // The eval's readable line.
@@ -630,7 +631,10 @@ inline void Trainer::save(Logger& log) {
     auto t0 = std::chrono::steady_clock::now();
     TrainerState s = state();
     if (dist_.is_root()) {
-        std::string dir = save_checkpoint(cfg_.out_dir, s, [&](const std::string& d) { engine_.save_hf(d); });
+        std::string dir = save_checkpoint(cfg_.out_dir, s, [&](const std::string& d) {
+            engine_.save_hf(d);
+            write_file_atomic(d + "/" + kRecipeFile, recipe_json(cfg_));
+        });
         std::string line = "  checkpoint: " + dir + strfmt(" (%.1fs)", seconds_since(t0));
         if (cfg_.keep_checkpoints > 0) {
             size_t removed = prune_checkpoints(cfg_.out_dir, cfg_.keep_checkpoints).size();

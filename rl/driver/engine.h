@@ -14,6 +14,7 @@
 #include "rl/io/checkpoint.h"
 #include "rl/driver/dist.h"
 #include "rl/io/logger.h"
+#include "rl/numerics/fp8_block.h"
 #include "rl/numerics/kv_scales.h"
 #include "rl/numerics/precision.h"
 
@@ -64,6 +65,7 @@ struct EngineOptions {
     double kv_cache_mb = 0;     // GPU: KV page pool in MiB; 0 = every slot at its longest
     int kv_page_tokens = 16;    // GPU: tokens per KV page
     bool kv_scale_per_head = false;  // both engines, --kv_scales head: FP8 KV scales per layer and KV head
+    Fp8Scaling fp8_scaling = Fp8Scaling::Block;  // both engines, --fp8_scaling: the FP8 GEMMs' scale granularity
     // Both engines, data parallel: the max over the ranks of the FP8 KV amaxes, which each rank takes
     // over its own prompts (the driver sets it: rl/driver/cli.h); empty: one rank.
     KvAmaxReduce kv_amax_reduce;

@@ -3,7 +3,10 @@
 // seq-mean-token-sum-norm), and the checks that need more than one flag.
 #pragma once
 #include <cstdint>
+#include <filesystem>
 #include <string>
+
+#include "rl/io/json.h"
 
 #include "rl/objective/adamw.h"
 #include "rl/objective/advantage.h"
@@ -43,6 +46,7 @@ struct TrainConfig {
     double overlong_penalty = 1.0;
     // precision
     Precision rollout_precision = Precision::BF16, train_precision = Precision::BF16, kv_cache = Precision::BF16;
+    Fp8Scaling fp8_scaling = Fp8Scaling::Block;
     bool calibrated_clip = false;
     int cc_interval = 20;
     // sampling
@@ -65,6 +69,33 @@ struct TrainConfig {
     bool always_old_logprob_pass = false;
 };
 
+// The numerics a checkpoint was trained with, beside its trainer state (recipe.json), so a reader of
+// the directory, or a resumed run, knows them.
+inline const char* const kRecipeFile = "recipe.json";
+
+inline std::string recipe_json(const TrainConfig& c) {
+    return strfmt("{\"rollout_precision\": \"%s\", \"train_precision\": \"%s\", \"kv_cache\": \"%s\", \"fp8_scaling\": \"%s\", "
+                  "\"calibrated_clip\": %d}\n",
+                  precision_name(c.rollout_precision), precision_name(c.train_precision), precision_name(c.kv_cache),
+                  fp8_scaling_name(c.fp8_scaling), c.calibrated_clip ? 1 : 0);
+}
+
+// A resumed run's line on what changed since the checkpoint's recipe ("" when nothing did, or the
+// checkpoint predates recipe.json): a granularity or precision changed on purpose is allowed, and said.
+inline std::string recipe_changes(const std::string& checkpoint_dir, const TrainConfig& c) {
+    const std::string path = checkpoint_dir + "/" + kRecipeFile;
+    if (!std::filesystem::exists(path)) return "";
+    const Json was = json_parse_file(path), now = json_parse(recipe_json(c), "this run's recipe");
+    std::string changes;
+    for (const auto& kv : now.fields) {
+        const Json* old = was.find(kv.first);
+        if (old && json_dump(*old) != json_dump(kv.second))
+            changes += strfmt("%s%s %s -> %s", changes.empty() ? "" : ", ", kv.first.c_str(), json_dump(*old).c_str(),
+                              json_dump(kv.second).c_str());
+    }
+    return changes.empty() ? "" : "resume: the checkpoint was trained with other numerics: " + changes;
+}
+
 inline EngineOptions engine_options_from_args(const Args& a) {
     EngineOptions o;
     o.zero = (int)a.integer("zero");
@@ -74,6 +105,7 @@ inline EngineOptions engine_options_from_args(const Args& a) {
     o.kv_cache_mb = a.number("kv_cache_mb");
     o.kv_page_tokens = (int)a.integer("kv_page_tokens");
     o.kv_scale_per_head = a.str("kv_scales") == "head";
+    o.fp8_scaling = parse_fp8_scaling(a.str("fp8_scaling"), "--fp8_scaling");
     o.cuda_graphs = a.integer("cuda_graphs") == 1;
     return o;
 }
@@ -121,6 +153,7 @@ inline TrainConfig train_config_from_args(const Args& a) {
     c.rollout_precision = parse_precision(a.str("rollout_precision"), "--rollout_precision");
     c.train_precision = parse_precision(a.str("train_precision"), "--train_precision");
     c.kv_cache = parse_precision(a.str("kv_cache"), "--kv_cache");
+    c.fp8_scaling = parse_fp8_scaling(a.str("fp8_scaling"), "--fp8_scaling");
     c.calibrated_clip = a.integer("calibrated_clip") == 1;
     c.cc_interval = (int)a.integer("cc_interval");
 

@@ -41,10 +41,10 @@ inline std::string run_summary(const TrainConfig& c, const std::vector<MetricRow
     std::string speed = strfmt("  speed: %zu steps in %.0f s (%.2f s/step; rollout %.0f tokens/s, training %.0f tokens/s)", n,
                                seconds, seconds / (double)n, rows_mean(rows, "perf/gen_tokens_per_s", 0, n),
                                rows_mean(rows, "perf/train_tokens_per_s", 0, n));
-    std::string fp8 = strfmt("  precision: rollout %s, training %s, KV cache %s; the trainer's log-probs differ from the rollout's by "
-                             "%.1e per token on average",
+    std::string fp8 = strfmt("  precision: rollout %s, training %s, KV cache %s, FP8 scaling %s; the trainer's log-probs differ "
+                             "from the rollout's by %.1e per token on average",
                              precision_name(c.rollout_precision), precision_name(c.train_precision), precision_name(c.kv_cache),
-                             rows_mean(rows, "rollout_corr/logprob_abs_diff", 0, n));
+                             fp8_scaling_name(c.fp8_scaling), rows_mean(rows, "rollout_corr/logprob_abs_diff", 0, n));
     if (c.calibrated_clip) {
         double diff = rows_mean(rows, "calib/ratio_abs_diff_mean", 0, n);
         if (std::isfinite(diff)) fp8 += strfmt("; ratios differ from fp32's by %.1e", diff);

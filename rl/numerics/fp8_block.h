@@ -1,9 +1,12 @@
-// fp8_block.h: blockwise E4M3 quantization (the DeepSeek-V3 / TransformerEngine recipe,
-// spec-fp8.md §4-§7) with outputs laid out exactly as cuBLASLt's block-scaled modes read them.
-//   1x128 groups ("rowwise"): one scale per row and 128-column block of a row-major [rows][cols]
-//     tensor whose cols are the GEMM's reduction dim; scales in VEC128_32F layout.
-//   128x128 blocks ("blockwise"): one scale per 128x128 tile; scales in BLK128x128_32F layout.
-// A block's scale is E4M3_MAX / amax (optionally rounded down to a power of two); the codes are
+// fp8_block.h: E4M3 quantization at the three scaling granularities of --fp8_scaling (spec-fp8.md
+// §4-§7), with outputs laid out exactly as cuBLASLt's scale modes read them. A row-major [rows][cols]
+// tensor whose cols are the GEMM's reduction dim K gets one scale per group:
+//   block   1x128 groups for activations and gradients (VEC128_32F layout) and 128x128 tiles for
+//           weights (BLK128x128_32F layout): the DeepSeek-V3 / InfiR2 recipe, the default;
+//   row     one scale per row over all of K: a token row of X or dY, an output channel of W, an
+//           input channel of W^T (cuBLASLt's OUTER_VEC_32F: a vector of `rows` scales);
+//   tensor  one scale for the whole tensor from its current amax (SCALAR_32F).
+// A group's scale is E4M3_MAX / amax (optionally rounded down to a power of two); the codes are
 // float_to_e4m3(x * scale) and what is stored, and what the GEMM multiplies by, is scale_inv =
 // 1 / scale. The scalar pieces (scale rule, index formulas) are FP8RL_HD so the CUDA quantize
 // kernels (fp8_gemm.cuh) compute the very same bytes.
@@ -12,12 +15,42 @@
 #include <cstdint>
 #include <vector>
 
+#include <string>
+
 #include "rl/common.h"
 #include "rl/numerics/fp8.h"
 
 namespace fp8rl {
 
 constexpr int FP8_BLOCK = 128;
+
+// --fp8_scaling: how finely the FP8 GEMMs' operands are scaled (above).
+enum class Fp8Scaling { Block, Row, Tensor };
+
+inline const char* fp8_scaling_name(Fp8Scaling s) {
+    return s == Fp8Scaling::Block ? "block" : s == Fp8Scaling::Row ? "row" : "tensor";
+}
+
+// `what` names the flag or field in the error.
+inline Fp8Scaling parse_fp8_scaling(const std::string& s, const char* what) {
+    if (s == "block") return Fp8Scaling::Block;
+    if (s == "row") return Fp8Scaling::Row;
+    if (s == "tensor") return Fp8Scaling::Tensor;
+    fail("%s %s: must be one of block, row, tensor", what, s.c_str());
+}
+
+// Where a quantized tensor's scales are and what they cover.
+enum class Fp8Layout {
+    Vec128,      // [ceil(cols/128)][rows]: row r, column block kb at vec128_scale_index
+    Blk128x128,  // [ceil(rows/128)][round_up4(ceil(cols/128))]: blk128_scale_index
+    Row,         // [rows]: one per row over all cols
+    Tensor,      // [1]
+};
+
+// The layout of an activation or gradient operand (a 1x128-group or coarser tensor along K).
+FP8RL_HD Fp8Layout fp8_rows_layout(Fp8Scaling s) {
+    return s == Fp8Scaling::Block ? Fp8Layout::Vec128 : s == Fp8Scaling::Row ? Fp8Layout::Row : Fp8Layout::Tensor;
+}
 
 FP8RL_HD int fp8_num_blocks(int n) { return (n + FP8_BLOCK - 1) / FP8_BLOCK; }
 FP8RL_HD int round_up4(int n) { return (n + 3) & ~3; }
@@ -56,21 +89,33 @@ FP8RL_HD size_t blk128_scale_count(int rows, int cols) {
     return (size_t)fp8_num_blocks(rows) * round_up4(fp8_num_blocks(cols));
 }
 
-// E4M3 tensor [rows][cols] with 1x128 scales along cols (VEC128 layout).
-struct Fp8Rowwise {
-    int rows = 0, cols = 0;
-    std::vector<uint8_t> data;     // [rows][cols] E4M3 codes
-    std::vector<float> scale_inv;  // [ceil(cols/128)][rows]
-    float scale_inv_at(int r, int kb) const { return scale_inv[vec128_scale_index(r, kb, rows)]; }
-};
+// Floats of the scale tensor of a [rows][cols] tensor in `layout`.
+FP8RL_HD size_t fp8_scale_count(Fp8Layout layout, int rows, int cols) {
+    return layout == Fp8Layout::Vec128       ? vec128_scale_count(rows, cols)
+           : layout == Fp8Layout::Blk128x128 ? blk128_scale_count(rows, cols)
+           : layout == Fp8Layout::Row        ? (size_t)rows
+                                             : 1;
+}
 
-// E4M3 tensor [rows][cols] with 128x128 block scales (BLK128x128 layout).
-struct Fp8Blockwise {
+// Columns of K one scale covers: 128 for the block layouts, all of them for row and tensor.
+FP8RL_HD int fp8_k_group(Fp8Layout layout, int cols) {
+    return layout == Fp8Layout::Vec128 || layout == Fp8Layout::Blk128x128 ? FP8_BLOCK : cols;
+}
+
+// E4M3 tensor [rows][cols] with its scales in `layout`.
+struct Fp8Tensor {
     int rows = 0, cols = 0;
+    Fp8Layout layout = Fp8Layout::Vec128;
     std::vector<uint8_t> data;     // [rows][cols] E4M3 codes
-    std::vector<float> scale_inv;  // [ceil(rows/128)][round_up4(ceil(cols/128))]
+    std::vector<float> scale_inv;  // fp8_scale_count(layout, rows, cols)
+    // The multiplier of row r's K group kb (of fp8_k_group columns).
     float scale_inv_at(int r, int kb) const {
-        return scale_inv[blk128_scale_index(r / FP8_BLOCK, kb, cols)];
+        switch (layout) {
+            case Fp8Layout::Vec128: return scale_inv[vec128_scale_index(r, kb, rows)];
+            case Fp8Layout::Blk128x128: return scale_inv[blk128_scale_index(r / FP8_BLOCK, kb, cols)];
+            case Fp8Layout::Row: return scale_inv[r];
+            default: return scale_inv[0];
+        }
     }
 };
 
@@ -78,46 +123,59 @@ inline void check_fp8_shape(const char* what, int rows, int cols) {
     if (rows <= 0 || cols <= 0) fail("%s: shape [%d][%d] must be positive", what, rows, cols);
 }
 
-// 1x128 groups along the rows of x [rows][cols] (activations X for fprop, dY for dgrad).
-inline Fp8Rowwise fp8_quantize_rowwise(const float* x, int rows, int cols, bool pow2) {
+// Groups along the rows of x [rows][cols] (activations X for fprop, dY for dgrad; a weight's rows in
+// row and tensor scaling): 1x128 (block), whole rows (row) or the whole tensor (tensor).
+inline Fp8Tensor fp8_quantize_rowwise(const float* x, int rows, int cols, bool pow2,
+                                      Fp8Scaling scaling = Fp8Scaling::Block) {
     check_fp8_shape("fp8_quantize_rowwise", rows, cols);
-    Fp8Rowwise q;
-    q.rows = rows, q.cols = cols;
+    Fp8Tensor q;
+    q.rows = rows, q.cols = cols, q.layout = fp8_rows_layout(scaling);
     q.data.resize((size_t)rows * cols);
-    q.scale_inv.resize(vec128_scale_count(rows, cols));
-    int blocks = fp8_num_blocks(cols);
+    q.scale_inv.resize(fp8_scale_count(q.layout, rows, cols));
+    const int group = fp8_k_group(q.layout, cols), groups = (cols + group - 1) / group;
+    float tensor_scale = 0.0f;
+    if (scaling == Fp8Scaling::Tensor) {
+        float amax = 0.0f;
+        for (size_t i = 0; i < (size_t)rows * cols; i++) amax = amax_update(amax, x[i]);
+        tensor_scale = fp8_scale_from_amax(amax, pow2);
+        q.scale_inv[0] = 1.0f / tensor_scale;
+    }
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < rows; r++)
-        for (int kb = 0; kb < blocks; kb++) {
-            const float* group = x + (size_t)r * cols + (size_t)kb * FP8_BLOCK;
-            uint8_t* out = q.data.data() + (size_t)r * cols + (size_t)kb * FP8_BLOCK;
-            int width = cols - kb * FP8_BLOCK < FP8_BLOCK ? cols - kb * FP8_BLOCK : FP8_BLOCK;
-            float amax = 0.0f;
-            for (int c = 0; c < width; c++) amax = amax_update(amax, group[c]);
-            float scale = fp8_scale_from_amax(amax, pow2);
-            for (int c = 0; c < width; c++) out[c] = float_to_e4m3(group[c] * scale);
-            q.scale_inv[vec128_scale_index(r, kb, rows)] = 1.0f / scale;
+        for (int kb = 0; kb < groups; kb++) {
+            const float* in = x + (size_t)r * cols + (size_t)kb * group;
+            uint8_t* out = q.data.data() + (size_t)r * cols + (size_t)kb * group;
+            int width = cols - kb * group < group ? cols - kb * group : group;
+            float scale = tensor_scale;
+            if (scaling != Fp8Scaling::Tensor) {
+                float amax = 0.0f;
+                for (int c = 0; c < width; c++) amax = amax_update(amax, in[c]);
+                scale = fp8_scale_from_amax(amax, pow2);
+                q.scale_inv[scaling == Fp8Scaling::Row ? (size_t)r : vec128_scale_index(r, kb, rows)] = 1.0f / scale;
+            }
+            for (int c = 0; c < width; c++) out[c] = float_to_e4m3(in[c] * scale);
         }
     return q;
 }
 
-// x [rows][cols] -> x^T [cols][rows] quantized in 1x128 groups along the original rows (tokens):
-// the wgrad operands X^T and dY^T, quantized from the high-precision source (a 1x128-quantized
-// tensor cannot be transposed in place).
-inline Fp8Rowwise fp8_quantize_rowwise_transposed(const float* x, int rows, int cols, bool pow2) {
+// x [rows][cols] -> x^T [cols][rows] quantized along the original rows (tokens): the wgrad operands
+// X^T and dY^T, and in row scaling a weight's dgrad copy W^T (one scale per input channel), quantized
+// from the high-precision source (a 1x128- or row-quantized tensor cannot be transposed in place).
+inline Fp8Tensor fp8_quantize_rowwise_transposed(const float* x, int rows, int cols, bool pow2,
+                                                 Fp8Scaling scaling = Fp8Scaling::Block) {
     check_fp8_shape("fp8_quantize_rowwise_transposed", rows, cols);
     std::vector<float> xt((size_t)rows * cols);  // [cols][rows]
 #pragma omp parallel for schedule(static)
     for (int c = 0; c < cols; c++)
         for (int r = 0; r < rows; r++) xt[(size_t)c * rows + r] = x[(size_t)r * cols + c];
-    return fp8_quantize_rowwise(xt.data(), cols, rows, pow2);
+    return fp8_quantize_rowwise(xt.data(), cols, rows, pow2, scaling);
 }
 
 // 128x128 blocks of x [rows][cols] (weights W [N][K]).
-inline Fp8Blockwise fp8_quantize_blockwise(const float* x, int rows, int cols, bool pow2) {
+inline Fp8Tensor fp8_quantize_blockwise(const float* x, int rows, int cols, bool pow2) {
     check_fp8_shape("fp8_quantize_blockwise", rows, cols);
-    Fp8Blockwise q;
-    q.rows = rows, q.cols = cols;
+    Fp8Tensor q;
+    q.rows = rows, q.cols = cols, q.layout = Fp8Layout::Blk128x128;
     q.data.resize((size_t)rows * cols);
     q.scale_inv.assign(blk128_scale_count(rows, cols), 0.0f);
     int row_blocks = fp8_num_blocks(rows), col_blocks = fp8_num_blocks(cols);
@@ -139,9 +197,10 @@ inline Fp8Blockwise fp8_quantize_blockwise(const float* x, int rows, int cols, b
 
 // The dgrad copy of a 128x128-quantized weight: transposed bytes and transposed scale grid, which is
 // exact because the blocks are square.
-inline Fp8Blockwise fp8_transpose(const Fp8Blockwise& w) {
-    Fp8Blockwise t;
-    t.rows = w.cols, t.cols = w.rows;
+inline Fp8Tensor fp8_transpose(const Fp8Tensor& w) {
+    if (w.layout != Fp8Layout::Blk128x128) fail("fp8_transpose: only a 128x128-block tensor transposes exactly");
+    Fp8Tensor t;
+    t.rows = w.cols, t.cols = w.rows, t.layout = Fp8Layout::Blk128x128;
     t.data.resize(w.data.size());
     t.scale_inv.assign(blk128_scale_count(t.rows, t.cols), 0.0f);
 #pragma omp parallel for schedule(static)

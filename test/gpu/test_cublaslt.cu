@@ -147,6 +147,43 @@ TEST(cublaslt_fp8_shape_rules) {
     check_refused(heuristic_status(c), CUBLAS_STATUS_NOT_SUPPORTED, "BLK128x128 x BLK128x128");
 }
 
+// --fp8_scaling row and tensor: OUTER_VEC_32F pairs only with itself and needs both scale vectors
+// (cuBLAS docs, outer vector scaling), SCALAR_32F only with SCALAR_32F, block modes only with block modes.
+TEST(cublaslt_outer_vector_and_scalar_mode_rules) {
+    REQUIRE_FP8_BLOCK_GEMM();
+    DeviceBuffer<float> s(256);
+    LtConfig c;
+    c.a_scale = c.b_scale = s.ptr;
+    c.a_mode = c.b_mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+    CHECK_EQ((int)heuristic_status(c), (int)CUBLAS_STATUS_SUCCESS);
+    c.a_mode = c.b_mode = CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
+    CHECK_EQ((int)heuristic_status(c), (int)CUBLAS_STATUS_SUCCESS);
+    c.a_mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F, c.b_mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    check_refused(heuristic_status(c), CUBLAS_STATUS_NOT_SUPPORTED, "cannot pair");
+    c.a_mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F, c.b_mode = CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
+    check_refused(heuristic_status(c), CUBLAS_STATUS_NOT_SUPPORTED, "both A_SCALE_MODE and B_SCALE_MODE");
+    c.a_mode = CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F, c.b_mode = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+    check_refused(heuristic_status(c), CUBLAS_STATUS_NOT_SUPPORTED, "cannot pair");
+    c.a_mode = c.b_mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+    c.b_scale = nullptr;
+    check_refused(heuristic_status(c), CUBLAS_STATUS_INVALID_VALUE, "needs both scale pointers");
+}
+
+// GemmRunner names the pairing rule before cuBLASLt sees the call.
+TEST(gemm_runner_pairs_scale_modes_of_one_granularity) {
+    REQUIRE_FP8_BLOCK_GEMM();
+    GemmRunner runner;
+    DeviceBuffer<uint8_t> a(128 * 128), b(128 * 128);
+    DeviceBuffer<float> s(256);
+    DeviceBuffer<char> d(128 * 128 * 4);
+    const Fp8ScaleMode pairs[][2] = {{Fp8ScaleMode::OUTER_VEC, Fp8ScaleMode::VEC128},
+                                     {Fp8ScaleMode::SCALAR, Fp8ScaleMode::OUTER_VEC},
+                                     {Fp8ScaleMode::BLK128x128, Fp8ScaleMode::SCALAR}};
+    for (auto pair : pairs)
+        CHECK_THROWS(runner.fp8("fprop", 128, 128, 128, a.ptr, s.ptr, pair[0], b.ptr, s.ptr, pair[1], d.ptr, GemmOut::F32, 0),
+                     "cuBLASLt pairs a block mode with a block mode");
+}
+
 TEST(cublaslt_leading_dimension_below_rows_is_invalid) {
     REQUIRE_FP8_BLOCK_GEMM();
     cublasLtMatrixLayout_t l = nullptr;

@@ -66,14 +66,18 @@ double relative_distance(const float* a, const float* b, size_t n) {
     return std::sqrt(d / std::max(r, 1e-300));
 }
 
-void compare_engines(const std::string& dir) {
-    CpuEngine cpu(dir);
-    GpuEngine gpu(dir);
+// precisions: those compared (bf16 does not depend on options.fp8_scaling).
+void compare_engines(const std::string& dir, const EngineOptions& options = {},
+                     const std::vector<Precision>& precisions = {Precision::BF16, Precision::FP8}) {
+    CpuEngine cpu(dir, options);
+    GpuEngine gpu(dir, options);
+    const std::string name = dir.substr(dir.rfind('/') + 1) +
+                             (options.fp8_scaling == Fp8Scaling::Block ? "" : std::string(" ") + fp8_scaling_name(options.fp8_scaling));
     const ModelConfig& c = cpu.config();
     const std::vector<Sequence> seqs = ragged_batch((int)c.vocab_size, 7);
     TokenValues ref_lp, ref_ent;
     cpu.logprobs(seqs, Precision::FP32, 0.8f, &ref_lp, &ref_ent);
-    for (Precision p : {Precision::BF16, Precision::FP8}) {
+    for (Precision p : precisions) {
         TokenValues c_lp, c_ent, g_lp, g_ent;
         cpu.logprobs(seqs, p, 0.8f, &c_lp, &c_ent);
         gpu.logprobs(seqs, p, 0.8f, &g_lp, &g_ent);
@@ -82,7 +86,7 @@ void compare_engines(const std::string& dir) {
                      ent_fp32 = rms_distance(g_ent, ref_ent);
         printf("    %-22s %s log-prob RMS gpu-cpu %.3g, gpu-fp32 %.3g, cpu-fp32 %.3g (ratio %.3g); entropy %.3g, %.3g, "
                "%.3g (ratio %.3g)\n",
-               dir.substr(dir.rfind('/') + 1).c_str(), precision_name(p), lp_gpu, lp_fp32, lp_ref, lp_gpu / lp_ref, ent_gpu,
+               name.c_str(), precision_name(p), lp_gpu, lp_fp32, lp_ref, lp_gpu / lp_ref, ent_gpu,
                ent_fp32, ent_ref, ent_gpu / ent_ref);
         CHECK_MSG(lp_gpu <= kOracleBound * lp_ref, "%s %s log-probs: gpu-cpu %.3g > %g x cpu-fp32 %.3g", dir.c_str(),
                   precision_name(p), lp_gpu, kOracleBound, lp_ref);
@@ -105,7 +109,7 @@ void compare_engines(const std::string& dir) {
     };
     const std::vector<float> g_ref = cpu_grads(Precision::FP32);
     const ModelWeights table = ModelWeights::load(dir, false);
-    for (Precision p : {Precision::BF16, Precision::FP8}) {
+    for (Precision p : precisions) {
         const std::vector<float> g_cpu = cpu_grads(p);
         TokenValues lp, ent;
         gpu.zero_grads();
@@ -125,7 +129,7 @@ void compare_engines(const std::string& dir) {
             if (ratio >= worst) worst = ratio, worst_name = t.name;
         }
         printf("    %-22s %s gradients: worst tensor %s at %.3g of the cpu-vs-fp32 distance\n",
-               dir.substr(dir.rfind('/') + 1).c_str(), precision_name(p), worst_name.c_str(), worst);
+               name.c_str(), precision_name(p), worst_name.c_str(), worst);
     }
 }
 
@@ -146,6 +150,16 @@ TEST(gpu_engine_matches_cpu_engine_llama3_untied) {
 TEST(gpu_engine_matches_cpu_engine_gqa3_dims_not_multiples_of_128) {
     REQUIRE_GPU();
     compare_engines("test/fixtures/models/qwen3_gqa3_tiny");
+}
+// --fp8_scaling row and tensor: the OUTER_VEC and SCALAR GEMMs, the two-pass quantizers and the
+// weights' copies, in the forward and the backward, against the CPU oracle at the same granularity.
+TEST(gpu_engine_matches_cpu_engine_row_and_tensor_scaling) {
+    REQUIRE_GPU();
+    for (Fp8Scaling s : {Fp8Scaling::Row, Fp8Scaling::Tensor}) {
+        EngineOptions o;
+        o.fp8_scaling = s;
+        compare_engines("test/fixtures/models/qwen3_tiny", o, {Precision::FP8});
+    }
 }
 
 namespace {

@@ -191,8 +191,8 @@ TEST(gpu_fp8_quantize_kernels_match_host_bit_for_bit) {
             for (auto* b : {&codes, &codes_t}) b->poison();
             for (auto* b : {&s, &s_t}) b->poison();
             fp8_quantize_rowwise_gpu(x_bf16.ptr, rows, cols, pow2, codes.ptr, s.ptr, codes_t.ptr, s_t.ptr, 0);
-            Fp8Rowwise host = fp8_quantize_rowwise(x.data(), rows, cols, pow2);
-            Fp8Rowwise host_t = fp8_quantize_rowwise_transposed(x.data(), rows, cols, pow2);
+            Fp8Tensor host = fp8_quantize_rowwise(x.data(), rows, cols, pow2);
+            Fp8Tensor host_t = fp8_quantize_rowwise_transposed(x.data(), rows, cols, pow2);
             std::string tag = strfmt("[%d][%d] pow2=%d", rows, cols, (int)pow2);
             CHECK_MSG(count_bit_differences(codes.download(), host.data, "rowwise codes") == 0, "rowwise codes %s", tag.c_str());
             CHECK_MSG(count_bit_differences(s.download(), host.scale_inv, "rowwise scales") == 0, "rowwise scales %s", tag.c_str());
@@ -204,7 +204,7 @@ TEST(gpu_fp8_quantize_kernels_match_host_bit_for_bit) {
             DeviceBuffer<float> b(blk128_scale_count(rows, cols)), b_t(blk128_scale_count(cols, rows));
             codes.poison(), codes_t.poison(), b.poison(), b_t.poison();
             fp8_quantize_blockwise_gpu(x_f32.ptr, rows, cols, pow2, codes.ptr, b.ptr, codes_t.ptr, b_t.ptr, 0);
-            Fp8Blockwise hw = fp8_quantize_blockwise(x.data(), rows, cols, pow2), hwt = fp8_transpose(hw);
+            Fp8Tensor hw = fp8_quantize_blockwise(x.data(), rows, cols, pow2), hwt = fp8_transpose(hw);
             CHECK_MSG(count_bit_differences(codes.download(), hw.data, "blockwise codes") == 0, "blockwise codes %s", tag.c_str());
             CHECK_MSG(count_bit_differences(b.download(), hw.scale_inv, "blockwise scales") == 0, "blockwise scales %s", tag.c_str());
             CHECK_MSG(count_bit_differences(codes_t.download(), hwt.data, "blockwise^T codes") == 0,
@@ -253,7 +253,7 @@ static void check_rowwise_call(const std::vector<float>& x, int rows, int cols, 
                                    std::is_same<In, float>::value ? "FP32" : "BF16", (int)pow2, offset,
                                    outputs == 0 ? "both" : outputs == 1 ? "transposed only" : "rowwise only");
     if (rowwise) {
-        Fp8Rowwise host = fp8_quantize_rowwise(x.data(), rows, cols, pow2);
+        Fp8Tensor host = fp8_quantize_rowwise(x.data(), rows, cols, pow2);
         CHECK_MSG(count_bit_differences(download_range(codes, offset, n), host.data, "rowwise codes") == 0, "rowwise codes %s",
                   tag.c_str());
         CHECK_MSG(count_bit_differences(s.download(), host.scale_inv, "rowwise scales") == 0, "rowwise scales %s", tag.c_str());
@@ -265,7 +265,7 @@ static void check_rowwise_call(const std::vector<float>& x, int rows, int cols, 
         CHECK_MSG(all_poisoned(codes) && all_poisoned(s), "%s: the rowwise outputs were written", tag.c_str());
     }
     if (transposed) {
-        Fp8Rowwise host_t = fp8_quantize_rowwise_transposed(x.data(), rows, cols, pow2);
+        Fp8Tensor host_t = fp8_quantize_rowwise_transposed(x.data(), rows, cols, pow2);
         CHECK_MSG(count_bit_differences(download_range(codes_t, offset, n), host_t.data, "transposed codes") == 0,
                   "transposed codes %s", tag.c_str());
         CHECK_MSG(count_bit_differences(s_t.download(), host_t.scale_inv, "transposed scales") == 0, "transposed scales %s",
@@ -287,7 +287,7 @@ static void check_blockwise_call(const std::vector<float>& x, int rows, int cols
     DeviceBuffer<float> b(blk128_scale_count(rows, cols)), b_t(blk128_scale_count(cols, rows));
     codes.poison(), codes_t.poison(), b.poison(), b_t.poison();
     fp8_quantize_blockwise_gpu(xd.ptr + offset, rows, cols, pow2, codes.ptr + offset, b.ptr, codes_t.ptr + offset, b_t.ptr, 0);
-    Fp8Blockwise hw = fp8_quantize_blockwise(x.data(), rows, cols, pow2), hwt = fp8_transpose(hw);
+    Fp8Tensor hw = fp8_quantize_blockwise(x.data(), rows, cols, pow2), hwt = fp8_transpose(hw);
     const std::string tag = strfmt("[%d][%d] %s pow2=%d offset=%d", rows, cols, std::is_same<In, float>::value ? "FP32" : "BF16",
                                    (int)pow2, offset);
     CHECK_MSG(count_bit_differences(download_range(codes, offset, n), hw.data, "blockwise codes") == 0, "blockwise codes %s", tag.c_str());
@@ -368,6 +368,50 @@ static long count_outside_tolerance(const std::vector<float>& gpu, const std::ve
     return bad;
 }
 
+// --fp8_scaling row and tensor: the two-pass quantizer (amax, then the cast) of activations (BF16) and
+// of weights (the FP32 master's copies for fprop and dgrad) equals the CPU quantizers bit for bit.
+TEST(gpu_fp8_row_and_tensor_quantizers_match_host_bit_for_bit) {
+    REQUIRE_GPU();
+    const int shapes[][2] = {{300, 520}, {256, 384}, {64, 128}};
+    for (Fp8Scaling scaling : {Fp8Scaling::Row, Fp8Scaling::Tensor})
+        for (auto shape : shapes)
+            for (bool pow2 : {false, true}) {
+                const int rows = shape[0], cols = shape[1];
+                const Fp8Layout layout = fp8_rows_layout(scaling);
+                std::vector<float> x = varied_data(rows, cols, 31 + rows);
+                DeviceBuffer<__nv_bfloat16> x_bf16(to_bf16(x));
+                DeviceBuffer<float> x_f32(x);
+                DeviceBuffer<uint8_t> codes((size_t)rows * cols), codes_t((size_t)rows * cols);
+                DeviceBuffer<float> s(fp8_scale_count(layout, rows, cols)), s_t(fp8_scale_count(layout, cols, rows));
+                DeviceBuffer<uint32_t> amax(fp8_amax_words(scaling, rows, cols));
+                const std::string tag = strfmt("%s [%d][%d] pow2=%d", fp8_scaling_name(scaling), rows, cols, (int)pow2);
+                auto check = [&](const Fp8Tensor& host, const Fp8Tensor& host_t, const char* what) {
+                    CHECK_MSG(count_bit_differences(codes.download(), host.data, "codes") == 0, "%s codes %s", what, tag.c_str());
+                    CHECK_MSG(count_bit_differences(s.download(), host.scale_inv, "scales") == 0, "%s scales %s", what, tag.c_str());
+                    CHECK_MSG(count_bit_differences(codes_t.download(), host_t.data, "transposed codes") == 0,
+                              "%s transposed codes %s", what, tag.c_str());
+                    CHECK_MSG(count_bit_differences(s_t.download(), host_t.scale_inv, "transposed scales") == 0,
+                              "%s transposed scales %s", what, tag.c_str());
+                };
+                for (auto* b : {&codes, &codes_t}) b->poison();
+                for (auto* b : {&s, &s_t}) b->poison();
+                amax.poison();  // the launcher clears what it reads
+                fp8_quantize_rowwise_gpu(x_bf16.ptr, rows, cols, pow2, codes.ptr, s.ptr, codes_t.ptr, s_t.ptr, 0, scaling,
+                                         amax.ptr);
+                std::vector<float> xr(x.size());  // the BF16 values the device read
+                for (size_t i = 0; i < x.size(); i++) xr[i] = round_bf16(x[i]);
+                check(fp8_quantize_rowwise(xr.data(), rows, cols, pow2, scaling),
+                      fp8_quantize_rowwise_transposed(xr.data(), rows, cols, pow2, scaling), "activation");
+
+                for (auto* b : {&codes, &codes_t}) b->poison();
+                for (auto* b : {&s, &s_t}) b->poison();
+                const Fp8WeightCopy copy{codes.ptr, s.ptr, codes_t.ptr, s_t.ptr, pow2, scaling};
+                fp8_requantize_weight_gpu(x_f32.ptr, rows, cols, copy, amax.ptr, 0);
+                const Fp8Weight host = fp8_quantize_weight(x.data(), rows, cols, pow2, scaling);
+                check(host.w, host.wt, "weight");
+            }
+}
+
 static std::vector<float> download_output(const DeviceBuffer<char>& d, size_t count, GemmOut out) {
     std::vector<char> raw = d.download();
     std::vector<float> y(count);
@@ -384,23 +428,23 @@ static std::vector<float> download_output(const DeviceBuffer<char>& d, size_t co
 }
 
 namespace {
-// One linear layer's FP8 operands, quantized on the host (identical to the device kernels, as the
-// previous test checks) and uploaded in cuBLASLt's layouts.
+// One linear layer's FP8 operands at a granularity, quantized on the host (identical to the device
+// kernels, as the previous tests check) and uploaded in cuBLASLt's layouts.
 struct LinearOperands {
     int T, K, N;
-    Fp8Rowwise x, dy, xt, dyt;
-    Fp8Blockwise w, wt;
-    LinearOperands(int T_, int K_, int N_) : T(T_), K(K_), N(N_) {
+    Fp8Tensor x, dy, xt, dyt;
+    Fp8Tensor w, wt;
+    LinearOperands(int T_, int K_, int N_, Fp8Scaling scaling = Fp8Scaling::Block) : T(T_), K(K_), N(N_) {
         std::vector<float> xf = varied_data(T, K, 21), wf = varied_data(N, K, 22), dyf = varied_data(T, N, 23);
         for (auto* v : {&xf, &wf, &dyf})  // no NaN/Inf here: the GEMM comparison needs finite values
             for (float& e : *v)
                 if (!std::isfinite(e)) e = 1.0f;
-        x = fp8_quantize_rowwise(xf.data(), T, K, false);
-        dy = fp8_quantize_rowwise(dyf.data(), T, N, false);
-        xt = fp8_quantize_rowwise_transposed(xf.data(), T, K, false);
-        dyt = fp8_quantize_rowwise_transposed(dyf.data(), T, N, false);
-        w = fp8_quantize_blockwise(wf.data(), N, K, false);
-        wt = fp8_transpose(w);
+        x = fp8_quantize_rowwise(xf.data(), T, K, false, scaling);
+        dy = fp8_quantize_rowwise(dyf.data(), T, N, false, scaling);
+        xt = fp8_quantize_rowwise_transposed(xf.data(), T, K, false, scaling);
+        dyt = fp8_quantize_rowwise_transposed(dyf.data(), T, N, false, scaling);
+        const Fp8Weight q = fp8_quantize_weight(wf.data(), N, K, false, scaling);
+        w = q.w, wt = q.wt;
     }
 };
 
@@ -435,25 +479,31 @@ long run_and_compare(GemmRunner& runner, const GemmCase& g, const std::vector<fl
 // sanitizer, where the emulated GEMMs run ~10x slower.
 constexpr int kGemmT = harness::sanitized ? 128 : 384, kGemmK = 640, kGemmN = harness::sanitized ? 384 : 896;
 
-TEST(gpu_fp8_block_gemms_match_cpu_emulation) {
+// Each granularity's three GEMMs in its cuBLASLt scale modes (block: BLK128x128 / VEC128, row:
+// OUTER_VEC, tensor: SCALAR) against the CPU oracle (cpu/fp8_gemm_ref.h).
+TEST(gpu_fp8_gemms_match_cpu_emulation_at_each_granularity) {
     REQUIRE_FP8_BLOCK_GEMM();
     const int T = kGemmT, K = kGemmK, N = kGemmN;
-    LinearOperands op(T, K, N);
     GemmRunner runner;
-    GemmCase cases[] = {
-        {"fprop", N, T, K, &op.w.data, &op.x.data, &op.w.scale_inv, &op.x.scale_inv, Fp8ScaleMode::BLK128x128,
-         Fp8ScaleMode::VEC128, fp8_gemm_operand(op.w), fp8_gemm_operand(op.x)},
-        {"dgrad", K, T, N, &op.wt.data, &op.dy.data, &op.wt.scale_inv, &op.dy.scale_inv, Fp8ScaleMode::BLK128x128,
-         Fp8ScaleMode::VEC128, fp8_gemm_operand(op.wt), fp8_gemm_operand(op.dy)},
-        {"wgrad", K, N, T, &op.xt.data, &op.dyt.data, &op.xt.scale_inv, &op.dyt.scale_inv, Fp8ScaleMode::VEC128,
-         Fp8ScaleMode::VEC128, fp8_gemm_operand(op.xt), fp8_gemm_operand(op.dyt)},
-    };
-    for (const GemmCase& g : cases)
-        for (GemmOut out : {GemmOut::BF16, GemmOut::F32}) {
-            std::string label = strfmt("%s m=%d n=%d k=%d %s out", g.name, g.m, g.n, g.k, out == GemmOut::BF16 ? "BF16" : "FP32");
-            long bad = run_and_compare(runner, g, *g.sa, *g.sb, out, label);
-            CHECK_MSG(bad == 0, "%s: %ld elements outside tolerance", label.c_str(), bad);
-        }
+    for (Fp8Scaling scaling : {Fp8Scaling::Block, Fp8Scaling::Row, Fp8Scaling::Tensor}) {
+        LinearOperands op(T, K, N, scaling);
+        const Fp8ScaleMode wm = weight_scale_mode(scaling), rm = rows_scale_mode(scaling);
+        GemmCase cases[] = {
+            {"fprop", N, T, K, &op.w.data, &op.x.data, &op.w.scale_inv, &op.x.scale_inv, wm, rm, fp8_gemm_operand(op.w),
+             fp8_gemm_operand(op.x)},
+            {"dgrad", K, T, N, &op.wt.data, &op.dy.data, &op.wt.scale_inv, &op.dy.scale_inv, wm, rm, fp8_gemm_operand(op.wt),
+             fp8_gemm_operand(op.dy)},
+            {"wgrad", K, N, T, &op.xt.data, &op.dyt.data, &op.xt.scale_inv, &op.dyt.scale_inv, rm, rm,
+             fp8_gemm_operand(op.xt), fp8_gemm_operand(op.dyt)},
+        };
+        for (const GemmCase& g : cases)
+            for (GemmOut out : {GemmOut::BF16, GemmOut::F32}) {
+                std::string label = strfmt("%s %s m=%d n=%d k=%d %s out", fp8_scaling_name(scaling), g.name, g.m, g.n, g.k,
+                                           out == GemmOut::BF16 ? "BF16" : "FP32");
+                long bad = run_and_compare(runner, g, *g.sa, *g.sb, out, label);
+                CHECK_MSG(bad == 0, "%s: %ld elements outside tolerance", label.c_str(), bad);
+            }
+    }
 }
 
 // The same check must FAIL when the scales are laid out the way one might naively write them.

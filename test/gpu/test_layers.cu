@@ -546,7 +546,7 @@ int fp8_operand_mismatches(const DeviceBuffer<uint8_t>& codes, const DeviceBuffe
                            const std::vector<float>& y, int rows, int padded, int cols, const std::string& what) {
     std::vector<float> padded_y((size_t)padded * cols, 0.0f);
     std::copy(y.begin(), y.begin() + (size_t)rows * cols, padded_y.begin());
-    const Fp8Rowwise want = fp8_quantize_rowwise(padded_y.data(), padded, cols, false);
+    const Fp8Tensor want = fp8_quantize_rowwise(padded_y.data(), padded, cols, false);
     const std::vector<uint8_t> got_codes = codes.download();
     const std::vector<float> got_scales = scales.download();
     int bad = 0;
@@ -619,7 +619,7 @@ TEST(gpu_layers_producers_write_fp8_operands_bit_for_bit) {
     swiglu_backward_fp8(d_da.ptr, d_gu.ptr, T, Tp, I, false, dgu_q.codes.ptr, dgu_q.scales.ptr, dgu_t.codes.ptr,
                         dgu_t.scales.ptr, kStream);
     CHECK_EQ(fp8_operand_mismatches(dgu_q.codes, dgu_q.scales, dgu, Tp, Tp, 2 * I, "SwiGLU backward's FP8 operand"), 0);
-    const Fp8Rowwise want_t = fp8_quantize_rowwise_transposed(dgu.data(), Tp, 2 * I, false);
+    const Fp8Tensor want_t = fp8_quantize_rowwise_transposed(dgu.data(), Tp, 2 * I, false);
     const std::vector<uint8_t> got_t = dgu_t.codes.download();
     const std::vector<float> got_ts = dgu_t.scales.download();
     int bad_t = 0;

@@ -75,8 +75,8 @@ void check_linear_layer(Precision p, int T, int K, int N, bool pow2) {
         d_dy(to_device_bf16(dy, (size_t)Tp * N)), d_y((size_t)Tp * N);
     DeviceBuffer<uint8_t> codes(master.size()), codes_t(master.size());
     DeviceBuffer<float> scales(blk128_scale_count(N, K)), scales_t(blk128_scale_count(K, N));
-    Fp8WeightCopy gw8{codes.ptr, scales.ptr, codes_t.ptr, scales_t.ptr, pow2};
-    fp8_requantize_weight_gpu(d_master.ptr, N, K, gw8, 0);
+    Fp8WeightCopy gw8{codes.ptr, scales.ptr, codes_t.ptr, scales_t.ptr, pow2, Fp8Scaling::Block};
+    fp8_requantize_weight_gpu(d_master.ptr, N, K, gw8, nullptr, 0);
     LinearDevice gw{d_w.ptr, &gw8, N, K};
     DeviceBuffer<float> d_dx(std::vector<float>((size_t)Tp * K, 0.25f)), d_dW(std::vector<float>(master.size(), 0.125f));
     GemmRunner gemm;

@@ -107,7 +107,7 @@ TEST(gpu_adamw_writes_fp8_copies_like_cpu) {
             s_t.emplace_back(new DeviceBuffer<float>(blk128_scale_count(sh.cols, sh.rows)));
             codes.back()->poison(), codes_t.back()->poison(), s.back()->poison(), s_t.back()->poison();
             tiles.push_back({sh.offset, sh.rows, sh.cols, 0,
-                             {codes.back()->ptr, s.back()->ptr, codes_t.back()->ptr, s_t.back()->ptr, pow2}});
+                             {codes.back()->ptr, s.back()->ptr, codes_t.back()->ptr, s_t.back()->ptr, pow2, Fp8Scaling::Block}});
         }
         const ProjectionTable table(tiles, n);
         adamw_update_with_fp8_gpu(d_w.ptr, d_m.ptr, d_v.ptr, d_w_bf16.ptr, d_g.ptr, n, table, cfg, 1, 1e-2, 0);
@@ -125,7 +125,7 @@ TEST(gpu_adamw_writes_fp8_copies_like_cpu) {
             }
             for (size_t k = 0; k < 2; k++) {
                 const Shape& sh = shapes[k];
-                const Fp8Blockwise q = fp8_quantize_blockwise(w.data() + sh.offset, sh.rows, sh.cols, pow2), qt = fp8_transpose(q);
+                const Fp8Tensor q = fp8_quantize_blockwise(w.data() + sh.offset, sh.rows, sh.cols, pow2), qt = fp8_transpose(q);
                 bad += count_bit_mismatches(codes[k]->download(), q.data, "codes", q.data.size()) +
                        count_bit_mismatches(s[k]->download(), q.scale_inv, "scale_inv", q.scale_inv.size()) +
                        count_bit_mismatches(codes_t[k]->download(), qt.data, "codes_t", qt.data.size()) +

@@ -126,16 +126,20 @@ size_t first_departure(const std::vector<int32_t>& a, const std::vector<int32_t>
 // CDF by at most about e). The CPU's teacher
 // forcing of its own completions must reproduce its log-probs bit for bit, every own token inside
 // its interval. In emulation the engines agree bit for bit, so every completion must be equal.
-TEST(rollout_completions_match_cpu_engine_but_at_near_ties) {
-    REQUIRE_GPU();
-    int same = 0, total = 0;
-    const struct {
-        Precision weights, kv;
-    } precisions[] = {{Precision::BF16, Precision::BF16}, {Precision::FP8, Precision::FP8}};
-    for (const char* dir : kFixtures) {
-        if (harness::sanitized ? dir != kFixtures[3] : dir == kFixtures[1]) continue;  // ASan: 1 of the 4, else 3
-        CpuEngine cpu(dir);
-        GpuEngine gpu(dir, small_pages(8));
+namespace {
+
+struct WeightsAndKv {
+    Precision weights, kv;
+};
+
+// The check above on one fixture with the engines' options; counts the completions equal to the CPU's.
+void completions_match_cpu(const char* dir, const EngineOptions& cpu_options, const std::vector<WeightsAndKv>& precisions,
+                           int& same, int& total) {
+    {
+        EngineOptions gpu_options = small_pages(8);
+        gpu_options.fp8_scaling = cpu_options.fp8_scaling;
+        CpuEngine cpu(dir, cpu_options);
+        GpuEngine gpu(dir, gpu_options);
         const int V = (int)cpu.config().vocab_size;
         const std::vector<GenRequest> requests = ragged_requests(6, V, 77);
         for (const auto& pr : precisions)
@@ -190,6 +194,34 @@ TEST(rollout_completions_match_cpu_engine_but_at_near_ties) {
                               "%d (offset %.3g > %.3g)", dir, i, got[i].tokens[k], k, want[i].tokens[k], offset, tolerance);
                 }
             }
+    }
+}
+
+}  // namespace
+
+TEST(rollout_completions_match_cpu_engine_but_at_near_ties) {
+    REQUIRE_GPU();
+    int same = 0, total = 0;
+    for (const char* dir : kFixtures) {
+        if (harness::sanitized ? dir != kFixtures[3] : dir == kFixtures[1]) continue;  // ASan: 1 of the 4, else 3
+        completions_match_cpu(dir, EngineOptions{}, {{Precision::BF16, Precision::BF16}, {Precision::FP8, Precision::FP8}},
+                              same, total);
+    }
+    printf("    completions equal to the CPU engine's: %d of %d\n", same, total);
+    if (emulated) CHECK_EQ(same, total);
+}
+
+// The same at --fp8_scaling row and tensor (fp8 weights, FP8 KV cache), on one fixture.
+TEST(rollout_completions_match_cpu_engine_at_row_and_tensor_scaling) {
+    REQUIRE_GPU();
+    int same = 0, total = 0;
+    // ASan: tensor alone (the emulation runs ~3x slower there)
+    const std::vector<Fp8Scaling> scalings =
+        harness::sanitized ? std::vector<Fp8Scaling>{Fp8Scaling::Tensor} : std::vector<Fp8Scaling>{Fp8Scaling::Row, Fp8Scaling::Tensor};
+    for (Fp8Scaling scaling : scalings) {
+        EngineOptions o;
+        o.fp8_scaling = scaling;
+        completions_match_cpu(kFixtures[harness::sanitized ? 3 : 0], o, {{Precision::FP8, Precision::FP8}}, same, total);
     }
     printf("    completions equal to the CPU engine's: %d of %d\n", same, total);
     if (emulated) CHECK_EQ(same, total);
