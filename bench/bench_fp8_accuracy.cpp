@@ -1,8 +1,9 @@
 // bench_fp8_accuracy.cpp: accuracy of the FP8 recipe on LLM-like GEMMs Y = X W^T (the fprop of a
 // linear layer). Prints, as a Markdown table, the relative Frobenius error ||Y - Y64|| / ||Y64|| vs
-// an FP64 product of the FP32 inputs, for: BF16 operands (FP32 accumulation), FP8 E4M3 with one
-// scale per tensor, and FP8 blockwise (X 1x128, W 128x128), each FP8 variant with FP32 or
-// power-of-two scales. Data: Gaussian, and Gaussian with 4 outlier channels of X (x1e3 or x1e4,
+// an FP64 product of the FP32 inputs, for: BF16 operands (FP32 accumulation), and FP8 E4M3 at each
+// --fp8_scaling granularity of cpu/fp8_gemm_ref.h (tensor: one scale per operand; row: one per token
+// row of X and output channel of W; block: X 1x128, W 128x128), each with FP32 or power-of-two
+// scales. Data: Gaussian, and Gaussian with 4 outlier channels of X (x1e3 or x1e4,
 // as the massive activations of real LLMs) whose weight columns are scaled down by the same
 // factor, so every channel contributes comparably to Y (otherwise the outliers' own, accurately
 // quantized terms dominate ||Y|| and hide what per-tensor scaling does to the other channels:
@@ -62,7 +63,7 @@ static double rel_error(const std::vector<float>& y, const std::vector<double>& 
     return std::sqrt(e / r);
 }
 
-// FP32 GEMM of operands passed through `round` (BF16 rounding or per-tensor FP8 quantize-dequantize).
+// FP32 GEMM of operands passed through `round` (BF16 rounding).
 template <class Round>
 static std::vector<float> gemm_rounded(const std::vector<float>& x, const std::vector<float>& w, int T, int N, int K,
                                        Round round_x, Round round_w) {
@@ -73,17 +74,12 @@ static std::vector<float> gemm_rounded(const std::vector<float>& x, const std::v
     return y;
 }
 
-static float tensor_amax(const std::vector<float>& v) {
-    float amax = 0;
-    for (float x : v) amax = amax_update(amax, x);
-    return amax;
-}
-
 int main() {
     const int T = 512, N = 512;
     printf("FP8 recipe accuracy: relative Frobenius error of Y = X W^T vs FP64 (T = %d tokens, N = %d outputs)\n\n", T, N);
-    printf("| data | K | BF16 | FP8 per-tensor | FP8 per-tensor pow2 | FP8 1x128 x 128x128 | FP8 blockwise pow2 | blockwise time / FP32 GEMM |\n");
-    printf("|---|---|---|---|---|---|---|---|\n");
+    printf("| data | K | BF16 | FP8 tensor | tensor pow2 | FP8 row | row pow2 | FP8 block (1x128 x 128x128) | block pow2 | "
+           "block time / FP32 GEMM |\n");
+    printf("|---|---|---|---|---|---|---|---|---|---|\n");
     auto start = std::chrono::steady_clock::now();
     for (float outlier : {0.0f, 1e3f, 1e4f})
         for (int K : {1024, 4096}) {
@@ -100,26 +96,21 @@ int main() {
             std::vector<double> ref = gemm_fp64(x, w, T, N, K);
 
             auto bf16 = [](float v) { return round_bf16(v); };
-            double e_bf16 = rel_error(gemm_rounded(x, w, T, N, K, bf16, bf16), ref);
-            double e_tensor[2], e_block[2], ratio = 0;
-            for (bool pow2 : {false, true}) {
-                float sx = fp8_scale_from_amax(tensor_amax(x), pow2), sw = fp8_scale_from_amax(tensor_amax(w), pow2);
-                auto qx = [&](float v) { return e4m3_to_float(float_to_e4m3(v * sx)) * (1.0f / sx); };
-                auto qw = [&](float v) { return e4m3_to_float(float_to_e4m3(v * sw)) * (1.0f / sw); };
-                std::vector<float> xq(x.size()), wq(w.size()), y((size_t)T * N);
-                for (size_t i = 0; i < x.size(); i++) xq[i] = qx(x[i]);
-                for (size_t i = 0; i < w.size(); i++) wq[i] = qw(w[i]);
-                double t_fp32 = best_of_3([&] { gemm_nt(T, N, K, xq.data(), K, wq.data(), K, y.data(), N, false); });
-                e_tensor[pow2] = rel_error(y, ref);
-
-                Fp8Weight w8 = fp8_quantize_weight(w.data(), N, K, pow2);  // once per optimizer update: not timed
-                double t_block = best_of_3([&] { fp8_linear_fprop(x.data(), T, w8, y.data(), false); });
-                e_block[pow2] = rel_error(y, ref);
-                if (!pow2) ratio = t_block / t_fp32;
-            }
+            std::vector<float> y((size_t)T * N);
+            const double e_bf16 = rel_error(gemm_rounded(x, w, T, N, K, bf16, bf16), ref);
+            const double t_fp32 = best_of_3([&] { gemm_nt(T, N, K, x.data(), K, w.data(), K, y.data(), N, false); });
+            double error[3][2], ratio = 0;  // [tensor, row, block][pow2]
+            const Fp8Scaling scalings[3] = {Fp8Scaling::Tensor, Fp8Scaling::Row, Fp8Scaling::Block};
+            for (int g = 0; g < 3; g++)
+                for (bool pow2 : {false, true}) {
+                    const Fp8Weight w8 = fp8_quantize_weight(w.data(), N, K, pow2, scalings[g]);  // once per update: not timed
+                    const double t = best_of_3([&] { fp8_linear_fprop(x.data(), T, w8, y.data(), false); });
+                    error[g][pow2] = rel_error(y, ref);
+                    if (scalings[g] == Fp8Scaling::Block && !pow2) ratio = t / t_fp32;
+                }
             std::string data = outlier > 0 ? strfmt("4 outlier channels x%.0e", outlier) : "gaussian";
-            printf("| %s | %d | %.2e | %.2e | %.2e | %.2e | %.2e | %.2f |\n", data.c_str(), K,
-                   e_bf16, e_tensor[0], e_tensor[1], e_block[0], e_block[1], ratio);
+            printf("| %s | %d | %.2e | %.2e | %.2e | %.2e | %.2e | %.2e | %.2e | %.2f |\n", data.c_str(), K, e_bf16,
+                   error[0][0], error[0][1], error[1][0], error[1][1], error[2][0], error[2][1], ratio);
             fflush(stdout);
         }
     printf("\ntotal %.1f s\n", seconds_since(start));

@@ -23,6 +23,7 @@ intermediate and vocabulary sizes, seeded so that reruns write the same tensors)
     python dev/oracle_table.py --cpu /tmp/before/train_rl_cpu --emu /tmp/before/train_rl_emu
     python dev/oracle_table.py --quick                # fewer and shorter sequences: a smoke run
     python dev/oracle_table.py --workdir /tmp/oracle  # keep the models and every JSONL there
+    python dev/oracle_table.py --outliers 1000        # massive-activation channels, where the FP8 granularities differ
 
 Needs torch, transformers and safetensors (dev/requirements.txt). A few minutes on 2 cores with the
 emulated engine, most of it the emulator.
@@ -70,6 +71,20 @@ def make_model(path, spec):
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
                 p.copy_(1.0 + 0.1 * torch.randn_like(p))
+        if ARGS.outliers > 1:  # massive activations: a few channels of the projections' inputs ARGS.outliers x larger
+            channels = [5, 37, 70, 101]  # all in the first 128-column group: 1x128 scaling confines them there
+            for layer in model.model.layers:
+                # the norm's weight grows the channel and the columns that read it shrink by as much: the
+                # same function in exact arithmetic, the activations LLMs have (Sun et al. 2024)
+                for norm, projections in ((layer.input_layernorm, (layer.self_attn.q_proj, layer.self_attn.k_proj,
+                                                                   layer.self_attn.v_proj)),
+                                          (layer.post_attention_layernorm, (layer.mlp.gate_proj, layer.mlp.up_proj))):
+                    norm.weight[channels] *= ARGS.outliers
+                    for proj in projections:
+                        proj.weight[:, channels] /= ARGS.outliers
+                # and the down projection's input (SwiGLU is linear in up): up's rows up, down's columns down
+                layer.mlp.up_proj.weight[channels, :] *= ARGS.outliers
+                layer.mlp.down_proj.weight[:, channels] /= ARGS.outliers
     model.to(torch.bfloat16).save_pretrained(path, safe_serialization=True)
     gen = os.path.join(path, "generation_config.json")
     if os.path.exists(gen):
@@ -195,6 +210,9 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--init_std", type=float, default=COMMON["initializer_range"],
                     help="std of the random weights (sets how peaked the logits are)")
+    ap.add_argument("--outliers", type=float, default=0,
+                    help="> 1: four channels of every projection input this many times larger (norm weights or up's "
+                         "rows up, the columns that read them down: the same function), where FP8 granularities differ")
     ARGS = ap.parse_args()
     ARGS.cpu, ARGS.emu = os.path.abspath(ARGS.cpu), os.path.abspath(ARGS.emu)
     n_seqs, max_len, n_prompts = (3, 100, 4) if ARGS.quick else (8, 300, 12)
@@ -207,7 +225,8 @@ def main():
     else:
         tmp = tempfile.TemporaryDirectory(prefix="oracle_table_")
         root = tmp.name
-    print(f"cpu {ARGS.cpu}\nemu {ARGS.emu}\nworkdir {root}; init std {ARGS.init_std}; {n_seqs} sequences of <= {max_len} tokens, "
+    print(f"cpu {ARGS.cpu}\nemu {ARGS.emu}\nworkdir {root}; init std {ARGS.init_std}; outliers {ARGS.outliers or 'none'}; "
+          f"{n_seqs} sequences of <= {max_len} tokens, "
           f"{n_prompts} prompts x {ARGS.new_tokens} greedy tokens per model")
 
     rows = {}  # precision -> list of (gpu-cpu, cpu-fp64)

@@ -1,17 +1,37 @@
 #!/usr/bin/env python3
-"""The Calibrated Clipping paper's comparison in miniature, on the CPU engine.
+"""The Calibrated Clipping paper's comparison in miniature, on the CPU engine: bf16, and fp8 at each
+FP8 scaling granularity (--fp8_scaling block, row, tensor) with and without Calibrated Clipping, over
+several seeds.
 
-usage: python3 dev/paper_experiment.py [--steps N] [--out runs/paper] [--bin ./train_rl_cpu] [-- extra flags]
+usage: python3 dev/paper_experiment.py [--steps N] [--seeds 1 2 3] [--outliers F] [--jobs J]
+                                       [--out runs/paper] [--bin ./train_rl_cpu] [-- extra flags]
 
-Runs the demo task (addition, a fresh tiny model) with the same seed under four (rollout, train)
-precision settings: bf16/bf16, fp8/bf16, fp8/fp8, and fp8/fp8 with Calibrated Clipping. Every
-step makes several updates from one rollout batch (--minibatches 4), so the ratios of later
-minibatches move away from 1 and clipping can act. Writes OUT/table.md (final greedy accuracy,
-peak entropy, clip fraction of negative-advantage tokens, mismatch k3 KL) and OUT/paper.png.
+Runs the demo task (addition, a fresh tiny model per seed) under 7 settings: bf16 rollout and
+training with a BF16 KV cache; fp8 rollout and training with an FP8 KV cache at each granularity,
+each with Calibrated Clipping off and on (bounds refit every 5 steps). Every step makes several
+updates from one rollout batch (--minibatches 4), so the ratios of later minibatches move away from
+1 and clipping can act.
+
+Coarser scaling is noisier only where a tensor's values span a range that one scale cannot cover: a
+random tiny model has no such range. --outliers F (default 1e4) gives it the massive activations of
+real LLMs (Sun et al. 2024, "Massive activations in large language models"): in every layer four
+channels of the norms' weights (and of up_proj's rows, the down projection's input) are multiplied by
+F and the weight columns that read them divided by F, the same function in exact arithmetic, applied to the seed's fresh model before training
+(`--init tiny` writes it; this script rewrites its model.safetensors with torch). One scale per
+token row or per tensor then pushes the ordinary channels toward E4M3's subnormals, while 1x128
+groups confine the damage to the outliers' group. --outliers 0 trains the plain random model.
+
+Writes OUT/table.md (per setting, mean and spread (min..max) over the seeds of: final greedy
+accuracy, peak entropy, clip fractions of negative-advantage tokens (A<0, r below the lower bound)
+and positive-advantage tokens (A>0, r above the upper bound), rollout/train mismatch (mean
+|log p_old - log p_rollout| per token)) and OUT/paper.png (accuracy, entropy and clip-fraction curves, mean over seeds with the min-max band).
+Needs matplotlib, and torch + safetensors for --outliers.
 """
 import argparse
+import concurrent.futures
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -20,12 +40,19 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-CONFIGS = [
-    ("bf16/bf16", ["--rollout_precision", "bf16", "--train_precision", "bf16", "--kv_cache", "bf16"]),
-    ("fp8/bf16", ["--rollout_precision", "fp8", "--train_precision", "bf16", "--kv_cache", "fp8"]),
-    ("fp8/fp8", ["--rollout_precision", "fp8", "--train_precision", "fp8", "--kv_cache", "fp8"]),
-    ("fp8/fp8+CC", ["--rollout_precision", "fp8", "--train_precision", "fp8", "--kv_cache", "fp8",
-                    "--calibrated_clip", "1", "--cc_interval", "5"]),
+FP8 = ["--rollout_precision", "fp8", "--train_precision", "fp8", "--kv_cache", "fp8"]
+CC = ["--calibrated_clip", "1", "--cc_interval", "5"]
+CONFIGS = [("bf16", ["--rollout_precision", "bf16", "--train_precision", "bf16", "--kv_cache", "bf16"])]
+for scaling in ("block", "row", "tensor"):
+    CONFIGS.append((f"fp8 {scaling}", FP8 + ["--fp8_scaling", scaling]))
+    CONFIGS.append((f"fp8 {scaling} +CC", FP8 + ["--fp8_scaling", scaling] + CC))
+
+METRICS = [  # column, log key, how a run's series becomes one number
+    ("final greedy acc", "val-core/add/acc/greedy", "last"),
+    ("peak entropy", "actor/entropy", "max"),
+    ("clip frac A<0 (r<low)", "actor/pg_clipfrac_low", "mean"),
+    ("clip frac A>0 (r>high)", "actor/pg_clipfrac_high", "mean"),
+    ("mismatch |lp_old - lp_roll|", "rollout_corr/logprob_abs_diff", "mean"),
 ]
 
 
@@ -38,50 +65,113 @@ def column(rows, key):
     return [(r["training/global_step"] + 1, r[key]) for r in rows if r.get(key) is not None]
 
 
+def reduce(series, how):
+    values = [v for _, v in series]
+    if not values:
+        return float("nan")
+    return values[-1] if how == "last" else max(values) if how == "max" else sum(values) / len(values)
+
+
+def outlier_model(a, seed, out):
+    """The seed's fresh `--init tiny` model with massive-activation channels (module docstring)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+    init_run = os.path.join(out, "init_run")
+    subprocess.run([a.bin, "--init", "tiny", "--task", "add", "--task_size", "1", "--seed", str(seed), "--steps", "1",
+                    "--batch_prompts", "2", "--group_size", "2", "--max_new_tokens", "3", "--eval_every", "0",
+                    "--out_dir", init_run], check=True, stdout=subprocess.DEVNULL)
+    model = os.path.join(out, "model")
+    shutil.copytree(os.path.join(init_run, "init_model"), model, dirs_exist_ok=True)
+    shutil.rmtree(init_run)
+    path = os.path.join(model, "model.safetensors")
+    w = {k: v.to(torch.float64) for k, v in load_file(path).items()}
+    channels = [5, 17, 40, 60]  # of hidden 64
+    layers = sorted({int(k.split(".")[2]) for k in w if k.startswith("model.layers.")})
+    for l in layers:
+        p = f"model.layers.{l}."
+        for norm, projections in (("input_layernorm", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
+                                  ("post_attention_layernorm", ("mlp.gate_proj", "mlp.up_proj"))):
+            w[p + norm + ".weight"][channels] *= a.outliers
+            for proj in projections:
+                w[p + proj + ".weight"][:, channels] /= a.outliers
+        # the down projection's input (SwiGLU is linear in up), whose 192 channels make two 128-groups
+        w[p + "mlp.up_proj.weight"][channels, :] *= a.outliers
+        w[p + "mlp.down_proj.weight"][:, channels] /= a.outliers
+    save_file({k: v.to(torch.bfloat16).contiguous() for k, v in w.items()}, path, metadata={"format": "pt"})
+    return model
+
+
+def run_one(a, name, flags, seed):
+    out_dir = os.path.join(a.out, f"seed{seed}", name.replace(" ", "_").replace("+", ""))
+    model = ["--init", "tiny"]
+    if a.outliers > 1:
+        model = ["--model", os.path.join(a.out, f"seed{seed}", "model")]
+    cmd = [a.bin] + model + ["--task", "add", "--task_size", "1", "--max_new_tokens", "3", "--group_size", "16",
+                             "--batch_prompts", "32", "--minibatches", "4", "--lr", "3e-4", "--temperature", "1.5",
+                             "--eval_every", "20", "--eval_prompts", "100", "--eval_k", "0", "--seed", str(seed),
+                             "--steps", str(a.steps)] + flags + a.extra + ["--out_dir", out_dir]
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=env)
+    return name, seed, read_log(os.path.join(out_dir, "log.jsonl"))
+
+
+def spread(values):
+    values = [v for v in values if v == v]
+    if not values:
+        return "n/a"
+    mean = sum(values) / len(values)
+    fmt = (lambda v: f"{v:.2e}") if max(abs(v) for v in values) < 1e-2 else (lambda v: f"{v:.3f}")
+    return f"{fmt(mean)} ({fmt(min(values))}..{fmt(max(values))})"
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    ap.add_argument("--outliers", type=float, default=1e4)
+    ap.add_argument("--jobs", type=int, default=2, help="runs at once (each on OMP_NUM_THREADS threads, default 1)")
     ap.add_argument("--out", default="runs/paper")
     ap.add_argument("--bin", default="./train_rl_cpu")
     ap.add_argument("extra", nargs="*")
     a = ap.parse_args()
-    base = [a.bin, "--init", "tiny", "--task", "add", "--task_size", "1", "--max_new_tokens", "3", "--group_size", "16",
-            "--batch_prompts", "32", "--minibatches", "4", "--lr", "3e-4", "--temperature", "1.5", "--eval_every", "20",
-            "--eval_prompts", "100", "--eval_k", "0", "--seed", "1234", "--steps", str(a.steps)] + a.extra
+    a.bin = os.path.abspath(a.bin)
     os.makedirs(a.out, exist_ok=True)
-    results = []
-    for name, flags in CONFIGS:
-        out_dir = os.path.join(a.out, name.replace("/", "_").replace("+", "_"))
-        print("==", name, flush=True)
-        subprocess.run(base + flags + ["--out_dir", out_dir], check=True, stdout=subprocess.DEVNULL)
-        rows = read_log(os.path.join(out_dir, "log.jsonl"))
-        acc = column(rows, "val-core/add/acc/greedy")
-        results.append(dict(
-            name=name, rows=rows,
-            final_acc=acc[-1][1] if acc else float("nan"),
-            peak_entropy=max(v for _, v in column(rows, "actor/entropy")),
-            clip_neg=sum(v for _, v in column(rows, "actor/pg_clipfrac_low")) / max(1, len(rows)),
-            mismatch=sum(v for _, v in column(rows, "rollout_corr/k3_kl")) / max(1, len(rows)),
-        ))
-    lines = ["| rollout/train | final greedy acc | peak entropy | mean clip frac A<0 (r<L) | mean mismatch k3 KL |",
-             "|---|---|---|---|---|"]
-    for r in results:
-        lines.append(f"| {r['name']} | {r['final_acc']:.3f} | {r['peak_entropy']:.3f} | {r['clip_neg']:.4f} | {r['mismatch']:.2e} |")
+    if a.outliers > 1:
+        for seed in a.seeds:
+            outlier_model(a, seed, os.path.join(a.out, f"seed{seed}"))
+    runs = {}  # name -> {seed: rows}
+    with concurrent.futures.ThreadPoolExecutor(max_workers=a.jobs) as pool:
+        futures = [pool.submit(run_one, a, name, flags, seed) for seed in a.seeds for name, flags in CONFIGS]
+        for f in concurrent.futures.as_completed(futures):
+            name, seed, rows = f.result()
+            runs.setdefault(name, {})[seed] = rows
+            print(f"== {name}, seed {seed}: done", flush=True)
+    header = "| setting | " + " | ".join(m[0] for m in METRICS) + " |"
+    lines = [f"{len(a.seeds)} seeds ({', '.join(map(str, a.seeds))}), {a.steps} steps, outliers "
+             f"{a.outliers if a.outliers > 1 else 'none'}; mean (min..max) over the seeds", "", header,
+             "|" + "---|" * (len(METRICS) + 1)]
+    for name, _ in CONFIGS:
+        cells = [spread([reduce(column(runs[name][s], key), how) for s in a.seeds]) for _, key, how in METRICS]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
     table = "\n".join(lines) + "\n"
     with open(os.path.join(a.out, "table.md"), "w") as f:
         f.write(table)
     print(table)
-    fig, axes = plt.subplots(2, 2, figsize=(12, 8))
-    for (ax, key, title) in zip(axes.flat, ["val-core/add/acc/greedy", "actor/entropy", "actor/pg_clipfrac_low",
-                                            "rollout_corr/k3_kl"],
-                                ["greedy eval accuracy", "entropy", "clip fraction, A<0 and r<L", "mismatch k3 KL"]):
-        for r in results:
-            xs, ys = zip(*column(r["rows"], key)) if column(r["rows"], key) else ([], [])
-            ax.plot(xs, ys, label=r["name"])
+    fig, axes = plt.subplots(2, 2, figsize=(13, 8))
+    for ax, (title, key, _) in zip(axes.flat, [METRICS[0], METRICS[1], METRICS[2], METRICS[4]]):
+        for name, _ in CONFIGS:
+            curves = [dict(column(runs[name][s], key)) for s in a.seeds]
+            steps = sorted(set.intersection(*(set(c) for c in curves)))
+            if not steps:
+                continue
+            mean = [sum(c[x] for c in curves) / len(curves) for x in steps]
+            line, = ax.plot(steps, mean, label=name, linestyle="--" if "CC" in name else "-")
+            ax.fill_between(steps, [min(c[x] for c in curves) for x in steps], [max(c[x] for c in curves) for x in steps],
+                            color=line.get_color(), alpha=0.12)
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(os.path.join(a.out, "paper.png"), dpi=80)
     print("wrote", os.path.join(a.out, "table.md"), os.path.join(a.out, "paper.png"))

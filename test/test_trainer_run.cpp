@@ -155,6 +155,28 @@ TEST(trainer_ends_with_summary_and_existing_files) {
     CHECK(line.find("/run/dashboard.html") != std::string::npos && line.find("events.out.tfevents.") != std::string::npos);
 }
 
+// --fp8_scaling is recorded where a reader of the run looks: recipe.json beside log.jsonl and in
+// each checkpoint, the summary's precision line; a run resumed at another granularity says so.
+TEST(trainer_records_the_fp8_scaling) {
+    std::string d = temp_dir("recipe");
+    const std::string fp8 = " --rollout_precision fp8 --train_precision fp8";
+    harness::RunResult r = run_cmd(harness::binary() + small_run(d + "/run", 1) + fp8 + " --fp8_scaling row");
+    CHECK_MSG(r.status == 0, "%s", r.output.c_str());
+    if (r.status) return;
+    CHECK_MSG(r.output.find("  precision: rollout fp8, training fp8, KV cache bf16, FP8 scaling row") != std::string::npos,
+              "%s", r.output.c_str());
+    for (const std::string& dir : {d + "/run", resolve_checkpoint(d + "/run")}) {
+        const Json recipe = json_parse_file(dir + "/recipe.json");
+        const Json* scaling = recipe.find("fp8_scaling");
+        CHECK_MSG(scaling && scaling->str == "row", "%s/recipe.json: %s", dir.c_str(), json_dump(recipe).c_str());
+    }
+    harness::RunResult resumed = run_cmd(harness::binary() + small_run(d + "/run", 2) + fp8 + " --fp8_scaling tensor --resume " +
+                                         d + "/run");
+    CHECK_MSG(resumed.status == 0, "%s", resumed.output.c_str());
+    CHECK_MSG(resumed.output.find("resume: the checkpoint was trained with other numerics: fp8_scaling \"row\" -> \"tensor\"") !=
+                  std::string::npos, "%s", resumed.output.c_str());
+}
+
 // --keep_checkpoints 2 with a checkpoint every step: the two newest stay, `latest` names the last.
 TEST(trainer_keeps_the_newest_checkpoints) {
     std::string d = temp_dir("keep");

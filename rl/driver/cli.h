@@ -220,6 +220,7 @@ void train_on_ranks(const Args& args, const Dist& dist, const char* binary) {
     Logger log(cfg.out_dir, dist.is_root(), trainer.step(), cfg.tensorboard);
     const std::string changed = args.given("resume") ? recipe_changes(dir, cfg) : "";
     if (!changed.empty()) log.print(changed);
+    if (dist.is_root()) write_file_atomic(cfg.out_dir + "/" + kRecipeFile, recipe_json(cfg));  // beside log.jsonl
     log.print(strfmt("model: %s (%zu parameters); steps %lld..%lld", dir.c_str(), engine.num_floats(),
                      (long long)trainer.step() + 1, (long long)cfg.steps));
     trainer.run(log);

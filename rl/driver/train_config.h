@@ -69,8 +69,8 @@ struct TrainConfig {
     bool always_old_logprob_pass = false;
 };
 
-// The numerics a checkpoint was trained with, beside its trainer state (recipe.json), so a reader of
-// the directory, or a resumed run, knows them.
+// The numerics a run trains with (recipe.json beside its log.jsonl) and a checkpoint was trained with
+// (beside its trainer state), so a reader of the directory, or a resumed run, knows them.
 inline const char* const kRecipeFile = "recipe.json";
 
 inline std::string recipe_json(const TrainConfig& c) {
