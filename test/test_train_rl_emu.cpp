@@ -20,10 +20,7 @@ using namespace fp8rl;
 
 namespace {
 
-std::string emu_binary() {
-    const char* b = getenv("FP8RL_EMU_BIN");
-    return b && *b ? b : "./train_rl_emu";
-}
+using harness::emu_binary;
 
 // The demo task at a size emulation runs in seconds.
 std::string tiny_run(const std::string& out_dir, int steps, const char* precision, const char* kv_cache = "bf16") {
@@ -369,7 +366,8 @@ TEST(train_rl_emu_prompts_match_train_rl_cpu) {
 // A run whose memory plan exceeds the device (FP8RL_EMU_DEVICE_MEMORY shrinks the emulated one to
 // 34 MB; the tiny run's plan is ~38 MB, 32 MiB of it the cuBLASLt workspace) is refused before the
 // engine allocates anything: one error line with the plan, the free memory and the options, exit 1,
-// and not the allocation failure a run without the plan would meet.
+// and not the allocation failure a run without the plan would meet. No rank count fits: the
+// workspace stays whole on every rank.
 TEST(train_rl_emu_refuses_a_run_that_does_not_fit) {
     if (std::system(("test -x " + emu_binary()).c_str()) != 0) SKIP("./train_rl_emu not built (make train_rl_emu)");
     std::string d = temp_dir("emu_oom");
@@ -380,7 +378,7 @@ TEST(train_rl_emu_refuses_a_run_that_does_not_fit) {
     if (at == std::string::npos) return;
     const std::string line = r.output.substr(at, r.output.find('\n', at) - at);
     for (const char* s : {"112 tokens per micro-batch", "the GPU has 32.4 MiB free of 32.4 MiB", "--recompute layer (",
-                          "--micro_batch_tokens", "more ranks"})
+                          "--micro_batch_tokens", "no rank count up to 4"})
         CHECK_MSG(line.find(s) != std::string::npos, "no \"%s\" in: %s", s, line.c_str());
     CHECK_MSG(r.output.find("out of GPU memory allocating") == std::string::npos, "%s", r.output.c_str());
     CHECK(r.output.find("memory plan (one GPU)") == std::string::npos);
