@@ -3,10 +3,11 @@
 // resuming equals not stopping, bit for bit, micro-batches equal whole minibatches to rounding and
 // --recompute layer changes no bit. Data parallel under mpirun (one process per emulated GPU, the
 // communicator over MPI): N ranks equal one, --zero 0 equals --zero 1, checkpoints move between
-// rank counts, a failing rank ends the job. Not in the sanitizer build (the GPU engine's kernels
-// run under ASan in build/test_gpu_emu_asan); make test-unit sets FP8RL_EMU_BIN.
+// rank counts, a failing, hanging or dead rank ends the job. Not in the sanitizer build (the GPU
+// engine's kernels run under ASan in build/test_gpu_emu_asan); make test-unit sets FP8RL_EMU_BIN.
 #ifndef FP8RL_SANITIZE
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <map>
@@ -246,6 +247,60 @@ TEST(train_rl_emu_failing_rank_ends_the_job) {
     for (size_t pos = r.output.find("error: "); pos != std::string::npos; pos = r.output.find("error: ", pos + 1)) errors++;
     CHECK_MSG(errors == 1, "%zu error lines in:\n%s", errors, r.output.c_str());
     CHECK_MSG(r.output.find("error: (rank 1) ") != std::string::npos && r.output.find("missing.jsonl: cannot open") != std::string::npos,
+              "%s", r.output.c_str());
+}
+
+// A rank that hangs (SIGSTOP) or dies (SIGKILL) in the middle of a training run ends the whole job
+// soon after, whatever collective the other rank is in: rank 1 signals itself once rank 0 has logged
+// its first step (both ranks are then training), writing the time first. Returns the job's output and
+// exit, and how long after the signal it ended: within --collective_timeout (2 s) and mpirun's
+// teardown, 10 s.
+namespace {
+
+harness::RunResult signal_rank1_mid_run(const char* signal, double* seconds_after) {
+    const std::string d = temp_dir(std::string("emu_mpi_") + signal);
+    const std::string args = dp_run(d + "/run", 100000, "bf16") + " --collective_timeout 2";
+    const std::string stamp = d + "/signalled_at";
+    const std::string rank1 = strfmt("sh -c '(while [ ! -s %s/run/log.jsonl ]; do sleep 0.05; done; date +%%s.%%N > %s; kill -%s $$) & "
+                                     "exec %s%s'",
+                                     d.c_str(), stamp.c_str(), signal, emu_binary().c_str(), args.c_str());
+    harness::RunResult r = run_cmd(mpirun(1) + emu_binary() + args + " : -np 1 " + rank1);
+    const double ended = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+    *seconds_after = ended - atof(read_file(stamp).c_str());
+    CHECK_MSG(r.status != 0 && r.status != 124, "%s: exit %d (124: timed out)", signal, r.status);
+    CHECK_MSG(*seconds_after < 10, "%s: the job ended %.1f s after the signal", signal, *seconds_after);
+    return r;
+}
+
+size_t error_lines(const std::string& out) {
+    size_t errors = 0;
+    for (size_t pos = out.find("error: "); pos != std::string::npos; pos = out.find("error: ", pos + 1)) errors++;
+    return errors;
+}
+
+}  // namespace
+
+// A hang: rank 0 waits --collective_timeout in its next collective, prints one line naming itself and
+// the call, and aborts the job (mpirun kills the stopped rank).
+TEST(train_rl_emu_hanging_rank_ends_the_job) {
+    if (std::system(("test -x " + emu_binary()).c_str()) != 0) SKIP("./train_rl_emu not built (make train_rl_emu)");
+    if (!have_mpirun()) SKIP("mpirun not found (install openmpi-bin)");
+    double after = 0;
+    const harness::RunResult r = signal_rank1_mid_run("STOP", &after);
+    CHECK_MSG(after > 2, "the job ended %.1f s after the signal, before the 2 s timeout", after);
+    CHECK_MSG(error_lines(r.output) == 1 && r.output.find("error: (rank 0) ") != std::string::npos &&
+                  r.output.find(" did not complete within 2 s (--collective_timeout)") != std::string::npos,
+              "%zu error lines in:\n%s", error_lines(r.output), r.output.c_str());
+}
+
+// A death: mpirun sees it and ends rank 0 at once, with its line naming rank 1 and the signal.
+TEST(train_rl_emu_dead_rank_ends_the_job) {
+    if (std::system(("test -x " + emu_binary()).c_str()) != 0) SKIP("./train_rl_emu not built (make train_rl_emu)");
+    if (!have_mpirun()) SKIP("mpirun not found (install openmpi-bin)");
+    double after = 0;
+    const harness::RunResult r = signal_rank1_mid_run("KILL", &after);
+    CHECK_MSG(error_lines(r.output) == 0 && r.output.find("process rank 1 ") != std::string::npos &&
+                  r.output.find("signal 9") != std::string::npos,
               "%s", r.output.c_str());
 }
 
