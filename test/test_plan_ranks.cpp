@@ -109,7 +109,7 @@ TEST(plan_ranks_persistent_state_is_the_issue_formula) {
 // so the modest run is refused, naming 2 ranks; on 2 ranks (112 GB, + a 3.7 GB BF16 KV pool for 16
 // slots of 1,536 tokens at 144 KiB a token) it fits with room for 4k-token micro-batches. --zero 0 on
 // 2 ranks keeps 161 GB again: refused, naming --zero 1. Qwen3-32B on 8 ranks with --zero 1 keeps
-// 181 GB of its persistent state on every rank: refused, no rank count fits (ZeRO-2 is not there yet).
+// 308 GB of persistent state on every rank: refused, no rank count fits (ZeRO-2 is not there yet).
 TEST(plan_ranks_exit_code_and_the_line_naming_what_fits) {
     if (std::system(("test -x " + harness::emu_binary()).c_str()) != 0) SKIP("./train_rl_emu not built (make train_rl_emu)");
     const Qwen3Shape q8(kQwen3_8B), q32(kQwen3_32B);
