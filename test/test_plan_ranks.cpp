@@ -128,6 +128,11 @@ TEST(plan_ranks_exit_code_and_the_line_naming_what_fits) {
     const harness::RunResult big = plan(harness::emu_binary(), kQwen3_32B, 8, kModestRun);
     CHECK_MSG(big.status == 1 && error_line(big.output).find("no rank count up to 8 ") != std::string::npos, "%s",
               big.output.c_str());
+    // the built-in tiny model (--init tiny, ~0.1M parameters: its config with the task's vocabulary) fits
+    const harness::RunResult tiny = run_cmd(harness::emu_binary() + " --plan_ranks 1 --init tiny --max_prompt_tokens 16");
+    CHECK_MSG(tiny.status == 0 && tiny.output.find(" parameters, ") != std::string::npos &&
+                  tiny.output.find("\nfits: ") != std::string::npos,
+              "exit %d: %s", tiny.status, tiny.output.c_str());
 }
 
 // What the refusal names is the most that fits: the run with it fits, with one more it does not.
