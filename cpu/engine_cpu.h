@@ -15,6 +15,8 @@
 
 namespace fp8rl {
 
+struct RunShape;  // rl/driver/memory_fit.h: what a run's device memory depends on
+
 class CpuEngine : public Engine {
 public:
     // dir: a HF model directory; its side files (tokenizer, generation config) are copied into
@@ -32,8 +34,9 @@ public:
           weights_(other.weights_), model_(weights_), grads_() {}
     CpuEngine& operator=(const CpuEngine&) = delete;  // model_ points into weights_
 
-    // The CPU engine's memory is the host's: no device plan to print or check.
-    static std::string device_memory_plan(const ModelConfig&, const EngineOptions&, const MemoryDemand&) { return ""; }
+    // The CPU engine's memory is the host's: no device plan to print or check (nor --plan_ranks).
+    static std::string device_memory_plan(const ModelConfig&, const RunShape&) { return ""; }
+    static constexpr bool plans_device_memory = false;
 
     const ModelConfig& config() const { return weights_.config; }
     size_t num_floats() const override { return weights_.num_floats(); }

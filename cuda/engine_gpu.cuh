@@ -52,6 +52,7 @@
 #include "fp8_gemm.cuh"
 #include "loss.cuh"
 #include "rl/driver/engine.h"
+#include "rl/driver/memory_fit.h"
 #include "rl/model/weights.h"
 
 namespace fp8rl {
@@ -149,15 +150,21 @@ class GpuEngine : public Engine {
                                                    d.kv_cache);
         return r;
     }
+    static PlanRequestOf plan_request_of(const ModelConfig& c) {
+        return [&c](const RunShape& s) { return plan_request(c, s.options, memory_demand_of(s)); };
+    }
     // Training's memory plan (cuda/memory_plan.h), checked against this device's free memory before
     // anything is allocated: a plan that does not fit fails with the numbers and the options.
-    static std::string device_memory_plan(const ModelConfig& c, const EngineOptions& o, const MemoryDemand& d) {
+    static std::string device_memory_plan(const ModelConfig& c, const RunShape& s) {
         check_device();
         size_t free_bytes = 0, total_bytes = 0;
         CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
-        const MemoryPlanRequest r = plan_request(c, o, d);
-        check_memory_plan_fits(c, r, plan_constants(), free_bytes, total_bytes);
-        return memory_plan_text(plan_memory(c, r, plan_constants()));
+        return fitting_memory_plan(c, s, plan_request_of(c), plan_constants(), free_bytes, total_bytes);
+    }
+    // --plan_ranks: the same plan against a whole H200, with no device (rl/driver/cli.h).
+    static constexpr bool plans_device_memory = true;
+    static PlannedMemory offline_memory_plan(const ModelConfig& c, const RunShape& s) {
+        return plan_against(c, s, plan_request_of(c), plan_constants(), kH200Bytes, kH200Bytes);
     }
 
     // rollout.cu. Generation overwrites the state the last forward_train kept for backward.

@@ -175,18 +175,25 @@ inline std::string memory_plan_text(const MemoryPlan& p) {
     return s;
 }
 
-// Fails, before anything is allocated, when the plan exceeds the device's free memory: one line with
-// the numbers and what would fit (--recompute layer, fewer tokens per micro-batch, more ranks).
-inline void check_memory_plan_fits(const ModelConfig& c, const MemoryPlanRequest& r, const PlanConstants& k,
-                                   size_t free_bytes, size_t total_bytes) {
+// An H200's memory as nvidia-smi reports it (the emulated device's, cuda/emu/emu_runtime.cpp): what
+// --plan_ranks plans against, without a device.
+constexpr size_t kH200Bytes = 143771ull << 20;
+
+// The one line that refuses a plan exceeding the device's free memory ("" when it fits): the numbers,
+// then what would fit by the request's own terms (--recompute layer, the most tokens per micro-batch
+// that fit) and the caller's options beyond the request (other flags, rank counts; without them,
+// "more ranks"), then the caller's notes on what does not help.
+inline std::string memory_plan_refusal(const ModelConfig& c, const MemoryPlanRequest& r, const PlanConstants& k,
+                                       size_t free_bytes, size_t total_bytes, const std::vector<std::string>& more = {},
+                                       const std::vector<std::string>& notes = {}) {
     const MemoryPlan p = plan_memory(c, r, k);
-    if (p.total() <= free_bytes) return;
-    std::string options;
+    if (p.total() <= free_bytes) return "";
+    std::vector<std::string> options;
     MemoryPlanRequest alt = r;
     if (!r.recompute_layer) {
         alt.recompute_layer = true;
         const size_t with_recompute = plan_memory(c, alt, k).total();
-        options += strfmt("--recompute layer (%s%s)", bytes_text(with_recompute).c_str(), with_recompute <= free_bytes ? ", fits" : "");
+        options.push_back(strfmt("--recompute layer (%s%s)", bytes_text(with_recompute).c_str(), with_recompute <= free_bytes ? ", fits" : ""));
     }
     int64_t fitting = 0;  // the most tokens per micro-batch that fit (with the recompute just named)
     for (int64_t lo = std::min(r.longest_sequence, r.tokens), hi = r.tokens; lo <= hi;) {
@@ -194,17 +201,22 @@ inline void check_memory_plan_fits(const ModelConfig& c, const MemoryPlanRequest
         if (plan_memory(c, alt, k).total() <= free_bytes) fitting = alt.tokens, lo = alt.tokens + 1;
         else hi = alt.tokens - 1;
     }
-    if (!options.empty()) options += ", ";
-    options += fitting > 0 ? strfmt("--micro_batch_tokens %lld%s", (long long)fitting, r.recompute_layer ? "" : " with it")
-                           : std::string("no --micro_batch_tokens fits");
-    const size_t sharded = p.master + p.adam_m + p.adam_v;
-    options += strfmt(", or more ranks (ZeRO-1 splits the %s of master weights and AdamW moments over them)",
-                      bytes_text(sharded).c_str());
-    fail("the memory plan needs %s of GPU memory (weights and optimizer %s, %lld tokens per micro-batch %s), the GPU has "
-         "%s free of %s; try %s",
-         bytes_text(p.total()).c_str(), bytes_text(p.master + p.gradients + p.adam_m + p.adam_v + p.bf16_copy + p.fp8_copies).c_str(),
-         (long long)r.tokens, bytes_text(p.activations + p.backward + p.head + p.gemm_scratch).c_str(),
-         bytes_text(free_bytes).c_str(), bytes_text(total_bytes).c_str(), options.c_str());
+    if (fitting > 0) options.push_back(strfmt("--micro_batch_tokens %lld%s", (long long)fitting, r.recompute_layer ? "" : " with it"));
+    options.insert(options.end(), more.begin(), more.end());
+    if (more.empty() && notes.empty())
+        options.push_back(strfmt("more ranks (ZeRO-1 splits the %s of master weights and AdamW moments over them)",
+                                 bytes_text(p.master + p.adam_m + p.adam_v).c_str()));
+    std::string tail;
+    for (size_t i = 0; i < options.size(); i++) tail += (i == 0 ? "; try " : i + 1 == options.size() ? " or " : ", ") + options[i];
+    if (fitting == 0)
+        tail += strfmt("; no --micro_batch_tokens fits (a forward holds at least one whole sequence, %lld tokens)",
+                       (long long)r.longest_sequence);
+    for (const std::string& n : notes) tail += "; " + n;
+    return strfmt("the memory plan needs %s of GPU memory (weights and optimizer %s, %lld tokens per micro-batch %s), the GPU has "
+                  "%s free of %s%s",
+                  bytes_text(p.total()).c_str(), bytes_text(p.master + p.gradients + p.adam_m + p.adam_v + p.bf16_copy + p.fp8_copies).c_str(),
+                  (long long)r.tokens, bytes_text(p.activations + p.backward + p.head + p.gemm_scratch).c_str(),
+                  bytes_text(free_bytes).c_str(), bytes_text(total_bytes).c_str(), tail.c_str());
 }
 
 }  // namespace fp8rl

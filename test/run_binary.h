@@ -17,6 +17,12 @@ inline std::string binary() {
     return b && *b ? b : "./train_rl_cpu";
 }
 
+// The GPU binary in emulation: $FP8RL_EMU_BIN (make test-unit sets it), else the build in the repo root.
+inline std::string emu_binary() {
+    const char* b = getenv("FP8RL_EMU_BIN");
+    return b && *b ? b : "./train_rl_emu";
+}
+
 struct RunResult {
     int status = -1;     // exit status; -1 when the command did not exit (killed by a signal)
     std::string output;  // stdout; stderr too where the command says 2>&1

@@ -3,10 +3,11 @@
 // resuming equals not stopping, bit for bit, micro-batches equal whole minibatches to rounding and
 // --recompute layer changes no bit. Data parallel under mpirun (one process per emulated GPU, the
 // communicator over MPI): N ranks equal one, --zero 0 equals --zero 1, checkpoints move between
-// rank counts, a failing rank ends the job. Not in the sanitizer build (the GPU engine's kernels
-// run under ASan in build/test_gpu_emu_asan); make test-unit sets FP8RL_EMU_BIN.
+// rank counts, a failing, hanging or dead rank ends the job. Not in the sanitizer build (the GPU
+// engine's kernels run under ASan in build/test_gpu_emu_asan); make test-unit sets FP8RL_EMU_BIN.
 #ifndef FP8RL_SANITIZE
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <map>
@@ -20,10 +21,7 @@ using namespace fp8rl;
 
 namespace {
 
-std::string emu_binary() {
-    const char* b = getenv("FP8RL_EMU_BIN");
-    return b && *b ? b : "./train_rl_emu";
-}
+using harness::emu_binary;
 
 // The demo task at a size emulation runs in seconds.
 std::string tiny_run(const std::string& out_dir, int steps, const char* precision, const char* kv_cache = "bf16") {
@@ -252,6 +250,60 @@ TEST(train_rl_emu_failing_rank_ends_the_job) {
               "%s", r.output.c_str());
 }
 
+// A rank that hangs (SIGSTOP) or dies (SIGKILL) in the middle of a training run ends the whole job
+// soon after, whatever collective the other rank is in: rank 1 signals itself once rank 0 has logged
+// its first step (both ranks are then training), writing the time first. Returns the job's output and
+// exit, and how long after the signal it ended: within --collective_timeout (2 s) and mpirun's
+// teardown, 10 s.
+namespace {
+
+harness::RunResult signal_rank1_mid_run(const char* signal, double* seconds_after) {
+    const std::string d = temp_dir(std::string("emu_mpi_") + signal);
+    const std::string args = dp_run(d + "/run", 100000, "bf16") + " --collective_timeout 2";
+    const std::string stamp = d + "/signalled_at";
+    const std::string rank1 = strfmt("sh -c '(while [ ! -s %s/run/log.jsonl ]; do sleep 0.05; done; date +%%s.%%N > %s; kill -%s $$) & "
+                                     "exec %s%s'",
+                                     d.c_str(), stamp.c_str(), signal, emu_binary().c_str(), args.c_str());
+    harness::RunResult r = run_cmd(mpirun(1) + emu_binary() + args + " : -np 1 " + rank1);
+    const double ended = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+    *seconds_after = ended - atof(read_file(stamp).c_str());
+    CHECK_MSG(r.status != 0 && r.status != 124, "%s: exit %d (124: timed out)", signal, r.status);
+    CHECK_MSG(*seconds_after < 10, "%s: the job ended %.1f s after the signal", signal, *seconds_after);
+    return r;
+}
+
+size_t error_lines(const std::string& out) {
+    size_t errors = 0;
+    for (size_t pos = out.find("error: "); pos != std::string::npos; pos = out.find("error: ", pos + 1)) errors++;
+    return errors;
+}
+
+}  // namespace
+
+// A hang: rank 0 waits --collective_timeout in its next collective, prints one line naming itself and
+// the call, and aborts the job (mpirun kills the stopped rank).
+TEST(train_rl_emu_hanging_rank_ends_the_job) {
+    if (std::system(("test -x " + emu_binary()).c_str()) != 0) SKIP("./train_rl_emu not built (make train_rl_emu)");
+    if (!have_mpirun()) SKIP("mpirun not found (install openmpi-bin)");
+    double after = 0;
+    const harness::RunResult r = signal_rank1_mid_run("STOP", &after);
+    CHECK_MSG(after > 2, "the job ended %.1f s after the signal, before the 2 s timeout", after);
+    CHECK_MSG(error_lines(r.output) == 1 && r.output.find("error: (rank 0) ") != std::string::npos &&
+                  r.output.find(" did not complete within 2 s (--collective_timeout)") != std::string::npos,
+              "%zu error lines in:\n%s", error_lines(r.output), r.output.c_str());
+}
+
+// A death: mpirun sees it and ends rank 0 at once, with its line naming rank 1 and the signal.
+TEST(train_rl_emu_dead_rank_ends_the_job) {
+    if (std::system(("test -x " + emu_binary()).c_str()) != 0) SKIP("./train_rl_emu not built (make train_rl_emu)");
+    if (!have_mpirun()) SKIP("mpirun not found (install openmpi-bin)");
+    double after = 0;
+    const harness::RunResult r = signal_rank1_mid_run("KILL", &after);
+    CHECK_MSG(error_lines(r.output) == 0 && r.output.find("process rank 1 ") != std::string::npos &&
+                  r.output.find("signal 9") != std::string::npos,
+              "%s", r.output.c_str());
+}
+
 // --micro_batch_tokens on the GPU engine, as trainer_micro_batches_match_whole_minibatches on the
 // CPU engine (its reasoning and tolerances: bf16 two steps, metrics at rtol 1e-3 and weights within
 // 1e-4; fp8 one update, its metrics, the wgrad's token groups being split). --recompute layer on
@@ -369,7 +421,8 @@ TEST(train_rl_emu_prompts_match_train_rl_cpu) {
 // A run whose memory plan exceeds the device (FP8RL_EMU_DEVICE_MEMORY shrinks the emulated one to
 // 34 MB; the tiny run's plan is ~38 MB, 32 MiB of it the cuBLASLt workspace) is refused before the
 // engine allocates anything: one error line with the plan, the free memory and the options, exit 1,
-// and not the allocation failure a run without the plan would meet.
+// and not the allocation failure a run without the plan would meet. No rank count fits: the
+// workspace stays whole on every rank.
 TEST(train_rl_emu_refuses_a_run_that_does_not_fit) {
     if (std::system(("test -x " + emu_binary()).c_str()) != 0) SKIP("./train_rl_emu not built (make train_rl_emu)");
     std::string d = temp_dir("emu_oom");
@@ -380,7 +433,7 @@ TEST(train_rl_emu_refuses_a_run_that_does_not_fit) {
     if (at == std::string::npos) return;
     const std::string line = r.output.substr(at, r.output.find('\n', at) - at);
     for (const char* s : {"112 tokens per micro-batch", "the GPU has 32.4 MiB free of 32.4 MiB", "--recompute layer (",
-                          "--micro_batch_tokens", "more ranks"})
+                          "--micro_batch_tokens", "no rank count up to 4"})
         CHECK_MSG(line.find(s) != std::string::npos, "no \"%s\" in: %s", s, line.c_str());
     CHECK_MSG(r.output.find("out of GPU memory allocating") == std::string::npos, "%s", r.output.c_str());
     CHECK(r.output.find("memory plan (one GPU)") == std::string::npos);

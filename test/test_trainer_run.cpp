@@ -95,6 +95,55 @@ TEST(trainer_renders_chat_messages) {
     CHECK_EQ(row.find("prompt_length/min")->number, std::min(lengths[0], lengths[1]));
 }
 
+// --max_prompt_tokens on both engines: rows whose prompt is over the budget are left out of the
+// training and the eval data, with one line per split. The short prompts here are 4 bytes, so at most 4
+// tokens (a byte-level BPE token holds at least one byte); the long ones are 40 words, so at least 40
+// tokens (the Qwen split regex makes each " word" a pre-token of its own); the budget is 20. Left
+// out: 2 of the 5 training rows, 1 of the 4 eval rows; no step then sees a prompt over 4 tokens and the
+// eval has 3 prompts. The same run without the budget does see a long prompt: its 2 steps of 2
+// prompts are 4 positions of one shuffle of the 5 rows, which miss at most one row. A budget below
+// every prompt ("1+1=" is 4 single-character pre-tokens, so exactly 4 tokens) is an error.
+TEST(trainer_max_prompt_tokens_leaves_out_long_prompts) {
+    std::string d = temp_dir("max_prompt");
+    std::string long_prompt;
+    for (int i = 0; i < 40; i++) long_prompt += i ? " word" : "word";
+    const std::string short_rows = "{\"prompt\": \"1+1=\", \"answer\": \"2\"}\n{\"prompt\": \"2+3=\", \"answer\": \"5\"}\n"
+                                   "{\"prompt\": \"4+4=\", \"answer\": \"8\"}\n";
+    const std::string long_row = "{\"prompt\": \"" + long_prompt + "\", \"answer\": \"1\"}\n";
+    harness::write_text(d + "/train.jsonl", long_row + short_rows + long_row);
+    harness::write_text(d + "/eval.jsonl", short_rows + long_row);
+    const std::string run = " --model test/fixtures/models/qwen3_tiny --task gsm8k --data " + d + "/train.jsonl --eval_data " + d +
+                            "/eval.jsonl --group_size 2 --batch_prompts 2 --max_new_tokens 2 --eval_k 0 --lr 1e-5 --seed 3";
+    std::vector<std::string> binaries = {harness::binary()};
+    if (!harness::sanitized && std::system(("test -x " + harness::emu_binary()).c_str()) == 0) binaries.push_back(harness::emu_binary());
+    for (size_t i = 0; i < binaries.size(); i++) {
+        const std::string& bin = binaries[i], out = d + "/run" + std::to_string(i);
+        harness::RunResult r = run_cmd(bin + run + " --max_prompt_tokens 20 --steps 2 --eval_every 2 --out_dir " + out);
+        CHECK_MSG(r.status == 0, "%s: %s", bin.c_str(), r.output.c_str());
+        for (const char* line : {"\nleft out 2 of 5 training prompts longer than 20 tokens (--max_prompt_tokens)\n",
+                                 "\nleft out 1 of 4 eval prompts longer than 20 tokens (--max_prompt_tokens)\n"})
+            CHECK_MSG(r.output.find(line) != std::string::npos, "%s: no \"%s\" in: %s", bin.c_str(), line + 1, r.output.c_str());
+        if (r.status) continue;
+        const std::vector<Json> rows = log_rows(out);
+        CHECK_EQ(rows.size(), (size_t)2);
+        for (const Json& row : rows) CHECK(row.find("prompt_length/max")->number <= 4);
+        CHECK_EQ(rows.back().find("val/num_prompts")->number, 3.0);
+    }
+    harness::RunResult whole = run_cmd(harness::binary() + run + " --steps 2 --eval_every 0 --out_dir " + d + "/whole");
+    CHECK_MSG(whole.status == 0 && whole.output.find("left out") == std::string::npos, "%s", whole.output.c_str());
+    if (whole.status == 0) {
+        double longest = 0;
+        for (const Json& row : log_rows(d + "/whole")) longest = std::max(longest, row.find("prompt_length/max")->number);
+        CHECK_MSG(longest >= 40, "the longest prompt of the run without a budget: %g tokens", longest);
+    }
+    harness::RunResult none = run_cmd(harness::binary() + run + " --max_prompt_tokens 3 --out_dir " + d + "/none");
+    CHECK_EQ(none.status, 1);
+    CHECK_MSG(none.output.find("error: --max_prompt_tokens 3 leaves out all 5 training prompts of " + d +
+                               "/train.jsonl (the shortest is 4 tokens, chat template included); give --max_prompt_tokens 4 or more") !=
+                  std::string::npos,
+              "%s", none.output.c_str());
+}
+
 // Learning from scratch (check_learns_from_scratch): a random policy is right about 0.5% of the
 // time ((1/14)^2: digit, then end of text); within 30 steps of 16 prompts at a high learning rate
 // the last 5 steps' mean reward must be at least 0.10 and three times the first 5's. (Measured with

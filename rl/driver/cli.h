@@ -17,6 +17,7 @@
 #include "rl/driver/args.h"
 #include "rl/common.h"
 #include "rl/driver/driver.h"
+#include "rl/driver/memory_fit.h"
 #include "rl/io/jsonl.h"
 #include "rl/model/model_info.h"
 #include "rl/tasks/score.h"
@@ -202,10 +203,12 @@ void train_on_ranks(const Args& args, const Dist& dist, const char* binary) {
     // The FP8 KV cache's scales from every rank's prompts, not this rank's: N ranks generate what one does.
     options.kv_amax_reduce = [&dist](std::vector<float>& amax) { dist.all_reduce_max(amax); };
     std::unique_ptr<Tokenizer> tok = Tokenizer::load(dir + "/tokenizer.json");
-    PromptSource prompts = training_prompts(cfg);
+    const PromptBudget budget{prompt_length_counter(*tok, dir, cfg.enable_thinking), dist.is_root()};
+    PromptSource prompts = training_prompts(cfg, budget);
+    std::vector<Example> eval = eval_prompts(cfg, budget);
     // An engine on a device refuses here, before allocating, a run whose memory plan does not fit.
-    const std::string plan =
-        EngineT::device_memory_plan(load_model_config(dir), options, memory_demand(cfg, dist.size(), *tok, dir, prompts));
+    const std::string plan = EngineT::device_memory_plan(
+        load_model_config(dir), RunShape{cfg, options, dist.size(), planned_prompt_tokens(cfg, budget.length, prompts)});
     if (dist.is_root()) printf("%s", plan.c_str());
     EngineT engine(dir, options);
     check_fits_context(cfg, engine.config());
@@ -215,7 +218,7 @@ void train_on_ranks(const Args& args, const Dist& dist, const char* binary) {
         else if (args.given("model")) reference = std::make_unique<EngineT>(args.str("model"), options);
         else reference = std::make_unique<EngineT>(cfg.out_dir + "/init_model", options);
     }
-    Trainer trainer(cfg, dist, engine, reference.get(), *tok, dir, std::move(prompts), eval_prompts(cfg));
+    Trainer trainer(cfg, dist, engine, reference.get(), *tok, dir, std::move(prompts), std::move(eval));
     if (args.given("resume")) trainer.restore(load_trainer_state(dir));
     Logger log(cfg.out_dir, dist.is_root(), trainer.step(), cfg.tensorboard);
     const std::string changed = args.given("resume") ? recipe_changes(dir, cfg) : "";
@@ -228,6 +231,34 @@ void train_on_ranks(const Args& args, const Dist& dist, const char* binary) {
     for (const std::string& f : {log.path(), trainer.dashboard_path(), log.tensorboard_path()})
         if (!f.empty() && std::filesystem::exists(f)) files += " " + f;
     log.print(files + (cfg.tensorboard ? "  (tensorboard --logdir " + cfg.out_dir + ")" : ""));
+}
+
+// --plan_ranks N: the memory plan of one rank of an N-rank training run with the other flags, from the
+// config.json of --model (or of the fresh model of --init) alone: no weights, tokenizer, data or
+// device; prompts are planned at --max_prompt_tokens. Printed, then exit 0 when it fits an H200, else
+// the refusal a training start would give (naming what would fit) and exit 1.
+template <class EngineT>
+int run_plan_mode(const Args& args) {
+    if constexpr (!EngineT::plans_device_memory) {
+        fail("--plan_ranks plans the GPU engine's device memory: run it with train_rl (or train_rl_emu, without a GPU); "
+             "train_rl_cpu holds its model in host memory");
+    } else {
+        const TrainConfig cfg = train_config_from_args(args);
+        if (cfg.max_prompt_tokens <= 0)
+            fail("--plan_ranks reads no data: give --max_prompt_tokens N, the longest prompt to plan for (training leaves "
+                 "longer ones out)");
+        const int ranks = (int)args.integer("plan_ranks");
+        PromptSource::rank_positions(cfg.batch_prompts, cfg.minibatches, 0, ranks);  // refuses a batch the ranks cannot split
+        const ModelConfig c = planned_model_config(args, cfg);
+        check_fits_context(cfg, c);
+        const RunShape shape{cfg, engine_options_from_args(args), ranks, cfg.max_prompt_tokens};
+        const PlannedMemory m = EngineT::offline_memory_plan(c, shape);
+        printf("--plan_ranks %d: one rank of %d, on an H200 (%s)\n%s", ranks, ranks, bytes_text(kH200Bytes).c_str(),
+               m.text.c_str());
+        if (!m.refusal.empty()) fail("%s", m.refusal.c_str());
+        printf("fits: %s of %s\n", bytes_text(m.total).c_str(), bytes_text(kH200Bytes).c_str());
+        return 0;
+    }
 }
 
 // An error on one rank stops every rank (the others would wait in a collective forever).
@@ -277,6 +308,7 @@ int run_cli(const Args& args, const char* binary, FlagEngine flags) {
     }
     for (const char* mode : {"prompts", "prompt"})
         if (args.given(mode)) return run_generation_mode<EngineT>(args, mode);
+    if (args.given("plan_ranks")) return run_plan_mode<EngineT>(args);
     return train<EngineT>(args, binary);
 }
 

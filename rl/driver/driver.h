@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -42,6 +43,7 @@
 #include "rl/io/run_summary.h"
 #include "rl/text/tokenizer.h"
 #include "rl/driver/train_config.h"
+#include "rl/driver/train_setup.h"
 
 namespace fp8rl {
 
@@ -105,34 +107,26 @@ inline std::vector<int32_t> encode_example_prompt(const Tokenizer& tok, const Ex
     return std::vector<int32_t>(ids.begin(), ids.end());
 }
 
-// The largest forward of a run, for an engine's memory plan. A sequence is at most the longest
-// prompt + --max_new_tokens tokens; the longest prompt is measured over every row of a dataset, or
-// over the first 1,000 prompts of a synthetic task (whose lengths --task_size bounds). A forward
-// holds --micro_batch_tokens (or that one sequence, when longer) or, at 0, a minibatch of this rank:
-// batch_prompts / (minibatches x ranks) prompts x group_size sequences. Not counted: the groups
-// dynamic sampling keeps beyond the batch (its last attempt's surplus).
-inline MemoryDemand memory_demand(const TrainConfig& cfg, int ranks, const Tokenizer& tok, const std::string& model_dir,
-                                  PromptSource& prompts) {
-    const int64_t n = prompts.size() > 0 ? prompts.size() : 1000;
-    std::unique_ptr<ChatTemplate> chat;
-    int64_t longest_prompt = 0;
-    for (int64_t i = 0; i < n; i++)
-        longest_prompt = std::max(longest_prompt,
-                                  (int64_t)encode_example_prompt(tok, prompts.at(i), model_dir, cfg.enable_thinking, chat).size());
-    MemoryDemand d;
-    d.longest_sequence = longest_prompt + cfg.sampling.max_new_tokens;
-    const int64_t per_rank = (cfg.batch_prompts + (int64_t)cfg.minibatches * ranks - 1) / ((int64_t)cfg.minibatches * ranks);
-    d.tokens_per_forward = cfg.micro_batch_tokens > 0 ? std::max(cfg.micro_batch_tokens, d.longest_sequence)
-                                                      : per_rank * cfg.group_size * d.longest_sequence;
-    d.reference_policy = cfg.kl_coef > 0;
-    d.ranks = ranks;
-    const int64_t eval_per_rank = (cfg.eval_prompts + ranks - 1) / ranks;
-    d.rollout_requests = std::max((cfg.batch_prompts + ranks - 1) / ranks * cfg.group_size,
-                                  cfg.eval_every > 0 ? eval_per_rank * std::max(1, cfg.eval_k) : 0);
-    d.longest_prompt = longest_prompt;
-    d.max_new_tokens = cfg.sampling.max_new_tokens;
-    d.kv_cache = cfg.kv_cache;
-    return d;
+// How many tokens a prompt takes as the trainer encodes it (--max_prompt_tokens counts these); the
+// chat template is loaded at the first "messages" row and kept.
+inline std::function<int64_t(const Example&)> prompt_length_counter(const Tokenizer& tok, const std::string& model_dir,
+                                                                   int enable_thinking) {
+    auto chat = std::make_shared<std::unique_ptr<ChatTemplate>>();
+    return [&tok, model_dir, enable_thinking, chat](const Example& ex) {
+        return (int64_t)encode_example_prompt(tok, ex, model_dir, enable_thinking, *chat).size();
+    };
+}
+
+// The longest prompt the memory plan sizes sequences by: --max_prompt_tokens when given (the data
+// holds no longer one), else measured over every row of a dataset or over the first prompts of a
+// synthetic task (whose lengths --task_size bounds).
+inline int64_t planned_prompt_tokens(const TrainConfig& cfg, const std::function<int64_t(const Example&)>& length,
+                                     PromptSource& prompts) {
+    if (cfg.max_prompt_tokens > 0) return cfg.max_prompt_tokens;
+    const int64_t n = prompts.size() > 0 ? prompts.size() : kMeasuredTaskPrompts;
+    int64_t longest = 0;
+    for (int64_t i = 0; i < n; i++) longest = std::max(longest, length(prompts.at(i)));
+    return longest;
 }
 
 // The micro-batches of the sequences [b, e): consecutive runs holding at most max_tokens tokens each

@@ -26,6 +26,7 @@ struct TrainConfig {
     int task_size = 0;
     std::string data, eval_data;
     int64_t eval_prompts = 0;
+    int64_t max_prompt_tokens = 0;  // prompts longer than this are left out of the data; 0 = no limit
     int enable_thinking = 1;  // Qwen3 chat template, for dataset rows with "messages"
     // algorithm
     std::string algo;
@@ -116,6 +117,7 @@ inline TrainConfig train_config_from_args(const Args& a) {
     c.data = a.str("data");
     c.eval_data = a.str("eval_data");
     c.eval_prompts = a.integer("eval_prompts");
+    c.max_prompt_tokens = a.integer("max_prompt_tokens");
     c.enable_thinking = (int)a.integer("enable_thinking");
     if (is_synthetic_task(c.task)) c.task_size = a.integer("task_size") ? (int)a.integer("task_size") : default_task_size(c.task);
     else if (c.data.empty())

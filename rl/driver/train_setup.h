@@ -2,7 +2,10 @@
 // train_rl: which model directory to load (--model, a fresh --init model, or --resume), the
 // training and held-out prompts, and the config table printed at start.
 #pragma once
+#include <algorithm>
+#include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -21,11 +24,48 @@ namespace fp8rl {
 inline uint64_t train_task_seed(uint64_t seed) { return seed; }
 inline uint64_t eval_task_seed(uint64_t seed) { return seed ^ 0x5EEDE7A1ull; }
 
-inline PromptSource training_prompts(const TrainConfig& c) {
-    if (!c.data.empty()) return PromptSource::from_dataset(load_jsonl_dataset(c.data), c.seed);
+// --max_prompt_tokens as the data loaders apply it: how many tokens a prompt takes after the chat
+// template (the driver's encode_example_prompt) and whether this rank prints what it left out. The
+// default (no length) loads the data whole, as model_directory does for a fresh model's symbols.
+struct PromptBudget {
+    std::function<int64_t(const Example&)> length;
+    bool log = false;
+};
+
+// verl's filter_overlong_prompts: the examples of `what` (from `source`) whose prompt is at most
+// --max_prompt_tokens long, in their order, with one stdout line counting the rest; leaving out all
+// of them is an error.
+inline std::vector<Example> leave_out_long_prompts(std::vector<Example> examples, const TrainConfig& c, const PromptBudget& budget,
+                                                   const char* what, const std::string& source) {
+    if (c.max_prompt_tokens <= 0 || !budget.length) return examples;
+    std::vector<Example> kept;
+    int64_t shortest = INT64_MAX;
+    for (Example& ex : examples) {
+        const int64_t n = budget.length(ex);
+        shortest = std::min(shortest, n);
+        if (n <= c.max_prompt_tokens) kept.push_back(std::move(ex));
+    }
+    if (kept.empty())
+        fail("--max_prompt_tokens %lld leaves out all %zu %s of %s (the shortest is %lld tokens, chat template included); "
+             "give --max_prompt_tokens %lld or more",
+             (long long)c.max_prompt_tokens, examples.size(), what, source.c_str(), (long long)shortest, (long long)shortest);
+    if (budget.log)
+        printf("left out %zu of %zu %s longer than %lld tokens (--max_prompt_tokens)\n", examples.size() - kept.size(),
+               examples.size(), what, (long long)c.max_prompt_tokens);
+    return kept;
+}
+
+// The first prompts of a synthetic task that the memory plan measures without a budget: a generator
+// has no end to leave prompts out of, so with --max_prompt_tokens each of them must fit it.
+constexpr int64_t kMeasuredTaskPrompts = 1000;
+
+inline PromptSource training_prompts(const TrainConfig& c, const PromptBudget& budget = {}) {
+    if (!c.data.empty())
+        return PromptSource::from_dataset(leave_out_long_prompts(load_jsonl_dataset(c.data), c, budget, "training prompts", c.data),
+                                          c.seed);
     std::string task = c.task;
     int size = c.task_size;
-    return PromptSource::from_generator(
+    PromptSource source = PromptSource::from_generator(
         [task, size](uint64_t seed, int64_t index) {
             TaskExample t = task_example(task, size, seed, (uint64_t)index);
             Example ex;
@@ -34,13 +74,21 @@ inline PromptSource training_prompts(const TrainConfig& c) {
             return ex;
         },
         train_task_seed(c.seed));
+    if (c.max_prompt_tokens > 0 && budget.length)
+        for (int64_t i = 0; i < kMeasuredTaskPrompts; i++)
+            if (const int64_t n = budget.length(source.at(i)); n > c.max_prompt_tokens)
+                fail("--max_prompt_tokens %lld: --task %s --task_size %d generates a prompt of %lld tokens (training prompt %lld); "
+                     "only --data and --eval_data rows are left out: give --max_prompt_tokens %lld or a smaller --task_size",
+                     (long long)c.max_prompt_tokens, task.c_str(), size, (long long)n, (long long)i, (long long)n);
+    return source;
 }
 
-// Held-out prompts: the first eval_prompts of --eval_data, or generated with the eval seed.
-inline std::vector<Example> eval_prompts(const TrainConfig& c) {
+// Held-out prompts: the first eval_prompts of --eval_data, or generated with the eval seed; either
+// way within --max_prompt_tokens.
+inline std::vector<Example> eval_prompts(const TrainConfig& c, const PromptBudget& budget = {}) {
     std::vector<Example> out;
     if (!c.eval_data.empty()) {
-        out = load_jsonl_dataset(c.eval_data);
+        out = leave_out_long_prompts(load_jsonl_dataset(c.eval_data), c, budget, "eval prompts", c.eval_data);
         if ((int64_t)out.size() > c.eval_prompts) out.resize((size_t)c.eval_prompts);
         return out;
     }
@@ -49,7 +97,16 @@ inline std::vector<Example> eval_prompts(const TrainConfig& c) {
         TaskExample t = task_example(c.task, c.task_size, eval_task_seed(c.seed), (uint64_t)i);
         out.push_back(Example{t.prompt, {}, t.answer});
     }
-    return out;
+    return leave_out_long_prompts(std::move(out), c, budget, "eval prompts", "--task " + c.task);
+}
+
+// The symbols of a fresh model's task tokenizer: those of the held-out prompts and the first
+// training prompts.
+inline std::string fresh_model_symbols(const TrainConfig& c) {
+    std::vector<Example> examples = eval_prompts(c);
+    PromptSource train = training_prompts(c);
+    for (int64_t i = 0; i < 1000; i++) examples.push_back(train.at(i));
+    return task_symbols(examples);
 }
 
 // The model directory the run loads. --resume: the checkpoint (itself a HF directory; the
@@ -64,14 +121,19 @@ inline std::string model_directory(const Args& a, const TrainConfig& c, const Di
         fail("give exactly one of --model DIR (a HF model) and --init PRESET|config.json (a fresh model)");
     if (a.given("model")) return a.str("model");
     std::string dir = c.out_dir + "/init_model";
-    if (dist.is_root()) {
-        std::vector<Example> examples = eval_prompts(c);
-        PromptSource train = training_prompts(c);
-        for (int64_t i = 0; i < 1000; i++) examples.push_back(train.at(i));
-        write_fresh_model(a.str("init"), dir, task_symbols(examples), c.seed);
-    }
+    if (dist.is_root()) write_fresh_model(a.str("init"), dir, fresh_model_symbols(c), c.seed);
     dist.barrier();
     return dir;
+}
+
+// The config.json a run would load, without loading anything else (--plan_ranks): --model's, or that
+// of the fresh model --init would write.
+inline ModelConfig planned_model_config(const Args& a, const TrainConfig& c) {
+    if (a.given("model") == a.given("init"))
+        fail("give exactly one of --model DIR (a HF model) and --init PRESET|config.json (a fresh model)");
+    if (a.given("model")) return load_model_config(a.str("model"));
+    const std::string where = "--init " + a.str("init");
+    return parse_model_config(json_parse(fresh_config_text(a.str("init"), fresh_model_symbols(c)), where), where);
 }
 
 // The flags that size a sequence against the model's context (max_position_embeddings, when the

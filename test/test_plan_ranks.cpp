@@ -1,0 +1,182 @@
+// Tests of --plan_ranks N (rl/driver/cli.h's run_plan_mode): the GPU binary prints the memory plan of
+// one rank of an N-rank run from a config.json alone (Qwen3-8B's and Qwen3-32B's, test/fixtures/configs:
+// no weights, no tokenizer, no data) and exits 0 when it fits an H200, else 1 with one line naming what
+// would fit. The expected figures come from the config's fields, counted here, and from issue 31's
+// formula for the persistent state, not from cuda/memory_plan.h; train_rl_cpu refuses the flag.
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "rl/io/json.h"
+#include "test/harness.h"
+#include "test/training_run.h"
+
+using namespace fp8rl;
+
+namespace {
+
+// A Qwen3 config's sizes as config.json states them, and what follows from them by counting.
+struct Qwen3Shape {
+    double V, C, I, L, H, KV, D;
+    explicit Qwen3Shape(const std::string& dir) {
+        const Json j = json_parse_file(dir + "/config.json");
+        auto field = [&](const char* name) { return (double)j.find(name)->integer; };
+        V = field("vocab_size"), C = field("hidden_size"), I = field("intermediate_size"), L = field("num_hidden_layers");
+        H = field("num_attention_heads"), KV = field("num_key_value_heads"), D = field("head_dim");
+        CHECK(!j.find("tie_word_embeddings")->boolean);  // untied: an embedding and an lm_head
+    }
+    // q, k, v, o and the SwiGLU's gate, up, down of one layer as [out][in]
+    std::vector<std::pair<double, double>> projections() const {
+        return {{H * D, C}, {KV * D, C}, {KV * D, C}, {C, H * D}, {I, C}, {I, C}, {C, I}};
+    }
+    double projection_params() const {
+        double n = 0;
+        for (const auto& [out, in] : projections()) n += out * in;
+        return L * n;
+    }
+    // + the embedding and the head, the layers' two RMSNorms and q/k norms, the final norm
+    double params() const { return 2 * V * C + projection_params() + L * (2 * C + 2 * D) + C; }
+    // the FP8 codes of every projection and of its transpose, with both grids of FP32 128x128-block scales
+    double fp8_bytes() const {
+        double blocks = 0;
+        for (const auto& [out, in] : projections()) blocks += std::ceil(out / 128) * std::ceil(in / 128);
+        return 2 * projection_params() + L * 2 * 4 * blocks;
+    }
+    // issue 31: FP32 gradients whole on every rank (4 B/param), master weights and both AdamW moments
+    // split over the ranks (12/N), a BF16 copy of every weight, the FP8 copies
+    double persistent_bytes(int ranks) const { return (4 + 12.0 / ranks) * params() + 2 * params() + fp8_bytes(); }
+};
+
+constexpr double kH200 = 143771.0 * 1048576;  // bytes, as nvidia-smi reports an H200 (the emulation's device)
+
+// The MiB the plan prints on the line starting with `label`; NAN when there is none.
+double plan_mib(const std::string& out, const std::string& label) {
+    const size_t at = out.find("\n  " + label);
+    if (at == std::string::npos) return NAN;
+    const size_t end = out.find(" MiB", at);
+    const size_t start = out.rfind(' ', end - 1);
+    return atof(out.substr(start, end - start).c_str());
+}
+
+harness::RunResult plan(const std::string& binary, const std::string& model, int ranks, const std::string& flags) {
+    return run_cmd(binary + strfmt(" --plan_ranks %d --model ", ranks) + model + " " + flags);
+}
+
+std::string error_line(const std::string& out) {
+    const size_t at = out.find("error: ");
+    return at == std::string::npos ? std::string() : out.substr(at, out.find('\n', at) - at);
+}
+
+const char* const kQwen3_8B = "test/fixtures/configs/qwen3_8b";
+const char* const kQwen3_32B = "test/fixtures/configs/qwen3_32b";
+// A modest run: 8 prompts x 8 samples, 512 + 1024 tokens, 16 rollout slots, 4k-token micro-batches.
+const char* const kModestRun = "--max_prompt_tokens 512 --max_new_tokens 1024 --rollout_slots 16 --micro_batch_tokens 4096 "
+                               "--recompute layer --batch_prompts 8 --group_size 8";
+
+}  // namespace
+
+// Issue 31's own figures first (Qwen3-8B: 161 GB of persistent state on one GPU, 75 GB per GPU at 8
+// ranks), which the formula here reproduces; then the plan's persistent lines at 8 ranks against the
+// formula's terms, each to the printed 0.1 MiB (the gradients carry the norm's few partial sums more).
+TEST(plan_ranks_persistent_state_is_the_issue_formula) {
+    if (std::system(("test -x " + harness::emu_binary()).c_str()) != 0) SKIP("./train_rl_emu not built (make train_rl_emu)");
+    const Qwen3Shape q(kQwen3_8B);
+    CHECK_EQ(q.params(), 8190735360.0);  // Qwen3-8B's "8.2B" (6.95B outside the embedding and head)
+    CHECK_MSG(std::fabs(q.persistent_bytes(1) / 1e9 - 161) < 0.5 && std::fabs(q.persistent_bytes(8) / 1e9 - 75) < 0.5,
+              "persistent %.1f GB (1 rank), %.1f GB (8 ranks)", q.persistent_bytes(1) / 1e9, q.persistent_bytes(8) / 1e9);
+    const harness::RunResult r = plan(harness::emu_binary(), kQwen3_8B, 8, kModestRun);
+    CHECK_MSG(r.status == 0, "exit %d: %s", r.status, r.output.c_str());
+    CHECK_MSG(r.output.find(strfmt("for %.0f parameters", q.params())) != std::string::npos, "%s", r.output.c_str());
+    const double MiB = 1048576, P = q.params(), shard = std::ceil(P / 8);
+    const struct {
+        const char* label;
+        double expected, tolerance;
+    } lines[] = {{"FP32 master weights (1/8", 4 * shard / MiB, 0.05},  {"FP32 gradients", 4 * P / MiB, 0.1},
+                 {"AdamW m (1/8", 4 * shard / MiB, 0.05},              {"AdamW v (1/8", 4 * shard / MiB, 0.05},
+                 {"BF16 weight copy", 2 * P / MiB, 0.05},               {"FP8 weight copies", q.fp8_bytes() / MiB, 0.05}};
+    double persistent = 0;
+    for (const auto& l : lines) {
+        const double got = plan_mib(r.output, l.label);
+        CHECK_MSG(std::fabs(got - l.expected) <= l.tolerance, "%s: %.1f MiB printed, %.1f MiB expected", l.label, got, l.expected);
+        persistent += got;
+    }
+    CHECK_MSG(std::fabs(persistent - q.persistent_bytes(8) / MiB) < 0.5, "persistent %.1f MiB printed, %.1f MiB by the formula",
+              persistent, q.persistent_bytes(8) / MiB);
+}
+
+// Fits or not, by the persistent state alone: on 1 rank Qwen3-8B's (161 GB) exceeds an H200 (150.8 GB),
+// so the modest run is refused, naming 2 ranks; on 2 ranks (112 GB, + a 3.7 GB BF16 KV pool for 16
+// slots of 1,536 tokens at 144 KiB a token) it fits with room for 4k-token micro-batches. --zero 0 on
+// 2 ranks keeps 161 GB again: refused, naming --zero 1. Qwen3-32B on 8 ranks with --zero 1 keeps
+// 308 GB of persistent state on every rank: refused, no rank count fits (ZeRO-2 is not there yet).
+TEST(plan_ranks_exit_code_and_the_line_naming_what_fits) {
+    if (std::system(("test -x " + harness::emu_binary()).c_str()) != 0) SKIP("./train_rl_emu not built (make train_rl_emu)");
+    const Qwen3Shape q8(kQwen3_8B), q32(kQwen3_32B);
+    CHECK(q8.persistent_bytes(1) > kH200 && q8.persistent_bytes(2) + 16 * 1552 * 147456.0 < kH200 - 30e9);
+    CHECK(q32.persistent_bytes(8) > kH200);
+    const harness::RunResult one = plan(harness::emu_binary(), kQwen3_8B, 1, kModestRun);
+    CHECK_MSG(one.status == 1, "exit %d: %s", one.status, one.output.c_str());
+    const std::string line = error_line(one.output);
+    CHECK_MSG(line.find("error: the memory plan needs ") == 0 && line.find("try 2 ranks") != std::string::npos, "%s",
+              one.output.c_str());
+    CHECK(one.output.find("memory plan (one GPU)") != std::string::npos);  // the plan is printed before the refusal
+    const harness::RunResult two = plan(harness::emu_binary(), kQwen3_8B, 2, kModestRun);
+    CHECK_MSG(two.status == 0 && two.output.find("\nfits: ") != std::string::npos, "exit %d: %s", two.status, two.output.c_str());
+    const harness::RunResult zero0 = plan(harness::emu_binary(), kQwen3_8B, 2, std::string(kModestRun) + " --zero 0");
+    CHECK_MSG(zero0.status == 1 && error_line(zero0.output).find("--zero 1 (") != std::string::npos, "%s", zero0.output.c_str());
+    const harness::RunResult big = plan(harness::emu_binary(), kQwen3_32B, 8, kModestRun);
+    CHECK_MSG(big.status == 1 && error_line(big.output).find("no rank count up to 8 ") != std::string::npos, "%s",
+              big.output.c_str());
+    // the built-in tiny model (--init tiny, ~0.1M parameters: its config with the task's vocabulary) fits
+    const harness::RunResult tiny = run_cmd(harness::emu_binary() + " --plan_ranks 1 --init tiny --max_prompt_tokens 16");
+    CHECK_MSG(tiny.status == 0 && tiny.output.find(" parameters, ") != std::string::npos &&
+                  tiny.output.find("\nfits: ") != std::string::npos,
+              "exit %d: %s", tiny.status, tiny.output.c_str());
+}
+
+// What the refusal names is the most that fits: the run with it fits, with one more it does not.
+// Issue 31's Qwen3-8B target on 2 ranks with --zero 1 (its 64 slots of 8,704 tokens need a 38 GiB FP8
+// KV pool beside 104 GiB of persistent state) names --rollout_slots, --max_new_tokens and 4 ranks.
+TEST(plan_ranks_names_the_most_that_fits) {
+    if (std::system(("test -x " + harness::emu_binary()).c_str()) != 0) SKIP("./train_rl_emu not built (make train_rl_emu)");
+    const std::string target = "--rollout_precision fp8 --train_precision fp8 --kv_cache fp8 --calibrated_clip 1 --recompute layer "
+                               "--micro_batch_tokens 16384 --batch_prompts 64 --group_size 8 --max_prompt_tokens 512";
+    const harness::RunResult r = plan(harness::emu_binary(), kQwen3_8B, 2, target + " --max_new_tokens 8192 --rollout_slots 64");
+    const std::string line = error_line(r.output);
+    CHECK_MSG(r.status == 1 && line.find(" or 4 ranks") != std::string::npos, "exit %d: %s", r.status, r.output.c_str());
+    CHECK_EQ(plan(harness::emu_binary(), kQwen3_8B, 4, target + " --max_new_tokens 8192 --rollout_slots 64").status, 0);
+    for (const char* flag : {"--rollout_slots ", "--max_new_tokens "}) {
+        const size_t at = line.find(flag);
+        CHECK_MSG(at != std::string::npos, "no %s in: %s", flag, line.c_str());
+        if (at == std::string::npos) continue;
+        const long n = atol(line.c_str() + at + strlen(flag));
+        const std::string other = flag[2] == 'r' ? " --max_new_tokens 8192 --rollout_slots " : " --rollout_slots 64 --max_new_tokens ";
+        CHECK_MSG(plan(harness::emu_binary(), kQwen3_8B, 2, target + other + std::to_string(n)).status == 0, "%s%ld", flag, n);
+        CHECK_MSG(plan(harness::emu_binary(), kQwen3_8B, 2, target + other + std::to_string(n + 1)).status == 1, "%s%ld", flag, n + 1);
+    }
+}
+
+// Bad uses get one error line and exit 1: the CPU binary has no device plan; without
+// --max_prompt_tokens there is no prompt length to plan for (no data is read); a rank count that
+// does not split the batch; --zero 2, which the engine cannot run, is refused, not planned.
+TEST(plan_ranks_refusals) {
+    const std::string flags = std::string(" --plan_ranks 2 --model ") + kQwen3_8B;
+    const harness::RunResult cpu = run_cmd(harness::binary() + flags + " --max_prompt_tokens 512");
+    CHECK_MSG(cpu.status == 1 && cpu.output.find("error: --plan_ranks plans the GPU engine's device memory: run it with train_rl") !=
+                                     std::string::npos,
+              "exit %d: %s", cpu.status, cpu.output.c_str());
+    if (std::system(("test -x " + harness::emu_binary()).c_str()) != 0) SKIP("./train_rl_emu not built (make train_rl_emu)");
+    const struct {
+        std::string args, message;
+    } cases[] = {
+        {flags, "error: --plan_ranks reads no data: give --max_prompt_tokens N"},
+        {flags + " --max_prompt_tokens 512 --batch_prompts 3", "--batch_prompts 3 is not a multiple of --minibatches 1 x 2 MPI ranks"},
+        {flags + " --max_prompt_tokens 512 --zero 2", "error: --zero 2: out of range [0, 1]"},
+    };
+    for (const auto& c : cases) {
+        const harness::RunResult r = run_cmd(harness::emu_binary() + c.args);
+        CHECK_MSG(r.status == 1 && r.output.find(c.message) != std::string::npos, "%s: exit %d, expected \"%s\" in: %s",
+                  c.args.c_str(), r.status, c.message.c_str(), r.output.c_str());
+    }
+}
