@@ -350,11 +350,6 @@ void allow_tile_smem(Kernel kernel) {
 // Rowwise: codes / scale_inv may be null (transposed only), or codes_t / scale_inv_t (rowwise only),
 // not both.
 
-// The uint32 words of amax scratch a row- or tensor-scaled quantization of [rows][cols] needs.
-inline size_t fp8_amax_words(Fp8Scaling scaling, int rows, int cols) {
-    return scaling == Fp8Scaling::Block ? 0 : scaling == Fp8Scaling::Row ? (size_t)rows + cols : 1;
-}
-
 // The launch of quantize_rowwise_kernel over the [rows][cols] values of `source` at `scaling`; row
 // and tensor first run amax_tiles_kernel into amax_scratch (fp8_amax_words of it).
 template <class Source>
@@ -401,10 +396,6 @@ void fp8_quantize_blockwise_gpu(const In* w, int rows, int cols, bool pow2, uint
     LAUNCH_KERNEL(quantize_blockwise_kernel<In>, grid, QUANT_THREADS, TILE_BYTES, stream, w, rows, cols, pow2, codes,
                   scale_inv, codes_t, scale_inv_t);
 }
-
-// The layout of a projection weight's FP8 copies at a granularity: 128x128 blocks, one scale per
-// output channel (W) and input channel (W^T), or one scale.
-inline Fp8Layout fp8_weight_layout(Fp8Scaling s) { return s == Fp8Scaling::Block ? Fp8Layout::Blk128x128 : fp8_rows_layout(s); }
 
 // The FP8 copy of a projection weight W [rows][cols] (device memory) at `scaling`: codes and scales
 // for fprop, the transposed codes [cols][rows] and scales for dgrad (sizes: fp8_scale_count of

@@ -145,6 +145,7 @@ class GpuEngine : public Engine {
         r.reference_policy = d.reference_policy;
         r.optimizer_shards = o.zero == 1 ? d.ranks : 1;  // as init_optimizer shards them
         r.longest_sequence = d.longest_sequence;
+        r.fp8_scaling = o.fp8_scaling;
         if (d.rollout_requests > 0)
             r.rollout_bytes = rollout_device_bytes(c, o, (long)d.rollout_requests, (long)d.longest_prompt, d.max_new_tokens,
                                                    d.kv_cache);

@@ -32,6 +32,7 @@ struct MemoryPlanRequest {
     bool reference_policy = false; // a frozen copy for the KL term (a second engine without optimizer)
     int optimizer_shards = 1;      // ranks the FP32 master and AdamW moments are split over (ZeRO-1; 1 = none)
     int64_t longest_sequence = 1;  // a micro-batch holds at least one sequence, however long
+    Fp8Scaling fp8_scaling = Fp8Scaling::Block;  // --fp8_scaling: the FP8 copies' and operands' scales
     size_t rollout_bytes = 0;      // generation's KV page pool and decode buffers (rollout.cu's rollout_device_bytes)
 };
 
@@ -61,14 +62,19 @@ namespace memory_plan_detail {
 
 inline long round_up(long n, long m) { return (n + m - 1) / m * m; }
 
-// The FP8 copies of every projection: codes and transposed codes, both scale grids.
-inline size_t fp8_copy_bytes(const ModelConfig& c) {
+// The FP8 copies of every projection at a granularity: codes and transposed codes, both scale
+// tensors; at row and tensor also the requantization's amax scratch (the largest projection's).
+inline size_t fp8_copy_bytes(const ModelConfig& c, Fp8Scaling scaling) {
     const int C = (int)c.hidden_size, Q = (int)c.q_dim(), Kd = (int)c.kv_dim(), I = (int)c.intermediate_size;
     const int shapes[7][2] = {{Q, C}, {Kd, C}, {Kd, C}, {C, Q}, {I, C}, {I, C}, {C, I}};  // [N][K] of q k v o gate up down
-    size_t per_layer = 0;
-    for (const auto& s : shapes)
-        per_layer += 2 * (size_t)s[0] * s[1] + sizeof(float) * (blk128_scale_count(s[0], s[1]) + blk128_scale_count(s[1], s[0]));
-    return per_layer * (size_t)c.num_layers;
+    const Fp8Layout layout = fp8_weight_layout(scaling);
+    size_t per_layer = 0, amax_words = 0;
+    for (const auto& s : shapes) {
+        per_layer += 2 * (size_t)s[0] * s[1] +
+                     sizeof(float) * (fp8_scale_count(layout, s[0], s[1]) + fp8_scale_count(layout, s[1], s[0]));
+        amax_words = std::max(amax_words, fp8_amax_words(scaling, s[0], s[1]));
+    }
+    return per_layer * (size_t)c.num_layers + sizeof(uint32_t) * amax_words;
 }
 
 // prepare_batch carves its activations on 256-byte boundaries (cuBLASLt's default alignment
@@ -91,12 +97,14 @@ inline size_t forward_bytes(const ModelConfig& c, long T, bool recompute) {
            4 * (size_t)(sets * inner_f32 + 5 * T + Tp * N) + 2 * forward_carve_slack(L, sets);
 }
 
-// The FP8 operand scratch of the linear layers (LinearScratch: two operands and their transposes).
-inline size_t linear_scratch_bytes(const ModelConfig& c, long T) {
+// The FP8 operand scratch of the linear layers (LinearScratch: two operands and their transposes,
+// and at row and tensor the amax scratch).
+inline size_t linear_scratch_bytes(const ModelConfig& c, long T, Fp8Scaling scaling) {
     const int Tp = (int)round_up(T, 128);
     const int max_dim = (int)std::max({c.hidden_size, c.q_dim() + 2 * c.kv_dim(), 2 * c.intermediate_size});
-    const size_t scales = std::max(vec128_scale_count(Tp, max_dim), vec128_scale_count(max_dim, Tp));
-    return 2 * (2 * (size_t)Tp * max_dim + 2 * sizeof(float) * scales);
+    const Fp8Layout layout = fp8_rows_layout(scaling);
+    const size_t scales = std::max(fp8_scale_count(layout, Tp, max_dim), fp8_scale_count(layout, max_dim, Tp));
+    return 2 * (2 * (size_t)Tp * max_dim + 2 * sizeof(float) * scales) + sizeof(uint32_t) * fp8_amax_words(scaling, Tp, max_dim);
 }
 
 // The head's scratch (LogprobHeadGpu): forward statistics and one chunk of FP32 logits; backward
@@ -140,15 +148,15 @@ inline MemoryPlan plan_memory(const ModelConfig& c, const MemoryPlanRequest& r, 
     p.adam_v = 4 * shard;
     p.gradients = 4 * P + 8 * (std::max<size_t>(norm_blocks, 1) + 2);  // + the norm's partial sums
     p.bf16_copy = 2 * P;
-    p.fp8_copies = fp8_copy_bytes(c);
+    p.fp8_copies = fp8_copy_bytes(c, r.fp8_scaling);
     p.activations = forward_bytes(c, T, r.recompute_layer);
     p.backward = backward_bytes(c, T, k.column_sum_chunk_rows);
     p.head = head_bytes(c, T, k.head_vocab_chunk, true);
-    p.gemm_scratch = k.gemm_workspace_bytes + linear_scratch_bytes(c, T);
+    p.gemm_scratch = k.gemm_workspace_bytes + linear_scratch_bytes(c, T, r.fp8_scaling);
     p.kv_cache_bytes = r.rollout_bytes;
     if (r.reference_policy)
         p.reference = 4 * P + 2 * P + p.fp8_copies + forward_bytes(c, T, r.recompute_layer) + head_bytes(c, T, k.head_vocab_chunk, false) +
-                      k.gemm_workspace_bytes + linear_scratch_bytes(c, T);
+                      k.gemm_workspace_bytes + linear_scratch_bytes(c, T, r.fp8_scaling);
     return p;
 }
 

@@ -89,6 +89,16 @@ FP8RL_HD size_t blk128_scale_count(int rows, int cols) {
     return (size_t)fp8_num_blocks(rows) * round_up4(fp8_num_blocks(cols));
 }
 
+// The layout of a projection weight's FP8 copies at a granularity: 128x128 blocks, one scale per
+// output channel (W) and input channel (W^T), or one scale.
+FP8RL_HD Fp8Layout fp8_weight_layout(Fp8Scaling s) { return s == Fp8Scaling::Block ? Fp8Layout::Blk128x128 : fp8_rows_layout(s); }
+
+// The uint32 words of amax scratch the GPU's two-pass (row or tensor) quantization of a [rows][cols]
+// tensor and its transpose needs (fp8_gemm.cuh's amax_tiles_kernel): one per row and column, or one.
+FP8RL_HD size_t fp8_amax_words(Fp8Scaling scaling, int rows, int cols) {
+    return scaling == Fp8Scaling::Block ? 0 : scaling == Fp8Scaling::Row ? (size_t)rows + cols : 1;
+}
+
 // Floats of the scale tensor of a [rows][cols] tensor in `layout`.
 FP8RL_HD size_t fp8_scale_count(Fp8Layout layout, int rows, int cols) {
     return layout == Fp8Layout::Vec128       ? vec128_scale_count(rows, cols)
