@@ -67,7 +67,8 @@ struct LaneSum {
 };
 
 // The row sum's chunk: 512 ids, a multiple of 8 (so id i is in lane i % 8 of its chunk's LaneSum);
-// 297 chunks at Qwen's 151,936 ids, about one per thread of a 256-thread block.
+// 297 chunks at Qwen's 151,936 ids, one per thread of cuda/sampling.cuh's blocks. A chunk bounds the
+// inverse CDF's sequential walk; the number of chunks, the sequential addition of their sums.
 constexpr int kSumChunk = 512;
 FP8RL_HD int sum_chunks(int n) { return (n + kSumChunk - 1) / kSumChunk; }
 FP8RL_HD int chunk_hi(int n, int c) { return n < (c + 1) * kSumChunk ? n : (c + 1) * kSumChunk; }  // its end

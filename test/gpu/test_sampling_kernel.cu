@@ -3,7 +3,9 @@
 // draws it), bit for bit: token, log-prob and full log-prob. On the sampling fixtures of
 // test/test_sampling.cpp and on rows of the real vocabulary size (151,936) built for the rule's
 // edges: exact ties at the top-k threshold and at the top-p boundary, a flat row, masked (-inf)
-// logits, greedy with tied maxima, a vocabulary limit below V that cuts off the largest logit.
+// logits, greedy with tied maxima, a vocabulary limit below V that cuts off the largest logit; on
+// random rows of that size under several temperatures, top-k and top-p; and the block's row sums
+// against the host's in double.
 // Bit equality holds in emulation (the device code is the host code); on a GPU it also needs the
 // device's double log to round as glibc's does (both are within 1 ulp; see cuda/sampling.cuh).
 #include <cmath>
