@@ -9,6 +9,7 @@
 // Bit equality holds in emulation (the device code is the host code); on a GPU it also needs the
 // device's double log to round as glibc's does (both are within 1 ulp; see cuda/sampling.cuh).
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <sstream>
 #include <vector>
@@ -94,6 +95,7 @@ TEST(sampling_kernel_row_sums_match_host) {
             }
         }
     }
+    printf("    %d row sums at block sizes 32 and %d: %d differ from the host's bits\n", checked, kSampleThreads, bad);
     CHECK_EQ(checked, 48);
     CHECK_MSG(bad == 0, "%d of %d row sums differ", bad, checked);
 }
@@ -178,7 +180,9 @@ TEST(sampling_kernel_matches_host_on_random_vocabulary_rows) {
         }
         bad += count_mismatches("random", logits, B, V, V, p, 7000u + 100u * key++);
     }
-    CHECK_MSG(bad == 0, "%d of %d random vocabulary rows differ", bad, B * (int)(sizeof settings / sizeof settings[0]));
+    const int rows = B * (int)(sizeof settings / sizeof settings[0]);
+    printf("    %d random rows of %d ids: %d differ from the host in token or log-prob bits\n", rows, V, bad);
+    CHECK_MSG(bad == 0, "%d of %d random vocabulary rows differ", bad, rows);
 }
 
 // Captured in a CUDA graph and replayed after new logits, keys and positions are uploaded to the same
