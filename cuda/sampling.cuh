@@ -6,13 +6,22 @@
 // the host's order:
 //   - the max of the scaled logits, the greedy argmax (lowest id on ties), the counts of top-k's
 //     bisection and the masks: exact whatever the order, so all threads share them;
-//   - every LaneSum (the row's mass, the kept masses, top-p's bisection): thread l < 8 adds lane l
-//     (ids l, l + 8, ...) in id order, as LaneSum does, and LaneSum::total() combines the lanes;
+//   - every row sum (the row's mass, the kept masses, each step of top-p's bisection): sampling.h's
+//     row_sum, whose chunks do not depend on the block: thread t sums chunks t, t + blockDim.x, ...
+//     each as chunk_sum does, into shared memory, and every thread adds the chunk sums in chunk order;
 //   - top-p's boundary tie group: its members all hold the same probability x, so the host's walk
 //     in id order keeps a prefix of them whose length follows from the masses before + x + x ...;
 //     every thread computes that length, then keeps the members whose rank (a prefix count over
-//     contiguous chunks of ids) is below it;
-//   - the inverse CDF, one sequential sum in id order: one thread, rl/numerics/sampling.h's inverse_cdf.
+//     contiguous spans of ids) is below it;
+//   - the inverse CDF over the kept mass's chunk sums (still in shared memory): one thread finds the
+//     chunk (inverse_cdf_chunk) and walks it (inverse_cdf_in_chunk), at most kSumChunk ids.
+// A row costs a pass over its logits (the max), one over the probabilities (exp and the row's mass),
+// then up to 31 count passes (top-k), 31 mass passes and the tie pass (top-p) and a kept-mass pass,
+// each over the row's n floats of scratch (600 KB at 151,936 ids, from L2 at batch sizes whose
+// scratch fits it), then one thread's walk over the chunk sums and at most one chunk. Estimated,
+// not measured: ~7 us a pass at ~80 GB/s of L2 reads per SM, the rows' blocks side by side, so a
+// decode step samples in ~20 us uncut and ~0.5 ms with top-k and top-p, whatever the batch up to
+// one row per SM (the one-thread walk and 8-thread sums before it: 3-9 ms).
 // The elementwise math is rl/numerics/fast_exp.h's exp and unfused products (mul_rn); the log-probs'
 // double log is the device's, which matches glibc's to within an ulp but is not guaranteed to
 // round the same: the bits are the host's in emulation, and on a GPU wherever the two logs agree
@@ -28,22 +37,22 @@
 
 namespace fp8rl {
 
-constexpr int kSampleThreads = 256;  // one block per row
+// One block per row, one thread per chunk at Qwen's 151,936 ids (297 chunks): a row sum takes one
+// chunk per thread (512 loads into eight sums) and then the 297 chunk additions.
+constexpr int kSampleThreads = 512;
+constexpr int kSampleMaxChunks = 1024;  // the chunk sums a block keeps in shared memory: n <= 524,288
 
-// The row's LaneSum of x(i) over i < n; every thread of the block calls it and gets the total.
+// The row sum of x(i) over i < n (sampling.h's row_sum); every thread of the block calls it and gets
+// the total. chunk_sums (shared, kSampleMaxChunks) keeps the chunk sums until the next call.
 template <class X>
-__device__ double block_lane_sum(int n, X x) {
-    STATIC_SHARED(double, lanes, [8]);
-    if (threadIdx.x < 8) {
-        double sum = 0.0;
-        for (int i = threadIdx.x; i < n; i += 8) sum += x(i);
-        lanes[threadIdx.x] = sum;
-    }
-    __syncthreads();  // the lanes are complete
-    LaneSum sum;
-    for (int l = 0; l < 8; l++) sum.lane[l] = lanes[l];
-    __syncthreads();  // every thread has read the lanes before the next call writes them
-    return sum.total();
+__device__ double block_row_sum(int n, const X& x, double* chunk_sums) {
+    const int chunks = sum_chunks(n);
+    for (int c = threadIdx.x; c < chunks; c += blockDim.x) chunk_sums[c] = chunk_sum(n, c, x);
+    __syncthreads();  // every chunk sum is written (and x's side effects, ExpTerm's row, are complete)
+    double total = 0.0;
+    for (int c = 0; c < chunks; c++) total += chunk_sums[c];
+    __syncthreads();  // every thread has read the sums before the next call writes them
+    return total;
 }
 
 // How many i < n satisfy pred(i), for every thread of the block.
@@ -65,29 +74,28 @@ struct BlockCountAtLeast {
 struct BlockMassAtLeast {
     const float* p;
     int n;
-    // Adding 0.0 for a skipped entry leaves a lane's (non-negative) sum as skipping it does.
-    __device__ double operator()(uint32_t key) const {
-        return block_lane_sum(n, [&](int i) { return prob_key(p[i]) >= key ? (double)p[i] : 0.0; });
-    }
+    double* chunk_sums;
+    __device__ double operator()(uint32_t key) const { return block_row_sum(n, MassTerm{p, key}, chunk_sums); }
 };
 
 // rl/numerics/sampling.h's apply_top_p on the block.
-__device__ inline void block_apply_top_p(float* scratch, int n, float top_p, double kept_mass) {
+__device__ inline void block_apply_top_p(float* scratch, int n, float top_p, double kept_mass, double* chunk_sums) {
     const double target = (double)top_p * kept_mass;
-    const uint32_t key = largest_key_at_least(0u, prob_key(1.0f), BlockMassAtLeast{scratch, n}, target);
-    const double before = key == prob_key(1.0f) ? 0.0 : BlockMassAtLeast{scratch, n}(key + 1);
+    const BlockMassAtLeast mass{scratch, n, chunk_sums};
+    const uint32_t key = largest_key_at_least(0u, prob_key(1.0f), mass, target);
+    const double before = key == prob_key(1.0f) ? 0.0 : mass(key + 1);
     const int ties = block_count(n, [&](int i) { return prob_key(scratch[i]) == key; });
     int keep = 0;  // the host's walk: keep while the mass before is < target, and never keep nothing
     for (double mass = before; keep < ties && (mass < target || (keep == 0 && !(before > 0.0))); keep++)
         mass += bits_float(key);
-    STATIC_SHARED(int, chunk_ties, [kSampleThreads]);  // tie members per contiguous chunk of ids
-    const int chunk = (n + blockDim.x - 1) / blockDim.x, lo = min(n, (int)threadIdx.x * chunk), hi = min(n, lo + chunk);
+    STATIC_SHARED(int, span_ties, [kSampleThreads]);  // tie members per contiguous span of ids
+    const int span = (n + blockDim.x - 1) / blockDim.x, lo = min(n, (int)threadIdx.x * span), hi = min(n, lo + span);
     int rank = 0;
     for (int i = lo; i < hi; i++) rank += prob_key(scratch[i]) == key;
-    chunk_ties[threadIdx.x] = rank;
-    __syncthreads();  // every chunk's count is written
+    span_ties[threadIdx.x] = rank;
+    __syncthreads();  // every span's count is written
     rank = 0;
-    for (unsigned t = 0; t < threadIdx.x; t++) rank += chunk_ties[t];
+    for (unsigned t = 0; t < threadIdx.x; t++) rank += span_ties[t];
     for (int i = lo; i < hi; i++) {
         const uint32_t b = prob_key(scratch[i]);
         if (b < key || (b == key && rank++ >= keep)) scratch[i] = 0.0f;
@@ -115,9 +123,8 @@ static __global__ void __launch_bounds__(kSampleThreads)
         best = candidate > best ? candidate : best;
     }
     s_max = block_reduce(s_max, [](float a, float b) { return fmaxf(a, b); });
-    for (int i = threadIdx.x; i < n; i += blockDim.x) scratch[i] = fast_exp(mul_rn(logits[i], inv_t) - s_max);
-    __syncthreads();  // the row's probabilities are complete
-    const double z_all = block_lane_sum(n, [&](int i) { return (double)scratch[i]; });
+    STATIC_SHARED(double, chunk_sums, [kSampleMaxChunks]);
+    const double z_all = block_row_sum(n, ExpTerm{logits, inv_t, s_max, scratch}, chunk_sums);
     if (greedy) {
         best = block_reduce(best, MaxOp());
         const int token = (int)(0xFFFFFFFFu - (uint32_t)(best & 0xFFFFFFFFu));
@@ -133,15 +140,20 @@ static __global__ void __launch_bounds__(kSampleThreads)
         for (int i = threadIdx.x; i < n; i += blockDim.x)
             if (prob_key(scratch[i]) < key) scratch[i] = 0.0f;
         __syncthreads();  // the cut row is complete
-        kept = BlockMassAtLeast{scratch, n}(0u);
+        kept = BlockMassAtLeast{scratch, n, chunk_sums}(0u);
     }
     if (params.top_p < 1.0f) {
-        block_apply_top_p(scratch, n, params.top_p, kept);
-        kept = BlockMassAtLeast{scratch, n}(0u);
+        block_apply_top_p(scratch, n, params.top_p, kept, chunk_sums);
+        kept = BlockMassAtLeast{scratch, n, chunk_sums}(0u);
     }
+    // chunk_sums holds the chunk masses of the kept row (the last row sum: kept, or z_all uncut)
     if (threadIdx.x == 0) {
         const float u = rng_uniform(seed, step, keys[row], positions[row]);
-        const SampledToken t = sampled_token(logits, inverse_cdf(scratch, n, (double)u * kept), inv_t, s_max, kept, z_all);
+        const double target = (double)u * kept;
+        double before = 0.0;
+        const int c = inverse_cdf_chunk(sum_chunks(n), [&](int chunk) { return chunk_sums[chunk]; }, target, &before);
+        const SampledToken t =
+            sampled_token(logits, inverse_cdf_in_chunk(scratch, n, c, before, target), inv_t, s_max, kept, z_all);
         out[row] = t;
         if (tokens) tokens[row] = t.token;
     }
@@ -156,8 +168,9 @@ static __global__ void __launch_bounds__(kSampleThreads)
 inline void sample_tokens_gpu(SampledToken* out, int32_t* tokens, const float* logits, int B, int V, int n,
                               const SamplingParams& params, uint64_t seed, uint32_t step, const uint32_t* keys,
                               const uint32_t* positions, float* scratch, cudaStream_t stream) {
-    if (B < 0 || n < 1 || n > V)
-        fail("sample_tokens_gpu: B = %d rows, vocabulary limit n = %d, V = %d: need B >= 0 and 1 <= n <= V", B, n, V);
+    if (B < 0 || n < 1 || n > V || sum_chunks(n) > kSampleMaxChunks)
+        fail("sample_tokens_gpu: B = %d rows, vocabulary limit n = %d, V = %d: need B >= 0 and 1 <= n <= V, n <= %d",
+             B, n, V, kSampleMaxChunks * kSumChunk);
     if (!(params.temperature >= 0.0f) || !(params.top_p > 0.0f))
         fail("sample_tokens_gpu: temperature %g, top_p %g: need temperature >= 0 (0 = greedy) and top_p > 0",
              params.temperature, params.top_p);

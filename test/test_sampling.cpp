@@ -1,11 +1,13 @@
 // Tests of rl/numerics/sampling.h: picks and log-probs against HF transformers' warpers + inverse CDF
 // (dev/make_sampling_fixtures.py), and the documented tie-breaking and edge rules.
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <sstream>
 #include <vector>
 
 #include "rl/io/json.h"
+#include "rl/numerics/rng.h"
 #include "rl/numerics/sampling.h"
 #include "test/harness.h"
 
@@ -150,28 +152,93 @@ TEST(sampling_greedy_and_masked_logits) {
 }
 
 // The host's vector loop computes what the scalar code (the device's) computes, element by element
-// and in the sum's order, wherever the row starts and whatever its length.
+// and in the row sum's order, wherever the row starts and whatever its length (within one chunk,
+// at a chunk's end, across several).
 TEST(sampling_row_exp_vector_equals_scalar) {
-    std::vector<float> logits(1007);  // rows of up to 1000 starting at up to 7
+    std::vector<float> logits(2007);  // rows of up to 2000 starting at up to 7
     for (size_t i = 0; i < logits.size(); i++) logits[i] = 9.0f * std::sin(0.37f * (float)i) + 1e-3f * (float)(i % 11);
     logits[17] = -INFINITY;
     for (int start : {0, 1, 3, 7})
-        for (int n : {1, 7, 8, 9, 64, 1000}) {
+        for (int n : {1, 7, 8, 9, 64, 511, 512, 513, 1000, 2000}) {
             const float* row = logits.data() + start;
-            std::vector<float> scratch(n);
+            std::vector<float> scratch(n), want(n);
             double z;
             const float inv_t = 1.0f / 0.7f, s_max = exp_shifted_row(row, n, inv_t, scratch.data(), &z);
             float want_max = -INFINITY;
             for (int i = 0; i < n; i++) want_max = std::fmax(want_max, row[i] * inv_t);
-            LaneSum want_z;
             int differ = 0;
             for (int i = 0; i < n; i++) {
-                const float want = fast_exp(row[i] * inv_t - want_max);
-                differ += std::memcmp(&want, &scratch[i], sizeof want) != 0;
-                want_z.add(i, want);
+                want[i] = fast_exp(row[i] * inv_t - want_max);
+                differ += std::memcmp(&want[i], &scratch[i], sizeof want[i]) != 0;
             }
-            CHECK_MSG(s_max == want_max && differ == 0 && z == want_z.total(),
+            const double want_z = row_sum(n, [&](int i) { return (double)want[i]; });
+            CHECK_MSG(s_max == want_max && differ == 0 && z == want_z,
                       "start %d, n %d: max %.9g vs %.9g, %d entries differ, sum %.17g vs %.17g", start, n, s_max,
-                      want_max, differ, z, want_z.total());
+                      want_max, differ, z, want_z);
         }
+}
+
+// The row sum is LaneSum within each chunk of kSumChunk ids and the chunk sums added in order: by
+// hand on a row of three chunks, and within 1e-15 of an exact (long double) sum on a vocabulary row.
+TEST(sampling_row_sum_is_chunked) {
+    const int n = 2 * kSumChunk + 5;
+    std::vector<double> x(n);
+    for (int i = 0; i < n; i++) x[i] = 1.0 + std::ldexp(1.0, -40) * (i % 13) + (i % 3 == 0 ? 1e6 : 0.0);
+    double want = 0.0;
+    for (int c = 0; c < 3; c++) {
+        LaneSum chunk;
+        for (int i = c * kSumChunk; i < std::min(n, (c + 1) * kSumChunk); i++) chunk.add(i, x[i]);
+        want += chunk.total();
+    }
+    const auto term = [&](int i) { return x[i]; };
+    CHECK_EQ(sum_chunks(n), 3);
+    CHECK_EQ(row_sum(n, term), want);
+    CHECK_EQ(chunk_sum(n, 2, term), ((x[1024] + x[1028]) + x[1025]) + (x[1026] + x[1027]));  // ids 1024-1028: lanes 0-4
+    const int V = 151936;
+    std::vector<float> p(V);
+    long double exact = 0;
+    for (int i = 0; i < V; i++) exact += p[i] = std::exp(8.0f * rng_uniform(5, 0, 0, (uint32_t)i));
+    CHECK_NEAR(row_sum(V, MassTerm{p.data(), 0u}), (double)exact, 1e-15, 0);
+}
+
+// The inverse CDF over chunks draws what a plain running sum in id order (long double) draws, on
+// vocabulary rows under temperature, top-k and top-p, wherever the target is not within 1e-12 of
+// the kept mass from a step; the drawn token's sample_offset (its interval by the chunked rule)
+// holds the uniform.
+TEST(sampling_inverse_cdf_over_chunks_is_the_running_sum) {
+    const int V = 151936;
+    const SamplingParams settings[] = {{1.0f, 0, 1.0f}, {0.6f, 0, 0.9f}, {1.2f, 500, 1.0f}, {0.8f, 40, 0.8f}};
+    std::vector<float> logits(V), kept_p(V), scratch(V);
+    int draws = 0, near = 0, key = 0;
+    for (const SamplingParams& p : settings) {
+        for (int i = 0; i < V; i++) logits[i] = 10.0f * rng_uniform(7, 1, (uint32_t)key, (uint32_t)i);
+        double kept, z_all;
+        kept_distribution(logits.data(), V, p, kept_p.data(), &kept, &z_all);
+        for (int d = 0; d < 25; d++) {
+            const float u = rng_uniform(7, 2, (uint32_t)key, (uint32_t)d);
+            const long double target = (long double)u * kept;
+            long double cum = 0;
+            int want = -1;
+            bool close = false;
+            for (int i = 0; i < V && want < 0; i++) {
+                if (kept_p[i] == 0.0f) continue;
+                cum += kept_p[i];
+                close = close || std::fabs((double)(cum - target)) < 1e-12 * kept;
+                if (cum > target) want = i;
+            }
+            if (close) {
+                near++;
+                continue;
+            }
+            const SampledToken t = sample_token(logits.data(), V, p, u, scratch.data());
+            CHECK_MSG(t.token == want, "T=%g k=%d p=%g u=%.9g: chunked %d, running sum %d", p.temperature, p.top_k,
+                      p.top_p, u, t.token, want);
+            CHECK(sample_offset(logits.data(), V, p, u, t.token, scratch.data()) <= 0.0f);
+            draws++;
+        }
+        key++;
+    }
+    printf("    %d draws on 151,936-id rows are the running sum's; %d within 1e-12 of a step not compared\n", draws, near);
+    CHECK_EQ(draws + near, 100);
+    CHECK(near <= 2);
 }

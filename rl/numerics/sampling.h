@@ -1,6 +1,7 @@
 // sampling.h: the sampling rule for one position, given its logits and one uniform number u in
-// [0, 1) (from rl/numerics/rng.h). Shared by the CPU engine and CUDA kernels (one thread per row), so it
-// uses no allocation: the caller passes a scratch row of `n` floats.
+// [0, 1) (from rl/numerics/rng.h). Shared by the CPU engine and CUDA kernels (one thread per row here;
+// cuda/sampling.cuh runs the same steps with a block per row), so it uses no allocation: the caller
+// passes a scratch row of `n` floats.
 //
 // Semantics follow HF transformers' warpers, applied in HF's order:
 //   1. temperature: s = logits / T (T == 0 means greedy: the argmax, lowest id on ties);
@@ -11,7 +12,10 @@
 //      >= p, never empty. Tokens with equal probability are ordered by ascending id (HF's sort
 //      leaves that order unspecified; only exact ties at the boundary can differ).
 //   4. inverse CDF: walk the kept tokens in ascending id order, accumulating their probabilities;
-//      the sample is the first token whose running sum exceeds u * (kept mass).
+//      the sample is the first token whose running sum exceeds u * (kept mass). The running sum is
+//      the row sum's (below): the chunk where the running sum of the chunk sums first exceeds the
+//      target, then inside it the first kept token whose running sum, from the chunks before it,
+//      exceeds the target (its last kept token where rounding keeps that sum below).
 // Tokens are ranked by their float probability exp(s - max s), which orders them like the logits
 // except where two logits are so close that their probabilities round to the same float.
 //
@@ -19,8 +23,11 @@
 // floats order like their bits), so no sort is needed: O(n) per pass, <= 31 passes per threshold.
 //
 // Host and device compute the same bits: exp is rl/numerics/fast_exp.h's, products are never fused into
-// the next add (mul_rn), and every sum over a row adds in one fixed order (LaneSum), which the
-// host's AVX2 loop follows lane for lane.
+// the next add (mul_rn), and every sum over a row (its mass, the kept masses, top-p's bisection,
+// the inverse CDF's running sum) is one chunked two-level sum (row_sum): the ids split into chunks
+// of kSumChunk, each chunk summed in double in LaneSum's order, the chunk sums added in chunk order.
+// The chunks do not depend on the block size or the batch, so a block sums its chunks in parallel
+// and gets the host's bits; the host's AVX2 loop follows LaneSum lane for lane.
 //
 // The caller restricts `n` to the ids that may be sampled (e.g. the tokenizer's size when the
 // embedding has padding rows). Logits must not be NaN; at least one must be finite.
@@ -49,7 +56,7 @@ struct SampledToken {
     float logprob_full;
 };
 
-// A sum in double over a row in a fixed order: eight running sums, element i into sum i % 8,
+// A sum in double over a chunk in a fixed order: eight running sums, element i into sum i % 8,
 // combined pairwise at the end. A vector loop keeps the eight sums in two 4-lane registers.
 struct LaneSum {
     double lane[8] = {};
@@ -58,6 +65,33 @@ struct LaneSum {
         return ((lane[0] + lane[4]) + (lane[1] + lane[5])) + ((lane[2] + lane[6]) + (lane[3] + lane[7]));
     }
 };
+
+// The row sum's chunk: 512 ids, a multiple of 8 (so id i is in lane i % 8 of its chunk's LaneSum);
+// 297 chunks at Qwen's 151,936 ids, one per thread of cuda/sampling.cuh's blocks. A chunk bounds the
+// inverse CDF's sequential walk; the number of chunks, the sequential addition of their sums.
+constexpr int kSumChunk = 512;
+FP8RL_HD int sum_chunks(int n) { return (n + kSumChunk - 1) / kSumChunk; }
+FP8RL_HD int chunk_hi(int n, int c) { return n < (c + 1) * kSumChunk ? n : (c + 1) * kSumChunk; }  // its end
+
+// The sum of x(i) over the ids of chunk c of a row of n, in LaneSum's order. Eight ids a step, so
+// that every lane index is a constant and a GPU thread keeps the lanes in registers.
+template <class X>
+FP8RL_HD double chunk_sum(int n, int c, const X& x) {
+    LaneSum sum;
+    const int hi = chunk_hi(n, c);
+    for (int i = c * kSumChunk; i < hi; i += 8)
+        for (int l = 0; l < 8; l++)
+            if (i + l < hi) sum.lane[l] += x(i + l);
+    return sum.total();
+}
+
+// The row sum of x(i) over i < n: the chunk sums added in chunk order.
+template <class X>
+FP8RL_HD double row_sum(int n, const X& x) {
+    double total = 0.0;
+    for (int c = 0; c < sum_chunks(n); c++) total += chunk_sum(n, c, x);
+    return total;
+}
 
 // A probability's bit pattern: for non-negative floats it orders like the value.
 FP8RL_HD uint32_t prob_key(float x) { return float_bits(x); }
@@ -73,16 +107,18 @@ struct CountAtLeast {
     }
 };
 
+// p[i] where its bits are >= key, else 0 (adding 0.0 leaves a non-negative sum as skipping does).
+struct MassTerm {
+    const float* p;
+    uint32_t key;
+    FP8RL_HD double operator()(int i) const { return prob_key(p[i]) >= key ? (double)p[i] : 0.0; }
+};
+
 // Sum of the probabilities whose bits are >= key (a non-increasing function of key).
 struct MassAtLeast {
     const float* p;
     int n;
-    FP8RL_HD double operator()(uint32_t key) const {
-        LaneSum mass;
-        for (int i = 0; i < n; i++)
-            if (prob_key(p[i]) >= key) mass.add(i, p[i]);
-        return mass.total();
-    }
+    FP8RL_HD double operator()(uint32_t key) const { return row_sum(n, MassTerm{p, key}); }
 };
 
 // The largest key in [lo, hi] with f(key) >= target, for f non-increasing and f(lo) >= target.
@@ -98,9 +134,17 @@ FP8RL_HD uint32_t largest_key_at_least(uint32_t lo, uint32_t hi, const F& f, dou
     return lo;
 }
 
+// A row's probability exp(logits[i] * inv_t - s_max), stored in scratch[i] and returned to row_sum.
+struct ExpTerm {
+    const float* logits;
+    float inv_t, s_max;
+    float* scratch;
+    FP8RL_HD double operator()(int i) const { return scratch[i] = fast_exp(mul_rn(logits[i], inv_t) - s_max); }
+};
+
 // scratch[i] = exp(logits[i] * inv_t - s_max) for i < n, where s_max is the largest
-// logits[i] * inv_t (so the largest entry is exactly 1). Returns s_max; *z gets the entries' sum,
-// in the order of MassAtLeast (so it equals the kept mass when nothing is cut).
+// logits[i] * inv_t (so the largest entry is exactly 1). Returns s_max; *z gets the entries' row
+// sum (so it equals the kept mass when nothing is cut).
 FP8RL_HD float exp_shifted_row(const float* logits, int n, float inv_t, float* scratch, double* z) {
     float s_max = -INFINITY;
     int i = 0;
@@ -113,25 +157,30 @@ FP8RL_HD float exp_shifted_row(const float* logits, int n, float inv_t, float* s
     for (float x : lanes) s_max = fmaxf(s_max, x);
 #endif
     for (; i < n; i++) s_max = fmaxf(s_max, mul_rn(logits[i], inv_t));
-    LaneSum sum;
-    i = 0;
+    const ExpTerm exps{logits, inv_t, s_max, scratch};
 #if FP8RL_HOST_AVX2
+    // row_sum(n, exps), eight ids at a time: a chunk's LaneSum in two 4-lane registers
     const __m256 vs = _mm256_set1_ps(s_max);
-    __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();  // sums 0-3 and 4-7
-    for (; i + 8 <= n; i += 8) {
-        const __m256 e = fast_exp8(_mm256_sub_ps(_mm256_mul_ps(_mm256_loadu_ps(logits + i), vt), vs));
-        _mm256_storeu_ps(scratch + i, e);
-        lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
-        hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+    double total = 0.0;
+    for (int c = 0; c < sum_chunks(n); c++) {
+        const int hi = chunk_hi(n, c);
+        __m256d lo4 = _mm256_setzero_pd(), hi4 = _mm256_setzero_pd();  // sums 0-3 and 4-7
+        for (i = c * kSumChunk; i + 8 <= hi; i += 8) {
+            const __m256 e = fast_exp8(_mm256_sub_ps(_mm256_mul_ps(_mm256_loadu_ps(logits + i), vt), vs));
+            _mm256_storeu_ps(scratch + i, e);
+            lo4 = _mm256_add_pd(lo4, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+            hi4 = _mm256_add_pd(hi4, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+        }
+        LaneSum sum;
+        _mm256_storeu_pd(sum.lane, lo4);
+        _mm256_storeu_pd(sum.lane + 4, hi4);
+        for (; i < hi; i++) sum.add(i, exps(i));
+        total += sum.total();
     }
-    _mm256_storeu_pd(sum.lane, lo);
-    _mm256_storeu_pd(sum.lane + 4, hi);
+    *z = total;
+#else
+    *z = row_sum(n, exps);
 #endif
-    for (; i < n; i++) {
-        scratch[i] = fast_exp(mul_rn(logits[i], inv_t) - s_max);
-        sum.add(i, scratch[i]);
-    }
-    *z = sum.total();
     return s_max;
 }
 
@@ -166,17 +215,49 @@ FP8RL_HD void apply_top_p(float* scratch, int n, float top_p, double kept_mass) 
     }
 }
 
-// The inverse CDF in id order over the kept entries (nonzero scratch): the first token whose running
-// sum exceeds target (= u * kept mass).
-FP8RL_HD int inverse_cdf(const float* scratch, int n, double target) {
+// The mass of chunk c of p (a row of n).
+struct ChunkMass {
+    const float* p;
+    int n;
+    FP8RL_HD double operator()(int c) const { return chunk_sum(n, c, MassTerm{p, 0u}); }
+};
+
+// The inverse CDF's chunk: the first chunk c whose running sum of chunk masses mass(c) (chunk
+// order, as row_sum adds them) exceeds target, or the last chunk with mass if rounding keeps the
+// total below; *before gets the running sum of the chunks before it.
+template <class M>
+FP8RL_HD int inverse_cdf_chunk(int chunks, const M& mass, double target, double* before) {
     double cum = 0.0;
+    int chunk = -1;
+    for (int c = 0; c < chunks && !(chunk >= 0 && cum > target); c++) {
+        const double m = mass(c);
+        if (m > 0.0) {
+            chunk = c;
+            *before = cum;
+        }
+        cum += m;
+    }
+    return chunk;
+}
+
+// The inverse CDF inside chunk c over its kept entries (nonzero p): the first token whose running
+// sum in id order, from `cum` (the chunks before), exceeds target; the chunk's last kept token if
+// none does.
+FP8RL_HD int inverse_cdf_in_chunk(const float* p, int n, int c, double cum, double target) {
     int token = -1;
-    for (int i = 0; i < n && (token < 0 || cum <= target); i++) {
-        if (scratch[i] == 0.0f) continue;
-        cum += scratch[i];
-        token = i;  // the last nonzero token also catches u * kept rounding up to the total
+    for (int i = c * kSumChunk; i < chunk_hi(n, c) && (token < 0 || cum <= target); i++) {
+        if (p[i] == 0.0f) continue;
+        cum += p[i];
+        token = i;
     }
     return token;
+}
+
+// The inverse CDF over the kept entries (nonzero scratch) with target = u * kept mass.
+FP8RL_HD int inverse_cdf(const float* scratch, int n, double target) {
+    double before = 0.0;
+    const int c = inverse_cdf_chunk(sum_chunks(n), ChunkMass{scratch, n}, target, &before);
+    return inverse_cdf_in_chunk(scratch, n, c, before, target);
 }
 
 // The draw of `token` with its log-probs under the kept mass and under all of z_all (the masses of
@@ -230,9 +311,18 @@ FP8RL_HD float sample_offset(const float* logits, int n, const SamplingParams& p
     double kept, z_all;
     kept_distribution(logits, n, params, scratch, &kept, &z_all);
     if (scratch[token] == 0.0f) return INFINITY;
-    double before = 0.0;  // inverse_cdf's running sum up to the token
-    for (int i = 0; i < token; i++) before += scratch[i];
-    const double target = (double)u * kept, after = before + scratch[token];
+    // The interval of u * kept that inverse_cdf maps to the token: from the running sum before it
+    // to the one after it, cut at its chunk's end (where the next chunk's draws begin), and
+    // reaching that end if it is its chunk's last kept token.
+    const int c = token / kSumChunk;
+    const ChunkMass mass{scratch, n};
+    double before = 0.0;
+    for (int chunk = 0; chunk < c; chunk++) before += mass(chunk);
+    const double chunk_end = before + mass(c);
+    for (int i = c * kSumChunk; i < token; i++) before += scratch[i];
+    bool last = true;
+    for (int i = token + 1; i < chunk_hi(n, c); i++) last = last && scratch[i] == 0.0f;
+    const double target = (double)u * kept, after = last ? chunk_end : fmin(before + scratch[token], chunk_end);
     if (target < before) return (float)((before - target) / kept);
     if (target >= after) return (float)((target - after) / kept);
     return (float)(-fmin(target - before, after - target) / kept);

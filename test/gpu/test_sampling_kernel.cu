@@ -3,10 +3,13 @@
 // draws it), bit for bit: token, log-prob and full log-prob. On the sampling fixtures of
 // test/test_sampling.cpp and on rows of the real vocabulary size (151,936) built for the rule's
 // edges: exact ties at the top-k threshold and at the top-p boundary, a flat row, masked (-inf)
-// logits, greedy with tied maxima, a vocabulary limit below V that cuts off the largest logit.
+// logits, greedy with tied maxima, a vocabulary limit below V that cuts off the largest logit; on
+// random rows of that size under several temperatures, top-k and top-p; and the block's row sums
+// against the host's in double.
 // Bit equality holds in emulation (the device code is the host code); on a GPU it also needs the
 // device's double log to round as glibc's does (both are within 1 ulp; see cuda/sampling.cuh).
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <sstream>
 #include <vector>
@@ -56,7 +59,46 @@ int count_mismatches(const char* what, const std::vector<float>& logits, int B, 
     return bad;
 }
 
+// out[k] = the block's mass of p [n] at key keys[k] (BlockMassAtLeast), for k < count.
+__global__ void block_masses_kernel(const float* p, int n, const uint32_t* keys, int count, double* out) {
+    STATIC_SHARED(double, chunk_sums, [kSampleMaxChunks]);
+    for (int k = 0; k < count; k++) {
+        const double mass = BlockMassAtLeast{p, n, chunk_sums}(keys[k]);
+        if (threadIdx.x == 0) out[k] = mass;
+    }
+}
+
 }  // namespace
+
+// The block's row sums are the host's row_sum bit for bit (in double: a token or a float log-prob
+// would hide most orders), whatever the block size, at chunk edges and on a vocabulary row, for the
+// whole row and for top-p's masses at keys through the row's probabilities.
+TEST(sampling_kernel_row_sums_match_host) {
+    REQUIRE_GPU();
+    int bad = 0, checked = 0;
+    for (int n : {1, 511, 512, 513, 5000, 151936}) {
+        std::vector<float> p(n);
+        for (int i = 0; i < n; i++) p[i] = std::exp(12.0f * hash_uniform(i, 21) - 12.0f);
+        std::vector<uint32_t> keys = {0u};
+        for (int q : {7, 100, 2000}) keys.push_back(prob_key(p[(size_t)q % n]));
+        DeviceBuffer<float> d_p(p);
+        DeviceBuffer<uint32_t> d_keys(keys);
+        DeviceBuffer<double> d_out(keys.size());
+        for (int threads : {32, kSampleThreads}) {
+            LAUNCH_KERNEL(block_masses_kernel, 1, threads, 0, 0, d_p.ptr, n, d_keys.ptr, (int)keys.size(), d_out.ptr);
+            const std::vector<double> dev = d_out.download();
+            for (size_t k = 0; k < keys.size(); k++) {
+                const double host = MassAtLeast{p.data(), n}(keys[k]);
+                if (host != dev[k] && bad++ < 5)
+                    CHECK_MSG(false, "n %d, %d threads, key %u: host %.17g, device %.17g", n, threads, keys[k], host, dev[k]);
+                checked++;
+            }
+        }
+    }
+    printf("    %d row sums at block sizes 32 and %d: %d differ from the host's bits\n", checked, kSampleThreads, bad);
+    CHECK_EQ(checked, 48);
+    CHECK_MSG(bad == 0, "%d of %d row sums differ", bad, checked);
+}
 
 // Every case of test/fixtures/sampling/cases.jsonl, two rows each (two uniforms).
 TEST(sampling_kernel_matches_host_on_fixtures) {
@@ -119,6 +161,30 @@ TEST(sampling_kernel_matches_host_on_vocabulary_rows) {
     }
 }
 
+// Random rows of the real vocabulary size, from flat to peaked, under temperatures, top-k and top-p
+// (alone and together): the chunked row sums, the block's thresholds and the inverse CDF over chunks
+// draw the host's tokens and log-probs bit for bit.
+TEST(sampling_kernel_matches_host_on_random_vocabulary_rows) {
+    REQUIRE_GPU();
+    const int V = 151936, B = 2;
+    const SamplingParams settings[] = {{0.6f, 0, 1.0f}, {1.0f, 0, 0.95f}, {1.5f, 0, 0.6f}, {1.0f, 50, 1.0f},
+                                       {0.7f, 2000, 1.0f}, {0.9f, 100, 0.9f}, {1.2f, 20, 0.3f}, {1.0f, 0, 0.999f}};
+    int key = 0, bad = 0;
+    for (const SamplingParams& p : settings) {
+        std::vector<float> logits((size_t)B * V);
+        for (int b = 0; b < B; b++) {
+            const float scale = b == 0 ? 4.0f : 16.0f;  // flat, peaked
+            for (int i = 0; i < V; i++)
+                logits[(size_t)b * V + i] = scale * (hash_uniform((uint64_t)b * V + i, 40 + key) +
+                                                     hash_uniform((uint64_t)b * V + i, 80 + key));
+        }
+        bad += count_mismatches("random", logits, B, V, V, p, 7000u + 100u * key++);
+    }
+    const int rows = B * (int)(sizeof settings / sizeof settings[0]);
+    printf("    %d random rows of %d ids: %d differ from the host in token or log-prob bits\n", rows, V, bad);
+    CHECK_MSG(bad == 0, "%d of %d random vocabulary rows differ", bad, rows);
+}
+
 // Captured in a CUDA graph and replayed after new logits, keys and positions are uploaded to the same
 // buffers: the host's draws on the new inputs.
 TEST(sampling_kernel_replays_in_a_graph) {
@@ -166,6 +232,8 @@ TEST(sampling_kernel_rejects_bad_input) {
                  "vocabulary limit n = 11, V = 10");
     CHECK_THROWS((sample_tokens_gpu(nullptr, nullptr, nullptr, 1, 10, 0, p, 0, 0, nullptr, nullptr, nullptr, 0)),
                  "vocabulary limit n = 0, V = 10");
+    CHECK_THROWS((sample_tokens_gpu(nullptr, nullptr, nullptr, 1, 600000, 524289, p, 0, 0, nullptr, nullptr, nullptr, 0)),
+                 "n <= 524288");
     p.temperature = -1.0f;
     CHECK_THROWS((sample_tokens_gpu(nullptr, nullptr, nullptr, 1, 10, 10, p, 0, 0, nullptr, nullptr, nullptr, 0)),
                  "temperature -1, top_p 1: need temperature >= 0");
