@@ -130,18 +130,24 @@ def main():
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     ap.add_argument("--outliers", type=float, default=1e4)
     ap.add_argument("--jobs", type=int, default=2, help="runs at once (each on OMP_NUM_THREADS threads, default 1)")
+    ap.add_argument("--replot", action="store_true", help="read the runs' logs under --out again: the table and plot only")
     ap.add_argument("--out", default="runs/paper")
     ap.add_argument("--bin", default="./train_rl_cpu")
     ap.add_argument("extra", nargs="*")
     a = ap.parse_args()
     a.bin = os.path.abspath(a.bin)
     os.makedirs(a.out, exist_ok=True)
-    if a.outliers > 1:
+    runs = {}  # name -> {seed: rows}
+    if a.replot:
+        for seed in a.seeds:
+            for name, _ in CONFIGS:
+                out_dir = os.path.join(a.out, f"seed{seed}", name.replace(" ", "_").replace("+", ""))
+                runs.setdefault(name, {})[seed] = read_log(os.path.join(out_dir, "log.jsonl"))
+    elif a.outliers > 1:
         for seed in a.seeds:
             outlier_model(a, seed, os.path.join(a.out, f"seed{seed}"))
-    runs = {}  # name -> {seed: rows}
     with concurrent.futures.ThreadPoolExecutor(max_workers=a.jobs) as pool:
-        futures = [pool.submit(run_one, a, name, flags, seed) for seed in a.seeds for name, flags in CONFIGS]
+        futures = [] if a.replot else [pool.submit(run_one, a, name, flags, seed) for seed in a.seeds for name, flags in CONFIGS]
         for f in concurrent.futures.as_completed(futures):
             name, seed, rows = f.result()
             runs.setdefault(name, {})[seed] = rows
@@ -158,7 +164,10 @@ def main():
         f.write(table)
     print(table)
     fig, axes = plt.subplots(2, 2, figsize=(13, 8))
-    for ax, (title, key, _) in zip(axes.flat, [METRICS[0], METRICS[1], METRICS[2], METRICS[4]]):
+    curves_of = [("greedy eval accuracy", METRICS[0][1]), ("entropy", METRICS[1][1]),
+                 ("clip fraction, A<0 and r below the lower bound", METRICS[2][1]),
+                 ("rollout/train mismatch, mean |log p_old - log p_rollout|", METRICS[4][1])]
+    for ax, (title, key) in zip(axes.flat, curves_of):
         for name, _ in CONFIGS:
             curves = [dict(column(runs[name][s], key)) for s in a.seeds]
             steps = sorted(set.intersection(*(set(c) for c in curves)))
@@ -173,7 +182,7 @@ def main():
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(os.path.join(a.out, "paper.png"), dpi=80)
+    fig.savefig(os.path.join(a.out, "paper.png"), dpi=60)
     print("wrote", os.path.join(a.out, "table.md"), os.path.join(a.out, "paper.png"))
 
 
