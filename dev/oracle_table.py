@@ -23,7 +23,8 @@ intermediate and vocabulary sizes, seeded so that reruns write the same tensors)
     python dev/oracle_table.py --cpu /tmp/before/train_rl_cpu --emu /tmp/before/train_rl_emu
     python dev/oracle_table.py --quick                # fewer and shorter sequences: a smoke run
     python dev/oracle_table.py --workdir /tmp/oracle  # keep the models and every JSONL there
-    python dev/oracle_table.py --outliers 1000        # massive-activation channels, where the FP8 granularities differ
+    python dev/oracle_table.py --outliers 10000       # massive-activation channels, where the FP8 granularities differ
+    python dev/oracle_table.py --outliers 10000 --weight_outliers  # and outlier rows in up_proj's weight
 
 Needs torch, transformers and safetensors (dev/requirements.txt). A few minutes on 2 cores with the
 emulated engine, most of it the emulator.
@@ -82,9 +83,11 @@ def make_model(path, spec):
                     norm.weight[channels] *= ARGS.outliers
                     for proj in projections:
                         proj.weight[:, channels] /= ARGS.outliers
-                # and the down projection's input (SwiGLU is linear in up): up's rows up, down's columns down
-                layer.mlp.up_proj.weight[channels, :] *= ARGS.outliers
-                layer.mlp.down_proj.weight[:, channels] /= ARGS.outliers
+                if ARGS.weight_outliers:  # the down projection's input too (SwiGLU is linear in up): up's rows
+                    # up, down's columns down; those rows are outliers of a quantized weight, which share
+                    # a 128x128 tile's scale with 127 ordinary rows but have their own at row scaling
+                    layer.mlp.up_proj.weight[channels, :] *= ARGS.outliers
+                    layer.mlp.down_proj.weight[:, channels] /= ARGS.outliers
     model.to(torch.bfloat16).save_pretrained(path, safe_serialization=True)
     gen = os.path.join(path, "generation_config.json")
     if os.path.exists(gen):
@@ -213,6 +216,8 @@ def main():
     ap.add_argument("--outliers", type=float, default=0,
                     help="> 1: four channels of every projection input this many times larger (norm weights or up's "
                          "rows up, the columns that read them down: the same function), where FP8 granularities differ")
+    ap.add_argument("--weight_outliers", action="store_true",
+                    help="with --outliers: also the down projection's input, by scaling up_proj's rows (outliers in a weight)")
     ARGS = ap.parse_args()
     ARGS.cpu, ARGS.emu = os.path.abspath(ARGS.cpu), os.path.abspath(ARGS.emu)
     n_seqs, max_len, n_prompts = (3, 100, 4) if ARGS.quick else (8, 300, 12)
@@ -225,7 +230,8 @@ def main():
     else:
         tmp = tempfile.TemporaryDirectory(prefix="oracle_table_")
         root = tmp.name
-    print(f"cpu {ARGS.cpu}\nemu {ARGS.emu}\nworkdir {root}; init std {ARGS.init_std}; outliers {ARGS.outliers or 'none'}; "
+    print(f"cpu {ARGS.cpu}\nemu {ARGS.emu}\nworkdir {root}; init std {ARGS.init_std}; outliers {ARGS.outliers or 'none'}"
+          f"{' (and in up_proj rows)' if ARGS.weight_outliers else ''}; "
           f"{n_seqs} sequences of <= {max_len} tokens, "
           f"{n_prompts} prompts x {ARGS.new_tokens} greedy tokens per model")
 
