@@ -65,8 +65,8 @@ struct RolloutSizes {
 inline RolloutSizes rollout_sizes(const ModelConfig& c, const EngineOptions& o, long requests, long longest_prompt,
                                   int max_new_tokens, Precision kv_cache) {
     RolloutSizes z;
-    z.slots = (int)std::min<long>(o.rollout_slots, requests);
-    if (z.slots < 1 || o.kv_page_tokens < 1) fail("generate: --rollout_slots and --kv_page_tokens must be at least 1");
+    z.slots = (int)std::min<long>(o.rollout_slots > 0 ? o.rollout_slots : requests, requests);  // 0: every request
+    if (z.slots < 1 || o.kv_page_tokens < 1) fail("generate: --rollout_slots must be at least 0 and --kv_page_tokens at least 1");
     const long longest = longest_prompt + max_new_tokens;
     const int max_pages = (int)((longest + o.kv_page_tokens - 1) / o.kv_page_tokens);
     z.shape = KvCacheShape{(int)c.num_layers, (int)c.num_kv_heads, (int)c.head_dim, o.kv_page_tokens, 1};
@@ -94,6 +94,30 @@ inline size_t rollout_device_bytes(const ModelConfig& c, const EngineOptions& o,
            // the prompts' last hidden states (at most one per request), a prefill's cache rows, the KV amax
            (size_t)requests * c.hidden_size * sizeof(bf16) + (size_t)z.slots * longest_prompt * sizeof(int32_t) +
            2 * (size_t)c.num_layers * sizeof(float);
+}
+
+// --rollout_slots 0 in an engine no memory plan resolved it for (a test, a tool): the most of
+// `requests` whose rollout buffers fit in 90% of the device's free memory now (the rest for the
+// allocator's rounding and the libraries). What an earlier generate() holds is not counted as free,
+// so this errs toward fewer slots; training resolves 0 with its plan instead (rl/driver/memory_fit.h).
+inline int GpuEngine::slots_that_fit(long requests, long longest_prompt, int max_new_tokens, Precision kv_cache) const {
+    EngineOptions one = options_;
+    one.rollout_slots = 1;
+    if (rollout_sizes(weights_.config, one, requests, longest_prompt, max_new_tokens, kv_cache).shape.pages < 1)
+        return 1;  // a --kv_cache_mb below one page: generate() says so
+    size_t free_bytes = 0, total_bytes = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+    long lo = 1, hi = requests, best = 1;
+    while (lo <= hi) {
+        const long mid = lo + (hi - lo) / 2;
+        EngineOptions o = options_;
+        o.rollout_slots = (int)mid;
+        if (rollout_device_bytes(weights_.config, o, requests, longest_prompt, max_new_tokens, kv_cache) <= free_bytes / 10 * 9)
+            best = mid, lo = mid + 1;
+        else
+            hi = mid - 1;
+    }
+    return (int)best;
 }
 
 // Teacher forcing, one thread per row of logits [rows][ld]: the given token forced[r] with its
@@ -238,8 +262,11 @@ inline std::vector<Generation> GpuEngine::rollout(const std::vector<GenRequest>&
     R.drop_graphs();  // a call that failed may have left some
     rollout_stats_ = RolloutStats();
 
-    // the page pool (every slot at its longest, or the pages --kv_cache_mb holds) and the decode buffers
-    const RolloutSizes z = rollout_sizes(weights_.config, options_, (long)requests.size(), longest, s.max_new_tokens, kv_cache);
+    // the page pool (every slot at its longest, or the pages --kv_cache_mb holds) and the decode buffers,
+    // for --rollout_slots or, at 0 (unresolved by a memory plan), the most requests free memory holds
+    EngineOptions o = options_;
+    if (o.rollout_slots == 0) o.rollout_slots = slots_that_fit((long)requests.size(), longest, s.max_new_tokens, kv_cache);
+    const RolloutSizes z = rollout_sizes(weights_.config, o, (long)requests.size(), longest, s.max_new_tokens, kv_cache);
     const int slots = z.slots;
     R.page_tokens = z.shape.page_tokens;
     R.max_len = (int)(longest + s.max_new_tokens);

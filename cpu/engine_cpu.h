@@ -35,7 +35,7 @@ public:
     CpuEngine& operator=(const CpuEngine&) = delete;  // model_ points into weights_
 
     // The CPU engine's memory is the host's: no device plan to print or check (nor --plan_ranks).
-    static std::string device_memory_plan(const ModelConfig&, const RunShape&) { return ""; }
+    static std::string device_memory_plan(const ModelConfig&, RunShape&) { return ""; }
     static constexpr bool plans_device_memory = false;
 
     const ModelConfig& config() const { return weights_.config; }

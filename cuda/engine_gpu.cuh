@@ -155,8 +155,9 @@ class GpuEngine : public Engine {
         return [&c](const RunShape& s) { return plan_request(c, s.options, memory_demand_of(s)); };
     }
     // Training's memory plan (cuda/memory_plan.h), checked against this device's free memory before
-    // anything is allocated: a plan that does not fit fails with the numbers and the options.
-    static std::string device_memory_plan(const ModelConfig& c, const RunShape& s) {
+    // anything is allocated: a plan that does not fit fails with the numbers and the options. Resolves
+    // s's --rollout_slots 0 to the slots the plan fits.
+    static std::string device_memory_plan(const ModelConfig& c, RunShape& s) {
         check_device();
         size_t free_bytes = 0, total_bytes = 0;
         CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
@@ -482,6 +483,7 @@ class GpuEngine : public Engine {
                                     uint32_t step, const SamplingConfig& s, Precision weights, Precision kv_cache,
                                     Progress* progress);
     void calibrate_kv_scales(const std::vector<GenRequest>& requests, Precision weights);
+    int slots_that_fit(long requests, long longest_prompt, int max_new_tokens, Precision kv_cache) const;
     void prefill(const std::vector<int>& prompt_ids, Precision weights);
     void decode_step(const std::vector<int>& seqs, int rows, Precision weights, const SamplingConfig& s, uint32_t step);
     void decode_launches(int rows, Precision weights, const SamplingConfig& s, uint32_t step);

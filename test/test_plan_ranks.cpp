@@ -157,6 +157,24 @@ TEST(plan_ranks_names_the_most_that_fits) {
     }
 }
 
+// --rollout_slots 0 (the default) plans the most slots that fit: on issue 31's Qwen3-8B target on 2
+// ranks, the most the refusal of 64 slots names; the plan prints them, and one slot more does not fit.
+TEST(plan_ranks_rollout_slots_0_takes_what_fits) {
+    if (std::system(("test -x " + harness::emu_binary()).c_str()) != 0) SKIP("./train_rl_emu not built (make train_rl_emu)");
+    const std::string target = "--rollout_precision fp8 --train_precision fp8 --kv_cache fp8 --calibrated_clip 1 --recompute layer "
+                               "--micro_batch_tokens 16384 --batch_prompts 64 --group_size 8 --max_prompt_tokens 512 "
+                               "--max_new_tokens 8192";
+    const std::string refusal = error_line(plan(harness::emu_binary(), kQwen3_8B, 2, target + " --rollout_slots 64").output);
+    const size_t at = refusal.find("--rollout_slots ");
+    CHECK_MSG(at != std::string::npos, "%s", refusal.c_str());
+    if (at == std::string::npos) return;
+    const long most = atol(refusal.c_str() + at + strlen("--rollout_slots "));
+    const harness::RunResult r = plan(harness::emu_binary(), kQwen3_8B, 2, target);
+    CHECK_MSG(r.status == 0 && r.output.find(strfmt("  rollout slots: %ld of the 256 requests", most)) != std::string::npos,
+              "exit %d, expected %ld slots: %s", r.status, most, r.output.c_str());
+    CHECK_EQ(plan(harness::emu_binary(), kQwen3_8B, 2, target + " --rollout_slots " + std::to_string(most + 1)).status, 1);
+}
+
 // Bad uses get one error line and exit 1: the CPU binary has no device plan; without
 // --max_prompt_tokens there is no prompt length to plan for (no data is read); a rank count that
 // does not split the batch; --zero 2, which the engine cannot run, is refused, not planned.

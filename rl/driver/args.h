@@ -93,7 +93,7 @@ inline const std::vector<FlagSpec>& flag_table() {
         {"top_k", "sampling", FlagKind::Int, "0", "0..", "sample among the k most likely tokens (0 = off)"},
         {"max_new_tokens", "sampling", FlagKind::Int, "256", "1..", "generation budget per completion"},
         {"kv_cache", "sampling", FlagKind::Choice, "bf16", "fp32|bf16|fp8", "KV cache storage during generation", "bf16", "bf16|fp8"},
-        {"rollout_slots", "sampling", FlagKind::Int, "64", "1..4096", "GPU engine only: sequences decoded together; a finished one frees its slot at once"},
+        {"rollout_slots", "sampling", FlagKind::Int, "0", "0..4096", "GPU engine only: sequences decoded together (0 = as many of a generation's requests as the memory plan fits); a finished one frees its slot at once"},
         {"kv_cache_mb", "sampling", FlagKind::Float, "0", "0..", "GPU engine only: MiB of KV cache pages (0 = every slot at full length); when full, the newest sequence is preempted and redone"},
         {"kv_scales", "sampling", FlagKind::Choice, "layer", "layer|head", "FP8 KV cache: one scale per layer for K and one for V, or one per layer and KV head"},
         {"kv_page_tokens", "sampling", FlagKind::Int, "16", "1..4096", "GPU engine only: tokens per KV cache page"},

@@ -207,8 +207,9 @@ void train_on_ranks(const Args& args, const Dist& dist, const char* binary) {
     PromptSource prompts = training_prompts(cfg, budget);
     std::vector<Example> eval = eval_prompts(cfg, budget);
     // An engine on a device refuses here, before allocating, a run whose memory plan does not fit.
-    const std::string plan = EngineT::device_memory_plan(
-        load_model_config(dir), RunShape{cfg, options, dist.size(), planned_prompt_tokens(cfg, budget.length, prompts)});
+    RunShape shape{cfg, options, dist.size(), planned_prompt_tokens(cfg, budget.length, prompts)};
+    const std::string plan = EngineT::device_memory_plan(load_model_config(dir), shape);
+    options.rollout_slots = shape.options.rollout_slots;  // --rollout_slots 0: what the plan fits
     if (dist.is_root()) printf("%s", plan.c_str());
     EngineT engine(dir, options);
     check_fits_context(cfg, engine.config());

@@ -61,7 +61,10 @@ struct EngineOptions {
     int zero = 1;
     double collective_timeout_s = 600;  // GPU engine: how long a collective waits for the other ranks
     bool recompute_layer = false;  // --recompute layer (GPU engine): keep layer inputs, recompute the rest in backward
-    int rollout_slots = 64;     // GPU: sequences decoded together (continuous batching)
+    // GPU: sequences decoded together (continuous batching); 0 = as many of a generation's requests as
+    // memory allows (training resolves it with the memory plan before the engine exists:
+    // rl/driver/memory_fit.h; an engine given 0 takes what its device's free memory holds)
+    int rollout_slots = 0;
     double kv_cache_mb = 0;     // GPU: KV page pool in MiB; 0 = every slot at its longest
     int kv_page_tokens = 16;    // GPU: tokens per KV page
     bool kv_scale_per_head = false;  // both engines, --kv_scales head: FP8 KV scales per layer and KV head

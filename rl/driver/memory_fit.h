@@ -123,23 +123,47 @@ inline std::string run_memory_refusal(const ModelConfig& c, const RunShape& s, c
     return memory_plan_refusal(c, r, k, free_bytes, total_bytes, more, notes);
 }
 
-// A run's plan against a device: its printed lines, its total and the refusal ("" when it fits).
+// --rollout_slots 0: the most slots, up to the requests one generation samples, whose plan fits
+// free_bytes (1 when none does: the plan then refuses with what would fit). Other values stay.
+inline RunShape with_rollout_slots(const ModelConfig& c, RunShape s, const PlanRequestOf& request, const PlanConstants& k,
+                                   size_t free_bytes) {
+    if (s.options.rollout_slots > 0) return s;
+    const int64_t requests = std::min<int64_t>(std::max<int64_t>(1, memory_demand_of(s).rollout_requests), 4096);
+    const int64_t slots = memory_fit_detail::largest_fitting(1, requests, [&](int64_t v) {
+        RunShape x = s;
+        x.options.rollout_slots = (int)v;
+        return plan_memory(c, request(x), k).total() <= free_bytes;
+    });
+    s.options.rollout_slots = (int)std::max<int64_t>(slots, 1);
+    return s;
+}
+
+// A run's plan against a device: its printed lines, its total, the refusal ("" when it fits) and the
+// rollout slots it plans (--rollout_slots, or what 0 resolves to).
 struct PlannedMemory {
     std::string text, refusal;
     size_t total = 0;
+    int rollout_slots = 0;
 };
 
-inline PlannedMemory plan_against(const ModelConfig& c, const RunShape& s, const PlanRequestOf& request, const PlanConstants& k,
-                                  size_t free_bytes, size_t total_bytes) {
+inline PlannedMemory plan_against(const ModelConfig& c, const RunShape& asked, const PlanRequestOf& request,
+                                  const PlanConstants& k, size_t free_bytes, size_t total_bytes) {
+    const RunShape s = with_rollout_slots(c, asked, request, k, free_bytes);
     const MemoryPlan p = plan_memory(c, request(s), k);
-    return {memory_plan_text(p), run_memory_refusal(c, s, request, k, free_bytes, total_bytes), p.total()};
+    std::string text = memory_plan_text(p);
+    if (asked.options.rollout_slots == 0)
+        text += strfmt("  rollout slots: %d of the %lld requests a generation samples (--rollout_slots 0: the most the plan fits)\n",
+                       s.options.rollout_slots, (long long)memory_demand_of(s).rollout_requests);
+    return {text, run_memory_refusal(c, s, request, k, free_bytes, total_bytes), p.total(), s.options.rollout_slots};
 }
 
-// The plan's printed lines when it fits free_bytes; else the refusal, as an error.
-inline std::string fitting_memory_plan(const ModelConfig& c, const RunShape& s, const PlanRequestOf& request,
+// The plan's printed lines when it fits free_bytes (and s's --rollout_slots 0 resolved to the slots
+// it plans); else the refusal, as an error.
+inline std::string fitting_memory_plan(const ModelConfig& c, RunShape& s, const PlanRequestOf& request,
                                        const PlanConstants& k, size_t free_bytes, size_t total_bytes) {
     const PlannedMemory m = plan_against(c, s, request, k, free_bytes, total_bytes);
     if (!m.refusal.empty()) fail("%s", m.refusal.c_str());
+    s.options.rollout_slots = m.rollout_slots;
     return m.text;
 }
 

@@ -378,6 +378,19 @@ TEST(rollout_cuda_graphs_recaptured_after_the_scratch_grows) {
 }
 
 // Bad input: one clear error each, never a hang.
+// --rollout_slots 0 (the default) in an engine no memory plan resolved it for: every request of the
+// call in a slot when free memory holds them (the emulation's 141 GB), more than the old default 64.
+TEST(rollout_slots_0_decodes_every_request_that_fits) {
+    REQUIRE_GPU();
+    GpuEngine gpu(kFixtures[0]);
+    const std::vector<GenRequest> requests = ragged_requests(70, (int)gpu.config().vocab_size, 13);
+    SamplingConfig s;
+    s.max_new_tokens = 2;
+    s.temperature = 0;
+    gpu.generate(requests, 0, s, Precision::BF16, Precision::BF16, nullptr);
+    CHECK_EQ(gpu.rollout_stats().max_running, 70);
+}
+
 TEST(rollout_bad_input_fails_clearly) {
     REQUIRE_GPU();
     const char* dir = kFixtures[0];  // 512 positions
