@@ -287,7 +287,10 @@ TEST(train_rl_emu_hanging_rank_ends_the_job) {
     if (!have_mpirun()) SKIP("mpirun not found (install openmpi-bin)");
     double after = 0;
     const harness::RunResult r = signal_rank1_mid_run("STOP", &after);
-    CHECK_MSG(after > 2, "the job ended %.1f s after the signal, before the 2 s timeout", after);
+    // rank 0's wait may begin before the stamp (the watcher polls every 0.05 s, then runs date), so the
+    // job can end a little under 2 s after it (2.0 s printed once, failing "> 2"); ending after 1.5 s
+    // still tells the timeout from a prompt abort (a dead rank's job ends in about 1 s)
+    CHECK_MSG(after > 1.5, "the job ended %.1f s after the signal, before the 2 s timeout could", after);
     CHECK_MSG(error_lines(r.output) == 1 && r.output.find("error: (rank 0) ") != std::string::npos &&
                   r.output.find(" did not complete within 2 s (--collective_timeout)") != std::string::npos,
               "%zu error lines in:\n%s", error_lines(r.output), r.output.c_str());
