@@ -14,28 +14,42 @@
 //   sharing   requests with the same prompt (the G samples of a group) share its cached K/V: it is
 //             prefilled once while any of them runs; each holds its full pages and copies its last
 //             partial page (copy on write), and the pages return to the pool with their last holder.
-//   schedule  continuous batching: up to --rollout_slots sequences run together; a waiting one is
-//             admitted as soon as a slot and its prompt's pages are free; a finished one frees both
-//             at once. When a running sequence needs a page and none is free, the newest running
-//             sequence is preempted: its pages are freed and it is generated again later from its
-//             prompt. Its keys are (seed, step, sequence, position) and every row of a step is
-//             computed independently of the others, so the redone completion is the same.
+//   windows   the decode loop runs without the host (cuda/decode_slots.cuh): the running sequences'
+//             state lives in device slots, a step's first kernel turns them into its inputs and its
+//             last appends each drawn token to its slot's window buffer, advancing the slot and
+//             stopping it on eos or at its limit (a padding row from then on). The host looks once
+//             per window of up to kDecodeWindow (16) steps: one copy of the tokens and slots back
+//             into pinned memory and the one wait (collect_window), then one copy of the next
+//             window's slots and page tables in (start_window): the host synchronizes once per 16
+//             steps and copies to the device at most once per step.
+//   schedule  continuous batching at the windows' edges: up to --rollout_slots sequences run
+//             together; a waiting one is admitted as soon as a slot and its prompt's pages are free
+//             (its first token is drawn on the device in the window); a finished one frees both. A
+//             window takes the pages its steps will cross into beforehand, as many steps as the
+//             free pages give every running sequence; with sequences waiting it ends when the first
+//             running one reaches its limit, so its slot is refilled then. When not one step fits,
+//             the newest running sequence is preempted: it frees its pages and waits, keeping its
+//             tokens; admitted again it gets its prompt's K/V as before and those of its kept tokens
+//             from decode launches over one row per token (replay_kept_tokens), which compute what
+//             the steps that fed them computed. Its keys are (seed, step, sequence, position) and
+//             every row of a step is computed independently of the others (GEMM algorithms pinned
+//             per weight, decode attention cut by the row's own length), so a completion has the
+//             same bits whatever it is batched with, waits for or is preempted by.
 //   FP8 KV    scales per layer (or per layer and KV head, --kv_scales head) from a forward over the
 //             prompts with the current weights (the amax of K after norm and RoPE, and of V:
 //             spec-fp8.md §9.4, as the CPU engine does), the amaxes reduced over the ranks
 //             (rl/numerics/kv_scales.h), set before the first append and reported in rollout_stats().
 //   graphs    a decode step runs over its B sequences padded to a bucket (decode_bucket: powers of
-//             two, capped at the slots), with or without graphs, so --cuda_graphs changes no bit.
-//             The first step of a bucket in a rollout() call runs its launches (embedding to
-//             sampling) once as a warm-up, then captures them into a graph on the engine's stream;
-//             later steps of that bucket replay it. What changes per step lives in device buffers
-//             uploaded before the launch: token ids, positions, cache slots, lengths, page tables,
-//             sampling keys and positions, forced tokens; padding rows have token 0 at position 0,
-//             cache slot -1 (nothing appended) and length 0 (attention writes zeros), and their
-//             tokens are ignored. What the kernels take by value (rows, max_len, split count, seed,
-//             step, temperature) and the buffers' addresses hold for one call: the graphs are
-//             destroyed at its start and end, and when a prefill reallocates the FP8 GEMM scratch.
-//             Prefill and each admission's first token run eagerly.
+//             two, capped at the slots), the same for a whole window, with or without graphs, so
+//             --cuda_graphs changes no bit. The first step of a bucket runs its launches (slots to
+//             rows, embedding to sampling, commit) once as a warm-up, then captures them into a
+//             graph on the engine's stream; later steps replay it, in this rollout() call and the
+//             next ones: what changes per step lives in device buffers (the slots, the page tables,
+//             the RL step), and the graphs are dropped when what the kernels take by value changes
+//             (slots, max_len, precision, sampling parameters, teacher forcing) or when any device
+//             buffer was allocated or freed since their capture (device_allocations), since a
+//             graph holds the addresses it was captured with. Prefill, admissions' first tokens and
+//             replays run eagerly.
 // Included at the end of cuda/engine_gpu.cuh (the GPU program is one translation unit per binary,
 // so the build needs no new object); compiled alone by make cuda-check, it includes the engine.
 #ifndef FP8RL_ROLLOUT_CU
@@ -44,11 +58,18 @@
 #include <map>
 #include <set>
 
+#include "cuda/decode_slots.cuh"
 #include "cuda/engine_gpu.cuh"
+#include "cuda/pinned_array.cuh"
 #include "cuda/sampling.cuh"
 #include "kv_cache.cuh"
 
 namespace fp8rl {
+
+// Decode steps per window: the host looks at the device once per window (collect_window), so a
+// finished sequence's slot waits at most this many steps for a refill (at ~1,000-token completions
+// under 1% of the slot's steps), and the host's synchronizations are 1/16 of the steps.
+constexpr int kDecodeWindow = 16;
 
 // The sizes of what generate() allocates for `requests` requests of at most longest_prompt +
 // max_new_tokens tokens, beyond the training forward's buffers (prefill runs in those): the KV page
@@ -60,6 +81,7 @@ struct RolloutSizes {
     KvCacheShape shape{};
     size_t page_bytes = 0;  // K and V of one page in every layer
     size_t act = 0, act_f32 = 0, logits = 0, sample_scratch = 0, padded_head = 0, table = 0;  // elements
+    size_t control = 0;  // bytes of the decode control block (cuda/decode_slots.cuh), and as much pinned host memory
 };
 
 inline RolloutSizes rollout_sizes(const ModelConfig& c, const EngineOptions& o, long requests, long longest_prompt,
@@ -80,7 +102,8 @@ inline RolloutSizes rollout_sizes(const ModelConfig& c, const EngineOptions& o, 
     z.logits = (size_t)(z.rows * V8);
     z.sample_scratch = (size_t)z.slots * V;
     z.padded_head = V % 8 ? (size_t)V8 * C : 0;
-    z.table = (size_t)z.slots * max_pages;
+    z.table = (size_t)z.rows * max_pages;  // the kept tokens' replay runs up to `rows` rows
+    z.control = DecodeControlLayout(z.slots, kDecodeWindow, max_pages).bytes;
     return z;
 }
 
@@ -88,12 +111,14 @@ inline size_t rollout_device_bytes(const ModelConfig& c, const EngineOptions& o,
                                    int max_new_tokens, Precision kv_cache) {
     const RolloutSizes z = rollout_sizes(c, o, requests, longest_prompt, max_new_tokens, kv_cache);
     return PagedKvCache::bytes(z.shape, kv_cache) +
-           PagedKvCache::decode_workspace_bytes(z.shape, z.slots, (int)c.num_heads) +
+           PagedKvCache::decode_workspace_bytes(z.shape, (int)z.rows, (int)c.num_heads) +
            (z.act + z.padded_head) * sizeof(bf16) + (z.act_f32 + z.logits + z.sample_scratch) * sizeof(float) +
-           z.table * sizeof(int32_t) + (size_t)z.slots * (5 * sizeof(int32_t) + 2 * sizeof(uint32_t) + sizeof(SampledToken)) +
-           // the prompts' last hidden states (at most one per request), a prefill's cache rows, the KV amax
+           // the control block (slots and page tables), the kept tokens' page table, the step's row inputs
+           z.control + z.table * sizeof(int32_t) + (size_t)z.rows * 4 * sizeof(int32_t) +
+           (size_t)z.slots * (sizeof(int32_t) + 3 * sizeof(uint32_t) + sizeof(SampledToken)) +
+           // the prompts' last hidden states (at most one per request), a prefill's cache rows, the KV amax, the eos ids
            (size_t)requests * c.hidden_size * sizeof(bf16) + (size_t)z.slots * longest_prompt * sizeof(int32_t) +
-           2 * (size_t)c.num_layers * sizeof(float);
+           2 * (size_t)c.num_layers * sizeof(float) + c.eos_token_ids.size() * sizeof(int32_t);
 }
 
 // --rollout_slots 0 in an engine no memory plan resolved it for (a test, a tool): the most of
@@ -134,16 +159,20 @@ static __global__ void forced_token_kernel(const float* logits, int ld, int n, c
     out[r] = SampledToken{forced[r], lp, lp};
 }
 
-// The host-side state of one request and the device buffers of the decode step.
+// One request's host-side state.
+struct RolloutRequest {
+    const std::vector<int32_t>* prompt;
+    uint32_t key;
+    const std::vector<int32_t>* forced;  // teacher forcing: the completion to score; null = sample
+    int prompt_id;                        // its prompt in `prompts`
+    int forced_offset;                    // its completion in the forced pool (teacher forcing)
+    std::vector<int> pages;               // KV pages, in position order: its prompt's full pages, then its own
+    Generation gen;                       // kept when it is preempted
+};
+
+// The host-side state of the requests and the device buffers of the decode loop.
 struct RolloutState {
-    struct Request {
-        const std::vector<int32_t>* prompt;
-        uint32_t key;
-        const std::vector<int32_t>* forced;  // teacher forcing: the completion to score; null = sample
-        int prompt_id;                        // its prompt in `prompts`
-        std::vector<int> pages;               // KV pages, in position order: its prompt's full pages, then its own
-        Generation gen;
-    };
+    using Request = RolloutRequest;
     // A distinct prompt's K/V, prefilled once and shared by the running requests that have it: they
     // hold its full pages and each copy its last partial page (copy on write), which stays unwritten.
     struct Prompt {
@@ -160,20 +189,121 @@ struct RolloutState {
     DeviceArray<bf16> act, head;  // decode activations; the head padded to a multiple of 8 rows
     DeviceArray<bf16> prompt_xf;  // [prompts][C] final normed hidden state of each prompt's last token
     DeviceArray<float> act_f32, logits, sample_scratch, amax;
-    DeviceArray<int32_t> ids, pos, cache_rows, lens, table, forced, prefill_rows;
-    DeviceArray<uint32_t> keys, sample_pos;
+    DeviceArray<int32_t> ids, pos, cache_rows, lens, forced, prefill_rows, replay_table, forced_pool, eos;
+    DeviceArray<uint32_t> keys, sample_pos, steps;
     DeviceArray<SampledToken> sampled;
+    DeviceArray<uint8_t> control;  // cuda/decode_slots.cuh's control block, and its pinned mirror
+    PinnedArray<uint8_t> mirror;
+    DecodeControlLayout layout;
     LayerActsGpu A{};
     bf16* xf = nullptr;  // [rows][C] the final normed hidden
     float *rstdf = nullptr, *gemm_f32 = nullptr;
-    // the rows of the step being sampled: key, position of the new token, forced token or -1
-    std::vector<uint32_t> step_keys, step_pos;
-    std::vector<int32_t> step_forced;
-    std::map<int, cudaGraphExec_t> graphs;  // decode step graphs of this rollout() call, by bucket
+    // Decode step graphs by bucket, kept across rollout() calls while what their launches take by
+    // value (graph_key) holds and no device buffer was allocated or freed since their capture.
+    std::map<int, cudaGraphExec_t> graphs;
+    std::vector<uint64_t> graph_key;
+    uint64_t graph_allocations = 0;
 
     void drop_graphs() {
         for (const auto& g : graphs) CUDA_CHECK(cudaGraphExecDestroy(g.second));
         graphs.clear();
+    }
+    DecodeRows rows_out() { return {ids.get(), pos.get(), cache_rows.get(), lens.get(), forced.get(), keys.get(), sample_pos.get(), steps.get()}; }
+    template <class T>
+    T* in_control(size_t offset) { return (T*)(control.get() + offset); }
+    template <class T>
+    T* in_mirror(size_t offset) { return (T*)(mirror.get() + offset); }
+
+    // Scheduling, on the host, at the windows' edges: slot i of the next window runs running[i].
+    struct Admission {
+        int request;
+        bool fresh;       // it draws its first token at admission (else it kept tokens through a preemption)
+        bool new_prompt;  // its prompt is prefilled for it
+        int copy_from, copy_to;  // its copy of the prompt's last partial page (-1: none)
+    };
+    std::deque<int> waiting;
+    std::vector<int> running;          // in admission order: the newest last
+    std::vector<Admission> admitted;   // this window's admissions: the last of `running`
+    int64_t finished = 0;
+    int max_new_tokens = 0;
+
+    int limit(const Request& q) const { return q.forced ? (int)q.forced->size() : max_new_tokens; }
+    // the request's tokens when the window's decode steps begin (a fresh admission draws its first before them)
+    static int tokens_at_steps(const Request& q) { return std::max<int>(1, (int)q.gen.tokens.size()); }
+
+    void release(Request& q) {
+        for (int p : q.pages) drop_page(p);
+        q.pages.clear();
+        Prompt& pr = prompts[(size_t)q.prompt_id];
+        if (--pr.users > 0) return;
+        for (int p : pr.pages) drop_page(p);
+        pr.pages.clear();
+    }
+
+    // Admits waiting requests while a slot and their pages are free: their prompt's (unless it is
+    // cached), their copy of its last partial page, and the pages of the tokens a preempted request
+    // kept, all but the last (which the next step feeds).
+    void admit(int slots) {
+        admitted.clear();
+        while (!waiting.empty() && (int)running.size() < slots) {
+            Request& q = requests[(size_t)waiting.front()];
+            Prompt& pr = prompts[(size_t)q.prompt_id];
+            const long P = (long)q.prompt->size(), full = P / page_tokens, kept = (long)q.gen.tokens.size();
+            const int own = pages_for(P + std::max<long>(kept - 1, 0)) - (int)full;
+            const int need = (pr.users ? 0 : pages_for(P)) + own;
+            if (need > (int)free_pages.size()) break;
+            Admission a{waiting.front(), kept == 0, pr.users == 0, -1, -1};
+            if (pr.users++ == 0)
+                for (int k = 0; k < pages_for(P); k++) pr.pages.push_back(take_page());
+            for (long k = 0; k < full; k++) q.pages.push_back(pr.pages[(size_t)k]), page_refs[(size_t)pr.pages[(size_t)k]]++;
+            for (int k = 0; k < own; k++) q.pages.push_back(take_page());
+            if (P % page_tokens) a.copy_from = pr.pages[(size_t)full], a.copy_to = q.pages[(size_t)full];
+            admitted.push_back(a);
+            running.push_back(waiting.front());
+            waiting.pop_front();
+        }
+    }
+
+    // The pages request q holds after `steps` decode steps: one more for each step that feeds a position on a new page.
+    int pages_after(const Request& q, int steps) const {
+        const int t = tokens_at_steps(q), fed = std::min(steps, limit(q) - t);
+        return std::max((int)q.pages.size(), pages_for((long)q.prompt->size() + t - 1 + fed));
+    }
+    long pages_needed(int steps) const {
+        long need = 0;
+        for (int i : running) need += pages_after(requests[(size_t)i], steps) - (long)requests[(size_t)i].pages.size();
+        return need;
+    }
+
+    // The decode steps of the next window, at most `window` and no more than a running request still
+    // takes: as many as the free pages give every running request. When not one step fits, the newest running request is preempted: it gives its
+    // pages back and waits again, keeping its tokens (one admitted for this window is taken back).
+    // With requests waiting, the window ends when the first running request reaches its limit, so
+    // its slot is refilled then.
+    int plan_window(int window, int64_t* preemptions) {
+        for (;;) {
+            int longest = 0, shortest = window;  // of the steps the running requests may still take
+            for (int i : running) {
+                const int left = limit(requests[(size_t)i]) - tokens_at_steps(requests[(size_t)i]);
+                longest = std::max(longest, left), shortest = std::min(shortest, left);
+            }
+            const int cap = std::min({window, longest, waiting.empty() ? window : shortest});
+            if (cap <= 0) return 0;
+            for (int steps = cap; steps > 0; steps--) {
+                if (pages_needed(steps) > (long)free_pages.size()) continue;
+                for (int i : running) {
+                    Request& q = requests[(size_t)i];
+                    while ((int)q.pages.size() < pages_after(q, steps)) q.pages.push_back(take_page());
+                }
+                return steps;
+            }
+            const int newest = running.back();
+            release(requests[(size_t)newest]);
+            if (!admitted.empty() && admitted.back().request == newest) admitted.pop_back();
+            waiting.push_front(newest);
+            running.pop_back();
+            (*preemptions)++;
+        }
     }
 
     int pages_for(long tokens) const { return (int)((tokens + page_tokens - 1) / page_tokens); }
@@ -259,7 +389,6 @@ inline std::vector<Generation> GpuEngine::rollout(const std::vector<GenRequest>&
     }
     if (!rollout_) rollout_.reset(new RolloutState());
     RolloutState& R = *rollout_;
-    R.drop_graphs();  // a call that failed may have left some
     rollout_stats_ = RolloutStats();
 
     // the page pool (every slot at its longest, or the pages --kv_cache_mb holds) and the decode buffers,
@@ -313,10 +442,18 @@ inline std::vector<Generation> GpuEngine::rollout(const std::vector<GenRequest>&
     R.xf = take_b(rows * C);
     A.rstd1 = take_f(rows), A.rstd2 = take_f(rows), R.rstdf = take_f(rows);
     A.rstd_q = take_f(rows * m.H), A.rstd_k = take_f(rows * m.KV), R.gemm_f32 = take_f(rows * N);
-    for (DeviceArray<int32_t>* a : {&R.ids, &R.pos, &R.cache_rows, &R.lens, &R.forced}) a->resize((size_t)slots, "decode step rows");
-    R.keys.resize((size_t)slots, "sampling keys"), R.sample_pos.resize((size_t)slots, "sampling positions");
-    R.cache->reserve_decode(slots, m.H);
-    R.table.resize(z.table, "decode page table");
+    // a step's rows: a decode step's at most `slots`, a replay of kept tokens' up to `rows`
+    for (DeviceArray<int32_t>* a : {&R.ids, &R.pos, &R.cache_rows, &R.lens}) a->resize((size_t)rows, "decode step rows");
+    R.forced.resize((size_t)slots, "forced tokens");
+    for (DeviceArray<uint32_t>* a : {&R.keys, &R.sample_pos, &R.steps}) a->resize((size_t)slots, "sampling keys");
+    R.cache->reserve_decode((int)rows, m.H);
+    R.layout = DecodeControlLayout(slots, kDecodeWindow, R.max_pages);
+    R.control.resize(R.layout.bytes, "decode control block");
+    R.mirror.resize(R.layout.bytes, "decode control block (host mirror)");
+    R.replay_table.resize(z.table, "page table of kept tokens");
+    const std::vector<int64_t>& eos = config().eos_token_ids;
+    R.eos.resize(eos.size(), "eos ids");
+    if (!eos.empty()) R.eos.upload(std::vector<int32_t>(eos.begin(), eos.end()));
     if (m.V % 8) {  // the logits GEMM needs a multiple of 8 rows: the head with zero rows appended
         R.head.resize(z.padded_head, "padded head weights");
         R.head.zero(stream_);
@@ -328,125 +465,155 @@ inline std::vector<Generation> GpuEngine::rollout(const std::vector<GenRequest>&
 
     R.requests.assign(requests.size(), RolloutState::Request{});
     std::map<std::vector<int32_t>, int> prompt_ids;
+    std::vector<int32_t> pool;  // teacher forcing: the completions, back to back
     for (size_t i = 0; i < requests.size(); i++) {
         const int id = prompt_ids.emplace(requests[i].prompt, (int)prompt_ids.size()).first->second;
-        R.requests[i] = {&requests[i].prompt, requests[i].sequence, forced ? &(*forced)[i] : nullptr, id, {}, {}};
+        R.requests[i] = {&requests[i].prompt, requests[i].sequence, forced ? &(*forced)[i] : nullptr, id, -1, {}, {}};
+        if (forced) R.requests[i].forced_offset = (int)pool.size(), pool.insert(pool.end(), (*forced)[i].begin(), (*forced)[i].end());
     }
+    R.forced_pool.resize(pool.size(), "teacher-forced completions");
+    if (!pool.empty()) R.forced_pool.upload(pool);
     R.prompts.assign(prompt_ids.size(), RolloutState::Prompt{});
     for (const RolloutState::Request& q : R.requests) R.prompts[(size_t)q.prompt_id].ids = q.prompt;
     R.prompt_xf.resize(prompt_ids.size() * (size_t)C, "prompts' last hidden states");
-    auto done_with = [&](const RolloutState::Request& q) {
-        return q.forced ? q.gen.tokens.size() == q.forced->size()
-                        : q.gen.finished || (int)q.gen.tokens.size() >= s.max_new_tokens;
-    };
-    auto release = [&](RolloutState::Request& q) {
-        for (int p : q.pages) R.drop_page(p);
-        q.pages.clear();
-        RolloutState::Prompt& pr = R.prompts[(size_t)q.prompt_id];
-        if (--pr.users > 0) return;
-        for (int p : pr.pages) R.drop_page(p);
-        pr.pages.clear();
-    };
-    // appends each row's token; returns the rows' sequences that go on
-    int64_t finished = 0;
-    auto record = [&](const std::vector<int>& seqs) {
-        const std::vector<SampledToken> tok = R.sampled.download(seqs.size());
-        std::vector<int> going;
-        for (size_t r = 0; r < seqs.size(); r++) {
-            RolloutState::Request& q = R.requests[(size_t)seqs[r]];
-            q.gen.tokens.push_back(tok[r].token);
-            q.gen.logprobs.push_back(tok[r].logprob_full);
-            q.gen.logprobs_sampled.push_back(tok[r].logprob);
-            for (int64_t e : config().eos_token_ids) q.gen.finished |= !q.forced && tok[r].token == e;
-            if (done_with(q)) {
-                release(q);
-                finished++;
-            } else {
-                going.push_back(seqs[r]);
-            }
-        }
-        if (progress) progress->update(finished);
-        return going;
-    };
-    // the sampling inputs of `rows` rows: the sequences', then padding rows (key 0, position 0,
-    // token 0 forced: a valid id)
-    auto set_step_rows = [&](const std::vector<int>& seqs, int rows) {
-        R.step_keys.assign((size_t)rows, 0), R.step_pos.assign((size_t)rows, 0), R.step_forced.assign((size_t)rows, 0);
-        for (size_t r = 0; r < seqs.size(); r++) {
-            const RolloutState::Request& q = R.requests[(size_t)seqs[r]];
-            const size_t k = q.gen.tokens.size();
-            R.step_keys[r] = q.key;
-            R.step_pos[r] = (uint32_t)(q.prompt->size() + k);
-            R.step_forced[r] = q.forced ? (*q.forced)[k] : -1;
-        }
-        R.keys.upload(R.step_keys), R.sample_pos.upload(R.step_pos), R.forced.upload(R.step_forced);
-    };
 
-    std::deque<int> waiting;
-    for (size_t i = 0; i < requests.size(); i++) waiting.push_back((int)i);
-    std::vector<int> running;  // in admission order: the newest last
-    while (finished < (int64_t)requests.size()) {
-        // admit waiting sequences while a slot and the pages are free: their prompt's (unless it is
-        // cached) and their copy of its last partial page
-        std::vector<int> admit, new_prompts;
-        std::vector<std::pair<int, int>> copies;  // (prompt page, the request's copy)
-        while (!waiting.empty() && (int)(running.size() + admit.size()) < slots) {
-            RolloutState::Request& q = R.requests[(size_t)waiting.front()];
-            RolloutState::Prompt& pr = R.prompts[(size_t)q.prompt_id];
-            const long P = (long)q.prompt->size(), full = P / R.page_tokens;
-            const int need = (pr.users ? 0 : R.pages_for(P)) + (P % R.page_tokens ? 1 : 0);
-            if (need > (int)R.free_pages.size()) break;
-            if (pr.users++ == 0) {
-                for (int k = 0; k < R.pages_for(P); k++) pr.pages.push_back(R.take_page());
-                new_prompts.push_back(q.prompt_id);
-            }
-            for (long k = 0; k < full; k++) q.pages.push_back(pr.pages[(size_t)k]), R.page_refs[(size_t)pr.pages[(size_t)k]]++;
-            if (P % R.page_tokens) {
-                q.pages.push_back(R.take_page());
-                copies.push_back({pr.pages[(size_t)full], q.pages.back()});
-            }
-            admit.push_back(waiting.front());
-            waiting.pop_front();
-        }
-        if (!admit.empty()) {
-            if (!new_prompts.empty()) prefill(new_prompts, weights);
-            for (const auto& c : copies) R.cache->copy_page(c.first, c.second, stream_);
-            for (size_t r = 0; r < admit.size(); r++)  // each samples its first token from its prompt's last row
-                CUDA_CHECK(cudaMemcpyAsync(R.xf + r * C, R.prompt_xf.get() + (size_t)R.requests[(size_t)admit[r]].prompt_id * C,
-                                           C * sizeof(bf16), cudaMemcpyDeviceToDevice, stream_));
-            set_step_rows(admit, (int)admit.size());
-            sample_rows((int)admit.size(), s, step);
-            for (int i : record(admit)) running.push_back(i);
-        }
-        // each running sequence feeds its last token; one crossing into a new page takes one, and
-        // when none is free the newest running sequence gives its pages back and waits again
-        for (size_t k = 0; k < running.size();) {
-            RolloutState::Request& q = R.requests[(size_t)running[k]];
-            const long position = (long)(q.prompt->size() + q.gen.tokens.size() - 1);
-            if (position / R.page_tokens < (long)q.pages.size()) {
-                k++;
-            } else if (!R.free_pages.empty()) {
-                q.pages.push_back(R.take_page());
-                k++;
-            } else {
-                RolloutState::Request& newest = R.requests[(size_t)running.back()];
-                release(newest);
-                newest.gen = Generation();
-                waiting.push_front(running.back());
-                running.pop_back();
-                rollout_stats_.preemptions++;
-            }
-        }
-        if (running.empty()) continue;
-        const int rows = decode_bucket((int)running.size(), slots);
-        set_step_rows(running, rows);
-        decode_step(running, rows, weights, s, step);
-        running = record(running);
+    // what the decode launches take by value: the graphs of an earlier call replay while it holds
+    const SamplingParams sp{s.temperature, s.top_k, s.top_p};
+    const std::vector<uint64_t> key = {(uint64_t)slots, (uint64_t)R.max_len, (uint64_t)weights, (uint64_t)(forced != nullptr),
+                                       float_bits(sp.temperature), (uint64_t)sp.top_k, float_bits(sp.top_p),
+                                       (uint64_t)s.vocab_limit, s.seed};
+    if (key != R.graph_key) R.drop_graphs(), R.graph_key = key;
+
+    R.max_new_tokens = s.max_new_tokens;
+    R.finished = 0;
+    R.waiting.clear(), R.running.clear();
+    for (size_t i = 0; i < requests.size(); i++) R.waiting.push_back((int)i);
+    while (R.finished < (int64_t)requests.size()) {
+        R.admit(slots);
+        const int steps = R.plan_window(kDecodeWindow, &rollout_stats_.preemptions);
+        if (R.running.empty()) fail("generate: no request fits the KV page pool (internal: the pool was checked above)");
+        start_window(step, weights, s);
+        const int bucket = decode_bucket((int)R.running.size(), slots);
+        rollout_stats_.max_running = std::max(rollout_stats_.max_running, (int)R.running.size());
+        for (int k = 0; k < steps; k++) decode_step(bucket, weights, s);
+        collect_window(progress);
     }
-    R.drop_graphs();
     std::vector<Generation> out;
     for (RolloutState::Request& q : R.requests) out.push_back(std::move(q.gen));
     return out;
+}
+
+// The start of a window, all issued without waiting: the running requests' slots and page tables in
+// one copy, then the admissions' work: their prompts prefilled, their partial pages copied, the
+// kept tokens of preempted ones fed again (replay_kept_tokens), and the fresh ones' first tokens
+// drawn from their prompts' last rows into their window buffers.
+inline void GpuEngine::start_window(uint32_t step, Precision weights, const SamplingConfig& s) {
+    RolloutState& R = *rollout_;
+    const DecodeControlLayout& L = R.layout;
+    const int C = model_.C, slots = (int)(R.sampled.size());
+    DecodeSlot* slot = R.in_mirror<DecodeSlot>(L.slots);
+    int32_t* table = R.in_mirror<int32_t>(L.table);
+    int32_t* row_slot = R.in_mirror<int32_t>(L.row_slot);
+    for (int i = 0; i < slots; i++) slot[i] = DecodeSlot{0, 0, 0, 0, 0u, -1, 0, 0};  // idle: a padding row
+    for (size_t i = 0; i < R.running.size(); i++) {
+        const RolloutState::Request& q = R.requests[(size_t)R.running[i]];
+        const int P = (int)q.prompt->size(), g = (int)q.gen.tokens.size();
+        slot[i] = DecodeSlot{g ? q.gen.tokens.back() : q.prompt->back(), P + g - 1, g, R.limit(q) - g, q.key,
+                             q.forced ? q.forced_offset : -1, 0, 0};
+        std::copy(q.pages.begin(), q.pages.end(), table + i * (size_t)L.max_pages);
+    }
+    const int first = (int)(R.running.size() - R.admitted.size());  // the admissions' first slot
+    int fresh = 0;
+    for (size_t a = 0; a < R.admitted.size(); a++)
+        if (R.admitted[a].fresh) row_slot[fresh++] = first + (int)a;
+    R.in_mirror<DecodeRun>(L.run)->step = step;
+    CUDA_CHECK(cudaMemcpyAsync(R.control.get() + L.slots, R.mirror.get() + L.slots, L.upload_bytes(), cudaMemcpyHostToDevice,
+                               stream_));
+
+    std::vector<int> new_prompts;
+    for (const RolloutState::Admission& a : R.admitted)
+        if (a.new_prompt) new_prompts.push_back(R.requests[(size_t)a.request].prompt_id);
+    if (!new_prompts.empty()) prefill(new_prompts, weights);
+    for (const RolloutState::Admission& a : R.admitted)
+        if (a.copy_from >= 0) R.cache->copy_page(a.copy_from, a.copy_to, stream_);
+    for (const RolloutState::Admission& a : R.admitted)
+        if (!a.fresh) replay_kept_tokens(R.requests[(size_t)a.request], weights);
+    if (!fresh) return;
+    int r = 0;
+    for (const RolloutState::Admission& a : R.admitted)  // row r samples from its prompt's last row
+        if (a.fresh)
+            CUDA_CHECK(cudaMemcpyAsync(R.xf + (size_t)r++ * C,
+                                       R.prompt_xf.get() + (size_t)R.requests[(size_t)a.request].prompt_id * C,
+                                       C * sizeof(bf16), cudaMemcpyDeviceToDevice, stream_));
+    DecodeSlot* slots_dev = R.in_control<DecodeSlot>(L.slots);
+    const int32_t* rows_dev = R.in_control<int32_t>(L.row_slot);
+    decode_rows_gpu(R.rows_out(), slots_dev, rows_dev, fresh, R.in_control<DecodeRun>(L.run), R.in_control<int32_t>(L.table),
+                    L.max_pages, R.page_tokens, R.forced_pool.get(), stream_);
+    sample_rows(fresh, s);
+    decode_commit_gpu(slots_dev, rows_dev, fresh, R.sampled.get(), R.in_control<SampledToken>(L.out), L.out_per_slot,
+                      R.eos.get(), (int)R.eos.size(), stream_);
+}
+
+// A preempted request's K/V back in its pages: its prompt's come from the prompt's prefill (as they
+// first did), and those of the tokens it kept, all but the last, from decode launches over one row
+// per token (sampling nothing), each row what the decode step that fed the token computed: the
+// same GEMM rows, and decode attention over the row's own length, which the row before it in the
+// same layer has already appended. So the completion goes on with the bits it would have had.
+inline void GpuEngine::replay_kept_tokens(const RolloutState::Request& q, Precision weights) {
+    RolloutState& R = *rollout_;
+    const long P = (long)q.prompt->size(), n = (long)q.gen.tokens.size() - 1, chunk = R.rows;
+    for (long begin = 0; begin < n; begin += chunk) {
+        const int rows = (int)std::min(chunk, n - begin);
+        std::vector<int32_t> ids((size_t)rows), pos((size_t)rows), cache_rows((size_t)rows), lens((size_t)rows);
+        std::vector<int32_t> table((size_t)rows * R.max_pages, 0);
+        for (int r = 0; r < rows; r++) {
+            const long position = P + begin + r;
+            ids[(size_t)r] = q.gen.tokens[(size_t)(begin + r)];
+            pos[(size_t)r] = (int32_t)position;
+            cache_rows[(size_t)r] = R.cache_row(q, position);
+            lens[(size_t)r] = (int32_t)position + 1;
+            std::copy(q.pages.begin(), q.pages.end(), table.begin() + (size_t)r * R.max_pages);
+        }
+        R.ids.upload(ids), R.pos.upload(pos), R.cache_rows.upload(cache_rows), R.lens.upload(lens);
+        R.replay_table.upload(table);
+        decode_launches(rows, weights, R.replay_table.get(), nullptr);
+        rollout_stats_.replayed_tokens += rows;
+    }
+}
+
+// The end of a window: its drawn tokens and the slots back in one copy, the one wait for the device;
+// each running request takes its tokens, and the finished ones give their slot and pages back.
+inline void GpuEngine::collect_window(Progress* progress) {
+    RolloutState& R = *rollout_;
+    const DecodeControlLayout& L = R.layout;
+    CUDA_CHECK(cudaMemcpyAsync(R.mirror.get(), R.control.get(), L.download_bytes(), cudaMemcpyDeviceToHost, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    const DecodeSlot* slot = R.in_mirror<DecodeSlot>(L.slots);
+    const SampledToken* drawn = R.in_mirror<SampledToken>(L.out);
+    std::vector<int> going;
+    for (size_t i = 0; i < R.running.size(); i++) {
+        RolloutState::Request& q = R.requests[(size_t)R.running[i]];
+        for (int k = 0; k < slot[i].drawn; k++) {
+            const SampledToken& t = drawn[i * L.out_per_slot + k];
+            q.gen.tokens.push_back(t.token);
+            q.gen.logprobs.push_back(t.logprob_full);
+            q.gen.logprobs_sampled.push_back(t.logprob);
+            for (int64_t e : config().eos_token_ids) q.gen.finished |= !q.forced && t.token == e;
+        }
+        const bool done = q.forced ? q.gen.tokens.size() == q.forced->size()
+                                   : q.gen.finished || (int)q.gen.tokens.size() >= R.max_new_tokens;
+        if (done != (slot[i].remaining == 0))
+            fail("generate: request %d holds %zu tokens but its slot may draw %d more (internal)", R.running[i],
+                 q.gen.tokens.size(), slot[i].remaining);
+        if (done) {
+            R.release(q);
+            R.finished++;
+        } else {
+            going.push_back(R.running[i]);
+        }
+    }
+    R.running = going;
+    if (progress) progress->update(R.finished);
 }
 
 inline void GpuEngine::calibrate_kv_scales(const std::vector<GenRequest>& requests, Precision weights) {
@@ -492,12 +659,10 @@ inline void GpuEngine::prefill(const std::vector<int>& prompt_ids, Precision wei
     }
     R.prefill_rows.resize(rows.size(), "prefill cache rows");
     R.prefill_rows.upload(rows);
-    const long scratch_rows = scratch_max_tokens_;
     trunk_forward(prompts, weights, false, [&](int l) {
         R.cache->append(l, layers_[l].k, layers_[l].v, R.prefill_rows.get(), T_, stream_);
         R.cache->round_trip(l, layers_[l].k, layers_[l].v, T_, stream_);
     });
-    if (scratch_max_tokens_ != scratch_rows) R.drop_graphs();  // they quantize into the FP8 scratch this forward reallocated
     for (size_t s = 0; s < prompt_ids.size(); s++)
         CUDA_CHECK(cudaMemcpyAsync(R.prompt_xf.get() + (size_t)prompt_ids[s] * m.C, xf_ + (batch_.offsets[s + 1] - 1) * m.C,
                                    m.C * sizeof(bf16), cudaMemcpyDeviceToDevice, stream_));
@@ -505,30 +670,16 @@ inline void GpuEngine::prefill(const std::vector<int>& prompt_ids, Precision wei
     rollout_stats_.prefill_tokens += T_;
 }
 
-// One decode step of the running sequences `seqs` over `rows` rows (their bucket; the sampling
-// inputs already uploaded): the rows' inputs uploaded, then the step's launches, or the replay of
-// the bucket's graph, captured at its first step.
-inline void GpuEngine::decode_step(const std::vector<int>& seqs, int rows, Precision weights, const SamplingConfig& s,
-                                   uint32_t step) {
+// One decode step over `rows` rows (the bucket of the running slots): the launches, or the replay
+// of the bucket's graph, captured at its first step. Every input is on the device (the slots), so
+// steps follow each other without the host.
+inline void GpuEngine::decode_step(int rows, Precision weights, const SamplingConfig& s) {
     PROFILE_RANGE("decode_step");
     RolloutState& R = *rollout_;
-    const int B = (int)seqs.size();
-    // padding rows: token 0 at position 0, no cache slot, length 0
-    std::vector<int32_t> ids((size_t)rows, 0), pos((size_t)rows, 0), cache_rows((size_t)rows, -1), lens((size_t)rows, 0);
-    std::vector<int32_t> table((size_t)rows * R.max_pages, 0);
-    for (int r = 0; r < B; r++) {
-        const RolloutState::Request& q = R.requests[(size_t)seqs[r]];
-        const long position = (long)(q.prompt->size() + q.gen.tokens.size() - 1);
-        ids[(size_t)r] = q.gen.tokens.back();
-        pos[(size_t)r] = (int32_t)position;
-        cache_rows[(size_t)r] = R.cache_row(q, position);
-        lens[(size_t)r] = (int32_t)position + 1;
-        std::copy(q.pages.begin(), q.pages.end(), table.begin() + (size_t)r * R.max_pages);
-    }
-    R.ids.upload(ids), R.pos.upload(pos), R.cache_rows.upload(cache_rows), R.lens.upload(lens), R.table.upload(table);
     rollout_stats_.decode_steps++;
-    rollout_stats_.max_running = std::max(rollout_stats_.max_running, B);
-    if (!options_.cuda_graphs) return decode_launches(rows, weights, s, step);
+    const int32_t* table = R.in_control<int32_t>(R.layout.table);
+    if (!options_.cuda_graphs) return decode_launches(rows, weights, table, &s);
+    if (device_allocations() != R.graph_allocations) R.drop_graphs();  // they may hold freed addresses
     const auto graph = R.graphs.find(rows);
     if (graph != R.graphs.end()) {
         CUDA_CHECK(cudaGraphLaunch(graph->second, stream_));
@@ -537,24 +688,32 @@ inline void GpuEngine::decode_step(const std::vector<int>& seqs, int rows, Preci
     }
     // the warm-up computes this step; whatever the launches set up lazily (GEMM plans, kernel
     // attributes) is done by then, so the capture records kernels and device copies only
-    decode_launches(rows, weights, s, step);
+    decode_launches(rows, weights, table, &s);
     cudaGraph_t captured = nullptr;
     CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-    decode_launches(rows, weights, s, step);
+    decode_launches(rows, weights, table, &s);
     CUDA_CHECK(cudaStreamEndCapture(stream_, &captured));
     cudaGraphExec_t exec = nullptr;
     CUDA_CHECK(cudaGraphInstantiate(&exec, captured, 0));
     CUDA_CHECK(cudaGraphDestroy(captured));
     R.graphs[rows] = exec;
+    R.graph_allocations = device_allocations();
     rollout_stats_.graphs_captured++;
 }
 
-// The launches of a decode step over `rows` rows, every input on the device: embedding, per layer
-// the shared attention inputs (appending K and V), paged decode attention, the shared attention outputs and
-// MLP; final norm; then the tokens (sample_rows).
-inline void GpuEngine::decode_launches(int rows, Precision weights, const SamplingConfig& s, uint32_t step) {
+// The launches of a decode step over `rows` rows: embedding, per layer the shared attention inputs
+// (appending K and V), paged decode attention over `table` [rows][max_pages], the shared attention
+// outputs and MLP. Sampling (s not null): first the rows' inputs from the slots (decode_rows_gpu),
+// last the final norm, the tokens (sample_rows) and each slot's advance (decode_commit_gpu); without
+// it (replay_kept_tokens) the rows' inputs are uploaded and only the cache is written.
+inline void GpuEngine::decode_launches(int rows, Precision weights, const int32_t* table, const SamplingConfig* s) {
     RolloutState& R = *rollout_;
     const CpuModel& m = model_;
+    const DecodeControlLayout& L = R.layout;
+    DecodeSlot* slots = R.in_control<DecodeSlot>(L.slots);
+    if (s)
+        decode_rows_gpu(R.rows_out(), slots, nullptr, rows, R.in_control<DecodeRun>(L.run), table, L.max_pages, R.page_tokens,
+                        R.forced_pool.get(), stream_);
     const StepRows r{rows, weights == Precision::FP8 ? (rows + 127) / 128 * 128 : rows, R.pos.get(), R.gemm_f32, weights,
                      false, options_.fp8_scaling};
     LayerActsGpu& A = R.A;
@@ -562,17 +721,21 @@ inline void GpuEngine::decode_launches(int rows, Precision weights, const Sampli
     for (int l = 0; l < m.L; l++) {
         // the residual: the last layer's h1 + mlp; K and V appended to the cache by the q/k-norm + RoPE kernel
         attention_inputs(A, l > 0 ? &A : nullptr, l, r, R.cache->append_target(l, R.cache_rows.get()));
-        R.cache->decode_attention(l, A.att, A.q, m.H, R.table.get(), R.max_pages, R.lens.get(), rows, R.max_len, stream_);
+        R.cache->decode_attention(l, A.att, A.q, m.H, table, R.max_pages, R.lens.get(), rows, R.max_len, stream_);
         attention_outputs(A, l, r, false);
     }
+    if (!s) return;
     residual_rmsnorm_forward(R.xf, R.rstdf, A.x, A.h1, A.mlp, wb(m.final_norm), rows, m.C, m.eps, stream_);
-    sample_rows(rows, s, step);
+    sample_rows(rows, *s);
+    decode_commit_gpu(slots, nullptr, rows, R.sampled.get(), R.in_control<SampledToken>(L.out), L.out_per_slot, R.eos.get(),
+                      (int)R.eos.size(), stream_);
 }
 
 // Logits of R.xf's first `rows` rows through the BF16 head (FP32 accumulation, as loss.cuh's
-// head and the CPU generator compute them), then one token per row (cuda/sampling.cuh), or the
-// forced token when teacher forcing.
-inline void GpuEngine::sample_rows(int rows, const SamplingConfig& s, uint32_t step) {
+// head and the CPU generator compute them), then one token per row (cuda/sampling.cuh) with the
+// rows' keys, positions and RL steps (decode_rows_gpu wrote them), or the forced token when
+// teacher forcing.
+inline void GpuEngine::sample_rows(int rows, const SamplingConfig& s) {
     PROFILE_RANGE("sampling");
     RolloutState& R = *rollout_;
     const CpuModel& m = model_;
@@ -585,7 +748,7 @@ inline void GpuEngine::sample_rows(int rows, const SamplingConfig& s, uint32_t s
         return;
     }
     sample_tokens_gpu(R.sampled.get(), nullptr, R.logits.get(), rows, V8, n, {s.temperature, s.top_k, s.top_p}, s.seed,
-                      step, R.keys.get(), R.sample_pos.get(), R.sample_scratch.get(), stream_);
+                      R.steps.get(), R.keys.get(), R.sample_pos.get(), R.sample_scratch.get(), stream_);
 }
 
 }  // namespace fp8rl

@@ -2,10 +2,13 @@
 // A failed allocation is an Error naming what was asked for and how much the device has free.
 // Every array's bytes are counted in one place (device_bytes_live / device_bytes_peak), so the
 // engine's high-water mark is known exactly: cudaMemGetInfo also sees the CUDA context, cuBLASLt's
-// and NCCL's own memory and the allocator's rounding, and only what is held when it is called.
+// and NCCL's own memory and the allocator's rounding, and only what is held when it is called. Every
+// allocation and free is counted too (device_allocations): a CUDA graph, which holds the addresses it
+// was captured with, stays valid while that count has not moved.
 #ifndef FP8RL_DEVICE_ARRAY_CUH
 #define FP8RL_DEVICE_ARRAY_CUH
 #include <algorithm>
+#include <cstdint>
 #include <vector>
 
 #include "cuda/common.cuh"
@@ -16,6 +19,7 @@ namespace fp8rl {
 // last reset_device_bytes_peak(). Plain counters: the engine allocates from one host thread.
 struct DeviceBytes {
     size_t live = 0, peak = 0;
+    uint64_t allocations = 0;  // allocations and frees so far
 };
 inline DeviceBytes& device_bytes() {
     static DeviceBytes bytes;
@@ -24,6 +28,7 @@ inline DeviceBytes& device_bytes() {
 inline size_t device_bytes_live() { return device_bytes().live; }
 inline size_t device_bytes_peak() { return device_bytes().peak; }
 inline void reset_device_bytes_peak() { device_bytes().peak = device_bytes().live; }
+inline uint64_t device_allocations() { return device_bytes().allocations; }
 
 template <class T>
 class DeviceArray {
@@ -51,6 +56,7 @@ class DeviceArray {
         }
         capacity_ = count_ = count;
         DeviceBytes& b = device_bytes();
+        b.allocations++;
         b.live += count * sizeof(T);
         b.peak = std::max(b.peak, b.live);
     }
@@ -76,6 +82,7 @@ class DeviceArray {
 
   private:
     void free_memory() {
+        if (ptr_) device_bytes().allocations++;
         cudaFree(ptr_);
         device_bytes().live -= capacity_ * sizeof(T);
         ptr_ = nullptr;

@@ -86,7 +86,8 @@ struct StepRows {
     bool bf16_inputs() const { return precision == Precision::BF16 || for_backward || !fused_fp8(); }
 };
 
-struct RolloutState;  // rollout.cu: the KV cache and decode buffers of generation
+struct RolloutState;    // rollout.cu: the KV cache and decode buffers of generation
+struct RolloutRequest;  // rollout.cu: one request's host-side state
 // rollout.cu: the device bytes generate() allocates beyond the training forward's (the memory plan)
 inline size_t rollout_device_bytes(const ModelConfig& c, const EngineOptions& o, long requests, long longest_prompt,
                                    int max_new_tokens, Precision kv_cache);
@@ -94,6 +95,7 @@ inline size_t rollout_device_bytes(const ModelConfig& c, const EngineOptions& o,
 // What the last generate() did (tests and logs).
 struct RolloutStats {
     int64_t prefills = 0, prefill_tokens = 0, decode_steps = 0, preemptions = 0;
+    int64_t replayed_tokens = 0;                      // kept tokens of preempted requests fed again at their return
     int64_t graphs_captured = 0, graph_launches = 0;  // decode step graphs captured, and steps replayed from them
     int max_running = 0;                  // most sequences decoded in one step
     std::vector<float> k_scale, v_scale;  // [L] or [L][KV] (--kv_scales head): the FP8 cache's scales in use (empty for BF16)
@@ -485,9 +487,12 @@ class GpuEngine : public Engine {
     void calibrate_kv_scales(const std::vector<GenRequest>& requests, Precision weights);
     int slots_that_fit(long requests, long longest_prompt, int max_new_tokens, Precision kv_cache) const;
     void prefill(const std::vector<int>& prompt_ids, Precision weights);
-    void decode_step(const std::vector<int>& seqs, int rows, Precision weights, const SamplingConfig& s, uint32_t step);
-    void decode_launches(int rows, Precision weights, const SamplingConfig& s, uint32_t step);
-    void sample_rows(int rows, const SamplingConfig& s, uint32_t step);
+    void start_window(uint32_t step, Precision weights, const SamplingConfig& s);
+    void replay_kept_tokens(const RolloutRequest& q, Precision weights);
+    void collect_window(Progress* progress);
+    void decode_step(int rows, Precision weights, const SamplingConfig& s);
+    void decode_launches(int rows, Precision weights, const int32_t* table, const SamplingConfig* s);
+    void sample_rows(int rows, const SamplingConfig& s);
     // dx (BF16) and the weight (and bias) gradient of projection j (dy null: its FP8 operands are in the
     // scratch, written by its producer).
     void project_backward(bf16* dx, const bf16* dy, const bf16* x, int l, Projection j, size_t bias);

@@ -1,6 +1,6 @@
 // sampling.cuh: the next token of B sequences on the device, by the host sampler's exact rule
 // (rl/numerics/sampling.h's sample_token: temperature, top-k, top-p, inverse CDF in id order) with the
-// uniform cpu/generate.h draws: u = rng_uniform(seed, step, key_b, position_b).
+// uniform cpu/generate.h draws: u = rng_uniform(seed, step_b, key_b, position_b).
 //
 // One block per row. Every step gives the host's bits, because each is either order-free or done in
 // the host's order:
@@ -106,7 +106,7 @@ __device__ inline void block_apply_top_p(float* scratch, int n, float top_p, dou
 // Row blockIdx.x of logits [B][V] sampled over ids < n into out (and tokens, if not null).
 static __global__ void __launch_bounds__(kSampleThreads)
     sample_rows_kernel(SampledToken* out, int32_t* tokens, const float* logits, long V, int n, SamplingParams params,
-                       uint64_t seed, uint32_t step, const uint32_t* keys, const uint32_t* positions, float* scratch) {
+                       uint64_t seed, const uint32_t* steps, const uint32_t* keys, const uint32_t* positions, float* scratch) {
     const long row = blockIdx.x;
     logits += row * V;
     scratch += row * n;
@@ -148,7 +148,7 @@ static __global__ void __launch_bounds__(kSampleThreads)
     }
     // chunk_sums holds the chunk masses of the kept row (the last row sum: kept, or z_all uncut)
     if (threadIdx.x == 0) {
-        const float u = rng_uniform(seed, step, keys[row], positions[row]);
+        const float u = rng_uniform(seed, steps[row], keys[row], positions[row]);
         const double target = (double)u * kept;
         double before = 0.0;
         const int c = inverse_cdf_chunk(sum_chunks(n), [&](int chunk) { return chunk_sums[chunk]; }, target, &before);
@@ -160,13 +160,14 @@ static __global__ void __launch_bounds__(kSampleThreads)
 }
 
 // For rows b < B of logits [B][V] (FP32, device): out[b] = sample_token(logits_b, n, params, u_b,
-// ...) with u_b = rng_uniform(seed, step, keys[b], positions[b]) (keys, positions: device [B]);
+// ...) with u_b = rng_uniform(seed, steps[b], keys[b], positions[b]) (steps, keys, positions: device
+// [B], so a captured graph samples for whatever RL step its buffers hold);
 // tokens (device int32 [B], may be null) gets the tokens too, to feed the next decode step. n <= V
 // is the vocabulary limit (SamplingConfig.vocab_limit: only ids < n are drawn). scratch: device
 // FP32 [B][n]. Logits must not be NaN; at least one per row must be finite. No host sync, no
 // allocation: capturable in a CUDA graph.
 inline void sample_tokens_gpu(SampledToken* out, int32_t* tokens, const float* logits, int B, int V, int n,
-                              const SamplingParams& params, uint64_t seed, uint32_t step, const uint32_t* keys,
+                              const SamplingParams& params, uint64_t seed, const uint32_t* steps, const uint32_t* keys,
                               const uint32_t* positions, float* scratch, cudaStream_t stream) {
     if (B < 0 || n < 1 || n > V || sum_chunks(n) > kSampleMaxChunks)
         fail("sample_tokens_gpu: B = %d rows, vocabulary limit n = %d, V = %d: need B >= 0 and 1 <= n <= V, n <= %d",
@@ -176,7 +177,7 @@ inline void sample_tokens_gpu(SampledToken* out, int32_t* tokens, const float* l
              params.temperature, params.top_p);
     if (B == 0) return;
     LAUNCH_KERNEL(sample_rows_kernel, (unsigned)B, kSampleThreads, 0, stream, out, tokens, logits, (long)V, n, params,
-                  seed, step, keys, positions, scratch);
+                  seed, steps, keys, positions, scratch);
 }
 
 }  // namespace fp8rl

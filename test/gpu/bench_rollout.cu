@@ -85,15 +85,17 @@ Shares component_shares(const ModelConfig& c, const EngineOptions& o, const Sett
     const double steps = (double)run.stats.decode_steps;
 
     DeviceArray<float> logits((size_t)B * V8, "benchmark logits"), scratch((size_t)B * V, "benchmark sampling scratch");
-    DeviceArray<uint32_t> keys((size_t)B, "benchmark sampling keys"), positions((size_t)B, "benchmark sampling positions");
+    DeviceArray<uint32_t> keys((size_t)B, "benchmark sampling keys"), positions((size_t)B, "benchmark sampling positions"),
+        step_ids((size_t)B, "benchmark sampling steps");
     DeviceArray<SampledToken> sampled((size_t)B, "benchmark sampled tokens");
     fill_uniform(logits.get(), logits.size(), 21, 8.0f);
     std::vector<uint32_t> ids((size_t)B);
     for (int b = 0; b < B; b++) ids[(size_t)b] = (uint32_t)b;
     keys.upload(ids);
     positions.upload(std::vector<uint32_t>((size_t)B, (uint32_t)context));
+    step_ids.upload(std::vector<uint32_t>((size_t)B, 0u));
     const double sampling_ms = median_ms([&] {
-        sample_tokens_gpu(sampled.get(), nullptr, logits.get(), B, V8, V, {sc.temperature, sc.top_k, sc.top_p}, sc.seed, 0,
+        sample_tokens_gpu(sampled.get(), nullptr, logits.get(), B, V8, V, {sc.temperature, sc.top_k, sc.top_p}, sc.seed, step_ids.get(),
                           keys.get(), positions.get(), scratch.get(), 0);
     });
 

@@ -30,23 +30,24 @@ constexpr uint32_t kStep = 9;
 // number of rows whose token or log-prob bits differ (each one reported).
 int count_mismatches(const char* what, const std::vector<float>& logits, int B, int V, int n, const SamplingParams& p,
                      uint32_t key0) {
-    std::vector<uint32_t> keys(B), positions(B);
+    std::vector<uint32_t> steps(B), keys(B), positions(B);
     for (int b = 0; b < B; b++) {
+        steps[b] = kStep + b % 3;  // rows of a batch may belong to different RL steps
         keys[b] = key0 + 31 * b;
         positions[b] = 5 + b;
     }
     DeviceBuffer<float> d_logits(logits), scratch((size_t)B * n);
-    DeviceBuffer<uint32_t> d_keys(keys), d_positions(positions);
+    DeviceBuffer<uint32_t> d_steps(steps), d_keys(keys), d_positions(positions);
     DeviceBuffer<SampledToken> out(B);
     DeviceBuffer<int32_t> tokens(B);
-    sample_tokens_gpu(out.ptr, tokens.ptr, d_logits.ptr, B, V, n, p, kSeed, kStep, d_keys.ptr, d_positions.ptr,
+    sample_tokens_gpu(out.ptr, tokens.ptr, d_logits.ptr, B, V, n, p, kSeed, d_steps.ptr, d_keys.ptr, d_positions.ptr,
                       scratch.ptr, 0);
     const std::vector<SampledToken> dev = out.download();
     const std::vector<int32_t> dev_tokens = tokens.download();
     std::vector<float> host_scratch(n);
     int bad = 0;
     for (int b = 0; b < B; b++) {
-        const float u = rng_uniform(kSeed, kStep, keys[b], positions[b]);
+        const float u = rng_uniform(kSeed, steps[b], keys[b], positions[b]);
         const SampledToken h = sample_token(&logits[(size_t)b * V], n, p, u, host_scratch.data());
         const bool same = h.token == dev[b].token && dev_tokens[b] == h.token &&
                           float_bits(h.logprob) == float_bits(dev[b].logprob) &&
@@ -193,20 +194,21 @@ TEST(sampling_kernel_replays_in_a_graph) {
     const SamplingParams p = {0.9f, 20, 0.9f};
     std::vector<float> logits((size_t)B * V);
     DeviceBuffer<float> d_logits(logits.size()), scratch((size_t)B * n);
-    DeviceBuffer<uint32_t> keys(B), positions(B);
+    DeviceBuffer<uint32_t> steps(B), keys(B), positions(B);
     DeviceBuffer<SampledToken> out(B);
     cudaStream_t stream;
     CUDA_CHECK(cudaStreamCreate(&stream));
     cudaGraph_t graph;
     cudaGraphExec_t exec;
     CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-    sample_tokens_gpu(out.ptr, nullptr, d_logits.ptr, B, V, n, p, kSeed, kStep, keys.ptr, positions.ptr, scratch.ptr,
+    sample_tokens_gpu(out.ptr, nullptr, d_logits.ptr, B, V, n, p, kSeed, steps.ptr, keys.ptr, positions.ptr, scratch.ptr,
                       stream);
     CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
     CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
     for (size_t i = 0; i < logits.size(); i++) logits[i] = 3.0f * hash_uniform(i, 8);
-    const std::vector<uint32_t> k = {7, 8, 9}, pos = {1, 2, 3};
+    const std::vector<uint32_t> st = {kStep, kStep + 1, kStep}, k = {7, 8, 9}, pos = {1, 2, 3};
     d_logits.upload(logits);
+    steps.upload(st);
     keys.upload(k);
     positions.upload(pos);
     CUDA_CHECK(cudaGraphLaunch(exec, stream));
@@ -214,7 +216,7 @@ TEST(sampling_kernel_replays_in_a_graph) {
     const std::vector<SampledToken> dev = out.download();
     std::vector<float> host_scratch(n);
     for (int b = 0; b < B; b++) {
-        const SampledToken h = sample_token(&logits[(size_t)b * V], n, p, rng_uniform(kSeed, kStep, k[b], pos[b]),
+        const SampledToken h = sample_token(&logits[(size_t)b * V], n, p, rng_uniform(kSeed, st[b], k[b], pos[b]),
                                             host_scratch.data());
         CHECK_MSG(h.token == dev[b].token && float_bits(h.logprob) == float_bits(dev[b].logprob) &&
                       float_bits(h.logprob_full) == float_bits(dev[b].logprob_full),
@@ -228,13 +230,13 @@ TEST(sampling_kernel_replays_in_a_graph) {
 TEST(sampling_kernel_rejects_bad_input) {
     REQUIRE_GPU();
     SamplingParams p;
-    CHECK_THROWS((sample_tokens_gpu(nullptr, nullptr, nullptr, 1, 10, 11, p, 0, 0, nullptr, nullptr, nullptr, 0)),
+    CHECK_THROWS((sample_tokens_gpu(nullptr, nullptr, nullptr, 1, 10, 11, p, 0, nullptr, nullptr, nullptr, nullptr, 0)),
                  "vocabulary limit n = 11, V = 10");
-    CHECK_THROWS((sample_tokens_gpu(nullptr, nullptr, nullptr, 1, 10, 0, p, 0, 0, nullptr, nullptr, nullptr, 0)),
+    CHECK_THROWS((sample_tokens_gpu(nullptr, nullptr, nullptr, 1, 10, 0, p, 0, nullptr, nullptr, nullptr, nullptr, 0)),
                  "vocabulary limit n = 0, V = 10");
-    CHECK_THROWS((sample_tokens_gpu(nullptr, nullptr, nullptr, 1, 600000, 524289, p, 0, 0, nullptr, nullptr, nullptr, 0)),
+    CHECK_THROWS((sample_tokens_gpu(nullptr, nullptr, nullptr, 1, 600000, 524289, p, 0, nullptr, nullptr, nullptr, nullptr, 0)),
                  "n <= 524288");
     p.temperature = -1.0f;
-    CHECK_THROWS((sample_tokens_gpu(nullptr, nullptr, nullptr, 1, 10, 10, p, 0, 0, nullptr, nullptr, nullptr, 0)),
+    CHECK_THROWS((sample_tokens_gpu(nullptr, nullptr, nullptr, 1, 10, 10, p, 0, nullptr, nullptr, nullptr, nullptr, 0)),
                  "temperature -1, top_p 1: need temperature >= 0");
 }
