@@ -9,8 +9,10 @@
 // p % page_tokens of page page_table[p / page_tokens].
 //
 // Decode attention is flash-decoding: each row's cache length is cut into chunks; one CTA per
-// (chunk, kv head, row) loads the chunk's keys and values tile by tile into shared memory (as the
-// FP32 values they stand for), and every query head of the GQA group reads each loaded tile; it
+// (chunk, kv head, row) brings the chunk's keys and values into shared memory tile by tile, as they
+// are stored (BF16 or FP8 codes), with 16-byte asynchronous copies (cp.async), the next tile's
+// copies in flight while the current one is read (two stages), the tile's page ids read once per
+// page; every query head of the GQA group reads each tile, converting to FP32 in registers; it
 // keeps an online softmax (running max, running sum, rescaled output) and writes the chunk's
 // normalised partial O and its log-sum-exp (FP32). A second kernel merges the chunks by their LSE
 // weights and writes O in BF16. Decode is bound by reading the cache, so the math runs on the
@@ -67,18 +69,6 @@ struct KvCacheShape {
 // rounded to FP32 as cpu/kv_cache.h's stored() rounds it.
 __device__ __forceinline__ float kv_value(__nv_bfloat16 x, float) { return __bfloat162float(x); }
 __device__ __forceinline__ float kv_value(uint8_t code, float scale) { return mul_rn(e4m3_to_float(code), scale); }
-// kKvVector stored elements at p (aligned to kKvVector elements) as the values they stand for, read
-// in one 16-byte (BF16) or 8-byte (FP8) load; every supported head dim is a multiple of kKvVector.
-constexpr int kKvVector = 8;
-template <class Elem>
-__device__ __forceinline__ void load_kv_values(float* out, const Elem* p, float scale) {
-    using Vector = typename std::conditional<sizeof(Elem) == 2, uint4, uint2>::type;
-    static_assert(sizeof(Vector) == kKvVector * sizeof(Elem), "one load per kKvVector elements");
-    const Vector bits = *reinterpret_cast<const Vector*>(p);
-    Elem raw[kKvVector];
-    memcpy(static_cast<void*>(raw), &bits, sizeof bits);
-    for (int i = 0; i < kKvVector; i++) out[i] = kv_value(raw[i], scale);
-}
 // The stored element for a BF16 value x (held as a float): BF16 as it is; FP8 encodes x / scale
 // (satfinite E4M3).
 __device__ __forceinline__ void kv_store(__nv_bfloat16* dst, float x, float) { *dst = __float2bfloat16_rn(x); }
@@ -138,12 +128,16 @@ static __global__ void kv_round_trip_kernel(__nv_bfloat16* k, __nv_bfloat16* v, 
     }
 }
 
-// Dynamic shared memory of a decode CTA, in floats: q and the output accumulator [group][D], the
-// key tile [kDecodeTile][D + 1] (the odd row stride keeps the 32 lanes that read 32 keys at one d
-// on 32 banks), the value tile [kDecodeTile][D], probabilities [group][kDecodeTile], and per head the
-// running max, the running sum and the last rescale factor.
-inline size_t decode_smem_floats(int group, int D) {
-    return (size_t)2 * group * D + (size_t)kDecodeTile * (2 * D + 1) + (size_t)group * kDecodeTile + 3 * group;
+// Dynamic shared memory of a decode CTA, in bytes: kDecodeStages stages of the key tile
+// [kDecodeTile][D + 16 bytes] and the value tile [kDecodeTile][D] in their storage type (a key row
+// padded by 16 bytes: the 8 lanes of a quarter warp that read 16 bytes of 8 keys hit 8 distinct
+// bank groups), the stages' page ids [kDecodeTile]; then in FP32 q and the output accumulator
+// [group][D], the probabilities [group][kDecodeTile] and per head the running max, the running sum
+// and the last rescale factor.
+constexpr int kDecodeStages = 2;
+inline size_t decode_smem_bytes(int group, int D, size_t elem_bytes) {
+    return (size_t)kDecodeStages * kDecodeTile * (2 * D * elem_bytes + 16 + sizeof(int32_t)) +
+           sizeof(float) * ((size_t)2 * group * D + (size_t)group * kDecodeTile + 3 * group);
 }
 
 // One CTA per (chunk blockIdx.x, kv head blockIdx.y, row blockIdx.z): the group's query heads over
@@ -157,12 +151,19 @@ __global__ void __launch_bounds__(kDecodeThreads)
                            const Elem* v_pool, const float* k_scale, const float* v_scale, const int32_t* page_table,
                            int max_pages, const int32_t* lens, int max_len, int H, int KV, int page_tokens,
                            int forced_splits) {
-    DYNAMIC_SHARED(float, decode_smem);  // named apart from attention.cuh's BF16 `smem`: one extern symbol per name
+    constexpr int row_bytes = D * (int)sizeof(Elem), k_row = row_bytes + 16;  // a key row padded (bank groups)
+    // copies of 16 bytes (8 for the 8-byte rows of FP8 at head dim 8), as many per row as it holds
+    constexpr int copy_bytes = row_bytes < 16 ? row_bytes : 16, vectors = row_bytes / copy_bytes,
+                  per_vector = copy_bytes / (int)sizeof(Elem);
+    using Vector = typename std::conditional<copy_bytes == 16, uint4, uint2>::type;
+    static_assert(row_bytes % copy_bytes == 0 && sizeof(Vector) == copy_bytes, "a row is whole 8- or 16-byte vectors");
+    DYNAMIC_SHARED(uint8_t, decode_smem);  // named apart from attention.cuh's BF16 `smem`: one extern symbol per name
     const int group = H / KV, kv_head = blockIdx.y, splits = gridDim.x, chunk = blockIdx.x;
     const long row = blockIdx.z, head0 = (long)kv_head * group;
-    float *q_s = decode_smem, *o_s = q_s + group * D, *k_s = o_s + group * D, *v_s = k_s + kDecodeTile * (D + 1),
-          *p_s = v_s + kDecodeTile * D, *max_s = p_s + group * kDecodeTile, *sum_s = max_s + group,
-          *rescale_s = sum_s + group;
+    uint8_t *k_t = decode_smem, *v_t = k_t + kDecodeStages * kDecodeTile * k_row;
+    int32_t* page_s = reinterpret_cast<int32_t*>(v_t + kDecodeStages * kDecodeTile * row_bytes);
+    float *q_s = reinterpret_cast<float*>(page_s + kDecodeStages * kDecodeTile), *o_s = q_s + group * D,
+          *p_s = o_s + group * D, *max_s = p_s + group * kDecodeTile, *sum_s = max_s + group, *rescale_s = sum_s + group;
     // keys past max_len (<= max_pages * page_tokens) are never read, whatever lens says
     const long len = min(lens[row], max_len);
     const int row_splits = decode_row_splits(len, forced_splits);
@@ -184,24 +185,51 @@ __global__ void __launch_bounds__(kDecodeThreads)
         sum_s[g] = 0.0f;
     }
     const int32_t* pages = page_table + row * max_pages;
-    static_assert(D % kKvVector == 0, "a key row is whole vectors");
-    constexpr int vectors = D / kKvVector;  // loads per key row
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
-    for (long k0 = key_begin; k0 < key_end; k0 += kDecodeTile) {
-        const int keys = (int)min((long)kDecodeTile, key_end - k0);
-        for (int e = threadIdx.x; e < keys * vectors; e += blockDim.x) {
-            const int j = e / vectors, d = e % vectors * kKvVector;
-            const long pos = k0 + j, slot = (long)pages[pos / page_tokens] * page_tokens + pos % page_tokens;
-            const long at = (slot * KV + kv_head) * D + d;
-            load_kv_values(k_s + j * (D + 1) + d, k_pool + at, ks);
-            load_kv_values(v_s + j * D + d, v_pool + at, vs);
+    const long tiles = (key_end - key_begin + kDecodeTile - 1) / kDecodeTile;
+    // tile i's keys k0 .. k0 + keys - 1 start on page k0 / page_tokens; a tile spans at most
+    // kDecodeTile pages (k0 is a multiple of kDecodeTile)
+    auto tile_keys = [&](long i) { return (int)min((long)kDecodeTile, key_end - key_begin - i * kDecodeTile); };
+    auto load_page_ids = [&](long i, int stage) {
+        const long k0 = key_begin + i * kDecodeTile, first = k0 / page_tokens, last = (k0 + tile_keys(i) - 1) / page_tokens;
+        for (long p = first + threadIdx.x; p <= last; p += blockDim.x) page_s[stage * kDecodeTile + (p - first)] = pages[p];
+    };
+    auto copy_tile = [&](long i, int stage) {  // one group of this thread's copies (maybe empty)
+        const long k0 = key_begin + i * kDecodeTile, first = k0 / page_tokens;
+        for (int e = threadIdx.x; e < tile_keys(i) * vectors; e += blockDim.x) {
+            const int j = e / vectors, c = e % vectors;
+            const long pos = k0 + j, slot = (long)page_s[stage * kDecodeTile + (pos / page_tokens - first)] * page_tokens +
+                                             pos % page_tokens;
+            const size_t at = (size_t)((slot * KV + kv_head) * D) * sizeof(Elem) + (size_t)c * copy_bytes;
+            __pipeline_memcpy_async(k_t + (stage * kDecodeTile + j) * k_row + c * copy_bytes, (const uint8_t*)k_pool + at,
+                                    copy_bytes);
+            __pipeline_memcpy_async(v_t + (stage * kDecodeTile + j) * row_bytes + c * copy_bytes, (const uint8_t*)v_pool + at,
+                                    copy_bytes);
         }
-        __syncthreads();  // the tiles are complete (and in the first round q, the output and the statistics)
+        __pipeline_commit();
+    };
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+    load_page_ids(0, 0);
+    __syncthreads();  // tile 0's page ids (and q, the output and the statistics) are written
+    copy_tile(0, 0);
+    for (long i = 0; i < tiles; i++) {
+        const int stage = (int)(i % kDecodeStages), keys = tile_keys(i);
+        if (i + 1 < tiles) load_page_ids(i + 1, stage ^ 1);
+        __syncthreads();  // the next tile's page ids are written
+        if (i + 1 < tiles) copy_tile(i + 1, stage ^ 1);
+        else __pipeline_commit();  // an empty group: the wait below always leaves one group in flight
+        __pipeline_wait_prior(1);  // this thread's copies of tile i have landed
+        __syncthreads();           // every thread's have
+        const uint8_t* k_tile = k_t + stage * kDecodeTile * k_row;
         for (int g = warp; g < group; g += warps) {  // a warp per head, a lane per key
             float s = -INFINITY;
-            if (lane < keys) {
+            if (lane < keys) {  // the key's stored elements, a vector at a time, to FP32 in registers, in d order
                 s = 0.0f;
-                for (int d = 0; d < D; d++) s += q_s[g * D + d] * k_s[lane * (D + 1) + d];
+                for (int c = 0; c < vectors; c++) {
+                    const Vector bits = *reinterpret_cast<const Vector*>(k_tile + lane * k_row + c * copy_bytes);
+                    Elem raw[per_vector];
+                    memcpy(static_cast<void*>(raw), &bits, sizeof bits);
+                    for (int u = 0; u < per_vector; u++) s += q_s[g * D + c * per_vector + u] * kv_value(raw[u], ks);
+                }
                 s *= scale;
             }
             // lane 0 owns the head's statistics (no lane reads them while it writes); the others get its copy
@@ -217,13 +245,14 @@ __global__ void __launch_bounds__(kDecodeThreads)
             }
         }
         __syncthreads();  // probabilities and rescale factors are written
+        const Elem* v_tile = reinterpret_cast<const Elem*>(v_t + stage * kDecodeTile * row_bytes);
         for (int e = threadIdx.x; e < group * D; e += blockDim.x) {
             const int g = e / D, d = e % D;
             float acc = o_s[e] * rescale_s[g];
-            for (int j = 0; j < keys; j++) acc += p_s[g * kDecodeTile + j] * v_s[j * D + d];
+            for (int j = 0; j < keys; j++) acc += p_s[g * kDecodeTile + j] * kv_value(v_tile[j * D + d], vs);
             o_s[e] = acc;
         }
-        __syncthreads();  // every thread is done with the tiles before the next round overwrites them
+        __syncthreads();  // every thread is done with this stage before tile i + 2's copies refill it
     }
     for (int e = threadIdx.x; e < group * D; e += blockDim.x)
         part_o[(out_row0 + (e / D) * splits) * D + e % D] = o_s[e] / sum_s[e / D];
@@ -391,7 +420,7 @@ class PagedKvCache {
         check_heads("reserve_decode", heads);
         if (max_batch < 1) fail("PagedKvCache::reserve_decode: max_batch = %d rows (need >= 1)", max_batch);
         const int group = heads / shape_.kv_heads;
-        const size_t smem = decode_smem_floats(group, shape_.head_dim) * sizeof(float);
+        const size_t smem = decode_smem_bytes(group, shape_.head_dim, element_bytes(storage_));
         if (smem > 227 * 1024)
             fail("PagedKvCache::reserve_decode: %d query heads per kv head need %zu bytes of shared memory (at most "
                  "227 KB)", group, smem);
@@ -444,7 +473,7 @@ class PagedKvCache {
             constexpr int D = decltype(head_dim)::value;
             dispatch_storage([&](auto elem) {
                 using Elem = decltype(elem);
-                const size_t smem = decode_smem_floats(group, D) * sizeof(float);  // allowed by reserve_decode
+                const size_t smem = decode_smem_bytes(group, D, sizeof(Elem));  // allowed by reserve_decode
                 LAUNCH_KERNEL((kv_decode_split_kernel<D, Elem>), dim3(splits, shape_.kv_heads, B), kDecodeThreads, smem,
                               stream, part_o_.get(), part_lse_.get(), q, layer_pool<Elem>(k_pool_, layer),
                               layer_pool<Elem>(v_pool_, layer), layer_scales(k_scale_dev_, layer), layer_scales(v_scale_dev_, layer),

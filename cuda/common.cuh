@@ -11,6 +11,7 @@
 #else
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
+#include <cuda_pipeline_primitives.h>  // cp.async (__pipeline_memcpy_async); emu.h has its twin
 #include <cuda_runtime.h>
 #endif
 

@@ -74,6 +74,11 @@ void atomic_point(bool changed);  // every atomic: a chance to yield, and spin-w
 // A vector access (ld/st.v2, .v4) of `bytes` at p, which is not a multiple of `bytes`: the kernel
 // faults with cudaErrorMisalignedAddress (sticky, reported at the next synchronization), as on a GPU.
 [[noreturn]] void misaligned_access(const void* p, size_t bytes, const char* what);
+// cp.async of the calling thread (cuda_pipeline_primitives.h's __pipeline_* below): a copy queued,
+// its group closed, the groups but the `prior` newest completed.
+void async_copy(void* dst, const void* src, size_t bytes, size_t zfill);
+void async_commit();
+void async_wait_prior(size_t prior);
 void* dynamic_shared();  // the launch's dynamic shared memory (NaN-filled at each block start)
 // A block reached the static shared variable `p` of `bytes` (cuda/common.cuh's STATIC_SHARED): the
 // first time for its kernel, the bytes count against the kernel's limits from then on, and the
@@ -176,6 +181,15 @@ cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attr, T* kernel) {
 #define __syncthreads_count(p) ::emu::block_barrier(__FILE__, __LINE__, (p) != 0, 1)
 #define __syncthreads_and(p) ::emu::block_barrier(__FILE__, __LINE__, (p) != 0, 2)
 #define __syncthreads_or(p) ::emu::block_barrier(__FILE__, __LINE__, (p) != 0, 3)
+
+// cp.async, as cuda_pipeline_primitives.h declares it (sm_80+): 4, 8 or 16 bytes from global to
+// shared memory, both aligned to the size, the last zfill bytes zeroed; groups closed by
+// __pipeline_commit; __pipeline_wait_prior(n) waits for all but the n newest groups.
+inline void __pipeline_memcpy_async(void* dst_shared, const void* src_global, size_t size_and_align, size_t zfill = 0) {
+    ::emu::async_copy(dst_shared, src_global, size_and_align, zfill);
+}
+inline void __pipeline_commit() { ::emu::async_commit(); }
+inline void __pipeline_wait_prior(size_t prior) { ::emu::async_wait_prior(prior); }
 
 inline void __syncwarp(unsigned mask = 0xFFFFFFFFu) { ::emu::warp_collective(::emu::WarpOp::Sync, mask, 0, 0, 32); }
 template <class T>

@@ -109,6 +109,14 @@ struct Thread {
     int atomics = 0;
     void* sp = nullptr;  // saved stack pointer while the fiber is not running
     Stack* stack = nullptr;
+    // cp.async: the copies issued and not yet waited for, and where each committed group ends in them
+    struct AsyncCopy {
+        void* dst;
+        const void* src;
+        size_t bytes, zfill;
+    };
+    std::vector<AsyncCopy> async_copies;
+    std::vector<size_t> async_groups;
 };
 
 struct Block {
@@ -506,6 +514,49 @@ void static_shared(void* p, size_t bytes, const char* name) {
     kernel_fault(strformat("a %zu-byte %s at %p, not a multiple of %zu (the rule: a vector access must be aligned to its "
                            "size): cudaErrorMisalignedAddress",
                            bytes, what, p, bytes));
+}
+
+// cp.async (cuda_pipeline_primitives.h): the rules its header asserts, refused as kernel faults;
+// the copy itself happens when the thread waits for its group, so a read of the destination before
+// __pipeline_wait_prior sees the old bytes (NaN-filled shared memory), as a GPU may show it.
+void async_copy(void* dst, const void* src, size_t bytes, size_t zfill) {
+    Thread* t = current_thread;
+    Block* b = current_block;
+    if (!t || !b) kernel_fault("__pipeline_memcpy_async outside a kernel");
+    if (bytes != 4 && bytes != 8 && bytes != 16)
+        kernel_fault(strformat("__pipeline_memcpy_async of %zu bytes (the rule: 4, 8 or 16)", bytes));
+    if (zfill > bytes) kernel_fault(strformat("__pipeline_memcpy_async: zfill %zu > %zu bytes", zfill, bytes));
+    if ((uintptr_t)dst % bytes) misaligned_access(dst, bytes, "cp.async destination");
+    if ((uintptr_t)src % bytes) misaligned_access(src, bytes, "cp.async source");
+    const char* d = (const char*)dst;
+    bool shared = d >= b->smem.data() && d + bytes <= b->smem.data() + b->smem.size();
+    for (const auto& v : b->info->static_vars) shared = shared || (d >= (const char*)v.first && d + bytes <= (const char*)v.first + v.second);
+    if (!shared)
+        kernel_fault(strformat("__pipeline_memcpy_async to %p, outside the block's shared memory (the rule: shared "
+                               "destination, global source)", dst));
+    if (!is_device_memory(src, bytes - zfill))
+        kernel_fault(strformat("__pipeline_memcpy_async from %p, not device memory (the rule: global source)", src));
+    t->async_copies.push_back({dst, src, bytes, zfill});
+}
+void async_commit() {
+    Thread* t = current_thread;
+    if (!t) kernel_fault("__pipeline_commit outside a kernel");
+    t->async_groups.push_back(t->async_copies.size());
+}
+void async_wait_prior(size_t prior) {
+    Thread* t = current_thread;
+    if (!t) kernel_fault("__pipeline_wait_prior outside a kernel");
+    if (t->async_groups.size() <= prior) return;
+    const size_t done = t->async_groups[t->async_groups.size() - 1 - prior];  // copies of the older groups
+    for (size_t i = 0; i < done; i++) {
+        const Thread::AsyncCopy& c = t->async_copies[i];
+        memcpy(c.dst, c.src, c.bytes - c.zfill);
+        memset((char*)c.dst + c.bytes - c.zfill, 0, c.zfill);
+    }
+    t->async_copies.erase(t->async_copies.begin(), t->async_copies.begin() + (long)done);
+    t->async_groups.erase(t->async_groups.begin(), t->async_groups.end() - (long)prior);
+    for (size_t& g : t->async_groups) g -= done;
+    current_block->progress = true;  // memory changed
 }
 
 int block_barrier(const char* file, int line, int predicate, int kind) {

@@ -407,6 +407,43 @@ TEST(emu_rule_vector_accesses_are_aligned_to_their_size) {
     }
 }
 
+// cp.async (cuda_pipeline_primitives.h): a copy lands when its thread waits for its group, so a
+// read of the destination before __pipeline_wait_prior sees what was there (shared memory starts
+// as NaN bytes); the header's rules (global source, shared destination, both aligned to the size)
+// are kernel faults. mode 0: copy 16 bytes in[0..3] and read before and after the wait; 1: a source
+// 4 bytes off; 2: a global destination.
+__global__ void async_copy_kernel(const int* in, int* out, int mode) {
+    STATIC_SHARED(uint4, tile, [1]);
+    void* dst = mode == 2 ? (void*)out : (void*)tile;
+    __pipeline_memcpy_async(dst, mode == 1 ? in + 1 : in, 16);
+    __pipeline_commit();
+    int before, after;
+    memcpy(&before, tile, sizeof before);
+    __pipeline_wait_prior(0);
+    memcpy(&after, tile, sizeof after);
+    out[4] = before, out[5] = after;
+}
+
+TEST(emu_rule_async_copies_land_at_the_wait_and_keep_the_header_rules) {
+    DeviceBuffer<int> in(std::vector<int>{11, 12, 13, 14, 15}), out(8);
+    LAUNCH_KERNEL(async_copy_kernel, 1, 1, 0, 0, (const int*)in.ptr, out.ptr, 0);
+    const std::vector<int> got = out.download();
+    CHECK_EQ(got[4], -1);  // 0xFFFFFFFF: the copy has not landed
+    CHECK_EQ(got[5], 11);
+    const char* rules[] = {"", "cudaErrorMisalignedAddress", "outside the block's shared memory"};
+    for (int mode : {1, 2}) {
+        std::string err;
+        try {
+            LAUNCH_KERNEL(async_copy_kernel, 1, 1, 0, 0, (const int*)in.ptr, out.ptr, mode);
+            CUDA_CHECK(cudaDeviceSynchronize());
+        } catch (const Error& e) {
+            err = e.what();
+        }
+        CHECK_MSG(err.find(rules[mode]) != std::string::npos, "mode %d: %s", mode, err.c_str());
+        cudaDeviceReset();
+    }
+}
+
 TEST(emu_rule_copy_host_side_is_not_device_memory) {
     DeviceBuffer<int> a(16), b(16);
     CHECK_EQ(cudaMemcpy(a.ptr, b.ptr, 16 * sizeof(int), cudaMemcpyHostToDevice), cudaErrorInvalidValue);
