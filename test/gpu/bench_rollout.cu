@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <vector>
 
+#include "cuda/decode_perf_model.h"
 #include "cuda/engine_gpu.cuh"
 #include "cuda/sampling.cuh"
 #include "kv_cache.cuh"
@@ -68,6 +69,7 @@ Run generate(GpuEngine& engine, const Setting& s, int sequences, int new_tokens,
 
 struct Shares {
     double sampling, attention;  // fractions of the run's seconds
+    double attention_bandwidth;  // bytes/s decode attention read, timed alone
 };
 
 // The run's time in sampling and in attention, estimated from the kernels timed alone (cudaEvents,
@@ -121,15 +123,24 @@ Shares component_shares(const ModelConfig& c, const EngineOptions& o, const Sett
         for (int l = 0; l < L; l++)
             cache.decode_attention(l, out.get(), q.get(), H, table_d.get(), max_pages, lens.get(), B, max_len, 0);
     });
-    return {steps * sampling_ms * 1e-3 / run.seconds, steps * attention_ms * 1e-3 / run.seconds};
+    const double attention_bytes = (double)B * context * L * 2 * (double)c.kv_dim() * (s.kv_cache == Precision::FP8 ? 1 : 2);
+    return {steps * sampling_ms * 1e-3 / run.seconds, steps * attention_ms * 1e-3 / run.seconds,
+            attention_bytes / (attention_ms * 1e-3)};
 }
 
-void print_row(const BenchModel& m, int sequences, int new_tokens, const Setting& s, const Run& r, double base_seconds,
-               const Shares& shares) {
-    printf("| %s | %d x %d | %s | %s | %.2f | %ld | %.0f | %.2f | %.1f | %.1f | %lld | %.2f |\n", m.name, sequences, new_tokens,
-           precision_name(s.weights), precision_name(s.kv_cache), r.seconds, r.tokens, r.tokens / r.seconds,
-           base_seconds / r.seconds, 100 * shares.sampling, 100 * shares.attention, (long long)r.stats.decode_steps,
-           r.peak / 1073741824.0);
+// The run's figures, each measured one next to what cuda/decode_perf_model.h predicts for the run's
+// decode steps (its most rows at once, at the mean context).
+void print_row(const BenchModel& m, const ModelConfig& c, int sequences, int new_tokens, const Setting& s, const Run& r,
+               double base_seconds, const Shares& shares) {
+    const DecodePrediction p = predict_decode_step(PerfHardware(), c, r.stats.max_running, kPromptLength + new_tokens / 2.0,
+                                                   s.weights, s.kv_cache);
+    const double predicted_s = (double)r.stats.decode_steps * p.step_s();
+    printf("| %s | %d x %d | %s | %s | %.2f | %ld | %.0f (%.0f) | %.2f | %.1f (%.1f) | %.1f (%.1f) | %.0f (%.0f) | %lld | %.2f |\n",
+           m.name, sequences, new_tokens, precision_name(s.weights), precision_name(s.kv_cache), r.seconds, r.tokens,
+           r.tokens / r.seconds, r.tokens / predicted_s, base_seconds / r.seconds, 100 * shares.sampling,
+           100 * r.stats.decode_steps * p.sampling_s / predicted_s, 100 * shares.attention,
+           100 * r.stats.decode_steps * p.attention_s / predicted_s, shares.attention_bandwidth / 1e9,
+           p.attention_bandwidth() / 1e9, (long long)r.stats.decode_steps, r.peak / 1073741824.0);
     fflush(stdout);
 }
 
@@ -153,7 +164,7 @@ std::string bench_model(const BenchModel& m, bool tiny) {
     std::string key;
     const auto report = [&](const Setting& s, const Run& r) {
         const Shares shares = component_shares(engine.config(), options, s, r, new_tokens);
-        print_row(m, sequences, new_tokens, s, r, base.seconds, shares);
+        print_row(m, engine.config(), sequences, new_tokens, s, r, base.seconds, shares);
         key = strfmt("%s %s/%s at %d x %d: %.0f tokens/s (%.2fx bf16/bf16), sampling %.1f%%, attention %.1f%%, peak %.2f GiB",
                      m.name, precision_name(s.weights), precision_name(s.kv_cache), sequences, new_tokens, r.tokens / r.seconds,
                      base.seconds / r.seconds, 100 * shares.sampling, 100 * shares.attention, r.peak / 1073741824.0);
@@ -177,13 +188,15 @@ int main(int argc, char** argv) {
            "within %.0f s per model; speedup = bf16/bf16 time / this time; sampling %% and attention %% are estimated "
            "from the kernels timed alone at the run's shapes (sample_tokens_gpu on [slots][V] FP32 logits, the logits "
            "GEMM not included; decode_attention in every layer at prompt + half the new tokens, the run's KV storage "
-           "and page size) times the run's decode steps, over its seconds%s; peak = the engine's device high-water "
-           "mark during the call (DeviceArray's count)\n\n",
+           "and page size) times the run's decode steps, over its seconds%s; attention GB/s = the K and V bytes it "
+           "reads over its time alone; in parentheses what cuda/decode_perf_model.h predicts for the run's decode steps "
+           "(weights, attention and sampling bytes at the H200's anchors; prefill not counted); peak = the engine's "
+           "device high-water mark during the call (DeviceArray's count)\n\n",
            kTargetSequences, kTargetNewTokens, kBudgetSeconds,
            emulated ? " (in emulation the fractions mean nothing: the CPU runs each kernel at its own speed)" : "");
-    printf("| model | sequences x new tokens | weights | KV cache | seconds | tokens | tokens/s | speedup | sampling %% | "
-           "attention %% | decode steps | peak GiB |\n");
-    printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    printf("| model | sequences x new tokens | weights | KV cache | seconds | tokens | tokens/s (predicted) | speedup | "
+           "sampling %% (predicted) | attention %% (predicted) | attention GB/s (predicted) | decode steps | peak GiB |\n");
+    printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     std::vector<BenchModel> models = {kQwen3_0_6B, kQwen3_1_7B};
     if (tiny) models = {kTinyBenchModel};
     int failures = 0;
