@@ -100,6 +100,22 @@ class Communicator {
 #endif
     }
 
+    // x [n] on root becomes the sum over ranks of their x (in place); the other ranks' x are left as
+    // they are (ZeRO-2's gradient buckets, reduced into their owner's shard).
+    void reduce_sum(float* x, size_t n, int root, cudaStream_t stream) {
+        if (size_ == 1 || n == 0) return;
+#if defined(FP8RL_EMU) && defined(FP8RL_MPI)
+        const bool is_root = rank_ == root;
+        run(stream, "MPI_Ireduce", [=](MPI_Request* r) {
+            MPI_CHECK(MPI_Ireduce(is_root ? MPI_IN_PLACE : x, x, (int)n, MPI_FLOAT, MPI_SUM, root, mpi_comm_, r));
+        });
+#elif defined(FP8RL_MPI)
+        run(stream, "ncclReduce", [=](cudaStream_t s) { NCCL_CHECK(ncclReduce(x, x, n, ncclFloat32, ncclSum, root, comm_, s)); });
+#else
+        (void)x, (void)root, (void)stream;
+#endif
+    }
+
     // in [n] on rank r -> out [size][n] on every rank, out[r] = rank r's in (bytes: any element type;
     // in and out must not overlap).
     template <class T>
