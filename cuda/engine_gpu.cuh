@@ -7,8 +7,8 @@
 //             gradients cross to the host only for checkpoints and --resume.
 //   ranks     data parallel over cuda/nccl.cuh's communicator (spec-gpu.md §6); with --zero 1 the
 //             master weights and moments are sharded over the ranks (ZeRO-1, init_optimizer), with
-//             --zero 2 the gradients too, reduced bucket by bucket as the backward finishes them
-//             (ZeRO-2, cuda/grad_buckets.h).
+//             --zero 2 the gradients too, reduced bucket by bucket as the backward finishes them,
+//             overlapping the next bucket's backward (ZeRO-2, cuda/grad_buckets.h).
 //   numerics  activations BF16 where the CPU engine's bf16/fp8 precisions round (DESIGN.md §3), in
 //             the CPU's order: the emulated build is bit-exact with the CPU engine.
 //   kernels   a layer's forward is 10 launches in fp8 (9 in bf16; issue 28): residual add + RMSNorm
@@ -227,7 +227,8 @@ class GpuEngine : public Engine {
             master_.resize(shard_, "FP32 master weights (this rank's shard)");
             master_.upload(mine);
         }
-        grads_.resize(sharded_grads_ ? shard_ : shards_ * shard_, sharded_grads_ ? "FP32 gradients (this rank's shard)" : "FP32 gradients");
+        if (sharded_grads_) grads_.resize(shard_, "FP32 gradients (this rank's shard)");
+        else grads_.resize(shards_ * shard_, "FP32 gradients");
         m_.resize(shard_, "AdamW first moments (this rank's shard)");
         v_.resize(shard_, "AdamW second moments (this rank's shard)");
         grads_.zero(stream_), m_.zero(stream_), v_.zero(stream_);
@@ -358,8 +359,19 @@ class GpuEngine : public Engine {
     size_t shards_ = 1;  // ZeRO-1 and 2: the ranks (init_optimizer); 1 = unsharded
     size_t shard_ = 0;   // parameters per shard, S; master_, m_, v_ are [S]
     bool sharded_grads_ = false;  // ZeRO-2 on N > 1 ranks: grads_ is [S] too, filled through bucket_
-    DeviceArray<float> bucket_;   // ZeRO-2: [largest bucket] the open bucket's gradients, or a gathered range
-    ParamRange open_;             // ZeRO-2: the parameters whose gradients bucket_ holds now
+    // ZeRO-2: two bucket buffers [2][largest range], the backward filling one while the other's
+    // reduce runs; each free again once its event (on the communicator's stream) has passed.
+    DeviceArray<float> bucket_;
+    struct Event {
+        cudaEvent_t e = nullptr;
+        Event() { CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming)); }
+        ~Event() { cudaEventDestroy(e); }
+        Event(const Event&) = delete;
+        Event& operator=(const Event&) = delete;
+    };
+    std::unique_ptr<Event> bucket_free_[2];
+    int slot_ = 0;                // the bucket buffer in use
+    ParamRange open_;             // the parameters whose gradients it holds now
     std::vector<std::unique_ptr<ProjectionTable>> layer_projections_;  // ZeRO-2, block: layer l's tiles within its range
     DeviceArray<double> norm_partial_, norm_;  // [blocks], {sum of squares, norm}
 
@@ -410,8 +422,9 @@ class GpuEngine : public Engine {
         if (!sharded_grads_) return grads_.get() + offset;
         if (offset < open_.begin || offset >= open_.end)
             fail("internal: a gradient at parameter %zu outside the open bucket [%zu, %zu)", offset, open_.begin, open_.end);
-        return bucket_.get() + (offset - open_.begin);
+        return bucket_slot() + (offset - open_.begin);
     }
+    float* bucket_slot() const { return bucket_.get() + (size_t)slot_ * buckets_.largest; }
 
     LinearDevice linear(int l, Projection j) const {
         const LinearWeight w = model_.projection(l, j, nullptr);
@@ -453,49 +466,62 @@ class GpuEngine : public Engine {
     }
     void refresh_derived() { refresh_derived(master_.get()); }
 
-    // ZeRO-2: the bucket buffer and, at block scaling, each layer's tile table within its range.
+    // ZeRO-2: the bucket buffers and their events and, at block scaling, each layer's tile table
+    // within its range.
     void init_buckets() {
-        bucket_.resize(buckets_.largest, "ZeRO-2 gradient bucket");
+        bucket_.resize(2 * buckets_.largest, "ZeRO-2 gradient buckets");
+        for (auto& e : bucket_free_) e.reset(new Event());
         if (options_.fp8_scaling != Fp8Scaling::Block) return;
         for (int l = 0; l < model_.L; l++)
-            layer_projections_.emplace_back(new ProjectionTable(projection_tiles(l, buckets_.layers[l].begin), buckets_.layers[l].size()));
+            layer_projections_.emplace_back(
+                new ProjectionTable(projection_tiles(l, buckets_.layers[l].begin), buckets_.layers[l].size()));
     }
 
     // f(owner, begin, end) for each rank's part [begin, end) of r, in rank order (the same collectives
     // in the same order on every rank).
     template <class F>
     void for_each_owner(ParamRange r, F f) const {
-        for (size_t q = r.begin / shard_; q < shards_ && q * shard_ < r.end; q++) f((int)q, std::max(r.begin, q * shard_), std::min(r.end, (q + 1) * shard_));
+        for (size_t q = r.begin / shard_; q < shards_ && q * shard_ < r.end; q++)
+            f((int)q, std::max(r.begin, q * shard_), std::min(r.end, (q + 1) * shard_));
     }
 
-    // ZeRO-2 (no-ops otherwise): the backward's gradients of r go into the zeroed bucket until
+    // ZeRO-2 (no-ops otherwise): the backward's gradients of r go into a zeroed bucket buffer until
     // close_bucket reduces each owner's part into the owner's shard, where they add to the earlier
-    // micro-batches'. On the engine's stream: the reduce waits for the bucket's last kernel, and the
-    // next bucket's zeroing for the reduce (cuda/nccl.cuh's events).
+    // micro-batches'. Overlapped (cuda/nccl.cuh): the reduces and the owner's add run on the
+    // communicator's stream after the bucket's last kernel, while the engine's stream goes on with the
+    // next range into the other buffer; a buffer is zeroed for reuse after its event, and
+    // finish_buckets makes the engine's stream (and the host) wait for the last reduce.
     void open_bucket(ParamRange r) {
         if (!sharded_grads_) return;
+        slot_ ^= 1;
         open_ = r;
-        CUDA_CHECK(cudaMemsetAsync(bucket_.get(), 0, r.size() * sizeof(float), stream_));
+        CUDA_CHECK(cudaStreamWaitEvent(stream_, bucket_free_[slot_]->e, 0));
+        CUDA_CHECK(cudaMemsetAsync(bucket_slot(), 0, r.size() * sizeof(float), stream_));
     }
     void close_bucket() {
         if (!sharded_grads_) return;
         for_each_owner(open_, [&](int q, size_t a, size_t b) {
-            float* part = bucket_.get() + (a - open_.begin);
-            comm_->reduce_sum(part, b - a, q, stream_);
+            float* part = bucket_slot() + (a - open_.begin);
+            comm_->reduce_sum(part, b - a, q, stream_, /*overlap=*/true);
             if (q != comm_->rank()) return;
             float* g = grads_.get() + (a - shard_offset());
-            residual_add(g, g, (const float*)part, (long)(b - a), stream_);
+            residual_add(g, g, (const float*)part, (long)(b - a), comm_->stream());
         });
+        CUDA_CHECK(cudaEventRecord(bucket_free_[slot_]->e, comm_->stream()));
         open_ = {};
     }
+    void finish_buckets() {
+        if (sharded_grads_) comm_->wait(stream_);
+    }
 
-    // ZeRO-2: bucket_ [r.size()] = x's parameters r (x: master_, m_ or v_, [S] per rank), each part
-    // broadcast by its owner. Collective.
+    // ZeRO-2: bucket_'s first buffer [r.size()] = x's parameters r (x: master_, m_ or v_, [S] per
+    // rank), each part broadcast by its owner. Collective; outside a backward (no reduce pending).
     const float* gather_range(const DeviceArray<float>& x, ParamRange r) {
         for_each_owner(r, [&](int q, size_t a, size_t b) {
             float* part = bucket_.get() + (a - r.begin);
             if (q == comm_->rank())
-                CUDA_CHECK(cudaMemcpyAsync(part, x.get() + (a - shard_offset()), (b - a) * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
+                CUDA_CHECK(cudaMemcpyAsync(part, x.get() + (a - shard_offset()), (b - a) * sizeof(float), cudaMemcpyDeviceToDevice,
+                                           stream_));
             comm_->broadcast(part, b - a, q, stream_);
         });
         return bucket_.get();
@@ -538,7 +564,8 @@ class GpuEngine : public Engine {
         std::vector<float> whole(comm_->rank() == 0 ? num_floats() : 0);  // ZeRO-2: range by range through the bucket
         for (const ParamRange& r : buckets_.ranges) {
             const float* w = gather_range(x, r);
-            if (comm_->rank() == 0) CUDA_CHECK(cudaMemcpy(whole.data() + r.begin, w, r.size() * sizeof(float), cudaMemcpyDeviceToHost));
+            if (comm_->rank() == 0)
+                CUDA_CHECK(cudaMemcpy(whole.data() + r.begin, w, r.size() * sizeof(float), cudaMemcpyDeviceToHost));
         }
         return whole;
     }
@@ -894,6 +921,7 @@ inline void GpuEngine::backward(const TokenValues& d_logprob, const TokenValues&
     open_bucket(buckets_.embed);
     embedding_backward(grad(m.embed), dh, ids_.get(), T, m.V, m.C, stream_);
     close_bucket();
+    finish_buckets();
 }
 
 }  // namespace fp8rl

@@ -1,6 +1,7 @@
 // grad_buckets.h: ZeRO-2's gradient buckets (--zero 2, cuda/engine_gpu.cuh): the parameter ranges
 // the backward finishes one after the other, so each range's gradients can be reduced into their
-// owners' shards as soon as they are complete, through one bucket buffer of the largest range. Host
+// owners' shards as soon as they are complete, through two bucket buffers of the largest range (one
+// filled while the other's reduce runs). Host
 // code from the tensor table alone (rl/model/weights.h), so the memory plan (cuda/memory_plan.h)
 // counts the bucket the engine allocates.
 //   ranges  in the table's order, which tiles [0, P): the embedding, each layer (every tensor named
@@ -28,7 +29,7 @@ struct GradBuckets {
     ParamRange embed, final_norm, head;  // head: the logits matrix's range (the embedding's when tied)
     std::vector<ParamRange> layers;      // [L]
     std::vector<ParamRange> ranges;      // all of them, tiling [0, P) in the table's order
-    size_t largest = 0;                  // floats of the bucket buffer
+    size_t largest = 0;                  // floats of a bucket buffer
 };
 
 inline GradBuckets grad_buckets(const ModelConfig& c) {

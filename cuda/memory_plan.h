@@ -43,7 +43,7 @@ struct MemoryPlan {
     size_t params = 0;
     // bytes on one device
     size_t master = 0, gradients = 0, adam_m = 0, adam_v = 0, bf16_copy = 0, fp8_copies = 0;
-    size_t grad_bucket = 0;  // ZeRO-2's bucket buffer (cuda/grad_buckets.h's largest range)
+    size_t grad_bucket = 0;  // ZeRO-2's two bucket buffers (each of cuda/grad_buckets.h's largest range)
     size_t activations = 0;  // the forward's per micro-batch (by --recompute), ids, positions, RoPE table
     size_t backward = 0;     // the backward's activation gradients and column-sum scratch
     size_t head = 0;         // the log-prob head's workspaces (one vocabulary chunk of logits, dlogits, ...)
@@ -152,7 +152,7 @@ inline MemoryPlan plan_memory(const ModelConfig& c, const MemoryPlanRequest& r, 
     p.adam_v = 4 * shard;
     const size_t grads = r.gradient_shards > 1 ? (P + (size_t)r.gradient_shards - 1) / (size_t)r.gradient_shards : P;
     p.gradients = 4 * grads + 8 * (std::max<size_t>(norm_blocks, 1) + 2);  // + the norm's partial sums
-    p.grad_bucket = r.gradient_shards > 1 ? 4 * grad_buckets(c).largest : 0;
+    p.grad_bucket = r.gradient_shards > 1 ? 2 * 4 * grad_buckets(c).largest : 0;
     p.bf16_copy = 2 * P;
     p.fp8_copies = fp8_copy_bytes(c, r.fp8_scaling);
     p.activations = forward_bytes(c, T, r.recompute_layer);
@@ -177,7 +177,7 @@ inline std::string memory_plan_text(const MemoryPlan& p) {
     line(("FP32 master weights" + (r.optimizer_shards > 1 ? shards : std::string())).c_str(), p.master);
     line(("FP32 gradients" + (r.gradient_shards > 1 ? strfmt(" (1/%d: gradient shards)", r.gradient_shards) : std::string())).c_str(),
          p.gradients);
-    if (r.gradient_shards > 1) line("ZeRO-2 gradient bucket (largest layer or tensor)", p.grad_bucket);
+    if (r.gradient_shards > 1) line("ZeRO-2 gradient buckets (2 x largest range)", p.grad_bucket);
     line(("AdamW m" + (r.optimizer_shards > 1 ? shards : std::string())).c_str(), p.adam_m);
     line(("AdamW v" + (r.optimizer_shards > 1 ? shards : std::string())).c_str(), p.adam_v);
     line("BF16 weight copy", p.bf16_copy);

@@ -180,8 +180,8 @@ TEST(plan_ranks_rollout_slots_0_takes_what_fits) {
 }
 
 // --zero 2 (ZeRO-2) splits the FP32 gradients over the ranks as --zero 1 splits the master weights
-// and moments: Qwen3-8B on 8 ranks keeps 4/8 bytes per parameter of gradients instead of 4, plus one
-// bucket of the most parameters the backward finishes at once (the embedding here, V x C floats);
+// and moments: Qwen3-8B on 8 ranks keeps 4/8 bytes per parameter of gradients instead of 4, plus two
+// buckets of the most parameters the backward finishes at once (the embedding here, V x C floats);
 // the other lines stay. Qwen3-32B on 8 ranks with --zero 1 is refused naming --zero 2 (with its
 // total); with --zero 2 it is still refused (the BF16 and FP8 copies stay whole), and the line says
 // what ZeRO-2 splits.
@@ -196,10 +196,10 @@ TEST(plan_ranks_zero2_shards_the_gradients) {
     CHECK_MSG(std::fabs(whole - 4 * P / MiB) <= 0.1, "--zero 1: gradients %.1f MiB, expected %.1f", whole, 4 * P / MiB);
     CHECK_MSG(std::fabs(split - 4 * std::ceil(P / 8) / MiB) <= 0.1, "--zero 2: gradients %.1f MiB, expected %.1f", split,
               4 * std::ceil(P / 8) / MiB);
-    const double bucket = plan_mib(z2.output, "ZeRO-2 gradient bucket");
-    CHECK_MSG(std::fabs(bucket - 4 * q.bucket_params() / MiB) <= 0.05, "bucket %.1f MiB, expected %.1f", bucket,
-              4 * q.bucket_params() / MiB);
-    CHECK(std::isnan(plan_mib(z1.output, "ZeRO-2 gradient bucket")));
+    const double buckets = plan_mib(z2.output, "ZeRO-2 gradient buckets");
+    CHECK_MSG(std::fabs(buckets - 2 * 4 * q.bucket_params() / MiB) <= 0.05, "buckets %.1f MiB, expected %.1f", buckets,
+              2 * 4 * q.bucket_params() / MiB);
+    CHECK(std::isnan(plan_mib(z1.output, "ZeRO-2 gradient buckets")));
     for (const char* label : {"FP32 master weights (1/8", "AdamW m (1/8", "AdamW v (1/8", "BF16 weight copy", "FP8 weight copies"})
         CHECK_MSG(plan_mib(z1.output, label) == plan_mib(z2.output, label), "%s: %.1f MiB with --zero 1, %.1f with --zero 2", label,
                   plan_mib(z1.output, label), plan_mib(z2.output, label));

@@ -3,8 +3,9 @@
 // resuming equals not stopping, bit for bit, micro-batches equal whole minibatches to rounding and
 // --recompute layer changes no bit. Data parallel under mpirun (one process per emulated GPU, the
 // communicator over MPI): N ranks equal one, --zero 0 equals --zero 1, --zero 2 on 4 ranks equals
-// one rank and --zero 1, checkpoints move between rank counts, a failing, hanging or dead rank ends the job. Not in the sanitizer build (the GPU
-// engine's kernels run under ASan in build/test_gpu_emu_asan); make test-unit sets FP8RL_EMU_BIN.
+// one rank and --zero 1, checkpoints move between rank counts, a failing, hanging or dead rank ends
+// the job. Not in the sanitizer build (the GPU engine's kernels run under ASan in
+// build/test_gpu_emu_asan); make test-unit sets FP8RL_EMU_BIN.
 #ifndef FP8RL_SANITIZE
 #include <algorithm>
 #include <chrono>
@@ -237,7 +238,9 @@ TEST(train_rl_emu_resume_across_rank_counts) {
 // bucket is reduced to several owners. bf16 against one rank, 3 steps, the 4 ranks in micro-batches of
 // one sequence (--micro_batch_tokens 8), so each owner's shard accumulates 4 reduced buckets per
 // update: as in the ZeRO-1 test above the additions are grouped differently (per micro-batch and per
-// rank, then over ranks), here with every metric at rtol 1e-4. fp8 against --zero 1 on the same 4 ranks (the same split, so the same FP8
+// rank, then over ranks), here with every metric at rtol 1e-4. Not seen here: the events that order
+// the overlapped reduces with the engine's stream (the emulation runs a collective at issue, after
+// its stream's earlier work; without either wait, this test still passed). fp8 against --zero 1 on the same 4 ranks (the same split, so the same FP8
 // groups): the sums over ranks are the same terms, reduced by MPI_Ireduce instead of
 // MPI_Ireduce_scatter_block, at the --zero 0/1 test's tolerance.
 TEST(train_rl_emu_zero2_matches_one_rank_and_zero1) {
