@@ -6,7 +6,9 @@
 //             all refreshed on the device after every update (spec-gpu.md §3.1). Weights and
 //             gradients cross to the host only for checkpoints and --resume.
 //   ranks     data parallel over cuda/nccl.cuh's communicator (spec-gpu.md §6); with --zero 1 the
-//             master weights and moments are sharded over the ranks (ZeRO-1, init_optimizer).
+//             master weights and moments are sharded over the ranks (ZeRO-1, init_optimizer), with
+//             --zero 2 the gradients too, reduced bucket by bucket as the backward finishes them,
+//             overlapping the next bucket's backward (ZeRO-2, cuda/grad_buckets.h).
 //   numerics  activations BF16 where the CPU engine's bf16/fp8 precisions round (DESIGN.md §3), in
 //             the CPU's order: the emulated build is bit-exact with the CPU engine.
 //   kernels   a layer's forward is 10 launches in fp8 (9 in bf16; issue 28): residual add + RMSNorm
@@ -41,6 +43,7 @@
 #include "cuda/elementwise.cuh"
 #include "cuda/embedding.cuh"
 #include "cuda/global_norm.cuh"
+#include "cuda/grad_buckets.h"
 #include "cuda/linear.cuh"
 #include "cuda/memory_plan.h"
 #include "cuda/nccl.cuh"
@@ -105,21 +108,25 @@ class GpuEngine : public Engine {
   public:
     // dir: a HF model directory (its tokenizer and generation config are copied into checkpoints).
     explicit GpuEngine(const std::string& dir, const EngineOptions& options = {})
-        : options_(options), source_dir_(dir), weights_(ModelWeights::load(dir)), model_(weights_), head_(gemm_) {
+        : options_(options), source_dir_(dir), weights_(ModelWeights::load(dir)), model_(weights_),
+          buckets_(grad_buckets(weights_.config)), head_(gemm_) {
         CUDA_CHECK(cudaStreamCreate(&stream_));
         const size_t P = weights_.num_floats();
         master_.resize(P, "FP32 master weights");
         bf16_.resize(P, "BF16 weight copy");
         master_.upload(weights_.master);
-        std::vector<ProjectionTiles> tiles;
         size_t amax_words = 0;
         for (int l = 0; l < model_.L; l++)
             for (int j = 0; j < kProjections; j++) {
                 const LinearWeight w = model_.projection(l, (Projection)j, nullptr);
                 fp8_.emplace_back(new Fp8Storage(w.N, w.K, options_.fp8_scaling));
                 amax_words = std::max(amax_words, fp8_amax_words(options_.fp8_scaling, w.N, w.K));
-                tiles.push_back({model_.weight_offset(l, (Projection)j), w.N, w.K, 0, fp8_.back()->copy});
             }
+        std::vector<ProjectionTiles> tiles;
+        for (int l = 0; l < model_.L; l++) {
+            const std::vector<ProjectionTiles> t = projection_tiles(l, 0);
+            tiles.insert(tiles.end(), t.begin(), t.end());
+        }
         projections_.reset(new ProjectionTable(tiles, P));
         if (amax_words) weight_amax_.resize(amax_words, "FP8 weight amax scratch");
         refresh_derived();
@@ -145,7 +152,8 @@ class GpuEngine : public Engine {
         r.tokens = d.tokens_per_forward;
         r.recompute_layer = o.recompute_layer;
         r.reference_policy = d.reference_policy;
-        r.optimizer_shards = o.zero == 1 ? d.ranks : 1;  // as init_optimizer shards them
+        r.optimizer_shards = o.zero >= 1 ? d.ranks : 1;  // as init_optimizer shards them
+        r.gradient_shards = o.zero == 2 ? d.ranks : 1;
         r.longest_sequence = d.longest_sequence;
         r.fp8_scaling = o.fp8_scaling;
         if (d.rollout_requests > 0)
@@ -201,14 +209,18 @@ class GpuEngine : public Engine {
 
     // Data parallel (spec-gpu.md §6). With --zero 1 on N > 1 ranks (ZeRO-1), rank r owns shard r
     // of S = ceil(P / N) parameters: its master weights, m and v are [S]; gradients stay [N * S]
-    // (zero padding past P), reduce-scattered so that block r holds the sum. Otherwise every rank
-    // owns everything (S = P) and the gradients are all-reduced.
+    // (zero padding past P), reduce-scattered so that block r holds the sum. With --zero 2 (ZeRO-2)
+    // the gradients are [S] too: the backward writes each bucket's gradients into bucket_ and
+    // reduces them into their owners' shards at once (close_bucket), so they accumulate there over
+    // micro-batches. Otherwise every rank owns everything (S = P) and the gradients are all-reduced.
     void init_optimizer(const AdamWConfig& cfg, const Dist& dist) override {
         const size_t P = num_floats();
         adam_ = cfg;
         comm_.reset(new Communicator(dist, options_.collective_timeout_s));
-        shards_ = options_.zero == 1 ? comm_->size() : 1;
+        shards_ = options_.zero >= 1 ? comm_->size() : 1;
         shard_ = (P + shards_ - 1) / shards_;
+        sharded_grads_ = options_.zero == 2 && shards_ > 1;
+        if (sharded_grads_) init_buckets();
         if (shards_ > 1) {  // keep this rank's shard (zero past P); the derived copies are already those of these weights
             std::vector<float> mine(shard_, 0.0f);
             CUDA_CHECK(cudaMemcpy(mine.data(), master_.get() + shard_offset(), own_params() * sizeof(float),
@@ -217,11 +229,17 @@ class GpuEngine : public Engine {
             master_.resize(shard_, "FP32 master weights (this rank's shard)");
             master_.upload(mine);
         }
-        grads_.resize(shards_ * shard_, "FP32 gradients");
+        if (sharded_grads_) grads_.resize(shard_, "FP32 gradients (this rank's shard)");
+        else grads_.resize(shards_ * shard_, "FP32 gradients");
         m_.resize(shard_, "AdamW first moments (this rank's shard)");
         v_.resize(shard_, "AdamW second moments (this rank's shard)");
         grads_.zero(stream_), m_.zero(stream_), v_.zero(stream_);
-        if (shards_ > 1 && comm_->rank() == 0)
+        if (sharded_grads_ && comm_->rank() == 0)
+            printf("GPU engine: ZeRO-2, FP32 master weights, AdamW moments and gradients in %zu shards of %zu parameters "
+                   "(%.4g MB per rank), gradients reduced in buckets of up to %zu parameters (%.4g MB)\n",
+                   shards_, shard_, (optimizer_state_bytes() + shard_ * sizeof(float)) / 1e6, buckets_.largest,
+                   buckets_.largest * sizeof(float) / 1e6);
+        else if (shards_ > 1 && comm_->rank() == 0)
             printf("GPU engine: ZeRO-1, FP32 master weights and AdamW moments in %zu shards of %zu parameters (%.4g MB per rank)\n",
                    shards_, shard_, optimizer_state_bytes() / 1e6);
         norm_partial_.resize((size_t)grad_norm_blocks(shard_), "gradient norm partial sums");
@@ -229,16 +247,17 @@ class GpuEngine : public Engine {
     }
 
     // ZeRO-1's shard count (1: every rank holds the whole optimizer state), and this rank's bytes of
-    // FP32 master weights and AdamW moments, for the memory plan. The gradients [P] and the BF16 and
-    // FP8 copies [P] are whole on every rank.
+    // FP32 master weights and AdamW moments, for the memory plan. The gradients [P] (under ZeRO-2
+    // [S]) and the BF16 and FP8 copies [P] are whole on every rank.
     int optimizer_shards() const { return (int)shards_; }
     size_t optimizer_state_bytes() const { return shard_ * 3 * sizeof(float); }
 
     void zero_grads() override { grads_.zero(stream_); }
 
     double reduce_and_clip_grads(double max_norm) override {
-        if (shards_ > 1) comm_->reduce_scatter_sum(grads_.get(), shard_, stream_);
-        else comm_->all_reduce_sum(grads_.get(), shard_, stream_);
+        // under ZeRO-2 the backward has reduced every bucket into its owners' shards already
+        if (shards_ == 1) comm_->all_reduce_sum(grads_.get(), shard_, stream_);
+        else if (!sharded_grads_) comm_->reduce_scatter_sum(grads_.get(), shard_, stream_);
         // the norm of the whole gradient: each rank's sum of squares over its shard, summed
         float* g = own_grads();
         grad_norm_squared_gpu(g, shard_, norm_partial_.get(), norm_.get(), stream_);
@@ -267,18 +286,18 @@ class GpuEngine : public Engine {
         if (own_params() > 0)  // the shard's padding past P stays zero
             adamw_update_gpu(master_.get(), m_.get(), v_.get(), bf16_.get() + shard_offset(), own_grads(), own_params(), adam_,
                              steps_, lr, stream_);
-        refresh_derived(full_master());
+        refresh_from_shards();
     }
 
     int64_t optimizer_steps() const override { return steps_; }
 
-    // Host copies of the gradients and the master weights (this rank's shard under ZeRO-1), for tests
+    // Host copies of the gradients and the master weights (this rank's shard under ZeRO-1 and 2), for tests
     // that compare engines.
     std::vector<float> gradients() const { return grads_.download(); }
     std::vector<float> master_weights() const { return master_.download(); }
 
     // Whole vectors [P] whatever the shard count (the shards gathered), so a checkpoint written on N
-    // ranks resumes on M. Collective under ZeRO-1: every rank calls it (the driver does), and only
+    // ranks resumes on M. Collective under ZeRO-1 and 2: every rank calls it (the driver does), and only
     // rank 0, which writes the checkpoint, receives the vectors.
     void save_state(TrainerState& s) override {
         s.master = gather(master_);
@@ -324,6 +343,7 @@ class GpuEngine : public Engine {
     std::string source_dir_;
     ModelWeights weights_;  // config and tensor table; master values only while saving or generating
     CpuModel model_;        // shapes, tensor offsets, RoPE frequencies (the CPU engine's, shared)
+    GradBuckets buckets_;   // the parameter ranges the backward finishes in turn (ZeRO-2's buckets)
     // The engine's own stream (the legacy stream cannot be captured into a graph), a blocking one:
     // DeviceArray's synchronous copies on the legacy stream stay ordered with its work. Destroyed
     // in ~GpuEngine (rollout.cu).
@@ -338,8 +358,23 @@ class GpuEngine : public Engine {
     AdamWConfig adam_;
     int64_t steps_ = 0;
     std::unique_ptr<Communicator> comm_;
-    size_t shards_ = 1;  // ZeRO-1: the ranks (init_optimizer); 1 = unsharded
+    size_t shards_ = 1;  // ZeRO-1 and 2: the ranks (init_optimizer); 1 = unsharded
     size_t shard_ = 0;   // parameters per shard, S; master_, m_, v_ are [S]
+    bool sharded_grads_ = false;  // ZeRO-2 on N > 1 ranks: grads_ is [S] too, filled through bucket_
+    // ZeRO-2: two bucket buffers [2][largest range], the backward filling one while the other's
+    // reduce runs; each free again once its event (on the communicator's stream) has passed.
+    DeviceArray<float> bucket_;
+    struct Event {
+        cudaEvent_t e = nullptr;
+        Event() { CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming)); }
+        ~Event() { cudaEventDestroy(e); }
+        Event(const Event&) = delete;
+        Event& operator=(const Event&) = delete;
+    };
+    std::unique_ptr<Event> bucket_free_[2];
+    int slot_ = 0;                // the bucket buffer in use
+    ParamRange open_;             // the parameters whose gradients it holds now
+    std::vector<std::unique_ptr<ProjectionTable>> layer_projections_;  // ZeRO-2, block: layer l's tiles within its range
     DeviceArray<double> norm_partial_, norm_;  // [blocks], {sum of squares, norm}
 
     // The batch of the last forward.
@@ -383,7 +418,15 @@ class GpuEngine : public Engine {
     }
 
     const bf16* wb(size_t offset) const { return offset == kNoTensor ? nullptr : bf16_.get() + offset; }
-    float* grad(size_t offset) const { return offset == kNoTensor ? nullptr : grads_.get() + offset; }
+    // Where the backward adds the gradient of the tensor at `offset`: grads_, or under ZeRO-2 the open bucket.
+    float* grad(size_t offset) const {
+        if (offset == kNoTensor) return nullptr;
+        if (!sharded_grads_) return grads_.get() + offset;
+        if (offset < open_.begin || offset >= open_.end)
+            fail("internal: a gradient at parameter %zu outside the open bucket [%zu, %zu)", offset, open_.begin, open_.end);
+        return bucket_slot() + (offset - open_.begin);
+    }
+    float* bucket_slot() const { return bucket_.get() + (size_t)slot_ * buckets_.largest; }
 
     LinearDevice linear(int l, Projection j) const {
         const LinearWeight w = model_.projection(l, j, nullptr);
@@ -398,22 +441,110 @@ class GpuEngine : public Engine {
     }
 
     // Every projection's FP8 copies from the FP32 master [P]: block in one tile pass (cuda/adamw.cuh),
-    // row and tensor weight by weight (fp8_gemm.cuh's fp8_requantize_weight_gpu).
+    // row and tensor weight by weight (requantize_layer).
     void requantize_projections(const float* master) {
         if (options_.fp8_scaling == Fp8Scaling::Block) return requantize_projections_gpu(master, *projections_, stream_);
-        for (int l = 0; l < model_.L; l++)
-            for (int j = 0; j < kProjections; j++) {
-                const LinearWeight w = model_.projection(l, (Projection)j, nullptr);
-                fp8_requantize_weight_gpu(master + model_.weight_offset(l, (Projection)j), w.N, w.K,
-                                          fp8_[(size_t)l * kProjections + j]->copy, weight_amax_.get(), stream_);
-            }
+        for (int l = 0; l < model_.L; l++) requantize_layer(master, 0, l);
+    }
+    // Layer l's FP8 copies from `master`, which holds the parameters from `first` on: block in one tile
+    // pass over the layer's table (ZeRO-2's, relative to its range), row and tensor by
+    // fp8_gemm.cuh's fp8_requantize_weight_gpu.
+    void requantize_layer(const float* master, size_t first, int l) {
+        if (options_.fp8_scaling == Fp8Scaling::Block) return requantize_projections_gpu(master, *layer_projections_[l], stream_);
+        for (int j = 0; j < kProjections; j++) {
+            const LinearWeight w = model_.projection(l, (Projection)j, nullptr);
+            fp8_requantize_weight_gpu(master + (model_.weight_offset(l, (Projection)j) - first), w.N, w.K,
+                                      fp8_[(size_t)l * kProjections + j]->copy, weight_amax_.get(), stream_);
+        }
+    }
+    // Layer l's projections for the tile pass, at their offsets less `first`.
+    std::vector<ProjectionTiles> projection_tiles(int l, size_t first) const {
+        std::vector<ProjectionTiles> t;
+        for (int j = 0; j < kProjections; j++) {
+            const LinearWeight w = model_.projection(l, (Projection)j, nullptr);
+            t.push_back({model_.weight_offset(l, (Projection)j) - first, w.N, w.K, 0, fp8_[(size_t)l * kProjections + j]->copy});
+        }
+        return t;
     }
     void refresh_derived() { refresh_derived(master_.get()); }
+
+    // ZeRO-2: the bucket buffers and their events and, at block scaling, each layer's tile table
+    // within its range.
+    void init_buckets() {
+        bucket_.resize(2 * buckets_.largest, "ZeRO-2 gradient buckets");
+        for (auto& e : bucket_free_) e.reset(new Event());
+        if (options_.fp8_scaling != Fp8Scaling::Block) return;
+        for (int l = 0; l < model_.L; l++)
+            layer_projections_.emplace_back(
+                new ProjectionTable(projection_tiles(l, buckets_.layers[l].begin), buckets_.layers[l].size()));
+    }
+
+    // f(owner, begin, end) for each rank's part [begin, end) of r, in rank order (the same collectives
+    // in the same order on every rank).
+    template <class F>
+    void for_each_owner(ParamRange r, F f) const {
+        for (size_t q = r.begin / shard_; q < shards_ && q * shard_ < r.end; q++)
+            f((int)q, std::max(r.begin, q * shard_), std::min(r.end, (q + 1) * shard_));
+    }
+
+    // ZeRO-2 (no-ops otherwise): the backward's gradients of r go into a zeroed bucket buffer until
+    // close_bucket reduces each owner's part into the owner's shard, where they add to the earlier
+    // micro-batches'. Overlapped (cuda/nccl.cuh): the reduces and the owner's add run on the
+    // communicator's stream after the bucket's last kernel, while the engine's stream goes on with the
+    // next range into the other buffer; a buffer is zeroed for reuse after its event, and
+    // finish_buckets makes the engine's stream (and the host) wait for the last reduce.
+    void open_bucket(ParamRange r) {
+        if (!sharded_grads_) return;
+        slot_ ^= 1;
+        open_ = r;
+        CUDA_CHECK(cudaStreamWaitEvent(stream_, bucket_free_[slot_]->e, 0));
+        CUDA_CHECK(cudaMemsetAsync(bucket_slot(), 0, r.size() * sizeof(float), stream_));
+    }
+    void close_bucket() {
+        if (!sharded_grads_) return;
+        for_each_owner(open_, [&](int q, size_t a, size_t b) {
+            float* part = bucket_slot() + (a - open_.begin);
+            comm_->reduce_sum(part, b - a, q, stream_, /*overlap=*/true);
+            if (q != comm_->rank()) return;
+            float* g = grads_.get() + (a - shard_offset());
+            residual_add(g, g, (const float*)part, (long)(b - a), comm_->stream());
+        });
+        CUDA_CHECK(cudaEventRecord(bucket_free_[slot_]->e, comm_->stream()));
+        open_ = {};
+    }
+    void finish_buckets() {
+        if (sharded_grads_) comm_->wait(stream_);
+    }
+
+    // ZeRO-2: bucket_'s first buffer [r.size()] = x's parameters r (x: master_, m_ or v_, [S] per
+    // rank), each part broadcast by its owner. Collective; outside a backward (no reduce pending).
+    const float* gather_range(const DeviceArray<float>& x, ParamRange r) {
+        for_each_owner(r, [&](int q, size_t a, size_t b) {
+            float* part = bucket_.get() + (a - r.begin);
+            if (q == comm_->rank())
+                CUDA_CHECK(cudaMemcpyAsync(part, x.get() + (a - shard_offset()), (b - a) * sizeof(float), cudaMemcpyDeviceToDevice,
+                                           stream_));
+            comm_->broadcast(part, b - a, q, stream_);
+        });
+        return bucket_.get();
+    }
+
+    // After the sharded master changed (an update, a load): the BF16 and FP8 copies of every weight;
+    // under ZeRO-2 range by range through the bucket, so no rank holds the whole FP32 master.
+    void refresh_from_shards() {
+        if (!sharded_grads_) return refresh_derived(full_master());
+        for (const ParamRange& r : buckets_.ranges) {
+            const float* w = gather_range(master_, r);
+            cast(bf16_.get() + r.begin, w, (long)r.size(), stream_);
+            for (int l = 0; l < model_.L; l++)
+                if (buckets_.layers[l].begin == r.begin) requantize_layer(w, r.begin, l);
+        }
+    }
 
     // This rank's shard: where it starts in [P], how many of the P parameters it holds, its gradients.
     size_t shard_offset() const { return comm_ && shards_ > 1 ? (size_t)comm_->rank() * shard_ : 0; }
     size_t own_params() const { return std::min(shard_, num_floats() - std::min(num_floats(), shard_offset())); }
-    float* own_grads() const { return grads_.get() + shard_offset(); }
+    float* own_grads() const { return sharded_grads_ ? grads_.get() : grads_.get() + shard_offset(); }
 
     // The whole FP32 master [P]: master_ itself, or under ZeRO-1 the shards all-gathered into the
     // gradient buffer, which holds nothing between an update and the next backward (every caller
@@ -428,8 +559,17 @@ class GpuEngine : public Engine {
     // rank's gradient buffer (as full_master) and downloaded by rank 0 alone (which writes checkpoints).
     std::vector<float> gather(const DeviceArray<float>& x) {
         if (shards_ == 1) return x.download();
-        comm_->all_gather(x.get(), grads_.get(), shard_, stream_);
-        return comm_->rank() == 0 ? grads_.download(num_floats()) : std::vector<float>();
+        if (!sharded_grads_) {
+            comm_->all_gather(x.get(), grads_.get(), shard_, stream_);
+            return comm_->rank() == 0 ? grads_.download(num_floats()) : std::vector<float>();
+        }
+        std::vector<float> whole(comm_->rank() == 0 ? num_floats() : 0);  // ZeRO-2: range by range through the bucket
+        for (const ParamRange& r : buckets_.ranges) {
+            const float* w = gather_range(x, r);
+            if (comm_->rank() == 0)
+                CUDA_CHECK(cudaMemcpy(whole.data() + r.begin, w, r.size() * sizeof(float), cudaMemcpyDeviceToHost));
+        }
+        return whole;
     }
 
     // This rank's shard of whole vectors [P] (m, v when given, else left as they are), then the
@@ -442,6 +582,7 @@ class GpuEngine : public Engine {
             dst->upload(src->data() + begin, n);
         }
         if (shards_ == 1) return refresh_derived();
+        if (sharded_grads_) return refresh_from_shards();
         grads_.upload(master);  // scratch for the whole master
         refresh_derived(grads_.get());
     }
@@ -685,7 +826,7 @@ inline void GpuEngine::forward(const std::vector<Sequence>& seqs, Precision p, b
 inline void GpuEngine::project_backward(bf16* dx, const bf16* dy, const bf16* x, int l, Projection j, size_t bias) {
     const LinearDevice W = linear(l, j);
     linear_backward_gpu(gemm_, *scratch_, precision_, W, dy, x, (int)Tp_, dx, GemmOut::BF16,
-                        grads_.get() + model_.weight_offset(l, j), stream_);
+                        grad(model_.weight_offset(l, j)), stream_);
     if (bias != kNoTensor) bias_backward(grad(bias), dy, T_, W.N, column_scratch_, column_scratch_floats_, stream_);
 }
 
@@ -766,16 +907,26 @@ inline void GpuEngine::backward(const TokenValues& d_logprob, const TokenValues&
 
     // the head's dX GEMMs add into dx (beta = 1)
     CUDA_CHECK(cudaMemsetAsync(g_.dxn, 0, (size_t)T * m.C * sizeof(float), stream_));
+    // each bucket's gradients are complete at its close_bucket (ZeRO-2: reduced into the owners' shards)
+    open_bucket(buckets_.head);
     head_.backward(g_.dxn, grad(m.lm_head), dlogprob_row, dentropy_row, head_lse_, head_mu_, xf_, wb(m.lm_head),
                    target_.get(), (int)T, {m.V, m.C, temperature_}, stream_);
+    close_bucket();
     cast(g_.dxn_b, g_.dxn, T * m.C, stream_);
+    open_bucket(buckets_.final_norm);
     rmsnorm_backward(dh, grad(m.final_norm), g_.dxn_b, hf_, wb(m.final_norm), rstdf_, T, m.C, false, column_scratch_,
                      column_scratch_floats_, stream_);
+    close_bucket();
     for (int l = m.L - 1; l >= 0; l--) {
         if (options_.recompute_layer) layer_forward(l, true);
+        open_bucket(buckets_.layers[l]);
         layer_backward(l, dh);
+        close_bucket();
     }
+    open_bucket(buckets_.embed);
     embedding_backward(grad(m.embed), dh, ids_.get(), T, m.V, m.C, stream_);
+    close_bucket();
+    finish_buckets();
 }
 
 }  // namespace fp8rl

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/grad_buckets.h"
 #include "rl/common.h"
 #include "rl/model/config.h"
 #include "rl/numerics/fp8_block.h"
@@ -31,6 +32,7 @@ struct MemoryPlanRequest {
     bool recompute_layer = false;  // --recompute layer
     bool reference_policy = false; // a frozen copy for the KL term (a second engine without optimizer)
     int optimizer_shards = 1;      // ranks the FP32 master and AdamW moments are split over (ZeRO-1; 1 = none)
+    int gradient_shards = 1;       // ranks the FP32 gradients are split over, through a bucket (ZeRO-2; 1 = none)
     int64_t longest_sequence = 1;  // a micro-batch holds at least one sequence, however long
     Fp8Scaling fp8_scaling = Fp8Scaling::Block;  // --fp8_scaling: the FP8 copies' and operands' scales
     size_t rollout_bytes = 0;      // generation's KV page pool and decode buffers (rollout.cu's rollout_device_bytes)
@@ -41,6 +43,7 @@ struct MemoryPlan {
     size_t params = 0;
     // bytes on one device
     size_t master = 0, gradients = 0, adam_m = 0, adam_v = 0, bf16_copy = 0, fp8_copies = 0;
+    size_t grad_bucket = 0;  // ZeRO-2's two bucket buffers (each of cuda/grad_buckets.h's largest range)
     size_t activations = 0;  // the forward's per micro-batch (by --recompute), ids, positions, RoPE table
     size_t backward = 0;     // the backward's activation gradients and column-sum scratch
     size_t head = 0;         // the log-prob head's workspaces (one vocabulary chunk of logits, dlogits, ...)
@@ -49,7 +52,7 @@ struct MemoryPlan {
     size_t kv_cache_bytes = 0;  // generation's paged KV cache and decode buffers (rollout.cu)
 
     size_t total() const {
-        return master + gradients + adam_m + adam_v + bf16_copy + fp8_copies + activations + backward + head +
+        return master + gradients + adam_m + adam_v + bf16_copy + fp8_copies + grad_bucket + activations + backward + head +
                gemm_scratch + reference + kv_cache_bytes;
     }
 };
@@ -137,6 +140,7 @@ inline MemoryPlan plan_memory(const ModelConfig& c, const MemoryPlanRequest& r, 
     using namespace memory_plan_detail;
     if (r.tokens <= 0) fail("memory plan: tokens per micro-batch must be positive (got %lld)", (long long)r.tokens);
     if (r.optimizer_shards < 1) fail("memory plan: optimizer shards %d must be at least 1", r.optimizer_shards);
+    if (r.gradient_shards < 1) fail("memory plan: gradient shards %d must be at least 1", r.gradient_shards);
     MemoryPlan p;
     p.request = r;
     tensor_layout(c, &p.params);
@@ -146,7 +150,9 @@ inline MemoryPlan plan_memory(const ModelConfig& c, const MemoryPlanRequest& r, 
     p.master = 4 * shard;
     p.adam_m = 4 * shard;
     p.adam_v = 4 * shard;
-    p.gradients = 4 * P + 8 * (std::max<size_t>(norm_blocks, 1) + 2);  // + the norm's partial sums
+    const size_t grads = r.gradient_shards > 1 ? (P + (size_t)r.gradient_shards - 1) / (size_t)r.gradient_shards : P;
+    p.gradients = 4 * grads + 8 * (std::max<size_t>(norm_blocks, 1) + 2);  // + the norm's partial sums
+    p.grad_bucket = r.gradient_shards > 1 ? 2 * 4 * grad_buckets(c).largest : 0;
     p.bf16_copy = 2 * P;
     p.fp8_copies = fp8_copy_bytes(c, r.fp8_scaling);
     p.activations = forward_bytes(c, T, r.recompute_layer);
@@ -169,7 +175,9 @@ inline std::string memory_plan_text(const MemoryPlan& p) {
     auto line = [&](const char* what, size_t bytes) { s += strfmt("  %-50s %12.1f MiB\n", what, mib(bytes)); };
     const std::string shards = strfmt(" (1/%d: optimizer shards)", r.optimizer_shards);
     line(("FP32 master weights" + (r.optimizer_shards > 1 ? shards : std::string())).c_str(), p.master);
-    line("FP32 gradients", p.gradients);
+    line(("FP32 gradients" + (r.gradient_shards > 1 ? strfmt(" (1/%d: gradient shards)", r.gradient_shards) : std::string())).c_str(),
+         p.gradients);
+    if (r.gradient_shards > 1) line("ZeRO-2 gradient buckets (2 x largest range)", p.grad_bucket);
     line(("AdamW m" + (r.optimizer_shards > 1 ? shards : std::string())).c_str(), p.adam_m);
     line(("AdamW v" + (r.optimizer_shards > 1 ? shards : std::string())).c_str(), p.adam_v);
     line("BF16 weight copy", p.bf16_copy);
@@ -181,6 +189,15 @@ inline std::string memory_plan_text(const MemoryPlan& p) {
     if (r.reference_policy) line("KL reference policy (weights + forward)", p.reference);
     line("generation: KV page pool, decode buffers", p.kv_cache_bytes);
     return s;
+}
+
+// What the plan's ZeRO stage splits over the ranks (ZeRO-1: master weights and moments; ZeRO-2 the
+// gradients too), and its bytes on one rank.
+inline std::string sharded_state_text(const MemoryPlan& p) {
+    return p.request.gradient_shards > 1 ? "master weights, AdamW moments and gradients" : "master weights and AdamW moments";
+}
+inline size_t sharded_state_bytes(const MemoryPlan& p) {
+    return p.master + p.adam_m + p.adam_v + (p.request.gradient_shards > 1 ? p.gradients : 0);
 }
 
 // An H200's memory as nvidia-smi reports it (the emulated device's, cuda/emu/emu_runtime.cpp): what
@@ -212,8 +229,8 @@ inline std::string memory_plan_refusal(const ModelConfig& c, const MemoryPlanReq
     if (fitting > 0) options.push_back(strfmt("--micro_batch_tokens %lld%s", (long long)fitting, r.recompute_layer ? "" : " with it"));
     options.insert(options.end(), more.begin(), more.end());
     if (more.empty() && notes.empty())
-        options.push_back(strfmt("more ranks (ZeRO-1 splits the %s of master weights and AdamW moments over them)",
-                                 bytes_text(p.master + p.adam_m + p.adam_v).c_str()));
+        options.push_back(strfmt("more ranks (ZeRO-%d splits the %s of %s over them)", p.request.gradient_shards > 1 ? 2 : 1,
+                                 bytes_text(sharded_state_bytes(p)).c_str(), sharded_state_text(p).c_str()));
     std::string tail;
     for (size_t i = 0; i < options.size(); i++) tail += (i == 0 ? "; try " : i + 1 == options.size() ? " or " : ", ") + options[i];
     if (fitting == 0)
@@ -222,7 +239,8 @@ inline std::string memory_plan_refusal(const ModelConfig& c, const MemoryPlanReq
     for (const std::string& n : notes) tail += "; " + n;
     return strfmt("the memory plan needs %s of GPU memory (weights and optimizer %s, %lld tokens per micro-batch %s), the GPU has "
                   "%s free of %s%s",
-                  bytes_text(p.total()).c_str(), bytes_text(p.master + p.gradients + p.adam_m + p.adam_v + p.bf16_copy + p.fp8_copies).c_str(),
+                  bytes_text(p.total()).c_str(),
+                  bytes_text(p.master + p.gradients + p.adam_m + p.adam_v + p.bf16_copy + p.fp8_copies + p.grad_bucket).c_str(),
                   (long long)r.tokens, bytes_text(p.activations + p.backward + p.head + p.gemm_scratch).c_str(),
                   bytes_text(free_bytes).c_str(), bytes_text(total_bytes).c_str(), tail.c_str());
 }

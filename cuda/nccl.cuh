@@ -65,6 +65,23 @@ class Communicator {
 
     // Every collective runs on the communicator's own stream, after the work queued on `stream`
     // and before the work queued there next (events), and the host waits for it at most timeout_s.
+    // An overlapped one (reduce_sum's overlap) only starts there: neither `stream` nor the host
+    // waits for it, so `stream`'s next work may run meanwhile; what must follow it goes on stream()
+    // (kernels, events), and wait(stream) ends the overlap.
+
+    // The collectives' stream (null on one rank, where there are none).
+    cudaStream_t stream() const { return stream_; }
+
+    // `stream`'s next work waits for every collective started so far, and the host for them, at
+    // most timeout_s.
+    void wait(cudaStream_t stream) {
+        if (size_ == 1) return;
+#if defined(FP8RL_MPI)
+        finish(stream, "an overlapped collective");
+#else
+        (void)stream;
+#endif
+    }
 
     // x [n] = the sum of every rank's x (in place); T is float or double.
     template <class T>
@@ -97,6 +114,23 @@ class Communicator {
         });
 #else
         (void)x, (void)stream;
+#endif
+    }
+
+    // x [n] on root becomes the sum over ranks of their x (in place); the other ranks' x are left as
+    // they are (ZeRO-2's gradient buckets, reduced into their owner's shard). overlap: see above.
+    void reduce_sum(float* x, size_t n, int root, cudaStream_t stream, bool overlap = false) {
+        if (size_ == 1 || n == 0) return;
+#if defined(FP8RL_EMU) && defined(FP8RL_MPI)
+        const bool is_root = rank_ == root;
+        run(stream, "MPI_Ireduce", [=](MPI_Request* r) {
+            MPI_CHECK(MPI_Ireduce(is_root ? MPI_IN_PLACE : x, x, (int)n, MPI_FLOAT, MPI_SUM, root, mpi_comm_, r));
+        }, overlap);
+#elif defined(FP8RL_MPI)
+        run(stream, "ncclReduce", [=](cudaStream_t s) { NCCL_CHECK(ncclReduce(x, x, n, ncclFloat32, ncclSum, root, comm_, s)); },
+            overlap);
+#else
+        (void)x, (void)root, (void)stream, (void)overlap;
 #endif
     }
 
@@ -157,7 +191,7 @@ class Communicator {
     // issue, with the work it waits for: queued, it could wait forever for a peer blocked in a host
     // MPI call that waits for this rank.
     template <class Start>
-    void run(cudaStream_t stream, const char* call, Start start) {
+    void start(cudaStream_t stream, const char* call, Start start) {
         order_after(stream);
         CUDA_CHECK(emu::stream_op(stream_, [=] {
             MPI_Request request;
@@ -170,16 +204,20 @@ class Communicator {
                 std::this_thread::sleep_for(std::chrono::microseconds(100));
             }
         }, /*at_issue=*/true));
-        order_before(stream);
     }
+    // The collectives have run (at issue, timed there): `stream` only waits for them.
+    void finish(cudaStream_t stream, const char*) { order_before(stream); }
 #elif defined(FP8RL_MPI)
     template <class T> static ncclDataType_t nccl_type();
-    // Enqueues the collective on the communicator's stream and waits for it, at most timeout_s:
-    // a failed or silent peer aborts the communicator (which ends its kernels) and becomes an error.
+    // Enqueues the collective on the communicator's stream ...
     template <class Enqueue>
-    void run(cudaStream_t stream, const char* call, Enqueue enqueue) {
+    void start(cudaStream_t stream, const char*, Enqueue enqueue) {
         order_after(stream);
         enqueue(stream_);
+    }
+    // ... and waits for what is queued there, at most timeout_s: a failed or silent peer aborts the
+    // communicator (which ends its kernels) and becomes an error.
+    void finish(cudaStream_t stream, const char* call) {
         order_before(stream);
         const auto t0 = std::chrono::steady_clock::now();
         for (;;) {
@@ -197,6 +235,15 @@ class Communicator {
             }
             std::this_thread::sleep_for(std::chrono::microseconds(20));
         }
+    }
+#endif
+#if defined(FP8RL_MPI)
+    // A collective on the communicator's stream after `stream`'s work, and unless overlapped, before
+    // `stream`'s next work, the host waiting for it.
+    template <class Op>
+    void run(cudaStream_t stream, const char* call, Op op, bool overlap = false) {
+        start(stream, call, op);
+        if (!overlap) finish(stream, call);
     }
 #endif
     // The communicator's stream waits for `stream`'s work so far ...

@@ -3,6 +3,7 @@
 // no weights, no tokenizer, no data) and exits 0 when it fits an H200, else 1 with one line naming what
 // would fit. The expected figures come from the config's fields, counted here, and from issue 31's
 // formula for the persistent state, not from cuda/memory_plan.h; train_rl_cpu refuses the flag.
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -46,6 +47,9 @@ struct Qwen3Shape {
     // issue 31: FP32 gradients whole on every rank (4 B/param), master weights and both AdamW moments
     // split over the ranks (12/N), a BF16 copy of every weight, the FP8 copies
     double persistent_bytes(int ranks) const { return (4 + 12.0 / ranks) * params() + 2 * params() + fp8_bytes(); }
+    // ZeRO-2's bucket: the most parameters the backward finishes at once, the embedding's (or the
+    // lm_head's, as large) or one layer's (its projections, two RMSNorms and the q/k norms)
+    double bucket_params() const { return std::max(V * C, projection_params() / L + 2 * C + 2 * D); }
 };
 
 constexpr double kH200 = 143771.0 * 1048576;  // bytes, as nvidia-smi reports an H200 (the emulation's device)
@@ -109,7 +113,7 @@ TEST(plan_ranks_persistent_state_is_the_issue_formula) {
 // so the modest run is refused, naming 2 ranks; on 2 ranks (112 GB, + a 3.7 GB BF16 KV pool for 16
 // slots of 1,536 tokens at 144 KiB a token) it fits with room for 4k-token micro-batches. --zero 0 on
 // 2 ranks keeps 161 GB again: refused, naming --zero 1. Qwen3-32B on 8 ranks with --zero 1 keeps
-// 308 GB of persistent state on every rank: refused, no rank count fits (ZeRO-2 is not there yet).
+// 308 GB of persistent state on every rank: refused, no rank count fits (--zero 2: the next test).
 TEST(plan_ranks_exit_code_and_the_line_naming_what_fits) {
     if (std::system(("test -x " + harness::emu_binary()).c_str()) != 0) SKIP("./train_rl_emu not built (make train_rl_emu)");
     const Qwen3Shape q8(kQwen3_8B), q32(kQwen3_32B);
@@ -175,9 +179,41 @@ TEST(plan_ranks_rollout_slots_0_takes_what_fits) {
     CHECK_EQ(plan(harness::emu_binary(), kQwen3_8B, 2, target + " --rollout_slots " + std::to_string(most + 1)).status, 1);
 }
 
+// --zero 2 (ZeRO-2) splits the FP32 gradients over the ranks as --zero 1 splits the master weights
+// and moments: Qwen3-8B on 8 ranks keeps 4/8 bytes per parameter of gradients instead of 4, plus two
+// buckets of the most parameters the backward finishes at once (the embedding here, V x C floats);
+// the other lines stay. Qwen3-32B on 8 ranks with --zero 1 is refused naming --zero 2 (with its
+// total); with --zero 2 it is still refused (the BF16 and FP8 copies stay whole), and the line says
+// what ZeRO-2 splits.
+TEST(plan_ranks_zero2_shards_the_gradients) {
+    if (std::system(("test -x " + harness::emu_binary()).c_str()) != 0) SKIP("./train_rl_emu not built (make train_rl_emu)");
+    const Qwen3Shape q(kQwen3_8B);
+    const harness::RunResult z1 = plan(harness::emu_binary(), kQwen3_8B, 8, kModestRun);
+    const harness::RunResult z2 = plan(harness::emu_binary(), kQwen3_8B, 8, std::string(kModestRun) + " --zero 2");
+    CHECK_MSG(z1.status == 0 && z2.status == 0, "exit %d, %d: %s\n%s", z1.status, z2.status, z1.output.c_str(), z2.output.c_str());
+    const double MiB = 1048576, P = q.params();
+    const double whole = plan_mib(z1.output, "FP32 gradients"), split = plan_mib(z2.output, "FP32 gradients (1/8: gradient shards)");
+    CHECK_MSG(std::fabs(whole - 4 * P / MiB) <= 0.1, "--zero 1: gradients %.1f MiB, expected %.1f", whole, 4 * P / MiB);
+    CHECK_MSG(std::fabs(split - 4 * std::ceil(P / 8) / MiB) <= 0.1, "--zero 2: gradients %.1f MiB, expected %.1f", split,
+              4 * std::ceil(P / 8) / MiB);
+    const double buckets = plan_mib(z2.output, "ZeRO-2 gradient buckets");
+    CHECK_MSG(std::fabs(buckets - 2 * 4 * q.bucket_params() / MiB) <= 0.05, "buckets %.1f MiB, expected %.1f", buckets,
+              2 * 4 * q.bucket_params() / MiB);
+    CHECK(std::isnan(plan_mib(z1.output, "ZeRO-2 gradient buckets")));
+    for (const char* label : {"FP32 master weights (1/8", "AdamW m (1/8", "AdamW v (1/8", "BF16 weight copy", "FP8 weight copies"})
+        CHECK_MSG(plan_mib(z1.output, label) == plan_mib(z2.output, label), "%s: %.1f MiB with --zero 1, %.1f with --zero 2", label,
+                  plan_mib(z1.output, label), plan_mib(z2.output, label));
+    const harness::RunResult big1 = plan(harness::emu_binary(), kQwen3_32B, 8, kModestRun);
+    const harness::RunResult big2 = plan(harness::emu_binary(), kQwen3_32B, 8, std::string(kModestRun) + " --zero 2");
+    CHECK_MSG(big1.status == 1 && error_line(big1.output).find("--zero 2 (") != std::string::npos, "%s", big1.output.c_str());
+    CHECK_MSG(big2.status == 1 && error_line(big2.output).find("ZeRO-2 splits only the master weights, AdamW moments and gradients") !=
+                                      std::string::npos,
+              "%s", big2.output.c_str());
+}
+
 // Bad uses get one error line and exit 1: the CPU binary has no device plan; without
 // --max_prompt_tokens there is no prompt length to plan for (no data is read); a rank count that
-// does not split the batch; --zero 2, which the engine cannot run, is refused, not planned.
+// does not split the batch; a --zero beyond 2 is refused, not planned.
 TEST(plan_ranks_refusals) {
     const std::string flags = std::string(" --plan_ranks 2 --model ") + kQwen3_8B;
     const harness::RunResult cpu = run_cmd(harness::binary() + flags + " --max_prompt_tokens 512");
@@ -190,7 +226,7 @@ TEST(plan_ranks_refusals) {
     } cases[] = {
         {flags, "error: --plan_ranks reads no data: give --max_prompt_tokens N"},
         {flags + " --max_prompt_tokens 512 --batch_prompts 3", "--batch_prompts 3 is not a multiple of --minibatches 1 x 2 MPI ranks"},
-        {flags + " --max_prompt_tokens 512 --zero 2", "error: --zero 2: out of range [0, 1]"},
+        {flags + " --max_prompt_tokens 512 --zero 3", "error: --zero 3: out of range [0, 2]"},
     };
     for (const auto& c : cases) {
         const harness::RunResult r = run_cmd(harness::emu_binary() + c.args);

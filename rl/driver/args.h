@@ -109,7 +109,7 @@ inline const std::vector<FlagSpec>& flag_table() {
         {"warmup_steps", "optimizer", FlagKind::Int, "0", "0..", "linear warm-up steps of the learning rate"},
         {"lr_schedule", "optimizer", FlagKind::Choice, "constant", "constant|cosine", "learning rate after warm-up"},
         {"min_lr_ratio", "optimizer", FlagKind::Float, "0", "0..1", "cosine: final learning rate as a fraction of --lr"},
-        {"zero", "optimizer", FlagKind::Int, "1", "0..1", "GPU engine only (train_rl; the CPU engine ignores it): 1 shards the FP32 master weights and AdamW moments over the ranks (ZeRO-1), 0 keeps them whole on every rank"},
+        {"zero", "optimizer", FlagKind::Int, "1", "0..2", "GPU engine only (train_rl; the CPU engine ignores it): 1 shards the FP32 master weights and AdamW moments over the ranks (ZeRO-1), 2 the FP32 gradients too, reduced layer by layer during the backward (ZeRO-2), 0 keeps them whole on every rank"},
         // memory
         {"micro_batch_tokens", "memory", FlagKind::Int, "0", "0..", "run each minibatch's forward and backward in micro-batches of consecutive sequences of at most N tokens (a longer sequence alone), gradients accumulated; 0 = one forward per minibatch"},
         {"recompute", "memory", FlagKind::Choice, "none", "none|layer", "GPU engine only (train_rl_cpu ignores it): layer keeps each layer's input and recomputes the layer's activations just before its backward"},

@@ -70,8 +70,8 @@ inline int64_t largest_fitting(int64_t lo, int64_t hi, const std::function<bool(
 // The refusal of a run whose plan exceeds free_bytes ("" when it fits): memory_plan_refusal's line
 // (its numbers, --recompute layer, the most tokens per micro-batch), with the changes of other flags
 // that fit, each on its own, from the run with --recompute layer (and --zero 1, which on several ranks
-// is an option of its own): the most --rollout_slots, the most --max_new_tokens, the fewest ranks
-// (that split --batch_prompts); or, when no rank count fits, what ranks split.
+// is an option of its own, as --zero 2 is): the most --rollout_slots, the most --max_new_tokens, the
+// fewest ranks (that split --batch_prompts); or, when no rank count fits, what ranks split.
 inline std::string run_memory_refusal(const ModelConfig& c, const RunShape& s, const PlanRequestOf& request,
                                       const PlanConstants& k, size_t free_bytes, size_t total_bytes) {
     using memory_fit_detail::largest_fitting;
@@ -87,6 +87,12 @@ inline std::string run_memory_refusal(const ModelConfig& c, const RunShape& s, c
         const size_t t = plan_memory(c, request(base), k).total();
         if (s.ranks > 1) more.push_back(strfmt("--zero 1 (%s%s)", bytes_text(t).c_str(), t <= free_bytes ? ", fits" : ""));
         with.push_back("--zero 1");
+    }
+    if (s.options.zero < 2 && s.ranks > 1) {  // ZeRO-2 shards the gradients too
+        RunShape z = s;
+        z.options.zero = 2;
+        const size_t t = plan_memory(c, request(z), k).total();
+        more.push_back(strfmt("--zero 2 (%s%s)", bytes_text(t).c_str(), t <= free_bytes ? ", fits" : ""));
     }
     if (!s.options.recompute_layer) with.push_back("--recompute layer");
     base.options.recompute_layer = true;
@@ -116,10 +122,10 @@ inline std::string run_memory_refusal(const ModelConfig& c, const RunShape& s, c
     }
     if (ranks > 0) more.push_back(strfmt("%d ranks%s", ranks, with_text.c_str()));
     else
-        notes.push_back(strfmt("no rank count up to %lld (--batch_prompts / --minibatches) fits%s: ZeRO-1 splits only the "
-                               "master weights and AdamW moments (%s of the %s)",
-                               (long long)split, with_text.c_str(), bytes_text(p.master + p.adam_m + p.adam_v).c_str(),
-                               bytes_text(p.total()).c_str()));
+        notes.push_back(strfmt("no rank count up to %lld (--batch_prompts / --minibatches) fits%s: ZeRO-%d splits only the "
+                               "%s (%s of the %s)",
+                               (long long)split, with_text.c_str(), s.options.zero == 2 ? 2 : 1, sharded_state_text(p).c_str(),
+                               bytes_text(sharded_state_bytes(p)).c_str(), bytes_text(p.total()).c_str()));
     return memory_plan_refusal(c, r, k, free_bytes, total_bytes, more, notes);
 }
 

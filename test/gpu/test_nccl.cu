@@ -59,6 +59,23 @@ TEST(nccl_collectives_match_their_definition_on_every_rank) {
     }
     CHECK_MSG(bad == 0, "reduce_scatter_sum: %d of %zu wrong in rank %d's block", bad, n, r);
 
+    // reduce_sum to the last rank: the sum there, every other rank's x as it was
+    std::vector<float> y(n);
+    for (size_t i = 0; i < n; i++) y[i] = (float)(r * 100 + (int)(i % 13));
+    DeviceBuffer<float> d_y(y);
+    comm.reduce_sum(d_y.ptr, n, R - 1, 0);
+    std::vector<float> reduced = d_y.download();
+    bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        float want = y[i];
+        if (r == R - 1) {
+            want = 0;
+            for (int q = 0; q < R; q++) want += (float)(q * 100 + (int)(i % 13));
+        }
+        bad += reduced[i] != want;
+    }
+    CHECK_MSG(bad == 0, "reduce_sum to rank %d: %d of %zu wrong on rank %d", R - 1, bad, n, r);
+
     std::vector<__nv_bfloat16> part(n);
     for (size_t i = 0; i < n; i++) part[i] = __float2bfloat16((float)(r * 64 + (int)(i % 64)));
     DeviceBuffer<__nv_bfloat16> d_part(part), d_all((size_t)R * n);
