@@ -145,18 +145,23 @@ inline int GpuEngine::slots_that_fit(long requests, long longest_prompt, int max
     return (int)best;
 }
 
-// Teacher forcing, one thread per row of logits [rows][ld]: the given token forced[r] with its
-// log-prob at temperature 1 over the first n columns, as rl/numerics/sampling.h computes logprob_full.
-// scratch [rows][n].
-static __global__ void forced_token_kernel(const float* logits, int ld, int n, const int32_t* forced, int rows,
-                                           float* scratch, SampledToken* out) {
-    const int r = blockIdx.x * blockDim.x + threadIdx.x;
-    if (r >= rows) return;
-    const float* z = logits + (size_t)r * ld;
-    double sum;
-    const float s_max = exp_shifted_row(z, n, 1.0f, scratch + (size_t)r * n, &sum);
-    const float lp = (float)((z[forced[r]] - s_max) - log(sum));
-    out[r] = SampledToken{forced[r], lp, lp};
+// Teacher forcing, one block per row of logits [rows][ld]: the given token forced[r] with its log-prob
+// at temperature 1 over the first n columns, as rl/numerics/sampling.h computes logprob_full
+// (exp_shifted_row: the row's max, then sampling.h's chunked row_sum, which block_row_sum adds in
+// the host's order, so the bits are the host's). scratch [rows][n].
+static __global__ void __launch_bounds__(kSampleThreads)
+    forced_token_kernel(const float* logits, int ld, int n, const int32_t* forced, float* scratch, SampledToken* out) {
+    const long r = blockIdx.x;
+    const float* z = logits + r * ld;
+    float s_max = -INFINITY;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) s_max = fmaxf(s_max, z[i]);
+    s_max = block_reduce(s_max, [](float a, float b) { return fmaxf(a, b); });
+    STATIC_SHARED(double, chunk_sums, [kSampleMaxChunks]);
+    const double sum = block_row_sum(n, ExpTerm{z, 1.0f, s_max, scratch + r * n}, chunk_sums);
+    if (threadIdx.x == 0) {
+        const float lp = (float)((z[forced[r]] - s_max) - log(sum));
+        out[r] = SampledToken{forced[r], lp, lp};
+    }
 }
 
 // One request's host-side state.
@@ -743,8 +748,8 @@ inline void GpuEngine::sample_rows(int rows, const SamplingConfig& s) {
     const bf16* W = m.V % 8 ? R.head.get() : wb(m.lm_head);
     gemm_.bf16("rollout logits", V8, rows, m.C, W, R.xf, R.logits.get(), GemmOut::F32, stream_);
     if (R.requests.front().forced) {
-        LAUNCH_KERNEL(forced_token_kernel, (rows + 63) / 64, 64, 0, stream_, (const float*)R.logits.get(), V8, n,
-                      (const int32_t*)R.forced.get(), rows, R.sample_scratch.get(), R.sampled.get());
+        LAUNCH_KERNEL(forced_token_kernel, (unsigned)rows, kSampleThreads, 0, stream_, (const float*)R.logits.get(), V8, n,
+                      (const int32_t*)R.forced.get(), R.sample_scratch.get(), R.sampled.get());
         return;
     }
     sample_tokens_gpu(R.sampled.get(), nullptr, R.logits.get(), rows, V8, n, {s.temperature, s.top_k, s.top_p}, s.seed,
