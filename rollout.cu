@@ -335,8 +335,8 @@ inline GpuEngine::~GpuEngine() {
 }
 
 // The rows a decode step of B sequences runs over: B padded up to a power of two, capped at the
-// slots. Each bucket costs one warm-up and one capture per rollout() call, at most log2(slots) + 2
-// of them, and at most doubles the rows; extra rows cost little in decode, which reads every
+// slots. Each bucket costs one warm-up and one capture while its graph is kept (graph_key), at most
+// log2(slots) + 2 of them, and at most doubles the rows; extra rows cost little in decode, which reads every
 // weight once whatever the rows (and the FP8 GEMMs pad to 128 rows anyway), and an idle row's
 // attention reads no key.
 inline int decode_bucket(int B, int slots) {

@@ -49,9 +49,9 @@ struct DecodeRows {
 // Byte offsets of the control block's parts (16-byte aligned: each is a kernel argument's base).
 struct DecodeControlLayout {
     size_t out = 0, slots = 0, run = 0, table = 0, row_slot = 0, bytes = 0;
-    int window = 0, out_per_slot = 0, max_pages = 0;
+    int out_per_slot = 0, max_pages = 0;
     DecodeControlLayout() = default;
-    DecodeControlLayout(int slot_count, int window_steps, int pages) : window(window_steps), out_per_slot(window_steps + 1), max_pages(pages) {
+    DecodeControlLayout(int slot_count, int window_steps, int pages) : out_per_slot(window_steps + 1), max_pages(pages) {
         auto align = [](size_t b) { return (b + 15) / 16 * 16; };
         slots = align((size_t)slot_count * out_per_slot * sizeof(SampledToken));
         run = slots + align((size_t)slot_count * sizeof(DecodeSlot));
