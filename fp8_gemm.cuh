@@ -292,7 +292,8 @@ __global__ void __launch_bounds__(QUANT_THREADS)
 
 // Tile (tile_r, tile_c) of a weight w [rows][cols], staged in `tile` (swizzled; this thread's amax
 // of what it staged in `amax`), as 128x128-block codes + BLK128x128 scale_inv and the transposed copy
-// codes_t [cols][rows] + its transposed grid (the dgrad operand). The grids' padding entries (each
+// codes_t [cols][rows] + its transposed grid (the dgrad operand; codes_t and scale_inv_t null: none,
+// fp8_transpose_block_copy_gpu makes it when needed). The grids' padding entries (each
 // grid row padded to a multiple of 4) are written as 0 by the last tile of each row of tiles.
 // warp_max: QUANT_THREADS / 32 floats of shared memory.
 __device__ inline void quantize_weight_tile(float* tile, float amax, float* warp_max, int tile_r, int tile_c, int rows,
@@ -310,18 +311,18 @@ __device__ inline void quantize_weight_tile(float* tile, float amax, float* warp
     for (int i = warp; i < n_rows; i += QUANT_THREADS / 32)
         quantize_tile_row(tile, i, n_cols, scale, pow2, codes + (size_t)(r0 + i) * cols + c0);
     const float given[4] = {scale, scale, scale, scale};
-    for (int q = warp; q * 4 < n_cols; q += QUANT_THREADS / 32) {
+    for (int q = warp; codes_t && q * 4 < n_cols; q += QUANT_THREADS / 32) {
         float unused[4];
         quantize_tile_columns(tile, q, n_rows, given, pow2, codes_t + (size_t)(c0 + 4 * q) * rows + r0, (size_t)rows,
                               n_cols - 4 * q, unused);
     }
     if (threadIdx.x == 0) {
         scale_inv[blk128_scale_index(tile_r, tile_c, cols)] = 1.0f / scale;
-        scale_inv_t[blk128_scale_index(tile_c, tile_r, rows)] = 1.0f / scale;
         const int col_blocks = fp8_num_blocks(cols), row_blocks = fp8_num_blocks(rows);
         if (tile_c == col_blocks - 1)  // padding of this row of scale_inv
             for (int kb = col_blocks; kb < round_up4(col_blocks); kb++) scale_inv[blk128_scale_index(tile_r, kb, cols)] = 0.0f;
-        if (tile_r == row_blocks - 1)  // padding of row tile_c of scale_inv_t
+        if (scale_inv_t) scale_inv_t[blk128_scale_index(tile_c, tile_r, rows)] = 1.0f / scale;
+        if (scale_inv_t && tile_r == row_blocks - 1)  // padding of row tile_c of scale_inv_t
             for (int kb = row_blocks; kb < round_up4(row_blocks); kb++) scale_inv_t[blk128_scale_index(tile_c, kb, rows)] = 0.0f;
     }
 }
@@ -336,6 +337,51 @@ __global__ void __launch_bounds__(QUANT_THREADS)
     const int tile_c = blockIdx.x, tile_r = blockIdx.y;
     const float amax = load_tile(w, rows, cols, tile_r * FP8_BLOCK, tile_c * FP8_BLOCK, tile);
     quantize_weight_tile(tile, amax, warp_max, tile_r, tile_c, rows, cols, pow2, codes, scale_inv, codes_t, scale_inv_t);
+}
+
+// The dgrad copy of a 128x128-block weight copy, from the copy itself (a block per tile): codes_t
+// [cols][rows] = codes^T and the transposed scale grid (padding 0), which is exactly what
+// quantize_weight_tile writes, since a square block's one scale quantizes W and W^T alike
+// (rl/numerics/fp8_block.h's fp8_transpose). rows and cols are multiples of 4 (a projection's are
+// of 16), so every word of 4 codes lies in one row of either side.
+static __global__ void __launch_bounds__(QUANT_THREADS)
+    transpose_block_copy_kernel(const uint8_t* codes, const float* scale_inv, int rows, int cols, uint8_t* codes_t,
+                                float* scale_inv_t) {
+    STATIC_SHARED(uint8_t, tile, [FP8_BLOCK][FP8_BLOCK + 1]);  // +1: a warp's column reads, 4 rows apart, hit 32 banks
+    const int tile_c = blockIdx.x, tile_r = blockIdx.y, r0 = tile_r * FP8_BLOCK, c0 = tile_c * FP8_BLOCK;
+    const int n_rows = min(FP8_BLOCK, rows - r0), n_cols = min(FP8_BLOCK, cols - c0);
+    for (int e = threadIdx.x; e < n_rows * (n_cols / 4); e += blockDim.x) {  // word e: row e / (n_cols/4)
+        const int r = e / (n_cols / 4), c = 4 * (e % (n_cols / 4));
+        const uint32_t w = *reinterpret_cast<const uint32_t*>(codes + (size_t)(r0 + r) * cols + c0 + c);
+        for (int k = 0; k < 4; k++) tile[r][c + k] = (uint8_t)(w >> (8 * k));
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < n_cols * (n_rows / 4); e += blockDim.x) {  // word e of codes_t's rows c0 ..
+        const int c = e / (n_rows / 4), r = 4 * (e % (n_rows / 4));
+        uint32_t w = 0;
+        for (int k = 0; k < 4; k++) w |= (uint32_t)tile[r + k][c] << (8 * k);
+        *reinterpret_cast<uint32_t*>(codes_t + (size_t)(c0 + c) * rows + r0 + r) = w;
+    }
+    if (threadIdx.x == 0) {
+        scale_inv_t[blk128_scale_index(tile_c, tile_r, rows)] = scale_inv[blk128_scale_index(tile_r, tile_c, cols)];
+        const int row_blocks = fp8_num_blocks(rows);
+        if (tile_r == row_blocks - 1)  // padding of row tile_c of scale_inv_t
+            for (int kb = row_blocks; kb < round_up4(row_blocks); kb++) scale_inv_t[blk128_scale_index(tile_c, kb, rows)] = 0.0f;
+    }
+}
+
+// codes [rows][cols] + BLK128x128 scale_inv (a 128x128-block weight copy, device) -> its transposed
+// copy codes_t [cols][rows] + scale_inv_t (blk128_scale_count(cols, rows) floats): the dgrad operand
+// made just before the dgrad GEMM when the engine keeps one FP8 copy (cuda/engine_gpu.cuh).
+inline void fp8_transpose_block_copy_gpu(const uint8_t* codes, const float* scale_inv, int rows, int cols, uint8_t* codes_t,
+                                         float* scale_inv_t, cudaStream_t stream) {
+    check_fp8_shape("fp8_transpose_block_copy_gpu", rows, cols);
+    if (rows % 4 || cols % 4 || (uintptr_t)codes % 4 || (uintptr_t)codes_t % 4)
+        fail("fp8_transpose_block_copy_gpu: a [%d][%d] copy; it moves words of 4 codes, so both sides must be multiples "
+             "of 4 and the codes 4-byte aligned", rows, cols);
+    dim3 grid(fp8_num_blocks(cols), fp8_num_blocks(rows));
+    LAUNCH_KERNEL(transpose_block_copy_kernel, grid, QUANT_THREADS, 0, stream, codes, scale_inv, rows, cols, codes_t,
+                  scale_inv_t);
 }
 
 // Allows a kernel the dynamic shared memory of one tile (set once per kernel and device).

@@ -214,6 +214,38 @@ TEST(gpu_fp8_quantize_kernels_match_host_bit_for_bit) {
         }
 }
 
+// The dgrad copy one FP8 weight copy makes before each dgrad (fp8_transpose_block_copy_gpu) is the
+// transposed copy the blockwise quantizer writes beside the codes, byte for byte and scale for scale
+// (padding entries included), and the CPU's fp8_transpose: shapes with partial tiles both ways.
+TEST(gpu_fp8_transposed_block_copy_equals_the_quantizers) {
+    REQUIRE_GPU();
+    const int shapes[][2] = {{304, 520}, {256, 384}, {48, 272}};
+    for (auto shape : shapes)
+        for (bool pow2 : {false, true}) {
+            const int rows = shape[0], cols = shape[1];
+            const std::vector<float> x = varied_data(rows, cols, 5 + cols);
+            DeviceBuffer<float> x_f32(x);
+            DeviceBuffer<uint8_t> codes((size_t)rows * cols), codes_t((size_t)rows * cols), made_t((size_t)rows * cols);
+            DeviceBuffer<float> b(blk128_scale_count(rows, cols)), b_t(blk128_scale_count(cols, rows)),
+                made_b_t(blk128_scale_count(cols, rows));
+            for (auto* d : {&codes, &codes_t, &made_t}) d->poison();
+            for (auto* d : {&b, &b_t, &made_b_t}) d->poison();
+            fp8_quantize_blockwise_gpu(x_f32.ptr, rows, cols, pow2, codes.ptr, b.ptr, codes_t.ptr, b_t.ptr, 0);
+            fp8_transpose_block_copy_gpu(codes.ptr, b.ptr, rows, cols, made_t.ptr, made_b_t.ptr, 0);
+            const Fp8Tensor host_t = fp8_transpose(fp8_quantize_blockwise(x.data(), rows, cols, pow2));
+            const std::string tag = strfmt("[%d][%d] pow2=%d", rows, cols, (int)pow2);
+            CHECK_MSG(count_bit_differences(made_t.download(), codes_t.download(), "made^T codes") == 0,
+                      "transposed codes %s differ from the quantizer's", tag.c_str());
+            CHECK_MSG(count_bit_differences(made_b_t.download(), b_t.download(), "made^T scales") == 0,
+                      "transposed scales %s differ from the quantizer's", tag.c_str());
+            CHECK_MSG(count_bit_differences(made_t.download(), host_t.data, "host^T codes") == 0,
+                      "transposed codes %s differ from fp8_transpose", tag.c_str());
+            CHECK_MSG(count_bit_differences(made_b_t.download(), host_t.scale_inv, "host^T scales") == 0,
+                      "transposed scales %s differ from fp8_transpose", tag.c_str());
+        }
+    CHECK_THROWS(fp8_transpose_block_copy_gpu(nullptr, nullptr, 30, 64, nullptr, nullptr, 0), "multiples of 4");
+}
+
 // The elements [offset, offset + n) of a device buffer.
 template <class T>
 static std::vector<T> download_range(const DeviceBuffer<T>& d, size_t offset, size_t n) {
