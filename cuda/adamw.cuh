@@ -45,9 +45,11 @@ __device__ __forceinline__ float adamw_element(float* w, float* m, float* v, __n
     w[i] = wi;
     m[i] = mi;
     v[i] = vi;
-    __nv_bfloat16_raw rounded;
-    rounded.x = float_to_bf16(wi);
-    w_bf16[i] = rounded;
+    if (w_bf16) {  // null: no BF16 copy of these parameters (the engine's one FP8 weight copy)
+        __nv_bfloat16_raw rounded;
+        rounded.x = float_to_bf16(wi);
+        w_bf16[i] = rounded;
+    }
     return wi;
 }
 

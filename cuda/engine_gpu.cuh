@@ -5,6 +5,11 @@
 //             for the four (fused) projections of every layer the FP8 128x128-block copy and its transpose,
 //             all refreshed on the device after every update (spec-gpu.md §3.1). Weights and
 //             gradients cross to the host only for checkpoints and --resume.
+//             With EngineOptions::one_fp8_weight_copy (rollout and training in fp8, block scaling) a
+//             projection lives once, as its FP8 copy: the dgrad's transposed copy is made from it just
+//             before each dgrad (exact: a square block's scale serves W and W^T), a BF16 pass casts
+//             each layer's weights from the FP32 master (gathered from the shards under ZeRO) as it
+//             reaches the layer, and the BF16 copy holds only the other tensors, compacted.
 //   ranks     data parallel over cuda/nccl.cuh's communicator (spec-gpu.md §6); with --zero 1 the
 //             master weights and moments are sharded over the ranks (ZeRO-1, init_optimizer), with
 //             --zero 2 the gradients too, reduced bucket by bucket as the backward finishes them,
@@ -112,16 +117,35 @@ class GpuEngine : public Engine {
           buckets_(grad_buckets(weights_.config)), head_(gemm_) {
         CUDA_CHECK(cudaStreamCreate(&stream_));
         const size_t P = weights_.num_floats();
+        const bool one_copy = options_.one_fp8_weight_copy;
+        if (one_copy && options_.fp8_scaling != Fp8Scaling::Block)
+            fail("GpuEngine: one FP8 weight copy needs --fp8_scaling block (only a 128x128-block copy transposes exactly)");
         master_.resize(P, "FP32 master weights");
-        bf16_.resize(P, "BF16 weight copy");
         master_.upload(weights_.master);
-        size_t amax_words = 0;
+        size_t amax_words = 0, largest = 0;
         for (int l = 0; l < model_.L; l++)
             for (int j = 0; j < kProjections; j++) {
                 const LinearWeight w = model_.projection(l, (Projection)j, nullptr);
-                fp8_.emplace_back(new Fp8Storage(w.N, w.K, options_.fp8_scaling));
+                fp8_.emplace_back(new Fp8Storage(w.N, w.K, options_.fp8_scaling, !one_copy));
                 amax_words = std::max(amax_words, fp8_amax_words(options_.fp8_scaling, w.N, w.K));
+                largest = std::max(largest, (size_t)w.N * w.K);
             }
+        if (one_copy) {
+            init_bf16_runs();
+            size_t scales = 0, layer = 0;
+            for (int l = 0; l < model_.L; l++) {
+                layer = std::max(layer, buckets_.layers[l].size());
+                for (int j = 0; j < kProjections; j++) {
+                    const LinearWeight w = model_.projection(l, (Projection)j, nullptr);
+                    scales = std::max(scales, blk128_scale_count(w.K, w.N));
+                }
+            }
+            transposed_codes_.resize(largest, "FP8 transposed weight codes (one projection, before its dgrad)");
+            transposed_scales_.resize(scales, "FP8 transposed weight scales (one projection)");
+            layer_bf16_.resize(layer, "BF16 weights of one layer (a BF16 pass)");
+        } else {
+            bf16_.resize(P, "BF16 weight copy");
+        }
         std::vector<ProjectionTiles> tiles;
         for (int l = 0; l < model_.L; l++) {
             const std::vector<ProjectionTiles> t = projection_tiles(l, 0);
@@ -156,6 +180,7 @@ class GpuEngine : public Engine {
         r.gradient_shards = o.zero == 2 ? d.ranks : 1;
         r.longest_sequence = d.longest_sequence;
         r.fp8_scaling = o.fp8_scaling;
+        r.one_fp8_weight_copy = o.one_fp8_weight_copy;
         if (d.rollout_requests > 0)
             r.rollout_bytes = rollout_device_bytes(c, o, (long)d.rollout_requests, (long)d.longest_prompt, d.max_new_tokens,
                                                    d.kv_cache);
@@ -195,17 +220,41 @@ class GpuEngine : public Engine {
 
     void logprobs(const std::vector<Sequence>& seqs, Precision p, float temperature, TokenValues* logprob,
                   TokenValues* entropy) override {
+        if (seqs.empty()) {  // a collective pass's share on a rank with fewer batches: the gathers alone
+            if (collective_logprobs(p))
+                for (int l = 0; l < model_.L; l++) load_layer_bf16(l);
+            bf16_layer_ = -1;
+            logprob->clear();
+            if (entropy) entropy->clear();
+            return;
+        }
         forward(seqs, p == Precision::FP32 ? Precision::BF16 : p, false, temperature, logprob, entropy);
+    }
+    // With one FP8 weight copy on N > 1 ranks a BF16 pass gathers each layer from the master shards.
+    bool collective_logprobs(Precision p) const override {
+        return options_.one_fp8_weight_copy && shards_ > 1 && p != Precision::FP8;
     }
 
     void forward_train(const std::vector<Sequence>& seqs, Precision p, float temperature, TokenValues* logprob,
                        TokenValues* entropy) override {
         if (p == Precision::FP32) fail("the GPU engine trains in bf16 or fp8 (--train_precision), not fp32");
+        if (options_.one_fp8_weight_copy && p != Precision::FP8)
+            fail("internal: an engine with one FP8 weight copy trains in fp8, not %s", precision_name(p));
         forward(seqs, p, true, temperature, logprob, entropy);
         train_seqs_ = seqs;
     }
 
     void backward(const TokenValues& d_logprob, const TokenValues& d_entropy) override;
+    bool collective_backward() const override { return sharded_grads_; }
+    // The buckets in backward()'s order, each reduced with nothing added: the other ranks' reduces.
+    void backward_of_nothing() override {
+        if (!grads_.size()) fail("GpuEngine::backward_of_nothing before init_optimizer");
+        open_bucket(buckets_.head), close_bucket();
+        open_bucket(buckets_.final_norm), close_bucket();
+        for (int l = model_.L - 1; l >= 0; l--) open_bucket(buckets_.layers[l]), close_bucket();
+        open_bucket(buckets_.embed), close_bucket();
+        finish_buckets();
+    }
 
     // Data parallel (spec-gpu.md §6). With --zero 1 on N > 1 ranks (ZeRO-1), rank r owns shard r
     // of S = ceil(P / N) parameters: its master weights, m and v are [S]; gradients stay [N * S]
@@ -221,6 +270,8 @@ class GpuEngine : public Engine {
         shard_ = (P + shards_ - 1) / shards_;
         sharded_grads_ = options_.zero == 2 && shards_ > 1;
         if (sharded_grads_) init_buckets();
+        else if (options_.one_fp8_weight_copy && shards_ > 1)  // load_layer_bf16's gathers
+            bucket_.resize(layer_bf16_.size(), "FP32 weights of one layer (gathered for a BF16 pass)");
         if (shards_ > 1) {  // keep this rank's shard (zero past P); the derived copies are already those of these weights
             std::vector<float> mine(shard_, 0.0f);
             CUDA_CHECK(cudaMemcpy(mine.data(), master_.get() + shard_offset(), own_params() * sizeof(float),
@@ -242,6 +293,9 @@ class GpuEngine : public Engine {
         else if (shards_ > 1 && comm_->rank() == 0)
             printf("GPU engine: ZeRO-1, FP32 master weights and AdamW moments in %zu shards of %zu parameters (%.4g MB per rank)\n",
                    shards_, shard_, optimizer_state_bytes() / 1e6);
+        if (options_.one_fp8_weight_copy && comm_->rank() == 0)
+            printf("GPU engine: one FP8 weight copy (the projections' 128x128-block copy, transposed before each dgrad; "
+                   "BF16 for the other %zu parameters, and one layer's at a time in a BF16 pass)\n", bf16_.size());
         norm_partial_.resize((size_t)grad_norm_blocks(shard_), "gradient norm partial sums");
         norm_.resize(2, "gradient norm");
     }
@@ -275,16 +329,19 @@ class GpuEngine : public Engine {
     void optimizer_step(double lr) override {
         PROFILE_RANGE("optimizer_step");
         steps_++;
-        if (shards_ == 1 && options_.fp8_scaling == Fp8Scaling::Block)
-            return adamw_update_with_fp8_gpu(master_.get(), m_.get(), v_.get(), bf16_.get(), grads_.get(), num_floats(),
-                                             *projections_, adam_, steps_, lr, stream_);
+        if (shards_ == 1 && options_.fp8_scaling == Fp8Scaling::Block) {
+            adamw_update_with_fp8_gpu(master_.get(), m_.get(), v_.get(), updated_bf16(0), grads_.get(), num_floats(),
+                                      *projections_, adam_, steps_, lr, stream_);
+            if (options_.one_fp8_weight_copy) cast_bf16_copy(master_.get(), {0, num_floats()});
+            return;
+        }
         if (shards_ == 1) {  // row and tensor scales need a whole weight's amax first: the update, then the copies
             adamw_update_gpu(master_.get(), m_.get(), v_.get(), bf16_.get(), grads_.get(), num_floats(), adam_, steps_, lr,
                              stream_);
             return requantize_projections(master_.get());
         }
         if (own_params() > 0)  // the shard's padding past P stays zero
-            adamw_update_gpu(master_.get(), m_.get(), v_.get(), bf16_.get() + shard_offset(), own_grads(), own_params(), adam_,
+            adamw_update_gpu(master_.get(), m_.get(), v_.get(), updated_bf16(shard_offset()), own_grads(), own_params(), adam_,
                              steps_, lr, stream_);
         refresh_from_shards();
     }
@@ -301,6 +358,7 @@ class GpuEngine : public Engine {
     // rank 0, which writes the checkpoint, receives the vectors.
     void save_state(TrainerState& s) override {
         s.master = gather(master_);
+        if (options_.one_fp8_weight_copy && shards_ > 1) weights_.master = s.master;  // for save_hf
         s.adam_m = gather(m_);
         s.adam_v = gather(v_);
         s.optimizer_steps = steps_;
@@ -313,26 +371,41 @@ class GpuEngine : public Engine {
     }
 
     // From the BF16 copy, which every rank holds whole: the file's BF16 is that same rounding of the
-    // master weights, and rank 0 alone writes it.
+    // master weights, and rank 0 alone writes it. With one FP8 weight copy the projections have no
+    // BF16 copy: the master rounded here, the whole master (under ZeRO the one save_state gathered).
     void save_hf(const std::string& dir) override {
-        const std::vector<bf16> w = bf16_.download(num_floats());
-        weights_.master.resize(w.size());
-        for (size_t i = 0; i < w.size(); i++) weights_.master[i] = __bfloat162float(w[i]);
+        if (options_.one_fp8_weight_copy) {
+            if (shards_ == 1) weights_.master = master_.download(num_floats());
+            if (weights_.master.size() != num_floats()) fail("internal: save_hf under ZeRO runs after save_state");
+            for (float& x : weights_.master) x = round_bf16(x);
+        } else {
+            const std::vector<bf16> w = bf16_.download(num_floats());
+            weights_.master.resize(w.size());
+            for (size_t i = 0; i < w.size(); i++) weights_.master[i] = __bfloat162float(w[i]);
+        }
         fp8rl::save_hf(weights_, dir, source_dir_);
     }
 
   private:
-    // The FP8 copies of one projection weight [N][K] at a granularity.
+    // The FP8 copies of one projection weight [N][K] at a granularity; without the transposed copy
+    // when the engine keeps one FP8 copy (transposed_ then makes it before each dgrad).
     struct Fp8Storage {
         DeviceArray<uint8_t> codes, codes_t;
         DeviceArray<float> scales, scales_t;
         Fp8WeightCopy copy;
-        Fp8Storage(int N, int K, Fp8Scaling scaling)
-            : codes((size_t)N * K, "FP8 weight codes"), codes_t((size_t)N * K, "FP8 transposed weight codes"),
-              scales(fp8_scale_count(fp8_weight_layout(scaling), N, K), "FP8 weight scales"),
-              scales_t(fp8_scale_count(fp8_weight_layout(scaling), K, N), "FP8 weight scales") {
+        Fp8Storage(int N, int K, Fp8Scaling scaling, bool transposed)
+            : codes((size_t)N * K, "FP8 weight codes"), scales(fp8_scale_count(fp8_weight_layout(scaling), N, K), "FP8 weight scales") {
+            if (transposed) {
+                codes_t.resize((size_t)N * K, "FP8 transposed weight codes");
+                scales_t.resize(fp8_scale_count(fp8_weight_layout(scaling), K, N), "FP8 weight scales");
+            }
             copy = {codes.get(), scales.get(), codes_t.get(), scales_t.get(), false, scaling};
         }
+    };
+    // One FP8 weight copy: the BF16 copy's runs, each the parameters [begin, end) of [P] between two
+    // projections, at `compact` in bf16_.
+    struct Bf16Run {
+        size_t begin, end, compact;
     };
 
     // First member: the device is checked before anything (cuBLASLt's handle) touches it.
@@ -351,8 +424,16 @@ class GpuEngine : public Engine {
     GemmRunner gemm_;
     LogprobHeadGpu head_;
     DeviceArray<float> master_, grads_, m_, v_;
-    DeviceArray<bf16> bf16_;
+    DeviceArray<bf16> bf16_;  // [P], or with one FP8 weight copy [the runs' floats] (wb maps an offset)
     std::vector<std::unique_ptr<Fp8Storage>> fp8_;  // [L * kProjections]
+    // One FP8 weight copy: bf16_'s runs in [P] order; the dgrad's transposed copy of one projection
+    // (codes [K][N], scales), made before each dgrad; a BF16 pass's weights of layer bf16_layer_
+    // ([its parameter range], cast from the FP32 master as the pass reaches the layer; -1: none).
+    std::vector<Bf16Run> bf16_runs_;
+    DeviceArray<uint8_t> transposed_codes_;
+    DeviceArray<float> transposed_scales_;
+    DeviceArray<bf16> layer_bf16_;
+    int bf16_layer_ = -1;
     std::unique_ptr<ProjectionTable> projections_;  // the FP8 copies' tiles, for the optimizer's pass (block)
     DeviceArray<uint32_t> weight_amax_;  // row and tensor scaling: requantize_projections' amax scratch
     AdamWConfig adam_;
@@ -417,7 +498,15 @@ class GpuEngine : public Engine {
         if (!why.empty()) fail("%s; train_rl needs a Hopper GPU (sm_90) for its FP8 block-scaled GEMMs", why.c_str());
     }
 
-    const bf16* wb(size_t offset) const { return offset == kNoTensor ? nullptr : bf16_.get() + offset; }
+    const bf16* wb(size_t offset) const {
+        if (offset == kNoTensor) return nullptr;
+        if (!options_.one_fp8_weight_copy) return bf16_.get() + offset;
+        auto run = std::upper_bound(bf16_runs_.begin(), bf16_runs_.end(), offset,
+                                    [](size_t o, const Bf16Run& r) { return o < r.end; });  // the first run ending past offset
+        if (run == bf16_runs_.end() || offset < run->begin)
+            fail("internal: the BF16 copy of a projection at parameter %zu (the engine keeps one FP8 weight copy)", offset);
+        return bf16_.get() + run->compact + (offset - run->begin);
+    }
     // Where the backward adds the gradient of the tensor at `offset`: grads_, or under ZeRO-2 the open bucket.
     float* grad(size_t offset) const {
         if (offset == kNoTensor) return nullptr;
@@ -428,15 +517,43 @@ class GpuEngine : public Engine {
     }
     float* bucket_slot() const { return bucket_.get() + (size_t)slot_ * buckets_.largest; }
 
+    // Projection j of layer l for the GEMMs. One FP8 weight copy: its BF16 weights only while a BF16
+    // pass has layer l cast (load_layer_bf16), else none, which a bf16 GEMM refuses.
     LinearDevice linear(int l, Projection j) const {
         const LinearWeight w = model_.projection(l, j, nullptr);
-        return {bf16_.get() + model_.weight_offset(l, j), &fp8_[(size_t)l * kProjections + j]->copy, w.N, w.K};
+        const size_t offset = model_.weight_offset(l, j);
+        const bf16* w16 = !options_.one_fp8_weight_copy ? bf16_.get() + offset
+                          : bf16_layer_ == l            ? layer_bf16_.get() + (offset - buckets_.layers[l].begin)
+                                                        : nullptr;
+        return {w16, &fp8_[(size_t)l * kProjections + j]->copy, w.N, w.K};
     }
+
+    // One FP8 weight copy, a BF16 pass at layer l: the layer's weights in BF16 from the FP32 master
+    // (under ZeRO gathered from the shards: collective, see collective_logprobs).
+    void load_layer_bf16(int l) {
+        const ParamRange& r = buckets_.layers[l];
+        const float* w = shards_ > 1 ? gather_range(master_, r) : master_.get() + r.begin;
+        cast(layer_bf16_.get(), w, (long)r.size(), stream_);
+        bf16_layer_ = l;
+    }
+
+    // The BF16 copy of the parameters [r.begin, r.end) of [P] from `master`, which holds them from
+    // r.begin on (the whole master: r = [0, P)). With one FP8 weight copy the runs within r only.
+    void cast_bf16_copy(const float* master, ParamRange r) {
+        if (!options_.one_fp8_weight_copy) return cast(bf16_.get() + r.begin, master, (long)r.size(), stream_);
+        for (const Bf16Run& run : bf16_runs_) {
+            const size_t a = std::max(run.begin, r.begin), b = std::min(run.end, r.end);
+            if (a < b) cast(bf16_.get() + run.compact + (a - run.begin), master + (a - r.begin), (long)(b - a), stream_);
+        }
+    }
+    // The BF16 copy bf16_ as the update writes it: one FP8 weight copy has none of the projections,
+    // so its runs are cast after the update instead.
+    bf16* updated_bf16(size_t offset) const { return options_.one_fp8_weight_copy ? nullptr : bf16_.get() + offset; }
 
     // After the master weights changed wholesale: the BF16 copy and every FP8 copy, from the whole
     // FP32 master [P].
     void refresh_derived(const float* master) {
-        cast(bf16_.get(), master, (long)num_floats(), stream_);
+        cast_bf16_copy(master, {0, num_floats()});
         requantize_projections(master);
     }
 
@@ -467,6 +584,25 @@ class GpuEngine : public Engine {
         return t;
     }
     void refresh_derived() { refresh_derived(master_.get()); }
+
+    // One FP8 weight copy: bf16_runs_ (the gaps between the projections in [P]) and bf16_ for them.
+    void init_bf16_runs() {
+        std::vector<ParamRange> projections;
+        for (int l = 0; l < model_.L; l++)
+            for (int j = 0; j < kProjections; j++) {
+                const LinearWeight w = model_.projection(l, (Projection)j, nullptr);
+                const size_t a = model_.weight_offset(l, (Projection)j);
+                projections.push_back({a, a + (size_t)w.N * w.K});
+            }
+        std::sort(projections.begin(), projections.end(), [](const ParamRange& x, const ParamRange& y) { return x.begin < y.begin; });
+        size_t at = 0, compact = 0;
+        auto run_to = [&](size_t end) {
+            if (end > at) bf16_runs_.push_back({at, end, compact}), compact += end - at;
+        };
+        for (const ParamRange& p : projections) run_to(p.begin), at = p.end;
+        run_to(num_floats());
+        bf16_.resize(compact, "BF16 copy of the embeddings, norms, biases and head");
+    }
 
     // ZeRO-2: the bucket buffers and their events and, at block scaling, each layer's tile table
     // within its range.
@@ -535,7 +671,7 @@ class GpuEngine : public Engine {
         if (!sharded_grads_) return refresh_derived(full_master());
         for (const ParamRange& r : buckets_.ranges) {
             const float* w = gather_range(master_, r);
-            cast(bf16_.get() + r.begin, w, (long)r.size(), stream_);
+            cast_bf16_copy(w, r);
             for (int l = 0; l < model_.L; l++)
                 if (buckets_.layers[l].begin == r.begin) requantize_layer(w, r.begin, l);
         }
@@ -776,6 +912,7 @@ inline void GpuEngine::layer_forward(int l, bool recomputing, const std::functio
     const CpuModel& m = model_;
     LayerActsGpu& A = layers_[l];
     const StepRows r = batch_rows();
+    if (options_.one_fp8_weight_copy && r.precision == Precision::BF16) load_layer_bf16(l);
     attention_inputs(A, recomputing || l == 0 ? nullptr : &layers_[l - 1], l, r);
     if (kv_ready) kv_ready(l);
     const PackedAttentionShape shape{T_, m.H, m.KV, m.D, batch_.num_sequences(), max_seqlen_};
@@ -791,6 +928,7 @@ inline void GpuEngine::trunk_forward(const std::vector<Sequence>& seqs, Precisio
     const CpuModel& m = model_;
     embedding_forward(layers_[0].x, wb(m.embed), ids_.get(), T_, m.V, m.C, stream_);
     for (int l = 0; l < m.L; l++) layer_forward(l, false, kv_ready);
+    bf16_layer_ = -1;  // a later bf16 GEMM outside a pass finds no BF16 weights rather than stale ones
     const LayerActsGpu& last = layers_[(size_t)m.L - 1];
     residual_rmsnorm_forward(xf_, rstdf_, hf_, last.h1, last.mlp, wb(m.final_norm), T_, m.C, m.eps, stream_);
 }
@@ -824,7 +962,15 @@ inline void GpuEngine::forward(const std::vector<Sequence>& seqs, Precision p, b
 // Backward.
 
 inline void GpuEngine::project_backward(bf16* dx, const bf16* dy, const bf16* x, int l, Projection j, size_t bias) {
-    const LinearDevice W = linear(l, j);
+    LinearDevice W = linear(l, j);
+    Fp8WeightCopy with_transpose;  // one FP8 weight copy: the dgrad's transposed copy, made now
+    if (options_.one_fp8_weight_copy) {
+        with_transpose = *W.w8;
+        with_transpose.codes_t = transposed_codes_.get(), with_transpose.scale_inv_t = transposed_scales_.get();
+        fp8_transpose_block_copy_gpu(W.w8->codes, W.w8->scale_inv, W.N, W.K, with_transpose.codes_t,
+                                     with_transpose.scale_inv_t, stream_);
+        W.w8 = &with_transpose;
+    }
     linear_backward_gpu(gemm_, *scratch_, precision_, W, dy, x, (int)Tp_, dx, GemmOut::BF16,
                         grad(model_.weight_offset(l, j)), stream_);
     if (bias != kNoTensor) bias_backward(grad(bias), dy, T_, W.N, column_scratch_, column_scratch_floats_, stream_);

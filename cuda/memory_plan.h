@@ -36,6 +36,7 @@ struct MemoryPlanRequest {
     int64_t longest_sequence = 1;  // a micro-batch holds at least one sequence, however long
     Fp8Scaling fp8_scaling = Fp8Scaling::Block;  // --fp8_scaling: the FP8 copies' and operands' scales
     size_t rollout_bytes = 0;      // generation's KV page pool and decode buffers (rollout.cu's rollout_device_bytes)
+    bool one_fp8_weight_copy = false;  // EngineOptions::one_fp8_weight_copy (rollout and training in fp8, block)
 };
 
 struct MemoryPlan {
@@ -78,6 +79,35 @@ inline size_t fp8_copy_bytes(const ModelConfig& c, Fp8Scaling scaling) {
         amax_words = std::max(amax_words, fp8_amax_words(scaling, s[0], s[1]));
     }
     return per_layer * (size_t)c.num_layers + sizeof(uint32_t) * amax_words;
+}
+
+// The engine's four fused projections of a layer, [N][K]: [q|k|v], o, [gate|up], down.
+inline std::vector<std::pair<int, int>> fused_projection_shapes(const ModelConfig& c) {
+    const int C = (int)c.hidden_size, Q = (int)c.q_dim(), Kd = (int)c.kv_dim(), I = (int)c.intermediate_size;
+    return {{Q + 2 * Kd, C}, {C, Q}, {2 * I, C}, {C, I}};
+}
+
+// One FP8 weight copy: every projection's 128x128-block codes and scales, and one transposed copy
+// (the largest projection's), made before each dgrad.
+inline size_t one_fp8_copy_bytes(const ModelConfig& c) {
+    size_t per_layer = 0, codes_t = 0, scales_t = 0;
+    for (const auto& [N, K] : fused_projection_shapes(c)) {
+        per_layer += (size_t)N * K + sizeof(float) * blk128_scale_count(N, K);
+        codes_t = std::max(codes_t, (size_t)N * K);
+        scales_t = std::max(scales_t, sizeof(float) * blk128_scale_count(K, N));
+    }
+    return per_layer * (size_t)c.num_layers + codes_t + scales_t;
+}
+// Floats of the projections in [P], and of the largest layer's parameter range.
+inline size_t projection_floats(const ModelConfig& c) {
+    size_t n = 0;
+    for (const auto& [N, K] : fused_projection_shapes(c)) n += (size_t)N * K;
+    return n * (size_t)c.num_layers;
+}
+inline size_t largest_layer_floats(const ModelConfig& c) {
+    size_t n = 0;
+    for (const ParamRange& r : grad_buckets(c).layers) n = std::max(n, r.size());
+    return n;
 }
 
 // prepare_batch carves its activations on 256-byte boundaries (cuBLASLt's default alignment
@@ -155,13 +185,18 @@ inline MemoryPlan plan_memory(const ModelConfig& c, const MemoryPlanRequest& r, 
     p.grad_bucket = r.gradient_shards > 1 ? 2 * 4 * grad_buckets(c).largest : 0;
     p.bf16_copy = 2 * P;
     p.fp8_copies = fp8_copy_bytes(c, r.fp8_scaling);
+    if (r.one_fp8_weight_copy) {  // BF16: the other tensors, and one layer's weights for a BF16 pass
+        p.bf16_copy = 2 * (P - projection_floats(c)) + 2 * largest_layer_floats(c);
+        p.fp8_copies = one_fp8_copy_bytes(c);
+        if (r.optimizer_shards > 1 && r.gradient_shards == 1) p.grad_bucket = 4 * largest_layer_floats(c);  // its gathers
+    }
     p.activations = forward_bytes(c, T, r.recompute_layer);
     p.backward = backward_bytes(c, T, k.column_sum_chunk_rows);
     p.head = head_bytes(c, T, k.head_vocab_chunk, true);
     p.gemm_scratch = k.gemm_workspace_bytes + linear_scratch_bytes(c, T, r.fp8_scaling);
     p.kv_cache_bytes = r.rollout_bytes;
     if (r.reference_policy)
-        p.reference = 4 * P + 2 * P + p.fp8_copies + forward_bytes(c, T, r.recompute_layer) + head_bytes(c, T, k.head_vocab_chunk, false) +
+        p.reference = 4 * P + p.bf16_copy + p.fp8_copies + forward_bytes(c, T, r.recompute_layer) + head_bytes(c, T, k.head_vocab_chunk, false) +
                       k.gemm_workspace_bytes + linear_scratch_bytes(c, T, r.fp8_scaling);
     return p;
 }
@@ -180,8 +215,14 @@ inline std::string memory_plan_text(const MemoryPlan& p) {
     if (r.gradient_shards > 1) line("ZeRO-2 gradient buckets (2 x largest range)", p.grad_bucket);
     line(("AdamW m" + (r.optimizer_shards > 1 ? shards : std::string())).c_str(), p.adam_m);
     line(("AdamW v" + (r.optimizer_shards > 1 ? shards : std::string())).c_str(), p.adam_v);
-    line("BF16 weight copy", p.bf16_copy);
-    line("FP8 weight copies + scale grids", p.fp8_copies);
+    if (r.one_fp8_weight_copy) {
+        line("BF16 copy: embeddings, norms, head; one layer", p.bf16_copy);
+        line("FP8 weight copy + scale grids; one transpose", p.fp8_copies);
+        if (r.optimizer_shards > 1 && r.gradient_shards == 1) line("FP32 gather of one layer (BF16 passes)", p.grad_bucket);
+    } else {
+        line("BF16 weight copy", p.bf16_copy);
+        line("FP8 weight copies + scale grids", p.fp8_copies);
+    }
     line("activations per micro-batch", p.activations);
     line("backward buffers", p.backward);
     line("log-prob head workspaces", p.head);

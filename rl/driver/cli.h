@@ -199,7 +199,7 @@ void train_on_ranks(const Args& args, const Dist& dist, const char* binary) {
     }
     dist.barrier();
     const std::string dir = model_directory(args, cfg, dist);
-    EngineOptions options = engine_options_from_args(args);
+    EngineOptions options = training_engine_options(args, cfg);
     // The FP8 KV cache's scales from every rank's prompts, not this rank's: N ranks generate what one does.
     options.kv_amax_reduce = [&dist](std::vector<float>& amax) { dist.all_reduce_max(amax); };
     std::unique_ptr<Tokenizer> tok = Tokenizer::load(dir + "/tokenizer.json");
@@ -252,7 +252,7 @@ int run_plan_mode(const Args& args) {
         PromptSource::rank_positions(cfg.batch_prompts, cfg.minibatches, 0, ranks);  // refuses a batch the ranks cannot split
         const ModelConfig c = planned_model_config(args, cfg);
         check_fits_context(cfg, c);
-        const RunShape shape{cfg, engine_options_from_args(args), ranks, cfg.max_prompt_tokens};
+        const RunShape shape{cfg, training_engine_options(args, cfg), ranks, cfg.max_prompt_tokens};
         const PlannedMemory m = EngineT::offline_memory_plan(c, shape);
         printf("--plan_ranks %d: one rank of %d, on an H200 (%s)\n%s", ranks, ranks, bytes_text(kH200Bytes).c_str(),
                m.text.c_str());

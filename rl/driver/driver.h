@@ -243,6 +243,7 @@ private:
     PromptSource train_;
     std::vector<Example> eval_;
     int64_t step_ = 0, cursor_ = 0, bad_steps_ = 0, consecutive_bad_ = 0;
+    int64_t empty_passes_ = 0;  // this step's passes of no sequences (a collective pass on a rank with fewer micro-batches)
     CalibState bounds_;  // ratio bounds in force (Calibrated Clipping's initial ones when it is on)
 
     std::vector<int32_t> encode_prompt(const Example& ex) const;
@@ -359,16 +360,27 @@ inline std::vector<Sample> Trainer::rollout(MetricRow& m, double* gen_seconds, i
 // forward holds more tokens than a training one (the bound a GPU engine's memory plan counts on).
 inline TokenValues Trainer::batched_logprobs(Engine& engine, const std::vector<Sequence>& seqs,
                                              const std::vector<size_t>& mb_begin, Precision p) {
-    TokenValues out;
+    std::vector<std::pair<size_t, size_t>> batches;  // [begin, end) of each forward
     for (size_t j = 0; j + 1 < mb_begin.size(); j++) {
         const std::vector<size_t> mu = micro_batch_bounds(seqs, mb_begin[j], mb_begin[j + 1], cfg_.micro_batch_tokens);
-        for (size_t k = 0; k + 1 < mu.size(); k++) {
-            if (mu[k] == mu[k + 1]) continue;  // an empty minibatch (fewer samples than minibatches)
-            TokenValues lp;
-            engine.logprobs(std::vector<Sequence>(seqs.begin() + (long)mu[k], seqs.begin() + (long)mu[k + 1]), p,
-                            cfg_.sampling.temperature, &lp, nullptr);
-            for (auto& v : lp) out.push_back(std::move(v));
+        for (size_t k = 0; k + 1 < mu.size(); k++)
+            if (mu[k] != mu[k + 1]) batches.push_back({mu[k], mu[k + 1]});  // skips an empty minibatch
+    }
+    // A collective forward runs as often on every rank: agreed before the first, since a rank that
+    // stopped early would wait in the agreement while the others wait in their next gather.
+    int64_t calls = (int64_t)batches.size();
+    if (engine.collective_logprobs(p)) dist_.all_reduce_max(&calls, 1);
+    TokenValues out;
+    for (int64_t b = 0; b < calls; b++) {
+        TokenValues lp;
+        if (b < (int64_t)batches.size()) {
+            engine.logprobs(std::vector<Sequence>(seqs.begin() + (long)batches[b].first, seqs.begin() + (long)batches[b].second),
+                            p, cfg_.sampling.temperature, &lp, nullptr);
+        } else {
+            engine.logprobs({}, p, cfg_.sampling.temperature, &lp, nullptr);  // this rank's share of the gathers
+            empty_passes_++;
         }
+        for (auto& v : lp) out.push_back(std::move(v));
     }
     return out;
 }
@@ -457,6 +469,11 @@ inline MetricRow Trainer::train_step() {
         counts[(size_t)j * 2 + 1] = c.sequences;
     }
     dist_.all_reduce_sum(counts);
+    // A collective backward runs as often on every rank: each minibatch's most micro-batches.
+    std::vector<int64_t> forwards((size_t)M);
+    for (int j = 0; j < M; j++)
+        forwards[(size_t)j] = (int64_t)micro_batch_bounds(seqs, mb_begin[(size_t)j], mb_begin[(size_t)j + 1], cfg_.micro_batch_tokens).size() - 1;
+    if (engine_.collective_backward()) dist_.all_reduce_max(forwards.data(), forwards.size());
 
     TokenLossConfig lc;
     lc.bounds.low = bounds_.low;
@@ -530,6 +547,7 @@ inline MetricRow Trainer::train_step() {
                 engine_.backward(d_lp, d_ent);
                 train_s += seconds_since(t0);
             }
+            for (int64_t u = (int64_t)mu.size() - 1; u < forwards[(size_t)j]; u++, empty_passes_++) engine_.backward_of_nothing();
             t0 = std::chrono::steady_clock::now();
             double norm = engine_.reduce_and_clip_grads(cfg_.grad_clip);
             loss = dist_.sum(loss);
@@ -561,6 +579,8 @@ inline MetricRow Trainer::train_step() {
     m.set("actor/kl_coef", cfg_.kl_coef);
     m.set("timing_s/update_actor", train_s);
     m.set("perf/train_tokens_per_s", (double)dist_.sum(train_tokens) / std::max(train_s, 1e-9) / dist_.size());
+    m.set("perf/empty_passes", (double)dist_.sum(empty_passes_));  // work lost to ranks' unequal micro-batch counts
+    empty_passes_ = 0;
 
     // New bounds take effect from the next step (spec-rl.md §12.8).
     m.set("calib/clip_low", bounds_.low);

@@ -73,6 +73,11 @@ struct EngineOptions {
     // over its own prompts (the driver sets it: rl/driver/cli.h); empty: one rank.
     KvAmaxReduce kv_amax_reduce;
     bool cuda_graphs = true;    // GPU: decode steps replayed from CUDA graphs, one per batch-size bucket
+    // GPU, when rollout and training both run in fp8 at block scaling (the driver sets it): the
+    // projections live once, as their 128x128-block FP8 copy; the dgrad's transposed copy is made
+    // just before each dgrad, a BF16 pass casts each layer from the FP32 master as it goes, and BF16
+    // is kept only for the other tensors (embeddings, norms, biases, head).
+    bool one_fp8_weight_copy = false;
 };
 
 // The most a training run asks of an engine's memory at once, known before the engine exists (an
@@ -110,6 +115,10 @@ public:
     // Log-prob (and entropy, when asked) of every response position; no state kept.
     virtual void logprobs(const std::vector<Sequence>& seqs, Precision precision, float temperature, TokenValues* logprob,
                           TokenValues* entropy) = 0;
+    // True when logprobs() at this precision is collective over the ranks (a GPU engine with one FP8
+    // weight copy gathers each layer's BF16 weights from the master shards): every rank then makes
+    // the same number of calls, a rank with fewer batches calling with no sequences.
+    virtual bool collective_logprobs(Precision) const { return false; }
 
     // The training forward: as logprobs(), keeping what backward() needs.
     virtual void forward_train(const std::vector<Sequence>& seqs, Precision precision, float temperature, TokenValues* logprob,
@@ -117,6 +126,12 @@ public:
     // Adds d(loss)/d(weights) to the gradients given d(loss)/d(logprob) and d(loss)/d(entropy) per
     // response position of the last forward_train().
     virtual void backward(const TokenValues& d_logprob, const TokenValues& d_entropy) = 0;
+    // True when backward() is collective over the ranks (a GPU engine under ZeRO-2 reduces each
+    // bucket as the backward finishes it): every rank then runs as many backwards per update, a
+    // rank with fewer micro-batches calling backward_of_nothing() for the rest.
+    virtual bool collective_backward() const { return false; }
+    // A collective backward's share on a rank with no micro-batch left: zero gradients, reduced.
+    virtual void backward_of_nothing() {}
 
     // The optimizer lives in the engine with the weights and gradients it updates, so an engine
     // on a GPU keeps all three there (spec-gpu.md §3.1). The driver calls init_optimizer once

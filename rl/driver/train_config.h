@@ -111,6 +111,15 @@ inline EngineOptions engine_options_from_args(const Args& a) {
     return o;
 }
 
+// A training run's engine options: one FP8 copy of the projections when rollout and training both
+// run in fp8 at block scaling (the only granularity whose copy transposes exactly).
+inline EngineOptions training_engine_options(const Args& a, const TrainConfig& c) {
+    EngineOptions o = engine_options_from_args(a);
+    o.one_fp8_weight_copy = c.rollout_precision == Precision::FP8 && c.train_precision == Precision::FP8 &&
+                            o.fp8_scaling == Fp8Scaling::Block;
+    return o;
+}
+
 inline TrainConfig train_config_from_args(const Args& a) {
     TrainConfig c;
     c.task = a.str("task");

@@ -22,6 +22,7 @@
 #include "cuda/engine_gpu.cuh"
 #include "test/gpu/gpu_util.cuh"
 #include "test/harness.h"
+#include "test/temp_dir.h"
 
 using namespace fp8rl;
 
@@ -246,5 +247,71 @@ TEST(gpu_engine_recompute_layer_is_bit_exact) {
             for (float g : grads[0]) norm += (double)g * g;
             CHECK_MSG(norm > 0, "%s %s: zero gradients, nothing compared", dir, precision_name(p));
         }
+    }
+}
+
+// One FP8 weight copy (EngineOptions::one_fp8_weight_copy: the transposed copy made before each
+// dgrad, BF16 passes cast layer by layer from the master, a compacted BF16 copy of the rest) trains
+// what the engine with both FP8 copies and the whole BF16 copy trains, bit for bit: over two
+// updates the training forward's log-probs and entropies, the gradients, the master weights after
+// each update, the BF16 pass (Calibrated Clipping's shadow log-probs), an fp8 generation and the
+// saved checkpoint's weights. The test's engines are one rank (ZeRO's gathers: the train_rl_emu tests).
+TEST(gpu_engine_one_fp8_weight_copy_trains_what_two_copies_train) {
+    REQUIRE_GPU();
+    EngineOptions one;
+    one.one_fp8_weight_copy = true;
+    auto same_bits = [](const std::vector<float>& x, const std::vector<float>& y) {
+        return x.size() == y.size() && (x.empty() || memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0);
+    };
+    auto same_values = [&](const TokenValues& x, const TokenValues& y) {
+        bool same = x.size() == y.size();
+        for (size_t s = 0; same && s < x.size(); s++) same = same_bits(x[s], y[s]);
+        return same;
+    };
+    // biases and a tied head; an untied head (the compacted BF16 copy's last run); under the sanitizer the latter
+    const std::vector<const char*> models = harness::sanitized ? std::vector<const char*>{"test/fixtures/models/llama_tiny"}
+                                                               : std::vector<const char*>{"test/fixtures/models/qwen2_tiny",
+                                                                                          "test/fixtures/models/llama_tiny"};
+    for (const char* dir : models) {
+        GpuEngine two_copies(dir), one_copy(dir, one);
+        GpuEngine* engines[2] = {&two_copies, &one_copy};
+        for (GpuEngine* e : engines) e->init_optimizer(AdamWConfig(), one_rank());
+        const std::vector<Sequence> seqs = ragged_batch((int)two_copies.config().vocab_size, 7);
+        for (int step = 0; step < 2; step++) {
+            TokenValues lp[2], ent[2], shadow[2];
+            std::vector<float> grads[2], master[2];
+            for (int e = 0; e < 2; e++) {
+                engines[e]->logprobs(seqs, Precision::FP32, 0.8f, &shadow[e], nullptr);  // the BF16 pass
+                engines[e]->zero_grads();
+                engines[e]->forward_train(seqs, Precision::FP8, 0.8f, &lp[e], &ent[e]);
+                engines[e]->backward(pseudo_gradients(seqs, 21 + step), pseudo_gradients(seqs, 22 + step));
+                grads[e] = engines[e]->gradients();
+                engines[e]->reduce_and_clip_grads(1.0);
+                engines[e]->optimizer_step(1e-2);
+                master[e] = engines[e]->master_weights();
+            }
+            CHECK_MSG(same_values(shadow[0], shadow[1]), "%s step %d: the BF16 pass differs with one FP8 weight copy", dir, step);
+            CHECK_MSG(same_values(lp[0], lp[1]) && same_values(ent[0], ent[1]),
+                      "%s step %d: the fp8 training forward differs with one FP8 weight copy", dir, step);
+            CHECK_MSG(same_bits(grads[0], grads[1]), "%s step %d: gradients differ with one FP8 weight copy", dir, step);
+            CHECK_MSG(same_bits(master[0], master[1]), "%s step %d: weights after the update differ with one FP8 weight copy",
+                      dir, step);
+            double norm = 0;
+            for (float g : grads[0]) norm += (double)g * g;
+            CHECK_MSG(norm > 0, "%s: zero gradients, nothing compared", dir);
+        }
+        std::vector<GenRequest> requests;
+        for (uint32_t i = 0; i < 3; i++) requests.push_back({std::vector<int32_t>(seqs[i].ids.begin(), seqs[i].ids.begin() + seqs[i].prompt_len), i});
+        SamplingConfig s;
+        s.max_new_tokens = 4;
+        const std::vector<Generation> a = two_copies.generate(requests, 1, s, Precision::FP8, Precision::FP8, nullptr);
+        const std::vector<Generation> b = one_copy.generate(requests, 1, s, Precision::FP8, Precision::FP8, nullptr);
+        bool same = a.size() == b.size();
+        for (size_t i = 0; same && i < a.size(); i++) same = a[i].tokens == b[i].tokens && same_bits(a[i].logprobs, b[i].logprobs);
+        CHECK_MSG(same, "%s: an fp8 generation differs with one FP8 weight copy", dir);
+        harness::TempDir tmp;
+        two_copies.save_hf(tmp / "two"), one_copy.save_hf(tmp / "one");
+        CHECK_MSG(same_bits(ModelWeights::load(tmp / "two").master, ModelWeights::load(tmp / "one").master),
+                  "%s: the saved checkpoint's weights differ with one FP8 weight copy", dir);
     }
 }

@@ -45,19 +45,21 @@ std::vector<Sequence> batch_of(const std::vector<int>& lengths, int V) {
 // sees every allocation of the engine: in emulation it equals cudaMemGetInfo's, on a GPU it is at most
 // that (cudaMemGetInfo adds the allocator's rounding and cuBLASLt's memory). A larger first batch then
 // a smaller one: the buffers keep their largest size, which is what the plan counts. Both --recompute
-// settings, tied and untied heads, biases; fp8 at each --fp8_scaling (bf16 uses the same buffers). Generation too: 6
+// settings, tied and untied heads, biases (with one FP8 weight copy: EngineOptions::one_fp8_weight_copy,
+// whose BF16 copy holds them); fp8 at each --fp8_scaling (bf16 uses the same buffers). Generation too: 6
 // completions of up to 8 new tokens after the batch's first prompts (rollout.cu's KV page pool and
 // decode buffers), with a BF16 and then an FP8 KV cache (the BF16 pool, freed first, sets the peak).
 TEST(gpu_memory_plan_bounds_what_the_engine_allocates) {
     REQUIRE_GPU();
-    const std::tuple<const char*, bool, Fp8Scaling> cases[] = {
-        {"test/fixtures/models/qwen3_tiny", false, Fp8Scaling::Block}, {"test/fixtures/models/qwen3_tiny", true, Fp8Scaling::Block},
-        {"test/fixtures/models/qwen2_tiny", false, Fp8Scaling::Block}, {"test/fixtures/models/llama_tiny", true, Fp8Scaling::Block},
-        {"test/fixtures/models/qwen3_tiny", false, Fp8Scaling::Row},   {"test/fixtures/models/llama_tiny", true, Fp8Scaling::Tensor}};
-    for (const auto& [dir, recompute, scaling] : cases) {
+    const std::tuple<const char*, bool, Fp8Scaling, bool> cases[] = {  // model, recompute, scaling, one FP8 weight copy
+        {"test/fixtures/models/qwen3_tiny", false, Fp8Scaling::Block, false}, {"test/fixtures/models/qwen3_tiny", true, Fp8Scaling::Block, false},
+        {"test/fixtures/models/qwen2_tiny", false, Fp8Scaling::Block, true},  {"test/fixtures/models/llama_tiny", true, Fp8Scaling::Block, false},
+        {"test/fixtures/models/qwen3_tiny", false, Fp8Scaling::Row, false},   {"test/fixtures/models/llama_tiny", true, Fp8Scaling::Tensor, false}};
+    for (const auto& [dir, recompute, scaling, one_copy] : cases) {
         EngineOptions o;
         o.recompute_layer = recompute;
         o.fp8_scaling = scaling;
+        o.one_fp8_weight_copy = one_copy;
         const ModelConfig c = load_model_config(dir);
         const std::vector<Sequence> big = batch_of({61, 40, 33, 7, 2}, (int)c.vocab_size), small = batch_of({9, 5}, (int)c.vocab_size);
         long T = 0;
@@ -104,9 +106,9 @@ TEST(gpu_memory_plan_bounds_what_the_engine_allocates) {
         const MemoryPlan plan = plan_memory(c, GpuEngine::plan_request(c, o, d), GpuEngine::plan_constants());
         const size_t ws = GemmRunner::WORKSPACE_BYTES;
         const double ratio = (double)(plan.total() - ws) / (double)(used - ws);
-        printf("    %-12s recompute %-5s %-6s T %ld: plan %zu bytes, allocated %zu (counted %zu, peak %zu), ratio without "
+        printf("    %-12s recompute %-5s %-6s%s T %ld: plan %zu bytes, allocated %zu (counted %zu, peak %zu), ratio without "
                "the workspace %.4f\n", dir + std::string(dir).rfind('/') + 1, recompute ? "layer" : "none",
-               fp8_scaling_name(scaling), T, plan.total(), used, held, peak, ratio);
+               fp8_scaling_name(scaling), one_copy ? " one FP8 copy" : "", T, plan.total(), used, held, peak, ratio);
         CHECK_MSG(plan.total() >= used, "%s: the plan (%zu bytes) is below what the engine allocated (%zu)", dir,
                   plan.total(), used);
         CHECK_MSG(ratio <= 1.05, "%s: the plan is %.3f x what the engine allocated", dir, ratio);
