@@ -44,6 +44,11 @@ struct Qwen3Shape {
         for (const auto& [out, in] : projections()) blocks += std::ceil(out / 128) * std::ceil(in / 128);
         return 2 * projection_params() + L * 2 * 4 * blocks;
     }
+    // One FP8 weight copy (fp8 rollout and training, block scaling): half of the above (no stored
+    // transposes), and the transpose of the largest projection, [gate|up] (2I x C), made before each dgrad
+    double one_fp8_copy_bytes() const { return fp8_bytes() / 2 + 2 * I * C + 4 * std::ceil(2 * I / 128) * std::ceil(C / 128); }
+    // ... and BF16 for what is not a projection, and one layer's weights (a BF16 pass casts them there)
+    double one_copy_bf16_bytes() const { return 2 * (params() - projection_params()) + 2 * (projection_params() / L + 2 * C + 2 * D); }
     // issue 31: FP32 gradients whole on every rank (4 B/param), master weights and both AdamW moments
     // split over the ranks (12/N), a BF16 copy of every weight, the FP8 copies
     double persistent_bytes(int ranks) const { return (4 + 12.0 / ranks) * params() + 2 * params() + fp8_bytes(); }
@@ -140,35 +145,36 @@ TEST(plan_ranks_exit_code_and_the_line_naming_what_fits) {
 }
 
 // What the refusal names is the most that fits: the run with it fits, with one more it does not.
-// Issue 31's Qwen3-8B target on 2 ranks with --zero 1 (its 64 slots of 8,704 tokens need a 38 GiB FP8
-// KV pool beside 104 GiB of persistent state) names --rollout_slots, --max_new_tokens and 4 ranks.
+// Issue 31's Qwen3-8B target on 2 ranks with --zero 1, at 96 rollout slots instead of 64 (96 slots of
+// 8,704 tokens need a 58 GiB FP8 KV pool beside 86 GiB of weights and optimizer state, one FP8 copy),
+// names --rollout_slots, --max_new_tokens and 4 ranks.
 TEST(plan_ranks_names_the_most_that_fits) {
     if (std::system(("test -x " + harness::emu_binary()).c_str()) != 0) SKIP("./train_rl_emu not built (make train_rl_emu)");
     const std::string target = "--rollout_precision fp8 --train_precision fp8 --kv_cache fp8 --calibrated_clip 1 --recompute layer "
                                "--micro_batch_tokens 16384 --batch_prompts 64 --group_size 8 --max_prompt_tokens 512";
-    const harness::RunResult r = plan(harness::emu_binary(), kQwen3_8B, 2, target + " --max_new_tokens 8192 --rollout_slots 64");
+    const harness::RunResult r = plan(harness::emu_binary(), kQwen3_8B, 2, target + " --max_new_tokens 8192 --rollout_slots 96");
     const std::string line = error_line(r.output);
     CHECK_MSG(r.status == 1 && line.find(" or 4 ranks") != std::string::npos, "exit %d: %s", r.status, r.output.c_str());
-    CHECK_EQ(plan(harness::emu_binary(), kQwen3_8B, 4, target + " --max_new_tokens 8192 --rollout_slots 64").status, 0);
+    CHECK_EQ(plan(harness::emu_binary(), kQwen3_8B, 4, target + " --max_new_tokens 8192 --rollout_slots 96").status, 0);
     for (const char* flag : {"--rollout_slots ", "--max_new_tokens "}) {
         const size_t at = line.find(flag);
         CHECK_MSG(at != std::string::npos, "no %s in: %s", flag, line.c_str());
         if (at == std::string::npos) continue;
         const long n = atol(line.c_str() + at + strlen(flag));
-        const std::string other = flag[2] == 'r' ? " --max_new_tokens 8192 --rollout_slots " : " --rollout_slots 64 --max_new_tokens ";
+        const std::string other = flag[2] == 'r' ? " --max_new_tokens 8192 --rollout_slots " : " --rollout_slots 96 --max_new_tokens ";
         CHECK_MSG(plan(harness::emu_binary(), kQwen3_8B, 2, target + other + std::to_string(n)).status == 0, "%s%ld", flag, n);
         CHECK_MSG(plan(harness::emu_binary(), kQwen3_8B, 2, target + other + std::to_string(n + 1)).status == 1, "%s%ld", flag, n + 1);
     }
 }
 
 // --rollout_slots 0 (the default) plans the most slots that fit: on issue 31's Qwen3-8B target on 2
-// ranks, the most the refusal of 64 slots names; the plan prints them, and one slot more does not fit.
+// ranks, the most the refusal of 96 slots names; the plan prints them, and one slot more does not fit.
 TEST(plan_ranks_rollout_slots_0_takes_what_fits) {
     if (std::system(("test -x " + harness::emu_binary()).c_str()) != 0) SKIP("./train_rl_emu not built (make train_rl_emu)");
     const std::string target = "--rollout_precision fp8 --train_precision fp8 --kv_cache fp8 --calibrated_clip 1 --recompute layer "
                                "--micro_batch_tokens 16384 --batch_prompts 64 --group_size 8 --max_prompt_tokens 512 "
                                "--max_new_tokens 8192";
-    const std::string refusal = error_line(plan(harness::emu_binary(), kQwen3_8B, 2, target + " --rollout_slots 64").output);
+    const std::string refusal = error_line(plan(harness::emu_binary(), kQwen3_8B, 2, target + " --rollout_slots 96").output);
     const size_t at = refusal.find("--rollout_slots ");
     CHECK_MSG(at != std::string::npos, "%s", refusal.c_str());
     if (at == std::string::npos) return;
@@ -183,8 +189,8 @@ TEST(plan_ranks_rollout_slots_0_takes_what_fits) {
 // and moments: Qwen3-8B on 8 ranks keeps 4/8 bytes per parameter of gradients instead of 4, plus two
 // buckets of the most parameters the backward finishes at once (the embedding here, V x C floats);
 // the other lines stay. Qwen3-32B on 8 ranks with --zero 1 is refused naming --zero 2 (with its
-// total); with --zero 2 it is still refused (the BF16 and FP8 copies stay whole), and the line says
-// what ZeRO-2 splits.
+// total); with --zero 2 it is still refused in bf16 (the BF16 and FP8 copies stay whole), and the
+// line says what ZeRO-2 splits.
 TEST(plan_ranks_zero2_shards_the_gradients) {
     if (std::system(("test -x " + harness::emu_binary()).c_str()) != 0) SKIP("./train_rl_emu not built (make train_rl_emu)");
     const Qwen3Shape q(kQwen3_8B);
@@ -209,6 +215,47 @@ TEST(plan_ranks_zero2_shards_the_gradients) {
     CHECK_MSG(big2.status == 1 && error_line(big2.output).find("ZeRO-2 splits only the master weights, AdamW moments and gradients") !=
                                       std::string::npos,
               "%s", big2.output.c_str());
+}
+
+// Issue 31's scale targets fit, by the plan: fp8 with an FP8 KV cache, --zero 2, --recompute layer,
+// 16k-token micro-batches, Calibrated Clipping, 64 prompts x 8 samples of prompts up to 512 tokens;
+// Qwen3-8B on 2 H200s with 8,192 new tokens and 64 slots, Qwen3-32B on 8 with 4,096 and 16. Each keeps
+// one FP8 weight copy, whose lines are the counts above; the FP32 state is 16/N bytes per parameter.
+// With two copies (--fp8_scaling row: a 1x128 copy does not transpose) Qwen3-32B does not fit.
+TEST(plan_ranks_issue_targets_fit_with_one_fp8_copy) {
+    if (std::system(("test -x " + harness::emu_binary()).c_str()) != 0) SKIP("./train_rl_emu not built (make train_rl_emu)");
+    const std::string target = "--rollout_precision fp8 --train_precision fp8 --kv_cache fp8 --calibrated_clip 1 --recompute layer "
+                               "--micro_batch_tokens 16384 --batch_prompts 64 --group_size 8 --max_prompt_tokens 512 --zero 2";
+    const struct {
+        const char* model;
+        int ranks;
+        const char* flags;
+    } runs[] = {{kQwen3_8B, 2, " --max_new_tokens 8192 --rollout_slots 64"}, {kQwen3_32B, 8, " --max_new_tokens 4096 --rollout_slots 16"}};
+    const double MiB = 1048576;
+    for (const auto& run : runs) {
+        const Qwen3Shape q(run.model);
+        const harness::RunResult r = plan(harness::emu_binary(), run.model, run.ranks, target + run.flags);
+        CHECK_MSG(r.status == 0 && r.output.find("\nfits: ") != std::string::npos, "%s: exit %d: %s", run.model, r.status,
+                  r.output.c_str());
+        const double shard = 4 * std::ceil(q.params() / run.ranks) / MiB;
+        const struct {
+            const char* label;
+            double expected;
+        } lines[] = {{"FP32 master weights (1/", shard},
+                     {"FP32 gradients (1/", shard},
+                     {"AdamW m (1/", shard},
+                     {"AdamW v (1/", shard},
+                     {"BF16 copy: embeddings, norms, head; one layer", q.one_copy_bf16_bytes() / MiB},
+                     {"FP8 weight copy + scale grids; one transpose", q.one_fp8_copy_bytes() / MiB}};
+        for (const auto& l : lines) {
+            const double got = plan_mib(r.output, l.label);
+            CHECK_MSG(std::fabs(got - l.expected) <= 0.1, "%s: %s %.1f MiB printed, %.1f MiB expected", run.model, l.label, got,
+                      l.expected);
+        }
+    }
+    const harness::RunResult two_copies = plan(harness::emu_binary(), kQwen3_32B, 8, target + runs[1].flags + " --fp8_scaling row");
+    CHECK_MSG(two_copies.status == 1 && two_copies.output.find("FP8 weight copies + scale grids") != std::string::npos, "exit %d: %s",
+              two_copies.status, two_copies.output.c_str());
 }
 
 // Bad uses get one error line and exit 1: the CPU binary has no device plan; without
