@@ -8,8 +8,9 @@
 // A sequence's tokens live in the pages its page table names, in order: position p is at offset
 // p % page_tokens of page page_table[p / page_tokens].
 //
-// Decode attention is flash-decoding: each row's cache length is cut into chunks; one CTA per
-// (chunk, kv head, row) brings the chunk's keys and values into shared memory tile by tile, as they
+// Decode attention is flash-decoding: each row's cache length is cut into chunks of
+// kDecodeSplitKeys keys, its prompt's (its prefix) apart from its own (rl/numerics/attention_tiles.h);
+// one CTA per (chunk, kv head, row) brings the chunk's keys and values into shared memory tile by tile, as they
 // are stored (BF16 or FP8 codes), with 16-byte asynchronous copies (cp.async), the next tile's
 // copies in flight while the current one is read (two stages), the tile's page ids read once per
 // page; every query head of the GQA group reads each tile, converting to FP32 in registers; it
@@ -18,16 +19,21 @@
 // weights and writes O in BF16. Decode is bound by reading the cache, so the math runs on the
 // CUDA cores in FP32: scores are FP32 dot products in d order, exp is rl/numerics/fast_exp.h's (the CPU
 // engine's), P stays FP32 (no BF16 rounding of P, unlike the training kernel's tensor-core P V), and
-// the only rounding to BF16 is the output's. A row's chunks depend on its own length alone, never on
-// the batch (its other rows, its size, the longest row): a sequence decodes to the same bits whatever
-// it is batched with, so a redone or preempted completion is the same (decode_row_splits).
+// the only rounding to BF16 is the output's. A row's chunks depend on its own length and its
+// prompt's alone, never on the batch (its other rows, its size, the longest row): a sequence decodes
+// to the same bits whatever it is batched with, so a redone or preempted completion is the same.
+// Cascade attention (FlashInfer's shared-prefix decode): the G samples of a prompt share its pages,
+// so their prefix chunks hold the same keys; one CTA per (prefix chunk, kv head, group of up to
+// kCascadeRows siblings) reads each tile once for the queries of all of them, each query computed
+// as its own row's CTA computes it, and the merge adds each row's own chunks by LSE as before.
 //
 //   PagedKvCache cache(shape, Precision::FP8);       // the pools (bytes(shape, storage) for the plan)
-//   cache.reserve_decode(max_batch, heads);          // the decode workspace, before any graph capture
+//   cache.reserve_decode(max_batch, heads, max_len); // the decode workspace, before any graph capture
 //   cache.set_scales(k_scales, v_scales);            // after every update (kv_amax_gpu + kv_scale_from_amax)
 //   cache.append(layer, k, v, slots, n, stream);     // prefill and every decode step
 //   cache.round_trip(layer, k, v, n, stream);        // prefill: attend over what the pages hold
-//   cache.decode_attention(layer, out, q, heads, page_table, max_pages, lens, B, max_len, stream);
+//   cache.decode_attention(layer, out, q, heads, page_table, max_pages, lens, prefixes, B, max_len, stream,
+//                          cascade);                // the groups of sibling rows (DecodeCascade), or none
 #ifndef FP8RL_KV_CACHE_CUH
 #define FP8RL_KV_CACHE_CUH
 #include <algorithm>
@@ -128,29 +134,43 @@ static __global__ void kv_round_trip_kernel(__nv_bfloat16* k, __nv_bfloat16* v, 
     }
 }
 
-// Dynamic shared memory of a decode CTA, in bytes: kDecodeStages stages of the key tile
-// [kDecodeTile][D + 16 bytes] and the value tile [kDecodeTile][D] in their storage type (a key row
-// padded by 16 bytes: the 8 lanes of a quarter warp that read 16 bytes of 8 keys hit 8 distinct
-// bank groups), the stages' page ids [kDecodeTile]; then in FP32 q and the output accumulator
-// [group][D], the probabilities [group][kDecodeTile] and per head the running max, the running sum
-// and the last rescale factor.
+// The cascade groups of a decode step (cascade attention): sibling rows of one prompt whose prefix
+// chunks (decode_prefix_keys) one CTA computes for all of them, reading each K/V tile once. Group g
+// is rows[start[g] .. start[g + 1]), at most kCascadeRows, g < *count; shared[r] != 0 marks the rows
+// in a group (the per-row launch skips their prefix chunks). Device pointers; all null: no groups.
+constexpr int kCascadeRows = 8;  // rows per cascade CTA: their queries and outputs share its shared memory
+struct DecodeCascade {
+    const int32_t *rows = nullptr, *start = nullptr, *count = nullptr, *shared = nullptr;
+    int max_groups = 0;  // an upper bound on *count: the cascade launch's grid
+};
+
+// Dynamic shared memory of a decode CTA serving `queries` query heads (a GQA group's, times the rows
+// of a cascade group), in bytes: kDecodeStages stages of the key tile [kDecodeTile][D + 16 bytes] and
+// the value tile [kDecodeTile][D] in their storage type (a key row padded by 16 bytes: the 8 lanes of
+// a quarter warp that read 16 bytes of 8 keys hit 8 distinct bank groups), the stages' page ids
+// [kDecodeTile]; then in FP32 q and the output accumulator [queries][D], the probabilities
+// [queries][kDecodeTile] and per query the running max, the running sum and the last rescale factor.
 constexpr int kDecodeStages = 2;
-inline size_t decode_smem_bytes(int group, int D, size_t elem_bytes) {
+inline size_t decode_smem_bytes(int queries, int D, size_t elem_bytes) {
     return (size_t)kDecodeStages * kDecodeTile * (2 * D * elem_bytes + 16 + sizeof(int32_t)) +
-           sizeof(float) * ((size_t)2 * group * D + (size_t)group * kDecodeTile + 3 * group);
+           sizeof(float) * ((size_t)2 * queries * D + (size_t)queries * kDecodeTile + 3 * queries);
 }
 
-// One CTA per (chunk blockIdx.x, kv head blockIdx.y, row blockIdx.z): the group's query heads over
-// the row's chunk of keys, len = min(lens[row], max_len) cut as decode_row_splits(len, forced_splits)
-// says (chunks past the row's count, up to the grid's, hold no keys). Writes part_o [B][H][splits][D]
-// (the chunk's softmax-weighted V, normalised by the chunk's sum) and part_lse [B][H][splits] (-inf
-// for a chunk without keys, whose part_o is 0), splits = gridDim.x.
+// One CTA per (chunk blockIdx.x, kv head blockIdx.y, row blockIdx.z), or with cascade.rows per
+// (prefix chunk, kv head, cascade group blockIdx.z): the GQA group's query heads of its rows over one
+// chunk of keys, cut by decode_chunk_keys from len = min(lens[row], max_len) and its prefix
+// (prefixes[row], null: 0). A cascade CTA reads its group's first live row's pages: the rows share
+// their prompt's pages, and a copied partial page holds the same prefix keys. Every query's
+// arithmetic is the per-row launch's (the same tiles in the same order), so a row's bits do not
+// depend on whether a cascade CTA served it. Writes part_o [B][H][chunks][D] (the chunk's
+// softmax-weighted V, normalised by the chunk's sum) and part_lse [B][H][chunks] (-inf for a chunk
+// without keys, whose part_o is 0).
 template <int D, class Elem>
 __global__ void __launch_bounds__(kDecodeThreads)
     kv_decode_split_kernel(float* part_o, float* part_lse, const __nv_bfloat16* q, const Elem* k_pool,
                            const Elem* v_pool, const float* k_scale, const float* v_scale, const int32_t* page_table,
-                           int max_pages, const int32_t* lens, int max_len, int H, int KV, int page_tokens,
-                           int forced_splits) {
+                           int max_pages, const int32_t* lens, const int32_t* prefixes, int max_len, int H, int KV,
+                           int page_tokens, int split_keys, int chunks, DecodeCascade cascade) {
     constexpr int row_bytes = D * (int)sizeof(Elem), k_row = row_bytes + 16;  // a key row padded (bank groups)
     // copies of 16 bytes (8 for the 8-byte rows of FP8 at head dim 8), as many per row as it holds
     constexpr int copy_bytes = row_bytes < 16 ? row_bytes : 16, vectors = row_bytes / copy_bytes,
@@ -158,33 +178,52 @@ __global__ void __launch_bounds__(kDecodeThreads)
     using Vector = typename std::conditional<copy_bytes == 16, uint4, uint2>::type;
     static_assert(row_bytes % copy_bytes == 0 && sizeof(Vector) == copy_bytes, "a row is whole 8- or 16-byte vectors");
     DYNAMIC_SHARED(uint8_t, decode_smem);  // named apart from attention.cuh's BF16 `smem`: one extern symbol per name
-    const int group = H / KV, kv_head = blockIdx.y, splits = gridDim.x, chunk = blockIdx.x;
-    const long row = blockIdx.z, head0 = (long)kv_head * group;
+    const int group = H / KV, kv_head = blockIdx.y, chunk = blockIdx.x;
+    const long head0 = (long)kv_head * group;
+    auto row_len = [&](long r) { return (long)min(lens[r], max_len); };  // keys past max_len are never read
+    auto row_prefix = [&](long r) { return prefixes ? min((long)prefixes[r], row_len(r)) / kDecodeTile * kDecodeTile : 0L; };
+    // the CTA's rows: one, or a cascade group's live ones (an idle row's chunks are all empty: the
+    // per-row launch writes them)
+    long rows[kCascadeRows];
+    int members = 0;
+    if (cascade.rows) {
+        if ((int)blockIdx.z >= *cascade.count) return;
+        for (int i = cascade.start[blockIdx.z]; i < cascade.start[blockIdx.z + 1] && members < kCascadeRows; i++)
+            if (row_len(cascade.rows[i]) > 0) rows[members++] = cascade.rows[i];
+        if (members == 0 || chunk >= decode_span_chunks(row_prefix(rows[0]), split_keys)) return;
+    } else {
+        rows[members++] = blockIdx.z;
+        if (cascade.shared && cascade.shared[blockIdx.z] && row_len(blockIdx.z) > 0 &&
+            chunk < decode_span_chunks(row_prefix(blockIdx.z), split_keys))
+            return;  // a cascade CTA computes this prefix chunk
+    }
+    const int queries = members * group;  // query q is head q % group of rows[q / group]
     uint8_t *k_t = decode_smem, *v_t = k_t + kDecodeStages * kDecodeTile * k_row;
     int32_t* page_s = reinterpret_cast<int32_t*>(v_t + kDecodeStages * kDecodeTile * row_bytes);
-    float *q_s = reinterpret_cast<float*>(page_s + kDecodeStages * kDecodeTile), *o_s = q_s + group * D,
-          *p_s = o_s + group * D, *max_s = p_s + group * kDecodeTile, *sum_s = max_s + group, *rescale_s = sum_s + group;
-    // keys past max_len (<= max_pages * page_tokens) are never read, whatever lens says
-    const long len = min(lens[row], max_len);
-    const int row_splits = decode_row_splits(len, forced_splits);
-    const long split_keys = decode_split_keys(len, row_splits);
-    const long key_begin = chunk < row_splits ? chunk * split_keys : len, key_end = min(len, key_begin + split_keys);
-    const long out_row0 = (row * H + head0) * splits + chunk;  // part_lse index of the group's first head
-    if (key_begin >= key_end) {  // an idle row or a chunk past the row's length: reads nothing
-        for (int e = threadIdx.x; e < group * D; e += blockDim.x) part_o[(out_row0 + (e / D) * splits) * D + e % D] = 0.0f;
-        for (int g = threadIdx.x; g < group; g += blockDim.x) part_lse[out_row0 + g * splits] = -INFINITY;
+    float *q_s = reinterpret_cast<float*>(page_s + kDecodeStages * kDecodeTile), *o_s = q_s + queries * D,
+          *p_s = o_s + queries * D, *max_s = p_s + queries * kDecodeTile, *sum_s = max_s + queries,
+          *rescale_s = sum_s + queries;
+    const long len = row_len(rows[0]);
+    long key_begin, key_end;
+    decode_chunk_keys(len, row_prefix(rows[0]), split_keys, chunk, &key_begin, &key_end);
+    auto out_at = [&](int query) {  // the part_lse index of a query's (row, head, chunk)
+        return (rows[query / group] * H + head0 + query % group) * chunks + chunk;
+    };
+    if (key_begin >= key_end) {  // an idle row or a chunk past the row's: reads nothing
+        for (int e = threadIdx.x; e < queries * D; e += blockDim.x) part_o[out_at(e / D) * D + e % D] = 0.0f;
+        for (int g = threadIdx.x; g < queries; g += blockDim.x) part_lse[out_at(g)] = -INFINITY;
         return;
     }
     const float ks = k_scale[kv_head], vs = v_scale[kv_head], scale = 1.0f / sqrtf((float)D);
-    for (int e = threadIdx.x; e < group * D; e += blockDim.x) {
-        q_s[e] = __bfloat162float(q[(row * H + head0) * D + e]);
+    for (int e = threadIdx.x; e < queries * D; e += blockDim.x) {
+        q_s[e] = __bfloat162float(q[(rows[e / (group * D)] * H + head0) * D + e % (group * D)]);
         o_s[e] = 0.0f;
     }
-    for (int g = threadIdx.x; g < group; g += blockDim.x) {
+    for (int g = threadIdx.x; g < queries; g += blockDim.x) {
         max_s[g] = -INFINITY;
         sum_s[g] = 0.0f;
     }
-    const int32_t* pages = page_table + row * max_pages;
+    const int32_t* pages = page_table + rows[0] * max_pages;
     const long tiles = (key_end - key_begin + kDecodeTile - 1) / kDecodeTile;
     // tile i's keys k0 .. k0 + keys - 1 start on page k0 / page_tokens; a tile spans at most
     // kDecodeTile pages (k0 is a multiple of kDecodeTile)
@@ -220,7 +259,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
         __pipeline_wait_prior(1);  // this thread's copies of tile i have landed
         __syncthreads();           // every thread's have
         const uint8_t* k_tile = k_t + stage * kDecodeTile * k_row;
-        for (int g = warp; g < group; g += warps) {  // a warp per head, a lane per key
+        for (int g = warp; g < queries; g += warps) {  // a warp per query, a lane per key
             float s = -INFINITY;
             if (lane < keys) {  // the key's stored elements, a vector at a time, to FP32 in registers, in d order
                 s = 0.0f;
@@ -232,7 +271,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
                 }
                 s *= scale;
             }
-            // lane 0 owns the head's statistics (no lane reads them while it writes); the others get its copy
+            // lane 0 owns the query's statistics (no lane reads them while it writes); the others get its copy
             const float old_max = __shfl_sync(0xFFFFFFFFu, lane == 0 ? max_s[g] : 0.0f, 0);
             const float new_max = fmaxf(old_max, warp_reduce(s, MaxOp()));  // finite: the tile has a key
             const float p = fast_exp(s - new_max), rescale = fast_exp(old_max - new_max);  // exp(-inf) = 0
@@ -246,7 +285,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
         }
         __syncthreads();  // probabilities and rescale factors are written
         const Elem* v_tile = reinterpret_cast<const Elem*>(v_t + stage * kDecodeTile * row_bytes);
-        for (int e = threadIdx.x; e < group * D; e += blockDim.x) {
+        for (int e = threadIdx.x; e < queries * D; e += blockDim.x) {
             const int g = e / D, d = e % D;
             float acc = o_s[e] * rescale_s[g];
             for (int j = 0; j < keys; j++) acc += p_s[g * kDecodeTile + j] * kv_value(v_tile[j * D + d], vs);
@@ -254,32 +293,31 @@ __global__ void __launch_bounds__(kDecodeThreads)
         }
         __syncthreads();  // every thread is done with this stage before tile i + 2's copies refill it
     }
-    for (int e = threadIdx.x; e < group * D; e += blockDim.x)
-        part_o[(out_row0 + (e / D) * splits) * D + e % D] = o_s[e] / sum_s[e / D];
-    for (int g = threadIdx.x; g < group; g += blockDim.x) part_lse[out_row0 + g * splits] = max_s[g] + logf(sum_s[g]);
+    for (int e = threadIdx.x; e < queries * D; e += blockDim.x) part_o[out_at(e / D) * D + e % D] = o_s[e] / sum_s[e / D];
+    for (int g = threadIdx.x; g < queries; g += blockDim.x) part_lse[out_at(g)] = max_s[g] + logf(sum_s[g]);
 }
 
 // out [B][H][D] = the chunks of each (row, head) merged by their LSE weights, one thread per output,
 // chunks added in chunk order; a row without keys (idle: every chunk's LSE is -inf) gets zeros.
 template <int D>
-__global__ void kv_decode_merge_kernel(__nv_bfloat16* out, const float* part_o, const float* part_lse, int splits,
+__global__ void kv_decode_merge_kernel(__nv_bfloat16* out, const float* part_o, const float* part_lse, int chunks,
                                        long outputs) {
     const long i = blockIdx.x * (long)blockDim.x + threadIdx.x;
     if (i >= outputs) return;
     const long row_head = i / D;
     const int d = (int)(i % D);
-    const float* lse = part_lse + row_head * splits;
+    const float* lse = part_lse + row_head * chunks;
     float lse_max = -INFINITY;
-    for (int s = 0; s < splits; s++) lse_max = fmaxf(lse_max, lse[s]);
+    for (int c = 0; c < chunks; c++) lse_max = fmaxf(lse_max, lse[c]);
     if (lse_max == -INFINITY) {
         out[i] = __float2bfloat16_rn(0.0f);
         return;
     }
     float weight_sum = 0.0f, acc = 0.0f;
-    for (int s = 0; s < splits; s++) {
-        const float w = fast_exp(lse[s] - lse_max);  // 0 for an empty chunk
+    for (int c = 0; c < chunks; c++) {
+        const float w = fast_exp(lse[c] - lse_max);  // 0 for an empty chunk
         weight_sum += w;
-        acc += w * part_o[(row_head * splits + s) * D + d];
+        acc += w * part_o[(row_head * chunks + c) * D + d];
     }
     out[i] = __float2bfloat16_rn(acc / weight_sum);
 }
@@ -413,17 +451,26 @@ class PagedKvCache {
                       layer_scales(v_scale_dev_, layer), count, shape_.width(), shape_.head_dim);
     }
 
-    // Sizes the decode workspace for up to max_batch rows of `heads` query heads (allocates) and
-    // allows the decode kernel the shared memory of heads / kv_heads query heads per CTA: call it
-    // before capturing a graph. decode_attention fails if a call needs more.
-    void reserve_decode(int max_batch, int heads) {
+    // Sizes the decode workspace for up to max_batch rows of `heads` query heads and max_len keys,
+    // cut in chunks of split_keys (allocates), and allows the decode kernel the shared memory of its
+    // per-row and cascade CTAs: call it before capturing a graph. decode_attention fails if a call
+    // needs more.
+    void reserve_decode(int max_batch, int heads, int max_len, int split_keys = kDecodeSplitKeys) {
         check_heads("reserve_decode", heads);
-        if (max_batch < 1) fail("PagedKvCache::reserve_decode: max_batch = %d rows (need >= 1)", max_batch);
+        check_split("reserve_decode", split_keys);
+        if (max_batch < 1 || max_len < 1)
+            fail("PagedKvCache::reserve_decode: max_batch = %d rows, max_len = %d keys (need >= 1 each)", max_batch, max_len);
         const int group = heads / shape_.kv_heads;
-        const size_t smem = decode_smem_bytes(group, shape_.head_dim, element_bytes(storage_));
-        if (smem > 227 * 1024)
+        const size_t row_smem = decode_smem_bytes(group, shape_.head_dim, element_bytes(storage_));
+        if (row_smem > kMaxSharedBytes)
             fail("PagedKvCache::reserve_decode: %d query heads per kv head need %zu bytes of shared memory (at most "
-                 "227 KB)", group, smem);
+                 "227 KB)", group, row_smem);
+        // a cascade CTA serves as many rows as keep it within kCascadeSharedBytes (3 CTAs an SM)
+        cascade_rows_ = 1;
+        while (cascade_rows_ < kCascadeRows &&
+               decode_smem_bytes((cascade_rows_ + 1) * group, shape_.head_dim, element_bytes(storage_)) <= kCascadeSharedBytes)
+            cascade_rows_++;
+        const size_t smem = std::max(row_smem, decode_smem_bytes(cascade_rows_ * group, shape_.head_dim, element_bytes(storage_)));
         with_head_dim("PagedKvCache::reserve_decode", shape_.head_dim, [&](auto head_dim) {
             constexpr int D = decltype(head_dim)::value;
             dispatch_storage([&](auto elem) {
@@ -432,61 +479,79 @@ class PagedKvCache {
                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
             });
         });
-        const size_t partials = decode_partials_for(max_batch, heads);
+        const size_t partials = decode_partials_for(max_batch, heads, max_len, split_keys);
         part_o_.resize(partials * shape_.head_dim, "KV cache: decode partial outputs");
         part_lse_.resize(partials, "KV cache: decode partial LSE");
         decode_group_ = group;
     }
-    // Device bytes reserve_decode(max_batch, heads) takes, for the memory plan.
-    static size_t decode_workspace_bytes(const KvCacheShape& shape, int max_batch, int heads) {
-        return decode_partials_for(max_batch, heads) * (shape.head_dim + 1) * sizeof(float);
+    // Device bytes reserve_decode(max_batch, heads, max_len) takes, for the memory plan.
+    static size_t decode_workspace_bytes(const KvCacheShape& shape, int max_batch, int heads, int max_len) {
+        return decode_partials_for(max_batch, heads, max_len, kDecodeSplitKeys) * (shape.head_dim + 1) * sizeof(float);
     }
+    // The most rows one cascade group may hold (DecodeCascade), as reserve_decode set it; 1: no cascade.
+    int cascade_rows() const { return cascade_rows_; }
 
-    // The chunks decode_attention launches per (row, kv head) for rows of up to max_len keys: the
-    // longest row's count (decode_row_splits grows with the length).
-    static int decode_splits(int max_len) { return decode_row_splits(max_len); }
+    // The chunks per (row, head) decode_attention writes for rows of up to max_len keys.
+    static int decode_chunks(int max_len, int split_keys = kDecodeSplitKeys) { return decode_max_chunks(max_len, split_keys); }
 
     // out [B][H][D] BF16: for each row b, softmax(q_b k^T / sqrt(D)) v over the first lens[b] cached
     // tokens of sequence b, whose pages are page_table[b * max_pages + 0 ..] (device int32); q
     // [B][H][D] BF16; query head h reads kv head h / (H / kv_heads). lens[b] == 0: an idle row, zeros
-    // written, nothing read. max_len >= every lens[b] (keys past it are not read) fixes the grid's
-    // chunk count; splits > 0 cuts every row into that many chunks (tests). No host sync, no allocation, no attribute
+    // written, nothing read. prefixes[b] (device, null: 0) is the row's prompt prefix
+    // (decode_prefix_keys), chunked apart; cascade (device arrays, or none) names groups of rows of one
+    // prompt whose prefix chunks are computed once per tile for the group, with the same bits as
+    // without. max_len >= every lens[b] (keys past it are not read) fixes the grid; split_keys (a
+    // multiple of kDecodeTile) the chunks (tests cut finer). No host sync, no allocation, no attribute
     // call: capturable in a CUDA graph, after reserve_decode.
     void decode_attention(int layer, __nv_bfloat16* out, const __nv_bfloat16* q, int heads, const int32_t* page_table,
-                          int max_pages, const int32_t* lens, int B, int max_len, cudaStream_t stream, int splits = 0) {
+                          int max_pages, const int32_t* lens, const int32_t* prefixes, int B, int max_len,
+                          cudaStream_t stream, const DecodeCascade& cascade = DecodeCascade(),
+                          int split_keys = kDecodeSplitKeys) {
         check_layer("decode_attention", layer);
         check_heads("decode_attention", heads);
+        check_split("decode_attention", split_keys);
         if (B < 0 || max_len < 0 || max_pages < 0 || (long)max_len > (long)max_pages * shape_.page_tokens)
             fail("PagedKvCache::decode_attention: B = %d, max_len = %d, max_pages = %d: need B, max_len >= 0 and "
                  "max_len <= max_pages * page_tokens (%d)", B, max_len, max_pages, shape_.page_tokens);
         if (B > 65535) fail("PagedKvCache::decode_attention: B = %d rows exceeds a grid dimension (65535)", B);
+        const bool cascading = cascade.rows != nullptr;
+        if (cascading != (cascade.start && cascade.count && cascade.shared) || cascade.max_groups < 0 ||
+            (cascading && (cascade.max_groups > 65535 || !prefixes || cascade_rows_ < 2)))
+            fail("PagedKvCache::decode_attention: a cascade needs rows, start, count and shared, at most 65535 groups, "
+                 "the rows' prefixes and reserve_decode's room for 2 rows a CTA (%d)", cascade_rows_);
         if (B == 0) return;
-        const int forced_splits = splits;
-        splits = decode_row_splits(max_len, forced_splits);
-        if (splits > kDecodeMaxSplits) fail("PagedKvCache::decode_attention: %d splits (at most %d)", splits, kDecodeMaxSplits);
-        if ((size_t)B * heads * splits > part_lse_.size() || heads / shape_.kv_heads > decode_group_)
-            fail("PagedKvCache::decode_attention: %d rows x %d heads x %d splits exceed the decode workspace (%zu "
-                 "partials, %d heads per kv head); call reserve_decode(max batch, heads) first", B, heads, splits,
-                 part_lse_.size(), decode_group_);
+        const int chunks = decode_max_chunks(max_len, split_keys);
+        if ((size_t)B * heads * chunks > part_lse_.size() || heads / shape_.kv_heads > decode_group_)
+            fail("PagedKvCache::decode_attention: %d rows x %d heads x %d chunks exceed the decode workspace (%zu "
+                 "partials, %d heads per kv head); call reserve_decode(max batch, heads, max_len) first", B, heads,
+                 chunks, part_lse_.size(), decode_group_);
         const int group = heads / shape_.kv_heads;
         with_head_dim("PagedKvCache::decode_attention", shape_.head_dim, [&](auto head_dim) {
             constexpr int D = decltype(head_dim)::value;
             dispatch_storage([&](auto elem) {
                 using Elem = decltype(elem);
-                const size_t smem = decode_smem_bytes(group, D, sizeof(Elem));  // allowed by reserve_decode
-                LAUNCH_KERNEL((kv_decode_split_kernel<D, Elem>), dim3(splits, shape_.kv_heads, B), kDecodeThreads, smem,
-                              stream, part_o_.get(), part_lse_.get(), q, layer_pool<Elem>(k_pool_, layer),
-                              layer_pool<Elem>(v_pool_, layer), layer_scales(k_scale_dev_, layer), layer_scales(v_scale_dev_, layer),
-                              page_table, max_pages, lens, max_len, heads, shape_.kv_heads, shape_.page_tokens,
-                              forced_splits);
+                auto launch = [&](dim3 grid, int queries, const DecodeCascade& c) {
+                    LAUNCH_KERNEL((kv_decode_split_kernel<D, Elem>), grid, kDecodeThreads,
+                                  decode_smem_bytes(queries, D, sizeof(Elem)),  // allowed by reserve_decode
+                                  stream, part_o_.get(), part_lse_.get(), q, layer_pool<Elem>(k_pool_, layer),
+                                  layer_pool<Elem>(v_pool_, layer), layer_scales(k_scale_dev_, layer),
+                                  layer_scales(v_scale_dev_, layer), page_table, max_pages, lens, prefixes, max_len, heads,
+                                  shape_.kv_heads, shape_.page_tokens, split_keys, chunks, c);
+                };
+                DecodeCascade per_row;  // the rows' own chunks, and the prefix chunks no group computes
+                per_row.shared = cascade.shared;
+                launch(dim3(chunks, shape_.kv_heads, B), group, per_row);
+                if (cascading && cascade.max_groups > 0)
+                    launch(dim3(decode_span_chunks(max_len, split_keys), shape_.kv_heads, cascade.max_groups),
+                           cascade_rows_ * group, cascade);
             });
             const long outputs = (long)B * heads * D;
             LAUNCH_KERNEL(kv_decode_merge_kernel<D>, (unsigned)((outputs + 255) / 256), 256, 0, stream, out,
-                          part_o_.get(), part_lse_.get(), splits, outputs);
+                          part_o_.get(), part_lse_.get(), chunks, outputs);
         });
     }
 
-    // The LSE of every (row, head, chunk) the last decode_attention wrote, [B][H][decode_splits(max_len)]
+    // The LSE of every (row, head, chunk) the last decode_attention wrote, [B][H][decode_chunks(max_len)]
     // (-inf for a chunk without keys): tests read a row's chunks.
     const float* decode_chunk_lse() const { return part_lse_.get(); }
 
@@ -512,8 +577,9 @@ class PagedKvCache {
     DeviceArray<uint8_t> k_pool_, v_pool_;
     DeviceArray<float> k_scale_dev_, v_scale_dev_;  // [layers][kv_heads]
     std::vector<float> k_scales_, v_scales_;
-    DeviceArray<float> part_o_, part_lse_;  // decode workspace: [B][H][splits][D], [B][H][splits]
+    DeviceArray<float> part_o_, part_lse_;  // decode workspace: [B][H][chunks][D], [B][H][chunks]
     int decode_group_ = 0;  // query heads per kv head reserve_decode allowed for
+    int cascade_rows_ = 1;  // rows per cascade CTA reserve_decode allowed for
 
     static void check_shape(const KvCacheShape& s, Precision storage) {
         if (storage != Precision::BF16 && storage != Precision::FP8)
@@ -536,8 +602,15 @@ class PagedKvCache {
             fail("PagedKvCache::%s: heads = %d must be a positive multiple of kv_heads = %d", who, heads,
                  shape_.kv_heads);
     }
-    // The most (row, head, chunk) partials decode_attention writes with up to max_batch rows, of any length.
-    static size_t decode_partials_for(int max_batch, int heads) { return (size_t)max_batch * heads * kDecodeMaxSplits; }
+    // The most (row, head, chunk) partials decode_attention writes with up to max_batch rows of max_len keys.
+    static size_t decode_partials_for(int max_batch, int heads, int max_len, int split_keys) {
+        return (size_t)max_batch * heads * decode_max_chunks(max_len, split_keys);
+    }
+    static void check_split(const char* who, int split_keys) {
+        if (split_keys < kDecodeTile || split_keys % kDecodeTile != 0)
+            fail("PagedKvCache::%s: split_keys = %d must be a positive multiple of %d", who, split_keys, kDecodeTile);
+    }
+    static constexpr size_t kMaxSharedBytes = 227 * 1024, kCascadeSharedBytes = 72 * 1024;
     template <class F>
     void dispatch_storage(F f) const {
         if (storage_ == Precision::FP8)

@@ -111,10 +111,10 @@ inline size_t rollout_device_bytes(const ModelConfig& c, const EngineOptions& o,
                                    int max_new_tokens, Precision kv_cache) {
     const RolloutSizes z = rollout_sizes(c, o, requests, longest_prompt, max_new_tokens, kv_cache);
     return PagedKvCache::bytes(z.shape, kv_cache) +
-           PagedKvCache::decode_workspace_bytes(z.shape, (int)z.rows, (int)c.num_heads) +
+           PagedKvCache::decode_workspace_bytes(z.shape, (int)z.rows, (int)c.num_heads, (int)(longest_prompt + max_new_tokens)) +
            (z.act + z.padded_head) * sizeof(bf16) + (z.act_f32 + z.logits + z.sample_scratch) * sizeof(float) +
            // the control block (slots and page tables), the kept tokens' page table, the step's row inputs
-           z.control + z.table * sizeof(int32_t) + (size_t)z.rows * 4 * sizeof(int32_t) +
+           z.control + z.table * sizeof(int32_t) + (size_t)z.rows * 5 * sizeof(int32_t) +
            (size_t)z.slots * (sizeof(int32_t) + 3 * sizeof(uint32_t) + sizeof(SampledToken)) +
            // the prompts' last hidden states (at most one per request), a prefill's cache rows, the KV amax, the eos ids
            (size_t)requests * c.hidden_size * sizeof(bf16) + (size_t)z.slots * longest_prompt * sizeof(int32_t) +
@@ -194,7 +194,7 @@ struct RolloutState {
     DeviceArray<bf16> act, head;  // decode activations; the head padded to a multiple of 8 rows
     DeviceArray<bf16> prompt_xf;  // [prompts][C] final normed hidden state of each prompt's last token
     DeviceArray<float> act_f32, logits, sample_scratch, amax;
-    DeviceArray<int32_t> ids, pos, cache_rows, lens, forced, prefill_rows, replay_table, forced_pool, eos;
+    DeviceArray<int32_t> ids, pos, cache_rows, lens, prefix, forced, prefill_rows, replay_table, forced_pool, eos;
     DeviceArray<uint32_t> keys, sample_pos, steps;
     DeviceArray<SampledToken> sampled;
     DeviceArray<uint8_t> control;  // cuda/decode_slots.cuh's control block, and its pinned mirror
@@ -213,7 +213,9 @@ struct RolloutState {
         for (const auto& g : graphs) CUDA_CHECK(cudaGraphExecDestroy(g.second));
         graphs.clear();
     }
-    DecodeRows rows_out() { return {ids.get(), pos.get(), cache_rows.get(), lens.get(), forced.get(), keys.get(), sample_pos.get(), steps.get()}; }
+    DecodeRows rows_out() {
+        return {ids.get(), pos.get(), cache_rows.get(), lens.get(), prefix.get(), forced.get(), keys.get(), sample_pos.get(), steps.get()};
+    }
     template <class T>
     T* in_control(size_t offset) { return (T*)(control.get() + offset); }
     template <class T>
@@ -450,10 +452,10 @@ inline std::vector<Generation> GpuEngine::rollout(const std::vector<GenRequest>&
     A.rstd1 = take_f(rows), A.rstd2 = take_f(rows), R.rstdf = take_f(rows);
     A.rstd_q = take_f(rows * m.H), A.rstd_k = take_f(rows * m.KV), R.gemm_f32 = take_f(rows * N);
     // a step's rows: a decode step's at most `slots`, a replay of kept tokens' up to `rows`
-    for (DeviceArray<int32_t>* a : {&R.ids, &R.pos, &R.cache_rows, &R.lens}) a->resize((size_t)rows, "decode step rows");
+    for (DeviceArray<int32_t>* a : {&R.ids, &R.pos, &R.cache_rows, &R.lens, &R.prefix}) a->resize((size_t)rows, "decode step rows");
     R.forced.resize((size_t)slots, "forced tokens");
     for (DeviceArray<uint32_t>* a : {&R.keys, &R.sample_pos, &R.steps}) a->resize((size_t)slots, "sampling keys");
-    R.cache->reserve_decode((int)rows, m.H);
+    R.cache->reserve_decode((int)rows, m.H, R.max_len);
     R.layout = DecodeControlLayout(slots, kDecodeWindow, R.max_pages);
     R.control.resize(R.layout.bytes, "decode control block");
     R.mirror.resize(R.layout.bytes, "decode control block (host mirror)");
@@ -529,6 +531,7 @@ inline void GpuEngine::start_window(uint32_t step, Precision weights, const Samp
                              q.forced ? q.forced_offset : -1, 0, 0};
         std::copy(q.pages.begin(), q.pages.end(), table + i * (size_t)L.max_pages);
     }
+    write_cascade_groups();
     const int first = (int)(R.running.size() - R.admitted.size());  // the admissions' first slot
     int fresh = 0;
     for (size_t a = 0; a < R.admitted.size(); a++)
@@ -561,6 +564,35 @@ inline void GpuEngine::start_window(uint32_t step, Precision weights, const Samp
                       R.eos.get(), (int)R.eos.size(), stream_);
 }
 
+// The window's cascade groups (kv_cache.cuh's DecodeCascade) into the control block's mirror: the
+// running slots of each prompt with a prefix (decode_prefix_keys), up to cascade_rows() at a time, so
+// decode attention reads the prompt's pages once per group. A group needs two rows; a slot that
+// finishes within the window drops out of its group on the device (an idle row).
+inline void GpuEngine::write_cascade_groups() {
+    RolloutState& R = *rollout_;
+    const DecodeControlLayout& L = R.layout;
+    const int slots = (int)R.sampled.size(), per_group = R.cache->cascade_rows();
+    int32_t *rows = R.in_mirror<int32_t>(L.cascade_rows), *start = R.in_mirror<int32_t>(L.cascade_start),
+            *shared = R.in_mirror<int32_t>(L.cascade_shared);
+    std::fill(shared, shared + slots, 0);
+    std::map<int, std::vector<int>> by_prompt;  // prompt id -> its running slots
+    for (size_t i = 0; i < R.running.size(); i++) {
+        const RolloutState::Request& q = R.requests[(size_t)R.running[i]];
+        const long P = (long)q.prompt->size();
+        if (per_group > 1 && decode_prefix_keys(P, P + 1) > 0) by_prompt[q.prompt_id].push_back((int)i);
+    }
+    int groups = 0, at = 0;
+    start[0] = 0;
+    for (const auto& prompt : by_prompt)
+        for (size_t b = 0; b + 1 < prompt.second.size(); b += (size_t)per_group) {
+            for (size_t k = b; k < std::min(prompt.second.size(), b + (size_t)per_group); k++)
+                rows[at++] = prompt.second[k], shared[prompt.second[k]] = 1;
+            start[++groups] = at;
+        }
+    *R.in_mirror<int32_t>(L.cascade_count) = groups;
+    rollout_stats_.cascade_rows += at;
+}
+
 // A preempted request's K/V back in its pages: its prompt's come from the prompt's prefill (as they
 // first did), and those of the tokens it kept, all but the last, from decode launches over one row
 // per token (sampling nothing), each row what the decode step that fed the token computed: the
@@ -571,7 +603,8 @@ inline void GpuEngine::replay_kept_tokens(const RolloutState::Request& q, Precis
     const long P = (long)q.prompt->size(), n = (long)q.gen.tokens.size() - 1, chunk = R.rows;
     for (long begin = 0; begin < n; begin += chunk) {
         const int rows = (int)std::min(chunk, n - begin);
-        std::vector<int32_t> ids((size_t)rows), pos((size_t)rows), cache_rows((size_t)rows), lens((size_t)rows);
+        std::vector<int32_t> ids((size_t)rows), pos((size_t)rows), cache_rows((size_t)rows), lens((size_t)rows),
+            prefix((size_t)rows);
         std::vector<int32_t> table((size_t)rows * R.max_pages, 0);
         for (int r = 0; r < rows; r++) {
             const long position = P + begin + r;
@@ -579,9 +612,10 @@ inline void GpuEngine::replay_kept_tokens(const RolloutState::Request& q, Precis
             pos[(size_t)r] = (int32_t)position;
             cache_rows[(size_t)r] = R.cache_row(q, position);
             lens[(size_t)r] = (int32_t)position + 1;
+            prefix[(size_t)r] = (int32_t)decode_prefix_keys(P, position + 1);
             std::copy(q.pages.begin(), q.pages.end(), table.begin() + (size_t)r * R.max_pages);
         }
-        R.ids.upload(ids), R.pos.upload(pos), R.cache_rows.upload(cache_rows), R.lens.upload(lens);
+        R.ids.upload(ids), R.pos.upload(pos), R.cache_rows.upload(cache_rows), R.lens.upload(lens), R.prefix.upload(prefix);
         R.replay_table.upload(table);
         decode_launches(rows, weights, R.replay_table.get(), nullptr);
         rollout_stats_.replayed_tokens += rows;
@@ -724,11 +758,18 @@ inline void GpuEngine::decode_launches(int rows, Precision weights, const int32_
     const StepRows r{rows, weights == Precision::FP8 ? (rows + 127) / 128 * 128 : rows, R.pos.get(), R.gemm_f32, weights,
                      false, options_.fp8_scaling};
     LayerActsGpu& A = R.A;
+    DecodeCascade cascade;  // a decode step's sibling groups (write_cascade_groups); a replay has none
+    if (s && R.cache->cascade_rows() > 1) {
+        cascade.rows = R.in_control<int32_t>(L.cascade_rows), cascade.start = R.in_control<int32_t>(L.cascade_start);
+        cascade.count = R.in_control<int32_t>(L.cascade_count), cascade.shared = R.in_control<int32_t>(L.cascade_shared);
+        cascade.max_groups = rows / 2;
+    }
     embedding_forward(A.x, wb(m.embed), R.ids.get(), rows, m.V, m.C, stream_);
     for (int l = 0; l < m.L; l++) {
         // the residual: the last layer's h1 + mlp; K and V appended to the cache by the q/k-norm + RoPE kernel
         attention_inputs(A, l > 0 ? &A : nullptr, l, r, R.cache->append_target(l, R.cache_rows.get()));
-        R.cache->decode_attention(l, A.att, A.q, m.H, table, R.max_pages, R.lens.get(), rows, R.max_len, stream_);
+        R.cache->decode_attention(l, A.att, A.q, m.H, table, R.max_pages, R.lens.get(), R.prefix.get(), rows, R.max_len,
+                                  stream_, cascade);
         attention_outputs(A, l, r, false);
     }
     if (!s) return;

@@ -143,7 +143,7 @@ enum class CachedRows { Prefill, Decode };
 // Floats of scratch per thread that attention_forward_cached needs for rows of at most max_keys keys.
 inline long cached_attention_scratch_floats(AttentionShape s, long max_keys) {
     const long prefill = (long)s.H * max_keys + 2L * s.ldk();  // the row's weights [H][keys], a K and a V row
-    const long decode = (long)kDecodeMaxSplits * s.H * (s.D + 1) + (long)s.H * (kDecodeTile + 2);
+    const long decode = (long)decode_max_chunks(max_keys, kDecodeSplitKeys) * s.H * (s.D + 1) + (long)s.H * (kDecodeTile + 2);
     return std::max(prefill, decode);
 }
 
@@ -193,18 +193,19 @@ inline void cached_prefill_row(float* o, float* lse, const float* qt, const floa
 }
 
 // One decode row of attention_forward_cached: the decode kernels' chunks over keys kb, vb [n][ldk]
-// (kv_decode_split_kernel, then kv_decode_merge_kernel).
-inline void cached_decode_row(float* o, float* lse, const float* qt, const float* kb, const float* vb, int n,
+// whose first `prefix` are its prompt's whole tiles (decode_prefix_keys; kv_decode_split_kernel,
+// then kv_decode_merge_kernel).
+inline void cached_decode_row(float* o, float* lse, const float* qt, const float* kb, const float* vb, int n, int prefix,
                               AttentionShape s, float* scratch, bool bf16) {
     const float scale = 1.0f / std::sqrt((float)s.D);
-    const int group = s.H / s.KV, splits = decode_row_splits(n);
-    const long chunk_keys = decode_split_keys(n, splits);
-    float* part_o = scratch;                                         // [splits][H][D]
-    float* part_lse = part_o + (long)kDecodeMaxSplits * s.H * s.D;   // [splits][H]
-    float* p = part_lse + (long)kDecodeMaxSplits * s.H;              // [H][kDecodeTile]
-    float *max = p + (long)s.H * kDecodeTile, *sum = max + s.H;      // [H] each
+    const int group = s.H / s.KV, splits = decode_row_chunks(n, prefix, kDecodeSplitKeys);
+    float* part_o = scratch;                                  // [splits][H][D]
+    float* part_lse = part_o + (long)splits * s.H * s.D;      // [splits][H]
+    float* p = part_lse + (long)splits * s.H;                 // [H][kDecodeTile]
+    float *max = p + (long)s.H * kDecodeTile, *sum = max + s.H;  // [H] each
     for (int c = 0; c < splits; c++) {
-        const long begin = std::min<long>(n, c * chunk_keys), end = std::min<long>(n, begin + chunk_keys);
+        long begin, end;
+        decode_chunk_keys(n, prefix, kDecodeSplitKeys, c, &begin, &end);
         float *po = part_o + (long)c * s.H * s.D, *pl = part_lse + (long)c * s.H;
         for (int e = 0; e < s.H * s.D; e++) po[e] = 0.0f;
         for (int h = 0; h < s.H; h++) max[h] = -INFINITY, sum[h] = 0.0f;
@@ -260,13 +261,15 @@ inline void cached_decode_row(float* o, float* lse, const float* qt, const float
 }
 
 // Forward reading a KV cache: query row t sees `key_count[t]` keys starting at row `key_start[t]`
-// of K and V (rows of KV*D), as a prefill or as a decode step computes it (`rows`). One task per
+// of K and V (rows of KV*D), as a prefill or as a decode step computes it (`rows`; a decode row's
+// first key_prefix[t] keys are its prompt's whole tiles, decode_prefix_keys; null: none). One task per
 // query row walks the key rows once for all heads, so the cache streams through in contiguous rows
 // (decode is bound by reading it). out [T, H, D]; lse [T, H]; q [T, H, D]; scratch [threads,
 // scratch_stride >= cached_attention_scratch_floats(s, max key_count)].
 inline void attention_forward_cached(float* out, float* lse, const float* q, const float* K, const float* V,
-                                     const int64_t* key_start, const int32_t* key_count, long T, AttentionShape s,
-                                     float* scratch, long scratch_stride, bool bf16, CachedRows rows) {
+                                     const int64_t* key_start, const int32_t* key_count, const int32_t* key_prefix,
+                                     long T, AttentionShape s, float* scratch, long scratch_stride, bool bf16,
+                                     CachedRows rows) {
 #pragma omp parallel
     {
         float* thread_scratch = scratch + (long)omp_get_thread_num() * scratch_stride;
@@ -278,8 +281,8 @@ inline void attention_forward_cached(float* out, float* lse, const float* q, con
                 cached_prefill_row(out + t * s.ldq(), lse + t * s.H, q + t * s.ldq(), kb, vb, key_count[t], s,
                                    thread_scratch, flash.data(), bf16);
             else
-                cached_decode_row(out + t * s.ldq(), lse + t * s.H, q + t * s.ldq(), kb, vb, key_count[t], s,
-                                  thread_scratch, bf16);
+                cached_decode_row(out + t * s.ldq(), lse + t * s.H, q + t * s.ldq(), kb, vb, key_count[t],
+                                  key_prefix ? key_prefix[t] : 0, s, thread_scratch, bf16);
         }
     }
 }

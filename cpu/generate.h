@@ -70,7 +70,8 @@ public:
         // prefill: every prompt token, packed; sample the first new token from each prompt's last row
         rows_.clear();
         for (long s = 0; s < S; s++)
-            for (size_t i = 0; i < prompts[s].size(); i++) rows_.push_back({s, (int32_t)i, prompts[s][i]});
+            for (size_t i = 0; i < prompts[s].size(); i++)
+                rows_.push_back({s, (int32_t)i, prompts[s][i], (int32_t)prompts[s].size()});
         acts_.cached_rows = CachedRows::Prefill;  // attention as the GPU prefill computes it, then as its decode steps
         run_rows(m, p, max_len);
         acts_.cached_rows = CachedRows::Decode;
@@ -91,7 +92,8 @@ public:
                 const size_t budget = o.forced ? (*o.forced)[s].size() : (size_t)o.max_new_tokens;
                 if (c.stopped_on_eos || c.tokens.size() >= budget) continue;
                 next.push_back(s);
-                rows_.push_back({s, (int32_t)(prompts[s].size() + c.tokens.size() - 1), c.tokens.back()});
+                rows_.push_back({s, (int32_t)(prompts[s].size() + c.tokens.size() - 1), c.tokens.back(),
+                                 (int32_t)prompts[s].size()});
             }
             active.swap(next);
             if (active.empty()) break;
@@ -105,7 +107,7 @@ public:
 private:
     struct Row {
         long slot;
-        int32_t pos, id;
+        int32_t pos, id, prompt;  // prompt: its prompt's length
     };
     std::vector<Row> rows_;
     ForwardActs acts_;
@@ -141,12 +143,14 @@ private:
         ForwardActs& a = acts_;
         a.T = T;
         a.ids.resize(T), a.pos.resize(T), a.key_count.resize(T), a.key_start.resize(T), a.cache_row.resize(T);
+        a.key_prefix.resize(T);
         for (long t = 0; t < T; t++) {
             const Row& r = rows_[t];
             a.ids[t] = r.id;
             a.pos[t] = r.pos;
             a.key_start[t] = r.slot * max_len;
             a.key_count[t] = r.pos + 1;
+            a.key_prefix[t] = (int32_t)decode_prefix_keys(r.prompt, r.pos + 1);  // decode rows' chunks (prefill ignores it)
             a.cache_row[t] = r.slot * max_len + r.pos;
         }
         forward_trunk(m, p, a, &cache);

@@ -248,6 +248,7 @@ struct ForwardActs {
     // per token
     std::vector<int32_t> ids, pos, target, key_count;
     std::vector<int64_t> key_start, cache_row;
+    std::vector<int32_t> key_prefix;   // decode rows over a cache: keys of their prompt (decode_prefix_keys); empty: none
     std::vector<int64_t> seq_offsets;  // [B + 1] packed batch: sequence s is rows seq_offsets[s] .. seq_offsets[s+1]
     std::vector<LayerActs> layers;
     std::vector<float> k_amax, v_amax;  // [L][KV] max |K| (after k-norm and RoPE) and max |V| per KV head, last pass
@@ -368,7 +369,8 @@ inline void layer_forward(const CpuModel& m, const ModelParams& p, ForwardActs& 
     if (cache) {
         cache->store(l, T, acts.cache_row.data(), A.k, A.v);
         attention_forward_cached(A.att, A.lse, A.q, cache->keys(l), cache->values(l), acts.key_start.data(),
-                                 acts.key_count.data(), T, {m.H, m.KV, m.D}, acts.attn_scratch.data(),
+                                 acts.key_count.data(), acts.key_prefix.empty() ? nullptr : acts.key_prefix.data(), T,
+                                 {m.H, m.KV, m.D}, acts.attn_scratch.data(),
                                  acts.attn_scratch_stride, bf16, acts.cached_rows);
     } else {
         attention_forward_packed(A.att, A.lse, A.q, A.k, A.v, acts.seq_offsets, {m.H, m.KV, m.D}, bf16);

@@ -4,7 +4,9 @@
 // head), each row's K and V over its context (decode attention), and each row's logits a few times
 // (sampling); the rest of its work is a few rows' worth of activations. So:
 //   weights    projection bytes + head bytes, at perf_model.h's memory-bound bandwidth;
-//   attention  rows x context x layers x 2 (K, V) x kv_dim x the cache's element bytes, at
+//   attention  rows x context x layers x 2 (K, V) x kv_dim x the cache's element bytes, less what
+//              cascade attention saves (a group of G rows of one prompt reads its prefix once: G - 1
+//              of G prefix reads), at
 //              kDecodeAttentionEfficiency of HBM (kv_cache.cuh: cp.async tiles in their storage type,
 //              double-buffered: FlashInfer's design, which runs near HBM bandwidth; our scores are
 //              FP32 CUDA-core dot products, ~2 FMAs per byte of FP8 K/V, 30% of the H200's FP32 rate);
@@ -35,15 +37,17 @@ struct DecodePrediction {
     double attention_bandwidth() const { return attention_bytes / attention_s; }
 };
 
-// One decode step of `rows` sequences at a mean context of `context` tokens.
+// One decode step of `rows` sequences at a mean context of `context` tokens, the first `prefix` of
+// them shared by groups of `group` rows (the samples of a prompt; 1: none shared).
 inline DecodePrediction predict_decode_step(const PerfHardware& hw, const ModelConfig& c, int rows, double context,
-                                            Precision weights, Precision kv_cache) {
+                                            Precision weights, Precision kv_cache, double prefix = 0, int group = 1) {
     const double L = (double)c.num_layers, V = (double)c.vocab_size, C = (double)c.hidden_size;
     const double projection_bytes = projection_params(c) * (weights == Precision::FP8 ? 1 + 4.0 / (128 * 128) : perf_detail::kBF16);
     const double kv_bytes = kv_cache == Precision::FP8 ? 1 : perf_detail::kBF16;
     DecodePrediction p{};
     p.weights_s = (projection_bytes + V * C * perf_detail::kBF16) / hw.bandwidth();
-    p.attention_bytes = rows * context * L * 2 * (double)c.kv_dim() * kv_bytes;
+    const double keys_read = context - prefix * (1 - 1.0 / std::max(group, 1));  // per row
+    p.attention_bytes = rows * keys_read * L * 2 * (double)c.kv_dim() * kv_bytes;
     p.attention_s = p.attention_bytes / (hw.hbm * kDecodeAttentionEfficiency);
     const double waves = std::ceil(rows / (double)kSms);  // a block per row
     p.sampling_s = waves * V * perf_detail::kF32 * kSamplingPasses / kSamplingSmBandwidth;

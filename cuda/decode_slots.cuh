@@ -9,17 +9,21 @@
 // window's slots and page tables in.
 //
 // The control block, one device allocation and its pinned host mirror (the same layout), so each
-// direction is one copy: [out | slots] is what comes back, [slots | run | table | row_slot] what goes in.
+// direction is one copy: [out | slots] is what comes back, [slots | run | table | row_slot | cascade]
+// what goes in.
 //   out       SampledToken [slots][window + 1]  tokens drawn in this window (+1: an admission's first)
 //   slots     DecodeSlot [slots]
 //   run       DecodeRun                          what every row shares (the RL step of the sampling keys)
 //   table     int32 [slots][max_pages]           each slot's KV pages in position order
 //   row_slot  int32 [slots]                      the slots of an admission's rows (row r samples for row_slot[r])
+//   cascade   int32 [slots] rows, [slots + 1] start, [1] count, [slots] shared: the window's groups of
+//             sibling slots whose prompt prefix decode attention reads once (kv_cache.cuh's DecodeCascade)
 #ifndef FP8RL_CUDA_DECODE_SLOTS_CUH
 #define FP8RL_CUDA_DECODE_SLOTS_CUH
 #include <cstdint>
 
 #include "cuda/common.cuh"
+#include "rl/numerics/attention_tiles.h"
 #include "rl/numerics/sampling.h"
 
 namespace fp8rl {
@@ -42,13 +46,14 @@ struct DecodeRun {
 
 // The row inputs a step reads, each [rows] (device).
 struct DecodeRows {
-    int32_t *ids, *pos, *cache_rows, *lens, *forced;
+    int32_t *ids, *pos, *cache_rows, *lens, *prefix, *forced;  // prefix: the keys of its prompt (decode_prefix_keys)
     uint32_t *keys, *sample_pos, *steps;
 };
 
 // Byte offsets of the control block's parts (16-byte aligned: each is a kernel argument's base).
 struct DecodeControlLayout {
-    size_t out = 0, slots = 0, run = 0, table = 0, row_slot = 0, bytes = 0;
+    size_t out = 0, slots = 0, run = 0, table = 0, row_slot = 0, cascade_rows = 0, cascade_start = 0, cascade_count = 0,
+           cascade_shared = 0, bytes = 0;
     int out_per_slot = 0, max_pages = 0;
     DecodeControlLayout() = default;
     DecodeControlLayout(int slot_count, int window_steps, int pages) : out_per_slot(window_steps + 1), max_pages(pages) {
@@ -57,10 +62,14 @@ struct DecodeControlLayout {
         run = slots + align((size_t)slot_count * sizeof(DecodeSlot));
         table = run + sizeof(DecodeRun);
         row_slot = table + align((size_t)slot_count * pages * sizeof(int32_t));
-        bytes = row_slot + align((size_t)slot_count * sizeof(int32_t));
+        cascade_rows = row_slot + align((size_t)slot_count * sizeof(int32_t));
+        cascade_start = cascade_rows + align((size_t)slot_count * sizeof(int32_t));
+        cascade_count = cascade_start + align((size_t)(slot_count + 1) * sizeof(int32_t));
+        cascade_shared = cascade_count + 16;
+        bytes = cascade_shared + align((size_t)slot_count * sizeof(int32_t));
     }
     size_t download_bytes() const { return run; }         // [out | slots]
-    size_t upload_bytes() const { return bytes - slots; }  // [slots | run | table | row_slot]
+    size_t upload_bytes() const { return bytes - slots; }  // [slots | run | table | row_slot | cascade]
 };
 
 // Row r of a step runs the sequence of slot row_slot[r] (row_slot null: slot r), or is a padding row
@@ -79,6 +88,7 @@ static __global__ void decode_rows_kernel(DecodeRows out, const DecodeSlot* slot
     out.pos[r] = p;
     out.cache_rows[r] = live ? table[(long)s * max_pages + p / page_tokens] * page_tokens + p % page_tokens : -1;
     out.lens[r] = live ? p + 1 : 0;
+    out.prefix[r] = live ? (int32_t)decode_prefix_keys(q.position - q.generated + 1, p + 1) : 0;  // its prompt's length
     out.keys[r] = live ? q.key : 0u;
     out.sample_pos[r] = live ? (uint32_t)(p + 1) : 0u;  // the drawn token's position
     out.steps[r] = run->step;

@@ -105,6 +105,7 @@ struct RolloutStats {
     int64_t prefills = 0, prefill_tokens = 0, decode_steps = 0, preemptions = 0;
     int64_t replayed_tokens = 0;                      // kept tokens of preempted requests fed again at their return
     int64_t graphs_captured = 0, graph_launches = 0;  // decode step graphs captured, and steps replayed from them
+    int64_t cascade_rows = 0;  // rows in cascade groups (their prompt's pages read once per group), summed over windows
     int max_running = 0;                  // most sequences decoded in one step
     std::vector<float> k_scale, v_scale;  // [L] or [L][KV] (--kv_scales head): the FP8 cache's scales in use (empty for BF16)
 };
@@ -765,6 +766,7 @@ class GpuEngine : public Engine {
     int slots_that_fit(long requests, long longest_prompt, int max_new_tokens, Precision kv_cache) const;
     void prefill(const std::vector<int>& prompt_ids, Precision weights);
     void start_window(uint32_t step, Precision weights, const SamplingConfig& s);
+    void write_cascade_groups();
     void replay_kept_tokens(const RolloutRequest& q, Precision weights);
     void collect_window(Progress* progress);
     void decode_step(int rows, Precision weights, const SamplingConfig& s);

@@ -112,6 +112,9 @@ bool is_device_memory(const void* p, size_t bytes);
 
 // How many times cudaFuncSetAttribute was called (tests check that launchers set it once).
 uint64_t func_attribute_calls();
+// Bytes __pipeline_memcpy_async has read from device memory since start-up, zero-filled bytes not
+// counted (tests check what a kernel reads, e.g. a shared prefix read once).
+uint64_t async_copy_bytes();
 
 // The profile's statistics (cuda/emu/emu_stats.cpp), the emulation's side of cuda/profile_range.h's
 // PROFILE_RANGE. A range counts the work the host issues while it is open, nested ranges' included:

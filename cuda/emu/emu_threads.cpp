@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -516,6 +517,9 @@ void static_shared(void* p, size_t bytes, const char* name) {
                            bytes, what, p, bytes));
 }
 
+static std::atomic<uint64_t> async_bytes{0};  // blocks may run on several host threads
+uint64_t async_copy_bytes() { return async_bytes.load(); }
+
 // cp.async (cuda_pipeline_primitives.h): the rules its header asserts, refused as kernel faults;
 // the copy itself happens when the thread waits for its group, so a read of the destination before
 // __pipeline_wait_prior sees the old bytes (NaN-filled shared memory), as a GPU may show it.
@@ -537,6 +541,7 @@ void async_copy(void* dst, const void* src, size_t bytes, size_t zfill) {
     if (!is_device_memory(src, bytes - zfill))
         kernel_fault(strformat("__pipeline_memcpy_async from %p, not device memory (the rule: global source)", src));
     t->async_copies.push_back({dst, src, bytes, zfill});
+    async_bytes += bytes - zfill;
 }
 void async_commit() {
     Thread* t = current_thread;

@@ -4,10 +4,12 @@
 //     an online softmax over them; a row's sum is held as kFlashLanes partial sums, the lanes of an
 //     mma C fragment's row (lane t adds keys 8j + 2t and 8j + 2t + 1 of a tile, j = 0..7), added
 //     pairwise at the end;
-//   decode (kv_cache.cuh): a row's cached keys cut into decode_row_splits chunks of
-//     decode_split_keys keys (whole kDecodeTile tiles but the last), each with its own online
-//     softmax over kDecodeTile-key tiles (a tile's sum is a warp's butterfly reduction), merged by
-//     the chunks' log-sum-exps.
+//   decode (kv_cache.cuh): a row's cached keys cut into chunks of kDecodeSplitKeys keys, those of
+//     its prompt's whole tiles (decode_prefix_keys) apart from the rest, so the sibling rows of a
+//     prompt (a group's G samples) have the same prefix chunks and one CTA can serve them all
+//     (cascade attention); each chunk has its own online softmax over kDecodeTile-key tiles (a
+//     tile's sum is a warp's butterfly reduction), merged by the chunks' log-sum-exps. The cut
+//     depends on the row's prompt length and its own length alone, never on the batch.
 #pragma once
 #include "rl/numerics/hostdevice.h"
 
@@ -18,19 +20,29 @@ constexpr int kFlashLanes = 4;   // lanes sharing a row of a tile
 
 constexpr int kDecodeTile = 32;           // keys per decode tile: one per lane of the warp that scores them
 static_assert(kDecodeTile == 32, "a decode tile is one warp: its sum is a warp butterfly");
-constexpr int kDecodeMaxSplits = 16;      // chunks of the cache length per (row, kv head)
-constexpr int kDecodeMinSplitKeys = 256;  // a chunk shorter than this costs more in the merge than it saves
+constexpr int kDecodeSplitKeys = 256;  // keys per chunk: a shorter one costs more in the merge than it saves
 
-// The chunks of a row of `len` cached keys: one per kDecodeMinSplitKeys keys, at most kDecodeMaxSplits
-// (forced > 0: that many, for tests), each a whole number of tiles (decode_split_keys) but the last.
-FP8RL_HD int decode_row_splits(long len, int forced = 0) {
-    if (forced > 0) return forced;
-    const long by_length = (len + kDecodeMinSplitKeys - 1) / kDecodeMinSplitKeys;
-    return (int)(by_length < 1 ? 1 : by_length > kDecodeMaxSplits ? kDecodeMaxSplits : by_length);
+// The keys of a decode row of `len` cached keys that are its prompt's (prompt_len), down to a whole
+// number of tiles: its prefix, which it shares with every row of the same prompt.
+FP8RL_HD long decode_prefix_keys(long prompt_len, long len) {
+    const long shared = prompt_len < len ? prompt_len : len;
+    return shared < 0 ? 0 : shared / kDecodeTile * kDecodeTile;
 }
-FP8RL_HD long decode_split_keys(long len, int splits) {
-    const long chunk = (len + splits - 1) / splits;
-    return (chunk + kDecodeTile - 1) / kDecodeTile * kDecodeTile;
+FP8RL_HD int decode_span_chunks(long keys, int split_keys) { return (int)((keys + split_keys - 1) / split_keys); }
+// The chunks of a row: its prefix's, then those of its own keys, split_keys (a multiple of
+// kDecodeTile) each but the last of either part.
+FP8RL_HD int decode_row_chunks(long len, long prefix, int split_keys) {
+    return decode_span_chunks(prefix, split_keys) + decode_span_chunks(len - prefix, split_keys);
 }
+// Keys [*begin, *end) of chunk c of a row (empty past its chunks).
+FP8RL_HD void decode_chunk_keys(long len, long prefix, int split_keys, int c, long* begin, long* end) {
+    const int prefix_chunks = decode_span_chunks(prefix, split_keys);
+    const long b = c < prefix_chunks ? (long)c * split_keys : prefix + (long)(c - prefix_chunks) * split_keys;
+    const long limit = c < prefix_chunks ? prefix : len;
+    *begin = b < limit ? b : len;
+    *end = b < limit ? (b + split_keys < limit ? b + split_keys : limit) : len;
+}
+// The most chunks a row of at most max_len keys has, whatever its prefix.
+FP8RL_HD int decode_max_chunks(long max_len, int split_keys) { return decode_span_chunks(max_len, split_keys) + 1; }
 
 }  // namespace fp8rl

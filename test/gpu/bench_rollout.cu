@@ -1,7 +1,8 @@
 // bench_rollout.cu: generation through the engine interface (GpuEngine::generate, rl/driver/engine.h: rollout.cu's
 // prefill, paged-KV decode and device sampling). Three settings at the same size: bf16 weights + bf16
 // KV cache, fp8 weights + bf16 KV, fp8 weights + fp8 KV; random models of Qwen3-0.6B and 1.7B shape
-// with the real vocabulary (bench_model.h); prompts of 64 random ids, temperature 1, no eos in practice.
+// with the real vocabulary (bench_model.h); prompts of 64 random ids, temperature 1, no eos in practice;
+// then cascade attention against per-row decode attention at a GRPO group's shape (print_cascade_row).
 // The target is 256 sequences x 1,024 new tokens. The size grows from 4 x 8 (sequences and new
 // tokens doubled in turn) while the next size, at most twice the last one's time, fits the model's
 // time budget, so a slow generator reports a smaller size instead of overrunning dev/gpu_check.sh's
@@ -105,7 +106,7 @@ Shares component_shares(const ModelConfig& c, const EngineOptions& o, const Sett
     const int page_tokens = o.kv_page_tokens, pages = (context + page_tokens - 1) / page_tokens,
               max_pages = (max_len + page_tokens - 1) / page_tokens;
     PagedKvCache cache(KvCacheShape{L, (int)c.num_kv_heads, D, page_tokens, B * pages}, s.kv_cache);
-    cache.reserve_decode(B, H);
+    cache.reserve_decode(B, H, max_len);
     const long slots = cache.shape().slots(), width = cache.shape().width();
     DeviceArray<bf16> k((size_t)(slots * width), "benchmark K"), v((size_t)(slots * width), "benchmark V");
     DeviceArray<bf16> q((size_t)B * H * D, "benchmark queries"), out((size_t)B * H * D, "benchmark attention output");
@@ -121,7 +122,7 @@ Shares component_shares(const ModelConfig& c, const EngineOptions& o, const Sett
     for (int l = 0; l < L; l++) cache.append(l, k.get(), v.get(), rows_d.get(), slots, 0);
     const double attention_ms = median_ms([&] {
         for (int l = 0; l < L; l++)
-            cache.decode_attention(l, out.get(), q.get(), H, table_d.get(), max_pages, lens.get(), B, max_len, 0);
+            cache.decode_attention(l, out.get(), q.get(), H, table_d.get(), max_pages, lens.get(), nullptr, B, max_len, 0);
     });
     const double attention_bytes = (double)B * context * L * 2 * (double)c.kv_dim() * (s.kv_cache == Precision::FP8 ? 1 : 2);
     return {steps * sampling_ms * 1e-3 / run.seconds, steps * attention_ms * 1e-3 / run.seconds,
@@ -141,6 +142,66 @@ void print_row(const BenchModel& m, const ModelConfig& c, int sequences, int new
            100 * r.stats.decode_steps * p.sampling_s / predicted_s, 100 * shares.attention,
            100 * r.stats.decode_steps * p.attention_s / predicted_s, shares.attention_bandwidth / 1e9,
            p.attention_bandwidth() / 1e9, (long long)r.stats.decode_steps, r.peak / 1073741824.0);
+    fflush(stdout);
+}
+
+// Cascade attention (kv_cache.cuh): one layer's decode attention over `rows` rows in groups of
+// kGroupSamples samples of a prompt (GRPO's G), each group's prompt of `prompt` tokens on shared
+// pages, every row at `context` keys, timed with the groups (one CTA reads a prefix tile for up to
+// cascade_rows() rows) and without (each row reads its prompt); the speedup next to the one
+// cuda/decode_perf_model.h predicts from the bytes each reads, and the bandwidth each reaches.
+constexpr int kGroupSamples = 8;
+void print_cascade_row(const BenchModel& m, const ModelConfig& c, Precision kv, bool tiny) {
+    const int rows = tiny ? 16 : 256, prompt = tiny ? 64 : 512, context = tiny ? 96 : 1024, page_tokens = kKvPageTokens;
+    const int H = (int)c.num_heads, D = (int)c.head_dim, groups = rows / kGroupSamples;
+    const int shared_pages = prompt / page_tokens, own_pages = (context - prompt + page_tokens - 1) / page_tokens,
+              max_pages = shared_pages + own_pages;
+    PagedKvCache cache(KvCacheShape{1, (int)c.num_kv_heads, D, page_tokens, groups * shared_pages + rows * own_pages}, kv);
+    cache.reserve_decode(rows, H, context);
+    const long slots = cache.shape().slots(), width = cache.shape().width();
+    DeviceArray<bf16> k((size_t)(slots * width), "benchmark K"), v((size_t)(slots * width), "benchmark V");
+    DeviceArray<bf16> q((size_t)rows * H * D, "benchmark queries"), out((size_t)rows * H * D, "benchmark attention output");
+    fill_uniform(k.get(), k.size(), 32, 1.0f), fill_uniform(v.get(), v.size(), 33, 1.0f), fill_uniform(q.get(), q.size(), 34, 1.0f);
+    std::vector<int32_t> slot_ids((size_t)slots), table((size_t)rows * max_pages), group_rows, start = {0}, shared((size_t)rows, 1);
+    for (long i = 0; i < slots; i++) slot_ids[(size_t)i] = (int32_t)i;
+    for (int r = 0; r < rows; r++) {
+        for (int j = 0; j < max_pages; j++)
+            table[(size_t)r * max_pages + j] = j < shared_pages ? (r / kGroupSamples) * shared_pages + j
+                                                                 : groups * shared_pages + r * own_pages + (j - shared_pages);
+        group_rows.push_back(r);
+        if ((int)group_rows.size() - start.back() == cache.cascade_rows() || r % kGroupSamples == kGroupSamples - 1)
+            start.push_back((int)group_rows.size());
+    }
+    DeviceArray<int32_t> slots_d(slot_ids.size(), "benchmark cache rows"), table_d(table.size(), "benchmark page table"),
+        lens((size_t)rows, "benchmark lengths"), prefix((size_t)rows, "benchmark prefixes"),
+        rows_d(group_rows.size(), "cascade rows"), start_d(start.size(), "cascade starts"), count_d(1, "cascade count"),
+        shared_d(shared.size(), "cascade rows shared");
+    slots_d.upload(slot_ids), table_d.upload(table), lens.upload(std::vector<int32_t>((size_t)rows, context));
+    prefix.upload(std::vector<int32_t>((size_t)rows, (int32_t)decode_prefix_keys(prompt, context)));
+    rows_d.upload(group_rows), start_d.upload(start), count_d.upload(std::vector<int32_t>{(int32_t)start.size() - 1});
+    shared_d.upload(shared);
+    cache.append(0, k.get(), v.get(), slots_d.get(), slots, 0);
+    DecodeCascade cascade;
+    cascade.rows = rows_d.get(), cascade.start = start_d.get(), cascade.count = count_d.get(), cascade.shared = shared_d.get();
+    cascade.max_groups = rows / 2;
+    auto timed = [&](const DecodeCascade& with) {
+        return median_ms([&] {
+            cache.decode_attention(0, out.get(), q.get(), H, table_d.get(), max_pages, lens.get(), prefix.get(), rows, context,
+                                   0, with);
+        });
+    };
+    const double per_row_ms = timed(DecodeCascade()), cascade_ms = timed(cascade);
+    ModelConfig one_layer = c;
+    one_layer.num_layers = 1;
+    const PerfHardware hw;
+    const int group = std::min(kGroupSamples, cache.cascade_rows());
+    const DecodePrediction alone = predict_decode_step(hw, one_layer, rows, context, Precision::BF16, kv),
+                           shared_p = predict_decode_step(hw, one_layer, rows, context, Precision::BF16, kv, prompt, group);
+    printf("| %s | %d rows, %d per prompt, %d-token prompts, %d keys | %s | %.3f | %.3f | %.2f (%.2f) | %.0f (%.0f) | %.0f (%.0f) |\n",
+           m.name, rows, kGroupSamples, prompt, context, precision_name(kv), per_row_ms, cascade_ms, per_row_ms / cascade_ms,
+           alone.attention_s / shared_p.attention_s, alone.attention_bytes / (per_row_ms * 1e-3) / 1e9,
+           alone.attention_bandwidth() / 1e9, shared_p.attention_bytes / (cascade_ms * 1e-3) / 1e9,
+           shared_p.attention_bandwidth() / 1e9);
     fflush(stdout);
 }
 
@@ -216,6 +277,22 @@ int main(int argc, char** argv) {
             printf("| %s | ERROR: %s |\n", m.name, e.what());
             failures++;
             cudaGetLastError();  // clear a sticky launch error so the next model can run
+        }
+    }
+    printf("\nCascade attention: one layer's decode attention with the rows of a prompt in groups (one CTA reads each "
+           "prefix tile for up to %d of them) against each row reading its own prompt; ms per call, speedup = per-row / "
+           "cascade time; GB/s = K/V bytes each reads over its time; in parentheses cuda/decode_perf_model.h's "
+           "prediction%s\n\n", kCascadeRows, emulated ? " (in emulation the times mean nothing)" : "");
+    printf("| model | shape | KV cache | per-row ms | cascade ms | speedup (predicted) | per-row GB/s (predicted) | cascade GB/s "
+           "(predicted) |\n|---|---|---|---|---|---|---|---|\n");
+    const BenchModel& shape = tiny ? kTinyBenchModel : kQwen3_1_7B;
+    for (Precision kv : {Precision::BF16, Precision::FP8}) {
+        try {
+            print_cascade_row(shape, parse_model_config(json_parse(bench_model_config(shape), shape.name), shape.name), kv, tiny);
+        } catch (const Error& e) {
+            printf("| %s | ERROR: %s |\n", shape.name, e.what());
+            failures++;
+            cudaGetLastError();
         }
     }
     printf("\nbench_rollout: %d model(s) failed%s\n", failures, key.c_str());

@@ -3,8 +3,9 @@
 // BF16 and FP8 pages, ragged lengths (1 token, exactly a page, a page + 1, many pages), idle rows,
 // GQA ratios 1 to 4, 7 and 16 (above 48 KB of shared memory), head dims 8, 16, 32 (the fixture
 // models and --init tiny), 64 and 128, pages scattered over the pool (a shuffled page table),
-// several chunk counts; FP8 append against the host encoder, copy_page, the amax reduction, a
-// CUDA-graph replay and bad input.
+// several chunk sizes, prompt prefixes chunked apart, cascade groups of sibling rows (bit for bit
+// the per-row result, each prefix tile read once per group); FP8 append against the host encoder,
+// copy_page, the amax reduction, a CUDA-graph replay and bad input.
 //
 // Bounds (per element, first order). The CPU reference keeps the cache as the FP32 values the stored
 // bytes decode to (the GPU reads the same values: BF16 as is, FP8 code * scale, one FP32 product
@@ -43,19 +44,20 @@ namespace {
 struct DecodeCase {
     const char* name;
     int H, KV, D, page_tokens;
-    std::vector<int> lens;    // per row; 0 = idle
-    std::vector<int> splits;  // chunk counts to run (0: decode_splits' choice)
+    std::vector<int> lens;        // per row; 0 = idle
+    std::vector<int> split_keys;  // chunk sizes to run (0: kDecodeSplitKeys, the CPU's)
+    std::vector<int> prompts;     // per row, its prompt's length (its prefix: decode_prefix_keys); empty: none
 };
 
 // Small enough for emulation (128 threads per CTA, one CTA per chunk, kv head and row).
 const DecodeCase kDecodeCases[] = {
-    {"D16 H4 KV2", 4, 2, 16, 16, {1, 16, 17, 0, 150, 33}, {1, 3, 0}},
-    {"D64 H4 KV1", 4, 1, 64, 16, {0, 64, 1, 300}, {1, 5, 0}},
-    {"D128 H2 KV2", 2, 2, 128, 16, {129, 16, 1}, {2}},
-    {"D8 H6 KV2, 7-token pages", 6, 2, 8, 7, {15, 7, 8, 50}, {1, 4}},
-    {"D32 H4 KV4, idle rows", 4, 4, 32, 16, {0, 40, 0}, {2}},
-    {"D32 H7 KV1 (a warp scores two heads)", 7, 1, 32, 16, {70, 2}, {2}},
-    {"D128 H16 KV1 (51 KB of shared memory)", 16, 1, 128, 16, {40, 1}, {2}},
+    {"D16 H4 KV2", 4, 2, 16, 16, {1, 16, 17, 0, 150, 33}, {256, 64, 0}, {1, 10, 16, 0, 100, 32}},
+    {"D64 H4 KV1", 4, 1, 64, 16, {0, 64, 1, 300}, {32, 96, 0}, {0, 63, 1, 290}},
+    {"D128 H2 KV2", 2, 2, 128, 16, {129, 16, 1}, {64}, {}},
+    {"D8 H6 KV2, 7-token pages", 6, 2, 8, 7, {15, 7, 8, 50}, {32, 0}, {14, 3, 7, 40}},
+    {"D32 H4 KV4, idle rows", 4, 4, 32, 16, {0, 40, 0}, {32}, {}},
+    {"D32 H7 KV1 (a warp scores two heads)", 7, 1, 32, 16, {70, 2}, {32}, {33, 1}},
+    {"D128 H16 KV1 (51 KB of shared memory)", 16, 1, 128, 16, {40, 1}, {32}, {}},
 };
 
 constexpr int kLayers = 2, kLayer = 1;  // the layer under test; layer 0 gets other values at the same slots
@@ -65,17 +67,20 @@ struct PagedBatch {
     KvCacheShape shape;
     int B = 0, max_len = 0, max_pages = 0;
     std::vector<int> lens;
+    std::vector<int32_t> prefix;      // [B] each row's prompt prefix (decode_prefix_keys)
     std::vector<int32_t> page_table;  // [B][max_pages], -1 past a row's pages (reading one would fault)
     std::vector<int32_t> slots;       // [tokens] slot of each token, rows in order
     std::vector<int64_t> cpu_rows;    // [tokens] the CPU cache's row b * max_len + pos
     std::vector<float> k, v;          // [tokens][KV][D] of the layer under test
     std::vector<float> q;             // [B][H][D]
+    std::vector<uint8_t> gpu_writes;  // [tokens] whether the GPU cache appends the token (a shared page once); empty: all
 };
 
 PagedBatch make_batch(const DecodeCase& c, uint32_t seed) {
     PagedBatch b;
     b.B = (int)c.lens.size();
     b.lens = c.lens;
+    for (int r = 0; r < b.B; r++) b.prefix.push_back((int32_t)decode_prefix_keys(c.prompts.empty() ? 0 : c.prompts[r], c.lens[r]));
     b.max_len = *std::max_element(c.lens.begin(), c.lens.end());
     b.max_pages = (b.max_len + 20 + c.page_tokens - 1) / c.page_tokens;  // room for an upper bound max_len + 20
     int needed = 0;
@@ -106,28 +111,40 @@ PagedBatch make_batch(const DecodeCase& c, uint32_t seed) {
 // The GPU cache of a batch: layer 0 holds other values at the same slots, layer kLayer the batch's.
 struct GpuCache {
     PagedKvCache cache;
-    DeviceBuffer<int32_t> page_table, lens;
+    DeviceBuffer<int32_t> page_table, lens, prefix;
     GpuCache(const PagedBatch& b, Precision storage, const std::vector<float>& k_scale, const std::vector<float>& v_scale,
              int heads)
-        : cache(b.shape, storage), page_table(b.page_table), lens(std::vector<int32_t>(b.lens.begin(), b.lens.end())) {
+        : cache(b.shape, storage), page_table(b.page_table), lens(std::vector<int32_t>(b.lens.begin(), b.lens.end())),
+          prefix(b.prefix) {
         cache.set_scales(k_scale, v_scale);
-        cache.reserve_decode(b.B, heads);
-        if (b.slots.empty()) return;
-        DeviceBuffer<int32_t> slots(b.slots);
-        DeviceBuffer<__nv_bfloat16> k(to_bf16(b.k)), v(to_bf16(b.v));
-        DeviceBuffer<__nv_bfloat16> other_k(to_bf16(bf16_values(b.k.size(), 77, 5.0f))),
-            other_v(to_bf16(bf16_values(b.v.size(), 78, 5.0f)));
-        cache.append(0, other_k.ptr, other_v.ptr, slots.ptr, (long)b.slots.size(), 0);
-        cache.append(kLayer, k.ptr, v.ptr, slots.ptr, (long)b.slots.size(), 0);
+        cache.reserve_decode(b.B, heads, b.max_len + 20, kDecodeTile);  // room for every chunk size the tests run
+        std::vector<int32_t> written;
+        std::vector<float> wk, wv;  // the tokens appended: each shared page's once
+        const size_t width = (size_t)b.shape.width();
+        for (size_t t = 0; t < b.slots.size(); t++)
+            if (b.gpu_writes.empty() || b.gpu_writes[t]) {
+                written.push_back(b.slots[t]);
+                wk.insert(wk.end(), b.k.begin() + t * width, b.k.begin() + (t + 1) * width);
+                wv.insert(wv.end(), b.v.begin() + t * width, b.v.begin() + (t + 1) * width);
+            }
+        if (written.empty()) return;
+        DeviceBuffer<int32_t> slots(written);
+        DeviceBuffer<__nv_bfloat16> k(to_bf16(wk)), v(to_bf16(wv));
+        DeviceBuffer<__nv_bfloat16> other_k(to_bf16(bf16_values(wk.size(), 77, 5.0f))),
+            other_v(to_bf16(bf16_values(wv.size(), 78, 5.0f)));
+        cache.append(0, other_k.ptr, other_v.ptr, slots.ptr, (long)written.size(), 0);
+        cache.append(kLayer, k.ptr, v.ptr, slots.ptr, (long)written.size(), 0);
         CUDA_CHECK(cudaDeviceSynchronize());
     }
 };
 
-std::vector<float> gpu_decode(GpuCache& g, const PagedBatch& b, int H, int max_len, int splits) {
+// split_keys 0: kDecodeSplitKeys.
+std::vector<float> gpu_decode(GpuCache& g, const PagedBatch& b, int H, int max_len, int split_keys,
+                              const DecodeCascade& cascade = DecodeCascade()) {
     DeviceBuffer<__nv_bfloat16> q(to_bf16(b.q)), out((size_t)b.B * H * b.shape.head_dim);
     CUDA_CHECK(cudaMemset(out.ptr, 0xFF, out.count * sizeof(__nv_bfloat16)));  // NaN: an output not written fails
-    g.cache.decode_attention(kLayer, out.ptr, q.ptr, H, g.page_table.ptr, b.max_pages, g.lens.ptr, b.B, max_len, 0,
-                             splits);
+    g.cache.decode_attention(kLayer, out.ptr, q.ptr, H, g.page_table.ptr, b.max_pages, g.lens.ptr, g.prefix.ptr, b.B,
+                             max_len, 0, cascade, split_keys > 0 ? split_keys : kDecodeSplitKeys);
     return to_float(out.download());
 }
 
@@ -149,7 +166,7 @@ CpuDecode cpu_decode(const PagedBatch& b, int H, Precision storage, const std::v
     cache.set_scales(ks, vs);
     cache.store(kLayer, (long)b.cpu_rows.size(), b.cpu_rows.data(), b.k.data(), b.v.data());
     std::vector<int64_t> key_start;
-    std::vector<int32_t> key_count;
+    std::vector<int32_t> key_count, key_prefix;
     std::vector<int> active;
     std::vector<float> q;
     for (int r = 0; r < b.B; r++)
@@ -157,13 +174,15 @@ CpuDecode cpu_decode(const PagedBatch& b, int H, Precision storage, const std::v
             active.push_back(r);
             key_start.push_back((int64_t)r * b.max_len);
             key_count.push_back(b.lens[r]);
+            key_prefix.push_back(b.prefix[r]);
             q.insert(q.end(), b.q.begin() + (size_t)r * H * D, b.q.begin() + (size_t)(r + 1) * H * D);
         }
     const long T = (long)active.size(), stride = cached_attention_scratch_floats({H, KV, D}, std::max(b.max_len, 1));
     std::vector<float> out((size_t)T * H * D), lse((size_t)T * H), scratch((size_t)omp_get_max_threads() * stride);
     if (T > 0)
         attention_forward_cached(out.data(), lse.data(), q.data(), cache.keys(kLayer), cache.values(kLayer),
-                                 key_start.data(), key_count.data(), T, {H, KV, D}, scratch.data(), stride, bf16,
+                                 key_start.data(), key_count.data(), key_prefix.data(), T, {H, KV, D}, scratch.data(),
+                                 stride, bf16,
                                  CachedRows::Decode);
     CpuDecode r{std::vector<float>((size_t)b.B * H * D, 0.0f), std::vector<float>((size_t)b.B * H, 0.0f)};
     for (long t = 0; t < T; t++) {
@@ -242,11 +261,11 @@ void check_decode(Precision storage, bool per_head = false) {
         const CpuDecode fp32 = cpu_decode(b, c.H, storage, ks, vs, false), bf16 = cpu_decode(b, c.H, storage, ks, vs, true);
         const std::vector<double> mag = magnitudes(b, c.H, storage, ks, vs, fp32.lse);
         const double u = 0x1p-8, e = score_error(c.D) + 1e-5;
-        for (int splits : c.splits)
+        for (int split_keys : c.split_keys)
             for (int max_len : {b.max_len, b.max_len + 20}) {  // exact and an upper bound (chunks past every length)
-                printf("    %s %s, splits %d (%d used), max_len %d\n", c.name, precision_name(storage), splits,
-                       splits > 0 ? splits : PagedKvCache::decode_splits(max_len), max_len);
-                const std::vector<float> got = gpu_decode(g, b, c.H, max_len, splits);
+                printf("    %s %s, chunks of %d keys, max_len %d\n", c.name, precision_name(storage),
+                       split_keys > 0 ? split_keys : kDecodeSplitKeys, max_len);
+                const std::vector<float> got = gpu_decode(g, b, c.H, max_len, split_keys);
                 CHECK(count_outside("O vs cpu fp32", got, fp32.out, mag, u + e) == 0);
                 CHECK(count_outside("O vs cpu bf16", got, bf16.out, mag, 2 * u + e) == 0);
             }
@@ -270,12 +289,129 @@ TEST(kv_decode_attention_fp8_scales_per_kv_head_match_cpu) {
     check_decode(Precision::FP8, /*per_head=*/true);
 }
 
-// Batch invariance (issue 26, defect 4): a row's chunks follow its own length alone. Row 0 (600 keys:
-// 3 chunks) decoded beside a 2,000-key row, alone, and with max_len 20 above every length (a longer
-// row elsewhere in the pool): the same chunk LSEs and the same output bits each time.
+// The G samples of a prompt as rollout.cu holds them: the prompt's full pages shared, each row's
+// copy of its partial page (the prompt's last tokens, then its own), then its own pages. Rows
+// `siblings` share a P-token prompt; the others have prompts of their own. The GPU cache writes a
+// shared page once (gpu_writes), the CPU cache every row's keys.
+PagedBatch make_sibling_batch(const DecodeCase& c, int siblings, int P, uint32_t seed) {
+    PagedBatch b;
+    b.B = (int)c.lens.size();
+    b.lens = c.lens;
+    b.max_len = *std::max_element(c.lens.begin(), c.lens.end());
+    b.max_pages = (b.max_len + c.page_tokens - 1) / c.page_tokens;
+    const int full = P / c.page_tokens;
+    int needed = full;
+    for (int len : c.lens) needed += (len + c.page_tokens - 1) / c.page_tokens;
+    b.shape = {kLayers, c.KV, c.D, c.page_tokens, needed + 3};
+    std::vector<int32_t> order(b.shape.pages);
+    std::iota(order.begin(), order.end(), 0);
+    for (int i = b.shape.pages - 1; i > 0; i--)
+        std::swap(order[i], order[(int)((hash_uniform(i, seed) + 1.0f) * 0.5f * (i + 1)) % (i + 1)]);
+    int next = 0;
+    std::vector<int32_t> shared_pages;
+    for (int p = 0; p < full; p++) shared_pages.push_back(order[next++]);
+    b.page_table.assign((size_t)b.B * b.max_pages, -1);
+    const size_t width = (size_t)c.KV * c.D;
+    const std::vector<float> prompt_k = bf16_values((size_t)P * width, seed + 1, 2.0f),
+                             prompt_v = bf16_values((size_t)P * width, seed + 2, 1.0f);
+    for (int r = 0; r < b.B; r++) {
+        const bool sibling = r < siblings;
+        const int prompt = sibling ? P : c.prompts[r];
+        b.prefix.push_back((int32_t)decode_prefix_keys(prompt, c.lens[r]));
+        for (int p = 0; p * c.page_tokens < c.lens[r]; p++)
+            b.page_table[(size_t)r * b.max_pages + p] = sibling && p < full ? shared_pages[p] : order[next++];
+        const std::vector<float> own_k = bf16_values((size_t)c.lens[r] * width, seed + 10 + r, 2.0f),
+                                 own_v = bf16_values((size_t)c.lens[r] * width, seed + 40 + r, 1.0f);
+        for (int pos = 0; pos < c.lens[r]; pos++) {
+            const bool from_prompt = sibling && pos < P;
+            const float* k = from_prompt ? &prompt_k[(size_t)pos * width] : &own_k[(size_t)pos * width];
+            const float* v = from_prompt ? &prompt_v[(size_t)pos * width] : &own_v[(size_t)pos * width];
+            b.k.insert(b.k.end(), k, k + width);
+            b.v.insert(b.v.end(), v, v + width);
+            b.slots.push_back(b.page_table[(size_t)r * b.max_pages + pos / c.page_tokens] * c.page_tokens + pos % c.page_tokens);
+            b.cpu_rows.push_back((int64_t)r * b.max_len + pos);
+            b.gpu_writes.push_back(!(sibling && pos < full * c.page_tokens && r > 0));  // row 0 writes the shared pages
+        }
+    }
+    b.q = bf16_values((size_t)b.B * c.H * c.D, seed + 3, 3.0f);
+    return b;
+}
+
+// Cascade attention (issue 29): 11 sibling rows of a 100-token prompt (one idle: a sequence that
+// finished in the window), in groups of at most cascade_rows(), beside rows of other prompts. With
+// the groups the output and every chunk's LSE are the per-row launch's bit for bit, at chunks of 32
+// and 256 keys, BF16 and FP8; both are within the bounds of the CPU engine's; and in emulation the
+// K/V bytes read are the per-row launch's less each group's prefix read by all but one of its rows.
+TEST(kv_decode_cascade_equals_per_row_bits_and_reads_the_prefix_once) {
+    REQUIRE_GPU();
+    const int siblings = 11, P = 100;
+    const DecodeCase c{"D16 H4 KV2, 11 siblings", 4, 2, 16, 16, {101, 105, 140, 400, 0, 101, 102, 130, 101, 300, 110, 60, 7},
+                       {32, 0}, {P, P, P, P, P, P, P, P, P, P, P, 40, 7}};
+    const PagedBatch b = make_sibling_batch(c, siblings, P, 123);
+    for (Precision storage : {Precision::BF16, Precision::FP8}) {
+        const bool fp8 = storage == Precision::FP8;
+        const std::vector<float> ks(c.KV, fp8 ? scale_of(b.k) : 1.0f), vs(c.KV, fp8 ? scale_of(b.v) : 1.0f);
+        GpuCache g(b, storage, {0.5f, ks[0]}, {0.25f, vs[0]}, c.H);
+        const int per_group = g.cache.cascade_rows();
+        CHECK_EQ(per_group, kCascadeRows);  // D16, 2 heads per kv head: 8 rows fit
+        std::vector<int32_t> rows, start = {0}, shared((size_t)b.B, 0);
+        for (int r = 0; r < siblings; r++) {
+            rows.push_back(r), shared[(size_t)r] = 1;
+            if ((int)rows.size() - start.back() == per_group || r == siblings - 1) start.push_back((int)rows.size());
+        }
+        const int groups = (int)start.size() - 1;
+        CHECK_EQ(groups, 2);
+        DeviceBuffer<int32_t> rows_d(rows), start_d(start), count_d(std::vector<int32_t>{groups}), shared_d(shared);
+        DecodeCascade cascade;
+        cascade.rows = rows_d.ptr, cascade.start = start_d.ptr, cascade.count = count_d.ptr, cascade.shared = shared_d.ptr;
+        cascade.max_groups = b.B / 2;  // as rollout.cu bounds it: CTAs past *count exit
+        const CpuDecode fp32 = cpu_decode(b, c.H, storage, ks, vs, false);
+        const std::vector<double> mag = magnitudes(b, c.H, storage, ks, vs, fp32.lse);
+        for (int split_keys : c.split_keys) {
+            const int split = split_keys > 0 ? split_keys : kDecodeSplitKeys, chunks = PagedKvCache::decode_chunks(b.max_len, split);
+            auto chunk_lse = [&]() {
+                std::vector<float> lse((size_t)b.B * c.H * chunks);
+                CUDA_CHECK(cudaMemcpy(lse.data(), g.cache.decode_chunk_lse(), lse.size() * sizeof(float), cudaMemcpyDeviceToHost));
+                return lse;
+            };
+#ifdef FP8RL_EMU
+            const uint64_t before = emu::async_copy_bytes();
+#endif
+            const std::vector<float> per_row = gpu_decode(g, b, c.H, b.max_len, split_keys);
+            const std::vector<float> per_row_lse = chunk_lse();
+#ifdef FP8RL_EMU
+            const uint64_t middle = emu::async_copy_bytes();
+#endif
+            const std::vector<float> cascaded = gpu_decode(g, b, c.H, b.max_len, split_keys, cascade);
+            const std::vector<float> cascaded_lse = chunk_lse();
+            printf("    %s, chunks of %d keys\n", precision_name(storage), split);
+            CHECK(memcmp(per_row.data(), cascaded.data(), per_row.size() * sizeof(float)) == 0);
+            CHECK(memcmp(per_row_lse.data(), cascaded_lse.data(), per_row_lse.size() * sizeof(float)) == 0);
+            CHECK(count_outside("cascade O vs cpu fp32", cascaded, fp32.out, mag, 0x1p-8 + score_error(c.D) + 1e-5) == 0);
+#ifdef FP8RL_EMU
+            const uint64_t key_bytes = 2 * (uint64_t)c.D * (fp8 ? 1 : 2) * c.KV;  // K and V of one key, every kv head
+            uint64_t per_row_keys = 0, cascade_keys = 0;
+            for (int r = 0; r < b.B; r++) {
+                per_row_keys += (uint64_t)b.lens[r];
+                cascade_keys += (uint64_t)(b.lens[r] - (shared[(size_t)r] ? b.prefix[(size_t)r] : 0));
+            }
+            cascade_keys += (uint64_t)groups * decode_prefix_keys(P, P + 1);  // each group's prefix, once
+            printf("    K/V bytes read: per row %llu, cascade %llu (%.2fx fewer)\n", (unsigned long long)(middle - before),
+                   (unsigned long long)(emu::async_copy_bytes() - middle), (double)per_row_keys / cascade_keys);
+            CHECK_EQ(middle - before, per_row_keys * key_bytes);
+            CHECK_EQ(emu::async_copy_bytes() - middle, cascade_keys * key_bytes);
+#endif
+        }
+    }
+}
+
+// Batch invariance (issue 26, defect 4): a row's chunks follow its own length and prompt alone. Row 0
+// (600 keys, a 450-token prompt: 2 prefix chunks and 1 of its own) decoded beside a 2,000-key row,
+// alone, and with max_len 20 above every length (a longer row elsewhere in the pool): the same chunk
+// LSEs and the same output bits each time.
 TEST(kv_decode_chunks_do_not_depend_on_the_batch) {
     REQUIRE_GPU();
-    const DecodeCase c{"D16 H4 KV2, rows past 512 keys", 4, 2, 16, 16, {600, 2000, 37, 0}, {0}};
+    const DecodeCase c{"D16 H4 KV2, rows past 512 keys", 4, 2, 16, 16, {600, 2000, 37, 0}, {0}, {450, 1000, 3, 0}};
     const PagedBatch b = make_batch(c, 99);
     GpuCache g(b, Precision::BF16, {1.0f, 1.0f}, {1.0f, 1.0f}, c.H);
     struct Row0 {
@@ -284,8 +420,9 @@ TEST(kv_decode_chunks_do_not_depend_on_the_batch) {
     };
     auto decode_row0 = [&](int B, int max_len) {
         DeviceBuffer<__nv_bfloat16> q(to_bf16(b.q)), out((size_t)B * c.H * c.D);
-        g.cache.decode_attention(kLayer, out.ptr, q.ptr, c.H, g.page_table.ptr, b.max_pages, g.lens.ptr, B, max_len, 0);
-        const int splits = PagedKvCache::decode_splits(max_len);
+        g.cache.decode_attention(kLayer, out.ptr, q.ptr, c.H, g.page_table.ptr, b.max_pages, g.lens.ptr, g.prefix.ptr, B,
+                                 max_len, 0);
+        const int splits = PagedKvCache::decode_chunks(max_len);
         std::vector<float> lse((size_t)B * c.H * splits);
         Row0 r;
         r.out = out.download();  // synchronizes
@@ -324,7 +461,7 @@ std::vector<uint8_t> download_pool(const uint8_t* dev, size_t bytes) {
 // appending rows {0, padding (-1), 2} to slots {s0, -1, s1} changes exactly slot s1's row.
 TEST(kv_append_matches_host_encoder) {
     REQUIRE_GPU();
-    const DecodeCase c = {"D32 H2 KV2", 2, 2, 32, 16, {5, 16, 17}, {1}};
+    const DecodeCase c = {"D32 H2 KV2", 2, 2, 32, 16, {5, 16, 17}, {0}, {}};
     const PagedBatch b = make_batch(c, 7);
     for (Precision storage : {Precision::FP8, Precision::BF16}) {
         const float ks = 0.0043f, vs = 0.0021f;  // |x| / scale beyond 448 for some values: satfinite
@@ -365,7 +502,7 @@ TEST(kv_append_matches_host_encoder) {
 // layer and per KV head; with BF16 storage they stay as they are, bit for bit.
 TEST(kv_round_trip_matches_cpu_stored_values) {
     REQUIRE_GPU();
-    const DecodeCase c = {"D32 H2 KV2", 2, 2, 32, 16, {5, 16, 17}, {1}};
+    const DecodeCase c = {"D32 H2 KV2", 2, 2, 32, 16, {5, 16, 17}, {0}, {}};
     const PagedBatch b = make_batch(c, 9);
     const float ks = 0.0043f, vs = 0.0021f;  // |x| / scale beyond 448 for some values: satfinite
     KvCache cpu;
@@ -400,7 +537,7 @@ TEST(kv_round_trip_matches_cpu_stored_values) {
 // copy attends exactly as the row reading the original.
 TEST(kv_copy_page_copies_every_layer) {
     REQUIRE_GPU();
-    const DecodeCase c = {"D16 H2 KV1", 2, 1, 16, 16, {20}, {1}};
+    const DecodeCase c = {"D16 H2 KV1", 2, 1, 16, 16, {20}, {0}, {}};
     PagedBatch b = make_batch(c, 21);
     const float ks = scale_of(b.k), vs = scale_of(b.v);
     GpuCache g(b, Precision::FP8, {ks, ks}, {vs, vs}, c.H);
@@ -417,10 +554,10 @@ TEST(kv_copy_page_copies_every_layer) {
                       "layer %d: page %d differs from page %d after the copy", l, dst, src);
         }
     }
-    const std::vector<float> before = gpu_decode(g, b, c.H, b.max_len, 1);
+    const std::vector<float> before = gpu_decode(g, b, c.H, b.max_len, 0);
     b.page_table[1] = dst;
     g.page_table.upload(b.page_table);
-    const std::vector<float> after = gpu_decode(g, b, c.H, b.max_len, 1);
+    const std::vector<float> after = gpu_decode(g, b, c.H, b.max_len, 0);
     CHECK(before == after);
     const std::vector<float> k_heads((size_t)c.KV, ks), v_heads((size_t)c.KV, vs);
     const CpuDecode want = cpu_decode(b, c.H, Precision::FP8, k_heads, v_heads, false);
@@ -469,7 +606,7 @@ TEST(kv_amax_matches_cpu_max_abs) {
 // uploaded to the same device buffers, gives what an eager call gives on the new inputs.
 TEST(kv_decode_attention_replays_in_a_graph) {
     REQUIRE_GPU();
-    const DecodeCase c = {"D16 H4 KV2", 4, 2, 16, 16, {3, 40, 17}, {2}};
+    const DecodeCase c = {"D16 H4 KV2", 4, 2, 16, 16, {3, 40, 17}, {32}, {3, 33, 10}};
     PagedBatch b = make_batch(c, 5);
     const int max_len = 48;  // the bucket's bound
     GpuCache g(b, Precision::FP8, {1.0f, scale_of(b.k)}, {1.0f, scale_of(b.v)}, c.H);
@@ -479,7 +616,8 @@ TEST(kv_decode_attention_replays_in_a_graph) {
     cudaGraph_t graph;
     cudaGraphExec_t exec;
     CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-    g.cache.decode_attention(kLayer, out.ptr, q.ptr, c.H, g.page_table.ptr, b.max_pages, g.lens.ptr, b.B, max_len, stream);
+    g.cache.decode_attention(kLayer, out.ptr, q.ptr, c.H, g.page_table.ptr, b.max_pages, g.lens.ptr, g.prefix.ptr, b.B,
+                             max_len, stream, DecodeCascade(), kDecodeTile);
     CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
     CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
     b.lens = {1, 0, 17};  // a shorter row, an idle one, one unchanged
@@ -490,7 +628,7 @@ TEST(kv_decode_attention_replays_in_a_graph) {
     CUDA_CHECK(cudaGraphLaunch(exec, stream));
     CUDA_CHECK(cudaStreamSynchronize(stream));
     const std::vector<float> replayed = to_float(out.download());
-    const std::vector<float> eager = gpu_decode(g, b, c.H, max_len, 0);
+    const std::vector<float> eager = gpu_decode(g, b, c.H, max_len, kDecodeTile);
     CHECK(replayed == eager);
     CHECK(replayed[(size_t)1 * c.H * c.D] == 0.0f);
     CUDA_CHECK(cudaGraphExecDestroy(exec));
@@ -502,11 +640,11 @@ TEST(kv_decode_attention_replays_in_a_graph) {
 // table after the row's pages (ASan would see the read), and the result is attention over max_len keys.
 TEST(kv_decode_attention_reads_no_key_past_max_len) {
     REQUIRE_GPU();
-    const DecodeCase c = {"D16 H2 KV1", 2, 1, 16, 16, {17}, {1}};
+    const DecodeCase c = {"D16 H2 KV1", 2, 1, 16, 16, {17}, {32}, {}};
     const PagedBatch b = make_batch(c, 31);
     GpuCache g(b, Precision::BF16, {1.0f, 1.0f}, {1.0f, 1.0f}, c.H);
     g.lens.upload(std::vector<int32_t>{40});
-    const std::vector<float> got = gpu_decode(g, b, c.H, 17, 2);
+    const std::vector<float> got = gpu_decode(g, b, c.H, 17, 0);
     const std::vector<float> ones((size_t)c.KV, 1.0f);
     const CpuDecode want = cpu_decode(b, c.H, Precision::BF16, ones, ones, false);
     const std::vector<double> mag = magnitudes(b, c.H, Precision::BF16, ones, ones, want.lse);
@@ -527,16 +665,23 @@ TEST(kv_cache_rejects_bad_input) {
     CHECK_THROWS((cache.set_scales({1.0f, 1.0f, 1.0f, 1.0f}, {1.0f, 1.0f, 0.0f, 1.0f})), "layer 1, KV head 0 has K scale 1, V scale 0");
     CHECK_THROWS((cache.append(2, nullptr, nullptr, nullptr, 1, 0)), "append: layer 2 outside [0, 2)");
     CHECK_THROWS((cache.copy_page(0, 4, 0)), "pages 0 -> 4 outside the pool [0, 4)");
-    CHECK_THROWS((cache.decode_attention(0, nullptr, nullptr, 4, nullptr, 1, nullptr, 1, 16, 0)), "call reserve_decode");
-    cache.reserve_decode(2, 4);
-    CHECK_THROWS((cache.decode_attention(0, nullptr, nullptr, 3, nullptr, 1, nullptr, 1, 16, 0)),
+    CHECK_THROWS((cache.decode_attention(0, nullptr, nullptr, 4, nullptr, 1, nullptr, nullptr, 1, 16, 0)), "call reserve_decode");
+    cache.reserve_decode(2, 4, 16);
+    CHECK_THROWS((cache.decode_attention(0, nullptr, nullptr, 3, nullptr, 1, nullptr, nullptr, 1, 16, 0)),
                  "heads = 3 must be a positive multiple of kv_heads = 2");
-    CHECK_THROWS((cache.decode_attention(0, nullptr, nullptr, 4, nullptr, 1, nullptr, 1, 17, 0)),
+    CHECK_THROWS((cache.decode_attention(0, nullptr, nullptr, 4, nullptr, 1, nullptr, nullptr, 1, 17, 0)),
                  "max_len <= max_pages * page_tokens");
-    CHECK_THROWS((cache.decode_attention(0, nullptr, nullptr, 8, nullptr, 1, nullptr, 1, 16, 0)),
+    CHECK_THROWS((cache.decode_attention(0, nullptr, nullptr, 8, nullptr, 1, nullptr, nullptr, 1, 16, 0)),
                  "1 rows x 8 heads x");
     PagedKvCache wide({1, 1, 128, 16, 1}, Precision::BF16);
-    CHECK_THROWS((wide.reserve_decode(1, 400)), "400 query heads per kv head need");
-    CHECK_THROWS((cache.decode_attention(0, nullptr, nullptr, 4, nullptr, 1, nullptr, 3, 16, 0, kDecodeMaxSplits)),
-                 "3 rows x 4 heads x 16 splits exceed the decode workspace");
+    CHECK_THROWS((wide.reserve_decode(1, 400, 16)), "400 query heads per kv head need");
+    CHECK_THROWS((cache.reserve_decode(1, 4, 16, 48)), "split_keys = 48 must be a positive multiple of 32");
+    CHECK_THROWS((cache.decode_attention(0, nullptr, nullptr, 4, nullptr, 1, nullptr, nullptr, 3, 16, 0)),
+                 "3 rows x 4 heads x 2 chunks exceed the decode workspace");
+    CHECK_THROWS((cache.decode_attention(0, nullptr, nullptr, 4, nullptr, 4, nullptr, nullptr, 2, 64, 0, DecodeCascade(), 32)),
+                 "2 rows x 4 heads x 3 chunks exceed the decode workspace");
+    DecodeCascade half;  // rows without the rest
+    half.rows = reinterpret_cast<const int32_t*>(16);
+    CHECK_THROWS((cache.decode_attention(0, nullptr, nullptr, 4, nullptr, 1, nullptr, nullptr, 1, 16, 0, half)),
+                 "a cascade needs rows, start, count and shared");
 }

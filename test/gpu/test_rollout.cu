@@ -391,12 +391,13 @@ std::string long_context_model() {
     return dir;
 }
 
-// `prompts` prompts (5, 10, ... tokens) x 2 samples; vocab_limit keeps the eos id (511) out, so
-// every completion runs to max_new_tokens.
+// `prompts` prompts (40, 45, ... tokens: a prefix of 32 keys, read once for both samples by cascade
+// attention) x 2 samples; vocab_limit keeps the eos id (511) out, so every completion runs to
+// max_new_tokens.
 std::vector<GenRequest> long_requests(int prompts) {
     std::vector<GenRequest> r;
     for (int i = 0; i < prompts; i++)
-        for (int g = 0; g < 2; g++) r.push_back({random_ids(5 + 5 * i, 511, 40 + i), (uint32_t)(10 * i + g)});
+        for (int g = 0; g < 2; g++) r.push_back({random_ids(40 + 5 * i, 511, 40 + i), (uint32_t)(10 * i + g)});
     return r;
 }
 
@@ -448,7 +449,8 @@ TEST(rollout_decode_loop_waits_for_the_device_once_per_16_steps) {
 // Batch invariance past 512 tokens (issue 29): 3 completions of 520 tokens (2 samples of a prompt,
 // 1 of another) are the same, bit for bit (tokens, both log-probs), decoded all at once or 2 at a time in a page
 // pool too small for two (so requests wait, join at window edges beside others, are preempted and
-// fed their kept tokens again), in bf16 and in fp8 with an FP8 KV cache. The emulation's GEMMs
+// fed their kept tokens again; the two samples' prompt prefix is read once per group by cascade
+// attention when they run together, and per row in a replay), in bf16 and in fp8 with an FP8 KV cache. The emulation's GEMMs
 // round by their shapes (a split-K algorithm where the heuristic ranks one first), so a batch
 // size that changed a row's algorithm would show. Under ASan, fp8 alone.
 TEST(rollout_batch_invariant_past_512_tokens) {
@@ -473,6 +475,7 @@ TEST(rollout_batch_invariant_past_512_tokens) {
                precision_name(p), tokens, (long long)a.rollout_stats().decode_steps, pages, (long long)st.decode_steps,
                (long long)st.preemptions, (long long)st.replayed_tokens);
         CHECK(st.preemptions > 0 && st.replayed_tokens > 0);
+        CHECK(a.rollout_stats().cascade_rows > 0 && st.cascade_rows > 0);  // the two samples of prompt 0 cascaded
         for (size_t i = 0; i < requests.size(); i++) {
             CHECK_EQ(want[i].tokens.size(), (size_t)tokens);
             CHECK_MSG(got[i].tokens == want[i].tokens && got[i].logprobs == want[i].logprobs &&
