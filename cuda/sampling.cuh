@@ -13,15 +13,22 @@
 //     in id order keeps a prefix of them whose length follows from the masses before + x + x ...;
 //     every thread computes that length, then keeps the members whose rank (a prefix count over
 //     contiguous spans of ids) is below it;
-//   - the inverse CDF over the kept mass's chunk sums (still in shared memory): one thread finds the
-//     chunk (inverse_cdf_chunk) and walks it (inverse_cdf_in_chunk), at most kSumChunk ids.
+//   - the inverse CDF (sampling.h's inverse_cdf): its running sums are sampling.h's prefix tree,
+//     whose add order depends on the number of terms alone. Over the kept mass's chunk sums (still
+//     in shared memory), then over the chosen chunk's ids: the block builds the tree's block sums a
+//     level at a time (log2 of the terms steps), every thread computes the prefixes of its terms
+//     (one add per set bit of the term's index + 1) and tests them, and a min over the block takes
+//     the first kept term whose prefix exceeds the target (a max, the last kept term, if none does).
 // A row costs a pass over its logits (the max), one over the probabilities (exp and the row's mass),
 // then up to 31 count passes (top-k), 31 mass passes and the tie pass (top-p) and a kept-mass pass,
 // each over the row's n floats of scratch (600 KB at 151,936 ids, from L2 at batch sizes whose
-// scratch fits it), then one thread's walk over the chunk sums and at most one chunk. Estimated,
-// not measured: ~7 us a pass at ~80 GB/s of L2 reads per SM, the rows' blocks side by side, so a
-// decode step samples in ~20 us uncut and ~0.5 ms with top-k and top-p, whatever the batch up to
-// one row per SM (the one-thread walk and 8-thread sums before it: 3-9 ms).
+// scratch fits it), then the two prefix-tree searches (over the <= 1024 chunk sums in shared memory,
+// then one chunk of scratch; each a barrier a tree level, 8 or 9 at 151,936 ids, and five more for
+// the min, the max and the tree's reuse). Estimated, not measured: ~7 us a pass at ~80 GB/s of L2
+// reads per SM, the rows' blocks side by side, so a decode step samples in ~20 us uncut and
+// ~0.5 ms with top-k and top-p, whatever the batch up to one row per SM (an earlier one-thread walk
+// with 8-thread sums: 3-9 ms). Every row sum still ends in each thread adding the chunk sums in
+// chunk order (297 dependent adds from shared memory at 151,936 ids), which the searches do not change.
 // The elementwise math is rl/numerics/fast_exp.h's exp and unfused products (mul_rn); the log-probs'
 // double log is the device's, which matches glibc's to within an ulp but is not guaranteed to
 // round the same: the bits are the host's in emulation, and on a GPU wherever the two logs agree
@@ -77,6 +84,62 @@ struct BlockMassAtLeast {
     double* chunk_sums;
     __device__ double operator()(uint32_t key) const { return block_row_sum(n, MassTerm{p, key}, chunk_sums); }
 };
+
+// Block sum B_k[j] (k >= 1) of the prefix tree over `count` terms, as block_tree_inverse_cdf lays
+// them out in tree: level 1 first, then each level after the one below it.
+template <class X>
+struct BlockTreeSums {
+    const X& x;
+    const double* tree;
+    int count;
+    __device__ double operator()(int k, int j) const {
+        if (k == 0) return x(j);
+        int offset = 0;
+        for (int l = 1; l < k; l++) offset += count >> l;
+        return tree[offset + j];
+    }
+};
+
+// rl/numerics/sampling.h's tree_inverse_cdf on the block (every thread calls it and gets the pick and
+// *before): the level-k block sums B_k (k >= 1) into tree (shared, count - 1 doubles at least), a
+// level a step, each the sum of two of the level below as sampling.h's prefix tree defines them;
+// then every thread computes the prefix through each of its kept terms from those sums and tests it,
+// and a min over the block takes the first that exceeds target, else a max the last kept term.
+// x(i) must be readable by every thread (shared memory, or global memory the block has finished).
+template <class X>
+__device__ int block_tree_inverse_cdf(int count, const X& x, double start, double target, double* tree,
+                                      double* before) {
+    for (int k = 1, offset = 0; count >> k > 0; k++) {
+        const int below = offset - (count >> (k - 1));  // level k - 1's offset (k >= 2)
+        for (int j = threadIdx.x; j < count >> k; j += blockDim.x)
+            tree[offset + j] = k == 1 ? x(2 * j) + x(2 * j + 1) : tree[below + 2 * j] + tree[below + 2 * j + 1];
+        __syncthreads();  // level k is complete before level k + 1 or the prefixes read it
+        offset += count >> k;
+    }
+    const BlockTreeSums<X> sums{x, tree, count};
+    int first = count, last = -1;
+    for (int i = threadIdx.x; i < count; i += blockDim.x) {
+        if (!(x(i) > 0.0)) continue;
+        last = i;
+        if (first == count && tree_prefix(start, i + 1, sums) > target) first = i;
+    }
+    first = block_reduce(first, [](int a, int b) { return b < a ? b : a; });
+    last = block_reduce(last, MaxOp());
+    const int pick = first < count ? first : last;
+    if (pick >= 0) *before = tree_prefix(start, pick, sums);
+    __syncthreads();  // every thread has read tree before a next call writes it
+    return pick;
+}
+
+// rl/numerics/sampling.h's inverse_cdf on the block, for every thread: the token for target over the
+// kept row p [n] whose chunk masses are chunk_sums (shared); tree: shared, kSampleMaxChunks doubles.
+__device__ inline int block_inverse_cdf(const float* p, int n, const double* chunk_sums, double target, double* tree) {
+    double before = 0.0, unused = 0.0;
+    const int c = block_tree_inverse_cdf(sum_chunks(n), [&](int chunk) { return chunk_sums[chunk]; }, 0.0, target,
+                                         tree, &before);
+    const int lo = c * kSumChunk;
+    return lo + block_tree_inverse_cdf(chunk_hi(n, c) - lo, ProbTerm{p + lo}, before, target, tree, &unused);
+}
 
 // rl/numerics/sampling.h's apply_top_p on the block.
 __device__ inline void block_apply_top_p(float* scratch, int n, float top_p, double kept_mass, double* chunk_sums) {
@@ -147,13 +210,11 @@ static __global__ void __launch_bounds__(kSampleThreads)
         kept = BlockMassAtLeast{scratch, n, chunk_sums}(0u);
     }
     // chunk_sums holds the chunk masses of the kept row (the last row sum: kept, or z_all uncut)
+    const float u = rng_uniform(seed, steps[row], keys[row], positions[row]);
+    STATIC_SHARED(double, tree, [kSampleMaxChunks]);
+    const int token = block_inverse_cdf(scratch, n, chunk_sums, (double)u * kept, tree);
     if (threadIdx.x == 0) {
-        const float u = rng_uniform(seed, steps[row], keys[row], positions[row]);
-        const double target = (double)u * kept;
-        double before = 0.0;
-        const int c = inverse_cdf_chunk(sum_chunks(n), [&](int chunk) { return chunk_sums[chunk]; }, target, &before);
-        const SampledToken t =
-            sampled_token(logits, inverse_cdf_in_chunk(scratch, n, c, before, target), inv_t, s_max, kept, z_all);
+        const SampledToken t = sampled_token(logits, token, inv_t, s_max, kept, z_all);
         out[row] = t;
         if (tokens) tokens[row] = t.token;
     }

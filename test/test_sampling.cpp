@@ -242,3 +242,96 @@ TEST(sampling_inverse_cdf_over_chunks_is_the_running_sum) {
     CHECK_EQ(draws + near, 100);
     CHECK(near <= 2);
 }
+
+// The prefix tree's prefixes are the documented add order: against an independent definition (each
+// block of the binary decomposition summed by halves, recursively, the blocks added to the start
+// largest first), for every prefix of several lengths, from 0 and from a nonzero start; by hand for
+// m = 7; and on terms where the order shows (the tree's prefixes are not all a running sum's).
+namespace {
+double halves_sum(const std::vector<double>& x, int lo, int size) {
+    return size == 1 ? x[lo] : halves_sum(x, lo, size / 2) + halves_sum(x, lo + size / 2, size / 2);
+}
+double tree_prefix_by_halves(const std::vector<double>& x, double start, int m) {
+    int size = 1;
+    while (size * 2 <= m) size *= 2;
+    double sum = start;
+    for (int lo = 0; size >= 1; size /= 2)
+        if (m - lo >= size) {
+            sum += halves_sum(x, lo, size);
+            lo += size;
+        }
+    return sum;
+}
+}  // namespace
+
+TEST(sampling_prefix_tree_is_the_documented_order) {
+    int checked = 0, differ_from_running = 0;
+    for (int count : {1, 2, 3, 5, 8, 31, 64, 100, 297, 512, 1000, 1024}) {
+        std::vector<double> x(count);
+        for (int i = 0; i < count; i++)  // magnitudes 2^-30 .. 2^10 and zeros, so that the order shows
+            x[i] = i % 7 == 3 ? 0.0 : std::ldexp(1.0 + rng_uniform(3, 1, (uint32_t)count, (uint32_t)i), (i * 37) % 41 - 30);
+        for (double start : {0.0, 1234.5678}) {
+            PrefixTreeScan scan;
+            double running = start;
+            for (int m = 0; m <= count; m++) {
+                if (m > 0) {
+                    scan.push(x[m - 1]);
+                    running += x[m - 1];
+                }
+                const double want = tree_prefix_by_halves(x, start, m);
+                if (scan.prefix(start) != want)
+                    CHECK_MSG(false, "count %d start %g m %d: scan %.17g, by halves %.17g", count, start, m,
+                              scan.prefix(start), want);
+                differ_from_running += want != running;
+                checked++;
+            }
+        }
+    }
+    printf("    %d prefixes are the documented tree's; %d differ from a running sum's bits\n", checked, differ_from_running);
+    CHECK(differ_from_running > 100);
+    std::vector<double> x = {1.0, 1e-17, 3.0, 1e-16, 5.0, 7e-17, 9e-16};
+    PrefixTreeScan scan;
+    for (double v : x) scan.push(v);
+    const double s = 0.25;
+    CHECK_EQ(scan.prefix(s), ((s + ((x[0] + x[1]) + (x[2] + x[3]))) + (x[4] + x[5])) + x[6]);
+    CHECK_EQ(tree_prefix(s, 6, [&](int k, int j) { return halves_sum(x, j << k, 1 << k); }),
+             (s + ((x[0] + x[1]) + (x[2] + x[3]))) + (x[4] + x[5]));
+}
+
+// tree_inverse_cdf's pick is the documented rule, by brute force over the tree's prefixes: the first
+// kept term (> 0) whose prefix through it exceeds the target, else the last kept term; never a zero
+// term; *before the prefix before the pick. Targets at every prefix and one ulp either side.
+TEST(sampling_tree_inverse_cdf_is_the_rule) {
+    int checked = 0;
+    for (int count : {1, 2, 7, 64, 297, 512}) {
+        std::vector<double> x(count);
+        for (int i = 0; i < count; i++) {
+            const float r = rng_uniform(4, 2, (uint32_t)count, (uint32_t)i);
+            x[i] = r < 0.3f ? 0.0 : std::ldexp((double)r, -(int)(40 * r)) / 3.0;  // all 53 bits: sums round
+        }
+        if (count > 2) x[count - 1] = 0.0;  // a zero term last: the fallback must not take it
+        for (double start : {0.0, 0.5}) {
+            std::vector<double> targets = {0.0, start, 1e9};
+            for (int m = 1; m <= count; m++) {
+                const double p = tree_prefix_by_halves(x, start, m);
+                targets.insert(targets.end(), {p, std::nextafter(p, 0.0), std::nextafter(p, INFINITY)});
+            }
+            for (double target : targets) {
+                int want = -1, last = -1;
+                for (int i = 0; i < count; i++) {
+                    if (!(x[i] > 0.0)) continue;
+                    last = i;
+                    if (want < 0 && tree_prefix_by_halves(x, start, i + 1) > target) want = i;
+                }
+                if (want < 0) want = last;
+                double before = -1.0;
+                const int got = tree_inverse_cdf(count, [&](int i) { return x[i]; }, start, target, &before);
+                CHECK_MSG(got == want && (want < 0 || before == tree_prefix_by_halves(x, start, want)),
+                          "count %d start %g target %.17g: pick %d (before %.17g), want %d", count, start, target, got,
+                          before, want);
+                checked++;
+            }
+        }
+    }
+    CHECK(checked > 2000);
+}

@@ -12,10 +12,15 @@
 //      >= p, never empty. Tokens with equal probability are ordered by ascending id (HF's sort
 //      leaves that order unspecified; only exact ties at the boundary can differ).
 //   4. inverse CDF: walk the kept tokens in ascending id order, accumulating their probabilities;
-//      the sample is the first token whose running sum exceeds u * (kept mass). The running sum is
-//      the row sum's (below): the chunk where the running sum of the chunk sums first exceeds the
-//      target, then inside it the first kept token whose running sum, from the chunks before it,
-//      exceeds the target (its last kept token where rounding keeps that sum below).
+//      the sample is the first kept token whose running sum exceeds the target u * (kept mass).
+//      The running sums are prefix sums through a fixed binary tree (the prefix tree, below), at
+//      two levels of the row sum's chunks: the chunk is the first chunk with mass whose tree
+//      prefix of the chunk masses 0..c exceeds the target (the last chunk with mass if none does);
+//      inside it the token is the first kept one whose tree prefix of the chunk's probabilities,
+//      added to the tree prefix of the chunks before it, exceeds the target (the chunk's last kept
+//      token if none does). A token that is not kept (probability 0) is never drawn. Rounding
+//      aside this is the plain running sum; the tree's totals may differ from the kept mass (a
+//      sequential row_sum) in the last bits, which is what the two fallbacks are for.
 // Tokens are ranked by their float probability exp(s - max s), which orders them like the logits
 // except where two logits are so close that their probabilities round to the same float.
 //
@@ -24,10 +29,12 @@
 //
 // Host and device compute the same bits: exp is rl/numerics/fast_exp.h's, products are never fused into
 // the next add (mul_rn), and every sum over a row (its mass, the kept masses, top-p's bisection,
-// the inverse CDF's running sum) is one chunked two-level sum (row_sum): the ids split into chunks
-// of kSumChunk, each chunk summed in double in LaneSum's order, the chunk sums added in chunk order.
-// The chunks do not depend on the block size or the batch, so a block sums its chunks in parallel
-// and gets the host's bits; the host's AVX2 loop follows LaneSum lane for lane.
+// the chunk masses the inverse CDF starts from) is one chunked two-level sum (row_sum): the ids
+// split into chunks of kSumChunk, each chunk summed in double in LaneSum's order, the chunk sums
+// added in chunk order. The inverse CDF's running sums are the prefix tree's, whose order depends
+// only on the number of terms. Neither depends on the block size or the batch, so a block sums its
+// chunks and scans its prefix trees in parallel and gets the host's bits; the host's AVX2 loop
+// follows LaneSum lane for lane, and the host walks the prefix tree in order (PrefixTreeScan).
 //
 // The caller restricts `n` to the ids that may be sampled (e.g. the tokenizer's size when the
 // embedding has padding rows). Logits must not be NaN; at least one must be finite.
@@ -67,8 +74,8 @@ struct LaneSum {
 };
 
 // The row sum's chunk: 512 ids, a multiple of 8 (so id i is in lane i % 8 of its chunk's LaneSum);
-// 297 chunks at Qwen's 151,936 ids, one per thread of cuda/sampling.cuh's blocks. A chunk bounds the
-// inverse CDF's sequential walk; the number of chunks, the sequential addition of their sums.
+// 297 chunks at Qwen's 151,936 ids, one per thread of cuda/sampling.cuh's blocks. The inverse CDF's
+// prefix trees span the chunks (one term a chunk) and then one chunk (one term an id).
 constexpr int kSumChunk = 512;
 FP8RL_HD int sum_chunks(int n) { return (n + kSumChunk - 1) / kSumChunk; }
 FP8RL_HD int chunk_hi(int n, int c) { return n < (c + 1) * kSumChunk ? n : (c + 1) * kSumChunk; }  // its end
@@ -222,42 +229,84 @@ struct ChunkMass {
     FP8RL_HD double operator()(int c) const { return chunk_sum(n, c, MassTerm{p, 0u}); }
 };
 
-// The inverse CDF's chunk: the first chunk c whose running sum of chunk masses mass(c) (chunk
-// order, as row_sum adds them) exceeds target, or the last chunk with mass if rounding keeps the
-// total below; *before gets the running sum of the chunks before it.
-template <class M>
-FP8RL_HD int inverse_cdf_chunk(int chunks, const M& mass, double target, double* before) {
-    double cum = 0.0;
-    int chunk = -1;
-    for (int c = 0; c < chunks && !(chunk >= 0 && cum > target); c++) {
-        const double m = mass(c);
-        if (m > 0.0) {
-            chunk = c;
-            *before = cum;
+// The prefix tree: running sums in an order that a block computes in parallel (cuda/sampling.cuh)
+// and one thread in order with O(log count) memory (PrefixTreeScan). Over terms x(0), x(1), ...,
+// x(count - 1), the level-k block sums, one per whole block of 2^k terms, are
+//     B_0[j] = x(j),   B_k[j] = B_{k-1}[2j] + B_{k-1}[2j + 1]   (terms [j 2^k, (j + 1) 2^k), all < count).
+// The prefix of the first m terms from `start` adds to start the blocks of m's binary
+// decomposition, the largest first, each the block after the terms already added:
+//     prefix(start, m) = ((start + B_k1[0]) + B_k2[2^(k1-k2)]) + ...   for m = 2^k1 + 2^k2 + ..., k1 > k2 > ...
+// e.g. prefix(s, 7) = ((s + ((x0 + x1) + (x2 + x3))) + (x4 + x5)) + x6. The order depends on m
+// alone, never on the block size. block(k, j) returns B_k[j].
+template <class B>
+FP8RL_HD double tree_prefix(double start, int m, const B& block) {
+    double sum = start;
+    int done = 0;
+    for (int k = 30; k >= 0; k--)
+        if (m >> k & 1) {
+            sum += block(k, done >> k);
+            done += 1 << k;
         }
-        cum += m;
-    }
-    return chunk;
+    return sum;
 }
 
-// The inverse CDF inside chunk c over its kept entries (nonzero p): the first token whose running
-// sum in id order, from `cum` (the chunks before), exceeds target; the chunk's last kept token if
-// none does.
-FP8RL_HD int inverse_cdf_in_chunk(const float* p, int n, int c, double cum, double target) {
-    int token = -1;
-    for (int i = c * kSumChunk; i < chunk_hi(n, c) && (token < 0 || cum <= target); i++) {
-        if (p[i] == 0.0f) continue;
-        cum += p[i];
-        token = i;
+// The prefix tree walked in order by one thread: after push(x(0)), ..., push(x(m - 1)),
+// prefix(start) = tree_prefix(start, m, ...). level[k] holds the latest whole level-k block, which
+// is the one m's decomposition adds wherever bit k of m is set.
+struct PrefixTreeScan {
+    double level[31] = {};
+    int count = 0;
+    struct Latest {
+        const double* level;
+        FP8RL_HD double operator()(int k, int) const { return level[k]; }
+    };
+    FP8RL_HD double prefix(double start) const { return tree_prefix(start, count, Latest{level}); }
+    FP8RL_HD void push(double x) {
+        count++;
+        for (int k = 0;; k++) {  // x completes the latest level-k block, k = 0, 1, ...
+            const double left = level[k];
+            level[k] = x;
+            if (count >> k & 1) return;  // an odd number of whole level-k blocks: x is a left half
+            x = left + x;                // else it is a right half: their level-(k+1) block
+        }
     }
-    return token;
+};
+
+// The inverse CDF over terms x(0..count) (each >= 0; a term > 0 is kept) with the running sums of
+// the prefix tree from `start`: the first kept i whose prefix(start, i + 1) exceeds target, else
+// the last kept i (-1 if none is kept); *before gets prefix(start, i) of that i.
+template <class X>
+FP8RL_HD int tree_inverse_cdf(int count, const X& x, double start, double target, double* before) {
+    PrefixTreeScan scan;
+    int pick = -1;
+    for (int i = 0; i < count; i++) {
+        const double xi = x(i);
+        if (!(xi > 0.0)) {
+            scan.push(xi);
+            continue;
+        }
+        pick = i;
+        *before = scan.prefix(start);
+        scan.push(xi);
+        if (scan.prefix(start) > target) break;
+    }
+    return pick;
 }
 
-// The inverse CDF over the kept entries (nonzero scratch) with target = u * kept mass.
-FP8RL_HD int inverse_cdf(const float* scratch, int n, double target) {
-    double before = 0.0;
-    const int c = inverse_cdf_chunk(sum_chunks(n), ChunkMass{scratch, n}, target, &before);
-    return inverse_cdf_in_chunk(scratch, n, c, before, target);
+// p[i] in double: a chunk's terms, from its first id.
+struct ProbTerm {
+    const float* p;
+    FP8RL_HD double operator()(int i) const { return (double)p[i]; }
+};
+
+// The inverse CDF over the kept entries (nonzero p) with target = u * kept mass: the chunk by the
+// prefix tree over the chunk masses, then the token by the prefix tree over the chunk's ids from
+// the prefix of the chunks before it.
+FP8RL_HD int inverse_cdf(const float* p, int n, double target) {
+    double before = 0.0, unused = 0.0;
+    const int c = tree_inverse_cdf(sum_chunks(n), ChunkMass{p, n}, 0.0, target, &before);
+    const int lo = c * kSumChunk;
+    return lo + tree_inverse_cdf(chunk_hi(n, c) - lo, ProbTerm{p + lo}, before, target, &unused);
 }
 
 // The draw of `token` with its log-probs under the kept mass and under all of z_all (the masses of
@@ -296,11 +345,41 @@ FP8RL_HD SampledToken sample_token(const float* logits, int n, const SamplingPar
     return sampled_token(logits, inverse_cdf(scratch, n, (double)u * kept), 1.0f / params.temperature, s_max, kept, z_all);
 }
 
+// The targets tree_inverse_cdf(count, x, start, target) maps to kept term i: [*lo, *hi), from the
+// largest prefix through a kept term before i (0 if none) to the prefix through i, unbounded above
+// (+inf) if no kept term follows i. Empty only where rounding orders two prefixes against their
+// terms' order. Returns prefix(start, i), where the next level's running sums start.
+template <class X>
+FP8RL_HD double tree_cdf_interval(int count, const X& x, double start, int i, double* lo, double* hi) {
+    PrefixTreeScan scan;
+    double before = start;
+    *lo = 0.0;
+    *hi = INFINITY;
+    for (int j = 0; j < count; j++) {
+        const double xj = x(j);
+        if (j == i) before = scan.prefix(start);
+        scan.push(xj);
+        if (!(xj > 0.0)) continue;
+        const double after = scan.prefix(start);
+        if (j < i) {
+            *lo = fmax(*lo, after);
+        } else if (j == i) {
+            *hi = after;
+        } else {
+            return before;  // a kept term follows i: the prefix through i bounds i's targets
+        }
+    }
+    *hi = INFINITY;
+    return before;
+}
+
 // How far the draw with uniform u is from `token`, the distance a departure between two engines is
 // judged by (a near tie is a small one). Greedy: logit[argmax] - logit[token] at T = 1, in nats (0
-// for the argmax). Sampled: in fractions of the kept mass, the distance of u from the inverse-CDF
-// interval [before, before + p) that draws `token`, negative inside it (then minus the distance to
-// its nearer edge); +inf for a token top-k or top-p cut. scratch [n] is overwritten.
+// for the argmax). Sampled: in fractions of the kept mass, the distance of u from the interval of
+// targets u * kept that inverse_cdf maps to `token`, negative inside it (then minus the distance to
+// its nearer edge); +inf for a token top-k or top-p cut. The interval is its chunk's (over the chunk
+// masses) cut by the token's own (over the chunk's ids), each by tree_cdf_interval, and ends at the
+// kept mass at most (u < 1 never reaches it). scratch [n] is overwritten.
 FP8RL_HD float sample_offset(const float* logits, int n, const SamplingParams& params, float u, int token,
                              float* scratch) {
     if (params.temperature == 0.0f) {
@@ -311,21 +390,15 @@ FP8RL_HD float sample_offset(const float* logits, int n, const SamplingParams& p
     double kept, z_all;
     kept_distribution(logits, n, params, scratch, &kept, &z_all);
     if (scratch[token] == 0.0f) return INFINITY;
-    // The interval of u * kept that inverse_cdf maps to the token: from the running sum before it
-    // to the one after it, cut at its chunk's end (where the next chunk's draws begin), and
-    // reaching that end if it is its chunk's last kept token.
-    const int c = token / kSumChunk;
-    const ChunkMass mass{scratch, n};
-    double before = 0.0;
-    for (int chunk = 0; chunk < c; chunk++) before += mass(chunk);
-    const double chunk_end = before + mass(c);
-    for (int i = c * kSumChunk; i < token; i++) before += scratch[i];
-    bool last = true;
-    for (int i = token + 1; i < chunk_hi(n, c); i++) last = last && scratch[i] == 0.0f;
-    const double target = (double)u * kept, after = last ? chunk_end : fmin(before + scratch[token], chunk_end);
-    if (target < before) return (float)((before - target) / kept);
-    if (target >= after) return (float)((target - after) / kept);
-    return (float)(-fmin(target - before, after - target) / kept);
+    const int c = token / kSumChunk, first = c * kSumChunk;
+    double chunk_lo, chunk_hi_target, token_lo, token_hi;
+    const double before = tree_cdf_interval(sum_chunks(n), ChunkMass{scratch, n}, 0.0, c, &chunk_lo, &chunk_hi_target);
+    tree_cdf_interval(chunk_hi(n, c) - first, ProbTerm{scratch + first}, before, token - first, &token_lo, &token_hi);
+    const double target = (double)u * kept, lo = fmax(chunk_lo, token_lo),
+                 hi = fmin(fmin(chunk_hi_target, token_hi), kept);
+    if (target < lo) return (float)((lo - target) / kept);
+    if (target >= hi) return (float)((target - hi) / kept);
+    return (float)(-fmin(target - lo, hi - target) / kept);
 }
 
 }  // namespace fp8rl

@@ -4,8 +4,10 @@
 // test/test_sampling.cpp and on rows of the real vocabulary size (151,936) built for the rule's
 // edges: exact ties at the top-k threshold and at the top-p boundary, a flat row, masked (-inf)
 // logits, greedy with tied maxima, a vocabulary limit below V that cuts off the largest logit; on
-// random rows of that size under several temperatures, top-k and top-p; and the block's row sums
-// against the host's in double.
+// random rows of that size under several temperatures, top-k and top-p; the block's row sums
+// against the host's in double; the block's prefix-tree search (the inverse CDF's parallel scan)
+// against the host's walk at block sizes 32 to 512; and the kernel's inverse CDF against the host's
+// on rows of that size at targets placed at and around chunk boundaries.
 // Bit equality holds in emulation (the device code is the host code); on a GPU it also needs the
 // device's double log to round as glibc's does (both are within 1 ulp; see cuda/sampling.cuh).
 #include <cmath>
@@ -69,7 +71,146 @@ __global__ void block_masses_kernel(const float* p, int n, const uint32_t* keys,
     }
 }
 
+// x[i]: terms for the prefix tree, on the host and on the device.
+struct DoubleTerms {
+    const double* x;
+    __host__ __device__ double operator()(int i) const { return x[i]; }
+};
+
+// For each target k < count: picks[k] and befores[k] from the block's prefix-tree search
+// (block_tree_inverse_cdf) over terms x [n] from start.
+__global__ void block_tree_kernel(const double* x, int n, double start, const double* targets, int count, int* picks,
+                                  double* befores) {
+    STATIC_SHARED(double, tree, [kSampleMaxChunks]);
+    for (int k = 0; k < count; k++) {
+        double before = -1.0;
+        const int pick = block_tree_inverse_cdf(n, DoubleTerms{x}, start, targets[k], tree, &before);
+        if (threadIdx.x == 0) {
+            picks[k] = pick;
+            befores[k] = before;
+        }
+    }
+}
+
+// tokens[k] = the block's inverse CDF (block_inverse_cdf, as sample_rows_kernel runs it) over the kept
+// row p [n] at targets[k], with the chunk masses from the block's row sum.
+__global__ void block_inverse_cdf_kernel(const float* p, int n, const double* targets, int count, int* tokens) {
+    STATIC_SHARED(double, chunk_sums, [kSampleMaxChunks]);
+    STATIC_SHARED(double, tree, [kSampleMaxChunks]);
+    block_row_sum(n, MassTerm{p, 0u}, chunk_sums);
+    for (int k = 0; k < count; k++) {
+        const int token = block_inverse_cdf(p, n, chunk_sums, targets[k], tree);
+        if (threadIdx.x == 0) tokens[k] = token;
+    }
+}
+
 }  // namespace
+
+// The block's prefix-tree search is the host's tree_inverse_cdf bit for bit (the pick and the prefix
+// before it, in double), whatever the block size: term counts from 1 to kSampleMaxChunks, zero
+// terms among them (and last), targets at prefixes of the tree and one ulp either side.
+TEST(sampling_kernel_prefix_tree_matches_host) {
+    REQUIRE_GPU();
+    int bad = 0, checked = 0;
+    for (int n : {1, 2, 3, 7, 297, 512, 1024}) {
+        std::vector<double> x(n);
+        for (int i = 0; i < n; i++) {
+            const float r = 0.5f * (hash_uniform(i, 50 + n) + 1.0f);  // [0, 1)
+            x[i] = r < 0.25f ? 0.0 : std::ldexp((double)r, -(int)(40 * r)) / 3.0;  // all 53 bits: sums round
+        }
+        if (n > 2) x[n - 1] = 0.0;
+        for (double start : {0.0, 0.75}) {
+            std::vector<double> targets = {0.0, 1e9};
+            PrefixTreeScan scan;
+            for (int m = 1; m <= n; m++) {
+                scan.push(x[m - 1]);
+                if (m % (n / 40 + 1) == 0 || m > n - 3) {  // about 40 prefixes a row, and the last ones
+                    const double q = scan.prefix(start);
+                    targets.insert(targets.end(), {q, std::nextafter(q, 0.0), std::nextafter(q, INFINITY)});
+                }
+            }
+            DeviceBuffer<double> d_x(x), d_targets(targets), d_befores(targets.size());
+            DeviceBuffer<int> d_picks(targets.size());
+            for (int threads : {32, 96, kSampleThreads}) {
+                LAUNCH_KERNEL(block_tree_kernel, 1, threads, 0, 0, d_x.ptr, n, start, d_targets.ptr,
+                              (int)targets.size(), d_picks.ptr, d_befores.ptr);
+                const std::vector<int> picks = d_picks.download();
+                const std::vector<double> befores = d_befores.download();
+                for (size_t k = 0; k < targets.size(); k++) {
+                    double before = -1.0;
+                    const int pick = tree_inverse_cdf(n, DoubleTerms{x.data()}, start, targets[k], &before);
+                    if ((pick != picks[k] || before != befores[k]) && bad++ < 5)
+                        CHECK_MSG(false, "n %d start %g, %d threads, target %.17g: host %d %.17g, device %d %.17g", n,
+                                  start, threads, targets[k], pick, before, picks[k], befores[k]);
+                    checked++;
+                }
+            }
+        }
+    }
+    printf("    %d prefix-tree searches at block sizes 32, 96 and %d: %d differ from the host\n", checked,
+           kSampleThreads, bad);
+    CHECK_MSG(bad == 0, "%d of %d searches differ", bad, checked);
+}
+
+// The device's per-row draw (block_inverse_cdf, the kernel's inverse CDF) is the host's inverse_cdf on
+// rows of 151,936 kept probabilities, at targets placed at and around chunk boundaries (the tree's
+// prefix through a chunk, exactly and one ulp and 1e-12 of the mass either side), at the first and
+// last kept ids of chunks, at 0, near and at the kept mass and beyond it. Rows: smooth; whole chunks
+// and the ids at chunk edges cut (probability 0); one chunk holding all the mass.
+TEST(sampling_kernel_inverse_cdf_matches_host_at_chunk_boundaries) {
+    REQUIRE_GPU();
+    const int V = 151936, chunks = sum_chunks(V);
+    int bad = 0, checked = 0;
+    for (int shape = 0; shape < 3; shape++) {
+        std::vector<float> p(V);
+        for (int i = 0; i < V; i++) {
+            const int c = i / kSumChunk, in = i % kSumChunk;
+            p[i] = std::exp(10.0f * hash_uniform(i, 60 + shape) - 10.0f);
+            if (shape == 1 && (c % 5 == 2 || in < 3 || in > kSumChunk - 4 || i % 7 == 0)) p[i] = 0.0f;
+            if (shape == 2 && c != 150) p[i] = 0.0f;
+        }
+        const double kept = MassAtLeast{p.data(), V}(0u);
+        std::vector<double> targets = {0.0, kept, kept * (1.0 - std::ldexp(1.0, -24)), std::nextafter(kept, 0.0),
+                                       2.0 * kept};
+        PrefixTreeScan scan;
+        for (int c = 0; c < chunks; c++) {
+            const double before = scan.prefix(0.0);
+            scan.push(ChunkMass{p.data(), V}(c));
+            if (c % 7 != 0 && c < chunks - 3 && c != 149 && c != 150) continue;  // every 7th chunk, the last, 150
+            const double q = scan.prefix(0.0);
+            targets.insert(targets.end(), {q, std::nextafter(q, 0.0), std::nextafter(q, INFINITY), q - 1e-12 * kept,
+                                           q + 1e-12 * kept});
+            // inside the chunk: the prefixes through its first two and last two kept ids
+            PrefixTreeScan in;
+            std::vector<double> kept_prefixes;
+            for (int i = c * kSumChunk; i < chunk_hi(V, c); i++) {
+                in.push(p[i]);
+                if (p[i] > 0.0f) kept_prefixes.push_back(in.prefix(before));
+            }
+            const size_t k = kept_prefixes.size();
+            for (size_t j = 0; j < k; j++)
+                if (j < 2 || j + 2 >= k)
+                    targets.insert(targets.end(), {kept_prefixes[j], std::nextafter(kept_prefixes[j], 0.0),
+                                                   std::nextafter(kept_prefixes[j], INFINITY)});
+        }
+        DeviceBuffer<float> d_p(p);
+        DeviceBuffer<double> d_targets(targets);
+        DeviceBuffer<int> d_tokens(targets.size());
+        LAUNCH_KERNEL(block_inverse_cdf_kernel, 1, kSampleThreads, 0, 0, d_p.ptr, V, d_targets.ptr,
+                      (int)targets.size(), d_tokens.ptr);
+        const std::vector<int> tokens = d_tokens.download();
+        for (size_t k = 0; k < targets.size(); k++) {
+            const int host = inverse_cdf(p.data(), V, targets[k]);
+            CHECK_MSG(p[host] > 0.0f, "shape %d target %.17g: host drew %d, a cut id", shape, targets[k], host);
+            if (host != tokens[k] && bad++ < 5)
+                CHECK_MSG(false, "shape %d target %.17g (kept %.17g): host %d, device %d", shape, targets[k], kept, host,
+                          tokens[k]);
+            checked++;
+        }
+    }
+    printf("    %d draws at chunk-boundary targets on 151,936-id rows: %d differ from the host\n", checked, bad);
+    CHECK_MSG(bad == 0, "%d of %d draws differ", bad, checked);
+}
 
 // The block's row sums are the host's row_sum bit for bit (in double: a token or a float log-prob
 // would hide most orders), whatever the block size, at chunk edges and on a vocabulary row, for the
