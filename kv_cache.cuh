@@ -137,7 +137,9 @@ static __global__ void kv_round_trip_kernel(__nv_bfloat16* k, __nv_bfloat16* v, 
 // The cascade groups of a decode step (cascade attention): sibling rows of one prompt whose prefix
 // chunks (decode_prefix_keys) one CTA computes for all of them, reading each K/V tile once. Group g
 // is rows[start[g] .. start[g + 1]), at most kCascadeRows, g < *count; shared[r] != 0 marks the rows
-// in a group (the per-row launch skips their prefix chunks). Device pointers; all null: no groups.
+// in a group (the per-row launch skips their prefix chunks); a row whose mark is cleared during a
+// window (it took another sequence: decode_slots.cuh's refill) is the per-row launch's alone.
+// Device pointers; all null: no groups.
 constexpr int kCascadeRows = 8;  // rows per cascade CTA: their queries and outputs share its shared memory
 struct DecodeCascade {
     const int32_t *rows = nullptr, *start = nullptr, *count = nullptr, *shared = nullptr;
@@ -182,14 +184,14 @@ __global__ void __launch_bounds__(kDecodeThreads)
     const long head0 = (long)kv_head * group;
     auto row_len = [&](long r) { return (long)min(lens[r], max_len); };  // keys past max_len are never read
     auto row_prefix = [&](long r) { return prefixes ? min((long)prefixes[r], row_len(r)) / kDecodeTile * kDecodeTile : 0L; };
-    // the CTA's rows: one, or a cascade group's live ones (an idle row's chunks are all empty: the
-    // per-row launch writes them)
+    // the CTA's rows: one, or a cascade group's live ones still marked shared (an idle row's chunks
+    // are all empty and a refilled row left its group: the per-row launch writes theirs)
     long rows[kCascadeRows];
     int members = 0;
     if (cascade.rows) {
         if ((int)blockIdx.z >= *cascade.count) return;
         for (int i = cascade.start[blockIdx.z]; i < cascade.start[blockIdx.z + 1] && members < kCascadeRows; i++)
-            if (row_len(cascade.rows[i]) > 0) rows[members++] = cascade.rows[i];
+            if (row_len(cascade.rows[i]) > 0 && cascade.shared[cascade.rows[i]]) rows[members++] = cascade.rows[i];
         if (members == 0 || chunk >= decode_span_chunks(row_prefix(rows[0]), split_keys)) return;
     } else {
         rows[members++] = blockIdx.z;

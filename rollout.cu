@@ -26,8 +26,13 @@
 //             together; a waiting one is admitted as soon as a slot and its prompt's pages are free
 //             (its first token is drawn on the device in the window); a finished one frees both. A
 //             window takes the pages its steps will cross into beforehand, as many steps as the
-//             free pages give every running sequence; with sequences waiting it ends when the first
-//             running one reaches its limit, so its slot is refilled then. When not one step fits,
+//             free pages give every running sequence. Within a window, slots are refilled on the
+//             device: waiting requests whose prompt is cached (a running sibling holds it) stand by,
+//             their pages for the window taken and their first token drawn at its start, and a row
+//             whose sequence stops (eos or its limit) takes the next of them in the following step
+//             (decode_slots.cuh's refill); one no row took waits again, keeping that token. With
+//             requests waiting and none able to stand by, the window ends when the first running
+//             one reaches its limit, so its slot is refilled then. When not one step fits,
 //             the newest running sequence is preempted: it frees its pages and waits, keeping its
 //             tokens; admitted again it gets its prompt's K/V as before and those of its kept tokens
 //             from decode launches over one row per token (replay_kept_tokens), which compute what
@@ -66,9 +71,10 @@
 
 namespace fp8rl {
 
-// Decode steps per window: the host looks at the device once per window (collect_window), so a
-// finished sequence's slot waits at most this many steps for a refill (at ~1,000-token completions
-// under 1% of the slot's steps), and the host's synchronizations are 1/16 of the steps.
+// Decode steps per window: the host looks at the device once per window (collect_window), so its
+// synchronizations are 1/16 of the steps. A finished sequence's row is refilled on the device from
+// the window's standby requests; without one it waits at most this many steps for the host (at
+// ~1,000-token completions under 1% of the row's steps).
 constexpr int kDecodeWindow = 16;
 
 // The sizes of what generate() allocates for `requests` requests of at most longest_prompt +
@@ -231,6 +237,7 @@ struct RolloutState {
     std::deque<int> waiting;
     std::vector<int> running;          // in admission order: the newest last
     std::vector<Admission> admitted;   // this window's admissions: the last of `running`
+    std::vector<Admission> standby;    // this window's standby requests: slot S + j is standby[j]'s
     int64_t finished = 0;
     int max_new_tokens = 0;
 
@@ -247,28 +254,68 @@ struct RolloutState {
         pr.pages.clear();
     }
 
-    // Admits waiting requests while a slot and their pages are free: their prompt's (unless it is
-    // cached), their copy of its last partial page, and the pages of the tokens a preempted request
-    // kept, all but the last (which the next step feeds).
+    // The pages that taking waiting request q in needs: its prompt's (unless it is cached), its copy of
+    // the prompt's last partial page, and the pages of the tokens it kept through a preemption, all
+    // but the last (which the next step feeds).
+    int pages_to_hold(const Request& q) const {
+        const long P = (long)q.prompt->size(), kept = (long)q.gen.tokens.size();
+        return (prompts[(size_t)q.prompt_id].users ? 0 : pages_for(P)) + pages_for(P + std::max<long>(kept - 1, 0)) -
+               (int)(P / page_tokens);
+    }
+    // Takes those pages for request i (pages_to_hold of them must be free).
+    Admission hold(int i) {
+        Request& q = requests[(size_t)i];
+        Prompt& pr = prompts[(size_t)q.prompt_id];
+        const long P = (long)q.prompt->size(), full = P / page_tokens, kept = (long)q.gen.tokens.size();
+        const int own = pages_for(P + std::max<long>(kept - 1, 0)) - (int)full;
+        Admission a{i, kept == 0, pr.users == 0, -1, -1};
+        if (pr.users++ == 0)
+            for (int k = 0; k < pages_for(P); k++) pr.pages.push_back(take_page());
+        for (long k = 0; k < full; k++) q.pages.push_back(pr.pages[(size_t)k]), page_refs[(size_t)pr.pages[(size_t)k]]++;
+        for (int k = 0; k < own; k++) q.pages.push_back(take_page());
+        if (P % page_tokens) a.copy_from = pr.pages[(size_t)full], a.copy_to = q.pages[(size_t)full];
+        return a;
+    }
+
+    // Admits waiting requests while a slot and their pages are free.
     void admit(int slots) {
         admitted.clear();
         while (!waiting.empty() && (int)running.size() < slots) {
-            Request& q = requests[(size_t)waiting.front()];
-            Prompt& pr = prompts[(size_t)q.prompt_id];
-            const long P = (long)q.prompt->size(), full = P / page_tokens, kept = (long)q.gen.tokens.size();
-            const int own = pages_for(P + std::max<long>(kept - 1, 0)) - (int)full;
-            const int need = (pr.users ? 0 : pages_for(P)) + own;
-            if (need > (int)free_pages.size()) break;
-            Admission a{waiting.front(), kept == 0, pr.users == 0, -1, -1};
-            if (pr.users++ == 0)
-                for (int k = 0; k < pages_for(P); k++) pr.pages.push_back(take_page());
-            for (long k = 0; k < full; k++) q.pages.push_back(pr.pages[(size_t)k]), page_refs[(size_t)pr.pages[(size_t)k]]++;
-            for (int k = 0; k < own; k++) q.pages.push_back(take_page());
-            if (P % page_tokens) a.copy_from = pr.pages[(size_t)full], a.copy_to = q.pages[(size_t)full];
-            admitted.push_back(a);
+            if (pages_to_hold(requests[(size_t)waiting.front()]) > (int)free_pages.size()) break;
+            admitted.push_back(hold(waiting.front()));
             running.push_back(waiting.front());
             waiting.pop_front();
         }
+    }
+
+    // A waiting request that a row can take on the device when its sequence stops (decode_slots.cuh's
+    // refill): its prompt is cached and it kept at most its first token, so nothing but that token
+    // (drawn at the window's start) needs computing first.
+    bool can_stand_by(const Request& q) const { return prompts[(size_t)q.prompt_id].users > 0 && q.gen.tokens.size() <= 1; }
+
+    // After plan_window: up to `slots` waiting requests that can stand by, in waiting order, while the
+    // free pages give each what it holds and the pages of `steps` decode steps. They leave `waiting`
+    // for `standby`; collect_window returns those no row took. The window's steps: `steps`, but no
+    // more than a running or standby request may take (a step after every row stopped is wasted).
+    int choose_standby(int slots, int steps) {
+        standby.clear();
+        for (auto it = waiting.begin(); it != waiting.end() && (int)standby.size() < slots;) {
+            Request& q = requests[(size_t)*it];
+            if (!can_stand_by(q)) {
+                ++it;
+                continue;
+            }
+            // its copy of the partial page, or the pages of the window's steps beyond its prompt's full ones
+            const int need = std::max(pages_to_hold(q), pages_after(q, steps) - (int)(q.prompt->size() / page_tokens));
+            if (need > (int)free_pages.size()) break;
+            standby.push_back(hold(*it));
+            while ((int)q.pages.size() < pages_after(q, steps)) q.pages.push_back(take_page());
+            it = waiting.erase(it);
+        }
+        int longest = 0;
+        for (int i : running) longest = std::max(longest, steps_left(i));
+        for (const Admission& a : standby) longest = std::max(longest, steps_left(a.request));
+        return std::min(steps, longest);
     }
 
     // The pages request q holds after `steps` decode steps: one more for each step that feeds a position on a new page.
@@ -285,16 +332,17 @@ struct RolloutState {
     // The decode steps of the next window, at most `window` and no more than a running request still
     // takes: as many as the free pages give every running request. When not one step fits, the newest running request is preempted: it gives its
     // pages back and waits again, keeping its tokens (one admitted for this window is taken back).
-    // With requests waiting, the window ends when the first running request reaches its limit, so
-    // its slot is refilled then.
+    // With requests waiting, none of which can stand by, the window ends when the first running
+    // request reaches its limit, so its slot is refilled then; one that can stand by is taken on the
+    // device instead.
     int plan_window(int window, int64_t* preemptions) {
         for (;;) {
             int longest = 0, shortest = window;  // of the steps the running requests may still take
-            for (int i : running) {
-                const int left = limit(requests[(size_t)i]) - tokens_at_steps(requests[(size_t)i]);
-                longest = std::max(longest, left), shortest = std::min(shortest, left);
-            }
-            const int cap = std::min({window, longest, waiting.empty() ? window : shortest});
+            for (int i : running) longest = std::max(longest, steps_left(i)), shortest = std::min(shortest, steps_left(i));
+            bool refills = false;  // and those that may stand by
+            for (int i : waiting)
+                if (can_stand_by(requests[(size_t)i])) refills = true, longest = std::max(longest, steps_left(i));
+            const int cap = std::min({window, longest, waiting.empty() || refills ? window : shortest});
             if (cap <= 0) return 0;
             for (int steps = cap; steps > 0; steps--) {
                 if (pages_needed(steps) > (long)free_pages.size()) continue;
@@ -313,6 +361,7 @@ struct RolloutState {
         }
     }
 
+    int steps_left(int i) const { return limit(requests[(size_t)i]) - tokens_at_steps(requests[(size_t)i]); }
     int pages_for(long tokens) const { return (int)((tokens + page_tokens - 1) / page_tokens); }
     int take_page() {
         const int p = free_pages.back();
@@ -499,44 +548,52 @@ inline std::vector<Generation> GpuEngine::rollout(const std::vector<GenRequest>&
     for (size_t i = 0; i < requests.size(); i++) R.waiting.push_back((int)i);
     while (R.finished < (int64_t)requests.size()) {
         R.admit(slots);
-        const int steps = R.plan_window(kDecodeWindow, &rollout_stats_.preemptions);
+        int steps = R.plan_window(kDecodeWindow, &rollout_stats_.preemptions);
         if (R.running.empty()) fail("generate: no request fits the KV page pool (internal: the pool was checked above)");
+        steps = R.choose_standby(slots, steps);
         start_window(step, weights, s);
         const int bucket = decode_bucket((int)R.running.size(), slots);
         rollout_stats_.max_running = std::max(rollout_stats_.max_running, (int)R.running.size());
         for (int k = 0; k < steps; k++) decode_step(bucket, weights, s);
         collect_window(progress);
+        rollout_stats_.windows++;
     }
     std::vector<Generation> out;
     for (RolloutState::Request& q : R.requests) out.push_back(std::move(q.gen));
     return out;
 }
 
-// The start of a window, all issued without waiting: the running requests' slots and page tables in
-// one copy, then the admissions' work: their prompts prefilled, their partial pages copied, the
-// kept tokens of preempted ones fed again (replay_kept_tokens), and the fresh ones' first tokens
-// drawn from their prompts' last rows into their window buffers.
+// The start of a window, all issued without waiting: the slots and page tables of the running and
+// the standby requests in one copy, then the admissions' and standbys' work: their prompts
+// prefilled, their partial pages copied, the kept tokens of preempted ones fed again
+// (replay_kept_tokens), and the fresh ones' first tokens drawn from their prompts' last rows into
+// their window buffers.
 inline void GpuEngine::start_window(uint32_t step, Precision weights, const SamplingConfig& s) {
     RolloutState& R = *rollout_;
     const DecodeControlLayout& L = R.layout;
-    const int C = model_.C, slots = (int)(R.sampled.size());
+    const int C = model_.C, rows = L.rows;
     DecodeSlot* slot = R.in_mirror<DecodeSlot>(L.slots);
     int32_t* table = R.in_mirror<int32_t>(L.table);
-    int32_t* row_slot = R.in_mirror<int32_t>(L.row_slot);
-    for (int i = 0; i < slots; i++) slot[i] = DecodeSlot{0, 0, 0, 0, 0u, -1, 0, 0};  // idle: a padding row
-    for (size_t i = 0; i < R.running.size(); i++) {
-        const RolloutState::Request& q = R.requests[(size_t)R.running[i]];
+    int32_t *row_slot = R.in_mirror<int32_t>(L.row_slot), *draw_slot = R.in_mirror<int32_t>(L.draw_slot);
+    auto set_slot = [&](int i, const RolloutState::Request& q) {
         const int P = (int)q.prompt->size(), g = (int)q.gen.tokens.size();
         slot[i] = DecodeSlot{g ? q.gen.tokens.back() : q.prompt->back(), P + g - 1, g, R.limit(q) - g, q.key,
-                             q.forced ? q.forced_offset : -1, 0, 0};
+                             q.forced ? q.forced_offset : -1, 0, i < rows ? i : -1};
         std::copy(q.pages.begin(), q.pages.end(), table + i * (size_t)L.max_pages);
-    }
+    };
+    for (int i = 0; i < L.slot_count; i++) slot[i] = DecodeSlot{0, 0, 0, 0, 0u, -1, 0, -1};  // idle: a padding row
+    for (size_t i = 0; i < R.running.size(); i++) set_slot((int)i, R.requests[(size_t)R.running[i]]);
+    for (size_t j = 0; j < R.standby.size(); j++) set_slot(rows + (int)j, R.requests[(size_t)R.standby[j].request]);
+    for (int r = 0; r < rows; r++) row_slot[r] = r;
     write_cascade_groups();
+    // the fresh admissions' and standbys' slots, whose first tokens are drawn now
+    std::vector<const RolloutState::Admission*> fresh;
     const int first = (int)(R.running.size() - R.admitted.size());  // the admissions' first slot
-    int fresh = 0;
     for (size_t a = 0; a < R.admitted.size(); a++)
-        if (R.admitted[a].fresh) row_slot[fresh++] = first + (int)a;
-    R.in_mirror<DecodeRun>(L.run)->step = step;
+        if (R.admitted[a].fresh) draw_slot[fresh.size()] = first + (int)a, fresh.push_back(&R.admitted[a]);
+    for (size_t j = 0; j < R.standby.size(); j++)
+        if (R.standby[j].fresh) draw_slot[fresh.size()] = rows + (int)j, fresh.push_back(&R.standby[j]);
+    *R.in_mirror<DecodeRun>(L.run) = DecodeRun{step, (int32_t)R.standby.size(), rows, 0};
     CUDA_CHECK(cudaMemcpyAsync(R.control.get() + L.slots, R.mirror.get() + L.slots, L.upload_bytes(), cudaMemcpyHostToDevice,
                                stream_));
 
@@ -544,24 +601,28 @@ inline void GpuEngine::start_window(uint32_t step, Precision weights, const Samp
     for (const RolloutState::Admission& a : R.admitted)
         if (a.new_prompt) new_prompts.push_back(R.requests[(size_t)a.request].prompt_id);
     if (!new_prompts.empty()) prefill(new_prompts, weights);
-    for (const RolloutState::Admission& a : R.admitted)
-        if (a.copy_from >= 0) R.cache->copy_page(a.copy_from, a.copy_to, stream_);
+    for (const std::vector<RolloutState::Admission>* list : {&R.admitted, &R.standby})
+        for (const RolloutState::Admission& a : *list)
+            if (a.copy_from >= 0) R.cache->copy_page(a.copy_from, a.copy_to, stream_);
     for (const RolloutState::Admission& a : R.admitted)
         if (!a.fresh) replay_kept_tokens(R.requests[(size_t)a.request], weights);
-    if (!fresh) return;
-    int r = 0;
-    for (const RolloutState::Admission& a : R.admitted)  // row r samples from its prompt's last row
-        if (a.fresh)
-            CUDA_CHECK(cudaMemcpyAsync(R.xf + (size_t)r++ * C,
-                                       R.prompt_xf.get() + (size_t)R.requests[(size_t)a.request].prompt_id * C,
-                                       C * sizeof(bf16), cudaMemcpyDeviceToDevice, stream_));
+    // the first tokens, up to `slots` rows at a time (the sampling buffers' rows): row r samples
+    // from its request's prompt's last row, for slot draw_slot[r]
+    const int slots = (int)R.sampled.size();
     DecodeSlot* slots_dev = R.in_control<DecodeSlot>(L.slots);
-    const int32_t* rows_dev = R.in_control<int32_t>(L.row_slot);
-    decode_rows_gpu(R.rows_out(), slots_dev, rows_dev, fresh, R.in_control<DecodeRun>(L.run), R.in_control<int32_t>(L.table),
-                    L.max_pages, R.page_tokens, R.forced_pool.get(), stream_);
-    sample_rows(fresh, s);
-    decode_commit_gpu(slots_dev, rows_dev, fresh, R.sampled.get(), R.in_control<SampledToken>(L.out), L.out_per_slot,
-                      R.eos.get(), (int)R.eos.size(), stream_);
+    for (int begin = 0; begin < (int)fresh.size(); begin += slots) {
+        const int n = std::min(slots, (int)fresh.size() - begin);
+        for (int r = 0; r < n; r++)
+            CUDA_CHECK(cudaMemcpyAsync(R.xf + (size_t)r * C,
+                                       R.prompt_xf.get() + (size_t)R.requests[(size_t)fresh[(size_t)(begin + r)]->request].prompt_id * C,
+                                       C * sizeof(bf16), cudaMemcpyDeviceToDevice, stream_));
+        const int32_t* rows_dev = R.in_control<int32_t>(L.draw_slot) + begin;
+        decode_rows_gpu(R.rows_out(), slots_dev, rows_dev, n, R.in_control<DecodeRun>(L.run), R.in_control<int32_t>(L.table),
+                        L.max_pages, R.page_tokens, R.forced_pool.get(), stream_);
+        sample_rows(n, s);
+        decode_commit_gpu(slots_dev, rows_dev, n, R.sampled.get(), R.in_control<SampledToken>(L.out), L.out_per_slot,
+                          R.eos.get(), (int)R.eos.size(), stream_);
+    }
 }
 
 // The window's cascade groups (kv_cache.cuh's DecodeCascade) into the control block's mirror: the
@@ -623,7 +684,8 @@ inline void GpuEngine::replay_kept_tokens(const RolloutState::Request& q, Precis
 }
 
 // The end of a window: its drawn tokens and the slots back in one copy, the one wait for the device;
-// each running request takes its tokens, and the finished ones give their slot and pages back.
+// each running and standby request takes its tokens; the finished ones give their pages back, the
+// standby ones a row took run on, the others wait again (keeping the first token they drew).
 inline void GpuEngine::collect_window(Progress* progress) {
     RolloutState& R = *rollout_;
     const DecodeControlLayout& L = R.layout;
@@ -631,28 +693,42 @@ inline void GpuEngine::collect_window(Progress* progress) {
     CUDA_CHECK(cudaStreamSynchronize(stream_));
     const DecodeSlot* slot = R.in_mirror<DecodeSlot>(L.slots);
     const SampledToken* drawn = R.in_mirror<SampledToken>(L.out);
-    std::vector<int> going;
-    for (size_t i = 0; i < R.running.size(); i++) {
-        RolloutState::Request& q = R.requests[(size_t)R.running[i]];
-        for (int k = 0; k < slot[i].drawn; k++) {
-            const SampledToken& t = drawn[i * L.out_per_slot + k];
-            q.gen.tokens.push_back(t.token);
-            q.gen.logprobs.push_back(t.logprob_full);
-            q.gen.logprobs_sampled.push_back(t.logprob);
-            for (int64_t e : config().eos_token_ids) q.gen.finished |= !q.forced && t.token == e;
+    // request i of slot k takes its tokens; true when it is finished
+    auto take_tokens = [&](int i, int k) {
+        RolloutState::Request& q = R.requests[(size_t)i];
+        for (int t = 0; t < slot[k].drawn; t++) {
+            const SampledToken& d = drawn[(size_t)k * L.out_per_slot + t];
+            q.gen.tokens.push_back(d.token);
+            q.gen.logprobs.push_back(d.logprob_full);
+            q.gen.logprobs_sampled.push_back(d.logprob);
+            for (int64_t e : config().eos_token_ids) q.gen.finished |= !q.forced && d.token == e;
         }
         const bool done = q.forced ? q.gen.tokens.size() == q.forced->size()
                                    : q.gen.finished || (int)q.gen.tokens.size() >= R.max_new_tokens;
-        if (done != (slot[i].remaining == 0))
-            fail("generate: request %d holds %zu tokens but its slot may draw %d more (internal)", R.running[i],
-                 q.gen.tokens.size(), slot[i].remaining);
-        if (done) {
-            R.release(q);
-            R.finished++;
+        if (done != (slot[k].remaining == 0))
+            fail("generate: request %d holds %zu tokens but its slot may draw %d more (internal)", i, q.gen.tokens.size(),
+                 slot[k].remaining);
+        if (done) R.release(q), R.finished++;
+        return done;
+    };
+    std::vector<int> going;
+    for (size_t k = 0; k < R.running.size(); k++)
+        if (!take_tokens(R.running[k], (int)k)) going.push_back(R.running[k]);
+    std::vector<int> back;  // the standby requests no row took, in waiting order
+    for (size_t j = 0; j < R.standby.size(); j++) {
+        const int i = R.standby[j].request, k = L.rows + (int)j;
+        const bool taken = slot[k].row >= 0;
+        rollout_stats_.refills += taken;
+        if (take_tokens(i, k)) continue;
+        if (taken) {
+            going.push_back(i);
         } else {
-            going.push_back(R.running[i]);
+            R.release(R.requests[(size_t)i]);
+            back.push_back(i);
         }
     }
+    R.waiting.insert(R.waiting.begin(), back.begin(), back.end());
+    R.standby.clear();
     R.running = going;
     if (progress) progress->update(R.finished);
 }
@@ -745,15 +821,17 @@ inline void GpuEngine::decode_step(int rows, Precision weights, const SamplingCo
 // The launches of a decode step over `rows` rows: embedding, per layer the shared attention inputs
 // (appending K and V), paged decode attention over `table` [rows][max_pages], the shared attention
 // outputs and MLP. Sampling (s not null): first the rows' inputs from the slots (decode_rows_gpu),
-// last the final norm, the tokens (sample_rows) and each slot's advance (decode_commit_gpu); without
+// last the final norm, the tokens (sample_rows), each slot's advance (decode_commit_gpu) and the
+// standby slots taken by the rows whose slots stopped (decode_refill_gpu); without
 // it (replay_kept_tokens) the rows' inputs are uploaded and only the cache is written.
 inline void GpuEngine::decode_launches(int rows, Precision weights, const int32_t* table, const SamplingConfig* s) {
     RolloutState& R = *rollout_;
     const CpuModel& m = model_;
     const DecodeControlLayout& L = R.layout;
     DecodeSlot* slots = R.in_control<DecodeSlot>(L.slots);
+    int32_t* row_slot = R.in_control<int32_t>(L.row_slot);
     if (s)
-        decode_rows_gpu(R.rows_out(), slots, nullptr, rows, R.in_control<DecodeRun>(L.run), table, L.max_pages, R.page_tokens,
+        decode_rows_gpu(R.rows_out(), slots, row_slot, rows, R.in_control<DecodeRun>(L.run), table, L.max_pages, R.page_tokens,
                         R.forced_pool.get(), stream_);
     const StepRows r{rows, weights == Precision::FP8 ? (rows + 127) / 128 * 128 : rows, R.pos.get(), R.gemm_f32, weights,
                      false, options_.fp8_scaling};
@@ -775,8 +853,10 @@ inline void GpuEngine::decode_launches(int rows, Precision weights, const int32_
     if (!s) return;
     residual_rmsnorm_forward(R.xf, R.rstdf, A.x, A.h1, A.mlp, wb(m.final_norm), rows, m.C, m.eps, stream_);
     sample_rows(rows, *s);
-    decode_commit_gpu(slots, nullptr, rows, R.sampled.get(), R.in_control<SampledToken>(L.out), L.out_per_slot, R.eos.get(),
+    decode_commit_gpu(slots, row_slot, rows, R.sampled.get(), R.in_control<SampledToken>(L.out), L.out_per_slot, R.eos.get(),
                       (int)R.eos.size(), stream_);
+    decode_refill_gpu(slots, row_slot, rows, R.in_control<DecodeRun>(L.run), R.in_control<int32_t>(L.table), L.max_pages,
+                      R.in_control<int32_t>(L.cascade_shared), L.rows, stream_);
 }
 
 // Logits of R.xf's first `rows` rows through the BF16 head (FP32 accumulation, as loss.cuh's

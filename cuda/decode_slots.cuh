@@ -1,23 +1,28 @@
 // decode_slots.cuh: the decode loop's state on the device, so that decode steps run back to back
-// without the host (rollout.cu). Each slot holds one running sequence: the token the next step feeds,
-// its position, how many tokens it may still draw. A step's first kernel (decode_rows_kernel) turns
-// the slots into the step's row inputs (token ids, positions, cache rows, lengths, sampling keys and
-// positions, forced tokens); its last (decode_commit_kernel) appends each row's drawn token to its
-// slot's window buffer, advances the slot and stops it on an eos id or at its limit, after which the
-// slot is a padding row (nothing appended, no key read) until the host refills it. The host looks
-// only once per window of steps: one copy of the window buffers and slots back, one copy of the next
-// window's slots and page tables in.
+// without the host (rollout.cu). Each slot holds one sequence: the token the next step feeds, its
+// position, how many tokens it may still draw. A step's first kernel (decode_rows_kernel) turns the
+// slots its rows run into the step's row inputs (token ids, positions, cache rows, lengths, sampling
+// keys and positions, forced tokens); then decode_commit_kernel appends each row's drawn token to
+// its slot's window buffer, advances the slot and stops it on an eos id or at its limit; last,
+// decode_refill_kernel gives each row whose slot stopped the next standby slot (a waiting request
+// whose prompt is cached, its pages and first token ready), so a finished sequence's row goes on
+// with another one in the next step, without the host. The host looks only once per window of
+// steps: one copy of the window buffers and slots back, one copy of the next window's slots and
+// page tables in.
 //
 // The control block, one device allocation and its pinned host mirror (the same layout), so each
-// direction is one copy: [out | slots] is what comes back, [slots | run | table | row_slot | cascade]
-// what goes in.
-//   out       SampledToken [slots][window + 1]  tokens drawn in this window (+1: an admission's first)
-//   slots     DecodeSlot [slots]
-//   run       DecodeRun                          what every row shares (the RL step of the sampling keys)
-//   table     int32 [slots][max_pages]           each slot's KV pages in position order
-//   row_slot  int32 [slots]                      the slots of an admission's rows (row r samples for row_slot[r])
-//   cascade   int32 [slots] rows, [slots + 1] start, [1] count, [slots] shared: the window's groups of
-//             sibling slots whose prompt prefix decode attention reads once (kv_cache.cuh's DecodeCascade)
+// direction is one copy: [out | slots] is what comes back, [slots | run | table | row_slot |
+// draw_slot | cascade] what goes in. A block for S rows has 2S slots: slot r < S is row r's at the
+// window's start, slots S .. 2S - 1 are the standby requests'.
+//   out       SampledToken [2S][window + 1]          tokens drawn in this window by each slot (+1: an admission's first)
+//   slots     DecodeSlot [2S]
+//   run       DecodeRun                              the RL step of the sampling keys; the standby slots and the next to take
+//   table     int32 [2S][max_pages]                  KV pages in position order: row r's (r < S; attention reads
+//                                                    these), then each standby slot's (copied to its row when taken)
+//   row_slot  int32 [S]                              the slot each decode row runs (r at the window's start)
+//   draw_slot int32 [2S]                             the slots whose first tokens the window's start draws (row r for draw_slot[r])
+//   cascade   int32 [S] rows, [S + 1] start, [1] count, [S] shared: the window's groups of sibling rows whose
+//             prompt prefix decode attention reads once (kv_cache.cuh's DecodeCascade); a refilled row leaves its group
 #ifndef FP8RL_CUDA_DECODE_SLOTS_CUH
 #define FP8RL_CUDA_DECODE_SLOTS_CUH
 #include <cstdint>
@@ -36,12 +41,14 @@ struct DecodeSlot {
     uint32_t key;       // the sequence's sampling key (GenRequest.sequence)
     int32_t forced;     // offset of its teacher-forced completion in the forced pool; -1: sampled
     int32_t drawn;      // tokens appended to its window buffer since the host last looked
-    int32_t pad;
+    int32_t row;        // the decode row running it (-1: none yet, a standby slot not taken)
 };
 
 struct DecodeRun {
-    uint32_t step;  // the RL step of rng_uniform(seed, step, key, position)
-    uint32_t pad[3];
+    uint32_t step;    // the RL step of rng_uniform(seed, step, key, position)
+    int32_t standby;  // standby slots this window: S .. S + standby - 1
+    int32_t next;     // the next standby slot a row may take (decode_refill_kernel advances it)
+    int32_t pad;
 };
 
 // The row inputs a step reads, each [rows] (device).
@@ -52,27 +59,29 @@ struct DecodeRows {
 
 // Byte offsets of the control block's parts (16-byte aligned: each is a kernel argument's base).
 struct DecodeControlLayout {
-    size_t out = 0, slots = 0, run = 0, table = 0, row_slot = 0, cascade_rows = 0, cascade_start = 0, cascade_count = 0,
-           cascade_shared = 0, bytes = 0;
-    int out_per_slot = 0, max_pages = 0;
+    size_t out = 0, slots = 0, run = 0, table = 0, row_slot = 0, draw_slot = 0, cascade_rows = 0, cascade_start = 0,
+           cascade_count = 0, cascade_shared = 0, bytes = 0;
+    int rows = 0, slot_count = 0, out_per_slot = 0, max_pages = 0;  // S rows, 2S slots
     DecodeControlLayout() = default;
-    DecodeControlLayout(int slot_count, int window_steps, int pages) : out_per_slot(window_steps + 1), max_pages(pages) {
+    DecodeControlLayout(int row_count, int window_steps, int pages)
+        : rows(row_count), slot_count(2 * row_count), out_per_slot(window_steps + 1), max_pages(pages) {
         auto align = [](size_t b) { return (b + 15) / 16 * 16; };
         slots = align((size_t)slot_count * out_per_slot * sizeof(SampledToken));
         run = slots + align((size_t)slot_count * sizeof(DecodeSlot));
         table = run + sizeof(DecodeRun);
         row_slot = table + align((size_t)slot_count * pages * sizeof(int32_t));
-        cascade_rows = row_slot + align((size_t)slot_count * sizeof(int32_t));
-        cascade_start = cascade_rows + align((size_t)slot_count * sizeof(int32_t));
-        cascade_count = cascade_start + align((size_t)(slot_count + 1) * sizeof(int32_t));
+        draw_slot = row_slot + align((size_t)rows * sizeof(int32_t));
+        cascade_rows = draw_slot + align((size_t)slot_count * sizeof(int32_t));
+        cascade_start = cascade_rows + align((size_t)rows * sizeof(int32_t));
+        cascade_count = cascade_start + align((size_t)(rows + 1) * sizeof(int32_t));
         cascade_shared = cascade_count + 16;
-        bytes = cascade_shared + align((size_t)slot_count * sizeof(int32_t));
+        bytes = cascade_shared + align((size_t)rows * sizeof(int32_t));
     }
     size_t download_bytes() const { return run; }         // [out | slots]
-    size_t upload_bytes() const { return bytes - slots; }  // [slots | run | table | row_slot | cascade]
+    size_t upload_bytes() const { return bytes - slots; }  // [slots | run | table | row_slot | draw_slot | cascade]
 };
 
-// Row r of a step runs the sequence of slot row_slot[r] (row_slot null: slot r), or is a padding row
+// Row r of a step runs the sequence of slot row_slot[r], or is a padding row
 // (token 0 at position 0, no cache row, length 0: attention reads no key) when that slot draws no
 // more. forced_pool: the teacher-forced completions, back to back.
 static __global__ void decode_rows_kernel(DecodeRows out, const DecodeSlot* slots, const int32_t* row_slot, int rows,
@@ -80,7 +89,7 @@ static __global__ void decode_rows_kernel(DecodeRows out, const DecodeSlot* slot
                                           const int32_t* forced_pool) {
     const int r = blockIdx.x * blockDim.x + threadIdx.x;
     if (r >= rows) return;
-    const int s = row_slot ? row_slot[r] : r;
+    const int s = row_slot[r];
     const DecodeSlot q = slots[s];
     const bool live = q.remaining > 0;
     const int32_t p = live ? q.position : 0;
@@ -102,7 +111,7 @@ static __global__ void decode_commit_kernel(DecodeSlot* slots, const int32_t* ro
                                             SampledToken* out, int out_per_slot, const int32_t* eos, int n_eos) {
     const int r = blockIdx.x * blockDim.x + threadIdx.x;
     if (r >= rows) return;
-    DecodeSlot& q = slots[row_slot ? row_slot[r] : r];
+    DecodeSlot& q = slots[row_slot[r]];
     if (q.remaining <= 0) return;
     const SampledToken t = sampled[r];
     out[(long)(&q - slots) * out_per_slot + q.drawn++] = t;
@@ -113,6 +122,29 @@ static __global__ void decode_commit_kernel(DecodeSlot* slots, const int32_t* ro
     if (q.forced < 0)
         for (int e = 0; e < n_eos; e++)
             if (t.token == eos[e]) q.remaining = 0;
+}
+
+// After a step's commit: each of its `rows` rows whose slot draws no more takes the next standby
+// slot that does (run->next on; one whose first token ended it is passed over), in row order: its
+// page table row is copied to the row's, which attention reads, and it leaves its cascade group
+// (shared null: none), reading its prompt's pages itself. One thread: a walk over the rows, a few
+// microseconds beside a decode step, and the same assignment whatever the launch's timing.
+static __global__ void decode_refill_kernel(DecodeSlot* slots, int32_t* row_slot, int rows, DecodeRun* run, int32_t* table,
+                                            int max_pages, int32_t* shared, int first_standby) {
+    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    int next = run->next;
+    const int end = first_standby + run->standby;
+    for (int r = 0; r < rows && next < end; r++) {
+        if (slots[row_slot[r]].remaining > 0) continue;
+        while (next < end && slots[next].remaining <= 0) next++;
+        if (next == end) break;
+        row_slot[r] = next;
+        slots[next].row = r;
+        for (int p = 0; p < max_pages; p++) table[(long)r * max_pages + p] = table[(long)next * max_pages + p];
+        if (shared) shared[r] = 0;
+        next++;
+    }
+    run->next = next;
 }
 
 inline void decode_rows_gpu(const DecodeRows& out, const DecodeSlot* slots, const int32_t* row_slot, int rows,
@@ -128,6 +160,12 @@ inline void decode_commit_gpu(DecodeSlot* slots, const int32_t* row_slot, int ro
     if (rows < 1) return;
     LAUNCH_KERNEL(decode_commit_kernel, (unsigned)((rows + 127) / 128), 128, 0, stream, slots, row_slot, rows, sampled, out,
                   out_per_slot, eos, n_eos);
+}
+
+inline void decode_refill_gpu(DecodeSlot* slots, int32_t* row_slot, int rows, DecodeRun* run, int32_t* table, int max_pages,
+                              int32_t* shared, int first_standby, cudaStream_t stream) {
+    if (rows < 1) return;
+    LAUNCH_KERNEL(decode_refill_kernel, 1, 1, 0, stream, slots, row_slot, rows, run, table, max_pages, shared, first_standby);
 }
 
 }  // namespace fp8rl

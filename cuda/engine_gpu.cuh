@@ -103,7 +103,9 @@ inline size_t rollout_device_bytes(const ModelConfig& c, const EngineOptions& o,
 // What the last generate() did (tests and logs).
 struct RolloutStats {
     int64_t prefills = 0, prefill_tokens = 0, decode_steps = 0, preemptions = 0;
+    int64_t windows = 0;  // windows of decode steps: the host's looks at the device (collect_window)
     int64_t replayed_tokens = 0;                      // kept tokens of preempted requests fed again at their return
+    int64_t refills = 0;  // standby requests a row took on the device when its sequence stopped (decode_slots.cuh)
     int64_t graphs_captured = 0, graph_launches = 0;  // decode step graphs captured, and steps replayed from them
     int64_t cascade_rows = 0;  // rows in cascade groups (their prompt's pages read once per group), summed over windows
     int max_running = 0;                  // most sequences decoded in one step

@@ -289,9 +289,11 @@ TEST(rollout_scheduling_matches_each_request_alone) {
     }
     std::sort(lengths.begin(), lengths.end());
     printf("    3 slots: %lld prefills of %lld tokens, %lld decode steps (%lld graphs captured, %lld replays), %lld "
-           "preemptions, at most %d running; lengths %zu..%zu; all at once: %lld prompt tokens prefilled of %ld distinct\n",
+           "preemptions, %lld refills on the device, at most %d running; lengths %zu..%zu; all at once: %lld prompt "
+           "tokens prefilled of %ld distinct\n",
            (long long)st.prefills, (long long)st.prefill_tokens, (long long)st.decode_steps, (long long)st.graphs_captured,
-           (long long)st.graph_launches, (long long)st.preemptions, st.max_running, lengths.front(), lengths.back(),
+           (long long)st.graph_launches, (long long)st.preemptions, (long long)st.refills, st.max_running, lengths.front(),
+           lengths.back(),
            (long long)together.rollout_stats().prefill_tokens, distinct_prompt_tokens);
     CHECK(st.preemptions > 0);
     CHECK_EQ(st.max_running, 3);
@@ -300,6 +302,63 @@ TEST(rollout_scheduling_matches_each_request_alone) {
     CHECK_EQ(together.rollout_stats().prefills, (int64_t)1);
     CHECK_EQ(lengths.front(), (size_t)1);
     CHECK_EQ(lengths.back(), (size_t)s.max_new_tokens);
+}
+
+// Refills on the device (issue 29): 12 samples of each of two prompts (40 and 50 tokens, in turn)
+// through 3 slots, on a model that stops on 1/8 of its ids, so sequences stop anywhere within a window
+// while their siblings wait. A row whose sequence stops takes a waiting request of a cached prompt in
+// the next step (its first token drawn at the window's start), without the host, and leaves its
+// cascade group (the prompts' first 32 keys are read once per group of siblings; a row of the other
+// prompt in the group would read the wrong pages): no row idles while a sibling waits, so the decode steps stay within
+// greedy list scheduling's bound (Graham: the row-steps over the rows, plus the longest sequence's
+// steps), every window but the last runs its 16 steps (the host looks once per 16), and every
+// completion equals the same request decoded with all 24 at once, bit for bit; so do their
+// teacher-forced log-probs.
+TEST(rollout_stopped_rows_take_waiting_siblings_on_the_device) {
+    REQUIRE_GPU();
+    harness::TempDir tmp;
+    const std::string dir = many_eos_model(tmp, kFixtures[0]);
+    SamplingConfig s;
+    s.temperature = 1.0f;
+    s.max_new_tokens = 24;
+    s.seed = 9;
+    std::vector<GenRequest> requests;
+    for (uint32_t g = 0; g < 24; g++) requests.push_back({random_ids(g % 2 ? 50 : 40, 320, 5 + g % 2), 1000 + g});
+    EngineOptions three = small_pages(4), all = small_pages(4);
+    three.rollout_slots = 3;
+    GpuEngine batched(dir, three), together(dir, all);
+    const std::vector<Generation> got = batched.generate(requests, 1, s, Precision::BF16, Precision::FP8, nullptr);
+    const std::vector<Generation> want = together.generate(requests, 1, s, Precision::BF16, Precision::FP8, nullptr);
+    const RolloutStats st = batched.rollout_stats();
+    long row_steps = 0, longest = 0;
+    int same = 0;
+    for (size_t i = 0; i < requests.size(); i++) {
+        row_steps += (long)got[i].tokens.size() - 1, longest = std::max(longest, (long)got[i].tokens.size() - 1);
+        same += got[i].tokens == want[i].tokens && got[i].logprobs == want[i].logprobs &&
+                got[i].logprobs_sampled == want[i].logprobs_sampled && got[i].finished == want[i].finished;
+    }
+    const long bound = (row_steps + 2) / 3 + longest;
+    printf("    24 samples in 3 slots: %lld decode steps for %ld row-steps (bound %ld) in %lld windows, %lld refills on the "
+           "device, %lld rows in cascade groups; %d of 24 completions equal to all at once\n",
+           (long long)st.decode_steps, row_steps, bound, (long long)st.windows, (long long)st.refills,
+           (long long)st.cascade_rows, same);
+    CHECK_EQ(same, 24);
+    CHECK(st.refills > 0 && st.cascade_rows > 0);
+    CHECK_MSG(st.decode_steps <= bound, "%lld decode steps, more than %ld", (long long)st.decode_steps, bound);
+    CHECK_MSG(st.windows <= (st.decode_steps + 15) / 16, "%lld windows for %lld decode steps", (long long)st.windows,
+              (long long)st.decode_steps);
+    // teacher forcing of the same completions: the forced rows are refilled alike
+    std::vector<std::vector<int32_t>> tokens;
+    for (const Generation& g : want) tokens.push_back(g.tokens);
+    const std::vector<Generation> forced = batched.teacher_forced(requests, tokens, Precision::BF16, Precision::FP8),
+                                  forced_all = together.teacher_forced(requests, tokens, Precision::BF16, Precision::FP8);
+    int forced_same = 0;
+    for (size_t i = 0; i < requests.size(); i++)
+        forced_same += forced[i].tokens == tokens[i] && forced[i].logprobs == forced_all[i].logprobs;
+    printf("    teacher forcing: %lld refills, %d of 24 log-prob rows equal to all at once\n",
+           (long long)batched.rollout_stats().refills, forced_same);
+    CHECK(batched.rollout_stats().refills > 0);
+    CHECK_EQ(forced_same, 24);
 }
 
 // CUDA graphs: generation with the decode steps replayed from graphs (the default) equals the same
