@@ -125,26 +125,47 @@ static __global__ void decode_commit_kernel(DecodeSlot* slots, const int32_t* ro
 }
 
 // After a step's commit: each of its `rows` rows whose slot draws no more takes the next standby
-// slot that does (run->next on; one whose first token ended it is passed over), in row order: its
-// page table row is copied to the row's, which attention reads, and it leaves its cascade group
-// (shared null: none), reading its prompt's pages itself. One thread: a walk over the rows, a few
-// microseconds beside a decode step, and the same assignment whatever the launch's timing.
-static __global__ void decode_refill_kernel(DecodeSlot* slots, int32_t* row_slot, int rows, DecodeRun* run, int32_t* table,
-                                            int max_pages, int32_t* shared, int first_standby) {
-    if (blockIdx.x != 0 || threadIdx.x != 0) return;
-    int next = run->next;
+// slot that does (from run->next on; one whose first token ended it is passed over), in row order:
+// its page table row is copied to the row's, which attention reads, and it leaves its cascade group
+// (shared null: none), reading its prompt's pages itself. One warp, 32 rows at a time: a ballot
+// marks the stopped rows and another the live standby slots of the next 32, and the k-th stopped
+// row takes the k-th live slot, so the assignment is the same whatever the timing, in rows / 32
+// rounds beside a decode step's milliseconds.
+static __global__ void __launch_bounds__(32)
+    decode_refill_kernel(DecodeSlot* slots, int32_t* row_slot, int rows, DecodeRun* run, int32_t* table, int max_pages,
+                         int32_t* shared, int first_standby) {
+    const int lane = threadIdx.x;
     const int end = first_standby + run->standby;
-    for (int r = 0; r < rows && next < end; r++) {
-        if (slots[row_slot[r]].remaining > 0) continue;
-        while (next < end && slots[next].remaining <= 0) next++;
-        if (next == end) break;
-        row_slot[r] = next;
-        slots[next].row = r;
-        for (int p = 0; p < max_pages; p++) table[(long)r * max_pages + p] = table[(long)next * max_pages + p];
-        if (shared) shared[r] = 0;
-        next++;
+    int next = run->next;  // the same in every lane: it moves by ballots
+    for (int base = 0; base < rows && next < end; base += 32) {
+        const int r = base + lane;
+        unsigned stopped = __ballot_sync(~0u, r < rows && slots[row_slot[r]].remaining <= 0);
+        while (stopped && next < end) {
+            const unsigned live = __ballot_sync(~0u, next + lane < end && slots[next + lane].remaining > 0);
+            const int pairs = min(__popc(stopped), __popc(live));
+            if ((stopped >> lane) & 1u) {
+                const int k = __popc(stopped & ((1u << lane) - 1u));  // this row's rank among the stopped
+                if (k < pairs) {
+                    unsigned m = live;
+                    for (int i = 0; i < k; i++) m &= m - 1u;  // drop the k live slots before its own
+                    const int s = next + __ffs((int)m) - 1;
+                    row_slot[r] = s;
+                    slots[s].row = r;
+                    for (int p = 0; p < max_pages; p++) table[(long)r * max_pages + p] = table[(long)s * max_pages + p];
+                    if (shared) shared[r] = 0;
+                }
+            }
+            if (pairs == __popc(stopped)) {  // every stopped row served: on past the last slot taken
+                unsigned m = live;
+                for (int i = 0; i < pairs - 1; i++) m &= m - 1u;
+                next += __ffs((int)m);
+            } else {  // every live slot of these 32 taken (or none live): on to the next 32
+                next = min(next + 32, end);
+            }
+            for (int i = 0; i < pairs; i++) stopped &= stopped - 1u;  // the rows served
+        }
     }
-    run->next = next;
+    if (lane == 0) run->next = next;
 }
 
 inline void decode_rows_gpu(const DecodeRows& out, const DecodeSlot* slots, const int32_t* row_slot, int rows,
@@ -165,7 +186,7 @@ inline void decode_commit_gpu(DecodeSlot* slots, const int32_t* row_slot, int ro
 inline void decode_refill_gpu(DecodeSlot* slots, int32_t* row_slot, int rows, DecodeRun* run, int32_t* table, int max_pages,
                               int32_t* shared, int first_standby, cudaStream_t stream) {
     if (rows < 1) return;
-    LAUNCH_KERNEL(decode_refill_kernel, 1, 1, 0, stream, slots, row_slot, rows, run, table, max_pages, shared, first_standby);
+    LAUNCH_KERNEL(decode_refill_kernel, 1, 32, 0, stream, slots, row_slot, rows, run, table, max_pages, shared, first_standby);
 }
 
 }  // namespace fp8rl
