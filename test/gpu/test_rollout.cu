@@ -245,6 +245,13 @@ std::string many_eos_model(const harness::TempDir& tmp, const char* dir) {
     return out;
 }
 
+// Sampling at temperature 1 over the whole vocabulary.
+SamplingConfig sampled(int max_new_tokens, uint64_t seed) {
+    SamplingConfig s;
+    s.temperature = 1.0f, s.max_new_tokens = max_new_tokens, s.seed = seed;
+    return s;
+}
+
 }  // namespace
 
 // Scheduling: 5 prompts x 2 samples through 3 slots with a page pool too small for three long
@@ -256,10 +263,7 @@ TEST(rollout_scheduling_matches_each_request_alone) {
     REQUIRE_GPU();
     harness::TempDir tmp;
     const std::string dir = many_eos_model(tmp, kFixtures[0]);
-    SamplingConfig s;
-    s.temperature = 1.0f;
-    s.max_new_tokens = 16;
-    s.seed = 5;
+    const SamplingConfig s = sampled(16, 5);
     const Precision kv = Precision::BF16;  // the schedule is the same for either storage
     std::vector<GenRequest> requests;
     long distinct_prompt_tokens = 0;
@@ -309,19 +313,16 @@ TEST(rollout_scheduling_matches_each_request_alone) {
 // while their siblings wait. A row whose sequence stops takes a waiting request of a cached prompt in
 // the next step (its first token drawn at the window's start), without the host, and leaves its
 // cascade group (the prompts' first 32 keys are read once per group of siblings; a row of the other
-// prompt in the group would read the wrong pages): no row idles while a sibling waits, so the decode steps stay within
-// greedy list scheduling's bound (Graham: the row-steps over the rows, plus the longest sequence's
-// steps), every window but the last runs its 16 steps (the host looks once per 16), and every
-// completion equals the same request decoded with all 24 at once, bit for bit; so do their
-// teacher-forced log-probs.
+// prompt in the group would read the wrong pages): no row idles while a sibling waits, so the
+// decode steps stay within greedy list scheduling's bound (Graham: the row-steps over the rows,
+// plus the longest sequence's steps), every window but the last runs its 16 steps (the host looks
+// once per 16), and every completion equals the same request decoded with all 24 at once, bit for
+// bit; so do their teacher-forced log-probs.
 TEST(rollout_stopped_rows_take_waiting_siblings_on_the_device) {
     REQUIRE_GPU();
     harness::TempDir tmp;
     const std::string dir = many_eos_model(tmp, kFixtures[0]);
-    SamplingConfig s;
-    s.temperature = 1.0f;
-    s.max_new_tokens = 24;
-    s.seed = 9;
+    const SamplingConfig s = sampled(24, 9);
     std::vector<GenRequest> requests;
     for (uint32_t g = 0; g < 24; g++) requests.push_back({random_ids(g % 2 ? 50 : 40, 320, 5 + g % 2), 1000 + g});
     EngineOptions three = small_pages(4), all = small_pages(4);
