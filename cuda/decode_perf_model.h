@@ -28,7 +28,8 @@ constexpr double kDecodeAttentionEfficiency = 0.7;  // of HBM: FlashInfer-like, 
 constexpr double kSamplingPasses = 3;               // over a row's FP32 logits or probabilities, uncut
 constexpr double kSamplingSmBandwidth = 80e9;       // bytes/s a block streams from L2 (cuda/sampling.cuh)
 constexpr int kSms = 132;
-constexpr double kDecodeLaunchesPerLayer = 9, kDecodeLaunchesOutside = 6;  // graph nodes of a step
+// graph nodes of a step; outside the layers: rows, embedding, final norm, logits, sampling, commit, refill
+constexpr double kDecodeLaunchesPerLayer = 9, kDecodeLaunchesOutside = 7;
 
 struct DecodePrediction {
     double weights_s, attention_s, sampling_s, launches_s;

@@ -124,6 +124,12 @@ static __global__ void decode_commit_kernel(DecodeSlot* slots, const int32_t* ro
             if (t.token == eos[e]) q.remaining = 0;
 }
 
+// mask without its n lowest set bits
+__device__ inline unsigned drop_lowest_bits(unsigned mask, int n) {
+    for (int i = 0; i < n; i++) mask &= mask - 1u;
+    return mask;
+}
+
 // After a step's commit: each of its `rows` rows whose slot draws no more takes the next standby
 // slot that does (from run->next on; one whose first token ended it is passed over), in row order:
 // its page table row is copied to the row's, which attention reads, and it leaves its cascade group
@@ -146,9 +152,7 @@ static __global__ void __launch_bounds__(32)
             if ((stopped >> lane) & 1u) {
                 const int k = __popc(stopped & ((1u << lane) - 1u));  // this row's rank among the stopped
                 if (k < pairs) {
-                    unsigned m = live;
-                    for (int i = 0; i < k; i++) m &= m - 1u;  // drop the k live slots before its own
-                    const int s = next + __ffs((int)m) - 1;
+                    const int s = next + __ffs((int)drop_lowest_bits(live, k)) - 1;  // the k-th live slot
                     row_slot[r] = s;
                     slots[s].row = r;
                     for (int p = 0; p < max_pages; p++) table[(long)r * max_pages + p] = table[(long)s * max_pages + p];
@@ -156,13 +160,11 @@ static __global__ void __launch_bounds__(32)
                 }
             }
             if (pairs == __popc(stopped)) {  // every stopped row served: on past the last slot taken
-                unsigned m = live;
-                for (int i = 0; i < pairs - 1; i++) m &= m - 1u;
-                next += __ffs((int)m);
+                next += __ffs((int)drop_lowest_bits(live, pairs - 1));
             } else {  // every live slot of these 32 taken (or none live): on to the next 32
                 next = min(next + 32, end);
             }
-            for (int i = 0; i < pairs; i++) stopped &= stopped - 1u;  // the rows served
+            stopped = drop_lowest_bits(stopped, pairs);  // the rows served
         }
     }
     if (lane == 0) run->next = next;
