@@ -52,12 +52,12 @@ ifneq ($(CUDA_FP8_H),)
 endif
 
 # The GPU binary is data parallel over NCCL: without NCCL it builds single-process (no FP8RL_MPI),
-# since cuda/nccl.cuh's collectives need it. The host pass contracts no a*b+c either: the bit-exact
+# since cuda/dist/nccl.cuh's collectives need it. The host pass contracts no a*b+c either: the bit-exact
 # CPU oracles rely on it (FPFLAGS).
 NV_MPI    := $(if $(and $(MPI_FLAGS),$(NCCL)),$(MPI_FLAGS) $(MPI_INCLUDE))
 NVCCFLAGS := -std=c++17 -O3 -gencode arch=compute_90,code=sm_90 -Werror all-warnings -I. \
              -Xcompiler -Wall,-Wextra,-fopenmp,$(FPFLAGS) $(NV_MPI)
-CUDA_SRCS := $(wildcard *.cu *.cuh rl/*/*.cuh cuda/*.cu cuda/*.cuh)
+CUDA_SRCS := $(wildcard *.cu *.cuh rl/*/*.cuh cuda/*.cuh cuda/*/*.cuh)
 CUDA_EXAMPLES := $(wildcard docs/examples/*.cu)
 GPU_TEST_SRCS := $(wildcard test/gpu/*.cu)
 GPU_TESTS     := $(wildcard test/gpu/test_*.cu)
@@ -267,8 +267,8 @@ GPU_LDLIBS := -lcublasLt -lgomp $(if $(NV_MPI),-lnccl $(MPI_LIBS))
 ifeq ($(and $(MPI_FLAGS),$(if $(NCCL),,no)),no)
   $(info fp8rl build: NCCL not found, so ./train_rl and ./test_gpu build single-process (no MPI data parallelism))
 endif
-# rollout.cu is included by cuda/engine_gpu.cuh: a header to its users
-GPU_HEADERS := $(wildcard *.cuh rl/*.h rl/*/*.h rl/*/*.cuh cpu/*.h cuda/*.cuh cuda/*.h cuda/emu/*.h test/gpu/*.cuh test/gpu/*.h test/harness.h) rollout.cu
+# rollout.cu is included by cuda/engine/engine_gpu.cuh: a header to its users
+GPU_HEADERS := $(wildcard *.cuh rl/*.h rl/*/*.h rl/*/*.cuh cpu/*.h cuda/*.cuh cuda/*/*.cuh cuda/*/*.h test/gpu/*.cuh test/gpu/*.h test/harness.h) rollout.cu
 
 # Every CUDA source compiled for sm_90 with warnings as errors, in parallel under make -j; a stamp
 # records each success, so a rerun compiles only what changed:
@@ -276,7 +276,7 @@ GPU_HEADERS := $(wildcard *.cuh rl/*.h rl/*/*.h rl/*/*.cuh cpu/*.h cuda/*.cuh cu
 #     its tests: nvcc's fixed cost per unit (its headers, cicc and ptxas start-up) was 2-3 s of each
 #     header's 3 s alone;
 #   - each benchmark and example alone (each is a program of its own);
-#   - train_rl.cu by ./train_rl's own build; it includes cuda/engine_gpu.cuh first, which includes
+#   - train_rl.cu by ./train_rl's own build; it includes cuda/engine/engine_gpu.cuh first, which includes
 #     rollout.cu, so those two compile alone there.
 # That each header also compiles by itself is checked by g++ on the emulation build (-fsyntax-only,
 # 1 s a header), where the same text is compiled.
@@ -284,7 +284,7 @@ GPU_HEADERS := $(wildcard *.cuh rl/*.h rl/*/*.h rl/*/*.cuh cpu/*.h cuda/*.cuh cu
 # says); the host side at -O0, since its object goes to /dev/null and the emulation's g++ -O3 build
 # compiles the same host code with the same warnings as errors (-O3 there would double the time).
 NVCHECK_FLAGS   := $(filter-out -O3,$(NVCCFLAGS)) -O0
-NVCHECK_HEADERS := $(filter-out train_rl.cu cuda/engine_gpu.cuh rollout.cu,$(CUDA_SRCS))
+NVCHECK_HEADERS := $(filter-out train_rl.cu cuda/engine/engine_gpu.cuh rollout.cu,$(CUDA_SRCS))
 NVCHECK_UNITY   := $(UNITY)/nvcheck.cu
 $(call unity_source,$(NVCHECK_UNITY),$(NVCHECK_HEADERS) $(GPU_TESTS))
 NVCHECK_STAMPS  := $(patsubst %,$(BUILD)/nvcheck/%.ok,$(NVCHECK_UNITY) $(GPU_BENCHES) $(CUDA_EXAMPLES))
@@ -299,7 +299,7 @@ $(BUILD)/selfcontained/%.ok: % $(GPU_HEADERS)
 	@$(CPU_LINK_CXX) $(CXXSTD) $(FPFLAGS) $(WARN) -fopenmp -I. $(EMU_FLAGS) -fsyntax-only -x c++ $< && touch $@
 endif
 cuda-check: $(NVCHECK_STAMPS) $(SELF_CONTAINED_STAMPS) train_rl
-	@echo "nvcc compile check: $(words $(CUDA_SRCS) $(GPU_TEST_SRCS) $(CUDA_EXAMPLES)) CUDA sources compiled for sm_90 (train_rl.cu, cuda/engine_gpu.cuh and rollout.cu by ./train_rl)$(if $(SELF_CONTAINED_STAMPS),; $(words $(SELF_CONTAINED_STAMPS)) headers compile alone (g++, emulation))"
+	@echo "nvcc compile check: $(words $(CUDA_SRCS) $(GPU_TEST_SRCS) $(CUDA_EXAMPLES)) CUDA sources compiled for sm_90 (train_rl.cu, cuda/engine/engine_gpu.cuh and rollout.cu by ./train_rl)$(if $(SELF_CONTAINED_STAMPS),; $(words $(SELF_CONTAINED_STAMPS)) headers compile alone (g++, emulation))"
 	@echo "nvcc build: ./train_rl (sm_90) linked"
 
 GPU_BENCH_BINS := $(patsubst test/gpu/bench_%.cu,$(BUILD)/gpu_bench_%,$(wildcard test/gpu/bench_*.cu))
@@ -353,7 +353,7 @@ $(BUILD)/bench_%: bench/bench_%.cpp
 bench: $(BENCH_BINS)
 	@for b in $(BENCH_BINS); do echo "== $$b"; ./$$b || exit 1; done
 
-# build/perf_model: cuda/perf_model.h's predicted training step on an H200, bf16 against fp8, before
+# build/perf_model: cuda/perf/perf_model.h's predicted training step on an H200, bf16 against fp8, before
 # and after issue 28's fusion (docs/perf-model.md); make test builds it, so it cannot rot unseen.
 $(BUILD)/perf_model: dev/perf_model.cpp
 	@mkdir -p $(@D)

@@ -15,7 +15,7 @@
 #ifndef FP8RL_FP8_GEMM_CUH
 #define FP8RL_FP8_GEMM_CUH
 #include "cuda/common.cuh"
-#include "cuda/device_array.cuh"
+#include "cuda/engine/device_array.cuh"
 #include "cuda/element.cuh"
 #include <cublasLt.h>  // in emulation: the same declarations, implemented by cuda/emu/emu_cublaslt.cpp
 
@@ -192,7 +192,7 @@ __device__ __forceinline__ void quantize_tile_columns(float* tile, int q, int n_
 // The tile source of quantize_rowwise_kernel that reads a tensor x [rows][cols] (load_tile). A
 // source's stage() fills the swizzled tile (r0, c0) of the [rows][cols] values to quantize, zeros
 // outside them, and ends with __syncthreads(); a producer that computes the values (the SwiGLU
-// backward, cuda/swiglu.cuh) is another source, so its FP8 operands need no BF16 round trip.
+// backward, cuda/kernels/swiglu.cuh) is another source, so its FP8 operands need no BF16 round trip.
 template <class In>
 struct TensorTile {
     const In* x;
@@ -372,7 +372,7 @@ static __global__ void __launch_bounds__(QUANT_THREADS)
 
 // codes [rows][cols] + BLK128x128 scale_inv (a 128x128-block weight copy, device) -> its transposed
 // copy codes_t [cols][rows] + scale_inv_t (blk128_scale_count(cols, rows) floats): the dgrad operand
-// made just before the dgrad GEMM when the engine keeps one FP8 copy (cuda/engine_gpu.cuh).
+// made just before the dgrad GEMM when the engine keeps one FP8 copy (cuda/engine/engine_gpu.cuh).
 inline void fp8_transpose_block_copy_gpu(const uint8_t* codes, const float* scale_inv, int rows, int cols, uint8_t* codes_t,
                                          float* scale_inv_t, cudaStream_t stream) {
     check_fp8_shape("fp8_transpose_block_copy_gpu", rows, cols);

@@ -43,10 +43,10 @@
 #include <type_traits>
 #include <vector>
 
-#include "cuda/attention.cuh"
-#include "cuda/block_reduce.cuh"
+#include "cuda/kernels/attention.cuh"
+#include "cuda/kernels/block_reduce.cuh"
 #include "cuda/common.cuh"
-#include "cuda/device_array.cuh"
+#include "cuda/engine/device_array.cuh"
 #include "rl/numerics/attention_tiles.h"
 #include "rl/numerics/fast_exp.h"
 #include "rl/numerics/fp8.h"
@@ -80,7 +80,7 @@ __device__ __forceinline__ float kv_value(uint8_t code, float scale) { return mu
 __device__ __forceinline__ void kv_store(__nv_bfloat16* dst, float x, float) { *dst = __float2bfloat16_rn(x); }
 __device__ __forceinline__ void kv_store(uint8_t* dst, float x, float scale) { *dst = float_to_e4m3(x / scale); }
 
-// Where a kernel that produces K and V (cuda/qkv_rope.cuh, in a decode step) appends them itself:
+// Where a kernel that produces K and V (cuda/kernels/qkv_rope.cuh, in a decode step) appends them itself:
 // one layer's pools [slots][width] of BF16 or FP8 elements (with the layer's [kv_heads] scales), and
 // the slot of each row (-1: a padding row, nothing written). A null `slots`: no append.
 struct KvAppend {

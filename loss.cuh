@@ -27,8 +27,8 @@
 #include <cmath>
 #include <cstdint>
 
-#include "cuda/block_reduce.cuh"
-#include "cuda/device_array.cuh"
+#include "cuda/kernels/block_reduce.cuh"
+#include "cuda/engine/device_array.cuh"
 #include "fp8_gemm.cuh"
 #include "rl/numerics/bf16.h"
 #include "rl/numerics/fast_exp.h"

@@ -14,7 +14,7 @@
 //   sharing   requests with the same prompt (the G samples of a group) share its cached K/V: it is
 //             prefilled once while any of them runs; each holds its full pages and copies its last
 //             partial page (copy on write), and the pages return to the pool with their last holder.
-//   windows   the decode loop runs without the host (cuda/decode_slots.cuh): the running sequences'
+//   windows   the decode loop runs without the host (cuda/rollout/decode_slots.cuh): the running sequences'
 //             state lives in device slots, a step's first kernel turns them into its inputs and its
 //             last appends each drawn token to its slot's window buffer, advancing the slot and
 //             stopping it on eos or at its limit (a padding row from then on). The host looks once
@@ -55,7 +55,7 @@
 //             buffer was allocated or freed since their capture (device_allocations), since a
 //             graph holds the addresses it was captured with. Prefill, admissions' first tokens and
 //             replays run eagerly.
-// Included at the end of cuda/engine_gpu.cuh (the GPU program is one translation unit per binary,
+// Included at the end of cuda/engine/engine_gpu.cuh (the GPU program is one translation unit per binary,
 // so the build needs no new object); compiled alone by make cuda-check, it includes the engine.
 #ifndef FP8RL_ROLLOUT_CU
 #define FP8RL_ROLLOUT_CU
@@ -63,10 +63,10 @@
 #include <map>
 #include <set>
 
-#include "cuda/decode_slots.cuh"
-#include "cuda/engine_gpu.cuh"
-#include "cuda/pinned_array.cuh"
-#include "cuda/sampling.cuh"
+#include "cuda/rollout/decode_slots.cuh"
+#include "cuda/engine/engine_gpu.cuh"
+#include "cuda/engine/pinned_array.cuh"
+#include "cuda/rollout/sampling.cuh"
 #include "kv_cache.cuh"
 
 namespace fp8rl {
@@ -87,7 +87,7 @@ struct RolloutSizes {
     KvCacheShape shape{};
     size_t page_bytes = 0;  // K and V of one page in every layer
     size_t act = 0, act_f32 = 0, logits = 0, sample_scratch = 0, padded_head = 0, table = 0;  // elements
-    size_t control = 0;  // bytes of the decode control block (cuda/decode_slots.cuh), and as much pinned host memory
+    size_t control = 0;  // bytes of the decode control block (cuda/rollout/decode_slots.cuh), and as much pinned host memory
 };
 
 inline RolloutSizes rollout_sizes(const ModelConfig& c, const EngineOptions& o, long requests, long longest_prompt,
@@ -203,7 +203,7 @@ struct RolloutState {
     DeviceArray<int32_t> ids, pos, cache_rows, lens, prefix, forced, prefill_rows, replay_table, forced_pool, eos;
     DeviceArray<uint32_t> keys, sample_pos, steps;
     DeviceArray<SampledToken> sampled;
-    DeviceArray<uint8_t> control;  // cuda/decode_slots.cuh's control block, and its pinned mirror
+    DeviceArray<uint8_t> control;  // cuda/rollout/decode_slots.cuh's control block, and its pinned mirror
     PinnedArray<uint8_t> mirror;
     DecodeControlLayout layout;
     LayerActsGpu A{};
@@ -860,7 +860,7 @@ inline void GpuEngine::decode_launches(int rows, Precision weights, const int32_
 }
 
 // Logits of R.xf's first `rows` rows through the BF16 head (FP32 accumulation, as loss.cuh's
-// head and the CPU generator compute them), then one token per row (cuda/sampling.cuh) with the
+// head and the CPU generator compute them), then one token per row (cuda/rollout/sampling.cuh) with the
 // rows' keys, positions and RL steps (decode_rows_gpu wrote them), or the forced token when
 // teacher forcing.
 inline void GpuEngine::sample_rows(int rows, const SamplingConfig& s) {

@@ -4,7 +4,7 @@
 // The CPU engine is the GPU engine's oracle, so with BF16 activations attention rounds where the
 // GPU kernels round, in their order (rl/numerics/attention_tiles.h), and with FP32 it rounds nowhere:
 //   packed batch (training, --logprobs, and a generator's prefill over its cache): the training
-//     kernel's online softmax (cuda/attention.cuh) over key tiles of kFlashTile: per tile the running
+//     kernel's online softmax (cuda/kernels/attention.cuh) over key tiles of kFlashTile: per tile the running
 //     max grows, the partial sums and the output are rescaled by exp(old max - new max), the tile's
 //     exp(s - max) join the kFlashLanes partial sums unrounded and meet V rounded to BF16; the output
 //     is scaled by 1 / sum and rounded once. Per (sequence, head, block of kFlashTile queries) the
@@ -38,7 +38,7 @@ struct AttentionShape {
     long ldk() const { return (long)KV * D; }
 };
 
-// a . b summed in index order from 0: the order of a tensor-core product's chain (cuda/mma.cuh in
+// a . b summed in index order from 0: the order of a tensor-core product's chain (cuda/kernels/mma.cuh in
 // emulation) and of the decode kernel's loop.
 inline float dot_in_order(const float* a, const float* b, int n) {
     float s = 0.0f;

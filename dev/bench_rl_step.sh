@@ -4,7 +4,7 @@
 # step, --cc_interval 1, so its shadow pass shows in each step's time), on the add task, through the
 # binary itself: the seconds per phase are the trainer's own (log.jsonl's timing_s/*, perf/*; the
 # last step's row, the first one warming up). So it measures whatever generate() runs: today the CPU
-# model on the host (cuda/engine_gpu.cuh), rollout.cu once merged.
+# model on the host (cuda/engine/engine_gpu.cuh), rollout.cu once merged.
 # Usage: dev/bench_rl_step.sh BIN STEPS FLAGS...   (FLAGS: the model and sizes, e.g. --model DIR
 # --batch_prompts 4 --group_size 4 --max_new_tokens 32); prints a Markdown table and one summary line.
 set -u -o pipefail

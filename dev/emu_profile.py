@@ -12,7 +12,7 @@ import json
 FIELDS = [("kernel_launches", "kernels"), ("gemm_calls", "GEMMs"), ("host_syncs", "host syncs"),
           ("h2d_copies", "H2D"), ("d2h_copies", "D2H"), ("memset_bytes", "memset bytes"),
           ("graph_launches", "graphs")]
-# the engine's ranges in the order a step runs them (rl/driver/driver.h, cuda/engine_gpu.cuh, rollout.cu)
+# the engine's ranges in the order a step runs them (rl/driver/driver.h, cuda/engine/engine_gpu.cuh, rollout.cu)
 ORDER = ["rollout", "decode_step", "sampling", "old_logprobs", "forward", "backward", "optimizer_step"]
 
 

@@ -29,7 +29,7 @@
 #       model (4 GB) and loading it twice dominate; memory: the engine's device high-water mark
 #       (DeviceArray's count) beside cudaMemGetInfo's used bytes after the steps and the memory plan;
 #       then the quantizer calls of an fp8 step before issue 28, each shape timed alone: about 18
-#       shapes x 53 calls of 0.03-0.7 ms, under 1 s; each figure beside cuda/perf_model.h's)
+#       shapes x 53 calls of 0.03-0.7 ms, under 1 s; each figure beside cuda/perf/perf_model.h's)
 #     rollout bf16/bf16, fp8/bf16, fp8/fp8, 256 x 1,024 target           25      35
 #       (its own 10 s budget per model plus warm-ups; tokens/s, the engine's peak device bytes, and the
 #       fractions in sampling and in decode attention, estimated after each run from those kernels

@@ -1,4 +1,4 @@
-// perf_model.cpp: prints cuda/perf_model.h's prediction of one training step on an H200, bf16 and
+// perf_model.cpp: prints cuda/perf/perf_model.h's prediction of one training step on an H200, bf16 and
 // fp8, for the engine before issue 28 (unfused) and after (fused): step time, the fp8 speedup, the
 // time per kernel class, and how the fused speedup moves with the two anchors it depends on most.
 //   build/perf_model [--model qwen3-1.7b|qwen3-8b|all|HF_DIR] [--tokens 16384] [--seq 1280]
@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "cuda/perf_model.h"
+#include "cuda/perf/perf_model.h"
 
 using namespace fp8rl;
 
@@ -128,7 +128,7 @@ int main(int argc, char** argv) {
         if (model == "all" || model == "qwen3-1.7b") models.push_back({"Qwen3-1.7B", qwen3(2048, 6144, 28, 16, true)});
         if (model == "all" || model == "qwen3-8b") models.push_back({"Qwen3-8B", qwen3(4096, 12288, 36, 32, false)});
         if (models.empty()) models.push_back({model, load_model_config(model)});
-        printf("perf_model (cuda/perf_model.h): one training step (forward, backward, gradient norm and clip, AdamW) on one "
+        printf("perf_model (cuda/perf/perf_model.h): one training step (forward, backward, gradient norm and clip, AdamW) on one "
                "H200; BF16 GEMMs at %.0f TFLOP/s (%.2f of %.0f), FP8 block-scaled GEMMs %.2fx that (%.0f TFLOP/s), "
                "attention at FlashAttention-2's rates, memory-bound kernels at %.2f TB/s (%.2f of %.1f), %.0f us per "
                "launch, the tile quantizer before issue 28 at %.0f ps per element\n\n",

@@ -1,8 +1,8 @@
-// Tests of cuda/perf_model.h against cases worked by hand: each expected value is written out here
+// Tests of cuda/perf/perf_model.h against cases worked by hand: each expected value is written out here
 // from the shapes (a GEMM's 2mnk and operand bytes, a memory-bound kernel's bytes, the step's 6 N T
 // GEMM FLOPs, the FA2 figures), never read back from the model; the per-layer launch counts are
 // issue 28's (24 and 17 counted in emulation before it, 10 and 9 its target).
-#include "cuda/perf_model.h"
+#include "cuda/perf/perf_model.h"
 #include "test/harness.h"
 
 using namespace fp8rl;

@@ -2,7 +2,7 @@
 // one rank of an N-rank run from a config.json alone (Qwen3-8B's and Qwen3-32B's, test/fixtures/configs:
 // no weights, no tokenizer, no data) and exits 0 when it fits an H200, else 1 with one line naming what
 // would fit. The expected figures come from the config's fields, counted here, and from issue 31's
-// formula for the persistent state, not from cuda/memory_plan.h; train_rl_cpu refuses the flag.
+// formula for the persistent state, not from cuda/engine/memory_plan.h; train_rl_cpu refuses the flag.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>

@@ -118,7 +118,7 @@ TEST(train_rl_emu_resume_is_bit_exact) {
     CHECK(x.adam_m == y.adam_m && x.adam_v == y.adam_v);
 }
 // ---------------------------------------------------------------------------------------------
-// Data parallel (cuda/nccl.cuh over MPI in emulation).
+// Data parallel (cuda/dist/nccl.cuh over MPI in emulation).
 
 namespace {
 
@@ -146,7 +146,7 @@ std::string dp_run(const std::string& out_dir, int steps, const char* precision,
 // then AdamW (|update| <= lr per step) keeps weight differences far below lr. As the CPU engine's
 // MPI test: metrics at rtol 1e-3, weights and moments at 1e-4 absolute (measured: the grad norm to
 // its 10th digit, weights and moments to 1.2e-7).
-// In fp8 the weight gradient quantizes x and dy in 1x128 groups along tokens (cuda/linear.cuh), and
+// In fp8 the weight gradient quantizes x and dy in 1x128 groups along tokens (cuda/kernels/linear.cuh), and
 // which tokens share a group depends on how the batch is split over ranks: rank counts then differ
 // by that quantization noise, not only by rounding (measured: grad norm 1.1% apart at step 3).
 // fp8 is therefore compared where the split is the same: --zero 0 against --zero 1 on 2 ranks.

@@ -116,7 +116,7 @@ uint64_t func_attribute_calls();
 // counted (tests check what a kernel reads, e.g. a shared prefix read once).
 uint64_t async_copy_bytes();
 
-// The profile's statistics (cuda/emu/emu_stats.cpp), the emulation's side of cuda/profile_range.h's
+// The profile's statistics (cuda/emu/emu_stats.cpp), the emulation's side of cuda/perf/profile_range.h's
 // PROFILE_RANGE. A range counts the work the host issues while it is open, nested ranges' included:
 // each event counts once in every open range (a range entered again while open, recursion, counts
 // it once, and its calls only the outermost entry). Work counts when issued, not when a seeded

@@ -1,5 +1,5 @@
 // emu_stats.cpp: the profile's statistics in emulation (cuda/emu/emu.h): what the host issued inside
-// each range of cuda/profile_range.h's PROFILE_RANGE, and in all, counted as the runtime
+// each range of cuda/perf/profile_range.h's PROFILE_RANGE, and in all, counted as the runtime
 // (cuda/emu/emu_runtime.cpp) and the emulated cuBLASLt issue it; with FP8RL_EMU_STATS=FILE, one
 // JSON object written to FILE at exit:
 //   {"ranges": {NAME: {"calls", "kernel_launches", "gemm_calls", "host_syncs", "h2d_copies",

@@ -26,7 +26,7 @@
 #include <string>
 #include <vector>
 
-#include "cuda/profile_range.h"
+#include "cuda/perf/profile_range.h"
 #include "rl/objective/adamw.h"
 #include "rl/objective/advantage.h"
 #include "rl/objective/calibrated_clip.h"
@@ -390,7 +390,7 @@ inline TokenValues Trainer::batched_logprobs(Engine& engine, const std::vector<S
 // forward runs on the weights the rollout ended with, over the micro-batches batched_logprobs would
 // form (micro_batch_bounds of the same range and budget), at the same precision and temperature,
 // and forward_train computes what logprobs() does (each engine's contract: cpu/engine_cpu.h and
-// cuda/engine_gpu.cuh run the same forward for both). The sums of the step's metrics keep their
+// cuda/engine/engine_gpu.cuh run the same forward for both). The sums of the step's metrics keep their
 // order: the rollout mismatch ones are summed sequence by sequence in sample order either way.
 inline bool Trainer::old_lp_from_training() const {
     return cfg_.minibatches == 1 && cfg_.epochs == 1 && !cfg_.always_old_logprob_pass;

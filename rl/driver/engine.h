@@ -81,7 +81,7 @@ struct EngineOptions {
 };
 
 // The most a training run asks of an engine's memory at once, known before the engine exists (an
-// engine on a device plans its memory with it: cuda/memory_plan.h).
+// engine on a device plans its memory with it: cuda/engine/memory_plan.h).
 struct MemoryDemand {
     int64_t tokens_per_forward = 0;  // tokens of the largest forward_train / logprobs call
     int64_t longest_sequence = 0;    // tokens of the longest sequence (prompt + max_new_tokens)

@@ -1,7 +1,7 @@
 // memory_fit.h: a training run's device memory from its flags alone, on any number of ranks: the
 // largest forward and generation it asks of an engine (MemoryDemand), and, for a plan that does not
 // fit the device, which single change of the flags would make it fit. The engine turns a demand into
-// its plan (cuda/memory_plan.h, GpuEngine::plan_request); this file only varies the flags, so the
+// its plan (cuda/engine/memory_plan.h, GpuEngine::plan_request); this file only varies the flags, so the
 // refusal at the start of training and the one of --plan_ranks are the same line.
 #pragma once
 #include <algorithm>
@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "cuda/memory_plan.h"
+#include "cuda/engine/memory_plan.h"
 #include "rl/driver/engine.h"
 #include "rl/driver/train_config.h"
 

@@ -1,6 +1,6 @@
 // attention_tiles.h: how the GPU attention kernels cut a row of keys, shared with the CPU engine,
 // whose attention (cpu/attention.h) rounds where they round so that it can be their oracle.
-//   training and prefill (cuda/attention.cuh): key tiles of kFlashTile from a sequence's first key,
+//   training and prefill (cuda/kernels/attention.cuh): key tiles of kFlashTile from a sequence's first key,
 //     an online softmax over them; a row's sum is held as kFlashLanes partial sums, the lanes of an
 //     mma C fragment's row (lane t adds keys 8j + 2t and 8j + 2t + 1 of a tile, j = 0..7), added
 //     pairwise at the end;

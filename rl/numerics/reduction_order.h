@@ -1,9 +1,9 @@
 // reduction_order.h: the order in which the GPU kernels add up a row or a column, as host code, so
 // the CPU engine (the oracle) rounds its sums where the kernels round theirs.
-//   block_sum     cuda/block_reduce.cuh's block reduction over `threads` threads: thread t adds
+//   block_sum     cuda/kernels/block_reduce.cuh's block reduction over `threads` threads: thread t adds
 //                 terms t, t + threads, ... from 0 in order; each warp's 32 sums combine by the xor
 //                 butterfly (offsets 16, 8, 4, 2, 1); the warps' results add in warp order;
-//   column sums   cuda/column_sum.cuh: chunks of kColumnSumChunkRows rows each summed from 0 in row
+//   column sums   cuda/kernels/column_sum.cuh: chunks of kColumnSumChunkRows rows each summed from 0 in row
 //                 order, the chunks' sums added in chunk order, then added to the output.
 #pragma once
 #include "rl/numerics/hostdevice.h"
@@ -13,7 +13,7 @@ namespace fp8rl {
 constexpr int kWarpSize = 32;
 constexpr int kMaxBlockThreads = 1024;
 constexpr int kColumnSumChunkRows = 256;  // rows of one partial column sum
-constexpr int kNormMaxThreads = 256;      // threads of a norm's block (cuda/rmsnorm.cuh)
+constexpr int kNormMaxThreads = 256;      // threads of a norm's block (cuda/kernels/rmsnorm.cuh)
 
 // Threads of the block that reduces a row of n values: n rounded up to whole warps, at most
 // kNormMaxThreads.

@@ -1,6 +1,6 @@
 // sampling.h: the sampling rule for one position, given its logits and one uniform number u in
 // [0, 1) (from rl/numerics/rng.h). Shared by the CPU engine and CUDA kernels (one thread per row here;
-// cuda/sampling.cuh runs the same steps with a block per row), so it uses no allocation: the caller
+// cuda/rollout/sampling.cuh runs the same steps with a block per row), so it uses no allocation: the caller
 // passes a scratch row of `n` floats.
 //
 // Semantics follow HF transformers' warpers, applied in HF's order:
@@ -74,7 +74,7 @@ struct LaneSum {
 };
 
 // The row sum's chunk: 512 ids, a multiple of 8 (so id i is in lane i % 8 of its chunk's LaneSum);
-// 297 chunks at Qwen's 151,936 ids, one per thread of cuda/sampling.cuh's blocks. The inverse CDF's
+// 297 chunks at Qwen's 151,936 ids, one per thread of cuda/rollout/sampling.cuh's blocks. The inverse CDF's
 // prefix trees span the chunks (one term a chunk) and then one chunk (one term an id).
 constexpr int kSumChunk = 512;
 FP8RL_HD int sum_chunks(int n) { return (n + kSumChunk - 1) / kSumChunk; }
@@ -229,7 +229,7 @@ struct ChunkMass {
     FP8RL_HD double operator()(int c) const { return chunk_sum(n, c, MassTerm{p, 0u}); }
 };
 
-// The prefix tree: running sums in an order that a block computes in parallel (cuda/sampling.cuh)
+// The prefix tree: running sums in an order that a block computes in parallel (cuda/rollout/sampling.cuh)
 // and one thread in order with O(log count) memory (PrefixTreeScan). Over terms x(0), x(1), ...,
 // x(count - 1), the level-k block sums, one per whole block of 2^k terms, are
 //     B_0[j] = x(j),   B_k[j] = B_{k-1}[2j] + B_{k-1}[2j + 1]   (terms [j 2^k, (j + 1) 2^k), all < count).

@@ -1,4 +1,4 @@
-// bench_attention.cu: our causal attention (cuda/attention.cuh, FlashAttention-2 on mma.sync) against
+// bench_attention.cu: our causal attention (cuda/kernels/attention.cuh, FlashAttention-2 on mma.sync) against
 // a baseline of the same math on cuBLASLt: per head, S = Q K^T as a BF16 GEMM with FP32 output, a
 // causal softmax kernel writing P in BF16, O = P V as a BF16 GEMM; its backward recomputes S and P,
 // then dV += P^T dO, dP = dO V^T, dS = P (dP - rowsum(P dP)) / sqrt(D), dQ = dS K, dK += dS^T Q.
@@ -12,8 +12,8 @@
 #include <cstdio>
 #include <vector>
 
-#include "cuda/attention.cuh"
-#include "cuda/block_reduce.cuh"
+#include "cuda/kernels/attention.cuh"
+#include "cuda/kernels/block_reduce.cuh"
 #include "test/gpu/bench_util.cuh"
 
 using namespace fp8rl;

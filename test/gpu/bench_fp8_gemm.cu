@@ -5,13 +5,13 @@
 // kernels (X 1x128 with its transposed copy in one pass; W 128x128 with its transposed copy).
 // Times: CUDA events, median of 10 samples of 5 calls after 3 warm-ups (bench_util.cuh), on random data
 // (never zeros). Each shape runs independently: an error is printed and the next shape runs. Beside
-// each measured speedup and quantize time, cuda/perf_model.h's prediction at the same shape, so the
+// each measured speedup and quantize time, cuda/perf/perf_model.h's prediction at the same shape, so the
 // first GPU run checks the model's GEMM anchors and the tile quantizer's 7 ps per element.
 #include <algorithm>
 #include <cstdio>
 #include <vector>
 
-#include "cuda/perf_model.h"
+#include "cuda/perf/perf_model.h"
 #include "test/gpu/bench_util.cuh"
 
 using namespace fp8rl;
@@ -105,7 +105,7 @@ int main(int argc, char** argv) {
     print_bench_header("bench_fp8_gemm", tiny);
     printf("TFLOP/s = 2mnk / median time; speedup = BF16 time / FP8 time; quantize columns (us, on fprop rows): "
            "X [T][K] 1x128 + transposed copy in one pass, W [N][K] 128x128 + transposed copy; predicted: "
-           "cuda/perf_model.h at the same shape (BF16 GEMMs at 0.75 of peak, FP8 at 1.5x BF16, the tile quantizer at "
+           "cuda/perf/perf_model.h at the same shape (BF16 GEMMs at 0.75 of peak, FP8 at 1.5x BF16, the tile quantizer at "
            "7 ps per element)\n\n");
     printf("| model | layer | T | GEMM | m | n | k | BF16 TF/s | FP8 TF/s | speedup | predicted | quant X us | predicted | "
            "quant W us | predicted |\n");

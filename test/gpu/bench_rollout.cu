@@ -11,15 +11,15 @@
 // transfer). The fractions of that time in sampling and in attention are estimates (the decode step
 // has no timers inside; rollout.cu is not changed for a benchmark): after each run, the two are timed
 // alone at the run's shapes (component_shares) and scaled by the run's decode steps. Peak: the
-// engine's device high-water mark during the call (DeviceArray's count, cuda/device_array.cuh).
+// engine's device high-water mark during the call (DeviceArray's count, cuda/engine/device_array.cuh).
 // --tiny: the tiny model, 2 x 4, no growth.
 #include <chrono>
 #include <cstdio>
 #include <vector>
 
-#include "cuda/decode_perf_model.h"
-#include "cuda/engine_gpu.cuh"
-#include "cuda/sampling.cuh"
+#include "cuda/perf/decode_perf_model.h"
+#include "cuda/engine/engine_gpu.cuh"
+#include "cuda/rollout/sampling.cuh"
 #include "kv_cache.cuh"
 #include "test/gpu/bench_model.h"
 #include "test/gpu/bench_util.cuh"
@@ -129,7 +129,7 @@ Shares component_shares(const ModelConfig& c, const EngineOptions& o, const Sett
             attention_bytes / (attention_ms * 1e-3)};
 }
 
-// The run's figures, each measured one next to what cuda/decode_perf_model.h predicts for the run's
+// The run's figures, each measured one next to what cuda/perf/decode_perf_model.h predicts for the run's
 // decode steps (its most rows at once, at the mean context).
 void print_row(const BenchModel& m, const ModelConfig& c, int sequences, int new_tokens, const Setting& s, const Run& r,
                double base_seconds, const Shares& shares) {
@@ -149,7 +149,7 @@ void print_row(const BenchModel& m, const ModelConfig& c, int sequences, int new
 // kGroupSamples samples of a prompt (GRPO's G), each group's prompt of `prompt` tokens on shared
 // pages, every row at `context` keys, timed with the groups (one CTA reads a prefix tile for up to
 // cascade_rows() rows) and without (each row reads its prompt); the speedup next to the one
-// cuda/decode_perf_model.h predicts from the bytes each reads, and the bandwidth each reaches.
+// cuda/perf/decode_perf_model.h predicts from the bytes each reads, and the bandwidth each reaches.
 constexpr int kGroupSamples = 8;
 void print_cascade_row(const BenchModel& m, const ModelConfig& c, Precision kv, bool tiny) {
     const int rows = tiny ? 16 : 256, prompt = tiny ? 64 : 512, context = tiny ? 96 : 1024, page_tokens = kKvPageTokens;
@@ -250,7 +250,7 @@ int main(int argc, char** argv) {
            "from the kernels timed alone at the run's shapes (sample_tokens_gpu on [slots][V] FP32 logits, the logits "
            "GEMM not included; decode_attention in every layer at prompt + half the new tokens, the run's KV storage "
            "and page size) times the run's decode steps, over its seconds%s; attention GB/s = the K and V bytes it "
-           "reads over its time alone; in parentheses what cuda/decode_perf_model.h predicts for the run's decode steps "
+           "reads over its time alone; in parentheses what cuda/perf/decode_perf_model.h predicts for the run's decode steps "
            "(weights, attention and sampling bytes at the H200's anchors; prefill not counted); peak = the engine's "
            "device high-water mark during the call (DeviceArray's count)\n\n",
            kTargetSequences, kTargetNewTokens, kBudgetSeconds,
@@ -281,7 +281,7 @@ int main(int argc, char** argv) {
     }
     printf("\nCascade attention: one layer's decode attention with the rows of a prompt in groups (one CTA reads each "
            "prefix tile for up to %d of them) against each row reading its own prompt; ms per call, speedup = per-row / "
-           "cascade time; GB/s = K/V bytes each reads over its time; in parentheses cuda/decode_perf_model.h's "
+           "cascade time; GB/s = K/V bytes each reads over its time; in parentheses cuda/perf/decode_perf_model.h's "
            "prediction%s\n\n", kCascadeRows, emulated ? " (in emulation the times mean nothing)" : "");
     printf("| model | shape | KV cache | per-row ms | cascade ms | speedup (predicted) | per-row GB/s (predicted) | cascade GB/s "
            "(predicted) |\n|---|---|---|---|---|---|---|---|\n");

@@ -1,22 +1,22 @@
-// bench_train_step.cu: one training step of the GPU engine (cuda/engine_gpu.cuh through rl/driver/engine.h:
+// bench_train_step.cu: one training step of the GPU engine (cuda/engine/engine_gpu.cuh through rl/driver/engine.h:
 // forward_train, backward, reduce_and_clip_grads, optimizer_step), bf16 against fp8 in the same run,
 // on random models of Qwen3-0.6B and Qwen3-1.7B shape with the real vocabulary (bench_model.h):
 // tokens/s and device memory three ways: the peak (the high-water mark of the engine's device bytes,
-// DeviceArray's count in cuda/device_array.cuh, from its construction through its steps), what
+// DeviceArray's count in cuda/engine/device_array.cuh, from its construction through its steps), what
 // cudaMemGetInfo says is used after the steps beyond what was before the engine (on a GPU that adds
 // the allocator's rounding and cuBLASLt's and the CUDA context's own memory), and the memory plan's
-// figure for this batch (cuda/memory_plan.h, what train_rl checks before it allocates). The batch is
+// figure for this batch (cuda/engine/memory_plan.h, what train_rl checks before it allocates). The batch is
 // 16 sequences of 1,024 tokens (--tiny: the tiny model, 2 of 48), random ids, pseudo-random
 // d(loss)/d(logprob) and d(loss)/d(entropy); time: median of 3 steps after one. Beside each measured
-// time and speedup, cuda/perf_model.h's prediction for the same shapes, for the engine before issue 28
+// time and speedup, cuda/perf/perf_model.h's prediction for the same shapes, for the engine before issue 28
 // (unfused) and after (fused); and the quantization apart from the GEMMs: each structure's standalone
 // quantizer calls, each shape timed alone with CUDA events in this run, against the model.
 #include <cstdio>
 #include <memory>
 #include <vector>
 
-#include "cuda/engine_gpu.cuh"
-#include "cuda/perf_model.h"
+#include "cuda/engine/engine_gpu.cuh"
+#include "cuda/perf/perf_model.h"
 #include "test/gpu/bench_model.h"
 #include "test/gpu/bench_util.cuh"
 
@@ -79,7 +79,7 @@ size_t planned_bytes(const std::string& dir, const Batch& batch, int length) {
     return plan_memory(c, GpuEngine::plan_request(c, EngineOptions(), d), GpuEngine::plan_constants()).total();
 }
 
-// The step as cuda/perf_model.h sees it: this batch, the engine's head chunk.
+// The step as cuda/perf/perf_model.h sees it: this batch, the engine's head chunk.
 StepShape step_shape(const std::string& dir, int num_seqs, int length) {
     StepShape s;
     s.model = load_model_config(dir);
@@ -135,8 +135,8 @@ int main(int argc, char** argv) {
     printf("step = forward + backward + gradient norm and clip + AdamW (+ FP8 re-quantization); tokens/s = batch "
            "tokens / median step time; peak = the engine's device high-water mark from its construction through its "
            "steps (DeviceArray's count); used = cudaMemGetInfo's used bytes after the steps less before the engine (on a "
-           "GPU: plus allocator rounding, cuBLASLt's and the context's memory); plan = cuda/memory_plan.h's figure for "
-           "this batch; speedup = bf16 time / fp8 time; predicted: cuda/perf_model.h's step on an H200 for the engine "
+           "GPU: plus allocator rounding, cuBLASLt's and the context's memory); plan = cuda/engine/memory_plan.h's figure for "
+           "this batch; speedup = bf16 time / fp8 time; predicted: cuda/perf/perf_model.h's step on an H200 for the engine "
            "before issue 28 (unfused) and after it (fused)\n\n");
     printf("| model | parameters | batch | precision | step ms | predicted ms unfused / fused | tokens/s | peak GiB | used GiB "
            "| plan GiB | speedup | predicted unfused / fused |\n");

@@ -76,7 +76,7 @@ inline std::string bench_unavailable_reason() {
 }
 
 // Bytes of device memory in use by all processes (cudaMemGetInfo), to compare with the engine's own
-// count (device_bytes_live / device_bytes_peak, cuda/device_array.cuh).
+// count (device_bytes_live / device_bytes_peak, cuda/engine/device_array.cuh).
 inline size_t cuda_mem_used() {
     size_t free_bytes = 0, total = 0;
     CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));

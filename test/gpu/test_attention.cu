@@ -1,4 +1,4 @@
-// test_attention.cu: the FlashAttention-2 kernels of cuda/attention.cuh against the CPU engine's
+// test_attention.cu: the FlashAttention-2 kernels of cuda/kernels/attention.cuh against the CPU engine's
 // attention (cpu/attention.h) on ragged packed batches: a one-token sequence, lengths that are not
 // multiples of 16 or 64, one longer than a 64-row tile; GQA ratios 1 to 4; head dims 8, 16, 32
 // (those of the fixture models), 64 and 128; ten short sequences in one batch. Inputs are BF16 values.
@@ -31,7 +31,7 @@
 #ifdef __CUDACC__
 #pragma nv_diag_default 177
 #endif
-#include "cuda/attention.cuh"
+#include "cuda/kernels/attention.cuh"
 #include "test/gpu/gpu_util.cuh"
 #include "test/harness.h"
 

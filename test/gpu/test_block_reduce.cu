@@ -1,10 +1,10 @@
-// test_block_reduce.cu: cuda/block_reduce.cuh's contract: every thread of the block gets the sum
+// test_block_reduce.cu: cuda/kernels/block_reduce.cuh's contract: every thread of the block gets the sum
 // (or max) of the block's values, also when two reductions of the same type follow each other (they
 // share one shared array), for block sizes of 1 to 32 warps. Values are small integers in double and
 // float, so every sum is exact and the expected value is known.
 #include <vector>
 
-#include "cuda/block_reduce.cuh"
+#include "cuda/kernels/block_reduce.cuh"
 #include "test/gpu/gpu_util.cuh"
 #include "test/harness.h"
 

@@ -1,4 +1,4 @@
-// test_decode_slots.cu: cuda/decode_slots.cuh's refill (decode_refill_kernel, one warp over the
+// test_decode_slots.cu: cuda/rollout/decode_slots.cuh's refill (decode_refill_kernel, one warp over the
 // rows 32 at a time) against its rule written as the plain walk it documents: in row order, each row
 // whose slot draws no more takes the next standby slot from run->next on that still draws, skipping
 // those that do not; the taken slot's page table row is copied to the row's, its row recorded, the
@@ -9,7 +9,7 @@
 #include <cstdio>
 #include <vector>
 
-#include "cuda/decode_slots.cuh"
+#include "cuda/rollout/decode_slots.cuh"
 #include "test/gpu/gpu_util.cuh"
 #include "test/harness.h"
 

@@ -3,7 +3,7 @@
 // dereference of device memory stops the program, so that one runs in a forked child, as do the
 // programs whose messages are checked. The launch rules (__launch_bounds__, static + dynamic
 // shared memory) run in both builds, so ./test_gpu checks the errors they expect on a GPU. Also
-// the device selection of cuda/device.cuh (both builds), the once-only cudaFuncSetAttribute, and
+// the device selection of cuda/engine/device.cuh (both builds), the once-only cudaFuncSetAttribute, and
 // stream ordering: programs ordered by events and the legacy stream are right under every seed
 // (and on a GPU), unordered ones are wrong under some seed.
 #include <signal.h>
@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "cuda/attention.cuh"
-#include "cuda/device.cuh"
+#include "cuda/kernels/attention.cuh"
+#include "cuda/engine/device.cuh"
 #include "fp8_gemm.cuh"
 #include "test/gpu/gpu_util.cuh"
 #include "test/harness.h"

@@ -1,4 +1,4 @@
-// test_engine.cu: the GPU engine (cuda/engine_gpu.cuh) against the CPU engine (cpu/engine_cpu.h) on
+// test_engine.cu: the GPU engine (cuda/engine/engine_gpu.cuh) against the CPU engine (cpu/engine_cpu.h) on
 // the fixture models: log-probs and entropies of ragged packed batches in bf16 and fp8, and the
 // gradients of one backward, tensor by tensor; backward adds to the gradients (micro-batches);
 // --recompute layer changes no bit.
@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "cpu/engine_cpu.h"
-#include "cuda/engine_gpu.cuh"
+#include "cuda/engine/engine_gpu.cuh"
 #include "test/gpu/gpu_util.cuh"
 #include "test/harness.h"
 #include "test/temp_dir.h"

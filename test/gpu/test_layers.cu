@@ -1,4 +1,4 @@
-// test_layers.cu: the GPU engine's layer kernels (cuda/embedding.cuh, rmsnorm.cuh, rope.cuh,
+// test_layers.cu: the GPU engine's layer kernels (cuda/kernels/embedding.cuh, rmsnorm.cuh, rope.cuh,
 // swiglu.cuh, elementwise.cuh) against the CPU engine's functions (cpu/model_layers.h, cpu/linear.h)
 // on the same inputs, FP32 and BF16 tensors, ragged shapes (widths that are not multiples of 16 or
 // 128, one-token sequences, many packed sequences, more rows than one block or chunk handles):
@@ -12,11 +12,11 @@
 #include <functional>
 
 #include "cpu/model.h"
-#include "cuda/elementwise.cuh"
-#include "cuda/embedding.cuh"
-#include "cuda/rmsnorm.cuh"
-#include "cuda/rope.cuh"
-#include "cuda/swiglu.cuh"
+#include "cuda/kernels/elementwise.cuh"
+#include "cuda/kernels/embedding.cuh"
+#include "cuda/kernels/rmsnorm.cuh"
+#include "cuda/kernels/rope.cuh"
+#include "cuda/kernels/swiglu.cuh"
 #include "test/gpu/gpu_util.cuh"
 #include "test/harness.h"
 
@@ -536,7 +536,7 @@ TEST(gpu_layers_swiglu_backward_matches_finite_differences) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Producers that write the next GEMM's FP8 operand (cuda/fp8_rows.cuh)
+// Producers that write the next GEMM's FP8 operand (cuda/kernels/fp8_rows.cuh)
 
 namespace {
 

@@ -1,4 +1,4 @@
-// test_linear.cu: the GPU engine's linear layers (cuda/linear.cuh) against the CPU engine's
+// test_linear.cu: the GPU engine's linear layers (cuda/kernels/linear.cuh) against the CPU engine's
 // (cpu/linear.h) on the same weights and inputs, in bf16 and fp8: forward, dgrad (accumulating
 // into dx), wgrad (accumulating into dW). The GPU pads the token count to 128 with zero rows.
 // Tolerance per element, justified: both sides multiply the same BF16 (or FP8-quantized, with the
@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "cpu/linear.h"
-#include "cuda/linear.cuh"
+#include "cuda/kernels/linear.cuh"
 #include "test/gpu/gpu_util.cuh"
 #include "test/harness.h"
 

@@ -1,4 +1,4 @@
-// test_memory_plan.cu: the memory plan (cuda/memory_plan.h) against what the GPU engine allocates
+// test_memory_plan.cu: the memory plan (cuda/engine/memory_plan.h) against what the GPU engine allocates
 // (held after its steps, and its high-water mark), its refusal and suggestions, DeviceArray's byte
 // count and out-of-memory error, and the plan of Qwen3-1.7B (the README's figures).
 #include <cstdio>
@@ -6,8 +6,8 @@
 #include <tuple>
 #include <vector>
 
-#include "cuda/engine_gpu.cuh"
-#include "cuda/memory_plan.h"
+#include "cuda/engine/engine_gpu.cuh"
+#include "cuda/engine/memory_plan.h"
 #include "test/gpu/gpu_util.cuh"
 #include "test/harness.h"
 

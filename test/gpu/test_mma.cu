@@ -1,4 +1,4 @@
-// test_mma.cu: each wrapper of cuda/mma.cuh alone against a plain matrix product on the host. The
+// test_mma.cu: each wrapper of cuda/kernels/mma.cuh alone against a plain matrix product on the host. The
 // operands are small integers, so every product and sum is exact in FP32 whatever the order of
 // accumulation: the results must be equal, and a wrong fragment layout (a swapped row, a register
 // in the wrong half) shows at once as a mismatch. Two warps run different operands, so a warp
@@ -6,7 +6,7 @@
 // emulation it checks the emulated twin against the same definition.
 #include <vector>
 
-#include "cuda/mma.cuh"
+#include "cuda/kernels/mma.cuh"
 #include "test/gpu/gpu_util.cuh"
 #include "test/harness.h"
 

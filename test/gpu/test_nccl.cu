@@ -1,4 +1,4 @@
-// test_nccl.cu: the communicator of cuda/nccl.cuh. Run as one process it checks the one-rank
+// test_nccl.cu: the communicator of cuda/dist/nccl.cuh. Run as one process it checks the one-rank
 // path (copies); `make test-gpu-emu` also runs it under `mpirun -np 2` in emulation, where the
 // collectives go over MPI, and on a node with several GPUs `mpirun -np N ./test_gpu nccl_` runs it
 // over NCCL. Every value is a small integer, so sums are exact in any order.
@@ -7,7 +7,7 @@
 #include <thread>
 #include <vector>
 
-#include "cuda/nccl.cuh"
+#include "cuda/dist/nccl.cuh"
 #include "test/gpu/gpu_util.cuh"
 #include "test/harness.h"
 

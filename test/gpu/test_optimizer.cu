@@ -1,17 +1,17 @@
 // test_optimizer.cu: the optimizer's kernels against the CPU engine's (rl/objective/adamw.h, rl/numerics/fp8_block.h):
-//   - AdamW (cuda/adamw.cuh) equals AdamW::step bit for bit over several steps on ragged sizes,
+//   - AdamW (cuda/engine/adamw.cuh) equals AdamW::step bit for bit over several steps on ragged sizes,
 //     including one past the kernel's grid-stride bound, and its BF16 copy equals round_bf16 of the
 //     CPU's master;
 //   - the FP8 copies the update writes for the projections equal the CPU quantizer's bytes and scales;
-//   - the global gradient norm (cuda/global_norm.cuh) is within its stated bound of grad_norm, and
+//   - the global gradient norm (cuda/engine/global_norm.cuh) is within its stated bound of grad_norm, and
 //     clipping gives clip_grad_norm's gradients.
 #include <cmath>
 #include <cstring>
 #include <memory>
 #include <vector>
 
-#include "cuda/adamw.cuh"
-#include "cuda/global_norm.cuh"
+#include "cuda/engine/adamw.cuh"
+#include "cuda/engine/global_norm.cuh"
 #include "test/gpu/gpu_util.cuh"
 #include "test/harness.h"
 

@@ -1,4 +1,4 @@
-// test_profile.cu: the emulation's profile (cuda/profile_range.h's PROFILE_RANGE, cuda/emu/emu_stats.cpp):
+// test_profile.cu: the emulation's profile (cuda/perf/profile_range.h's PROFILE_RANGE, cuda/emu/emu_stats.cpp):
 // a known sequence of launches, GEMMs, copies, sets, synchronizations and graph replays in nested
 // ranges counts as written out here; FP8RL_EMU_STATS writes them as JSON at exit; and one decoder
 // layer's forward in launches + GEMM calls (issue 28's bound: at most 10 in fp8, 9 in bf16), from two
@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "cuda/engine_gpu.cuh"
-#include "cuda/profile_range.h"
+#include "cuda/engine/engine_gpu.cuh"
+#include "cuda/perf/profile_range.h"
 #include "rl/io/json.h"
 #include "rl/model/init_model.h"
 #include "test/gpu/bench_model.h"

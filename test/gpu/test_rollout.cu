@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "cpu/engine_cpu.h"
-#include "cuda/engine_gpu.cuh"
+#include "cuda/engine/engine_gpu.cuh"
 #include "rl/model/init_model.h"
 #include "test/gpu/bench_model.h"
 #include "test/gpu/gpu_util.cuh"

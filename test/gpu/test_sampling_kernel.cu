@@ -1,4 +1,4 @@
-// test_sampling_kernel.cu: cuda/sampling.cuh's sample_tokens_gpu against the host rule
+// test_sampling_kernel.cu: cuda/rollout/sampling.cuh's sample_tokens_gpu against the host rule
 // (rl/numerics/sampling.h's sample_token with u = rng_uniform(seed, step, key, position), as cpu/generate.h
 // draws it), bit for bit: token, log-prob and full log-prob. On the sampling fixtures of
 // test/test_sampling.cpp and on rows of the real vocabulary size (151,936) built for the rule's
@@ -9,14 +9,14 @@
 // against the host's walk at block sizes 32 to 512; and the kernel's inverse CDF against the host's
 // on rows of that size at targets placed at and around chunk boundaries.
 // Bit equality holds in emulation (the device code is the host code); on a GPU it also needs the
-// device's double log to round as glibc's does (both are within 1 ulp; see cuda/sampling.cuh).
+// device's double log to round as glibc's does (both are within 1 ulp; see cuda/rollout/sampling.cuh).
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <sstream>
 #include <vector>
 
-#include "cuda/sampling.cuh"
+#include "cuda/rollout/sampling.cuh"
 #include "rl/io/json.h"
 #include "test/gpu/gpu_util.cuh"
 #include "test/harness.h"

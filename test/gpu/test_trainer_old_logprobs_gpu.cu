@@ -4,7 +4,7 @@
 // no pass and takes the training forward's log-probs, which are the pass's bits (GpuEngine's
 // logprobs() and forward_train() run one forward), with the metrics and weights of a run that makes
 // the pass; with two minibatches the pass runs.
-#include "cuda/engine_gpu.cuh"
+#include "cuda/engine/engine_gpu.cuh"
 #include "test/gpu/gpu_util.cuh"
 #include "test/old_logprobs_run.h"
 

@@ -11,14 +11,14 @@
 //              double-buffered: FlashInfer's design, which runs near HBM bandwidth; our scores are
 //              FP32 CUDA-core dot products, ~2 FMAs per byte of FP8 K/V, 30% of the H200's FP32 rate);
 //   sampling   rows x vocabulary x kSamplingPasses FP32 reads at kSamplingSmBandwidth per SM, a block
-//              per row (cuda/sampling.cuh's estimate: the max, the exp and sum, the inverse CDF's walk
+//              per row (cuda/rollout/sampling.cuh's estimate: the max, the exp and sum, the inverse CDF's walk
 //              without top-k or top-p), the rows' blocks side by side on the 132 SMs;
 //   launches   per layer and around them, as the graph replays them, at perf_model.h's launch gap.
 // Anchors, not measurements of this code: the first lent GPU checks them (dev/gpu_check.sh).
 #pragma once
 #include <algorithm>
 
-#include "cuda/perf_model.h"
+#include "cuda/perf/perf_model.h"
 #include "rl/model/config.h"
 #include "rl/numerics/precision.h"
 
@@ -26,7 +26,7 @@ namespace fp8rl {
 
 constexpr double kDecodeAttentionEfficiency = 0.7;  // of HBM: FlashInfer-like, below its ~0.8-0.9 (FP32 scores)
 constexpr double kSamplingPasses = 3;               // over a row's FP32 logits or probabilities, uncut
-constexpr double kSamplingSmBandwidth = 80e9;       // bytes/s a block streams from L2 (cuda/sampling.cuh)
+constexpr double kSamplingSmBandwidth = 80e9;       // bytes/s a block streams from L2 (cuda/rollout/sampling.cuh)
 constexpr int kSms = 132;
 // graph nodes of a step; outside the layers: rows, embedding, final norm, logits, sampling, commit, refill
 constexpr double kDecodeLaunchesPerLayer = 9, kDecodeLaunchesOutside = 7;

@@ -5,13 +5,13 @@
 // Also Qwen3's per-head q/k norm: q [T][H][D] is T*H rows of D with one weight vector of D.
 // A BF16 output rounds as HF (and the CPU's bf16 flag): x * rstd to BF16, times w, to BF16 again.
 // One block per row; the row's sum of squares and the backward's dot product are block reductions in
-// a fixed order (cuda/block_reduce.cuh), the CPU engine's (rl/numerics/reduction_order.h's block_sum).
-// The weight gradient is a deterministic column sum (cuda/column_sum.cuh), no atomics.
+// a fixed order (cuda/kernels/block_reduce.cuh), the CPU engine's (rl/numerics/reduction_order.h's block_sum).
+// The weight gradient is a deterministic column sum (cuda/kernels/column_sum.cuh), no atomics.
 #ifndef FP8RL_CUDA_RMSNORM_CUH
 #define FP8RL_CUDA_RMSNORM_CUH
-#include "cuda/block_reduce.cuh"
-#include "cuda/column_sum.cuh"
-#include "cuda/fp8_rows.cuh"
+#include "cuda/kernels/block_reduce.cuh"
+#include "cuda/kernels/column_sum.cuh"
+#include "cuda/kernels/fp8_rows.cuh"
 #include "rl/numerics/bf16.h"
 #include "rl/numerics/hostdevice.h"
 #include "rl/numerics/reduction_order.h"
@@ -24,7 +24,7 @@ namespace fp8rl {
 // One block per row. x, y [rows][n]; rstd [rows]. Fused around the norm (issue 28):
 //   branch  the residual add of the sublayer before: the row is sum = x + branch rounded to BF16,
 //           written to `sum` (the residual stream), as cpu/model_layers.h's residual_add;
-//   q       the FP8 1x128 operand of y for the next GEMM (cuda/fp8_rows.cuh), the row staged in
+//   q       the FP8 1x128 operand of y for the next GEMM (cuda/kernels/fp8_rows.cuh), the row staged in
 //           shared memory for the groups' amax.
 // Rows from `valid` to the grid's (a GEMM's padding rows) get zeros in y and zero codes in q, so the
 // buffers need no zeroing before. y may be null when only the FP8 operand is read.

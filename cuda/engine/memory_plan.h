@@ -1,4 +1,4 @@
-// memory_plan.h: the device memory the GPU engine (cuda/engine_gpu.cuh) will allocate, from the
+// memory_plan.h: the device memory the GPU engine (cuda/engine/engine_gpu.cuh) will allocate, from the
 // model's shapes and the run's flags, before it allocates anything (spec-gpu.md §5): printed at the
 // start of training, and a run that does not fit the device is refused with the numbers and the
 // flags that would make it fit. Host code only: the figures are the engine's own allocation sizes
@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "cuda/grad_buckets.h"
+#include "cuda/dist/grad_buckets.h"
 #include "rl/common.h"
 #include "rl/model/config.h"
 #include "rl/numerics/fp8_block.h"
@@ -23,8 +23,8 @@ namespace fp8rl {
 struct PlanConstants {
     size_t gemm_workspace_bytes;  // GemmRunner's cuBLASLt workspace
     int head_vocab_chunk;         // loss.cuh's columns of logits at a time
-    int grad_norm_threads, grad_norm_max_blocks;  // cuda/global_norm.cuh's partial sums
-    int column_sum_chunk_rows;    // cuda/column_sum.cuh's rows per partial
+    int grad_norm_threads, grad_norm_max_blocks;  // cuda/engine/global_norm.cuh's partial sums
+    int column_sum_chunk_rows;    // cuda/kernels/column_sum.cuh's rows per partial
 };
 
 struct MemoryPlanRequest {
@@ -44,7 +44,7 @@ struct MemoryPlan {
     size_t params = 0;
     // bytes on one device
     size_t master = 0, gradients = 0, adam_m = 0, adam_v = 0, bf16_copy = 0, fp8_copies = 0;
-    size_t grad_bucket = 0;  // ZeRO-2's two bucket buffers (each of cuda/grad_buckets.h's largest range)
+    size_t grad_bucket = 0;  // ZeRO-2's two bucket buffers (each of cuda/dist/grad_buckets.h's largest range)
     size_t activations = 0;  // the forward's per micro-batch (by --recompute), ids, positions, RoPE table
     size_t backward = 0;     // the backward's activation gradients and column-sum scratch
     size_t head = 0;         // the log-prob head's workspaces (one vocabulary chunk of logits, dlogits, ...)

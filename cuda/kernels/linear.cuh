@@ -2,7 +2,7 @@
 // (DESIGN.md §3, spec-fp8.md §7), as the CPU engine's cpu/linear.h computes them:
 //   bf16  the BF16 weight copy through cuBLASLt's BF16 GEMMs (TN fprop, NN dgrad, NT wgrad);
 //   fp8   at --fp8_scaling block: x's FP8 1x128 operand written by the kernel that produced x
-//         (cuda/fp8_rows.cuh: a norm, SwiGLU, or one pass over the attention output) into
+//         (cuda/kernels/fp8_rows.cuh: a norm, SwiGLU, or one pass over the attention output) into
 //         LinearScratch's slot 0, dy quantized 1x128 along the reduction dimension by fp8_gemm.cuh's
 //         kernels, the weight's 128x128-block copy and its transposed copy (refreshed after every
 //         update), and for wgrad x^T and dy^T quantized 1x128 along tokens, all three GEMMs
@@ -23,8 +23,8 @@
 #include <algorithm>
 
 #include "cuda/common.cuh"
-#include "cuda/device_array.cuh"
-#include "cuda/fp8_rows.cuh"
+#include "cuda/engine/device_array.cuh"
+#include "cuda/kernels/fp8_rows.cuh"
 #include "fp8_gemm.cuh"
 #include "rl/numerics/precision.h"
 
@@ -81,7 +81,7 @@ class LinearScratch {
     // The amax scratch a row- or tensor-scaled tile quantization of an operand needs (null at block).
     uint32_t* amax() { return amax_.get(); }
     // Slot `slot` as the target of a producer that writes both FP8 operands of a [rows][cols] output
-    // gradient (rowwise and transposed), e.g. cuda/swiglu.cuh's swiglu_backward_fp8.
+    // gradient (rowwise and transposed), e.g. cuda/kernels/swiglu.cuh's swiglu_backward_fp8.
     const Operand& target(int slot, int rows, int cols) const {
         check_fits(rows, cols);
         return operand(slot);

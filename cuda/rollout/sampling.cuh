@@ -37,7 +37,7 @@
 #define FP8RL_CUDA_SAMPLING_CUH
 #include <cstdint>
 
-#include "cuda/block_reduce.cuh"
+#include "cuda/kernels/block_reduce.cuh"
 #include "cuda/common.cuh"
 #include "rl/numerics/rng.h"
 #include "rl/numerics/sampling.h"

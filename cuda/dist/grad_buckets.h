@@ -1,8 +1,8 @@
-// grad_buckets.h: ZeRO-2's gradient buckets (--zero 2, cuda/engine_gpu.cuh): the parameter ranges
+// grad_buckets.h: ZeRO-2's gradient buckets (--zero 2, cuda/engine/engine_gpu.cuh): the parameter ranges
 // the backward finishes one after the other, so each range's gradients can be reduced into their
 // owners' shards as soon as they are complete, through two bucket buffers of the largest range (one
 // filled while the other's reduce runs). Host
-// code from the tensor table alone (rl/model/weights.h), so the memory plan (cuda/memory_plan.h)
+// code from the tensor table alone (rl/model/weights.h), so the memory plan (cuda/engine/memory_plan.h)
 // counts the bucket the engine allocates.
 //   ranges  in the table's order, which tiles [0, P): the embedding, each layer (every tensor named
 //           model.layers.l.*, contiguous), the final norm, and the untied lm_head. The backward

@@ -10,10 +10,10 @@
 //             before each dgrad (exact: a square block's scale serves W and W^T), a BF16 pass casts
 //             each layer's weights from the FP32 master (gathered from the shards under ZeRO) as it
 //             reaches the layer, and the BF16 copy holds only the other tensors, compacted.
-//   ranks     data parallel over cuda/nccl.cuh's communicator (spec-gpu.md §6); with --zero 1 the
+//   ranks     data parallel over cuda/dist/nccl.cuh's communicator (spec-gpu.md §6); with --zero 1 the
 //             master weights and moments are sharded over the ranks (ZeRO-1, init_optimizer), with
 //             --zero 2 the gradients too, reduced bucket by bucket as the backward finishes them,
-//             overlapping the next bucket's backward (ZeRO-2, cuda/grad_buckets.h).
+//             overlapping the next bucket's backward (ZeRO-2, cuda/dist/grad_buckets.h).
 //   numerics  activations BF16 where the CPU engine's bf16/fp8 precisions round (DESIGN.md §3), in
 //             the CPU's order: the emulated build is bit-exact with the CPU engine.
 //   kernels   a layer's forward is 10 launches in fp8 (9 in bf16; issue 28): residual add + RMSNorm
@@ -40,23 +40,23 @@
 #include <vector>
 
 #include "cpu/model.h"
-#include "cuda/adamw.cuh"
-#include "cuda/attention.cuh"
+#include "cuda/engine/adamw.cuh"
+#include "cuda/kernels/attention.cuh"
 #include "cuda/common.cuh"
-#include "cuda/device.cuh"
-#include "cuda/device_array.cuh"
-#include "cuda/elementwise.cuh"
-#include "cuda/embedding.cuh"
-#include "cuda/global_norm.cuh"
-#include "cuda/grad_buckets.h"
-#include "cuda/linear.cuh"
-#include "cuda/memory_plan.h"
-#include "cuda/nccl.cuh"
-#include "cuda/profile_range.h"
-#include "cuda/qkv_rope.cuh"
-#include "cuda/rmsnorm.cuh"
-#include "cuda/rope.cuh"
-#include "cuda/swiglu.cuh"
+#include "cuda/engine/device.cuh"
+#include "cuda/engine/device_array.cuh"
+#include "cuda/kernels/elementwise.cuh"
+#include "cuda/kernels/embedding.cuh"
+#include "cuda/engine/global_norm.cuh"
+#include "cuda/dist/grad_buckets.h"
+#include "cuda/kernels/linear.cuh"
+#include "cuda/engine/memory_plan.h"
+#include "cuda/dist/nccl.cuh"
+#include "cuda/perf/profile_range.h"
+#include "cuda/kernels/qkv_rope.cuh"
+#include "cuda/kernels/rmsnorm.cuh"
+#include "cuda/kernels/rope.cuh"
+#include "cuda/kernels/swiglu.cuh"
 #include "fp8_gemm.cuh"
 #include "loss.cuh"
 #include "rl/driver/engine.h"
@@ -89,7 +89,7 @@ struct StepRows {
     bool for_backward;
     Fp8Scaling scaling;
     // The producers write their outputs' FP8 operands themselves (block scaling), or the BF16
-    // tensors the GEMMs quantize (row and tensor: cuda/linear.cuh).
+    // tensors the GEMMs quantize (row and tensor: cuda/kernels/linear.cuh).
     bool fused_fp8() const { return precision == Precision::FP8 && scaling == Fp8Scaling::Block; }
     bool bf16_inputs() const { return precision == Precision::BF16 || for_backward || !fused_fp8(); }
 };
@@ -192,7 +192,7 @@ class GpuEngine : public Engine {
     static PlanRequestOf plan_request_of(const ModelConfig& c) {
         return [&c](const RunShape& s) { return plan_request(c, s.options, memory_demand_of(s)); };
     }
-    // Training's memory plan (cuda/memory_plan.h), checked against this device's free memory before
+    // Training's memory plan (cuda/engine/memory_plan.h), checked against this device's free memory before
     // anything is allocated: a plan that does not fit fails with the numbers and the options. Resolves
     // s's --rollout_slots 0 to the slots the plan fits.
     static std::string device_memory_plan(const ModelConfig& c, RunShape& s) {
@@ -323,7 +323,7 @@ class GpuEngine : public Engine {
         return norm_.download(2)[1];
     }
 
-    // AdamW with the BF16 and FP8 copies written in the same pass (cuda/adamw.cuh). Under ZeRO-1,
+    // AdamW with the BF16 and FP8 copies written in the same pass (cuda/engine/adamw.cuh). Under ZeRO-1,
     // AdamW on this rank's shard, then the copies of all weights from the whole master, all-gathered:
     // every rank quantizes every FP8 block itself from the FP32 master
     // rather than gathering BF16 weights and quantized blocks: 128x128 blocks do not align with flat
@@ -494,7 +494,7 @@ class GpuEngine : public Engine {
     std::unique_ptr<RolloutState> rollout_;
     RolloutStats rollout_stats_;
 
-    // Picks the rank's GPU (cuda/device.cuh) and checks it.
+    // Picks the rank's GPU (cuda/engine/device.cuh) and checks it.
     static void check_device() {
         const int device = select_device();
         std::string why = fp8_block_gemm_unsupported_reason(device);
@@ -560,7 +560,7 @@ class GpuEngine : public Engine {
         requantize_projections(master);
     }
 
-    // Every projection's FP8 copies from the FP32 master [P]: block in one tile pass (cuda/adamw.cuh),
+    // Every projection's FP8 copies from the FP32 master [P]: block in one tile pass (cuda/engine/adamw.cuh),
     // row and tensor weight by weight (requantize_layer).
     void requantize_projections(const float* master) {
         if (options_.fp8_scaling == Fp8Scaling::Block) return requantize_projections_gpu(master, *projections_, stream_);
@@ -628,7 +628,7 @@ class GpuEngine : public Engine {
 
     // ZeRO-2 (no-ops otherwise): the backward's gradients of r go into a zeroed bucket buffer until
     // close_bucket reduces each owner's part into the owner's shard, where they add to the earlier
-    // micro-batches'. Overlapped (cuda/nccl.cuh): the reduces and the owner's add run on the
+    // micro-batches'. Overlapped (cuda/dist/nccl.cuh): the reduces and the owner's add run on the
     // communicator's stream after the bucket's last kernel, while the engine's stream goes on with the
     // next range into the other buffer; a buffer is zeroed for reuse after its event, and
     // finish_buckets makes the engine's stream (and the host) wait for the last reduce.

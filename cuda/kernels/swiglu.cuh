@@ -9,7 +9,7 @@
 #ifndef FP8RL_CUDA_SWIGLU_CUH
 #define FP8RL_CUDA_SWIGLU_CUH
 #include "cuda/element.cuh"
-#include "cuda/fp8_rows.cuh"
+#include "cuda/kernels/fp8_rows.cuh"
 #include "fp8_gemm.cuh"
 #include "rl/numerics/fast_exp.h"
 #include "rl/numerics/hostdevice.h"
@@ -23,7 +23,7 @@ inline constexpr int kSwigluThreads = 256;
 
 // Over the fused [gate|up] projection's output gu [rows][2I] (row t: g = gu[t][0, I), u = gu[t][I, 2I)).
 // Block (r, j) computes the 1x128 groups 16 j .. 16 j + 15 of row r of a [rows][I], 8 values a lane
-// (cuda/fp8_rows.cuh's layout): a to `a` when given, and with q the down projection's FP8 operand of
+// (cuda/kernels/fp8_rows.cuh's layout): a to `a` when given, and with q the down projection's FP8 operand of
 // a, from the values as stored. Rows from `valid` to the grid's (a GEMM's padding rows) get zeros in
 // a and zero codes in q, so the buffers need no zeroing before.
 template <class In, class Out>

@@ -9,7 +9,7 @@
 #ifndef FP8RL_CUDA_ROPE_CUH
 #define FP8RL_CUDA_ROPE_CUH
 #include "cpu/model_layers.h"
-#include "cuda/device_array.cuh"
+#include "cuda/engine/device_array.cuh"
 #include "cuda/element.cuh"
 #include "rl/numerics/bf16.h"
 #include "rl/numerics/hostdevice.h"

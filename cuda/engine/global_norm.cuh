@@ -1,6 +1,6 @@
 // global_norm.cuh: the global L2 norm of the FP32 gradients and clipping by it (llm.c's
 // global_norm.cuh in spirit). Deterministic: each block sums its grid-stride share of g^2 in
-// double and reduces it in a fixed tree (cuda/block_reduce.cuh), then one block adds the blocks'
+// double and reduces it in a fixed tree (cuda/kernels/block_reduce.cuh), then one block adds the blocks'
 // partial sums in the same way; the grid depends on n only. The squares are exact in double (24-bit
 // significands), so the result differs from rl/objective/adamw.h's grad_norm (one double sum in index order)
 // only by the summation order: |S_gpu - S_cpu| <= (n + 2 log2 n) 2^-53 S for S = sum g^2.
@@ -12,7 +12,7 @@
 #include <cmath>
 #include <cstddef>
 
-#include "cuda/block_reduce.cuh"
+#include "cuda/kernels/block_reduce.cuh"
 
 namespace fp8rl {
 

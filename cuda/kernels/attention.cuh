@@ -1,5 +1,5 @@
 // attention.cuh: causal GQA attention over packed variable-length sequences, forward and backward,
-// in FlashAttention-2's structure (spec-gpu.md §3.4), on the tensor cores (cuda/mma.cuh).
+// in FlashAttention-2's structure (spec-gpu.md §3.4), on the tensor cores (cuda/kernels/mma.cuh).
 //
 // Layouts (those of the CPU engine, cpu/attention.h): q, out, dout, dq [T][H][D]; k, v, dk, dv
 // [T][KV][D], all BF16; lse, delta [T][H] FP32. Sequence s is rows cu_seqlens[s] .. cu_seqlens[s+1]
@@ -29,7 +29,7 @@
 #include <type_traits>
 
 #include "cuda/common.cuh"
-#include "cuda/mma.cuh"
+#include "cuda/kernels/mma.cuh"
 #include "rl/numerics/attention_tiles.h"
 #include "rl/numerics/fast_exp.h"
 

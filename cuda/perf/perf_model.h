@@ -1,4 +1,4 @@
-// perf_model.h: a FLOP and byte model of one training step of the GPU engine (cuda/engine_gpu.cuh,
+// perf_model.h: a FLOP and byte model of one training step of the GPU engine (cuda/engine/engine_gpu.cuh,
 // loss.cuh) on one H200: forward + backward + gradient norm and clip + AdamW over one micro-batch of
 // T tokens packed in sequences of S, in bf16 or fp8, for two structures of the engine's kernels:
 //   unfused  the engine before issue 28: every projection quantizes its own input with the tile
@@ -58,7 +58,7 @@ struct PerfHardware {
 // causal forward 191, 260, 298, 319 (perf-anchors.md); its backward runs at its forward's rate times
 // 214/309, 260/350, 291/362, 310/368 (the FA3 paper's figures without a mask, FA2's backward over its
 // forward). Linear in log2(S) between the points, the nearest point outside them. Ours is FA2's
-// structure (cuda/attention.cuh); hw.attention_fwd_tflops replaces the forward figures.
+// structure (cuda/kernels/attention.cuh); hw.attention_fwd_tflops replaces the forward figures.
 inline double attention_tflops(const PerfHardware& hw, double S, bool backward) {
     const double fwd[4] = {191, 260, 298, 319}, bwd_over_fwd[4] = {214.0 / 309, 260.0 / 350, 291.0 / 362, 310.0 / 368};
     const double x = std::min(3.0, std::max(0.0, std::log2(S / 512)));

@@ -4,11 +4,11 @@
 //   cast      y = x: BF16 -> FP32 exact, FP32 -> BF16 round to nearest even (round_bf16's bits);
 //   bias      y [T][N] = x [T][N] + b [N] on the GEMM's FP32 output, then one rounding when y is BF16:
 //             the CPU's order (bias added to the FP32 product, then round_bf16_if), so bit-exact;
-//   bias grad db [N] += column sums of dy [T][N], deterministic (cuda/column_sum.cuh: bit-exact with
+//   bias grad db [N] += column sums of dy [T][N], deterministic (cuda/kernels/column_sum.cuh: bit-exact with
 //             cpu/linear.h for T <= kColumnSumChunkRows, otherwise a different summation order).
 #ifndef FP8RL_CUDA_ELEMENTWISE_CUH
 #define FP8RL_CUDA_ELEMENTWISE_CUH
-#include "cuda/column_sum.cuh"
+#include "cuda/kernels/column_sum.cuh"
 #include "cuda/element.cuh"
 
 namespace fp8rl {

@@ -4,18 +4,18 @@
 //             bias joins it before the one BF16 rounding, as cpu/linear.h's bias add) split into
 //             q [T][H][D], k, v [T][KV][D]; Qwen3's per-head q/k RMSNorm (qp, kp: the normed
 //             inputs, kept for the backward; rstd per row and head); RoPE on q and k
-//             (cuda/rope.cuh's rotation: cos/sin from the CPU's table, rounded to BF16); in a
+//             (cuda/kernels/rope.cuh's rotation: cos/sin from the CPU's table, rounded to BF16); in a
 //             decode step also K and V appended to the paged KV cache (kv_cache.cuh's KvAppend).
 //   backward  dq, dk from attention through RoPE's transposed rotation (rounded to BF16, kept in
 //             dq, dk for the norms' weight gradients) and the q/k norms' input gradient, and dv,
 //             assembled into dqkv laid out as qkv: the fused projection's output gradient.
 // One block per (token, head slot) of the H + 2 KV slots, norm_threads(D) threads: the norms' sums
-// are cuda/block_reduce.cuh's, in rl/numerics/reduction_order.h's block_sum order.
+// are cuda/kernels/block_reduce.cuh's, in rl/numerics/reduction_order.h's block_sum order.
 #ifndef FP8RL_CUDA_QKV_ROPE_CUH
 #define FP8RL_CUDA_QKV_ROPE_CUH
-#include "cuda/block_reduce.cuh"
+#include "cuda/kernels/block_reduce.cuh"
 #include "cuda/element.cuh"
-#include "cuda/rope.cuh"
+#include "cuda/kernels/rope.cuh"
 #include "kv_cache.cuh"
 #include "rl/numerics/bf16.h"
 #include "rl/numerics/reduction_order.h"
