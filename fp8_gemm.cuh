@@ -734,14 +734,17 @@ class GemmRunner {
     }
 
     // Runs the plan's first algorithm the library accepts for these pointers; an algorithm refused
-    // (CUBLAS_STATUS_NOT_SUPPORTED) gives way to the next, and the plan keeps the survivor first.
+    // gives way to the next, and the plan keeps the survivor first. A refusal may come as
+    // NOT_SUPPORTED or INVALID_VALUE (cublasLtMatmul documents both for a configuration an algorithm
+    // cannot run; FP8RL_EMU_CUBLASLT_REFUSAL swaps them in CI): the rules this class can know it
+    // checks itself before calling (fp8(), bf16()), so a refusal here only means "another algorithm".
     void run(const std::string& what, const GemmCall& c, cudaStream_t stream) {
         Plan& p = get_plan(what, c);
         if (c.fp8) set_scale_pointers(what, p, c);
         const float alpha = 1.0f, beta = c.accumulate ? 1.0f : 0.0f;
         cublasStatus_t st = CUBLAS_STATUS_NOT_SUPPORTED;
         int i = 0;
-        for (; i < p.num_algos && st == CUBLAS_STATUS_NOT_SUPPORTED; i++)
+        for (; i < p.num_algos && (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE); i++)
             st = cublasLtMatmul(handle_, p.desc, &alpha, c.a, p.a, c.b, p.b, &beta, c.d, p.d, c.d, p.d, &p.algos[i].algo,
                                 workspace_.get(), WORKSPACE_BYTES, stream);
         cublas_check(st, strfmt("%s: cublasLtMatmul (%d of %d algorithms tried)", what.c_str(), i, p.num_algos));

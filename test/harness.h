@@ -28,6 +28,14 @@ struct Registrar {
     Registrar(const char* name, const char* file, void (*fn)()) { registry().push_back({name, file, fn}); }
 };
 
+// What the whole binary needs, checked before any test runs: returns "" when it can run here, else
+// why not (./test_gpu: a usable GPU; test/gpu/gpu_util.cuh sets it). Null: no precondition.
+using Precondition = std::string (*)();
+inline Precondition& precondition() {
+    static Precondition p = nullptr;
+    return p;
+}
+
 // State of the test that is running.
 struct Current {
     int failures = 0;

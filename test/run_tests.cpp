@@ -1,5 +1,7 @@
-// run_tests.cpp: runs every registered test (or those whose name contains argv[1]) and prints
-// the closing line "N passed, N failed, N skipped"; exits 1 if any test failed.
+// run_tests.cpp: runs every registered test, or those whose name contains one of the filters given
+// as arguments, and prints the closing line "N passed, N failed, N skipped"; exits 1 if any test
+// failed, and 2 (one line, nothing run) when a filter matches no test, or when the binary's
+// precondition fails (./test_gpu without a usable GPU: a skip is not a pass there).
 #include <chrono>
 #include <cstring>
 #include <exception>
@@ -8,10 +10,32 @@
 #include "test/harness.h"
 
 int main(int argc, char** argv) {
-    const char* filter = argc > 1 ? argv[1] : nullptr;
+    const std::vector<const char*> filters(argv + 1, argv + argc);
+    auto selected = [&](const harness::TestCase& t) {
+        if (filters.empty()) return true;
+        for (const char* f : filters)
+            if (strstr(t.name, f)) return true;
+        return false;
+    };
+    for (const char* f : filters) {  // a stale filter must not pass for a check it never ran
+        bool matched = false;
+        for (const harness::TestCase& t : harness::registry()) matched = matched || strstr(t.name, f);
+        if (!matched) {
+            fprintf(stderr, "%s: no test name contains \"%s\"; list them with: grep -rho 'TEST([a-z0-9_]*' test/\n",
+                    argv[0], f);
+            return 2;
+        }
+    }
+    if (harness::precondition()) {
+        const std::string why_not = harness::precondition()();
+        if (!why_not.empty()) {
+            fprintf(stderr, "%s: cannot run here: %s\n", argv[0], why_not.c_str());
+            return 2;
+        }
+    }
     int passed = 0, failed = 0, skipped = 0;
     for (const harness::TestCase& t : harness::registry()) {
-        if (filter && !strstr(t.name, filter)) continue;
+        if (!selected(t)) continue;
         harness::current() = harness::Current();
         auto t0 = std::chrono::steady_clock::now();
         try {

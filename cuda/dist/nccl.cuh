@@ -1,8 +1,9 @@
 // nccl.cuh: the one communicator of the GPU engine's data parallelism (spec-gpu.md §6): every
 // collective on device memory goes through it, so the engine holds no NCCL call of its own.
-//   nvcc       NCCL: rank 0's ncclGetUniqueId broadcast over MPI (rl/driver/dist.h), ncclCommInitRank on
-//              the device the caller chose (its node-local rank's); collectives on a stream of their
-//              own, ordered after the caller's stream by events, each waited for at most a timeout.
+//   nvcc       NCCL: rank 0's ncclGetUniqueId broadcast over MPI (rl/driver/dist.h), a nonblocking
+//              ncclCommInitRankConfig on the device the caller chose (its node-local rank's), waited
+//              for at most the timeout; collectives on a stream of their own, ordered after the
+//              caller's stream by events, each waited for at most the timeout.
 //   emulation  the same collectives over nonblocking MPI (device memory is host memory there), in
 //              stream order through emu::stream_op (run at issue), with the same timeout, so
 //              data-parallel code paths run in CI under mpirun.
@@ -18,32 +19,64 @@
 #include <chrono>
 #include <cstdint>
 #include <thread>
+#include <vector>
 
 namespace fp8rl {
 
 #if !defined(FP8RL_EMU) && defined(FP8RL_MPI)
+// The communicator is nonblocking (its creation can then time out): a call may answer ncclInProgress,
+// which is no error; the caller polls ncclCommGetAsyncError for its end (Communicator::settle).
 inline void nccl_check(ncclResult_t status, const char* call, const char* file, int line) {
-    if (status != ncclSuccess) fail("NCCL error at %s:%d in %s: %s", file, line, call, ncclGetErrorString(status));
+    if (status != ncclSuccess && status != ncclInProgress) fail("NCCL error at %s:%d in %s: %s", file, line, call, ncclGetErrorString(status));
 }
 #define NCCL_CHECK(call) ::fp8rl::nccl_check((call), #call, __FILE__, __LINE__)
 #endif
 
 class Communicator {
   public:
-    // timeout_s: how long one collective may wait for the other ranks before it fails (a rank that
-    // died or hangs must end the job, not leave the others waiting forever).
+    // timeout_s: how long the communicator's creation, and then each collective, may wait for the
+    // other ranks before it fails (a rank that died, hangs or never arrives must end the job, not
+    // leave the others waiting forever).
     Communicator(const Dist& dist, double timeout_s) : rank_(dist.rank()), size_(dist.size()), timeout_s_(timeout_s) {
         if (size_ == 1) return;
         CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
         CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
         CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
 #if defined(FP8RL_EMU) && defined(FP8RL_MPI)
-        MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &mpi_comm_));  // as NCCL's: apart from the host's collectives
+        // Created as NCCL's is: every rank reports to rank 0 and waits for its go-ahead (NCCL's
+        // bootstrap), point to point and at most timeout_s, so a rank that never arrives is an error;
+        // then, all ranks there, a duplicate of MPI_COMM_WORLD keeps the collectives apart from the host's.
+        static const char hello = 1;  // send buffers outlive an abandoned request
+        static char go = 0, heard = 0;
+        std::vector<MPI_Request> requests;
+        const auto t0 = std::chrono::steady_clock::now();
+        if (rank_ == 0) {
+            for (int r = 1; r < size_; r++) {
+                requests.emplace_back();
+                MPI_CHECK(MPI_Irecv(&heard, 1, MPI_CHAR, r, CREATION_TAG, MPI_COMM_WORLD, &requests.back()));
+            }
+            wait_all(requests, t0, "the communicator's creation (waiting for every rank)");
+            for (int r = 1; r < size_; r++) {
+                requests.emplace_back();
+                MPI_CHECK(MPI_Isend(&hello, 1, MPI_CHAR, r, CREATION_TAG, MPI_COMM_WORLD, &requests.back()));
+            }
+        } else {
+            requests.resize(2);
+            MPI_CHECK(MPI_Isend(&hello, 1, MPI_CHAR, 0, CREATION_TAG, MPI_COMM_WORLD, &requests[0]));
+            MPI_CHECK(MPI_Irecv(&go, 1, MPI_CHAR, 0, CREATION_TAG, MPI_COMM_WORLD, &requests[1]));
+        }
+        wait_all(requests, t0, "the communicator's creation (waiting for every rank)");
+        MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &mpi_comm_));
 #elif defined(FP8RL_MPI)
         ncclUniqueId id;
         if (dist.is_root()) NCCL_CHECK(ncclGetUniqueId(&id));
         dist.broadcast(reinterpret_cast<char*>(&id), sizeof id);
-        NCCL_CHECK(ncclCommInitRank(&comm_, size_, id, rank_));
+        // nonblocking, so a rank that never arrives is a timeout (NCCL docs, "Fault Tolerance": create
+        // with blocking = 0, poll ncclCommGetAsyncError until it leaves ncclInProgress, abort past a deadline)
+        ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+        config.blocking = 0;
+        NCCL_CHECK(ncclCommInitRankConfig(&comm_, size_, id, rank_, &config));
+        settle("ncclCommInitRankConfig (the communicator's creation)", std::chrono::steady_clock::now());
 #endif
     }
     ~Communicator() {
@@ -179,6 +212,10 @@ class Communicator {
         if (dst != src && bytes) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream));
     }
 
+    static double seconds_since(std::chrono::steady_clock::time_point t0) {
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+
     [[noreturn]] void timed_out(const char* call) const {
         fail("%s did not complete within %g s (--collective_timeout): another rank failed or hangs; its own error line, if "
              "any, names the cause",
@@ -186,6 +223,27 @@ class Communicator {
     }
 
 #if defined(FP8RL_EMU) && defined(FP8RL_MPI)
+    static constexpr int CREATION_TAG = 0x6e63;  // the creation's messages, apart from any other
+
+    // Waits for every request at most timeout_s from t0; past it, cancels those still pending (no
+    // late message may match them) and fails naming `what`.
+    void wait_all(std::vector<MPI_Request>& requests, std::chrono::steady_clock::time_point t0, const char* what) const {
+        for (int done = 0; !done;) {
+            MPI_CHECK(MPI_Testall((int)requests.size(), requests.data(), &done, MPI_STATUSES_IGNORE));
+            if (done) break;
+            if (seconds_since(t0) > timeout_s_) {
+                for (MPI_Request& r : requests)
+                    if (r != MPI_REQUEST_NULL) {
+                        MPI_CHECK(MPI_Cancel(&r));
+                        MPI_CHECK(MPI_Request_free(&r));
+                    }
+                timed_out(what);
+            }
+            std::this_thread::sleep_for(std::chrono::microseconds(100));
+        }
+        requests.clear();
+    }
+
     // The emulated device's memory is host memory: the collective is a nonblocking MPI call,
     // polled until done or timed out, in stream order on the communicator's stream. It runs at
     // issue, with the work it waits for: queued, it could wait forever for a peer blocked in a host
@@ -200,7 +258,7 @@ class Communicator {
             for (int done = 0;;) {
                 MPI_CHECK(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
                 if (done) return;
-                if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > timeout_s_) timed_out(call);
+                if (seconds_since(t0) > timeout_s_) timed_out(call);
                 std::this_thread::sleep_for(std::chrono::microseconds(100));
             }
         }, /*at_issue=*/true));
@@ -211,9 +269,29 @@ class Communicator {
     template <class T> static ncclDataType_t nccl_type();
     // Enqueues the collective on the communicator's stream ...
     template <class Enqueue>
-    void start(cudaStream_t stream, const char*, Enqueue enqueue) {
+    void start(cudaStream_t stream, const char* call, Enqueue enqueue) {
         order_after(stream);
         enqueue(stream_);
+        settle(call, std::chrono::steady_clock::now());
+    }
+    // A nonblocking communicator's call has returned, maybe ncclInProgress: waits until NCCL has
+    // finished it (ncclCommGetAsyncError leaves ncclInProgress; the next call may only come then),
+    // at most timeout_s from t0; an error or the deadline aborts the communicator.
+    void settle(const char* call, std::chrono::steady_clock::time_point t0) {
+        for (;;) {
+            ncclResult_t async = ncclSuccess;
+            NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
+            if (async == ncclSuccess) return;
+            const bool late = seconds_since(t0) > timeout_s_;
+            if (async != ncclInProgress || late) abort_with(call, async, late);
+            std::this_thread::sleep_for(std::chrono::microseconds(20));
+        }
+    }
+    [[noreturn]] void abort_with(const char* call, ncclResult_t async, bool late) {
+        ncclCommAbort(comm_);
+        comm_ = nullptr;
+        if (late) timed_out(call);
+        fail("%s failed: %s", call, ncclGetErrorString(async));
     }
     // ... and waits for what is queued there, at most timeout_s: a failed or silent peer aborts the
     // communicator (which ends its kernels) and becomes an error.
@@ -226,13 +304,8 @@ class Communicator {
             if (e != cudaErrorNotReady) CUDA_CHECK(e);
             ncclResult_t async = ncclSuccess;
             NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
-            const bool late = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > timeout_s_;
-            if (async != ncclSuccess || late) {
-                ncclCommAbort(comm_);
-                comm_ = nullptr;
-                if (late) timed_out(call);
-                fail("%s failed: %s", call, ncclGetErrorString(async));
-            }
+            const bool late = seconds_since(t0) > timeout_s_;
+            if ((async != ncclSuccess && async != ncclInProgress) || late) abort_with(call, async, late);
             std::this_thread::sleep_for(std::chrono::microseconds(20));
         }
     }

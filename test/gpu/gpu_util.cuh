@@ -8,6 +8,7 @@
 #include "fp8_gemm.cuh"
 #include "rl/driver/dist.h"
 #include "rl/numerics/bf16.h"
+#include "test/harness.h"
 
 namespace fp8rl {
 
@@ -48,8 +49,16 @@ inline std::string no_gpu_reason() {
     cudaError_t st = cudaGetDeviceCount(&n);
     if (st != cudaSuccess) return strfmt("no usable CUDA device (%s)", cudaGetErrorString(st));
     if (n == 0) return "no CUDA device";
+    st = cudaFree(nullptr);  // a context: a device the driver lists may still be unusable
+    if (st != cudaSuccess) return strfmt("the CUDA device cannot be used (%s)", cudaGetErrorString(st));
     return "";
 }
+
+#ifndef FP8RL_EMU
+// ./test_gpu without a usable GPU stops before any test with one line (test/run_tests.cpp), so a
+// machine without one never reports its skips as a pass (REQUIRE_GPU below then never skips there).
+inline const bool gpu_precondition_set = (harness::precondition() = no_gpu_reason, true);
+#endif
 
 // Skips the calling test, visibly, where ./test_gpu finds no usable GPU (never in emulation,
 // whose device always exists).

@@ -81,20 +81,36 @@ struct LtPlan {
     }
 };
 
-// Checks the status of a refused call and, in emulation, that the message names the rule.
-void check_refused(cublasStatus_t got, cublasStatus_t want, const char* rule) {
-    CHECK_MSG(got == want, "status %d, expected %d (%s)", (int)got, (int)want, rule);
+// What cuBLASLt answered: the status and, from the heuristic, how many algorithms it found.
+struct Answer {
+    cublasStatus_t status;
+    int found = -1;  // -1: not a heuristic query
+};
+
+// Checks that a call was refused and prints what cuBLASLt answered. A refusal is any status but
+// success: the documentation gives INVALID_VALUE for "parameters ... in conflict or in an impossible
+// configuration" and NOT_SUPPORTED for "the current implementation ... doesn't support", NVIDIA's own
+// samples see either for the same FP8 rule, and the heuristic may also succeed with no algorithm
+// (FP8RL_EMU_CUBLASLT_REFUSAL answers with each of these in CI). success_allowed: the documentation
+// also lets the call succeed (a rule that only limits what the heuristic promises). In emulation the
+// message must name the rule.
+void check_refused(Answer got, const char* rule, bool success_allowed = false) {
+    const bool refused = got.status != CUBLAS_STATUS_SUCCESS || got.found == 0;
+    printf("    %s: %s (%d)%s\n", rule, cublasLtGetStatusString(got.status), (int)got.status,
+           got.found >= 0 ? strfmt(", %d algorithms", got.found).c_str() : "");
+    CHECK_MSG(refused || (success_allowed && !emulated), "cuBLASLt accepted what \"%s\" forbids", rule);
 #ifdef FP8RL_EMU
     CHECK_MSG(emu::cublaslt_last_error().find(rule) != std::string::npos, "message \"%s\" lacks \"%s\"",
               emu::cublaslt_last_error().c_str(), rule);
 #endif
 }
 
-cublasStatus_t heuristic_status(const LtConfig& c) {
+Answer heuristic_status(const LtConfig& c) {
     LtPlan p(c);
     cublasLtMatmulHeuristicResult_t r = {};
     int found = 0;
-    return p.heuristic(&r, &found);
+    cublasStatus_t st = p.heuristic(&r, &found);
+    return {st, found};
 }
 
 }  // namespace
@@ -105,13 +121,13 @@ TEST(cublaslt_fp8_is_tn_only) {
     LtConfig c;
     c.a_scale = c.b_scale = s.ptr;
     c.transa = CUBLAS_OP_N;
-    check_refused(heuristic_status(c), CUBLAS_STATUS_NOT_SUPPORTED, "TN only");
+    check_refused(heuristic_status(c), "TN only");
 }
 
 TEST(cublaslt_block_modes_need_scale_pointers_at_heuristic_time) {
     REQUIRE_FP8_BLOCK_GEMM();
     LtConfig c;
-    check_refused(heuristic_status(c), CUBLAS_STATUS_INVALID_VALUE, "requires a custom pointer for A scale");
+    check_refused(heuristic_status(c), "requires a custom pointer for A scale");
 }
 
 TEST(cublaslt_block_scale_tensors_are_16_byte_aligned) {
@@ -119,7 +135,7 @@ TEST(cublaslt_block_scale_tensors_are_16_byte_aligned) {
     DeviceBuffer<float> s(64);
     LtConfig c;
     c.a_scale = s.ptr + 1, c.b_scale = s.ptr;
-    check_refused(heuristic_status(c), CUBLAS_STATUS_NOT_SUPPORTED, "scale tensors must start on a 16-byte boundary");
+    check_refused(heuristic_status(c), "scale tensors must start on a 16-byte boundary");
 }
 
 TEST(cublaslt_fp8_needs_16_byte_alignment) {
@@ -128,7 +144,7 @@ TEST(cublaslt_fp8_needs_16_byte_alignment) {
     LtConfig c;
     c.a_scale = c.b_scale = s.ptr;
     c.pref_align = 8;
-    check_refused(heuristic_status(c), CUBLAS_STATUS_NOT_SUPPORTED, "16-byte-aligned A, B, C and D");
+    check_refused(heuristic_status(c), "16-byte-aligned A, B, C and D");
 }
 
 TEST(cublaslt_fp8_shape_rules) {
@@ -137,14 +153,14 @@ TEST(cublaslt_fp8_shape_rules) {
     LtConfig c;
     c.a_scale = c.b_scale = s.ptr;
     c.m = 126;  // block modes: m and n multiples of 4
-    check_refused(heuristic_status(c), CUBLAS_STATUS_NOT_SUPPORTED, "m and n multiples of 4");
+    check_refused(heuristic_status(c), "m and n multiples of 4");
     c.m = 128, c.k = 120;  // lda = k: 16-byte rows
-    check_refused(heuristic_status(c), CUBLAS_STATUS_NOT_SUPPORTED, "multiples of 16 (16-byte rows)");
+    check_refused(heuristic_status(c), "multiples of 16 (16-byte rows)");
     c.k = 128, c.m = 132, c.out = CUDA_R_16BF;  // BF16 D rows of m elements: 16-byte multiples
-    check_refused(heuristic_status(c), CUBLAS_STATUS_NOT_SUPPORTED, "ldd (= m) a multiple of 8");
+    check_refused(heuristic_status(c), "ldd (= m) a multiple of 8");
     c.m = 128, c.out = CUDA_R_32F;
     c.a_mode = c.b_mode = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
-    check_refused(heuristic_status(c), CUBLAS_STATUS_NOT_SUPPORTED, "BLK128x128 x BLK128x128");
+    check_refused(heuristic_status(c), "BLK128x128 x BLK128x128");
 }
 
 // --fp8_scaling row and tensor: OUTER_VEC_32F pairs only with itself and needs both scale vectors
@@ -155,18 +171,22 @@ TEST(cublaslt_outer_vector_and_scalar_mode_rules) {
     LtConfig c;
     c.a_scale = c.b_scale = s.ptr;
     c.a_mode = c.b_mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
-    CHECK_EQ((int)heuristic_status(c), (int)CUBLAS_STATUS_SUCCESS);
+    Answer outer = heuristic_status(c);
+    CHECK_MSG(outer.status == CUBLAS_STATUS_SUCCESS && outer.found >= 1, "outer-vector: status %d, %d algorithms",
+              (int)outer.status, outer.found);
     c.a_mode = c.b_mode = CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
-    CHECK_EQ((int)heuristic_status(c), (int)CUBLAS_STATUS_SUCCESS);
+    Answer scalar = heuristic_status(c);
+    CHECK_MSG(scalar.status == CUBLAS_STATUS_SUCCESS && scalar.found >= 1, "scalar: status %d, %d algorithms",
+              (int)scalar.status, scalar.found);
     c.a_mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F, c.b_mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
-    check_refused(heuristic_status(c), CUBLAS_STATUS_NOT_SUPPORTED, "cannot pair");
+    check_refused(heuristic_status(c), "cannot pair");
     c.a_mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F, c.b_mode = CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
-    check_refused(heuristic_status(c), CUBLAS_STATUS_NOT_SUPPORTED, "both A_SCALE_MODE and B_SCALE_MODE");
+    check_refused(heuristic_status(c), "both A_SCALE_MODE and B_SCALE_MODE");
     c.a_mode = CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F, c.b_mode = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
-    check_refused(heuristic_status(c), CUBLAS_STATUS_NOT_SUPPORTED, "cannot pair");
+    check_refused(heuristic_status(c), "cannot pair");
     c.a_mode = c.b_mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
     c.b_scale = nullptr;
-    check_refused(heuristic_status(c), CUBLAS_STATUS_INVALID_VALUE, "needs both scale pointers");
+    check_refused(heuristic_status(c), "needs both scale pointers");
 }
 
 // GemmRunner names the pairing rule before cuBLASLt sees the call.
@@ -193,13 +213,16 @@ TEST(cublaslt_leading_dimension_below_rows_is_invalid) {
     LT_CHECK(cublasLtMatrixLayoutCreate(&l, CUDA_R_16BF, 128, 128, 64));  // ld 64 < 128 rows
     cublasLtMatmulHeuristicResult_t r = {};
     int found = 0;
-    check_refused(cublasLtMatmulAlgoGetHeuristic(p.handle, p.desc, l, p.b, p.d, p.d, p.pref, 1, &r, &found),
-                  CUBLAS_STATUS_INVALID_VALUE, "leading dimension");
+    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(p.handle, p.desc, l, p.b, p.d, p.d, p.pref, 1, &r, &found);
+    check_refused({st, found}, "leading dimension");
     cublasLtMatrixLayoutDestroy(l);
 }
 
-// An algorithm chosen for 256-byte alignment (the preference's default) refuses a pointer with less.
-TEST(cublaslt_pointer_less_aligned_than_the_preference_is_refused) {
+// An algorithm chosen for 256-byte alignment (the preference's default) may refuse a pointer with
+// less: the preference only bounds what the heuristic promises, so the real library may also run it
+// (most kernels need 16 bytes); emulation refuses, naming the preference, so code that relies on
+// the run succeeding fails in CI.
+TEST(cublaslt_pointer_less_aligned_than_the_preference_may_be_refused) {
     REQUIRE_FP8_BLOCK_GEMM();
     LtConfig c;
     c.fp8 = false;
@@ -213,9 +236,9 @@ TEST(cublaslt_pointer_less_aligned_than_the_preference_is_refused) {
     DeviceArray<uint8_t> ws;
     ws.resize(GemmRunner::WORKSPACE_BYTES, "workspace");
     const float alpha = 1, beta = 0;
-    check_refused(cublasLtMatmul(p.handle, p.desc, &alpha, a.ptr + 64, p.a, b.ptr, p.b, &beta, d.ptr, p.d, d.ptr, p.d,
-                                 &r.algo, ws.get(), GemmRunner::WORKSPACE_BYTES, 0),
-                  CUBLAS_STATUS_NOT_SUPPORTED, "MIN_ALIGNMENT_A_BYTES");
+    check_refused({cublasLtMatmul(p.handle, p.desc, &alpha, a.ptr + 64, p.a, b.ptr, p.b, &beta, d.ptr, p.d, d.ptr, p.d,
+                                 &r.algo, ws.get(), GemmRunner::WORKSPACE_BYTES, 0)},
+                  "MIN_ALIGNMENT_A_BYTES", /*success_allowed=*/true);
 }
 
 // Defect 1: GemmRunner must put the scale pointers on the descriptor before the heuristic query.

@@ -138,6 +138,34 @@ TEST(nccl_collective_times_out_naming_the_call) {
     dist.barrier();
 }
 
+// A rank that never arrives at the communicator's creation (ncclCommInitRankConfig over NCCL, the
+// same rendezvous at rank 0 in emulation): rank 0 gives up after its 0.5 s with an error naming the
+// creation, and rank 1, which never creates one, meets it again at the barrier. Emulation only, as
+// above (over NCCL, ./test_gpu on several GPUs, the aborted creation would end the run).
+TEST(nccl_communicator_creation_times_out_when_a_rank_never_arrives) {
+    REQUIRE_GPU();
+#ifndef FP8RL_EMU
+    SKIP("emulation only (over NCCL the timed-out rank aborts the communicator)");
+#endif
+    const Dist& dist = the_dist();
+    if (dist.size() < 2) SKIP("needs 2 ranks (mpirun -np 2)");
+    if (dist.rank() == 0) {
+        const auto t0 = std::chrono::steady_clock::now();
+        std::string message;
+        try {
+            Communicator comm(dist, 0.5);
+        } catch (const Error& e) {
+            message = e.what();
+        }
+        const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        CHECK_MSG(message.find("creation (waiting for every rank) did not complete within 0.5 s (--collective_timeout)") !=
+                      std::string::npos,
+                  "error: \"%s\"", message.c_str());
+        CHECK_MSG(waited >= 0.5 && waited < 1.9, "waited %.2f s", waited);
+    }
+    dist.barrier();
+}
+
 // The host's collectives (rl/driver/dist.h) are bounded the same way: rank 1 reaches a barrier 2 s late,
 // rank 0 gives up after 0.5 s with an error naming the call; rank 1's late barrier then completes
 // against rank 0's abandoned one.
