@@ -327,6 +327,11 @@ $(BUILD)/gpu_bench_%: test/gpu/bench_%.cu $(GPU_HEADERS)
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCCFLAGS) -o $@ $< $(GPU_LDLIBS)
 
+# build/gpu_probe: dev/gpu_check.sh's part 0 (a usable Hopper GPU, a trivial kernel, cuBLASLt >= 12.9)
+$(BUILD)/gpu_probe: dev/gpu_probe.cu
+	@mkdir -p $(@D)
+	$(NVCC) $(NVCCFLAGS) -o $@ $< -lcublasLt
+
 bench_gpu: $(GPU_BENCH_BINS)
 	@for b in $(GPU_BENCH_BINS); do echo "== $$b"; ./$$b || exit 1; done
 
@@ -340,7 +345,7 @@ bench_gpu: $(GPU_BENCH_BINS)
 BUNDLE         := $(BUILD)/gpu-bundle
 BUNDLE_BUILD   := $(BUILD)/gpu-bundle-build
 BUNDLE_MAX_MIB := 60
-BUNDLE_BINS    := bin/train_rl bin/train_rl_cpu bin/test_gpu $(patsubst test/gpu/bench_%.cu,gpu_bench_%,$(GPU_BENCHES))
+BUNDLE_BINS    := gpu_probe bin/train_rl bin/train_rl_cpu bin/test_gpu $(patsubst test/gpu/bench_%.cu,gpu_bench_%,$(GPU_BENCHES))
 gpu-bundle:
 	$(MAKE) --no-print-directory BUILD=$(BUNDLE_BUILD) OPT="-O3 -march=x86-64-v3" MPICXX= $(addprefix $(BUNDLE_BUILD)/,$(BUNDLE_BINS))
 	rm -rf $(BUNDLE) && mkdir -p $(BUNDLE)

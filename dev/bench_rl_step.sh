@@ -10,13 +10,20 @@
 set -u -o pipefail
 bin=$1 steps=$2
 shift 2
-work=$(mktemp -d -p /dev/shm 2>/dev/null || mktemp -d)  # the final checkpoint is the FP32 state: RAM, not disk
+# the final checkpoint is the FP32 state (8 GB for Qwen3-0.6B): BENCH_RL_STEP_DIR, where dev/gpu_check.sh's
+# part 0 found room for it (/dev/shm when it has, else the disk), else /dev/shm if it has 10 GB free, else $TMPDIR
+room=${BENCH_RL_STEP_DIR:-}
+if [ -z "$room" ]; then
+    shm_free_kb=$(df -Pk /dev/shm 2>/dev/null | awk 'NR == 2 { print $4 }')
+    [ "${shm_free_kb:-0}" -ge $((10 * 1048576)) ] && room=/dev/shm || room=${TMPDIR:-/tmp}
+fi
+work=$(mktemp -d -p "$room") || { echo "bench_rl_step: cannot make a folder under $room"; exit 1; }
 trap 'rm -rf "$work"' EXIT
 
 # value KEY ROW: a number of a log.jsonl row (0 when absent)
 value() { sed -n "s|.*\"$1\":\([-0-9.e+]*\).*|\1|p" <<< "$2" | grep . || echo 0; }
 
-echo "bench_rl_step: $bin, $steps step(s), the last one's phases; flags: $*"
+echo "bench_rl_step: $bin, $steps step(s), the last one's phases, the checkpoint under $room; flags: $*"
 echo
 echo "| rollout / train / KV | clip | gen s | gen tokens/s | old log-probs s | update s | train tokens/s | calibration s | step s | speedup |"
 echo "|---|---|---|---|---|---|---|---|---|---|"
