@@ -72,7 +72,7 @@ inline double sm_cycles(const SassCounts& per_thread, double warps) {
         (c[Sass_integer] + c[Sass_move]) / 2,         // ALU: 64 a clock
         c[Sass_shuffle] / 1,                          // 32 a clock
         c[Sass_mma] / 1,                              // one m16n8k16 a clock
-        lsu_bytes / 32 / 128,                         // shared memory / L1: 128 bytes a clock (per warp: /32 lanes)
+        lsu_bytes / 128,                              // shared memory / L1: 128 bytes a clock (a warp: 32 lanes)
     };
     return warps * *std::max_element(std::begin(pipes), std::end(pipes));
 }
