@@ -95,12 +95,17 @@ inline std::vector<int> children(const SassKernel& k, int parent) {
 // The loop's multiply-adds per pass, its nested loops' not counted.
 inline double macs(const SassLoop& l) { return l.counts[Sass_macs]; }
 
-// Generic: per multiply-add, the counts of the loops without nested loops that hold multiply-adds.
+// Generic: per multiply-add, the counts of the innermost loops that hold multiply-adds (loops with
+// multiply-adds none of whose nested loops have any).
 inline SassCounts generic_cost_per_mac(const SassKernel& k) {
+    std::vector<bool> inner_math(k.loops, false);  // a nested loop (at any depth) holds multiply-adds
+    for (int i = 0; i < k.loops; i++)
+        if (macs(k.loop[i]) > 0)
+            for (int p = k.loop[i].parent; p >= 0; p = k.loop[p].parent) inner_math[p] = true;
     SassCounts sum;
     double m = 0;
     for (int i = 0; i < k.loops; i++)
-        if (children(k, i).empty() && macs(k.loop[i]) > 0) sum.add(k.loop[i].counts, 1), m += macs(k.loop[i]);
+        if (!inner_math[i] && macs(k.loop[i]) > 0) sum.add(k.loop[i].counts, 1), m += macs(k.loop[i]);
     if (m == 0) fail("kernel_perf_model: %s has no loop of multiply-adds", k.name);
     SassCounts out;
     out.add(sum, 1 / m);
@@ -171,10 +176,10 @@ struct KernelPrice {
 // `launches` kernel launches (split + merge).
 inline KernelPrice decode_attention_price(const GpuSpec& g, bool fp8_kv, double rows, double context, int H, int KV,
                                           int D, double kv_bytes, int launches) {
-    const SassKernel& k = sass_kernel(fp8_kv ? "kv_decode_split_kernel<128, unsigned char>" : "kv_decode_split_kernel<128, __nv_bfloat16>");
-    if (D != 128) fail("decode_attention_price: head dim %d: sass_counts.h is read at 128", D);
+    const std::string name = "kv_decode_split_kernel<" + std::to_string(D) + (fp8_kv ? ", unsigned char>" : ", __nv_bfloat16>");
+    const SassKernel& k = sass_kernel(name.c_str());
     DecodeKernelShape s;
-    s.elem_bytes = fp8_kv ? 1 : 2;
+    s.elem_bytes = fp8_kv ? 1 : 2, s.head_dim = D;
     const double queries = H / KV, tiles = rows * KV * std::ceil(context / s.tile_keys), warps = s.threads / 32.0;
     KernelPrice p;
     SassCounts per_tile;
@@ -224,8 +229,9 @@ inline bool attention_tile_recipe(const SassKernel& k, const AttentionKernelShap
     double per_pass = 0;  // bytes all copy loops move in one pass each
     for (int i : copies) per_pass += k.loop[i].counts[Sass_ldg_bytes] + k.loop[i].counts[Sass_ldgsts_bytes];
     for (int i : copies) c.add(k.loop[i].counts, payload / per_pass);
-    const double left = tile_macs - macs(k.loop[tile]);
-    if (left < 0 || (left > 0 && maths.empty())) return false;
+    // (at a head dim under 16 the tiles are padded to 16: the own MMAs may exceed the need)
+    const double left = std::max(0.0, tile_macs - macs(k.loop[tile]));
+    if (left > 0 && maths.empty()) return false;
     for (int i : maths) c.add(k.loop[i].counts, left / maths.size() / macs(k.loop[i]));
     *out = c;
     return true;
@@ -236,9 +242,9 @@ inline bool attention_tile_recipe(const SassKernel& k, const AttentionKernelShap
 inline KernelPrice training_attention_price(const GpuSpec& g, bool backward, const std::vector<double>& lens, int H, int D,
                                             double bytes, int launches) {
     constexpr int threads = 128;
-    const AttentionKernelShape fwd{"attention_forward_kernel<128>", 2, 0}, dq{"attention_backward_dq_kernel<128>", 3, 0},
-        dkv{"attention_backward_dkv_kernel<128>", 4, 64.0 * 8};
-    if (D != 128) fail("training_attention_price: head dim %d: sass_counts.h is read at 128", D);
+    const std::string d = "<" + std::to_string(D) + ">", fwd_name = "attention_forward_kernel" + d,
+                      dq_name = "attention_backward_dq_kernel" + d, dkv_name = "attention_backward_dkv_kernel" + d;
+    const AttentionKernelShape fwd{fwd_name.c_str(), 2, 0}, dq{dq_name.c_str(), 3, 0}, dkv{dkv_name.c_str(), 4, 64.0 * 8};
     double pairs = 0, ctas = 0;
     for (double len : lens) {
         const double n = std::ceil(len / 64);
