@@ -46,8 +46,10 @@ struct GrpoPrediction {
     double step_s() const { return rollout_s() + train_s(); }
 };
 
-inline GrpoPrediction predict_grpo_step(const GpuSpec& g, const ModelConfig& c, Precision p, Precision kv, const GrpoShape& s) {
-    const PerfHardware hw = sass_hardware(g);
+// anchors: price with these instead (the model before issue 47: assumed efficiencies, H200 rates)
+inline GrpoPrediction predict_grpo_step(const GpuSpec& g, const ModelConfig& c, Precision p, Precision kv, const GrpoShape& s,
+                                        const PerfHardware* anchors = nullptr) {
+    const PerfHardware hw = anchors ? *anchors : sass_hardware(g);
     GrpoPrediction out;
     const double rows0 = s.sequences();
     // prefill: the forward kernels of the prompts, one micro-batch of all of them
