@@ -2,16 +2,20 @@
 // fp8, for the engine before issue 28 (unfused) and after (fused): step time, the fp8 speedup, the
 // time per kernel class, and how the fused speedup moves with the two anchors it depends on most.
 //   build/perf_model [--model qwen3-1.7b|qwen3-8b|all|HF_DIR] [--tokens 16384] [--seq 1280]
-//                    [--micro_batches 1] [--fp8_gemm_speedup 1.5] [--kernels]
+//                    [--micro_batches 1] [--fp8_gemm_speedup 1.5] [--kernels] [--json]
 // --micro_batches N: one optimizer update per N micro-batches (gradients accumulated), so a
 // micro-batch carries 1/N of the update's kernels; --kernels adds every kernel of the fused step
 // (bf16 and fp8) with its calls, FLOPs, bytes and time.
+//   build/perf_model --json: the GRPO step of perf-anchors.md (cuda/perf/grpo_perf_model.h: kernels priced
+// by what their SASS executes) for Qwen3-1.7B on one GPU and Qwen3-8B per GPU of 8 (its config from
+// test/fixtures/configs/qwen3_8b), H100 and H200, fp8 and bf16, each KV cache precision, as JSON.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "cuda/perf/grpo_perf_model.h"
 #include "cuda/perf/perf_model.h"
 
 using namespace fp8rl;
@@ -87,10 +91,44 @@ void report(const Named& m, const StepShape& s, const PerfHardware& hw, bool ker
     printf("\n");
 }
 
+// {"workloads": [{"model", "gpu", "kv_cache", "precision", "rollout_s", "train_s", "step_s", "phases"}]}
+void print_json(const ModelConfig& small, const ModelConfig& large) {
+    struct Workload {
+        const char* name;
+        const ModelConfig* config;
+        int gpus;
+    } workloads[] = {{"Qwen3-1.7B", &small, 1}, {"Qwen3-8B", &large, 8}};
+    const GpuSpec gpus[] = {h100(), h200()};
+    printf("{\"workloads\": [");
+    bool first = true;
+    for (const Workload& w : workloads)
+        for (const GpuSpec& g : gpus)
+            for (Precision p : {Precision::FP8, Precision::BF16})
+                for (Precision kv : {Precision::FP8, Precision::BF16}) {
+                    GrpoShape s;
+                    s.gpus = w.gpus;
+                    const GrpoPrediction r = predict_grpo_step(g, *w.config, p, kv, s);
+                    printf("%s\n  {\"model\": \"%s\", \"gpu\": \"%s\", \"gpus\": %d, \"kv_cache\": \"%s\", \"precision\": \"%s\", "
+                           "\"rollout_s\": %.3f, \"train_s\": %.3f, \"step_s\": %.3f, \"phases\": {",
+                           first ? "" : ",", w.name, g.name, w.gpus, precision_name(kv), precision_name(p), r.rollout_s(),
+                           r.train_s(), r.step_s());
+                    first = false;
+                    bool first_phase = true;
+                    for (const auto* phases : {&r.rollout, &r.train})
+                        for (const auto& ph : *phases) {
+                            printf("%s\"%s%s\": %.3f", first_phase ? "" : ", ", phases == &r.rollout ? "rollout: " : "train: ",
+                                   ph.first.c_str(), ph.second);
+                            first_phase = false;
+                        }
+                    printf("}}");
+                }
+    printf("\n]}\n");
+}
+
 [[noreturn]] void usage(const char* why) {
     fprintf(stderr,
             "perf_model: %s\nusage: perf_model [--model qwen3-1.7b|qwen3-8b|all|HF_DIR] [--tokens N] [--seq S] "
-            "[--micro_batches N] [--fp8_gemm_speedup X] [--kernels]\n",
+            "[--micro_batches N] [--fp8_gemm_speedup X] [--kernels] [--json]\n",
             why);
     exit(2);
 }
@@ -102,11 +140,11 @@ int main(int argc, char** argv) {
     StepShape s;
     s.tokens = 16384, s.seq_len = 1280;
     PerfHardware hw;
-    bool kernels = false;
+    bool kernels = false, json = false;
     for (int i = 1; i < argc; i++) {
         const std::string a = argv[i];
-        if (a == "--kernels") {
-            kernels = true;
+        if (a == "--kernels" || a == "--json") {
+            (a == "--json" ? json : kernels) = true;
             continue;
         }
         if (a != "--model" && a != "--tokens" && a != "--seq" && a != "--micro_batches" && a != "--fp8_gemm_speedup")
@@ -124,6 +162,10 @@ int main(int argc, char** argv) {
     if (s.tokens <= 0 || s.seq_len <= 0 || s.micro_batches <= 0 || !(hw.fp8_gemm_speedup > 0))
         usage("--tokens, --seq, --micro_batches and --fp8_gemm_speedup must be positive");
     try {
+        if (json) {
+            print_json(qwen3(2048, 6144, 28, 16, true), load_model_config("test/fixtures/configs/qwen3_8b"));
+            return 0;
+        }
         std::vector<Named> models;
         if (model == "all" || model == "qwen3-1.7b") models.push_back({"Qwen3-1.7B", qwen3(2048, 6144, 28, 16, true)});
         if (model == "all" || model == "qwen3-8b") models.push_back({"Qwen3-8B", qwen3(4096, 12288, 36, 32, false)});

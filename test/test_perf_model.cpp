@@ -2,6 +2,7 @@
 // from the shapes (a GEMM's 2mnk and operand bytes, a memory-bound kernel's bytes, the step's 6 N T
 // GEMM FLOPs, the FA2 figures), never read back from the model; the per-layer launch counts are
 // issue 28's (24 and 17 counted in emulation before it, 10 and 9 its target).
+#include "cuda/perf/grpo_perf_model.h"
 #include "cuda/perf/perf_model.h"
 #include "test/harness.h"
 
@@ -149,4 +150,80 @@ TEST(perf_model_fusion_only_removes_work) {
     for (Precision p : {Precision::BF16, Precision::FP8})
         CHECK(step_seconds(hw, s, p, StepStructure::Fused) < step_seconds(hw, s, p, StepStructure::Unfused));
     CHECK_THROWS(step_kernels(hw, s, Precision::FP32, StepStructure::Fused), "bf16 or fp8");
+}
+
+// kernel_perf_model.h: the issue model worked by hand. A warp issuing 8 FFMAs and 4 I2Fs: issue 12 / 4 = 3
+// clocks, the FMA pipe 8 / 4 = 2, the XU pipe 4 / 0.5 = 8: 8 clocks a warp.
+TEST(kernel_perf_model_issue_rates_by_hand) {
+    SassCounts c;
+    c.c[Sass_fp32] = 8, c.c[Sass_conversion] = 4, c.c[Sass_total] = 12;
+    CHECK_NEAR(sm_cycles(c, 1), 8, 1e-12, 0);
+    CHECK_NEAR(sm_cycles(c, 4), 32, 1e-12, 0);
+    // 40 integer instructions: issue 10, ALU 20 clocks; 16 LDS.128 per thread: 16 x 16 x 32 bytes at 128 a clock = 64
+    SassCounts i;
+    i.c[Sass_integer] = 40, i.c[Sass_total] = 40;
+    CHECK_NEAR(sm_cycles(i, 1), 20, 1e-12, 0);
+    SassCounts s;
+    s.c[Sass_lds_bytes] = 16 * 16, s.c[Sass_total] = 16;
+    CHECK_NEAR(sm_cycles(s, 1), 64, 1e-12, 0);
+    // the H100's BF16 peak from the clock: 132 x 1.83 GHz x 4096 = 989.4 TFLOP/s
+    CHECK_NEAR(h100().bf16_peak(), 989.4e12, 1e-3, 0);
+    CHECK_EQ(h200().hbm, 4.8e12);
+}
+
+// A made-up decode kernel with the recipe's loops: per tile of 32 keys for 2 queries (4 warps, D 128,
+// FP8), the tile loop once, the copies 2 x 32 x 128 / 128 / 32 = 2 passes, the per-query loop 2 / 4,
+// its score loop (16 multiply-adds a pass) 0.5 x 128 / 16 = 4, the output loop 2 x 128 / 128 = 2, its
+// P.V loop (4 a pass) 2 x 32 / 4 = 16, the remainder beside it none.
+TEST(kernel_perf_model_decode_recipe_by_hand) {
+    auto loop = [](int parent, float total, std::initializer_list<std::pair<SassClass, float>> more) {
+        SassLoop l{0, 0, parent, {}};
+        l.counts[Sass_total] = total;
+        for (auto m : more) l.counts[m.first] = m.second;
+        return l;
+    };
+    const SassLoop loops[] = {
+        loop(-1, 100, {{Sass_barrier, 3}}),                   // 0: tiles
+        loop(0, 10, {{Sass_ldgsts_bytes, 32}}),                // 1: copies
+        loop(0, 20, {{Sass_shuffle, 10}}),                     // 2: per query
+        loop(2, 300, {{Sass_macs, 16}}),                       // 3: score
+        loop(0, 30, {}),                                       // 4: per output
+        loop(4, 80, {{Sass_macs, 4}}),                         // 5: P.V
+        loop(4, 20, {{Sass_macs, 1}}),                         // 6: remainder
+    };
+    const SassKernel k{"made-up", {}, 7, loops};
+    SassCounts c;
+    DecodeKernelShape s;
+    CHECK(decode_tile_recipe(k, s, 2, &c));
+    CHECK_NEAR(c.c[Sass_total], 100 + 2 * 10 + 0.5 * 20 + 4 * 300 + 2 * 30 + 16 * 80, 1e-9, 0);
+    // a kernel whose loops are not the recipe's (no barrier): the generic price per multiply-add of its
+    // innermost math loops, (300 + 80 + 20) / (16 + 4 + 1)
+    SassLoop flat[] = {loops[3], loops[5], loops[6]};
+    for (SassLoop& l : flat) l.parent = -1;
+    const SassKernel g{"flat", {}, 3, flat};
+    CHECK(!decode_tile_recipe(g, s, 2, &c));
+    CHECK_NEAR(generic_cost_per_mac(g).c[Sass_total], 400.0 / 21, 1e-9, 0);
+}
+
+// The GRPO step adds its phases; decode attention reads the bytes it is given at the bandwidth.
+TEST(kernel_perf_model_grpo_step_adds_its_phases) {
+    const GpuSpec g = h100();
+    ModelConfig c = small_qwen3();
+    c.head_dim = 128, c.num_heads = 4, c.num_kv_heads = 2;
+    GrpoShape s;
+    s.prompts = 2, s.group = 2, s.prompt_len = 16, s.response_min = 4, s.response_max = 8;
+    const GrpoPrediction r = predict_grpo_step(g, c, Precision::FP8, Precision::FP8, s);
+    double sum = 0;
+    for (const auto* phases : {&r.rollout, &r.train})
+        for (const auto& p : *phases) {
+            CHECK(p.second > 0 || p.first == "FP8 quantization" || p.first == "zeroing");
+            sum += p.second;
+        }
+    CHECK_NEAR(r.step_s(), sum, 1e-12, 0);
+    CHECK(r.rollout.count("decode attention") && r.train.count("attention"));
+    // the decode attention of 4 rows at 100 keys: 1 byte per FP8 element, 2 per BF16, so BF16 reads twice
+    const KernelPrice f = decode_attention_price(g, true, 4, 100, 4, 2, 128, 1e6, 2), b = decode_attention_price(g, false, 4, 100, 4, 2, 128, 2e6, 2);
+    CHECK_NEAR(b.memory_s, 2 * f.memory_s, 1e-15, 0);
+    CHECK_NEAR(f.launch_s, 2 * 3e-6, 1e-15, 0);
+    CHECK(f.compute_s > 0 && b.compute_s > 0);
 }

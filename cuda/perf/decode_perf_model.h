@@ -15,6 +15,11 @@
 //              without top-k or top-p), the rows' blocks side by side on the 132 SMs;
 //   launches   per layer and around them, as the graph replays them, at perf_model.h's launch gap.
 // Anchors, not measurements of this code: the first lent GPU checks them (dev/gpu_check.sh).
+// With hw.gpu set (sass_hardware: the model that prices what the kernels execute), decode attention is
+// priced from kv_decode_split_kernel's SASS (kernel_perf_model.h) against its bytes at the datasheet
+// bandwidth, sampling by its bytes (the logits written by the head GEMM and read kSamplingPasses times)
+// at that bandwidth, and a step launches kDecodeNodesPerLayer graph nodes per layer (perf-anchors.md's
+// review counted 343 at Qwen3-1.7B: 12 x 28 + 7).
 #pragma once
 #include <algorithm>
 
@@ -29,7 +34,7 @@ constexpr double kSamplingPasses = 3;               // over a row's FP32 logits 
 constexpr double kSamplingSmBandwidth = 80e9;       // bytes/s a block streams from L2 (cuda/rollout/sampling.cuh)
 constexpr int kSms = 132;
 // graph nodes of a step; outside the layers: rows, embedding, final norm, logits, sampling, commit, refill
-constexpr double kDecodeLaunchesPerLayer = 9, kDecodeLaunchesOutside = 7;
+constexpr double kDecodeLaunchesPerLayer = 9, kDecodeLaunchesOutside = 7, kDecodeNodesPerLayer = 12;
 
 struct DecodePrediction {
     double weights_s, attention_s, sampling_s, launches_s;
@@ -49,6 +54,14 @@ inline DecodePrediction predict_decode_step(const PerfHardware& hw, const ModelC
     p.weights_s = (projection_bytes + V * C * perf_detail::kBF16) / hw.bandwidth();
     const double keys_read = context - prefix * (1 - 1.0 / std::max(group, 1));  // per row
     p.attention_bytes = rows * keys_read * L * 2 * (double)c.kv_dim() * kv_bytes;
+    if (hw.gpu) {  // the split kernel (and the cascade's) and the merge, per layer
+        const KernelPrice a = decode_attention_price(*hw.gpu, kv_cache == Precision::FP8, rows, context, (int)c.num_heads,
+                                                     (int)c.num_kv_heads, (int)c.head_dim, p.attention_bytes / L, 0);
+        p.attention_s = L * a.seconds();
+        p.sampling_s = rows * V * perf_detail::kF32 * (1 + kSamplingPasses) / hw.hbm;
+        p.launches_s = (L * kDecodeNodesPerLayer + kDecodeLaunchesOutside) * hw.launch_s;
+        return p;
+    }
     p.attention_s = p.attention_bytes / (hw.hbm * kDecodeAttentionEfficiency);
     const double waves = std::ceil(rows / (double)kSms);  // a block per row
     p.sampling_s = waves * V * perf_detail::kF32 * kSamplingPasses / kSamplingSmBandwidth;

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/perf/kernel_perf_model.h"
 #include "rl/model/config.h"
 #include "rl/model/weights.h"
 #include "rl/numerics/precision.h"
@@ -45,6 +46,10 @@ struct PerfHardware {
     double tile_quantizer_s_per_element = 7e-12;
     // attention forward TFLOP/s; 0: FlashAttention-2's by sequence length (attention_tflops)
     double attention_fwd_tflops = 0;
+    // set: the model that prices what the kernels execute (kernel_perf_model.h): attention and decode
+    // attention from their SASS at this GPU's issue rates, everything else at its datasheet peaks
+    // (sass_hardware); null: the anchors above
+    const GpuSpec* gpu = nullptr;
 
     double bandwidth() const { return hbm * hbm_eff; }
     double gemm_rate(Precision p) const {
@@ -52,6 +57,16 @@ struct PerfHardware {
         return p == Precision::FP8 ? std::min(bf16 * fp8_gemm_speedup, fp8_peak) : bf16;
     }
 };
+
+// The hardware of the SASS-priced model: no efficiencies (GEMMs at the dense peaks, FP8 at twice BF16,
+// memory-bound kernels at the datasheet's bandwidth), attention priced from sass_counts.h.
+inline PerfHardware sass_hardware(const GpuSpec& g) {
+    PerfHardware hw;
+    hw.bf16_peak = g.bf16_peak(), hw.fp8_peak = g.fp8_peak(), hw.hbm = g.hbm;
+    hw.bf16_gemm_eff = 1, hw.fp8_gemm_speedup = 2, hw.hbm_eff = 1, hw.launch_s = g.launch_s;
+    hw.gpu = &g;
+    return hw;
+}
 
 // Attention TFLOP/s at sequence length S (FLOPs counted as the kernels execute them, causal):
 // FlashAttention-2 on an H100 (the H200's tensor cores), head dim 128, at 512, 1k, 2k, 4k tokens:
@@ -194,12 +209,16 @@ class StepBuilder {
         // (dq: QK^T, dO V^T, dS K; dk/dv: K Q^T, V dO^T, P^T dO, dS^T Q) where FA2's fused one makes 5
         const double products = backward ? 7 : 2;
         double flops = 0, seconds = 0;
+        std::vector<double> lens;
         for (int64_t done = 0; done < s.tokens; done += s.seq_len) {
             const double len = (double)std::min(s.seq_len, s.tokens - done);
             const double f = products * D * H * len * len;
             flops += f;
             seconds += f / (attention_tflops(hw, len, backward) * 1e12);
+            lens.push_back(len);
         }
+        if (hw.gpu)  // what the kernels issue (the launches and bytes are priced below, as for the rest)
+            seconds = training_attention_price(*hw.gpu, backward, lens, (int)c.num_heads, (int)c.head_dim, 0, 0).compute_s;
         const double bytes = backward ? T * (Nqkv + c.q_dim()) * kBF16 + T * H * 3 * kF32 + T * Nqkv * kBF16 +
                                             T * c.q_dim() * 2 * kBF16  // delta's rowsum(dO * O)
                                       : T * Nqkv * kBF16 + T * c.q_dim() * kBF16 + T * H * kF32;

@@ -150,14 +150,25 @@ bool bench_problem(GemmRunner& gemm, const Problem& P) {
     const double d_grad = std::max({distance(dq, base.dq, P.N, P.H, P.D), distance(dk, base.dk, P.N, P.KV, P.D),
                                     distance(dv, base.dv, P.N, P.KV, P.D)});
     const double pairs = 0.5 * P.N * (P.N + 1.0) * P.H;  // causal (query, key) pairs over the heads
+    // cuda/perf/kernel_perf_model.h's price of our kernels on this GPU (what their SASS issues, their bytes
+    // at the datasheet bandwidth: forward q, k, v in, o and the LSE out; backward those and dO, dQ, dK, dV)
+    const double N = P.N, io = N * P.D * 2.0 * (P.H + 2 * P.KV);
+    auto predicted_ms = [&](bool backward) {
+        return training_attention_price(bench_gpu(), backward, {N}, P.H, P.D,
+                                        backward ? 2 * io + 2 * N * P.H * P.D * 2.0 + N * P.H * 8.0 : io + N * P.H * (P.D * 2.0 + 4),
+                                        backward ? 3 : 1)
+                   .seconds() * 1e3;
+    };
     struct Row {
         const char* pass;
-        double ours, base, flop, dist;
-    } rows[] = {{"forward", ours_fwd, base_fwd, 4.0 * P.D * pairs, d_out}, {"backward", ours_bwd, base_bwd, 10.0 * P.D * pairs, d_grad}};
+        double ours, base, flop, dist, predicted;
+    } rows[] = {{"forward", ours_fwd, base_fwd, 4.0 * P.D * pairs, d_out, predicted_ms(false)},
+                {"backward", ours_bwd, base_bwd, 10.0 * P.D * pairs, d_grad, predicted_ms(true)}};
     bool ok = true;
     for (const Row& r : rows) {
-        printf("| %d | %d / %d | %s | %.3f | %.0f | %.3f | %.0f | %.2f | %.2e |\n", P.N, P.H, P.KV, r.pass, r.ours,
-               tflops(r.flop, r.ours), r.base, tflops(r.flop, r.base), r.base / r.ours, r.dist);
+        printf("| %d | %d / %d | %s | %.3f (%.3f) | %.0f (%.0f) | %.3f | %.0f | %.2f | %.2e |\n", P.N, P.H, P.KV, r.pass, r.ours,
+               r.predicted, tflops(r.flop, r.ours), tflops(r.flop, r.predicted), r.base,
+               tflops(r.flop, r.base), r.base / r.ours, r.dist);
         if (!(r.dist <= kTolerance)) {
             printf("| %d | | %s | ERROR: ours and the baseline differ by %.2e > %.0e |\n", P.N, r.pass, r.dist, kTolerance);
             ok = false;
@@ -179,7 +190,8 @@ int main(int argc, char** argv) {
     print_bench_header("bench_attention", tiny);
     printf("causal, one sequence of T tokens, head dim 128; TFLOP/s = causal FLOPs (forward 4 D pairs, backward 10 D "
            "pairs) / median time; speedup = baseline time / ours; diff = relative distance of the outputs (forward: O; "
-           "backward: the worst of dQ, dK, dV)\n\n");
+           "backward: the worst of dQ, dK, dV); in parentheses cuda/perf/kernel_perf_model.h's prediction for this GPU "
+           "(what the kernels' SASS issues at the SM's rates, or their bytes at the datasheet bandwidth)\n\n");
     printf("| T | heads q / kv | pass | ours ms | ours TF/s | cuBLASLt+softmax ms | baseline TF/s | speedup | diff |\n");
     printf("|---|---|---|---|---|---|---|---|---|\n");
     std::vector<Problem> problems = {{4096, 16, 8, 128}, {8192, 16, 8, 128}, {16384, 16, 8, 128}};

@@ -73,7 +73,7 @@ void bench_shape(GemmRunner& runner, const Shape& s, int T) {
         double fp8_ms = median_ms([&] {
             runner.fp8(g.name, g.m, g.n, g.k, g.a, g.sa, g.ma, g.b, g.sb, g.mb, out.ptr, GemmOut::BF16, 0);
         });
-        const PerfHardware hw;
+        const PerfHardware& hw = bench_hardware();
         const auto predicted_s = [&](Precision p) {
             return gemm_cost(hw, g.name, KernelClass::LayerGemm, g.m, g.n, g.k, p, GemmOutput::BF16).call_seconds(hw);
         };
@@ -105,8 +105,8 @@ int main(int argc, char** argv) {
     print_bench_header("bench_fp8_gemm", tiny);
     printf("TFLOP/s = 2mnk / median time; speedup = BF16 time / FP8 time; quantize columns (us, on fprop rows): "
            "X [T][K] 1x128 + transposed copy in one pass, W [N][K] 128x128 + transposed copy; predicted: "
-           "cuda/perf/perf_model.h at the same shape (BF16 GEMMs at 0.75 of peak, FP8 at 1.5x BF16, the tile quantizer at "
-           "7 ps per element)\n\n");
+           "cuda/perf/perf_model.h at the same shape on this GPU (sass_hardware: GEMMs at the dense BF16 / FP8 peaks, bytes "
+           "at the datasheet bandwidth, the tile quantizer at 7 ps per element)\n\n");
     printf("| model | layer | T | GEMM | m | n | k | BF16 TF/s | FP8 TF/s | speedup | predicted | quant X us | predicted | "
            "quant W us | predicted |\n");
     printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");

@@ -133,7 +133,7 @@ Shares component_shares(const ModelConfig& c, const EngineOptions& o, const Sett
 // decode steps (its most rows at once, at the mean context).
 void print_row(const BenchModel& m, const ModelConfig& c, int sequences, int new_tokens, const Setting& s, const Run& r,
                double base_seconds, const Shares& shares) {
-    const DecodePrediction p = predict_decode_step(PerfHardware(), c, r.stats.max_running, kPromptLength + new_tokens / 2.0,
+    const DecodePrediction p = predict_decode_step(bench_hardware(), c, r.stats.max_running, kPromptLength + new_tokens / 2.0,
                                                    s.weights, s.kv_cache);
     const double predicted_s = (double)r.stats.decode_steps * p.step_s();
     printf("| %s | %d x %d | %s | %s | %.2f | %ld | %.0f (%.0f) | %.2f | %.1f (%.1f) | %.1f (%.1f) | %.0f (%.0f) | %lld | %.2f |\n",
@@ -193,7 +193,7 @@ void print_cascade_row(const BenchModel& m, const ModelConfig& c, Precision kv, 
     const double per_row_ms = timed(DecodeCascade()), cascade_ms = timed(cascade);
     ModelConfig one_layer = c;
     one_layer.num_layers = 1;
-    const PerfHardware hw;
+    const PerfHardware& hw = bench_hardware();
     const int group = std::min(kGroupSamples, cache.cascade_rows());
     const DecodePrediction alone = predict_decode_step(hw, one_layer, rows, context, Precision::BF16, kv),
                            shared_p = predict_decode_step(hw, one_layer, rows, context, Precision::BF16, kv, prompt, group);

@@ -136,12 +136,12 @@ int main(int argc, char** argv) {
            "tokens / median step time; peak = the engine's device high-water mark from its construction through its "
            "steps (DeviceArray's count); used = cudaMemGetInfo's used bytes after the steps less before the engine (on a "
            "GPU: plus allocator rounding, cuBLASLt's and the context's memory); plan = cuda/engine/memory_plan.h's figure for "
-           "this batch; speedup = bf16 time / fp8 time; predicted: cuda/perf/perf_model.h's step on an H200 for the engine "
+           "this batch; speedup = bf16 time / fp8 time; predicted: cuda/perf/perf_model.h's step on this GPU (sass_hardware: attention from its SASS) for the engine "
            "before issue 28 (unfused) and after it (fused)\n\n");
     printf("| model | parameters | batch | precision | step ms | predicted ms unfused / fused | tokens/s | peak GiB | used GiB "
            "| plan GiB | speedup | predicted unfused / fused |\n");
     printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-    const PerfHardware hw;
+    const PerfHardware& hw = bench_hardware();
     std::vector<std::string> quant_rows;  // the quantization table, after the steps
     std::vector<BenchModel> models = {kQwen3_0_6B, kQwen3_1_7B};
     int num_seqs = 16, length = 1024;

@@ -10,9 +10,26 @@
 #include <string>
 #include <vector>
 
+#include "cuda/perf/perf_model.h"
 #include "test/gpu/gpu_util.cuh"
 
 namespace fp8rl {
+
+// The GPU the benchmarks run on as cuda/perf/kernel_perf_model.h prices it (an H200 above 100 GiB of
+// device memory, else an H100; in emulation the emulated device's memory decides), and the hardware of
+// the model that prices what the kernels execute (sass_hardware): the predictions each benchmark prints.
+inline const GpuSpec& bench_gpu() {
+    static const GpuSpec g = [] {
+        size_t free_bytes = 0, total = 0;
+        CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
+        return total > (size_t(100) << 30) ? h200() : h100();
+    }();
+    return g;
+}
+inline const PerfHardware& bench_hardware() {
+    static const PerfHardware hw = sass_hardware(bench_gpu());
+    return hw;
+}
 
 // --tiny: the smoke-test shapes (make test-bench-emu); anything else is an error naming the usage.
 inline bool bench_tiny(int argc, char** argv, const char* name) {
