@@ -13,13 +13,15 @@
 // one CTA per (chunk, kv head, row) brings the chunk's keys and values into shared memory tile by tile, as they
 // are stored (BF16 or FP8 codes), with 16-byte asynchronous copies (cp.async), the next tile's
 // copies in flight while the current one is read (two stages), the tile's page ids read once per
-// page; every query head of the GQA group reads each tile, converting to FP32 in registers; it
-// keeps an online softmax (running max, running sum, rescaled output) and writes the chunk's
-// normalised partial O and its log-sum-exp (FP32). A second kernel merges the chunks by their LSE
-// weights and writes O in BF16. Decode is bound by reading the cache, so the math runs on the
-// CUDA cores in FP32: scores are FP32 dot products in d order, exp is rl/numerics/fast_exp.h's (the CPU
-// engine's), P stays FP32 (no BF16 rounding of P, unlike the training kernel's tensor-core P V), and
-// the only rounding to BF16 is the output's. A row's chunks depend on its own length and its
+// page; an FP8 tile is converted to BF16 once (the hardware's E4M3 -> FP16 conversion, exact), and
+// every query head of the GQA group reads it through the tensor cores (Q K^T and P V as
+// mma.sync m16n8k16, FlashInfer's tensor-core decode); it keeps an online softmax (running max,
+// running sum, rescaled output) and writes the chunk's normalised partial O and its log-sum-exp
+// (FP32). A second kernel merges the chunks by their LSE weights and writes O in BF16. Scores are
+// exact BF16 products summed in d order, then scaled; exp is rl/numerics/fast_exp.h's (the CPU
+// engine's); P stays FP32 for the softmax sums and meets V as two BF16 terms (16 significant bits,
+// unlike the training kernel's single BF16 P); the output's is the only other rounding to BF16 (see
+// the kernel). A row's chunks depend on its own length and its
 // prompt's alone, never on the batch (its other rows, its size, the longest row): a sequence decodes
 // to the same bits whatever it is batched with, so a redone or preempted completion is the same.
 // Cascade attention (FlashInfer's shared-prefix decode): the G samples of a prompt share its pages,
@@ -146,16 +148,33 @@ struct DecodeCascade {
     int max_groups = 0;  // an upper bound on *count: the cascade launch's grid
 };
 
+// Four E4M3 codes (a 32-bit word, the lowest-addressed code in the low byte) as two pairs of BF16
+// (out[0]: codes 0, 1; out[1]: codes 2, 3), exactly: the hardware's conversion of two codes to two
+// FP16 (cvt.rn.f16x2.e4m3x2, __nv_cvt_fp8x2_to_halfraw2: E4M3 is exact in FP16), then FP16 -> FP32
+// -> BF16, both exact (E4M3's 4 significant bits and exponents 2^-9 .. 2^8 fit BF16). In emulation
+// cuda_fp8.h's host path decodes the bits in software (test_kv_cache checks all 256 codes).
+__device__ __forceinline__ void e4m3x4_to_bf16(uint32_t codes, uint32_t out[2]) {
+    for (int i = 0; i < 2; i++) {
+        const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(codes >> (16 * i)), __NV_E4M3);
+        const __nv_bfloat162 b = __float22bfloat162_rn(__half22float2(__half2(h)));
+        memcpy(&out[i], &b, sizeof out[i]);
+    }
+}
+
 // Dynamic shared memory of a decode CTA serving `queries` query heads (a GQA group's, times the rows
 // of a cascade group), in bytes: kDecodeStages stages of the key tile [kDecodeTile][D + 16 bytes] and
 // the value tile [kDecodeTile][D] in their storage type (a key row padded by 16 bytes: the 8 lanes of
 // a quarter warp that read 16 bytes of 8 keys hit 8 distinct bank groups), the stages' page ids
-// [kDecodeTile]; then in FP32 q and the output accumulator [queries][D], the probabilities
-// [queries][kDecodeTile] and per query the running max, the running sum and the last rescale factor.
+// [kDecodeTile]; with FP8 storage the current tile's keys and values converted to BF16
+// [kDecodeTile][D + 8] each; q in BF16 [queries rounded up to 16][D + 8] (the tensor cores' A rows);
+// then in FP32 the output accumulator [queries][D], the scores, then probabilities [queries][kDecodeTile]
+// and per query the running max, the running sum and the last rescale factor.
 constexpr int kDecodeStages = 2;
 inline size_t decode_smem_bytes(int queries, int D, size_t elem_bytes) {
+    const size_t bf16_row = (size_t)(D + 8) * 2, query_rows = (size_t)(queries + 15) / 16 * 16;
     return (size_t)kDecodeStages * kDecodeTile * (2 * D * elem_bytes + 16 + sizeof(int32_t)) +
-           sizeof(float) * ((size_t)2 * queries * D + (size_t)queries * kDecodeTile + 3 * queries);
+           (elem_bytes == 1 ? 2 * (size_t)kDecodeTile * bf16_row : 0) + query_rows * bf16_row +
+           sizeof(float) * ((size_t)queries * D + (size_t)queries * kDecodeTile + 3 * queries);
 }
 
 // One CTA per (chunk blockIdx.x, kv head blockIdx.y, row blockIdx.z), or with cascade.rows per
@@ -167,18 +186,30 @@ inline size_t decode_smem_bytes(int queries, int D, size_t elem_bytes) {
 // depend on whether a cascade CTA served it. Writes part_o [B][H][chunks][D] (the chunk's
 // softmax-weighted V, normalised by the chunk's sum) and part_lse [B][H][chunks] (-inf for a chunk
 // without keys, whose part_o is 0).
+//
+// Per tile, on the tensor cores (mma.cuh, BF16 operands, FP32 accumulate), for all the CTA's queries
+// at once (m16 tiles of queries, the rows past them zero): with FP8 storage the landed codes are
+// converted to BF16 once (e4m3x4_to_bf16) and the layer's scale applied to the products, not the
+// elements; BF16 storage is read as it landed.
+//   scores  S = Q K^T: a chain over d from 0 (exact BF16 products), times the K scale, times D^-1/2;
+//   softmax a warp per query, a lane per key, as before: P in FP32, its sum a warp butterfly;
+//   P V     O = O * rescale + P_hi V + P_lo V per 16 keys, P_hi = bf16(P), P_lo = bf16(P - P_hi) (the
+//           pair carries 16 significant bits of P, so P V is nearly FP32's), one chain per output;
+//   output  part_o = (O * V scale) / sum.
+// cpu/attention.h's cached_decode_row computes the same operations in the same order.
 template <int D, class Elem>
 __global__ void __launch_bounds__(kDecodeThreads)
     kv_decode_split_kernel(float* part_o, float* part_lse, const __nv_bfloat16* q, const Elem* k_pool,
                            const Elem* v_pool, const float* k_scale, const float* v_scale, const int32_t* page_table,
                            int max_pages, const int32_t* lens, const int32_t* prefixes, int max_len, int H, int KV,
                            int page_tokens, int split_keys, int chunks, DecodeCascade cascade) {
+    constexpr bool fp8 = std::is_same<Elem, uint8_t>::value;
     constexpr int row_bytes = D * (int)sizeof(Elem), k_row = row_bytes + 16;  // a key row padded (bank groups)
     // copies of 16 bytes (8 for the 8-byte rows of FP8 at head dim 8), as many per row as it holds
-    constexpr int copy_bytes = row_bytes < 16 ? row_bytes : 16, vectors = row_bytes / copy_bytes,
-                  per_vector = copy_bytes / (int)sizeof(Elem);
-    using Vector = typename std::conditional<copy_bytes == 16, uint4, uint2>::type;
-    static_assert(row_bytes % copy_bytes == 0 && sizeof(Vector) == copy_bytes, "a row is whole 8- or 16-byte vectors");
+    constexpr int copy_bytes = row_bytes < 16 ? row_bytes : 16, vectors = row_bytes / copy_bytes;
+    constexpr int ld = D + 8;  // BF16 elements per row of the converted tiles and of q (D = 8: 8 zeros pad k to 16)
+    static_assert(row_bytes % copy_bytes == 0, "a row is whole 8- or 16-byte vectors");
+    static_assert(D % 16 == 0 || D == 8, "the tensor cores' k is 16: head dims are multiples of 16, or 8 (padded)");
     DYNAMIC_SHARED(uint8_t, decode_smem);  // named apart from attention.cuh's BF16 `smem`: one extern symbol per name
     const int group = H / KV, kv_head = blockIdx.y, chunk = blockIdx.x;
     const long head0 = (long)kv_head * group;
@@ -200,11 +231,14 @@ __global__ void __launch_bounds__(kDecodeThreads)
             return;  // a cascade CTA computes this prefix chunk
     }
     const int queries = members * group;  // query q is head q % group of rows[q / group]
+    const int query_tiles = (queries + 15) / 16;
     uint8_t *k_t = decode_smem, *v_t = k_t + kDecodeStages * kDecodeTile * k_row;
     int32_t* page_s = reinterpret_cast<int32_t*>(v_t + kDecodeStages * kDecodeTile * row_bytes);
-    float *q_s = reinterpret_cast<float*>(page_s + kDecodeStages * kDecodeTile), *o_s = q_s + queries * D,
-          *p_s = o_s + queries * D, *max_s = p_s + queries * kDecodeTile, *sum_s = max_s + queries,
-          *rescale_s = sum_s + queries;
+    __nv_bfloat16* k_h = reinterpret_cast<__nv_bfloat16*>(page_s + kDecodeStages * kDecodeTile);  // FP8: converted tiles
+    __nv_bfloat16* v_h = k_h + (fp8 ? kDecodeTile * ld : 0);
+    __nv_bfloat16* q_h = v_h + (fp8 ? kDecodeTile * ld : 0);
+    float *o_s = reinterpret_cast<float*>(q_h + query_tiles * 16 * ld), *p_s = o_s + queries * D,
+          *max_s = p_s + queries * kDecodeTile, *sum_s = max_s + queries, *rescale_s = sum_s + queries;
     const long len = row_len(rows[0]);
     long key_begin, key_end;
     decode_chunk_keys(len, row_prefix(rows[0]), split_keys, chunk, &key_begin, &key_end);
@@ -216,11 +250,14 @@ __global__ void __launch_bounds__(kDecodeThreads)
         for (int g = threadIdx.x; g < queries; g += blockDim.x) part_lse[out_at(g)] = -INFINITY;
         return;
     }
-    const float ks = k_scale[kv_head], vs = v_scale[kv_head], scale = 1.0f / sqrtf((float)D);
-    for (int e = threadIdx.x; e < queries * D; e += blockDim.x) {
-        q_s[e] = __bfloat162float(q[(rows[e / (group * D)] * H + head0) * D + e % (group * D)]);
-        o_s[e] = 0.0f;
+    // BF16 storage: the stored values as they are (scale 1)
+    const float ks = fp8 ? k_scale[kv_head] : 1.0f, vs = fp8 ? v_scale[kv_head] : 1.0f, scale = 1.0f / sqrtf((float)D);
+    const __nv_bfloat16 zero = __float2bfloat16_rn(0.0f);
+    for (int e = threadIdx.x; e < query_tiles * 16 * ld; e += blockDim.x) {  // rows past the queries, columns past D: 0
+        const int g = e / ld, d = e % ld;
+        q_h[e] = g < queries && d < D ? q[(rows[g / group] * H + head0 + g % group) * D + d] : zero;
     }
+    for (int e = threadIdx.x; e < queries * D; e += blockDim.x) o_s[e] = 0.0f;
     for (int g = threadIdx.x; g < queries; g += blockDim.x) {
         max_s[g] = -INFINITY;
         sum_s[g] = 0.0f;
@@ -249,6 +286,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
         __pipeline_commit();
     };
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+    const int g8 = lane / 4, t4 = lane % 4;  // a fragment's row group and thread in group (mma.cuh)
     load_page_ids(0, 0);
     __syncthreads();  // tile 0's page ids (and q, the output and the statistics) are written
     copy_tile(0, 0);
@@ -260,19 +298,49 @@ __global__ void __launch_bounds__(kDecodeThreads)
         else __pipeline_commit();  // an empty group: the wait below always leaves one group in flight
         __pipeline_wait_prior(1);  // this thread's copies of tile i have landed
         __syncthreads();           // every thread's have
-        const uint8_t* k_tile = k_t + stage * kDecodeTile * k_row;
-        for (int g = warp; g < queries; g += warps) {  // a warp per query, a lane per key
-            float s = -INFINITY;
-            if (lane < keys) {  // the key's stored elements, a vector at a time, to FP32 in registers, in d order
-                s = 0.0f;
-                for (int c = 0; c < vectors; c++) {
-                    const Vector bits = *reinterpret_cast<const Vector*>(k_tile + lane * k_row + c * copy_bytes);
-                    Elem raw[per_vector];
-                    memcpy(static_cast<void*>(raw), &bits, sizeof bits);
-                    for (int u = 0; u < per_vector; u++) s += q_s[g * D + c * per_vector + u] * kv_value(raw[u], ks);
-                }
-                s *= scale;
+        const uint8_t *k_land = k_t + stage * kDecodeTile * k_row, *v_land = v_t + stage * kDecodeTile * row_bytes;
+        const __nv_bfloat16 *k_b, *v_b;  // the tile's keys [key][k_ld] and values [key][v_ld] in BF16
+        int k_ld, v_ld;
+        if (fp8) {  // converted once, 4 codes a thread at a time, for every query that reads them
+            for (int e = threadIdx.x; e < keys * (D / 4); e += blockDim.x) {
+                const int j = e / (D / 4), d = e % (D / 4) * 4;
+                uint32_t kc, vc, kb[2], vb[2];
+                memcpy(&kc, k_land + j * k_row + d, sizeof kc);
+                memcpy(&vc, v_land + j * row_bytes + d, sizeof vc);
+                e4m3x4_to_bf16(kc, kb);
+                e4m3x4_to_bf16(vc, vb);
+                memcpy(k_h + j * ld + d, kb, sizeof kb);
+                memcpy(v_h + j * ld + d, vb, sizeof vb);
             }
+            __syncthreads();  // the converted tile is written
+            k_b = k_h, v_b = v_h, k_ld = ld, v_ld = ld;
+        } else {
+            k_b = reinterpret_cast<const __nv_bfloat16*>(k_land), v_b = reinterpret_cast<const __nv_bfloat16*>(v_land);
+            k_ld = k_row / 2, v_ld = D;
+        }
+        // S = Q K^T: a warp per (16 queries, 8 keys); keys past the tile's and columns past D are zeros
+        for (int w = warp; w < query_tiles * (kDecodeTile / 8); w += warps) {
+            const int m0 = w / (kDecodeTile / 8) * 16, n0 = w % (kDecodeTile / 8) * 8;
+            if (n0 >= keys) continue;  // the warp's keys are all past the tile's (warp-uniform)
+            float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            const int key = n0 + g8;
+            for (int k0 = 0; k0 < D; k0 += 16) {
+                uint32_t a[4], b[2];
+                load_a_fragment(a, q_h + m0 * ld + k0, ld);
+                for (int r = 0; r < 2; r++) {
+                    const int d = k0 + 2 * t4 + 8 * r;
+                    b[r] = key < keys && d < D ? load_bf16_pair(k_b + key * k_ld + d) : 0u;
+                }
+                mma_m16n8k16(c, a, b);
+            }
+            for (int e = 0; e < 4; e++) {
+                const int g = m0 + c_fragment_row(e), j = n0 + c_fragment_col(e);
+                if (g < queries) p_s[g * kDecodeTile + j] = c[e];
+            }
+        }
+        __syncthreads();  // the scores are written
+        for (int g = warp; g < queries; g += warps) {  // a warp per query, a lane per key
+            const float s = lane < keys ? p_s[g * kDecodeTile + lane] * ks * scale : -INFINITY;
             // lane 0 owns the query's statistics (no lane reads them while it writes); the others get its copy
             const float old_max = __shfl_sync(0xFFFFFFFFu, lane == 0 ? max_s[g] : 0.0f, 0);
             const float new_max = fmaxf(old_max, warp_reduce(s, MaxOp()));  // finite: the tile has a key
@@ -286,16 +354,41 @@ __global__ void __launch_bounds__(kDecodeThreads)
             }
         }
         __syncthreads();  // probabilities and rescale factors are written
-        const Elem* v_tile = reinterpret_cast<const Elem*>(v_t + stage * kDecodeTile * row_bytes);
-        for (int e = threadIdx.x; e < queries * D; e += blockDim.x) {
-            const int g = e / D, d = e % D;
-            float acc = o_s[e] * rescale_s[g];
-            for (int j = 0; j < keys; j++) acc += p_s[g * kDecodeTile + j] * kv_value(v_tile[j * D + d], vs);
-            o_s[e] = acc;
+        // O = O * rescale + P_hi V + P_lo V: a warp per (16 queries, 8 columns of d)
+        for (int w = warp; w < query_tiles * (D / 8); w += warps) {
+            const int m0 = w / (D / 8) * 16, n0 = w % (D / 8) * 8;
+            float c[4];
+            for (int e = 0; e < 4; e++) {
+                const int g = m0 + c_fragment_row(e), d = n0 + c_fragment_col(e);
+                c[e] = g < queries ? o_s[g * D + d] * rescale_s[g] : 0.0f;
+            }
+            for (int k0 = 0; k0 < keys; k0 += 16) {
+                uint32_t hi[4], lo[4], b[2];
+                for (int r = 0; r < 4; r++) {
+                    const int g = m0 + g8 + 8 * (r & 1), j = k0 + 2 * t4 + 8 * (r >> 1);
+                    const float p0 = g < queries ? p_s[g * kDecodeTile + j] : 0.0f,
+                                p1 = g < queries ? p_s[g * kDecodeTile + j + 1] : 0.0f;
+                    const float h0 = __bfloat162float(__float2bfloat16_rn(p0)), h1 = __bfloat162float(__float2bfloat16_rn(p1));
+                    hi[r] = pack_floats_bf16(h0, h1);
+                    lo[r] = pack_floats_bf16(p0 - h0, p1 - h1);  // the differences exact, then rounded
+                }
+                for (int r = 0; r < 2; r++) {
+                    const int j = k0 + 2 * t4 + 8 * r;
+                    b[r] = pack_bf16_pair(j < keys ? v_b[j * v_ld + n0 + g8] : zero,
+                                          j + 1 < keys ? v_b[(j + 1) * v_ld + n0 + g8] : zero);
+                }
+                mma_m16n8k16(c, hi, b);
+                mma_m16n8k16(c, lo, b);
+            }
+            for (int e = 0; e < 4; e++) {
+                const int g = m0 + c_fragment_row(e), d = n0 + c_fragment_col(e);
+                if (g < queries) o_s[g * D + d] = c[e];
+            }
         }
         __syncthreads();  // every thread is done with this stage before tile i + 2's copies refill it
     }
-    for (int e = threadIdx.x; e < queries * D; e += blockDim.x) part_o[out_at(e / D) * D + e % D] = o_s[e] / sum_s[e / D];
+    for (int e = threadIdx.x; e < queries * D; e += blockDim.x)
+        part_o[out_at(e / D) * D + e % D] = o_s[e] * vs / sum_s[e / D];
     for (int g = threadIdx.x; g < queries; g += blockDim.x) part_lse[out_at(g)] = max_s[g] + logf(sum_s[g]);
 }
 

@@ -11,7 +11,10 @@
 //     scores are one GEMM (Q K^T) and each key tile's P V another, so attention runs at GEMM speed.
 //   decode (a generator's decode step over its cache): the decode kernel's flash-decoding
 //     (kv_cache.cuh): the row's keys cut into chunks, each an online softmax over kDecodeTile-key
-//     tiles with P in FP32, normalised by its own sum, the chunks merged by their log-sum-exps.
+//     tiles, normalised by its own sum, the chunks merged by their log-sum-exps. The kernel runs
+//     on the tensor cores: scores are BF16 products summed in d order, times the K scale (FP8: the
+//     cache keeps code values); P V adds P split into two BF16 (P_hi V, then P_lo V, per 16 keys),
+//     and the V scale multiplies the chunk's output before its sum divides it.
 //   backward: P recomputed from lse; P and dS rounded to BF16 where they meet dO, K and Q.
 // exp is rl/numerics/fast_exp.h's, as in the kernels. Each output is written by one task in a fixed
 // order, so results are bitwise identical for any thread count, and a sequence's result does not
@@ -156,13 +159,17 @@ inline void prefetch_row(const float* p, long n) {
 
 // One prefill row of attention_forward_cached: the training kernel's tiles over keys kb, vb [n][ldk].
 inline void cached_prefill_row(float* o, float* lse, const float* qt, const float* kb, const float* vb, int n,
-                               AttentionShape s, float* scratch, FlashRow* rows, bool bf16) {
+                               AttentionShape s, const float* k_scale, const float* v_scale, float* scratch,
+                               FlashRow* rows, bool bf16) {
     const float scale = 1.0f / std::sqrt((float)s.D);
     const int group = s.H / s.KV;
     float *w = scratch, *k_row = w + (long)s.H * n, *v_row = k_row + s.ldk();  // w [H][n]
     for (int j = 0; j < n; j++) {
         if (j + kPrefetchRows < n) prefetch_row(kb + (j + kPrefetchRows) * s.ldk(), s.ldk());
-        for (long c = 0; c < s.ldk(); c++) k_row[c] = bf16 ? round_bf16(kb[j * s.ldk() + c]) : kb[j * s.ldk() + c];
+        for (long c = 0; c < s.ldk(); c++) {  // the stored value (kv_cache.cuh's kv_value), read in BF16 (its round_trip)
+            const float x = kb[j * s.ldk() + c] * k_scale[c / s.D];
+            k_row[c] = bf16 ? round_bf16(x) : x;
+        }
         for (int h = 0; h < s.H; h++) w[(long)h * n + j] = dot_in_order(qt + h * s.D, k_row + (h / group) * s.D, s.D) * scale;
     }
     for (int h = 0; h < s.H; h++) rows[h] = FlashRow();
@@ -175,7 +182,10 @@ inline void cached_prefill_row(float* o, float* lse, const float* qt, const floa
             for (int d = 0; d < s.D; d++) o[h * s.D + d] *= rescale;
         }
         for (int j = k0; j < k0 + tile; j++) {
-            for (long c = 0; c < s.ldk(); c++) v_row[c] = bf16 ? round_bf16(vb[j * s.ldk() + c]) : vb[j * s.ldk() + c];
+            for (long c = 0; c < s.ldk(); c++) {
+                const float x = vb[j * s.ldk() + c] * v_scale[c / s.D];
+                v_row[c] = bf16 ? round_bf16(x) : x;
+            }
             for (int h = 0; h < s.H; h++) {
                 const float wj = w[(long)h * n + j];
                 const float* vj = v_row + (h / group) * s.D;
@@ -193,10 +203,12 @@ inline void cached_prefill_row(float* o, float* lse, const float* qt, const floa
 }
 
 // One decode row of attention_forward_cached: the decode kernels' chunks over keys kb, vb [n][ldk]
-// whose first `prefix` are its prompt's whole tiles (decode_prefix_keys; kv_decode_split_kernel,
-// then kv_decode_merge_kernel).
+// (kept values: times k_scale, v_scale [KV] for the stored ones) whose first `prefix` are its prompt's
+// whole tiles (decode_prefix_keys; kv_decode_split_kernel, then kv_decode_merge_kernel). With bf16
+// P V follows the kernel's tensor cores: per 16 keys P_hi V, then P_lo V (P = P_hi + P_lo, each
+// BF16); keys past the tile's would add +0 to sums that are never -0, so they are left out.
 inline void cached_decode_row(float* o, float* lse, const float* qt, const float* kb, const float* vb, int n, int prefix,
-                              AttentionShape s, float* scratch, bool bf16) {
+                              AttentionShape s, const float* k_scale, const float* v_scale, float* scratch, bool bf16) {
     const float scale = 1.0f / std::sqrt((float)s.D);
     const int group = s.H / s.KV, splits = decode_row_chunks(n, prefix, kDecodeSplitKeys);
     float* part_o = scratch;                                  // [splits][H][D]
@@ -215,7 +227,8 @@ inline void cached_decode_row(float* o, float* lse, const float* qt, const float
                 const float* kj = kb + (k0 + j) * s.ldk();
                 if (k0 + j + kPrefetchRows < end) prefetch_row(kj + kPrefetchRows * s.ldk(), s.ldk());
                 for (int h = 0; h < s.H; h++)
-                    p[h * kDecodeTile + j] = dot_in_order(qt + h * s.D, kj + (h / group) * s.D, s.D) * scale;
+                    p[h * kDecodeTile + j] =
+                        dot_in_order(qt + h * s.D, kj + (h / group) * s.D, s.D) * k_scale[h / group] * scale;
             }
             for (int h = 0; h < s.H; h++) {
                 float* ph = p + h * kDecodeTile;
@@ -228,21 +241,24 @@ inline void cached_decode_row(float* o, float* lse, const float* qt, const float
                 sum[h] = sum[h] * rescale + warp_butterfly_sum(lanes);
                 for (int d = 0; d < s.D; d++) po[h * s.D + d] *= rescale;
             }
-            for (int j = 0; j < keys; j++) {
-                const float* vj = vb + (k0 + j) * s.ldk();
-                for (int h = 0; h < s.H; h++) {
-                    const float pj = p[h * kDecodeTile + j];
-                    const float* vh = vj + (h / group) * s.D;
-                    float* oh = po + h * s.D;
+            for (int j0 = 0; j0 < keys; j0 += 16)
+                for (int part = 0; part < (bf16 ? 2 : 1); part++)  // P_hi, then P_lo (FP32: P as it is)
+                    for (int j = j0; j < std::min(j0 + 16, keys); j++) {
+                        const float* vj = vb + (k0 + j) * s.ldk();
+                        for (int h = 0; h < s.H; h++) {
+                            const float pj = p[h * kDecodeTile + j], hi = bf16 ? round_bf16(pj) : pj;
+                            const float w = part == 0 ? hi : round_bf16(pj - hi);
+                            const float* vh = vj + (h / group) * s.D;
+                            float* oh = po + h * s.D;
 #pragma omp simd
-                    for (int d = 0; d < s.D; d++) oh[d] += pj * vh[d];
-                }
-            }
+                            for (int d = 0; d < s.D; d++) oh[d] += w * vh[d];
+                        }
+                    }
         }
         for (int h = 0; h < s.H; h++) {
             pl[h] = begin < end ? max[h] + std::log(sum[h]) : -INFINITY;  // an empty chunk weighs 0
             if (begin < end)
-                for (int d = 0; d < s.D; d++) po[h * s.D + d] /= sum[h];
+                for (int d = 0; d < s.D; d++) po[h * s.D + d] = po[h * s.D + d] * v_scale[h / group] / sum[h];
         }
     }
     for (int h = 0; h < s.H; h++) {  // the merge, chunks in order
@@ -265,11 +281,12 @@ inline void cached_decode_row(float* o, float* lse, const float* qt, const float
 // first key_prefix[t] keys are its prompt's whole tiles, decode_prefix_keys; null: none). One task per
 // query row walks the key rows once for all heads, so the cache streams through in contiguous rows
 // (decode is bound by reading it). out [T, H, D]; lse [T, H]; q [T, H, D]; scratch [threads,
-// scratch_stride >= cached_attention_scratch_floats(s, max key_count)].
+// scratch_stride >= cached_attention_scratch_floats(s, max key_count)]. K and V hold what KvCache keeps;
+// k_scale, v_scale [KV] (KvCache::head_scales) turn them into the stored values.
 inline void attention_forward_cached(float* out, float* lse, const float* q, const float* K, const float* V,
-                                     const int64_t* key_start, const int32_t* key_count, const int32_t* key_prefix,
-                                     long T, AttentionShape s, float* scratch, long scratch_stride, bool bf16,
-                                     CachedRows rows) {
+                                     const float* k_scale, const float* v_scale, const int64_t* key_start,
+                                     const int32_t* key_count, const int32_t* key_prefix, long T, AttentionShape s,
+                                     float* scratch, long scratch_stride, bool bf16, CachedRows rows) {
 #pragma omp parallel
     {
         float* thread_scratch = scratch + (long)omp_get_thread_num() * scratch_stride;
@@ -278,11 +295,11 @@ inline void attention_forward_cached(float* out, float* lse, const float* q, con
         for (long t = 0; t < T; t++) {
             const float *kb = K + key_start[t] * s.ldk(), *vb = V + key_start[t] * s.ldk();
             if (rows == CachedRows::Prefill)
-                cached_prefill_row(out + t * s.ldq(), lse + t * s.H, q + t * s.ldq(), kb, vb, key_count[t], s,
-                                   thread_scratch, flash.data(), bf16);
+                cached_prefill_row(out + t * s.ldq(), lse + t * s.H, q + t * s.ldq(), kb, vb, key_count[t], s, k_scale,
+                                   v_scale, thread_scratch, flash.data(), bf16);
             else
                 cached_decode_row(out + t * s.ldq(), lse + t * s.H, q + t * s.ldq(), kb, vb, key_count[t],
-                                  key_prefix ? key_prefix[t] : 0, s, thread_scratch, bf16);
+                                  key_prefix ? key_prefix[t] : 0, s, k_scale, v_scale, thread_scratch, bf16);
         }
     }
 }

@@ -2,7 +2,8 @@
 // V of every (slot, position), as the chosen format stores them: FP32, BF16, or FP8 E4M3 with one
 // scale per layer for K and one for V (spec-fp8.md §9), or, with --kv_scales head, one per layer and
 // KV head (the option §9.1 allows: a head whose values are small keeps its precision). Values are kept as the FP32 numbers the
-// stored bytes decode to, so attention reads them directly and the emulation is exact.
+// stored bytes decode to, FP8 ones without their scale (the code's value, kept()): attention applies
+// the scale where the GPU kernels apply it (head_scales), so the emulation is exact.
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -61,11 +62,22 @@ struct KvCache {
     float* keys(int layer) { return k.data() + (size_t)layer * slots * max_len * width; }
     float* values(int layer) { return v.data() + (size_t)layer * slots * max_len * width; }
 
-    // The value the cache keeps for x.
-    float stored(float x, float scale) const {
+    // The value the stored bytes for x stand for.
+    float stored(float x, float scale) const { return format == Precision::FP8 ? kept(x, scale) * scale : kept(x, scale); }
+    // What the cache keeps for x: the stored value, FP8's without its scale (the E4M3 code's value).
+    float kept(float x, float scale) const {
         if (format == Precision::FP32) return x;
         if (format == Precision::BF16) return round_bf16(x);
-        return e4m3_to_float(float_to_e4m3(x / scale)) * scale;
+        return e4m3_to_float(float_to_e4m3(x / scale));
+    }
+    // Layer `layer`'s K (key) or V scale of each KV head [kv_heads]: what multiplies the kept values
+    // (1 unless FP8).
+    std::vector<float> head_scales(int layer, int kv_heads, bool key) const {
+        std::vector<float> s((size_t)kv_heads, 1.0f);
+        if (format != Precision::FP8) return s;
+        const float* scales = (key ? k_scale : v_scale).data() + (size_t)layer * groups;
+        for (int h = 0; h < kv_heads; h++) s[(size_t)h] = scales[groups > 1 ? h * groups / kv_heads : 0];
+        return s;
     }
 
     // Writes T rows of K and V [T, width] of `layer` at cache rows row_index[t].
@@ -78,8 +90,8 @@ struct KvCache {
 #pragma omp parallel for schedule(static)
         for (long t = 0; t < T; t++)
             for (int i = 0; i < width; i++) {
-                K[row_index[t] * width + i] = stored(kt[t * width + i], ks[i / group_width]);
-                V[row_index[t] * width + i] = stored(vt[t * width + i], vs[i / group_width]);
+                K[row_index[t] * width + i] = kept(kt[t * width + i], ks[i / group_width]);
+                V[row_index[t] * width + i] = kept(vt[t * width + i], vs[i / group_width]);
             }
     }
 };

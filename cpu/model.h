@@ -368,7 +368,9 @@ inline void layer_forward(const CpuModel& m, const ModelParams& p, ForwardActs& 
     max_abs_per_head(&acts.v_amax[(size_t)l * m.KV], A.v, T, m.KV, m.D);
     if (cache) {
         cache->store(l, T, acts.cache_row.data(), A.k, A.v);
-        attention_forward_cached(A.att, A.lse, A.q, cache->keys(l), cache->values(l), acts.key_start.data(),
+        const std::vector<float> k_scale = cache->head_scales(l, m.KV, true), v_scale = cache->head_scales(l, m.KV, false);
+        attention_forward_cached(A.att, A.lse, A.q, cache->keys(l), cache->values(l), k_scale.data(), v_scale.data(),
+                                 acts.key_start.data(),
                                  acts.key_count.data(), acts.key_prefix.empty() ? nullptr : acts.key_prefix.data(), T,
                                  {m.H, m.KV, m.D}, acts.attn_scratch.data(),
                                  acts.attn_scratch_stride, bf16, acts.cached_rows);

@@ -1,15 +1,17 @@
 // test_kv_cache.cu: the paged KV cache of kv_cache.cuh against the CPU engine's cache and decode
 // attention (cpu/kv_cache.h, cpu/attention.h's attention_forward_cached) on the same K, V and Q:
 // BF16 and FP8 pages, ragged lengths (1 token, exactly a page, a page + 1, many pages), idle rows,
-// GQA ratios 1 to 4, 7 and 16 (above 48 KB of shared memory), head dims 8, 16, 32 (the fixture
+// GQA ratios 1 to 4, 7 and 16 (48.7 KB of shared memory with FP8 pages), head dims 8, 16, 32 (the fixture
 // models and --init tiny), 64 and 128, pages scattered over the pool (a shuffled page table),
 // several chunk sizes, prompt prefixes chunked apart, cascade groups of sibling rows (bit for bit
 // the per-row result, each prefix tile read once per group); FP8 append against the host encoder,
 // copy_page, the amax reduction, a CUDA-graph replay and bad input.
 //
-// Bounds (per element, first order). The CPU reference keeps the cache as the FP32 values the stored
-// bytes decode to (the GPU reads the same values: BF16 as is, FP8 code * scale, one FP32 product
-// each), so the two differ only in summation order and in where they round:
+// In emulation the GPU's output equals the CPU engine's (bf16 mode) bit for bit at the CPU's chunk
+// size: both sum the same exact products in the same order (the tensor cores' emulated chains).
+// Bounds (per element, first order). The CPU reference keeps the cache as the values the stored
+// bytes decode to (FP8: the code's value, its scale applied to the products, as the GPU applies it),
+// so the two differ only in summation order and in where they round:
 //   vs the CPU in FP32 mode (bf16 = false: P and O in FP32): the GPU rounds O to BF16, u |O| with
 //     u = 2^-8 (a bound twice BF16's unit roundoff 2^-9, for the nearest-even tie on either side),
 //     plus e_s (mag + |O|) for scores summed in another order (e_s = D 2^-24 sum|q k| scale, as
@@ -57,7 +59,7 @@ const DecodeCase kDecodeCases[] = {
     {"D8 H6 KV2, 7-token pages", 6, 2, 8, 7, {15, 7, 8, 50}, {32, 0}, {14, 3, 7, 40}},
     {"D32 H4 KV4, idle rows", 4, 4, 32, 16, {0, 40, 0}, {32}, {}},
     {"D32 H7 KV1 (a warp scores two heads)", 7, 1, 32, 16, {70, 2}, {32}, {33, 1}},
-    {"D128 H16 KV1 (51 KB of shared memory)", 16, 1, 128, 16, {40, 1}, {32}, {}},
+    {"D128 H16 KV1 (47.7 KB of shared memory, 48.7 KB with FP8)", 16, 1, 128, 16, {40, 1}, {32}, {}},
 };
 
 constexpr int kLayers = 2, kLayer = 1;  // the layer under test; layer 0 gets other values at the same slots
@@ -181,6 +183,7 @@ CpuDecode cpu_decode(const PagedBatch& b, int H, Precision storage, const std::v
     std::vector<float> out((size_t)T * H * D), lse((size_t)T * H), scratch((size_t)omp_get_max_threads() * stride);
     if (T > 0)
         attention_forward_cached(out.data(), lse.data(), q.data(), cache.keys(kLayer), cache.values(kLayer),
+                                 cache.head_scales(kLayer, KV, true).data(), cache.head_scales(kLayer, KV, false).data(),
                                  key_start.data(), key_count.data(), key_prefix.data(), T, {H, KV, D}, scratch.data(),
                                  stride, bf16,
                                  CachedRows::Decode);
@@ -268,6 +271,13 @@ void check_decode(Precision storage, bool per_head = false) {
                 const std::vector<float> got = gpu_decode(g, b, c.H, max_len, split_keys);
                 CHECK(count_outside("O vs cpu fp32", got, fp32.out, mag, u + e) == 0);
                 CHECK(count_outside("O vs cpu bf16", got, bf16.out, mag, 2 * u + e) == 0);
+#ifdef FP8RL_EMU  // the CPU's chunks, the emulated tensor cores summing in the CPU engine's order: the same bits
+                int differ = 0;
+                for (size_t i = 0; split_keys % kDecodeSplitKeys == 0 && i < got.size(); i++)
+                    if (memcmp(&got[i], &bf16.out[i], sizeof(float)) != 0 && differ++ < 3)
+                        CHECK_MSG(false, "O[%zu] = %.9g, the CPU engine's %.9g", i, got[i], bf16.out[i]);
+                CHECK_MSG(differ == 0, "%d outputs differ from the CPU engine's bits", differ);
+#endif
             }
     }
 }
@@ -459,6 +469,37 @@ std::vector<uint8_t> download_pool(const uint8_t* dev, size_t bytes) {
 
 // The pool's bytes at every written slot of the layer are the host's encoding of the input; then
 // appending rows {0, padding (-1), 2} to slots {s0, -1, s1} changes exactly slot s1's row.
+// The decode kernel's E4M3 -> BF16 conversion (e4m3x4_to_bf16: cvt.rn.f16x2.e4m3x2, then FP16 ->
+// FP32 -> BF16) on every code but NaN's, four codes a word in every byte position: the value of
+// rl/numerics/fp8.h's e4m3_to_float, exactly (E4M3 is exact in BF16).
+__global__ void e4m3_to_bf16_kernel(uint32_t* out, const uint32_t* words, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) e4m3x4_to_bf16(words[i], out + 2 * i);
+}
+
+TEST(kv_decode_converts_every_e4m3_code_exactly) {
+    REQUIRE_GPU();
+    std::vector<uint32_t> words;
+    for (uint32_t c = 0; c < 256; c++)  // code c in byte c % 4, its neighbours around it
+        words.push_back(c << (8 * (c % 4)) | ((c + 1) & 0xFFu) << (8 * ((c + 1) % 4)) |
+                        ((c + 2) & 0xFFu) << (8 * ((c + 2) % 4)) | ((c + 3) & 0xFFu) << (8 * ((c + 3) % 4)));
+    DeviceBuffer<uint32_t> in(words), out(2 * words.size());
+    LAUNCH_KERNEL(e4m3_to_bf16_kernel, 1, 256, 0, 0, out.ptr, in.ptr, (int)words.size());
+    const std::vector<uint32_t> got = out.download();
+    int differ = 0, checked = 0;
+    for (size_t i = 0; i < words.size(); i++)
+        for (int b = 0; b < 4; b++) {
+            const uint8_t code = (uint8_t)(words[i] >> (8 * b));
+            if ((code & 0x7F) == 0x7F) continue;  // NaN
+            const uint16_t bits = (uint16_t)(got[2 * i + b / 2] >> (16 * (b % 2)));
+            const float value = bf16_to_float(bits), want = e4m3_to_float(code);
+            checked++;
+            if (memcmp(&value, &want, sizeof value) != 0 && differ++ < 3)
+                CHECK_MSG(false, "code 0x%02x: BF16 %.9g, E4M3 %.9g", code, value, want);
+        }
+    CHECK(checked == 4 * 254 && differ == 0);
+}
+
 TEST(kv_append_matches_host_encoder) {
     REQUIRE_GPU();
     const DecodeCase c = {"D32 H2 KV2", 2, 2, 32, 16, {5, 16, 17}, {0}, {}};
