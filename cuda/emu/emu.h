@@ -66,7 +66,7 @@ extern const ThreadCoords* current_coords;  // of the fiber that runs now
 
 // What a lane brings to a warp collective; the scheduler computes every lane's result when all
 // lanes of the mask wait at the same collective.
-enum class WarpOp { Sync, ShflIdx, ShflUp, ShflDown, ShflXor, Ballot, Any, All };
+enum class WarpOp { Sync, ShflIdx, ShflUp, ShflDown, ShflXor, Ballot, Any, All, Ldmatrix };
 uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t value, int arg, int width);
 int block_barrier(const char* file, int line, int predicate, int kind);  // kind: 0 plain, 1 count, 2 and, 3 or
 void atomic_point(bool changed);  // every atomic: a chance to yield, and spin-wait detection
@@ -79,6 +79,11 @@ void atomic_point(bool changed);  // every atomic: a chance to yield, and spin-w
 void async_copy(void* dst, const void* src, size_t bytes, size_t zfill);
 void async_commit();
 void async_wait_prior(size_t prior);
+// ldmatrix.sync.aligned.m8n8.{x1,x2,x4}[.trans].shared.b16 (cuda/kernels/mma.cuh's ldmatrix_x4 and
+// friends): a warp collective of all 32 lanes; lane 8i + r gives the address of row r of matrix i
+// (16 bytes of shared memory, 16-byte aligned), regs[i] of lane l receives row l / 4, elements
+// 2 (l % 4) and 2 (l % 4) + 1 of matrix i (low half first), or with trans the transposed matrix's.
+void ldmatrix(uint32_t* regs, int num, bool trans, const void* row_address);
 void* dynamic_shared();  // the launch's dynamic shared memory (NaN-filled at each block start)
 // A block reached the static shared variable `p` of `bytes` (cuda/common.cuh's STATIC_SHARED): the
 // first time for its kernel, the bytes count against the kernel's limits from then on, and the

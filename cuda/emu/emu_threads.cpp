@@ -107,6 +107,7 @@ struct Thread {
     unsigned mask = 0;
     uint64_t value = 0, result = 0;
     int arg = 0, width = 32;
+    uint32_t matrix_regs[4] = {};  // what ldmatrix delivered to this lane
     int atomics = 0;
     void* sp = nullptr;  // saved stack pointer while the fiber is not running
     Stack* stack = nullptr;
@@ -161,6 +162,7 @@ const char* op_name(WarpOp op) {
         case WarpOp::Ballot: return "__ballot_sync";
         case WarpOp::Any: return "__any_sync";
         case WarpOp::All: return "__all_sync";
+        case WarpOp::Ldmatrix: return "ldmatrix";
     }
     return "?";
 }
@@ -266,6 +268,46 @@ std::string census(const Block& b) {
     return out;
 }
 
+bool in_block_shared(const Block& b, const void* p, size_t bytes) {
+    const char* c = (const char*)p;
+    if (c >= b.smem.data() && c + bytes <= b.smem.data() + b.smem.size()) return true;
+    for (const auto& v : b.info->static_vars)
+        if (c >= (const char*)v.first && c + bytes <= (const char*)v.first + v.second) return true;
+    return false;
+}
+
+// ldmatrix (PTX ISA, "Warp-level matrix load instruction: ldmatrix"): .sync.aligned, so every lane
+// of the warp takes part with the same .num and .trans; lanes 0 .. 8 num - 1 each give one row
+// address (16 bytes in .shared, 16-byte aligned), the other lanes' addresses are not read. The
+// mask is the full warp (emu::ldmatrix), so resolve_group has checked that all 32 lanes wait here.
+std::string resolve_ldmatrix(Block& b, int w, Thread* const lanes[32]) {
+    const int arg = lanes[0]->arg, num = arg & 7;
+    const bool trans = arg >> 3;
+    for (int l = 1; l < 32; l++)
+        if (lanes[l]->arg != arg)
+            return strformat("warp %d: ldmatrix lane 0 has .x%d%s, lane %d .x%d%s (the rule: .aligned, every lane runs the "
+                             "same instruction)", w, num, trans ? ".trans" : "", l, lanes[l]->arg & 7,
+                             lanes[l]->arg >> 3 ? ".trans" : "");
+    uint16_t rows[4][8][8];  // [matrix][row][element]
+    for (int l = 0; l < 8 * num; l++) {
+        const void* p = (const void*)(uintptr_t)lanes[l]->value;
+        if ((uintptr_t)p % 16)
+            return strformat("warp %d lane %d: ldmatrix row address %p is not 16-byte aligned (the rule: each row of 8 "
+                             "b16 elements starts on a 16-byte boundary)", w, l, p);
+        if (!in_block_shared(b, p, 16))
+            return strformat("warp %d lane %d: ldmatrix row address %p is outside the block's shared memory (the rule: "
+                             ".shared state space)", w, l, p);
+        memcpy(rows[l / 8][l % 8], p, 16);
+    }
+    for (int l = 0; l < 32; l++)
+        for (int i = 0; i < num; i++) {
+            const int r = l / 4, c = 2 * (l % 4);
+            const uint16_t lo = trans ? rows[i][c][r] : rows[i][r][c], hi = trans ? rows[i][c + 1][r] : rows[i][r][c + 1];
+            lanes[l]->matrix_regs[i] = (uint32_t)lo | (uint32_t)hi << 16;
+        }
+    return "";
+}
+
 // Computes every lane's result of the collective that the lanes of `mask` in warp `w` wait at.
 // Returns "" or what is wrong.
 std::string resolve_group(Block& b, int w, unsigned mask) {
@@ -284,6 +326,10 @@ std::string resolve_group(Block& b, int w, unsigned mask) {
         lanes[l] = &t;
         if (!first) first = &t;
     }
+    if (first && first->op == WarpOp::Ldmatrix) {
+        std::string err = resolve_ldmatrix(b, w, lanes);
+        if (!err.empty()) return err;
+    }
     for (int l = 0; l < 32; l++) {
         Thread* t = lanes[l];
         if (!t) continue;
@@ -293,6 +339,7 @@ std::string resolve_group(Block& b, int w, unsigned mask) {
         int seg = l & ~(width - 1), src = l;
         switch (t->op) {
             case WarpOp::Sync: break;
+            case WarpOp::Ldmatrix: continue;  // resolve_ldmatrix delivered the registers
             case WarpOp::ShflIdx: src = seg + (t->arg & (width - 1)); break;
             case WarpOp::ShflUp: src = l - seg >= t->arg ? l - t->arg : l; break;
             case WarpOp::ShflDown: src = l - seg + t->arg < width ? l + t->arg : l; break;
@@ -533,9 +580,7 @@ void async_copy(void* dst, const void* src, size_t bytes, size_t zfill) {
     if ((uintptr_t)dst % bytes) misaligned_access(dst, bytes, "cp.async destination");
     if ((uintptr_t)src % bytes) misaligned_access(src, bytes, "cp.async source");
     const char* d = (const char*)dst;
-    bool shared = d >= b->smem.data() && d + bytes <= b->smem.data() + b->smem.size();
-    for (const auto& v : b->info->static_vars) shared = shared || (d >= (const char*)v.first && d + bytes <= (const char*)v.first + v.second);
-    if (!shared)
+    if (!in_block_shared(*b, d, bytes))
         kernel_fault(strformat("__pipeline_memcpy_async to %p, outside the block's shared memory (the rule: shared "
                                "destination, global source)", dst));
     if (!is_device_memory(src, bytes - zfill))
@@ -584,6 +629,12 @@ uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t value, int arg, int 
     yield_to_scheduler();
     current_block->progress = true;
     return t->result;
+}
+
+void ldmatrix(uint32_t* regs, int num, bool trans, const void* row_address) {
+    if (num != 1 && num != 2 && num != 4) kernel_fault(strformat("ldmatrix .x%d (the rule: .x1, .x2 or .x4)", num));
+    warp_collective(WarpOp::Ldmatrix, 0xFFFFFFFFu, (uint64_t)(uintptr_t)row_address, num | (trans ? 8 : 0), 32);
+    memcpy(regs, current_thread->matrix_regs, sizeof(uint32_t) * (size_t)num);
 }
 
 void atomic_point(bool changed) {

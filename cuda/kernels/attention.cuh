@@ -42,8 +42,9 @@ static_assert(kAttnTile == kFlashTile, "the CPU engine rounds at this tiling (rl
 
 // A shared tile of head dim D: `cols` is D padded to the mma's k extent of 16 (the columns past D
 // are zeros and add nothing to a product); `frags` 16x8 accumulator blocks span them. The row
-// stride has 8 BF16 of padding, which shifts each row by 4 banks, so the 8 rows x 4 lanes of a
-// fragment load hit 32 different banks.
+// stride has 8 BF16 (16 bytes) of padding: rows start on 16-byte boundaries (cp.async, ldmatrix)
+// and each row shifts by 4 banks (cols / 2 + 4 words, cols / 2 a multiple of 8), so the 8 rows of
+// 16 bytes an ldmatrix phase reads hit 32 different banks.
 template <int D>
 struct AttnTile {
     static constexpr int cols = D < 16 ? 16 : D, frags = cols / 8, ld = cols + 8, elems = kAttnTile * ld;
@@ -55,27 +56,29 @@ struct PackedAttentionShape {
     int H, KV, D, num_seqs, max_seqlen;
 };
 
-// tile[r][0..D) = row (row0 + r) of a [T][heads][D] tensor at `src` (already offset to the head),
-// rows of `row_stride` elements; zeros for r >= rows and in the padding columns. All threads of the
-// CTA take part.
+// Starts the copy of tile[r][0..D) = row (row0 + r) of a [T][heads][D] tensor at `src` (already
+// offset to the head), rows of `row_stride` elements, with cp.async of 16 bytes (SASS LDGSTS);
+// zeros, stored at once, for r >= rows and in the padding columns. All threads of the CTA take
+// part; the caller commits the group and waits for it before a __syncthreads.
 template <int D>
-__device__ void load_tile(__nv_bfloat16* tile, const __nv_bfloat16* src, long row_stride, long row0, int rows) {
-    __nv_bfloat162 zero;
-    zero.x = zero.y = __float2bfloat16_rn(0.0f);
-    constexpr int pairs = AttnTile<D>::cols / 2;
-    for (int idx = threadIdx.x; idx < kAttnTile * pairs; idx += blockDim.x) {
-        const int r = idx / pairs, c = 2 * (idx % pairs);
-        *reinterpret_cast<__nv_bfloat162*>(tile + r * AttnTile<D>::ld + c) =
-            r < rows && c < D ? *reinterpret_cast<const __nv_bfloat162*>(src + (row0 + r) * row_stride + c) : zero;
+__device__ void load_tile_async(__nv_bfloat16* tile, const __nv_bfloat16* src, long row_stride, long row0, int rows) {
+    constexpr int chunks = AttnTile<D>::cols / 8;  // 16-byte pieces of a row
+    for (int idx = threadIdx.x; idx < kAttnTile * chunks; idx += blockDim.x) {
+        const int r = idx / chunks, c = 8 * (idx % chunks);
+        __nv_bfloat16* dst = tile + r * AttnTile<D>::ld + c;
+        if (r < rows && c < D)
+            __pipeline_memcpy_async(dst, src + (row0 + r) * row_stride + c, 16);
+        else
+            *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
     }
 }
 
 // The same rows of two tensors of one layout (K and V, or Q and dO) into two tiles.
 template <int D>
-__device__ void load_tile_pair(__nv_bfloat16* tile_a, const __nv_bfloat16* src_a, __nv_bfloat16* tile_b,
-                               const __nv_bfloat16* src_b, long row_stride, long row0, int rows) {
-    load_tile<D>(tile_a, src_a, row_stride, row0, rows);
-    load_tile<D>(tile_b, src_b, row_stride, row0, rows);
+__device__ void load_tile_pair_async(__nv_bfloat16* tile_a, const __nv_bfloat16* src_a, __nv_bfloat16* tile_b,
+                                     const __nv_bfloat16* src_b, long row_stride, long row0, int rows) {
+    load_tile_async<D>(tile_a, src_a, row_stride, row0, rows);
+    load_tile_async<D>(tile_b, src_b, row_stride, row0, rows);
 }
 
 template <int N>
@@ -92,11 +95,12 @@ __device__ void warp_product_abt(float acc[8][4], const __nv_bfloat16* a, const 
     zero_fragments<8>(acc);
     for (int kk = 0; kk < AttnTile<D>::cols / 16; kk++) {
         uint32_t fa[4];
-        load_a_fragment(fa, a + 16 * kk, ld);
-        for (int j = 0; j < 8; j++) {
-            uint32_t fb[2];
-            load_b_fragment_nk(fb, b + 8 * j * ld + 16 * kk, ld);
-            mma_m16n8k16(acc[j], fa, fb);
+        ldmatrix_a_fragment(fa, a + 16 * kk, ld);
+        for (int j = 0; j < 8; j += 2) {
+            uint32_t fb0[2], fb1[2];
+            ldmatrix_b_fragments_nk(fb0, fb1, b + 8 * j * ld + 16 * kk, ld);
+            mma_m16n8k16(acc[j], fa, fb0);
+            mma_m16n8k16(acc[j + 1], fa, fb1);
         }
     }
 }
@@ -109,10 +113,11 @@ __device__ void warp_product_pb(float acc[AttnTile<D>::frags][4], const float p[
     for (int kc = 0; kc < 4; kc++) {
         uint32_t fp[4];
         pack_c_as_a(fp, p[2 * kc], p[2 * kc + 1]);
-        for (int n = 0; n < AttnTile<D>::frags; n++) {
-            uint32_t fb[2];
-            load_b_fragment_kn(fb, b + 16 * kc * ld + 8 * n, ld);
-            mma_m16n8k16(acc[n], fp, fb);
+        for (int n = 0; n < AttnTile<D>::frags; n += 2) {
+            uint32_t fb0[2], fb1[2];
+            ldmatrix_b_fragments_kn(fb0, fb1, b + 16 * kc * ld + 8 * n, ld);
+            mma_m16n8k16(acc[n], fp, fb0);
+            mma_m16n8k16(acc[n + 1], fp, fb1);
         }
     }
 }
@@ -142,30 +147,45 @@ __device__ void store_rows_bf16(__nv_bfloat16* dst, long row_stride, long row0, 
         }
 }
 
-// One CTA per (query block blockIdx.x, head blockIdx.y, sequence blockIdx.z).
+// One CTA per (query block blockIdx.x, head blockIdx.y, sequence blockIdx.z). Shared memory: the
+// query tile and two buffers of (K, V) tiles: the copy of the next key tile runs while the warps
+// work on this one.
 template <int D>
 __global__ void __launch_bounds__(kAttnThreads)
     attention_forward_kernel(__nv_bfloat16* out, float* lse, const __nv_bfloat16* q, const __nv_bfloat16* k,
                              const __nv_bfloat16* v, const int* cu_seqlens, int H, int KV) {
+    constexpr int elems = AttnTile<D>::elems;
     DYNAMIC_SHARED(__nv_bfloat16, smem);
-    __nv_bfloat16 *q_tile = smem, *k_tile = q_tile + AttnTile<D>::elems, *v_tile = k_tile + AttnTile<D>::elems;
+    __nv_bfloat16* q_tile = smem;
+    __nv_bfloat16* kv_tiles = q_tile + elems;  // buffer b: K at kv_tiles + 2 b elems, V after it
     const long seq_begin = cu_seqlens[blockIdx.z], seq_len = cu_seqlens[blockIdx.z + 1] - seq_begin;
     const int head = blockIdx.y, kv_head = head / (H / KV), warp = threadIdx.x / 32;
     const long q0 = (long)blockIdx.x * kAttnTile;  // within the sequence
     if (q0 >= seq_len) return;
     const long ldq = (long)H * D, ldk = (long)KV * D;
     const long key_end = min(q0 + kAttnTile, seq_len);  // causal: no row of the block sees a later key
-    load_tile<D>(q_tile, q + seq_begin * ldq + head * D, ldq, q0, (int)(key_end - q0));
+    const int key_tiles = (int)((key_end + kAttnTile - 1) / kAttnTile);
+    const __nv_bfloat16 *k_src = k + seq_begin * ldk + kv_head * D, *v_src = v + seq_begin * ldk + kv_head * D;
+    auto load_key_tile = [&](int tile) {
+        const long k0 = (long)tile * kAttnTile;
+        __nv_bfloat16* buf = kv_tiles + 2 * (tile & 1) * elems;
+        load_tile_pair_async<D>(buf, k_src, buf + elems, v_src, ldk, k0, (int)min((long)kAttnTile, key_end - k0));
+    };
+    load_tile_async<D>(q_tile, q + seq_begin * ldq + head * D, ldq, q0, (int)(key_end - q0));
+    load_key_tile(0);
+    __pipeline_commit();
     const float scale = 1.0f / sqrtf((float)D);
     const long warp_row0 = q0 + 16 * warp;
     float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};  // rows g and g + 8; row_sum per lane
     float o[AttnTile<D>::frags][4];
     zero_fragments<AttnTile<D>::frags>(o);
-    for (long k0 = 0; k0 < key_end; k0 += kAttnTile) {
-        const int keys = (int)min((long)kAttnTile, key_end - k0);
-        load_tile_pair<D>(k_tile, k + seq_begin * ldk + kv_head * D, v_tile, v + seq_begin * ldk + kv_head * D, ldk, k0,
-                          keys);
-        __syncthreads();  // the tiles (and in the first round the query tile) are complete
+    for (int tile = 0; tile < key_tiles; tile++) {
+        if (tile + 1 < key_tiles) load_key_tile(tile + 1);
+        __pipeline_commit();
+        __pipeline_wait_prior(1);  // this tile's group (and in the first round the query tile's) has landed
+        __syncthreads();           // ... for every thread's copies
+        const long k0 = (long)tile * kAttnTile;
+        const __nv_bfloat16 *k_tile = kv_tiles + 2 * (tile & 1) * elems, *v_tile = k_tile + elems;
         float s[8][4];
         warp_product_abt<D>(s, q_tile + 16 * warp * AttnTile<D>::ld, k_tile);
         float tile_max[2] = {-INFINITY, -INFINITY};
@@ -191,7 +211,7 @@ __global__ void __launch_bounds__(kAttnThreads)
         for (int n = 0; n < AttnTile<D>::frags; n++)
             for (int i = 0; i < 4; i++) o[n][i] *= correction[i >> 1];
         warp_product_pb<D>(o, s, v_tile);
-        __syncthreads();  // every warp is done with the tiles before the next round overwrites them
+        __syncthreads();  // every warp is done with this buffer before the next round's copy refills it
     }
     float inv[2];
     for (int r = 0; r < 2; r++) {
@@ -230,23 +250,34 @@ __device__ void probabilities_and_dscores(float s[8][4], float dp[8][4], float s
         }
 }
 
-// dq: one CTA per (query block blockIdx.x, head blockIdx.y, sequence blockIdx.z).
+// dq: one CTA per (query block blockIdx.x, head blockIdx.y, sequence blockIdx.z). Shared memory:
+// the query and dO tiles and two buffers of (K, V) tiles, as in the forward.
 template <int D>
 __global__ void __launch_bounds__(kAttnThreads)
     attention_backward_dq_kernel(__nv_bfloat16* dq, const __nv_bfloat16* dout, const float* lse, const float* delta,
                                  const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v,
                                  const int* cu_seqlens, int H, int KV) {
+    constexpr int elems = AttnTile<D>::elems;
     DYNAMIC_SHARED(__nv_bfloat16, smem);
-    __nv_bfloat16 *q_tile = smem, *do_tile = q_tile + AttnTile<D>::elems, *k_tile = do_tile + AttnTile<D>::elems,
-                  *v_tile = k_tile + AttnTile<D>::elems;
+    __nv_bfloat16 *q_tile = smem, *do_tile = q_tile + elems;
+    __nv_bfloat16* kv_tiles = do_tile + elems;  // buffer b: K at kv_tiles + 2 b elems, V after it
     const long seq_begin = cu_seqlens[blockIdx.z], seq_len = cu_seqlens[blockIdx.z + 1] - seq_begin;
     const int head = blockIdx.y, kv_head = head / (H / KV), warp = threadIdx.x / 32;
     const long q0 = (long)blockIdx.x * kAttnTile;
     if (q0 >= seq_len) return;
     const long ldq = (long)H * D, ldk = (long)KV * D;
     const long key_end = min(q0 + kAttnTile, seq_len);
-    load_tile_pair<D>(q_tile, q + seq_begin * ldq + head * D, do_tile, dout + seq_begin * ldq + head * D, ldq, q0,
-                      (int)(key_end - q0));
+    const int key_tiles = (int)((key_end + kAttnTile - 1) / kAttnTile);
+    const __nv_bfloat16 *k_src = k + seq_begin * ldk + kv_head * D, *v_src = v + seq_begin * ldk + kv_head * D;
+    auto load_key_tile = [&](int tile) {
+        const long k0 = (long)tile * kAttnTile;
+        __nv_bfloat16* buf = kv_tiles + 2 * (tile & 1) * elems;
+        load_tile_pair_async<D>(buf, k_src, buf + elems, v_src, ldk, k0, (int)min((long)kAttnTile, key_end - k0));
+    };
+    load_tile_pair_async<D>(q_tile, q + seq_begin * ldq + head * D, do_tile, dout + seq_begin * ldq + head * D, ldq, q0,
+                            (int)(key_end - q0));
+    load_key_tile(0);
+    __pipeline_commit();
     const float scale = 1.0f / sqrtf((float)D);
     const long warp_row0 = q0 + 16 * warp;
     float row_lse[2], row_delta[2];  // rows g and g + 8 of the warp; rows past the sequence see no key
@@ -257,11 +288,13 @@ __global__ void __launch_bounds__(kAttnThreads)
     }
     float acc[AttnTile<D>::frags][4];
     zero_fragments<AttnTile<D>::frags>(acc);
-    for (long k0 = 0; k0 < key_end; k0 += kAttnTile) {
-        const int keys = (int)min((long)kAttnTile, key_end - k0);
-        load_tile_pair<D>(k_tile, k + seq_begin * ldk + kv_head * D, v_tile, v + seq_begin * ldk + kv_head * D, ldk, k0,
-                          keys);
-        __syncthreads();  // the tiles (and in the first round the query and dO tiles) are complete
+    for (int tile = 0; tile < key_tiles; tile++) {
+        if (tile + 1 < key_tiles) load_key_tile(tile + 1);
+        __pipeline_commit();
+        __pipeline_wait_prior(1);  // this tile's group (and in the first round the query and dO tiles') has landed
+        __syncthreads();           // ... for every thread's copies
+        const long k0 = (long)tile * kAttnTile;
+        const __nv_bfloat16 *k_tile = kv_tiles + 2 * (tile & 1) * elems, *v_tile = k_tile + elems;
         float s[8][4], dp[8][4];
         warp_product_abt<D>(s, q_tile + 16 * warp * AttnTile<D>::ld, k_tile);
         warp_product_abt<D>(dp, do_tile + 16 * warp * AttnTile<D>::ld, v_tile);
@@ -273,55 +306,76 @@ __global__ void __launch_bounds__(kAttnThreads)
             },
             [&](int row, int) { return row_lse[row >> 3]; }, [&](int row, int) { return row_delta[row >> 3]; });
         warp_product_pb<D>(acc, dp, k_tile);
-        __syncthreads();  // every warp is done with the tiles before the next round overwrites them
+        __syncthreads();  // every warp is done with this buffer before the next round's copy refills it
     }
     store_rows_bf16<D>(dq + seq_begin * ldq + head * D, ldq, warp_row0, seq_len, acc, 1.0f, 1.0f);
 }
 
-// dk, dv: one CTA per (key block blockIdx.x, kv head blockIdx.y, sequence blockIdx.z).
+// dk, dv: one CTA per (key block blockIdx.x, kv head blockIdx.y, sequence blockIdx.z); it walks the
+// (query head of the group, query tile at or after the block) pairs, head-major. Shared memory: the
+// key and value tiles, then two buffers of (Q, dO tiles, lse and delta of the query tile).
 template <int D>
 __global__ void __launch_bounds__(kAttnThreads)
     attention_backward_dkv_kernel(__nv_bfloat16* dk, __nv_bfloat16* dv, const __nv_bfloat16* dout, const float* lse,
                                   const float* delta, const __nv_bfloat16* q, const __nv_bfloat16* k,
                                   const __nv_bfloat16* v, const int* cu_seqlens, int H, int KV) {
+    constexpr int elems = AttnTile<D>::elems;
     DYNAMIC_SHARED(__nv_bfloat16, smem);
-    __nv_bfloat16 *k_tile = smem, *v_tile = k_tile + AttnTile<D>::elems, *q_tile = v_tile + AttnTile<D>::elems,
-                  *do_tile = q_tile + AttnTile<D>::elems;
-    float* lse_tile = reinterpret_cast<float*>(do_tile + AttnTile<D>::elems);  // [kAttnTile] of the query tile
-    float* delta_tile = lse_tile + kAttnTile;
+    __nv_bfloat16 *k_tile = smem, *v_tile = k_tile + elems;
+    __nv_bfloat16* qdo_tiles = v_tile + elems;  // buffer b: Q at qdo_tiles + 2 b elems, dO after it
+    float* stat_tiles = reinterpret_cast<float*>(qdo_tiles + 4 * elems);  // buffer b: lse at 2 b kAttnTile, delta after
     const long seq_begin = cu_seqlens[blockIdx.z], seq_len = cu_seqlens[blockIdx.z + 1] - seq_begin;
     const int kv_head = blockIdx.y, group = H / KV, warp = threadIdx.x / 32;
     const long k0 = (long)blockIdx.x * kAttnTile;
     if (k0 >= seq_len) return;
     const long ldq = (long)H * D, ldk = (long)KV * D;
     const int keys = (int)min((long)kAttnTile, seq_len - k0);
-    load_tile_pair<D>(k_tile, k + seq_begin * ldk + kv_head * D, v_tile, v + seq_begin * ldk + kv_head * D, ldk, k0,
-                      keys);
+    const int query_tiles = (int)((seq_len - k0 + kAttnTile - 1) / kAttnTile);  // causal: earlier queries do not see the block
+    auto load_query_tile = [&](int step) {
+        const int head = kv_head * group + step / query_tiles;
+        const long q0 = k0 + (long)(step % query_tiles) * kAttnTile;
+        const int queries = (int)min((long)kAttnTile, seq_len - q0);
+        __nv_bfloat16* buf = qdo_tiles + 2 * (step & 1) * elems;
+        load_tile_pair_async<D>(buf, q + seq_begin * ldq + head * D, buf + elems, dout + seq_begin * ldq + head * D, ldq,
+                                q0, queries);
+        float* stats = stat_tiles + 2 * (step & 1) * kAttnTile;
+        for (int r = threadIdx.x; r < kAttnTile; r += blockDim.x)
+            if (r < queries) {
+                __pipeline_memcpy_async(stats + r, lse + (seq_begin + q0 + r) * H + head, sizeof(float));
+                __pipeline_memcpy_async(stats + kAttnTile + r, delta + (seq_begin + q0 + r) * H + head, sizeof(float));
+            } else {
+                stats[r] = stats[kAttnTile + r] = 0.0f;
+            }
+    };
+    load_tile_pair_async<D>(k_tile, k + seq_begin * ldk + kv_head * D, v_tile, v + seq_begin * ldk + kv_head * D, ldk,
+                            k0, keys);
+    load_query_tile(0);
+    __pipeline_commit();
     const float scale = 1.0f / sqrtf((float)D);
     const long warp_key0 = k0 + 16 * warp;
     float dk_acc[AttnTile<D>::frags][4], dv_acc[AttnTile<D>::frags][4];
     zero_fragments<AttnTile<D>::frags>(dk_acc);
     zero_fragments<AttnTile<D>::frags>(dv_acc);
-    for (int head = kv_head * group; head < (kv_head + 1) * group; head++)
-        for (long q0 = k0; q0 < seq_len; q0 += kAttnTile) {  // causal: earlier queries do not see the block
-            const int queries = (int)min((long)kAttnTile, seq_len - q0);
-            load_tile_pair<D>(q_tile, q + seq_begin * ldq + head * D, do_tile, dout + seq_begin * ldq + head * D, ldq,
-                              q0, queries);
-            for (int r = threadIdx.x; r < kAttnTile; r += blockDim.x) {
-                lse_tile[r] = r < queries ? lse[(seq_begin + q0 + r) * H + head] : 0.0f;
-                delta_tile[r] = r < queries ? delta[(seq_begin + q0 + r) * H + head] : 0.0f;
-            }
-            __syncthreads();            // the tiles (and in the first round the key and value tiles) are complete
-            float st[8][4], dpt[8][4];  // keys x queries: S^T = K Q^T, dP^T = V dO^T
-            warp_product_abt<D>(st, k_tile + 16 * warp * AttnTile<D>::ld, q_tile);
-            warp_product_abt<D>(dpt, v_tile + 16 * warp * AttnTile<D>::ld, do_tile);
-            probabilities_and_dscores(
-                st, dpt, scale, [&](int row, int col) { return col < queries && warp_key0 + row <= q0 + col; },
-                [&](int, int col) { return lse_tile[col]; }, [&](int, int col) { return delta_tile[col]; });
-            warp_product_pb<D>(dv_acc, st, do_tile);
-            warp_product_pb<D>(dk_acc, dpt, q_tile);
-            __syncthreads();  // every warp is done with the tiles before the next round overwrites them
-        }
+    const int steps = group * query_tiles;
+    for (int step = 0; step < steps; step++) {
+        if (step + 1 < steps) load_query_tile(step + 1);
+        __pipeline_commit();
+        __pipeline_wait_prior(1);  // this step's group (and in the first round the key and value tiles') has landed
+        __syncthreads();           // ... for every thread's copies
+        const long q0 = k0 + (long)(step % query_tiles) * kAttnTile;
+        const int queries = (int)min((long)kAttnTile, seq_len - q0);
+        const __nv_bfloat16 *q_tile = qdo_tiles + 2 * (step & 1) * elems, *do_tile = q_tile + elems;
+        const float *lse_tile = stat_tiles + 2 * (step & 1) * kAttnTile, *delta_tile = lse_tile + kAttnTile;
+        float st[8][4], dpt[8][4];  // keys x queries: S^T = K Q^T, dP^T = V dO^T
+        warp_product_abt<D>(st, k_tile + 16 * warp * AttnTile<D>::ld, q_tile);
+        warp_product_abt<D>(dpt, v_tile + 16 * warp * AttnTile<D>::ld, do_tile);
+        probabilities_and_dscores(
+            st, dpt, scale, [&](int row, int col) { return col < queries && warp_key0 + row <= q0 + col; },
+            [&](int, int col) { return lse_tile[col]; }, [&](int, int col) { return delta_tile[col]; });
+        warp_product_pb<D>(dv_acc, st, do_tile);
+        warp_product_pb<D>(dk_acc, dpt, q_tile);
+        __syncthreads();  // every warp is done with this buffer before the next round's copy refills it
+    }
     store_rows_bf16<D>(dk + seq_begin * ldk + kv_head * D, ldk, warp_key0, seq_len, dk_acc, 1.0f, 1.0f);
     store_rows_bf16<D>(dv + seq_begin * ldk + kv_head * D, ldk, warp_key0, seq_len, dv_acc, 1.0f, 1.0f);
 }
@@ -375,7 +429,7 @@ template <int D>
 void attention_forward_d(__nv_bfloat16* out, float* lse, const __nv_bfloat16* q, const __nv_bfloat16* k,
                          const __nv_bfloat16* v, const int* cu_seqlens, const PackedAttentionShape& s,
                          cudaStream_t stream) {
-    const size_t smem = attention_smem<D>(attention_forward_kernel<D>, 3, 0);
+    const size_t smem = attention_smem<D>(attention_forward_kernel<D>, 5, 0);
     LAUNCH_KERNEL(attention_forward_kernel<D>, attention_grid(s, s.H), kAttnThreads, smem, stream, out, lse, q, k, v,
                   cu_seqlens, s.H, s.KV);
 }
@@ -387,10 +441,10 @@ void attention_backward_d(__nv_bfloat16* dq, __nv_bfloat16* dk, __nv_bfloat16* d
                           const PackedAttentionShape& s, cudaStream_t stream) {
     const long rows = s.T * s.H;
     LAUNCH_KERNEL(attention_delta_kernel<D>, (unsigned)((rows + 255) / 256), 256, 0, stream, delta, dout, out, rows);
-    const size_t dq_smem = attention_smem<D>(attention_backward_dq_kernel<D>, 4, 0);
+    const size_t dq_smem = attention_smem<D>(attention_backward_dq_kernel<D>, 6, 0);
     LAUNCH_KERNEL(attention_backward_dq_kernel<D>, attention_grid(s, s.H), kAttnThreads, dq_smem, stream, dq, dout, lse,
                   delta, q, k, v, cu_seqlens, s.H, s.KV);
-    const size_t dkv_smem = attention_smem<D>(attention_backward_dkv_kernel<D>, 4, 2 * kAttnTile * sizeof(float));
+    const size_t dkv_smem = attention_smem<D>(attention_backward_dkv_kernel<D>, 6, 4 * kAttnTile * sizeof(float));
     LAUNCH_KERNEL(attention_backward_dkv_kernel<D>, attention_grid(s, s.KV), kAttnThreads, dkv_smem, stream, dk, dv,
                   dout, lse, delta, q, k, v, cu_seqlens, s.H, s.KV);
 }

@@ -137,6 +137,63 @@ __device__ __forceinline__ void pack_c_as_a(uint32_t a[4], const float left[4], 
     a[3] = pack_floats_bf16(right[2], right[3]);
 }
 
+// ---------------------------------------------------------------------------------------------
+// ldmatrix: fragments straight from shared memory, four 8x8 BF16 matrices per instruction
+// (ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16, SASS LDSM; PTX ISA "Warp-level matrix load
+// instruction: ldmatrix"). Lane 8i + r gives the address of row r of matrix i (16 bytes, 16-byte
+// aligned, in shared memory); register i of lane l receives row l / 4, elements 2 (l % 4) and
+// 2 (l % 4) + 1 of matrix i, low half first; .trans delivers the transposed matrix instead. All 32
+// lanes must execute it (.sync.aligned). The emulation (emu::ldmatrix) follows the same rules and
+// refuses a misaligned or non-shared row address or lanes that disagree. The fragments equal
+// load_a_fragment's and load_b_fragment_*'s above (test/gpu/test_mma.cu checks it).
+template <bool Trans>
+__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const __nv_bfloat16* row_address) {
+#ifdef FP8RL_EMU
+    ::emu::ldmatrix(r, 4, Trans, row_address);
+#else
+    const unsigned addr = (unsigned)__cvta_generic_to_shared(row_address);
+    if constexpr (Trans)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(addr));
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(addr));
+#endif
+}
+
+// load_a_fragment's A fragment of the 16x16 tile A[m][k] = tile[m * ld + k] in one ldmatrix: the
+// matrices are (rows 0-7, cols 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15). tile and ld * 2 bytes
+// multiples of 16 bytes, tile in shared memory.
+__device__ __forceinline__ void ldmatrix_a_fragment(uint32_t a[4], const __nv_bfloat16* tile, int ld) {
+    const int i = lane_id() / 8, r = lane_id() % 8;
+    ldmatrix_x4<false>(a, tile + (r + 8 * (i & 1)) * ld + 8 * (i >> 1));
+}
+
+// load_b_fragment_nk's B fragments of two adjacent 16x8 tiles, B[k][n] = tile[n * ld + k] for n in
+// 0..7 (b0) and 8..15 (b1), in one ldmatrix: the matrices are (n 0-7, k 0-7), (n 0-7, k 8-15),
+// (n 8-15, k 0-7), (n 8-15, k 8-15). Same alignment as ldmatrix_a_fragment.
+__device__ __forceinline__ void ldmatrix_b_fragments_nk(uint32_t b0[2], uint32_t b1[2], const __nv_bfloat16* tile,
+                                                        int ld) {
+    const int i = lane_id() / 8, r = lane_id() % 8;
+    uint32_t m[4];
+    ldmatrix_x4<false>(m, tile + (r + 8 * (i >> 1)) * ld + 8 * (i & 1));
+    b0[0] = m[0], b0[1] = m[1], b1[0] = m[2], b1[1] = m[3];
+}
+
+// load_b_fragment_kn's B fragments of two adjacent 16x8 tiles, B[k][n] = tile[k * ld + n] for n in
+// 0..7 (b0) and 8..15 (b1), in one transposing ldmatrix: the matrices are (k 0-7, n 0-7),
+// (k 8-15, n 0-7), (k 0-7, n 8-15), (k 8-15, n 8-15). Same alignment as ldmatrix_a_fragment.
+__device__ __forceinline__ void ldmatrix_b_fragments_kn(uint32_t b0[2], uint32_t b1[2], const __nv_bfloat16* tile,
+                                                        int ld) {
+    const int i = lane_id() / 8, r = lane_id() % 8;
+    uint32_t m[4];
+    ldmatrix_x4<true>(m, tile + (r + 8 * (i & 1)) * ld + 8 * (i >> 1));
+    b0[0] = m[0], b0[1] = m[1], b1[0] = m[2], b1[1] = m[3];
+}
+// ---------------------------------------------------------------------------------------------
+
 // Row and column of element i (0..3) of the calling lane's C fragment.
 __device__ __forceinline__ int c_fragment_row(int i) { return lane_id() / 4 + 8 * (i >> 1); }
 __device__ __forceinline__ int c_fragment_col(int i) { return 2 * (lane_id() % 4) + (i & 1); }

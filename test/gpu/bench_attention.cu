@@ -2,14 +2,17 @@
 // a baseline of the same math on cuBLASLt: per head, S = Q K^T as a BF16 GEMM with FP32 output, a
 // causal softmax kernel writing P in BF16, O = P V as a BF16 GEMM; its backward recomputes S and P,
 // then dV += P^T dO, dP = dO V^T, dS = P (dP - rowsum(P dP)) / sqrt(D), dQ = dS K, dK += dS^T Q.
-// Shapes: one sequence of 4k, 8k and 16k tokens, Qwen3-0.6B/1.7B's 16 query heads and 8 kv heads of
+// Shapes: one sequence of 512 to 16k tokens, Qwen3-0.6B/1.7B's 16 query heads and 8 kv heads of
 // head dim 128 (--tiny: 128 tokens, 2 / 1 heads). TFLOP/s count the causal half only (forward 2
 // products, backward 5, FA2's convention) for both, though the GEMM baseline computes every score.
 // Both get the same random inputs; their outputs must agree within a relative Frobenius distance of
 // 2e-2 (each rounds P to BF16 once, ~4e-3 per element: 5x margin; a wrong index is off by ~1).
+// Forward rows print FlashAttention-2's and -3's published H100 rates at the lengths they were
+// measured at (/work/shared/docs/perf-anchors.md: d 128, causal forward, 512 to 4k tokens).
 #include <cfloat>
 #include <cmath>
 #include <cstdio>
+#include <string>
 #include <vector>
 
 #include "cuda/kernels/attention.cuh"
@@ -127,6 +130,24 @@ void to_head_major(const DeviceBuffer<bf16>& x, DeviceBuffer<bf16>& y, int N, in
     LAUNCH_KERNEL(to_head_major_kernel, 1024, 256, 0, 0, x.ptr, y.ptr, (long)N, heads, D);
 }
 
+// FlashAttention-2 and -3 forward TFLOP/s on an H100 (d 128, causal) at T tokens; 0 where not published.
+struct FlashAnchor {
+    int T;
+    double fa2, fa3;
+};
+constexpr FlashAnchor kFlashAnchors[] = {{512, 191, 292}, {1024, 260, 423}, {2048, 298, 521}, {4096, 319, 579}};
+
+// "191" or "-" for the anchor `which` (FA2 or FA3) of the forward at T tokens.
+std::string anchor_text(int T, bool forward, double FlashAnchor::*which) {
+    for (const FlashAnchor& a : kFlashAnchors)
+        if (forward && a.T == T) {
+            char text[16];
+            snprintf(text, sizeof text, "%.0f", a.*which);
+            return text;
+        }
+    return "-";
+}
+
 // One problem: times and agreement of both passes; returns false when an output disagrees.
 bool bench_problem(GemmRunner& gemm, const Problem& P) {
     const PackedAttentionShape shape{P.N, P.H, P.KV, P.D, 1, P.N};
@@ -166,8 +187,10 @@ bool bench_problem(GemmRunner& gemm, const Problem& P) {
                 {"backward", ours_bwd, base_bwd, 10.0 * P.D * pairs, d_grad, predicted_ms(true)}};
     bool ok = true;
     for (const Row& r : rows) {
-        printf("| %d | %d / %d | %s | %.3f (%.3f) | %.0f (%.0f) | %.3f | %.0f | %.2f | %.2e |\n", P.N, P.H, P.KV, r.pass, r.ours,
-               r.predicted, tflops(r.flop, r.ours), tflops(r.flop, r.predicted), r.base,
+        const bool fwd = r.flop == rows[0].flop;
+        printf("| %d | %d / %d | %s | %.3f (%.3f) | %.0f (%.0f) | %s | %s | %.3f | %.0f | %.2f | %.2e |\n", P.N, P.H, P.KV,
+               r.pass, r.ours, r.predicted, tflops(r.flop, r.ours), tflops(r.flop, r.predicted),
+               anchor_text(P.N, fwd, &FlashAnchor::fa2).c_str(), anchor_text(P.N, fwd, &FlashAnchor::fa3).c_str(), r.base,
                tflops(r.flop, r.base), r.base / r.ours, r.dist);
         if (!(r.dist <= kTolerance)) {
             printf("| %d | | %s | ERROR: ours and the baseline differ by %.2e > %.0e |\n", P.N, r.pass, r.dist, kTolerance);
@@ -192,9 +215,11 @@ int main(int argc, char** argv) {
            "pairs) / median time; speedup = baseline time / ours; diff = relative distance of the outputs (forward: O; "
            "backward: the worst of dQ, dK, dV); in parentheses cuda/perf/kernel_perf_model.h's prediction for this GPU "
            "(what the kernels' SASS issues at the SM's rates, or their bytes at the datasheet bandwidth)\n\n");
-    printf("| T | heads q / kv | pass | ours ms | ours TF/s | cuBLASLt+softmax ms | baseline TF/s | speedup | diff |\n");
-    printf("|---|---|---|---|---|---|---|---|---|\n");
-    std::vector<Problem> problems = {{4096, 16, 8, 128}, {8192, 16, 8, 128}, {16384, 16, 8, 128}};
+    printf("| T | heads q / kv | pass | ours ms | ours TF/s | FA2 TF/s | FA3 TF/s | cuBLASLt+softmax ms | baseline TF/s | "
+           "speedup | diff |\n");
+    printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
+    std::vector<Problem> problems = {{512, 16, 8, 128},  {1024, 16, 8, 128}, {2048, 16, 8, 128},
+                                     {4096, 16, 8, 128}, {8192, 16, 8, 128}, {16384, 16, 8, 128}};
     if (tiny) problems = {{128, 2, 1, 128}};
     GemmRunner gemm;
     int failures = 0;

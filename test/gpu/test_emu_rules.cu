@@ -444,6 +444,52 @@ TEST(emu_rule_async_copies_land_at_the_wait_and_keep_the_header_rules) {
     }
 }
 
+#ifdef FP8RL_EMU
+// ldmatrix (PTX ISA): .sync.aligned, all 32 lanes of the warp with the same .num and .trans, each
+// row address 16-byte aligned in shared memory. mode 0: right; 1: rows 8 bytes off; 2: rows in
+// global memory; 3: half the lanes .trans; 4: lane 31 leaves first. (On a GPU these are undefined
+// behaviour, so the test is the emulation's.)
+__global__ void ldmatrix_rule_kernel(uint32_t* out, const __nv_bfloat16* in, int mode) {
+    DYNAMIC_SHARED(__nv_bfloat16, tile);  // 8 rows of 8, twice
+    for (int i = threadIdx.x; i < 128; i += blockDim.x) tile[i] = in[i];
+    __syncthreads();
+    if (mode == 4 && threadIdx.x == 31) return;
+    const __nv_bfloat16* base = mode == 1 ? tile + 4 : mode == 2 ? in : tile;
+    uint32_t r[4];
+    if (mode == 3 && threadIdx.x < 16)
+        ldmatrix_x4<true>(r, base + 8 * (threadIdx.x % 16));
+    else
+        ldmatrix_x4<false>(r, base + 8 * (threadIdx.x % 16));
+    for (int i = 0; i < 4; i++) out[threadIdx.x * 4 + i] = r[i];
+}
+
+TEST(emu_rule_ldmatrix_is_warp_wide_aligned_and_shared) {
+    std::vector<__nv_bfloat16> values(128);
+    for (int i = 0; i < 128; i++) values[i] = __float2bfloat16((float)i);
+    DeviceBuffer<__nv_bfloat16> in(values);
+    DeviceBuffer<uint32_t> out(128);
+    LAUNCH_KERNEL(ldmatrix_rule_kernel, 1, 32, 128 * sizeof(__nv_bfloat16), 0, out.ptr, (const __nv_bfloat16*)in.ptr, 0);
+    const std::vector<uint32_t> got = out.download();
+    // lane 5, register 2: matrix 2 (rows of lanes 16-23, elements 0-63 again), row 1, elements 2 and 3
+    CHECK_EQ(got[5 * 4 + 2], (uint32_t)bf16_bits(values[8 + 2]) | (uint32_t)bf16_bits(values[8 + 3]) << 16);
+    const char* rules[] = {"", "is not 16-byte aligned", "outside the block's shared memory",
+                           "every lane runs the same instruction", "wait at ldmatrix, but lane 31 is exited"};
+    for (int mode = 1; mode <= 4; mode++) {
+        std::string err;
+        try {
+            LAUNCH_KERNEL(ldmatrix_rule_kernel, 1, 32, 128 * sizeof(__nv_bfloat16), 0, out.ptr,
+                          (const __nv_bfloat16*)in.ptr, mode);
+            CUDA_CHECK(cudaDeviceSynchronize());
+        } catch (const Error& e) {
+            err = e.what();
+        }
+        CHECK_MSG(err.find(rules[mode]) != std::string::npos, "mode %d: %s", mode, err.c_str());
+        printf("    mode %d: %s\n", mode, err.c_str());
+        cudaDeviceReset();
+    }
+}
+#endif
+
 TEST(emu_rule_copy_host_side_is_not_device_memory) {
     DeviceBuffer<int> a(16), b(16);
     CHECK_EQ(cudaMemcpy(a.ptr, b.ptr, 16 * sizeof(int), cudaMemcpyHostToDevice), cudaErrorInvalidValue);

@@ -3,7 +3,8 @@
 // accumulation: the results must be equal, and a wrong fragment layout (a swapped row, a register
 // in the wrong half) shows at once as a mismatch. Two warps run different operands, so a warp
 // reading the other's fragments fails too. On a GPU this checks the PTX layouts themselves; in
-// emulation it checks the emulated twin against the same definition.
+// emulation it checks the emulated twin against the same definition. The ldmatrix loads are checked
+// register by register against the plain loads, whose layout the products check.
 #include <vector>
 
 #include "cuda/kernels/mma.cuh"
@@ -137,5 +138,56 @@ TEST(mma_chained_through_pack_c_as_a_matches_matmul) {
                 CHECK_MSG(false, "warp %d D[%d][%d] = %g, expected %g", w, i / 8, i % 8, got[w * 128 + i], want[i]);
     }
     printf("  chained mma: %d / %d mismatches\n", mismatches, kWarps * 128);
+    CHECK_EQ(mismatches, 0);
+}
+
+namespace {
+
+// A padded shared tile as the attention kernels keep theirs: 16 rows of 16 BF16, row stride 24.
+constexpr int kLdsmLd = 24, kLdsmTile = 16 * kLdsmLd;
+
+// Per warp w, tile w of `in` staged in shared memory; out[w][lane][0..11] = the A, B-by-columns and
+// B-by-rows fragments (two 16x8 B tiles each) through ldmatrix, out[w][lane][12..23] the same
+// through the plain loads.
+__global__ void ldmatrix_kernel(uint32_t* out, const __nv_bfloat16* in) {
+    DYNAMIC_SHARED(__nv_bfloat16, tiles);
+    for (int i = threadIdx.x; i < kWarps * kLdsmTile; i += blockDim.x) tiles[i] = in[i];
+    __syncthreads();
+    const int w = threadIdx.x / 32;
+    const __nv_bfloat16* tile = tiles + w * kLdsmTile;
+    uint32_t* o = out + (w * 32 + lane_id()) * 24;
+    ldmatrix_a_fragment(o, tile, kLdsmLd);
+    ldmatrix_b_fragments_nk(o + 4, o + 6, tile, kLdsmLd);
+    ldmatrix_b_fragments_kn(o + 8, o + 10, tile, kLdsmLd);
+    load_a_fragment(o + 12, tile, kLdsmLd);
+    load_b_fragment_nk(o + 16, tile, kLdsmLd);
+    load_b_fragment_nk(o + 18, tile + 8 * kLdsmLd, kLdsmLd);
+    load_b_fragment_kn(o + 20, tile, kLdsmLd);
+    load_b_fragment_kn(o + 22, tile + 8, kLdsmLd);
+}
+
+}  // namespace
+
+// Every element distinct (its own BF16 bit pattern), so any misplaced row, column or half shows.
+TEST(ldmatrix_fragments_equal_the_plain_fragment_loads) {
+    REQUIRE_GPU_FOR_MMA();
+    std::vector<__nv_bfloat16> in(kWarps * kLdsmTile);
+    for (size_t i = 0; i < in.size(); i++) {
+        __nv_bfloat16_raw raw;
+        raw.x = (unsigned short)(0x3F80 + i);
+        in[i] = raw;
+    }
+    DeviceBuffer<__nv_bfloat16> d_in(in);
+    DeviceBuffer<uint32_t> d_out(kWarps * 32 * 24);
+    d_out.poison();
+    LAUNCH_KERNEL(ldmatrix_kernel, 1, 32 * kWarps, kWarps * kLdsmTile * sizeof(__nv_bfloat16), 0, d_out.ptr, d_in.ptr);
+    const std::vector<uint32_t> got = d_out.download();
+    int mismatches = 0;
+    for (int t = 0; t < kWarps * 32; t++)
+        for (int r = 0; r < 12; r++)
+            if (got[t * 24 + r] != got[t * 24 + 12 + r] && mismatches++ < 5)
+                CHECK_MSG(false, "warp %d lane %d register %d: ldmatrix 0x%08x, plain load 0x%08x", t / 32, t % 32, r,
+                          got[t * 24 + r], got[t * 24 + 12 + r]);
+    printf("  ldmatrix: %d / %d registers differ from the plain loads\n", mismatches, kWarps * 32 * 12);
     CHECK_EQ(mismatches, 0);
 }
