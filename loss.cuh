@@ -124,6 +124,7 @@ class DeviceScratch {
         if (count > array_.size()) array_.resize(count, "LM head scratch");
         return array_.get();
     }
+    void release() { array_.release(); }
 
   private:
     DeviceArray<T> array_;
@@ -198,6 +199,13 @@ class LogprobHeadGpu {
             if (ld != n)
                 CUDA_CHECK(cudaMemcpyAsync(dW + (size_t)v0 * C, dw, dw_bytes, cudaMemcpyDeviceToDevice, stream));
         }
+    }
+
+    // Frees the scratch (the rollout phase: GpuEngine::enter_phase); the next pass allocates it again.
+    void release() {
+        for (DeviceScratch<float>* a : {&logits_, &dw_pad_, &run_max_, &z_target_}) a->release();
+        for (DeviceScratch<double>* a : {&run_sum_, &run_sz_}) a->release();
+        for (DeviceScratch<__nv_bfloat16>* a : {&w_pad_, &x_pad_, &dlogits_}) a->release();
     }
 
   private:

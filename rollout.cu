@@ -90,6 +90,13 @@ struct RolloutSizes {
     size_t control = 0;  // bytes of the decode control block (cuda/rollout/decode_slots.cuh), and as much pinned host memory
 };
 
+// The pages a generation needs at least: its longest request's (the last token of a completion is
+// never fed: a sequence holds prompt + max_new_tokens - 1 positions), plus its prompt's unwritten
+// partial page.
+inline int kv_pages_needed(long longest_prompt, int max_new_tokens, int page_tokens) {
+    return (int)((longest_prompt + max_new_tokens - 1 + page_tokens - 1) / page_tokens) + 1;
+}
+
 inline RolloutSizes rollout_sizes(const ModelConfig& c, const EngineOptions& o, long requests, long longest_prompt,
                                   int max_new_tokens, Precision kv_cache) {
     RolloutSizes z;
@@ -113,18 +120,49 @@ inline RolloutSizes rollout_sizes(const ModelConfig& c, const EngineOptions& o, 
     return z;
 }
 
+// The rollout phase's device memory for the plan (cuda/engine/memory_plan.h): the decode buffers, the
+// KV page pool asked for (every slot at full length, or --kv_cache_mb) and the least a generation
+// runs in (the longest request's pages: rollout() refuses less), and the size of a page.
+struct RolloutMemory {
+    size_t buffers = 0, pool = 0, pool_min = 0, page = 0;
+};
+
+inline RolloutMemory rollout_memory(const ModelConfig& c, const EngineOptions& o, long requests, long longest_prompt,
+                                    int max_new_tokens, Precision kv_cache) {
+    const RolloutSizes z = rollout_sizes(c, o, requests, longest_prompt, max_new_tokens, kv_cache);
+    RolloutMemory m;
+    m.page = z.page_bytes;
+    m.pool = PagedKvCache::bytes(z.shape, kv_cache);
+    m.pool_min = kv_pages_needed(longest_prompt, max_new_tokens, z.shape.page_tokens) * z.page_bytes;
+    m.buffers =
+        PagedKvCache::decode_workspace_bytes(z.shape, (int)z.rows, (int)c.num_heads, (int)(longest_prompt + max_new_tokens)) +
+        (z.act + z.padded_head) * sizeof(bf16) + (z.act_f32 + z.logits + z.sample_scratch) * sizeof(float) +
+        // the control block (slots and page tables), the kept tokens' page table, the step's row inputs
+        z.control + z.table * sizeof(int32_t) + (size_t)z.rows * 5 * sizeof(int32_t) +
+        (size_t)z.slots * (sizeof(int32_t) + 3 * sizeof(uint32_t) + sizeof(SampledToken)) +
+        // the prompts' last hidden states (at most one per request), a prefill's cache rows, the KV amax, the eos ids
+        (size_t)requests * c.hidden_size * sizeof(bf16) + (size_t)z.slots * longest_prompt * sizeof(int32_t) +
+        2 * (size_t)c.num_layers * sizeof(float) + c.eos_token_ids.size() * sizeof(int32_t);
+    return m;
+}
+
 inline size_t rollout_device_bytes(const ModelConfig& c, const EngineOptions& o, long requests, long longest_prompt,
                                    int max_new_tokens, Precision kv_cache) {
-    const RolloutSizes z = rollout_sizes(c, o, requests, longest_prompt, max_new_tokens, kv_cache);
-    return PagedKvCache::bytes(z.shape, kv_cache) +
-           PagedKvCache::decode_workspace_bytes(z.shape, (int)z.rows, (int)c.num_heads, (int)(longest_prompt + max_new_tokens)) +
-           (z.act + z.padded_head) * sizeof(bf16) + (z.act_f32 + z.logits + z.sample_scratch) * sizeof(float) +
-           // the control block (slots and page tables), the kept tokens' page table, the step's row inputs
-           z.control + z.table * sizeof(int32_t) + (size_t)z.rows * 5 * sizeof(int32_t) +
-           (size_t)z.slots * (sizeof(int32_t) + 3 * sizeof(uint32_t) + sizeof(SampledToken)) +
-           // the prompts' last hidden states (at most one per request), a prefill's cache rows, the KV amax, the eos ids
-           (size_t)requests * c.hidden_size * sizeof(bf16) + (size_t)z.slots * longest_prompt * sizeof(int32_t) +
-           2 * (size_t)c.num_layers * sizeof(float) + c.eos_token_ids.size() * sizeof(int32_t);
+    const RolloutMemory m = rollout_memory(c, o, requests, longest_prompt, max_new_tokens, kv_cache);
+    return m.buffers + m.pool;
+}
+
+// The plan's rollout phase (GpuEngine::plan_request): the decode buffers and the pool as rollout()
+// sizes them, and its largest forward: the prefill of the distinct prompts admitted at once, the KV
+// calibration's over all of them, the decode rows, or the RoPE table of the longest sequence.
+inline void GpuEngine::fill_rollout_request(const ModelConfig& c, const EngineOptions& o, const MemoryDemand& d,
+                                            MemoryPlanRequest& r) {
+    const RolloutMemory m = rollout_memory(c, o, (long)d.rollout_requests, (long)d.longest_prompt, d.max_new_tokens, d.kv_cache);
+    r.rollout_bytes = m.buffers, r.kv_pool_bytes = m.pool, r.kv_pool_min_bytes = m.pool_min, r.kv_page_bytes = m.page;
+    const RolloutSizes z = rollout_sizes(c, o, (long)d.rollout_requests, (long)d.longest_prompt, d.max_new_tokens, d.kv_cache);
+    // an FP8 cache's calibration runs every distinct prompt at once; a prefill, those admitted together (at most the slots)
+    const int64_t prompts = std::max<int64_t>(d.kv_cache == Precision::FP8 ? d.rollout_prompts : std::min<int64_t>(d.rollout_prompts, z.slots), 1);
+    r.rollout_tokens = std::max({prompts * d.longest_prompt, (int64_t)z.rows, d.longest_prompt + d.max_new_tokens});
 }
 
 // --rollout_slots 0 in an engine no memory plan resolved it for (a test, a tool): the most of
@@ -385,6 +423,37 @@ inline GpuEngine::~GpuEngine() {
     cudaStreamDestroy(stream_);
 }
 
+// Entering the update: the KV pool, the decode buffers and the graphs captured on them (the next
+// rollout captures them again).
+inline void GpuEngine::release_rollout() {
+    if (!rollout_) return;
+    rollout_->drop_graphs();
+    rollout_.reset();
+}
+
+// --kv_cache_mb 0: the KV pages the device leaves for this generation beside what else the rollout
+// allocates (its decode buffers, the prefill forward of its distinct prompts, one activation set, and
+// the GEMM scratch), less kPoolHeadroomBytes: free memory now, and the pool this engine holds (which
+// rollout() frees first). Buffers it already holds are counted again, so this errs toward fewer pages.
+inline int GpuEngine::pages_left(const std::vector<GenRequest>& requests, long longest_prompt, int max_new_tokens,
+                                 Precision kv_cache, const RolloutSizes& z) const {
+    std::set<std::vector<int32_t>> distinct;
+    long prompt_tokens = 0;
+    for (const GenRequest& r : requests)
+        if (distinct.insert(r.prompt).second) prompt_tokens += (long)r.prompt.size();
+    const long forward = std::max({prompt_tokens, z.rows, longest_prompt + max_new_tokens});
+    EngineOptions o = options_;
+    o.rollout_slots = z.slots;
+    const ModelConfig& c = weights_.config;
+    const size_t other = rollout_memory(c, o, (long)requests.size(), longest_prompt, max_new_tokens, kv_cache).buffers +
+                         memory_plan_detail::forward_bytes(c, forward, true) + GemmRunner::WORKSPACE_BYTES +
+                         memory_plan_detail::linear_scratch_bytes(c, forward, options_.fp8_scaling) + kPoolHeadroomBytes;
+    size_t free_bytes = 0, total_bytes = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+    if (rollout_ && rollout_->cache) free_bytes += PagedKvCache::bytes(rollout_->cache->shape(), rollout_->cache->storage());
+    return free_bytes > other ? (int)std::min<size_t>((free_bytes - other) / z.page_bytes, (size_t)1e9) : 0;
+}
+
 // The rows a decode step of B sequences runs over: B padded up to a power of two, capped at the
 // slots. Each bucket costs one warm-up and one capture while its graph is kept (graph_key), at most
 // log2(slots) + 2 of them, and at most doubles the rows; extra rows cost little in decode, which reads every
@@ -449,23 +518,28 @@ inline std::vector<Generation> GpuEngine::rollout(const std::vector<GenRequest>&
     RolloutState& R = *rollout_;
     rollout_stats_ = RolloutStats();
 
-    // the page pool (every slot at its longest, or the pages --kv_cache_mb holds) and the decode buffers,
-    // for --rollout_slots or, at 0 (unresolved by a memory plan), the most requests free memory holds
+    // the page pool (what the device leaves, up to every slot at its longest; or the pages --kv_cache_mb
+    // holds) and the decode buffers, for --rollout_slots or, at 0 (unresolved by a memory plan), the most
+    // requests free memory holds
     EngineOptions o = options_;
     if (o.rollout_slots == 0) o.rollout_slots = slots_that_fit((long)requests.size(), longest, s.max_new_tokens, kv_cache);
-    const RolloutSizes z = rollout_sizes(weights_.config, o, (long)requests.size(), longest, s.max_new_tokens, kv_cache);
+    RolloutSizes z = rollout_sizes(weights_.config, o, (long)requests.size(), longest, s.max_new_tokens, kv_cache);
     const int slots = z.slots;
     R.page_tokens = z.shape.page_tokens;
     R.max_len = (int)(longest + s.max_new_tokens);
     R.max_pages = R.pages_for(R.max_len);
+    if (o.kv_cache_mb <= 0) z.shape.pages = std::min(z.shape.pages, pages_left(requests, longest, s.max_new_tokens, kv_cache, z));
     const KvCacheShape shape = z.shape;
-    // the last token of a completion is never fed: a sequence holds prompt + max_new_tokens - 1
-    // positions, plus its prompt's unwritten partial page
-    const int needed = R.pages_for(longest + s.max_new_tokens - 1) + 1;
-    if (shape.pages < needed)
+    const int needed = kv_pages_needed(longest, s.max_new_tokens, R.page_tokens);
+    if (shape.pages < needed && o.kv_cache_mb > 0)
         fail("generate: --kv_cache_mb %g holds %d KV pages of %d tokens (%zu bytes each), but the longest request "
              "(%ld prompt + %d new tokens) needs %d; raise --kv_cache_mb or lower --max_new_tokens",
              options_.kv_cache_mb, shape.pages, R.page_tokens, z.page_bytes, longest, s.max_new_tokens, needed);
+    if (shape.pages < needed)
+        fail("generate: the device leaves room for %d KV pages of %d tokens (%zu bytes each) beside the rollout's other "
+             "buffers, but the longest request (%ld prompt + %d new tokens) needs %d; lower --max_new_tokens or "
+             "--rollout_slots, or free the device (--offload_train_state 1)",
+             std::max(shape.pages, 0), R.page_tokens, z.page_bytes, longest, s.max_new_tokens, needed);
     const KvCacheShape& had = R.cache ? R.cache->shape() : shape;
     if (!R.cache || R.cache->storage() != kv_cache || had.pages != shape.pages || had.page_tokens != shape.page_tokens) {
         R.cache.reset();  // free the old pool before the new one is allocated

@@ -135,7 +135,9 @@ inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) 
     return a.size() == b.size() && (a.empty() || memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 
-inline bool wall_clock(const std::string& name) { return name.rfind("timing_s/", 0) == 0 || name.rfind("perf/", 0) == 0; }
+inline bool wall_clock(const std::string& name) {
+    return name.rfind("timing_s/", 0) == 0 || name.rfind("perf/", 0) == 0 || name.rfind("memory/", 0) == 0;  // and the device's memory
+}
 
 // Every metric of every step but the wall-clock ones: the same names in the same order, the same bits.
 inline void check_same_metrics(const Run& a, const Run& b, const std::string& what) {

@@ -1,7 +1,7 @@
 // Tests of --plan_ranks N (rl/driver/cli.h's run_plan_mode): the GPU binary prints the memory plan of
-// one rank of an N-rank run from a config.json alone (Qwen3-8B's and Qwen3-32B's, test/fixtures/configs:
-// no weights, no tokenizer, no data) and exits 0 when it fits an H200, else 1 with one line naming what
-// would fit. The expected figures come from the config's fields, counted here, and from issue 31's
+// one rank of an N-rank run from a config.json alone (Qwen3-1.7B's, 8B's and 32B's, test/fixtures/configs:
+// no weights, no tokenizer, no data) and exits 0 when it fits the device (an H200 in emulation, or
+// --plan_device), else 1 with one line naming what would fit. The expected figures come from the config's fields, counted here, and from issue 31's
 // formula for the persistent state, not from cuda/engine/memory_plan.h; train_rl_cpu refuses the flag.
 #include <algorithm>
 #include <cmath>
@@ -20,12 +20,13 @@ namespace {
 // A Qwen3 config's sizes as config.json states them, and what follows from them by counting.
 struct Qwen3Shape {
     double V, C, I, L, H, KV, D;
+    bool tied;
     explicit Qwen3Shape(const std::string& dir) {
         const Json j = json_parse_file(dir + "/config.json");
         auto field = [&](const char* name) { return (double)j.find(name)->integer; };
         V = field("vocab_size"), C = field("hidden_size"), I = field("intermediate_size"), L = field("num_hidden_layers");
         H = field("num_attention_heads"), KV = field("num_key_value_heads"), D = field("head_dim");
-        CHECK(!j.find("tie_word_embeddings")->boolean);  // untied: an embedding and an lm_head
+        tied = j.find("tie_word_embeddings")->boolean;  // Qwen3-1.7B's: one embedding serves as the lm_head
     }
     // q, k, v, o and the SwiGLU's gate, up, down of one layer as [out][in]
     std::vector<std::pair<double, double>> projections() const {
@@ -37,7 +38,7 @@ struct Qwen3Shape {
         return L * n;
     }
     // + the embedding and the head, the layers' two RMSNorms and q/k norms, the final norm
-    double params() const { return 2 * V * C + projection_params() + L * (2 * C + 2 * D) + C; }
+    double params() const { return (tied ? 1 : 2) * V * C + projection_params() + L * (2 * C + 2 * D) + C; }
     // the FP8 codes of every projection and of its transpose, with both grids of FP32 128x128-block scales
     double fp8_bytes() const {
         double blocks = 0;
@@ -91,6 +92,7 @@ const char* const kModestRun = "--max_prompt_tokens 512 --max_new_tokens 1024 --
 TEST(plan_ranks_persistent_state_is_the_issue_formula) {
     if (std::system(("test -x " + harness::emu_binary()).c_str()) != 0) SKIP("./train_rl_emu not built (make train_rl_emu)");
     const Qwen3Shape q(kQwen3_8B);
+    CHECK(!q.tied);
     CHECK_EQ(q.params(), 8190735360.0);  // Qwen3-8B's "8.2B" (6.95B outside the embedding and head)
     CHECK_MSG(std::fabs(q.persistent_bytes(1) / 1e9 - 161) < 0.5 && std::fabs(q.persistent_bytes(8) / 1e9 - 75) < 0.5,
               "persistent %.1f GB (1 rank), %.1f GB (8 ranks)", q.persistent_bytes(1) / 1e9, q.persistent_bytes(8) / 1e9);
@@ -127,7 +129,7 @@ TEST(plan_ranks_exit_code_and_the_line_naming_what_fits) {
     const harness::RunResult one = plan(harness::emu_binary(), kQwen3_8B, 1, kModestRun);
     CHECK_MSG(one.status == 1, "exit %d: %s", one.status, one.output.c_str());
     const std::string line = error_line(one.output);
-    CHECK_MSG(line.find("error: the memory plan needs ") == 0 && line.find("try 2 ranks") != std::string::npos, "%s",
+    CHECK_MSG(line.find("error: the memory plan needs ") == 0 && line.find(" 2 ranks") != std::string::npos, "%s",
               one.output.c_str());
     CHECK(one.output.find("memory plan (one GPU)") != std::string::npos);  // the plan is printed before the refusal
     const harness::RunResult two = plan(harness::emu_binary(), kQwen3_8B, 2, kModestRun);
@@ -144,45 +146,76 @@ TEST(plan_ranks_exit_code_and_the_line_naming_what_fits) {
               "exit %d: %s", tiny.status, tiny.output.c_str());
 }
 
-// What the refusal names is the most that fits: the run with it fits, with one more it does not.
-// Issue 31's Qwen3-8B target on 2 ranks with --zero 1, at 96 rollout slots instead of 64 (96 slots of
-// 8,704 tokens need a 58 GiB FP8 KV pool beside 86 GiB of weights and optimizer state, one FP8 copy),
-// names --rollout_slots, --max_new_tokens and 4 ranks.
-TEST(plan_ranks_names_the_most_that_fits) {
-    if (std::system(("test -x " + harness::emu_binary()).c_str()) != 0) SKIP("./train_rl_emu not built (make train_rl_emu)");
-    const std::string target = "--rollout_precision fp8 --train_precision fp8 --kv_cache fp8 --calibrated_clip 1 --recompute layer "
-                               "--micro_batch_tokens 16384 --batch_prompts 64 --group_size 8 --max_prompt_tokens 512";
-    const harness::RunResult r = plan(harness::emu_binary(), kQwen3_8B, 2, target + " --max_new_tokens 8192 --rollout_slots 96");
-    const std::string line = error_line(r.output);
-    CHECK_MSG(r.status == 1 && line.find(" or 4 ranks") != std::string::npos, "exit %d: %s", r.status, r.output.c_str());
-    CHECK_EQ(plan(harness::emu_binary(), kQwen3_8B, 4, target + " --max_new_tokens 8192 --rollout_slots 96").status, 0);
-    for (const char* flag : {"--rollout_slots ", "--max_new_tokens "}) {
-        const size_t at = line.find(flag);
-        CHECK_MSG(at != std::string::npos, "no %s in: %s", flag, line.c_str());
-        if (at == std::string::npos) continue;
-        const long n = atol(line.c_str() + at + strlen(flag));
-        const std::string other = flag[2] == 'r' ? " --max_new_tokens 8192 --rollout_slots " : " --rollout_slots 96 --max_new_tokens ";
-        CHECK_MSG(plan(harness::emu_binary(), kQwen3_8B, 2, target + other + std::to_string(n)).status == 0, "%s%ld", flag, n);
-        CHECK_MSG(plan(harness::emu_binary(), kQwen3_8B, 2, target + other + std::to_string(n + 1)).status == 1, "%s%ld", flag, n + 1);
-    }
+// Issue 49's run: Qwen3-1.7B (tied), fp8 with an FP8 KV cache, 64 prompts x 8 of up to 256 + 1,024
+// tokens, 16k-token micro-batches, no recompute.
+const char* const kQwen3_1_7B = "test/fixtures/configs/qwen3_1_7b";
+std::string issue49_run(int batch_prompts = 64, int group_size = 8, int max_new_tokens = 1024, int micro_batch_tokens = 16384) {
+    return strfmt("--rollout_precision fp8 --train_precision fp8 --kv_cache fp8 --batch_prompts %d --group_size %d "
+                  "--max_prompt_tokens 256 --max_new_tokens %d --micro_batch_tokens %d --plan_device h100",
+                  batch_prompts, group_size, max_new_tokens, micro_batch_tokens);
 }
 
-// --rollout_slots 0 (the default) plans the most slots that fit: on issue 31's Qwen3-8B target on 2
-// ranks, the most the refusal of 96 slots names; the plan prints them, and one slot more does not fit.
-TEST(plan_ranks_rollout_slots_0_takes_what_fits) {
+// The phases share the device: issue 49's run fits an H100 (81,559 MiB) without --recompute, where
+// the rollout's KV pool added to the update's activations planned 97.19 GiB. --rollout_slots 0 plans
+// every one of the 512 requests, and the KV pool gets what the rollout phase leaves, up to every
+// slot at full length: 512 x 81 pages (1,280 tokens in pages of 16, and a prompt's partial page) of
+// 2 x 28 layers x 16 tokens x 8 KV heads x 128 dims x 1 byte. With 4,096 new tokens the pool asked for
+// (512 x 273 pages, 122 GiB) does not fit: the pool is what is left, whole pages, at least one
+// sequence's, and the phase's peak stays within the device less the pool's 1 GiB of headroom.
+TEST(plan_ranks_phases_share_the_device) {
     if (std::system(("test -x " + harness::emu_binary()).c_str()) != 0) SKIP("./train_rl_emu not built (make train_rl_emu)");
-    const std::string target = "--rollout_precision fp8 --train_precision fp8 --kv_cache fp8 --calibrated_clip 1 --recompute layer "
-                               "--micro_batch_tokens 16384 --batch_prompts 64 --group_size 8 --max_prompt_tokens 512 "
-                               "--max_new_tokens 8192";
-    const std::string refusal = error_line(plan(harness::emu_binary(), kQwen3_8B, 2, target + " --rollout_slots 96").output);
-    const size_t at = refusal.find("--rollout_slots ");
+    const double MiB = 1048576, h100 = 81559 * MiB, page = 2.0 * 28 * 16 * 8 * 128;
+    const Qwen3Shape q(kQwen3_1_7B);
+    CHECK(q.tied);
+    CHECK_EQ(q.params(), 1720574976.0);
+    const harness::RunResult r = plan(harness::emu_binary(), kQwen3_1_7B, 1, issue49_run());
+    CHECK_MSG(r.status == 0 && r.output.find("on an H100 (79.65 GiB)") != std::string::npos &&
+                  r.output.find("--recompute none") != std::string::npos && r.output.find("\nfits: ") != std::string::npos,
+              "exit %d: %s", r.status, r.output.c_str());
+    CHECK_MSG(r.output.find("  rollout slots: 512 of the 512 requests") != std::string::npos, "%s", r.output.c_str());
+    CHECK_EQ(page, 896.0 * 1024);
+    CHECK_MSG(plan_mib(r.output, "KV page pool: 41472 pages of 896 KiB") == 512 * 81 * page / MiB, "%s", r.output.c_str());
+    CHECK_MSG(plan_mib(r.output, "rollout phase peak") <= h100 / MiB && plan_mib(r.output, "update phase peak") <= h100 / MiB, "%s",
+              r.output.c_str());
+    const harness::RunResult longer = plan(harness::emu_binary(), kQwen3_1_7B, 1, issue49_run(64, 8, 4096));
+    CHECK_MSG(longer.status == 0, "exit %d: %s", longer.status, longer.output.c_str());
+    const size_t at = longer.output.find("KV page pool: ");
+    CHECK(at != std::string::npos);
+    if (at == std::string::npos) return;
+    const long pages = atol(longer.output.c_str() + at + strlen("KV page pool: "));
+    const double peak = plan_mib(longer.output, "rollout phase peak") * MiB, headroom = 1024 * MiB;
+    CHECK_MSG(pages >= (256 + 4096 - 1 + 15) / 16 + 1 && pages < 512 * 273, "%ld pages", pages);
+    CHECK_MSG(peak <= h100 - headroom && peak + page > h100 - headroom - 0.1 * MiB, "peak %.1f MiB, %ld pages", peak / MiB, pages);
+}
+
+// --offload_train_state 1: the rollout phase holds no FP32 master weights, moments or gradients. A
+// rollout that does not fit beside them (800 prompts of 256 tokens prefilled at once) is refused
+// naming the offload, with which it fits; the plan prices it at 2 x 12 bytes per parameter over
+// PCIe. A refusal of the update phase names --recompute layer (32k-token micro-batches without it) and,
+// with it, the most tokens per micro-batch that fit (256k asked): with them it fits, with one more not.
+TEST(plan_ranks_offload_and_what_fits) {
+    if (std::system(("test -x " + harness::emu_binary()).c_str()) != 0) SKIP("./train_rl_emu not built (make train_rl_emu)");
+    const Qwen3Shape q(kQwen3_1_7B);
+    const std::string wide = issue49_run(800, 2);
+    const harness::RunResult kept = plan(harness::emu_binary(), kQwen3_1_7B, 1, wide);
+    CHECK_MSG(kept.status == 1 && error_line(kept.output).find("--offload_train_state 1 (") != std::string::npos &&
+                  error_line(kept.output).find(", fits)") != std::string::npos,
+              "exit %d: %s", kept.status, kept.output.c_str());
+    const harness::RunResult off = plan(harness::emu_binary(), kQwen3_1_7B, 1, wide + " --offload_train_state 1");
+    const double pcie = 2 * 12 * q.params() / 1073741824.0;
+    CHECK_MSG(off.status == 0 && off.output.find(strfmt("--offload_train_state 1: %.2f GiB over PCIe per step", pcie)) != std::string::npos,
+              "exit %d, expected %.2f GiB: %s", off.status, pcie, off.output.c_str());
+    const std::string line = error_line(plan(harness::emu_binary(), kQwen3_1_7B, 1, issue49_run(64, 8, 1024, 32768)).output);
+    CHECK_MSG(line.find("--recompute layer (") != std::string::npos, "%s", line.c_str());
+    const std::string refusal =
+        error_line(plan(harness::emu_binary(), kQwen3_1_7B, 1, issue49_run(64, 8, 1024, 262144) + " --recompute layer").output);
+    const size_t at = refusal.find("--micro_batch_tokens ");
     CHECK_MSG(at != std::string::npos, "%s", refusal.c_str());
     if (at == std::string::npos) return;
-    const long most = atol(refusal.c_str() + at + strlen("--rollout_slots "));
-    const harness::RunResult r = plan(harness::emu_binary(), kQwen3_8B, 2, target);
-    CHECK_MSG(r.status == 0 && r.output.find(strfmt("  rollout slots: %ld of the 256 requests", most)) != std::string::npos,
-              "exit %d, expected %ld slots: %s", r.status, most, r.output.c_str());
-    CHECK_EQ(plan(harness::emu_binary(), kQwen3_8B, 2, target + " --rollout_slots " + std::to_string(most + 1)).status, 1);
+    const long n = atol(refusal.c_str() + at + strlen("--micro_batch_tokens "));
+    for (long t : {n, n + 1})
+        CHECK_MSG(plan(harness::emu_binary(), kQwen3_1_7B, 1, issue49_run(64, 8, 1024, (int)t) + " --recompute layer").status == (t > n),
+                  "--micro_batch_tokens %ld", t);
 }
 
 // --zero 2 (ZeRO-2) splits the FP32 gradients over the ranks as --zero 1 splits the master weights
@@ -253,6 +286,11 @@ TEST(plan_ranks_issue_targets_fit_with_one_fp8_copy) {
                       l.expected);
         }
     }
+    // on 8 H100s (issue 49): the rollout takes all 64 of a rank's requests (--rollout_slots 0), each at full length
+    const harness::RunResult h100 = plan(harness::emu_binary(), kQwen3_8B, 8, target + " --max_new_tokens 8192 --plan_device h100");
+    CHECK_MSG(h100.status == 0 && h100.output.find("  rollout slots: 64 of the 64 requests") != std::string::npos &&
+                  h100.output.find("  KV pool: 64 sequences at full length") != std::string::npos,
+              "exit %d: %s", h100.status, h100.output.c_str());
     const harness::RunResult two_copies = plan(harness::emu_binary(), kQwen3_32B, 8, target + runs[1].flags + " --fp8_scaling row");
     CHECK_MSG(two_copies.status == 1 && two_copies.output.find("FP8 weight copies + scale grids") != std::string::npos, "exit %d: %s",
               two_copies.status, two_copies.output.c_str());

@@ -51,6 +51,7 @@
 #include "cuda/dist/grad_buckets.h"
 #include "cuda/kernels/linear.cuh"
 #include "cuda/engine/memory_plan.h"
+#include "cuda/engine/pinned_array.cuh"
 #include "cuda/dist/nccl.cuh"
 #include "cuda/perf/profile_range.h"
 #include "cuda/kernels/qkv_rope.cuh"
@@ -96,7 +97,11 @@ struct StepRows {
 
 struct RolloutState;    // rollout.cu: the KV cache and decode buffers of generation
 struct RolloutRequest;  // rollout.cu: one request's host-side state
-// rollout.cu: the device bytes generate() allocates beyond the training forward's (the memory plan)
+struct RolloutSizes;    // rollout.cu: what generate() allocates, in elements
+// rollout.cu: the device bytes generate() allocates beyond its prefill forward's (the memory plan)
+struct RolloutMemory;
+inline RolloutMemory rollout_memory(const ModelConfig& c, const EngineOptions& o, long requests, long longest_prompt,
+                                    int max_new_tokens, Precision kv_cache);
 inline size_t rollout_device_bytes(const ModelConfig& c, const EngineOptions& o, long requests, long longest_prompt,
                                    int max_new_tokens, Precision kv_cache);
 
@@ -184,9 +189,8 @@ class GpuEngine : public Engine {
         r.longest_sequence = d.longest_sequence;
         r.fp8_scaling = o.fp8_scaling;
         r.one_fp8_weight_copy = o.one_fp8_weight_copy;
-        if (d.rollout_requests > 0)
-            r.rollout_bytes = rollout_device_bytes(c, o, (long)d.rollout_requests, (long)d.longest_prompt, d.max_new_tokens,
-                                                   d.kv_cache);
+        r.offload_train_state = o.offload_train_state;
+        if (d.rollout_requests > 0) fill_rollout_request(c, o, d, r);
         return r;
     }
     static PlanRequestOf plan_request_of(const ModelConfig& c) {
@@ -201,10 +205,31 @@ class GpuEngine : public Engine {
         CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
         return fitting_memory_plan(c, s, plan_request_of(c), plan_constants(), free_bytes, total_bytes);
     }
-    // --plan_ranks: the same plan against a whole H200, with no device (rl/driver/cli.h).
+    // --plan_ranks: the same plan against a whole device of device_bytes, with no device (rl/driver/cli.h).
     static constexpr bool plans_device_memory = true;
-    static PlannedMemory offline_memory_plan(const ModelConfig& c, const RunShape& s) {
-        return plan_against(c, s, plan_request_of(c), plan_constants(), kH200Bytes, kH200Bytes);
+    static PlannedMemory offline_memory_plan(const ModelConfig& c, const RunShape& s, size_t device_bytes) {
+        return plan_against(c, s, plan_request_of(c), plan_constants(), device_bytes, device_bytes);
+    }
+    // The memory of the device this process would train on (--plan_ranks on a GPU); 0 without one.
+    static size_t own_device_bytes() {
+        int devices = 0;
+        if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) return cudaGetLastError(), 0;
+        size_t free_bytes = 0, total_bytes = 0;
+        CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+        return total_bytes;
+    }
+
+    // The phases share the device (cuda/engine/memory_plan.h): entering the rollout frees the update's
+    // activations, backward buffers, GEMM scratch and head workspaces (and with --offload_train_state
+    // 1 moves the FP32 master weights and moments to pinned host memory and frees the gradients);
+    // entering the update frees the rollout's KV pool, decode buffers and graphs (captured again at the
+    // next rollout: RolloutStats::graphs_captured) and brings the state back. Each phase's device
+    // high-water mark is kept (phase_peaks). Any call that needs the state enters the update itself.
+    void enter_phase(Phase phase) override;
+    bool phase_peaks(size_t* rollout, size_t* update) const override {
+        *rollout = rollout_peak_;
+        *update = phase_ == Phase::Update ? device_bytes_peak() : update_peak_;
+        return true;
     }
 
     // rollout.cu. Generation overwrites the state the last forward_train kept for backward.
@@ -251,6 +276,7 @@ class GpuEngine : public Engine {
     bool collective_backward() const override { return sharded_grads_; }
     // The buckets in backward()'s order, each reduced with nothing added: the other ranks' reduces.
     void backward_of_nothing() override {
+        need_state();
         if (!grads_.size()) fail("GpuEngine::backward_of_nothing before init_optimizer");
         open_bucket(buckets_.head), close_bucket();
         open_bucket(buckets_.final_norm), close_bucket();
@@ -309,9 +335,13 @@ class GpuEngine : public Engine {
     int optimizer_shards() const { return (int)shards_; }
     size_t optimizer_state_bytes() const { return shard_ * 3 * sizeof(float); }
 
-    void zero_grads() override { grads_.zero(stream_); }
+    void zero_grads() override {
+        need_state();
+        grads_.zero(stream_);
+    }
 
     double reduce_and_clip_grads(double max_norm) override {
+        need_state();
         // under ZeRO-2 the backward has reduced every bucket into its owners' shards already
         if (shards_ == 1) comm_->all_reduce_sum(grads_.get(), shard_, stream_);
         else if (!sharded_grads_) comm_->reduce_scatter_sum(grads_.get(), shard_, stream_);
@@ -331,6 +361,7 @@ class GpuEngine : public Engine {
     // and gathering FP32 moves 4 bytes per parameter, as an all-reduce's second half does.
     void optimizer_step(double lr) override {
         PROFILE_RANGE("optimizer_step");
+        need_state();
         steps_++;
         if (shards_ == 1 && options_.fp8_scaling == Fp8Scaling::Block) {
             adamw_update_with_fp8_gpu(master_.get(), m_.get(), v_.get(), updated_bf16(0), grads_.get(), num_floats(),
@@ -353,13 +384,20 @@ class GpuEngine : public Engine {
 
     // Host copies of the gradients and the master weights (this rank's shard under ZeRO-1 and 2), for tests
     // that compare engines.
-    std::vector<float> gradients() const { return grads_.download(); }
-    std::vector<float> master_weights() const { return master_.download(); }
+    std::vector<float> gradients() {
+        need_state();
+        return grads_.download();
+    }
+    std::vector<float> master_weights() {
+        need_state();
+        return master_.download();
+    }
 
     // Whole vectors [P] whatever the shard count (the shards gathered), so a checkpoint written on N
     // ranks resumes on M. Collective under ZeRO-1 and 2: every rank calls it (the driver does), and only
     // rank 0, which writes the checkpoint, receives the vectors.
     void save_state(TrainerState& s) override {
+        need_state();
         s.master = gather(master_);
         if (options_.one_fp8_weight_copy && shards_ > 1) weights_.master = s.master;  // for save_hf
         s.adam_m = gather(m_);
@@ -369,6 +407,7 @@ class GpuEngine : public Engine {
 
     // s holds whole vectors [P]; each rank keeps its shard.
     void load_state(const TrainerState& s) override {
+        need_state();
         set_state(s.master, m_.size() ? &s.adam_m : nullptr, v_.size() ? &s.adam_v : nullptr);
         steps_ = s.optimizer_steps;
     }
@@ -377,6 +416,7 @@ class GpuEngine : public Engine {
     // master weights, and rank 0 alone writes it. With one FP8 weight copy the projections have no
     // BF16 copy: the master rounded here, the whole master (under ZeRO the one save_state gathered).
     void save_hf(const std::string& dir) override {
+        need_state();
         if (options_.one_fp8_weight_copy) {
             if (shards_ == 1) weights_.master = master_.download(num_floats());
             if (weights_.master.size() != num_floats()) fail("internal: save_hf under ZeRO runs after save_state");
@@ -493,6 +533,14 @@ class GpuEngine : public Engine {
 
     std::unique_ptr<RolloutState> rollout_;
     RolloutStats rollout_stats_;
+
+    // The phase the engine is in (enter_phase), the device high-water marks of the last rollout
+    // phase and of the last update phase, and --offload_train_state's pinned copy of this rank's
+    // master weights, m and v ([3][S]), which hold the state while offloaded_.
+    Phase phase_ = Phase::Update;
+    size_t rollout_peak_ = 0, update_peak_ = 0;
+    PinnedArray<float> host_state_;
+    bool offloaded_ = false;
 
     // Picks the rank's GPU (cuda/engine/device.cuh) and checks it.
     static void check_device() {
@@ -760,7 +808,19 @@ class GpuEngine : public Engine {
         const LayerTensors& w = m.layers[l];
         return {m.H, m.KV, m.D, m.eps, wb(w.bq), wb(w.q_norm), wb(w.k_norm)};
     }
+    // The phases (enter_phase): the update's buffers freed; the rollout's freed (rollout.cu); the
+    // optimizer state to pinned host memory and back. need_state: enters the update if the state is away.
+    void release_update_buffers();
+    void release_rollout();
+    void offload_state();
+    void restore_state();
+    void need_state() {
+        if (offloaded_) enter_phase(Phase::Update);
+    }
     // rollout.cu
+    static void fill_rollout_request(const ModelConfig& c, const EngineOptions& o, const MemoryDemand& d, MemoryPlanRequest& r);
+    int pages_left(const std::vector<GenRequest>& requests, long longest_prompt, int max_new_tokens, Precision kv_cache,
+                   const RolloutSizes& z) const;
     std::vector<Generation> rollout(const std::vector<GenRequest>& requests, const std::vector<std::vector<int32_t>>* forced,
                                     uint32_t step, const SamplingConfig& s, Precision weights, Precision kv_cache,
                                     Progress* progress);
@@ -779,6 +839,65 @@ class GpuEngine : public Engine {
     void project_backward(bf16* dx, const bf16* dy, const bf16* x, int l, Projection j, size_t bias);
 };
 
+
+// ---------------------------------------------------------------------------------------------
+// Phases (cuda/engine/memory_plan.h): the rollout and the update share the device.
+
+inline void GpuEngine::enter_phase(Phase phase) {
+    if (phase == phase_) return;
+    if (phase == Phase::Rollout) {
+        update_peak_ = device_bytes_peak();
+        release_update_buffers();
+        if (options_.offload_train_state && m_.size()) offload_state();
+    } else {
+        rollout_peak_ = device_bytes_peak();
+        release_rollout();
+        release_update_buffers();  // the prefill's, sized for the prompts
+        if (offloaded_) restore_state();
+    }
+    phase_ = phase;
+    reset_device_bytes_peak();
+}
+
+// The forward's activations, the backward's buffers, the GEMM operand scratch and the head's
+// workspaces; the next forward allocates them again (a backward first needs its forward_train).
+inline void GpuEngine::release_update_buffers() {
+    act_bf16_.release(), act_f32_.release(), grad_bf16_.release(), grad_f32_.release();
+    layers_.clear();
+    train_seqs_.clear();
+    scratch_.reset();
+    scratch_max_tokens_ = 0;
+    head_.release();
+}
+
+// --offload_train_state 1: this rank's FP32 master weights and AdamW moments into pinned host memory
+// (the copies queued, then one wait before their device memory is freed); the gradients hold nothing
+// between an update and the next (zero_grads starts each), so they are freed, not copied.
+inline void GpuEngine::offload_state() {
+    const size_t S = m_.size();
+    host_state_.resize(3 * S, "FP32 master weights and AdamW moments (offloaded for the rollout)");
+    const DeviceArray<float>* parts[3] = {&master_, &m_, &v_};
+    for (int i = 0; i < 3; i++)
+        CUDA_CHECK(cudaMemcpyAsync(host_state_.get() + i * S, parts[i]->get(), S * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    master_.release(), m_.release(), v_.release(), grads_.release();
+    offloaded_ = true;
+}
+
+// Back before the update: the copies are queued on the engine's stream, ahead of the update's
+// kernels, without the host waiting; the gradients zeroed as zero_grads would.
+inline void GpuEngine::restore_state() {
+    const size_t S = shard_;
+    DeviceArray<float>* parts[3] = {&master_, &m_, &v_};
+    const char* what[3] = {"FP32 master weights", "AdamW first moments", "AdamW second moments"};
+    for (int i = 0; i < 3; i++) {
+        parts[i]->resize(S, what[i]);
+        CUDA_CHECK(cudaMemcpyAsync(parts[i]->get(), host_state_.get() + i * S, S * sizeof(float), cudaMemcpyHostToDevice, stream_));
+    }
+    grads_.resize(sharded_grads_ ? shard_ : shards_ * shard_, "FP32 gradients");
+    grads_.zero(stream_);
+    offloaded_ = false;
+}
 
 // ---------------------------------------------------------------------------------------------
 // Forward.
@@ -817,7 +936,7 @@ inline void GpuEngine::prepare_batch(const std::vector<Sequence>& seqs) {
     const long N = m.qkv_dim();
     const long inner = Tp * (3 * C + (m.qk_norm ? Q + Kd : 0) + 2 * Q + 2 * Kd + 3 * I);
     const long inner_f32 = T * (2 + 2 * m.H + m.KV);  // rstd1, rstd2, rstd_q, rstd_k, lse
-    const long sets = options_.recompute_layer ? 1 : m.L;
+    const long sets = options_.recompute_layer || !for_backward_ ? 1 : m.L;  // a forward without a backward keeps one set
     // Every carve starts on a 256-byte boundary (memory_plan.h's CARVE_ALIGN_BYTES): T-sized FP32 buffers would
     // leave the next one 8-byte aligned when T % 4 != 0, and FP8 GEMMs need 16 (their D: gemm_f32_).
     const size_t slack = memory_plan_detail::forward_carve_slack(m.L, sets);
@@ -940,6 +1059,7 @@ inline void GpuEngine::trunk_forward(const std::vector<Sequence>& seqs, Precisio
 inline void GpuEngine::forward(const std::vector<Sequence>& seqs, Precision p, bool for_backward, float temperature,
                                TokenValues* logprob, TokenValues* entropy) {
     PROFILE_RANGE("forward");
+    need_state();
     if (!(temperature > 0.0f)) fail("GpuEngine: temperature must be > 0 (got %g)", temperature);
     temperature_ = temperature;
     trunk_forward(seqs, p, for_backward);
@@ -1016,6 +1136,7 @@ inline void GpuEngine::layer_backward(int l, bf16* dh) {
 
 inline void GpuEngine::backward(const TokenValues& d_logprob, const TokenValues& d_entropy) {
     PROFILE_RANGE("backward");
+    need_state();
     if (!grads_.size()) fail("GpuEngine::backward before init_optimizer");
     if (d_logprob.size() != train_seqs_.size()) fail("GpuEngine::backward: gradients of %zu sequences, the forward had %zu",
                                                      d_logprob.size(), train_seqs_.size());

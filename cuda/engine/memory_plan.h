@@ -4,6 +4,12 @@
 // flags that would make it fit. Host code only: the figures are the engine's own allocation sizes
 // written out for `tokens` tokens per forward (every buffer of a batch grows to the largest batch
 // and stays), so the plan is an upper bound of what the engine holds at its largest forward.
+// Two phases share the device (GpuEngine::enter_phase): the update holds the activations, backward
+// buffers and head workspaces; the rollout frees them (and with --offload_train_state the FP32
+// master weights, gradients and moments) and holds the KV page pool, the decode buffers and its
+// prefill forward instead. The pool takes what the rollout phase leaves free (up to every slot at
+// full length, or --kv_cache_mb), so a plan fits when the update fits and the rollout fits with the
+// least pool a generation runs in (the longest sequence's pages): the larger of the two.
 // Constants of the GPU code (the cuBLASLt workspace, the head's vocabulary chunk, ...) come in
 // PlanConstants, filled by the engine from the headers that define them.
 #pragma once
@@ -35,9 +41,17 @@ struct MemoryPlanRequest {
     int gradient_shards = 1;       // ranks the FP32 gradients are split over, through a bucket (ZeRO-2; 1 = none)
     int64_t longest_sequence = 1;  // a micro-batch holds at least one sequence, however long
     Fp8Scaling fp8_scaling = Fp8Scaling::Block;  // --fp8_scaling: the FP8 copies' and operands' scales
-    size_t rollout_bytes = 0;      // generation's KV page pool and decode buffers (rollout.cu's rollout_device_bytes)
     bool one_fp8_weight_copy = false;  // EngineOptions::one_fp8_weight_copy (rollout and training in fp8, block)
+    bool offload_train_state = false;  // --offload_train_state 1: master, moments (and gradients) off the device in the rollout
+    // generation (rollout.cu's rollout_memory): its decode buffers, the KV page pool it asks for (every slot
+    // at full length, or --kv_cache_mb) and the least it runs in, and the tokens of its largest prefill forward
+    size_t rollout_bytes = 0, kv_pool_bytes = 0, kv_pool_min_bytes = 0, kv_page_bytes = 0;
+    int64_t rollout_tokens = 0;
 };
+
+// What the KV pool leaves of the device for cuBLASLt's and NCCL's own allocations and the
+// allocator's rounding (which DeviceArray does not count).
+constexpr size_t kPoolHeadroomBytes = 1ull << 30;
 
 struct MemoryPlan {
     MemoryPlanRequest request;
@@ -50,13 +64,44 @@ struct MemoryPlan {
     size_t head = 0;         // the log-prob head's workspaces (one vocabulary chunk of logits, dlogits, ...)
     size_t gemm_scratch = 0; // the cuBLASLt workspace and the FP8 copies of GEMM operands
     size_t reference = 0;    // the KL reference's weights and forward buffers
-    size_t kv_cache_bytes = 0;  // generation's paged KV cache and decode buffers (rollout.cu)
+    size_t reference_state = 0;  // ... of which its weights (the rest it frees for the rollout)
+    // the rollout phase: the prefill forward (one activation set) with its GEMM scratch, the decode
+    // buffers, the KV page pool asked for and the least it runs in (its page size)
+    size_t rollout_forward = 0, rollout_buffers = 0, kv_pool = 0, kv_pool_min = 0, kv_page = 0;
 
-    size_t total() const {
-        return master + gradients + adam_m + adam_v + bf16_copy + fp8_copies + grad_bucket + activations + backward + head +
-               gemm_scratch + reference + kv_cache_bytes;
+    size_t train_state() const { return master + gradients + adam_m + adam_v; }
+    size_t weights() const { return bf16_copy + fp8_copies + grad_bucket; }
+    size_t update_peak() const {
+        return train_state() + weights() + activations + backward + head + gemm_scratch + reference;
     }
+    // Without the KV pool: what the rollout phase holds beside it.
+    size_t rollout_fixed() const {
+        return (request.offload_train_state ? 0 : train_state()) + weights() + reference_state + rollout_forward + rollout_buffers;
+    }
+    // The pool on a device of `device_bytes`: what the rollout phase leaves (less kPoolHeadroomBytes),
+    // at most the pool asked for, in whole pages; 0 when not even the least fits.
+    size_t kv_pool_on(size_t device_bytes) const;
+    size_t rollout_peak(size_t device_bytes) const { return rollout_fixed() + kv_pool_on(device_bytes); }
+    // The rollout phase's least: its least pool, and the headroom the pool leaves.
+    size_t rollout_min() const { return kv_page ? rollout_fixed() + kv_pool_min + kPoolHeadroomBytes : rollout_fixed(); }
+    // The least device memory the run needs: the larger phase, the rollout with its least pool.
+    size_t total() const { return std::max(update_peak(), rollout_min()); }
+    // Bytes over PCIe per step with --offload_train_state 1: the master weights and moments out and back.
+    size_t offload_bytes_per_step() const { return 2 * (master + adam_m + adam_v); }
 };
+
+
+// PCIe Gen5 x16 between pinned host memory and an H100: 64 GB/s per direction in theory (128 GB/s
+// both ways, NVIDIA's H100 PCIe figure); a pinned copy reaches about 80% of a link's rate, so the
+// plan prices --offload_train_state at 50 GB/s (docs/gpu-engine.md, "Phases").
+constexpr double kPcieBytesPerSecond = 50e9;
+
+inline size_t MemoryPlan::kv_pool_on(size_t device_bytes) const {
+    const size_t fixed = rollout_fixed() + kPoolHeadroomBytes;
+    if (kv_page == 0 || device_bytes <= fixed) return 0;
+    const size_t pool = std::min(kv_pool, (device_bytes - fixed) / kv_page * kv_page);
+    return pool >= kv_pool_min ? pool : 0;
+}
 
 inline double gib(size_t bytes) { return (double)bytes / (1024.0 * 1024.0 * 1024.0); }
 inline double mib(size_t bytes) { return (double)bytes / (1024.0 * 1024.0); }
@@ -194,15 +239,23 @@ inline MemoryPlan plan_memory(const ModelConfig& c, const MemoryPlanRequest& r, 
     p.backward = backward_bytes(c, T, k.column_sum_chunk_rows);
     p.head = head_bytes(c, T, k.head_vocab_chunk, true);
     p.gemm_scratch = k.gemm_workspace_bytes + linear_scratch_bytes(c, T, r.fp8_scaling);
-    p.kv_cache_bytes = r.rollout_bytes;
-    if (r.reference_policy)
-        p.reference = 4 * P + p.bf16_copy + p.fp8_copies + forward_bytes(c, T, r.recompute_layer) + head_bytes(c, T, k.head_vocab_chunk, false) +
+    // a forward without a backward (the reference's, a prefill) keeps one activation set, as --recompute layer does
+    if (r.reference_policy) {
+        p.reference_state = 4 * P + p.bf16_copy + p.fp8_copies;
+        p.reference = p.reference_state + forward_bytes(c, T, true) + head_bytes(c, T, k.head_vocab_chunk, false) +
                       k.gemm_workspace_bytes + linear_scratch_bytes(c, T, r.fp8_scaling);
+    }
+    if (r.rollout_tokens > 0)
+        p.rollout_forward = forward_bytes(c, r.rollout_tokens, true) + k.gemm_workspace_bytes +
+                            linear_scratch_bytes(c, r.rollout_tokens, r.fp8_scaling);
+    p.rollout_buffers = r.rollout_bytes;
+    p.kv_pool = r.kv_pool_bytes, p.kv_pool_min = r.kv_pool_min_bytes, p.kv_page = r.kv_page_bytes;
     return p;
 }
 
-// The plan as the lines printed at start.
-inline std::string memory_plan_text(const MemoryPlan& p) {
+// The plan as the lines printed at start, on a device of device_bytes: the update phase's buffers,
+// then the rollout phase's, each phase's peak, and the larger, which must fit.
+inline std::string memory_plan_text(const MemoryPlan& p, size_t device_bytes) {
     const MemoryPlanRequest& r = p.request;
     std::string s = strfmt("memory plan (one GPU): %s for %s parameters, %lld tokens per micro-batch, --recompute %s\n",
                            bytes_text(p.total()).c_str(), std::to_string(p.params).c_str(), (long long)r.tokens,
@@ -223,12 +276,29 @@ inline std::string memory_plan_text(const MemoryPlan& p) {
         line("BF16 weight copy", p.bf16_copy);
         line("FP8 weight copies + scale grids", p.fp8_copies);
     }
+    s += "  update phase (log-prob passes, training forward and backward, AdamW):\n";
     line("activations per micro-batch", p.activations);
     line("backward buffers", p.backward);
     line("log-prob head workspaces", p.head);
     line("GEMM scratch (cuBLASLt workspace, FP8 operands)", p.gemm_scratch);
     if (r.reference_policy) line("KL reference policy (weights + forward)", p.reference);
-    line("generation: KV page pool, decode buffers", p.kv_cache_bytes);
+    line("update phase peak", p.update_peak());
+    if (!p.kv_page) return s;  // no generation planned
+    const size_t pool = p.kv_pool_on(device_bytes);
+    s += strfmt("  rollout phase (generation)%s:\n",
+                r.offload_train_state ? "; the FP32 master weights and moments in pinned host memory, the gradients freed" : "");
+    if (r.reference_policy) line("KL reference policy (weights)", p.reference_state);
+    line("prefill forward (one activation set, GEMM scratch)", p.rollout_forward);
+    line("decode buffers", p.rollout_buffers);
+    line(strfmt("KV page pool: %zu pages of %.0f KiB", pool / p.kv_page, p.kv_page / 1024.0).c_str(), pool);
+    line("rollout phase peak", p.rollout_peak(device_bytes));
+    s += strfmt("  KV pool: %zu sequences at full length (%s each; %s asked for); more run when shorter, and "
+                "preemption handles the rest\n",
+                p.kv_pool_min ? pool / p.kv_pool_min : 0, bytes_text(p.kv_pool_min).c_str(), bytes_text(p.kv_pool).c_str());
+    if (r.offload_train_state)
+        s += strfmt("  --offload_train_state 1: %s over PCIe per step (master weights and moments out before the rollout, back "
+                    "after), ~%.2f s at %.0f GB/s\n",
+                    bytes_text(p.offload_bytes_per_step()).c_str(), p.offload_bytes_per_step() / (kPcieBytesPerSecond), kPcieBytesPerSecond / 1e9);
     return s;
 }
 
@@ -241,9 +311,10 @@ inline size_t sharded_state_bytes(const MemoryPlan& p) {
     return p.master + p.adam_m + p.adam_v + (p.request.gradient_shards > 1 ? p.gradients : 0);
 }
 
-// An H200's memory as nvidia-smi reports it (the emulated device's, cuda/emu/emu_runtime.cpp): what
-// --plan_ranks plans against, without a device.
+// An H200's and an H100's (80 GB) memory as nvidia-smi reports them (the H200's is the emulated
+// device's, cuda/emu/emu_runtime.cpp): what --plan_device names for --plan_ranks.
 constexpr size_t kH200Bytes = 143771ull << 20;
+constexpr size_t kH100Bytes = 81559ull << 20;
 
 // The one line that refuses a plan exceeding the device's free memory ("" when it fits): the numbers,
 // then what would fit by the request's own terms (--recompute layer, the most tokens per micro-batch
@@ -256,13 +327,14 @@ inline std::string memory_plan_refusal(const ModelConfig& c, const MemoryPlanReq
     if (p.total() <= free_bytes) return "";
     std::vector<std::string> options;
     MemoryPlanRequest alt = r;
-    if (!r.recompute_layer) {
+    const bool update_fits = p.update_peak() <= free_bytes;  // then only the rollout phase's options help
+    if (!r.recompute_layer && !update_fits) {
         alt.recompute_layer = true;
         const size_t with_recompute = plan_memory(c, alt, k).total();
         options.push_back(strfmt("--recompute layer (%s%s)", bytes_text(with_recompute).c_str(), with_recompute <= free_bytes ? ", fits" : ""));
     }
     int64_t fitting = 0;  // the most tokens per micro-batch that fit (with the recompute just named)
-    for (int64_t lo = std::min(r.longest_sequence, r.tokens), hi = r.tokens; lo <= hi;) {
+    for (int64_t lo = std::min(r.longest_sequence, r.tokens), hi = update_fits ? 0 : r.tokens; lo <= hi;) {
         alt.tokens = lo + (hi - lo) / 2;
         if (plan_memory(c, alt, k).total() <= free_bytes) fitting = alt.tokens, lo = alt.tokens + 1;
         else hi = alt.tokens - 1;
@@ -274,16 +346,16 @@ inline std::string memory_plan_refusal(const ModelConfig& c, const MemoryPlanReq
                                  bytes_text(sharded_state_bytes(p)).c_str(), sharded_state_text(p).c_str()));
     std::string tail;
     for (size_t i = 0; i < options.size(); i++) tail += (i == 0 ? "; try " : i + 1 == options.size() ? " or " : ", ") + options[i];
-    if (fitting == 0)
+    if (fitting == 0 && !update_fits)
         tail += strfmt("; no --micro_batch_tokens fits (a forward holds at least one whole sequence, %lld tokens)",
                        (long long)r.longest_sequence);
     for (const std::string& n : notes) tail += "; " + n;
-    return strfmt("the memory plan needs %s of GPU memory (weights and optimizer %s, %lld tokens per micro-batch %s), the GPU has "
-                  "%s free of %s%s",
-                  bytes_text(p.total()).c_str(),
+    return strfmt("the memory plan needs %s of GPU memory (update phase %s: weights and optimizer %s, %lld tokens per micro-batch "
+                  "%s; rollout phase %s with the least KV pool), the GPU has %s free of %s%s",
+                  bytes_text(p.total()).c_str(), bytes_text(p.update_peak()).c_str(),
                   bytes_text(p.master + p.gradients + p.adam_m + p.adam_v + p.bf16_copy + p.fp8_copies + p.grad_bucket).c_str(),
                   (long long)r.tokens, bytes_text(p.activations + p.backward + p.head + p.gemm_scratch).c_str(),
-                  bytes_text(free_bytes).c_str(), bytes_text(total_bytes).c_str(), tail.c_str());
+                  bytes_text(p.rollout_min()).c_str(), bytes_text(free_bytes).c_str(), bytes_text(total_bytes).c_str(), tail.c_str());
 }
 
 }  // namespace fp8rl

@@ -48,7 +48,8 @@ inline const std::vector<FlagSpec>& flag_table() {
         {"prompts", "mode", FlagKind::String, "", "", "JSONL {\"prompt\":...} (or {\"ids\":[...]}) -> one completion per line"},
         {"score", "mode", FlagKind::String, "", "", "JSONL {\"task\":...,\"response\":...,\"answer\":...} -> {\"reward\":...,\"extracted\":...}"},
         {"output", "mode", FlagKind::String, "-", "", "where the JSONL modes write ('-' = stdout)"},
-        {"plan_ranks", "mode", FlagKind::Int, "", "1..", "GPU engine only (train_rl_cpu refuses it): print the memory plan of one rank of an N-rank run with the other flags, from the config.json of --model (or --init) alone, no weights, no GPU (needs --max_prompt_tokens); exit 0 if it fits an H200 (143771 MiB), else 1 with one line naming what would fit"},
+        {"plan_ranks", "mode", FlagKind::Int, "", "1..", "GPU engine only (train_rl_cpu refuses it): print the memory plan of one rank of an N-rank run with the other flags (each phase's peak: rollout and update), from the config.json of --model (or --init) alone, no weights (needs --max_prompt_tokens); exit 0 if the larger phase fits the device (--plan_device; else this GPU's memory, or without one an H200's), else 1 with one line naming what would fit"},
+        {"plan_device", "mode", FlagKind::Choice, "", "h100|h200", "--plan_ranks: plan against an H100 80 GB (81559 MiB) or an H200 (143771 MiB), as nvidia-smi reports them (default: this GPU's memory, or an H200's without one)"},
         // model and tokenizer
         {"model", "model", FlagKind::String, "", "", "HF model directory (config.json, *.safetensors, tokenizer.json)"},
         {"tokenizer", "model", FlagKind::String, "", "", "tokenizer.json or a directory holding one (default: --model)"},
@@ -94,7 +95,7 @@ inline const std::vector<FlagSpec>& flag_table() {
         {"max_new_tokens", "sampling", FlagKind::Int, "256", "1..", "generation budget per completion"},
         {"kv_cache", "sampling", FlagKind::Choice, "bf16", "fp32|bf16|fp8", "KV cache storage during generation", "bf16", "bf16|fp8"},
         {"rollout_slots", "sampling", FlagKind::Int, "0", "0..4096", "GPU engine only: sequences decoded together (0 = as many of a generation's requests as the memory plan fits); a finished one frees its slot at once"},
-        {"kv_cache_mb", "sampling", FlagKind::Float, "0", "0..", "GPU engine only: MiB of KV cache pages (0 = every slot at full length); when full, the newest sequence is preempted and redone"},
+        {"kv_cache_mb", "sampling", FlagKind::Float, "0", "0..", "GPU engine only: MiB of KV cache pages (0 = what the rollout phase leaves of the device, up to every slot at full length); when full, the newest sequence is preempted and redone"},
         {"kv_scales", "sampling", FlagKind::Choice, "layer", "layer|head", "FP8 KV cache: one scale per layer for K and one for V, or one per layer and KV head"},
         {"kv_page_tokens", "sampling", FlagKind::Int, "16", "1..4096", "GPU engine only: tokens per KV cache page"},
         {"cuda_graphs", "sampling", FlagKind::Int, "1", "0..1", "GPU engine only: capture each decode step batch-size bucket as a CUDA graph and replay it; 0 launches the kernels one by one"},
@@ -112,6 +113,7 @@ inline const std::vector<FlagSpec>& flag_table() {
         {"zero", "optimizer", FlagKind::Int, "1", "0..2", "GPU engine only (train_rl; the CPU engine ignores it): 1 shards the FP32 master weights and AdamW moments over the ranks (ZeRO-1), 2 the FP32 gradients too, reduced layer by layer during the backward (ZeRO-2), 0 keeps them whole on every rank"},
         // memory
         {"micro_batch_tokens", "memory", FlagKind::Int, "0", "0..", "run each minibatch's forward and backward in micro-batches of consecutive sequences of at most N tokens (a longer sequence alone), gradients accumulated; 0 = one forward per minibatch"},
+        {"offload_train_state", "memory", FlagKind::Int, "0", "0..1", "GPU engine only (train_rl_cpu ignores it): 1 moves the FP32 master weights and AdamW moments to pinned host memory for each rollout (and frees the gradients), so the KV cache gets their device memory; 2 x 12 bytes per parameter (of this rank's shard) over PCIe per step, results unchanged"},
         {"recompute", "memory", FlagKind::Choice, "none", "none|layer", "GPU engine only (train_rl_cpu ignores it): layer keeps each layer's input and recomputes the layer's activations just before its backward"},
         {"seed", "run", FlagKind::Int, "1234", "0..", "seed of every random choice (sampling, data order, init)"},
         {"threads", "run", FlagKind::Int, "0", "0..", "OpenMP threads (0 = OMP_NUM_THREADS or all cores)"},

@@ -253,11 +253,17 @@ int run_plan_mode(const Args& args) {
         const ModelConfig c = planned_model_config(args, cfg);
         check_fits_context(cfg, c);
         const RunShape shape{cfg, training_engine_options(args, cfg), ranks, cfg.max_prompt_tokens};
-        const PlannedMemory m = EngineT::offline_memory_plan(c, shape);
-        printf("--plan_ranks %d: one rank of %d, on an H200 (%s)\n%s", ranks, ranks, bytes_text(kH200Bytes).c_str(),
+        // the device named, else this process's GPU, else an H200
+        const std::string named = args.str("plan_device");
+        const size_t own = named.empty() ? EngineT::own_device_bytes() : 0;
+        const size_t device = named == "h100" ? kH100Bytes : named == "h200" || own == 0 ? kH200Bytes : own;
+        const std::string what = named == "h100" ? "an H100" : named == "h200" || own == 0 ? "an H200" : "this GPU";
+        const PlannedMemory m = EngineT::offline_memory_plan(c, shape, device);
+        printf("--plan_ranks %d: one rank of %d, on %s (%s)\n%s", ranks, ranks, what.c_str(), bytes_text(device).c_str(),
                m.text.c_str());
         if (!m.refusal.empty()) fail("%s", m.refusal.c_str());
-        printf("fits: %s of %s\n", bytes_text(m.total).c_str(), bytes_text(kH200Bytes).c_str());
+        printf("fits: %s of %s (rollout phase peak %s with its KV pool, update phase peak %s)\n", bytes_text(m.total).c_str(),
+               bytes_text(device).c_str(), bytes_text(m.rollout_peak).c_str(), bytes_text(m.update_peak).c_str());
         return 0;
     }
 }

@@ -252,6 +252,13 @@ private:
     TokenValues batched_logprobs(Engine& engine, const std::vector<Sequence>& seqs, const std::vector<size_t>& mb_begin,
                                  Precision p);
     bool old_lp_from_training() const;
+    // Both engines into a phase: into the rollout the reference first, so that the policy's high-water
+    // mark of the rollout starts after both freed their update buffers.
+    void enter_phase(Engine::Phase p) {
+        if (p == Engine::Phase::Rollout && ref_) ref_->enter_phase(p);
+        engine_.enter_phase(p);
+        if (p == Engine::Phase::Update && ref_) ref_->enter_phase(p);
+    }
     void save(Logger& log);
 };
 
@@ -273,6 +280,7 @@ inline std::vector<Sample> Trainer::rollout(MetricRow& m, double* gen_seconds, i
     int64_t kept_groups_global = 0, seen_groups_global = 0, attempts = 0;
     *gen_seconds = 0;
     *gen_tokens = 0;
+    enter_phase(Engine::Phase::Rollout);
     for (int attempt = 0; attempt < cfg_.max_gen_batches; attempt++) {
         attempts++;
         std::vector<int64_t> positions = PromptSource::rank_positions(B, cfg_.minibatches, dist_.rank(), ranks);
@@ -345,6 +353,7 @@ inline std::vector<Sample> Trainer::rollout(MetricRow& m, double* gen_seconds, i
     }
     std::vector<double> advantages;
     for (const Sample& x : kept) advantages.push_back(x.advantage);
+    enter_phase(Engine::Phase::Update);
     summary_metrics(dist_, "critic/advantages", advantages, m);
     summary_metrics(dist_, "critic/score", scores, m);
     summary_metrics(dist_, "critic/rewards", rewards, m);
@@ -595,6 +604,15 @@ inline MetricRow Trainer::train_step() {
     }
     step_++;
     m.set("training/epoch", (double)cursor_ / std::max<double>(1.0, (double)train_.size()));
+    // the device's high-water mark of each phase of this step, the most of any rank (an engine on a device)
+    std::vector<double> peaks(2, 0.0);
+    size_t rollout_peak = 0, update_peak = 0;
+    if (engine_.phase_peaks(&rollout_peak, &update_peak)) {
+        peaks = {rollout_peak / 1073741824.0, update_peak / 1073741824.0};
+        dist_.all_reduce_max(peaks);
+        m.set("memory/rollout_peak_gib", peaks[0]);
+        m.set("memory/train_peak_gib", peaks[1]);
+    }
     m.set("timing_s/step", seconds_since(t_step));
     return m;
 }
@@ -613,6 +631,7 @@ inline MetricRow Trainer::evaluate() {
     SamplingConfig g = cfg_.sampling;
     g.temperature = 0.0f;
     const uint32_t eval_step = 0x80000000u | (uint32_t)step_;  // eval draws never collide with training draws
+    enter_phase(Engine::Phase::Rollout);
     std::vector<Generation> out = engine_.generate(greedy, eval_step, g, cfg_.rollout_precision, cfg_.kv_cache, nullptr);
     std::vector<double> sums(4, 0.0);  // [greedy correct, sampled correct, prompts with any correct, prompts]
     for (size_t i = 0; i < out.size(); i++)
@@ -629,6 +648,7 @@ inline MetricRow Trainer::evaluate() {
             sums[2] += correct > 0;
         }
     }
+    enter_phase(Engine::Phase::Update);
     sums[3] = (double)(end - begin);
     dist_.all_reduce_sum(sums);
     const std::string p = "val-core/" + cfg_.task + "/acc/";

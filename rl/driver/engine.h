@@ -65,7 +65,8 @@ struct EngineOptions {
     // memory allows (training resolves it with the memory plan before the engine exists:
     // rl/driver/memory_fit.h; an engine given 0 takes what its device's free memory holds)
     int rollout_slots = 0;
-    double kv_cache_mb = 0;     // GPU: KV page pool in MiB; 0 = every slot at its longest
+    // GPU: KV page pool in MiB; 0 = what the rollout phase leaves free, up to every slot at its longest
+    double kv_cache_mb = 0;
     int kv_page_tokens = 16;    // GPU: tokens per KV page
     bool kv_scale_per_head = false;  // both engines, --kv_scales head: FP8 KV scales per layer and KV head
     Fp8Scaling fp8_scaling = Fp8Scaling::Block;  // both engines, --fp8_scaling: the FP8 GEMMs' scale granularity
@@ -78,6 +79,10 @@ struct EngineOptions {
     // just before each dgrad, a BF16 pass casts each layer from the FP32 master as it goes, and BF16
     // is kept only for the other tensors (embeddings, norms, biases, head).
     bool one_fp8_weight_copy = false;
+    // GPU, --offload_train_state 1: the FP32 master weights and AdamW moments wait in pinned host
+    // memory during the rollout (the gradients, which hold nothing then, are freed), so the KV pool
+    // gets their device memory.
+    bool offload_train_state = false;
 };
 
 // The most a training run asks of an engine's memory at once, known before the engine exists (an
@@ -91,6 +96,7 @@ struct MemoryDemand {
     // at most longest_prompt + max_new_tokens tokens, with this KV cache
     int64_t rollout_requests = 0, longest_prompt = 0;
     int max_new_tokens = 0;
+    int64_t rollout_prompts = 0;  // the most distinct prompts of one generate() (its prefill and KV calibration forwards)
     Precision kv_cache = Precision::BF16;
 };
 
@@ -154,6 +160,19 @@ public:
 
     // Writes the weights as a HF directory (bf16 safetensors, config.json, tokenizer files).
     virtual void save_hf(const std::string& dir) = 0;
+
+    // The two phases of a step: the rollout (generation) and the update (log-prob passes, training,
+    // checkpoints). An engine on a device holds each phase's buffers only during it, in the same
+    // memory (cuda/engine/engine_gpu.cuh); the CPU engine has nothing to free. An engine starts in
+    // the update.
+    enum class Phase { Rollout, Update };
+    virtual void enter_phase(Phase) {}
+    // The device's high-water marks in bytes: of the last rollout phase, and of the update phase (so
+    // far, while in it; else the last); false without a device.
+    virtual bool phase_peaks(size_t* rollout, size_t* update) const {
+        *rollout = *update = 0;
+        return false;
+    }
 };
 
 }  // namespace fp8rl

@@ -43,6 +43,7 @@ inline MemoryDemand memory_demand_of(const RunShape& s) {
     const int64_t eval_per_rank = (cfg.eval_prompts + ranks - 1) / ranks;
     d.rollout_requests = std::max((cfg.batch_prompts + ranks - 1) / ranks * cfg.group_size,
                                   cfg.eval_every > 0 ? eval_per_rank * std::max(1, cfg.eval_k) : 0);
+    d.rollout_prompts = std::max((cfg.batch_prompts + ranks - 1) / ranks, cfg.eval_every > 0 ? eval_per_rank : 0);
     d.longest_prompt = s.longest_prompt;
     d.max_new_tokens = cfg.sampling.max_new_tokens;
     d.kv_cache = cfg.kv_cache;
@@ -80,6 +81,12 @@ inline std::string run_memory_refusal(const ModelConfig& c, const RunShape& s, c
     if (p.total() <= free_bytes) return "";
     auto fits = [&](const RunShape& x) { return plan_memory(c, request(x), k).total() <= free_bytes; };
     std::vector<std::string> more, notes;
+    if (!s.options.offload_train_state && p.rollout_min() > free_bytes) {  // the rollout is the larger phase
+        RunShape x = s;
+        x.options.offload_train_state = true;
+        const size_t t = plan_memory(c, request(x), k).total();
+        if (t < p.total()) more.push_back(strfmt("--offload_train_state 1 (%s%s)", bytes_text(t).c_str(), t <= free_bytes ? ", fits" : ""));
+    }
     RunShape base = s;
     std::vector<std::string> with;  // the changes the searches below start from
     if (s.options.zero == 0) {  // on one rank the same run; on more, --zero 1 shards the optimizer
@@ -144,23 +151,26 @@ inline RunShape with_rollout_slots(const ModelConfig& c, RunShape s, const PlanR
     return s;
 }
 
-// A run's plan against a device: its printed lines, its total, the refusal ("" when it fits) and the
-// rollout slots it plans (--rollout_slots, or what 0 resolves to).
+// A run's plan against a device: its printed lines, its total (the larger phase at its least), the
+// refusal ("" when it fits), the rollout slots it plans (--rollout_slots, or what 0 resolves to) and
+// each phase's peak on that device (the rollout's with the KV pool it gets there).
 struct PlannedMemory {
     std::string text, refusal;
     size_t total = 0;
     int rollout_slots = 0;
+    size_t rollout_peak = 0, update_peak = 0;
 };
 
 inline PlannedMemory plan_against(const ModelConfig& c, const RunShape& asked, const PlanRequestOf& request,
                                   const PlanConstants& k, size_t free_bytes, size_t total_bytes) {
     const RunShape s = with_rollout_slots(c, asked, request, k, free_bytes);
     const MemoryPlan p = plan_memory(c, request(s), k);
-    std::string text = memory_plan_text(p);
+    std::string text = memory_plan_text(p, free_bytes);
     if (asked.options.rollout_slots == 0)
         text += strfmt("  rollout slots: %d of the %lld requests a generation samples (--rollout_slots 0: the most the plan fits)\n",
                        s.options.rollout_slots, (long long)memory_demand_of(s).rollout_requests);
-    return {text, run_memory_refusal(c, s, request, k, free_bytes, total_bytes), p.total(), s.options.rollout_slots};
+    return {text, run_memory_refusal(c, s, request, k, free_bytes, total_bytes), p.total(), s.options.rollout_slots,
+            p.rollout_peak(free_bytes), p.update_peak()};
 }
 
 // The plan's printed lines when it fits free_bytes (and s's --rollout_slots 0 resolved to the slots

@@ -104,6 +104,7 @@ inline EngineOptions engine_options_from_args(const Args& a) {
     o.recompute_layer = a.str("recompute") == "layer";
     o.rollout_slots = (int)a.integer("rollout_slots");
     o.kv_cache_mb = a.number("kv_cache_mb");
+    o.offload_train_state = a.integer("offload_train_state") == 1;
     o.kv_page_tokens = (int)a.integer("kv_page_tokens");
     o.kv_scale_per_head = a.str("kv_scales") == "head";
     o.fp8_scaling = parse_fp8_scaling(a.str("fp8_scaling"), "--fp8_scaling");
