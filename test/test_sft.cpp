@@ -110,13 +110,15 @@ TEST(lr_schedule_wsd) {
 }
 
 // The GPU binary in emulation trains what the CPU binary trains: SFT's step-1 loss (the forward before
-// the update), its gradient norm and the held-out losses before and after the update, in bf16 and fp8.
+// the update), its gradient norm and the held-out losses before and after the update, in bf16 and fp8
+// (with fp32 and with power-of-two scales).
 // The engines differ by BF16 summation order (~1e-3 per token log-prob, test/gpu/test_engine.cu): a
 // mean over ~100 tokens agrees within 2e-3 relative, the gradient norm within 2e-2.
 TEST(sft_train_rl_emu_matches_train_rl_cpu) {
     if (std::system(("test -x " + harness::emu_binary()).c_str()) != 0) SKIP("./train_rl_emu not built (make train_rl_emu)");
-    for (const char* p : {"bf16", "fp8"}) {
-        const std::string d = temp_dir(std::string("sft_emu_") + p);
+    std::map<std::string, double> fp8_val;  // val/loss before the update, by --fp8_scales
+    for (const std::string p : {"bf16", "fp8 --fp8_scales fp32", "fp8 --fp8_scales pow2"}) {
+        const std::string d = temp_dir("sft_emu_" + p.substr(0, 3) + "_" + p.substr(p.size() - 4));
         const std::string flags = std::string(" --mode sft --model ") + kSftModel +
                                   " --data test/fixtures/sft/messages.jsonl --eval_data test/fixtures/sft/prompt.jsonl"
                                   " --batch_seqs 2 --steps 1 --lr 1e-3 --threads 2 --train_precision " + p;
@@ -126,15 +128,19 @@ TEST(sft_train_rl_emu_matches_train_rl_cpu) {
         if (cpu.status || gpu.status) continue;
         const std::vector<Json> c = log_rows(d + "/cpu"), g = log_rows(d + "/gpu");
         CHECK(c.size() == 2 && g.size() == 2);  // the step-0 eval, then step 1 with its eval
+        if (!c.empty() && c[0].find("val/loss")) fp8_val[p] = c[0].find("val/loss")->number;
         for (size_t i = 0; i < std::min(c.size(), g.size()); i++)
             for (const char* k : {"train/loss", "train/tokens", "val/loss", "val/loss_bf16", "actor/grad_norm"}) {
                 const Json *a = c[i].find(k), *b = g[i].find(k);
-                CHECK_MSG((a == nullptr) == (b == nullptr), "%s row %zu: %s", p, i, k);
+                CHECK_MSG((a == nullptr) == (b == nullptr), "%s row %zu: %s", p.c_str(), i, k);
                 if (a && b)
                     CHECK_MSG(std::fabs(a->number - b->number) <= (std::string(k) == "actor/grad_norm" ? 2e-2 : 2e-3) * std::fabs(a->number),
-                              "%s row %zu %s: cpu %.6g emu %.6g", p, i, k, a->number, b->number);
+                              "%s row %zu %s: cpu %.6g emu %.6g", p.c_str(), i, k, a->number, b->number);
             }
     }
+    // power-of-two scales quantize differently (a coarser scale: fewer mantissa bits used)
+    CHECK_MSG(fp8_val["fp8 --fp8_scales fp32"] != fp8_val["fp8 --fp8_scales pow2"], "pow2 val/loss %.9g equals fp32's",
+              fp8_val["fp8 --fp8_scales pow2"]);
 }
 
 // CPT of a fresh byte-level model, then SFT from its run directory (which loads its latest checkpoint):

@@ -112,6 +112,7 @@ inline EngineOptions engine_options_from_args(const Args& a) {
     o.kv_page_tokens = (int)a.integer("kv_page_tokens");
     o.kv_scale_per_head = a.str("kv_scales") == "head";
     o.fp8_scaling = parse_fp8_scaling(a.str("fp8_scaling"), "--fp8_scaling");
+    o.fp8_pow2_scales = a.str("fp8_scales") == "pow2";
     o.cuda_graphs = a.integer("cuda_graphs") == 1;
     return o;
 }
