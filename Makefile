@@ -104,7 +104,7 @@ BENCH_BINS := $(patsubst bench/%.cpp,$(BUILD)/%,$(BENCH_SRCS))
 FUZZ_SECONDS ?= 30
 FUZZ_TARGETS := json safetensors
 
-.PHONY: all test test-runs test-unit test-asan test-cpu test-cpu-asan test-gpu-emu test-gpu-emu-asan test-bench-emu \
+.PHONY: all demo-sft test test-runs test-unit test-asan test-cpu test-cpu-asan test-gpu-emu test-gpu-emu-asan test-bench-emu \
         test_gpu_emu emu-lib cuda-check gpu-bundle bench bench_gpu fuzz $(FUZZ_TARGETS:%=fuzz-%) clean demo
 # make (all): every binary this machine can build, then each one it skipped and why. A target joins
 # ALL_BINS where its tools are found, else ALL_SKIPPED gets "name: reason".
@@ -405,6 +405,23 @@ DEMO_FLAGS ?= --init tiny --task add --task_size 1 --max_new_tokens 3 --group_si
 demo: train_rl_cpu
 	rm -f $(DEMO_DIR)/events.out.tfevents.*  # one event file per run: a rerun starts the charts afresh
 	./train_rl_cpu $(DEMO_FLAGS) --out_dir $(DEMO_DIR)
+
+# CPT -> SFT -> RL in miniature (docs/sft.md): a fresh byte-level tiny model reads 3000 sums as plain
+# text (CPT, WSD schedule), is fine-tuned on 1000 prompt/completion rows of the add task (SFT, cosine),
+# then trained by GRPO on the add task from the SFT run's latest checkpoint; all in fp8. The data are
+# written by awk. About 30 s on 2 cores.
+DEMO_SFT_DIR ?= runs/demo-sft
+demo-sft: train_rl_cpu
+	@mkdir -p $(DEMO_SFT_DIR)
+	awk 'BEGIN{srand(1); for(i=0;i<3000;i++){a=int(rand()*10);b=int(rand()*10); printf "{\"text\": \"%d+%d=%02d\"}\n",a,b,a+b}}' > $(DEMO_SFT_DIR)/cpt.jsonl
+	awk 'BEGIN{srand(2); for(i=0;i<1000;i++){a=int(rand()*10);b=int(rand()*10); printf "{\"prompt\": \"%d+%d=\", \"completion\": \"%02d\"}\n",a,b,a+b}}' > $(DEMO_SFT_DIR)/sft.jsonl
+	./train_rl_cpu --mode cpt --init tiny --data $(DEMO_SFT_DIR)/cpt.jsonl --seq_len 64 --batch_seqs 16 --steps 150 --lr 3e-3 \
+	  --lr_schedule wsd --warmup_steps 10 --decay_steps 30 --train_precision fp8 --threads 2 --out_dir $(DEMO_SFT_DIR)/cpt
+	./train_rl_cpu --mode sft --model $(DEMO_SFT_DIR)/cpt --data $(DEMO_SFT_DIR)/sft.jsonl --batch_seqs 32 --steps 100 --lr 1e-3 \
+	  --lr_schedule cosine --warmup_steps 5 --train_precision fp8 --threads 2 --out_dir $(DEMO_SFT_DIR)/sft
+	./train_rl_cpu --model $(DEMO_SFT_DIR)/sft --task add --task_size 1 --max_new_tokens 3 --group_size 8 --batch_prompts 16 \
+	  --lr 3e-4 --steps 60 --eval_every 20 --eval_prompts 100 --eval_k 0 --rollout_precision fp8 --train_precision fp8 \
+	  --kv_cache fp8 --threads 2 --out_dir $(DEMO_SFT_DIR)/rl
 
 clean:
 	rm -rf $(BUILD) train_rl_cpu train_rl train_rl_emu test_gpu

@@ -20,17 +20,17 @@ struct RunShape;  // rl/driver/memory_fit.h: what a run's device memory depends 
 class CpuEngine : public Engine {
 public:
     // dir: a HF model directory; its side files (tokenizer, generation config) are copied into
-    // every checkpoint. Of the options it reads kv_scale_per_head, kv_amax_reduce and fp8_scaling (the
-    // GPU's are the rest).
+    // every checkpoint. Of the options it reads kv_scale_per_head, kv_amax_reduce, fp8_scaling and
+    // fp8_pow2_scales (the GPU's are the rest).
     explicit CpuEngine(const std::string& dir, const EngineOptions& options = {})
         : kv_scale_per_head_(options.kv_scale_per_head), fp8_scaling_(options.fp8_scaling),
-          kv_amax_reduce_(options.kv_amax_reduce), source_dir_(dir),
+          fp8_pow2_scales_(options.fp8_pow2_scales), kv_amax_reduce_(options.kv_amax_reduce), source_dir_(dir),
           weights_(ModelWeights::load(dir)), model_(weights_), grads_(weights_.num_floats(), 0.0f) {}
 
     // A frozen copy (the KL reference policy): same weights, its own buffers.
     CpuEngine(const CpuEngine& other)
         : kv_scale_per_head_(other.kv_scale_per_head_), fp8_scaling_(other.fp8_scaling_),
-          kv_amax_reduce_(other.kv_amax_reduce_), source_dir_(other.source_dir_),
+          fp8_pow2_scales_(other.fp8_pow2_scales_), kv_amax_reduce_(other.kv_amax_reduce_), source_dir_(other.source_dir_),
           weights_(other.weights_), model_(weights_), grads_() {}
     CpuEngine& operator=(const CpuEngine&) = delete;  // model_ points into weights_
 
@@ -172,6 +172,7 @@ private:
 
     bool kv_scale_per_head_;  // --kv_scales head: FP8 KV scales per layer and KV head
     Fp8Scaling fp8_scaling_;  // --fp8_scaling: the FP8 weights' and operands' scale granularity
+    bool fp8_pow2_scales_;    // --fp8_scales pow2: those scales rounded down to powers of two
     KvAmaxReduce kv_amax_reduce_;  // the FP8 KV amaxes' max over the ranks (EngineOptions)
     std::string source_dir_;
     ModelWeights weights_;
@@ -198,6 +199,7 @@ private:
         if (it == params_.end()) {
             it = params_.emplace(p, ModelParams()).first;
             it->second.fp8_scaling = fp8_scaling_;
+            it->second.fp8_pow2_scales = fp8_pow2_scales_;
             it->second.prepare(model_, p);
         }
         return it->second;

@@ -134,7 +134,7 @@ class GpuEngine : public Engine {
         for (int l = 0; l < model_.L; l++)
             for (int j = 0; j < kProjections; j++) {
                 const LinearWeight w = model_.projection(l, (Projection)j, nullptr);
-                fp8_.emplace_back(new Fp8Storage(w.N, w.K, options_.fp8_scaling, !one_copy));
+                fp8_.emplace_back(new Fp8Storage(w.N, w.K, options_.fp8_scaling, !one_copy, options_.fp8_pow2_scales));
                 amax_words = std::max(amax_words, fp8_amax_words(options_.fp8_scaling, w.N, w.K));
                 largest = std::max(largest, (size_t)w.N * w.K);
             }
@@ -436,13 +436,13 @@ class GpuEngine : public Engine {
         DeviceArray<uint8_t> codes, codes_t;
         DeviceArray<float> scales, scales_t;
         Fp8WeightCopy copy;
-        Fp8Storage(int N, int K, Fp8Scaling scaling, bool transposed)
+        Fp8Storage(int N, int K, Fp8Scaling scaling, bool transposed, bool pow2_scales)
             : codes((size_t)N * K, "FP8 weight codes"), scales(fp8_scale_count(fp8_weight_layout(scaling), N, K), "FP8 weight scales") {
             if (transposed) {
                 codes_t.resize((size_t)N * K, "FP8 transposed weight codes");
                 scales_t.resize(fp8_scale_count(fp8_weight_layout(scaling), K, N), "FP8 weight scales");
             }
-            copy = {codes.get(), scales.get(), codes_t.get(), scales_t.get(), false, scaling};
+            copy = {codes.get(), scales.get(), codes_t.get(), scales_t.get(), pow2_scales, scaling};
         }
     };
     // One FP8 weight copy: the BF16 copy's runs, each the parameters [begin, end) of [P] between two
@@ -989,7 +989,7 @@ inline void GpuEngine::ensure_scratch(long rows) {
     // the widest GEMM operand: an input [rows][C, H D or I], an output gradient [rows][C, qkv dim or 2I]
     const long max_dim = std::max({(long)m.C, (long)m.qkv_dim(), 2L * m.I});
     scratch_.reset();  // freed before the larger one is allocated: the memory plan counts one
-    scratch_.reset(new LinearScratch((int)rows, (int)max_dim, false, options_.fp8_scaling));
+    scratch_.reset(new LinearScratch((int)rows, (int)max_dim, options_.fp8_pow2_scales, options_.fp8_scaling));
     scratch_max_tokens_ = rows;
 }
 

@@ -17,6 +17,7 @@
 #include "rl/driver/args.h"
 #include "rl/common.h"
 #include "rl/driver/driver.h"
+#include "rl/driver/lm_trainer.h"
 #include "rl/driver/memory_fit.h"
 #include "rl/io/jsonl.h"
 #include "rl/model/model_info.h"
@@ -234,6 +235,82 @@ void train_on_ranks(const Args& args, const Dist& dist, const char* binary) {
     log.print(files + (cfg.tensorboard ? "  (tensorboard --logdir " + cfg.out_dir + ")" : ""));
 }
 
+// The token that ends a completion (SFT) and a document (CPT): the model's first eos id (Qwen's
+// <|im_end|>, a fresh model's <|endoftext|>), and for documents the tokenizer's end-of-text token
+// where it has one.
+inline int32_t end_of_turn_id(const ModelConfig& c) {
+    if (c.eos_token_ids.empty()) fail("the model has no eos_token_id (config.json, generation_config.json); SFT ends each completion with it");
+    return (int32_t)c.eos_token_ids[0];
+}
+inline int32_t end_of_text_id(const Tokenizer& tok, const ModelConfig& c) {
+    for (const char* t : {"<|endoftext|>", "<|end_of_text|>"})
+        if (int id = tok.token_to_id(t); id >= 0) return id;
+    return end_of_turn_id(c);
+}
+
+// --mode sft|cpt: rl/driver/lm_trainer.h on EngineT, data parallel over MPI ranks.
+template <class EngineT>
+void train_lm_on_ranks(const Args& args, const Dist& dist, const char* binary) {
+    if (args.integer("threads") > 0) omp_set_num_threads((int)args.integer("threads"));
+    TrainConfig cfg = train_config_from_args(args);
+    PromptSource::rank_positions(cfg.batch_seqs, 1, 0, dist.size());  // refuses a batch the ranks cannot split
+    if (dist.is_root()) {
+        make_out_dir(cfg.out_dir);
+        printf("%s: --mode %s, %d rank(s) x %d thread(s)\n%s", binary, cfg.mode.c_str(), dist.size(), omp_get_max_threads(),
+               config_table(args).c_str());
+    }
+    dist.barrier();
+    const std::string dir = model_directory(args, cfg, dist);
+    const ModelConfig mc = load_model_config(dir);
+    const int64_t positions = mc.max_position_embeddings;
+    std::unique_ptr<Tokenizer> tok = Tokenizer::load(dir + "/tokenizer.json");
+    std::vector<LmRow> train, eval;
+    if (cfg.mode == "sft") {
+        if (positions > 0 && cfg.max_seq_len > positions)
+            fail("--max_seq_len %lld: the model has %lld positions (max_position_embeddings); use --max_seq_len %lld or less",
+                 (long long)cfg.max_seq_len, (long long)positions, (long long)positions);
+        const int64_t longest = cfg.max_seq_len > 0 ? cfg.max_seq_len : positions;
+        SftEncoder enc(*tok, dir, cfg.enable_thinking, end_of_turn_id(mc));
+        train = load_sft_rows(cfg.data, enc, longest, dist.is_root());
+        if (!cfg.eval_data.empty()) eval = load_sft_rows(cfg.eval_data, enc, longest, dist.is_root());
+    } else {
+        if (positions > 0 && cfg.seq_len + 1 > positions)
+            fail("--seq_len %lld: a window holds %lld tokens, more than the model's %lld positions (max_position_embeddings); "
+                 "use --seq_len %lld or less",
+                 (long long)cfg.seq_len, (long long)cfg.seq_len + 1, (long long)positions, (long long)positions - 1);
+        const int32_t eot = end_of_text_id(*tok, mc);
+        train = load_cpt_windows(cfg.data, tok.get(), (int)mc.vocab_size, eot, cfg.seq_len, cfg.doc_mask);
+        if (!cfg.eval_data.empty())
+            eval = load_cpt_windows(cfg.eval_data, tok.get(), (int)mc.vocab_size, eot, cfg.seq_len, cfg.doc_mask);
+    }
+    EngineOptions options = training_engine_options(args, cfg);
+    int64_t longest = 0;
+    for (const std::vector<LmRow>* rows : {&train, &eval})
+        for (const LmRow& r : *rows)
+            for (const LmSequence& s : r) longest = std::max(longest, (int64_t)s.ids.size());
+    // The memory plan of an RL run whose forwards are this one's: --batch_seqs rows of one "completion"
+    // each, the longest row's tokens long (a CPT window split at documents is no longer in all).
+    TrainConfig planned = cfg;
+    planned.batch_prompts = cfg.batch_seqs;
+    planned.group_size = 1;
+    planned.minibatches = 1;
+    planned.eval_prompts = 1;
+    planned.eval_k = 0;
+    planned.sampling.max_new_tokens = 1;
+    RunShape shape{planned, options, dist.size(), std::max<int64_t>(1, longest - 1)};
+    const std::string plan = EngineT::device_memory_plan(mc, shape);
+    if (dist.is_root()) printf("%s", plan.c_str());
+    EngineT engine(dir, options);
+    LmTrainer trainer(cfg, dist, engine, std::move(train), std::move(eval));
+    if (args.given("resume")) trainer.restore(load_trainer_state(dir));
+    Logger log(cfg.out_dir, dist.is_root(), trainer.step(), cfg.tensorboard);
+    if (dist.is_root()) write_file_atomic(cfg.out_dir + "/" + kRecipeFile, recipe_json(cfg));
+    log.print(strfmt("model: %s (%zu parameters); %s steps %lld..%lld", dir.c_str(), engine.num_floats(), cfg.mode.c_str(),
+                     (long long)trainer.step() + 1, (long long)cfg.steps));
+    trainer.run(log);
+    log.print("files: " + log.path());
+}
+
 // --plan_ranks N: the memory plan of one rank of an N-rank training run with the other flags, from the
 // config.json of --model (or of the fresh model of --init) alone: no weights, tokenizer, data or
 // device; prompts are planned at --max_prompt_tokens. Printed, then exit 0 when it fits an H200, else
@@ -274,7 +351,8 @@ int train(const Args& args, const char* binary) {
     Dist dist;
     dist.set_timeout(args.number("collective_timeout"));
     try {
-        train_on_ranks<EngineT>(args, dist, binary);
+        if (args.str("mode") == "rl") train_on_ranks<EngineT>(args, dist, binary);
+        else train_lm_on_ranks<EngineT>(args, dist, binary);
     } catch (const Error& e) {
         if (dist.size() == 1) throw;
         fprintf(stderr, "error: (rank %d) %s\n", dist.rank(), e.what());

@@ -661,22 +661,25 @@ inline MetricRow Trainer::evaluate() {
     return m;
 }
 
-inline void Trainer::save(Logger& log) {
+// Writes a checkpoint of state (a HF directory of the engine's weights with recipe.json and the
+// trainer state) on rank 0, prunes the old ones, and waits for every rank.
+inline void save_run_checkpoint(const TrainConfig& cfg, const Dist& dist, Engine& engine, const TrainerState& s, Logger& log) {
     auto t0 = std::chrono::steady_clock::now();
-    TrainerState s = state();
-    if (dist_.is_root()) {
-        std::string dir = save_checkpoint(cfg_.out_dir, s, [&](const std::string& d) {
-            engine_.save_hf(d);
-            write_file_atomic(d + "/" + kRecipeFile, recipe_json(cfg_));
+    if (dist.is_root()) {
+        std::string dir = save_checkpoint(cfg.out_dir, s, [&](const std::string& d) {
+            engine.save_hf(d);
+            write_file_atomic(d + "/" + kRecipeFile, recipe_json(cfg));
         });
         std::string line = "  checkpoint: " + dir + strfmt(" (%.1fs)", seconds_since(t0));
-        if (cfg_.keep_checkpoints > 0) {
-            size_t removed = prune_checkpoints(cfg_.out_dir, cfg_.keep_checkpoints).size();
-            if (removed) line += strfmt("; removed %zu older (--keep_checkpoints %lld)", removed, (long long)cfg_.keep_checkpoints);
+        if (cfg.keep_checkpoints > 0) {
+            size_t removed = prune_checkpoints(cfg.out_dir, cfg.keep_checkpoints).size();
+            if (removed) line += strfmt("; removed %zu older (--keep_checkpoints %lld)", removed, (long long)cfg.keep_checkpoints);
         }
         log.print(line);
     }
-    dist_.barrier();
+    dist.barrier();
 }
+
+inline void Trainer::save(Logger& log) { save_run_checkpoint(cfg_, dist_, engine_, state(), log); }
 
 }  // namespace fp8rl

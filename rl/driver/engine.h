@@ -70,6 +70,7 @@ struct EngineOptions {
     int kv_page_tokens = 16;    // GPU: tokens per KV page
     bool kv_scale_per_head = false;  // both engines, --kv_scales head: FP8 KV scales per layer and KV head
     Fp8Scaling fp8_scaling = Fp8Scaling::Block;  // both engines, --fp8_scaling: the FP8 GEMMs' scale granularity
+    bool fp8_pow2_scales = false;  // both engines, --fp8_scales pow2: the FP8 GEMMs' scales rounded down to powers of two
     // Both engines, data parallel: the max over the ranks of the FP8 KV amaxes, which each rank takes
     // over its own prompts (the driver sets it: rl/driver/cli.h); empty: one rank.
     KvAmaxReduce kv_amax_reduce;

@@ -2,6 +2,7 @@
 // algorithm presets applied (DAPO: clip-higher 0.28, dual clip 10, dynamic sampling; Dr.GRPO:
 // seq-mean-token-sum-norm), and the checks that need more than one flag.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <string>
@@ -21,6 +22,10 @@
 namespace fp8rl {
 
 struct TrainConfig {
+    // sft and cpt (rl/driver/lm_trainer.h)
+    std::string mode = "rl";
+    int64_t batch_seqs = 32, max_seq_len = 0, seq_len = 256;
+    bool doc_mask = false;
     // data
     std::string task;
     int task_size = 0;
@@ -108,6 +113,7 @@ inline EngineOptions engine_options_from_args(const Args& a) {
     o.kv_page_tokens = (int)a.integer("kv_page_tokens");
     o.kv_scale_per_head = a.str("kv_scales") == "head";
     o.fp8_scaling = parse_fp8_scaling(a.str("fp8_scaling"), "--fp8_scaling");
+    o.fp8_pow2_scales = a.str("fp8_scales") == "pow2";
     o.cuda_graphs = a.integer("cuda_graphs") == 1;
     return o;
 }
@@ -123,6 +129,14 @@ inline EngineOptions training_engine_options(const Args& a, const TrainConfig& c
 
 inline TrainConfig train_config_from_args(const Args& a) {
     TrainConfig c;
+    c.mode = a.str("mode");
+    c.batch_seqs = a.integer("batch_seqs");
+    c.max_seq_len = a.integer("max_seq_len");
+    c.seq_len = a.integer("seq_len");
+    c.doc_mask = a.integer("doc_mask") == 1;
+    if (c.mode != "rl" && !a.given("data"))
+        fail("--mode %s trains on --data FILE.jsonl (%s); see docs/sft.md", c.mode.c_str(),
+             c.mode == "sft" ? "{\"messages\": [...]} or {\"prompt\": ..., \"completion\": ...} rows" : "{\"text\": ...} rows");
     c.task = a.str("task");
     c.data = a.str("data");
     c.eval_data = a.str("eval_data");
@@ -191,6 +205,11 @@ inline TrainConfig train_config_from_args(const Args& a) {
     c.lr.warmup = a.integer("warmup_steps") * c.minibatches * c.epochs;  // flags count steps, the schedule updates
     c.lr.total = c.steps * c.minibatches * c.epochs;
     c.lr.cosine = a.str("lr_schedule") == "cosine";
+    c.lr.wsd = a.str("lr_schedule") == "wsd";
+    c.lr.decay = (a.integer("decay_steps") ? a.integer("decay_steps") : std::max<int64_t>(1, c.steps / 10)) * c.minibatches * c.epochs;
+    if (c.lr.wsd && c.lr.decay > c.lr.total - c.lr.warmup)
+        fail("--decay_steps %lld: longer than the steps after warm-up (%lld); lower it or --warmup_steps",
+             (long long)a.integer("decay_steps"), (long long)(c.steps - a.integer("warmup_steps")));
     c.lr.min_ratio = a.number("min_lr_ratio");
 
     c.seed = (uint64_t)a.integer("seed");

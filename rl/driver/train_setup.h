@@ -109,19 +109,36 @@ inline std::string fresh_model_symbols(const TrainConfig& c) {
     return task_symbols(examples);
 }
 
+// The symbols of a fresh model's tokenizer: --tokenizer bytes (the default of --mode sft and cpt),
+// every byte, for any UTF-8 text; else those of the task's prompts.
+inline std::string fresh_symbols(const Args& a, const TrainConfig& c) {
+    if (!a.given("tokenizer") && c.mode == "rl") return fresh_model_symbols(c);
+    if (a.given("tokenizer") && a.str("tokenizer") != "bytes")
+        fail("--tokenizer %s with --init: a fresh model takes --tokenizer bytes (256 byte tokens and <|endoftext|>) or, left "
+             "out, the task's bytes",
+             a.str("tokenizer").c_str());
+    std::string all(256, '\0');
+    for (int b = 0; b < 256; b++) all[(size_t)b] = (char)b;
+    return all;
+}
+
 // The model directory the run loads. --resume: the checkpoint (itself a HF directory; the
 // run's --model or --init may be repeated and then only names the KL reference's origin);
 // --init: a fresh model written to OUT_DIR/init_model by rank 0 (from the task's symbols);
-// else --model. Exactly one of --model and --init.
+// else --model (a model directory, or a run directory: its latest checkpoint). Exactly one of --model
+// and --init.
 inline std::string model_directory(const Args& a, const TrainConfig& c, const Dist& dist) {
     if (a.given("model") && a.given("init"))
         fail("give exactly one of --model DIR (a HF model) and --init PRESET|config.json (a fresh model)");
     if (a.given("resume")) return resolve_checkpoint(a.str("resume"));
     if (!a.given("model") && !a.given("init"))
         fail("give exactly one of --model DIR (a HF model) and --init PRESET|config.json (a fresh model)");
-    if (a.given("model")) return a.str("model");
+    if (a.given("model")) {  // a run directory (an earlier stage of CPT -> SFT -> RL) loads its latest checkpoint
+        const std::string& m = a.str("model");
+        return std::filesystem::exists(m + "/config.json") || !std::filesystem::exists(m + "/latest") ? m : resolve_checkpoint(m);
+    }
     std::string dir = c.out_dir + "/init_model";
-    if (dist.is_root()) write_fresh_model(a.str("init"), dir, fresh_model_symbols(c), c.seed);
+    if (dist.is_root()) write_fresh_model(a.str("init"), dir, fresh_symbols(a, c), c.seed);
     dist.barrier();
     return dir;
 }
@@ -133,7 +150,7 @@ inline ModelConfig planned_model_config(const Args& a, const TrainConfig& c) {
         fail("give exactly one of --model DIR (a HF model) and --init PRESET|config.json (a fresh model)");
     if (a.given("model")) return load_model_config(a.str("model"));
     const std::string where = "--init " + a.str("init");
-    return parse_model_config(json_parse(fresh_config_text(a.str("init"), fresh_model_symbols(c)), where), where);
+    return parse_model_config(json_parse(fresh_config_text(a.str("init"), fresh_symbols(a, c)), where), where);
 }
 
 // The flags that size a sequence against the model's context (max_position_embeddings, when the

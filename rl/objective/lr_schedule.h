@@ -1,5 +1,7 @@
 // lr_schedule.h: learning rate per optimizer update: linear warm-up from lr/warmup to lr, then
-// constant or cosine decay to min_ratio*lr at the last update.
+// constant, cosine decay to min_ratio*lr at the last update, or warmup-stable-decay (WSD, the CPT
+// schedule of InfiR2 and MiniCPM): constant, then linear decay over the last `decay` updates to
+// min_ratio*lr at the last one.
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -14,11 +16,20 @@ struct LrSchedule {
     int64_t warmup = 0;      // updates
     int64_t total = 1;       // updates in the whole run
     bool cosine = false;
+    bool wsd = false;
+    int64_t decay = 0;       // wsd: updates of the final decay
     double min_ratio = 0.0;
 
     // update = 0-based index of the optimizer update.
     double at(int64_t update) const {
         if (update < warmup) return lr * (double)(update + 1) / (double)warmup;
+        if (wsd) {
+            const int64_t start = total - decay;  // the first decaying update
+            if (update < start || decay <= 0) return lr;
+            double progress = decay > 1 ? (double)(update - start) / (double)(decay - 1) : 1.0;
+            if (progress > 1.0) progress = 1.0;
+            return lr * (1.0 - (1.0 - min_ratio) * progress);
+        }
         if (!cosine) return lr;
         int64_t span = total - warmup;
         double progress = span > 1 ? (double)(update - warmup) / (double)(span - 1) : 1.0;

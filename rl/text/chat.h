@@ -7,6 +7,7 @@
 #include <cstring>
 #include <string>
 #include <sys/stat.h>
+#include <utility>
 #include <vector>
 
 #include "rl/common.h"
@@ -29,6 +30,9 @@ struct ChatOptions {
 };
 
 enum class ChatFamily { Qwen3, Qwen25, Llama3 };
+
+// [begin, end) byte ranges of a rendered text.
+using TextSpans = std::vector<std::pair<size_t, size_t>>;
 
 inline const char* chat_family_name(ChatFamily f) {
     switch (f) {
@@ -137,13 +141,18 @@ public:
 
     ChatFamily family() const { return family_; }
 
-    // The prompt text, as transformers' apply_chat_template(tokenize=False) renders it.
-    std::string render(const std::vector<ChatMessage>& messages, const ChatOptions& opt) const {
+    // The prompt text, as transformers' apply_chat_template(tokenize=False) renders it. spans, when
+    // given, receives each assistant turn's [begin, end) in the text: what the model writes after the
+    // turn's header, its content through the closing end-of-turn token (ChatML's <|im_end|>, not the
+    // newline after it; Llama-3's <|eot_id|>): the tokens SFT trains on (rl/tasks/sft_data.h).
+    std::string render(const std::vector<ChatMessage>& messages, const ChatOptions& opt, TextSpans* spans = nullptr) const {
         if (messages.empty()) fail("chat: no messages to render");
+        TextSpans ignored;
+        TextSpans& s = spans ? *spans : ignored;
         switch (family_) {
-            case ChatFamily::Qwen3: return render_qwen3(messages, opt);
-            case ChatFamily::Qwen25: return render_qwen25(messages, opt);
-            case ChatFamily::Llama3: return render_llama3(messages, opt);
+            case ChatFamily::Qwen3: return render_qwen3(messages, opt, s);
+            case ChatFamily::Qwen25: return render_qwen25(messages, opt, s);
+            case ChatFamily::Llama3: return render_llama3(messages, opt, s);
         }
         return "";
     }
@@ -173,12 +182,21 @@ private:
         return "<|im_start|>" + role + "\n" + content + "<|im_end|>\n";
     }
 
-    std::string render_qwen25(const std::vector<ChatMessage>& m, const ChatOptions& opt) const {
+    // Appends a rendered ChatML assistant turn ("<|im_start|>assistant\n" ... "<|im_end|>\n"), its
+    // span from after the header through <|im_end|>.
+    static void chatml_assistant(const std::string& rendered, std::string& out, TextSpans& spans) {
+        static const size_t header = strlen("<|im_start|>assistant\n");
+        spans.push_back({out.size() + header, out.size() + rendered.size() - 1});
+        out += rendered;
+    }
+
+    std::string render_qwen25(const std::vector<ChatMessage>& m, const ChatOptions& opt, TextSpans& spans) const {
         std::string out = m[0].role == "system" ? turn("system", m[0].content)
                                                 : turn("system", "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.");
         for (size_t i = 0; i < m.size(); i++) {
             const std::string& role = m[i].role;
-            if (role == "user" || role == "assistant" || (role == "system" && i > 0)) out += turn(role, m[i].content);
+            if (role == "user" || (role == "system" && i > 0)) out += turn(role, m[i].content);
+            else if (role == "assistant") chatml_assistant(turn(role, m[i].content), out, spans);
             else if (role == "tool") qwen_tool_turn(m, i, out);
             else if (role != "system") bad_role(i, role);
         }
@@ -197,14 +215,14 @@ private:
         return m.size() - 1;
     }
 
-    std::string render_qwen3(const std::vector<ChatMessage>& m, const ChatOptions& opt) const {
+    std::string render_qwen3(const std::vector<ChatMessage>& m, const ChatOptions& opt, TextSpans& spans) const {
         std::string out;
         if (m[0].role == "system") out += turn("system", m[0].content);
         size_t last_query = qwen3_last_query(m);
         for (size_t i = 0; i < m.size(); i++) {
             const std::string& role = m[i].role;
             if (role == "user" || (role == "system" && i > 0)) out += turn(role, m[i].content);
-            else if (role == "assistant") out += qwen3_assistant(m[i], i > last_query, i + 1 == m.size());
+            else if (role == "assistant") chatml_assistant(qwen3_assistant(m[i], i > last_query, i + 1 == m.size()), out, spans);
             else if (role == "tool") qwen_tool_turn(m, i, out);
             else if (role != "system") bad_role(i, role);
         }
@@ -235,7 +253,7 @@ private:
         return out + "<|im_end|>\n";
     }
 
-    std::string render_llama3(const std::vector<ChatMessage>& m, const ChatOptions& opt) const {
+    std::string render_llama3(const std::vector<ChatMessage>& m, const ChatOptions& opt, TextSpans& spans) const {
         size_t first = m[0].role == "system" ? 1 : 0;
         std::string out = bos_token_ + "<|start_header_id|>system<|end_header_id|>\n\n";
         out += "Cutting Knowledge Date: December 2023\nToday Date: " + opt.date_string + "\n\n";
@@ -243,7 +261,10 @@ private:
         for (size_t i = first; i < m.size(); i++) {
             const std::string& role = m[i].role;
             if (role != "system" && role != "user" && role != "assistant") bad_role(i, role);
-            out += "<|start_header_id|>" + role + "<|end_header_id|>\n\n" + python_strip(m[i].content) + "<|eot_id|>";
+            out += "<|start_header_id|>" + role + "<|end_header_id|>\n\n";
+            const size_t begin = out.size();
+            out += python_strip(m[i].content) + "<|eot_id|>";
+            if (role == "assistant") spans.push_back({begin, out.size()});
         }
         if (opt.add_generation_prompt) out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
         return out;
