@@ -2,13 +2,16 @@
 // answers: HP log-ratios drawn from N(0, σ²), production ones = HP + N(0, τ²) noise, so the
 // production log-ratio is N(0, σ² + τ²) and the matched quantile is L_ref^sqrt(1 + τ²/σ²).
 // Also: zero noise gives the reference bounds, a two-rank split decides bit for bit the same, the
-// histogram/fixed-point decision equals a direct sort-and-sum reading of spec-rl.md §12.8, guards.
+// counted/fixed-point decision equals a direct sort-and-sum reading of spec-rl.md §12.8 (with L* by count
+// matching, calibrated_clip.h), guards.
 #include <algorithm>
 #include <cmath>
 #include <random>
 
 #include "rl/objective/calibrated_clip.h"
 #include "test/harness.h"
+#include "test/run_binary.h"
+#include "test/training_run.h"
 
 using namespace fp8rl;
 
@@ -152,9 +155,16 @@ TEST(calib_matches_direct_definition) {
                 neg_r.push_back(ratio(t.logp, t.old_logp));
                 alpha_count += ratio(t.hp_logp, t.hp_old_logp) < cfg.ref_low;
             }
-        std::sort(neg_r.begin(), neg_r.end());
-        double l_star = alpha_count == 0 ? 0.5 : neg_r[alpha_count - 1];
-        l_star = std::round(std::min(0.9, std::max(0.5, l_star)) / 0.02) * 0.02;
+        // L*: the grid value below which as many FP8 ratios lie as HP ratios below L_ref (nearest
+        // count; ties to the value nearest the bound in force).
+        double l_star = 0.5, count_gap = INFINITY;
+        for (int j = 0; j <= 20; j++) {
+            double g = (50.0 + 2.0 * j) / 100.0, below = 0;
+            for (double x : neg_r) below += x < g;
+            double gap = std::fabs(below - (double)alpha_count);
+            if (gap < count_gap || (gap == count_gap && std::fabs(g - st.low) < std::fabs(l_star - st.low)))
+                count_gap = gap, l_star = g;
+        }
         CHECK_NEAR(r.target_low, l_star, 1e-12, 0);
         double l_new = std::min(0.9, std::max(0.5, st.low + std::min(0.05, std::max(-0.05, (l_star - st.low) / 2))));
         CHECK_NEAR(r.bounds.low, l_new, 1e-12, 0);
@@ -186,6 +196,32 @@ TEST(calib_matches_direct_definition) {
         CHECK_NEAR(r.bounds.high, std::min(2.0, std::max(1.2, st.high + std::min(0.1, std::max(-0.1, (h_star - st.high) / 2)))),
                    1e-12, 0);
     }
+}
+
+// When the reference clips nothing (α = 0), a bound that clips nothing either stays where it is
+// (§12.8's literal rule sent L* to 0.5 and dragged the bound down), and one that clips rises to
+// the highest grid value that clips nothing.
+TEST(calib_alpha_zero_keeps_a_bound_that_clips_nothing) {
+    CalibConfig cfg;
+    Synthetic syn;
+    syn.sigma = 0.02;  // HP ratios within ~exp(±0.1): none below 0.8
+    syn.tau = 0.02;
+    syn.n = 2000;
+    std::vector<CalibToken> toks = make_tokens(syn);
+    CalibState st{0.7, 1.5};
+    CalibResult r = cc_decide(cfg, st, stats_of(cfg, st, toks));
+    CHECK_EQ(r.alpha_ref, 0.0);
+    CHECK_NEAR(r.target_low, 0.7, 1e-12, 0);
+    CHECK_NEAR(r.bounds.low, 0.7, 1e-12, 0);
+    CHECK_EQ(r.clipfrac_neg_fp8, 0.0);
+    // One FP8 ratio of 0.75 (the rest as before): the highest grid value clipping nothing is 0.74.
+    toks[0].logp = toks[0].old_logp + (float)std::log(0.75);
+    toks[0].adv = -1.0f;
+    st.low = 0.8;
+    r = cc_decide(cfg, st, stats_of(cfg, st, toks));
+    CHECK_NEAR(r.target_low, 0.74, 1e-12, 0);
+    CHECK_EQ(r.clipfrac_neg_fp8_at_target, 0.0);
+    CHECK_NEAR(r.bounds.low, 0.77, 1e-12, 0);  // damped: half way, and 0.75 < 0.77 is clipped until the next one
 }
 
 TEST(calib_guards_keep_bounds) {
@@ -224,4 +260,32 @@ TEST(calib_guards_keep_bounds) {
     bad.adv = -INFINITY;
     CHECK_THROWS(s.add_token(bad), "out of range");
     CHECK(cc_is_calibration_step(0, 20) && cc_is_calibration_step(40, 20) && !cc_is_calibration_step(19, 20));
+}
+
+// Issue 51's "CC tracks the reference": on a configuration no other test trains (the copy task, one
+// answer token, row scaling, lr 1e-3, 4 minibatches, a calibration every 2 steps), once the damped
+// bound has left its initial 0.6 (calibrations from step 10 on), the fraction of negative-advantage
+// tokens below the new bound stays within a factor of 2 of the fp32 reference's fraction at L_ref
+// (sums over the calibrations: one calibration holds 0-100 reference-clipped tokens).
+TEST(calib_bound_tracks_the_reference_in_training) {
+    std::string d = temp_dir("calib_tracks");
+    harness::RunResult r = run_cmd(harness::binary() +
+                                   " --init tiny --task copy --task_size 1 --max_new_tokens 1 --group_size 16 --batch_prompts 64"
+                                   " --minibatches 4 --lr 1e-3 --temperature 1.0 --eval_every 0 --rollout_precision fp8"
+                                   " --train_precision fp8 --kv_cache fp8 --fp8_scaling row --calibrated_clip 1 --cc_interval 2"
+                                   " --steps 22 --seed 7 --out_dir " + d + "/run");
+    CHECK_MSG(r.status == 0, "%s", r.output.c_str());
+    if (r.status) return;
+    double cc = 0, ref = 0;
+    int calibrations = 0;
+    for (const Json& row : log_rows(d + "/run")) {
+        const Json *step = row.find("training/global_step"), *alpha = row.find("calib/alpha_ref"),
+                   *clipped = row.find("calib/clipfrac_neg_fp8");
+        if (!step || step->number < 10 || !alpha || !clipped) continue;
+        cc += clipped->number;
+        ref += alpha->number;
+        calibrations++;
+    }
+    CHECK_MSG(calibrations >= 4, "%d calibrations with a new lower bound from step 10", calibrations);
+    CHECK_MSG(ref > 0 && cc >= 0.5 * ref && cc <= 2.0 * ref, "CC clipped %g, the reference %g (summed fractions)", cc, ref);
 }

@@ -156,8 +156,8 @@ public:
           train_(std::move(train)), eval_(std::move(eval)) {
         engine_.init_optimizer(cfg_.adam, dist_);
         cfg_.sampling.vocab_limit = tok.vocab_size();  // a padded embedding's extra rows are never sampled
-        // Without Calibrated Clipping the bounds are the reference bounds, always.
-        if (!cfg_.calibrated_clip) bounds_ = CalibState{1.0 - cfg_.clip_low, 1.0 + cfg_.clip_high};
+        // Without Calibrated Clipping (or measuring only) the bounds are the reference bounds, always.
+        if (cfg_.calibrated_clip != 1) bounds_ = CalibState{1.0 - cfg_.clip_low, 1.0 + cfg_.clip_high};
     }
 
     // Continues from a checkpoint's trainer state (weights, optimizer, cursor, bounds, step).
@@ -202,7 +202,7 @@ public:
         return strfmt("fp8rl: %s on %s, rollout %s, training %s, KV cache %s, FP8 scaling %s, Calibrated Clipping %s",
                       cfg_.algo.c_str(), cfg_.task.c_str(), precision_name(cfg_.rollout_precision),
                       precision_name(cfg_.train_precision), precision_name(cfg_.kv_cache), fp8_scaling_name(cfg_.fp8_scaling),
-                      cfg_.calibrated_clip ? "on" : "off");
+                      cfg_.calibrated_clip == 1 ? "on" : cfg_.calibrated_clip == 2 ? "measuring" : "off");
     }
 
     // The eval's readable line.
@@ -452,7 +452,8 @@ inline MetricRow Trainer::train_step() {
     if (!old_from_training)
         for (Sample& s : samples) rollout_mismatch(s);
 
-    // Calibrated Clipping: fp32 shadow pass of the old policy on calibration steps.
+    // Calibrated Clipping: fp32 shadow pass of the old policy on calibration steps (also when only
+    // measuring, --calibrated_clip 2: the calib/* metrics at the reference bounds, which stay).
     const bool calibrating = cfg_.calibrated_clip && cc_is_calibration_step(step_, cfg_.cc_interval);
     CalibConfig ccfg;
     ccfg.ref_low = 1.0 - cfg_.clip_low;
@@ -530,7 +531,8 @@ inline MetricRow Trainer::train_step() {
                     for (size_t k = 0; k < mb.size(); k++) {
                         const Sample& s = samples[ub + k];
                         cc_stats.add_sequence(lp[k].data(), s.old_lp.data(), hp_lp[ub - b + k].data(), s.hp_old_lp.data(),
-                                              s.adv.data(), s.is_weight.data(), s.mask.data(), s.T());
+                                              s.adv.data(), s.is_weight.data(), s.mask.data(), s.T(), ent[k].data(),
+                                              s.reward > 0);
                     }
                 }
                 TokenValues d_lp(mb.size()), d_ent(mb.size());
@@ -599,7 +601,7 @@ inline MetricRow Trainer::train_step() {
         dist_.all_reduce_sum(cc_stats.values);
         CalibResult r = cc_decide(ccfg, bounds_, cc_stats);
         for (const auto& kv : cc_metrics(r)) m.set(kv.first, kv.second);
-        bounds_ = r.bounds;
+        if (cfg_.calibrated_clip == 1) bounds_ = r.bounds;
         m.set("timing_s/calib", calib_s + seconds_since(tc));
     }
     step_++;

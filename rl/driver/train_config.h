@@ -53,7 +53,7 @@ struct TrainConfig {
     // precision
     Precision rollout_precision = Precision::BF16, train_precision = Precision::BF16, kv_cache = Precision::BF16;
     Fp8Scaling fp8_scaling = Fp8Scaling::Block;
-    bool calibrated_clip = false;
+    int calibrated_clip = 0;  // 1: on; 2: shadow passes and calib/* metrics only, bounds stay at the reference
     int cc_interval = 20;
     // sampling
     SamplingConfig sampling;
@@ -83,7 +83,7 @@ inline std::string recipe_json(const TrainConfig& c) {
     return strfmt("{\"rollout_precision\": \"%s\", \"train_precision\": \"%s\", \"kv_cache\": \"%s\", \"fp8_scaling\": \"%s\", "
                   "\"calibrated_clip\": %d}\n",
                   precision_name(c.rollout_precision), precision_name(c.train_precision), precision_name(c.kv_cache),
-                  fp8_scaling_name(c.fp8_scaling), c.calibrated_clip ? 1 : 0);
+                  fp8_scaling_name(c.fp8_scaling), c.calibrated_clip);
 }
 
 // A resumed run's line on what changed since the checkpoint's recipe ("" when nothing did, or the
@@ -180,7 +180,7 @@ inline TrainConfig train_config_from_args(const Args& a) {
     c.train_precision = parse_precision(a.str("train_precision"), "--train_precision");
     c.kv_cache = parse_precision(a.str("kv_cache"), "--kv_cache");
     c.fp8_scaling = parse_fp8_scaling(a.str("fp8_scaling"), "--fp8_scaling");
-    c.calibrated_clip = a.integer("calibrated_clip") == 1;
+    c.calibrated_clip = (int)a.integer("calibrated_clip");
     c.cc_interval = (int)a.integer("cc_interval");
 
     c.sampling.temperature = (float)a.number("temperature");

@@ -1,10 +1,11 @@
-// calibrated_clip.h: the Calibrated Clipping controller, exactly as spec-rl.md §12.8 defines it.
+// calibrated_clip.h: the Calibrated Clipping controller of spec-rl.md §12.8, with one departure in
+// Stage 1's L* (count matching on the grid; see cc_low_target_index).
 //
 // Every cc_interval steps the trainer runs high-precision (HP) shadow passes, so that each valid
 // token has its production ratio r = exp(clamp(ℓ^θ − ℓ^old, ±20)) and its HP ratio r̂ (same with
 // ℓ̂^θ, ℓ̂^old), its advantage A, its TIS weight w and its aggregation weight c. From them:
-//   Stage 1: α = |{t ∈ T⁻ : r̂ < L_ref}| / |T⁻|; L* = the k-th smallest r over T⁻, k = α·|T⁻|
-//            (= that count); L* clamped to [0.5, 0.9] and rounded to the 0.02 grid;
+//   Stage 1: α = |{t ∈ T⁻ : r̂ < L_ref}| / |T⁻|, k = α·|T⁻| (= that count); L* = the value of the
+//            grid {0.50, 0.52, …, 0.90} where |{t ∈ T⁻ : r < L*}| is nearest to k (ties: nearest L);
 //            L_new = clamp(L + clip((L* − L)/2, ±0.05), 0.5, 0.9).
 //   Stage 2: P(r, h) = Σ_{T⁺} c·w·|A|·r·1{r < h},  N(r, l) = Σ_{T⁻} c·w·|A|·r·1{r > l}·1{r < c_dual};
 //            ρ_ref = P(r̂, H_ref)/N(r̂, L_ref); H* = argmin over h ∈ {1.20, 1.22, …, 2.00} of
@@ -12,9 +13,8 @@
 //            H_new = clamp(H + clip((H* − H)/2, ±0.1), 1.2, 2.0).
 //
 // Data parallelism: every statistic is an int64 that ranks all-reduce with MPI_SUM, so N ranks
-// decide bit for bit what one rank holding all tokens decides. Counts are counts; the k-th
-// smallest r only matters through the grid value it rounds to, so a 21-bin histogram of r over
-// T⁻ (bin edges at the rounding midpoints 0.51, 0.53, …, 0.89) gives the exact L*; the sums P and
+// decide bit for bit what one rank holding all tokens decides. Counts are counts (L* needs only the
+// 21 counts of T⁻ below each grid value); the sums P and
 // N are fixed-point (integer part + 2^-40 units, both int64) and exact in any order. N(r, L_new)
 // is needed before L_new is known, but L_new can only take 21 values (one per grid L*), so N is
 // accumulated for each of them. One all-reduce of CalibStats::values per calibration step.
@@ -80,12 +80,22 @@ struct CalibToken {
     float adv;
     double is_weight;  // w_t, the production TIS weight
     double agg_weight; // c_t: 1, or 1/|y_i| for seq-mean-token-mean
+    float entropy = 0.0f;   // the production forward's entropy at this position (diagnostics only)
+    bool rewarded = false;  // the token's response scored a reward > 0 (diagnostics only)
 };
+
+// Token entropy above which a token counts as high-entropy in the over-clipping diagnostics (the
+// paper's garbled responses have entropy > 1).
+constexpr double cc_high_entropy = 1.0;
 
 // The statistics as one flat int64 array (all-reduce `values` with MPI_SUM).
 class CalibStats {
 public:
-    enum Count { kNeg, kPos, kValid, kNonDegenerate, kAlpha, kNegBelowRefFp8, kOverclip, kNumCounts };
+    enum Count {
+        kNeg, kPos, kValid, kNonDegenerate, kAlpha, kNegBelowRefFp8, kOverclip,
+        // diagnostics of the over-clipped tokens (§12.9 plus issue 51's): where they sit
+        kNegRewarded, kOverclipRewarded, kNegHighEntropy, kOverclipHighEntropy, kNumCounts
+    };
 
     std::vector<int64_t> values;
 
@@ -100,19 +110,29 @@ public:
         values[kValid]++;
         values[kNonDegenerate] += fabs(r - 1.0) >= cc_degenerate_eps || fabs(rh - 1.0) >= cc_degenerate_eps;
         add_fixed(kSumAbsDiff, fabs(r - rh));
+        add_fixed(kSumDrift, fabs(rh - 1.0));
         double mag = t.agg_weight * t.is_weight * fabs((double)t.adv);
         if (t.adv < 0.0f) {
             values[kNeg]++;
             values[kAlpha] += rh < cfg_.ref_low;
             values[kNegBelowRefFp8] += r < cfg_.ref_low;
-            values[kOverclip] += rh >= cfg_.ref_low && r < cfg_.ref_low;
-            values[neg_hist(low_bin(r))]++;
+            const bool overclip = rh >= cfg_.ref_low && r < cfg_.ref_low, high_entropy = t.entropy > cc_high_entropy;
+            values[kOverclip] += overclip;
+            values[kNegRewarded] += t.rewarded;
+            values[kNegHighEntropy] += high_entropy;
+            add_fixed(kSumNegEntropy, fmax((double)t.entropy, 0.0));
+            if (overclip) {
+                values[kOverclipRewarded] += t.rewarded;
+                values[kOverclipHighEntropy] += high_entropy;
+                add_fixed(kSumOverclipEntropy, fmax((double)t.entropy, 0.0));
+            }
             bool below_dual = cfg_.dual_clip <= 0.0 || r < cfg_.dual_clip;
             bool below_dual_hp = cfg_.dual_clip <= 0.0 || rh < cfg_.dual_clip;
             if (rh > cfg_.ref_low && below_dual_hp) add_fixed(kSumNegRef, mag * rh);
             for (int j = 0; j < cc_low_grid; j++) {
                 if (r > low_after_[j] && below_dual) add_fixed(sum_neg_fp8(j), mag * r);
                 values[neg_below_new(j)] += r < low_after_[j];
+                values[neg_below_grid(j)] += r < cc_low_grid_value(j);
             }
         } else if (t.adv > 0.0f) {
             values[kPos]++;
@@ -123,12 +143,16 @@ public:
     }
 
     // Every valid token of one sequence (arrays [T]; token weights from the loss aggregation).
+    // entropy (may be null) and rewarded feed only the diagnostics.
     void add_sequence(const float* logp, const float* old_logp, const float* hp_logp, const float* hp_old_logp,
-                      const float* adv, const double* is_weight, const uint8_t* mask, int T) {
+                      const float* adv, const double* is_weight, const uint8_t* mask, int T, const float* entropy = nullptr,
+                      bool rewarded = false) {
         int64_t len = valid_tokens(mask, T);
         double c = cfg_.agg == LossAgg::SeqMeanTokenMean && len > 0 ? 1.0 / (double)len : 1.0;
         for (int t = 0; t < T; t++)
-            if (mask[t]) add_token({logp[t], old_logp[t], hp_logp[t], hp_old_logp[t], adv[t], is_weight[t], c});
+            if (mask[t])
+                add_token({logp[t], old_logp[t], hp_logp[t], hp_old_logp[t], adv[t], is_weight[t], c,
+                           entropy ? entropy[t] : 0.0f, rewarded});
     }
 
     // Adds another rank's (or mini-batch's) statistics: what MPI_SUM does.
@@ -138,21 +162,27 @@ public:
 
     // Accessors used by the decision.
     int64_t count(Count c) const { return values[c]; }
-    int64_t neg_hist_count(int bin) const { return values[neg_hist(bin)]; }
     int64_t neg_below_new_count(int j) const { return values[neg_below_new(j)]; }
+    int64_t neg_below_grid_count(int j) const { return values[neg_below_grid(j)]; }
     double neg_ref() const { return fixed(kSumNegRef); }
     double pos_ref() const { return fixed(kSumPosRef); }
     double neg_fp8(int j) const { return fixed(sum_neg_fp8(j)); }
     double pos_fp8(int j) const { return fixed(sum_pos_fp8(j)); }
     double abs_diff_sum() const { return fixed(kSumAbsDiff); }
+    double drift_sum() const { return fixed(kSumDrift); }
+    double neg_entropy_sum() const { return fixed(kSumNegEntropy); }
+    double overclip_entropy_sum() const { return fixed(kSumOverclipEntropy); }
 
 private:
     CalibConfig cfg_;
     double low_after_[cc_low_grid];
 
     // Layout after the counts: fixed-point sums (2 slots each), then the per-grid arrays.
-    enum Fixed { kSumAbsDiff = kNumCounts, kSumNegRef = kSumAbsDiff + 2, kSumPosRef = kSumNegRef + 2, kFixedEnd = kSumPosRef + 2 };
-    static int neg_hist(int bin) { return kFixedEnd + bin; }
+    enum Fixed {
+        kSumAbsDiff = kNumCounts, kSumNegRef = kSumAbsDiff + 2, kSumPosRef = kSumNegRef + 2, kSumDrift = kSumPosRef + 2,
+        kSumNegEntropy = kSumDrift + 2, kSumOverclipEntropy = kSumNegEntropy + 2, kFixedEnd = kSumOverclipEntropy + 2
+    };
+    static int neg_below_grid(int j) { return kFixedEnd + j; }
     static int neg_below_new(int j) { return kFixedEnd + cc_low_grid + j; }
     static int sum_neg_fp8(int j) { return kFixedEnd + 2 * cc_low_grid + 2 * j; }
     static int sum_pos_fp8(int j) { return kFixedEnd + 4 * cc_low_grid + 2 * j; }
@@ -161,14 +191,6 @@ private:
     static double ratio(float logp, float old_logp) {
         double d = (double)logp - (double)old_logp;
         return exp(fmin(fmax(d, -log_ratio_clamp), log_ratio_clamp));
-    }
-
-    // The grid index r rounds to after clamping to [0.5, 0.9]: the number of midpoints
-    // 0.51, 0.53, …, 0.89 at or below r (a midpoint rounds up).
-    static int low_bin(double r) {
-        int b = 0;
-        while (b < cc_low_grid - 1 && r >= (51.0 + 2.0 * b) / 100.0) b++;
-        return b;
     }
 
     // Fixed point: integer part and fraction in units of 2^-40, summed separately (exact in int64
@@ -192,19 +214,39 @@ struct CalibResult {
     double target_low = NAN, target_high = NAN;
     double alpha_ref = NAN, clipfrac_neg_fp8_at_ref = NAN, clipfrac_neg_fp8 = NAN, overclip_low_frac = NAN;
     double rho_ref = NAN, rho_fp8 = NAN, ratio_abs_diff_mean = NAN;
+    // Diagnostics (issue 51): the HP ratios' own drift mean |r̂ − 1| (the noise-to-drift ratio is
+    // ratio_abs_diff_mean over it); the fraction of T⁻ below L* itself (before damping); where the
+    // over-clipped tokens sit against all of T⁻ (mean entropy, share above cc_high_entropy,
+    // share from rewarded responses).
+    double ratio_hp_drift_mean = NAN, clipfrac_neg_fp8_at_target = NAN;
+    double neg_entropy_mean = NAN, overclip_entropy_mean = NAN, neg_high_entropy_frac = NAN, overclip_high_entropy_frac = NAN;
+    double neg_rewarded_frac = NAN, overclip_rewarded_frac = NAN;
 };
 
-// Stage 1's grid index of L*: the bin of the k-th smallest production ratio of T⁻, k = the
-// number of T⁻ tokens whose HP ratio is below L_ref (= ceil(α·|T⁻|) exactly, without rounding).
-inline int cc_low_target_index(const CalibStats& s) {
-    int64_t k = s.count(CalibStats::kAlpha);
-    if (k == 0) return 0;
-    int64_t seen = 0;
-    for (int b = 0; b < cc_low_grid; b++) {
-        seen += s.neg_hist_count(b);
-        if (seen >= k) return b;
+// Stage 1's grid index of L*: the grid value whose FP8 clip count |{t ∈ T⁻ : r < L*}| is nearest
+// to the reference's k = |{t ∈ T⁻ : r̂ < L_ref}| (= α·|T⁻|), ties to the value nearest the bound in
+// force `low`. This departs from §12.8's literal "L* = r_(k) rounded to the grid, 0.5 when α = 0"
+// (issue 51): with a few reference-clipped tokens per calibration (k of 0-10 at this project's
+// scale) that rule sent L* to 0.5 whenever α = 0 and to the single lowest ratio when k = 1, and the
+// damped bound, dragged down by those steps, clipped about half the reference's fraction (the
+// demo's 0.53x). Counting at the grid values is what the bound will clip, so it also removes the
+// quantile's off-by-one (r_(k) itself is not below r_(k)) and the grid's rounding. With many tokens
+// both rules give the same L* up to one grid step.
+inline int cc_low_target_index(const CalibStats& s, double low) {
+    const int64_t k = s.count(CalibStats::kAlpha);
+    int best = 0;
+    int64_t best_gap = INT64_MAX;
+    double best_dist = INFINITY;
+    for (int j = 0; j < cc_low_grid; j++) {
+        const int64_t c = s.neg_below_grid_count(j), gap = c > k ? c - k : k - c;
+        const double dist = fabs(cc_low_grid_value(j) - low);
+        if (gap < best_gap || (gap == best_gap && dist < best_dist)) {
+            best = j;
+            best_gap = gap;
+            best_dist = dist;
+        }
     }
-    return cc_low_grid - 1;
+    return best;
 }
 
 // Stage 2's grid index of H*: |ρ_fp8(h) − ρ_ref| smallest, ties to the smallest h.
@@ -227,11 +269,22 @@ inline CalibResult cc_decide(const CalibConfig& cfg, const CalibState& current, 
     CalibResult out;
     out.bounds = current;
     int64_t neg = s.count(CalibStats::kNeg), pos = s.count(CalibStats::kPos), valid = s.count(CalibStats::kValid);
-    if (valid > 0) out.ratio_abs_diff_mean = s.abs_diff_sum() / (double)valid;
+    if (valid > 0) {
+        out.ratio_abs_diff_mean = s.abs_diff_sum() / (double)valid;
+        out.ratio_hp_drift_mean = s.drift_sum() / (double)valid;
+    }
     if (neg > 0) {
         out.alpha_ref = (double)s.count(CalibStats::kAlpha) / (double)neg;
         out.clipfrac_neg_fp8_at_ref = (double)s.count(CalibStats::kNegBelowRefFp8) / (double)neg;
         out.overclip_low_frac = (double)s.count(CalibStats::kOverclip) / (double)neg;
+        out.neg_entropy_mean = s.neg_entropy_sum() / (double)neg;
+        out.neg_high_entropy_frac = (double)s.count(CalibStats::kNegHighEntropy) / (double)neg;
+        out.neg_rewarded_frac = (double)s.count(CalibStats::kNegRewarded) / (double)neg;
+    }
+    if (int64_t over = s.count(CalibStats::kOverclip)) {
+        out.overclip_entropy_mean = s.overclip_entropy_sum() / (double)over;
+        out.overclip_high_entropy_frac = (double)s.count(CalibStats::kOverclipHighEntropy) / (double)over;
+        out.overclip_rewarded_frac = (double)s.count(CalibStats::kOverclipRewarded) / (double)over;
     }
     auto skip = [&](const std::string& why) {
         out.skipped = true;
@@ -245,8 +298,9 @@ inline CalibResult cc_decide(const CalibConfig& cfg, const CalibState& current, 
         skip(strfmt("%lld negative-advantage tokens < %lld", (long long)neg, (long long)cfg.min_tokens));
         return out;
     }
-    int low_index = cc_low_target_index(s);
+    int low_index = cc_low_target_index(s, current.low);
     out.target_low = cc_low_grid_value(low_index);
+    out.clipfrac_neg_fp8_at_target = (double)s.neg_below_grid_count(low_index) / (double)neg;
     out.bounds.low = cc_low_after(current.low, low_index);
     out.clipfrac_neg_fp8 = (double)s.neg_below_new_count(low_index) / (double)neg;
     if (pos < cfg.min_tokens) {
@@ -277,6 +331,14 @@ inline std::vector<std::pair<std::string, double>> cc_metrics(const CalibResult&
         {"calib/rho_ref", r.rho_ref},
         {"calib/rho_fp8", r.rho_fp8},
         {"calib/ratio_abs_diff_mean", r.ratio_abs_diff_mean},
+        {"calib/ratio_hp_drift_mean", r.ratio_hp_drift_mean},
+        {"calib/clipfrac_neg_fp8_at_target", r.clipfrac_neg_fp8_at_target},
+        {"calib/neg_entropy_mean", r.neg_entropy_mean},
+        {"calib/overclip_entropy_mean", r.overclip_entropy_mean},
+        {"calib/neg_high_entropy_frac", r.neg_high_entropy_frac},
+        {"calib/overclip_high_entropy_frac", r.overclip_high_entropy_frac},
+        {"calib/neg_rewarded_frac", r.neg_rewarded_frac},
+        {"calib/overclip_rewarded_frac", r.overclip_rewarded_frac},
         {"calib/skipped", r.skipped ? 1.0 : 0.0},
     };
     std::vector<std::pair<std::string, double>> out;
