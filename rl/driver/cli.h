@@ -339,8 +339,11 @@ int run_plan_mode(const Args& args) {
         printf("--plan_ranks %d: one rank of %d, on %s (%s)\n%s", ranks, ranks, what.c_str(), bytes_text(device).c_str(),
                m.text.c_str());
         if (!m.refusal.empty()) fail("%s", m.refusal.c_str());
-        printf("fits: %s of %s (rollout phase peak %s with its KV pool, update phase peak %s)\n", bytes_text(m.total).c_str(),
-               bytes_text(device).c_str(), bytes_text(m.rollout_peak).c_str(), bytes_text(m.update_peak).c_str());
+        // m.total: the update phase's peak or the rollout's least (one longest sequence), whichever is larger; the
+        // rollout's KV pool then takes what the device leaves
+        printf("fits: needs %s of %s (update phase peak %s; rollout phase peak %s with the KV pool it takes from what is "
+               "left)\n", bytes_text(m.total).c_str(), bytes_text(device).c_str(), bytes_text(m.update_peak).c_str(),
+               bytes_text(m.rollout_peak).c_str());
         return 0;
     }
 }
