@@ -3,14 +3,22 @@
 clip more negative-advantage tokens at the lower bound than the high-precision reference does, on
 the same tokens, and does Calibrated Clipping's bound track the reference?
 
-usage: python3 dev/mechanism_experiment.py --base MODEL_DIR [--points base lr3e-5 ...] [--seeds 1 2 3]
-                                           [--steps 32] [--jobs 2] [--out runs/mechanism] [--replot]
+usage: python3 dev/mechanism_experiment.py --base MODEL_DIR [--points base lr3e-5 ...] [--cc_points base ...]
+                                           [--seeds 1 2 3] [--steps 32] [--jobs 2] [--out runs/mechanism]
+                                           [--outliers 1e4] [--replot]
 
 Every run starts from --base (a checkpoint that already earns some reward, so groups have
 negative-advantage tokens) and trains the add task through the FP8 pipeline at one granularity
 (--fp8_scaling block, row, tensor) with the shadow passes on every --cc_interval 4 steps:
 `--calibrated_clip 2` measures at the reference bounds (FP8 without CC), `--calibrated_clip 1`
-lets CC move them. Per calibration step the log has (rl/objective/calibrated_clip.h):
+lets CC move them. Two points start from other models, which the script writes under OUT/models:
+  outliers  --base given the massive-activation channels of dev/paper_experiment.py --outliers
+            (dev/np_model.py: 4 channels of the norms' weights and of up_proj's rows x F, the columns
+            that read them / F; the same function, written in F32 so that it stays the same)
+  copy12    long answers: the copy task with 12 letters (13 response tokens with the end token,
+            against the add task's 3), from a fresh tiny model given 100 steps of SFT on 4000 copy
+            rows (seeded; greedy copying half learned, so groups at temperature 1.5 mix rewards)
+Per calibration step the log has (rl/objective/calibrated_clip.h):
   multiplier     calib/clipfrac_neg_fp8_at_ref / calib/alpha_ref (FP8's over BF16/fp32's clipped
                  fraction of A<0 tokens at L_ref; the paper's 3.94 / 5.48 / 6.68)
   noise / drift  calib/ratio_abs_diff_mean / calib/ratio_hp_drift_mean (mean |r - r_hp| over mean |r_hp - 1|)
@@ -26,24 +34,32 @@ import concurrent.futures
 import csv
 import json
 import os
+import random
+import shutil
 import subprocess
 import sys
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-COMMON = ["--task", "add", "--task_size", "1", "--max_new_tokens", "3", "--group_size", "16", "--batch_prompts", "32",
-          "--eval_every", "0", "--rollout_precision", "fp8", "--train_precision", "fp8", "--kv_cache", "fp8",
-          "--cc_interval", "4", "--threads", "1"]
-BASE = {"--lr": "3e-4", "--minibatches": "4", "--temperature": "1.5"}
-POINTS = {  # name -> flags changed from BASE (one regime axis at a time)
-    "base": {},
-    "lr3e-5": {"--lr": "3e-5"},
-    "lr3e-6": {"--lr": "3e-6"},
-    "mb2": {"--minibatches": "2"},
-    "T2.5": {"--temperature": "2.5"},
+from np_model import add_massive_activations, read_safetensors, write_safetensors  # noqa: E402
+
+COMMON = ["--group_size", "16", "--batch_prompts", "32", "--eval_every", "0", "--rollout_precision", "fp8",
+          "--train_precision", "fp8", "--kv_cache", "fp8", "--cc_interval", "4", "--threads", "1"]
+BASE = {"--task": "add", "--task_size": "1", "--max_new_tokens": "3", "--lr": "3e-4", "--minibatches": "4",
+        "--temperature": "1.5"}
+COPY = {"--task": "copy", "--task_size": "12", "--max_new_tokens": "13"}
+POINTS = {  # name -> (starting model, flags changed from BASE): one regime axis at a time
+    "base": ("base", {}),
+    "lr3e-5": ("base", {"--lr": "3e-5"}),
+    "lr3e-6": ("base", {"--lr": "3e-6"}),
+    "mb2": ("base", {"--minibatches": "2"}),
+    "T2.5": ("base", {"--temperature": "2.5"}),
+    "outliers": ("outliers", {}),
+    "copy12": ("copy12", COPY),
 }
 SCALINGS = ("block", "row", "tensor")
 KEYS = ["alpha_ref", "clipfrac_neg_fp8_at_ref", "overclip_low_frac", "clipfrac_neg_fp8", "clipfrac_neg_fp8_at_target",
@@ -56,10 +72,46 @@ def run_dir(a, point, scaling, cc, seed):
     return os.path.join(a.out, point, f"{scaling}_cc{cc}_seed{seed}")
 
 
+def outlier_model(a, out):
+    w, _ = read_safetensors(os.path.join(a.base, "model.safetensors"))
+    w = {k: v.astype(np.float64) for k, v in w.items()}
+    add_massive_activations(w, a.outliers, sorted({int(k.split(".")[2]) for k in w if k.startswith("model.layers.")}))
+    shutil.copytree(a.base, out, dirs_exist_ok=True, ignore=shutil.ignore_patterns("trainer_state.bin"))
+    write_safetensors(os.path.join(out, "model.safetensors"), w, "F32")
+
+
+def copy_model(a, out):
+    quiet = dict(check=True, stdout=subprocess.DEVNULL)
+    subprocess.run([a.bin, "--init", "tiny", "--task", "copy", "--task_size", "12", "--steps", "0", "--eval_every", "0",
+                    "--out_dir", out + "_init"], **quiet)
+    r = random.Random(7)
+    data = out + "_sft.jsonl"
+    with open(data, "w") as f:
+        for _ in range(4000):
+            s = "".join(r.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(12))
+            f.write(json.dumps({"prompt": f"C:{s}=", "completion": s}) + "\n")
+    subprocess.run([a.bin, "--mode", "sft", "--model", out + "_init/init_model", "--data", data, "--batch_seqs", "32",
+                    "--steps", "100", "--lr", "3e-3", "--warmup_steps", "10", "--seed", "1", "--threads", "1",
+                    "--out_dir", out + "_sft"], **quiet)
+    shutil.copytree(out + "_sft/checkpoints/step_000100", out, dirs_exist_ok=True)
+
+
+def model_dir(a, name):
+    """The starting model of a point (module docstring), written on first use."""
+    if name == "base":
+        return a.base
+    out = os.path.join(a.out, "models", name)
+    if not os.path.exists(os.path.join(out, "model.safetensors")):
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        (outlier_model if name == "outliers" else copy_model)(a, out)
+    return out
+
+
 def run_one(a, point, scaling, cc, seed):
     out = run_dir(a, point, scaling, cc, seed)
-    flags = dict(BASE, **POINTS[point])
-    cmd = [a.bin, "--model", a.base] + COMMON + [x for kv in flags.items() for x in kv] + [
+    model, changed = POINTS[point]
+    flags = dict(BASE, **changed)
+    cmd = [a.bin, "--model", model_dir(a, model)] + COMMON + [x for kv in flags.items() for x in kv] + [
         "--fp8_scaling", scaling, "--calibrated_clip", str(cc), "--seed", str(seed), "--steps", str(a.steps), "--out_dir", out]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     return point, scaling, cc, seed
@@ -79,7 +131,8 @@ def calib_rows(a, point, scaling, cc, seed):
 
 
 def ratio_of_sums(rows, num, den, first=0):
-    rows = [r for r in rows if r["step"] >= first]
+    # a calibration with too few A<0 tokens for Stage 1 logs no CC fraction (NaN): left out of both sums
+    rows = [r for r in rows if r["step"] >= first and r[num] == r[num] and r[den] == r[den]]
     n, d = sum(r[num] for r in rows), sum(r[den] for r in rows)
     return n / d if d > 0 else float("inf") if n > 0 else float("nan")
 
@@ -100,6 +153,7 @@ def main():
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--outliers", type=float, default=1e4, help="factor of the outliers point's channels")
     ap.add_argument("--replot", action="store_true")
     ap.add_argument("--out", default="runs/mechanism")
     ap.add_argument("--bin", default="./train_rl_cpu")
@@ -108,6 +162,8 @@ def main():
     runs = [(p, s, cc, seed) for p in a.points for cc in ((2, 1) if p in a.cc_points else (2,)) for s in SCALINGS
             for seed in a.seeds]
     if not a.replot:
+        for p in a.points:
+            model_dir(a, POINTS[p][0])  # before the pool: the runs of a point share its model
         with concurrent.futures.ThreadPoolExecutor(max_workers=a.jobs) as pool:
             for f in concurrent.futures.as_completed([pool.submit(run_one, a, *r) for r in runs]):
                 print("done", *f.result(), flush=True)

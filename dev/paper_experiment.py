@@ -37,6 +37,8 @@ import sys
 
 import matplotlib
 
+from np_model import add_massive_activations
+
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
@@ -85,18 +87,7 @@ def outlier_model(a, seed, out):
     shutil.rmtree(init_run)
     path = os.path.join(model, "model.safetensors")
     w = {k: v.to(torch.float64) for k, v in load_file(path).items()}
-    channels = [5, 17, 40, 60]  # of hidden 64
-    layers = sorted({int(k.split(".")[2]) for k in w if k.startswith("model.layers.")})
-    for l in layers:
-        p = f"model.layers.{l}."
-        for norm, projections in (("input_layernorm", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
-                                  ("post_attention_layernorm", ("mlp.gate_proj", "mlp.up_proj"))):
-            w[p + norm + ".weight"][channels] *= a.outliers
-            for proj in projections:
-                w[p + proj + ".weight"][:, channels] /= a.outliers
-        # the down projection's input (SwiGLU is linear in up), whose 192 channels make two 128-groups
-        w[p + "mlp.up_proj.weight"][channels, :] *= a.outliers
-        w[p + "mlp.down_proj.weight"][:, channels] /= a.outliers
+    add_massive_activations(w, a.outliers, sorted({int(k.split(".")[2]) for k in w if k.startswith("model.layers.")}))
     save_file({k: v.to(torch.bfloat16).contiguous() for k, v in w.items()}, path, metadata={"format": "pt"})
     return model
 
