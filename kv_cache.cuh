@@ -50,6 +50,7 @@
 #include "cuda/common.cuh"
 #include "cuda/engine/device_array.cuh"
 #include "rl/numerics/attention_tiles.h"
+#include "rl/numerics/fast_div.h"
 #include "rl/numerics/fast_exp.h"
 #include "rl/numerics/fp8.h"
 #include "rl/numerics/precision.h"
@@ -201,8 +202,9 @@ template <int D, class Elem>
 __global__ void __launch_bounds__(kDecodeThreads)
     kv_decode_split_kernel(float* part_o, float* part_lse, const __nv_bfloat16* q, const Elem* k_pool,
                            const Elem* v_pool, const float* k_scale, const float* v_scale, const int32_t* page_table,
-                           int max_pages, const int32_t* lens, const int32_t* prefixes, int max_len, int H, int KV,
-                           int page_tokens, int split_keys, int chunks, DecodeCascade cascade) {
+                           int max_pages, const int32_t* lens, const int32_t* prefixes, int max_len, int H,
+                           FastDivisor group, FastDivisor page_tokens, FastDivisor split_keys, int chunks,
+                           DecodeCascade cascade) {
     constexpr bool fp8 = std::is_same<Elem, uint8_t>::value;
     constexpr int row_bytes = D * (int)sizeof(Elem), k_row = row_bytes + 16;  // a key row padded (bank groups)
     // copies of 16 bytes (8 for the 8-byte rows of FP8 at head dim 8), as many per row as it holds
@@ -211,8 +213,8 @@ __global__ void __launch_bounds__(kDecodeThreads)
     static_assert(row_bytes % copy_bytes == 0, "a row is whole 8- or 16-byte vectors");
     static_assert(D % 16 == 0 || D == 8, "the tensor cores' k is 16: head dims are multiples of 16, or 8 (padded)");
     DYNAMIC_SHARED(uint8_t, decode_smem);  // named apart from attention.cuh's BF16 `smem`: one extern symbol per name
-    const int group = H / KV, kv_head = blockIdx.y, chunk = blockIdx.x;
-    const long head0 = (long)kv_head * group;
+    const int kv_head = blockIdx.y, KV = gridDim.y, chunk = blockIdx.x;  // the grid's y: every kv head
+    const long head0 = (long)kv_head * group.d;
     auto row_len = [&](long r) { return (long)min(lens[r], max_len); };  // keys past max_len are never read
     auto row_prefix = [&](long r) { return prefixes ? min((long)prefixes[r], row_len(r)) / kDecodeTile * kDecodeTile : 0L; };
     // the CTA's rows: one, or a cascade group's live ones still marked shared (an idle row's chunks
@@ -230,7 +232,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
             chunk < decode_span_chunks(row_prefix(blockIdx.z), split_keys))
             return;  // a cascade CTA computes this prefix chunk
     }
-    const int queries = members * group;  // query q is head q % group of rows[q / group]
+    const int queries = members * group.d;  // query q is head q % group of rows[q / group]
     const int query_tiles = (queries + 15) / 16;
     uint8_t *k_t = decode_smem, *v_t = k_t + kDecodeStages * kDecodeTile * k_row;
     int32_t* page_s = reinterpret_cast<int32_t*>(v_t + kDecodeStages * kDecodeTile * row_bytes);
@@ -243,22 +245,22 @@ __global__ void __launch_bounds__(kDecodeThreads)
     long key_begin, key_end;
     decode_chunk_keys(len, row_prefix(rows[0]), split_keys, chunk, &key_begin, &key_end);
     auto out_at = [&](int query) {  // the part_lse index of a query's (row, head, chunk)
-        return (rows[query / group] * H + head0 + query % group) * chunks + chunk;
+        return (rows[group.div(query)] * H + head0 + group.mod(query)) * chunks + chunk;
     };
     if (key_begin >= key_end) {  // an idle row or a chunk past the row's: reads nothing
-        for (int e = threadIdx.x; e < queries * D; e += blockDim.x) part_o[out_at(e / D) * D + e % D] = 0.0f;
-        for (int g = threadIdx.x; g < queries; g += blockDim.x) part_lse[out_at(g)] = -INFINITY;
+        for (int e = threadIdx.x; e < queries * D; e += kDecodeThreads) part_o[out_at(e / D) * D + e % D] = 0.0f;
+        for (int g = threadIdx.x; g < queries; g += kDecodeThreads) part_lse[out_at(g)] = -INFINITY;
         return;
     }
     // BF16 storage: the stored values as they are (scale 1)
     const float ks = fp8 ? k_scale[kv_head] : 1.0f, vs = fp8 ? v_scale[kv_head] : 1.0f, scale = 1.0f / sqrtf((float)D);
     const __nv_bfloat16 zero = __float2bfloat16_rn(0.0f);
-    for (int e = threadIdx.x; e < query_tiles * 16 * ld; e += blockDim.x) {  // rows past the queries, columns past D: 0
+    for (int e = threadIdx.x; e < query_tiles * 16 * ld; e += kDecodeThreads) {  // rows past the queries, columns past D: 0
         const int g = e / ld, d = e % ld;
-        q_h[e] = g < queries && d < D ? q[(rows[g / group] * H + head0 + g % group) * D + d] : zero;
+        q_h[e] = g < queries && d < D ? q[(rows[group.div(g)] * H + head0 + group.mod(g)) * D + d] : zero;
     }
-    for (int e = threadIdx.x; e < queries * D; e += blockDim.x) o_s[e] = 0.0f;
-    for (int g = threadIdx.x; g < queries; g += blockDim.x) {
+    for (int e = threadIdx.x; e < queries * D; e += kDecodeThreads) o_s[e] = 0.0f;
+    for (int g = threadIdx.x; g < queries; g += kDecodeThreads) {
         max_s[g] = -INFINITY;
         sum_s[g] = 0.0f;
     }
@@ -268,15 +270,16 @@ __global__ void __launch_bounds__(kDecodeThreads)
     // kDecodeTile pages (k0 is a multiple of kDecodeTile)
     auto tile_keys = [&](long i) { return (int)min((long)kDecodeTile, key_end - key_begin - i * kDecodeTile); };
     auto load_page_ids = [&](long i, int stage) {
-        const long k0 = key_begin + i * kDecodeTile, first = k0 / page_tokens, last = (k0 + tile_keys(i) - 1) / page_tokens;
-        for (long p = first + threadIdx.x; p <= last; p += blockDim.x) page_s[stage * kDecodeTile + (p - first)] = pages[p];
+        const long k0 = key_begin + i * kDecodeTile, first = page_tokens.div((uint32_t)k0),
+                   last = page_tokens.div((uint32_t)(k0 + tile_keys(i) - 1));
+        for (long p = first + threadIdx.x; p <= last; p += kDecodeThreads) page_s[stage * kDecodeTile + (p - first)] = pages[p];
     };
     auto copy_tile = [&](long i, int stage) {  // one group of this thread's copies (maybe empty)
-        const long k0 = key_begin + i * kDecodeTile, first = k0 / page_tokens;
-        for (int e = threadIdx.x; e < tile_keys(i) * vectors; e += blockDim.x) {
+        const long k0 = key_begin + i * kDecodeTile, first = page_tokens.div((uint32_t)k0);
+        for (int e = threadIdx.x; e < tile_keys(i) * vectors; e += kDecodeThreads) {
             const int j = e / vectors, c = e % vectors;
-            const long pos = k0 + j, slot = (long)page_s[stage * kDecodeTile + (pos / page_tokens - first)] * page_tokens +
-                                             pos % page_tokens;
+            const uint32_t pos = (uint32_t)(k0 + j), page = page_tokens.div(pos);
+            const long slot = (long)page_s[stage * kDecodeTile + (page - first)] * page_tokens.d + (pos - page * page_tokens.d);
             const size_t at = (size_t)((slot * KV + kv_head) * D) * sizeof(Elem) + (size_t)c * copy_bytes;
             __pipeline_memcpy_async(k_t + (stage * kDecodeTile + j) * k_row + c * copy_bytes, (const uint8_t*)k_pool + at,
                                     copy_bytes);
@@ -285,7 +288,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
         }
         __pipeline_commit();
     };
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = kDecodeThreads / 32;
     const int g8 = lane / 4, t4 = lane % 4;  // a fragment's row group and thread in group (mma.cuh)
     load_page_ids(0, 0);
     __syncthreads();  // tile 0's page ids (and q, the output and the statistics) are written
@@ -302,7 +305,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
         const __nv_bfloat16 *k_b, *v_b;  // the tile's keys [key][k_ld] and values [key][v_ld] in BF16
         int k_ld, v_ld;
         if (fp8) {  // converted once, 4 codes a thread at a time, for every query that reads them
-            for (int e = threadIdx.x; e < keys * (D / 4); e += blockDim.x) {
+            for (int e = threadIdx.x; e < keys * (D / 4); e += kDecodeThreads) {
                 const int j = e / (D / 4), d = e % (D / 4) * 4;
                 uint32_t kc, vc, kb[2], vb[2];
                 memcpy(&kc, k_land + j * k_row + d, sizeof kc);
@@ -387,9 +390,9 @@ __global__ void __launch_bounds__(kDecodeThreads)
         }
         __syncthreads();  // every thread is done with this stage before tile i + 2's copies refill it
     }
-    for (int e = threadIdx.x; e < queries * D; e += blockDim.x)
+    for (int e = threadIdx.x; e < queries * D; e += kDecodeThreads)
         part_o[out_at(e / D) * D + e % D] = o_s[e] * vs / sum_s[e / D];
-    for (int g = threadIdx.x; g < queries; g += blockDim.x) part_lse[out_at(g)] = max_s[g] + logf(sum_s[g]);
+    for (int g = threadIdx.x; g < queries; g += kDecodeThreads) part_lse[out_at(g)] = max_s[g] + logf(sum_s[g]);
 }
 
 // out [B][H][D] = the chunks of each (row, head) merged by their LSE weights, one thread per output,
@@ -609,6 +612,8 @@ class PagedKvCache {
             fail("PagedKvCache::decode_attention: B = %d, max_len = %d, max_pages = %d: need B, max_len >= 0 and "
                  "max_len <= max_pages * page_tokens (%d)", B, max_len, max_pages, shape_.page_tokens);
         if (B > 65535) fail("PagedKvCache::decode_attention: B = %d rows exceeds a grid dimension (65535)", B);
+        if (max_len > INT32_MAX - split_keys)  // the kernel's FastDivisor quotients need key counts < 2^31
+            fail("PagedKvCache::decode_attention: max_len = %d: at most %d keys a row", max_len, INT32_MAX - split_keys);
         const bool cascading = cascade.rows != nullptr;
         if (cascading != (cascade.start && cascade.count && cascade.shared) || cascade.max_groups < 0 ||
             (cascading && (cascade.max_groups > 65535 || !prefixes || cascade_rows_ < 2)))
@@ -621,6 +626,7 @@ class PagedKvCache {
                  "partials, %d heads per kv head); call reserve_decode(max batch, heads, max_len) first", B, heads,
                  chunks, part_lse_.size(), decode_group_);
         const int group = heads / shape_.kv_heads;
+        const FastDivisor group_div(group), page_div(shape_.page_tokens), split_div(split_keys);
         with_head_dim("PagedKvCache::decode_attention", shape_.head_dim, [&](auto head_dim) {
             constexpr int D = decltype(head_dim)::value;
             dispatch_storage([&](auto elem) {
@@ -631,7 +637,7 @@ class PagedKvCache {
                                   stream, part_o_.get(), part_lse_.get(), q, layer_pool<Elem>(k_pool_, layer),
                                   layer_pool<Elem>(v_pool_, layer), layer_scales(k_scale_dev_, layer),
                                   layer_scales(v_scale_dev_, layer), page_table, max_pages, lens, prefixes, max_len, heads,
-                                  shape_.kv_heads, shape_.page_tokens, split_keys, chunks, c);
+                                  group_div, page_div, split_div, chunks, c);
                 };
                 DecodeCascade per_row;  // the rows' own chunks, and the prefix chunks no group computes
                 per_row.shared = cascade.shared;
