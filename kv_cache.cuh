@@ -48,8 +48,10 @@
 #include "cuda/kernels/attention.cuh"
 #include "cuda/kernels/block_reduce.cuh"
 #include "cuda/common.cuh"
+#include "cuda/element.cuh"
 #include "cuda/engine/device_array.cuh"
 #include "rl/numerics/attention_tiles.h"
+#include "rl/numerics/fast_div.h"
 #include "rl/numerics/fast_exp.h"
 #include "rl/numerics/fp8.h"
 #include "rl/numerics/precision.h"
@@ -167,14 +169,40 @@ __device__ __forceinline__ void e4m3x4_to_bf16(uint32_t codes, uint32_t out[2]) 
 // a quarter warp that read 16 bytes of 8 keys hit 8 distinct bank groups), the stages' page ids
 // [kDecodeTile]; with FP8 storage the current tile's keys and values converted to BF16
 // [kDecodeTile][D + 8] each; q in BF16 [queries rounded up to 16][D + 8] (the tensor cores' A rows);
-// then in FP32 the output accumulator [queries][D], the scores, then probabilities [queries][kDecodeTile]
-// and per query the running max, the running sum and the last rescale factor.
+// the probabilities' BF16 pair P_hi, P_lo [queries rounded up to 16][kDecodeTile + 8] each (P V's A
+// rows); then in FP32 the output accumulator [queries][D], the scores [queries][kDecodeTile] and per
+// query the running max, the running sum and the last rescale factor. BF16 rows are whole 16-byte
+// vectors (ldmatrix).
 constexpr int kDecodeStages = 2;
+constexpr int kDecodePld = kDecodeTile + 8;  // BF16 elements per row of P_hi and P_lo
 inline size_t decode_smem_bytes(int queries, int D, size_t elem_bytes) {
     const size_t bf16_row = (size_t)(D + 8) * 2, query_rows = (size_t)(queries + 15) / 16 * 16;
     return (size_t)kDecodeStages * kDecodeTile * (2 * D * elem_bytes + 16 + sizeof(int32_t)) +
            (elem_bytes == 1 ? 2 * (size_t)kDecodeTile * bf16_row : 0) + query_rows * bf16_row +
+           2 * query_rows * kDecodePld * 2 +
            sizeof(float) * ((size_t)queries * D + (size_t)queries * kDecodeTile + 3 * queries);
+}
+
+// N 32-bit words at p (in shared memory) and back: 16-byte accesses when N is a multiple of 4 (p
+// 16-byte aligned), else 4-byte ones.
+template <int N>
+__device__ __forceinline__ void load_words(uint32_t (&w)[N], const void* p) {
+    if constexpr (N % 4 == 0) {
+        for (int i = 0; i < N / 4; i++) {
+            const uint4 v = static_cast<const uint4*>(p)[i];
+            w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
+        }
+    } else {
+        for (int i = 0; i < N; i++) w[i] = static_cast<const uint32_t*>(p)[i];
+    }
+}
+template <int N>
+__device__ __forceinline__ void store_words(void* p, const uint32_t (&w)[N]) {
+    if constexpr (N % 4 == 0) {
+        for (int i = 0; i < N / 4; i++) static_cast<uint4*>(p)[i] = make_uint4(w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]);
+    } else {
+        for (int i = 0; i < N; i++) static_cast<uint32_t*>(p)[i] = w[i];
+    }
 }
 
 // One CTA per (chunk blockIdx.x, kv head blockIdx.y, row blockIdx.z), or with cascade.rows per
@@ -192,17 +220,22 @@ inline size_t decode_smem_bytes(int queries, int D, size_t elem_bytes) {
 // converted to BF16 once (e4m3x4_to_bf16) and the layer's scale applied to the products, not the
 // elements; BF16 storage is read as it landed.
 //   scores  S = Q K^T: a chain over d from 0 (exact BF16 products), times the K scale, times D^-1/2;
-//   softmax a warp per query, a lane per key, as before: P in FP32, its sum a warp butterfly;
-//   P V     O = O * rescale + P_hi V + P_lo V per 16 keys, P_hi = bf16(P), P_lo = bf16(P - P_hi) (the
-//           pair carries 16 significant bits of P, so P V is nearly FP32's), one chain per output;
+//   softmax a warp per query, a lane per key, as before: P in FP32, its sum a warp butterfly; the
+//           lane writes P_hi = bf16(P), P_lo = bf16(P - P_hi) (the pair carries 16 significant bits
+//           of P, so P V is nearly FP32's);
+//   P V     O = O * rescale + P_hi V + P_lo V per 16 keys, one chain per output, a warp per 16
+//           queries x 16 columns of d (its A fragments and V's, transposed, by ldmatrix);
+// The rows of the last tile past its keys are zeros (converted as zeros; BF16: cleared), so the MMAs
+// read whole 16-key steps as the CPU's chains add zero products.
 //   output  part_o = (O * V scale) / sum.
 // cpu/attention.h's cached_decode_row computes the same operations in the same order.
 template <int D, class Elem>
 __global__ void __launch_bounds__(kDecodeThreads)
     kv_decode_split_kernel(float* part_o, float* part_lse, const __nv_bfloat16* q, const Elem* k_pool,
                            const Elem* v_pool, const float* k_scale, const float* v_scale, const int32_t* page_table,
-                           int max_pages, const int32_t* lens, const int32_t* prefixes, int max_len, int H, int KV,
-                           int page_tokens, int split_keys, int chunks, DecodeCascade cascade) {
+                           int max_pages, const int32_t* lens, const int32_t* prefixes, int max_len, int H,
+                           FastDivisor group, FastDivisor page_tokens, FastDivisor split_keys, int chunks,
+                           DecodeCascade cascade) {
     constexpr bool fp8 = std::is_same<Elem, uint8_t>::value;
     constexpr int row_bytes = D * (int)sizeof(Elem), k_row = row_bytes + 16;  // a key row padded (bank groups)
     // copies of 16 bytes (8 for the 8-byte rows of FP8 at head dim 8), as many per row as it holds
@@ -211,8 +244,8 @@ __global__ void __launch_bounds__(kDecodeThreads)
     static_assert(row_bytes % copy_bytes == 0, "a row is whole 8- or 16-byte vectors");
     static_assert(D % 16 == 0 || D == 8, "the tensor cores' k is 16: head dims are multiples of 16, or 8 (padded)");
     DYNAMIC_SHARED(uint8_t, decode_smem);  // named apart from attention.cuh's BF16 `smem`: one extern symbol per name
-    const int group = H / KV, kv_head = blockIdx.y, chunk = blockIdx.x;
-    const long head0 = (long)kv_head * group;
+    const int kv_head = blockIdx.y, KV = gridDim.y, chunk = blockIdx.x;  // the grid's y: every kv head
+    const long head0 = (long)kv_head * group.d;
     auto row_len = [&](long r) { return (long)min(lens[r], max_len); };  // keys past max_len are never read
     auto row_prefix = [&](long r) { return prefixes ? min((long)prefixes[r], row_len(r)) / kDecodeTile * kDecodeTile : 0L; };
     // the CTA's rows: one, or a cascade group's live ones still marked shared (an idle row's chunks
@@ -230,35 +263,37 @@ __global__ void __launch_bounds__(kDecodeThreads)
             chunk < decode_span_chunks(row_prefix(blockIdx.z), split_keys))
             return;  // a cascade CTA computes this prefix chunk
     }
-    const int queries = members * group;  // query q is head q % group of rows[q / group]
+    const int queries = members * group.d;  // query q is head q % group of rows[q / group]
     const int query_tiles = (queries + 15) / 16;
     uint8_t *k_t = decode_smem, *v_t = k_t + kDecodeStages * kDecodeTile * k_row;
     int32_t* page_s = reinterpret_cast<int32_t*>(v_t + kDecodeStages * kDecodeTile * row_bytes);
     __nv_bfloat16* k_h = reinterpret_cast<__nv_bfloat16*>(page_s + kDecodeStages * kDecodeTile);  // FP8: converted tiles
     __nv_bfloat16* v_h = k_h + (fp8 ? kDecodeTile * ld : 0);
     __nv_bfloat16* q_h = v_h + (fp8 ? kDecodeTile * ld : 0);
-    float *o_s = reinterpret_cast<float*>(q_h + query_tiles * 16 * ld), *p_s = o_s + queries * D,
+    __nv_bfloat16 *p_hi = q_h + query_tiles * 16 * ld, *p_lo = p_hi + query_tiles * 16 * kDecodePld;
+    float *o_s = reinterpret_cast<float*>(p_lo + query_tiles * 16 * kDecodePld), *p_s = o_s + queries * D,
           *max_s = p_s + queries * kDecodeTile, *sum_s = max_s + queries, *rescale_s = sum_s + queries;
     const long len = row_len(rows[0]);
     long key_begin, key_end;
     decode_chunk_keys(len, row_prefix(rows[0]), split_keys, chunk, &key_begin, &key_end);
     auto out_at = [&](int query) {  // the part_lse index of a query's (row, head, chunk)
-        return (rows[query / group] * H + head0 + query % group) * chunks + chunk;
+        return (rows[group.div(query)] * H + head0 + group.mod(query)) * chunks + chunk;
     };
     if (key_begin >= key_end) {  // an idle row or a chunk past the row's: reads nothing
-        for (int e = threadIdx.x; e < queries * D; e += blockDim.x) part_o[out_at(e / D) * D + e % D] = 0.0f;
-        for (int g = threadIdx.x; g < queries; g += blockDim.x) part_lse[out_at(g)] = -INFINITY;
+        for (int e = threadIdx.x; e < queries * D; e += kDecodeThreads) part_o[out_at(e / D) * D + e % D] = 0.0f;
+        for (int g = threadIdx.x; g < queries; g += kDecodeThreads) part_lse[out_at(g)] = -INFINITY;
         return;
     }
     // BF16 storage: the stored values as they are (scale 1)
     const float ks = fp8 ? k_scale[kv_head] : 1.0f, vs = fp8 ? v_scale[kv_head] : 1.0f, scale = 1.0f / sqrtf((float)D);
     const __nv_bfloat16 zero = __float2bfloat16_rn(0.0f);
-    for (int e = threadIdx.x; e < query_tiles * 16 * ld; e += blockDim.x) {  // rows past the queries, columns past D: 0
+    for (int e = threadIdx.x; e < query_tiles * 16 * ld; e += kDecodeThreads) {  // rows past the queries, columns past D: 0
         const int g = e / ld, d = e % ld;
-        q_h[e] = g < queries && d < D ? q[(rows[g / group] * H + head0 + g % group) * D + d] : zero;
+        q_h[e] = g < queries && d < D ? q[(rows[group.div(g)] * H + head0 + group.mod(g)) * D + d] : zero;
     }
-    for (int e = threadIdx.x; e < queries * D; e += blockDim.x) o_s[e] = 0.0f;
-    for (int g = threadIdx.x; g < queries; g += blockDim.x) {
+    for (int e = threadIdx.x; e < query_tiles * 16 * kDecodePld; e += kDecodeThreads) p_hi[e] = p_lo[e] = zero;
+    for (int e = threadIdx.x; e < queries * D; e += kDecodeThreads) o_s[e] = 0.0f;
+    for (int g = threadIdx.x; g < queries; g += kDecodeThreads) {
         max_s[g] = -INFINITY;
         sum_s[g] = 0.0f;
     }
@@ -268,15 +303,18 @@ __global__ void __launch_bounds__(kDecodeThreads)
     // kDecodeTile pages (k0 is a multiple of kDecodeTile)
     auto tile_keys = [&](long i) { return (int)min((long)kDecodeTile, key_end - key_begin - i * kDecodeTile); };
     auto load_page_ids = [&](long i, int stage) {
-        const long k0 = key_begin + i * kDecodeTile, first = k0 / page_tokens, last = (k0 + tile_keys(i) - 1) / page_tokens;
-        for (long p = first + threadIdx.x; p <= last; p += blockDim.x) page_s[stage * kDecodeTile + (p - first)] = pages[p];
+        const long k0 = key_begin + i * kDecodeTile, first = page_tokens.div((uint32_t)k0),
+                   last = page_tokens.div((uint32_t)(k0 + tile_keys(i) - 1));
+        FP8RL_NO_UNROLL
+        for (long p = first + threadIdx.x; p <= last; p += kDecodeThreads) page_s[stage * kDecodeTile + (p - first)] = pages[p];
     };
     auto copy_tile = [&](long i, int stage) {  // one group of this thread's copies (maybe empty)
-        const long k0 = key_begin + i * kDecodeTile, first = k0 / page_tokens;
-        for (int e = threadIdx.x; e < tile_keys(i) * vectors; e += blockDim.x) {
+        const long k0 = key_begin + i * kDecodeTile, first = page_tokens.div((uint32_t)k0);
+        FP8RL_NO_UNROLL
+        for (int e = threadIdx.x; e < tile_keys(i) * vectors; e += kDecodeThreads) {
             const int j = e / vectors, c = e % vectors;
-            const long pos = k0 + j, slot = (long)page_s[stage * kDecodeTile + (pos / page_tokens - first)] * page_tokens +
-                                             pos % page_tokens;
+            const uint32_t pos = (uint32_t)(k0 + j), page = page_tokens.div(pos);
+            const long slot = (long)page_s[stage * kDecodeTile + (page - first)] * page_tokens.d + (pos - page * page_tokens.d);
             const size_t at = (size_t)((slot * KV + kv_head) * D) * sizeof(Elem) + (size_t)c * copy_bytes;
             __pipeline_memcpy_async(k_t + (stage * kDecodeTile + j) * k_row + c * copy_bytes, (const uint8_t*)k_pool + at,
                                     copy_bytes);
@@ -285,7 +323,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
         }
         __pipeline_commit();
     };
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = kDecodeThreads / 32;
     const int g8 = lane / 4, t4 = lane % 4;  // a fragment's row group and thread in group (mma.cuh)
     load_page_ids(0, 0);
     __syncthreads();  // tile 0's page ids (and q, the output and the statistics) are written
@@ -298,38 +336,54 @@ __global__ void __launch_bounds__(kDecodeThreads)
         else __pipeline_commit();  // an empty group: the wait below always leaves one group in flight
         __pipeline_wait_prior(1);  // this thread's copies of tile i have landed
         __syncthreads();           // every thread's have
-        const uint8_t *k_land = k_t + stage * kDecodeTile * k_row, *v_land = v_t + stage * kDecodeTile * row_bytes;
+        uint8_t *k_land = k_t + stage * kDecodeTile * k_row, *v_land = v_t + stage * kDecodeTile * row_bytes;
         const __nv_bfloat16 *k_b, *v_b;  // the tile's keys [key][k_ld] and values [key][v_ld] in BF16
         int k_ld, v_ld;
-        if (fp8) {  // converted once, 4 codes a thread at a time, for every query that reads them
-            for (int e = threadIdx.x; e < keys * (D / 4); e += blockDim.x) {
-                const int j = e / (D / 4), d = e % (D / 4) * 4;
-                uint32_t kc, vc, kb[2], vb[2];
-                memcpy(&kc, k_land + j * k_row + d, sizeof kc);
-                memcpy(&vc, v_land + j * row_bytes + d, sizeof vc);
-                e4m3x4_to_bf16(kc, kb);
-                e4m3x4_to_bf16(vc, vb);
-                memcpy(k_h + j * ld + d, kb, sizeof kb);
-                memcpy(v_h + j * ld + d, vb, sizeof vb);
+        if (fp8) {  // converted once, 16 codes of K and of V a thread at a time, for every query that reads them
+            constexpr int cv = D % 16 == 0 ? 16 : 4;  // codes per pass (D = 8: 4, its 8-byte rows)
+            FP8RL_NO_UNROLL
+            for (int e = threadIdx.x; e < kDecodeTile * (D / cv); e += kDecodeThreads) {
+                const int j = e / (D / cv), d = e % (D / cv) * cv;
+                uint32_t kc[cv / 4] = {}, vc[cv / 4] = {}, kb[cv / 2], vb[cv / 2];
+                if (j < keys) {  // rows past the tile's keys: code 0 (+0)
+                    load_words(kc, k_land + j * k_row + d);
+                    load_words(vc, v_land + j * row_bytes + d);
+                }
+                for (int w = 0; w < cv / 4; w++) {
+                    e4m3x4_to_bf16(kc[w], kb + 2 * w);
+                    e4m3x4_to_bf16(vc[w], vb + 2 * w);
+                }
+                store_words(k_h + j * ld + d, kb);
+                store_words(v_h + j * ld + d, vb);
             }
             __syncthreads();  // the converted tile is written
             k_b = k_h, v_b = v_h, k_ld = ld, v_ld = ld;
         } else {
+            if (keys < kDecodeTile) {  // the last tile: its rows past the keys cleared
+                FP8RL_NO_UNROLL
+                for (int e = threadIdx.x; e < (kDecodeTile - keys) * (row_bytes / 4); e += kDecodeThreads) {
+                    const int j = keys + e / (row_bytes / 4), c = e % (row_bytes / 4) * 4;
+                    memset(k_land + j * k_row + c, 0, 4);
+                    memset(v_land + j * row_bytes + c, 0, 4);
+                }
+                __syncthreads();  // the cleared rows are written
+            }
             k_b = reinterpret_cast<const __nv_bfloat16*>(k_land), v_b = reinterpret_cast<const __nv_bfloat16*>(v_land);
             k_ld = k_row / 2, v_ld = D;
         }
         // S = Q K^T: a warp per (16 queries, 8 keys); keys past the tile's and columns past D are zeros
+        FP8RL_NO_UNROLL
         for (int w = warp; w < query_tiles * (kDecodeTile / 8); w += warps) {
             const int m0 = w / (kDecodeTile / 8) * 16, n0 = w % (kDecodeTile / 8) * 8;
             if (n0 >= keys) continue;  // the warp's keys are all past the tile's (warp-uniform)
             float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            const int key = n0 + g8;
+            const int key = n0 + g8;  // a key past the tile's reads its zero row
             for (int k0 = 0; k0 < D; k0 += 16) {
                 uint32_t a[4], b[2];
-                load_a_fragment(a, q_h + m0 * ld + k0, ld);
+                ldmatrix_a_fragment(a, q_h + m0 * ld + k0, ld);
                 for (int r = 0; r < 2; r++) {
                     const int d = k0 + 2 * t4 + 8 * r;
-                    b[r] = key < keys && d < D ? load_bf16_pair(k_b + key * k_ld + d) : 0u;
+                    b[r] = D % 16 == 0 || d < D ? load_bf16_pair(k_b + key * k_ld + d) : 0u;
                 }
                 mma_m16n8k16(c, a, b);
             }
@@ -339,6 +393,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
             }
         }
         __syncthreads();  // the scores are written
+        FP8RL_NO_UNROLL
         for (int g = warp; g < queries; g += warps) {  // a warp per query, a lane per key
             const float s = lane < keys ? p_s[g * kDecodeTile + lane] * ks * scale : -INFINITY;
             // lane 0 owns the query's statistics (no lane reads them while it writes); the others get its copy
@@ -346,7 +401,9 @@ __global__ void __launch_bounds__(kDecodeThreads)
             const float new_max = fmaxf(old_max, warp_reduce(s, MaxOp()));  // finite: the tile has a key
             const float p = fast_exp(s - new_max), rescale = fast_exp(old_max - new_max);  // exp(-inf) = 0
             const float tile_sum = warp_reduce(p, SumOp());
-            p_s[g * kDecodeTile + lane] = p;
+            const __nv_bfloat16 hi = __float2bfloat16_rn(p);
+            p_hi[g * kDecodePld + lane] = hi;
+            p_lo[g * kDecodePld + lane] = __float2bfloat16_rn(p - __bfloat162float(hi));  // the difference exact
             if (lane == 0) {
                 max_s[g] = new_max;
                 sum_s[g] = sum_s[g] * rescale + tile_sum;
@@ -354,42 +411,39 @@ __global__ void __launch_bounds__(kDecodeThreads)
             }
         }
         __syncthreads();  // probabilities and rescale factors are written
-        // O = O * rescale + P_hi V + P_lo V: a warp per (16 queries, 8 columns of d)
-        for (int w = warp; w < query_tiles * (D / 8); w += warps) {
-            const int m0 = w / (D / 8) * 16, n0 = w % (D / 8) * 8;
-            float c[4];
-            for (int e = 0; e < 4; e++) {
-                const int g = m0 + c_fragment_row(e), d = n0 + c_fragment_col(e);
-                c[e] = g < queries ? o_s[g * D + d] * rescale_s[g] : 0.0f;
-            }
+        // O = O * rescale + P_hi V + P_lo V: a warp per (16 queries, 16 columns of d; D = 8: 8 of them)
+        constexpr int n_pairs = (D + 15) / 16;
+        FP8RL_NO_UNROLL
+        for (int w = warp; w < query_tiles * n_pairs; w += warps) {
+            const int m0 = w / n_pairs * 16, n0 = w % n_pairs * 16;
+            float c[2][4];
+            for (int h = 0; h < 2; h++)
+                for (int e = 0; e < 4; e++) {
+                    const int g = m0 + c_fragment_row(e), d = n0 + 8 * h + c_fragment_col(e);
+                    c[h][e] = g < queries && d < D ? o_s[g * D + d] * rescale_s[g] : 0.0f;
+                }
+            FP8RL_NO_UNROLL
             for (int k0 = 0; k0 < keys; k0 += 16) {
-                uint32_t hi[4], lo[4], b[2];
-                for (int r = 0; r < 4; r++) {
-                    const int g = m0 + g8 + 8 * (r & 1), j = k0 + 2 * t4 + 8 * (r >> 1);
-                    const float p0 = g < queries ? p_s[g * kDecodeTile + j] : 0.0f,
-                                p1 = g < queries ? p_s[g * kDecodeTile + j + 1] : 0.0f;
-                    const float h0 = __bfloat162float(__float2bfloat16_rn(p0)), h1 = __bfloat162float(__float2bfloat16_rn(p1));
-                    hi[r] = pack_floats_bf16(h0, h1);
-                    lo[r] = pack_floats_bf16(p0 - h0, p1 - h1);  // the differences exact, then rounded
-                }
-                for (int r = 0; r < 2; r++) {
-                    const int j = k0 + 2 * t4 + 8 * r;
-                    b[r] = pack_bf16_pair(j < keys ? v_b[j * v_ld + n0 + g8] : zero,
-                                          j + 1 < keys ? v_b[(j + 1) * v_ld + n0 + g8] : zero);
-                }
-                mma_m16n8k16(c, hi, b);
-                mma_m16n8k16(c, lo, b);
+                uint32_t hi[4], lo[4], b0[2], b1[2];
+                ldmatrix_a_fragment(hi, p_hi + m0 * kDecodePld + k0, kDecodePld);
+                ldmatrix_a_fragment(lo, p_lo + m0 * kDecodePld + k0, kDecodePld);
+                ldmatrix_b_fragments_kn(b0, b1, v_b + k0 * v_ld + n0, v_ld);  // D = 8: b1 is past D, unused
+                mma_m16n8k16(c[0], hi, b0);
+                mma_m16n8k16(c[0], lo, b0);
+                mma_m16n8k16(c[1], hi, b1);
+                mma_m16n8k16(c[1], lo, b1);
             }
-            for (int e = 0; e < 4; e++) {
-                const int g = m0 + c_fragment_row(e), d = n0 + c_fragment_col(e);
-                if (g < queries) o_s[g * D + d] = c[e];
-            }
+            for (int h = 0; h < 2; h++)
+                for (int e = 0; e < 4; e++) {
+                    const int g = m0 + c_fragment_row(e), d = n0 + 8 * h + c_fragment_col(e);
+                    if (g < queries && d < D) o_s[g * D + d] = c[h][e];
+                }
         }
         __syncthreads();  // every thread is done with this stage before tile i + 2's copies refill it
     }
-    for (int e = threadIdx.x; e < queries * D; e += blockDim.x)
+    for (int e = threadIdx.x; e < queries * D; e += kDecodeThreads)
         part_o[out_at(e / D) * D + e % D] = o_s[e] * vs / sum_s[e / D];
-    for (int g = threadIdx.x; g < queries; g += blockDim.x) part_lse[out_at(g)] = max_s[g] + logf(sum_s[g]);
+    for (int g = threadIdx.x; g < queries; g += kDecodeThreads) part_lse[out_at(g)] = max_s[g] + logf(sum_s[g]);
 }
 
 // out [B][H][D] = the chunks of each (row, head) merged by their LSE weights, one thread per output,
@@ -609,6 +663,8 @@ class PagedKvCache {
             fail("PagedKvCache::decode_attention: B = %d, max_len = %d, max_pages = %d: need B, max_len >= 0 and "
                  "max_len <= max_pages * page_tokens (%d)", B, max_len, max_pages, shape_.page_tokens);
         if (B > 65535) fail("PagedKvCache::decode_attention: B = %d rows exceeds a grid dimension (65535)", B);
+        if (max_len > INT32_MAX - split_keys)  // the kernel's FastDivisor quotients need key counts < 2^31
+            fail("PagedKvCache::decode_attention: max_len = %d: at most %d keys a row", max_len, INT32_MAX - split_keys);
         const bool cascading = cascade.rows != nullptr;
         if (cascading != (cascade.start && cascade.count && cascade.shared) || cascade.max_groups < 0 ||
             (cascading && (cascade.max_groups > 65535 || !prefixes || cascade_rows_ < 2)))
@@ -621,6 +677,7 @@ class PagedKvCache {
                  "partials, %d heads per kv head); call reserve_decode(max batch, heads, max_len) first", B, heads,
                  chunks, part_lse_.size(), decode_group_);
         const int group = heads / shape_.kv_heads;
+        const FastDivisor group_div(group), page_div(shape_.page_tokens), split_div(split_keys);
         with_head_dim("PagedKvCache::decode_attention", shape_.head_dim, [&](auto head_dim) {
             constexpr int D = decltype(head_dim)::value;
             dispatch_storage([&](auto elem) {
@@ -631,7 +688,7 @@ class PagedKvCache {
                                   stream, part_o_.get(), part_lse_.get(), q, layer_pool<Elem>(k_pool_, layer),
                                   layer_pool<Elem>(v_pool_, layer), layer_scales(k_scale_dev_, layer),
                                   layer_scales(v_scale_dev_, layer), page_table, max_pages, lens, prefixes, max_len, heads,
-                                  shape_.kv_heads, shape_.page_tokens, split_keys, chunks, c);
+                                  group_div, page_div, split_div, chunks, c);
                 };
                 DecodeCascade per_row;  // the rows' own chunks, and the prefix chunks no group computes
                 per_row.shared = cascade.shared;

@@ -41,10 +41,14 @@ FP8RL_HD uint32_t encode_e4m3x4(float a0, float a1, float a2, float a3) {
 
 // FP8RL_UNROLL before a loop of constant trip count: nvcc unrolls it (so loads it issues are all in
 // flight before the first is used); g++ (emulation) has no such pragma.
+// FP8RL_NO_UNROLL before a loop whose trip count a thread cannot know: nvcc keeps it one loop (its
+// SASS one loop of the source's body, which cuda/perf/kernel_perf_model.h's recipes count by passes).
 #ifdef __CUDACC__
 #define FP8RL_UNROLL _Pragma("unroll")
+#define FP8RL_NO_UNROLL _Pragma("unroll 1")
 #else
 #define FP8RL_UNROLL
+#define FP8RL_NO_UNROLL
 #endif
 
 // One global access of a vector type V (uint4, uint2, uint32_t: 16, 8 or 4 bytes) at p, which must

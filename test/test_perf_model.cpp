@@ -172,9 +172,10 @@ TEST(kernel_perf_model_issue_rates_by_hand) {
 }
 
 // A made-up decode kernel with the recipe's loops: per tile of 32 keys for 2 queries (4 warps, D 128,
-// FP8), the tile loop once, the copies 2 x 32 x 128 / 128 / 32 = 2 passes, the per-query loop 2 / 4,
-// its score loop (16 multiply-adds a pass) 0.5 x 128 / 16 = 4, the output loop 2 x 128 / 128 = 2, its
-// P.V loop (4 a pass) 2 x 32 / 4 = 16, the remainder beside it none.
+// FP8), the tile loop once, the page ids 1 / 4, the copies (32 bytes a pass) 2 x 32 x 128 / 128 / 32 = 2
+// passes, the conversion (32 codes a pass) 2 x 32 x 128 / 128 / 32 = 2, the scores 1 x 4 / 4 = 1, the
+// softmax 2 / 4, P V 1 x 8 / 4 = 2 and its nested loop 2 x 32 / 16 = 4. BF16: no conversion; the clear
+// (16 rows x 64 words of the last tile, once per 8 tiles) 16 x 64 / 128 / 8 = 1 pass.
 TEST(kernel_perf_model_decode_recipe_by_hand) {
     auto loop = [](int parent, float total, std::initializer_list<std::pair<SassClass, float>> more) {
         SassLoop l{0, 0, parent, {}};
@@ -183,26 +184,39 @@ TEST(kernel_perf_model_decode_recipe_by_hand) {
         return l;
     };
     const SassLoop loops[] = {
-        loop(-1, 100, {{Sass_barrier, 3}}),                   // 0: tiles
-        loop(0, 10, {{Sass_ldgsts_bytes, 32}}),                // 1: copies
-        loop(0, 20, {{Sass_shuffle, 10}}),                     // 2: per query
-        loop(2, 300, {{Sass_macs, 16}}),                       // 3: score
-        loop(0, 30, {}),                                       // 4: per output
-        loop(4, 80, {{Sass_macs, 4}}),                         // 5: P.V
-        loop(4, 20, {{Sass_macs, 1}}),                         // 6: remainder
+        loop(-1, 100, {{Sass_barrier, 3}}),                                 // 0: tiles
+        loop(0, 7, {{Sass_ldg_bytes, 4}}),                                  // 1: page ids
+        loop(0, 10, {{Sass_ldgsts_bytes, 32}}),                             // 2: copies
+        loop(0, 50, {{Sass_conversion, 16}, {Sass_lds_bytes, 32}, {Sass_sts_bytes, 64}}),  // 3: convert
+        loop(0, 60, {{Sass_mma, 8}, {Sass_lds_bytes, 192}}),                // 4: scores
+        loop(0, 120, {{Sass_shuffle, 10}}),                                 // 5: softmax
+        loop(0, 40, {{Sass_lds_bytes, 64}}),                                // 6: P V
+        loop(6, 20, {{Sass_mma, 4}}),                                       // 7: its 16-key steps
     };
-    const SassKernel k{"made-up", {}, 7, loops};
+    const SassKernel k{"made-up", {}, 8, loops};
     SassCounts c;
     DecodeKernelShape s;
     CHECK(decode_tile_recipe(k, s, 2, &c));
-    CHECK_NEAR(c.c[Sass_total], 100 + 2 * 10 + 0.5 * 20 + 4 * 300 + 2 * 30 + 16 * 80, 1e-9, 0);
+    CHECK_NEAR(c.c[Sass_total], 100 + 7 / 4.0 + 2 * 10 + 2 * 50 + 60 + 0.5 * 120 + 2 * 40 + 4 * 20, 1e-9, 0);
+    CHECK_NEAR(c.c[Sass_mma], 8 + 4 * 4, 1e-9, 0);
+    // BF16: the conversion loop must not be there, the clear must
+    s.elem_bytes = 2;
+    CHECK(!decode_tile_recipe(k, s, 2, &c));
+    SassLoop bf16[8];
+    std::copy(std::begin(loops), std::end(loops), bf16);
+    bf16[3] = loop(0, 12, {{Sass_sts_bytes, 8}});  // 3: clear
+    const SassKernel kb{"made-up bf16", {}, 8, bf16};
+    CHECK(decode_tile_recipe(kb, s, 2, &c));
+    CHECK_NEAR(c.c[Sass_total], 100 + 7 / 4.0 + 4 * 10 + 1 * 12 + 60 + 0.5 * 120 + 2 * 40 + 4 * 20, 1e-9, 0);
     // a kernel whose loops are not the recipe's (no barrier): the generic price per multiply-add of its
-    // innermost math loops, (300 + 80 + 20) / (16 + 4 + 1)
-    SassLoop flat[] = {loops[3], loops[5], loops[6]};
+    // innermost math loops
+    SassLoop flat[] = {loops[4], loops[7]};
     for (SassLoop& l : flat) l.parent = -1;
-    const SassKernel g{"flat", {}, 3, flat};
+    flat[0].counts[Sass_macs] = 512, flat[1].counts[Sass_macs] = 256;
+    const SassKernel g{"flat", {}, 2, flat};
+    s.elem_bytes = 1;
     CHECK(!decode_tile_recipe(g, s, 2, &c));
-    CHECK_NEAR(generic_cost_per_mac(g).c[Sass_total], 400.0 / 21, 1e-9, 0);
+    CHECK_NEAR(generic_cost_per_mac(g).c[Sass_total], 80.0 / 768, 1e-9, 0);
 }
 
 // The GRPO step adds its phases; decode attention reads the bytes it is given at the bandwidth.
@@ -226,4 +240,6 @@ TEST(kernel_perf_model_grpo_step_adds_its_phases) {
     CHECK_NEAR(b.memory_s, 2 * f.memory_s, 1e-15, 0);
     CHECK_NEAR(f.launch_s, 2 * 3e-6, 1e-15, 0);
     CHECK(f.compute_s > 0 && b.compute_s > 0);
+    CHECK_MSG(f.recipe && b.recipe, "sass_counts.h's kv_decode_split_kernel<128, *> no longer matches the decode recipe "
+              "(cuda/perf/kernel_perf_model.h): it would be priced by the generic lower bound");
 }

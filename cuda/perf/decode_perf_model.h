@@ -16,7 +16,7 @@
 //   launches   per layer and around them, as the graph replays them, at perf_model.h's launch gap.
 // Anchors, not measurements of this code: the first lent GPU checks them (dev/gpu_check.sh).
 // With hw.gpu set (sass_hardware: the model that prices what the kernels execute), decode attention is
-// priced from kv_decode_split_kernel's SASS (kernel_perf_model.h) against its bytes at the datasheet
+// priced from kv_decode_split_kernel's SASS (kernel_perf_model.h: the cascade CTAs' prefix tiles per group) against its bytes at the datasheet
 // bandwidth, sampling by its bytes (the logits written by the head GEMM and read kSamplingPasses times)
 // at that bandwidth, and a step launches kDecodeNodesPerLayer graph nodes per layer (perf-anchors.md's
 // review counted 343 at Qwen3-1.7B: 12 x 28 + 7).
@@ -56,7 +56,7 @@ inline DecodePrediction predict_decode_step(const PerfHardware& hw, const ModelC
     p.attention_bytes = rows * keys_read * L * 2 * (double)c.kv_dim() * kv_bytes;
     if (hw.gpu) {  // the split kernel (and the cascade's) and the merge, per layer
         const KernelPrice a = decode_attention_price(*hw.gpu, kv_cache == Precision::FP8, rows, context, (int)c.num_heads,
-                                                     (int)c.num_kv_heads, (int)c.head_dim, p.attention_bytes / L, 0);
+                                                     (int)c.num_kv_heads, (int)c.head_dim, p.attention_bytes / L, 0, prefix, group);
         p.attention_s = L * a.seconds();
         p.sampling_s = rows * V * perf_detail::kF32 * (1 + kSamplingPasses) / hw.hbm;
         p.launches_s = (L * kDecodeNodesPerLayer + kDecodeLaunchesOutside) * hw.launch_s;

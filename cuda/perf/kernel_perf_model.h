@@ -113,15 +113,23 @@ inline SassCounts generic_cost_per_mac(const SassKernel& k) {
 }
 
 // ---- decode attention: kv_cache.cuh's kv_decode_split_kernel ------------------------------------
-// Recipe (the kernel at 1c2773d): a tile loop over kDecodeTile keys (the loop with the most barriers);
-// inside it, in address order, the next tile's page ids (one thread), the cp.async copies (LDGSTS:
-// K and V rows, 32 keys x row bytes x 2 over the CTA's threads), the per-query loop (a warp per query,
-// shuffles) around the score loop (a lane per key: its D elements, as many passes as D / the loop's
-// multiply-adds), and the output loop (a thread per output element of the CTA's queries) around the
-// P.V loop (its keys: 32 / the loop's multiply-adds; a smaller remainder loop beside it runs no pass at
-// 32 keys).
+// Recipe (the tensor-core kernel, its per-thread loops kept one SASS loop each by FP8RL_NO_UNROLL): a
+// tile loop over kDecodeTile keys (the top-level loop with the most barriers); inside it, each pass
+// of a loop counted once per warp that runs it (a warp issues what any of its lanes runs; counts are
+// per thread = per warp, and sm_cycles multiplies by the warps):
+//   page ids  global loads, no cp.async: the next tile's 2-3 pages, lanes of warp 0: 1 / warps a warp;
+//   copies    cp.async (LDGSTS): K and V rows, 2 x 32 keys x row bytes over the threads;
+//   convert   FP8 only (conversions, no MMA, no shuffle): 2 x 32 x D codes over the threads, as many
+//             a pass as it loads from shared memory;
+//   clear     BF16 only (stores alone): the last tile of a chunk's rows past its keys, on average half
+//             a tile once per chunk of split_keys;
+//   scores    MMAs, no nested loop: a warp per (16 queries, 8 keys): query tiles x 4 over the warps;
+//   softmax   shuffles: a warp per query;
+//   P V       the loop holding a nested MMA loop: a warp per (16 queries, 16 columns of d), its nested
+//             loop once per 16 keys.
+// Per CTA (rows x kv heads x chunks of split_keys), the code outside every loop once.
 struct DecodeKernelShape {
-    int threads = 128, tile_keys = 32, head_dim = 128;
+    int threads = 128, tile_keys = 32, head_dim = 128, split_keys = 256;
     double elem_bytes = 1;  // 1: FP8, 2: BF16
 };
 
@@ -132,35 +140,45 @@ inline bool decode_tile_recipe(const SassKernel& k, const DecodeKernelShape& s, 
     for (int i = 0; i < k.loops; i++)
         if (k.loop[i].parent == -1 && (tile < 0 || k.loop[i].counts[Sass_barrier] > k.loop[tile].counts[Sass_barrier])) tile = i;
     if (tile < 0 || k.loop[tile].counts[Sass_barrier] == 0) return false;
-    const double warps = s.threads / 32.0;
+    const double warps = s.threads / 32.0, query_tiles = std::ceil(queries / 16), D = s.head_dim, T = s.tile_keys;
+    const bool fp8 = s.elem_bytes == 1;
     SassCounts c;
     c.add(k.loop[tile].counts, 1);
-    int copies = 0, query_loops = 0, output_loops = 0;
+    int pages = 0, copies = 0, converts = 0, clears = 0, scores = 0, softmaxes = 0, pvs = 0;
     for (int i : children(k, tile)) {
         const SassLoop& l = k.loop[i];
         const std::vector<int> inner = children(k, i);
-        if (has(l, Sass_ldgsts_bytes)) {  // K and V rows of the tile over the threads
-            c.add(l.counts, 2.0 * s.tile_keys * s.head_dim * s.elem_bytes / s.threads / l.counts[Sass_ldgsts_bytes]);
-            copies++;
-        } else if (inner.empty() && has(l, Sass_ldg_bytes)) {
-            c.add(l.counts, 1.0 / s.threads);  // the next tile's page id: one thread
-        } else if (inner.size() >= 1) {
-            // the per-query loop holds the warp reductions (shuffles); the other, the output loop
-            const bool query = has(l, Sass_shuffle);
-            const double passes = query ? queries / warps : queries * s.head_dim / s.threads;
-            const double inner_macs = query ? s.head_dim : s.tile_keys;  // per pass: a key's D, an output's keys
+        if (!inner.empty()) {  // P V
+            if (inner.size() != 1 || !has(k.loop[inner[0]], Sass_mma)) return false;
+            const double passes = query_tiles * std::ceil(D / 16) / warps;
             c.add(l.counts, passes);
-            int main = inner[0];
-            for (int j : inner)
-                if (macs(k.loop[j]) > macs(k.loop[main])) main = j;
-            if (macs(k.loop[main]) == 0) return false;
-            c.add(k.loop[main].counts, passes * inner_macs / macs(k.loop[main]));
-            (query ? query_loops : output_loops)++;
+            c.add(k.loop[inner[0]].counts, passes * T / 16);
+            pvs++;
+        } else if (has(l, Sass_ldgsts_bytes)) {
+            c.add(l.counts, 2.0 * T * D * s.elem_bytes / s.threads / l.counts[Sass_ldgsts_bytes]);
+            copies++;
+        } else if (has(l, Sass_ldg_bytes)) {
+            c.add(l.counts, 1 / warps);
+            pages++;
+        } else if (has(l, Sass_shuffle)) {
+            c.add(l.counts, queries / warps);
+            softmaxes++;
+        } else if (has(l, Sass_mma)) {
+            c.add(l.counts, query_tiles * (T / 8) / warps);
+            scores++;
+        } else if (has(l, Sass_conversion) && has(l, Sass_lds_bytes)) {
+            c.add(l.counts, 2.0 * T * D / s.threads / l.counts[Sass_lds_bytes]);
+            converts++;
+        } else if (has(l, Sass_sts_bytes) && !has(l, Sass_lds_bytes)) {
+            c.add(l.counts, (T / 2) * (D * s.elem_bytes / 4) / s.threads / (s.split_keys / T));
+            clears++;
         } else {
             return false;
         }
     }
-    if (copies != 1 || query_loops != 1 || output_loops != 1) return false;
+    if (pages != 1 || copies != 1 || scores != 1 || softmaxes != 1 || pvs != 1 || converts != (fp8 ? 1 : 0) ||
+        clears != (fp8 ? 0 : 1))
+        return false;
     *out = c;
     return true;
 }
@@ -173,18 +191,26 @@ struct KernelPrice {
 
 // Decode attention of one layer in one decode step: `rows` sequences at a mean context of `context`
 // keys, H query and KV heads of D, the K/V bytes read (cascade's savings included by the caller),
-// `launches` kernel launches (split + merge).
+// `launches` kernel launches (split + merge). With `group` > 1 the first `prefix` keys of each group
+// of `group` sibling rows are a cascade CTA's, which computes a tile once for the group's queries.
 inline KernelPrice decode_attention_price(const GpuSpec& g, bool fp8_kv, double rows, double context, int H, int KV,
-                                          int D, double kv_bytes, int launches) {
+                                          int D, double kv_bytes, int launches, double prefix = 0, int group = 1) {
     const std::string name = "kv_decode_split_kernel<" + std::to_string(D) + (fp8_kv ? ", unsigned char>" : ", __nv_bfloat16>");
     const SassKernel& k = sass_kernel(name.c_str());
     DecodeKernelShape s;
     s.elem_bytes = fp8_kv ? 1 : 2, s.head_dim = D;
-    const double queries = H / KV, tiles = rows * KV * std::ceil(context / s.tile_keys), warps = s.threads / 32.0;
+    const double queries = H / KV, warps = s.threads / 32.0;
+    if (group <= 1) prefix = 0;
     KernelPrice p;
-    SassCounts per_tile;
-    if (decode_tile_recipe(k, s, queries, &per_tile)) {
-        p.compute_s = sm_cycles(per_tile, warps) * tiles / g.sms / g.clock;
+    SassCounts per_tile, per_group_tile, per_cta;
+    if (decode_tile_recipe(k, s, queries, &per_tile) && decode_tile_recipe(k, s, queries * group, &per_group_tile)) {
+        per_cta.add(k.outside, 1);
+        const double own = context - prefix, groups = rows / group;
+        const double cycles = sm_cycles(per_tile, warps) * rows * KV * std::ceil(own / s.tile_keys) +
+                              sm_cycles(per_group_tile, warps) * groups * KV * std::ceil(prefix / s.tile_keys) +
+                              sm_cycles(per_cta, warps) * KV *
+                                  (rows * std::ceil(own / s.split_keys) + groups * std::ceil(prefix / s.split_keys));
+        p.compute_s = cycles / g.sms / g.clock;
     } else {  // every query head: a key's D score and D P.V multiply-adds, over 32 lanes
         p.recipe = false;
         const double total_macs = rows * H * context * D * 2.0;

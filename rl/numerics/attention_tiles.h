@@ -11,6 +11,7 @@
 //     tile's sum is a warp's butterfly reduction), merged by the chunks' log-sum-exps. The cut
 //     depends on the row's prompt length and its own length alone, never on the batch.
 #pragma once
+#include "rl/numerics/fast_div.h"
 #include "rl/numerics/hostdevice.h"
 
 namespace fp8rl {
@@ -28,15 +29,25 @@ FP8RL_HD long decode_prefix_keys(long prompt_len, long len) {
     const long shared = prompt_len < len ? prompt_len : len;
     return shared < 0 ? 0 : shared / kDecodeTile * kDecodeTile;
 }
-FP8RL_HD int decode_span_chunks(long keys, int split_keys) { return (int)((keys + split_keys - 1) / split_keys); }
+// split_keys: an int, or its FastDivisor (the decode kernel's: the same quotients without a divide).
+FP8RL_HD long split_quotient(long n, int split_keys) { return n / split_keys; }
+FP8RL_HD long split_quotient(long n, const FastDivisor& split) { return (long)split.div((uint32_t)n); }
+FP8RL_HD long split_value(int split_keys) { return split_keys; }
+FP8RL_HD long split_value(const FastDivisor& split) { return (long)split.d; }
+template <class Split>
+FP8RL_HD int decode_span_chunks(long keys, Split split_keys) {
+    return (int)split_quotient(keys + split_value(split_keys) - 1, split_keys);
+}
 // The chunks of a row: its prefix's, then those of its own keys, split_keys (a multiple of
 // kDecodeTile) each but the last of either part.
 FP8RL_HD int decode_row_chunks(long len, long prefix, int split_keys) {
     return decode_span_chunks(prefix, split_keys) + decode_span_chunks(len - prefix, split_keys);
 }
 // Keys [*begin, *end) of chunk c of a row (empty past its chunks).
-FP8RL_HD void decode_chunk_keys(long len, long prefix, int split_keys, int c, long* begin, long* end) {
-    const int prefix_chunks = decode_span_chunks(prefix, split_keys);
+template <class Split>
+FP8RL_HD void decode_chunk_keys(long len, long prefix, Split split, int c, long* begin, long* end) {
+    const int prefix_chunks = decode_span_chunks(prefix, split);
+    const long split_keys = split_value(split);
     const long b = c < prefix_chunks ? (long)c * split_keys : prefix + (long)(c - prefix_chunks) * split_keys;
     const long limit = c < prefix_chunks ? prefix : len;
     *begin = b < limit ? b : len;

@@ -500,6 +500,38 @@ TEST(kv_decode_converts_every_e4m3_code_exactly) {
     CHECK(checked == 4 * 254 && differ == 0);
 }
 
+// The decode kernel's runtime divisions (GQA group, page size, chunk size) are FastDivisor's
+// multiply-high (rl/numerics/fast_div.h): on the device (__umulhi; in emulation the host's 64-bit
+// product) its quotient and remainder equal plain division's for divisors 1..40, powers of two and
+// the largest, at numerators around every multiple of the divisor up to 2^31 - 1.
+__global__ void fast_div_kernel(uint32_t* q, uint32_t* r, const uint32_t* n, FastDivisor d, int count) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < count) q[i] = d.div(n[i]), r[i] = d.mod(n[i]);
+}
+
+TEST(kv_fast_divisor_equals_division) {
+    REQUIRE_GPU();
+    std::vector<uint32_t> divisors;
+    for (uint32_t d = 1; d <= 40; d++) divisors.push_back(d);
+    for (uint32_t d : {64u, 256u, 4096u, 65537u, 1u << 30, 2147483647u, 1u << 31}) divisors.push_back(d);
+    int wrong = 0, checked = 0;
+    for (uint32_t d : divisors) {
+        std::vector<uint32_t> n = {0, 1, 2, 2147483647u, 2147483646u};
+        for (uint64_t m = d; m < (1ull << 31); m = m * 3 + d)  // around multiples of d, sparse at the top
+            for (int64_t k = -1; k <= 1; k++) n.push_back((uint32_t)std::min<int64_t>((int64_t)m + k, 2147483647));
+        const std::vector<uint32_t> top = {2147483647u / d * d, 2147483647u / d * d - 1};
+        n.insert(n.end(), top.begin(), top.end());
+        DeviceBuffer<uint32_t> in(n), q(n.size()), r(n.size());
+        LAUNCH_KERNEL(fast_div_kernel, (unsigned)((n.size() + 127) / 128), 128, 0, 0, q.ptr, r.ptr, in.ptr,
+                      FastDivisor(d), (int)n.size());
+        const std::vector<uint32_t> qh = q.download(), rh = r.download();
+        for (size_t i = 0; i < n.size(); i++, checked++)
+            if ((qh[i] != n[i] / d || rh[i] != n[i] % d) && wrong++ < 3)
+                CHECK_MSG(false, "%u / %u: %u rem %u, want %u rem %u", n[i], d, qh[i], rh[i], n[i] / d, n[i] % d);
+    }
+    CHECK(wrong == 0 && checked > 1000);
+}
+
 TEST(kv_append_matches_host_encoder) {
     REQUIRE_GPU();
     const DecodeCase c = {"D32 H2 KV2", 2, 2, 32, 16, {5, 16, 17}, {0}, {}};
