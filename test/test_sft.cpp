@@ -2,9 +2,11 @@
 // HF transformers' renderings of Qwen3, Qwen2.5 and Llama-3 conversations, the first train/loss in fp32
 // against a float64 forward's masked token-mean NLL (fixtures of dev/make_sft_fixtures.py, rows no other
 // test has seen), CPT windows, the WSD schedule, the GPU binary in emulation against the CPU binary,
-// CPT -> SFT through a checkpoint, and bad input (one line, exit 1).
+// CPT -> SFT through a checkpoint, a fresh model with a HF tokenizer (--init with --tokenizer DIR), and bad
+// input (one line, exit 1).
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <map>
 #include <string>
 #include <vector>
@@ -175,6 +177,35 @@ TEST(cpt_then_sft_from_checkpoint) {
                                      d + "/sft.jsonl --batch_seqs 2 --steps 1 --lr 1e-3 --threads 2 --out_dir " + d + "/sft");
     CHECK_MSG(sft.status == 0, "%s", sft.output.c_str());
     CHECK_MSG(sft.output.find("checkpoints/step_000012") != std::string::npos, "%s", sft.output.c_str());
+}
+
+// --init with --tokenizer DIR: a fresh model with that tokenizer's ids, end of text and chat template
+// (the tiny Qwen3's, whose config.json transformers wrote: vocab 320, eos 317 = <|im_end|>), so SFT
+// trains on the tokens HF's masks mark (expected_accuracy.json's count); a tokenizer whose eos_token
+// is not in its vocabulary is refused in one line.
+TEST(init_with_tokenizer_dir) {
+    const std::string d = temp_dir("init_tokenizer");
+    harness::RunResult r = run_cmd(harness::binary() + " --mode sft --init tiny --tokenizer " + kSftModel +
+                                   " --data test/fixtures/sft/messages.jsonl --batch_seqs 6 --steps 1 --lr 1e-3 --threads 2"
+                                   " --out_dir " + d + "/sft");
+    CHECK_MSG(r.status == 0, "%s", r.output.c_str());
+    if (r.status) return;
+    const Json hf = json_parse_file(std::string(kSftModel) + "/config.json"), fresh = json_parse_file(d + "/sft/init_model/config.json");
+    for (const char* k : {"vocab_size", "eos_token_id"})
+        CHECK_MSG(fresh.find(k)->integer == hf.find(k)->integer, "%s: fresh %lld, HF %lld", k, (long long)fresh.find(k)->integer,
+                  (long long)hf.find(k)->integer);
+    const double tokens = sft_first(d + "/sft", "train/tokens");
+    const int64_t want = json_parse_file("test/fixtures/sft/expected_accuracy.json").find("messages.jsonl")->find("tokens")->integer;
+    CHECK_MSG(tokens == (double)want, "train/tokens %.0f, HF's masks %lld", tokens, (long long)want);
+    CHECK(read_file(d + "/sft/init_model/chat_template.jinja") == read_file(std::string(kSftModel) + "/chat_template.jinja"));
+    std::filesystem::create_directories(d + "/bad");
+    write_file_atomic(d + "/bad/tokenizer.json", read_file(std::string(kSftModel) + "/tokenizer.json"));
+    write_file_atomic(d + "/bad/tokenizer_config.json", "{\"eos_token\": \"<|missing|>\"}\n");
+    harness::RunResult bad = harness::run_command(harness::binary() + " --mode sft --init tiny --tokenizer " + d +
+                                                  "/bad --data test/fixtures/sft/messages.jsonl --out_dir " + d + "/out 2>&1 >/dev/null");
+    CHECK_MSG(bad.status == 1 && bad.output.find("eos_token <|missing|> is not in the vocabulary") != std::string::npos &&
+                  std::count(bad.output.begin(), bad.output.end(), '\n') == 1,
+              "%d: %s", bad.status, bad.output.c_str());
 }
 
 // Bad input: one line naming the problem, exit 1.
