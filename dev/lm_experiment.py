@@ -114,6 +114,7 @@ def main():
             out = os.path.join(args.workdir, "%s_seed%d" % (arm.replace(" ", "_"), seed))
             jobs[(arm, seed)] = command(args.binary, arm, seed, args, train, val, out), out
     print("one run: " + " ".join(("'%s'" % c if " " in c else c) for c in jobs[(arms[-1], 1)][0]))
+    reused = sum(os.path.exists(os.path.join(out, "wall_s")) for _, out in jobs.values())
     t0 = time.time()
     with ThreadPoolExecutor(args.jobs) as pool:
         futures = {k: pool.submit(run, *v) for k, v in jobs.items()}
@@ -123,9 +124,9 @@ def main():
     final = {k: v[0][-1][1] for k, v in results.items()}
     bf = [final[("bf16", s)] for s in seeds]
     spread = max(bf) - min(bf)
-    print("\n%d steps x %d windows of %d+1 bytes, wsd lr %g (warmup %d, decay %d), %d seeds, %d runs %d at a time "
-          "with %d thread(s) each: %.1f min wall" % (args.steps, args.batch_seqs, args.seq_len, args.lr, args.steps // 10,
-          args.steps // 5, len(seeds), len(jobs), args.jobs, args.threads, total / 60))
+    print("\n%d steps x %d windows of %d+1 bytes, wsd lr %g (warmup %d, decay %d), %d seeds, %d runs (%d of them reused) "
+          "%d at a time with %d thread(s) each: %.1f min wall" % (args.steps, args.batch_seqs, args.seq_len, args.lr,
+          args.steps // 10, args.steps // 5, len(seeds), len(jobs), reused, args.jobs, args.threads, total / 60))
     print("val/loss at steps " + ", ".join(str(e[0]) for e in results[("bf16", 1)][0]) + " (mean over seeds)\n")
     print("| arm | start val/loss | val/loss curve | final val/loss mean (min..max) | fp8/bf16 - 1 (paired, min..max) "
           "| paired gap vs bf16 (min..max) | val/loss - val/loss_bf16 | wall min/run | within 3% | lossless |")
