@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
 #include "cuda/kernels/block_reduce.cuh"
 #include "cuda/engine/device_array.cuh"
@@ -199,6 +200,20 @@ class LogprobHeadGpu {
             if (ld != n)
                 CUDA_CHECK(cudaMemcpyAsync(dW + (size_t)v0 * C, dw, dw_bytes, cudaMemcpyDeviceToDevice, stream));
         }
+    }
+
+    // After forward (target [T] its targets): per token, on the host, 1 where the target's logit is
+    // the row's largest (ties included), else 0: cpu/logprob_head.h's top1, from the running max and
+    // the target's logit that forward kept.
+    std::vector<float> top1(const int32_t* target, int T, cudaStream_t stream) {
+        std::vector<float> max((size_t)T), z((size_t)T), out((size_t)T);
+        std::vector<int32_t> y((size_t)T);
+        CUDA_CHECK(cudaMemcpyAsync(max.data(), run_max_.get(T), T * sizeof(float), cudaMemcpyDeviceToHost, stream));
+        CUDA_CHECK(cudaMemcpyAsync(z.data(), z_target_.get(T), T * sizeof(float), cudaMemcpyDeviceToHost, stream));
+        CUDA_CHECK(cudaMemcpyAsync(y.data(), target, T * sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
+        CUDA_CHECK(cudaStreamSynchronize(stream));
+        for (int t = 0; t < T; t++) out[(size_t)t] = y[(size_t)t] >= 0 && z[(size_t)t] == max[(size_t)t] ? 1.0f : 0.0f;
+        return out;
     }
 
     // Frees the scratch (the rollout phase: GpuEngine::enter_phase); the next pass allocates it again.

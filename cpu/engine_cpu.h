@@ -74,6 +74,13 @@ public:
         train_precision_ = p;
     }
 
+    void last_train_top1(TokenValues* top1) const override {
+        top1->assign(train_seqs_.size(), {});
+        for (size_t s = 0; s < train_seqs_.size(); s++)  // head row t predicts token t + 1
+            for (int64_t t = train_batch_.offsets[s] + train_seqs_[s].prompt_len; t < train_batch_.offsets[s + 1]; t++)
+                (*top1)[s].push_back(t == train_batch_.offsets[s] ? 0.0f : train_acts_.head_top1[t - 1]);
+    }
+
     void backward(const TokenValues& d_logprob, const TokenValues& d_entropy) override {
         const long T = train_batch_.num_tokens();
         std::vector<float> dlp((size_t)T, 0.0f), dent((size_t)T, 0.0f);  // [T] model_forward alignment

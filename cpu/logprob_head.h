@@ -76,9 +76,11 @@ struct HeadScratch {
 // Forward. x [rows, C]; W [V, C]; target [rows] (-1: no target, logprob left 0).
 // Outputs per row: logprob, entropy, and the softmax statistics lse, mu the backward needs.
 // for_backward: keep the logits for head_backward when they fit (scratch.max_saved_bytes), which
-// then skips recomputing them (the same bits: one GEMM either way).
+// then skips recomputing them (the same bits: one GEMM either way). top1 (when given): 1 where the
+// target's logit is the row's largest (ties included), else 0 (train/mean_token_accuracy).
 inline void head_forward(float* logprob, float* entropy, float* lse, float* mu, const float* x, const float* W,
-                         const int32_t* target, long rows, HeadShape s, HeadScratch& scratch, bool for_backward) {
+                         const int32_t* target, long rows, HeadShape s, HeadScratch& scratch, bool for_backward,
+                         float* top1 = nullptr) {
     scratch.reserve();
     const size_t all = (size_t)rows * s.V;
     scratch.saved_rows = for_backward && all * sizeof(float) <= scratch.max_saved_bytes ? rows : 0;
@@ -121,6 +123,7 @@ inline void head_forward(float* logprob, float* entropy, float* lse, float* mu, 
         for (long i = 0; i < nr; i++) {
             const long r = r0 + i;
             double l = lse[r] + std::log(scratch.sum[i]), m = scratch.sz[i] / scratch.sum[i];
+            if (top1) top1[r] = target[r] >= 0 && logprob[r] == lse[r] ? 1.0f : 0.0f;  // z_y against the running max
             lse[r] = (float)l;
             mu[r] = (float)m;
             entropy[r] = (float)(l - m);

@@ -254,6 +254,7 @@ struct ForwardActs {
     std::vector<float> k_amax, v_amax;  // [L][KV] max |K| (after k-norm and RoPE) and max |V| per KV head, last pass
     float *hf = nullptr, *xf = nullptr, *rstdf = nullptr;               // final hidden [T, C], normed, rstd
     float *head_logprob = nullptr, *head_entropy = nullptr, *head_lse = nullptr, *head_mu = nullptr;  // [T]
+    float* head_top1 = nullptr;  // [T] 1 where the target is the most likely token (head_forward's top1)
     BackwardActs grad{};
     RopeTable rope;
     HeadScratch head;
@@ -307,7 +308,7 @@ private:
         }
         hf = keep_all_layers ? take(T * C) : layers[0].x;
         xf = take(T * C), rstdf = take(T);
-        head_logprob = take(T), head_entropy = take(T), head_lse = take(T), head_mu = take(T);
+        head_logprob = take(T), head_entropy = take(T), head_lse = take(T), head_mu = take(T), head_top1 = take(T);
         grad = BackwardActs{};
         if (backward) {
             BackwardActs& g = grad;
@@ -425,7 +426,8 @@ inline void model_forward(const CpuModel& m, const ModelParams& p, const TokenBa
     set_batch_rows(acts, batch);
     forward_trunk(m, p, acts, nullptr);
     head_forward(acts.head_logprob, acts.head_entropy, acts.head_lse, acts.head_mu, acts.xf, p.at(m.lm_head),
-                 acts.target.data(), acts.T, {m.V, m.C, temperature, p.packed_at(m.lm_head)}, acts.head, for_backward);
+                 acts.target.data(), acts.T, {m.V, m.C, temperature, p.packed_at(m.lm_head)}, acts.head, for_backward,
+                 acts.head_top1);
     for (long t = 0; t < acts.T; t++) {
         bool first = acts.pos[t] == 0;
         logprob[t] = first ? 0.0f : acts.head_logprob[t - 1];

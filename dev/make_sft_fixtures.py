@@ -13,6 +13,10 @@ from HF transformers, and the masked token-mean NLL from a float64 numpy forward
       and the model's eos, <|im_end|>).
   test/fixtures/sft/expected_loss.json  per file, the token mean over all rows' masked tokens of
       -log p(token | the tokens before it), the model run in float64 on its stored weights.
+  test/fixtures/sft/expected_accuracy.json  per file, train/mean_token_accuracy of that forward: the
+      fraction of the masked tokens whose logit is the largest at their position, with the hits, the
+      token count and the smallest |logit - best other logit| (asserted far above float32's errors,
+      so an fp32 forward cannot flip a hit).
 
 The rows are drawn from a seeded word list, so they are new to every other test. Rerunning writes the same files.
 
@@ -102,7 +106,7 @@ def rope(x, theta):  # x [T, H, D], HF's rotate_half convention
 
 
 def logprobs64(w, cfg, ids):
-    """log p(ids[t] | ids[:t]) for t >= 1 (index 0 unused)."""
+    """log p(ids[t] | ids[:t]) and ids[t]'s logit less the largest other logit, for t >= 1 (index 0 unused)."""
     H, KV, D = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
     eps, theta = cfg["rms_norm_eps"], cfg["rope_parameters"]["rope_theta"]
     x = w["model.embed_tokens.weight"][ids]
@@ -131,18 +135,26 @@ def logprobs64(w, cfg, ids):
     logits = x @ w.get("lm_head.weight", w["model.embed_tokens.weight"]).T
     m = logits.max(-1, keepdims=True)
     lsm = logits - m - np.log(np.exp(logits - m).sum(-1, keepdims=True))
-    out = np.zeros(T)
-    out[1:] = lsm[np.arange(T - 1), ids[1:]]
-    return out
+    out, margin = np.zeros(T), np.zeros(T)
+    rows = np.arange(T - 1)
+    out[1:] = lsm[rows, ids[1:]]
+    others = logits[:-1].copy()
+    others[rows, ids[1:]] = -np.inf
+    margin[1:] = logits[rows, ids[1:]] - others.max(-1)
+    return out, margin
 
 
-def masked_mean_nll(w, cfg, rows):
-    nll, n = 0.0, 0
+def masked_stats(w, cfg, rows):
+    """The masked token-mean NLL, and the top-1 hits, token count and smallest |margin| over the masked tokens."""
+    nll, n, hits, margins = 0.0, 0, 0, []
     for ids, mask in rows:
-        lp = logprobs64(w, cfg, np.array(ids))
+        lp, margin = logprobs64(w, cfg, np.array(ids))
+        m = np.array(mask, dtype=bool)
         nll -= float((lp * np.array(mask)).sum())
-        n += sum(mask)
-    return nll / n
+        n += int(m.sum())
+        hits += int((margin[m] >= 0).sum())
+        margins.extend(np.abs(margin[m]))
+    return nll / n, {"accuracy": hits / n, "hits": hits, "tokens": n, "min_margin": float(min(margins))}
 
 
 def main():
@@ -160,12 +172,12 @@ def main():
     w = {k: v.astype(np.float64) for k, v in load_file(os.path.join(MODEL, "model.safetensors")).items()}
     tok = AutoTokenizer.from_pretrained(MODEL)
     eos = json.load(open(os.path.join(MODEL, "generation_config.json")))["eos_token_id"][0]
-    expected = {}
+    expected, accuracy = {}, {}
     msg_rows = [hf_mask("qwen3_tiny", tok, m) for m in convs[:6]]
     with open(os.path.join(OUT, "messages.jsonl"), "w") as f:
         for m in convs[:6]:
             f.write(json.dumps({"messages": m}) + "\n")
-    expected["messages.jsonl"] = masked_mean_nll(w, cfg, msg_rows)
+    expected["messages.jsonl"], accuracy["messages.jsonl"] = masked_stats(w, cfg, msg_rows)
     prompt_rows = []
     with open(os.path.join(OUT, "prompt.jsonl"), "w") as f:
         for i in range(6):
@@ -174,11 +186,15 @@ def main():
             p = tok(prompt, add_special_tokens=False)["input_ids"]
             c = tok(completion, add_special_tokens=False)["input_ids"] + [eos]
             prompt_rows.append((p + c, [0] * len(p) + [1] * len(c)))
-    expected["prompt.jsonl"] = masked_mean_nll(w, cfg, prompt_rows)
-    with open(os.path.join(OUT, "expected_loss.json"), "w") as f:
-        json.dump(expected, f, indent=1)
-        f.write("\n")
-    print(expected)
+    expected["prompt.jsonl"], accuracy["prompt.jsonl"] = masked_stats(w, cfg, prompt_rows)
+    # a float32 forward's logits are good to ~1e-5; the random model hits some chat-template tokens
+    # (prompt.jsonl's completions: none)
+    assert all(a["min_margin"] > 1e-3 for a in accuracy.values()) and accuracy["messages.jsonl"]["hits"] > 0, accuracy
+    for name, values in (("expected_loss.json", expected), ("expected_accuracy.json", accuracy)):
+        with open(os.path.join(OUT, name), "w") as f:
+            json.dump(values, f, indent=1)
+            f.write("\n")
+    print(expected, accuracy)
 
 
 if __name__ == "__main__":

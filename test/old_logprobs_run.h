@@ -62,6 +62,7 @@ public:
                 shadow_mismatches += memcmp(&shadow[s][t], &(*lp)[s][t], sizeof(float)) != 0;
         }
     }
+    void last_train_top1(TokenValues* top1) const override { e_.last_train_top1(top1); }
     void backward(const TokenValues& d_lp, const TokenValues& d_ent) override { e_.backward(d_lp, d_ent); }
     void init_optimizer(const AdamWConfig& cfg, const Dist& dist) override { e_.init_optimizer(cfg, dist); }
     void zero_grads() override { e_.zero_grads(); }

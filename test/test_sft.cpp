@@ -2,9 +2,11 @@
 // HF transformers' renderings of Qwen3, Qwen2.5 and Llama-3 conversations, the first train/loss in fp32
 // against a float64 forward's masked token-mean NLL (fixtures of dev/make_sft_fixtures.py, rows no other
 // test has seen), CPT windows, the WSD schedule, the GPU binary in emulation against the CPU binary,
-// CPT -> SFT through a checkpoint, and bad input (one line, exit 1).
+// CPT -> SFT through a checkpoint, a fresh model with a HF tokenizer (--init with --tokenizer DIR), and bad
+// input (one line, exit 1).
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <map>
 #include <string>
 #include <vector>
@@ -65,9 +67,12 @@ TEST(sft_masks_match_transformers) {
 }
 
 // SFT's first train/loss in fp32 (the loss before the update) equals the float64 forward's masked
-// token-mean NLL over the same rows, for conversations and for prompt/completion rows.
+// token-mean NLL over the same rows, for conversations and for prompt/completion rows, and its
+// train/mean_token_accuracy counts the float64 forward's hits (targets whose logit is the largest,
+// every one at least 0.067 from the best other: fp32 cannot flip one).
 TEST(sft_first_loss_matches_fp64) {
     const Json expected = json_parse_file("test/fixtures/sft/expected_loss.json");
+    const Json accuracy = json_parse_file("test/fixtures/sft/expected_accuracy.json");
     for (const char* file : {"messages.jsonl", "prompt.jsonl"}) {
         const std::string d = temp_dir(std::string("sft_fp64_") + file);
         harness::RunResult r = run_cmd(sft_run(std::string("--mode sft --data test/fixtures/sft/") + file +
@@ -77,6 +82,11 @@ TEST(sft_first_loss_matches_fp64) {
         if (r.status) continue;
         const double want = expected.find(file)->number, got = sft_first(d, "train/loss");
         CHECK_MSG(std::fabs(got - want) <= 1e-4 * want, "%s: train/loss %.9g, float64 %.9g", file, got, want);
+        const Json* a = accuracy.find(file);
+        const double tokens = sft_first(d, "train/tokens"), hits = sft_first(d, "train/mean_token_accuracy") * tokens;
+        CHECK_MSG(tokens == (double)a->find("tokens")->integer && std::fabs(hits - (double)a->find("hits")->integer) < 1e-3,
+                  "%s: %.6g hits of %.0f tokens, float64 %lld of %lld", file, hits, tokens, (long long)a->find("hits")->integer,
+                  (long long)a->find("tokens")->integer);
     }
 }
 
@@ -110,8 +120,8 @@ TEST(lr_schedule_wsd) {
 }
 
 // The GPU binary in emulation trains what the CPU binary trains: SFT's step-1 loss (the forward before
-// the update), its gradient norm and the held-out losses before and after the update, in bf16 and fp8
-// (with fp32 and with power-of-two scales).
+// the update), its token accuracy (the same hits), its gradient norm and the held-out losses before
+// and after the update, in bf16 and fp8 (with fp32 and with power-of-two scales).
 // The engines differ by BF16 summation order (~1e-3 per token log-prob, test/gpu/test_engine.cu): a
 // mean over ~100 tokens agrees within 2e-3 relative, the gradient norm within 2e-2.
 TEST(sft_train_rl_emu_matches_train_rl_cpu) {
@@ -137,6 +147,10 @@ TEST(sft_train_rl_emu_matches_train_rl_cpu) {
                     CHECK_MSG(std::fabs(a->number - b->number) <= (std::string(k) == "actor/grad_norm" ? 2e-2 : 2e-3) * std::fabs(a->number),
                               "%s row %zu %s: cpu %.6g emu %.6g", p.c_str(), i, k, a->number, b->number);
             }
+        const Json *ca = c.size() == 2 ? c[1].find("train/mean_token_accuracy") : nullptr,
+                   *ga = g.size() == 2 ? g[1].find("train/mean_token_accuracy") : nullptr;
+        CHECK_MSG(ca && ga && ca->number == ga->number && ca->number > 0, "%s: train/mean_token_accuracy cpu %.9g emu %.9g",
+                  p.c_str(), ca ? ca->number : NAN, ga ? ga->number : NAN);
     }
     // power-of-two scales quantize differently (a coarser scale: fewer mantissa bits used)
     CHECK_MSG(fp8_val["fp8 --fp8_scales fp32"] != fp8_val["fp8 --fp8_scales pow2"], "pow2 val/loss %.9g equals fp32's",
@@ -163,6 +177,35 @@ TEST(cpt_then_sft_from_checkpoint) {
                                      d + "/sft.jsonl --batch_seqs 2 --steps 1 --lr 1e-3 --threads 2 --out_dir " + d + "/sft");
     CHECK_MSG(sft.status == 0, "%s", sft.output.c_str());
     CHECK_MSG(sft.output.find("checkpoints/step_000012") != std::string::npos, "%s", sft.output.c_str());
+}
+
+// --init with --tokenizer DIR: a fresh model with that tokenizer's ids, end of text and chat template
+// (the tiny Qwen3's, whose config.json transformers wrote: vocab 320, eos 317 = <|im_end|>), so SFT
+// trains on the tokens HF's masks mark (expected_accuracy.json's count); a tokenizer whose eos_token
+// is not in its vocabulary is refused in one line.
+TEST(init_with_tokenizer_dir) {
+    const std::string d = temp_dir("init_tokenizer");
+    harness::RunResult r = run_cmd(harness::binary() + " --mode sft --init tiny --tokenizer " + kSftModel +
+                                   " --data test/fixtures/sft/messages.jsonl --batch_seqs 6 --steps 1 --lr 1e-3 --threads 2"
+                                   " --out_dir " + d + "/sft");
+    CHECK_MSG(r.status == 0, "%s", r.output.c_str());
+    if (r.status) return;
+    const Json hf = json_parse_file(std::string(kSftModel) + "/config.json"), fresh = json_parse_file(d + "/sft/init_model/config.json");
+    for (const char* k : {"vocab_size", "eos_token_id"})
+        CHECK_MSG(fresh.find(k)->integer == hf.find(k)->integer, "%s: fresh %lld, HF %lld", k, (long long)fresh.find(k)->integer,
+                  (long long)hf.find(k)->integer);
+    const double tokens = sft_first(d + "/sft", "train/tokens");
+    const int64_t want = json_parse_file("test/fixtures/sft/expected_accuracy.json").find("messages.jsonl")->find("tokens")->integer;
+    CHECK_MSG(tokens == (double)want, "train/tokens %.0f, HF's masks %lld", tokens, (long long)want);
+    CHECK(read_file(d + "/sft/init_model/chat_template.jinja") == read_file(std::string(kSftModel) + "/chat_template.jinja"));
+    std::filesystem::create_directories(d + "/bad");
+    write_file_atomic(d + "/bad/tokenizer.json", read_file(std::string(kSftModel) + "/tokenizer.json"));
+    write_file_atomic(d + "/bad/tokenizer_config.json", "{\"eos_token\": \"<|missing|>\"}\n");
+    harness::RunResult bad = harness::run_command(harness::binary() + " --mode sft --init tiny --tokenizer " + d +
+                                                  "/bad --data test/fixtures/sft/messages.jsonl --out_dir " + d + "/out 2>&1 >/dev/null");
+    CHECK_MSG(bad.status == 1 && bad.output.find("eos_token <|missing|> is not in the vocabulary") != std::string::npos &&
+                  std::count(bad.output.begin(), bad.output.end(), '\n') == 1,
+              "%d: %s", bad.status, bad.output.c_str());
 }
 
 // Bad input: one line naming the problem, exit 1.

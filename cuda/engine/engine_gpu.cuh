@@ -270,7 +270,13 @@ class GpuEngine : public Engine {
             fail("internal: an engine with one FP8 weight copy trains in fp8, not %s", precision_name(p));
         forward(seqs, p, true, temperature, logprob, entropy);
         train_seqs_ = seqs;
+        const std::vector<float> rows = head_.top1(target_.get(), (int)T_, stream_);
+        train_top1_.assign(seqs.size(), {});
+        for (size_t s = 0; s < seqs.size(); s++)  // head row t predicts token t + 1
+            for (int64_t t = batch_.offsets[s] + seqs[s].prompt_len; t < batch_.offsets[s + 1]; t++)
+                train_top1_[s].push_back(t == batch_.offsets[s] ? 0.0f : rows[(size_t)t - 1]);
     }
+    void last_train_top1(TokenValues* top1) const override { *top1 = train_top1_; }
 
     void backward(const TokenValues& d_logprob, const TokenValues& d_entropy) override;
     bool collective_backward() const override { return sharded_grads_; }
@@ -504,6 +510,7 @@ class GpuEngine : public Engine {
     // The batch of the last forward.
     TokenBatch batch_;
     std::vector<Sequence> train_seqs_;
+    TokenValues train_top1_;  // last_train_top1()
     Precision precision_ = Precision::BF16;
     bool for_backward_ = false;  // the last forward keeps what a backward reads
     float temperature_ = 1.0f;

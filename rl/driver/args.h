@@ -52,10 +52,10 @@ inline const std::vector<FlagSpec>& flag_table() {
         {"plan_device", "mode", FlagKind::Choice, "", "h100|h200", "--plan_ranks: plan against an H100 80 GB (81559 MiB) or an H200 (143771 MiB), as nvidia-smi reports them (default: this GPU's memory, or an H200's without one)"},
         // model and tokenizer
         {"model", "model", FlagKind::String, "", "", "HF model directory (config.json, *.safetensors, tokenizer.json)"},
-        {"tokenizer", "model", FlagKind::String, "", "", "tokenizer.json or a directory holding one (default: --model); with --init, bytes gives the fresh model 256 byte tokens and <|endoftext|> (the default of --mode sft and cpt; rl's is the task's bytes)"},
+        {"tokenizer", "model", FlagKind::String, "", "", "tokenizer.json or a directory holding one (default: --model); with --init, the fresh model's vocabulary: bytes = 256 byte tokens and <|endoftext|> (the default of --mode sft and cpt; rl's is the task's bytes), a path = that tokenizer's ids, its eos_token (else <|endoftext|>) and chat template"},
         {"enable_thinking", "model", FlagKind::Int, "1", "0..1", "Qwen3 chat template: 1 lets the model think, 0 adds the empty think block"},
         {"precision", "model", FlagKind::Choice, "fp32", "fp32|bf16|fp8", "precision of --logprobs, --prompt and --prompts", "bf16", "bf16|fp8"},
-        {"init", "model", FlagKind::String, "", "", "train a fresh random model instead of --model: a preset (tiny|small) or a config.json path; gets a task tokenizer"},
+        {"init", "model", FlagKind::String, "", "", "train a fresh random model instead of --model: a preset (tiny|small) or a config.json path; its tokenizer: see --tokenizer"},
         // data
         {"task", "data", FlagKind::Choice, "add", "add|reverse|sort|copy|countdown|gsm8k|gsm8k_flexible|math|dapo", "task: its verifier scores responses; the synthetic ones (add, reverse, sort, copy, countdown) also generate prompts"},
         {"task_size", "data", FlagKind::Int, "0", "0..64", "synthetic task size: digits (add), characters (reverse, sort, copy), numbers (countdown); 0 = the task's default"},

@@ -130,6 +130,9 @@ public:
     // The training forward: as logprobs(), keeping what backward() needs.
     virtual void forward_train(const std::vector<Sequence>& seqs, Precision precision, float temperature, TokenValues* logprob,
                                TokenValues* entropy) = 0;
+    // Per response position of the last forward_train(): 1 where its token is the most likely one
+    // there (its logit the largest of the row, ties included), else 0 (train/mean_token_accuracy).
+    virtual void last_train_top1(TokenValues* top1) const = 0;
     // Adds d(loss)/d(weights) to the gradients given d(loss)/d(logprob) and d(loss)/d(entropy) per
     // response position of the last forward_train().
     virtual void backward(const TokenValues& d_logprob, const TokenValues& d_entropy) = 0;

@@ -5,7 +5,8 @@
 // A step takes --batch_seqs rows (conversations or windows) over all ranks, each rank its contiguous
 // share; its loss is the token mean over the step's loss tokens on every rank, so the gradient of
 // token t is -1/N d log p(t) with N counted over the ranks before the first backward, and N ranks
-// train what one rank trains. train/loss is that mean before the update.
+// train what one rank trains. train/loss is that mean before the update; train/mean_token_accuracy
+// the fraction of those N tokens that are their position's most likely token (Engine::last_train_top1).
 #pragma once
 #include <chrono>
 #include <cmath>
@@ -19,10 +20,10 @@ namespace fp8rl {
 
 // The step's line on stdout.
 inline std::string lm_step_line(const MetricRow& m, int64_t steps) {
-    std::string s = strfmt("step %4lld/%lld | loss %.4f ppl %.3g | tokens %.0f | gnorm %.3g lr %.2g | %.0f tok/s %.2fs",
+    std::string s = strfmt("step %4lld/%lld | loss %.4f ppl %.3g acc %.3f | tokens %.0f | gnorm %.3g lr %.2g | %.0f tok/s %.2fs",
                            (long long)m.get("training/global_step") + 1, (long long)steps, m.get("train/loss"),
-                           m.get("train/ppl"), m.get("train/tokens"), m.get("actor/grad_norm"), m.get("actor/lr"),
-                           m.get("perf/tokens_per_s"), m.get("timing_s/step"));
+                           m.get("train/ppl"), m.get("train/mean_token_accuracy"), m.get("train/tokens"),
+                           m.get("actor/grad_norm"), m.get("actor/lr"), m.get("perf/tokens_per_s"), m.get("timing_s/step"));
     if (m.has("val/loss")) s += strfmt(" | val/loss %.4f (bf16 %.4f)", m.get("val/loss"), m.get("val/loss_bf16"));
     if (m.get("training/skipped_bad", 0) > 0) s += " | SKIPPED: NaN/Inf";
     return s;
@@ -98,12 +99,13 @@ public:
         if (engine_.collective_backward()) dist_.all_reduce_max(&forwards, 1);
 
         engine_.zero_grads();
-        double nll = 0;  // this rank's sum of -log p over its loss tokens
+        double nll = 0, hits = 0;  // this rank's sums over its loss tokens: -log p, and top-1 hits
         int64_t tokens = 0;
         for (size_t u = 0; u + 1 < mu.size(); u++) {
             const std::vector<Sequence> mb(seqs.begin() + (long)mu[u], seqs.begin() + (long)mu[u + 1]);
-            TokenValues lp, ent;
+            TokenValues lp, ent, top1;
             engine_.forward_train(mb, cfg_.train_precision, 1.0f, &lp, &ent);
+            engine_.last_train_top1(&top1);
             TokenValues d_lp(mb.size()), d_ent(mb.size());
             for (size_t k = 0; k < mb.size(); k++) {
                 const std::vector<uint8_t>& mk = masks[mu[u] + k];
@@ -112,6 +114,7 @@ public:
                 for (size_t t = 0; t < mk.size(); t++)
                     if (mk[t]) {
                         nll -= lp[k][t];
+                        hits += top1[k][t];
                         d_lp[k][t] = (float)(-1.0 / (double)N);
                     }
                 tokens += (int64_t)mb[k].ids.size();
@@ -128,6 +131,7 @@ public:
         const double seconds = seconds_since(t_step);
         m.set("train/loss", loss);
         m.set("train/ppl", std::exp(loss));
+        m.set("train/mean_token_accuracy", dist_.sum(hits) / (double)N);
         m.set("train/tokens", (double)N);
         m.set("actor/grad_norm", norm);
         m.set("actor/lr", lr);

@@ -109,22 +109,19 @@ inline std::string fresh_model_symbols(const TrainConfig& c) {
     return task_symbols(examples);
 }
 
-// The symbols of a fresh model's tokenizer: --tokenizer bytes (the default of --mode sft and cpt),
-// every byte, for any UTF-8 text; else those of the task's prompts.
-inline std::string fresh_symbols(const Args& a, const TrainConfig& c) {
-    if (!a.given("tokenizer") && c.mode == "rl") return fresh_model_symbols(c);
-    if (a.given("tokenizer") && a.str("tokenizer") != "bytes")
-        fail("--tokenizer %s with --init: a fresh model takes --tokenizer bytes (256 byte tokens and <|endoftext|>) or, left "
-             "out, the task's bytes",
-             a.str("tokenizer").c_str());
+// A fresh model's vocabulary: --tokenizer bytes (the default of --mode sft and cpt), every byte, for
+// any UTF-8 text; --tokenizer PATH, that HF tokenizer's; else the bytes of the task's prompts.
+inline FreshVocab fresh_vocab(const Args& a, const TrainConfig& c) {
+    if (!a.given("tokenizer") && c.mode == "rl") return task_fresh_vocab(fresh_model_symbols(c));
+    if (a.given("tokenizer") && a.str("tokenizer") != "bytes") return tokenizer_fresh_vocab(a.str("tokenizer"));
     std::string all(256, '\0');
     for (int b = 0; b < 256; b++) all[(size_t)b] = (char)b;
-    return all;
+    return task_fresh_vocab(all);
 }
 
 // The model directory the run loads. --resume: the checkpoint (itself a HF directory; the
 // run's --model or --init may be repeated and then only names the KL reference's origin);
-// --init: a fresh model written to OUT_DIR/init_model by rank 0 (from the task's symbols);
+// --init: a fresh model written to OUT_DIR/init_model by rank 0 (its vocabulary: fresh_vocab);
 // else --model (a model directory, or a run directory: its latest checkpoint). Exactly one of --model
 // and --init.
 inline std::string model_directory(const Args& a, const TrainConfig& c, const Dist& dist) {
@@ -138,7 +135,7 @@ inline std::string model_directory(const Args& a, const TrainConfig& c, const Di
         return std::filesystem::exists(m + "/config.json") || !std::filesystem::exists(m + "/latest") ? m : resolve_checkpoint(m);
     }
     std::string dir = c.out_dir + "/init_model";
-    if (dist.is_root()) write_fresh_model(a.str("init"), dir, fresh_symbols(a, c), c.seed);
+    if (dist.is_root()) write_fresh_model(a.str("init"), dir, fresh_vocab(a, c), c.seed);
     dist.barrier();
     return dir;
 }
@@ -150,7 +147,7 @@ inline ModelConfig planned_model_config(const Args& a, const TrainConfig& c) {
         fail("give exactly one of --model DIR (a HF model) and --init PRESET|config.json (a fresh model)");
     if (a.given("model")) return load_model_config(a.str("model"));
     const std::string where = "--init " + a.str("init");
-    return parse_model_config(json_parse(fresh_config_text(a.str("init"), fresh_symbols(a, c)), where), where);
+    return parse_model_config(json_parse(fresh_config_text(a.str("init"), fresh_vocab(a, c)), where), where);
 }
 
 // The flags that size a sequence against the model's context (max_position_embeddings, when the

@@ -1,8 +1,9 @@
 // init_model.h: a fresh model to train from scratch (--init). It is written as an ordinary HF
-// directory (config.json with the task tokenizer's vocabulary, tokenizer files, random bf16
-// weights) and then loaded like any real checkpoint, so fresh and real models share one loading
-// path and a fresh model loads in transformers. Presets name small Qwen3 shapes; a config.json
-// path gives any shape (its vocabulary and special ids are replaced by the task tokenizer's).
+// directory (config.json with its tokenizer's vocabulary, tokenizer files, random bf16 weights)
+// and then loaded like any real checkpoint, so fresh and real models share one loading path and a
+// fresh model loads in transformers. Presets name small Qwen3 shapes; a config.json path gives any
+// shape (its vocabulary and special ids are replaced by the tokenizer's). The tokenizer is a task
+// tokenizer (rl/text/task_tokenizer.h: a task's bytes, or all 256) or a HF tokenizer's (--tokenizer DIR).
 #pragma once
 #include <cmath>
 #include <filesystem>
@@ -16,7 +17,9 @@
 #include "rl/io/logger.h"
 #include "rl/numerics/rng.h"
 #include "rl/io/safetensors.h"
+#include "rl/text/chat.h"
 #include "rl/text/task_tokenizer.h"
+#include "rl/text/tokenizer.h"
 #include "rl/model/weights.h"
 
 namespace fp8rl {
@@ -56,8 +59,46 @@ inline Json json_int(int64_t v) {
 }
 inline Json json_null() { return Json(); }
 
-// config.json of the fresh model: the preset or file, with the task tokenizer's vocabulary.
-inline std::string fresh_config_text(const std::string& init, const std::string& symbols) {
+// A fresh model's vocabulary: its size, end-of-text id (eos and pad), bos id (-1: none) and the
+// tokenizer files written beside config.json.
+struct FreshVocab {
+    int64_t size = 0, eos = 0, bos = -1;
+    std::vector<std::pair<std::string, std::string>> files;  // (name, text)
+};
+
+// The task tokenizer of `symbols`.
+inline FreshVocab task_fresh_vocab(const std::string& symbols) {
+    FreshVocab v;
+    v.size = task_vocab_size(symbols);
+    v.eos = task_eos_id(symbols);
+    v.files = {{"tokenizer.json", task_tokenizer_json(symbols)}, {"tokenizer_config.json", task_tokenizer_config_json()}};
+    return v;
+}
+
+// A HF tokenizer's vocabulary (`path`: a tokenizer.json or a directory holding one): every id it
+// has (vocabulary and added tokens), its tokenizer_config.json's eos_token (else <|endoftext|>) as
+// the end of text, its bos_token, and its tokenizer.json, tokenizer_config.json and
+// chat_template.jinja (the chat template, in one or the other) copied.
+inline FreshVocab tokenizer_fresh_vocab(const std::string& path) {
+    std::unique_ptr<Tokenizer> tok = Tokenizer::load(path);
+    FreshVocab v;
+    v.size = tok->vocab_size();
+    const std::string eos = tokenizer_config_token(path, "eos_token"), bos = tokenizer_config_token(path, "bos_token");
+    v.eos = tok->token_to_id(eos.empty() ? kTaskEosToken : eos);
+    if (v.eos < 0)
+        fail("--init with --tokenizer %s: no end-of-text token (%s); give a tokenizer with one, or --tokenizer bytes",
+             path.c_str(), eos.empty() ? "tokenizer_config.json names no eos_token and the vocabulary has no <|endoftext|>"
+                                       : ("its eos_token " + eos + " is not in the vocabulary").c_str());
+    if (!bos.empty()) v.bos = tok->token_to_id(bos);
+    v.files = {{"tokenizer.json", read_file(tok->source())}};
+    const std::filesystem::path dir = std::filesystem::path(tokenizer_config_path(path)).parent_path();
+    for (const char* name : {"tokenizer_config.json", "chat_template.jinja"})
+        if (std::filesystem::is_regular_file(dir / name)) v.files.emplace_back(name, read_file((dir / name).string()));
+    return v;
+}
+
+// config.json of the fresh model: the preset or file, with the vocabulary `v`.
+inline std::string fresh_config_text(const std::string& init, const FreshVocab& v) {
     std::string text = preset_config_text(init), src = "--init " + init;
     if (text.empty()) {
         if (!std::filesystem::is_regular_file(init))
@@ -67,10 +108,10 @@ inline std::string fresh_config_text(const std::string& init, const std::string&
     }
     Json cfg = json_parse(text, src);
     if (!cfg.is_object()) fail("%s: not a JSON object", src.c_str());
-    json_set(cfg, "vocab_size", json_int(task_vocab_size(symbols)));
-    json_set(cfg, "eos_token_id", json_int(task_eos_id(symbols)));
-    json_set(cfg, "pad_token_id", json_int(task_eos_id(symbols)));
-    json_set(cfg, "bos_token_id", json_null());
+    json_set(cfg, "vocab_size", json_int(v.size));
+    json_set(cfg, "eos_token_id", json_int(v.eos));
+    json_set(cfg, "pad_token_id", json_int(v.eos));
+    json_set(cfg, "bos_token_id", v.bos >= 0 ? json_int(v.bos) : json_null());
     return json_dump(cfg, 2) + "\n";
 }
 
@@ -117,13 +158,11 @@ inline void write_random_model(const std::string& dir, const std::string& config
 
 // Writes the fresh model to `dir` (replacing it) and returns nothing: load it with
 // ModelWeights::load(dir) like any model.
-inline void write_fresh_model(const std::string& init, const std::string& dir, const std::string& symbols, uint64_t seed) {
-    const std::string eos = strfmt("%lld", (long long)task_eos_id(symbols));
-    write_random_model(dir, fresh_config_text(init, symbols),
-                       {{"tokenizer.json", task_tokenizer_json(symbols)},
-                        {"tokenizer_config.json", task_tokenizer_config_json()},
-                        {"generation_config.json", "{\"eos_token_id\": " + eos + ", \"pad_token_id\": " + eos + "}\n"}},
-                       seed);
+inline void write_fresh_model(const std::string& init, const std::string& dir, const FreshVocab& v, uint64_t seed) {
+    std::vector<std::pair<std::string, std::string>> files = v.files;
+    files.emplace_back("generation_config.json", strfmt("{\"eos_token_id\": %lld, \"pad_token_id\": %lld}\n",
+                                                        (long long)v.eos, (long long)v.eos));
+    write_random_model(dir, fresh_config_text(init, v), files, seed);
 }
 
 }  // namespace fp8rl

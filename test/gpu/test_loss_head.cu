@@ -1,9 +1,10 @@
 // test_loss_head.cu: the fused lm_head + log-prob + entropy (loss.cuh) against the CPU engine's
 // head (cpu/logprob_head.h) on ragged shapes (token counts not multiples of 8 or 16, hidden sizes
 // and vocabularies not multiples of 128 or of the chunk, a last chunk that is not a multiple of 8,
-// 2 and 4 chunks), at temperatures 1 and 0.7, forward and backward; and the GPU backward against
-// finite differences of the GPU forward. Every bound is derived below from the rounding of each
-// side; none is fitted to the observed errors, which are printed beside them.
+// 2 and 4 chunks), at temperatures 1 and 0.7, forward and backward; the GPU backward against
+// finite differences of the GPU forward; and the top-1 hits against the CPU head's and float64's.
+// Every bound is derived below from the rounding of each side; none is fitted to the observed
+// errors, which are printed beside them.
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -185,6 +186,52 @@ TEST(gpu_head_forward_matches_cpu) {
     h.C = 16, h.temperature = 0.0f;
     CHECK_THROWS(g.forward(head, h), "temperature");
     CHECK_THROWS(LogprobHeadGpu(gemm, 100), "multiple of 8");
+}
+
+// Top-1 (train/mean_token_accuracy): the GPU head's hits (LogprobHeadGpu::top1) equal the CPU head's
+// and the float64 logits' (the target's logit the largest of its row) on every row whose float64
+// margin (target's logit less the best other's) is beyond both sides' logit error, (3C + 2) U S_j
+// each (the forward bound); a third of the rows get their float64 argmax as target, so there are hits.
+TEST(gpu_head_top1_matches_cpu_and_fp64) {
+    GemmRunner gemm;
+    for (const HeadCase& hc : kHeadCases)
+        for (float temperature : {1.0f, 0.7f}) {
+            HeadProblem h(hc.T, hc.C, hc.V, temperature, 29 + hc.T);
+            Exact e(h);
+            std::vector<double> margin(h.T), bound(h.T);
+            for (int t = 0; t < h.T; t++) {
+                int best = 0;
+                for (int j = 1; j < h.V; j++) best = e.at(e.z, t, j) > e.at(e.z, t, best) ? j : best;
+                if (t % 3 == 0) h.target[t] = best;
+                double other = -INFINITY, err = 0;
+                for (int j = 0; j < h.V; j++) {
+                    if (j != h.target[t]) other = std::fmax(other, e.at(e.z, t, j));
+                    err = std::fmax(err, (3.0 * h.C + 2) * U * e.at(e.s, t, j));
+                }
+                margin[t] = h.target[t] >= 0 ? e.at(e.z, t, h.target[t]) - other : -INFINITY;
+                bound[t] = 4 * err;  // both sides' logits, the target's and the other's
+            }
+            GpuHead g(h);
+            LogprobHeadGpu head(gemm, hc.chunk);
+            g.forward(head, h);
+            const std::vector<float> gpu = head.top1(g.target.ptr, h.T, 0);
+            std::vector<float> lp(h.T), ent(h.T), lse(h.T), mu(h.T), cpu(h.T);
+            HeadScratch scratch;
+            head_forward(lp.data(), ent.data(), lse.data(), mu.data(), h.x.data(), h.W.data(), h.target.data(), h.T,
+                         {h.V, h.C, h.temperature}, scratch, false, cpu.data());
+            int decided = 0, hits = 0;
+            for (int t = 0; t < h.T; t++) {
+                if (!(std::fabs(margin[t]) > bound[t])) continue;
+                decided++;
+                const float want = margin[t] > 0 ? 1.0f : 0.0f;
+                hits += margin[t] > 0;
+                CHECK_MSG(gpu[t] == want && cpu[t] == want, "T=%d V=%d temperature %g row %d: gpu %g cpu %g float64 margin %.3g",
+                          h.T, h.V, temperature, t, gpu[t], cpu[t], margin[t]);
+            }
+            printf("    T=%d C=%d V=%d temperature=%g: %d of %d rows beyond the bound, %d hits\n", h.T, h.C, h.V, temperature,
+                   decided, h.T, hits);
+            CHECK_MSG(decided == h.T && hits >= (h.T + 2) / 3, "%d rows decided, %d hits", decided, hits);
+        }
 }
 
 // Backward bound, GPU vs CPU, per element of dlogits g_j = (a (1[j=y] - p_j) - b p_j (z_j - mu)) / T:
