@@ -105,7 +105,7 @@ FUZZ_SECONDS ?= 30
 FUZZ_TARGETS := json safetensors
 
 .PHONY: all demo-sft test test-runs test-unit test-asan test-cpu test-cpu-asan test-gpu-emu test-gpu-emu-asan test-bench-emu \
-        test_gpu_emu emu-lib cuda-check gpu-bundle bench bench_gpu fuzz $(FUZZ_TARGETS:%=fuzz-%) clean demo
+        $(EMU_SHARD_RUNS) $(ASAN_SHARD_RUNS) test_gpu_emu emu-lib cuda-check gpu-bundle bench bench_gpu fuzz $(FUZZ_TARGETS:%=fuzz-%) clean demo
 # make (all): every binary this machine can build, then each one it skipped and why. A target joins
 # ALL_BINS where its tools are found, else ALL_SKIPPED gets "name: reason".
 ALL_BINS := train_rl_cpu
@@ -206,6 +206,11 @@ $(BUILD)/emu_bench_%: $(BUILD)/emu/test/gpu/bench_%.cu.o $(EMU_LIB)
 # The runs: the unit and integration tests, the GPU tests in emulation (plain and under ASan), the
 # GPU check's parts in emulation, the CUDA compile check, the CPU tests under ASan + UBSan, and
 # bounded fuzz runs of the JSON parser and the safetensors reader. Slowest first, so they start first.
+# The emulated GPU tests run single-threaded, ~5 min in each build: each runs as two shards (every
+# other test; test/run_tests.cpp), so the last minutes of make test keep both cores busy.
+EMU_SHARDS     := 1of2 2of2
+EMU_SHARD_RUNS := $(EMU_SHARDS:%=test-gpu-emu-%)
+ASAN_SHARD_RUNS := $(EMU_SHARDS:%=test-gpu-emu-asan-%)
 TEST_RUNS := $(if $(EMU_FLAGS),test-gpu-emu-asan) test-cpu $(if $(EMU_FLAGS),test-gpu-emu) test-cpu-asan cuda-check \
              $(if $(EMU_FLAGS),test-bench-emu) $(FUZZ_TARGETS:%=fuzz-%)
 LOGS := $(BUILD)/logs
@@ -233,10 +238,8 @@ test-cpu-asan: $(BUILD)/test_cpu_asan $(BUILD)/train_rl_cpu_asan
 # The GPU tests in emulation, once per scheduling seed (seed 0: threads and blocks in order; others
 # shuffle them), then under ASan with one more seed.
 ifneq ($(EMU_FLAGS),)
-test-gpu-emu: $(BUILD)/test_gpu_emu $(BUILD)/emu_block_sum
+test-gpu-emu: $(EMU_SHARD_RUNS) $(BUILD)/emu_block_sum
 	@mkdir -p $(LOGS)
-	@for s in $(EMU_SEEDS); do echo "== GPU tests in emulation, FP8RL_EMU_SEED=$$s"; \
-	  FP8RL_EMU_SEED=$$s $(TEST_ENV) ./$(BUILD)/test_gpu_emu 2>&1 | tee -a $(LOGS)/$@.log || exit 1; done
 	@echo "== the cuBLASLt tests with the other documented refusal statuses (FP8RL_EMU_CUBLASLT_REFUSAL=1)"
 	FP8RL_EMU_CUBLASLT_REFUSAL=1 $(TEST_ENV) ./$(BUILD)/test_gpu_emu cublaslt_ gemm_runner_ 2>&1 | tee -a $(LOGS)/$@.log
 	@echo "== a program of one's own on build/libcudaemu.a (docs/examples/block_sum.cu)"
@@ -248,10 +251,18 @@ else
 	@echo "communicator over 2 ranks: SKIPPED (needs mpicxx and mpirun: apt-get install libopenmpi-dev openmpi-bin)"
 endif
 
-test-gpu-emu-asan: $(BUILD)/test_gpu_emu_asan
-	@echo "== GPU tests in emulation under ASan + UBSan, FP8RL_EMU_SEED=$(EMU_ASAN_SEED)"
+# test-gpu-emu-KofN: shard K of N (EMU_SHARDS) of the GPU tests, once per scheduling seed.
+$(EMU_SHARD_RUNS): test-gpu-emu-%: $(BUILD)/test_gpu_emu
 	@mkdir -p $(LOGS)
-	FP8RL_EMU_SEED=$(EMU_ASAN_SEED) $(TEST_ENV) ASAN_OPTIONS=detect_leaks=1 ./$(BUILD)/test_gpu_emu_asan 2>&1 | tee $(LOGS)/$@.log
+	@for s in $(EMU_SEEDS); do echo "== GPU tests in emulation, FP8RL_EMU_SEED=$$s, shard $(subst of,/,$*)"; \
+	  FP8RL_TEST_SHARD=$(subst of,/,$*) FP8RL_EMU_SEED=$$s $(TEST_ENV) ./$(BUILD)/test_gpu_emu 2>&1 | tee -a $(LOGS)/$@.log || exit 1; done
+
+test-gpu-emu-asan: $(ASAN_SHARD_RUNS)
+$(ASAN_SHARD_RUNS): test-gpu-emu-asan-%: $(BUILD)/test_gpu_emu_asan
+	@echo "== GPU tests in emulation under ASan + UBSan, FP8RL_EMU_SEED=$(EMU_ASAN_SEED), shard $(subst of,/,$*)"
+	@mkdir -p $(LOGS)
+	FP8RL_TEST_SHARD=$(subst of,/,$*) FP8RL_EMU_SEED=$(EMU_ASAN_SEED) $(TEST_ENV) ASAN_OPTIONS=detect_leaks=1 \
+	  ./$(BUILD)/test_gpu_emu_asan 2>&1 | tee $(LOGS)/$@.log
 
 # dev/gpu_check.sh's parts in emulation: the device checks, the engine against train_rl_cpu, and
 # every GPU benchmark once at tiny shapes (smoke tests: each runs, prints its table, exits 0).

@@ -1,8 +1,11 @@
 // run_tests.cpp: runs every registered test, or those whose name contains one of the filters given
-// as arguments, and prints the closing line "N passed, N failed, N skipped"; exits 1 if any test
-// failed, and 2 (one line, nothing run) when a filter matches no test, or when the binary's
-// precondition fails (./test_gpu without a usable GPU: a skip is not a pass there).
+// as arguments (with FP8RL_TEST_SHARD=K/N, of those the Kth, the K+Nth, ...: make test runs a slow
+// binary as N processes side by side), and prints the closing line "N passed, N failed, N skipped";
+// exits 1 if any test failed, and 2 (one line, nothing run) when a filter matches no test, or when
+// the binary's precondition fails (./test_gpu without a usable GPU: a skip is not a pass there).
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 
@@ -11,12 +14,23 @@
 
 int main(int argc, char** argv) {
     const std::vector<const char*> filters(argv + 1, argv + argc);
-    auto selected = [&](const harness::TestCase& t) {
+    auto matches = [&](const harness::TestCase& t) {
         if (filters.empty()) return true;
         for (const char* f : filters)
             if (strstr(t.name, f)) return true;
         return false;
     };
+    int shard = 1, shards = 1;
+    if (const char* s = getenv("FP8RL_TEST_SHARD")) {
+        char end = 0;
+        if (sscanf(s, "%d/%d%c", &shard, &shards, &end) != 2 || shards < 1 || shard < 1 || shard > shards) {
+            fprintf(stderr, "%s: FP8RL_TEST_SHARD=%s is not K/N with 1 <= K <= N; unset it to run every test\n", argv[0], s);
+            return 2;
+        }
+        printf("shard %d of %d: the matching tests number %d, %d, %d, ...\n", shard, shards, shard, shard + shards, shard + 2 * shards);
+    }
+    int matched_so_far = 0;
+    auto selected = [&](const harness::TestCase& t) { return matches(t) && matched_so_far++ % shards == shard - 1; };
     for (const char* f : filters) {  // a stale filter must not pass for a check it never ran
         bool matched = false;
         for (const harness::TestCase& t : harness::registry()) matched = matched || strstr(t.name, f);
