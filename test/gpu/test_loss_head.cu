@@ -150,35 +150,43 @@ const HeadCase kHeadCases[] = {
     {21, 136, 1003, 256},              // 4 chunks of 256 (the CPU's stay 2048), the last 235 columns
 };
 
+// f(case, temperature, problem) for each case at temperatures 1 and 0.7; the problem's seed is seed + T.
+template <class F>
+void for_each_head_case(uint32_t seed, F f) {
+    for (const HeadCase& hc : kHeadCases)
+        for (float temperature : {1.0f, 0.7f}) {
+            HeadProblem h(hc.T, hc.C, hc.V, temperature, seed + hc.T);
+            f(hc, temperature, h);
+        }
+}
+
 }  // namespace
 
 TEST(gpu_head_forward_matches_cpu) {
     GemmRunner gemm;
-    for (const HeadCase& hc : kHeadCases)
-        for (float temperature : {1.0f, 0.7f}) {
-            HeadProblem h(hc.T, hc.C, hc.V, temperature, 17 + hc.T);
-            GpuHead g(h);
-            LogprobHeadGpu head(gemm, hc.chunk);
-            g.logprob.poison(), g.entropy.poison(), g.lse.poison(), g.mu.poison();
-            g.forward(head, h);
-            std::vector<float> lp(h.T), ent(h.T), lse(h.T), mu(h.T);
-            HeadScratch scratch;
-            head_forward(lp.data(), ent.data(), lse.data(), mu.data(), h.x.data(), h.W.data(), h.target.data(), h.T,
-                         {h.V, h.C, h.temperature}, scratch, false);
-            Exact e(h);
-            ForwardBound bound(h, e);
-            std::vector<float> glp = g.logprob.download(), gent = g.entropy.download();
-            Figures f_lp, f_ent;
-            for (int t = 0; t < h.T; t++) {
-                f_lp.add(glp[t], lp[t], bound.logprob[t]);
-                f_ent.add(gent[t], ent[t], bound.entropy[t]);
-            }
-            printf("    T=%d C=%d V=%d chunk=%d temperature=%g (entropy %.3g .. , logprob %.3g ..):\n", h.T, h.C, h.V,
-                   hc.chunk, temperature, ent[0], lp[0]);
-            f_lp.print("logprob");
-            f_ent.print("entropy");
-            CHECK_MSG(f_lp.outside == 0 && f_ent.outside == 0, "T=%d C=%d V=%d temperature %g", h.T, h.C, h.V, temperature);
+    for_each_head_case(17, [&](const HeadCase& hc, float temperature, HeadProblem& h) {
+        GpuHead g(h);
+        LogprobHeadGpu head(gemm, hc.chunk);
+        g.logprob.poison(), g.entropy.poison(), g.lse.poison(), g.mu.poison();
+        g.forward(head, h);
+        std::vector<float> lp(h.T), ent(h.T), lse(h.T), mu(h.T);
+        HeadScratch scratch;
+        head_forward(lp.data(), ent.data(), lse.data(), mu.data(), h.x.data(), h.W.data(), h.target.data(), h.T,
+                     {h.V, h.C, h.temperature}, scratch, false);
+        Exact e(h);
+        ForwardBound bound(h, e);
+        std::vector<float> glp = g.logprob.download(), gent = g.entropy.download();
+        Figures f_lp, f_ent;
+        for (int t = 0; t < h.T; t++) {
+            f_lp.add(glp[t], lp[t], bound.logprob[t]);
+            f_ent.add(gent[t], ent[t], bound.entropy[t]);
         }
+        printf("    T=%d C=%d V=%d chunk=%d temperature=%g (entropy %.3g .. , logprob %.3g ..):\n", h.T, h.C, h.V,
+               hc.chunk, temperature, ent[0], lp[0]);
+        f_lp.print("logprob");
+        f_ent.print("entropy");
+        CHECK_MSG(f_lp.outside == 0 && f_ent.outside == 0, "T=%d C=%d V=%d temperature %g", h.T, h.C, h.V, temperature);
+    });
     HeadProblem h(8, 12, 100, 1.0f, 1);
     GpuHead g(h);
     LogprobHeadGpu head(gemm);
@@ -194,44 +202,42 @@ TEST(gpu_head_forward_matches_cpu) {
 // each (the forward bound); a third of the rows get their float64 argmax as target, so there are hits.
 TEST(gpu_head_top1_matches_cpu_and_fp64) {
     GemmRunner gemm;
-    for (const HeadCase& hc : kHeadCases)
-        for (float temperature : {1.0f, 0.7f}) {
-            HeadProblem h(hc.T, hc.C, hc.V, temperature, 29 + hc.T);
-            Exact e(h);
-            std::vector<double> margin(h.T), bound(h.T);
-            for (int t = 0; t < h.T; t++) {
-                int best = 0;
-                for (int j = 1; j < h.V; j++) best = e.at(e.z, t, j) > e.at(e.z, t, best) ? j : best;
-                if (t % 3 == 0) h.target[t] = best;
-                double other = -INFINITY, err = 0;
-                for (int j = 0; j < h.V; j++) {
-                    if (j != h.target[t]) other = std::fmax(other, e.at(e.z, t, j));
-                    err = std::fmax(err, (3.0 * h.C + 2) * U * e.at(e.s, t, j));
-                }
-                margin[t] = h.target[t] >= 0 ? e.at(e.z, t, h.target[t]) - other : -INFINITY;
-                bound[t] = 4 * err;  // both sides' logits, the target's and the other's
+    for_each_head_case(29, [&](const HeadCase& hc, float temperature, HeadProblem& h) {
+        Exact e(h);
+        std::vector<double> margin(h.T), bound(h.T);
+        for (int t = 0; t < h.T; t++) {
+            int best = 0;
+            for (int j = 1; j < h.V; j++) best = e.at(e.z, t, j) > e.at(e.z, t, best) ? j : best;
+            if (t % 3 == 0) h.target[t] = best;
+            double other = -INFINITY, err = 0;
+            for (int j = 0; j < h.V; j++) {
+                if (j != h.target[t]) other = std::fmax(other, e.at(e.z, t, j));
+                err = std::fmax(err, (3.0 * h.C + 2) * U * e.at(e.s, t, j));
             }
-            GpuHead g(h);
-            LogprobHeadGpu head(gemm, hc.chunk);
-            g.forward(head, h);
-            const std::vector<float> gpu = head.top1(g.target.ptr, h.T, 0);
-            std::vector<float> lp(h.T), ent(h.T), lse(h.T), mu(h.T), cpu(h.T);
-            HeadScratch scratch;
-            head_forward(lp.data(), ent.data(), lse.data(), mu.data(), h.x.data(), h.W.data(), h.target.data(), h.T,
-                         {h.V, h.C, h.temperature}, scratch, false, cpu.data());
-            int decided = 0, hits = 0;
-            for (int t = 0; t < h.T; t++) {
-                if (!(std::fabs(margin[t]) > bound[t])) continue;
-                decided++;
-                const float want = margin[t] > 0 ? 1.0f : 0.0f;
-                hits += margin[t] > 0;
-                CHECK_MSG(gpu[t] == want && cpu[t] == want, "T=%d V=%d temperature %g row %d: gpu %g cpu %g float64 margin %.3g",
-                          h.T, h.V, temperature, t, gpu[t], cpu[t], margin[t]);
-            }
-            printf("    T=%d C=%d V=%d temperature=%g: %d of %d rows beyond the bound, %d hits\n", h.T, h.C, h.V, temperature,
-                   decided, h.T, hits);
-            CHECK_MSG(decided == h.T && hits >= (h.T + 2) / 3, "%d rows decided, %d hits", decided, hits);
+            margin[t] = h.target[t] >= 0 ? e.at(e.z, t, h.target[t]) - other : -INFINITY;
+            bound[t] = 4 * err;  // both sides' logits, the target's and the other's
         }
+        GpuHead g(h);
+        LogprobHeadGpu head(gemm, hc.chunk);
+        g.forward(head, h);
+        const std::vector<float> gpu = head.top1(g.target.ptr, h.T, 0);
+        std::vector<float> lp(h.T), ent(h.T), lse(h.T), mu(h.T), cpu(h.T);
+        HeadScratch scratch;
+        head_forward(lp.data(), ent.data(), lse.data(), mu.data(), h.x.data(), h.W.data(), h.target.data(), h.T,
+                     {h.V, h.C, h.temperature}, scratch, false, cpu.data());
+        int decided = 0, hits = 0;
+        for (int t = 0; t < h.T; t++) {
+            if (!(std::fabs(margin[t]) > bound[t])) continue;
+            decided++;
+            const float want = margin[t] > 0 ? 1.0f : 0.0f;
+            hits += margin[t] > 0;
+            CHECK_MSG(gpu[t] == want && cpu[t] == want, "T=%d V=%d temperature %g row %d: gpu %g cpu %g float64 margin %.3g",
+                      h.T, h.V, temperature, t, gpu[t], cpu[t], margin[t]);
+        }
+        printf("    T=%d C=%d V=%d temperature=%g: %d of %d rows beyond the bound, %d hits\n", h.T, h.C, h.V, temperature,
+               decided, h.T, hits);
+        CHECK_MSG(decided == h.T && hits >= (h.T + 2) / 3, "%d rows decided, %d hits", decided, hits);
+    });
 }
 
 // Backward bound, GPU vs CPU, per element of dlogits g_j = (a (1[j=y] - p_j) - b p_j (z_j - mu)) / T:
@@ -245,74 +251,72 @@ TEST(gpu_head_top1_matches_cpu_and_fp64) {
 // plus one rounding of the result on each side (2U |dX|): the buffers start non-zero.
 TEST(gpu_head_backward_matches_cpu) {
     GemmRunner gemm;
-    for (const HeadCase& hc : kHeadCases)
-        for (float temperature : {1.0f, 0.7f}) {
-            HeadProblem h(hc.T, hc.C, hc.V, temperature, 29 + hc.T);
-            GpuHead g(h);
-            LogprobHeadGpu head(gemm, hc.chunk);
-            g.forward(head, h);
-            std::vector<float> dx0((size_t)h.T * h.C), dW0((size_t)h.V * h.C);
-            for (size_t i = 0; i < dx0.size(); i++) dx0[i] = 0.01f * hash_uniform(i, 5);
-            for (size_t i = 0; i < dW0.size(); i++) dW0[i] = 0.01f * hash_uniform(i, 6);
-            DeviceBuffer<float> dx(dx0), dW(dW0), da(h.a), db(h.b);
-            head.backward(dx.ptr, dW.ptr, da.ptr, db.ptr, g.lse.ptr, g.mu.ptr, g.x.ptr, g.W.ptr, g.target.ptr, h.T, h.shape(), 0);
+    for_each_head_case(29, [&](const HeadCase& hc, float temperature, HeadProblem& h) {
+        GpuHead g(h);
+        LogprobHeadGpu head(gemm, hc.chunk);
+        g.forward(head, h);
+        std::vector<float> dx0((size_t)h.T * h.C), dW0((size_t)h.V * h.C);
+        for (size_t i = 0; i < dx0.size(); i++) dx0[i] = 0.01f * hash_uniform(i, 5);
+        for (size_t i = 0; i < dW0.size(); i++) dW0[i] = 0.01f * hash_uniform(i, 6);
+        DeviceBuffer<float> dx(dx0), dW(dW0), da(h.a), db(h.b);
+        head.backward(dx.ptr, dW.ptr, da.ptr, db.ptr, g.lse.ptr, g.mu.ptr, g.x.ptr, g.W.ptr, g.target.ptr, h.T, h.shape(), 0);
 
-            std::vector<float> lp(h.T), ent(h.T), lse(h.T), mu(h.T), cdx = dx0, cdW = dW0;
-            HeadScratch scratch;
-            HeadShape cs{h.V, h.C, h.temperature};
-            head_forward(lp.data(), ent.data(), lse.data(), mu.data(), h.x.data(), h.W.data(), h.target.data(), h.T, cs,
-                         scratch, true);
-            head_backward(cdx.data(), cdW.data(), h.a.data(), h.b.data(), lse.data(), mu.data(), h.x.data(), h.W.data(),
-                          h.target.data(), h.T, cs, scratch);
+        std::vector<float> lp(h.T), ent(h.T), lse(h.T), mu(h.T), cdx = dx0, cdW = dW0;
+        HeadScratch scratch;
+        HeadShape cs{h.V, h.C, h.temperature};
+        head_forward(lp.data(), ent.data(), lse.data(), mu.data(), h.x.data(), h.W.data(), h.target.data(), h.T, cs,
+                     scratch, true);
+        head_backward(cdx.data(), cdW.data(), h.a.data(), h.b.data(), lse.data(), mu.data(), h.x.data(), h.W.data(),
+                      h.target.data(), h.T, cs, scratch);
 
-            Exact e(h);
-            ForwardBound fb(h, e);
-            const double inv_t = 1.0 / h.temperature;
-            const int chunks = (h.V + hc.chunk - 1) / hc.chunk, T8 = round_up8(h.T);
-            const double gamma_dx = (2.0 * hc.chunk + chunks + h.V + 2) * U, gamma_dw = (2.0 * T8 + h.T + 3) * U;
-            // |g| + dg and its contribution to the tolerance, per (t, j)
-            std::vector<double> g_abs((size_t)h.T * h.V), g_tol((size_t)h.T * h.V);
-            for (int t = 0; t < h.T; t++) {
-                double a = std::fabs(h.a[t]), b = std::fabs(h.b[t]), dl = fb.D[t] + 2 * U * std::fabs(e.lse[t]);
-                double dmu = fb.entropy[t] + fb.D[t];  // |d mu| <= |d entropy| + |d logZ|
-                for (int j = 0; j < h.V; j++) {
-                    double p = e.at(e.p, t, j), zc = std::fabs(e.at(e.z, t, j) - e.mu[t]);
-                    double dz = (3.0 * h.C + 2) * U * e.at(e.s, t, j);
-                    double dp = p * std::expm1(dz + dl + 2 * (4 * U + U * std::fabs(e.at(e.z, t, j) - e.lse[t])));
-                    bool y = j == h.target[t];
-                    double gj = std::fabs(h.a[t] * ((y ? 1.0 : 0.0) - p) - h.b[t] * p * (e.at(e.z, t, j) - e.mu[t])) * inv_t;
-                    double dg = (a * dp + b * (dp * zc + (p + dp) * (dz + dmu)) + 16 * U * (a * p + b * p * zc + (y ? a : 0))) * inv_t;
-                    g_abs[(size_t)t * h.V + j] = gj + dg;
-                    g_tol[(size_t)t * h.V + j] = std::ldexp(gj + dg, -8) + dg;
-                }
+        Exact e(h);
+        ForwardBound fb(h, e);
+        const double inv_t = 1.0 / h.temperature;
+        const int chunks = (h.V + hc.chunk - 1) / hc.chunk, T8 = round_up8(h.T);
+        const double gamma_dx = (2.0 * hc.chunk + chunks + h.V + 2) * U, gamma_dw = (2.0 * T8 + h.T + 3) * U;
+        // |g| + dg and its contribution to the tolerance, per (t, j)
+        std::vector<double> g_abs((size_t)h.T * h.V), g_tol((size_t)h.T * h.V);
+        for (int t = 0; t < h.T; t++) {
+            double a = std::fabs(h.a[t]), b = std::fabs(h.b[t]), dl = fb.D[t] + 2 * U * std::fabs(e.lse[t]);
+            double dmu = fb.entropy[t] + fb.D[t];  // |d mu| <= |d entropy| + |d logZ|
+            for (int j = 0; j < h.V; j++) {
+                double p = e.at(e.p, t, j), zc = std::fabs(e.at(e.z, t, j) - e.mu[t]);
+                double dz = (3.0 * h.C + 2) * U * e.at(e.s, t, j);
+                double dp = p * std::expm1(dz + dl + 2 * (4 * U + U * std::fabs(e.at(e.z, t, j) - e.lse[t])));
+                bool y = j == h.target[t];
+                double gj = std::fabs(h.a[t] * ((y ? 1.0 : 0.0) - p) - h.b[t] * p * (e.at(e.z, t, j) - e.mu[t])) * inv_t;
+                double dg = (a * dp + b * (dp * zc + (p + dp) * (dz + dmu)) + 16 * U * (a * p + b * p * zc + (y ? a : 0))) * inv_t;
+                g_abs[(size_t)t * h.V + j] = gj + dg;
+                g_tol[(size_t)t * h.V + j] = std::ldexp(gj + dg, -8) + dg;
             }
-            std::vector<float> gdx = dx.download(), gdW = dW.download();
-            Figures f_dx, f_dw;
-            for (int t = 0; t < h.T; t++)
-                for (int c = 0; c < h.C; c++) {
-                    double tol = 0, mag = 0;
-                    for (int j = 0; j < h.V; j++) {
-                        double w = std::fabs(h.W[(size_t)j * h.C + c]);
-                        tol += g_tol[(size_t)t * h.V + j] * w, mag += g_abs[(size_t)t * h.V + j] * w;
-                    }
-                    double ref = cdx[(size_t)t * h.C + c];
-                    f_dx.add(gdx[(size_t)t * h.C + c], ref, tol + gamma_dx * mag * (1 + 0x1p-8) + 2 * U * std::fabs(ref));
-                }
-            for (int j = 0; j < h.V; j++)
-                for (int c = 0; c < h.C; c++) {
-                    double tol = 0, mag = 0;
-                    for (int t = 0; t < h.T; t++) {
-                        double xv = std::fabs(h.x[(size_t)t * h.C + c]);
-                        tol += g_tol[(size_t)t * h.V + j] * xv, mag += g_abs[(size_t)t * h.V + j] * xv;
-                    }
-                    double ref = cdW[(size_t)j * h.C + c];
-                    f_dw.add(gdW[(size_t)j * h.C + c], ref, tol + gamma_dw * mag * (1 + 0x1p-8) + 2 * U * std::fabs(ref));
-                }
-            printf("    T=%d C=%d V=%d chunk=%d temperature=%g:\n", h.T, h.C, h.V, hc.chunk, temperature);
-            f_dx.print("dX");
-            f_dw.print("dW");
-            CHECK_MSG(f_dx.outside == 0 && f_dw.outside == 0, "T=%d C=%d V=%d temperature %g", h.T, h.C, h.V, temperature);
         }
+        std::vector<float> gdx = dx.download(), gdW = dW.download();
+        Figures f_dx, f_dw;
+        for (int t = 0; t < h.T; t++)
+            for (int c = 0; c < h.C; c++) {
+                double tol = 0, mag = 0;
+                for (int j = 0; j < h.V; j++) {
+                    double w = std::fabs(h.W[(size_t)j * h.C + c]);
+                    tol += g_tol[(size_t)t * h.V + j] * w, mag += g_abs[(size_t)t * h.V + j] * w;
+                }
+                double ref = cdx[(size_t)t * h.C + c];
+                f_dx.add(gdx[(size_t)t * h.C + c], ref, tol + gamma_dx * mag * (1 + 0x1p-8) + 2 * U * std::fabs(ref));
+            }
+        for (int j = 0; j < h.V; j++)
+            for (int c = 0; c < h.C; c++) {
+                double tol = 0, mag = 0;
+                for (int t = 0; t < h.T; t++) {
+                    double xv = std::fabs(h.x[(size_t)t * h.C + c]);
+                    tol += g_tol[(size_t)t * h.V + j] * xv, mag += g_abs[(size_t)t * h.V + j] * xv;
+                }
+                double ref = cdW[(size_t)j * h.C + c];
+                f_dw.add(gdW[(size_t)j * h.C + c], ref, tol + gamma_dw * mag * (1 + 0x1p-8) + 2 * U * std::fabs(ref));
+            }
+        printf("    T=%d C=%d V=%d chunk=%d temperature=%g:\n", h.T, h.C, h.V, hc.chunk, temperature);
+        f_dx.print("dX");
+        f_dw.print("dW");
+        CHECK_MSG(f_dx.outside == 0 && f_dw.outside == 0, "T=%d C=%d V=%d temperature %g", h.T, h.C, h.V, temperature);
+    });
 }
 
 // Finite differences of the GPU forward: L = sum_t a_t logprob_t + b_t entropy_t, perturbed at a few
