@@ -25,7 +25,9 @@ Per calibration step the log has (rl/objective/calibrated_clip.h):
   CC tracking    calib/clipfrac_neg_fp8 / calib/alpha_ref (what CC's new bound clips against the reference)
   where          calib/overclip_entropy_mean vs calib/neg_entropy_mean, calib/overclip_rewarded_frac
 A run's multiplier is the ratio of the sums over its calibration steps (steps where the reference
-clips nothing still count their FP8 clips). Writes OUT/steps.csv (one row per run and calibration
+clips nothing still count their FP8 clips). With CC on, a calibration with too few A<0 tokens pools
+its statistics into the next one (calib/pooled = 1); the table counts its tokens once, in the
+calibration that decides (whose calib/* metrics are over the pooled tokens, calib/pooled_steps). Writes OUT/steps.csv (one row per run and calibration
 step), OUT/table.md (mean (min..max) over seeds) and OUT/mechanism.png (multiplier against
 noise-to-drift, one point per run and calibration step with alpha > 0).
 """
@@ -65,7 +67,7 @@ SCALINGS = ("block", "row", "tensor")
 KEYS = ["alpha_ref", "clipfrac_neg_fp8_at_ref", "overclip_low_frac", "clipfrac_neg_fp8", "clipfrac_neg_fp8_at_target",
         "target_low", "clip_low", "ratio_abs_diff_mean", "ratio_hp_drift_mean", "neg_entropy_mean",
         "overclip_entropy_mean", "neg_high_entropy_frac", "overclip_high_entropy_frac", "neg_rewarded_frac",
-        "overclip_rewarded_frac", "skipped"]
+        "overclip_rewarded_frac", "skipped", "pooled", "pooled_steps", "neg_tokens"]
 
 
 def run_dir(a, point, scaling, cc, seed):
@@ -168,6 +170,7 @@ def main():
             for f in concurrent.futures.as_completed([pool.submit(run_one, a, *r) for r in runs]):
                 print("done", *f.result(), flush=True)
     rows = {r: calib_rows(a, *r) for r in runs}
+    decided = {r: [x for x in rs if x["pooled"] != 1] for r, rs in rows.items()}  # pooled ones: counted in the next
     with open(os.path.join(a.out, "steps.csv"), "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(next(iter(rows.values()))[0].keys()))
         w.writeheader()
@@ -176,12 +179,13 @@ def main():
     lines = [f"{len(a.seeds)} seeds, {a.steps} steps from {a.base}; per run the ratio of sums over its calibration "
              "steps; mean (min..max) over seeds", "",
              "| point | scaling | CC | multiplier (FP8/ref clip frac A<0 at L_ref) | alpha_ref | noise/drift | "
-             "overclip frac | entropy overclip / all A<0 | overclip from rewarded | CC clip / ref (from step 12) |",
+             "overclip frac | entropy overclip / all A<0 | overclip from rewarded | CC clip / ref (from step 12; "
+             "decisions of L over the seeds) |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for p in a.points:
         for cc in ((2, 1) if p in a.cc_points else (2,)):
             for s in SCALINGS:
-                rs = [rows[(p, s, cc, seed)] for seed in a.seeds]
+                rs = [decided[(p, s, cc, seed)] for seed in a.seeds]
                 mult = [ratio_of_sums(r, "clipfrac_neg_fp8_at_ref", "alpha_ref") for r in rs]
                 alpha = [sum(x["alpha_ref"] for x in r) / len(r) for r in rs]
                 nd = [ratio_of_sums(r, "ratio_abs_diff_mean", "ratio_hp_drift_mean") for r in rs]
@@ -191,9 +195,10 @@ def main():
                 rew = [sum(x["overclip_rewarded_frac"] for x in r if x["overclip_rewarded_frac"] == x["overclip_rewarded_frac"])
                        / max(1, sum(1 for x in r if x["overclip_rewarded_frac"] == x["overclip_rewarded_frac"])) for r in rs]
                 track = [ratio_of_sums(r, "clipfrac_neg_fp8", "alpha_ref", first=12) for r in rs] if cc == 1 else []
+                acted = sum(1 for r in rs for x in r if x["step"] >= 12 and x["clipfrac_neg_fp8"] == x["clipfrac_neg_fp8"])
                 lines.append(f"| {p} | {s} | {'on' if cc == 1 else 'off'} | {spread(mult)} | "
                              f"{spread([100 * x for x in alpha])}% | {spread(nd)} | {spread([100 * x for x in over])}% | "
-                             f"{spread(ent)} | {spread(rew)} | {spread(track) if track else '-'} |")
+                             f"{spread(ent)} | {spread(rew)} | {spread(track) + f'; {acted}' if track else '-'} |")
     table = "\n".join(lines) + "\n"
     with open(os.path.join(a.out, "table.md"), "w") as f:
         f.write(table)
