@@ -5,7 +5,7 @@ the same tokens, and does Calibrated Clipping's bound track the reference?
 
 usage: python3 dev/mechanism_experiment.py --base MODEL_DIR [--points base lr3e-5 ...] [--cc_points base ...]
                                            [--seeds 1 2 3] [--steps 32] [--jobs 2] [--out runs/mechanism]
-                                           [--outliers 1e4] [--replot]
+                                           [--outliers 1e4] [--replot] [--keep]
 
 Every run starts from --base (a checkpoint that already earns some reward, so groups have
 negative-advantage tokens) and trains the add task through the FP8 pipeline at one granularity
@@ -111,6 +111,8 @@ def model_dir(a, name):
 
 def run_one(a, point, scaling, cc, seed):
     out = run_dir(a, point, scaling, cc, seed)
+    if a.keep and os.path.exists(os.path.join(out, "log.jsonl")):
+        return point, scaling, cc, seed
     model, changed = POINTS[point]
     flags = dict(BASE, **changed)
     cmd = [a.bin, "--model", model_dir(a, model)] + COMMON + [x for kv in flags.items() for x in kv] + [
@@ -157,6 +159,7 @@ def main():
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--outliers", type=float, default=1e4, help="factor of the outliers point's channels")
     ap.add_argument("--replot", action="store_true")
+    ap.add_argument("--keep", action="store_true", help="skip runs whose log.jsonl exists (rerun what was deleted)")
     ap.add_argument("--out", default="runs/mechanism")
     ap.add_argument("--bin", default="./train_rl_cpu")
     a = ap.parse_args()
@@ -170,7 +173,8 @@ def main():
             for f in concurrent.futures.as_completed([pool.submit(run_one, a, *r) for r in runs]):
                 print("done", *f.result(), flush=True)
     rows = {r: calib_rows(a, *r) for r in runs}
-    decided = {r: [x for x in rs if x["pooled"] != 1] for r, rs in rows.items()}  # pooled ones: counted in the next
+    # pooled ones are counted in the next (CC on only: a run that measures keeps nothing)
+    decided = {r: [x for x in rs if r[2] != 1 or x["pooled"] != 1] for r, rs in rows.items()}
     with open(os.path.join(a.out, "steps.csv"), "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(next(iter(rows.values()))[0].keys()))
         w.writeheader()

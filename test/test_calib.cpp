@@ -263,9 +263,9 @@ TEST(calib_guards_keep_bounds) {
 }
 
 // The two departures of cc_decide (issue 51). From the run's start (cc_initial_state) the first
-// decision sets each bound to its target, undamped; later ones are damped. A calibration with
-// fewer than 256 A < 0 tokens skips and keeps the bounds, its statistics pooled into the next one,
-// which then decides exactly as one calibration holding both steps' tokens would.
+// decision sets each bound to its target, undamped (L*'s ties to L_ref); later ones are damped. A
+// calibration with fewer than 256 A < 0 tokens skips and keeps the bounds, its statistics pooled
+// into the next one, which then decides exactly as one calibration holding both steps' tokens would.
 TEST(calib_first_decision_undamped_and_small_calibrations_pool) {
     CalibConfig cfg;
     Synthetic syn;
@@ -314,6 +314,15 @@ TEST(calib_first_decision_undamped_and_small_calibrations_pool) {
         CHECK_EQ(second.clipfrac_neg_fp8, once.clipfrac_neg_fp8);
         CHECK_EQ(second.rho_fp8, once.rho_fp8);
     }
+    // A first decision where the reference clips nothing: every grid value below the lowest FP8
+    // ratio ties, and the tie goes to the reference bound, not to the start 0.6.
+    Synthetic quiet;
+    quiet.sigma = 0.02;  // no ratio below exp(-0.15) = 0.86
+    quiet.tau = 0.02;
+    quiet.n = 2000;
+    CalibResult calm = cc_decide(cfg, st, stats_of(cfg, st, make_tokens(quiet)));
+    CHECK_EQ(calm.alpha_ref, 0.0);
+    CHECK_NEAR(calm.bounds.low, cfg.ref_low, 1e-12, 0);
     // Degenerate ratios (one mini-batch) are dropped, not pooled: they would never decide.
     syn.sigma = 0.0;
     syn.tau = 0.0;

@@ -608,8 +608,11 @@ inline MetricRow Trainer::train_step() {
         auto tc = std::chrono::steady_clock::now();
         dist_.all_reduce_sum(cc_stats.values);
         CalibResult r = cc_decide(ccfg, bounds_, cc_stats);
+        if (cfg_.calibrated_clip == 1)
+            bounds_ = r.bounds;
+        else
+            r.pooled = false;  // measuring only: nothing is kept for the next calibration
         for (const auto& kv : cc_metrics(r)) m.set(kv.first, kv.second);
-        if (cfg_.calibrated_clip == 1) bounds_ = r.bounds;
         m.set("timing_s/calib", calib_s + seconds_since(tc));
     }
     step_++;

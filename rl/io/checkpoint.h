@@ -77,7 +77,8 @@ inline TrainerState decode_trainer_state(const std::string& data, const std::str
     if (!v1) {
         int64_t cc[4];
         get(cc, sizeof cc);
-        if (cc[3] < 0 || (uint64_t)cc[3] > data.size()) fail("%s: bad pooled statistics count %lld", path.c_str(), (long long)cc[3]);
+        if (cc[3] < 0 || (uint64_t)cc[3] > data.size())
+            fail("%s: bad pooled statistics count %lld; the checkpoint is damaged", path.c_str(), (long long)cc[3]);
         s.cc_low_unset = cc[0] != 0;
         s.cc_high_unset = cc[1] != 0;
         s.cc_pooled_steps = cc[2];
