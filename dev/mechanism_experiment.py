@@ -5,7 +5,7 @@ the same tokens, and does Calibrated Clipping's bound track the reference?
 
 usage: python3 dev/mechanism_experiment.py --base MODEL_DIR [--points base lr3e-5 ...] [--cc_points base ...]
                                            [--seeds 1 2 3] [--steps 32] [--jobs 2] [--out runs/mechanism]
-                                           [--outliers 1e4] [--replot]
+                                           [--outliers 1e4] [--replot] [--keep]
 
 Every run starts from --base (a checkpoint that already earns some reward, so groups have
 negative-advantage tokens) and trains the add task through the FP8 pipeline at one granularity
@@ -25,7 +25,9 @@ Per calibration step the log has (rl/objective/calibrated_clip.h):
   CC tracking    calib/clipfrac_neg_fp8 / calib/alpha_ref (what CC's new bound clips against the reference)
   where          calib/overclip_entropy_mean vs calib/neg_entropy_mean, calib/overclip_rewarded_frac
 A run's multiplier is the ratio of the sums over its calibration steps (steps where the reference
-clips nothing still count their FP8 clips). Writes OUT/steps.csv (one row per run and calibration
+clips nothing still count their FP8 clips). With CC on, a calibration with too few A<0 tokens pools
+its statistics into the next one (calib/pooled = 1); the table counts its tokens once, in the
+calibration that decides (whose calib/* metrics are over the pooled tokens, calib/pooled_steps). Writes OUT/steps.csv (one row per run and calibration
 step), OUT/table.md (mean (min..max) over seeds) and OUT/mechanism.png (multiplier against
 noise-to-drift, one point per run and calibration step with alpha > 0).
 """
@@ -65,7 +67,7 @@ SCALINGS = ("block", "row", "tensor")
 KEYS = ["alpha_ref", "clipfrac_neg_fp8_at_ref", "overclip_low_frac", "clipfrac_neg_fp8", "clipfrac_neg_fp8_at_target",
         "target_low", "clip_low", "ratio_abs_diff_mean", "ratio_hp_drift_mean", "neg_entropy_mean",
         "overclip_entropy_mean", "neg_high_entropy_frac", "overclip_high_entropy_frac", "neg_rewarded_frac",
-        "overclip_rewarded_frac", "skipped"]
+        "overclip_rewarded_frac", "skipped", "pooled", "pooled_steps", "neg_tokens"]
 
 
 def run_dir(a, point, scaling, cc, seed):
@@ -109,6 +111,8 @@ def model_dir(a, name):
 
 def run_one(a, point, scaling, cc, seed):
     out = run_dir(a, point, scaling, cc, seed)
+    if a.keep and os.path.exists(os.path.join(out, "log.jsonl")):
+        return point, scaling, cc, seed
     model, changed = POINTS[point]
     flags = dict(BASE, **changed)
     cmd = [a.bin, "--model", model_dir(a, model)] + COMMON + [x for kv in flags.items() for x in kv] + [
@@ -155,6 +159,7 @@ def main():
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--outliers", type=float, default=1e4, help="factor of the outliers point's channels")
     ap.add_argument("--replot", action="store_true")
+    ap.add_argument("--keep", action="store_true", help="skip runs whose log.jsonl exists (rerun what was deleted)")
     ap.add_argument("--out", default="runs/mechanism")
     ap.add_argument("--bin", default="./train_rl_cpu")
     a = ap.parse_args()
@@ -168,6 +173,8 @@ def main():
             for f in concurrent.futures.as_completed([pool.submit(run_one, a, *r) for r in runs]):
                 print("done", *f.result(), flush=True)
     rows = {r: calib_rows(a, *r) for r in runs}
+    # pooled ones are counted in the next (CC on only: a run that measures keeps nothing)
+    decided = {r: [x for x in rs if r[2] != 1 or x["pooled"] != 1] for r, rs in rows.items()}
     with open(os.path.join(a.out, "steps.csv"), "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(next(iter(rows.values()))[0].keys()))
         w.writeheader()
@@ -176,12 +183,13 @@ def main():
     lines = [f"{len(a.seeds)} seeds, {a.steps} steps from {a.base}; per run the ratio of sums over its calibration "
              "steps; mean (min..max) over seeds", "",
              "| point | scaling | CC | multiplier (FP8/ref clip frac A<0 at L_ref) | alpha_ref | noise/drift | "
-             "overclip frac | entropy overclip / all A<0 | overclip from rewarded | CC clip / ref (from step 12) |",
+             "overclip frac | entropy overclip / all A<0 | overclip from rewarded | CC clip / ref (from step 12; "
+             "decisions of L over the seeds) |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for p in a.points:
         for cc in ((2, 1) if p in a.cc_points else (2,)):
             for s in SCALINGS:
-                rs = [rows[(p, s, cc, seed)] for seed in a.seeds]
+                rs = [decided[(p, s, cc, seed)] for seed in a.seeds]
                 mult = [ratio_of_sums(r, "clipfrac_neg_fp8_at_ref", "alpha_ref") for r in rs]
                 alpha = [sum(x["alpha_ref"] for x in r) / len(r) for r in rs]
                 nd = [ratio_of_sums(r, "ratio_abs_diff_mean", "ratio_hp_drift_mean") for r in rs]
@@ -191,9 +199,10 @@ def main():
                 rew = [sum(x["overclip_rewarded_frac"] for x in r if x["overclip_rewarded_frac"] == x["overclip_rewarded_frac"])
                        / max(1, sum(1 for x in r if x["overclip_rewarded_frac"] == x["overclip_rewarded_frac"])) for r in rs]
                 track = [ratio_of_sums(r, "clipfrac_neg_fp8", "alpha_ref", first=12) for r in rs] if cc == 1 else []
+                acted = sum(1 for r in rs for x in r if x["step"] >= 12 and x["clipfrac_neg_fp8"] == x["clipfrac_neg_fp8"])
                 lines.append(f"| {p} | {s} | {'on' if cc == 1 else 'off'} | {spread(mult)} | "
                              f"{spread([100 * x for x in alpha])}% | {spread(nd)} | {spread([100 * x for x in over])}% | "
-                             f"{spread(ent)} | {spread(rew)} | {spread(track) if track else '-'} |")
+                             f"{spread(ent)} | {spread(rew)} | {spread(track) + f'; {acted}' if track else '-'} |")
     table = "\n".join(lines) + "\n"
     with open(os.path.join(a.out, "table.md"), "w") as f:
         f.write(table)

@@ -96,10 +96,13 @@ def read_master(checkpoint_dir):
         config = json.load(f)
     with open(checkpoint_dir + "/trainer_state.bin", "rb") as f:
         data = f.read()
-    if data[:8] != b"FP8RLST1":
+    if data[:8] not in (b"FP8RLST1", b"FP8RLST2"):
         raise SystemExit(f"{checkpoint_dir}/trainer_state.bin: not an fp8rl trainer state")
     count = struct.unpack("<5q", data[8:48])[4]
-    master = np.frombuffer(data, dtype=np.float32, count=count, offset=64)
+    offset = 64  # magic, 5 int64, the two bounds (rl/io/checkpoint.h)
+    if data[:8] == b"FP8RLST2":  # then 4 int64 of Calibrated Clipping's state, the last its pooled count
+        offset += 32 + 8 * struct.unpack("<4q", data[64:96])[3]
+    master = np.frombuffer(data, dtype=np.float32, count=count, offset=offset)
     layout, total = master_layout(config)
     if total != count:
         raise SystemExit(f"{checkpoint_dir}: {count} master floats, the layout of config.json has {total}")

@@ -262,6 +262,74 @@ TEST(calib_guards_keep_bounds) {
     CHECK(cc_is_calibration_step(0, 20) && cc_is_calibration_step(40, 20) && !cc_is_calibration_step(19, 20));
 }
 
+// The two departures of cc_decide (issue 51). From the run's start (cc_initial_state) the first
+// decision sets each bound to its target, undamped (L*'s ties to L_ref); later ones are damped. A
+// calibration with fewer than 256 A < 0 tokens skips and keeps the bounds, its statistics pooled
+// into the next one, which then decides exactly as one calibration holding both steps' tokens would.
+TEST(calib_first_decision_undamped_and_small_calibrations_pool) {
+    CalibConfig cfg;
+    Synthetic syn;
+    syn.tau = 0.1;
+    syn.n = 2000;
+    std::vector<CalibToken> toks = make_tokens(syn);
+    CalibState st = cc_initial_state();
+    CalibResult r = cc_decide(cfg, st, stats_of(cfg, st, toks));
+    CHECK(!r.skipped);
+    CHECK(r.target_low < 0.78 && r.target_high > 1.2);  // targets away from the start 0.6 and from the damped step
+    CHECK_EQ(r.bounds.low, r.target_low);
+    CHECK_EQ(r.bounds.high, r.target_high);
+    CHECK(!r.bounds.low_unset && !r.bounds.high_unset);
+    CalibState moved{0.6, 1.8};
+    moved.low = r.bounds.low - 0.2;
+    moved.high = r.bounds.high > 1.6 ? 1.2 : 2.0;
+    CalibResult damped = cc_decide(cfg, moved, stats_of(cfg, moved, toks));
+    CHECK_EQ(damped.target_low, r.target_low);
+    CHECK_NEAR(damped.bounds.low, moved.low + 0.05, 1e-12, 0);
+    const double gap = damped.target_high - moved.high;
+    CHECK_MSG(std::fabs(gap) > 0.2, "H* %g, H %g", damped.target_high, moved.high);
+    CHECK_NEAR(damped.bounds.high, moved.high + (gap > 0 ? 0.1 : -0.1), 1e-12, 0);
+
+    // Two calibrations of 150 tokens of each sign, each below the guard: the first pools.
+    syn.n = 150;
+    std::vector<CalibToken> a = make_tokens(syn);
+    syn.seed = 2;
+    std::vector<CalibToken> b = make_tokens(syn), both = a;
+    both.insert(both.end(), b.begin(), b.end());
+    for (const CalibState& start : {cc_initial_state(), CalibState{0.7, 1.5}}) {
+        CalibResult first = cc_decide(cfg, start, stats_of(cfg, start, a));
+        CHECK(first.skipped && first.pooled && first.reason.find("pooled into the next calibration") != std::string::npos);
+        CHECK_EQ(first.bounds.low, start.low);
+        CHECK_EQ(first.bounds.high, start.high);
+        CHECK_EQ(first.bounds.low_unset, start.low_unset);
+        CHECK_EQ(first.bounds.pooled_steps, (int64_t)1);
+        CalibResult second = cc_decide(cfg, first.bounds, stats_of(cfg, first.bounds, b));
+        CalibResult once = cc_decide(cfg, start, stats_of(cfg, start, both));
+        CHECK(!second.pooled && !once.pooled && !once.skipped);
+        CHECK_EQ(second.pooled_steps, (int64_t)2);
+        CHECK(second.bounds.pooled.empty() && second.bounds.pooled_steps == 0);
+        CHECK_EQ(second.neg_tokens, 300.0);
+        CHECK_EQ(second.bounds.low, once.bounds.low);
+        CHECK_EQ(second.bounds.high, once.bounds.high);
+        CHECK_EQ(second.alpha_ref, once.alpha_ref);
+        CHECK_EQ(second.clipfrac_neg_fp8, once.clipfrac_neg_fp8);
+        CHECK_EQ(second.rho_fp8, once.rho_fp8);
+    }
+    // A first decision where the reference clips nothing: every grid value below the lowest FP8
+    // ratio ties, and the tie goes to the reference bound, not to the start 0.6.
+    Synthetic quiet;
+    quiet.sigma = 0.02;  // no ratio below exp(-0.15) = 0.86
+    quiet.tau = 0.02;
+    quiet.n = 2000;
+    CalibResult calm = cc_decide(cfg, st, stats_of(cfg, st, make_tokens(quiet)));
+    CHECK_EQ(calm.alpha_ref, 0.0);
+    CHECK_NEAR(calm.bounds.low, cfg.ref_low, 1e-12, 0);
+    // Degenerate ratios (one mini-batch) are dropped, not pooled: they would never decide.
+    syn.sigma = 0.0;
+    syn.tau = 0.0;
+    CalibResult flat = cc_decide(cfg, st, stats_of(cfg, st, make_tokens(syn)));
+    CHECK(flat.skipped && !flat.pooled && flat.bounds.pooled.empty());
+}
+
 // Issue 51's "CC tracks the reference": on a configuration no other test trains (the copy task, one
 // answer token, row scaling, lr 1e-3, 4 minibatches, a calibration every 2 steps), once the damped
 // bound has left its initial 0.6 (calibrations from step 10 on), the fraction of negative-advantage

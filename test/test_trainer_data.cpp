@@ -89,6 +89,10 @@ TEST(trainer_state_round_trip_and_damage) {
     s.bad_steps = 1;
     s.clip_low = 0.62;
     s.clip_high = 1.74;
+    s.cc_low_unset = false;
+    s.cc_high_unset = true;
+    s.cc_pooled = {5, -1, 1LL << 40};
+    s.cc_pooled_steps = 2;
     s.master = {1.5f, -2.25f, 3e-8f};
     s.adam_m = {0.1f, 0.2f, 0.3f};
     s.adam_v = {1e-9f, 2e-9f, 3e-9f};
@@ -100,7 +104,17 @@ TEST(trainer_state_round_trip_and_damage) {
     CHECK_EQ(t.bad_steps, s.bad_steps);
     CHECK_EQ(t.clip_low, s.clip_low);
     CHECK_EQ(t.clip_high, s.clip_high);
+    CHECK(!t.cc_low_unset && t.cc_high_unset);
+    CHECK(t.cc_pooled == s.cc_pooled);
+    CHECK_EQ(t.cc_pooled_steps, s.cc_pooled_steps);
     CHECK(t.master == s.master && t.adam_m == s.adam_m && t.adam_v == s.adam_v);
+    // A version 1 state (no Calibrated Clipping state after the bounds) reads with both bounds
+    // decided and nothing pooled.
+    std::string v1 = "FP8RLST1" + bytes.substr(8, 56) + bytes.substr(64 + 32 + 3 * 8);
+    TrainerState u = decode_trainer_state(v1, "v1");
+    CHECK_EQ(u.clip_low, s.clip_low);
+    CHECK(!u.cc_low_unset && !u.cc_high_unset && u.cc_pooled.empty() && u.cc_pooled_steps == 0);
+    CHECK(u.master == s.master && u.adam_m == s.adam_m && u.adam_v == s.adam_v);
     CHECK_THROWS(decode_trainer_state(bytes.substr(0, bytes.size() - 1), "ts.bin"), "ts.bin: truncated");
     CHECK_THROWS(decode_trainer_state(bytes + "x", "ts.bin"), "trailing bytes");
     CHECK_THROWS(decode_trainer_state("NOTSTATE" + bytes.substr(8), "ts.bin"), "bad magic");

@@ -155,14 +155,17 @@ TEST(trainer_learns_from_scratch) {
     check_learns_from_scratch(harness::binary(), temp_dir("learn"), " --max_new_tokens 2 --batch_prompts 16 --lr 3e-3", 30, 0.10, 3);
 }
 
+// Calibrated Clipping calibrates at every step; a step has under 100 tokens, so each calibration
+// pools its statistics into the next (calibrated_clip.h) and the checkpoint holds a pool.
 TEST(trainer_resume_is_bit_exact) {
     std::string d = temp_dir("resume");
     const int steps = harness::sanitized ? 2 : 4;  // steps == (steps / 2) + resume + (steps / 2)
-    harness::RunResult full = run_cmd(harness::binary() + small_run(d + "/full", steps));
+    const std::string cc = " --calibrated_clip 1 --cc_interval 1";
+    harness::RunResult full = run_cmd(harness::binary() + small_run(d + "/full", steps) + cc);
     CHECK_MSG(full.status == 0, "%s", full.output.c_str());
-    harness::RunResult first = run_cmd(harness::binary() + small_run(d + "/split", steps / 2));
+    harness::RunResult first = run_cmd(harness::binary() + small_run(d + "/split", steps / 2) + cc);
     CHECK_MSG(first.status == 0, "%s", first.output.c_str());
-    harness::RunResult second = run_cmd(harness::binary() + small_run(d + "/split", steps) + " --resume " + d + "/split");
+    harness::RunResult second = run_cmd(harness::binary() + small_run(d + "/split", steps) + cc + " --resume " + d + "/split");
     CHECK_MSG(second.status == 0, "%s", second.output.c_str());
     if (full.status || first.status || second.status) return;
     std::vector<std::string> a = log_without_timing(d + "/full"), b = log_without_timing(d + "/split");
@@ -175,6 +178,9 @@ TEST(trainer_resume_is_bit_exact) {
     CHECK(x.master == y.master);
     CHECK(x.adam_m == y.adam_m && x.adam_v == y.adam_v);
     CHECK_EQ(x.data_cursor, y.data_cursor);
+    CHECK(!x.cc_pooled.empty() && x.cc_pooled == y.cc_pooled);
+    CHECK_EQ(x.cc_pooled_steps, (int64_t)steps);
+    CHECK_EQ(y.cc_pooled_steps, (int64_t)steps);
     // the checkpoint is a HF directory
     CHECK(std::filesystem::exists(resolve_checkpoint(d + "/full") + "/model.safetensors"));
     CHECK(std::filesystem::exists(resolve_checkpoint(d + "/full") + "/tokenizer.json"));

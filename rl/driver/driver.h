@@ -157,7 +157,7 @@ public:
         engine_.init_optimizer(cfg_.adam, dist_);
         cfg_.sampling.vocab_limit = tok.vocab_size();  // a padded embedding's extra rows are never sampled
         // Without Calibrated Clipping (or measuring only) the bounds are the reference bounds, always.
-        if (cfg_.calibrated_clip != 1) bounds_ = CalibState{1.0 - cfg_.clip_low, 1.0 + cfg_.clip_high};
+        bounds_ = cfg_.calibrated_clip == 1 ? cc_initial_state() : CalibState{1.0 - cfg_.clip_low, 1.0 + cfg_.clip_high};
     }
 
     // Continues from a checkpoint's trainer state (weights, optimizer, cursor, bounds, step).
@@ -170,6 +170,10 @@ public:
         cursor_ = s.data_cursor;
         bad_steps_ = s.bad_steps;
         bounds_ = CalibState{s.clip_low, s.clip_high};
+        bounds_.low_unset = s.cc_low_unset;
+        bounds_.high_unset = s.cc_high_unset;
+        bounds_.pooled = s.cc_pooled;
+        bounds_.pooled_steps = s.cc_pooled_steps;
     }
 
     int64_t step() const { return step_; }
@@ -223,6 +227,10 @@ public:
         s.bad_steps = bad_steps_;
         s.clip_low = bounds_.low;
         s.clip_high = bounds_.high;
+        s.cc_low_unset = bounds_.low_unset;
+        s.cc_high_unset = bounds_.high_unset;
+        s.cc_pooled = bounds_.pooled;
+        s.cc_pooled_steps = bounds_.pooled_steps;
         engine_.save_state(s);
         return s;
     }
@@ -244,7 +252,7 @@ private:
     std::vector<Example> eval_;
     int64_t step_ = 0, cursor_ = 0, bad_steps_ = 0, consecutive_bad_ = 0;
     int64_t empty_passes_ = 0;  // this step's passes of no sequences (a collective pass on a rank with fewer micro-batches)
-    CalibState bounds_;  // ratio bounds in force (Calibrated Clipping's initial ones when it is on)
+    CalibState bounds_;  // ratio bounds in force and Calibrated Clipping's state (its initial one when it is on)
 
     std::vector<int32_t> encode_prompt(const Example& ex) const;
     std::string decode_response(const std::vector<int32_t>& tokens) const;
@@ -600,8 +608,11 @@ inline MetricRow Trainer::train_step() {
         auto tc = std::chrono::steady_clock::now();
         dist_.all_reduce_sum(cc_stats.values);
         CalibResult r = cc_decide(ccfg, bounds_, cc_stats);
+        if (cfg_.calibrated_clip == 1)
+            bounds_ = r.bounds;
+        else
+            r.pooled = false;  // measuring only: nothing is kept for the next calibration
         for (const auto& kv : cc_metrics(r)) m.set(kv.first, kv.second);
-        if (cfg_.calibrated_clip == 1) bounds_ = r.bounds;
         m.set("timing_s/calib", calib_s + seconds_since(tc));
     }
     step_++;

@@ -1,7 +1,7 @@
 // checkpoint.h: a checkpoint is a HF model directory (bf16 model.safetensors, config.json,
 // tokenizer files: loadable by transformers as it is) plus trainer_state.bin, everything a
 // resumed run needs to continue bit-exactly: FP32 master weights, AdamW moments and step count,
-// the data cursor, the clip bounds of the Calibrated Clipping controller, the step and the
+// the data cursor, the Calibrated Clipping controller's state (bounds, pooled statistics), the step and the
 // NaN/Inf counters (sampling and data order are pure functions of (seed, step, index), so they
 // have no state). The directory is written under a temporary name and renamed, then the run's
 // `latest` file is replaced atomically, so a crash never leaves a half-written checkpoint.
@@ -25,12 +25,18 @@ struct TrainerState {
     int64_t optimizer_steps = 0;   // AdamW's t
     int64_t bad_steps = 0;         // steps skipped for NaN/Inf, in total
     double clip_low = 0, clip_high = 0;  // ratio bounds in force (Calibrated Clipping state)
+    bool cc_low_unset = false, cc_high_unset = false;  // bounds no calibration has decided yet
+    std::vector<int64_t> cc_pooled;  // statistics of skipped calibrations pooled into the next one
+    int64_t cc_pooled_steps = 0;
     std::vector<float> master;     // [P] FP32 master weights
     std::vector<float> adam_m;     // [P]
     std::vector<float> adam_v;     // [P]
 };
 
-static const char kStateMagic[8] = {'F', 'P', '8', 'R', 'L', 'S', 'T', '1'};
+// Version 2 adds Calibrated Clipping's unset flags and pooled statistics after the bounds; a
+// version 1 state reads with both bounds decided and nothing pooled (what version 1 runs did).
+static const char kStateMagic[8] = {'F', 'P', '8', 'R', 'L', 'S', 'T', '2'};
+static const char kStateMagicV1[8] = {'F', 'P', '8', 'R', 'L', 'S', 'T', '1'};
 
 inline std::string encode_trainer_state(const TrainerState& s) {
     std::string out(kStateMagic, 8);
@@ -39,6 +45,9 @@ inline std::string encode_trainer_state(const TrainerState& s) {
     put(ints, sizeof ints);
     put(&s.clip_low, 8);
     put(&s.clip_high, 8);
+    const int64_t cc[4] = {s.cc_low_unset, s.cc_high_unset, s.cc_pooled_steps, (int64_t)s.cc_pooled.size()};
+    put(cc, sizeof cc);
+    put(s.cc_pooled.data(), s.cc_pooled.size() * sizeof(int64_t));
     if (s.adam_m.size() != s.master.size() || s.adam_v.size() != s.master.size())
         fail("internal: optimizer state size differs from the weights");
     for (const std::vector<float>* v : {&s.master, &s.adam_m, &s.adam_v}) put(v->data(), v->size() * sizeof(float));
@@ -53,7 +62,8 @@ inline TrainerState decode_trainer_state(const std::string& data, const std::str
         memcpy(p, data.data() + pos, n);
         pos += n;
     };
-    if (data.size() < 8 || memcmp(data.data(), kStateMagic, 8) != 0)
+    const bool v1 = data.size() >= 8 && memcmp(data.data(), kStateMagicV1, 8) == 0;
+    if (data.size() < 8 || (!v1 && memcmp(data.data(), kStateMagic, 8) != 0))
         fail("%s: not an fp8rl trainer state (bad magic)", path.c_str());
     int64_t ints[5];
     get(ints, sizeof ints);
@@ -64,6 +74,17 @@ inline TrainerState decode_trainer_state(const std::string& data, const std::str
     if (ints[4] < 0 || (uint64_t)ints[4] > data.size()) fail("%s: bad parameter count %lld", path.c_str(), (long long)ints[4]);
     get(&s.clip_low, 8);
     get(&s.clip_high, 8);
+    if (!v1) {
+        int64_t cc[4];
+        get(cc, sizeof cc);
+        if (cc[3] < 0 || (uint64_t)cc[3] > data.size())
+            fail("%s: bad pooled statistics count %lld; the checkpoint is damaged", path.c_str(), (long long)cc[3]);
+        s.cc_low_unset = cc[0] != 0;
+        s.cc_high_unset = cc[1] != 0;
+        s.cc_pooled_steps = cc[2];
+        s.cc_pooled.resize((size_t)cc[3]);
+        get(s.cc_pooled.data(), s.cc_pooled.size() * sizeof(int64_t));
+    }
     for (std::vector<float>* v : {&s.master, &s.adam_m, &s.adam_v}) {
         v->resize((size_t)ints[4]);
         get(v->data(), v->size() * sizeof(float));
