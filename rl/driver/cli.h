@@ -189,6 +189,14 @@ int run_generation_mode(const Args& args, const std::string& mode) {
     return 0;
 }
 
+// A training run's last line: the files it wrote (its log, dashboard and TensorBoard events; only those that exist).
+inline std::string files_line(const TrainConfig& cfg, const Logger& log, const std::string& dashboard) {
+    std::string files = "files:";
+    for (const std::string& f : {log.path(), dashboard, log.tensorboard_path()})
+        if (!f.empty() && std::filesystem::exists(f)) files += " " + f;
+    return files + (cfg.tensorboard ? "  (tensorboard --logdir " + cfg.out_dir + ")" : "");
+}
+
 // Training (no mode flag): DESIGN.md §2 on EngineT, data parallel over MPI ranks.
 template <class EngineT>
 void train_on_ranks(const Args& args, const Dist& dist, const char* binary) {
@@ -229,10 +237,7 @@ void train_on_ranks(const Args& args, const Dist& dist, const char* binary) {
     log.print(strfmt("model: %s (%zu parameters); steps %lld..%lld", dir.c_str(), engine.num_floats(),
                      (long long)trainer.step() + 1, (long long)cfg.steps));
     trainer.run(log);
-    std::string files = "files:";  // only those this run wrote
-    for (const std::string& f : {log.path(), trainer.dashboard_path(), log.tensorboard_path()})
-        if (!f.empty() && std::filesystem::exists(f)) files += " " + f;
-    log.print(files + (cfg.tensorboard ? "  (tensorboard --logdir " + cfg.out_dir + ")" : ""));
+    log.print(files_line(cfg, log, trainer.dashboard_path()));
 }
 
 // The token that ends a completion (SFT) and a document (CPT): the model's first eos id (Qwen's
@@ -304,11 +309,13 @@ void train_lm_on_ranks(const Args& args, const Dist& dist, const char* binary) {
     LmTrainer trainer(cfg, dist, engine, std::move(train), std::move(eval));
     if (args.given("resume")) trainer.restore(load_trainer_state(dir));
     Logger log(cfg.out_dir, dist.is_root(), trainer.step(), cfg.tensorboard);
+    const std::string changed = args.given("resume") ? recipe_changes(dir, cfg) : "";
+    if (!changed.empty()) log.print(changed);
     if (dist.is_root()) write_file_atomic(cfg.out_dir + "/" + kRecipeFile, recipe_json(cfg));
     log.print(strfmt("model: %s (%zu parameters); %s steps %lld..%lld", dir.c_str(), engine.num_floats(), cfg.mode.c_str(),
                      (long long)trainer.step() + 1, (long long)cfg.steps));
     trainer.run(log);
-    log.print("files: " + log.path());
+    log.print(files_line(cfg, log, trainer.dashboard_path()));
 }
 
 // --plan_ranks N: the memory plan of one rank of an N-rank training run with the other flags, from the
