@@ -130,13 +130,14 @@ def run(cmd, out):
     return evals, wall
 
 
-def greedy_accuracy(cmd, out):
-    run_once = os.path.join(out, "wall_s")
-    if not (os.path.exists(run_once) and open(os.path.join(out, "command")).read() == " ".join(cmd)):
+def greedy_accuracy(cmd, out, sft_out):
+    """Reused only when both its command and the SFT run it measures (that run's command) are the same."""
+    run_once, key = os.path.join(out, "wall_s"), " ".join(cmd) + "\nof: " + open(os.path.join(sft_out, "command")).read()
+    if not (os.path.exists(run_once) and open(os.path.join(out, "command")).read() == key):
         env = dict(os.environ, OMP_NUM_THREADS=cmd[cmd.index("--threads") + 1])
         t0 = time.time()
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=env)
-        open(os.path.join(out, "command"), "w").write(" ".join(cmd))
+        open(os.path.join(out, "command"), "w").write(key)
         open(run_once, "w").write("%.1f\n" % (time.time() - t0))
     rows = [json.loads(l) for l in open(os.path.join(out, "log.jsonl"))]
     return [r["val-core/add/acc/greedy"] for r in rows if "val-core/add/acc/greedy" in r][-1]
@@ -150,9 +151,9 @@ def pipeline(args, arm, seed, data):
         sft = name + "_sft"
         res["sft"] = run(sft_command(args.binary, arm, seed, args, name, data["sft_train"], data["sft_val"], sft), sft)
         res["acc_bf16"] = greedy_accuracy(accuracy_command(args.binary, arm, args, sft, data["sft_val"], sft + "_acc_bf16", False),
-                                          sft + "_acc_bf16")
+                                          sft + "_acc_bf16", sft)
         res["acc_arm"] = greedy_accuracy(accuracy_command(args.binary, arm, args, sft, data["sft_val"], sft + "_acc_arm", True),
-                                         sft + "_acc_arm")
+                                         sft + "_acc_arm", sft)
     return res
 
 

@@ -253,6 +253,19 @@ inline int32_t end_of_text_id(const Tokenizer& tok, const ModelConfig& c) {
     return end_of_turn_id(c);
 }
 
+// The memory plan of an SFT/CPT run is that of an RL run whose forwards are its own: --batch_seqs rows
+// of one "completion" each, planned at the longest row's tokens less one (the "prompt") plus one new token.
+inline TrainConfig lm_planned_config(const TrainConfig& cfg) {
+    TrainConfig planned = cfg;
+    planned.batch_prompts = cfg.batch_seqs;
+    planned.group_size = 1;
+    planned.minibatches = 1;
+    planned.eval_prompts = 1;
+    planned.eval_k = 0;
+    planned.sampling.max_new_tokens = 1;
+    return planned;
+}
+
 // --mode sft|cpt: rl/driver/lm_trainer.h on EngineT, data parallel over MPI ranks.
 template <class EngineT>
 void train_lm_on_ranks(const Args& args, const Dist& dist, const char* binary) {
@@ -293,16 +306,8 @@ void train_lm_on_ranks(const Args& args, const Dist& dist, const char* binary) {
     for (const std::vector<LmRow>* rows : {&train, &eval})
         for (const LmRow& r : *rows)
             for (const LmSequence& s : r) longest = std::max(longest, (int64_t)s.ids.size());
-    // The memory plan of an RL run whose forwards are this one's: --batch_seqs rows of one "completion"
-    // each, the longest row's tokens long (a CPT window split at documents is no longer in all).
-    TrainConfig planned = cfg;
-    planned.batch_prompts = cfg.batch_seqs;
-    planned.group_size = 1;
-    planned.minibatches = 1;
-    planned.eval_prompts = 1;
-    planned.eval_k = 0;
-    planned.sampling.max_new_tokens = 1;
-    RunShape shape{planned, options, dist.size(), std::max<int64_t>(1, longest - 1)};
+    // (a CPT window split at documents is no longer in all)
+    RunShape shape{lm_planned_config(cfg), options, dist.size(), std::max<int64_t>(1, longest - 1)};
     const std::string plan = EngineT::device_memory_plan(mc, shape);
     if (dist.is_root()) printf("%s", plan.c_str());
     EngineT engine(dir, options);
@@ -328,15 +333,21 @@ int run_plan_mode(const Args& args) {
         fail("--plan_ranks plans the GPU engine's device memory: run it with train_rl (or train_rl_emu, without a GPU); "
              "train_rl_cpu holds its model in host memory");
     } else {
-        const TrainConfig cfg = train_config_from_args(args);
-        if (cfg.max_prompt_tokens <= 0)
+        const TrainConfig given = train_config_from_args(args);
+        // sft/cpt: the plan of the RL run with their forwards (lm_planned_config), rows of --max_seq_len or --seq_len + 1
+        const bool lm = given.mode != "rl";
+        if (lm && given.mode == "sft" && given.max_seq_len <= 0)
+            fail("--plan_ranks with --mode sft reads no data: give --max_seq_len N, the longest conversation to plan for");
+        if (!lm && given.max_prompt_tokens <= 0)
             fail("--plan_ranks reads no data: give --max_prompt_tokens N, the longest prompt to plan for (training leaves "
                  "longer ones out)");
+        const TrainConfig cfg = lm ? lm_planned_config(given) : given;
+        const int64_t prompt_tokens = !lm ? cfg.max_prompt_tokens : given.mode == "sft" ? std::max<int64_t>(1, cfg.max_seq_len - 1) : cfg.seq_len;
         const int ranks = (int)args.integer("plan_ranks");
         PromptSource::rank_positions(cfg.batch_prompts, cfg.minibatches, 0, ranks);  // refuses a batch the ranks cannot split
         const ModelConfig c = planned_model_config(args, cfg);
-        check_fits_context(cfg, c);
-        const RunShape shape{cfg, training_engine_options(args, cfg), ranks, cfg.max_prompt_tokens};
+        if (!lm) check_fits_context(cfg, c);
+        const RunShape shape{cfg, training_engine_options(args, cfg), ranks, prompt_tokens};
         // the device named, else this process's GPU, else an H200
         const std::string named = args.str("plan_device");
         const size_t own = named.empty() ? EngineT::own_device_bytes() : 0;

@@ -137,7 +137,7 @@ inline TrainConfig train_config_from_args(const Args& a) {
     c.max_seq_len = a.integer("max_seq_len");
     c.seq_len = a.integer("seq_len");
     c.doc_mask = a.integer("doc_mask") == 1;
-    if (c.mode != "rl" && !a.given("data"))
+    if (c.mode != "rl" && !a.given("data") && !a.given("plan_ranks"))  // --plan_ranks reads no data
         fail("--mode %s trains on --data FILE.jsonl (%s); see docs/sft.md", c.mode.c_str(),
              c.mode == "sft" ? "{\"messages\": [...]} or {\"prompt\": ..., \"completion\": ...} rows" : "{\"text\": ...} rows");
     c.task = a.str("task");
