@@ -186,7 +186,8 @@ TEST(sft_records_its_recipe_and_dashboard) {
         CHECK_MSG(resumed.status == 0, "%s", resumed.output.c_str());
         CHECK_MSG(resumed.output.find("resume: the checkpoint was trained with other numerics: fp8_scales \"pow2\" -> \"fp32\"") !=
                       std::string::npos, "%s", resumed.output.c_str());
-        const Json* now = json_parse_file(run + "/recipe.json").find("fp8_scales");
+        const Json after = json_parse_file(run + "/recipe.json");
+        const Json* now = after.find("fp8_scales");
         CHECK_MSG(now && now->str == "fp32", "%s/recipe.json after the resume", run.c_str());
     }
     if (!emu) SKIP("./train_rl_emu not built (make train_rl_emu): checked train_rl_cpu only");
