@@ -2,13 +2,16 @@
 // fp8, for the engine before issue 28 (unfused) and after (fused): step time, the fp8 speedup, the
 // time per kernel class, and how the fused speedup moves with the two anchors it depends on most.
 //   build/perf_model [--model qwen3-1.7b|qwen3-8b|all|HF_DIR] [--tokens 16384] [--seq 1280]
-//                    [--micro_batches 1] [--fp8_gemm_speedup 1.5] [--kernels] [--json]
+//                    [--micro_batches 1] [--fp8_gemm_speedup 1.5] [--kernels] [--json] [--sft]
 // --micro_batches N: one optimizer update per N micro-batches (gradients accumulated), so a
 // micro-batch carries 1/N of the update's kernels; --kernels adds every kernel of the fused step
 // (bf16 and fp8) with its calls, FLOPs, bytes and time.
 //   build/perf_model --json: the GRPO step of perf-anchors.md (cuda/perf/grpo_perf_model.h: kernels priced
 // by what their SASS executes) for Qwen3-1.7B on one GPU and Qwen3-8B per GPU of 8 (its config from
 // test/fixtures/configs/qwen3_8b), H100 and H200, fp8 and bf16, each KV cache precision, as JSON.
+//   build/perf_model --sft: an SFT step at 8k tokens (cuda/perf/update_perf_model.h, priced like --json's
+// training phase) for Qwen2.5-1.5B and Qwen2.5-7B (test/fixtures/configs), H100 and H200, bf16 and fp8:
+// the numbers docs/results.md sets beside InfiR2's table.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -17,6 +20,7 @@
 
 #include "cuda/perf/grpo_perf_model.h"
 #include "cuda/perf/perf_model.h"
+#include "cuda/perf/update_perf_model.h"
 
 using namespace fp8rl;
 
@@ -125,10 +129,35 @@ void print_json(const ModelConfig& small, const ModelConfig& large) {
     printf("\n]}\n");
 }
 
+// One GPU's SFT step (SftShape: 8 packed sequences of 8,192 tokens, one a micro-batch, one update), as a table.
+void print_sft() {
+    const SftShape s;
+    printf("SFT step on one GPU (cuda/perf/update_perf_model.h): %lld sequences of %lld tokens, one a micro-batch, one AdamW "
+           "update; GEMMs at the datasheet peaks (FP8 2x BF16), attention from its SASS, memory-bound kernels at the datasheet "
+           "bandwidth; no gradient all-reduce\n\n",
+           (long long)s.seqs, (long long)s.seq_len);
+    printf("| model | GPU | precision | step s | tokens/s | fp8 / bf16 step time | projection GEMMs s | attention s | "
+           "LM head s | FP8 quantization s | optimizer s |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for (const char* name : {"qwen2_5_1_5b", "qwen2_5_7b"}) {
+        const ModelConfig c = load_model_config(std::string("test/fixtures/configs/") + name);
+        for (const GpuSpec& g : {h100(), h200()}) {
+            const UpdatePrediction bf16 = predict_sft_step(g, c, Precision::BF16, s);
+            for (Precision p : {Precision::BF16, Precision::FP8}) {
+                const UpdatePrediction r = p == Precision::BF16 ? bf16 : predict_sft_step(g, c, p, s);
+                auto at = [&](const char* k) { return r.phases.count(k) ? r.phases.at(k) : 0.0; };
+                printf("| %s | %s | %s | %.3f | %.0f | %s | %.3f | %.3f | %.3f | %.3f | %.3f |\n", name, g.name, precision_name(p),
+                       r.seconds(), (double)(s.seqs * s.seq_len) / r.seconds(),
+                       p == Precision::BF16 ? "1" : strfmt("%.3f", r.seconds() / bf16.seconds()).c_str(), at("projection GEMMs"),
+                       at("attention"), at("LM head GEMMs") + at("LM head softmax"), at("FP8 quantization"), at("optimizer"));
+            }
+        }
+    }
+}
+
 [[noreturn]] void usage(const char* why) {
     fprintf(stderr,
             "perf_model: %s\nusage: perf_model [--model qwen3-1.7b|qwen3-8b|all|HF_DIR] [--tokens N] [--seq S] "
-            "[--micro_batches N] [--fp8_gemm_speedup X] [--kernels] [--json]\n",
+            "[--micro_batches N] [--fp8_gemm_speedup X] [--kernels] [--json] [--sft]\n",
             why);
     exit(2);
 }
@@ -140,11 +169,11 @@ int main(int argc, char** argv) {
     StepShape s;
     s.tokens = 16384, s.seq_len = 1280;
     PerfHardware hw;
-    bool kernels = false, json = false;
+    bool kernels = false, json = false, sft = false;
     for (int i = 1; i < argc; i++) {
         const std::string a = argv[i];
-        if (a == "--kernels" || a == "--json") {
-            (a == "--json" ? json : kernels) = true;
+        if (a == "--kernels" || a == "--json" || a == "--sft") {
+            (a == "--json" ? json : a == "--sft" ? sft : kernels) = true;
             continue;
         }
         if (a != "--model" && a != "--tokens" && a != "--seq" && a != "--micro_batches" && a != "--fp8_gemm_speedup")
@@ -162,6 +191,10 @@ int main(int argc, char** argv) {
     if (s.tokens <= 0 || s.seq_len <= 0 || s.micro_batches <= 0 || !(hw.fp8_gemm_speedup > 0))
         usage("--tokens, --seq, --micro_batches and --fp8_gemm_speedup must be positive");
     try {
+        if (sft) {
+            print_sft();
+            return 0;
+        }
         if (json) {
             print_json(qwen3(2048, 6144, 28, 16, true), load_model_config("test/fixtures/configs/qwen3_8b"));
             return 0;

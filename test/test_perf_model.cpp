@@ -4,6 +4,7 @@
 // issue 28's (24 and 17 counted in emulation before it, 10 and 9 its target).
 #include "cuda/perf/grpo_perf_model.h"
 #include "cuda/perf/perf_model.h"
+#include "cuda/perf/update_perf_model.h"
 #include "test/harness.h"
 
 using namespace fp8rl;
@@ -242,4 +243,24 @@ TEST(kernel_perf_model_grpo_step_adds_its_phases) {
     CHECK(f.compute_s > 0 && b.compute_s > 0);
     CHECK_MSG(f.recipe && b.recipe, "sass_counts.h's kv_decode_split_kernel<128, *> no longer matches the decode recipe "
               "(cuda/perf/kernel_perf_model.h): it would be priced by the generic lower bound");
+}
+
+// An SFT step (update_perf_model.h) at Qwen2.5-7B's shape (test/fixtures/configs), 8 rows of 8,192
+// tokens: its projection GEMMs do 6 N T FLOPs (N = the layers' projection weights, counted here from
+// the shape, T = 65,536 tokens) at the datasheet's dense peak, BF16 989 TFLOP/s and FP8 twice that, within
+// 1% (launches and the GEMMs' operand traffic are the rest); FP8 quantization is fp8's alone.
+TEST(perf_model_sft_step_projection_flops) {
+    const ModelConfig c = load_model_config("test/fixtures/configs/qwen2_5_7b");
+    const double C = 3584, I = 18944, L = 28, KVD = 4 * 128, T = 8.0 * 8192;
+    const double N = L * (2 * C * C + 2 * C * KVD + 3 * C * I);
+    for (const GpuSpec& g : {h100(), h200()}) {
+        const UpdatePrediction bf16 = predict_sft_step(g, c, Precision::BF16, SftShape()),
+                               fp8 = predict_sft_step(g, c, Precision::FP8, SftShape());
+        CHECK_EQ(bf16.micro_batches, 8);
+        CHECK_NEAR(bf16.phases.at("projection GEMMs"), 6 * N * T / 989e12, 0.01, 0);
+        CHECK_NEAR(fp8.phases.at("projection GEMMs"), 6 * N * T / 1979e12, 0.01, 0);
+        CHECK(fp8.phases.count("FP8 quantization") && fp8.phases.at("FP8 quantization") > 0);
+        CHECK(!bf16.phases.count("FP8 quantization") || bf16.phases.at("FP8 quantization") == 0);
+        CHECK_NEAR(fp8.phases.at("attention"), bf16.phases.at("attention"), 1e-12, 0);  // BF16 in both
+    }
 }

@@ -319,3 +319,41 @@ TEST(plan_ranks_refusals) {
                   c.args.c_str(), r.status, c.message.c_str(), r.output.c_str());
     }
 }
+
+// --plan_ranks with --mode sft reads no data: Qwen2.5-7B's and -1.5B's SFT at 8k tokens on 8 ranks (InfiR2's
+// comparison, docs/results.md). Their parameter counts from their config.json's fields (Qwen2: biases on
+// q, k and v) are the model cards' 7.61B and 1.54B; the persistent lines are issue 31's formula's terms;
+// a micro-batch is one 8,192-token row; 4k-token micro-batches need fewer activation bytes; bf16 and fp8 plan the same
+// bytes (the engine keeps its FP8 copies and BF16 activations in both); without --max_seq_len, one line.
+TEST(plan_ranks_sft_at_8k_tokens) {
+    if (std::system(("test -x " + harness::emu_binary()).c_str()) != 0) SKIP("./train_rl_emu not built (make train_rl_emu)");
+    const double MiB = 1048576;
+    for (const char* dir : {"test/fixtures/configs/qwen2_5_7b", "test/fixtures/configs/qwen2_5_1_5b"}) {
+        const Json j = json_parse_file(std::string(dir) + "/config.json");
+        auto field = [&](const char* name) { return (double)j.find(name)->integer; };
+        const double V = field("vocab_size"), C = field("hidden_size"), I = field("intermediate_size"), L = field("num_hidden_layers");
+        const double H = field("num_attention_heads"), KV = field("num_key_value_heads"), D = C / H;
+        const double layer = C * H * D + H * D + 2 * (C * KV * D + KV * D) + H * D * C + 3 * C * I + 2 * C;
+        const double P = (j.find("tie_word_embeddings")->boolean ? 1 : 2) * V * C + L * layer + C;
+        CHECK_EQ(P, std::string(dir).find("7b") != std::string::npos ? 7615616512.0 : 1543714304.0);
+        std::string outputs[2];
+        for (int fp8 = 0; fp8 < 2; fp8++) {
+            const std::string flags = std::string("--mode sft --batch_seqs 8 --train_precision ") + (fp8 ? "fp8" : "bf16");
+            const harness::RunResult r = plan(harness::emu_binary(), dir, 8, flags + " --max_seq_len 8192 --micro_batch_tokens 8192");
+            CHECK_MSG(r.status == 0, "exit %d: %s", r.status, r.output.c_str());
+            CHECK_MSG(r.output.find(strfmt("for %.0f parameters, 8192 tokens per micro-batch", P)) != std::string::npos, "%s", r.output.c_str());
+            const double shard = std::ceil(P / 8);
+            CHECK_NEAR(plan_mib(r.output, "FP32 master weights (1/8"), 4 * shard / MiB, 0, 0.05);
+            CHECK_NEAR(plan_mib(r.output, "AdamW v (1/8"), 4 * shard / MiB, 0, 0.05);
+            CHECK_NEAR(plan_mib(r.output, "FP32 gradients"), 4 * P / MiB, 0, 0.1);
+            CHECK_NEAR(plan_mib(r.output, "BF16 weight copy"), 2 * P / MiB, 0, 0.05);
+            outputs[fp8] = r.output;
+            const harness::RunResult half = plan(harness::emu_binary(), dir, 8, flags + " --max_seq_len 4096 --micro_batch_tokens 4096");
+            CHECK_MSG(half.status == 0 && plan_mib(half.output, "activations per micro-batch") < plan_mib(r.output, "activations per micro-batch"),
+                      "%s", half.output.c_str());
+        }
+        CHECK_MSG(outputs[0] == outputs[1], "%s: bf16\n%s\nfp8\n%s", dir, outputs[0].c_str(), outputs[1].c_str());
+    }
+    const harness::RunResult bare = plan(harness::emu_binary(), "test/fixtures/configs/qwen2_5_7b", 8, "--mode sft --batch_seqs 8");
+    CHECK_MSG(bare.status == 1 && error_line(bare.output).find("--max_seq_len N") != std::string::npos, "%s", bare.output.c_str());
+}

@@ -157,6 +157,42 @@ TEST(sft_train_rl_emu_matches_train_rl_cpu) {
               fp8_val["fp8 --fp8_scales pow2"]);
 }
 
+// recipe.json (beside log.jsonl and in each checkpoint) records an SFT run's mode and numerics, FP8
+// scale kind included, in both binaries; a run resumed with other scales says so in one line. The run
+// also draws its dashboard (the SFT/CPT panels) and names it on its last line.
+TEST(sft_records_its_recipe_and_dashboard) {
+    const std::string d = temp_dir("sft_recipe");
+    const std::string flags = std::string(" --mode sft --model ") + kSftModel +
+                              " --data test/fixtures/sft/prompt.jsonl --batch_seqs 2 --lr 1e-3 --threads 2"
+                              " --train_precision fp8 --fp8_scaling row";
+    const bool emu = std::system(("test -x " + harness::emu_binary()).c_str()) == 0;
+    for (const std::string& bin : emu ? std::vector<std::string>{harness::binary(), harness::emu_binary()}
+                                      : std::vector<std::string>{harness::binary()}) {
+        const std::string run = d + "/" + std::filesystem::path(bin).filename().string();
+        harness::RunResult r = run_cmd(bin + flags + " --steps 1 --fp8_scales pow2 --out_dir " + run);
+        CHECK_MSG(r.status == 0, "%s", r.output.c_str());
+        if (r.status) continue;
+        CHECK_MSG(r.output.find("files: " + run + "/log.jsonl " + run + "/dashboard.html") != std::string::npos, "%s", r.output.c_str());
+        CHECK_MSG(read_file(run + "/dashboard.html").find("loss (nats/token)") != std::string::npos, "%s/dashboard.html", run.c_str());
+        for (const std::string& dir : {run, resolve_checkpoint(run)}) {
+            const Json recipe = json_parse_file(dir + "/recipe.json");
+            for (const auto& [key, want] : std::vector<std::pair<std::string, std::string>>{
+                     {"mode", "sft"}, {"train_precision", "fp8"}, {"fp8_scaling", "row"}, {"fp8_scales", "pow2"}}) {
+                const Json* v = recipe.find(key);
+                CHECK_MSG(v && v->str == want, "%s/recipe.json %s: %s", dir.c_str(), key.c_str(), json_dump(recipe).c_str());
+            }
+        }
+        harness::RunResult resumed = run_cmd(bin + flags + " --steps 2 --fp8_scales fp32 --resume " + run + " --out_dir " + run);
+        CHECK_MSG(resumed.status == 0, "%s", resumed.output.c_str());
+        CHECK_MSG(resumed.output.find("resume: the checkpoint was trained with other numerics: fp8_scales \"pow2\" -> \"fp32\"") !=
+                      std::string::npos, "%s", resumed.output.c_str());
+        const Json after = json_parse_file(run + "/recipe.json");
+        const Json* now = after.find("fp8_scales");
+        CHECK_MSG(now && now->str == "fp32", "%s/recipe.json after the resume", run.c_str());
+    }
+    if (!emu) SKIP("./train_rl_emu not built (make train_rl_emu): checked train_rl_cpu only");
+}
+
 // CPT of a fresh byte-level model, then SFT from its run directory (which loads its latest checkpoint):
 // CPT's held-out loss falls well below its start.
 TEST(cpt_then_sft_from_checkpoint) {

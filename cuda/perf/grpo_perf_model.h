@@ -9,8 +9,8 @@
 //             --rollout_slots 0 fits them), at the step's context: decode_perf_model.h (weights, decode
 //             attention, sampling, graph nodes); the prompt's 256 keys shared by a prompt's 8 samples
 //             (cascade attention reads them once a group)
-//   train     perf_model.h's fused step over the GPU's tokens (prompts + responses) in micro-batches of
-//             16,384 tokens, gradients accumulated, one AdamW update
+//   train     update_perf_model.h: the fused step over the GPU's tokens (prompts + responses) in
+//             micro-batches of 16,384 tokens, gradients accumulated, one AdamW update
 // Not counted: host work, the reward, gradient all-reduce across GPUs, recomputation the memory plan
 // may force (perf-anchors.md: +2.65 s at 1.7B on an 80 GB H100).
 #pragma once
@@ -21,6 +21,7 @@
 
 #include "cuda/perf/decode_perf_model.h"
 #include "cuda/perf/perf_model.h"
+#include "cuda/perf/update_perf_model.h"
 
 namespace fp8rl {
 
@@ -71,15 +72,8 @@ inline GrpoPrediction predict_grpo_step(const GpuSpec& g, const ModelConfig& c, 
         out.rollout["decode launches"] += d.launches_s;
     }
     // training: the GPU's tokens in micro-batches, one optimizer update
-    StepShape train;
-    train.model = c, train.seq_len = (int64_t)std::lround(s.prompt_len + s.mean_response());
-    const double tokens = rows0 * train.seq_len;
-    train.micro_batches = std::max(1, (int)std::ceil(tokens / s.micro_batch_tokens));
-    train.tokens = (int64_t)std::ceil(tokens / train.micro_batches);
-    const char* names[kKernelClasses] = {"projection GEMMs", "LM head GEMMs", "attention",  "FP8 quantization",
-                                         "norms, RoPE, SwiGLU", "LM head softmax", "zeroing", "optimizer"};
-    for (const KernelCost& k : step_kernels(hw, train, p, StepStructure::Fused))
-        out.train[names[(int)k.cls]] += train.micro_batches * k.seconds(hw);
+    const int64_t seq_len = (int64_t)std::lround(s.prompt_len + s.mean_response());
+    out.train = predict_update(hw, c, p, rows0 * seq_len, seq_len, s.micro_batch_tokens).phases;
     return out;
 }
 

@@ -189,6 +189,14 @@ int run_generation_mode(const Args& args, const std::string& mode) {
     return 0;
 }
 
+// A training run's last line: the files it wrote (its log, dashboard and TensorBoard events; only those that exist).
+inline std::string files_line(const TrainConfig& cfg, const Logger& log, const std::string& dashboard) {
+    std::string files = "files:";
+    for (const std::string& f : {log.path(), dashboard, log.tensorboard_path()})
+        if (!f.empty() && std::filesystem::exists(f)) files += " " + f;
+    return files + (cfg.tensorboard ? "  (tensorboard --logdir " + cfg.out_dir + ")" : "");
+}
+
 // Training (no mode flag): DESIGN.md §2 on EngineT, data parallel over MPI ranks.
 template <class EngineT>
 void train_on_ranks(const Args& args, const Dist& dist, const char* binary) {
@@ -229,10 +237,7 @@ void train_on_ranks(const Args& args, const Dist& dist, const char* binary) {
     log.print(strfmt("model: %s (%zu parameters); steps %lld..%lld", dir.c_str(), engine.num_floats(),
                      (long long)trainer.step() + 1, (long long)cfg.steps));
     trainer.run(log);
-    std::string files = "files:";  // only those this run wrote
-    for (const std::string& f : {log.path(), trainer.dashboard_path(), log.tensorboard_path()})
-        if (!f.empty() && std::filesystem::exists(f)) files += " " + f;
-    log.print(files + (cfg.tensorboard ? "  (tensorboard --logdir " + cfg.out_dir + ")" : ""));
+    log.print(files_line(cfg, log, trainer.dashboard_path()));
 }
 
 // The token that ends a completion (SFT) and a document (CPT): the model's first eos id (Qwen's
@@ -246,6 +251,19 @@ inline int32_t end_of_text_id(const Tokenizer& tok, const ModelConfig& c) {
     for (const char* t : {"<|endoftext|>", "<|end_of_text|>"})
         if (int id = tok.token_to_id(t); id >= 0) return id;
     return end_of_turn_id(c);
+}
+
+// The memory plan of an SFT/CPT run is that of an RL run whose forwards are its own: --batch_seqs rows
+// of one "completion" each, planned at the longest row's tokens less one (the "prompt") plus one new token.
+inline TrainConfig lm_planned_config(const TrainConfig& cfg) {
+    TrainConfig planned = cfg;
+    planned.batch_prompts = cfg.batch_seqs;
+    planned.group_size = 1;
+    planned.minibatches = 1;
+    planned.eval_prompts = 1;
+    planned.eval_k = 0;
+    planned.sampling.max_new_tokens = 1;
+    return planned;
 }
 
 // --mode sft|cpt: rl/driver/lm_trainer.h on EngineT, data parallel over MPI ranks.
@@ -288,27 +306,21 @@ void train_lm_on_ranks(const Args& args, const Dist& dist, const char* binary) {
     for (const std::vector<LmRow>* rows : {&train, &eval})
         for (const LmRow& r : *rows)
             for (const LmSequence& s : r) longest = std::max(longest, (int64_t)s.ids.size());
-    // The memory plan of an RL run whose forwards are this one's: --batch_seqs rows of one "completion"
-    // each, the longest row's tokens long (a CPT window split at documents is no longer in all).
-    TrainConfig planned = cfg;
-    planned.batch_prompts = cfg.batch_seqs;
-    planned.group_size = 1;
-    planned.minibatches = 1;
-    planned.eval_prompts = 1;
-    planned.eval_k = 0;
-    planned.sampling.max_new_tokens = 1;
-    RunShape shape{planned, options, dist.size(), std::max<int64_t>(1, longest - 1)};
+    // (a CPT window split at documents is no longer in all)
+    RunShape shape{lm_planned_config(cfg), options, dist.size(), std::max<int64_t>(1, longest - 1)};
     const std::string plan = EngineT::device_memory_plan(mc, shape);
     if (dist.is_root()) printf("%s", plan.c_str());
     EngineT engine(dir, options);
     LmTrainer trainer(cfg, dist, engine, std::move(train), std::move(eval));
     if (args.given("resume")) trainer.restore(load_trainer_state(dir));
     Logger log(cfg.out_dir, dist.is_root(), trainer.step(), cfg.tensorboard);
+    const std::string changed = args.given("resume") ? recipe_changes(dir, cfg) : "";
+    if (!changed.empty()) log.print(changed);
     if (dist.is_root()) write_file_atomic(cfg.out_dir + "/" + kRecipeFile, recipe_json(cfg));
     log.print(strfmt("model: %s (%zu parameters); %s steps %lld..%lld", dir.c_str(), engine.num_floats(), cfg.mode.c_str(),
                      (long long)trainer.step() + 1, (long long)cfg.steps));
     trainer.run(log);
-    log.print("files: " + log.path());
+    log.print(files_line(cfg, log, trainer.dashboard_path()));
 }
 
 // --plan_ranks N: the memory plan of one rank of an N-rank training run with the other flags, from the
@@ -321,15 +333,21 @@ int run_plan_mode(const Args& args) {
         fail("--plan_ranks plans the GPU engine's device memory: run it with train_rl (or train_rl_emu, without a GPU); "
              "train_rl_cpu holds its model in host memory");
     } else {
-        const TrainConfig cfg = train_config_from_args(args);
-        if (cfg.max_prompt_tokens <= 0)
+        const TrainConfig given = train_config_from_args(args);
+        // sft/cpt: the plan of the RL run with their forwards (lm_planned_config), rows of --max_seq_len or --seq_len + 1
+        const bool lm = given.mode != "rl";
+        if (lm && given.mode == "sft" && given.max_seq_len <= 0)
+            fail("--plan_ranks with --mode sft reads no data: give --max_seq_len N, the longest conversation to plan for");
+        if (!lm && given.max_prompt_tokens <= 0)
             fail("--plan_ranks reads no data: give --max_prompt_tokens N, the longest prompt to plan for (training leaves "
                  "longer ones out)");
+        const TrainConfig cfg = lm ? lm_planned_config(given) : given;
+        const int64_t prompt_tokens = !lm ? cfg.max_prompt_tokens : given.mode == "sft" ? std::max<int64_t>(1, cfg.max_seq_len - 1) : cfg.seq_len;
         const int ranks = (int)args.integer("plan_ranks");
         PromptSource::rank_positions(cfg.batch_prompts, cfg.minibatches, 0, ranks);  // refuses a batch the ranks cannot split
         const ModelConfig c = planned_model_config(args, cfg);
-        check_fits_context(cfg, c);
-        const RunShape shape{cfg, training_engine_options(args, cfg), ranks, cfg.max_prompt_tokens};
+        if (!lm) check_fits_context(cfg, c);
+        const RunShape shape{cfg, training_engine_options(args, cfg), ranks, prompt_tokens};
         // the device named, else this process's GPU, else an H200
         const std::string named = args.str("plan_device");
         const size_t own = named.empty() ? EngineT::own_device_bytes() : 0;

@@ -48,6 +48,12 @@ public:
 
     int64_t step() const { return step_; }
 
+    std::string dashboard_path() const { return cfg_.out_dir + "/dashboard.html"; }
+    std::string dashboard_title() const {
+        return strfmt("fp8rl: %s, training %s, FP8 scaling %s with %s scales", cfg_.mode.c_str(), precision_name(cfg_.train_precision),
+                      fp8_scaling_name(cfg_.fp8_scaling), cfg_.fp8_pow2_scales ? "power-of-two" : "fp32");
+    }
+
     void run(Logger& log) {
         const bool eval = !eval_.empty();
         if (eval && step_ == 0) {  // the start, logged as the step-0 row
@@ -58,11 +64,12 @@ public:
         }
         for (; step_ < cfg_.steps;) {
             MetricRow m = train_step();
-            const bool last = step_ == cfg_.steps;
-            if (eval && ((cfg_.eval_every > 0 && step_ % cfg_.eval_every == 0) || last))
+            const bool last = step_ == cfg_.steps, eval_now = eval && ((cfg_.eval_every > 0 && step_ % cfg_.eval_every == 0) || last);
+            if (eval_now)
                 for (auto& kv : evaluate().items) m.set(kv.first, kv.second);
             log.record(m);
             log.print(lm_step_line(m, cfg_.steps));
+            if ((eval_now || last) && log.enabled()) write_dashboard(dashboard_path(), dashboard_title(), log.rows(), DashKind::Lm);
             if ((cfg_.save_every > 0 && step_ % cfg_.save_every == 0) || last) save(log);
         }
     }

@@ -53,6 +53,7 @@ struct TrainConfig {
     // precision
     Precision rollout_precision = Precision::BF16, train_precision = Precision::BF16, kv_cache = Precision::BF16;
     Fp8Scaling fp8_scaling = Fp8Scaling::Block;
+    bool fp8_pow2_scales = false;  // --fp8_scales pow2 (the engines read it from EngineOptions; kept here for the recipe)
     int calibrated_clip = 0;  // 1: on; 2: shadow passes and calib/* metrics only, bounds stay at the reference
     int cc_interval = 20;
     // sampling
@@ -76,14 +77,16 @@ struct TrainConfig {
 };
 
 // The numerics a run trains with (recipe.json beside its log.jsonl) and a checkpoint was trained with
-// (beside its trainer state), so a reader of the directory, or a resumed run, knows them.
+// (beside its trainer state), so a reader of the directory, or a resumed run, knows them: the mode
+// (rl, sft, cpt), the precisions, the FP8 scales' granularity and kind, Calibrated Clipping.
 inline const char* const kRecipeFile = "recipe.json";
 
 inline std::string recipe_json(const TrainConfig& c) {
-    return strfmt("{\"rollout_precision\": \"%s\", \"train_precision\": \"%s\", \"kv_cache\": \"%s\", \"fp8_scaling\": \"%s\", "
-                  "\"calibrated_clip\": %d}\n",
-                  precision_name(c.rollout_precision), precision_name(c.train_precision), precision_name(c.kv_cache),
-                  fp8_scaling_name(c.fp8_scaling), c.calibrated_clip);
+    return strfmt("{\"mode\": \"%s\", \"rollout_precision\": \"%s\", \"train_precision\": \"%s\", \"kv_cache\": \"%s\", "
+                  "\"fp8_scaling\": \"%s\", \"fp8_scales\": \"%s\", \"calibrated_clip\": %d}\n",
+                  c.mode.c_str(), precision_name(c.rollout_precision), precision_name(c.train_precision),
+                  precision_name(c.kv_cache), fp8_scaling_name(c.fp8_scaling), c.fp8_pow2_scales ? "pow2" : "fp32",
+                  c.calibrated_clip);
 }
 
 // A resumed run's line on what changed since the checkpoint's recipe ("" when nothing did, or the
@@ -134,7 +137,7 @@ inline TrainConfig train_config_from_args(const Args& a) {
     c.max_seq_len = a.integer("max_seq_len");
     c.seq_len = a.integer("seq_len");
     c.doc_mask = a.integer("doc_mask") == 1;
-    if (c.mode != "rl" && !a.given("data"))
+    if (c.mode != "rl" && !a.given("data") && !a.given("plan_ranks"))  // --plan_ranks reads no data
         fail("--mode %s trains on --data FILE.jsonl (%s); see docs/sft.md", c.mode.c_str(),
              c.mode == "sft" ? "{\"messages\": [...]} or {\"prompt\": ..., \"completion\": ...} rows" : "{\"text\": ...} rows");
     c.task = a.str("task");
@@ -180,6 +183,7 @@ inline TrainConfig train_config_from_args(const Args& a) {
     c.train_precision = parse_precision(a.str("train_precision"), "--train_precision");
     c.kv_cache = parse_precision(a.str("kv_cache"), "--kv_cache");
     c.fp8_scaling = parse_fp8_scaling(a.str("fp8_scaling"), "--fp8_scaling");
+    c.fp8_pow2_scales = a.str("fp8_scales") == "pow2";
     c.calibrated_clip = (int)a.integer("calibrated_clip");
     c.cc_interval = (int)a.integer("cc_interval");
 

@@ -1,8 +1,10 @@
 // dashboard.h: OUT_DIR/dashboard.html, the charts of a run in one self-contained file (inline
-// SVG, no scripts, nothing fetched), so a user needs only a browser: the panels of
+// SVG, no scripts, nothing fetched), so a user needs only a browser. An RL run's panels are those of
 // dev/plot_log.py (reward, accuracy, entropy, clip fractions by the advantage's sign, the clip
 // bounds Calibrated Clipping keeps, rollout/train mismatch, lengths) plus throughput and time per
-// phase. The trainer rewrites it at each eval and at the end, atomically.
+// phase; an SFT or CPT run's (--mode sft|cpt) are its loss (train, held-out, held-out in BF16),
+// perplexity, token accuracy, throughput, learning rate and gradient norm. The trainer rewrites it
+// at each eval and at the end, atomically.
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -23,7 +25,19 @@ struct DashPanel {
     bool log_y = false;
 };
 
-inline std::vector<DashPanel> dashboard_panels() {
+// Which run the page draws: RL (rl/driver/driver.h) or SFT/CPT (rl/driver/lm_trainer.h).
+enum class DashKind { Rl, Lm };
+
+inline std::vector<DashPanel> dashboard_panels(DashKind kind = DashKind::Rl) {
+    if (kind == DashKind::Lm)
+        return {
+            {"loss (nats/token)", {{"train/loss", "train"}, {"val/loss", "held-out"}, {"val/loss_bf16", "held-out, weights in BF16"}}},
+            {"training perplexity", {{"train/ppl", "train"}}, true},
+            {"mean token accuracy (train)", {{"train/mean_token_accuracy", "top-1 = target"}}},
+            {"throughput (tokens/s)", {{"perf/tokens_per_s", "training"}}},
+            {"learning rate", {{"actor/lr", "lr"}}},
+            {"grad norm", {{"actor/grad_norm", "grad norm"}}},
+        };
     return {
         {"reward and training accuracy", {{"critic/rewards/mean", "reward"}, {"critic/score/mean", "score"}, {"critic/correct/mean", "exactly correct"}}},
         {"eval accuracy (held-out prompts)", {}},
@@ -41,11 +55,12 @@ inline std::vector<DashPanel> dashboard_panels() {
 // Whether the dashboard (or the run's summary, which reads a subset) uses a metric: the run keeps
 // only these rows' values for the whole run (rl/io/logger.h).
 inline bool dashboard_reads(const std::string& key) {
-    static const std::vector<DashPanel> panels = dashboard_panels();
+    static const std::vector<DashPanel> rl = dashboard_panels(DashKind::Rl), lm = dashboard_panels(DashKind::Lm);
     if (key == "training/global_step" || key.rfind("val-core/", 0) == 0) return true;
-    for (const DashPanel& p : panels)
-        for (const DashSeries& s : p.series)
-            if (s.key == key) return true;
+    for (const std::vector<DashPanel>* panels : {&rl, &lm})
+        for (const DashPanel& p : *panels)
+            for (const DashSeries& s : p.series)
+                if (s.key == key) return true;
     return false;
 }
 
@@ -62,6 +77,14 @@ inline std::string dash_escape(const std::string& s) {
     std::string out;
     for (char c : s) out += c == '<' ? "&lt;" : c == '>' ? "&gt;" : c == '&' ? "&amp;" : std::string(1, c);
     return out;
+}
+
+// The eval an SFT/CPT run logs before its first step (only val/ metrics at step 0): drawn at step 0, a
+// training step's row at the step it ends.
+inline bool dash_before_first_step(const MetricRow& r) {
+    return std::all_of(r.items.begin(), r.items.end(), [](const std::pair<std::string, double>& kv) {
+        return kv.first == "training/global_step" || kv.first.rfind("val/", 0) == 0;
+    });
 }
 
 // One panel as an SVG: a polyline per series found in the rows, axes, ticks, a legend.
@@ -87,7 +110,7 @@ inline std::string dashboard_panel_svg(const DashPanel& p, const std::vector<Met
         const size_t stride = rows.size() / 2000 + 1;  // at most ~2,000 points a line
         for (size_t i = 0; i < rows.size(); i += stride) {
             const MetricRow& r = rows[i];
-            double v = r.get(s.key), step = r.get("training/global_step") + 1;
+            double v = r.get(s.key), step = r.get("training/global_step") + (dash_before_first_step(r) ? 0 : 1);
             if (!std::isfinite(v) || !std::isfinite(step) || (p.log_y && v <= 0)) continue;
             if (p.log_y) v = std::log10(v);
             line.pts.push_back({step, v});
@@ -134,23 +157,36 @@ inline std::string dashboard_panel_svg(const DashPanel& p, const std::vector<Met
     return svg + "</svg>";
 }
 
+// The last held-out value of `key` in the rows (NaN when none).
+inline double dash_last(const std::vector<MetricRow>& rows, const std::string& key) {
+    for (size_t i = rows.size(); i-- > 0;)
+        if (rows[i].has(key)) return rows[i].get(key);
+    return NAN;
+}
+
 // The whole page: a heading, the last step's headline numbers, the panels in a grid.
-inline std::string dashboard_html(const std::string& title, const std::vector<MetricRow>& rows) {
+inline std::string dashboard_html(const std::string& title, const std::vector<MetricRow>& rows, DashKind kind = DashKind::Rl) {
     std::string html = "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>" + dash_escape(title) +
                        "</title>\n<style>body{font-family:sans-serif;margin:16px;background:#f4f4f4}"
                        ".grid{display:grid;grid-template-columns:repeat(auto-fill,520px);gap:12px}"
                        "svg{border:1px solid #ccc}</style></head><body>\n<h2>" + dash_escape(title) + "</h2>\n";
-    if (!rows.empty())
+    if (!rows.empty() && kind == DashKind::Lm)
+        html += strfmt("<p>%lld steps logged; last step: loss %.4f, token accuracy %.3f; last eval: held-out loss %.4f "
+                       "(weights in BF16 %.4f)</p>\n",
+                       (long long)rows.back().get("training/global_step") + 1, rows.back().get("train/loss"),
+                       rows.back().get("train/mean_token_accuracy"), dash_last(rows, "val/loss"), dash_last(rows, "val/loss_bf16"));
+    else if (!rows.empty())
         html += strfmt("<p>%lld steps logged; last step: reward %.3f, exactly correct %.3f, entropy %.3f</p>\n",
                        (long long)rows.back().get("training/global_step") + 1, rows.back().get("critic/rewards/mean"),
                        rows.back().get("critic/correct/mean"), rows.back().get("actor/entropy"));
     html += "<div class=\"grid\">\n";
-    for (const DashPanel& p : dashboard_panels()) html += dashboard_panel_svg(p, rows) + "\n";
+    for (const DashPanel& p : dashboard_panels(kind)) html += dashboard_panel_svg(p, rows) + "\n";
     return html + "</div>\n</body></html>\n";
 }
 
-inline void write_dashboard(const std::string& path, const std::string& title, const std::vector<MetricRow>& rows) {
-    write_file_atomic(path, dashboard_html(title, rows));
+inline void write_dashboard(const std::string& path, const std::string& title, const std::vector<MetricRow>& rows,
+                            DashKind kind = DashKind::Rl) {
+    write_file_atomic(path, dashboard_html(title, rows, kind));
 }
 
 }  // namespace fp8rl
