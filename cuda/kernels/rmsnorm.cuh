@@ -36,12 +36,11 @@ namespace fp8rl {
 //   q       the FP8 1x128 operand of y for the next GEMM (cuda/kernels/fp8_rows.cuh): the half
 //           warps of chunk j hold groups 2 j and 2 j + 1, as quantize_group8 wants them.
 // Rows from `valid` to `rows` (a GEMM's padding rows) get zeros in y and zero codes in q, so the
-// buffers need no zeroing before. y may be null when only the FP8 operand is read. The first
-// kNormCachedChunks chunks of a BF16 row stay in registers between the sum of squares and the
-// output; later ones are read (and the residual added) again, from L2.
+// buffers need no zeroing before. y may be null when only the FP8 operand is read. The output pass
+// reads the row (and adds the residual) again, from L2: a register copy of the row (64 floats at
+// C = 2,048) went to the stack (320 bytes of local memory in the sm_90 build).
 constexpr int kNormRowsPerBlock = 4;
 constexpr int kNormChunk = 32 * 8;
-constexpr int kNormCachedChunks = 8;  // a row of 2,048 BF16 values (Qwen3-1.7B) whole
 static_assert(kNormChunk == kNormMaxThreads, "a chunk is one pass of block_sum's threads");
 
 // Chunk j's 8 values of this lane (zeros past n), after the residual add (written to sum).
@@ -66,24 +65,13 @@ __global__ void __launch_bounds__(kNormRowsPerBlock * 32)
     const size_t row = (size_t)r * n;
     const bool real = r < valid;
     const int chunks = (n + kNormChunk - 1) / kNormChunk;
-    constexpr int cached = is_bf16<In> ? kNormCachedChunks : 0;  // BF16 values: exact in the cache
-    float cache[cached > 0 ? cached : 1][8];
     float s = 0.0f;
     if (real) {
         float part[8] = {0, 0, 0, 0, 0, 0, 0, 0};  // block_sum's threads 8 lane + e
-        auto add_squares = [&](const float v[8]) {
-            for (int e = 0; e < 8; e++) part[e] += mul_rn(v[e], v[e]);
-        };
-        FP8RL_UNROLL
-        for (int j = 0; j < cached; j++)
-            if (j < chunks) {
-                rmsnorm_chunk(cache[j], x, branch, sum, row, j * kNormChunk + 8 * lane, n, true);
-                add_squares(cache[j]);
-            }
-        for (int j = cached; j < chunks; j++) {
+        for (int j = 0; j < chunks; j++) {
             float v[8];
             rmsnorm_chunk(v, x, branch, sum, row, j * kNormChunk + 8 * lane, n, true);
-            add_squares(v);
+            for (int e = 0; e < 8; e++) part[e] += mul_rn(v[e], v[e]);
         }
         for (int e = 0; e < 8; e++) part[e] += __shfl_xor_sync(0xFFFFFFFFu, part[e], 2);  // offset 16
         for (int e = 0; e < 8; e++) part[e] += __shfl_xor_sync(0xFFFFFFFFu, part[e], 1);  // offset 8
@@ -98,25 +86,17 @@ __global__ void __launch_bounds__(kNormRowsPerBlock * 32)
         s = 1.0f / sqrtf(ss / (float)n + eps);
         if (lane == 0) rstd[r] = s;
     }
-    auto write_chunk = [&](int j, float v[8]) {
+    for (int j = 0; j < chunks; j++) {
         const int c = j * kNormChunk + 8 * lane, count = c < n ? min(8, n - c) : 0;
+        float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
         if (real) {
             float wv[8];
+            rmsnorm_chunk(v, x, branch, sum, row, c, n, false);  // again (from L2), the same bits
             load8(w + c, count, wv);
             for (int e = 0; e < 8; e++) v[e] = is_bf16<Out> ? round_bf16(wv[e] * round_bf16(v[e] * s)) : wv[e] * (v[e] * s);
-        } else {
-            for (int e = 0; e < 8; e++) v[e] = 0.0f;
         }
         if (y) store8(y + row + c, count, v);
         if (q) quantize_group8(v, r, 2 * j + lane / kGroupLanes, n, q);  // every lane: its shuffles are warp-wide
-    };
-    FP8RL_UNROLL
-    for (int j = 0; j < cached; j++)
-        if (j < chunks) write_chunk(j, cache[j]);
-    for (int j = cached; j < chunks; j++) {
-        float v[8];
-        if (real) rmsnorm_chunk(v, x, branch, sum, row, j * kNormChunk + 8 * lane, n, false);
-        write_chunk(j, v);
     }
 }
 
@@ -182,6 +162,7 @@ template <class In, class W, class Out>
 void residual_rmsnorm_forward(Out* y, float* rstd, In* sum, const In* x, const In* branch, const W* w, long rows, int n,
                               float eps, cudaStream_t stream, const Fp8RowsOut& q = {}, long padded_rows = 0) {
     if (!branch || !sum) fail("residual_rmsnorm_forward: needs the branch and the sum's buffer");
+    if (sum == x || sum == branch) fail("residual_rmsnorm_forward: the sum's buffer must not be x or the branch (the kernel reads them twice)");
     launch_rmsnorm_forward<In, W, Out>("residual_rmsnorm_forward", y, rstd, x, branch, sum, w, rows, padded_rows, n, eps,
                                        q, stream);
 }
