@@ -17,7 +17,8 @@
 // every query head of the GQA group reads it through the tensor cores (Q K^T and P V as
 // mma.sync m16n8k16, FlashInfer's tensor-core decode); it keeps an online softmax (running max,
 // running sum, rescaled output) and writes the chunk's normalised partial O and its log-sum-exp
-// (FP32). A second kernel merges the chunks by their LSE weights and writes O in BF16. Scores are
+// (FP32). A second kernel merges the chunks by their LSE weights and writes O in BF16 (and, in an
+// fp8 decode step, O's FP8 1x128 operand for the O projection). Scores are
 // exact BF16 products summed in d order, then scaled; exp is rl/numerics/fast_exp.h's (the CPU
 // engine's); P stays FP32 for the softmax sums and meets V as two BF16 terms (16 significant bits,
 // unlike the training kernel's single BF16 P); the output's is the only other rounding to BF16 (see
@@ -47,6 +48,7 @@
 
 #include "cuda/kernels/attention.cuh"
 #include "cuda/kernels/block_reduce.cuh"
+#include "cuda/kernels/fp8_rows.cuh"
 #include "cuda/common.cuh"
 #include "cuda/element.cuh"
 #include "cuda/engine/device_array.cuh"
@@ -446,29 +448,43 @@ __global__ void __launch_bounds__(kDecodeThreads)
     for (int g = threadIdx.x; g < queries; g += kDecodeThreads) part_lse[out_at(g)] = max_s[g] + logf(sum_s[g]);
 }
 
-// out [B][H][D] = the chunks of each (row, head) merged by their LSE weights, one thread per output,
-// chunks added in chunk order; a row without keys (idle: every chunk's LSE is -inf) gets zeros.
+// Output d of (row, head) row_head: its chunks merged by their LSE weights, added in chunk order; a
+// row without keys (idle: every chunk's LSE is -inf) gets zero.
 template <int D>
-__global__ void kv_decode_merge_kernel(__nv_bfloat16* out, const float* part_o, const float* part_lse, int chunks,
-                                       long outputs) {
-    const long i = blockIdx.x * (long)blockDim.x + threadIdx.x;
-    if (i >= outputs) return;
-    const long row_head = i / D;
-    const int d = (int)(i % D);
+__device__ __forceinline__ float kv_decode_merged(const float* part_o, const float* part_lse, int chunks, long row_head,
+                                                  int d) {
     const float* lse = part_lse + row_head * chunks;
     float lse_max = -INFINITY;
     for (int c = 0; c < chunks; c++) lse_max = fmaxf(lse_max, lse[c]);
-    if (lse_max == -INFINITY) {
-        out[i] = __float2bfloat16_rn(0.0f);
-        return;
-    }
+    if (lse_max == -INFINITY) return 0.0f;
     float weight_sum = 0.0f, acc = 0.0f;
     for (int c = 0; c < chunks; c++) {
         const float w = fast_exp(lse[c] - lse_max);  // 0 for an empty chunk
         weight_sum += w;
         acc += w * part_o[(row_head * chunks + c) * D + d];
     }
-    out[i] = __float2bfloat16_rn(acc / weight_sum);
+    return acc / weight_sum;
+}
+
+// out [B][cols = H D] (BF16) = the merged chunks, and with q the FP8 1x128 operand of out for the O
+// projection (issue 47: no separate pass over the attention output, one graph node less a decode
+// layer), rows B .. q.rows zero codes. Laid out as cuda/kernels/fp8_rows.cuh's quantize_rows_kernel:
+// block (r, j) covers groups 16 j .. 16 j + 15 of row r, a half warp a group, a lane 8 outputs.
+template <int D>
+__global__ void __launch_bounds__(kRowsQuantThreads)
+    kv_decode_merge_kernel(__nv_bfloat16* out, const float* part_o, const float* part_lse, int chunks, int B, int cols,
+                           Fp8RowsOut q) {
+    const int r = blockIdx.x, warp = threadIdx.x / 32, lane16 = threadIdx.x % kGroupLanes;
+    const int pair = blockIdx.y * (kRowsQuantThreads / 32) + warp, kb = pair * 2 + (threadIdx.x % 32) / kGroupLanes;
+    if (pair >= group_pairs(cols)) return;  // the whole warp
+    const int c = kb * FP8_BLOCK + lane16 * 8, count = r < B && c < cols ? min(8, cols - c) : 0;
+    float v[8];
+    for (int e = 0; e < 8; e++) {
+        const long i = (long)r * cols + c + e;  // = row_head * D + d
+        v[e] = e < count ? round_bf16(kv_decode_merged<D>(part_o, part_lse, chunks, i / D, (int)(i % D))) : 0.0f;
+    }
+    store8(out + (size_t)r * cols + c, count, v);
+    if (q) quantize_group8(v, r, kb, cols, q);
 }
 
 // Page src to page dst in every layer: blockIdx.x is the layer, blockIdx.y 0 for K and 1 for V.
@@ -651,11 +667,12 @@ class PagedKvCache {
     // prompt whose prefix chunks are computed once per tile for the group, with the same bits as
     // without. max_len >= every lens[b] (keys past it are not read) fixes the grid; split_keys (a
     // multiple of kDecodeTile) the chunks (tests cut finer). No host sync, no allocation, no attribute
-    // call: capturable in a CUDA graph, after reserve_decode.
+    // call: capturable in a CUDA graph, after reserve_decode. operand: also out's FP8 1x128 operand
+    // (cuda/kernels/fp8_rows.cuh), its rows from B to q.rows zero.
     void decode_attention(int layer, __nv_bfloat16* out, const __nv_bfloat16* q, int heads, const int32_t* page_table,
                           int max_pages, const int32_t* lens, const int32_t* prefixes, int B, int max_len,
                           cudaStream_t stream, const DecodeCascade& cascade = DecodeCascade(),
-                          int split_keys = kDecodeSplitKeys) {
+                          int split_keys = kDecodeSplitKeys, const Fp8RowsOut& operand = {}) {
         check_layer("decode_attention", layer);
         check_heads("decode_attention", heads);
         check_split("decode_attention", split_keys);
@@ -670,6 +687,8 @@ class PagedKvCache {
             (cascading && (cascade.max_groups > 65535 || !prefixes || cascade_rows_ < 2)))
             fail("PagedKvCache::decode_attention: a cascade needs rows, start, count and shared, at most 65535 groups, "
                  "the rows' prefixes and reserve_decode's room for 2 rows a CTA (%d)", cascade_rows_);
+        if (operand)
+            check_fp8_rows_out("PagedKvCache::decode_attention (the output's FP8 operand)", B, heads * shape_.head_dim, operand);
         if (B == 0) return;
         const int chunks = decode_max_chunks(max_len, split_keys);
         if ((size_t)B * heads * chunks > part_lse_.size() || heads / shape_.kv_heads > decode_group_)
@@ -697,9 +716,9 @@ class PagedKvCache {
                     launch(dim3(decode_span_chunks(max_len, split_keys), shape_.kv_heads, cascade.max_groups),
                            cascade_rows_ * group, cascade);
             });
-            const long outputs = (long)B * heads * D;
-            LAUNCH_KERNEL(kv_decode_merge_kernel<D>, (unsigned)((outputs + 255) / 256), 256, 0, stream, out,
-                          part_o_.get(), part_lse_.get(), chunks, outputs);
+            const int cols = heads * D, rows = operand ? operand.rows : B, warps = kRowsQuantThreads / 32;
+            LAUNCH_KERNEL(kv_decode_merge_kernel<D>, dim3((unsigned)rows, (unsigned)((group_pairs(cols) + warps - 1) / warps)),
+                          kRowsQuantThreads, 0, stream, out, part_o_.get(), part_lse_.get(), chunks, B, cols, operand);
         });
     }
 

@@ -920,9 +920,11 @@ inline void GpuEngine::decode_launches(int rows, Precision weights, const int32_
     for (int l = 0; l < m.L; l++) {
         // the residual: the last layer's h1 + mlp; K and V appended to the cache by the q/k-norm + RoPE kernel
         attention_inputs(A, l > 0 ? &A : nullptr, l, r, R.cache->append_target(l, R.cache_rows.get()));
+        // attention writes the O projection's FP8 operand itself (fp8_operand: none in bf16 or tensor scaling)
+        const Fp8RowsOut att_operand = fp8_operand(r, m.H * m.D);
         R.cache->decode_attention(l, A.att, A.q, m.H, table, R.max_pages, R.lens.get(), R.prefix.get(), rows, R.max_len,
-                                  stream_, cascade);
-        attention_outputs(A, l, r, false);
+                                  stream_, cascade, kDecodeSplitKeys, att_operand);
+        attention_outputs(A, l, r, false, (bool)att_operand);
     }
     if (!s) return;
     residual_rmsnorm_forward(R.xf, R.rstdf, A.x, A.h1, A.mlp, wb(m.final_norm), rows, m.C, m.eps, stream_);

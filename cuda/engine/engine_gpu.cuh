@@ -802,7 +802,8 @@ class GpuEngine : public Engine {
     // appends K and V to the cache in the q/k-norm + RoPE kernel (append).
     void attention_inputs(LayerActsGpu& A, const LayerActsGpu* before, int l, const StepRows& r,
                           const KvAppend& append = {});
-    void attention_outputs(LayerActsGpu& A, int l, const StepRows& r, bool stop_before_down);
+    // att_operand: A.att's FP8 operand is in the scratch already (a decode step's attention wrote it).
+    void attention_outputs(LayerActsGpu& A, int l, const StepRows& r, bool stop_before_down, bool att_operand = false);
     void layer_backward(int l, bf16* dh);
     // y [Tp][N] = projection j of x (bf16) or of the FP8 operand x's producer wrote (fp8).
     void project(void* y, GemmOut out, const bf16* x, int l, Projection j, const StepRows& r);
@@ -1024,11 +1025,11 @@ inline void GpuEngine::attention_inputs(LayerActsGpu& A, const LayerActsGpu* bef
     }
 }
 
-inline void GpuEngine::attention_outputs(LayerActsGpu& A, int l, const StepRows& r, bool stop_before_down) {
+inline void GpuEngine::attention_outputs(LayerActsGpu& A, int l, const StepRows& r, bool stop_before_down, bool att_operand) {
     const CpuModel& m = model_;
     const LayerTensors& w = m.layers[l];
     const long Q = (long)m.H * m.D;
-    if (r.fused_fp8()) quantize_rows_gpu(A.att, (int)r.T, (int)Q, fp8_operand(r, (int)Q), stream_);
+    if (r.fused_fp8() && !att_operand) quantize_rows_gpu(A.att, (int)r.T, (int)Q, fp8_operand(r, (int)Q), stream_);
     project(A.o, GemmOut::BF16, A.att, l, kO, r);
     residual_rmsnorm_forward(r.bf16_inputs() ? A.xn2 : nullptr, A.rstd2, A.h1, A.x, A.o, wb(w.ln2), r.T, m.C, m.eps,
                              stream_, fp8_operand(r, m.C), r.Tp);

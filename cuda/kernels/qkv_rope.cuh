@@ -9,8 +9,9 @@
 //   backward  dq, dk from attention through RoPE's transposed rotation (rounded to BF16, kept in
 //             dq, dk for the norms' weight gradients) and the q/k norms' input gradient, and dv,
 //             assembled into dqkv laid out as qkv: the fused projection's output gradient.
-// One block per (token, head slot) of the H + 2 KV slots, norm_threads(D) threads: the norms' sums
-// are cuda/kernels/block_reduce.cuh's, in rl/numerics/reduction_order.h's block_sum order.
+// The forward runs one block per token (a warp per head slot), the backward one block per (token,
+// head slot) of the H + 2 KV slots, norm_threads(D) threads: the norms' sums add in
+// rl/numerics/reduction_order.h's block_sum order (the backward's through cuda/kernels/block_reduce.cuh).
 #ifndef FP8RL_CUDA_QKV_ROPE_CUH
 #define FP8RL_CUDA_QKV_ROPE_CUH
 #include "cuda/kernels/block_reduce.cuh"
@@ -55,48 +56,69 @@ __device__ __forceinline__ void rope_factors(const RopeTableView& table, int32_t
     *s = round_bf16(table.sin[(size_t)p * table.half + i]);
 }
 
+// One block per token, a warp per head slot (slots w, w + warps, ...): a decode step's token is one
+// block (issue 47), its heads' loads in flight together. Lane l holds the slot's values l + 32 k:
+// those are block_sum's (rl/numerics/reduction_order.h) threads l + 32 k over norm_threads(D)
+// threads, so the norm's sum is that of warp k's butterfly (warp_reduce) for each k, added in k
+// order (for D > 256, thread t's terms t + 256 j added first, in j order), the CPU engine's bits.
+constexpr int kQkvRopeWarps = 8;
+
 template <class In>
-__global__ void qkv_rope_forward_kernel(QkvOut out, const In* qkv, const int32_t* pos, RopeTableView table, QkvShape s,
-                                        KvAppend append) {
-    DYNAMIC_SHARED(float, head);  // [D] the slot's values before RoPE
-    const int t = blockIdx.x, D = s.D;
-    int kind;
-    const int hh = qkv_head(blockIdx.y, s.H, s.KV, &kind), heads = kind == 0 ? s.H : s.KV;
-    const size_t in = (size_t)t * s.slots() * D + (size_t)blockIdx.y * D, at = ((size_t)t * heads + hh) * D;
-    const __nv_bfloat16* w = kind == 0 ? s.q_norm : s.k_norm;
-    float ss = 0.0f;
-    for (int i = threadIdx.x; i < D; i += blockDim.x) {
-        float x = as_float(qkv[in + i]);
-        if (s.bias) x = round_bf16(x + as_float(s.bias[(size_t)blockIdx.y * D + i]));
-        if (kind == 2) {
-            store_float(out.v + at + i, x);
-            if (append.slots) kv_append_value(append, t, (long)hh * D + i, x, false);
-            continue;
+__global__ void __launch_bounds__(kQkvRopeWarps * 32)
+    qkv_rope_forward_kernel(QkvOut out, const In* qkv, const int32_t* pos, RopeTableView table, QkvShape s,
+                            KvAppend append) {
+    DYNAMIC_SHARED(float, staged);  // [warps][D] each warp's slot before RoPE
+    const int t = blockIdx.x, D = s.D, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int threads = norm_threads(D), virtual_warps = threads / 32;
+    float* head = staged + (size_t)warp * D;
+    for (int slot = warp; slot < s.slots(); slot += kQkvRopeWarps) {
+        int kind;
+        const int hh = qkv_head(slot, s.H, s.KV, &kind), heads = kind == 0 ? s.H : s.KV;
+        const size_t in = (size_t)t * s.slots() * D + (size_t)slot * D, at = ((size_t)t * heads + hh) * D;
+        const __nv_bfloat16* w = kind == 0 ? s.q_norm : s.k_norm;
+        float part[kNormMaxThreads / 32] = {};  // block_sum's threads lane + 32 k
+        for (int i = lane; i < D; i += 32) {
+            float x = as_float(qkv[in + i]);
+            if (s.bias) x = round_bf16(x + as_float(s.bias[(size_t)slot * D + i]));
+            if (kind == 2) {
+                store_float(out.v + at + i, x);
+                if (append.slots) kv_append_value(append, t, (long)hh * D + i, x, false);
+                continue;
+            }
+            if (w) store_float((kind == 0 ? out.qp : out.kp) + at + i, x);
+            head[i] = x;
+            const int k = (i % threads) / 32;
+            FP8RL_UNROLL
+            for (int u = 0; u < kNormMaxThreads / 32; u++)  // part[k] += x^2, registers indexed by constants
+                if (u == k) part[u] += mul_rn(x, x);
         }
-        if (w) store_float((kind == 0 ? out.qp : out.kp) + at + i, x);
-        head[i] = x;
-        ss += mul_rn(x, x);
-    }
-    if (kind == 2) return;  // the whole block
-    if (w) {
-        ss = block_reduce(ss, SumOp());
-        const float r = 1.0f / sqrtf(ss / (float)D + s.eps);
-        if (threadIdx.x == 0) (kind == 0 ? out.rstd_q : out.rstd_k)[(size_t)t * heads + hh] = r;
-        for (int i = threadIdx.x; i < D; i += blockDim.x) head[i] = round_bf16(as_float(w[i]) * round_bf16(head[i] * r));
-    }
-    __syncthreads();
-    __nv_bfloat16* y = (kind == 0 ? out.q : out.k) + at;
-    for (int i = threadIdx.x; i < table.half; i += blockDim.x) {
-        float c, sn;
-        rope_factors(table, pos[t], i, &c, &sn);
-        const float a = head[i], b = head[i + table.half];
-        const float o1 = round_bf16(mul_rn(a, c) - mul_rn(b, sn)), o2 = round_bf16(mul_rn(b, c) + mul_rn(a, sn));
-        store_float(y + i, o1);
-        store_float(y + i + table.half, o2);
-        if (kind == 1 && append.slots) {
-            kv_append_value(append, t, (long)hh * D + i, o1, true);
-            kv_append_value(append, t, (long)hh * D + i + table.half, o2, true);
+        if (kind == 2) continue;  // the whole warp
+        if (w) {
+            float ss = 0.0f;
+            FP8RL_UNROLL
+            for (int k = 0; k < kNormMaxThreads / 32; k++) {
+                const float warp_sum = warp_reduce(part[k], SumOp());
+                if (k < virtual_warps) ss = k == 0 ? warp_sum : ss + warp_sum;
+            }
+            const float r = 1.0f / sqrtf(ss / (float)D + s.eps);
+            if (lane == 0) (kind == 0 ? out.rstd_q : out.rstd_k)[(size_t)t * heads + hh] = r;
+            for (int i = lane; i < D; i += 32) head[i] = round_bf16(as_float(w[i]) * round_bf16(head[i] * r));
         }
+        __syncwarp();
+        __nv_bfloat16* y = (kind == 0 ? out.q : out.k) + at;
+        for (int i = lane; i < table.half; i += 32) {
+            float c, sn;
+            rope_factors(table, pos[t], i, &c, &sn);
+            const float a = head[i], b = head[i + table.half];
+            const float o1 = round_bf16(mul_rn(a, c) - mul_rn(b, sn)), o2 = round_bf16(mul_rn(b, c) + mul_rn(a, sn));
+            store_float(y + i, o1);
+            store_float(y + i + table.half, o2);
+            if (kind == 1 && append.slots) {
+                kv_append_value(append, t, (long)hh * D + i, o1, true);
+                kv_append_value(append, t, (long)hh * D + i + table.half, o2, true);
+            }
+        }
+        __syncwarp();  // the next slot overwrites head
     }
 }
 
@@ -160,8 +182,10 @@ void qkv_rope_forward(const QkvOut& out, const In* qkv, long T, const int32_t* p
         fail("qkv_rope_forward: a KV cache of %ld values per row (head dim %d) for %d heads of %d", append.width,
              append.head_dim, s.KV, s.D);
     if (T == 0) return;
-    LAUNCH_KERNEL(qkv_rope_forward_kernel<In>, dim3((unsigned)T, (unsigned)s.slots()), norm_threads(s.D),
-                  sizeof(float) * s.D, stream, out, qkv, pos, table, s, append);
+    const size_t smem = sizeof(float) * kQkvRopeWarps * (size_t)s.D;
+    allow_dynamic_smem(qkv_rope_forward_kernel<In>, smem);
+    LAUNCH_KERNEL(qkv_rope_forward_kernel<In>, dim3((unsigned)T), kQkvRopeWarps * 32, smem, stream, out, qkv, pos, table,
+                  s, append);
 }
 
 // dqkv [T][(H + 2 KV) D] from g (see QkvGrad; dq, dk hold RoPE's backward after the call).

@@ -4,8 +4,9 @@
 //   dx (+)= rstd * (w * dy) - x * rstd^3 / n * sum(w * dy * x), dw += sum over rows of dy * x * rstd.
 // Also Qwen3's per-head q/k norm: q [T][H][D] is T*H rows of D with one weight vector of D.
 // A BF16 output rounds as HF (and the CPU's bf16 flag): x * rstd to BF16, times w, to BF16 again.
-// One block per row; the row's sum of squares and the backward's dot product are block reductions in
-// a fixed order (cuda/kernels/block_reduce.cuh), the CPU engine's (rl/numerics/reduction_order.h's block_sum).
+// The forward runs a warp per row, the backward a block per row; the row's sum of squares and the
+// backward's dot product add in one fixed order, the CPU engine's (rl/numerics/reduction_order.h's
+// block_sum: the backward through cuda/kernels/block_reduce.cuh, the forward lane by lane, see its kernel).
 // The weight gradient is a deterministic column sum (cuda/kernels/column_sum.cuh), no atomics.
 #ifndef FP8RL_CUDA_RMSNORM_CUH
 #define FP8RL_CUDA_RMSNORM_CUH
@@ -21,51 +22,81 @@
 
 namespace fp8rl {
 
-// One block per row. x, y [rows][n]; rstd [rows]. Fused around the norm (issue 28):
+// A warp per row, kNormRowsPerBlock rows per block (issue 47: the decode step's norms at
+// bandwidth). x, y [rows][n]; rstd [rows]. Lane l reads the row in chunks of kNormChunk values,
+// 8 at a time (one 16-byte load of BF16 when aligned): values 256 j + 8 l .. 256 j + 8 l + 7 of
+// chunk j. These are the terms of block_sum's (rl/numerics/reduction_order.h) threads 8 l .. 8 l + 7
+// over norm_threads(n) threads, in the order each of those threads adds them (n > 224: 256
+// threads, term t + 256 j at step j; smaller n: one term each), so the lane keeps those 8 threads'
+// partial sums; the butterfly's offsets 16 and 8 are lane xors 2 and 1, offsets 4, 2, 1 are within
+// the lane, and the warps' sums (lanes 4 w) add in warp order: the CPU engine's sum, bit for bit.
+// Fused around the norm (issue 28):
 //   branch  the residual add of the sublayer before: the row is sum = x + branch rounded to BF16,
 //           written to `sum` (the residual stream), as cpu/model_layers.h's residual_add;
-//   q       the FP8 1x128 operand of y for the next GEMM (cuda/kernels/fp8_rows.cuh), the row staged in
-//           shared memory for the groups' amax.
-// Rows from `valid` to the grid's (a GEMM's padding rows) get zeros in y and zero codes in q, so the
-// buffers need no zeroing before. y may be null when only the FP8 operand is read.
+//   q       the FP8 1x128 operand of y for the next GEMM (cuda/kernels/fp8_rows.cuh): the half
+//           warps of chunk j hold groups 2 j and 2 j + 1, as quantize_group8 wants them.
+// Rows from `valid` to `rows` (a GEMM's padding rows) get zeros in y and zero codes in q, so the
+// buffers need no zeroing before. y may be null when only the FP8 operand is read. The output pass
+// reads the row (and adds the residual) again, from L2: a register copy of the row (64 floats at
+// C = 2,048) went to the stack (320 bytes of local memory in the sm_90 build).
+constexpr int kNormRowsPerBlock = 4;
+constexpr int kNormChunk = 32 * 8;
+static_assert(kNormChunk == kNormMaxThreads, "a chunk is one pass of block_sum's threads");
+
+// Chunk j's 8 values of this lane (zeros past n), after the residual add (written to sum).
+template <class In>
+__device__ __forceinline__ void rmsnorm_chunk(float v[8], const In* x, const In* branch, In* sum, size_t row, int c,
+                                              int n, bool write_sum) {
+    const int count = c < n ? min(8, n - c) : 0;
+    load8(x + row + c, count, v);
+    if (!branch) return;
+    float b[8];
+    load8(branch + row + c, count, b);
+    for (int e = 0; e < 8; e++) v[e] = round_bf16(v[e] + b[e]);
+    if (write_sum) store8(sum + row + c, count, v);
+}
+
 template <class In, class W, class Out>
-__global__ void rmsnorm_forward_kernel(Out* y, float* rstd, const In* x, const In* branch, In* sum, const W* w, int n,
-                                       float eps, Fp8RowsOut q, int valid) {
-    DYNAMIC_SHARED(float, staged);  // [n] with q: the row's outputs
-    const int r = blockIdx.x;
+__global__ void __launch_bounds__(kNormRowsPerBlock * 32)
+    rmsnorm_forward_kernel(Out* y, float* rstd, const In* x, const In* branch, In* sum, const W* w, int n, float eps,
+                           Fp8RowsOut q, int valid, int rows) {
+    const int lane = threadIdx.x % 32, r = blockIdx.x * kNormRowsPerBlock + threadIdx.x / 32;
+    if (r >= rows) return;  // the whole warp
     const size_t row = (size_t)r * n;
     const bool real = r < valid;
-    if (!real && y)
-        for (int i = threadIdx.x; i < n; i += blockDim.x) store_float(y + row + i, 0.0f);
+    const int chunks = (n + kNormChunk - 1) / kNormChunk;
+    float s = 0.0f;
     if (real) {
+        float part[8] = {0, 0, 0, 0, 0, 0, 0, 0};  // block_sum's threads 8 lane + e
+        for (int j = 0; j < chunks; j++) {
+            float v[8];
+            rmsnorm_chunk(v, x, branch, sum, row, j * kNormChunk + 8 * lane, n, true);
+            for (int e = 0; e < 8; e++) part[e] += mul_rn(v[e], v[e]);
+        }
+        for (int e = 0; e < 8; e++) part[e] += __shfl_xor_sync(0xFFFFFFFFu, part[e], 2);  // offset 16
+        for (int e = 0; e < 8; e++) part[e] += __shfl_xor_sync(0xFFFFFFFFu, part[e], 1);  // offset 8
+        for (int e = 0; e < 4; e++) part[e] += part[e + 4];
+        for (int e = 0; e < 2; e++) part[e] += part[e + 2];
+        part[0] += part[1];
         float ss = 0.0f;
-        for (int i = threadIdx.x; i < n; i += blockDim.x) {
-            float xi = as_float(x[row + i]);
-            if (branch) {
-                xi = round_bf16(xi + as_float(branch[row + i]));
-                store_float(sum + row + i, xi);
-            }
-            ss += mul_rn(xi, xi);
+        for (int warp = 0; warp < norm_threads(n) / 32; warp++) {
+            const float warp_sum = __shfl_sync(0xFFFFFFFFu, part[0], 4 * warp);
+            ss = warp == 0 ? warp_sum : ss + warp_sum;
         }
-        ss = block_reduce(ss, SumOp());
-        const float s = 1.0f / sqrtf(ss / (float)n + eps);
-        if (threadIdx.x == 0) rstd[r] = s;
-        for (int i = threadIdx.x; i < n; i += blockDim.x) {
-            const float xi = as_float(branch ? sum[row + i] : x[row + i]);  // this thread stored sum[row + i]
-            const float v = xi * s, wi = as_float(w[i]);
-            const float yi = is_bf16<Out> ? round_bf16(wi * round_bf16(v)) : wi * v;
-            if (y) store_float(y + row + i, yi);
-            if (q) staged[i] = yi;
-        }
+        s = 1.0f / sqrtf(ss / (float)n + eps);
+        if (lane == 0) rstd[r] = s;
     }
-    if (!q) return;
-    __syncthreads();
-    const int warps = blockDim.x / 32, half = (threadIdx.x % 32) / kGroupLanes, lane16 = threadIdx.x % kGroupLanes;
-    for (int pair = threadIdx.x / 32; pair < group_pairs(n); pair += warps) {
-        const int kb = pair * 2 + half, c = kb * FP8_BLOCK + lane16 * 8;
-        float v[8];
-        for (int e = 0; e < 8; e++) v[e] = real && c + e < n ? staged[c + e] : 0.0f;
-        quantize_group8(v, r, kb, n, q);
+    for (int j = 0; j < chunks; j++) {
+        const int c = j * kNormChunk + 8 * lane, count = c < n ? min(8, n - c) : 0;
+        float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        if (real) {
+            float wv[8];
+            rmsnorm_chunk(v, x, branch, sum, row, c, n, false);  // again (from L2), the same bits
+            load8(w + c, count, wv);
+            for (int e = 0; e < 8; e++) v[e] = is_bf16<Out> ? round_bf16(wv[e] * round_bf16(v[e] * s)) : wv[e] * (v[e] * s);
+        }
+        if (y) store8(y + row + c, count, v);
+        if (q) quantize_group8(v, r, 2 * j + lane / kGroupLanes, n, q);  // every lane: its shuffles are warp-wide
     }
 }
 
@@ -113,10 +144,8 @@ void launch_rmsnorm_forward(const char* who, Out* y, float* rstd, const In* x, c
     if (q && q.rows != blocks) fail("%s: an FP8 operand of %d rows for %ld padded rows", who, q.rows, blocks);
     if (blocks == 0) return;
     if (blocks > INT_MAX) fail("%s: %ld rows is too many for one launch", who, blocks);
-    const size_t smem = q ? sizeof(float) * (size_t)n : 0;
-    allow_dynamic_smem(rmsnorm_forward_kernel<In, W, Out>, smem);
-    LAUNCH_KERNEL((rmsnorm_forward_kernel<In, W, Out>), dim3((unsigned)blocks), norm_threads(n), smem, stream, y, rstd, x,
-                  branch, sum, w, n, eps, q, (int)rows);
+    LAUNCH_KERNEL((rmsnorm_forward_kernel<In, W, Out>), dim3((unsigned)((blocks + kNormRowsPerBlock - 1) / kNormRowsPerBlock)),
+                  kNormRowsPerBlock * 32, 0, stream, y, rstd, x, branch, sum, w, n, eps, q, (int)rows, (int)blocks);
 }
 
 // y [rows][n] = RMSNorm(x [rows][n]) with weight w [n]; rstd [rows] kept for the backward pass;
@@ -133,6 +162,7 @@ template <class In, class W, class Out>
 void residual_rmsnorm_forward(Out* y, float* rstd, In* sum, const In* x, const In* branch, const W* w, long rows, int n,
                               float eps, cudaStream_t stream, const Fp8RowsOut& q = {}, long padded_rows = 0) {
     if (!branch || !sum) fail("residual_rmsnorm_forward: needs the branch and the sum's buffer");
+    if (sum == x || sum == branch) fail("residual_rmsnorm_forward: the sum's buffer must not be x or the branch (the kernel reads them twice)");
     launch_rmsnorm_forward<In, W, Out>("residual_rmsnorm_forward", y, rstd, x, branch, sum, w, rows, padded_rows, n, eps,
                                        q, stream);
 }

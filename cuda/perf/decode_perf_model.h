@@ -19,7 +19,8 @@
 // priced from kv_decode_split_kernel's SASS (kernel_perf_model.h: the cascade CTAs' prefix tiles per group) against its bytes at the datasheet
 // bandwidth, sampling by its bytes (the logits written by the head GEMM and read kSamplingPasses times)
 // at that bandwidth, and a step launches kDecodeNodesPerLayer graph nodes per layer (perf-anchors.md's
-// review counted 343 at Qwen3-1.7B: 12 x 28 + 7).
+// review counted 343 at Qwen3-1.7B: 12 x 28 + 7; 11 a layer since decode attention's merge writes the
+// O projection's FP8 operand, as test_gpu's decode_graph_nodes_per_layer counts them in emulation).
 #pragma once
 #include <algorithm>
 
@@ -34,7 +35,7 @@ constexpr double kSamplingPasses = 3;               // over a row's FP32 logits 
 constexpr double kSamplingSmBandwidth = 80e9;       // bytes/s a block streams from L2 (cuda/rollout/sampling.cuh)
 constexpr int kSms = 132;
 // graph nodes of a step; outside the layers: rows, embedding, final norm, logits, sampling, commit, refill
-constexpr double kDecodeLaunchesPerLayer = 9, kDecodeLaunchesOutside = 7, kDecodeNodesPerLayer = 12;
+constexpr double kDecodeLaunchesPerLayer = 9, kDecodeLaunchesOutside = 7, kDecodeNodesPerLayer = 11;
 
 struct DecodePrediction {
     double weights_s, attention_s, sampling_s, launches_s;

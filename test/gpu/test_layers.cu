@@ -343,6 +343,9 @@ TEST(gpu_layers_rmsnorm_forward_matches_cpu_within_bound) {
     CHECK_EQ((rmsnorm_forward_case<bf16_t, float, bf16_t>(3, 1000)), 0);
     CHECK_EQ((rmsnorm_forward_case<bf16_t, bf16_t, bf16_t>(36 * 9, 24)), 0);  // q norm: 36 tokens x 9 heads
     CHECK_EQ((rmsnorm_forward_case<float, float, float>(1, 1)), 0);
+    // rows past the kernel's register cache (8 chunks of 256), whole 16-byte loads and not
+    CHECK_EQ((rmsnorm_forward_case<bf16_t, bf16_t, bf16_t>(6, 2600)), 0);
+    CHECK_EQ((rmsnorm_forward_case<bf16_t, bf16_t, bf16_t>(5, 2051)), 0);
 }
 
 TEST(gpu_layers_rmsnorm_backward_matches_cpu_within_bound) {
@@ -634,6 +637,37 @@ TEST(gpu_layers_producers_write_fp8_operands_bit_for_bit) {
     // what they refuse
     CHECK_THROWS(quantize_rows_gpu(d_x.ptr, T, 100, rows_q.out, kStream), "multiple of 16 columns");
     CHECK_THROWS(swiglu_forward(d_a.ptr, d_gu.ptr, T, I, kStream, swiglu_q.out, 384), "an FP8 operand of 256 rows for 384");
+}
+
+// The decode step's norm (issue 47: a warp per row, several rows a block) as the CPU engine computes
+// it, on a row longer than the kernel's register cache (2,320 values: 10 chunks of 256, the last
+// partial), with the residual add and the FP8 operand, the padding rows zero; and every row count
+// around a block's 4 rows.
+TEST(gpu_layers_decode_norm_rows_match_cpu_bit_for_bit) {
+    REQUIRE_GPU();
+    const int C = 2320;
+    const float eps = 1e-6f;
+    for (int T : {1, 5, 9}) {
+        const int Tp = T + 3;
+        const std::vector<float> x = uniform((size_t)Tp * C, 171 + T, 3.0f, true), branch = uniform((size_t)Tp * C, 173, 1.0f, true);
+        const std::vector<float> w = uniform(C, 179, 1.5f, true);
+        std::vector<float> sum((size_t)T * C), y((size_t)T * C), rstd(T);
+        residual_add(sum.data(), x.data(), branch.data(), (long)T * C, true);
+        rmsnorm_forward(y.data(), rstd.data(), sum.data(), w.data(), T, C, eps, true);
+        DeviceBuffer<bf16_t> d_x(to_type<bf16_t>(x)), d_branch(to_type<bf16_t>(branch)), d_w(to_type<bf16_t>(w));
+        DeviceBuffer<bf16_t> d_sum((size_t)Tp * C), d_y(std::vector<bf16_t>((size_t)Tp * C, (bf16_t)7.0f));
+        DeviceBuffer<float> d_rstd(T);
+        Fp8OperandBuffers q(Tp, C);
+        residual_rmsnorm_forward(d_y.ptr, d_rstd.ptr, d_sum.ptr, d_x.ptr, d_branch.ptr, d_w.ptr, T, C, eps, kStream, q.out, Tp);
+        std::vector<float> want_y((size_t)Tp * C, 0.0f);
+        std::copy(y.begin(), y.end(), want_y.begin());
+        std::vector<float> got_sum = download_floats(d_sum);
+        got_sum.resize(sum.size());
+        CHECK_EQ(bit_mismatches(got_sum, sum, strfmt("decode norm's residual add, %d rows", T)), 0);
+        CHECK_EQ(bit_mismatches(download_floats(d_y), want_y, strfmt("decode norm's output, %d rows + 3 padding", T)), 0);
+        CHECK_EQ(bit_mismatches(d_rstd.download(), rstd, strfmt("decode norm's rstd, %d rows", T)), 0);
+        CHECK_EQ(fp8_operand_mismatches(q.codes, q.scales, y, T, Tp, C, strfmt("decode norm's FP8 operand, %d rows", T)), 0);
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
