@@ -7,9 +7,10 @@
 // Scores scale by D^-1/2; lse is the log-sum-exp of the scaled scores of a row.
 //
 // The tile kernels run 4 warps per CTA over tiles of 64 rows (16 per warp) kept in shared memory:
-//   forward     one CTA per (64-query block, head, sequence): loops over key tiles with an online
-//               softmax (running max m, running sum l, O rescaled); P is rounded to BF16 to meet V
-//               on the tensor cores, as in FA2; writes O (BF16) and lse;
+//   forward     one CTA per (64-query block, head, sequence), one warpgroup: loops over key tiles
+//               with an online softmax (running max m, running sum l, O rescaled); S = Q K^T and
+//               O += P V are warpgroup MMAs (cuda/kernels/wgmma.cuh, sm_90a) on swizzled tiles, P
+//               rounded to BF16 in registers to meet V, as in FA2/FA3; writes O (BF16) and lse;
 //   delta       delta[t][h] = rowsum(dO * O), one thread per (row, head);
 //   dq          one CTA per (64-query block, head, sequence): recomputes P from lse over the key
 //               tiles, dS = P (dP - delta) scale, dQ += dS K in FP32 registers, then the cast;
@@ -30,6 +31,7 @@
 
 #include "cuda/common.cuh"
 #include "cuda/kernels/mma.cuh"
+#include "cuda/kernels/wgmma.cuh"
 #include "rl/numerics/attention_tiles.h"
 #include "rl/numerics/fast_exp.h"
 
@@ -38,6 +40,7 @@ namespace fp8rl {
 constexpr int kAttnWarps = 4;
 constexpr int kAttnTile = 16 * kAttnWarps;  // rows of a query or key tile: 16 per warp
 constexpr int kAttnThreads = 32 * kAttnWarps;
+static_assert(kAttnWarps == 4, "the forward kernel is one warpgroup (4 warps) issuing warpgroup MMAs");
 static_assert(kAttnTile == kFlashTile, "the CPU engine rounds at this tiling (rl/numerics/attention_tiles.h)");
 
 // A shared tile of head dim D: `cols` is D padded to the mma's k extent of 16 (the columns past D
@@ -68,6 +71,47 @@ __device__ void load_tile_async(__nv_bfloat16* tile, const __nv_bfloat16* src, l
         __nv_bfloat16* dst = tile + r * AttnTile<D>::ld + c;
         if (r < rows && c < D)
             __pipeline_memcpy_async(dst, src + (row0 + r) * row_stride + c, 16);
+        else
+            *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+    }
+}
+
+// The forward's tiles, for the warpgroup MMA: 64 rows of D (padded to 16) BF16 columns, row-major in
+// panels of 8W columns (W = min(cols / 8, 8) 16-byte chunks a row, the widest swizzle that fits),
+// each row's chunks XORed with its row within the 8-row pattern: the layout TMA writes with a W x 16
+// byte swizzle, and both a K-major operand (Q, K: rows x d) and an MN-major one (V: keys x d)
+// of cuda/emu/emu_wgmma.cpp's canonical forms. Tiles start on 1024-byte boundaries (their sizes are
+// multiples of 2048).
+template <int D>
+struct SwizzledTile {
+    static constexpr int cols = D < 16 ? 16 : D, width = cols / 8 < 8 ? cols / 8 : 8, row_bytes = 16 * width,
+                         panel_cols = 8 * width, panel_bytes = kAttnTile * row_bytes, bytes = kAttnTile * cols * 2;
+    static constexpr WgmmaSwizzle swizzle = width == 8 ? WgmmaSwizzle::B128 : width == 4 ? WgmmaSwizzle::B64 : WgmmaSwizzle::B32;
+    // Where the 16-byte chunk c (columns 8c .. 8c + 7) of row r lies.
+    __device__ static int chunk_offset(int r, int c) {
+        return (c / width) * panel_bytes + r * row_bytes + ((c % width) ^ ((r % 8) / (8 / width))) * 16;
+    }
+    // The descriptor of a K-major operand (rows x k = columns), k step kk (columns 16 kk ..).
+    __device__ static uint64_t k_major(const unsigned char* tile, int kk) {
+        const int k0 = 16 * kk;
+        return wgmma_descriptor(tile + (k0 / panel_cols) * panel_bytes + (k0 % panel_cols) * 2, 16, 8 * row_bytes, swizzle);
+    }
+    // The descriptor of an MN-major B operand (k = rows x n = columns), k step kc (rows 16 kc ..).
+    __device__ static uint64_t mn_major(const unsigned char* tile, int kc) {
+        return wgmma_descriptor(tile + 16 * kc * row_bytes, panel_bytes, 8 * row_bytes, swizzle);
+    }
+};
+
+// load_tile_async into a SwizzledTile.
+template <int D>
+__device__ void load_swizzled_tile_async(unsigned char* tile, const __nv_bfloat16* src, long row_stride, long row0,
+                                         int rows) {
+    constexpr int chunks = SwizzledTile<D>::cols / 8;
+    for (int idx = threadIdx.x; idx < kAttnTile * chunks; idx += blockDim.x) {
+        const int r = idx / chunks, c = idx % chunks;
+        unsigned char* dst = tile + SwizzledTile<D>::chunk_offset(r, c);
+        if (r < rows && 8 * c < D)
+            __pipeline_memcpy_async(dst, src + (row0 + r) * row_stride + 8 * c, 16);
         else
             *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
     }
@@ -147,17 +191,19 @@ __device__ void store_rows_bf16(__nv_bfloat16* dst, long row_stride, long row0, 
         }
 }
 
-// One CTA per (query block blockIdx.x, head blockIdx.y, sequence blockIdx.z). Shared memory: the
-// query tile and two buffers of (K, V) tiles: the copy of the next key tile runs while the warps
-// work on this one.
+// One CTA (one warpgroup) per (query block blockIdx.x, head blockIdx.y, sequence blockIdx.z). Shared
+// memory: the query tile and two buffers of (K, V) tiles, swizzled: the copy of the next key tile runs
+// while the warpgroup works on this one. Each product is one commit group waited for at once; the
+// sums run in the order of the mma.sync kernels (k steps of 16 in order), so the CPU engine's
+// tiling (rl/numerics/attention_tiles.h) stays this kernel's oracle.
 template <int D>
 __global__ void __launch_bounds__(kAttnThreads)
     attention_forward_kernel(__nv_bfloat16* out, float* lse, const __nv_bfloat16* q, const __nv_bfloat16* k,
                              const __nv_bfloat16* v, const int* cu_seqlens, int H, int KV) {
-    constexpr int elems = AttnTile<D>::elems;
-    DYNAMIC_SHARED(__nv_bfloat16, smem);
-    __nv_bfloat16* q_tile = smem;
-    __nv_bfloat16* kv_tiles = q_tile + elems;  // buffer b: K at kv_tiles + 2 b elems, V after it
+    using Tile = SwizzledTile<D>;
+    DYNAMIC_SHARED(unsigned char, smem_raw);
+    unsigned char* q_tile = align_shared_1024(smem_raw);
+    unsigned char* kv_tiles = q_tile + Tile::bytes;  // buffer b: K at kv_tiles + 2 b bytes, V after it
     const long seq_begin = cu_seqlens[blockIdx.z], seq_len = cu_seqlens[blockIdx.z + 1] - seq_begin;
     const int head = blockIdx.y, kv_head = head / (H / KV), warp = threadIdx.x / 32;
     const long q0 = (long)blockIdx.x * kAttnTile;  // within the sequence
@@ -168,26 +214,36 @@ __global__ void __launch_bounds__(kAttnThreads)
     const __nv_bfloat16 *k_src = k + seq_begin * ldk + kv_head * D, *v_src = v + seq_begin * ldk + kv_head * D;
     auto load_key_tile = [&](int tile) {
         const long k0 = (long)tile * kAttnTile;
-        __nv_bfloat16* buf = kv_tiles + 2 * (tile & 1) * elems;
-        load_tile_pair_async<D>(buf, k_src, buf + elems, v_src, ldk, k0, (int)min((long)kAttnTile, key_end - k0));
+        const int rows = (int)min((long)kAttnTile, key_end - k0);
+        unsigned char* buf = kv_tiles + 2 * (tile & 1) * Tile::bytes;
+        load_swizzled_tile_async<D>(buf, k_src, ldk, k0, rows);
+        load_swizzled_tile_async<D>(buf + Tile::bytes, v_src, ldk, k0, rows);
     };
-    load_tile_async<D>(q_tile, q + seq_begin * ldq + head * D, ldq, q0, (int)(key_end - q0));
+    load_swizzled_tile_async<D>(q_tile, q + seq_begin * ldq + head * D, ldq, q0, (int)(key_end - q0));
     load_key_tile(0);
     __pipeline_commit();
     const float scale = 1.0f / sqrtf((float)D);
     const long warp_row0 = q0 + 16 * warp;
     float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};  // rows g and g + 8; row_sum per lane
-    float o[AttnTile<D>::frags][4];
-    zero_fragments<AttnTile<D>::frags>(o);
+    WgmmaAccumulator<Tile::cols> o;  // register 4n + i: the C fragment block n, element i
+    for (int r = 0; r < Tile::cols / 2; r++) o[r] = 0.0f;
     for (int tile = 0; tile < key_tiles; tile++) {
         if (tile + 1 < key_tiles) load_key_tile(tile + 1);
         __pipeline_commit();
-        __pipeline_wait_prior(1);  // this tile's group (and in the first round the query tile's) has landed
-        __syncthreads();           // ... for every thread's copies
+        __pipeline_wait_prior(1);    // this tile's group (and in the first round the query tile's) has landed
+        fence_proxy_async_shared();  // ... visible to the warpgroup MMA's reads
+        __syncthreads();             // ... for every thread's copies
         const long k0 = (long)tile * kAttnTile;
-        const __nv_bfloat16 *k_tile = kv_tiles + 2 * (tile & 1) * elems, *v_tile = k_tile + elems;
+        const unsigned char *k_tile = kv_tiles + 2 * (tile & 1) * Tile::bytes, *v_tile = k_tile + Tile::bytes;
+        WgmmaAccumulator<kAttnTile> s_acc;
+        wgmma_fence();
+        for (int kk = 0; kk < Tile::cols / 16; kk++)
+            s_acc.template mma<false, false>(Tile::k_major(q_tile, kk), Tile::k_major(k_tile, kk), kk > 0);
+        wgmma_commit();
+        wgmma_wait<0>(s_acc);
         float s[8][4];
-        warp_product_abt<D>(s, q_tile + 16 * warp * AttnTile<D>::ld, k_tile);
+        for (int j = 0; j < 8; j++)
+            for (int i = 0; i < 4; i++) s[j][i] = s_acc[4 * j + i];
         float tile_max[2] = {-INFINITY, -INFINITY};
         for (int j = 0; j < 8; j++)
             for (int i = 0; i < 4; i++) {
@@ -208,9 +264,17 @@ __global__ void __launch_bounds__(kAttnThreads)
                 s[j][i] = fast_exp(s[j][i] - row_max[i >> 1]);
                 row_sum[i >> 1] += s[j][i];
             }
-        for (int n = 0; n < AttnTile<D>::frags; n++)
-            for (int i = 0; i < 4; i++) o[n][i] *= correction[i >> 1];
-        warp_product_pb<D>(o, s, v_tile);
+        for (int r = 0; r < Tile::cols / 2; r++) o[r] *= correction[(r >> 1) & 1];
+        WgmmaFragmentA p[4];  // P's k steps of 16 keys, rounded to BF16 (pack_c_as_a's layout)
+        for (int kc = 0; kc < 4; kc++) {
+            uint32_t f[4];
+            pack_c_as_a(f, s[2 * kc], s[2 * kc + 1]);
+            for (int r = 0; r < 4; r++) p[kc][r] = f[r];
+        }
+        wgmma_fence();
+        for (int kc = 0; kc < 4; kc++) o.template mma<true>(p[kc], Tile::mn_major(v_tile, kc), true);
+        wgmma_commit();
+        wgmma_wait<0>(o);
         __syncthreads();  // every warp is done with this buffer before the next round's copy refills it
     }
     float inv[2];
@@ -220,7 +284,10 @@ __global__ void __launch_bounds__(kAttnThreads)
         const long row = warp_row0 + lane_id() / 4 + 8 * r;
         if (lane_id() % 4 == 0 && row < seq_len) lse[(seq_begin + row) * H + head] = row_max[r] + logf(total);
     }
-    store_rows_bf16<D>(out + seq_begin * ldq + head * D, ldq, warp_row0, seq_len, o, inv[0], inv[1]);
+    float acc[AttnTile<D>::frags][4];
+    for (int n = 0; n < AttnTile<D>::frags; n++)
+        for (int i = 0; i < 4; i++) acc[n][i] = o[4 * n + i];
+    store_rows_bf16<D>(out + seq_begin * ldq + head * D, ldq, warp_row0, seq_len, acc, inv[0], inv[1]);
 }
 
 // delta[t][h] = sum_d dout[t][h][d] * out[t][h][d], one thread per (t, h). A template like the other
@@ -429,7 +496,8 @@ template <int D>
 void attention_forward_d(__nv_bfloat16* out, float* lse, const __nv_bfloat16* q, const __nv_bfloat16* k,
                          const __nv_bfloat16* v, const int* cu_seqlens, const PackedAttentionShape& s,
                          cudaStream_t stream) {
-    const size_t smem = attention_smem<D>(attention_forward_kernel<D>, 5, 0);
+    const size_t smem = 5 * SwizzledTile<D>::bytes + 1024;  // 1024: room to align the tiles (align_shared_1024)
+    allow_dynamic_smem(attention_forward_kernel<D>, smem);
     LAUNCH_KERNEL(attention_forward_kernel<D>, attention_grid(s, s.H), kAttnThreads, smem, stream, out, lse, q, k, v,
                   cu_seqlens, s.H, s.KV);
 }
