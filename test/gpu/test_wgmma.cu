@@ -250,6 +250,26 @@ __global__ void wgmma_rule_kernel(float* out, int mode) {
     out[threadIdx.x] = acc[0] + other[0];
 }
 
+// The asynchronous read: B is overwritten between the mma and its wait (a bug on a GPU, where the
+// tensor cores may read either); the emulation reads shared memory at the wait, so the product shows
+// the late bytes, and a kernel that recycles an operand buffer too early computes with them.
+__global__ void wgmma_late_write_kernel(float* out) {
+    DYNAMIC_SHARED(unsigned char, smem);
+    __nv_bfloat16* tiles = reinterpret_cast<__nv_bfloat16*>(smem);
+    for (int i = threadIdx.x; i < 2048; i += blockDim.x) tiles[i] = __float2bfloat16(1.0f);  // A, then B: ones
+    __syncthreads();
+    WgmmaAccumulator<16> acc;
+    wgmma_fence();
+    acc.mma<false, false>(wgmma_descriptor(tiles, 128, 256, WgmmaSwizzle::None),
+                          wgmma_descriptor(tiles + 1024, 128, 256, WgmmaSwizzle::None), false);
+    wgmma_commit();
+    __syncthreads();
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) tiles[1024 + i] = __float2bfloat16(2.0f);  // B's 16 x 16
+    __syncthreads();
+    wgmma_wait<0>(acc);
+    out[threadIdx.x] = acc[0];
+}
+
 }  // namespace
 
 TEST(emu_rule_wgmma_discipline_and_descriptors) {
@@ -281,5 +301,13 @@ TEST(emu_rule_wgmma_discipline_and_descriptors) {
         printf("    mode %d: %s\n", mode, err.c_str());
         cudaDeviceReset();
     }
+}
+
+TEST(emu_wgmma_reads_shared_memory_when_its_group_completes) {
+    DeviceBuffer<float> out(128);
+    LAUNCH_KERNEL(wgmma_late_write_kernel, 1, 128, 4096, 0, out.ptr);
+    const std::vector<float> got = out.download();
+    CHECK_EQ(got[0], 32.0f);  // 16 products of 1 x 2, not of 1 x 1
+    CHECK_EQ(got[127], 32.0f);
 }
 #endif
