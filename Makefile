@@ -1,6 +1,6 @@
 # fp8rl Makefile. CPU targets need only g++; CUDA targets appear when nvcc is found; MPI is used
 # when mpicxx is found. Everything found (or not) is printed, and nothing is auto-detected
-# silently: the GPU architecture is explicit (sm_90, Hopper).
+# silently: the GPU architecture is explicit (sm_90a, Hopper: H100/H200).
 
 SHELL       := /bin/bash
 .SHELLFLAGS := -o pipefail -c
@@ -58,7 +58,10 @@ endif
 # since cuda/dist/nccl.cuh's collectives need it. The host pass contracts no a*b+c either: the bit-exact
 # CPU oracles rely on it (FPFLAGS).
 NV_MPI    := $(if $(and $(MPI_FLAGS),$(NCCL)),$(MPI_FLAGS) $(MPI_INCLUDE))
-NVCCFLAGS := -std=c++17 -O3 -gencode arch=compute_90,code=sm_90 $(if $(filter 1,$(WERROR)),-Werror all-warnings) -I. \
+# sm_90a, not sm_90: the warpgroup MMA (wgmma, cuda/kernels/wgmma.cuh) exists only in the
+# architecture-specific target, whose cubin runs on compute capability 9.0 alone (H100, H200), the
+# machines this program is for; no PTX is embedded for a JIT on other GPUs, as before.
+NVCCFLAGS := -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a $(if $(filter 1,$(WERROR)),-Werror all-warnings) -I. \
              -Xcompiler -Wall,-Wextra,-fopenmp,$(FPFLAGS) $(NV_MPI)
 CUDA_SRCS := $(wildcard *.cu *.cuh rl/*/*.cuh cuda/*.cuh cuda/*/*.cuh)
 CUDA_EXAMPLES := $(wildcard docs/examples/*.cu)
@@ -91,7 +94,7 @@ $(call unity_source,$(GPU_UNITY),$(GPU_TESTS))
 ifneq ($(CUDA_FP8_H),)
   EMU_FLAGS     := -DFP8RL_EMU -isystem $(CUDA_HOME)/include $(MPI_FLAGS)
   EMU_RUNTIME   := cuda/emu/emu_threads.cpp cuda/emu/emu_memory.cpp cuda/emu/emu_runtime.cpp cuda/emu/emu_cublaslt.cpp \
-                 cuda/emu/emu_stats.cpp
+                 cuda/emu/emu_stats.cpp cuda/emu/emu_wgmma.cpp
   GPU_TEST_OBJS := $(patsubst %,$(BUILD)/emu/%.o,test/run_tests.cpp $(GPU_UNITY))
   GPU_ASAN_OBJS := $(patsubst %,$(BUILD)/emu-asan/%.o,test/run_tests.cpp $(EMU_RUNTIME) $(GPU_UNITY))
   EMU_SEEDS     ?= 1
@@ -286,7 +289,7 @@ endif
 # rollout.cu is included by cuda/engine/engine_gpu.cuh: a header to its users
 GPU_HEADERS := $(wildcard *.cuh rl/*.h rl/*/*.h rl/*/*.cuh cpu/*.h cuda/*.cuh cuda/*/*.cuh cuda/*/*.h test/gpu/*.cuh test/gpu/*.h test/harness.h) rollout.cu
 
-# Every CUDA source compiled for sm_90 with warnings as errors, in parallel under make -j; a stamp
+# Every CUDA source compiled for sm_90a with warnings as errors, in parallel under make -j; a stamp
 # records each success, so a rerun compiles only what changed:
 #   - the headers and the test files as one unit (build/unity/nvcheck.cu), as ./test_gpu compiles
 #     its tests: nvcc's fixed cost per unit (its headers, cicc and ptxas start-up) was 2-3 s of each
@@ -296,7 +299,7 @@ GPU_HEADERS := $(wildcard *.cuh rl/*.h rl/*/*.h rl/*/*.cuh cpu/*.h cuda/*.cuh cu
 #     rollout.cu, so those two compile alone there.
 # That each header also compiles by itself is checked by g++ on the emulation build (-fsyntax-only,
 # 1 s a header), where the same text is compiled.
-# The device code compiles as the product's does (cicc and ptxas optimize it for sm_90 whatever -O
+# The device code compiles as the product's does (cicc and ptxas optimize it for sm_90a whatever -O
 # says); the host side at -O0, since its object goes to /dev/null and the emulation's g++ -O3 build
 # compiles the same host code with the same warnings as errors (-O3 there would double the time).
 NVCHECK_FLAGS   := $(filter-out -O3,$(NVCCFLAGS)) -O0
@@ -315,8 +318,8 @@ $(BUILD)/selfcontained/%.ok: % $(GPU_HEADERS)
 	@$(CPU_LINK_CXX) $(CXXSTD) $(FPFLAGS) $(WARN) -fopenmp -I. $(EMU_FLAGS) -fsyntax-only -x c++ $< && touch $@
 endif
 cuda-check: $(NVCHECK_STAMPS) $(SELF_CONTAINED_STAMPS) train_rl
-	@echo "nvcc compile check: $(words $(CUDA_SRCS) $(GPU_TEST_SRCS) $(CUDA_EXAMPLES)) CUDA sources compiled for sm_90 (train_rl.cu, cuda/engine/engine_gpu.cuh and rollout.cu by ./train_rl)$(if $(SELF_CONTAINED_STAMPS),; $(words $(SELF_CONTAINED_STAMPS)) headers compile alone (g++, emulation))"
-	@echo "nvcc build: ./train_rl (sm_90) linked"
+	@echo "nvcc compile check: $(words $(CUDA_SRCS) $(GPU_TEST_SRCS) $(CUDA_EXAMPLES)) CUDA sources compiled for sm_90a (train_rl.cu, cuda/engine/engine_gpu.cuh and rollout.cu by ./train_rl)$(if $(SELF_CONTAINED_STAMPS),; $(words $(SELF_CONTAINED_STAMPS)) headers compile alone (g++, emulation))"
+	@echo "nvcc build: ./train_rl (sm_90a) linked"
 
 GPU_BENCH_BINS := $(patsubst test/gpu/bench_%.cu,$(BUILD)/gpu_bench_%,$(wildcard test/gpu/bench_*.cu))
 # The test files as one unit, as in emulation.

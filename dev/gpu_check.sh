@@ -74,7 +74,7 @@ emu=0
 [ "$mode" = emu ] && emu=1
 bundle=build/gpu-bundle
 # the tests part 2 runs on the device, by name (the runner fails on a filter that matches no test)
-device_tests=(mma_ emu_ gpu_fp8_device_encoder gpu_fp8_gemms_match_cpu_emulation_at_each_granularity
+device_tests=(mma_ wgmma_ emu_ gpu_fp8_device_encoder gpu_fp8_gemms_match_cpu_emulation_at_each_granularity
     gpu_fp8_wrong_scale_layout)
 benches=(fp8_gemm attention train_step rollout)
 cpu_bin=./train_rl_cpu

@@ -59,7 +59,7 @@ MMA = {"HMMA", "IMMA", "HGMMA", "QGMMA", "IGMMA", "BMMA", "DMMA"}
 SHUFFLE = {"SHFL", "VOTE", "VOTEU", "MATCH", "REDUX"}
 BARRIER = {"BAR", "DEPBAR", "LDGDEPBAR", "MEMBAR", "SYNCS", "WARPSYNC", "ARRIVES", "ERRBAR", "CCTL", "FENCE"}
 
-INSTRUCTION = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[T0-9]\s+)?([A-Z][A-Z0-9_]*)((?:\.[A-Z0-9_]+)*)\s*([^;]*);")
+INSTRUCTION = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[T0-9]\s+)?([A-Z][A-Z0-9_]*)((?:\.[A-Za-z0-9_]+)*)\s*([^;]*);")
 BRANCH_TARGET = re.compile(r"0x([0-9a-f]+)\s*$")
 
 

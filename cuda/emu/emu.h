@@ -66,7 +66,7 @@ extern const ThreadCoords* current_coords;  // of the fiber that runs now
 
 // What a lane brings to a warp collective; the scheduler computes every lane's result when all
 // lanes of the mask wait at the same collective.
-enum class WarpOp { Sync, ShflIdx, ShflUp, ShflDown, ShflXor, Ballot, Any, All, Ldmatrix };
+enum class WarpOp { Sync, ShflIdx, ShflUp, ShflDown, ShflXor, Ballot, Any, All, Ldmatrix, Wgmma };
 uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t value, int arg, int width);
 int block_barrier(const char* file, int line, int predicate, int kind);  // kind: 0 plain, 1 count, 2 and, 3 or
 void atomic_point(bool changed);  // every atomic: a chance to yield, and spin-wait detection
@@ -84,6 +84,27 @@ void async_wait_prior(size_t prior);
 // (16 bytes of shared memory, 16-byte aligned), regs[i] of lane l receives row l / 4, elements
 // 2 (l % 4) and 2 (l % 4) + 1 of matrix i (low half first), or with trans the transposed matrix's.
 void ldmatrix(uint32_t* regs, int num, bool trans, const void* row_address);
+// wgmma (PTX ISA "Asynchronous Warpgroup Level Matrix Multiply-Accumulate", cuda/kernels/wgmma.cuh
+// is the kernels' side; cuda/emu/emu_wgmma.cpp documents the semantics kept and refused). A guard
+// rides with each register set a wgmma reads or writes (the accumulator D, a register A fragment):
+// every access by other code passes wgmma_touch, which refuses it while a wgmma that uses the
+// registers is in flight; wgmma_issue refuses registers touched since the thread's last
+// wgmma_fence. The product lands in d at the wgmma_wait that covers its group, not before.
+struct WgmmaGuard {
+    uint64_t touched_at_fence = 0;  // the thread's fence count when other code last accessed the registers
+    uint64_t in_flight_until = 0;   // the thread's wgmma sequence number that must complete first
+};
+void wgmma_touch(WgmmaGuard& g, const char* what);
+void wgmma_fence();
+// wgmma.mma_async.sync.aligned.m64nNk16.f32.bf16.bf16: d (N/2 floats) += A B (A 64x16, B 16xN);
+// A from a_regs (4 registers, BF16 pairs; a_guard) when a_regs is non-null, else from a_desc.
+void wgmma_issue(int n, float* d, WgmmaGuard& d_guard, const uint32_t* a_regs, WgmmaGuard* a_guard, uint64_t a_desc,
+                 uint64_t b_desc, bool scale_d, bool trans_a, bool trans_b);
+void wgmma_commit();
+void wgmma_wait(int pending);
+// The shared-window address of p (cvta.to.shared): dynamic shared memory starts at 0. Faults when p
+// is not in the block's dynamic shared memory (wgmma descriptors address only that here).
+uint32_t shared_address(const void* p);
 void* dynamic_shared();  // the launch's dynamic shared memory (NaN-filled at each block start)
 // A block reached the static shared variable `p` of `bytes` (cuda/common.cuh's STATIC_SHARED): the
 // first time for its kernel, the bytes count against the kernel's limits from then on, and the

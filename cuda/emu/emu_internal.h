@@ -69,6 +69,44 @@ void reset_stream_order();
 // The device's capacity in bytes (FP8RL_EMU_DEVICE_MEMORY, else an H200's).
 size_t capacity();
 
+// wgmma (cuda/emu/emu_wgmma.cpp). One issued wgmma.mma_async as its thread keeps it until the wait
+// that completes it computes the thread's share of D.
+struct WgmmaIssue {
+    int n = 0;
+    bool scale_d = false, trans_a = false, trans_b = false, a_in_regs = false;
+    uint64_t a_desc = 0, b_desc = 0;
+    uint32_t a_regs[4] = {};  // this lane's A fragment, read at issue
+    float a[16][16] = {};     // register A: the warp's 16 rows, gathered from its lanes at issue
+    float* d = nullptr;
+    WgmmaGuard* d_guard = nullptr;
+};
+// A thread's wgmma state: its fences, its issued and completed wgmmas (sequence numbers from 1),
+// those in flight and where each committed group ends among them.
+struct WgmmaState {
+    uint64_t fences = 0, issued = 0, completed = 0;
+    std::vector<WgmmaIssue> in_flight;
+    std::vector<size_t> groups;
+    WgmmaIssue deposit;  // what the lane brings to its warp's collective
+};
+// What one warp of a warpgroup issued, for the check that the warpgroup's warps agree (.aligned).
+struct WgmmaSignature {
+    int n;
+    bool scale_d, trans_a, trans_b, a_in_regs;
+    uint64_t a_desc, b_desc;
+};
+// Scheduler hooks (cuda/emu/emu_threads.cpp): the running thread's state, warp (in the block) and
+// lane; the host pointer of `bytes` at shared-window address `address`, null when outside the
+// block's dynamic shared memory; the warpgroup log of the running block.
+WgmmaState& current_wgmma();
+int current_warp();
+int current_lane();
+const char* shared_window(uint32_t address, size_t bytes);
+// The resolution of a warp's wgmma collective (all 32 lanes wait at it): checks that the lanes and
+// the warpgroup's other warps issue the same instruction and gathers the warp's register A rows
+// into every lane's deposit. `issued` counts the warp's wgmmas so far, `log` the warpgroup's.
+std::string resolve_wgmma(int warp, int block_threads, WgmmaIssue* const lanes[32], uint64_t& issued,
+                          std::vector<WgmmaSignature>& log);
+
 // Device memory (cuda/emu/emu_memory.cpp). While an ArenaOpen lives, host code may touch the arena
 // (the runtime opens it around kernels, copies, sets and stream operations); else it is PROT_NONE.
 // A stream operation's ArenaOpen(until_sync) leaves it open until the host next synchronizes

@@ -119,6 +119,7 @@ struct Thread {
     };
     std::vector<AsyncCopy> async_copies;
     std::vector<size_t> async_groups;
+    WgmmaState wgmma;
 };
 
 struct Block {
@@ -131,6 +132,8 @@ struct Block {
     int barrier_kind = 0;
     int straggler_warp = -1;  // runs only when no other thread can (seeded schedules)
     std::vector<int> at_warp;  // per warp: its threads waiting at a warp collective
+    std::vector<uint64_t> wgmma_issued;               // per warp: its wgmma.mma_async so far
+    std::vector<std::vector<WgmmaSignature>> wgmma_log;  // per warpgroup: what its first warp issued
     bool progress = false;  // since the last round: a wait resolved, a thread exited, memory changed
     std::string fault;
     cudaError_t fault_error = cudaErrorLaunchFailure;  // the sticky error the fault leaves
@@ -163,6 +166,7 @@ const char* op_name(WarpOp op) {
         case WarpOp::Any: return "__any_sync";
         case WarpOp::All: return "__all_sync";
         case WarpOp::Ldmatrix: return "ldmatrix";
+        case WarpOp::Wgmma: return "wgmma.mma_async";
     }
     return "?";
 }
@@ -330,6 +334,12 @@ std::string resolve_group(Block& b, int w, unsigned mask) {
         std::string err = resolve_ldmatrix(b, w, lanes);
         if (!err.empty()) return err;
     }
+    if (first && first->op == WarpOp::Wgmma) {
+        WgmmaIssue* deposits[32];
+        for (int l = 0; l < 32; l++) deposits[l] = (WgmmaIssue*)(uintptr_t)lanes[l]->value;
+        std::string err = resolve_wgmma(w, (int)b.threads.size(), deposits, b.wgmma_issued[w], b.wgmma_log[w / 4]);
+        if (!err.empty()) return err;
+    }
     for (int l = 0; l < 32; l++) {
         Thread* t = lanes[l];
         if (!t) continue;
@@ -340,6 +350,7 @@ std::string resolve_group(Block& b, int w, unsigned mask) {
         switch (t->op) {
             case WarpOp::Sync: break;
             case WarpOp::Ldmatrix: continue;  // resolve_ldmatrix delivered the registers
+            case WarpOp::Wgmma: continue;     // resolve_wgmma filled the deposits
             case WarpOp::ShflIdx: src = seg + (t->arg & (width - 1)); break;
             case WarpOp::ShflUp: src = l - seg >= t->arg ? l - t->arg : l; break;
             case WarpOp::ShflDown: src = l - seg + t->arg < width ? l + t->arg : l; break;
@@ -444,6 +455,8 @@ std::string run_block(Block& b, const dim3& grid, const dim3& block, std::mt1993
     for (const auto& v : b.info->static_vars) memset(v.first, 0xFF, v.second);
     const int warps = (n + 31) / 32;
     b.at_warp.assign(warps, 0);
+    b.wgmma_issued.assign(warps, 0);
+    b.wgmma_log.assign((warps + 3) / 4, {});
     auto pick_straggler = [&] { b.straggler_warp = scheduling_seed != 0 && warps > 1 ? (int)(rng() % warps) : -1; };
     pick_straggler();
     std::vector<int> order(n);
@@ -524,6 +537,29 @@ void set_seed(uint64_t s) {
 
 std::string last_fault() { return last_fault_message; }
 void clear_fault() { last_fault_message.clear(); }
+
+WgmmaState& current_wgmma() {
+    if (!current_thread) kernel_fault("wgmma outside a kernel");
+    return current_thread->wgmma;
+}
+int current_warp() { return current_thread ? current_thread->warp : -1; }
+int current_lane() { return current_thread ? current_thread->lane : -1; }
+
+const char* shared_window(uint32_t address, size_t bytes) {
+    const Block* b = current_block;
+    if (!b || (uint64_t)address + bytes > b->smem.size()) return nullptr;
+    return b->smem.data() + address;
+}
+
+uint32_t shared_address(const void* p) {
+    const Block* b = current_block;
+    if (!b || !current_thread) kernel_fault("shared_address outside a kernel");
+    const char* c = (const char*)p;
+    if (c < b->smem.data() || c >= b->smem.data() + b->smem.size())
+        kernel_fault(strformat("shared address of %p, not in the block's dynamic shared memory (the emulation places "
+                               "dynamic shared memory at shared address 0 and maps only it for wgmma descriptors)", p));
+    return (uint32_t)(c - b->smem.data());
+}
 
 void* dynamic_shared() {
     if (!current_block) kernel_fault("dynamic shared memory used outside a kernel");

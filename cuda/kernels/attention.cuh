@@ -6,10 +6,11 @@
 // (int32 on the device, no padding), positions from 0; query head h reads kv head h / (H / KV).
 // Scores scale by D^-1/2; lse is the log-sum-exp of the scaled scores of a row.
 //
-// The tile kernels run 4 warps per CTA over tiles of 64 rows (16 per warp) kept in shared memory:
+// The tile kernels run one warpgroup (4 warps) per CTA over tiles of 64 rows (16 per warp) kept in
+// swizzled shared memory; every tile product is a warpgroup MMA (cuda/kernels/wgmma.cuh, sm_90a,
+// SASS HGMMA), the probabilities P and dS rounded to BF16 in registers as its A operand:
 //   forward     one CTA per (64-query block, head, sequence): loops over key tiles with an online
-//               softmax (running max m, running sum l, O rescaled); P is rounded to BF16 to meet V
-//               on the tensor cores, as in FA2; writes O (BF16) and lse;
+//               softmax (running max m, running sum l, O rescaled); writes O (BF16) and lse;
 //   delta       delta[t][h] = rowsum(dO * O), one thread per (row, head);
 //   dq          one CTA per (64-query block, head, sequence): recomputes P from lse over the key
 //               tiles, dS = P (dP - delta) scale, dQ += dS K in FP32 registers, then the cast;
@@ -30,6 +31,7 @@
 
 #include "cuda/common.cuh"
 #include "cuda/kernels/mma.cuh"
+#include "cuda/kernels/wgmma.cuh"
 #include "rl/numerics/attention_tiles.h"
 #include "rl/numerics/fast_exp.h"
 
@@ -38,16 +40,14 @@ namespace fp8rl {
 constexpr int kAttnWarps = 4;
 constexpr int kAttnTile = 16 * kAttnWarps;  // rows of a query or key tile: 16 per warp
 constexpr int kAttnThreads = 32 * kAttnWarps;
+static_assert(kAttnWarps == 4, "the tile kernels are one warpgroup (4 warps) issuing warpgroup MMAs");
 static_assert(kAttnTile == kFlashTile, "the CPU engine rounds at this tiling (rl/numerics/attention_tiles.h)");
 
-// A shared tile of head dim D: `cols` is D padded to the mma's k extent of 16 (the columns past D
-// are zeros and add nothing to a product); `frags` 16x8 accumulator blocks span them. The row
-// stride has 8 BF16 (16 bytes) of padding: rows start on 16-byte boundaries (cp.async, ldmatrix)
-// and each row shifts by 4 banks (cols / 2 + 4 words, cols / 2 a multiple of 8), so the 8 rows of
-// 16 bytes an ldmatrix phase reads hit 32 different banks.
+// Head dim D padded to the MMAs' k extent of 16 (the columns past D are zeros and add nothing to a
+// product); `frags` 16x8 accumulator blocks span them.
 template <int D>
 struct AttnTile {
-    static constexpr int cols = D < 16 ? 16 : D, frags = cols / 8, ld = cols + 8, elems = kAttnTile * ld;
+    static constexpr int cols = D < 16 ? 16 : D, frags = cols / 8;
 };
 
 // Shapes of a packed batch: T rows in num_seqs sequences, none longer than max_seqlen.
@@ -56,18 +56,45 @@ struct PackedAttentionShape {
     int H, KV, D, num_seqs, max_seqlen;
 };
 
-// Starts the copy of tile[r][0..D) = row (row0 + r) of a [T][heads][D] tensor at `src` (already
-// offset to the head), rows of `row_stride` elements, with cp.async of 16 bytes (SASS LDGSTS);
-// zeros, stored at once, for r >= rows and in the padding columns. All threads of the CTA take
-// part; the caller commits the group and waits for it before a __syncthreads.
+// The tiles, for the warpgroup MMA: 64 rows of D (padded to 16) BF16 columns, row-major in
+// panels of 8W columns (W = min(cols / 8, 8) 16-byte chunks a row, the widest swizzle that fits),
+// each row's chunks XORed with its row within the 8-row pattern: the layout TMA writes with a W x 16
+// byte swizzle, and both a K-major operand (Q, K: rows x d) and an MN-major one (V: keys x d)
+// of cuda/emu/emu_wgmma.cpp's canonical forms. Tiles start on 1024-byte boundaries (their sizes are
+// multiples of 2048).
 template <int D>
-__device__ void load_tile_async(__nv_bfloat16* tile, const __nv_bfloat16* src, long row_stride, long row0, int rows) {
-    constexpr int chunks = AttnTile<D>::cols / 8;  // 16-byte pieces of a row
+struct SwizzledTile {
+    static constexpr int cols = D < 16 ? 16 : D, width = cols / 8 < 8 ? cols / 8 : 8, row_bytes = 16 * width,
+                         panel_cols = 8 * width, panel_bytes = kAttnTile * row_bytes, bytes = kAttnTile * cols * 2;
+    static constexpr WgmmaSwizzle swizzle = width == 8 ? WgmmaSwizzle::B128 : width == 4 ? WgmmaSwizzle::B64 : WgmmaSwizzle::B32;
+    // Where the 16-byte chunk c (columns 8c .. 8c + 7) of row r lies.
+    __device__ static int chunk_offset(int r, int c) {
+        return (c / width) * panel_bytes + r * row_bytes + ((c % width) ^ ((r % 8) / (8 / width))) * 16;
+    }
+    // The descriptor of a K-major operand (rows x k = columns), k step kk (columns 16 kk ..).
+    __device__ static uint64_t k_major(const unsigned char* tile, int kk) {
+        const int k0 = 16 * kk;
+        return wgmma_descriptor(tile + (k0 / panel_cols) * panel_bytes + (k0 % panel_cols) * 2, 16, 8 * row_bytes, swizzle);
+    }
+    // The descriptor of an MN-major B operand (k = rows x n = columns), k step kc (rows 16 kc ..).
+    __device__ static uint64_t mn_major(const unsigned char* tile, int kc) {
+        return wgmma_descriptor(tile + 16 * kc * row_bytes, panel_bytes, 8 * row_bytes, swizzle);
+    }
+};
+
+// Starts the copy of tile row r = row (row0 + r) of a [T][heads][D] tensor at `src` (already offset to
+// the head), rows of `row_stride` elements, with cp.async of 16 bytes (SASS LDGSTS); zeros, stored at
+// once, for r >= rows and in the padding columns. All threads of the CTA take part; the caller
+// commits the group, waits for it, fences the async proxy (the MMAs read through it) and syncs.
+template <int D>
+__device__ void load_swizzled_tile_async(unsigned char* tile, const __nv_bfloat16* src, long row_stride, long row0,
+                                         int rows) {
+    constexpr int chunks = SwizzledTile<D>::cols / 8;
     for (int idx = threadIdx.x; idx < kAttnTile * chunks; idx += blockDim.x) {
-        const int r = idx / chunks, c = 8 * (idx % chunks);
-        __nv_bfloat16* dst = tile + r * AttnTile<D>::ld + c;
-        if (r < rows && c < D)
-            __pipeline_memcpy_async(dst, src + (row0 + r) * row_stride + c, 16);
+        const int r = idx / chunks, c = idx % chunks;
+        unsigned char* dst = tile + SwizzledTile<D>::chunk_offset(r, c);
+        if (r < rows && 8 * c < D)
+            __pipeline_memcpy_async(dst, src + (row0 + r) * row_stride + 8 * c, 16);
         else
             *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
     }
@@ -75,51 +102,47 @@ __device__ void load_tile_async(__nv_bfloat16* tile, const __nv_bfloat16* src, l
 
 // The same rows of two tensors of one layout (K and V, or Q and dO) into two tiles.
 template <int D>
-__device__ void load_tile_pair_async(__nv_bfloat16* tile_a, const __nv_bfloat16* src_a, __nv_bfloat16* tile_b,
+__device__ void load_tile_pair_async(unsigned char* tile_a, const __nv_bfloat16* src_a, unsigned char* tile_b,
                                      const __nv_bfloat16* src_b, long row_stride, long row0, int rows) {
-    load_tile_async<D>(tile_a, src_a, row_stride, row0, rows);
-    load_tile_async<D>(tile_b, src_b, row_stride, row0, rows);
+    load_swizzled_tile_async<D>(tile_a, src_a, row_stride, row0, rows);
+    load_swizzled_tile_async<D>(tile_b, src_b, row_stride, row0, rows);
 }
 
-template <int N>
-__device__ void zero_fragments(float acc[N][4]) {
-    for (int n = 0; n < N; n++)
-        for (int i = 0; i < 4; i++) acc[n][i] = 0.0f;
-}
-
-// acc[16 x 64] = A B^T for the warp's 16 rows A[16][D] of tile `a` and the 64 rows B[64][D] of
-// tile `b` (both with row stride AttnTile<D>::ld): acc[j] is the 16x8 block of columns 8j..8j+7.
+// The warpgroup's A B^T [64 x 64] for the 64 rows A[64][D] of tile `a` and B[64][D] of tile `b`, one
+// commit group waited for at once; acc gets the calling warp's 16 rows, acc[j] the 16x8 C fragment
+// block of columns 8j..8j+7. The k steps of 16 run in order, as the CPU engine sums (its oracle).
 template <int D>
-__device__ void warp_product_abt(float acc[8][4], const __nv_bfloat16* a, const __nv_bfloat16* b) {
-    constexpr int ld = AttnTile<D>::ld;
-    zero_fragments<8>(acc);
-    for (int kk = 0; kk < AttnTile<D>::cols / 16; kk++) {
-        uint32_t fa[4];
-        ldmatrix_a_fragment(fa, a + 16 * kk, ld);
-        for (int j = 0; j < 8; j += 2) {
-            uint32_t fb0[2], fb1[2];
-            ldmatrix_b_fragments_nk(fb0, fb1, b + 8 * j * ld + 16 * kk, ld);
-            mma_m16n8k16(acc[j], fa, fb0);
-            mma_m16n8k16(acc[j + 1], fa, fb1);
-        }
-    }
+__device__ void warpgroup_product_abt(float acc[8][4], const unsigned char* a, const unsigned char* b) {
+    using Tile = SwizzledTile<D>;
+    WgmmaAccumulator<kAttnTile> d;
+    wgmma_fence();
+    for (int kk = 0; kk < Tile::cols / 16; kk++) d.template mma<false, false>(Tile::k_major(a, kk), Tile::k_major(b, kk), kk > 0);
+    wgmma_commit();
+    wgmma_wait<0>(d);
+    for (int j = 0; j < 8; j++)
+        for (int i = 0; i < 4; i++) acc[j][i] = d[4 * j + i];
 }
 
-// acc[16 x D] += P B for the warp's P[16][64] in registers (as warp_product_abt leaves it; rounded
-// to BF16 here) and the 64 rows B[64][D] of tile `b`: acc[n] is the 16x8 block of columns 8n..8n+7.
+// acc[64 x D] += P B for the warpgroup's P[64][64] in registers (each warp's 16 rows as
+// warpgroup_product_abt leaves them; rounded to BF16 here, as FA2/FA3 feed P) and the 64 rows
+// B[64][D] of tile `b`, waited for at once; register 4n + i of acc is element i of C block n.
 template <int D>
-__device__ void warp_product_pb(float acc[AttnTile<D>::frags][4], const float p[8][4], const __nv_bfloat16* b) {
-    constexpr int ld = AttnTile<D>::ld;
+__device__ void warpgroup_product_pb(WgmmaAccumulator<AttnTile<D>::cols>& acc, const float p[8][4], const unsigned char* b) {
+    WgmmaFragmentA fp[4];  // P's k steps of 16 (pack_c_as_a's layout)
     for (int kc = 0; kc < 4; kc++) {
-        uint32_t fp[4];
-        pack_c_as_a(fp, p[2 * kc], p[2 * kc + 1]);
-        for (int n = 0; n < AttnTile<D>::frags; n += 2) {
-            uint32_t fb0[2], fb1[2];
-            ldmatrix_b_fragments_kn(fb0, fb1, b + 16 * kc * ld + 8 * n, ld);
-            mma_m16n8k16(acc[n], fp, fb0);
-            mma_m16n8k16(acc[n + 1], fp, fb1);
-        }
+        uint32_t f[4];
+        pack_c_as_a(f, p[2 * kc], p[2 * kc + 1]);
+        for (int r = 0; r < 4; r++) fp[kc][r] = f[r];
     }
+    wgmma_fence();
+    for (int kc = 0; kc < 4; kc++) acc.template mma<true>(fp[kc], SwizzledTile<D>::mn_major(b, kc), true);
+    wgmma_commit();
+    wgmma_wait<0>(acc);
+}
+
+template <int D>
+__device__ void zero_accumulator(WgmmaAccumulator<AttnTile<D>::cols>& acc) {
+    for (int r = 0; r < AttnTile<D>::cols / 2; r++) acc[r] = 0.0f;
 }
 
 // The sum (or max) of v over the 4 lanes that hold one row of a C fragment.
@@ -137,27 +160,29 @@ __device__ __forceinline__ float quad_max(float v) {
 // `row_end`, the columns below D (the rest is padding).
 template <int D>
 __device__ void store_rows_bf16(__nv_bfloat16* dst, long row_stride, long row0, long row_end,
-                                const float acc[AttnTile<D>::frags][4], float factor_lo, float factor_hi) {
+                                WgmmaAccumulator<AttnTile<D>::cols>& acc, float factor_lo, float factor_hi) {
     for (int n = 0; n < AttnTile<D>::frags; n++)
         for (int i = 0; i < 4; i++) {
             const long row = row0 + c_fragment_row(i);
             const int col = 8 * n + c_fragment_col(i);
             if (row < row_end && col < D)
-                dst[row * row_stride + col] = __float2bfloat16_rn(acc[n][i] * (i < 2 ? factor_lo : factor_hi));
+                dst[row * row_stride + col] = __float2bfloat16_rn(acc[4 * n + i] * (i < 2 ? factor_lo : factor_hi));
         }
 }
 
-// One CTA per (query block blockIdx.x, head blockIdx.y, sequence blockIdx.z). Shared memory: the
-// query tile and two buffers of (K, V) tiles: the copy of the next key tile runs while the warps
-// work on this one.
+// One CTA (one warpgroup) per (query block blockIdx.x, head blockIdx.y, sequence blockIdx.z). Shared
+// memory: the query tile and two buffers of (K, V) tiles, swizzled: the copy of the next key tile runs
+// while the warpgroup works on this one. Each product is one commit group waited for at once; the
+// sums run in the order of the mma.sync kernels (k steps of 16 in order), so the CPU engine's
+// tiling (rl/numerics/attention_tiles.h) stays this kernel's oracle.
 template <int D>
 __global__ void __launch_bounds__(kAttnThreads)
     attention_forward_kernel(__nv_bfloat16* out, float* lse, const __nv_bfloat16* q, const __nv_bfloat16* k,
                              const __nv_bfloat16* v, const int* cu_seqlens, int H, int KV) {
-    constexpr int elems = AttnTile<D>::elems;
-    DYNAMIC_SHARED(__nv_bfloat16, smem);
-    __nv_bfloat16* q_tile = smem;
-    __nv_bfloat16* kv_tiles = q_tile + elems;  // buffer b: K at kv_tiles + 2 b elems, V after it
+    using Tile = SwizzledTile<D>;
+    DYNAMIC_SHARED(unsigned char, smem_raw);
+    unsigned char* q_tile = align_shared_1024(smem_raw);
+    unsigned char* kv_tiles = q_tile + Tile::bytes;  // buffer b: K at kv_tiles + 2 b bytes, V after it
     const long seq_begin = cu_seqlens[blockIdx.z], seq_len = cu_seqlens[blockIdx.z + 1] - seq_begin;
     const int head = blockIdx.y, kv_head = head / (H / KV), warp = threadIdx.x / 32;
     const long q0 = (long)blockIdx.x * kAttnTile;  // within the sequence
@@ -168,26 +193,27 @@ __global__ void __launch_bounds__(kAttnThreads)
     const __nv_bfloat16 *k_src = k + seq_begin * ldk + kv_head * D, *v_src = v + seq_begin * ldk + kv_head * D;
     auto load_key_tile = [&](int tile) {
         const long k0 = (long)tile * kAttnTile;
-        __nv_bfloat16* buf = kv_tiles + 2 * (tile & 1) * elems;
-        load_tile_pair_async<D>(buf, k_src, buf + elems, v_src, ldk, k0, (int)min((long)kAttnTile, key_end - k0));
+        unsigned char* buf = kv_tiles + 2 * (tile & 1) * Tile::bytes;
+        load_tile_pair_async<D>(buf, k_src, buf + Tile::bytes, v_src, ldk, k0, (int)min((long)kAttnTile, key_end - k0));
     };
-    load_tile_async<D>(q_tile, q + seq_begin * ldq + head * D, ldq, q0, (int)(key_end - q0));
+    load_swizzled_tile_async<D>(q_tile, q + seq_begin * ldq + head * D, ldq, q0, (int)(key_end - q0));
     load_key_tile(0);
     __pipeline_commit();
     const float scale = 1.0f / sqrtf((float)D);
     const long warp_row0 = q0 + 16 * warp;
     float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};  // rows g and g + 8; row_sum per lane
-    float o[AttnTile<D>::frags][4];
-    zero_fragments<AttnTile<D>::frags>(o);
+    WgmmaAccumulator<Tile::cols> o;  // register 4n + i: the C fragment block n, element i
+    zero_accumulator<D>(o);
     for (int tile = 0; tile < key_tiles; tile++) {
         if (tile + 1 < key_tiles) load_key_tile(tile + 1);
         __pipeline_commit();
-        __pipeline_wait_prior(1);  // this tile's group (and in the first round the query tile's) has landed
-        __syncthreads();           // ... for every thread's copies
+        __pipeline_wait_prior(1);    // this tile's group (and in the first round the query tile's) has landed
+        fence_proxy_async_shared();  // ... visible to the warpgroup MMA's reads
+        __syncthreads();             // ... for every thread's copies
         const long k0 = (long)tile * kAttnTile;
-        const __nv_bfloat16 *k_tile = kv_tiles + 2 * (tile & 1) * elems, *v_tile = k_tile + elems;
+        const unsigned char *k_tile = kv_tiles + 2 * (tile & 1) * Tile::bytes, *v_tile = k_tile + Tile::bytes;
         float s[8][4];
-        warp_product_abt<D>(s, q_tile + 16 * warp * AttnTile<D>::ld, k_tile);
+        warpgroup_product_abt<D>(s, q_tile, k_tile);
         float tile_max[2] = {-INFINITY, -INFINITY};
         for (int j = 0; j < 8; j++)
             for (int i = 0; i < 4; i++) {
@@ -208,9 +234,8 @@ __global__ void __launch_bounds__(kAttnThreads)
                 s[j][i] = fast_exp(s[j][i] - row_max[i >> 1]);
                 row_sum[i >> 1] += s[j][i];
             }
-        for (int n = 0; n < AttnTile<D>::frags; n++)
-            for (int i = 0; i < 4; i++) o[n][i] *= correction[i >> 1];
-        warp_product_pb<D>(o, s, v_tile);
+        for (int r = 0; r < Tile::cols / 2; r++) o[r] *= correction[(r >> 1) & 1];
+        warpgroup_product_pb<D>(o, s, v_tile);
         __syncthreads();  // every warp is done with this buffer before the next round's copy refills it
     }
     float inv[2];
@@ -257,10 +282,10 @@ __global__ void __launch_bounds__(kAttnThreads)
     attention_backward_dq_kernel(__nv_bfloat16* dq, const __nv_bfloat16* dout, const float* lse, const float* delta,
                                  const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v,
                                  const int* cu_seqlens, int H, int KV) {
-    constexpr int elems = AttnTile<D>::elems;
-    DYNAMIC_SHARED(__nv_bfloat16, smem);
-    __nv_bfloat16 *q_tile = smem, *do_tile = q_tile + elems;
-    __nv_bfloat16* kv_tiles = do_tile + elems;  // buffer b: K at kv_tiles + 2 b elems, V after it
+    constexpr int bytes = SwizzledTile<D>::bytes;
+    DYNAMIC_SHARED(unsigned char, smem_raw);
+    unsigned char *q_tile = align_shared_1024(smem_raw), *do_tile = q_tile + bytes;
+    unsigned char* kv_tiles = do_tile + bytes;  // buffer b: K at kv_tiles + 2 b bytes, V after it
     const long seq_begin = cu_seqlens[blockIdx.z], seq_len = cu_seqlens[blockIdx.z + 1] - seq_begin;
     const int head = blockIdx.y, kv_head = head / (H / KV), warp = threadIdx.x / 32;
     const long q0 = (long)blockIdx.x * kAttnTile;
@@ -271,8 +296,8 @@ __global__ void __launch_bounds__(kAttnThreads)
     const __nv_bfloat16 *k_src = k + seq_begin * ldk + kv_head * D, *v_src = v + seq_begin * ldk + kv_head * D;
     auto load_key_tile = [&](int tile) {
         const long k0 = (long)tile * kAttnTile;
-        __nv_bfloat16* buf = kv_tiles + 2 * (tile & 1) * elems;
-        load_tile_pair_async<D>(buf, k_src, buf + elems, v_src, ldk, k0, (int)min((long)kAttnTile, key_end - k0));
+        unsigned char* buf = kv_tiles + 2 * (tile & 1) * bytes;
+        load_tile_pair_async<D>(buf, k_src, buf + bytes, v_src, ldk, k0, (int)min((long)kAttnTile, key_end - k0));
     };
     load_tile_pair_async<D>(q_tile, q + seq_begin * ldq + head * D, do_tile, dout + seq_begin * ldq + head * D, ldq, q0,
                             (int)(key_end - q0));
@@ -286,18 +311,19 @@ __global__ void __launch_bounds__(kAttnThreads)
         row_lse[r] = row < seq_len ? lse[(seq_begin + row) * H + head] : 0.0f;
         row_delta[r] = row < seq_len ? delta[(seq_begin + row) * H + head] : 0.0f;
     }
-    float acc[AttnTile<D>::frags][4];
-    zero_fragments<AttnTile<D>::frags>(acc);
+    WgmmaAccumulator<AttnTile<D>::cols> acc;
+    zero_accumulator<D>(acc);
     for (int tile = 0; tile < key_tiles; tile++) {
         if (tile + 1 < key_tiles) load_key_tile(tile + 1);
         __pipeline_commit();
-        __pipeline_wait_prior(1);  // this tile's group (and in the first round the query and dO tiles') has landed
-        __syncthreads();           // ... for every thread's copies
+        __pipeline_wait_prior(1);    // this tile's group (and in the first round the query and dO tiles') has landed
+        fence_proxy_async_shared();  // ... visible to the warpgroup MMA's reads
+        __syncthreads();             // ... for every thread's copies
         const long k0 = (long)tile * kAttnTile;
-        const __nv_bfloat16 *k_tile = kv_tiles + 2 * (tile & 1) * elems, *v_tile = k_tile + elems;
+        const unsigned char *k_tile = kv_tiles + 2 * (tile & 1) * bytes, *v_tile = k_tile + bytes;
         float s[8][4], dp[8][4];
-        warp_product_abt<D>(s, q_tile + 16 * warp * AttnTile<D>::ld, k_tile);
-        warp_product_abt<D>(dp, do_tile + 16 * warp * AttnTile<D>::ld, v_tile);
+        warpgroup_product_abt<D>(s, q_tile, k_tile);
+        warpgroup_product_abt<D>(dp, do_tile, v_tile);
         probabilities_and_dscores(
             s, dp, scale,
             [&](int row, int col) {
@@ -305,7 +331,7 @@ __global__ void __launch_bounds__(kAttnThreads)
                 return query < seq_len && k0 + col <= query;
             },
             [&](int row, int) { return row_lse[row >> 3]; }, [&](int row, int) { return row_delta[row >> 3]; });
-        warp_product_pb<D>(acc, dp, k_tile);
+        warpgroup_product_pb<D>(acc, dp, k_tile);
         __syncthreads();  // every warp is done with this buffer before the next round's copy refills it
     }
     store_rows_bf16<D>(dq + seq_begin * ldq + head * D, ldq, warp_row0, seq_len, acc, 1.0f, 1.0f);
@@ -319,11 +345,11 @@ __global__ void __launch_bounds__(kAttnThreads)
     attention_backward_dkv_kernel(__nv_bfloat16* dk, __nv_bfloat16* dv, const __nv_bfloat16* dout, const float* lse,
                                   const float* delta, const __nv_bfloat16* q, const __nv_bfloat16* k,
                                   const __nv_bfloat16* v, const int* cu_seqlens, int H, int KV) {
-    constexpr int elems = AttnTile<D>::elems;
-    DYNAMIC_SHARED(__nv_bfloat16, smem);
-    __nv_bfloat16 *k_tile = smem, *v_tile = k_tile + elems;
-    __nv_bfloat16* qdo_tiles = v_tile + elems;  // buffer b: Q at qdo_tiles + 2 b elems, dO after it
-    float* stat_tiles = reinterpret_cast<float*>(qdo_tiles + 4 * elems);  // buffer b: lse at 2 b kAttnTile, delta after
+    constexpr int bytes = SwizzledTile<D>::bytes;
+    DYNAMIC_SHARED(unsigned char, smem_raw);
+    unsigned char *k_tile = align_shared_1024(smem_raw), *v_tile = k_tile + bytes;
+    unsigned char* qdo_tiles = v_tile + bytes;  // buffer b: Q at qdo_tiles + 2 b bytes, dO after it
+    float* stat_tiles = reinterpret_cast<float*>(qdo_tiles + 4 * bytes);  // buffer b: lse at 2 b kAttnTile, delta after
     const long seq_begin = cu_seqlens[blockIdx.z], seq_len = cu_seqlens[blockIdx.z + 1] - seq_begin;
     const int kv_head = blockIdx.y, group = H / KV, warp = threadIdx.x / 32;
     const long k0 = (long)blockIdx.x * kAttnTile;
@@ -335,8 +361,8 @@ __global__ void __launch_bounds__(kAttnThreads)
         const int head = kv_head * group + step / query_tiles;
         const long q0 = k0 + (long)(step % query_tiles) * kAttnTile;
         const int queries = (int)min((long)kAttnTile, seq_len - q0);
-        __nv_bfloat16* buf = qdo_tiles + 2 * (step & 1) * elems;
-        load_tile_pair_async<D>(buf, q + seq_begin * ldq + head * D, buf + elems, dout + seq_begin * ldq + head * D, ldq,
+        unsigned char* buf = qdo_tiles + 2 * (step & 1) * bytes;
+        load_tile_pair_async<D>(buf, q + seq_begin * ldq + head * D, buf + bytes, dout + seq_begin * ldq + head * D, ldq,
                                 q0, queries);
         float* stats = stat_tiles + 2 * (step & 1) * kAttnTile;
         for (int r = threadIdx.x; r < kAttnTile; r += blockDim.x)
@@ -353,27 +379,28 @@ __global__ void __launch_bounds__(kAttnThreads)
     __pipeline_commit();
     const float scale = 1.0f / sqrtf((float)D);
     const long warp_key0 = k0 + 16 * warp;
-    float dk_acc[AttnTile<D>::frags][4], dv_acc[AttnTile<D>::frags][4];
-    zero_fragments<AttnTile<D>::frags>(dk_acc);
-    zero_fragments<AttnTile<D>::frags>(dv_acc);
+    WgmmaAccumulator<AttnTile<D>::cols> dk_acc, dv_acc;
+    zero_accumulator<D>(dk_acc);
+    zero_accumulator<D>(dv_acc);
     const int steps = group * query_tiles;
     for (int step = 0; step < steps; step++) {
         if (step + 1 < steps) load_query_tile(step + 1);
         __pipeline_commit();
-        __pipeline_wait_prior(1);  // this step's group (and in the first round the key and value tiles') has landed
-        __syncthreads();           // ... for every thread's copies
+        __pipeline_wait_prior(1);    // this step's group (and in the first round the key and value tiles') has landed
+        fence_proxy_async_shared();  // ... visible to the warpgroup MMA's reads
+        __syncthreads();             // ... for every thread's copies
         const long q0 = k0 + (long)(step % query_tiles) * kAttnTile;
         const int queries = (int)min((long)kAttnTile, seq_len - q0);
-        const __nv_bfloat16 *q_tile = qdo_tiles + 2 * (step & 1) * elems, *do_tile = q_tile + elems;
+        const unsigned char *q_tile = qdo_tiles + 2 * (step & 1) * bytes, *do_tile = q_tile + bytes;
         const float *lse_tile = stat_tiles + 2 * (step & 1) * kAttnTile, *delta_tile = lse_tile + kAttnTile;
         float st[8][4], dpt[8][4];  // keys x queries: S^T = K Q^T, dP^T = V dO^T
-        warp_product_abt<D>(st, k_tile + 16 * warp * AttnTile<D>::ld, q_tile);
-        warp_product_abt<D>(dpt, v_tile + 16 * warp * AttnTile<D>::ld, do_tile);
+        warpgroup_product_abt<D>(st, k_tile, q_tile);
+        warpgroup_product_abt<D>(dpt, v_tile, do_tile);
         probabilities_and_dscores(
             st, dpt, scale, [&](int row, int col) { return col < queries && warp_key0 + row <= q0 + col; },
             [&](int, int col) { return lse_tile[col]; }, [&](int, int col) { return delta_tile[col]; });
-        warp_product_pb<D>(dv_acc, st, do_tile);
-        warp_product_pb<D>(dk_acc, dpt, q_tile);
+        warpgroup_product_pb<D>(dv_acc, st, do_tile);
+        warpgroup_product_pb<D>(dk_acc, dpt, q_tile);
         __syncthreads();  // every warp is done with this buffer before the next round's copy refills it
     }
     store_rows_bf16<D>(dk + seq_begin * ldk + kv_head * D, ldk, warp_key0, seq_len, dk_acc, 1.0f, 1.0f);
@@ -420,7 +447,7 @@ inline dim3 attention_grid(const PackedAttentionShape& s, int heads) {
 // Dynamic shared memory of `tiles` tiles of head dim D plus `extra` bytes, allowed above 48 KB for `kernel` (once).
 template <int D, class Kernel>
 size_t attention_smem(Kernel kernel, int tiles, size_t extra) {
-    const size_t bytes = (size_t)tiles * AttnTile<D>::elems * sizeof(__nv_bfloat16) + extra;
+    const size_t bytes = (size_t)tiles * SwizzledTile<D>::bytes + extra + 1024;  // 1024: to align the tiles
     allow_dynamic_smem(kernel, bytes);
     return bytes;
 }
