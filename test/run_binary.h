@@ -2,6 +2,7 @@
 // would, through the shell, keeping what it printed and how it exited.
 #pragma once
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -39,6 +40,13 @@ inline RunResult run_command(const std::string& cmd) {
     int status = pclose(p);
     r.status = status != -1 && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
     return r;
+}
+
+// Runs one test of this very test binary in a child process, with `env` (VAR=value ...) set:
+// tests that must watch a crash or an exit from outside. The child runs unsharded, since
+// FP8RL_TEST_SHARD would pick among its one matching test and could pick none.
+inline RunResult run_this_test(const std::string& env, const std::string& test) {
+    return run_command("env -u FP8RL_TEST_SHARD " + env + " /proc/" + std::to_string(getpid()) + "/exe " + test + " 2>&1");
 }
 
 }  // namespace harness

@@ -59,7 +59,7 @@ inline TrainerState decode_trainer_state(const std::string& data, const std::str
     size_t pos = 8;
     auto get = [&](void* p, size_t n) {
         if (pos + n > data.size()) fail("%s: truncated trainer state (%zu bytes); the checkpoint is damaged", path.c_str(), data.size());
-        memcpy(p, data.data() + pos, n);
+        if (n) memcpy(p, data.data() + pos, n);  // an empty vector's data() may be null, which memcpy forbids
         pos += n;
     };
     const bool v1 = data.size() >= 8 && memcmp(data.data(), kStateMagicV1, 8) == 0;

@@ -392,9 +392,8 @@ TEST(emu_shared_memory_overflow_is_caught_by_asan) {
         CUDA_CHECK(cudaDeviceSynchronize());
         return;
     }
-    harness::RunResult r = harness::run_command(
-        "FP8RL_EMU_OVERFLOW_CHILD=1 ASAN_OPTIONS=detect_leaks=0 /proc/" + std::to_string(getpid()) +
-        "/exe emu_shared_memory_overflow_is_caught_by_asan 2>&1");
+    harness::RunResult r = harness::run_this_test("FP8RL_EMU_OVERFLOW_CHILD=1 ASAN_OPTIONS=detect_leaks=0",
+                                                  "emu_shared_memory_overflow_is_caught_by_asan");
     bool reported = r.output.find("AddressSanitizer: global-buffer-overflow") != std::string::npos ||
                     r.output.find("index 64 out of bounds for type 'int [64]'") != std::string::npos;
     CHECK_MSG(r.status != 0 && reported && r.output.find("test_emu.cu") != std::string::npos,

@@ -135,8 +135,8 @@ TEST(emu_stats_file_is_written_at_exit) {
     }
     const std::string file = harness::scratch_dir() + "/emu_stats.json";
     std::remove(file.c_str());
-    harness::RunResult r = harness::run_command("FP8RL_EMU_STATS_CHILD=1 FP8RL_EMU_STATS=" + file + " /proc/" +
-                                                std::to_string(getpid()) + "/exe emu_stats_file_is_written_at_exit 2>&1");
+    harness::RunResult r = harness::run_this_test("FP8RL_EMU_STATS_CHILD=1 FP8RL_EMU_STATS=" + file,
+                                                  "emu_stats_file_is_written_at_exit");
     CHECK_MSG(r.status == 0, "the child failed (exit %d): %s", r.status, r.output.c_str());
     const Json j = json_parse(read_file(file), file);
     const Json* child = j.find("ranges") ? j.find("ranges")->find("child") : nullptr;
