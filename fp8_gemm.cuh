@@ -533,13 +533,19 @@ inline std::string fp8_block_gemm_unsupported_reason(int device) {
 // Batch invariance: a row of D must not depend on how many rows (n, the tokens) are computed with
 // it, so a completion decodes the same whatever it is batched with. Two things would break it: a
 // split-K algorithm (its parts and their sums follow the shape), excluded by the preference's
-// reduction scheme mask; and a different kernel per n, so the first algorithm chosen for a weight
-// (m, k and its modes) is pinned for every n (cublasLtMatmulAlgoCheck), the heuristic's own choice
-// for n taking over only where cuBLASLt refuses the pinned one.
+// reduction scheme mask; and kernels that sum an element's k in another order. A kernel that does
+// not split k sums each element in k order whatever its tile, so the runner pins one per weight
+// (m, k and its modes) and size class (cublasLtMatmulAlgoCheck; the heuristic's own choice for n
+// takes over only where cuBLASLt refuses the pinned one): decode-sized n (at most DECODE_ROWS) runs
+// the heuristic's first choice at such an n, a kernel for a skinny output, and larger n (a prefill,
+// a training micro-batch) theirs, so a decode step never runs the tile chosen for a 16k-token
+// prefill. That the two classes' kernels round alike is what gemm_runner_rows_do_not_depend_on_n
+// holds a GPU to.
 // One per device; not thread-safe.
 class GemmRunner {
   public:
     static constexpr size_t WORKSPACE_BYTES = 32u << 20;  // what cuBLAS and TE use on Hopper
+    static constexpr int DECODE_ROWS = 256;  // the largest n of the decode-sized class (above)
 
     GemmRunner() {
         cublas_check(cublasLtCreate(&handle_), "cublasLtCreate");
@@ -622,8 +628,8 @@ class GemmRunner {
 
     cublasLtHandle_t handle_ = nullptr;
     std::map<Key, Plan> plans_;
-    // m, k, fp8, a mode, b mode, out, ops, A's alignment: a weight, whatever n
-    using PinKey = std::tuple<int, int, bool, int, int, int, int, uint32_t>;
+    // m, k, fp8, a mode, b mode, out, ops, A's alignment, n's size class: a weight, whatever n in the class
+    using PinKey = std::tuple<int, int, bool, int, int, int, int, uint32_t, bool>;
     std::map<PinKey, cublasLtMatmulAlgo_t> pinned_;
 
     static void destroy(Plan& p) {
@@ -699,7 +705,9 @@ class GemmRunner {
             cublasLtMatmulPreferenceDestroy(pref);
             cublas_check(st, what + ": algorithm heuristic");
             if (p.num_algos == 0) fail("%s: cuBLASLt found no algorithm for this configuration", what.c_str());
-            pin_algorithm(PinKey{c.m, c.k, c.fp8, (int)c.a_mode, (int)c.b_mode, (int)c.out, (int)c.ops, align[0]}, p);
+            pin_algorithm(PinKey{c.m, c.k, c.fp8, (int)c.a_mode, (int)c.b_mode, (int)c.out, (int)c.ops, align[0],
+                                 c.n <= DECODE_ROWS},
+                          p);
         } catch (...) {
             destroy(p);
             throw;
@@ -707,8 +715,8 @@ class GemmRunner {
         return plans_.emplace(key, p).first->second;
     }
 
-    // The weight's pinned algorithm goes first in the plan where cuBLASLt accepts it for this shape;
-    // a weight's first plan pins its best algorithm.
+    // The weight's pinned algorithm for the size class goes first in the plan where cuBLASLt accepts
+    // it for this shape; a weight's first plan in a class pins its best algorithm.
     void pin_algorithm(const PinKey& key, Plan& p) {
         auto it = pinned_.find(key);
         if (it == pinned_.end()) {

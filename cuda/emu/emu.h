@@ -133,6 +133,8 @@ const void* pointer_arg(const T& arg) {
 cudaError_t stream_op(cudaStream_t stream, std::function<void()> op, bool at_issue = false);
 // The rule the last refused cuBLASLt call broke (cuda/emu/emu_cublaslt.cpp), "" if none.
 std::string cublaslt_last_error();
+// The emulated algorithm (0-3, emu_cublaslt.cpp) of the last cublasLtMatmul this thread issued; -1 if none.
+int cublaslt_last_algorithm();
 // True when [p, p + bytes) lies inside one cudaMalloc'ed buffer.
 bool is_device_memory(const void* p, size_t bytes);
 

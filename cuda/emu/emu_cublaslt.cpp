@@ -25,11 +25,14 @@
 // Rounding depends on the algorithm as a library's does: algorithm 0 sums each 128-wide k block
 // in FP32 and adds the scaled block sums in FP32 in k order (shape-independent, as the CPU oracle
 // cpu/fp8_gemm_ref.h), and a BF16 GEMM's k as one FP32 chain (cpu/gemm.h's order: the accumulator
-// is never rescaled); algorithms >= 1 split k into 2-4 parts chosen from (m, n, k, index),
-// each summed so, then added last part first, so their last bits depend on the shape. Which algorithm the
-// heuristic ranks first depends on the shape too: a split-K one where the output's 128 x 128 tiles
-// do not fill the device's 132 SMs and k has several blocks, as libraries split skinny GEMMs. So a
-// program that takes the heuristic's first answer rounds differently as n (a batch size) changes.
+// is never rescaled); algorithms 1 and 2 split k into 2-4 parts chosen from (m, n, k, index),
+// each summed so, then added last part first, so their last bits depend on the shape; algorithm 3,
+// a narrow tile for skinny outputs, does not split k and rounds as algorithm 0 (a tile's shape does
+// not change the order of an element's sum: what the GPU check of gemm_runner_rows_do_not_depend_on_n
+// holds cuBLASLt to). Which algorithm the heuristic ranks first depends on the shape too: where the
+// output's 128 x 128 tiles do not fill the device's 132 SMs, a split-K one if k has several blocks
+// (as libraries split skinny GEMMs), then the narrow tile. So a program that takes the heuristic's
+// first answer runs other kernels, and rounds differently, as n (a batch size) changes.
 #include "cuda/emu/emu.h"
 #include <cublasLt.h>
 
@@ -50,6 +53,7 @@ struct cublasLtContext {
 namespace {
 
 thread_local std::string last_error;
+thread_local int last_algorithm = -1;  // the algorithm of the last cublasLtMatmul this thread issued
 
 // FP8RL_EMU_CUBLASLT_REFUSAL=N (N > 0): every refusal answers with another status the documentation
 // allows for a refused configuration than the one its rule names here (cublasLtMatmul's "parameters
@@ -244,8 +248,8 @@ cublasLtMatmulHeuristicResult_t result_of(const Algo& algo) {
     return r;
 }
 
-// Algorithm `index`: its k split from the shape, as a library's tile choice: 1 part for algorithm
-// 0, 2 to 4 for the others where k has 2 blocks or more.
+// Algorithm `index`: its k split from the shape, as a library's tile choice: 1 part for algorithms
+// 0 and 3, 2 to 4 for 1 and 2 where k has 2 blocks or more.
 Algo make_algo(const Problem& p, const Pref& pref, int index) {
     Algo a{};
     a.index = index;
@@ -253,18 +257,19 @@ Algo make_algo(const Problem& p, const Pref& pref, int index) {
                  ((uint64_t)p.k * 0x165667B19E3779F9ull) ^ ((uint64_t)index * 0x27D4EB2F165667C5ull);
     h ^= h >> 29;
     const int most = std::min(p.blocks, 4);
-    a.splits = index == 0 || most < 2 ? 1 : 2 + (int)(h % (uint64_t)(most - 1));
+    a.splits = index == 0 || index == 3 || most < 2 ? 1 : 2 + (int)(h % (uint64_t)(most - 1));
     for (int i = 0; i < 4; i++) a.align[i] = pref.align[i];
     a.workspace = split_workspace(p, a.splits);
     return a;
 }
 
-constexpr int NUM_ALGOS = 3;
+constexpr int NUM_ALGOS = 4;
 
 }  // namespace
 
 namespace emu {
 std::string cublaslt_last_error() { return last_error; }
+int cublaslt_last_algorithm() { return last_algorithm; }
 }  // namespace emu
 
 extern "C" {
@@ -393,11 +398,13 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtM
     }
     if (is_refusal(st) && refuse_with_zero_results()) return CUBLAS_STATUS_SUCCESS;  // *returned = 0
     if (st != CUBLAS_STATUS_SUCCESS) return st;
-    // skinny outputs rank a split-K algorithm first (algorithm 1), others the plain one (0)
+    // skinny outputs rank split-K first (algorithms 1, 2) where k has blocks to split, then the
+    // narrow tile (3); others the plain one (0)
     const uint64_t tiles = ((p.m + 127) / 128) * (uint64_t)((p.n + 127) / 128);
-    const int first = tiles < 132 && p.blocks >= 2 ? 1 : 0;
+    static const int ranked[3][NUM_ALGOS] = {{0, 3, 1, 2}, {3, 0, 1, 2}, {1, 2, 3, 0}};
+    const int* order = ranked[tiles >= 132 ? 0 : p.blocks < 2 ? 1 : 2];
     for (int rank = 0; rank < NUM_ALGOS && *returned < requested; rank++) {
-        Algo algo = make_algo(p, pr, (first + rank) % NUM_ALGOS);
+        Algo algo = make_algo(p, pr, order[rank]);
         if (algo.workspace > pr.max_workspace) continue;
         if (algo.splits > 1 && !(pr.reduction_mask & CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE)) continue;  // [RED]
         results[(*returned)++] = result_of(algo);
@@ -530,6 +537,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
     };
     if (emu::stream_op(stream, compute, emu::Counted{emu::Counted::Gemm}) != cudaSuccess)
         return refuse(CUBLAS_STATUS_EXECUTION_FAILED, "matmul: the stream refused the operation");
+    last_algorithm = algo.index;
     return CUBLAS_STATUS_SUCCESS;
 }
 
