@@ -209,11 +209,13 @@ $(BUILD)/emu_bench_%: $(BUILD)/emu/test/gpu/bench_%.cu.o $(EMU_LIB)
 # The runs: the unit and integration tests, the GPU tests in emulation (plain and under ASan), the
 # GPU check's parts in emulation, the CUDA compile check, the CPU tests under ASan + UBSan, and
 # bounded fuzz runs of the JSON parser and the safetensors reader. Slowest first, so they start first.
-# The emulated GPU tests run single-threaded, ~5 min in each build: each runs as two shards (every
-# other test; test/run_tests.cpp), so the last minutes of make test keep both cores busy.
-EMU_SHARDS     := 1of2 2of2
-EMU_SHARD_RUNS := $(EMU_SHARDS:%=test-gpu-emu-%)
-ASAN_SHARD_RUNS := $(EMU_SHARDS:%=test-gpu-emu-asan-%)
+# The emulated GPU tests run single-threaded, ~5 min in each build, so they run as shards (every
+# Nth test; test/run_tests.cpp): two under ASan, which start first, and three plain ones, short
+# enough that the last minutes of make test keep both cores busy.
+EMU_SHARDS      := 1of3 2of3 3of3
+ASAN_SHARDS     := 1of2 2of2
+EMU_SHARD_RUNS  := $(EMU_SHARDS:%=test-gpu-emu-%)
+ASAN_SHARD_RUNS := $(ASAN_SHARDS:%=test-gpu-emu-asan-%)
 TEST_RUNS := $(if $(EMU_FLAGS),test-gpu-emu-asan) test-cpu $(if $(EMU_FLAGS),test-gpu-emu) test-cpu-asan cuda-check \
              $(if $(EMU_FLAGS),test-bench-emu) $(FUZZ_TARGETS:%=fuzz-%)
 LOGS := $(BUILD)/logs
