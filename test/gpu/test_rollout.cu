@@ -469,7 +469,7 @@ SamplingConfig long_sampling(int tokens) {
 
 }  // namespace
 
-// The decode loop runs without the host (issue 29): a 600-token generation makes at most one host
+// The decode loop runs without the host (issue 29): a 300-token generation makes at most one host
 // synchronization per 16 decode steps (kDecodeWindow) beyond what a 1-token generation of the same
 // requests makes (its set-up, the prefill, one window), and at most one host-to-device copy per
 // decode step, counted by the emulation as issued, in the rollout range, once the buffers have
@@ -486,7 +486,7 @@ TEST(rollout_decode_loop_waits_for_the_device_once_per_16_steps) {
         emu::stop_stats();
         return emu::range_stats("rollout");
     };
-    const int tokens = harness::sanitized ? 100 : 600;  // ASan looks for memory errors, the plain build at full length
+    const int tokens = harness::sanitized ? 100 : 300;  // ASan looks for memory errors, the plain build at length
     counted(tokens);  // the buffers' allocation at their size (cudaFree synchronizes) and the graphs' capture
     const emu::RangeStats one = counted(1), all = counted(tokens);
     const RolloutStats st = gpu.rollout_stats();
