@@ -55,6 +55,7 @@
 #include "rl/numerics/attention_tiles.h"
 #include "rl/numerics/fast_div.h"
 #include "rl/numerics/fast_exp.h"
+#include "rl/numerics/fast_log.h"
 #include "rl/numerics/fp8.h"
 #include "rl/numerics/precision.h"
 
@@ -229,7 +230,8 @@ __device__ __forceinline__ void store_words(void* p, const uint32_t (&w)[N]) {
 //           queries x 16 columns of d (its A fragments and V's, transposed, by ldmatrix);
 // The rows of the last tile past its keys are zeros (converted as zeros; BF16: cleared), so the MMAs
 // read whole 16-key steps as the CPU's chains add zero products.
-//   output  part_o = (O * V scale) / sum.
+//   output  part_o = (O * V scale) / sum, part_lse = max + fast_log(sum) (rl/numerics/fast_log.h:
+//           the host's bits, and no I2F as CUDA's logf has).
 // cpu/attention.h's cached_decode_row computes the same operations in the same order.
 template <int D, class Elem>
 __global__ void __launch_bounds__(kDecodeThreads)
@@ -445,7 +447,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
     }
     for (int e = threadIdx.x; e < queries * D; e += kDecodeThreads)
         part_o[out_at(e / D) * D + e % D] = o_s[e] * vs / sum_s[e / D];
-    for (int g = threadIdx.x; g < queries; g += kDecodeThreads) part_lse[out_at(g)] = max_s[g] + logf(sum_s[g]);
+    for (int g = threadIdx.x; g < queries; g += kDecodeThreads) part_lse[out_at(g)] = max_s[g] + fast_log(sum_s[g]);
 }
 
 // Output d of (row, head) row_head: its chunks merged by their LSE weights, added in chunk order; a

@@ -30,6 +30,7 @@
 #include "rl/numerics/attention_tiles.h"
 #include "rl/numerics/bf16.h"
 #include "rl/numerics/fast_exp.h"
+#include "rl/numerics/fast_log.h"
 #include "rl/numerics/reduction_order.h"
 #include "cpu/gemm.h"
 
@@ -256,7 +257,7 @@ inline void cached_decode_row(float* o, float* lse, const float* qt, const float
                     }
         }
         for (int h = 0; h < s.H; h++) {
-            pl[h] = begin < end ? max[h] + std::log(sum[h]) : -INFINITY;  // an empty chunk weighs 0
+            pl[h] = begin < end ? max[h] + fast_log(sum[h]) : -INFINITY;  // an empty chunk weighs 0
             if (begin < end)
                 for (int d = 0; d < s.D; d++) po[h * s.D + d] = po[h * s.D + d] * v_scale[h / group] / sum[h];
         }
