@@ -104,7 +104,7 @@ TEST_OBJS  := $(BUILD)/test/run_tests.o $(BUILD)/test/unity.o
 ASAN_OBJS  := $(BUILD)/asan/test/run_tests.o $(BUILD)/asan/test/unity.o
 BENCH_SRCS := $(wildcard bench/bench_*.cpp)
 BENCH_BINS := $(patsubst bench/%.cpp,$(BUILD)/%,$(BENCH_SRCS))
-FUZZ_SECONDS ?= 20
+FUZZ_SECONDS ?= 10
 FUZZ_TARGETS := json safetensors
 
 .PHONY: all demo-sft test test-runs test-unit test-asan test-cpu test-cpu-asan test-gpu-emu test-gpu-emu-asan test-bench-emu \
