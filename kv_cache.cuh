@@ -17,8 +17,9 @@
 // every query head of the GQA group reads it through the tensor cores (Q K^T and P V as
 // mma.sync m16n8k16, FlashInfer's tensor-core decode); it keeps an online softmax (running max,
 // running sum, rescaled output) and writes the chunk's normalised partial O and its log-sum-exp
-// (FP32). A second kernel merges the chunks by their LSE weights and writes O in BF16 (and, in an
-// fp8 decode step, O's FP8 1x128 operand for the O projection). Scores are
+// (FP32). The last CTA to finish a row's chunks (a count per row, the CUDA guide's last-block
+// pattern) merges them by their LSE weights and writes O in BF16 (and, in an fp8 decode step, O's
+// FP8 1x128 operand for the O projection): no merge kernel, one graph node less a layer. Scores are
 // exact BF16 products summed in d order, then scaled; exp is rl/numerics/fast_exp.h's (the CPU
 // engine's); P stays FP32 for the softmax sums and meets V as two BF16 terms (16 significant bits,
 // unlike the training kernel's single BF16 P); the output's is the only other rounding to BF16 (see
@@ -153,6 +154,16 @@ struct DecodeCascade {
     int max_groups = 0;  // an upper bound on *count: the cascade launch's grid
 };
 
+// Where decode attention writes its result: out [B][H D] BF16, with `operand` also its FP8 1x128
+// operand (rows B .. operand.rows zero codes); done [B]: per row, how many of its (chunk, kv head)
+// partials are written, zero between launches (the CTA that completes a row resets it).
+struct DecodeOutput {
+    __nv_bfloat16* out = nullptr;
+    Fp8RowsOut operand;
+    uint32_t* done = nullptr;
+    int B = 0;
+};
+
 // Four E4M3 codes (a 32-bit word, the lowest-addressed code in the low byte) as two pairs of BF16
 // (out[0]: codes 0, 1; out[1]: codes 2, 3), exactly: the hardware's conversion of two codes to two
 // FP16 (cvt.rn.f16x2.e4m3x2, __nv_cvt_fp8x2_to_halfraw2: E4M3 is exact in FP16), then FP16 -> FP32
@@ -208,6 +219,68 @@ __device__ __forceinline__ void store_words(void* p, const uint32_t (&w)[N]) {
     }
 }
 
+// Output d of (row, head) row_head: its chunks merged by their LSE weights, added in chunk order; a
+// row without keys (idle: every chunk's LSE is -inf) gets zero. Other CTAs wrote the partials in
+// this launch (or the one before): read through L2 (ld.global.cg), never a stale L1 line.
+template <int D>
+__device__ __forceinline__ float kv_decode_merged(const float* part_o, const float* part_lse, int chunks, long row_head,
+                                                  int d) {
+    const float* lse = part_lse + row_head * chunks;
+    float lse_max = -INFINITY;
+    for (int c = 0; c < chunks; c++) lse_max = fmaxf(lse_max, __ldcg(lse + c));
+    if (lse_max == -INFINITY) return 0.0f;
+    float weight_sum = 0.0f, acc = 0.0f;
+    for (int c = 0; c < chunks; c++) {
+        const float w = fast_exp(__ldcg(lse + c) - lse_max);  // 0 for an empty chunk
+        weight_sum += w;
+        acc += w * __ldcg(part_o + (row_head * chunks + c) * D + d);
+    }
+    return acc / weight_sum;
+}
+
+// Row r of the result (DecodeOutput) from its merged chunks, by the CTA's warps, two 128-column
+// groups a warp as fp8_rows.cuh lays them out (a half warp a group, a lane 8 outputs); a row past
+// o.B gets zero codes alone.
+template <int D>
+__device__ void kv_decode_merge_row(const DecodeOutput& o, const float* part_o, const float* part_lse, int chunks, int H,
+                                    long r) {
+    const int cols = H * D, lane16 = threadIdx.x % kGroupLanes, half = (threadIdx.x % 32) / kGroupLanes;
+    FP8RL_NO_UNROLL
+    for (int pair = threadIdx.x / 32; pair < group_pairs(cols); pair += kDecodeThreads / 32) {  // warp-uniform
+        const int kb = pair * 2 + half, c = kb * FP8_BLOCK + lane16 * 8, count = r < o.B && c < cols ? min(8, cols - c) : 0;
+        float v[8];
+        for (int e = 0; e < 8; e++) {
+            const long i = r * cols + c + e;  // = row_head * D + d
+            v[e] = e < count ? round_bf16(kv_decode_merged<D>(part_o, part_lse, chunks, i / D, (int)(i % D))) : 0.0f;
+        }
+        if (r < o.B) store8(o.out + r * cols + c, count, v);
+        if (o.operand) quantize_group8(v, (int)r, kb, cols, o.operand);
+    }
+}
+
+// After a CTA wrote its partials of rows[0 .. members) (one chunk of one kv head each): counts them,
+// and the CTA whose count completes a row's `units` (its chunks x kv heads, whichever launch or CTA
+// wrote them) merges the row and resets its count. Each thread's fence orders its partials before
+// the count (release); the merging CTA's fence orders the count before its reads (acquire): the CUDA
+// programming guide's memory-fence example. Every thread of the CTA calls it (once: one copy of the
+// merge in the kernel's code).
+template <int D>
+__device__ void kv_decode_arrive(const DecodeOutput& o, const float* part_o, const float* part_lse, int chunks, int H,
+                                 const long* rows, int members, uint32_t units, bool counted) {
+    STATIC_SHARED(uint32_t, completes, [kCascadeRows]);  // 1: this CTA completed rows[m]
+    __threadfence();
+    __syncthreads();  // every thread's partials are fenced
+    if ((int)threadIdx.x < members)  // a padding row (not counted) is merged at once: its zero codes
+        completes[threadIdx.x] = !counted || atomicAdd(o.done + rows[threadIdx.x], 1u) == units - 1;
+    __syncthreads();  // the flags are written
+    for (int m = 0; m < members; m++) {
+        if (!completes[m]) continue;  // CTA-uniform
+        __threadfence();
+        kv_decode_merge_row<D>(o, part_o, part_lse, chunks, H, rows[m]);
+        if (threadIdx.x == 0 && counted) o.done[rows[m]] = 0;  // the row's every partial is counted: none arrives after
+    }
+}
+
 // One CTA per (chunk blockIdx.x, kv head blockIdx.y, row blockIdx.z), or with cascade.rows per
 // (prefix chunk, kv head, cascade group blockIdx.z): the GQA group's query heads of its rows over one
 // chunk of keys, cut by decode_chunk_keys from len = min(lens[row], max_len) and its prefix
@@ -216,7 +289,8 @@ __device__ __forceinline__ void store_words(void* p, const uint32_t (&w)[N]) {
 // arithmetic is the per-row launch's (the same tiles in the same order), so a row's bits do not
 // depend on whether a cascade CTA served it. Writes part_o [B][H][chunks][D] (the chunk's
 // softmax-weighted V, normalised by the chunk's sum) and part_lse [B][H][chunks] (-inf for a chunk
-// without keys, whose part_o is 0).
+// without keys, whose part_o is 0); the CTA that writes a row's last partial merges the row into `o`
+// (kv_decode_arrive). The per-row launch's z past o.B: rows of o's FP8 operand that get zero codes.
 //
 // Per tile, on the tensor cores (mma.cuh, BF16 operands, FP32 accumulate), for all the CTA's queries
 // at once (m16 tiles of queries, the rows past them zero): with FP8 storage the landed codes are
@@ -239,7 +313,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
                            const Elem* v_pool, const float* k_scale, const float* v_scale, const int32_t* page_table,
                            int max_pages, const int32_t* lens, const int32_t* prefixes, int max_len, int H,
                            FastDivisor group, FastDivisor page_tokens, FastDivisor split_keys, int chunks,
-                           DecodeCascade cascade) {
+                           DecodeCascade cascade, DecodeOutput o) {
     constexpr bool fp8 = std::is_same<Elem, uint8_t>::value;
     constexpr int row_bytes = D * (int)sizeof(Elem), k_row = row_bytes + 16;  // a key row padded (bank groups)
     // copies of 16 bytes (8 for the 8-byte rows of FP8 at head dim 8), as many per row as it holds
@@ -256,7 +330,11 @@ __global__ void __launch_bounds__(kDecodeThreads)
     // are all empty and a refilled row left its group: the per-row launch writes theirs)
     long rows[kCascadeRows];
     int members = 0;
-    if (cascade.rows) {
+    const bool padding = !cascade.rows && (int)blockIdx.z >= o.B;  // a row of o's operand past B: zero codes
+    if (padding) {
+        if (chunk != 0 || kv_head != 0) return;  // one CTA writes them
+        rows[members++] = blockIdx.z;
+    } else if (cascade.rows) {
         if ((int)blockIdx.z >= *cascade.count) return;
         for (int i = cascade.start[blockIdx.z]; i < cascade.start[blockIdx.z + 1] && members < kCascadeRows; i++)
             if (row_len(cascade.rows[i]) > 0 && cascade.shared[cascade.rows[i]]) rows[members++] = cascade.rows[i];
@@ -267,227 +345,194 @@ __global__ void __launch_bounds__(kDecodeThreads)
             chunk < decode_span_chunks(row_prefix(blockIdx.z), split_keys))
             return;  // a cascade CTA computes this prefix chunk
     }
-    const int queries = members * group.d;  // query q is head q % group of rows[q / group]
-    const int query_tiles = (queries + 15) / 16;
-    uint8_t *k_t = decode_smem, *v_t = k_t + kDecodeStages * kDecodeTile * k_row;
-    int32_t* page_s = reinterpret_cast<int32_t*>(v_t + kDecodeStages * kDecodeTile * row_bytes);
-    __nv_bfloat16* k_h = reinterpret_cast<__nv_bfloat16*>(page_s + kDecodeStages * kDecodeTile);  // FP8: converted tiles
-    __nv_bfloat16* v_h = k_h + (fp8 ? kDecodeTile * ld : 0);
-    __nv_bfloat16* q_h = v_h + (fp8 ? kDecodeTile * ld : 0);
-    __nv_bfloat16 *p_hi = q_h + query_tiles * 16 * ld, *p_lo = p_hi + query_tiles * 16 * kDecodePld;
-    float *o_s = reinterpret_cast<float*>(p_lo + query_tiles * 16 * kDecodePld), *p_s = o_s + queries * D,
-          *max_s = p_s + queries * kDecodeTile, *sum_s = max_s + queries, *rescale_s = sum_s + queries;
-    const long len = row_len(rows[0]);
-    long key_begin, key_end;
-    decode_chunk_keys(len, row_prefix(rows[0]), split_keys, chunk, &key_begin, &key_end);
-    auto out_at = [&](int query) {  // the part_lse index of a query's (row, head, chunk)
-        return (rows[group.div(query)] * H + head0 + group.mod(query)) * chunks + chunk;
-    };
-    if (key_begin >= key_end) {  // an idle row or a chunk past the row's: reads nothing
-        for (int e = threadIdx.x; e < queries * D; e += kDecodeThreads) part_o[out_at(e / D) * D + e % D] = 0.0f;
-        for (int g = threadIdx.x; g < queries; g += kDecodeThreads) part_lse[out_at(g)] = -INFINITY;
-        return;
-    }
-    // BF16 storage: the stored values as they are (scale 1)
-    const float ks = fp8 ? k_scale[kv_head] : 1.0f, vs = fp8 ? v_scale[kv_head] : 1.0f, scale = 1.0f / sqrtf((float)D);
-    const __nv_bfloat16 zero = __float2bfloat16_rn(0.0f);
-    for (int e = threadIdx.x; e < query_tiles * 16 * ld; e += kDecodeThreads) {  // rows past the queries, columns past D: 0
-        const int g = e / ld, d = e % ld;
-        q_h[e] = g < queries && d < D ? q[(rows[group.div(g)] * H + head0 + group.mod(g)) * D + d] : zero;
-    }
-    for (int e = threadIdx.x; e < query_tiles * 16 * kDecodePld; e += kDecodeThreads) p_hi[e] = p_lo[e] = zero;
-    for (int e = threadIdx.x; e < queries * D; e += kDecodeThreads) o_s[e] = 0.0f;
-    for (int g = threadIdx.x; g < queries; g += kDecodeThreads) {
-        max_s[g] = -INFINITY;
-        sum_s[g] = 0.0f;
-    }
-    const int32_t* pages = page_table + rows[0] * max_pages;
-    const long tiles = (key_end - key_begin + kDecodeTile - 1) / kDecodeTile;
-    // tile i's keys k0 .. k0 + keys - 1 start on page k0 / page_tokens; a tile spans at most
-    // kDecodeTile pages (k0 is a multiple of kDecodeTile)
-    auto tile_keys = [&](long i) { return (int)min((long)kDecodeTile, key_end - key_begin - i * kDecodeTile); };
-    auto load_page_ids = [&](long i, int stage) {
-        const long k0 = key_begin + i * kDecodeTile, first = page_tokens.div((uint32_t)k0),
-                   last = page_tokens.div((uint32_t)(k0 + tile_keys(i) - 1));
-        FP8RL_NO_UNROLL
-        for (long p = first + threadIdx.x; p <= last; p += kDecodeThreads) page_s[stage * kDecodeTile + (p - first)] = pages[p];
-    };
-    auto copy_tile = [&](long i, int stage) {  // one group of this thread's copies (maybe empty)
-        const long k0 = key_begin + i * kDecodeTile, first = page_tokens.div((uint32_t)k0);
-        FP8RL_NO_UNROLL
-        for (int e = threadIdx.x; e < tile_keys(i) * vectors; e += kDecodeThreads) {
-            const int j = e / vectors, c = e % vectors;
-            const uint32_t pos = (uint32_t)(k0 + j), page = page_tokens.div(pos);
-            const long slot = (long)page_s[stage * kDecodeTile + (page - first)] * page_tokens.d + (pos - page * page_tokens.d);
-            const size_t at = (size_t)((slot * KV + kv_head) * D) * sizeof(Elem) + (size_t)c * copy_bytes;
-            __pipeline_memcpy_async(k_t + (stage * kDecodeTile + j) * k_row + c * copy_bytes, (const uint8_t*)k_pool + at,
-                                    copy_bytes);
-            __pipeline_memcpy_async(v_t + (stage * kDecodeTile + j) * row_bytes + c * copy_bytes, (const uint8_t*)v_pool + at,
-                                    copy_bytes);
+    // this CTA's partials: a chunk of one kv head's queries of each of its rows
+    auto write_partials = [&] {
+        const int queries = members * group.d;  // query q is head q % group of rows[q / group]
+        const int query_tiles = (queries + 15) / 16;
+        uint8_t *k_t = decode_smem, *v_t = k_t + kDecodeStages * kDecodeTile * k_row;
+        int32_t* page_s = reinterpret_cast<int32_t*>(v_t + kDecodeStages * kDecodeTile * row_bytes);
+        __nv_bfloat16* k_h = reinterpret_cast<__nv_bfloat16*>(page_s + kDecodeStages * kDecodeTile);  // FP8: converted tiles
+        __nv_bfloat16* v_h = k_h + (fp8 ? kDecodeTile * ld : 0);
+        __nv_bfloat16* q_h = v_h + (fp8 ? kDecodeTile * ld : 0);
+        __nv_bfloat16 *p_hi = q_h + query_tiles * 16 * ld, *p_lo = p_hi + query_tiles * 16 * kDecodePld;
+        float *o_s = reinterpret_cast<float*>(p_lo + query_tiles * 16 * kDecodePld), *p_s = o_s + queries * D,
+              *max_s = p_s + queries * kDecodeTile, *sum_s = max_s + queries, *rescale_s = sum_s + queries;
+        const long len = row_len(rows[0]);
+        long key_begin, key_end;
+        decode_chunk_keys(len, row_prefix(rows[0]), split_keys, chunk, &key_begin, &key_end);
+        auto out_at = [&](int query) {  // the part_lse index of a query's (row, head, chunk)
+            return (rows[group.div(query)] * H + head0 + group.mod(query)) * chunks + chunk;
+        };
+        if (key_begin >= key_end) {  // an idle row or a chunk past the row's: reads nothing
+            for (int e = threadIdx.x; e < queries * D; e += kDecodeThreads) part_o[out_at(e / D) * D + e % D] = 0.0f;
+            for (int g = threadIdx.x; g < queries; g += kDecodeThreads) part_lse[out_at(g)] = -INFINITY;
+            return;
         }
-        __pipeline_commit();
-    };
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = kDecodeThreads / 32;
-    const int g8 = lane / 4, t4 = lane % 4;  // a fragment's row group and thread in group (mma.cuh)
-    load_page_ids(0, 0);
-    __syncthreads();  // tile 0's page ids (and q, the output and the statistics) are written
-    copy_tile(0, 0);
-    for (long i = 0; i < tiles; i++) {
-        const int stage = (int)(i % kDecodeStages), keys = tile_keys(i);
-        if (i + 1 < tiles) load_page_ids(i + 1, stage ^ 1);
-        __syncthreads();  // the next tile's page ids are written
-        if (i + 1 < tiles) copy_tile(i + 1, stage ^ 1);
-        else __pipeline_commit();  // an empty group: the wait below always leaves one group in flight
-        __pipeline_wait_prior(1);  // this thread's copies of tile i have landed
-        __syncthreads();           // every thread's have
-        uint8_t *k_land = k_t + stage * kDecodeTile * k_row, *v_land = v_t + stage * kDecodeTile * row_bytes;
-        const __nv_bfloat16 *k_b, *v_b;  // the tile's keys [key][k_ld] and values [key][v_ld] in BF16
-        int k_ld, v_ld;
-        if (fp8) {  // converted once, 16 codes of K and of V a thread at a time, for every query that reads them
-            constexpr int cv = D % 16 == 0 ? 16 : 4;  // codes per pass (D = 8: 4, its 8-byte rows)
+        // BF16 storage: the stored values as they are (scale 1)
+        const float ks = fp8 ? k_scale[kv_head] : 1.0f, vs = fp8 ? v_scale[kv_head] : 1.0f, scale = 1.0f / sqrtf((float)D);
+        const __nv_bfloat16 zero = __float2bfloat16_rn(0.0f);
+        for (int e = threadIdx.x; e < query_tiles * 16 * ld; e += kDecodeThreads) {  // rows past the queries, columns past D: 0
+            const int g = e / ld, d = e % ld;
+            q_h[e] = g < queries && d < D ? q[(rows[group.div(g)] * H + head0 + group.mod(g)) * D + d] : zero;
+        }
+        for (int e = threadIdx.x; e < query_tiles * 16 * kDecodePld; e += kDecodeThreads) p_hi[e] = p_lo[e] = zero;
+        for (int e = threadIdx.x; e < queries * D; e += kDecodeThreads) o_s[e] = 0.0f;
+        for (int g = threadIdx.x; g < queries; g += kDecodeThreads) {
+            max_s[g] = -INFINITY;
+            sum_s[g] = 0.0f;
+        }
+        const int32_t* pages = page_table + rows[0] * max_pages;
+        const long tiles = (key_end - key_begin + kDecodeTile - 1) / kDecodeTile;
+        // tile i's keys k0 .. k0 + keys - 1 start on page k0 / page_tokens; a tile spans at most
+        // kDecodeTile pages (k0 is a multiple of kDecodeTile)
+        auto tile_keys = [&](long i) { return (int)min((long)kDecodeTile, key_end - key_begin - i * kDecodeTile); };
+        auto load_page_ids = [&](long i, int stage) {
+            const long k0 = key_begin + i * kDecodeTile, first = page_tokens.div((uint32_t)k0),
+                       last = page_tokens.div((uint32_t)(k0 + tile_keys(i) - 1));
             FP8RL_NO_UNROLL
-            for (int e = threadIdx.x; e < kDecodeTile * (D / cv); e += kDecodeThreads) {
-                const int j = e / (D / cv), d = e % (D / cv) * cv;
-                uint32_t kc[cv / 4] = {}, vc[cv / 4] = {}, kb[cv / 2], vb[cv / 2];
-                if (j < keys) {  // rows past the tile's keys: code 0 (+0)
-                    load_words(kc, k_land + j * k_row + d);
-                    load_words(vc, v_land + j * row_bytes + d);
-                }
-                for (int w = 0; w < cv / 4; w++) {
-                    e4m3x4_to_bf16(kc[w], kb + 2 * w);
-                    e4m3x4_to_bf16(vc[w], vb + 2 * w);
-                }
-                store_words(k_h + j * ld + d, kb);
-                store_words(v_h + j * ld + d, vb);
+            for (long p = first + threadIdx.x; p <= last; p += kDecodeThreads) page_s[stage * kDecodeTile + (p - first)] = pages[p];
+        };
+        auto copy_tile = [&](long i, int stage) {  // one group of this thread's copies (maybe empty)
+            const long k0 = key_begin + i * kDecodeTile, first = page_tokens.div((uint32_t)k0);
+            FP8RL_NO_UNROLL
+            for (int e = threadIdx.x; e < tile_keys(i) * vectors; e += kDecodeThreads) {
+                const int j = e / vectors, c = e % vectors;
+                const uint32_t pos = (uint32_t)(k0 + j), page = page_tokens.div(pos);
+                const long slot = (long)page_s[stage * kDecodeTile + (page - first)] * page_tokens.d + (pos - page * page_tokens.d);
+                const size_t at = (size_t)((slot * KV + kv_head) * D) * sizeof(Elem) + (size_t)c * copy_bytes;
+                __pipeline_memcpy_async(k_t + (stage * kDecodeTile + j) * k_row + c * copy_bytes, (const uint8_t*)k_pool + at,
+                                        copy_bytes);
+                __pipeline_memcpy_async(v_t + (stage * kDecodeTile + j) * row_bytes + c * copy_bytes, (const uint8_t*)v_pool + at,
+                                        copy_bytes);
             }
-            __syncthreads();  // the converted tile is written
-            k_b = k_h, v_b = v_h, k_ld = ld, v_ld = ld;
-        } else {
-            if (keys < kDecodeTile) {  // the last tile: its rows past the keys cleared
+            __pipeline_commit();
+        };
+        const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = kDecodeThreads / 32;
+        const int g8 = lane / 4, t4 = lane % 4;  // a fragment's row group and thread in group (mma.cuh)
+        load_page_ids(0, 0);
+        __syncthreads();  // tile 0's page ids (and q, the output and the statistics) are written
+        copy_tile(0, 0);
+        for (long i = 0; i < tiles; i++) {
+            const int stage = (int)(i % kDecodeStages), keys = tile_keys(i);
+            if (i + 1 < tiles) load_page_ids(i + 1, stage ^ 1);
+            __syncthreads();  // the next tile's page ids are written
+            if (i + 1 < tiles) copy_tile(i + 1, stage ^ 1);
+            else __pipeline_commit();  // an empty group: the wait below always leaves one group in flight
+            __pipeline_wait_prior(1);  // this thread's copies of tile i have landed
+            __syncthreads();           // every thread's have
+            uint8_t *k_land = k_t + stage * kDecodeTile * k_row, *v_land = v_t + stage * kDecodeTile * row_bytes;
+            const __nv_bfloat16 *k_b, *v_b;  // the tile's keys [key][k_ld] and values [key][v_ld] in BF16
+            int k_ld, v_ld;
+            if (fp8) {  // converted once, 16 codes of K and of V a thread at a time, for every query that reads them
+                constexpr int cv = D % 16 == 0 ? 16 : 4;  // codes per pass (D = 8: 4, its 8-byte rows)
                 FP8RL_NO_UNROLL
-                for (int e = threadIdx.x; e < (kDecodeTile - keys) * (row_bytes / 4); e += kDecodeThreads) {
-                    const int j = keys + e / (row_bytes / 4), c = e % (row_bytes / 4) * 4;
-                    memset(k_land + j * k_row + c, 0, 4);
-                    memset(v_land + j * row_bytes + c, 0, 4);
+                for (int e = threadIdx.x; e < kDecodeTile * (D / cv); e += kDecodeThreads) {
+                    const int j = e / (D / cv), d = e % (D / cv) * cv;
+                    uint32_t kc[cv / 4] = {}, vc[cv / 4] = {}, kb[cv / 2], vb[cv / 2];
+                    if (j < keys) {  // rows past the tile's keys: code 0 (+0)
+                        load_words(kc, k_land + j * k_row + d);
+                        load_words(vc, v_land + j * row_bytes + d);
+                    }
+                    for (int w = 0; w < cv / 4; w++) {
+                        e4m3x4_to_bf16(kc[w], kb + 2 * w);
+                        e4m3x4_to_bf16(vc[w], vb + 2 * w);
+                    }
+                    store_words(k_h + j * ld + d, kb);
+                    store_words(v_h + j * ld + d, vb);
                 }
-                __syncthreads();  // the cleared rows are written
-            }
-            k_b = reinterpret_cast<const __nv_bfloat16*>(k_land), v_b = reinterpret_cast<const __nv_bfloat16*>(v_land);
-            k_ld = k_row / 2, v_ld = D;
-        }
-        // S = Q K^T: a warp per (16 queries, 8 keys); keys past the tile's and columns past D are zeros
-        FP8RL_NO_UNROLL
-        for (int w = warp; w < query_tiles * (kDecodeTile / 8); w += warps) {
-            const int m0 = w / (kDecodeTile / 8) * 16, n0 = w % (kDecodeTile / 8) * 8;
-            if (n0 >= keys) continue;  // the warp's keys are all past the tile's (warp-uniform)
-            float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            const int key = n0 + g8;  // a key past the tile's reads its zero row
-            for (int k0 = 0; k0 < D; k0 += 16) {
-                uint32_t a[4], b[2];
-                ldmatrix_a_fragment(a, q_h + m0 * ld + k0, ld);
-                for (int r = 0; r < 2; r++) {
-                    const int d = k0 + 2 * t4 + 8 * r;
-                    b[r] = D % 16 == 0 || d < D ? load_bf16_pair(k_b + key * k_ld + d) : 0u;
+                __syncthreads();  // the converted tile is written
+                k_b = k_h, v_b = v_h, k_ld = ld, v_ld = ld;
+            } else {
+                if (keys < kDecodeTile) {  // the last tile: its rows past the keys cleared
+                    FP8RL_NO_UNROLL
+                    for (int e = threadIdx.x; e < (kDecodeTile - keys) * (row_bytes / 4); e += kDecodeThreads) {
+                        const int j = keys + e / (row_bytes / 4), c = e % (row_bytes / 4) * 4;
+                        memset(k_land + j * k_row + c, 0, 4);
+                        memset(v_land + j * row_bytes + c, 0, 4);
+                    }
+                    __syncthreads();  // the cleared rows are written
                 }
-                mma_m16n8k16(c, a, b);
+                k_b = reinterpret_cast<const __nv_bfloat16*>(k_land), v_b = reinterpret_cast<const __nv_bfloat16*>(v_land);
+                k_ld = k_row / 2, v_ld = D;
             }
-            for (int e = 0; e < 4; e++) {
-                const int g = m0 + c_fragment_row(e), j = n0 + c_fragment_col(e);
-                if (g < queries) p_s[g * kDecodeTile + j] = c[e];
-            }
-        }
-        __syncthreads();  // the scores are written
-        FP8RL_NO_UNROLL
-        for (int g = warp; g < queries; g += warps) {  // a warp per query, a lane per key
-            const float s = lane < keys ? p_s[g * kDecodeTile + lane] * ks * scale : -INFINITY;
-            // lane 0 owns the query's statistics (no lane reads them while it writes); the others get its copy
-            const float old_max = __shfl_sync(0xFFFFFFFFu, lane == 0 ? max_s[g] : 0.0f, 0);
-            const float new_max = fmaxf(old_max, warp_reduce(s, MaxOp()));  // finite: the tile has a key
-            const float p = fast_exp(s - new_max), rescale = fast_exp(old_max - new_max);  // exp(-inf) = 0
-            const float tile_sum = warp_reduce(p, SumOp());
-            const __nv_bfloat16 hi = __float2bfloat16_rn(p);
-            p_hi[g * kDecodePld + lane] = hi;
-            p_lo[g * kDecodePld + lane] = __float2bfloat16_rn(p - __bfloat162float(hi));  // the difference exact
-            if (lane == 0) {
-                max_s[g] = new_max;
-                sum_s[g] = sum_s[g] * rescale + tile_sum;
-                rescale_s[g] = rescale;
-            }
-        }
-        __syncthreads();  // probabilities and rescale factors are written
-        // O = O * rescale + P_hi V + P_lo V: a warp per (16 queries, 16 columns of d; D = 8: 8 of them)
-        constexpr int n_pairs = (D + 15) / 16;
-        FP8RL_NO_UNROLL
-        for (int w = warp; w < query_tiles * n_pairs; w += warps) {
-            const int m0 = w / n_pairs * 16, n0 = w % n_pairs * 16;
-            float c[2][4];
-            for (int h = 0; h < 2; h++)
-                for (int e = 0; e < 4; e++) {
-                    const int g = m0 + c_fragment_row(e), d = n0 + 8 * h + c_fragment_col(e);
-                    c[h][e] = g < queries && d < D ? o_s[g * D + d] * rescale_s[g] : 0.0f;
-                }
+            // S = Q K^T: a warp per (16 queries, 8 keys); keys past the tile's and columns past D are zeros
             FP8RL_NO_UNROLL
-            for (int k0 = 0; k0 < keys; k0 += 16) {
-                uint32_t hi[4], lo[4], b0[2], b1[2];
-                ldmatrix_a_fragment(hi, p_hi + m0 * kDecodePld + k0, kDecodePld);
-                ldmatrix_a_fragment(lo, p_lo + m0 * kDecodePld + k0, kDecodePld);
-                ldmatrix_b_fragments_kn(b0, b1, v_b + k0 * v_ld + n0, v_ld);  // D = 8: b1 is past D, unused
-                mma_m16n8k16(c[0], hi, b0);
-                mma_m16n8k16(c[0], lo, b0);
-                mma_m16n8k16(c[1], hi, b1);
-                mma_m16n8k16(c[1], lo, b1);
-            }
-            for (int h = 0; h < 2; h++)
-                for (int e = 0; e < 4; e++) {
-                    const int g = m0 + c_fragment_row(e), d = n0 + 8 * h + c_fragment_col(e);
-                    if (g < queries && d < D) o_s[g * D + d] = c[h][e];
+            for (int w = warp; w < query_tiles * (kDecodeTile / 8); w += warps) {
+                const int m0 = w / (kDecodeTile / 8) * 16, n0 = w % (kDecodeTile / 8) * 8;
+                if (n0 >= keys) continue;  // the warp's keys are all past the tile's (warp-uniform)
+                float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                const int key = n0 + g8;  // a key past the tile's reads its zero row
+                for (int k0 = 0; k0 < D; k0 += 16) {
+                    uint32_t a[4], b[2];
+                    ldmatrix_a_fragment(a, q_h + m0 * ld + k0, ld);
+                    for (int r = 0; r < 2; r++) {
+                        const int d = k0 + 2 * t4 + 8 * r;
+                        b[r] = D % 16 == 0 || d < D ? load_bf16_pair(k_b + key * k_ld + d) : 0u;
+                    }
+                    mma_m16n8k16(c, a, b);
                 }
+                for (int e = 0; e < 4; e++) {
+                    const int g = m0 + c_fragment_row(e), j = n0 + c_fragment_col(e);
+                    if (g < queries) p_s[g * kDecodeTile + j] = c[e];
+                }
+            }
+            __syncthreads();  // the scores are written
+            FP8RL_NO_UNROLL
+            for (int g = warp; g < queries; g += warps) {  // a warp per query, a lane per key
+                const float s = lane < keys ? p_s[g * kDecodeTile + lane] * ks * scale : -INFINITY;
+                // lane 0 owns the query's statistics (no lane reads them while it writes); the others get its copy
+                const float old_max = __shfl_sync(0xFFFFFFFFu, lane == 0 ? max_s[g] : 0.0f, 0);
+                const float new_max = fmaxf(old_max, warp_reduce(s, MaxOp()));  // finite: the tile has a key
+                const float p = fast_exp(s - new_max), rescale = fast_exp(old_max - new_max);  // exp(-inf) = 0
+                const float tile_sum = warp_reduce(p, SumOp());
+                const __nv_bfloat16 hi = __float2bfloat16_rn(p);
+                p_hi[g * kDecodePld + lane] = hi;
+                p_lo[g * kDecodePld + lane] = __float2bfloat16_rn(p - __bfloat162float(hi));  // the difference exact
+                if (lane == 0) {
+                    max_s[g] = new_max;
+                    sum_s[g] = sum_s[g] * rescale + tile_sum;
+                    rescale_s[g] = rescale;
+                }
+            }
+            __syncthreads();  // probabilities and rescale factors are written
+            // O = O * rescale + P_hi V + P_lo V: a warp per (16 queries, 16 columns of d; D = 8: 8 of them)
+            constexpr int n_pairs = (D + 15) / 16;
+            FP8RL_NO_UNROLL
+            for (int w = warp; w < query_tiles * n_pairs; w += warps) {
+                const int m0 = w / n_pairs * 16, n0 = w % n_pairs * 16;
+                float c[2][4];
+                for (int h = 0; h < 2; h++)
+                    for (int e = 0; e < 4; e++) {
+                        const int g = m0 + c_fragment_row(e), d = n0 + 8 * h + c_fragment_col(e);
+                        c[h][e] = g < queries && d < D ? o_s[g * D + d] * rescale_s[g] : 0.0f;
+                    }
+                FP8RL_NO_UNROLL
+                for (int k0 = 0; k0 < keys; k0 += 16) {
+                    uint32_t hi[4], lo[4], b0[2], b1[2];
+                    ldmatrix_a_fragment(hi, p_hi + m0 * kDecodePld + k0, kDecodePld);
+                    ldmatrix_a_fragment(lo, p_lo + m0 * kDecodePld + k0, kDecodePld);
+                    ldmatrix_b_fragments_kn(b0, b1, v_b + k0 * v_ld + n0, v_ld);  // D = 8: b1 is past D, unused
+                    mma_m16n8k16(c[0], hi, b0);
+                    mma_m16n8k16(c[0], lo, b0);
+                    mma_m16n8k16(c[1], hi, b1);
+                    mma_m16n8k16(c[1], lo, b1);
+                }
+                for (int h = 0; h < 2; h++)
+                    for (int e = 0; e < 4; e++) {
+                        const int g = m0 + c_fragment_row(e), d = n0 + 8 * h + c_fragment_col(e);
+                        if (g < queries && d < D) o_s[g * D + d] = c[h][e];
+                    }
+            }
+            __syncthreads();  // every thread is done with this stage before tile i + 2's copies refill it
         }
-        __syncthreads();  // every thread is done with this stage before tile i + 2's copies refill it
-    }
-    for (int e = threadIdx.x; e < queries * D; e += kDecodeThreads)
-        part_o[out_at(e / D) * D + e % D] = o_s[e] * vs / sum_s[e / D];
-    for (int g = threadIdx.x; g < queries; g += kDecodeThreads) part_lse[out_at(g)] = max_s[g] + fast_log(sum_s[g]);
+        for (int e = threadIdx.x; e < queries * D; e += kDecodeThreads)
+            part_o[out_at(e / D) * D + e % D] = o_s[e] * vs / sum_s[e / D];
+        for (int g = threadIdx.x; g < queries; g += kDecodeThreads) part_lse[out_at(g)] = max_s[g] + fast_log(sum_s[g]);
+    };
+    if (!padding) write_partials();
+    kv_decode_arrive<D>(o, part_o, part_lse, chunks, H, rows, members, (uint32_t)(chunks * KV), !padding);
 }
 
-// Output d of (row, head) row_head: its chunks merged by their LSE weights, added in chunk order; a
-// row without keys (idle: every chunk's LSE is -inf) gets zero.
-template <int D>
-__device__ __forceinline__ float kv_decode_merged(const float* part_o, const float* part_lse, int chunks, long row_head,
-                                                  int d) {
-    const float* lse = part_lse + row_head * chunks;
-    float lse_max = -INFINITY;
-    for (int c = 0; c < chunks; c++) lse_max = fmaxf(lse_max, lse[c]);
-    if (lse_max == -INFINITY) return 0.0f;
-    float weight_sum = 0.0f, acc = 0.0f;
-    for (int c = 0; c < chunks; c++) {
-        const float w = fast_exp(lse[c] - lse_max);  // 0 for an empty chunk
-        weight_sum += w;
-        acc += w * part_o[(row_head * chunks + c) * D + d];
-    }
-    return acc / weight_sum;
-}
-
-// out [B][cols = H D] (BF16) = the merged chunks, and with q the FP8 1x128 operand of out for the O
-// projection (issue 47: no separate pass over the attention output, one graph node less a decode
-// layer), rows B .. q.rows zero codes. Laid out as cuda/kernels/fp8_rows.cuh's quantize_rows_kernel:
-// block (r, j) covers groups 16 j .. 16 j + 15 of row r, a half warp a group, a lane 8 outputs.
-template <int D>
-__global__ void __launch_bounds__(kRowsQuantThreads)
-    kv_decode_merge_kernel(__nv_bfloat16* out, const float* part_o, const float* part_lse, int chunks, int B, int cols,
-                           Fp8RowsOut q) {
-    const int r = blockIdx.x, warp = threadIdx.x / 32, lane16 = threadIdx.x % kGroupLanes;
-    const int pair = blockIdx.y * (kRowsQuantThreads / 32) + warp, kb = pair * 2 + (threadIdx.x % 32) / kGroupLanes;
-    if (pair >= group_pairs(cols)) return;  // the whole warp
-    const int c = kb * FP8_BLOCK + lane16 * 8, count = r < B && c < cols ? min(8, cols - c) : 0;
-    float v[8];
-    for (int e = 0; e < 8; e++) {
-        const long i = (long)r * cols + c + e;  // = row_head * D + d
-        v[e] = e < count ? round_bf16(kv_decode_merged<D>(part_o, part_lse, chunks, i / D, (int)(i % D))) : 0.0f;
-    }
-    store8(out + (size_t)r * cols + c, count, v);
-    if (q) quantize_group8(v, r, kb, cols, q);
-}
 
 // Page src to page dst in every layer: blockIdx.x is the layer, blockIdx.y 0 for K and 1 for V.
 static __global__ void kv_copy_page_kernel(uint8_t* k_pool, uint8_t* v_pool, long layer_bytes, long page_bytes, int src,
@@ -619,7 +664,7 @@ class PagedKvCache {
     }
 
     // Sizes the decode workspace for up to max_batch rows of `heads` query heads and max_len keys,
-    // cut in chunks of split_keys (allocates), and allows the decode kernel the shared memory of its
+    // cut in chunks of split_keys, and the rows' partial counts (zeroed) (allocates), and allows the decode kernel the shared memory of its
     // per-row and cascade CTAs: call it before capturing a graph. decode_attention fails if a call
     // needs more.
     void reserve_decode(int max_batch, int heads, int max_len, int split_keys = kDecodeSplitKeys) {
@@ -649,11 +694,14 @@ class PagedKvCache {
         const size_t partials = decode_partials_for(max_batch, heads, max_len, split_keys);
         part_o_.resize(partials * shape_.head_dim, "KV cache: decode partial outputs");
         part_lse_.resize(partials, "KV cache: decode partial LSE");
+        row_done_.resize((size_t)max_batch, "KV cache: decode rows' partial counts");
+        CUDA_CHECK(cudaMemset(row_done_.get(), 0, (size_t)max_batch * sizeof(uint32_t)));  // the kernels keep it zero
         decode_group_ = group;
     }
     // Device bytes reserve_decode(max_batch, heads, max_len) takes, for the memory plan.
     static size_t decode_workspace_bytes(const KvCacheShape& shape, int max_batch, int heads, int max_len) {
-        return decode_partials_for(max_batch, heads, max_len, kDecodeSplitKeys) * (shape.head_dim + 1) * sizeof(float);
+        return decode_partials_for(max_batch, heads, max_len, kDecodeSplitKeys) * (shape.head_dim + 1) * sizeof(float) +
+               (size_t)max_batch * sizeof(uint32_t);
     }
     // The most rows one cascade group may hold (DecodeCascade), as reserve_decode set it; 1: no cascade.
     int cascade_rows() const { return cascade_rows_; }
@@ -681,7 +729,9 @@ class PagedKvCache {
         if (B < 0 || max_len < 0 || max_pages < 0 || (long)max_len > (long)max_pages * shape_.page_tokens)
             fail("PagedKvCache::decode_attention: B = %d, max_len = %d, max_pages = %d: need B, max_len >= 0 and "
                  "max_len <= max_pages * page_tokens (%d)", B, max_len, max_pages, shape_.page_tokens);
-        if (B > 65535) fail("PagedKvCache::decode_attention: B = %d rows exceeds a grid dimension (65535)", B);
+        if (B > 65535 || (operand && operand.rows > 65535))
+            fail("PagedKvCache::decode_attention: B = %d rows (operand: %d) exceeds a grid dimension (65535)", B,
+                 operand ? operand.rows : 0);
         if (max_len > INT32_MAX - split_keys)  // the kernel's FastDivisor quotients need key counts < 2^31
             fail("PagedKvCache::decode_attention: max_len = %d: at most %d keys a row", max_len, INT32_MAX - split_keys);
         const bool cascading = cascade.rows != nullptr;
@@ -693,12 +743,15 @@ class PagedKvCache {
             check_fp8_rows_out("PagedKvCache::decode_attention (the output's FP8 operand)", B, heads * shape_.head_dim, operand);
         if (B == 0) return;
         const int chunks = decode_max_chunks(max_len, split_keys);
-        if ((size_t)B * heads * chunks > part_lse_.size() || heads / shape_.kv_heads > decode_group_)
+        if ((size_t)B * heads * chunks > part_lse_.size() || (size_t)B > row_done_.size() ||
+            heads / shape_.kv_heads > decode_group_)
             fail("PagedKvCache::decode_attention: %d rows x %d heads x %d chunks exceed the decode workspace (%zu "
                  "partials, %d heads per kv head); call reserve_decode(max batch, heads, max_len) first", B, heads,
                  chunks, part_lse_.size(), decode_group_);
         const int group = heads / shape_.kv_heads;
         const FastDivisor group_div(group), page_div(shape_.page_tokens), split_div(split_keys);
+        DecodeOutput o;
+        o.out = out, o.operand = operand, o.done = row_done_.get(), o.B = B;
         with_head_dim("PagedKvCache::decode_attention", shape_.head_dim, [&](auto head_dim) {
             constexpr int D = decltype(head_dim)::value;
             dispatch_storage([&](auto elem) {
@@ -709,18 +762,15 @@ class PagedKvCache {
                                   stream, part_o_.get(), part_lse_.get(), q, layer_pool<Elem>(k_pool_, layer),
                                   layer_pool<Elem>(v_pool_, layer), layer_scales(k_scale_dev_, layer),
                                   layer_scales(v_scale_dev_, layer), page_table, max_pages, lens, prefixes, max_len, heads,
-                                  group_div, page_div, split_div, chunks, c);
+                                  group_div, page_div, split_div, chunks, c, o);
                 };
                 DecodeCascade per_row;  // the rows' own chunks, and the prefix chunks no group computes
                 per_row.shared = cascade.shared;
-                launch(dim3(chunks, shape_.kv_heads, B), group, per_row);
+                launch(dim3(chunks, shape_.kv_heads, std::max(B, operand ? operand.rows : 0)), group, per_row);
                 if (cascading && cascade.max_groups > 0)
                     launch(dim3(decode_span_chunks(max_len, split_keys), shape_.kv_heads, cascade.max_groups),
                            cascade_rows_ * group, cascade);
             });
-            const int cols = heads * D, rows = operand ? operand.rows : B, warps = kRowsQuantThreads / 32;
-            LAUNCH_KERNEL(kv_decode_merge_kernel<D>, dim3((unsigned)rows, (unsigned)((group_pairs(cols) + warps - 1) / warps)),
-                          kRowsQuantThreads, 0, stream, out, part_o_.get(), part_lse_.get(), chunks, B, cols, operand);
         });
     }
 
@@ -751,6 +801,7 @@ class PagedKvCache {
     DeviceArray<float> k_scale_dev_, v_scale_dev_;  // [layers][kv_heads]
     std::vector<float> k_scales_, v_scales_;
     DeviceArray<float> part_o_, part_lse_;  // decode workspace: [B][H][chunks][D], [B][H][chunks]
+    DeviceArray<uint32_t> row_done_;        // [B]: DecodeOutput::done
     int decode_group_ = 0;  // query heads per kv head reserve_decode allowed for
     int cascade_rows_ = 1;  // rows per cascade CTA reserve_decode allowed for
 

@@ -205,7 +205,7 @@ inline void cached_prefill_row(float* o, float* lse, const float* qt, const floa
 
 // One decode row of attention_forward_cached: the decode kernels' chunks over keys kb, vb [n][ldk]
 // (kept values: times k_scale, v_scale [KV] for the stored ones) whose first `prefix` are its prompt's
-// whole tiles (decode_prefix_keys; kv_decode_split_kernel, then kv_decode_merge_kernel). With bf16
+// whole tiles (decode_prefix_keys; kv_decode_split_kernel, its chunks and then their merge). With bf16
 // P V follows the kernel's tensor cores: per 16 keys P_hi V, then P_lo V (P = P_hi + P_lo, each
 // BF16); keys past the tile's would add +0 to sums that are never -0, so they are left out.
 inline void cached_decode_row(float* o, float* lse, const float* qt, const float* kb, const float* vb, int n, int prefix,

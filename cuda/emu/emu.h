@@ -319,6 +319,8 @@ inline int __clz(int x) { return x == 0 ? 32 : __builtin_clz((unsigned)x); }
 inline int __ffs(int x) { return __builtin_ffs(x); }
 template <class T>
 T __ldg(const T* p) { return *p; }
+template <class T>
+T __ldcg(const T* p) { return *p; }  // cached in L2 only: no L1 here
 
 // Dynamic shared memory: nvcc's `extern __shared__` has no host equivalent (cuda/common.cuh's
 // DYNAMIC_SHARED picks this in emulation).

@@ -299,6 +299,41 @@ TEST(kv_decode_attention_fp8_scales_per_kv_head_match_cpu) {
     check_decode(Precision::FP8, /*per_head=*/true);
 }
 
+// In an fp8 decode step decode attention also writes the O projection's FP8 1x128 operand: the CTA
+// that completes a row merges it (kv_decode_arrive), so its codes and scales must be the CPU's
+// quantization of the output the same call wrote, and rows past B zero codes over garbage. Chunks of
+// one tile: many CTAs a row, the last one different under each scheduling seed. Each call twice: a
+// row's count left non-zero would merge the second call's row early (or never).
+TEST(kv_decode_attention_writes_the_o_projection_operand) {
+    REQUIRE_GPU();
+    for (const DecodeCase& c : {kDecodeCases[2], kDecodeCases[3], kDecodeCases[5]}) {
+        const PagedBatch b = make_batch(c, 2000 + c.D);
+        GpuCache g(b, Precision::FP8, {0.5f, scale_of(b.k)}, {0.25f, scale_of(b.v)}, c.H);
+        const int cols = c.H * c.D, padded = b.B + 5;
+        DeviceBuffer<__nv_bfloat16> q(to_bf16(b.q)), out((size_t)b.B * cols);
+        for (int call = 0; call < 2; call++) {
+            DeviceBuffer<uint8_t> codes(std::vector<uint8_t>((size_t)padded * cols, 0xAB));
+            DeviceBuffer<float> scales(std::vector<float>(vec128_scale_count(padded, cols), NAN));
+            Fp8RowsOut operand;
+            operand.codes = codes.ptr, operand.scale_inv = scales.ptr, operand.rows = padded;
+            g.cache.decode_attention(kLayer, out.ptr, q.ptr, c.H, g.page_table.ptr, b.max_pages, g.lens.ptr, g.prefix.ptr,
+                                     b.B, b.max_len, 0, DecodeCascade(), kDecodeTile, operand);
+            std::vector<float> o = to_float(out.download());
+            o.resize((size_t)padded * cols, 0.0f);
+            const Fp8Tensor want = fp8_quantize_rowwise(o.data(), padded, cols, false);
+            const std::vector<uint8_t> got_codes = codes.download();
+            const std::vector<float> got_scales = scales.download();
+            int bad = 0;
+            for (size_t i = 0; i < want.data.size(); i++) bad += got_codes[i] != want.data[i];
+            for (size_t i = 0; i < want.scale_inv.size(); i++)
+                bad += memcmp(&got_scales[i], &want.scale_inv[i], sizeof(float)) != 0;
+            printf("    %s, call %d: %d of %zu codes and scales differ from the CPU's quantization (%d padding rows)\n",
+                   c.name, call, bad, want.data.size() + want.scale_inv.size(), padded - b.B);
+            CHECK_EQ(bad, 0);
+        }
+    }
+}
+
 // The G samples of a prompt as rollout.cu holds them: the prompt's full pages shared, each row's
 // copy of its partial page (the prompt's last tokens, then its own), then its own pages. Rows
 // `siblings` share a P-token prompt; the others have prompts of their own. The GPU cache writes a
