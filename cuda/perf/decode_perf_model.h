@@ -19,8 +19,10 @@
 // priced from kv_decode_split_kernel's SASS (kernel_perf_model.h: the cascade CTAs' prefix tiles per group) against its bytes at the datasheet
 // bandwidth, sampling by its bytes (the logits written by the head GEMM and read kSamplingPasses times)
 // at that bandwidth, and a step launches kDecodeNodesPerLayer graph nodes per layer (perf-anchors.md's
-// review counted 343 at Qwen3-1.7B: 12 x 28 + 7; 11 a layer since decode attention's merge writes the
-// O projection's FP8 operand, as test_gpu's decode_graph_nodes_per_layer counts them in emulation).
+// review counted 343 at Qwen3-1.7B: 12 x 28 + 7; 10 a layer since decode attention's split kernel
+// merges the rows and writes the O projection's FP8 operand, as test_gpu's decode_graph_nodes_per_layer
+// counts them in emulation). The merge's code outside loops is priced with every CTA's (an over-count:
+// one CTA of a row's chunks x kv heads merges it); its loops, ~1% of a row's tile work, are not.
 #pragma once
 #include <algorithm>
 
@@ -35,7 +37,7 @@ constexpr double kSamplingPasses = 3;               // over a row's FP32 logits 
 constexpr double kSamplingSmBandwidth = 80e9;       // bytes/s a block streams from L2 (cuda/rollout/sampling.cuh)
 constexpr int kSms = 132;
 // graph nodes of a step; outside the layers: rows, embedding, final norm, logits, sampling, commit, refill
-constexpr double kDecodeLaunchesPerLayer = 9, kDecodeLaunchesOutside = 7, kDecodeNodesPerLayer = 11;
+constexpr double kDecodeLaunchesPerLayer = 9, kDecodeLaunchesOutside = 7, kDecodeNodesPerLayer = 10;
 
 struct DecodePrediction {
     double weights_s, attention_s, sampling_s, launches_s;
@@ -55,7 +57,7 @@ inline DecodePrediction predict_decode_step(const PerfHardware& hw, const ModelC
     p.weights_s = (projection_bytes + V * C * perf_detail::kBF16) / hw.bandwidth();
     const double keys_read = context - prefix * (1 - 1.0 / std::max(group, 1));  // per row
     p.attention_bytes = rows * keys_read * L * 2 * (double)c.kv_dim() * kv_bytes;
-    if (hw.gpu) {  // the split kernel (and the cascade's) and the merge, per layer
+    if (hw.gpu) {  // the per-row and cascade launches of the split kernel, per layer
         const KernelPrice a = decode_attention_price(*hw.gpu, kv_cache == Precision::FP8, rows, context, (int)c.num_heads,
                                                      (int)c.num_kv_heads, (int)c.head_dim, p.attention_bytes / L, 0, prefix, group);
         p.attention_s = L * a.seconds();

@@ -191,7 +191,7 @@ struct KernelPrice {
 
 // Decode attention of one layer in one decode step: `rows` sequences at a mean context of `context`
 // keys, H query and KV heads of D, the K/V bytes read (cascade's savings included by the caller),
-// `launches` kernel launches (split + merge). With `group` > 1 the first `prefix` keys of each group
+// `launches` kernel launches (per-row and cascade). With `group` > 1 the first `prefix` keys of each group
 // of `group` sibling rows are a cascade CTA's, which computes a tile once for the group's queries.
 inline KernelPrice decode_attention_price(const GpuSpec& g, bool fp8_kv, double rows, double context, int H, int KV,
                                           int D, double kv_bytes, int launches, double prefix = 0, int group = 1) {
