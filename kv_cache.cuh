@@ -13,8 +13,9 @@
 // one CTA per (chunk, kv head, row) brings the chunk's keys and values into shared memory tile by tile, as they
 // are stored (BF16 or FP8 codes), with 16-byte asynchronous copies (cp.async), the next tile's
 // copies in flight while the current one is read (two stages), the tile's page ids read once per
-// page; an FP8 tile is converted to BF16 once (the hardware's E4M3 -> FP16 conversion, exact), and
-// every query head of the GQA group reads it through the tensor cores (Q K^T and P V as
+// page; an FP8 tile is converted to BF16 once (the hardware's E4M3 -> FP16 conversion, exact: V's
+// into shared memory, K's in registers as the scores read it), and every query head of the GQA
+// group reads it through the tensor cores (Q K^T and P V as
 // mma.sync m16n8k16, FlashInfer's tensor-core decode); it keeps an online softmax (running max,
 // running sum, rescaled output) and writes the chunk's normalised partial O and its log-sum-exp
 // (FP32). The last CTA to finish a row's chunks (a count per row, the CUDA guide's last-block
@@ -169,20 +170,23 @@ struct DecodeOutput {
 // FP16 (cvt.rn.f16x2.e4m3x2, __nv_cvt_fp8x2_to_halfraw2: E4M3 is exact in FP16), then FP16 -> FP32
 // -> BF16, both exact (E4M3's 4 significant bits and exponents 2^-9 .. 2^8 fit BF16). In emulation
 // cuda_fp8.h's host path decodes the bits in software (test_kv_cache checks all 256 codes).
+__device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint16_t codes) {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)codes, __NV_E4M3);
+    const __nv_bfloat162 b = __float22bfloat162_rn(__half22float2(__half2(h)));
+    uint32_t out;
+    memcpy(&out, &b, sizeof out);
+    return out;
+}
 __device__ __forceinline__ void e4m3x4_to_bf16(uint32_t codes, uint32_t out[2]) {
-    for (int i = 0; i < 2; i++) {
-        const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(codes >> (16 * i)), __NV_E4M3);
-        const __nv_bfloat162 b = __float22bfloat162_rn(__half22float2(__half2(h)));
-        memcpy(&out[i], &b, sizeof out[i]);
-    }
+    for (int i = 0; i < 2; i++) out[i] = e4m3x2_to_bf16x2((uint16_t)(codes >> (16 * i)));
 }
 
 // Dynamic shared memory of a decode CTA serving `queries` query heads (a GQA group's, times the rows
 // of a cascade group), in bytes: kDecodeStages stages of the key tile [kDecodeTile][D + 16 bytes] and
 // the value tile [kDecodeTile][D] in their storage type (a key row padded by 16 bytes: the 8 lanes of
 // a quarter warp that read 16 bytes of 8 keys hit 8 distinct bank groups), the stages' page ids
-// [kDecodeTile]; with FP8 storage the current tile's keys and values converted to BF16
-// [kDecodeTile][D + 8] each; q in BF16 [queries rounded up to 16][D + 8] (the tensor cores' A rows);
+// [kDecodeTile]; with FP8 storage the current tile's values converted to BF16 [kDecodeTile][D + 8]
+// (its keys are converted as the scores read them); q in BF16 [queries rounded up to 16][D + 8] (the tensor cores' A rows);
 // the probabilities' BF16 pair P_hi, P_lo [queries rounded up to 16][kDecodeTile + 8] each (P V's A
 // rows); then in FP32 the output accumulator [queries][D], the scores [queries][kDecodeTile] and per
 // query the running max, the running sum and the last rescale factor. BF16 rows are whole 16-byte
@@ -192,7 +196,7 @@ constexpr int kDecodePld = kDecodeTile + 8;  // BF16 elements per row of P_hi an
 inline size_t decode_smem_bytes(int queries, int D, size_t elem_bytes) {
     const size_t bf16_row = (size_t)(D + 8) * 2, query_rows = (size_t)(queries + 15) / 16 * 16;
     return (size_t)kDecodeStages * kDecodeTile * (2 * D * elem_bytes + 16 + sizeof(int32_t)) +
-           (elem_bytes == 1 ? 2 * (size_t)kDecodeTile * bf16_row : 0) + query_rows * bf16_row +
+           (elem_bytes == 1 ? (size_t)kDecodeTile * bf16_row : 0) + query_rows * bf16_row +
            2 * query_rows * kDecodePld * 2 +
            sizeof(float) * ((size_t)queries * D + (size_t)queries * kDecodeTile + 3 * queries);
 }
@@ -294,15 +298,16 @@ __device__ void kv_decode_arrive(const DecodeOutput& o, const float* part_o, con
 //
 // Per tile, on the tensor cores (mma.cuh, BF16 operands, FP32 accumulate), for all the CTA's queries
 // at once (m16 tiles of queries, the rows past them zero): with FP8 storage the landed codes are
-// converted to BF16 once (e4m3x4_to_bf16) and the layer's scale applied to the products, not the
-// elements; BF16 storage is read as it landed.
+// converted to BF16 (exactly) and the layer's scale applied to the products, not the elements: V's
+// once a tile into shared memory (e4m3x4_to_bf16), K's in registers as the scores' B fragments read
+// them (e4m3x2_to_bf16x2: no BF16 copy of K written and read back); BF16 storage is read as it landed.
 //   scores  S = Q K^T: a chain over d from 0 (exact BF16 products), times the K scale, times D^-1/2;
 //   softmax a warp per query, a lane per key, as before: P in FP32, its sum a warp butterfly; the
 //           lane writes P_hi = bf16(P), P_lo = bf16(P - P_hi) (the pair carries 16 significant bits
 //           of P, so P V is nearly FP32's);
 //   P V     O = O * rescale + P_hi V + P_lo V per 16 keys, one chain per output, a warp per 16
 //           queries x 16 columns of d (its A fragments and V's, transposed, by ldmatrix);
-// The rows of the last tile past its keys are zeros (converted as zeros; BF16: cleared), so the MMAs
+// The rows of the last tile past its keys are zeros (FP8: read as zeros; BF16: cleared), so the MMAs
 // read whole 16-key steps as the CPU's chains add zero products.
 //   output  part_o = (O * V scale) / sum, part_lse = max + fast_log(sum) (rl/numerics/fast_log.h:
 //           the host's bits, and no I2F as CUDA's logf has).
@@ -351,8 +356,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
         const int query_tiles = (queries + 15) / 16;
         uint8_t *k_t = decode_smem, *v_t = k_t + kDecodeStages * kDecodeTile * k_row;
         int32_t* page_s = reinterpret_cast<int32_t*>(v_t + kDecodeStages * kDecodeTile * row_bytes);
-        __nv_bfloat16* k_h = reinterpret_cast<__nv_bfloat16*>(page_s + kDecodeStages * kDecodeTile);  // FP8: converted tiles
-        __nv_bfloat16* v_h = k_h + (fp8 ? kDecodeTile * ld : 0);
+        __nv_bfloat16* v_h = reinterpret_cast<__nv_bfloat16*>(page_s + kDecodeStages * kDecodeTile);  // FP8: V converted
         __nv_bfloat16* q_h = v_h + (fp8 ? kDecodeTile * ld : 0);
         __nv_bfloat16 *p_hi = q_h + query_tiles * 16 * ld, *p_lo = p_hi + query_tiles * 16 * kDecodePld;
         float *o_s = reinterpret_cast<float*>(p_lo + query_tiles * 16 * kDecodePld), *p_s = o_s + queries * D,
@@ -421,27 +425,20 @@ __global__ void __launch_bounds__(kDecodeThreads)
             __pipeline_wait_prior(1);  // this thread's copies of tile i have landed
             __syncthreads();           // every thread's have
             uint8_t *k_land = k_t + stage * kDecodeTile * k_row, *v_land = v_t + stage * kDecodeTile * row_bytes;
-            const __nv_bfloat16 *k_b, *v_b;  // the tile's keys [key][k_ld] and values [key][v_ld] in BF16
-            int k_ld, v_ld;
-            if (fp8) {  // converted once, 16 codes of K and of V a thread at a time, for every query that reads them
+            const __nv_bfloat16* v_b;  // the tile's values [key][v_ld] in BF16
+            int v_ld;
+            if (fp8) {  // V converted once, 16 codes a thread at a time, for every query that reads them
                 constexpr int cv = D % 16 == 0 ? 16 : 4;  // codes per pass (D = 8: 4, its 8-byte rows)
                 FP8RL_NO_UNROLL
                 for (int e = threadIdx.x; e < kDecodeTile * (D / cv); e += kDecodeThreads) {
                     const int j = e / (D / cv), d = e % (D / cv) * cv;
-                    uint32_t kc[cv / 4] = {}, vc[cv / 4] = {}, kb[cv / 2], vb[cv / 2];
-                    if (j < keys) {  // rows past the tile's keys: code 0 (+0)
-                        load_words(kc, k_land + j * k_row + d);
-                        load_words(vc, v_land + j * row_bytes + d);
-                    }
-                    for (int w = 0; w < cv / 4; w++) {
-                        e4m3x4_to_bf16(kc[w], kb + 2 * w);
-                        e4m3x4_to_bf16(vc[w], vb + 2 * w);
-                    }
-                    store_words(k_h + j * ld + d, kb);
+                    uint32_t vc[cv / 4] = {}, vb[cv / 2];
+                    if (j < keys) load_words(vc, v_land + j * row_bytes + d);  // rows past the tile's keys: code 0 (+0)
+                    for (int w = 0; w < cv / 4; w++) e4m3x4_to_bf16(vc[w], vb + 2 * w);
                     store_words(v_h + j * ld + d, vb);
                 }
                 __syncthreads();  // the converted tile is written
-                k_b = k_h, v_b = v_h, k_ld = ld, v_ld = ld;
+                v_b = v_h, v_ld = ld;
             } else {
                 if (keys < kDecodeTile) {  // the last tile: its rows past the keys cleared
                     FP8RL_NO_UNROLL
@@ -452,8 +449,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
                     }
                     __syncthreads();  // the cleared rows are written
                 }
-                k_b = reinterpret_cast<const __nv_bfloat16*>(k_land), v_b = reinterpret_cast<const __nv_bfloat16*>(v_land);
-                k_ld = k_row / 2, v_ld = D;
+                v_b = reinterpret_cast<const __nv_bfloat16*>(v_land), v_ld = D;
             }
             // S = Q K^T: a warp per (16 queries, 8 keys); keys past the tile's and columns past D are zeros
             FP8RL_NO_UNROLL
@@ -461,13 +457,16 @@ __global__ void __launch_bounds__(kDecodeThreads)
                 const int m0 = w / (kDecodeTile / 8) * 16, n0 = w % (kDecodeTile / 8) * 8;
                 if (n0 >= keys) continue;  // the warp's keys are all past the tile's (warp-uniform)
                 float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                const int key = n0 + g8;  // a key past the tile's reads its zero row
+                const int key = n0 + g8;  // a key past the tile's reads zeros (BF16: its cleared row)
+                const uint8_t* k_at = k_land + key * k_row;
                 for (int k0 = 0; k0 < D; k0 += 16) {
                     uint32_t a[4], b[2];
                     ldmatrix_a_fragment(a, q_h + m0 * ld + k0, ld);
                     for (int r = 0; r < 2; r++) {
                         const int d = k0 + 2 * t4 + 8 * r;
-                        b[r] = D % 16 == 0 || d < D ? load_bf16_pair(k_b + key * k_ld + d) : 0u;
+                        if (D % 16 != 0 && d >= D) b[r] = 0u;  // D = 8: k padded to 16
+                        else if (fp8) b[r] = key < keys ? e4m3x2_to_bf16x2(*reinterpret_cast<const uint16_t*>(k_at + d)) : 0u;
+                        else b[r] = load_bf16_pair(reinterpret_cast<const __nv_bfloat16*>(k_at) + d);
                     }
                     mma_m16n8k16(c, a, b);
                 }

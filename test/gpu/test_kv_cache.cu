@@ -1,8 +1,8 @@
 // test_kv_cache.cu: the paged KV cache of kv_cache.cuh against the CPU engine's cache and decode
 // attention (cpu/kv_cache.h, cpu/attention.h's attention_forward_cached) on the same K, V and Q:
 // BF16 and FP8 pages, ragged lengths (1 token, exactly a page, a page + 1, many pages), idle rows,
-// GQA ratios 1 to 4, 7 and 16 (48.7 KB of shared memory with FP8 pages), head dims 8, 16, 32 (the fixture
-// models and --init tiny), 64 and 128, pages scattered over the pool (a shuffled page table),
+// GQA ratios 1 to 4, 7 and 16 (50.2 KiB of shared memory with BF16 pages: above 48 KiB), head dims
+// 8, 16, 32 (the fixture models and --init tiny), 64 and 128, pages scattered over the pool (a shuffled page table),
 // several chunk sizes, prompt prefixes chunked apart, cascade groups of sibling rows (bit for bit
 // the per-row result, each prefix tile read once per group); FP8 append against the host encoder,
 // copy_page, the amax reduction, a CUDA-graph replay and bad input.
@@ -59,7 +59,7 @@ const DecodeCase kDecodeCases[] = {
     {"D8 H6 KV2, 7-token pages", 6, 2, 8, 7, {15, 7, 8, 50}, {32, 0}, {14, 3, 7, 40}},
     {"D32 H4 KV4, idle rows", 4, 4, 32, 16, {0, 40, 0}, {32}, {}},
     {"D32 H7 KV1 (a warp scores two heads)", 7, 1, 32, 16, {70, 2}, {32}, {33, 1}},
-    {"D128 H16 KV1 (47.7 KB of shared memory, 48.7 KB with FP8)", 16, 1, 128, 16, {40, 1}, {32}, {}},
+    {"D128 H16 KV1 (50.2 KiB of shared memory, 42.7 KiB with FP8)", 16, 1, 128, 16, {40, 1}, {32}, {}},
 };
 
 constexpr int kLayers = 2, kLayer = 1;  // the layer under test; layer 0 gets other values at the same slots
