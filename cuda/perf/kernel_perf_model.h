@@ -119,11 +119,12 @@ inline SassCounts generic_cost_per_mac(const SassKernel& k) {
 // per thread = per warp, and sm_cycles multiplies by the warps):
 //   page ids  global loads, no cp.async: the next tile's 2-3 pages, lanes of warp 0: 1 / warps a warp;
 //   copies    cp.async (LDGSTS): K and V rows, 2 x 32 keys x row bytes over the threads;
-//   convert   FP8 only (conversions, no MMA, no shuffle): 2 x 32 x D codes over the threads, as many
-//             a pass as it loads from shared memory;
+//   convert   FP8 only (conversions, no MMA, no shuffle): V's 32 x D codes over the threads, as many
+//             a pass as it loads from shared memory (K's codes are converted in the scores loop);
 //   clear     BF16 only (stores alone): the last tile of a chunk's rows past its keys, on average half
 //             a tile once per chunk of split_keys;
-//   scores    MMAs, no nested loop: a warp per (16 queries, 8 keys): query tiles x 4 over the warps;
+//   scores    MMAs, no nested loop: a warp per (16 queries, 8 keys): query tiles x 4 over the warps
+//             (with FP8, converting its K codes);
 //   softmax   shuffles: a warp per query;
 //   P V       the loop holding a nested MMA loop: a warp per (16 queries, 16 columns of d), its nested
 //             loop once per 16 keys.
@@ -167,7 +168,7 @@ inline bool decode_tile_recipe(const SassKernel& k, const DecodeKernelShape& s, 
             c.add(l.counts, query_tiles * (T / 8) / warps);
             scores++;
         } else if (has(l, Sass_conversion) && has(l, Sass_lds_bytes)) {
-            c.add(l.counts, 2.0 * T * D / s.threads / l.counts[Sass_lds_bytes]);
+            c.add(l.counts, T * D / s.threads / l.counts[Sass_lds_bytes]);
             converts++;
         } else if (has(l, Sass_sts_bytes) && !has(l, Sass_lds_bytes)) {
             c.add(l.counts, (T / 2) * (D * s.elem_bytes / 4) / s.threads / (s.split_keys / T));
