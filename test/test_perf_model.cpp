@@ -174,7 +174,7 @@ TEST(kernel_perf_model_issue_rates_by_hand) {
 
 // A made-up decode kernel with the recipe's loops: per tile of 32 keys for 2 queries (4 warps, D 128,
 // FP8), the tile loop once, the page ids 1 / 4, the copies (32 bytes a pass) 2 x 32 x 128 / 128 / 32 = 2
-// passes, the conversion (32 codes a pass) 2 x 32 x 128 / 128 / 32 = 2, the scores 1 x 4 / 4 = 1, the
+// passes, the conversion of V (32 codes a pass) 32 x 128 / 128 / 32 = 1, the scores 1 x 4 / 4 = 1, the
 // softmax 2 / 4, P V 1 x 8 / 4 = 2 and its nested loop 2 x 32 / 16 = 4. BF16: no conversion; the clear
 // (16 rows x 64 words of the last tile, once per 8 tiles) 16 x 64 / 128 / 8 = 1 pass.
 TEST(kernel_perf_model_decode_recipe_by_hand) {
@@ -198,7 +198,7 @@ TEST(kernel_perf_model_decode_recipe_by_hand) {
     SassCounts c;
     DecodeKernelShape s;
     CHECK(decode_tile_recipe(k, s, 2, &c));
-    CHECK_NEAR(c.c[Sass_total], 100 + 7 / 4.0 + 2 * 10 + 2 * 50 + 60 + 0.5 * 120 + 2 * 40 + 4 * 20, 1e-9, 0);
+    CHECK_NEAR(c.c[Sass_total], 100 + 7 / 4.0 + 2 * 10 + 1 * 50 + 60 + 0.5 * 120 + 2 * 40 + 4 * 20, 1e-9, 0);
     CHECK_NEAR(c.c[Sass_mma], 8 + 4 * 4, 1e-9, 0);
     // BF16: the conversion loop must not be there, the clear must
     s.elem_bytes = 2;
