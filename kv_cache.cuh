@@ -265,21 +265,23 @@ __device__ void kv_decode_merge_row(const DecodeOutput& o, const float* part_o, 
 // After a CTA wrote its partials of rows[0 .. members) (one chunk of one kv head each): counts them,
 // and the CTA whose count completes a row's `units` (its chunks x kv heads, whichever launch or CTA
 // wrote them) merges the row and resets its count. Each thread's fence orders its partials before
-// the count (release); the merging CTA's fence orders the count before its reads (acquire): the CUDA
-// programming guide's memory-fence example. Every thread of the CTA calls it (once: one copy of the
-// merge in the kernel's code).
+// the barrier and the count (release); the counting thread's fence after its atomic (acquire)
+// orders the other CTAs' partials before the barrier that lets the CTA read them (PTX memory model:
+// release and acquire patterns, bar.sync; the CUDA programming guide's memory-fence example). Every
+// thread of the CTA calls it (once: one copy of the merge in the kernel's code).
 template <int D>
 __device__ void kv_decode_arrive(const DecodeOutput& o, const float* part_o, const float* part_lse, int chunks, int H,
                                  const long* rows, int members, uint32_t units, bool counted) {
     STATIC_SHARED(uint32_t, completes, [kCascadeRows]);  // 1: this CTA completed rows[m]
     __threadfence();
     __syncthreads();  // every thread's partials are fenced
-    if ((int)threadIdx.x < members)  // a padding row (not counted) is merged at once: its zero codes
+    if ((int)threadIdx.x < members) {  // a padding row (not counted) is merged at once: its zero codes
         completes[threadIdx.x] = !counted || atomicAdd(o.done + rows[threadIdx.x], 1u) == units - 1;
-    __syncthreads();  // the flags are written
+        __threadfence();
+    }
+    __syncthreads();  // the flags are written, and the rows' partials visible to the CTA
     for (int m = 0; m < members; m++) {
         if (!completes[m]) continue;  // CTA-uniform
-        __threadfence();
         kv_decode_merge_row<D>(o, part_o, part_lse, chunks, H, rows[m]);
         if (threadIdx.x == 0 && counted) o.done[rows[m]] = 0;  // the row's every partial is counted: none arrives after
     }
