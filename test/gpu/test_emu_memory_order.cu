@@ -17,6 +17,8 @@
 #include "test/gpu/gpu_util.cuh"
 #include "test/harness.h"
 
+using namespace fp8rl;
+
 namespace {
 
 constexpr int kSumThreads = 64;
