@@ -12,12 +12,16 @@
 //   build/perf_model --sft: an SFT step at 8k tokens (cuda/perf/update_perf_model.h, priced like --json's
 // training phase) for Qwen2.5-1.5B and Qwen2.5-7B (test/fixtures/configs), H100 and H200, bf16 and fp8:
 // the numbers docs/results.md sets beside InfiR2's table.
+//   build/perf_model --calibrate DIR: reads the measured / predicted lines dev/gpu_check.sh's benchmarks
+// wrote under DIR/calibration/ (cuda/perf/calibrate.h) and reports which of the model's constants
+// (cuda/perf/gpu_spec.h) they contradict; it refits nothing.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "cuda/perf/calibrate.h"
 #include "cuda/perf/grpo_perf_model.h"
 #include "cuda/perf/perf_model.h"
 #include "cuda/perf/update_perf_model.h"
@@ -95,7 +99,15 @@ void report(const Named& m, const StepShape& s, const PerfHardware& hw, bool ker
     printf("\n");
 }
 
-// {"workloads": [{"model", "gpu", "kv_cache", "precision", "rollout_s", "train_s", "step_s", "phases"}]}
+// A JSON string's characters (the kernel names hold no control characters).
+std::string json_escape(const std::string& s) {
+    std::string out;
+    for (char c : s) out += c == '"' || c == '\\' ? std::string("\\") + c : std::string(1, c);
+    return out;
+}
+
+// {"workloads": [{"model", "gpu", "gpus", "kv_cache", "precision", "rollout_s", "train_s", "step_s", "phases",
+//   "kernels": [{"name", "calls", "time_s", "bound", "bytes", "flops"}], "assumptions": {NAME: {"value", "unit", "source"}}}]}
 void print_json(const ModelConfig& small, const ModelConfig& large) {
     struct Workload {
         const char* name;
@@ -117,13 +129,28 @@ void print_json(const ModelConfig& small, const ModelConfig& large) {
                            first ? "" : ",", w.name, g.name, w.gpus, precision_name(kv), precision_name(p), r.rollout_s(),
                            r.train_s(), r.step_s());
                     first = false;
-                    bool first_phase = true;
+                    bool first_item = true;
                     for (const auto* phases : {&r.rollout, &r.train})
                         for (const auto& ph : *phases) {
-                            printf("%s\"%s%s\": %.3f", first_phase ? "" : ", ", phases == &r.rollout ? "rollout: " : "train: ",
+                            printf("%s\"%s%s\": %.3f", first_item ? "" : ", ", phases == &r.rollout ? "rollout: " : "train: ",
                                    ph.first.c_str(), ph.second);
-                            first_phase = false;
+                            first_item = false;
                         }
+                    printf("},\n   \"kernels\": [");
+                    first_item = true;
+                    for (const PricedKernel& k : r.kernels) {
+                        printf("%s\n    {\"name\": \"%s\", \"calls\": %.6g, \"time_s\": %.6g, \"bound\": \"%s\", \"bytes\": %.6g, "
+                               "\"flops\": %.6g}",
+                               first_item ? "" : ",", json_escape(k.name).c_str(), k.calls, k.seconds, k.bound(), k.bytes, k.flops);
+                        first_item = false;
+                    }
+                    printf("],\n   \"assumptions\": {");
+                    first_item = true;
+                    for (const Assumption& a : assumptions(g)) {
+                        printf("%s\"%s\": {\"value\": %.6g, \"unit\": \"%s\", \"source\": \"%s\"}", first_item ? "" : ", ",
+                               a.name.c_str(), a.value, a.unit, json_escape(a.source).c_str());
+                        first_item = false;
+                    }
                     printf("}}");
                 }
     printf("\n]}\n");
@@ -157,7 +184,7 @@ void print_sft() {
 [[noreturn]] void usage(const char* why) {
     fprintf(stderr,
             "perf_model: %s\nusage: perf_model [--model qwen3-1.7b|qwen3-8b|all|HF_DIR] [--tokens N] [--seq S] "
-            "[--micro_batches N] [--fp8_gemm_speedup X] [--kernels] [--json] [--sft]\n",
+            "[--micro_batches N] [--fp8_gemm_speedup X] [--kernels] [--json] [--sft] [--calibrate DIR]\n",
             why);
     exit(2);
 }
@@ -170,18 +197,21 @@ int main(int argc, char** argv) {
     s.tokens = 16384, s.seq_len = 1280;
     PerfHardware hw;
     bool kernels = false, json = false, sft = false;
+    std::string calibrate;
     for (int i = 1; i < argc; i++) {
         const std::string a = argv[i];
         if (a == "--kernels" || a == "--json" || a == "--sft") {
             (a == "--json" ? json : a == "--sft" ? sft : kernels) = true;
             continue;
         }
-        if (a != "--model" && a != "--tokens" && a != "--seq" && a != "--micro_batches" && a != "--fp8_gemm_speedup")
+        if (a != "--model" && a != "--tokens" && a != "--seq" && a != "--micro_batches" && a != "--fp8_gemm_speedup" &&
+            a != "--calibrate")
             usage(("unknown flag " + a).c_str());
         if (i + 1 >= argc) usage(("missing value after " + a).c_str());
         const char* v = argv[++i];
         char* end = nullptr;
         if (a == "--model") model = v;
+        else if (a == "--calibrate") calibrate = v;
         else if (a == "--tokens") s.tokens = strtoll(v, &end, 10);
         else if (a == "--seq") s.seq_len = strtoll(v, &end, 10);
         else if (a == "--micro_batches") s.micro_batches = (int)strtol(v, &end, 10);
@@ -191,6 +221,10 @@ int main(int argc, char** argv) {
     if (s.tokens <= 0 || s.seq_len <= 0 || s.micro_batches <= 0 || !(hw.fp8_gemm_speedup > 0))
         usage("--tokens, --seq, --micro_batches and --fp8_gemm_speedup must be positive");
     try {
+        if (!calibrate.empty()) {
+            print_calibration(calibrate, stdout);
+            return 0;
+        }
         if (sft) {
             print_sft();
             return 0;
