@@ -344,6 +344,13 @@ TEST(perf_model_gemm_shape_classes) {
     CHECK_NEAR(decode.memory_seconds(hw), decode.bytes / (16 * 112e9), 1e-12, 0);
     // 16 tiles on 132 SMs: the compute side at 16 / 132 of the rate
     CHECK_NEAR(decode.rate, 0.70e15 * 16 / 132, 1e-12, 0);
+    // 64 tokens and 2,112 rows: 17 tiles of 128 x 128, filled 2112 x 64 / (17 x 128 x 128)
+    const KernelCost part = gemm_cost(hw, "part", KernelClass::LayerGemm, 2112, 64, 7168, Precision::FP8, GemmOutput::BF16);
+    CHECK_NEAR(part.rate, 1.0e15 * 17 / 132 * (2112.0 * 64 / (17 * 128 * 128)), 1e-12, 0);
+    CHECK_EQ(part.stream_bandwidth, 17 * 112e9);
+    // without a GPU (the anchors): no shape classes
+    const KernelCost anchors = gemm_cost(PerfHardware(), "a", KernelClass::LayerGemm, 2112, 64, 7168, Precision::FP8, GemmOutput::BF16);
+    CHECK_EQ(anchors.stream_bandwidth, 0.0);
 }
 
 // Little's law for memory-bound kernels (kernel_perf_model.h's streaming_bandwidth): a loop of three

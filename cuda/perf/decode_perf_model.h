@@ -100,7 +100,9 @@ inline DecodePrediction predict_decode_step(const PerfHardware& hw, const ModelC
     p.attention_bytes = L * at.bytes;
     add("kv_decode_split_kernel (per-row CTAs)", L, L * per_row, L * (at.bytes - at.cascade.hbm_s * g.bandwidth()), 0,
         at.per_row.bound());
-    if (a.cascade_grid > 0) add("kv_decode_split_kernel (cascade CTAs, merge)", L, L * cascade, L * at.cascade.hbm_s * g.bandwidth(), 0, at.cascade.bound());
+    if (a.cascade_grid > 0)
+        add(at.merge_priced ? "kv_decode_split_kernel (cascade CTAs, merge)" : "kv_decode_split_kernel (cascade CTAs; no merge found)",
+            L, L * cascade, L * at.cascade.hbm_s * g.bandwidth(), 0, at.cascade.bound());
     // sampling: the head's FP32 logits written, then read kSamplingPasses times
     const double sampling_bytes = rows * V * perf_detail::kF32 * (1 + kSamplingPasses);
     p.sampling_s = sampling_bytes / g.bandwidth();

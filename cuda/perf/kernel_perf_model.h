@@ -321,7 +321,8 @@ struct DecodeAttentionShape {
 
 struct DecodeAttentionPrice {
     KernelPrice per_row, cascade;
-    double bytes = 0;  // K/V bytes read
+    double bytes = 0;           // K/V bytes read
+    bool merge_priced = false;  // the split kernel holds the merge (decode_merge_recipe found it)
 };
 
 inline DecodeAttentionPrice decode_attention_price(const GpuSpec& g, const DecodeAttentionShape& s) {
@@ -341,8 +342,8 @@ inline DecodeAttentionPrice decode_attention_price(const GpuSpec& g, const Decod
     MergeRecipe merge;
     const int tile = decode_tile_loop(k);
     const double group_queries = q * std::max(1.0, s.group_members);
-    if (!decode_tile_recipe(k, ks, q, &tile1) || !decode_tile_recipe(k, ks, group_queries, &tileg) ||
-        !decode_merge_recipe(k, &merge)) {
+    out.merge_priced = decode_merge_recipe(k, &merge);  // else the merge left the kernel: no tail here
+    if (!decode_tile_recipe(k, ks, q, &tile1) || !decode_tile_recipe(k, ks, group_queries, &tileg)) {
         // every query head: a key's D score and D P.V multiply-adds, over 32 lanes
         KernelPrice p;
         p.recipe = false;
@@ -367,7 +368,8 @@ inline DecodeAttentionPrice decode_attention_price(const GpuSpec& g, const Decod
     // critical paths: the row's length and prefix (dependent loads), q, the page ids, the first tile (HBM),
     // the epilogue's fence and returning atomic
     const double entry = 2 * g.l2_latency, working = entry + 3 * g.hbm_latency + g.fence_atomic, arriving = entry + g.fence_atomic;
-    const double outputs = (double)s.H * s.D, merge_row = decode_merge_row_clocks(g, merge, ks.threads, outputs, chunks);
+    const double outputs = (double)s.H * s.D,
+                 merge_row = out.merge_priced ? decode_merge_row_clocks(g, merge, ks.threads, outputs, chunks) : 0;
     auto with_tiles = [&](double count, const SassCounts& per_tile, double tiles) {
         CtaClass c;
         c.count = count, c.per_thread = prologue, c.chain = working;

@@ -153,7 +153,8 @@ inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 // One GEMM call D [n][m] = B [n][k] . A [m][k]^T (fp8_gemm.cuh's orientation: m the weight's rows, n
 // the tokens): 2mnk FLOPs, both operands read once, D written (and read when accumulating). On a GPU
 // (hw.gpu) by shape class: cuBLASLt's rate times its wave efficiency (tiles of gemm_tile x gemm_tile
-// over the SMs: a last wave part-filled), and when few tokens make it memory-bound (decode: n <= 256),
+// over the SMs: a last wave part-filled) and its tiles' fill (a tile of 64 tokens computes 128 rows'
+// worth), and when few tokens make it memory-bound (decode: n <= 256),
 // the weight streamed by only its CTAs (gemm_cta_bandwidth each, Little's law): a 16-CTA GEMM
 // cannot draw the whole HBM bandwidth.
 inline KernelCost gemm_cost(const PerfHardware& hw, std::string name, KernelClass cls, int64_t m, int64_t n, int64_t k,
@@ -165,7 +166,7 @@ inline KernelCost gemm_cost(const PerfHardware& hw, std::string name, KernelClas
                  (double)(m + n) * k * in + (double)m * n * d};
     if (hw.gpu) {
         const double tile = hw.gpu->gemm_tile, tiles = std::ceil(m / tile) * std::ceil(n / tile), sms = hw.gpu->sms;
-        g.rate *= tiles / (std::ceil(tiles / sms) * sms);
+        g.rate *= tiles / (std::ceil(tiles / sms) * sms) * ((double)m * n / (tiles * tile * tile));
         if (n <= 256) g.stream_bandwidth = std::min(tiles, sms) * hw.gpu->gemm_cta_bandwidth;
     }
     return g;

@@ -12,6 +12,7 @@
 // (unfused) and after (fused); and the quantization apart from the GEMMs: each structure's standalone
 // quantizer calls, each shape timed alone with CUDA events in this run, against the model.
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -170,6 +171,14 @@ int main(int argc, char** argv) {
                        predicted_ms(StepStructure::Fused), batch.tokens / (r.ms * 1e-3), r.peak / GiB, r.used / GiB, plan / GiB,
                        speedups.c_str());
                 fflush(stdout);
+                KernelTally tally;  // the fused step's prediction and the bound that holds the most of it
+                for (const KernelCost& k : step_kernels(hw, shape, p, StepStructure::Fused)) tally.add("", k, hw);
+                std::map<std::string, double> bounds;
+                for (const PricedKernel& k : tally.kernels())
+                    for (const auto& b : k.bound_seconds) bounds[b.first] += b.second;
+                const auto most = std::max_element(bounds.begin(), bounds.end(), [](auto& a, auto& b) { return a.second < b.second; });
+                record_calibration("bench_train_step", strfmt("%s step %d x %d %s (fused)", m.name, num_seqs, length, precision_name(p)),
+                                   r.ms * 1e-3, predicted_ms(StepStructure::Fused) * 1e-3, most->first, p == Precision::FP8);
                 if (p == Precision::FP8)
                     key = strfmt("; %s fp8: %.2fx bf16 (predicted %.2f unfused, %.2f fused), peak %.2f GiB (plan %.2f)", m.name,
                                  bf16_ms / r.ms, step_speedup(hw, shape, StepStructure::Unfused),
