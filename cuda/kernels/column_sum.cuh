@@ -21,7 +21,7 @@ inline long column_sum_scratch_floats(long rows, int n) {
     return (rows + kColumnSumChunkRows - 1) / kColumnSumChunkRows * (long)n;
 }
 
-inline int column_groups(int n) { return (n + 7) / 8; }  // of 8 columns
+FP8RL_HD int column_groups(int n) { return (n + 7) / 8; }  // of 8 columns
 
 // Term: a device functor, void operator()(long r, int c, int count, float out[8]): the terms of row
 // r at columns c .. c + count - 1 (count <= 8), zeros past count.
