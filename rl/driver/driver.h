@@ -263,7 +263,7 @@ private:
     std::vector<int32_t> encode_prompt(const Example& ex) const;
     std::string decode_response(const std::vector<int32_t>& tokens) const;
     std::vector<ScoreResult> score_generations(const std::vector<Example>& examples, int per_example,
-                                               const std::vector<GenRequest>& requests, const std::vector<Generation>& done);
+                                               const std::vector<GenRequest>& requests, const std::vector<Generation>& done, bool eval);
     void report_reward_metrics(MetricRow& m, const std::string& prefix);
     std::vector<Sample> rollout(MetricRow& m, double* gen_seconds, int64_t* gen_tokens);
     TokenValues batched_logprobs(Engine& engine, const std::vector<Sequence>& seqs, const std::vector<size_t>& mb_begin,
@@ -288,10 +288,12 @@ inline std::string Trainer::decode_response(const std::vector<int32_t>& tokens) 
 }
 
 // Scores generation i, the answer to examples[i / per_example], as request id requests[i].sequence (the
-// same on any rank count) of this step, sample i % per_example of its group. An external scorer's time,
-// timeouts and metrics add up over the step; its failure stops the run (no checkpoint is written).
+// same on any rank count) of this step (or of the eval after it), sample i % per_example of its group.
+// An external scorer's time, timeouts and metrics add up until reported; its failure stops the run
+// (no checkpoint is written).
 inline std::vector<ScoreResult> Trainer::score_generations(const std::vector<Example>& examples, int per_example,
-                                                           const std::vector<GenRequest>& requests, const std::vector<Generation>& done) {
+                                                           const std::vector<GenRequest>& requests, const std::vector<Generation>& done,
+                                                           bool eval) {
     std::vector<ScoreRequest> batch(done.size());
     std::vector<std::string> prompts(examples.size());
     for (size_t e = 0; e < examples.size(); e++)  // the text the model saw: a plain prompt, or the rendered chat
@@ -316,7 +318,8 @@ inline std::vector<ScoreResult> Trainer::score_generations(const std::vector<Exa
     try {
         out = scorer_->score(batch);
     } catch (const Error& e) {
-        fail("step %lld: %s; stopping (the last checkpoint in %s is intact)", (long long)step_ + 1, e.what(), cfg_.out_dir.c_str());
+        fail("%s %lld: %s; stopping (the last checkpoint in %s is intact)", eval ? "eval after step" : "step",
+             (long long)(eval ? step_ : step_ + 1), e.what(), cfg_.out_dir.c_str());
     }
     reward_seconds_ += seconds_since(t0);
     for (const ScoreResult& r : out) {
@@ -394,7 +397,7 @@ inline std::vector<Sample> Trainer::rollout(MetricRow& m, double* gen_seconds, i
         std::vector<Generation> done =
             engine_.generate(requests, (uint32_t)step_, cfg_.sampling, cfg_.rollout_precision, cfg_.kv_cache, &bar);
         *gen_seconds += seconds_since(t0);
-        std::vector<ScoreResult> verdicts = score_generations(examples, G, requests, done);
+        std::vector<ScoreResult> verdicts = score_generations(examples, G, requests, done, false);
         std::vector<Sample> batch(done.size());
         std::vector<double> batch_rewards(done.size());
         for (size_t i = 0; i < done.size(); i++) {
@@ -737,11 +740,11 @@ inline MetricRow Trainer::evaluate() {
     enter_phase(Engine::Phase::Rollout);
     std::vector<Generation> out = engine_.generate(greedy, eval_step, g, cfg_.rollout_precision, cfg_.kv_cache, nullptr);
     std::vector<double> sums(4, 0.0);  // [greedy correct, sampled correct, prompts with any correct, prompts]
-    std::vector<ScoreResult> scored = score_generations(examples, 1, greedy, out);
+    std::vector<ScoreResult> scored = score_generations(examples, 1, greedy, out, true);
     for (const ScoreResult& r : scored) sums[0] += r.verdict.correct;
     if (k > 0) {
         out = engine_.generate(sampled, eval_step, cfg_.sampling, cfg_.rollout_precision, cfg_.kv_cache, nullptr);
-        scored = score_generations(examples, k, sampled, out);
+        scored = score_generations(examples, k, sampled, out, true);
         for (int64_t i = 0; i < end - begin; i++) {
             int correct = 0;
             for (int j = 0; j < k; j++) correct += scored[(size_t)(i * k + j)].verdict.correct;

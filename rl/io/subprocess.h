@@ -72,11 +72,16 @@ public:
     // Closes its stdin (a worker's cue to exit), waits up to grace_s, then kills its process group.
     ~Subprocess() { stop(0.5); }
 
-    void stop(double grace_s) {
+    // Closes its stdin: a worker's cue to exit.
+    void close_stdin() {
         if (stdin_ >= 0) {
             close(stdin_);
             stdin_ = -1;
         }
+    }
+
+    void stop(double grace_s) {
+        close_stdin();
         if (pid_ > 0 && !reaped(grace_s)) {
             kill(-pid_, SIGKILL);
             kill(pid_, SIGKILL);

@@ -78,6 +78,13 @@ public:
         for (int k = 0; k < cfg_.workers; k++) workers_.push_back(std::make_unique<Worker>(cfg_.cmd));
     }
 
+    // Every worker gets its end of input at once, then up to half a second in all to exit before it is killed.
+    ~RewardWorkers() override {
+        for (auto& w : workers_) w->proc->close_stdin();
+        const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
+        for (auto& w : workers_) w->proc->stop(std::max(0.0, std::chrono::duration<double>(until - std::chrono::steady_clock::now()).count()));
+    }
+
     bool external() const override { return true; }
 
     std::vector<ScoreResult> score(const std::vector<ScoreRequest>& requests) override {
@@ -144,6 +151,7 @@ public:
                 r.verdict.correct = cfg_.timeout_reward > 0;
                 r.timed_out = true;
                 done++;
+                w.proc->stop(0);
                 workers_[k] = std::make_unique<Worker>(cfg_.cmd);  // its late reply must not answer another request
             }
         }
