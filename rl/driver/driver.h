@@ -453,7 +453,7 @@ inline MetricRow Trainer::train_step() {
     StepMetrics sm;
     auto rollout_mismatch = [&](Sample& s) {
         s.is_weight.resize((size_t)s.T());
-        sequence_is_weights(cfg_.is_correction, cfg_.is_cap, s.old_lp.data(), s.rollout_lp.data(), s.mask.data(), s.T(),
+        sequence_is_weights(cfg_.is_correction, cfg_.is_floor, cfg_.is_cap, s.old_lp.data(), s.rollout_lp.data(), s.mask.data(), s.T(),
                             s.is_weight.data());
         sm.add_rollout_sequence(s.old_lp.data(), s.rollout_lp.data(), s.is_weight.data(), s.mask.data(), s.T(), cfg_.is_cap);
     };

@@ -46,6 +46,7 @@ struct TrainConfig {
     LossAgg loss_agg = LossAgg::TokenMean;
     IsCorrection is_correction = IsCorrection::TokenTis;
     double is_cap = 2.0;
+    double is_floor = 0.5;  // IcePop's lower bound
     bool dynamic_sampling = false;
     int max_gen_batches = 10;
     int64_t overlong_buffer = 0;
@@ -170,8 +171,11 @@ inline TrainConfig train_config_from_args(const Args& a) {
     c.loss_agg = parse_loss_agg(a.given("loss_agg") ? a.str("loss_agg") : c.algo == "drgrpo" ? "seq-mean-token-sum-norm" : "token-mean");
     const std::string is = a.str("is_correction");
     c.is_correction = is == "off" ? IsCorrection::Off : is == "tis" ? IsCorrection::TokenTis : is == "mis" ? IsCorrection::TokenMis
-                    : is == "seq-tis" ? IsCorrection::SeqTis : IsCorrection::SeqMis;
+                    : is == "seq-tis" ? IsCorrection::SeqTis : is == "seq-mis" ? IsCorrection::SeqMis
+                    : is == "icepop" ? IsCorrection::IcePop : IsCorrection::GeoMask;
     c.is_cap = a.number("is_cap");
+    c.is_floor = a.number("is_floor");
+    if (c.is_floor >= c.is_cap) fail("--is_floor %g is not below --is_cap %g: IcePop keeps rho in [floor, cap]", c.is_floor, c.is_cap);
     c.dynamic_sampling = a.given("dynamic_sampling") ? a.integer("dynamic_sampling") == 1 : dapo;
     c.max_gen_batches = (int)a.integer("max_gen_batches");
     c.overlong_buffer = a.integer("overlong_buffer");
