@@ -47,6 +47,7 @@ struct TrainConfig {
     IsCorrection is_correction = IsCorrection::TokenTis;
     double is_cap = 2.0;
     double is_floor = 0.5;  // IcePop's lower bound
+    int64_t dump_rollouts = 0;  // every N steps OUT/rollouts/step_K.jsonl (rl/io/rollout_dump.h); 0 = never
     bool dynamic_sampling = false;
     int max_gen_batches = 10;
     int64_t overlong_buffer = 0;
@@ -116,6 +117,7 @@ inline EngineOptions engine_options_from_args(const Args& a) {
     o.offload_train_state = a.integer("offload_train_state") == 1;
     o.kv_page_tokens = (int)a.integer("kv_page_tokens");
     o.kv_scale_per_head = a.str("kv_scales") == "head";
+    o.train_kv_replay = a.integer("train_kv_replay") == 1;
     o.fp8_scaling = parse_fp8_scaling(a.str("fp8_scaling"), "--fp8_scaling");
     o.fp8_pow2_scales = a.str("fp8_scales") == "pow2";
     o.cuda_graphs = a.integer("cuda_graphs") == 1;
@@ -186,6 +188,12 @@ inline TrainConfig train_config_from_args(const Args& a) {
     c.rollout_precision = parse_precision(a.str("rollout_precision"), "--rollout_precision");
     c.train_precision = parse_precision(a.str("train_precision"), "--train_precision");
     c.kv_cache = parse_precision(a.str("kv_cache"), "--kv_cache");
+    if (a.integer("train_kv_replay") == 1 && c.kv_cache != Precision::FP8)
+        fail("--train_kv_replay 1 replays the FP8 KV cache in training, but --kv_cache is %s; give --kv_cache fp8 or --train_kv_replay 0",
+             precision_name(c.kv_cache));
+    if (a.integer("train_kv_replay") == 1 && c.train_precision == Precision::FP32)
+        fail("--train_kv_replay 1 with --train_precision fp32: an fp32 forward is Calibrated Clipping's shadow pass, never "
+             "replayed; train in bf16 or fp8");
     c.fp8_scaling = parse_fp8_scaling(a.str("fp8_scaling"), "--fp8_scaling");
     c.fp8_pow2_scales = a.str("fp8_scales") == "pow2";
     c.calibrated_clip = (int)a.integer("calibrated_clip");
@@ -226,6 +234,7 @@ inline TrainConfig train_config_from_args(const Args& a) {
     c.keep_checkpoints = a.integer("keep_checkpoints");
     c.out_dir = a.str("out_dir");
     c.tensorboard = a.flag("tensorboard");
+    c.dump_rollouts = a.integer("dump_rollouts");
     c.max_bad_steps = (int)a.integer("max_bad_steps");
     return c;
 }
