@@ -16,6 +16,7 @@
 #include "rl/objective/loss_agg.h"
 #include "rl/objective/lr_schedule.h"
 #include "rl/numerics/precision.h"
+#include "rl/tasks/scorer.h"
 #include "rl/tasks/tasks.h"
 #include "rl/objective/token_loss.h"
 
@@ -33,6 +34,7 @@ struct TrainConfig {
     int64_t eval_prompts = 0;
     int64_t max_prompt_tokens = 0;  // prompts longer than this are left out of the data; 0 = no limit
     int enable_thinking = 1;  // Qwen3 chat template, for dataset rows with "messages"
+    RewardConfig reward;      // --reward_cmd / --reward_url; the built-in verifier of --task without them
     // algorithm
     std::string algo;
     AdvantageEstimator estimator = AdvantageEstimator::Grpo;
@@ -133,6 +135,21 @@ inline EngineOptions training_engine_options(const Args& a, const TrainConfig& c
     return o;
 }
 
+// The scorer's flags (training, eval and --score).
+inline RewardConfig reward_config_from_args(const Args& a) {
+    RewardConfig r;
+    r.cmd = a.str("reward_cmd");
+    r.url = a.str("reward_url");
+    if (a.given("reward_cmd") && r.cmd.find_first_not_of(" \t") == std::string::npos) fail("--reward_cmd: empty command");
+    if (!r.cmd.empty() && !r.url.empty()) fail("give at most one of --reward_cmd and --reward_url");
+    r.workers = (int)a.integer("reward_workers");
+    r.batch = (int)a.integer("reward_batch");
+    r.timeout_s = a.number("reward_timeout");
+    r.has_timeout_reward = a.given("reward_on_timeout");
+    r.timeout_reward = a.number("reward_on_timeout");
+    return r;
+}
+
 inline TrainConfig train_config_from_args(const Args& a) {
     TrainConfig c;
     c.mode = a.str("mode");
@@ -149,6 +166,7 @@ inline TrainConfig train_config_from_args(const Args& a) {
     c.eval_prompts = a.integer("eval_prompts");
     c.max_prompt_tokens = a.integer("max_prompt_tokens");
     c.enable_thinking = (int)a.integer("enable_thinking");
+    c.reward = reward_config_from_args(a);
     if (is_synthetic_task(c.task)) c.task_size = a.integer("task_size") ? (int)a.integer("task_size") : default_task_size(c.task);
     else if (c.data.empty())
         fail("--task %s has no built-in prompts; give --data FILE.jsonl (see dev/ for GSM8K/MATH preparation)", c.task.c_str());
