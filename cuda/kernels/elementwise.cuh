@@ -39,7 +39,7 @@ template <class Grad>
 struct BiasGradTerm {
     const Grad* dy;
     int n;
-    __device__ float operator()(long r, int c) const { return as_float(dy[(size_t)r * n + c]); }
+    __device__ void operator()(long r, int c, int count, float out[8]) const { load8(dy + (size_t)r * n + c, count, out); }
 };
 
 inline void check_element_count(const char* who, long n) {
