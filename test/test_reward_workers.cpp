@@ -20,6 +20,7 @@
 
 #include "rl/io/checkpoint.h"
 #include "rl/io/json.h"
+#include "rl/tasks/data.h"
 #include "rl/tasks/reward.h"
 #include "rl/tasks/score.h"
 #include "test/harness.h"
@@ -444,4 +445,28 @@ TEST(reward_url_parsing) {
     CHECK_THROWS(parse_http_url("127.0.0.1:5000"), "expected a URL like http://");
     CHECK_THROWS(parse_http_url("http://127.0.0.1:50a0/"), "the port must be a number");
     CHECK_THROWS(parse_http_url("http://:5000/"), "no host");
+}
+
+// A data row's fields other than prompt, messages and answer reach the scorer as "data", in their
+// order and values; a generated prompt's data is {}.
+TEST(reward_request_carries_the_rows_other_fields) {
+    harness::TempDir t;
+    harness::write_text(t / "rows.jsonl", "{\"id\": \"q7\", \"prompt\": \"S:3=\", \"answer\": \"3\", \"meta\": {\"tests\": [1, 2.5, null]}, \"w\": -2}\n"
+                                          "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"answer\": 1}\n");
+    std::vector<Example> ex = load_jsonl_dataset(t / "rows.jsonl");
+    CHECK_EQ(ex[0].data, std::string("{\"id\":\"q7\",\"meta\":{\"tests\":[1,2.5,null]},\"w\":-2}"));
+    CHECK_EQ(ex[1].data, std::string("{}"));
+    ScoreRequest r;
+    r.id = 12;
+    r.task = "sort";
+    r.prompt = "S:3=";
+    r.response = "3\n\"x\"";
+    r.answer = ex[0].answer;
+    r.data = ex[0].data;
+    r.step = 4;
+    r.sample = 1;
+    CHECK_EQ(score_request_json(r), std::string("{\"id\":12,\"task\":\"sort\",\"prompt\":\"S:3=\",\"response\":\"3\\n\\\"x\\\"\",\"answer\":\"3\","
+                                                "\"data\":{\"id\":\"q7\",\"meta\":{\"tests\":[1,2.5,null]},\"w\":-2},\"step\":4,\"sample\":1}"));
+    r.has_answer = false;
+    CHECK(score_request_json(r).find("\"answer\":null,") != std::string::npos);
 }
