@@ -361,7 +361,7 @@ bench_gpu: $(GPU_BENCH_BINS)
 BUNDLE         := $(BUILD)/gpu-bundle
 BUNDLE_BUILD   := $(BUILD)/gpu-bundle-build
 BUNDLE_MAX_MIB := 60
-BUNDLE_BINS    := gpu_probe bin/train_rl bin/train_rl_cpu bin/test_gpu $(patsubst test/gpu/bench_%.cu,gpu_bench_%,$(GPU_BENCHES))
+BUNDLE_BINS    := gpu_probe bin/train_rl bin/train_rl_cpu bin/test_gpu perf_model $(patsubst test/gpu/bench_%.cu,gpu_bench_%,$(GPU_BENCHES))
 gpu-bundle:
 	$(MAKE) --no-print-directory BUILD=$(BUNDLE_BUILD) OPT="-O3 -march=x86-64-v3" MPICXX= $(addprefix $(BUNDLE_BUILD)/,$(BUNDLE_BINS))
 	rm -rf $(BUNDLE) && mkdir -p $(BUNDLE)
