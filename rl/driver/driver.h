@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <string>
@@ -151,7 +152,7 @@ class Trainer {
 public:
     // model_dir: where the tokenizer's chat template is read from, for dataset rows with "messages".
     Trainer(TrainConfig cfg, const Dist& dist, Engine& engine, Engine* reference, const Tokenizer& tok,
-            const std::string& model_dir, PromptSource train, std::vector<Example> eval)
+            const std::string& model_dir, PromptSource train, std::vector<EvalSet> eval)
         : cfg_(std::move(cfg)), dist_(dist), engine_(engine), ref_(reference), tok_(tok), model_dir_(model_dir),
           train_(std::move(train)), eval_(std::move(eval)) {
         engine_.init_optimizer(cfg_.adam, dist_);
@@ -193,7 +194,7 @@ public:
             }
             log.record(m);
             log.print(step_line(m, cfg_.steps));
-            if (m.has("val-core/" + cfg_.task + "/acc/greedy")) log.print(eval_line(m));
+            if (eval && !eval_.empty()) log.print(eval_lines(m));
             if ((eval || last) && log.enabled()) write_dashboard(dashboard_path(), dashboard_title(), log.rows());
             if ((cfg_.save_every > 0 && step_ % cfg_.save_every == 0) || last) save(log);
         }
@@ -209,14 +210,12 @@ public:
                       cfg_.calibrated_clip == 1 ? "on" : cfg_.calibrated_clip == 2 ? "measuring" : "off");
     }
 
-    // The eval's readable line.
-    std::string eval_line(const MetricRow& m) const {
-        const std::string p = "val-core/" + cfg_.task + "/acc/";
-        std::string line = strfmt("  eval: greedy accuracy %.3f", m.get(p + "greedy"));
-        if (cfg_.eval_k > 0)
-            line += strfmt(", mean@%d %.3f, pass@%d %.3f", cfg_.eval_k, m.get(p + strfmt("mean@%d", cfg_.eval_k)), cfg_.eval_k,
-                           m.get(p + strfmt("pass@%d", cfg_.eval_k)));
-        return line + strfmt(" on %lld held-out prompts", (long long)m.get("val/num_prompts"));
+    // The eval's readable lines, one per set ("" without sets).
+    std::string eval_lines(const MetricRow& m) const {
+        std::string out;
+        for (const EvalSet& set : eval_)
+            out += (out.empty() ? "" : "\n") + eval_set_line(set.name, m, cfg_.eval.k, cfg_.eval.greedy);
+        return out;
     }
 
     // The state a checkpoint holds.
@@ -237,8 +236,13 @@ public:
 
     // One RL step; returns its metrics (reduced over ranks).
     MetricRow train_step();
-    // Greedy accuracy and mean@k / pass@k on the held-out prompts.
-    MetricRow evaluate();
+    // Every held-out set's scores (rl/driver/eval.h); with dump, each generation's --dump_eval line
+    // of this rank's prompts is appended to it.
+    MetricRow evaluate(std::string* dump = nullptr);
+    // --eval_only 1: one evaluate() of the loaded weights at this step, printed and written to
+    // OUT_DIR/eval.jsonl (its generations to OUT_DIR/eval_generations.jsonl with --dump_eval 1, one
+    // file per rank on several); nothing else is written.
+    void evaluate_only(const std::string& model_dir);
 
 private:
     TrainConfig cfg_;
@@ -249,7 +253,7 @@ private:
     std::string model_dir_;
     mutable std::unique_ptr<ChatTemplate> chat_;  // loaded at the first "messages" row
     PromptSource train_;
-    std::vector<Example> eval_;
+    std::vector<EvalSet> eval_;
     int64_t step_ = 0, cursor_ = 0, bad_steps_ = 0, consecutive_bad_ = 0;
     int64_t empty_passes_ = 0;  // this step's passes of no sequences (a collective pass on a rank with fewer micro-batches)
     CalibState bounds_;  // ratio bounds in force and Calibrated Clipping's state (its initial one when it is on)
@@ -630,48 +634,33 @@ inline MetricRow Trainer::train_step() {
     return m;
 }
 
-inline MetricRow Trainer::evaluate() {
-    MetricRow m;
-    const int64_t n = (int64_t)eval_.size(), ranks = dist_.size();
-    const int64_t begin = n * dist_.rank() / ranks, end = n * (dist_.rank() + 1) / ranks;
-    std::vector<GenRequest> greedy, sampled;
-    const int k = cfg_.eval_k;
-    for (int64_t i = begin; i < end; i++) {
-        std::vector<int32_t> prompt = encode_prompt(eval_[(size_t)i]);
-        greedy.push_back({prompt, (uint32_t)i});
-        for (int j = 0; j < k; j++) sampled.push_back({prompt, (uint32_t)(i * k + j)});
-    }
-    SamplingConfig g = cfg_.sampling;
-    g.temperature = 0.0f;
-    const uint32_t eval_step = 0x80000000u | (uint32_t)step_;  // eval draws never collide with training draws
+inline MetricRow Trainer::evaluate(std::string* dump) {
     enter_phase(Engine::Phase::Rollout);
-    std::vector<Generation> out = engine_.generate(greedy, eval_step, g, cfg_.rollout_precision, cfg_.kv_cache, nullptr);
-    std::vector<double> sums(4, 0.0);  // [greedy correct, sampled correct, prompts with any correct, prompts]
-    for (size_t i = 0; i < out.size(); i++)
-        sums[0] += score_response(cfg_.task, decode_response(out[i].tokens), eval_[(size_t)begin + i].answer).correct;
-    if (k > 0) {
-        out = engine_.generate(sampled, eval_step, cfg_.sampling, cfg_.rollout_precision, cfg_.kv_cache, nullptr);
-        for (int64_t i = 0; i < end - begin; i++) {
-            int correct = 0;
-            for (int j = 0; j < k; j++) {
-                const Generation& c = out[(size_t)(i * k + j)];
-                correct += score_response(cfg_.task, decode_response(c.tokens), eval_[(size_t)(begin + i)].answer).correct;
-            }
-            sums[1] += (double)correct / k;
-            sums[2] += correct > 0;
-        }
-    }
+    MetricRow m = evaluate_sets(
+        engine_, dist_, eval_, cfg_.eval, cfg_.rollout_precision, cfg_.kv_cache, step_, cfg_.sampling.vocab_limit,
+        [&](const Example& ex) { return encode_prompt(ex); },
+        [&](const std::vector<int32_t>& ids, bool skip_special) { return tok_.decode(std::vector<int>(ids.begin(), ids.end()), skip_special); },
+        dump);
     enter_phase(Engine::Phase::Update);
-    sums[3] = (double)(end - begin);
-    dist_.all_reduce_sum(sums);
-    const std::string p = "val-core/" + cfg_.task + "/acc/";
-    m.set(p + "greedy", sums[0] / sums[3]);
-    if (k > 0) {
-        m.set(p + strfmt("mean@%d", k), sums[1] / sums[3]);
-        m.set(p + strfmt("pass@%d", k), sums[2] / sums[3]);
-    }
-    m.set("val/num_prompts", sums[3]);
     return m;
+}
+
+inline void Trainer::evaluate_only(const std::string& model_dir) {
+    std::string dump;
+    MetricRow m;
+    m.set("training/global_step", (double)step_);
+    for (auto& kv : evaluate(cfg_.eval.dump ? &dump : nullptr).items) m.set(kv.first, kv.second);
+    std::string files;
+    if (cfg_.eval.dump) {
+        files = cfg_.out_dir + "/eval_generations" + (dist_.size() > 1 ? strfmt(".rank%d", dist_.rank()) : "") + ".jsonl";
+        write_file_atomic(files, dump);
+    }
+    if (!dist_.is_root()) return;
+    std::string line = "{\"model\":";
+    json_append_string(line, model_dir);
+    write_file_atomic(cfg_.out_dir + "/eval.jsonl", line + "," + metrics_json(m).substr(1) + "\n");
+    printf("eval of %s at step %lld:\n%s\nfiles: %s/eval.jsonl%s%s\n", model_dir.c_str(), (long long)step_, eval_lines(m).c_str(),
+           cfg_.out_dir.c_str(), files.empty() ? "" : " ", files.c_str());
 }
 
 // Writes a checkpoint of state (a HF directory of the engine's weights with recipe.json and the
@@ -679,11 +668,21 @@ inline MetricRow Trainer::evaluate() {
 inline void save_run_checkpoint(const TrainConfig& cfg, const Dist& dist, Engine& engine, const TrainerState& s, Logger& log) {
     auto t0 = std::chrono::steady_clock::now();
     if (dist.is_root()) {
+        std::string notice;
         std::string dir = save_checkpoint(cfg.out_dir, s, [&](const std::string& d) {
-            engine.save_hf(d);
+            if (cfg.save_format != SaveFormat::FP8) engine.save_hf(d);
+            if (cfg.save_format != SaveFormat::BF16) {
+                const std::string fp8_dir = cfg.save_format == SaveFormat::FP8 ? d : d + "/fp8";
+                std::error_code ec;
+                std::filesystem::create_directories(fp8_dir, ec);
+                if (ec) fail("%s: cannot create directory (%s)", fp8_dir.c_str(), ec.message().c_str());
+                notice = engine.save_hf_fp8(fp8_dir, s.master);
+            }
             write_file_atomic(d + "/" + kRecipeFile, recipe_json(cfg));
         });
+        if (!notice.empty()) log.print(notice);
         std::string line = "  checkpoint: " + dir + strfmt(" (%.1fs)", seconds_since(t0));
+        if (cfg.save_format != SaveFormat::BF16) line += cfg.save_format == SaveFormat::FP8 ? " (block FP8)" : " (bf16, block FP8 in fp8/)";
         if (cfg.keep_checkpoints > 0) {
             size_t removed = prune_checkpoints(cfg.out_dir, cfg.keep_checkpoints).size();
             if (removed) line += strfmt("; removed %zu older (--keep_checkpoints %lld)", removed, (long long)cfg.keep_checkpoints);
