@@ -166,15 +166,22 @@ inline std::string eval_dump_line(const std::string& set, const std::string& pro
     return line + "}\n";
 }
 
+// Scores the generations of one set: done[i] answers examples[i / per_example] as requests[i];
+// one verdict per generation (the trainer's: its scorer, built-in or external).
+using EvalScorer = std::function<std::vector<Verdict>(const EvalSet& set, const std::vector<Example>& examples, int per_example,
+                                                      const std::vector<GenRequest>& requests, const std::vector<Generation>& done)>;
+
 // Every set's scores (header) on `engine`: each rank generates its contiguous share of each set's
 // prompts at `weights` with a `kv` cache, the draws keyed apart from training's by `step`; greedy
 // request i and sample j of prompt i have sequence keys i and i * k + j in set 0, set s's shifted
-// by s << 24. prompt(ex): a row's prompt tokens; text(ids, skip_special): decoded text. With dump,
-// each generation's --dump_eval line is appended. The caller holds the engine in its rollout phase.
+// by s << 24. prompt(ex): a row's prompt tokens; text(ids, skip_special): decoded text; score: the
+// verdicts. With dump, each generation's --dump_eval line is appended. The caller holds the engine
+// in its rollout phase.
 inline MetricRow evaluate_sets(Engine& engine, const Dist& dist, const std::vector<EvalSet>& sets, const EvalOptions& e,
                                Precision weights, Precision kv, int64_t step, int vocab_limit,
                                const std::function<std::vector<int32_t>(const Example&)>& prompt,
-                               const std::function<std::string(const std::vector<int32_t>&, bool)>& text, std::string* dump) {
+                               const std::function<std::string(const std::vector<int32_t>&, bool)>& text, const EvalScorer& score,
+                               std::string* dump) {
     MetricRow m;
     const int k = e.k;
     SamplingConfig greedy_sampling = e.sampling, sampled = e.sampling;
@@ -185,40 +192,38 @@ inline MetricRow evaluate_sets(Engine& engine, const Dist& dist, const std::vect
     for (size_t s = 0; s < sets.size(); s++) {
         const EvalSet& set = sets[s];
         const int64_t n = (int64_t)set.examples.size(), begin = n * dist.rank() / ranks, end = n * (dist.rank() + 1) / ranks;
+        const std::vector<Example> mine(set.examples.begin() + begin, set.examples.begin() + end);
         const uint32_t key = (uint32_t)s << 24;
         std::vector<GenRequest> greedy, samples;
-        std::vector<std::string> prompts;
         for (int64_t i = begin; i < end; i++) {
             std::vector<int32_t> ids = prompt(set.examples[(size_t)i]);
             greedy.push_back({ids, key + (uint32_t)i});
             for (int j = 0; j < k; j++) samples.push_back({ids, key + (uint32_t)(i * k + j)});
-            if (dump) prompts.push_back(text(ids, false));
         }
         EvalTally tally(k);
         tally.add_prompts(end - begin);
-        auto verdict = [&](int64_t i, const Generation& g, int sample) {  // i: this rank's prompt index
-            const std::string response = text(g.tokens, true);
-            const Verdict v = score_response(set.task, response, set.examples[(size_t)(begin + i)].answer);
-            if (dump) *dump += eval_dump_line(set.name, prompts[(size_t)i], response, sample, v);
-            return v;
+        auto dump_line = [&](const GenRequest& r, const Generation& g, int sample, const Verdict& v) {
+            if (dump) *dump += eval_dump_line(set.name, text(r.prompt, false), text(g.tokens, true), sample, v);
         };
         if (e.greedy) {
             const std::vector<Generation> out = engine.generate(greedy, eval_step, greedy_sampling, weights, kv, nullptr);
+            const std::vector<Verdict> v = score(set, mine, 1, greedy, out);
             for (size_t i = 0; i < out.size(); i++) {
-                tally.add_greedy(verdict((int64_t)i, out[i], -1).correct);
+                tally.add_greedy(v[i].correct);
                 if (k == 0) tally.add_length(out[i].tokens.size(), !out[i].finished);
+                dump_line(greedy[i], out[i], -1, v[i]);
             }
         }
         if (k > 0) {
             const std::vector<Generation> out = engine.generate(samples, eval_step, sampled, weights, kv, nullptr);
+            const std::vector<Verdict> v = score(set, mine, k, samples, out);
             for (int64_t i = 0; i < end - begin; i++) {
-                std::vector<Verdict> v;
                 for (int j = 0; j < k; j++) {
-                    const Generation& g = out[(size_t)(i * k + j)];
-                    v.push_back(verdict(i, g, j));
-                    tally.add_length(g.tokens.size(), !g.finished);
+                    const size_t at = (size_t)(i * k + j);
+                    tally.add_length(out[at].tokens.size(), !out[at].finished);
+                    dump_line(samples[at], out[at], j, v[at]);
                 }
-                tally.add_prompt(v);
+                tally.add_prompt(std::vector<Verdict>(v.begin() + i * k, v.begin() + (i + 1) * k));
             }
         }
         std::vector<double> sums = tally.sums();
@@ -227,6 +232,17 @@ inline MetricRow evaluate_sets(Engine& engine, const Dist& dist, const std::vect
         if (s == 0) m.set("val/num_prompts", sums[0]);
     }
     return m;
+}
+
+// The built-in verifier as an EvalScorer (rl/tasks/reward.h): a response is the decoded text.
+inline EvalScorer builtin_eval_scorer(const std::function<std::string(const std::vector<int32_t>&, bool)>& text) {
+    return [text](const EvalSet& set, const std::vector<Example>& examples, int per_example, const std::vector<GenRequest>&,
+                  const std::vector<Generation>& done) {
+        std::vector<Verdict> v;
+        for (size_t i = 0; i < done.size(); i++)
+            v.push_back(score_response(set.task, text(done[i].tokens, true), examples[i / (size_t)per_example].answer));
+        return v;
+    };
 }
 
 // The readable line of one set's scores.

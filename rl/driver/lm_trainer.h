@@ -208,15 +208,18 @@ private:
     std::string model_dir_;
     std::unique_ptr<ChatTemplate> chat_;  // loaded at the first "messages" row
 
-    // The task eval's scores, generated at --rollout_precision (none without --eval_task_data).
+    // The task eval's scores, generated at --rollout_precision and scored by the built-in verifier
+    // (none without --eval_task_data).
     MetricRow task_eval() {
         if (task_eval_.empty()) return MetricRow();
         engine_.enter_phase(Engine::Phase::Rollout);
+        auto text = [&](const std::vector<int32_t>& ids, bool skip_special) {
+            return tok_->decode(std::vector<int>(ids.begin(), ids.end()), skip_special);
+        };
         MetricRow m = evaluate_sets(
             engine_, dist_, task_eval_, cfg_.eval, cfg_.rollout_precision, cfg_.kv_cache, step_, tok_->vocab_size(),
-            [&](const Example& ex) { return encode_example_prompt(*tok_, ex, model_dir_, cfg_.enable_thinking, chat_); },
-            [&](const std::vector<int32_t>& ids, bool skip_special) { return tok_->decode(std::vector<int>(ids.begin(), ids.end()), skip_special); },
-            nullptr);
+            [&](const Example& ex) { return encode_example_prompt(*tok_, ex, model_dir_, cfg_.enable_thinking, chat_); }, text,
+            builtin_eval_scorer(text), nullptr);
         engine_.enter_phase(Engine::Phase::Update);
         return m;
     }
