@@ -49,8 +49,9 @@ std::vector<std::string> log_without_scorer(const std::string& dir) {
         std::string kept;
         for (const auto& kv : row.fields) {
             const std::string& k = kv.first;
+            // maj@n votes over the verifier's extracted answers, which an HTTP scorer's {"rewards": [...]} does not carry
             if (k.rfind("timing_s/", 0) == 0 || k.rfind("perf/", 0) == 0 || k.rfind("memory/", 0) == 0 || k.rfind("reward/", 0) == 0 ||
-                k.rfind("val/reward/", 0) == 0)
+                k.rfind("val/reward/", 0) == 0 || k.find("/acc/maj@") != std::string::npos)
                 continue;
             kept += k + "=" + (kv.second.is_null() ? std::string("null") : strfmt("%.17g", kv.second.number)) + " ";
         }
