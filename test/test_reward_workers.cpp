@@ -20,6 +20,7 @@
 
 #include "rl/io/checkpoint.h"
 #include "rl/io/json.h"
+#include "rl/tasks/data.h"
 #include "rl/tasks/reward.h"
 #include "rl/tasks/score.h"
 #include "test/harness.h"
@@ -117,14 +118,15 @@ TEST(reward_cmd_score_matches_the_reference_table) {
 // and resumed (the workers start afresh; a reply is a function of its request).
 TEST(reward_cmd_run_equals_builtin_and_resumes_bit_exact) {
     std::string d = temp_dir("reward_cmd_equal");
-    harness::RunResult builtin = run_cmd(harness::binary() + scorer_run(d + "/builtin", 3));
+    const int steps = harness::sanitized ? 2 : 3;
+    harness::RunResult builtin = run_cmd(harness::binary() + scorer_run(d + "/builtin", steps));
     harness::RunResult first = run_cmd(harness::binary() + scorer_run(d + "/awk", 1) + kExactMatch);
-    harness::RunResult second = run_cmd(harness::binary() + scorer_run(d + "/awk", 3) + kExactMatch + " --resume " + d + "/awk");
+    harness::RunResult second = run_cmd(harness::binary() + scorer_run(d + "/awk", steps) + kExactMatch + " --resume " + d + "/awk");
     CHECK_MSG(builtin.status == 0 && first.status == 0 && second.status == 0, "%s\n%s\n%s", builtin.output.c_str(), first.output.c_str(),
               second.output.c_str());
     if (builtin.status || first.status || second.status) return;
     CHECK_MSG(score_sum(d + "/builtin") > 0, "no response was rewarded: the comparison would not see the scorer");
-    check_runs_equal(d + "/builtin", d + "/awk", 3);
+    check_runs_equal(d + "/builtin", d + "/awk", (size_t)steps);
     for (const Json& row : log_rows(d + "/awk")) {
         CHECK(row.find("reward/latency_s") && row.find("reward/latency_s")->number >= 0);
         CHECK(row.find("reward/timeouts") && row.find("reward/timeouts")->number == 0);
@@ -366,36 +368,34 @@ private:
 
 }  // namespace
 
-// The server's rewards, by --score and in training: a run scored over HTTP (in batches of 5, the last
-// one short; chunked replies too) is the built-in run, bit for bit, with DAPO's dynamic sampling
-// (which regenerates the batch when too few groups have unequal rewards).
+// The server's rewards, in training and by --score: a run scored over HTTP (in batches of 5, the last
+// one short) is the built-in run, bit for bit, with DAPO's dynamic sampling (which regenerates the
+// batch when too few groups have unequal rewards); --score reads chunked replies too.
 TEST(reward_url_run_equals_builtin) {
     RewardServer server;
     std::string d = temp_dir("reward_url_equal");
+    const int steps = harness::sanitized ? 2 : 3;
     const std::string dynamic = " --dynamic_sampling 1 --max_gen_batches 3";
-    harness::RunResult builtin = run_cmd(harness::binary() + scorer_run(d + "/builtin", 3) + dynamic);
+    harness::RunResult builtin = run_cmd(harness::binary() + scorer_run(d + "/builtin", steps) + dynamic);
     harness::RunResult http =
-        run_cmd(harness::binary() + scorer_run(d + "/http", 3) + dynamic + " --reward_batch 5 --reward_url " + server.url("/exact"));
-    harness::RunResult chunked = run_cmd(harness::binary() + scorer_run(d + "/chunked", 3) + dynamic + " --reward_url " + server.url("/chunked"));
-    CHECK_MSG(builtin.status == 0 && http.status == 0 && chunked.status == 0, "%s\n%s\n%s", builtin.output.c_str(), http.output.c_str(),
-              chunked.output.c_str());
-    if (builtin.status || http.status || chunked.status) return;
+        run_cmd(harness::binary() + scorer_run(d + "/http", steps) + dynamic + " --reward_batch 5 --reward_url " + server.url("/exact"));
+    CHECK_MSG(builtin.status == 0 && http.status == 0, "%s\n%s", builtin.output.c_str(), http.output.c_str());
+    if (builtin.status || http.status) return;
     CHECK_MSG(score_sum(d + "/builtin") > 0, "no response was rewarded: the comparison would not see the scorer");
-    check_runs_equal(d + "/builtin", d + "/http", 3);
-    check_runs_equal(d + "/builtin", d + "/chunked", 3);
-    // 3 steps, each of generations of 32 responses and an eval of 8 greedy and 16 sampled: in POSTs of 5,
-    // 7 per generation + 2 + 4; of 64, 1 per generation + 1 + 1
+    check_runs_equal(d + "/builtin", d + "/http", (size_t)steps);
+    // each step: generations of 32 responses (7 POSTs each) and an eval of 8 greedy (2) and 16 sampled (4)
     int generations = 0;
     for (const Json& row : log_rows(d + "/builtin")) generations += (int)row.find("dynamic_sampling/num_gen_batches")->number;
-    CHECK(generations > 3);
-    CHECK_EQ(server.posts(), generations * 7 + 3 * (2 + 4) + generations + 3 * 2);
-    // --score with the server: the reference table's synthetic rows
+    CHECK(generations > steps);
+    CHECK_EQ(server.posts(), generations * 7 + steps * (2 + 4));
     harness::TempDir t;
     harness::write_text(t / "rows.jsonl", "{\"prompt\":\"S:3=\",\"response\":\" 3 \\nx\",\"answer\":\"3\"}\n"
                                           "{\"prompt\":\"S:4=\",\"response\":\"43\",\"answer\":\"4\"}\n");
-    harness::RunResult r = run_cmd(harness::binary() + " --score " + t / "rows.jsonl" + " --reward_url " + server.url("/exact"));
-    CHECK_MSG(r.status == 0 && r.output.find("{\"reward\":1,") == 0 && r.output.find("\n{\"reward\":0,") != std::string::npos, "%s",
-              r.output.c_str());
+    for (const char* path : {"/exact", "/chunked"}) {
+        harness::RunResult r = run_cmd(harness::binary() + " --score " + t / "rows.jsonl" + " --reward_url " + server.url(path));
+        CHECK_MSG(r.status == 0 && r.output == "{\"reward\":1,\"extracted\":null,\"correct\":1}\n{\"reward\":0,\"extracted\":null,\"correct\":0}\n",
+                  "%s: %s", path, r.output.c_str());
+    }
 }
 
 // An HTTP error, a server that never answers (within --reward_timeout + 10 s) and no server at all:
@@ -429,4 +429,44 @@ TEST(reward_url_failures_end_the_run_with_one_line) {
     CHECK_EQ(rows[0].find("reward/timeouts")->number, 32.0);
     CHECK_EQ(rows[0].find("critic/score/mean")->number, -1.0);
     CHECK_EQ(rows[0].find("val/reward/timeouts")->number, 8.0 + 16.0);
+}
+
+// --reward_url's URLs: http only, names, IPv4 and [IPv6] hosts, the default port and path.
+TEST(reward_url_parsing) {
+    HttpUrl u = parse_http_url("http://[::1]:8080/get_reward");
+    CHECK_EQ(u.host, std::string("::1"));
+    CHECK_EQ(u.port, std::string("8080"));
+    CHECK_EQ(u.path, std::string("/get_reward"));
+    u = parse_http_url("http://scorer.local");
+    CHECK_EQ(u.host, std::string("scorer.local"));
+    CHECK_EQ(u.port, std::string("80"));
+    CHECK_EQ(u.path, std::string("/"));
+    CHECK_THROWS(parse_http_url("https://127.0.0.1/r"), "https is not supported");
+    CHECK_THROWS(parse_http_url("127.0.0.1:5000"), "expected a URL like http://");
+    CHECK_THROWS(parse_http_url("http://127.0.0.1:50a0/"), "the port must be a number");
+    CHECK_THROWS(parse_http_url("http://:5000/"), "no host");
+}
+
+// A data row's fields other than prompt, messages and answer reach the scorer as "data", in their
+// order and values; a generated prompt's data is {}.
+TEST(reward_request_carries_the_rows_other_fields) {
+    harness::TempDir t;
+    harness::write_text(t / "rows.jsonl", "{\"id\": \"q7\", \"prompt\": \"S:3=\", \"answer\": \"3\", \"meta\": {\"tests\": [1, 2.5, null]}, \"w\": -2}\n"
+                                          "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"answer\": 1}\n");
+    std::vector<Example> ex = load_jsonl_dataset(t / "rows.jsonl");
+    CHECK_EQ(ex[0].data, std::string("{\"id\":\"q7\",\"meta\":{\"tests\":[1,2.5,null]},\"w\":-2}"));
+    CHECK_EQ(ex[1].data, std::string("{}"));
+    ScoreRequest r;
+    r.id = 12;
+    r.task = "sort";
+    r.prompt = "S:3=";
+    r.response = "3\n\"x\"";
+    r.answer = ex[0].answer;
+    r.data = ex[0].data;
+    r.step = 4;
+    r.sample = 1;
+    CHECK_EQ(score_request_json(r), std::string("{\"id\":12,\"task\":\"sort\",\"prompt\":\"S:3=\",\"response\":\"3\\n\\\"x\\\"\",\"answer\":\"3\","
+                                                "\"data\":{\"id\":\"q7\",\"meta\":{\"tests\":[1,2.5,null]},\"w\":-2},\"step\":4,\"sample\":1}"));
+    r.has_answer = false;
+    CHECK(score_request_json(r).find("\"answer\":null,") != std::string::npos);
 }
