@@ -166,7 +166,8 @@ class GpuEngine : public Engine {
     }
 
     // A frozen copy (the KL reference policy): the same weights, no optimizer.
-    GpuEngine(const GpuEngine& other) : GpuEngine(other.source_dir_, other.options_) {
+    // A frozen copy (the KL reference) samples nothing, so it has no KV cache to replay.
+    GpuEngine(const GpuEngine& other) : GpuEngine(other.source_dir_, without_kv_replay(other.options_)) {
         if (other.shards_ > 1) fail("internal: a GpuEngine is copied before its optimizer shards its weights, not after");
         CUDA_CHECK(cudaMemcpy(master_.get(), other.master_.get(), master_.size() * sizeof(float), cudaMemcpyDeviceToDevice));
         refresh_derived();

@@ -226,8 +226,8 @@ void train_on_ranks(const Args& args, const Dist& dist, const char* binary) {
     std::unique_ptr<EngineT> reference;  // a frozen copy, only when the KL term needs it
     if (cfg.kl_coef > 0) {
         if (!args.given("resume")) reference = std::make_unique<EngineT>(engine);
-        else if (args.given("model")) reference = std::make_unique<EngineT>(args.str("model"), options);
-        else reference = std::make_unique<EngineT>(cfg.out_dir + "/init_model", options);
+        else if (args.given("model")) reference = std::make_unique<EngineT>(args.str("model"), without_kv_replay(options));
+        else reference = std::make_unique<EngineT>(cfg.out_dir + "/init_model", without_kv_replay(options));
     }
     Trainer trainer(cfg, dist, engine, reference.get(), *tok, dir, std::move(prompts), std::move(eval));
     if (args.given("resume")) trainer.restore(load_trainer_state(dir));

@@ -89,6 +89,13 @@ struct EngineOptions {
     bool offload_train_state = false;
 };
 
+// The options of a frozen reference copy of a policy (the KL term): it samples nothing, so it has no
+// FP8 KV cache of its own to replay (--train_kv_replay applies to the policy's forwards).
+inline EngineOptions without_kv_replay(EngineOptions o) {
+    o.train_kv_replay = false;
+    return o;
+}
+
 // The most a training run asks of an engine's memory at once, known before the engine exists (an
 // engine on a device plans its memory with it: cuda/engine/memory_plan.h).
 struct MemoryDemand {
