@@ -94,7 +94,7 @@ $(call unity_source,$(GPU_UNITY),$(GPU_TESTS))
 ifneq ($(CUDA_FP8_H),)
   EMU_FLAGS     := -DFP8RL_EMU -isystem $(CUDA_HOME)/include $(MPI_FLAGS)
   EMU_RUNTIME   := cuda/emu/emu_threads.cpp cuda/emu/emu_memory.cpp cuda/emu/emu_runtime.cpp cuda/emu/emu_cublaslt.cpp \
-                 cuda/emu/emu_stats.cpp cuda/emu/emu_wgmma.cpp
+                 cuda/emu/emu_stats.cpp cuda/emu/emu_wgmma.cpp cuda/emu/emu_memory_order.cpp
   GPU_TEST_OBJS := $(patsubst %,$(BUILD)/emu/%.o,test/run_tests.cpp $(GPU_UNITY))
   GPU_ASAN_OBJS := $(patsubst %,$(BUILD)/emu-asan/%.o,test/run_tests.cpp $(EMU_RUNTIME) $(GPU_UNITY))
   EMU_SEEDS     ?= 1

@@ -204,6 +204,7 @@ void train_on_ranks(const Args& args, const Dist& dist, const char* binary) {
     TrainConfig cfg = train_config_from_args(args);
     if (dist.is_root()) {
         make_out_dir(cfg.out_dir);
+        if (cfg.dump_rollouts > 0) prepare_rollout_dump_dir(cfg.out_dir);
         printf("%s: %d rank(s) x %d thread(s)\n%s", binary, dist.size(), omp_get_max_threads(), config_table(args).c_str());
     }
     dist.barrier();

@@ -37,6 +37,7 @@
 #include "rl/driver/dist.h"
 #include "rl/driver/engine.h"
 #include "rl/io/logger.h"
+#include "rl/io/rollout_dump.h"
 #include "rl/objective/loss_agg.h"
 #include "rl/objective/metrics.h"
 #include "rl/tasks/reward.h"
@@ -55,6 +56,10 @@ struct Sample {
     std::vector<float> adv;        // the sequence's advantage on every token
     std::vector<double> is_weight; // TIS/MIS weight (detached)
     std::vector<uint8_t> mask;     // 1 = a valid response token (all of them: the eos is trained too)
+    // --dump_rollouts, on the steps it writes: the first training forward's entropy, ratio and clip side
+    std::vector<float> entropy;
+    std::vector<double> ratio;
+    std::vector<int8_t> clipped;
     double score = 0, reward = 0, advantage = 0;
     bool finished = false;
     int T() const { return seq.response_len(); }
@@ -269,6 +274,9 @@ private:
     TokenValues batched_logprobs(Engine& engine, const std::vector<Sequence>& seqs, const std::vector<size_t>& mb_begin,
                                  Precision p);
     bool old_lp_from_training() const;
+    // --dump_rollouts: a sample's per-token values of its first training forward; the step's file.
+    static void record_for_dump(Sample& s, const SequenceTokens& st, const ClipBounds& bounds);
+    void dump_rollouts(const std::vector<Sample>& samples) const;
     // Both engines into a phase: into the rollout the reference first, so that the policy's high-water
     // mark of the rollout starts after both freed their update buffers.
     void enter_phase(Engine::Phase p) {
@@ -505,6 +513,50 @@ inline bool Trainer::old_lp_from_training() const {
     return cfg_.minibatches == 1 && cfg_.epochs == 1 && !cfg_.always_old_logprob_pass;
 }
 
+inline void Trainer::record_for_dump(Sample& s, const SequenceTokens& st, const ClipBounds& bounds) {
+    s.entropy.assign(st.entropy, st.entropy + st.T);
+    s.ratio.resize((size_t)st.T);
+    s.clipped.resize((size_t)st.T);
+    for (int t = 0; t < st.T; t++) {
+        PolicyTokenLoss pg = policy_token_loss(st.logp[t], st.old_logp[t], st.adv[t], bounds);
+        s.ratio[(size_t)t] = pg.ratio;
+        s.clipped[(size_t)t] = !(pg.flags & kClipped) ? 0 : pg.ratio < bounds.low ? -1 : 1;
+    }
+}
+
+// Every rank's lines, gathered in rank order, written by rank 0.
+inline void Trainer::dump_rollouts(const std::vector<Sample>& samples) const {
+    std::string text;
+    for (const Sample& x : samples) {
+        // a step stopped by NaN/Inf leaves later samples without a training forward: their values null
+        Sample s = x;
+        const size_t T = (size_t)s.T();
+        if (s.old_lp.size() != T) s.old_lp.assign(T, NAN);
+        if (s.is_weight.size() != T) s.is_weight.assign(T, NAN);
+        if (s.entropy.size() != T) s.entropy.assign(T, NAN);
+        if (s.ratio.size() != T) s.ratio.assign(T, NAN);
+        if (s.clipped.size() != T) s.clipped.assign(T, 0);
+        RolloutDumpSample d;
+        d.step = step_;
+        d.prompt = tok_.decode(std::vector<int>(s.seq.ids.begin(), s.seq.ids.begin() + s.seq.prompt_len), false);
+        const std::vector<int32_t> response(s.seq.ids.begin() + s.seq.prompt_len, s.seq.ids.end());
+        d.response = decode_response(response);
+        d.ids = response.data();
+        d.reward = s.reward;
+        d.advantage = s.advantage;
+        d.T = s.T();
+        d.rollout_lp = s.rollout_lp.data();
+        d.old_lp = s.old_lp.data();
+        d.entropy = s.entropy.data();
+        d.is_weight = s.is_weight.data();
+        d.ratio = s.ratio.data();
+        d.clipped = s.clipped.data();
+        text += rollout_dump_line(d);
+    }
+    std::vector<char> all = dist_.all_gather(std::vector<char>(text.begin(), text.end()));
+    if (dist_.is_root()) write_file_atomic(rollout_dump_path(cfg_.out_dir, step_), std::string(all.begin(), all.end()));
+}
+
 inline MetricRow Trainer::train_step() {
     auto t_step = std::chrono::steady_clock::now();
     MetricRow m;
@@ -545,7 +597,7 @@ inline MetricRow Trainer::train_step() {
     StepMetrics sm;
     auto rollout_mismatch = [&](Sample& s) {
         s.is_weight.resize((size_t)s.T());
-        sequence_is_weights(cfg_.is_correction, cfg_.is_cap, s.old_lp.data(), s.rollout_lp.data(), s.mask.data(), s.T(),
+        sequence_is_weights(cfg_.is_correction, cfg_.is_floor, cfg_.is_cap, s.old_lp.data(), s.rollout_lp.data(), s.mask.data(), s.T(),
                             s.is_weight.data());
         sm.add_rollout_sequence(s.old_lp.data(), s.rollout_lp.data(), s.is_weight.data(), s.mask.data(), s.T(), cfg_.is_cap);
     };
@@ -593,6 +645,7 @@ inline MetricRow Trainer::train_step() {
     lc.kl = cfg_.kl_estimator;
     lc.entropy_coef = cfg_.entropy_coef;
     const double horizon = (double)cfg_.sampling.max_new_tokens;  // Λ of seq-mean-token-sum-norm
+    const bool dumping = cfg_.dump_rollouts > 0 && step_ % cfg_.dump_rollouts == 0;
     double grad_norm_sum = 0, train_s = 0, lr = 0;
     int64_t train_tokens = 0, updates = 0;
     bool bad = false;
@@ -650,6 +703,7 @@ inline MetricRow Trainer::train_step() {
                     st.entropy = ent[k].data();
                     st.mask = s.mask.data();
                     SequenceLoss sl = sequence_loss(st, lc, cfg_.loss_agg, global, horizon, d_lp[k].data(), d_ent[k].data());
+                    if (dumping && epoch == 0) record_for_dump(samples[ub + k], st, lc.bounds);
                     loss += sl.loss;
                     sm.add_sequence_loss(sl);
                     sm.add_policy_sequence(st, lc.bounds);
@@ -684,6 +738,7 @@ inline MetricRow Trainer::train_step() {
     }
     m.set("training/skipped_bad", bad ? 1 : 0);
     m.set("training/bad_steps_total", (double)bad_steps_);
+    if (dumping) dump_rollouts(samples);
     report_step_metrics(dist_, sm, updates, m);
     m.set("actor/grad_norm", updates ? grad_norm_sum / (double)updates : NAN);
     m.set("actor/lr", lr);
