@@ -142,6 +142,10 @@ inline RewardConfig reward_config_from_args(const Args& a) {
     r.url = a.str("reward_url");
     if (a.given("reward_cmd") && r.cmd.find_first_not_of(" \t") == std::string::npos) fail("--reward_cmd: empty command");
     if (!r.cmd.empty() && !r.url.empty()) fail("give at most one of --reward_cmd and --reward_url");
+    if (a.given("reward_workers") && r.cmd.empty()) fail("--reward_workers applies to --reward_cmd, which is not given");
+    if (a.given("reward_batch") && r.url.empty()) fail("--reward_batch applies to --reward_url, which is not given");
+    for (const char* f : {"reward_timeout", "reward_on_timeout"})
+        if (a.given(f) && !r.external()) fail("--%s applies to --reward_cmd and --reward_url, neither of which is given", f);
     r.workers = (int)a.integer("reward_workers");
     r.batch = (int)a.integer("reward_batch");
     r.timeout_s = a.number("reward_timeout");
