@@ -60,6 +60,7 @@
 #include "cuda/kernels/rope.cuh"
 #include "cuda/kernels/swiglu.cuh"
 #include "fp8_gemm.cuh"
+#include "rl/model/fp8_export.h"
 #include "loss.cuh"
 #include "rl/driver/engine.h"
 #include "rl/driver/memory_fit.h"
@@ -436,6 +437,30 @@ class GpuEngine : public Engine {
             for (size_t i = 0; i < w.size(); i++) weights_.master[i] = __bfloat162float(w[i]);
         }
         fp8rl::save_hf(weights_, dir, source_dir_);
+    }
+
+    // The device's 128x128-block copies as they are (codes and scales downloaded, the scale grid's
+    // padding included): every rank holds them whole.
+    std::vector<Fp8Tensor> fp8_weight_copies() override {
+        if (options_.fp8_scaling != Fp8Scaling::Block)
+            fail("the FP8 export needs --fp8_scaling block (the format holds 128x128 block scales), not %s",
+                 fp8_scaling_name(options_.fp8_scaling));
+        CUDA_CHECK(cudaStreamSynchronize(stream_));
+        std::vector<Fp8Tensor> out;
+        for (int l = 0; l < model_.L; l++)
+            for (int j = 0; j < kProjections; j++) {
+                const LinearWeight w = model_.projection(l, (Projection)j, nullptr);
+                const Fp8Storage& f = *fp8_[(size_t)l * kProjections + j];
+                Fp8Tensor t;
+                t.rows = w.N, t.cols = w.K, t.layout = Fp8Layout::Blk128x128;
+                t.data = f.codes.download((size_t)w.N * w.K);
+                t.scale_inv = f.scales.download(blk128_scale_count(w.N, w.K));
+                out.push_back(std::move(t));
+            }
+        return out;
+    }
+    std::string save_hf_fp8(const std::string& dir, const std::vector<float>& master) override {
+        return write_fp8_hf_files(weights_, master, fp8_weight_copies(), dir, source_dir_, options_.fp8_pow2_scales);
     }
 
   private:

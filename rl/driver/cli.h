@@ -215,7 +215,7 @@ void train_on_ranks(const Args& args, const Dist& dist, const char* binary) {
     std::unique_ptr<Tokenizer> tok = Tokenizer::load(dir + "/tokenizer.json");
     const PromptBudget budget{prompt_length_counter(*tok, dir, cfg.enable_thinking), dist.is_root()};
     PromptSource prompts = training_prompts(cfg, budget);
-    std::vector<Example> eval = eval_prompts(cfg, budget);
+    std::vector<EvalSet> eval = eval_sets(cfg, budget);
     // An engine on a device refuses here, before allocating, a run whose memory plan does not fit.
     RunShape shape{cfg, options, dist.size(), planned_prompt_tokens(cfg, budget.length, prompts)};
     const std::string plan = EngineT::device_memory_plan(load_model_config(dir), shape);
@@ -231,6 +231,7 @@ void train_on_ranks(const Args& args, const Dist& dist, const char* binary) {
     }
     Trainer trainer(cfg, dist, engine, reference.get(), *tok, dir, std::move(prompts), std::move(eval));
     if (args.given("resume")) trainer.restore(load_trainer_state(dir));
+    if (cfg.eval_only) return trainer.evaluate_only(dir);  // before the logger: the run's files stay as they are
     Logger log(cfg.out_dir, dist.is_root(), trainer.step(), cfg.tensorboard);
     const std::string changed = args.given("resume") ? recipe_changes(dir, cfg) : "";
     if (!changed.empty()) log.print(changed);
@@ -264,6 +265,12 @@ inline TrainConfig lm_planned_config(const TrainConfig& cfg) {
     planned.eval_prompts = 1;
     planned.eval_k = 0;
     planned.sampling.max_new_tokens = 1;
+    if (!cfg.eval_task_sets.empty()) {  // the task eval's generations (rl/driver/eval.h)
+        planned.eval_prompts = cfg.eval_prompts;
+        planned.eval_k = cfg.eval.k;
+        planned.eval_every = 1;
+        planned.sampling.max_new_tokens = cfg.eval.sampling.max_new_tokens;
+    }
     return planned;
 }
 
@@ -313,6 +320,11 @@ void train_lm_on_ranks(const Args& args, const Dist& dist, const char* binary) {
     if (dist.is_root()) printf("%s", plan.c_str());
     EngineT engine(dir, options);
     LmTrainer trainer(cfg, dist, engine, std::move(train), std::move(eval));
+    if (!cfg.eval_task_sets.empty()) {  // --eval_task_data: the RL eval's sets, under their own flag
+        TrainConfig sets = cfg;
+        sets.eval_sets = cfg.eval_task_sets;
+        trainer.set_task_eval(eval_sets(sets), *tok, dir);
+    }
     if (args.given("resume")) trainer.restore(load_trainer_state(dir));
     Logger log(cfg.out_dir, dist.is_root(), trainer.step(), cfg.tensorboard);
     const std::string changed = args.given("resume") ? recipe_changes(dir, cfg) : "";

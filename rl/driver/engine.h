@@ -174,6 +174,12 @@ public:
 
     // Writes the weights as a HF directory (bf16 safetensors, config.json, tokenizer files).
     virtual void save_hf(const std::string& dir) = 0;
+    // The FP8 copy of every projection weight, [L * 4] fused [q|k|v], o, [gate|up], down of each layer
+    // in 128x128 blocks, as the FP8 GEMMs read it (--fp8_scaling block): what --save_format fp8 writes.
+    virtual std::vector<Fp8Tensor> fp8_weight_copies() = 0;
+    // Writes that copy as a block-FP8 HF directory into dir (rl/model/fp8_export.h), with `master`
+    // [num_floats()] (the one save_state gave) for the other tensors. Returns its notice line or "".
+    virtual std::string save_hf_fp8(const std::string& dir, const std::vector<float>& master) = 0;
 
     // The two phases of a step: the rollout (generation) and the update (log-prob passes, training,
     // checkpoints). An engine on a device holds each phase's buffers only during it, in the same

@@ -10,6 +10,7 @@
 #pragma once
 #include <chrono>
 #include <cmath>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -54,12 +55,18 @@ public:
                       fp8_scaling_name(cfg_.fp8_scaling), cfg_.fp8_pow2_scales ? "power-of-two" : "fp32");
     }
 
+    // --eval_task_data: the task eval (rl/driver/eval.h) at each eval, prompts encoded as an RL run's.
+    void set_task_eval(std::vector<EvalSet> sets, const Tokenizer& tok, const std::string& model_dir) {
+        task_eval_ = std::move(sets), tok_ = &tok, model_dir_ = model_dir;
+    }
+
     void run(Logger& log) {
-        const bool eval = !eval_.empty();
+        const bool eval = !eval_.empty() || !task_eval_.empty();
         if (eval && step_ == 0) {  // the start, logged as the step-0 row
             MetricRow m = evaluate();
             m.set("training/global_step", 0);
-            log.print(strfmt("eval at step 0: val/loss %.4f (bf16 %.4f)", m.get("val/loss"), m.get("val/loss_bf16")));
+            if (m.has("val/loss")) log.print(strfmt("eval at step 0: val/loss %.4f (bf16 %.4f)", m.get("val/loss"), m.get("val/loss_bf16")));
+            print_task_eval(log, m);
             log.record(m);
         }
         for (; step_ < cfg_.steps;) {
@@ -69,6 +76,7 @@ public:
                 for (auto& kv : evaluate().items) m.set(kv.first, kv.second);
             log.record(m);
             log.print(lm_step_line(m, cfg_.steps));
+            if (eval_now) print_task_eval(log, m);
             if ((eval_now || last) && log.enabled()) write_dashboard(dashboard_path(), dashboard_title(), log.rows(), DashKind::Lm);
             if ((cfg_.save_every > 0 && step_ % cfg_.save_every == 0) || last) save(log);
         }
@@ -154,7 +162,8 @@ public:
     // val/loss (the training precision) and val/loss_bf16 (the same weights in BF16) over the held-out
     // rows, each rank its contiguous share, in forwards of at most --micro_batch_tokens.
     MetricRow evaluate() {
-        MetricRow m;
+        MetricRow m = task_eval();
+        if (eval_.empty()) return m;
         const int64_t n = (int64_t)eval_.size(), begin = n * dist_.rank() / dist_.size(), end = n * (dist_.rank() + 1) / dist_.size();
         std::vector<Sequence> seqs;
         std::vector<std::vector<uint8_t>> masks;
@@ -194,6 +203,29 @@ private:
     const Dist& dist_;
     Engine& engine_;
     std::vector<LmRow> train_, eval_;
+    std::vector<EvalSet> task_eval_;
+    const Tokenizer* tok_ = nullptr;
+    std::string model_dir_;
+    std::unique_ptr<ChatTemplate> chat_;  // loaded at the first "messages" row
+
+    // The task eval's scores, generated at --rollout_precision and scored by the built-in verifier
+    // (none without --eval_task_data).
+    MetricRow task_eval() {
+        if (task_eval_.empty()) return MetricRow();
+        engine_.enter_phase(Engine::Phase::Rollout);
+        auto text = [&](const std::vector<int32_t>& ids, bool skip_special) {
+            return tok_->decode(std::vector<int>(ids.begin(), ids.end()), skip_special);
+        };
+        MetricRow m = evaluate_sets(
+            engine_, dist_, task_eval_, cfg_.eval, cfg_.rollout_precision, cfg_.kv_cache, step_, tok_->vocab_size(),
+            [&](const Example& ex) { return encode_example_prompt(*tok_, ex, model_dir_, cfg_.enable_thinking, chat_); }, text,
+            builtin_eval_scorer(text), nullptr);
+        engine_.enter_phase(Engine::Phase::Update);
+        return m;
+    }
+    void print_task_eval(Logger& log, const MetricRow& m) const {
+        for (const EvalSet& set : task_eval_) log.print(eval_set_line(set.name, m, cfg_.eval.k, cfg_.eval.greedy));
+    }
     int64_t step_ = 0, cursor_ = 0, bad_steps_ = 0, consecutive_bad_ = 0;
     std::vector<int64_t> order_;
     uint32_t order_epoch_ = 0;

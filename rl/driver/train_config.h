@@ -13,6 +13,8 @@
 #include "rl/objective/advantage.h"
 #include "rl/driver/args.h"
 #include "rl/driver/engine.h"
+#include "rl/driver/eval.h"
+#include "rl/model/fp8_export.h"
 #include "rl/objective/loss_agg.h"
 #include "rl/objective/lr_schedule.h"
 #include "rl/numerics/precision.h"
@@ -63,6 +65,11 @@ struct TrainConfig {
     // sampling
     SamplingConfig sampling;
     int eval_k = 4;
+    // held-out evaluation (rl/driver/eval.h): the --eval_data sets, how the eval samples, --eval_only
+    std::vector<EvalDataSpec> eval_sets;
+    std::vector<EvalDataSpec> eval_task_sets;  // --mode sft|cpt: --eval_task_data
+    EvalOptions eval;
+    bool eval_only = false;
     // optimizer
     AdamWConfig adam;
     LrSchedule lr;
@@ -72,6 +79,7 @@ struct TrainConfig {
     // run
     uint64_t seed = 0;
     int64_t steps = 0, eval_every = 0, save_every = 0, keep_checkpoints = 0;
+    SaveFormat save_format = SaveFormat::BF16;
     std::string out_dir;
     bool tensorboard = false;
     int max_bad_steps = 3;
@@ -229,6 +237,30 @@ inline TrainConfig train_config_from_args(const Args& a) {
     if (c.sampling.temperature == 0.0f)
         fail("--temperature 0 (greedy) gives every response of a group the same text, so no advantage; RL needs > 0");
     c.eval_k = (int)a.integer("eval_k");
+    for (const std::string& spec : a.all("eval_data")) c.eval_sets.push_back(parse_eval_data_spec(spec, c.task));
+    for (size_t i = 0; i < c.eval_sets.size(); i++)
+        for (size_t j = 0; j < i; j++)
+            if (c.eval_sets[i].name == c.eval_sets[j].name)
+                fail("--eval_data: two sets are named %s; name each NAME=PATH", c.eval_sets[i].name.c_str());
+    if (c.mode != "rl" && c.eval_sets.size() > 1)
+        fail("--mode %s takes one --eval_data (its held-out loss); task sets go in --eval_task_data", c.mode.c_str());
+    for (const std::string& spec : a.all("eval_task_data")) c.eval_task_sets.push_back(parse_eval_data_spec(spec, c.task));
+    if (c.mode == "rl" && !c.eval_task_sets.empty()) fail("--eval_task_data is the task eval of --mode sft|cpt; an RL run's sets are --eval_data");
+    for (size_t i = 0; i < c.eval_task_sets.size(); i++)
+        for (size_t j = 0; j < i; j++)
+            if (c.eval_task_sets[i].name == c.eval_task_sets[j].name)
+                fail("--eval_task_data: two sets are named %s; name each NAME=PATH", c.eval_task_sets[i].name.c_str());
+    c.eval.sampling = c.sampling;
+    if (a.given("eval_temperature")) c.eval.sampling.temperature = (float)a.number("eval_temperature");
+    if (a.given("eval_top_p")) c.eval.sampling.top_p = (float)a.number("eval_top_p");
+    if (a.given("eval_max_new_tokens")) c.eval.sampling.max_new_tokens = (int)a.integer("eval_max_new_tokens");
+    c.eval.k = c.eval_k;
+    c.eval.greedy = a.flag("eval_greedy");
+    c.eval.dump = a.flag("dump_eval");
+    c.eval_only = a.flag("eval_only");
+    if (c.eval.dump && !c.eval_only) fail("--dump_eval 1 writes the generations of an --eval_only 1 run; add --eval_only 1");
+    if (!c.eval.greedy && c.eval.k == 0) fail("--eval_greedy 0 with --eval_k 0 leaves the eval nothing to generate");
+    if (c.eval_only && c.mode != "rl") fail("--eval_only 1 evaluates an RL task's sets (--mode rl); SFT/CPT runs evaluate their held-out loss");
     if (c.overlong_buffer > c.sampling.max_new_tokens)
         fail("--overlong_buffer %lld exceeds --max_new_tokens %d", (long long)c.overlong_buffer, c.sampling.max_new_tokens);
 
@@ -254,6 +286,10 @@ inline TrainConfig train_config_from_args(const Args& a) {
     c.eval_every = a.integer("eval_every");
     c.save_every = a.integer("save_every");
     c.keep_checkpoints = a.integer("keep_checkpoints");
+    c.save_format = parse_save_format(a.str("save_format"));
+    if (c.save_format != SaveFormat::BF16 && c.fp8_scaling != Fp8Scaling::Block)
+        fail("--save_format %s: the block-FP8 format holds 128x128 weight scales; it needs --fp8_scaling block, not %s",
+             a.str("save_format").c_str(), fp8_scaling_name(c.fp8_scaling));
     c.out_dir = a.str("out_dir");
     c.tensorboard = a.flag("tensorboard");
     c.dump_rollouts = a.integer("dump_rollouts");
