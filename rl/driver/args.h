@@ -43,6 +43,7 @@ inline const std::vector<FlagSpec>& flag_table() {
         {"encode", "mode", FlagKind::String, "", "", "JSONL {\"text\":...} -> {\"ids\":[...]} per line with --tokenizer ('-' = stdin)"},
         {"decode", "mode", FlagKind::String, "", "", "JSONL {\"ids\":[...]} -> {\"text\":...} per line with --tokenizer ('-' = stdin)"},
         {"chat", "mode", FlagKind::String, "", "", "JSONL {\"messages\":[...]} -> {\"ids\":[...]} rendered with the model's chat template"},
+        {"encode_bin", "mode", FlagKind::String, "", "", "write --data (JSONL) as a token shard OUT.bin with --threads workers: {\"text\"}/{\"ids\"} documents, or with --mode sft SFT rows and their loss mask (docs/sft.md); the tokenizer of --model, or of --init with --tokenizer"},
         {"logprobs", "mode", FlagKind::String, "", "", "JSONL {\"ids\":[...]} -> {\"logprobs\":[...],\"entropy\":[...]} for positions 1..n-1"},
         {"prompt", "mode", FlagKind::String, "", "", "generate a completion of this text and print it"},
         {"prompts", "mode", FlagKind::String, "", "", "JSONL {\"prompt\":...} (or {\"ids\":[...]}) -> one completion per line"},
@@ -68,6 +69,7 @@ inline const std::vector<FlagSpec>& flag_table() {
         {"batch_seqs", "sft/cpt", FlagKind::Int, "32", "1..", "sft/cpt: rows (conversations, or windows of --seq_len) per optimizer step over all ranks (a multiple of the number of ranks)"},
         {"max_seq_len", "sft/cpt", FlagKind::Int, "0", "0..", "sft: leave out the rows longer than N tokens, with a logged count; 0 = the model's max_position_embeddings"},
         {"seq_len", "sft/cpt", FlagKind::Int, "256", "1..", "cpt: tokens each window predicts (a window holds N + 1, the last one also the next window's first)"},
+        {"data_mix", "sft/cpt", FlagKind::String, "", "", "sft/cpt, in place of --data: \"a.bin:0.7,b.jsonl:0.3\" blends sources (token shards or JSONL) by weight as Megatron's BlendedDataset does, each in its own seeded order"},
         {"doc_mask", "sft/cpt", FlagKind::Int, "0", "0..1", "cpt: 1 splits each window at its documents' ends, so no attention crosses documents; 0 lets it cross (InfiR2's setting)"},
         // algorithm
         {"algo", "algorithm", FlagKind::Choice, "grpo", "grpo|dapo|drgrpo|rloo", "advantage estimator and its preset (dapo: clip-higher, dynamic sampling, dual clip 10)"},

@@ -23,6 +23,7 @@
 #include "rl/common.h"
 #include "rl/driver/driver.h"
 #include "rl/io/json.h"
+#include "rl/io/token_shard.h"
 #include "rl/text/chat.h"
 #include "rl/text/tokenizer.h"
 
@@ -52,6 +53,22 @@ inline Sequence engine_sequence(const LmSequence& s, std::vector<uint8_t>* mask)
     mask->assign(s.loss.begin() + first, s.loss.end());
     return Sequence{s.ids, first};
 }
+
+// The token that ends a completion (SFT) and a document (CPT): the model's first eos id (Qwen's
+// <|im_end|>, a fresh model's <|endoftext|>), and for documents the tokenizer's end-of-text token
+// where it has one.
+inline int32_t end_of_turn_id(const ModelConfig& c) {
+    if (c.eos_token_ids.empty()) fail("the model has no eos_token_id (config.json, generation_config.json); SFT ends each completion with it");
+    return (int32_t)c.eos_token_ids[0];
+}
+inline int32_t end_of_text_id(const Tokenizer& tok, const ModelConfig& c) {
+    for (const char* t : {"<|endoftext|>", "<|end_of_text|>"})
+        if (int id = tok.token_to_id(t); id >= 0) return id;
+    return end_of_turn_id(c);
+}
+
+// The shard header's tokenizer hash: FNV-1a 64 of the model's tokenizer.json.
+inline uint64_t tokenizer_hash(const std::string& model_dir) { return fnv1a64(read_file(model_dir + "/tokenizer.json")); }
 
 // Tokens of a rendered text whose spans are trained on: the text is encoded piece by piece at the
 // span boundaries, which must give the ids of encoding it whole (else a span would start or end
@@ -174,50 +191,70 @@ inline std::vector<LmRow> load_sft_rows(const std::string& path, SftEncoder& enc
     return rows;
 }
 
+// A CPT document's token ids: {"text"} through the tokenizer, or {"ids"} checked against the
+// vocabulary (the end-of-text id is the caller's to append).
+inline std::vector<int32_t> cpt_document_ids(const Json& row, const std::string& where, const Tokenizer* tok, int vocab) {
+    const Json* text = row.is_object() ? row.find("text") : nullptr;
+    const Json* ids = row.is_object() ? row.find("ids") : nullptr;
+    std::vector<int32_t> out;
+    if (text && text->is_string()) {
+        if (!tok) fail("%s: a \"text\" row needs a tokenizer", where.c_str());
+        for (int id : tok->encode(text->str, false)) out.push_back(id);
+    } else if (ids && ids->is_array()) {
+        for (const Json& id : ids->items) {
+            if (!id.is_int() || id.integer < 0 || id.integer >= vocab)
+                fail("%s: \"ids\" must be token ids in the vocabulary [0, %d)", where.c_str(), vocab);
+            out.push_back((int32_t)id.integer);
+        }
+    } else {
+        fail("%s: each line must be {\"text\": \"...\"} or {\"ids\": [...]} (--mode cpt)", where.c_str());
+    }
+    return out;
+}
+
+// How many windows of seq_len + 1 tokens a stream of `tokens` holds (the tail short of one is left out).
+inline int64_t cpt_window_count(int64_t tokens, int64_t seq_len) { return tokens < seq_len + 1 ? 0 : (tokens - 1) / seq_len; }
+
+// Window w of a token stream (token_at(t): the stream's token t): tokens [w seq_len, w seq_len + seq_len + 1),
+// one sequence, or under doc_mask cut after each end-of-text (a piece of one token, which predicts
+// nothing, left out).
+template <class TokenAt>
+LmRow cpt_window(const TokenAt& token_at, int64_t w, int64_t seq_len, bool doc_mask, int32_t end_of_text) {
+    LmRow row;
+    const int64_t b = w * seq_len, end = b + seq_len + 1;
+    std::vector<int32_t> ids;
+    for (int64_t t = b; t < end; t++) {
+        ids.push_back(token_at(t));
+        const bool cut = doc_mask && ids.back() == end_of_text && t + 1 < end;
+        if (!cut && t + 1 < end) continue;
+        if (ids.size() >= 2) {
+            LmSequence s;
+            s.ids = ids;
+            s.loss.assign(s.ids.size(), 1);
+            s.loss[0] = 0;
+            row.push_back(std::move(s));
+        }
+        ids.clear();
+    }
+    return row;
+}
+
 // CPT windows of a file: documents + end-of-text, concatenated, cut into windows of seq_len + 1 tokens
 // (the last token of a window is the first of the next); the tail short of a window is left out.
 inline std::vector<LmRow> load_cpt_windows(const std::string& path, const Tokenizer* tok, int vocab, int32_t end_of_text,
                                            int64_t seq_len, bool doc_mask) {
     std::vector<int32_t> stream;
     for_each_jsonl_row(path, [&](const Json& row, const std::string& where) {
-        const Json* text = row.is_object() ? row.find("text") : nullptr;
-        const Json* ids = row.is_object() ? row.find("ids") : nullptr;
-        if (text && text->is_string()) {
-            if (!tok) fail("%s: a \"text\" row needs a tokenizer", where.c_str());
-            for (int id : tok->encode(text->str, false)) stream.push_back(id);
-        } else if (ids && ids->is_array()) {
-            for (const Json& id : ids->items) {
-                if (!id.is_int() || id.integer < 0 || id.integer >= vocab)
-                    fail("%s: \"ids\" must be token ids in the vocabulary [0, %d)", where.c_str(), vocab);
-                stream.push_back((int32_t)id.integer);
-            }
-        } else {
-            fail("%s: each line must be {\"text\": \"...\"} or {\"ids\": [...]} (--mode cpt)", where.c_str());
-        }
+        for (int32_t id : cpt_document_ids(row, where, tok, vocab)) stream.push_back(id);
         stream.push_back(end_of_text);
     });
     if ((int64_t)stream.size() < seq_len + 1)
         fail("%s: %zu tokens, fewer than one window of --seq_len %lld + 1; give more text or a smaller --seq_len", path.c_str(),
              stream.size(), (long long)seq_len);
     std::vector<LmRow> rows;
-    for (int64_t b = 0; b + seq_len + 1 <= (int64_t)stream.size(); b += seq_len) {
-        LmRow row;
-        int64_t start = b;
-        const int64_t end = b + seq_len + 1;
-        for (int64_t t = b; t < end; t++) {
-            const bool cut = doc_mask && stream[(size_t)t] == end_of_text && t + 1 < end;
-            if (!cut && t + 1 < end) continue;
-            if (t + 1 - start >= 2) {  // a piece of one token has nothing to predict
-                LmSequence s;
-                s.ids.assign(stream.begin() + start, stream.begin() + t + 1);
-                s.loss.assign(s.ids.size(), 1);
-                s.loss[0] = 0;
-                row.push_back(std::move(s));
-            }
-            start = t + 1;
-        }
-        rows.push_back(std::move(row));
-    }
+    const auto token_at = [&](int64_t t) { return stream[(size_t)t]; };
+    for (int64_t w = 0; w < cpt_window_count((int64_t)stream.size(), seq_len); w++)
+        rows.push_back(cpt_window(token_at, w, seq_len, doc_mask, end_of_text));
     return rows;
 }
 

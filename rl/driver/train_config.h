@@ -26,6 +26,7 @@ struct TrainConfig {
     std::string mode = "rl";
     int64_t batch_seqs = 32, max_seq_len = 0, seq_len = 256;
     bool doc_mask = false;
+    std::string data_mix;  // "a.bin:0.7,b.bin:0.3" (lm_sources.h), in place of --data
     // data
     std::string task;
     int task_size = 0;
@@ -137,7 +138,10 @@ inline TrainConfig train_config_from_args(const Args& a) {
     c.max_seq_len = a.integer("max_seq_len");
     c.seq_len = a.integer("seq_len");
     c.doc_mask = a.integer("doc_mask") == 1;
-    if (c.mode != "rl" && !a.given("data") && !a.given("plan_ranks"))  // --plan_ranks reads no data
+    c.data_mix = a.str("data_mix");
+    if (a.given("data_mix") && (c.mode == "rl" || a.given("data")))
+        fail("--data_mix: give it in place of --data, with --mode sft or cpt (RL reads one --data)");
+    if (c.mode != "rl" && !a.given("data") && !a.given("data_mix") && !a.given("plan_ranks"))  // --plan_ranks reads no data
         fail("--mode %s trains on --data FILE.jsonl (%s); see docs/sft.md", c.mode.c_str(),
              c.mode == "sft" ? "{\"messages\": [...]} or {\"prompt\": ..., \"completion\": ...} rows" : "{\"text\": ...} rows");
     c.task = a.str("task");
@@ -147,7 +151,7 @@ inline TrainConfig train_config_from_args(const Args& a) {
     c.max_prompt_tokens = a.integer("max_prompt_tokens");
     c.enable_thinking = (int)a.integer("enable_thinking");
     if (is_synthetic_task(c.task)) c.task_size = a.integer("task_size") ? (int)a.integer("task_size") : default_task_size(c.task);
-    else if (c.data.empty())
+    else if (c.data.empty() && c.data_mix.empty())
         fail("--task %s has no built-in prompts; give --data FILE.jsonl (see dev/ for GSM8K/MATH preparation)", c.task.c_str());
     else if (a.integer("task_size"))
         fail("--task_size applies to the synthetic tasks only, not --task %s", c.task.c_str());
