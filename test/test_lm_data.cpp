@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "rl/driver/lm_sources.h"
+#include "rl/driver/train_config.h"
 #include "test/harness.h"
 #include "test/training_run.h"
 
@@ -292,4 +293,32 @@ TEST(data_mix_two_ranks_match_one) {
     CHECK_MSG(one.status == 0 && two.status == 0, "%s\n%s", one.output.c_str(), two.output.c_str());
     if (one.status || two.status) return;
     check_runs_agree(d + "/r1", d + "/r2", 1e-3, 1e-6, 1e-4);
+}
+
+// WSD with a cosine decay (--wsd_decay cosine) against its closed form written another way,
+// lr (m + (1 - m) cos^2(pi p / 2)) with p the decay's progress, and --warmup_frac as whole steps.
+TEST(lr_schedule_wsd_cosine_and_warmup_frac) {
+    const char* argv[] = {"x", "--lr_schedule", "wsd", "--wsd_decay", "cosine", "--warmup_frac", "0.2", "--steps", "20",
+                          "--decay_steps", "7", "--min_lr_ratio", "0.1", "--lr", "2e-3", "--task", "add"};
+    const TrainConfig c = train_config_from_args(Args::parse(17, (char**)argv, FlagEngine::Cpu));
+    CHECK_EQ(c.lr.warmup, (int64_t)4);
+    CHECK(c.lr.wsd && c.lr.wsd_cosine && c.lr.decay == 7 && c.lr.total == 20);
+    for (int64_t u = 0; u < 20; u++) {
+        long double want = 2e-3L;
+        if (u < 4) want *= (long double)(u + 1) / 4;
+        else if (u >= 13) {
+            const long double p = (long double)(u - 13) / 6, h = std::cos(3.14159265358979323846264338327950288L * p / 2);
+            want *= 0.1L + 0.9L * h * h;
+        }
+        CHECK_MSG(std::fabs((long double)c.lr.at(u) - want) <= 1e-15L, "update %lld: %.17g, want %.17Lg", (long long)u, c.lr.at(u), want);
+    }
+    CHECK_NEAR(c.lr.at(16), 2e-3 * (0.1 + 0.9 * 0.5), 1e-15, 0);  // halfway through the decay: halfway down
+    const char* both[] = {"x", "--warmup_frac", "0.2", "--warmup_steps", "3", "--steps", "20", "--task", "add"};
+    bool refused = false;
+    try {
+        train_config_from_args(Args::parse(9, (char**)both, FlagEngine::Cpu));
+    } catch (const Error& e) {
+        refused = std::string(e.what()).find("one of --warmup_steps and --warmup_frac") != std::string::npos;
+    }
+    CHECK(refused);
 }

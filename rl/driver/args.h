@@ -120,6 +120,8 @@ inline const std::vector<FlagSpec>& flag_table() {
         {"lr_schedule", "optimizer", FlagKind::Choice, "constant", "constant|cosine|wsd", "learning rate after warm-up: constant, cosine decay to the end, or warmup-stable-decay (constant, then linear decay over the last --decay_steps)"},
         {"min_lr_ratio", "optimizer", FlagKind::Float, "0", "0..1", "cosine and wsd: final learning rate as a fraction of --lr"},
         {"decay_steps", "optimizer", FlagKind::Int, "0", "0..", "wsd: steps of the final linear decay (0 = a tenth of --steps)"},
+        {"wsd_decay", "optimizer", FlagKind::Choice, "linear", "linear|cosine", "wsd: the shape of the final decay to --min_lr_ratio: a line, or half a cosine (InfiR2's CPT)"},
+        {"warmup_frac", "optimizer", FlagKind::Float, "0", "0..1", "warm-up as a fraction of --steps (rounded to whole steps), in place of --warmup_steps"},
         {"zero", "optimizer", FlagKind::Int, "1", "0..2", "GPU engine only (train_rl; the CPU engine ignores it): 1 shards the FP32 master weights and AdamW moments over the ranks (ZeRO-1), 2 the FP32 gradients too, reduced layer by layer during the backward (ZeRO-2), 0 keeps them whole on every rank"},
         // memory
         {"micro_batch_tokens", "memory", FlagKind::Int, "0", "0..", "run each minibatch's forward and backward in micro-batches of consecutive sequences of at most N tokens (a longer sequence alone), gradients accumulated; 0 = one forward per minibatch"},

@@ -3,6 +3,7 @@
 // seq-mean-token-sum-norm), and the checks that need more than one flag.
 #pragma once
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <string>
@@ -210,14 +211,17 @@ inline TrainConfig train_config_from_args(const Args& a) {
     c.micro_batch_tokens = a.integer("micro_batch_tokens");
     c.steps = a.integer("steps");
     c.lr.lr = a.number("lr");
-    c.lr.warmup = a.integer("warmup_steps") * c.minibatches * c.epochs;  // flags count steps, the schedule updates
+    if (a.given("warmup_steps") && a.given("warmup_frac")) fail("give one of --warmup_steps and --warmup_frac");
+    const int64_t warmup_steps = a.given("warmup_frac") ? std::llround(a.number("warmup_frac") * (double)c.steps) : a.integer("warmup_steps");
+    c.lr.warmup = warmup_steps * c.minibatches * c.epochs;  // flags count steps, the schedule updates
     c.lr.total = c.steps * c.minibatches * c.epochs;
     c.lr.cosine = a.str("lr_schedule") == "cosine";
     c.lr.wsd = a.str("lr_schedule") == "wsd";
+    c.lr.wsd_cosine = a.str("wsd_decay") == "cosine";
     c.lr.decay = (a.integer("decay_steps") ? a.integer("decay_steps") : std::max<int64_t>(1, c.steps / 10)) * c.minibatches * c.epochs;
     if (c.lr.wsd && c.lr.decay > c.lr.total - c.lr.warmup)
         fail("--decay_steps %lld: longer than the steps after warm-up (%lld); lower it or --warmup_steps",
-             (long long)a.integer("decay_steps"), (long long)(c.steps - a.integer("warmup_steps")));
+             (long long)a.integer("decay_steps"), (long long)(c.steps - warmup_steps));
     c.lr.min_ratio = a.number("min_lr_ratio");
 
     c.seed = (uint64_t)a.integer("seed");
