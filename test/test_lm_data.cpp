@@ -322,3 +322,76 @@ TEST(lr_schedule_wsd_cosine_and_warmup_frac) {
     }
     CHECK(refused);
 }
+
+namespace {
+
+// The runs of 1s of a mask, as [begin, end) index pairs.
+std::vector<std::pair<size_t, size_t>> mask_runs(const std::vector<int64_t>& mask) {
+    std::vector<std::pair<size_t, size_t>> runs;
+    for (size_t i = 0; i < mask.size(); i++)
+        if (mask[i] && (i == 0 || !mask[i - 1])) runs.push_back({i, i});
+        else if (!mask[i] && i > 0 && mask[i - 1]) runs.back().second = i;
+    if (!runs.empty() && runs.back().second == runs.back().first) runs.back().second = mask.size();
+    return runs;
+}
+
+std::vector<int64_t> formats_ints(const Json& a) {
+    std::vector<int64_t> out;
+    for (const Json& x : a.items) out.push_back(x.integer);
+    return out;
+}
+
+}  // namespace
+
+// TRL's conversational rows ({"prompt": [messages], "completion": [messages]}) train on the
+// completion's assistant turns only, and "train": false takes an assistant turn out of the loss:
+// each against HF's mask of the whole conversation (test/fixtures/sft/masks_*.jsonl) with the
+// other turns' runs of 1s zeroed.
+TEST(sft_formats_trl_conversational_and_train_false) {
+    int checked = 0;
+    for (const char* name : {"qwen3", "qwen2.5", "llama3_style"}) {
+        const std::string dir = std::string("test/fixtures/tokenizer/") + name;
+        std::unique_ptr<Tokenizer> tok = Tokenizer::load(dir);
+        SftEncoder enc(*tok, dir, 1, 0);
+        const std::string fixture = std::string("test/fixtures/sft/masks_") + (std::string(name) == "llama3_style" ? "llama3" : name) + ".jsonl";
+        for_each_jsonl_row(fixture, [&](const Json& row, const std::string& where) {
+            const Json& messages = *row.find("messages");
+            const std::vector<int64_t> ids = formats_ints(*row.find("ids")), mask = formats_ints(*row.find("mask"));
+            const auto runs = mask_runs(mask);
+            std::vector<size_t> assistant;
+            for (size_t i = 0; i < messages.items.size(); i++)
+                if (messages.items[i].find("role")->str == "assistant") assistant.push_back(i);
+            if (runs.size() != assistant.size() || assistant.size() < 2) return;  // rows with 2+ assistant turns, one run each
+            // the last assistant turn and what follows it as the completion
+            Json trl;
+            trl.type = Json::Object;
+            Json prompt, completion;
+            prompt.type = completion.type = Json::Array;
+            for (size_t i = 0; i < messages.items.size(); i++) (i < assistant.back() ? prompt : completion).items.push_back(messages.items[i]);
+            trl.fields.emplace_back("prompt", prompt);
+            trl.fields.emplace_back("completion", completion);
+            std::vector<int64_t> want = mask;
+            for (size_t r = 0; r + 1 < runs.size(); r++) std::fill(want.begin() + (long)runs[r].first, want.begin() + (long)runs[r].second, 0);
+            LmSequence s = enc.encode(trl, where);
+            CHECK_MSG(std::vector<int64_t>(s.ids.begin(), s.ids.end()) == ids, "%s %s: TRL ids", name, where.c_str());
+            CHECK_MSG(std::vector<int64_t>(s.loss.begin(), s.loss.end()) == want, "%s %s: TRL mask", name, where.c_str());
+            // "train": false on the first assistant turn
+            Json conv;
+            conv.type = Json::Object;
+            Json msgs = messages;
+            Json no;
+            no.type = Json::Bool;
+            no.boolean = false;
+            msgs.items[assistant[0]].fields.emplace_back("train", no);
+            conv.fields.emplace_back("messages", msgs);
+            want = mask;
+            std::fill(want.begin() + (long)runs[0].first, want.begin() + (long)runs[0].second, 0);
+            s = enc.encode(conv, where);
+            CHECK_MSG(std::vector<int64_t>(s.ids.begin(), s.ids.end()) == ids, "%s %s: train-false ids", name, where.c_str());
+            CHECK_MSG(std::vector<int64_t>(s.loss.begin(), s.loss.end()) == want, "%s %s: train-false mask", name, where.c_str());
+            checked++;
+        });
+    }
+    printf("    %d conversations with 2+ assistant turns checked\n", checked);
+    CHECK(checked >= 3);
+}

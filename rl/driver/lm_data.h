@@ -104,28 +104,30 @@ public:
         : tok_(tok), model_dir_(std::move(model_dir)), enable_thinking_(enable_thinking), eot_(end_of_turn) {}
 
     LmSequence encode(const Json& row, const std::string& where) {
-        const char* shape = "each line must be {\"messages\": [...]} (a conversation) or {\"prompt\"|\"messages\": ..., "
-                            "\"completion\"|\"answer\": \"...\"}";
+        const char* shape = "each line must be {\"messages\": [...]} (a conversation), {\"prompt\": [...], \"completion\": [...]} "
+                            "(TRL's conversational rows) or {\"prompt\"|\"messages\": ..., \"completion\"|\"answer\": \"...\"}";
         if (!row.is_object()) fail("%s: a line must be a JSON object; %s", where.c_str(), shape);
         const Json* prompt = row.find("prompt");
         const Json* messages = row.find("messages");
         const Json* completion = row.find("completion");
         if (!completion) completion = row.find("answer");
         if ((prompt != nullptr) == (messages != nullptr)) fail("%s: give exactly one of \"prompt\" and \"messages\"; %s", where.c_str(), shape);
+        const Json* turns = messages ? messages : prompt->is_array() ? prompt : nullptr;  // a message list
         std::vector<ChatMessage> msgs;
-        if (messages) {
-            msgs = chat_messages_from_json(*messages, where);
-            for (size_t i = 0; i < msgs.size(); i++)
-                if (msgs[i].role != "system" && msgs[i].role != "user" && msgs[i].role != "assistant")
-                    fail("%s: messages[%zu]: role \"%s\" is not system, user or assistant", where.c_str(), i, msgs[i].role.c_str());
-        }
+        std::vector<bool> trained;  // [msgs] an assistant turn's "train" (default true)
+        if (turns) add_messages(*turns, where, messages ? "messages" : "prompt", &msgs, &trained);
         LmSequence s;
-        if (completion) {
+        if (completion && completion->is_array()) {  // TRL: the loss on the completion's assistant turns
+            if (!turns) fail("%s: a \"completion\" message list needs \"prompt\" as a message list too; %s", where.c_str(), shape);
+            trained.assign(trained.size(), false);
+            add_messages(*completion, where, "completion", &msgs, &trained);
+            s = conversation(msgs, trained, where);
+        } else if (completion) {
             if (!completion->is_string() && !completion->is_int())
-                fail("%s: \"completion\"/\"answer\" must be a string or an integer", where.c_str());
+                fail("%s: \"completion\"/\"answer\" must be a string, an integer or a message list", where.c_str());
             Example ex;
-            if (prompt) {
-                if (!prompt->is_string() || prompt->str.empty()) fail("%s: \"prompt\" must be a non-empty string", where.c_str());
+            if (!turns) {
+                if (!prompt->is_string() || prompt->str.empty()) fail("%s: \"prompt\" must be a non-empty string or a message list", where.c_str());
                 ex.prompt = prompt->str;
             }
             for (const ChatMessage& m : msgs) ex.messages.emplace_back(m.role, m.content);
@@ -137,16 +139,11 @@ public:
             s.loss.resize(s.ids.size(), 1);
         } else {
             if (!messages) fail("%s: a \"prompt\" row needs a \"completion\" (or \"answer\"); %s", where.c_str(), shape);
-            if (!chat_) chat_ = std::make_unique<ChatTemplate>(ChatTemplate::load(model_dir_));
-            ChatOptions opt;
-            opt.add_generation_prompt = false;
-            opt.enable_thinking = enable_thinking_;
-            TextSpans spans;
-            const std::string text = chat_->render(msgs, opt, &spans);
-            s = encode_with_spans(tok_, text, spans, where);
+            s = conversation(msgs, trained, where);
         }
         if (s.loss_tokens() == 0)
-            fail("%s: the row has no tokens to train on (a conversation needs an assistant turn); remove it", where.c_str());
+            fail("%s: the row has no tokens to train on (a conversation needs an assistant turn, not all \"train\": false); remove it",
+                 where.c_str());
         return s;
     }
 
@@ -156,6 +153,38 @@ private:
     int enable_thinking_;
     int32_t eot_;
     std::unique_ptr<ChatTemplate> chat_;
+
+    // The messages of a list (`key` names it in errors), each with its "train" flag.
+    static void add_messages(const Json& list, const std::string& where, const char* key, std::vector<ChatMessage>* msgs,
+                             std::vector<bool>* trained) {
+        const std::vector<ChatMessage> m = chat_messages_from_json(list, where + ": \"" + key + "\"");
+        for (size_t i = 0; i < m.size(); i++) {
+            if (m[i].role != "system" && m[i].role != "user" && m[i].role != "assistant")
+                fail("%s: %s[%zu]: role \"%s\" is not system, user or assistant", where.c_str(), key, i, m[i].role.c_str());
+            const Json* train = list.items[i].find("train");
+            if (train && !train->is_bool()) fail("%s: %s[%zu].train must be true or false", where.c_str(), key, i);
+            msgs->push_back(m[i]);
+            trained->push_back(!train || train->boolean);
+        }
+    }
+
+    // A conversation rendered by the chat template, the loss on its assistant turns whose flag is set
+    // (the template's spans are its assistant turns, in order).
+    LmSequence conversation(const std::vector<ChatMessage>& msgs, const std::vector<bool>& trained, const std::string& where) {
+        if (!chat_) chat_ = std::make_unique<ChatTemplate>(ChatTemplate::load(model_dir_));
+        ChatOptions opt;
+        opt.add_generation_prompt = false;
+        opt.enable_thinking = enable_thinking_;
+        TextSpans spans, kept;
+        const std::string text = chat_->render(msgs, opt, &spans);
+        size_t k = 0;
+        for (size_t i = 0; i < msgs.size(); i++)
+            if (msgs[i].role == "assistant" && k < spans.size()) {
+                if (trained[i]) kept.push_back(spans[k]);
+                k++;
+            }
+        return encode_with_spans(tok_, text, kept, where);
+    }
 };
 
 // Every non-blank line of a JSONL file, with its "file:line".
