@@ -395,3 +395,29 @@ TEST(sft_formats_trl_conversational_and_train_false) {
     printf("    %d conversations with 2+ assistant turns checked\n", checked);
     CHECK(checked >= 3);
 }
+
+// The engine a run gets: bf16 rollout and training hold no FP8 weights; sft/cpt in fp8 at block
+// scaling one FP8 copy without --rollout_precision fp8 (they generate nothing); RL keeps two FP8
+// copies unless its rollout is fp8 too.
+TEST(training_engine_options_fp8_weight_copies) {
+    const struct {
+        std::vector<const char*> flags;
+        bool fp8_weights, one_copy;
+    } cases[] = {{{"--mode", "sft", "--data", "x.jsonl"}, false, false},
+                 {{"--mode", "cpt", "--data", "x.jsonl", "--train_precision", "fp8"}, true, true},
+                 {{"--mode", "sft", "--data", "x.jsonl", "--train_precision", "fp8", "--fp8_scaling", "row"}, true, false},
+                 {{"--task", "add"}, false, false},
+                 {{"--task", "add", "--train_precision", "fp8"}, true, false},
+                 {{"--task", "add", "--rollout_precision", "fp8"}, true, false},
+                 {{"--task", "add", "--rollout_precision", "fp8", "--train_precision", "fp8"}, true, true}};
+    for (const auto& c : cases) {
+        std::vector<const char*> argv = {"x"};
+        argv.insert(argv.end(), c.flags.begin(), c.flags.end());
+        const Args a = Args::parse((int)argv.size(), (char**)argv.data(), FlagEngine::Gpu);
+        const EngineOptions o = training_engine_options(a, train_config_from_args(a));
+        std::string all;
+        for (const char* f : c.flags) all += std::string(" ") + f;
+        CHECK_MSG(o.fp8_weights == c.fp8_weights && o.one_fp8_weight_copy == c.one_copy, "%s: fp8_weights %d, one copy %d", all.c_str(),
+                  (int)o.fp8_weights, (int)o.one_fp8_weight_copy);
+    }
+}

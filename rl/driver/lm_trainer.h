@@ -136,6 +136,12 @@ public:
         m.set("training/skipped_bad", bad ? 1 : 0);
         m.set("training/bad_steps_total", (double)bad_steps_);
         m.set("training/epoch", train_->epoch(cursor_));
+        size_t rollout_peak = 0, update_peak = 0;  // an engine on a device: its high-water mark, the most of any rank
+        if (engine_.phase_peaks(&rollout_peak, &update_peak)) {
+            std::vector<double> peak = {update_peak / 1073741824.0};
+            dist_.all_reduce_max(peak);
+            m.set("memory/train_peak_gib", peak[0]);
+        }
         m.set("timing_s/step", seconds);
         step_++;
         return m;

@@ -124,11 +124,14 @@ inline EngineOptions engine_options_from_args(const Args& a) {
 }
 
 // A training run's engine options: one FP8 copy of the projections when rollout and training both
-// run in fp8 at block scaling (the only granularity whose copy transposes exactly).
+// run in fp8 at block scaling (the only granularity whose copy transposes exactly), and no FP8
+// weights at all when neither does (a true BF16 baseline).
 inline EngineOptions training_engine_options(const Args& a, const TrainConfig& c) {
     EngineOptions o = engine_options_from_args(a);
-    o.one_fp8_weight_copy = c.rollout_precision == Precision::FP8 && c.train_precision == Precision::FP8 &&
-                            o.fp8_scaling == Fp8Scaling::Block;
+    // sft and cpt generate nothing: their one copy needs no --rollout_precision fp8
+    const bool rollout_fp8 = c.mode == "rl" ? c.rollout_precision == Precision::FP8 : c.train_precision == Precision::FP8;
+    o.one_fp8_weight_copy = rollout_fp8 && c.train_precision == Precision::FP8 && o.fp8_scaling == Fp8Scaling::Block;
+    o.fp8_weights = rollout_fp8 || c.train_precision == Precision::FP8;
     return o;
 }
 

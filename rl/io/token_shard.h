@@ -162,17 +162,18 @@ public:
         if (base_ == MAP_FAILED) fail("%s: cannot memory-map the token shard", path.c_str());
         memcpy(&h_, base_, sizeof h_);
         if (memcmp(h_.magic, kShardMagic, 8) != 0)
-            bad("not a token shard (wrong magic); write one with --encode_bin OUT --data IN.jsonl");
-        if (h_.version != kShardVersion) bad(strfmt("version %u, this build reads version %u; re-encode it", h_.version, kShardVersion));
-        if ((h_.token_bytes != 2 && h_.token_bytes != 4) || (h_.kind != 1 && h_.kind != 2)) bad("corrupt header");
+            refuse("not a token shard (wrong magic); write one with --encode_bin OUT --data IN.jsonl");
+        if (h_.version != kShardVersion) refuse(strfmt("version %u, this build reads version %u; re-encode it", h_.version, kShardVersion));
+        if ((h_.token_bytes != 2 && h_.token_bytes != 4) || (h_.kind != 1 && h_.kind != 2)) refuse("corrupt header");
         if (h_.file_bytes != ShardLayout(h_).file_bytes || bytes_ != h_.file_bytes)
-            bad(strfmt("%zu bytes, the header says %llu: truncated or corrupt; re-encode it", bytes_, (unsigned long long)h_.file_bytes));
+            refuse(strfmt("%zu bytes, the header says %llu: truncated or corrupt; re-encode it", bytes_, (unsigned long long)h_.file_bytes));
         if (h_.vocab_size != vocab_size || h_.tokenizer_hash != tokenizer_hash)
-            bad(strfmt("encoded with another tokenizer (vocabulary %u, hash %016llx; the model's: %u, %016llx); re-encode it with "
+            refuse(strfmt("encoded with another tokenizer (vocabulary %u, hash %016llx; the model's: %u, %016llx); re-encode it with "
                        "--encode_bin and this model's --model or --init/--tokenizer",
                        h_.vocab_size, (unsigned long long)h_.tokenizer_hash, vocab_size, (unsigned long long)tokenizer_hash));
         offsets_ = (const uint64_t*)(base_ + ShardLayout(h_).offsets_at);
-        if (offsets_[0] != 0 || offsets_[h_.docs] != h_.tokens) bad("corrupt document index; re-encode it");
+        mask_ = base_ + ShardLayout(h_).mask_at;
+        if (offsets_[0] != 0 || offsets_[h_.docs] != h_.tokens) refuse("corrupt document index; re-encode it");
     }
     ~TokenShard() { munmap((void*)base_, bytes_); }
     TokenShard(const TokenShard&) = delete;
@@ -199,16 +200,22 @@ public:
         if (id >= h_.vocab_size) bad(strfmt("token %llu is id %u, outside the vocabulary; corrupt, re-encode it", (unsigned long long)t, id));
         return (int32_t)id;
     }
-    uint8_t mask(uint64_t t) const { return (base_[ShardLayout(h_).mask_at + t / 8] >> (t % 8)) & 1; }
+    uint8_t mask(uint64_t t) const { return (mask_[t / 8] >> (t % 8)) & 1; }
 
 private:
     std::string path_;
     const uint8_t* base_ = nullptr;
     size_t bytes_ = 0;
     ShardHeader h_;
-    const uint64_t* offsets_ = nullptr;
+    const uint64_t* offsets_ = nullptr;  // [docs + 1]
+    const uint8_t* mask_ = nullptr;       // SFT rows: [ceil(tokens / 8)]
 
     [[noreturn]] void bad(const std::string& what) const { fail("%s: %s", path_.c_str(), what.c_str()); }
+    // A refusal while the constructor runs: the mapping goes first (no destructor will).
+    [[noreturn]] void refuse(const std::string& what) {
+        munmap((void*)base_, bytes_);
+        bad(what);
+    }
 };
 
 inline bool is_token_shard_path(const std::string& path) {
