@@ -496,6 +496,7 @@ inline std::vector<Generation> GpuEngine::rollout(const std::vector<GenRequest>&
     if (kv_cache == Precision::FP32) fail("the GPU engine's KV cache is bf16 or fp8 (--kv_cache), not fp32");
     if (options_.one_fp8_weight_copy && weights != Precision::FP8)
         fail("internal: an engine with one FP8 weight copy generates in fp8, not %s", precision_name(weights));
+    need_fp8_weights(weights);
     if (requests.empty()) fail("generate: no prompts");
     if (s.max_new_tokens < 1) fail("generate: max_new_tokens must be at least 1");
     if (s.vocab_limit < 0 || s.vocab_limit > m.V) fail("generate: vocab_limit %d outside [0, %d]", s.vocab_limit, m.V);

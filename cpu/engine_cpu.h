@@ -28,9 +28,10 @@ public:
           fp8_pow2_scales_(options.fp8_pow2_scales), kv_amax_reduce_(options.kv_amax_reduce), source_dir_(dir),
           weights_(ModelWeights::load(dir)), model_(weights_), grads_(weights_.num_floats(), 0.0f) {}
 
-    // A frozen copy (the KL reference policy): same weights, its own buffers.
+    // A frozen copy (the KL reference policy): same weights, its own buffers; no KV replay
+    // (without_kv_replay, rl/driver/engine.h).
     CpuEngine(const CpuEngine& other)
-        : kv_scale_per_head_(other.kv_scale_per_head_), train_kv_replay_(other.train_kv_replay_), fp8_scaling_(other.fp8_scaling_),
+        : kv_scale_per_head_(other.kv_scale_per_head_), train_kv_replay_(false), fp8_scaling_(other.fp8_scaling_),
           fp8_pow2_scales_(other.fp8_pow2_scales_), kv_amax_reduce_(other.kv_amax_reduce_), source_dir_(other.source_dir_),
           weights_(other.weights_), model_(weights_), grads_() {}
     CpuEngine& operator=(const CpuEngine&) = delete;  // model_ points into weights_

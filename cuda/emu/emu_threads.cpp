@@ -145,7 +145,7 @@ struct Block {
     int pass = 0;
     bool ran = false, all_yielded = true;
     long idle_rounds = 0;
-    uint64_t progress_at_round = 0;  // progress_events when the round began
+    uint64_t progress_seen = 0;  // progress_events at its last round's end
     std::vector<std::vector<char>> static_save;  // its static shared variables while another CTA's are in place
     std::vector<std::vector<char>> warp_scratch;  // per warp (warp_scratch)
     bool active = false;
@@ -495,7 +495,7 @@ void start_block(Block& b, uint3 index, const dim3& grid, const dim3& block, siz
     b.straggler_warp = scheduling_seed != 0 && warps > 1 ? (int)(rng() % warps) : -1;
     b.order.resize(n);
     std::iota(b.order.begin(), b.order.end(), 0);
-    b.pos = 0, b.pass = 0, b.idle_rounds = 0;
+    b.pos = 0, b.pass = 0, b.idle_rounds = 0, b.progress_seen = progress_events;
     b.active = true;
 }
 
@@ -512,7 +512,6 @@ Step step(Block& b, std::mt19937_64& rng) {
         if (b.pos == 0 && b.pass == 0) {
             if (scheduling_seed != 0) std::shuffle(b.order.begin(), b.order.end(), rng);
             b.ran = false, b.all_yielded = true;
-            b.progress_at_round = progress_events;
         }
         while (b.pos < (size_t)n) {
             Thread& t = b.threads[b.order[b.pos++]];
@@ -535,7 +534,9 @@ Step step(Block& b, std::mt19937_64& rng) {
         }
         b.pos = 0, b.pass = 0;
         if (b.ran) {
-            b.idle_rounds = b.all_yielded && progress_events == b.progress_at_round ? b.idle_rounds + 1 : 0;
+            // progress anywhere since its last round (other CTAs' included) ends a spin
+            b.idle_rounds = b.all_yielded && progress_events == b.progress_seen ? b.idle_rounds + 1 : 0;
+            b.progress_seen = progress_events;
             if (b.idle_rounds > SPIN_ROUNDS) {
                 b.fault = strformat("spin-wait: every running thread loops on atomics or fences that change nothing (%s); "
                                     "a wait on a CTA that is not resident (or on a plain load) never ends",

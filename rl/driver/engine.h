@@ -83,11 +83,21 @@ struct EngineOptions {
     // just before each dgrad, a BF16 pass casts each layer from the FP32 master as it goes, and BF16
     // is kept only for the other tensors (embeddings, norms, biases, head).
     bool one_fp8_weight_copy = false;
+    // GPU: the projections' FP8 copies exist; the driver clears it for a run that never computes in
+    // fp8 (rollout and training in bf16), which then holds no FP8 weights at all (a true BF16 baseline).
+    bool fp8_weights = true;
     // GPU, --offload_train_state 1: the FP32 master weights and AdamW moments wait in pinned host
     // memory during the rollout (the gradients, which hold nothing then, are freed), so the KV pool
     // gets their device memory.
     bool offload_train_state = false;
 };
+
+// The options of a frozen reference copy of a policy (the KL term): it samples nothing, so it has no
+// FP8 KV cache of its own to replay (--train_kv_replay applies to the policy's forwards).
+inline EngineOptions without_kv_replay(EngineOptions o) {
+    o.train_kv_replay = false;
+    return o;
+}
 
 // The most a training run asks of an engine's memory at once, known before the engine exists (an
 // engine on a device plans its memory with it: cuda/engine/memory_plan.h).

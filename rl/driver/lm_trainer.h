@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "rl/driver/driver.h"
-#include "rl/driver/lm_data.h"
+#include "rl/driver/lm_sources.h"
 
 namespace fp8rl {
 
@@ -32,7 +32,8 @@ inline std::string lm_step_line(const MetricRow& m, int64_t steps) {
 
 class LmTrainer {
 public:
-    LmTrainer(TrainConfig cfg, const Dist& dist, Engine& engine, std::vector<LmRow> train, std::vector<LmRow> eval)
+    // eval: the held-out rows, or null
+    LmTrainer(TrainConfig cfg, const Dist& dist, Engine& engine, std::unique_ptr<LmStream> train, std::unique_ptr<LmRows> eval)
         : cfg_(std::move(cfg)), dist_(dist), engine_(engine), train_(std::move(train)), eval_(std::move(eval)) {
         engine_.init_optimizer(cfg_.adam, dist_);
     }
@@ -61,7 +62,7 @@ public:
     }
 
     void run(Logger& log) {
-        const bool eval = !eval_.empty() || !task_eval_.empty();
+        const bool eval = eval_ != nullptr || !task_eval_.empty();
         if (eval && step_ == 0) {  // the start, logged as the step-0 row
             MetricRow m = evaluate();
             m.set("training/global_step", 0);
@@ -82,17 +83,6 @@ public:
         }
     }
 
-    // The row at a global position of the data, in a seeded order reshuffled every epoch.
-    const LmRow& row_at(int64_t index) {
-        const int64_t n = (int64_t)train_.size();
-        const uint32_t epoch = (uint32_t)(index / n);
-        if (order_.empty() || epoch != order_epoch_) {
-            order_ = shuffled_order(n, cfg_.seed, epoch);
-            order_epoch_ = epoch;
-        }
-        return train_[(size_t)order_[(size_t)(index % n)]];
-    }
-
     MetricRow train_step() {
         const auto t_step = std::chrono::steady_clock::now();
         MetricRow m;
@@ -100,7 +90,7 @@ public:
         std::vector<Sequence> seqs;
         std::vector<std::vector<uint8_t>> masks;
         for (int64_t pos : PromptSource::rank_positions(cfg_.batch_seqs, 1, dist_.rank(), dist_.size()))
-            for (const LmSequence& s : row_at(cursor_ + pos)) {
+            for (const LmSequence& s : train_->at(cursor_ + pos)) {
                 masks.emplace_back();
                 seqs.push_back(engine_sequence(s, &masks.back()));
             }
@@ -153,7 +143,13 @@ public:
         m.set("perf/tokens_per_s", (double)dist_.sum(tokens) / std::max(seconds, 1e-9));
         m.set("training/skipped_bad", bad ? 1 : 0);
         m.set("training/bad_steps_total", (double)bad_steps_);
-        m.set("training/epoch", (double)cursor_ / (double)train_.size());
+        m.set("training/epoch", train_->epoch(cursor_));
+        size_t rollout_peak = 0, update_peak = 0;  // an engine on a device: its high-water mark, the most of any rank
+        if (engine_.phase_peaks(&rollout_peak, &update_peak)) {
+            std::vector<double> peak = {update_peak / 1073741824.0};
+            dist_.all_reduce_max(peak);
+            m.set("memory/train_peak_gib", peak[0]);
+        }
         m.set("timing_s/step", seconds);
         step_++;
         return m;
@@ -163,12 +159,12 @@ public:
     // rows, each rank its contiguous share, in forwards of at most --micro_batch_tokens.
     MetricRow evaluate() {
         MetricRow m = task_eval();
-        if (eval_.empty()) return m;
-        const int64_t n = (int64_t)eval_.size(), begin = n * dist_.rank() / dist_.size(), end = n * (dist_.rank() + 1) / dist_.size();
+        if (!eval_) return m;
+        const int64_t n = eval_->size(), begin = n * dist_.rank() / dist_.size(), end = n * (dist_.rank() + 1) / dist_.size();
         std::vector<Sequence> seqs;
         std::vector<std::vector<uint8_t>> masks;
         for (int64_t i = begin; i < end; i++)
-            for (const LmSequence& s : eval_[(size_t)i]) {
+            for (const LmSequence& s : eval_->row(i)) {
                 masks.emplace_back();
                 seqs.push_back(engine_sequence(s, &masks.back()));
             }
@@ -202,7 +198,8 @@ private:
     TrainConfig cfg_;
     const Dist& dist_;
     Engine& engine_;
-    std::vector<LmRow> train_, eval_;
+    std::unique_ptr<LmStream> train_;  // the row at each global position
+    std::unique_ptr<LmRows> eval_;
     std::vector<EvalSet> task_eval_;
     const Tokenizer* tok_ = nullptr;
     std::string model_dir_;
@@ -227,8 +224,6 @@ private:
         for (const EvalSet& set : task_eval_) log.print(eval_set_line(set.name, m, cfg_.eval.k, cfg_.eval.greedy));
     }
     int64_t step_ = 0, cursor_ = 0, bad_steps_ = 0, consecutive_bad_ = 0;
-    std::vector<int64_t> order_;
-    uint32_t order_epoch_ = 0;
 
     void note_bad_step(bool bad) {
         if (!bad) {

@@ -17,6 +17,8 @@
 #include "test/gpu/gpu_util.cuh"
 #include "test/harness.h"
 
+using namespace fp8rl;
+
 namespace {
 
 constexpr int kSumThreads = 64;
@@ -138,6 +140,36 @@ int seeds_until_decode_fails(const char* mutation) {
 }
 
 }  // namespace
+
+// Block 0 waits for a flag that block 1 sets. At seed 0 blocks run one at a time, in order, and the
+// wait is reported as a spin-wait (test_emu.cu); under a seed both are resident and it ends.
+__global__ void wait_for_block_one_kernel(int* flag, int* seen) {
+    if (blockIdx.x == 1 && threadIdx.x == 0) atomicExch(flag, 1);
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+        while (atomicAdd(flag, 0) == 0) {
+        }
+        *seen = 1;
+    }
+}
+
+TEST(emu_a_wait_on_another_resident_block_ends_under_a_seed) {
+    const uint64_t saved = emu::seed();
+    int *flag = nullptr, *seen = nullptr;
+    CUDA_CHECK(cudaMalloc(&flag, sizeof(int)));
+    CUDA_CHECK(cudaMalloc(&seen, sizeof(int)));
+    for (uint64_t s = 1; s <= 4; s++) {
+        emu::set_seed(s);
+        CUDA_CHECK(cudaMemset(flag, 0, sizeof(int)));
+        CUDA_CHECK(cudaMemset(seen, 0, sizeof(int)));
+        LAUNCH_KERNEL(wait_for_block_one_kernel, 2, 32, 0, 0, flag, seen);
+        int got = 0;
+        CUDA_CHECK(cudaMemcpy(&got, seen, sizeof(int), cudaMemcpyDeviceToHost));
+        CHECK_MSG(got == 1, "seed %llu: block 0 did not see block 1's flag", (unsigned long long)s);
+    }
+    CUDA_CHECK(cudaFree(flag));
+    CUDA_CHECK(cudaFree(seen));
+    emu::set_seed(saved);
+}
 
 TEST(emu_last_block_sum_without_the_barrier_before_the_count_is_wrong) {
     CHECK(seeds_wrong(emu::Site::Barrier, 0) > 0);
