@@ -783,8 +783,13 @@ void run_grid(const char* name, KernelInfo* kernel, dim3 grid, dim3 block, size_
     const int resident = seed() == 0 ? 1 : (int)std::min<uint64_t>(blocks, 2 + rng() % (MAX_RESIDENT - 1));
     const int burst_mean = seed() == 0 ? 1 : BURSTS[rng() % 4];
     concurrent_grid = resident > 1;
-    std::vector<Block> slots((size_t)resident);
-    for (Block& b : slots) {
+    // Blocks (their threads, shared memory) are kept from launch to launch: allocating them anew
+    // made every launch fault in fresh pages, most of the emulated tests' system time.
+    static std::vector<Block> slots(MAX_RESIDENT);
+    for (int s = 0; s < resident; s++) {
+        Block& b = slots[s];
+        b.active = false;
+        b.refused = cudaSuccess;
         b.kernel = name;
         b.info = kernel;
         b.body = const_cast<std::function<void()>*>(&body);
