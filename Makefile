@@ -94,7 +94,7 @@ $(call unity_source,$(GPU_UNITY),$(GPU_TESTS))
 ifneq ($(CUDA_FP8_H),)
   EMU_FLAGS     := -DFP8RL_EMU -isystem $(CUDA_HOME)/include $(MPI_FLAGS)
   EMU_RUNTIME   := cuda/emu/emu_threads.cpp cuda/emu/emu_memory.cpp cuda/emu/emu_runtime.cpp cuda/emu/emu_cublaslt.cpp \
-                 cuda/emu/emu_stats.cpp cuda/emu/emu_wgmma.cpp
+                 cuda/emu/emu_stats.cpp cuda/emu/emu_wgmma.cpp cuda/emu/emu_memory_order.cpp
   GPU_TEST_OBJS := $(patsubst %,$(BUILD)/emu/%.o,test/run_tests.cpp $(GPU_UNITY))
   GPU_ASAN_OBJS := $(patsubst %,$(BUILD)/emu-asan/%.o,test/run_tests.cpp $(EMU_RUNTIME) $(GPU_UNITY))
   EMU_SEEDS     ?= 1
@@ -361,7 +361,7 @@ bench_gpu: $(GPU_BENCH_BINS)
 BUNDLE         := $(BUILD)/gpu-bundle
 BUNDLE_BUILD   := $(BUILD)/gpu-bundle-build
 BUNDLE_MAX_MIB := 60
-BUNDLE_BINS    := gpu_probe bin/train_rl bin/train_rl_cpu bin/test_gpu $(patsubst test/gpu/bench_%.cu,gpu_bench_%,$(GPU_BENCHES))
+BUNDLE_BINS    := gpu_probe bin/train_rl bin/train_rl_cpu bin/test_gpu perf_model $(patsubst test/gpu/bench_%.cu,gpu_bench_%,$(GPU_BENCHES))
 gpu-bundle:
 	$(MAKE) --no-print-directory BUILD=$(BUNDLE_BUILD) OPT="-O3 -march=x86-64-v3" MPICXX= $(addprefix $(BUNDLE_BUILD)/,$(BUNDLE_BINS))
 	rm -rf $(BUNDLE) && mkdir -p $(BUNDLE)

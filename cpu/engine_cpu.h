@@ -20,16 +20,16 @@ struct RunShape;  // rl/driver/memory_fit.h: what a run's device memory depends 
 class CpuEngine : public Engine {
 public:
     // dir: a HF model directory; its side files (tokenizer, generation config) are copied into
-    // every checkpoint. Of the options it reads kv_scale_per_head, kv_amax_reduce, fp8_scaling and
-    // fp8_pow2_scales (the GPU's are the rest).
+    // every checkpoint. Of the options it reads kv_scale_per_head, train_kv_replay, kv_amax_reduce,
+    // fp8_scaling and fp8_pow2_scales (the GPU's are the rest).
     explicit CpuEngine(const std::string& dir, const EngineOptions& options = {})
-        : kv_scale_per_head_(options.kv_scale_per_head), fp8_scaling_(options.fp8_scaling),
+        : kv_scale_per_head_(options.kv_scale_per_head), train_kv_replay_(options.train_kv_replay), fp8_scaling_(options.fp8_scaling),
           fp8_pow2_scales_(options.fp8_pow2_scales), kv_amax_reduce_(options.kv_amax_reduce), source_dir_(dir),
           weights_(ModelWeights::load(dir)), model_(weights_), grads_(weights_.num_floats(), 0.0f) {}
 
     // A frozen copy (the KL reference policy): same weights, its own buffers.
     CpuEngine(const CpuEngine& other)
-        : kv_scale_per_head_(other.kv_scale_per_head_), fp8_scaling_(other.fp8_scaling_),
+        : kv_scale_per_head_(other.kv_scale_per_head_), train_kv_replay_(other.train_kv_replay_), fp8_scaling_(other.fp8_scaling_),
           fp8_pow2_scales_(other.fp8_pow2_scales_), kv_amax_reduce_(other.kv_amax_reduce_), source_dir_(other.source_dir_),
           weights_(other.weights_), model_(weights_), grads_() {}
     CpuEngine& operator=(const CpuEngine&) = delete;  // model_ points into weights_
@@ -64,12 +64,13 @@ public:
 
     void logprobs(const std::vector<Sequence>& seqs, Precision p, float temperature, TokenValues* logprob,
                   TokenValues* entropy) override {
-        run_forward(seqs, p, temperature, logprob, entropy, eval_acts_, eval_batch_, false);
+        // an FP32 pass is Calibrated Clipping's high-precision shadow: never replayed
+        run_forward(seqs, p, temperature, logprob, entropy, eval_acts_, eval_batch_, false, p != Precision::FP32);
     }
 
     void forward_train(const std::vector<Sequence>& seqs, Precision p, float temperature, TokenValues* logprob,
                        TokenValues* entropy) override {
-        run_forward(seqs, p, temperature, logprob, entropy, train_acts_, train_batch_, true);
+        run_forward(seqs, p, temperature, logprob, entropy, train_acts_, train_batch_, true, p != Precision::FP32);
         train_seqs_ = seqs;
         train_precision_ = p;
     }
@@ -178,6 +179,7 @@ private:
     }
 
     bool kv_scale_per_head_;  // --kv_scales head: FP8 KV scales per layer and KV head
+    bool train_kv_replay_;    // --train_kv_replay: training attention reads K and V through the rollout's FP8 cache
     Fp8Scaling fp8_scaling_;  // --fp8_scaling: the FP8 weights' and operands' scale granularity
     bool fp8_pow2_scales_;    // --fp8_scales pow2: those scales rounded down to powers of two
     KvAmaxReduce kv_amax_reduce_;  // the FP8 KV amaxes' max over the ranks (EngineOptions)
@@ -223,8 +225,16 @@ private:
     }
 
     // Packs the sequences, runs the model, and cuts out the response positions.
+    // replay: K and V through the last rollout's FP8 cache (--train_kv_replay, cpu/kv_cache.h).
     void run_forward(const std::vector<Sequence>& seqs, Precision p, float temperature, TokenValues* logprob,
-                     TokenValues* entropy, ForwardActs& acts, TokenBatch& batch, bool for_backward) {
+                     TokenValues* entropy, ForwardActs& acts, TokenBatch& batch, bool for_backward, bool replay = false) {
+        acts.replay_k_scale.clear();
+        acts.replay_v_scale.clear();
+        if (replay && train_kv_replay_) {
+            if (kv_k_scale_.empty()) fail("--train_kv_replay: a training forward before any rollout with an FP8 KV cache");
+            acts.replay_k_scale = kv_scales_by_head(kv_k_scale_, model_.L, model_.KV);
+            acts.replay_v_scale = kv_scales_by_head(kv_v_scale_, model_.L, model_.KV);
+        }
         batch = TokenBatch();
         for (const Sequence& s : seqs) batch.add(s.ids);
         const long T = batch.num_tokens();

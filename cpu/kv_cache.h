@@ -96,4 +96,22 @@ struct KvCache {
     }
 };
 
+// --train_kv_replay: k and v [T][kv_heads * D] of one layer replaced, in place, by the values an
+// FP8 cache with these scales ([kv_heads]) stores for them, code x scale as decode reads them back,
+// rounded to BF16 when the activations are BF16 tensors (as the GPU's kv_round_trip_kernel writes
+// them). Training attention then reads what the sampler read; its backward passes straight through.
+inline void kv_fp8_round_trip(float* k, float* v, long T, int kv_heads, int D, const float* k_scale, const float* v_scale,
+                              bool bf16) {
+    auto trip = [bf16](float x, float s) {
+        const float y = e4m3_to_float(float_to_e4m3(x / s)) * s;
+        return bf16 ? round_bf16(y) : y;
+    };
+    const long width = (long)kv_heads * D;
+    for (long i = 0; i < T * width; i++) {
+        const int h = (int)(i % width / D);
+        k[i] = trip(k[i], k_scale[h]);
+        v[i] = trip(v[i], v_scale[h]);
+    }
+}
+
 }  // namespace fp8rl

@@ -252,6 +252,9 @@ struct ForwardActs {
     std::vector<int64_t> seq_offsets;  // [B + 1] packed batch: sequence s is rows seq_offsets[s] .. seq_offsets[s+1]
     std::vector<LayerActs> layers;
     std::vector<float> k_amax, v_amax;  // [L][KV] max |K| (after k-norm and RoPE) and max |V| per KV head, last pass
+    // --train_kv_replay: [L][KV] FP8 KV scales that K and V go through before attention (kv_fp8_round_trip);
+    // empty: none. Set by the engine before each forward.
+    std::vector<float> replay_k_scale, replay_v_scale;
     float *hf = nullptr, *xf = nullptr, *rstdf = nullptr;               // final hidden [T, C], normed, rstd
     float *head_logprob = nullptr, *head_entropy = nullptr, *head_lse = nullptr, *head_mu = nullptr;  // [T]
     float* head_top1 = nullptr;  // [T] 1 where the target is the most likely token (head_forward's top1)
@@ -376,6 +379,9 @@ inline void layer_forward(const CpuModel& m, const ModelParams& p, ForwardActs& 
                                  {m.H, m.KV, m.D}, acts.attn_scratch.data(),
                                  acts.attn_scratch_stride, bf16, acts.cached_rows);
     } else {
+        if (!acts.replay_k_scale.empty())  // after the amaxes: the next rollout's scales see the values as they are
+            kv_fp8_round_trip(A.k, A.v, T, m.KV, m.D, &acts.replay_k_scale[(size_t)l * m.KV], &acts.replay_v_scale[(size_t)l * m.KV],
+                              bf16);
         attention_forward_packed(A.att, A.lse, A.q, A.k, A.v, acts.seq_offsets, {m.H, m.KV, m.D}, bf16);
     }
     linear_forward(A.h1, A.att, T, p.linear(m, l, kO), p.precision);

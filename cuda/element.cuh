@@ -66,6 +66,18 @@ __device__ __forceinline__ V load_vector(const void* p) {
     return __ldg(reinterpret_cast<const V*>(p));
 #endif
 }
+// load_vector of data the kernel itself writes (an output it accumulates into): the coherent path.
+template <class V>
+__device__ __forceinline__ V load_vector_written(const void* p) {
+#ifdef FP8RL_EMU
+    if ((uintptr_t)p % sizeof(V)) ::emu::misaligned_access(p, sizeof(V), "vector load");
+    V v;
+    memcpy(static_cast<void*>(&v), p, sizeof(V));
+    return v;
+#else
+    return *reinterpret_cast<const V*>(p);
+#endif
+}
 template <class V>
 __device__ __forceinline__ void store_vector(void* p, const V& v) {
 #ifdef FP8RL_EMU

@@ -20,6 +20,7 @@ commit() {
 sources() {
     { find . -maxdepth 1 -type f \( -name '*.cu' -o -name '*.cuh' -o -name '*.h' -o -name '*.cpp' -o -name Makefile \)
       find cpu cuda rl test -type f \( -name '*.cu' -o -name '*.cuh' -o -name '*.h' -o -name '*.cpp' -o -name '*.ld' \)
+      echo dev/perf_model.cpp
     } | LC_ALL=C sort | while read -r f; do printf '%s\n' "$f"; cat "$f"; done | sha256sum | cut -d' ' -f1
 }
 

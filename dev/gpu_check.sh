@@ -27,7 +27,11 @@
 #     (GPU time is small; the CPU references of the engine tests dominate)
 #   4 the engine against train_rl_cpu on a tiny fixture model          10      30
 #     (dev/check_engine.sh: log-probs, one step's gradients, greedy generation)
-#   5 benchmarks, each a ratio against a baseline run in the same invocation:
+#   5 benchmarks, each a ratio against a baseline run in the same invocation; each also writes, per
+#     kernel it times, the measured time, cuda/perf's prediction and their ratio to
+#     $out/calibration/BENCH.tsv (FP8RL_CALIBRATION_DIR), and the summary ends with
+#     `perf_model --calibrate $out`: the model's constants those measurements contradict
+#     (cuda/perf/calibrate.h; nothing is refitted):
 #     GEMM: FP8 vs BF16 on Qwen3-0.6B/1.7B/8B linear shapes at 4k, 16k  15      40
 #       (2mnk summed over the shapes ~6.7 TFLOP per GEMM kind, x 3 GEMMs x 53 calls x 2 kinds:
 #       ~3 s of GEMMs at 600-900 TFLOP/s, plus plans, quantizers, random fills)
@@ -84,7 +88,8 @@ rl_step_room_gb=10  # part 5e's checkpoint, 8 GB of FP32 state, and a margin
 if [ "$emu" -eq 1 ]; then
     out=${GPU_CHECK_OUT:-build/gpu_check_emu}
     gpu_bin=./train_rl_emu test_bin=./build/test_gpu_emu bench_prefix=./build/emu_bench_ size=--tiny
-    build_targets=(train_rl_emu train_rl_cpu build/test_gpu_emu "${benches[@]/#/build/emu_bench_}")
+    build_targets=(train_rl_emu train_rl_cpu build/test_gpu_emu build/perf_model "${benches[@]/#/build/emu_bench_}")
+    perf_model=build/perf_model
     rl_step=(1 --init tiny --max_new_tokens 3 --group_size 4 --batch_prompts 4)
     export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
     limit_scale=4  # the emulation runs the tiny shapes on 2 cores, not the GPU's sizes on a GPU
@@ -92,12 +97,14 @@ if [ "$emu" -eq 1 ]; then
 elif [ "$mode" = prebuilt ]; then
     out=${GPU_CHECK_OUT:-runs/gpu_check}
     gpu_bin=$bundle/train_rl test_bin=$bundle/test_gpu bench_prefix=$bundle/gpu_bench_ size= cpu_bin=$bundle/train_rl_cpu
+    perf_model=$bundle/perf_model
     rl_step=(2 --model build/bench_models/Qwen3-0.6B --max_new_tokens 32 --group_size 4 --batch_prompts 4)
     limit_scale=1
 else
     out=${GPU_CHECK_OUT:-runs/gpu_check}
     gpu_bin=./train_rl test_bin=./test_gpu bench_prefix=./build/gpu_bench_ size=
-    build_targets=(train_rl train_rl_cpu test_gpu "${benches[@]/#/build/gpu_bench_}")
+    build_targets=(train_rl train_rl_cpu test_gpu build/perf_model "${benches[@]/#/build/gpu_bench_}")
+    perf_model=build/perf_model
     export PATH=$PATH:/usr/local/cuda/bin
     rl_step=(2 --model build/bench_models/Qwen3-0.6B --max_new_tokens 32 --group_size 4 --batch_prompts 4)
     limit_scale=1
@@ -144,8 +151,9 @@ if [ "$emu" -eq 0 ]; then
     part0+="$smi; $probed; disk ${disk} GB free, /dev/shm ${shm:-0} GB free (part 5e writes to $BENCH_RL_STEP_DIR); $nccl (the check runs one process)"
     echo "=== part 0: $part0"
 fi
-rm -rf "$out/logs"
+rm -rf "$out/logs" "$out/calibration"
 mkdir -p "$out/logs"
+export FP8RL_CALIBRATION_DIR=$out/calibration
 summary_file=$out/summary.md
 rows=()
 tables=()
@@ -208,6 +216,8 @@ part 5b "benchmark: attention vs cuBLASLt GEMM + softmax" 25 10 "${bench_prefix}
 part 5c "benchmark: training step bf16 vs fp8, tokens/s and peak memory" 65 40 "${bench_prefix}train_step" $size
 part 5d "benchmark: rollout tokens/s, sampling and attention shares" 35 25 "${bench_prefix}rollout" $size
 part 5e "benchmark: RL step bf16 vs fp8 + Calibrated Clipping" 55 35 dev/bench_rl_step.sh "$gpu_bin" "${rl_step[@]}"
+# the benchmarks' measured / predicted lines against the model's constants (reported, never refitted)
+calibration=$( ("$perf_model" --calibrate "$out" 2>&1 || true) | tee "$out/logs/calibration.log")
 
 {
     echo "# dev/gpu_check.sh $([ "$mode" = build ] || echo "--$mode")"
@@ -224,6 +234,10 @@ part 5e "benchmark: RL step bf16 vs fp8 + Calibrated Clipping" 55 35 dev/bench_r
         echo
         cat "${table#*|}"
     done
+    echo
+    echo "## the model's constants against the measurements (build/perf_model --calibrate $out)"
+    echo
+    echo "$calibration"
 } > "$summary_file"
 echo
 echo "=== summary (also in $summary_file)"

@@ -12,12 +12,17 @@
 //   build/perf_model --sft: an SFT step at 8k tokens (cuda/perf/update_perf_model.h, priced like --json's
 // training phase) for Qwen2.5-1.5B and Qwen2.5-7B (test/fixtures/configs), H100 and H200, bf16 and fp8:
 // the numbers docs/results.md sets beside InfiR2's table.
+//   build/perf_model --published: the model fed kernels whose H100 times are published, beside them.
+//   build/perf_model --calibrate DIR: reads the measured / predicted lines dev/gpu_check.sh's benchmarks
+// wrote under DIR/calibration/ (cuda/perf/calibrate.h) and reports which of the model's constants
+// (cuda/perf/gpu_spec.h) they contradict; it refits nothing.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "cuda/perf/calibrate.h"
 #include "cuda/perf/grpo_perf_model.h"
 #include "cuda/perf/perf_model.h"
 #include "cuda/perf/update_perf_model.h"
@@ -95,7 +100,15 @@ void report(const Named& m, const StepShape& s, const PerfHardware& hw, bool ker
     printf("\n");
 }
 
-// {"workloads": [{"model", "gpu", "kv_cache", "precision", "rollout_s", "train_s", "step_s", "phases"}]}
+// A JSON string's characters (the kernel names hold no control characters).
+std::string json_escape(const std::string& s) {
+    std::string out;
+    for (char c : s) out += c == '"' || c == '\\' ? std::string("\\") + c : std::string(1, c);
+    return out;
+}
+
+// {"workloads": [{"model", "gpu", "gpus", "kv_cache", "precision", "rollout_s", "train_s", "step_s", "phases",
+//   "kernels": [{"name", "calls", "time_s", "bound", "bytes", "flops"}], "assumptions": {NAME: {"value", "unit", "source"}}}]}
 void print_json(const ModelConfig& small, const ModelConfig& large) {
     struct Workload {
         const char* name;
@@ -117,24 +130,90 @@ void print_json(const ModelConfig& small, const ModelConfig& large) {
                            first ? "" : ",", w.name, g.name, w.gpus, precision_name(kv), precision_name(p), r.rollout_s(),
                            r.train_s(), r.step_s());
                     first = false;
-                    bool first_phase = true;
+                    bool first_item = true;
                     for (const auto* phases : {&r.rollout, &r.train})
                         for (const auto& ph : *phases) {
-                            printf("%s\"%s%s\": %.3f", first_phase ? "" : ", ", phases == &r.rollout ? "rollout: " : "train: ",
+                            printf("%s\"%s%s\": %.3f", first_item ? "" : ", ", phases == &r.rollout ? "rollout: " : "train: ",
                                    ph.first.c_str(), ph.second);
-                            first_phase = false;
+                            first_item = false;
                         }
+                    printf("},\n   \"kernels\": [");
+                    first_item = true;
+                    for (const PricedKernel& k : r.kernels) {
+                        printf("%s\n    {\"name\": \"%s\", \"calls\": %.6g, \"time_s\": %.6g, \"bound\": \"%s\", \"bytes\": %.6g, "
+                               "\"flops\": %.6g}",
+                               first_item ? "" : ",", json_escape(k.name).c_str(), k.calls, k.seconds, k.bound(), k.bytes, k.flops);
+                        first_item = false;
+                    }
+                    printf("],\n   \"assumptions\": {");
+                    first_item = true;
+                    for (const Assumption& a : assumptions(g)) {
+                        printf("%s\"%s\": {\"value\": %.6g, \"unit\": \"%s\", \"source\": \"%s\"}", first_item ? "" : ", ",
+                               a.name.c_str(), a.value, a.unit, json_escape(a.source).c_str());
+                        first_item = false;
+                    }
                     printf("}}");
                 }
     printf("\n]}\n");
+}
+
+// The model fed kernels whose H100 (or H800: the same SMs and HBM) times are published, each beside
+// the published figure (docs/perf-model.md, "Checked against what is published"). Which rows check a
+// constant independently and which only restate the figure a constant came from: that page says.
+void print_published() {
+    const GpuSpec g = h100();
+    const PerfHardware hw = sass_hardware(g);
+    printf("| case | shape | published | predicted | published / predicted | source |\n|---|---|---|---|---|---|\n");
+    auto gemm = [&](const char* what, int64_t m, int64_t n, int64_t k, Precision p, double published_tflops, const char* source) {
+        const KernelCost c = gemm_cost(hw, what, KernelClass::LayerGemm, m, n, k, p, GemmOutput::BF16);
+        const double tflops = 2.0 * m * n * k / c.call_seconds(hw) / 1e12;
+        printf("| %s | weight %lld x %lld, %lld tokens | %.0f TFLOP/s | %.0f TFLOP/s (%s) | %.2f | %s |\n", what, (long long)m,
+               (long long)k, (long long)n, published_tflops, tflops, c.bound(hw), published_tflops / tflops, source);
+    };
+    gemm("FP8 block-scaled GEMM, large", 8192, 8192, 8192, Precision::FP8, 870, "FBGEMM PR #2546 (H100, blockwise, GEMM alone)");
+    gemm("BF16 GEMM, large", 8192, 8192, 8192, Precision::BF16, 784, "measured 769-798 here (H200, .library/device/KINDS.md)");
+    // DeepGEMM's README (H800): its own kernel's rate and its speedup over a tuned CUTLASS 3.6, whose
+    // implied rate (rate / speedup) is the unsplit 128 x 128 kind cuBLASLt runs
+    const struct {
+        int64_t tokens, n, k;
+        double tflops, speedup;
+    } deepgemm[] = {{64, 2112, 7168, 206, 2.7}, {128, 2112, 7168, 352, 2.4}, {128, 4096, 7168, 533, 2.0}, {128, 7168, 2048, 510, 1.7}};
+    for (const auto& d : deepgemm)
+        gemm("FP8 block GEMM, decode (CUTLASS 3.6 implied)", d.n, d.tokens, d.k, Precision::FP8, d.tflops / d.speedup,
+             strfmt("DeepGEMM README, H800: %.0f TFLOP/s at %.1fx CUTLASS", d.tflops, d.speedup).c_str());
+    // our training attention's forward (causal, D 128, 16 heads, one sequence) against FA2's and FA3's
+    for (double len : {1024.0, 2048.0}) {
+        const KernelPrice a = training_attention_price(g, false, {len}, 16, 128, 0, 1);
+        const double flops = 2 * 2.0 * 128 * 16 * len * len / 2, tflops = flops / a.seconds() / 1e12;
+        printf("| training attention forward (ours; FA2, FA3) | causal, %d tokens, 16 heads of 128 | %s TFLOP/s | %.0f TFLOP/s "
+               "(%s) | %.2f (FA2) | FA2/FA3 (H100; perf-anchors.md) |\n",
+               (int)len, len == 1024 ? "260; 423" : "298; 521", tflops, a.bound(), (len == 1024 ? 260 : 298) / tflops);
+    }
+    // our decode attention, one Qwen3-1.7B layer, 512 rows of 1,024 keys (no cascade), against a kernel
+    // at the achievable HBM bandwidth (FlashInfer's decode: near it)
+    DecodeAttentionShape d;
+    d.H = 16, d.KV = 8, d.D = 128, d.grid_rows = d.live_rows = 512, d.own_keys = 1024, d.max_len = 1280;
+    for (bool fp8 : {true, false}) {
+        d.fp8_kv = fp8;
+        const DecodeAttentionPrice a = decode_attention_price(g, d);
+        printf("| decode attention (ours), %s KV | 512 rows x 1,024 keys, 16 / 8 heads of 128 | %.0f GB/s (bytes at %.2f of HBM) | "
+               "%.0f GB/s (%s) | %.2f | FlashInfer: near HBM bandwidth (perf-anchors.md) |\n",
+               fp8 ? "FP8" : "BF16", g.bandwidth() / 1e9, g.hbm_efficiency, a.bytes / a.per_row.seconds() / 1e9, a.per_row.bound(),
+               g.bandwidth() / (a.bytes / a.per_row.seconds()));
+    }
+    // NCCL all-reduce of 1 GiB over 8 GPUs: the model's 2 (n - 1) / n bytes at the bus bandwidth
+    const double bytes = 1073741824.0, seconds = bytes * 2 * 7 / 8 / g.nccl_bus_bandwidth;
+    printf("| NCCL all-reduce, 8 GPUs | 1 GiB | 480 GB/s bus (NVLink SHARP), 370 (ring) | %.0f GB/s bus (%.2f ms) | %.2f (SHARP) | "
+           "nccl-tests issue #212 (NCCL's maintainer, H100) |\n",
+           bytes * 2 * 7 / 8 / seconds / 1e9, seconds * 1e3, 480 / (bytes * 2 * 7 / 8 / seconds / 1e9));
 }
 
 // One GPU's SFT step (SftShape: 8 packed sequences of 8,192 tokens, one a micro-batch, one update), as a table.
 void print_sft() {
     const SftShape s;
     printf("SFT step on one GPU (cuda/perf/update_perf_model.h): %lld sequences of %lld tokens, one a micro-batch, one AdamW "
-           "update; GEMMs at the datasheet peaks (FP8 2x BF16), attention from its SASS, memory-bound kernels at the datasheet "
-           "bandwidth; no gradient all-reduce\n\n",
+           "update; on the model of cuda/perf/gpu_spec.h (cuBLASLt's rates by shape class, attention from its SASS, memory-bound "
+           "kernels at the achievable bandwidth or their loads in flight); no gradient all-reduce\n\n",
            (long long)s.seqs, (long long)s.seq_len);
     printf("| model | GPU | precision | step s | tokens/s | fp8 / bf16 step time | projection GEMMs s | attention s | "
            "LM head s | FP8 quantization s | optimizer s |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
@@ -157,7 +236,7 @@ void print_sft() {
 [[noreturn]] void usage(const char* why) {
     fprintf(stderr,
             "perf_model: %s\nusage: perf_model [--model qwen3-1.7b|qwen3-8b|all|HF_DIR] [--tokens N] [--seq S] "
-            "[--micro_batches N] [--fp8_gemm_speedup X] [--kernels] [--json] [--sft]\n",
+            "[--micro_batches N] [--fp8_gemm_speedup X] [--kernels] [--json] [--sft] [--published] [--calibrate DIR]\n",
             why);
     exit(2);
 }
@@ -169,19 +248,22 @@ int main(int argc, char** argv) {
     StepShape s;
     s.tokens = 16384, s.seq_len = 1280;
     PerfHardware hw;
-    bool kernels = false, json = false, sft = false;
+    bool kernels = false, json = false, sft = false, published = false;
+    std::string calibrate;
     for (int i = 1; i < argc; i++) {
         const std::string a = argv[i];
-        if (a == "--kernels" || a == "--json" || a == "--sft") {
-            (a == "--json" ? json : a == "--sft" ? sft : kernels) = true;
+        if (a == "--kernels" || a == "--json" || a == "--sft" || a == "--published") {
+            (a == "--json" ? json : a == "--sft" ? sft : a == "--published" ? published : kernels) = true;
             continue;
         }
-        if (a != "--model" && a != "--tokens" && a != "--seq" && a != "--micro_batches" && a != "--fp8_gemm_speedup")
+        if (a != "--model" && a != "--tokens" && a != "--seq" && a != "--micro_batches" && a != "--fp8_gemm_speedup" &&
+            a != "--calibrate")
             usage(("unknown flag " + a).c_str());
         if (i + 1 >= argc) usage(("missing value after " + a).c_str());
         const char* v = argv[++i];
         char* end = nullptr;
         if (a == "--model") model = v;
+        else if (a == "--calibrate") calibrate = v;
         else if (a == "--tokens") s.tokens = strtoll(v, &end, 10);
         else if (a == "--seq") s.seq_len = strtoll(v, &end, 10);
         else if (a == "--micro_batches") s.micro_batches = (int)strtol(v, &end, 10);
@@ -191,6 +273,14 @@ int main(int argc, char** argv) {
     if (s.tokens <= 0 || s.seq_len <= 0 || s.micro_batches <= 0 || !(hw.fp8_gemm_speedup > 0))
         usage("--tokens, --seq, --micro_batches and --fp8_gemm_speedup must be positive");
     try {
+        if (!calibrate.empty()) {
+            print_calibration(calibrate, stdout);
+            return 0;
+        }
+        if (published) {
+            print_published();
+            return 0;
+        }
         if (sft) {
             print_sft();
             return 0;

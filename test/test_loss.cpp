@@ -121,7 +121,7 @@ TEST(loss_matches_torch_fixtures) {
         SequenceLoss total;
         StepMetrics metrics, rank[2];
         for (int i = 0; i < B; i++) {
-            sequence_is_weights(is_mode, cap, &f.old_logp[i * T], &f.roll[i * T], &f.mask[i * T], T, &w[i * T]);
+            sequence_is_weights(is_mode, 0.0, cap, &f.old_logp[i * T], &f.roll[i * T], &f.mask[i * T], T, &w[i * T]);
             SequenceTokens s;
             s.T = T;
             s.logp = &f.logp[i * T];
@@ -275,4 +275,44 @@ TEST(loss_gradient_matches_finite_differences) {
             checked++;
         }
     CHECK(checked > 150);
+}
+
+// IcePop and the geometric sequence mask against float64 weights from verl's rollout_corr
+// definitions (dev/make_is_fixtures.py), and rollout_corr/rollout_rs_masked_fraction from them.
+TEST(loss_icepop_and_geo_mask_match_fixtures) {
+    Json doc = json_parse_file("test/fixtures/loss/is_corrections.json");
+    const int B = (int)doc.find("B")->integer, T = (int)doc.find("T")->integer;
+    const Json& in = *doc.find("inputs");
+    std::vector<float> old_logp, roll;
+    std::vector<uint8_t> mask;
+    for (const Json& x : in.find("old")->items) old_logp.push_back((float)x.number);
+    for (const Json& x : in.find("roll")->items) roll.push_back((float)x.number);
+    for (const Json& x : in.find("mask")->items) mask.push_back(x.number != 0.0);
+    int cases = 0, masked = 0, kept = 0;
+    for (const Json& c : doc.find("cases")->items) {
+        const std::string mode = c.find("mode")->str;
+        const double floor = c.find("floor")->number, cap = c.find("cap")->number;
+        std::vector<double> w((size_t)B * T);
+        StepMetrics m;
+        for (int i = 0; i < B; i++) {
+            sequence_is_weights(mode == "icepop" ? IsCorrection::IcePop : IsCorrection::GeoMask, floor, cap, &old_logp[i * T],
+                                &roll[i * T], &mask[i * T], T, &w[i * T]);
+            m.add_rollout_sequence(&old_logp[i * T], &roll[i * T], &w[i * T], &mask[i * T], T, cap);
+        }
+        const std::vector<Json>& want = c.find("is_weight")->items;
+        CHECK_EQ(want.size(), w.size());
+        for (size_t k = 0; k < w.size() && k < want.size(); k++) {
+            CHECK_MSG(harness::close(w[k], want[k].number, 1e-12, 0), "%s [%g, %g]: w[%zu] %.17g vs %.17g", mode.c_str(), floor, cap, k,
+                      w[k], want[k].number);
+            masked += mask[k] && w[k] == 0.0;
+            kept += mask[k] && w[k] != 0.0;
+        }
+        double fraction = NAN;
+        for (const auto& kv : m.finalize(0))
+            if (kv.first == "rollout_corr/rollout_rs_masked_fraction") fraction = kv.second;
+        CHECK_NEAR(fraction, c.find("rollout_rs_masked_fraction")->number, 1e-15, 0);
+        cases++;
+    }
+    CHECK_EQ(cases, 7);
+    CHECK(masked > 100 && kept > 100);  // both branches of every mask are exercised
 }

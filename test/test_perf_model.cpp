@@ -2,10 +2,15 @@
 // from the shapes (a GEMM's 2mnk and operand bytes, a memory-bound kernel's bytes, the step's 6 N T
 // GEMM FLOPs, the FA2 figures), never read back from the model; the per-layer launch counts are
 // issue 28's (24 and 17 counted in emulation before it, 10 and 9 its target).
+#include <algorithm>
+#include <filesystem>
+
+#include "cuda/perf/calibrate.h"
 #include "cuda/perf/grpo_perf_model.h"
 #include "cuda/perf/perf_model.h"
 #include "cuda/perf/update_perf_model.h"
 #include "test/harness.h"
+#include "test/temp_dir.h"
 
 using namespace fp8rl;
 
@@ -153,23 +158,66 @@ TEST(perf_model_fusion_only_removes_work) {
     CHECK_THROWS(step_kernels(hw, s, Precision::FP32, StepStructure::Fused), "bf16 or fp8");
 }
 
-// kernel_perf_model.h: the issue model worked by hand. A warp issuing 8 FFMAs and 4 I2Fs: issue 12 / 4 = 3
-// clocks, the FMA pipe 8 / 4 = 2, the XU pipe 4 / 0.5 = 8: 8 clocks a warp.
+// kernel_perf_model.h: the issue model worked by hand. A warp issuing 8 FFMAs and 4 I2Fs with 64 warps
+// resident: issue 12 / IPC(64), the FMA pipe 8 / 4 = 2, the XU pipe 4 / 0.5 = 8: 8 clocks a warp. The
+// sustained IPC 4 w / (w + 0.6) at the reading's two ends (perf-anchors.md): 2.5 with one warp a
+// scheduler (4 a SM), 3.6 with six (24).
 TEST(kernel_perf_model_issue_rates_by_hand) {
+    const GpuSpec g = h100();
+    CHECK_NEAR(g.sustained_ipc(4), 2.5, 1e-12, 0);
+    CHECK_NEAR(g.sustained_ipc(24), 4 * 6 / 6.6, 1e-12, 0);
+    CHECK(g.sustained_ipc(64) < 4);
     SassCounts c;
     c.c[Sass_fp32] = 8, c.c[Sass_conversion] = 4, c.c[Sass_total] = 12;
-    CHECK_NEAR(sm_cycles(c, 1), 8, 1e-12, 0);
-    CHECK_NEAR(sm_cycles(c, 4), 32, 1e-12, 0);
-    // 40 integer instructions: issue 10, ALU 20 clocks; 16 LDS.128 per thread: 16 x 16 x 32 bytes at 128 a clock = 64
+    CHECK_NEAR(sm_cycles(g, c, 1, 64).issue, 8, 1e-12, 0);
+    CHECK_NEAR(sm_cycles(g, c, 4, 64).issue, 32, 1e-12, 0);
+    // 40 integer instructions with one warp resident: issue 40 / 2.5 = 16 clocks, the ALU 20
     SassCounts i;
     i.c[Sass_integer] = 40, i.c[Sass_total] = 40;
-    CHECK_NEAR(sm_cycles(i, 1), 20, 1e-12, 0);
+    CHECK_NEAR(sm_cycles(g, i, 1, 4).issue, 20, 1e-12, 0);
+    i.c[Sass_integer] = 20;  // ... 20 integer of 40: the ALU 10, issue 16
+    CHECK_NEAR(sm_cycles(g, i, 1, 4).issue, 16, 1e-12, 0);
+    // 16 LDS.128 per thread: 16 x 16 x 32 bytes at 0.9 x 128 a clock; 3 MMAs: 3 clocks of the tensor pipe
     SassCounts s;
-    s.c[Sass_lds_bytes] = 16 * 16, s.c[Sass_total] = 16;
-    CHECK_NEAR(sm_cycles(s, 1), 64, 1e-12, 0);
-    // the H100's BF16 peak from the clock: 132 x 1.83 GHz x 4096 = 989.4 TFLOP/s
+    s.c[Sass_lds_bytes] = 16 * 16, s.c[Sass_total] = 16, s.c[Sass_mma] = 3;
+    CHECK_NEAR(sm_cycles(g, s, 1, 64).smem, 16 * 16 * 32 / (0.9 * 128), 1e-12, 0);
+    CHECK_NEAR(sm_cycles(g, s, 1, 64).tensor, 3, 1e-12, 0);
+    // the H100's BF16 peak from the datasheet clock: 132 x 1.83 GHz x 4096 = 989.4 TFLOP/s
     CHECK_NEAR(h100().bf16_peak(), 989.4e12, 1e-3, 0);
     CHECK_EQ(h200().hbm, 4.8e12);
+    // residency: 128-thread CTAs of 35 KB: 228 KB / 36 KB = 6; of 1 KB: 2048 / 128 = 16 threads' worth
+    CHECK_EQ(g.resident_ctas(128, 35 * 1024), 6);
+    CHECK_EQ(g.resident_ctas(128, 1024), 16);
+}
+
+// A launch worked by hand: 1,000 CTAs of 128 threads and 35 KB (6 a SM, 24 warps: IPC 3.64), each
+// issuing 400 instructions a thread and waiting 5,000 clocks on its critical path. Issue: 1,000 x 4
+// warps x 400 / 3.64 / 132 SMs; latency: each CTA lives 5,000 + 4 x 400 / 2.5 (its warps alone) clocks,
+// 1,000 lifetimes over 132 x 6 slots; then 100 us of HBM bytes, a serial tail of 10,000 clocks.
+TEST(kernel_perf_model_launch_by_hand) {
+    const GpuSpec g = h100();
+    CtaClass c;
+    c.count = 1000, c.chain = 5000, c.per_thread.c[Sass_total] = 400;
+    const double hz = 1.755e9, ipc = 4 * 6 / 6.6;
+    KernelPrice p = price_launch(g, 128, 35 * 1024, {c}, 0, 0, 1);
+    CHECK_NEAR(p.issue_s, 1000 * 4 * 400 / ipc / 132 / hz, 1e-9, 0);
+    CHECK_NEAR(p.latency_s, 1000 * (5000 + 4 * 400 / 2.5) / (132 * 6) / hz, 1e-9, 0);
+    CHECK(p.latency_s > p.issue_s);
+    CHECK_EQ(std::string(p.bound()), std::string("latency"));
+    CHECK_NEAR(p.seconds(), p.latency_s + 3e-6, 1e-9, 0);
+    // a grid of one wave: the longest CTA, not the slots' share
+    c.count = 100;
+    CHECK_NEAR(price_launch(g, 128, 35 * 1024, {c}, 0).latency_s, (5000 + 4 * 400 / 2.5) / hz, 1e-9, 0);
+    // bytes and a tail: HBM at 0.9 of 3.35 TB/s, the tail after the body
+    c.count = 1000;
+    p = price_launch(g, 128, 35 * 1024, {c}, 100e-6 * 3.35e12 * 0.9, 10000, 1);
+    CHECK_EQ(std::string(p.bound()), std::string("hbm"));
+    CHECK_NEAR(p.seconds(), 100e-6 + 10000 / hz + 3e-6, 1e-9, 0);
+    // a class marked as the tail holds slots but does not set the one-wave length
+    CtaClass merge;
+    merge.count = 1, merge.chain = 1e6, merge.tail = true;
+    c.count = 100;
+    CHECK_NEAR(price_launch(g, 128, 35 * 1024, {c, merge}, 0).latency_s, (5000 + 4 * 400 / 2.5) / hz, 1e-9, 0);
 }
 
 // A made-up decode kernel with the recipe's loops: per tile of 32 keys for 2 queries (4 warps, D 128,
@@ -220,7 +268,108 @@ TEST(kernel_perf_model_decode_recipe_by_hand) {
     CHECK_NEAR(generic_cost_per_mac(g).c[Sass_total], 80.0 / 768, 1e-9, 0);
 }
 
-// The GRPO step adds its phases; decode attention reads the bytes it is given at the bandwidth.
+// The merge recipe on a made-up kernel: a tile loop (barriers) and a merge nest three deep whose
+// innermost loops load: the maximum's (16 loads a pass, no math but compares) and the weighted sum's
+// (8 loads a pass: 4 chunks, 140 instructions: 35 a chunk). A row of H x D = 2048 outputs over 128
+// threads: 8 pairs of 128-column groups over 4 warps, 2 passes of 8 outputs a lane = 16 outputs, each
+// ceil(6 / 16) L2 round trips for the maximum and 6 x (an L2 round trip + 35 dependent instructions).
+TEST(kernel_perf_model_merge_recipe_by_hand) {
+    auto loop = [](int parent, float total, std::initializer_list<std::pair<SassClass, float>> more) {
+        SassLoop l{0, 0, parent, {}};
+        l.counts[Sass_total] = total;
+        for (auto m : more) l.counts[m.first] = m.second;
+        return l;
+    };
+    const SassLoop loops[] = {
+        loop(-1, 100, {{Sass_barrier, 3}}),                                   // 0: tiles
+        loop(-1, 20, {{Sass_stg_bytes, 16}}),                                 // 1: outputs (a warp per pair)
+        loop(1, 30, {}),                                                      // 2: a lane's 8 outputs
+        loop(2, 40, {{Sass_ldg_ops, 16}, {Sass_ldg_bytes, 64}, {Sass_fp32, 16}}),                      // 3: maximum
+        loop(2, 140, {{Sass_ldg_ops, 8}, {Sass_ldg_bytes, 32}, {Sass_fp32, 72}, {Sass_conversion, 8}}),  // 4: weighted
+    };
+    const SassKernel k{"made-up merge", {}, 5, loops};
+    MergeRecipe m;
+    CHECK(decode_merge_recipe(k, &m));
+    CHECK_EQ(m.max_chunks_per_pass, 16.0);
+    CHECK_EQ(m.weighted_chunks_per_pass, 4.0);
+    CHECK_EQ(m.weighted_instructions_per_chunk, 35.0);
+    const GpuSpec g = h100();
+    CHECK_NEAR(decode_merge_row_clocks(g, m, 128, 2048, 6), 16 * (1 * 300 + 6 * (300 + 35 * 4.0)), 1e-9, 0);
+    // no merge nest (the merge moved out of the kernel): no recipe, so no merge tail is priced
+    const SassKernel flat{"no merge", {}, 2, loops};
+    CHECK(!decode_merge_recipe(flat, &m));
+}
+
+// Decode attention over the grid it launches (kernel_perf_model.h): the same keys cost more when the
+// grid has more empty chunks (a larger max_len), BF16 K/V reads twice FP8's bytes, a cascade launch
+// ends with its largest group's merges one after another, and the table's kernels match the recipes.
+TEST(kernel_perf_model_decode_grid_empty_ctas_and_merge_tail) {
+    const GpuSpec g = h100();
+    DecodeAttentionShape s;
+    s.H = 16, s.KV = 8, s.D = 128, s.grid_rows = 512, s.live_rows = 512, s.own_keys = 100, s.prefix = 256, s.max_len = 512;
+    const DecodeAttentionPrice short_grid = decode_attention_price(g, s);
+    CHECK_MSG(short_grid.per_row.recipe, "sass_counts.h's kv_decode_split_kernel<128, unsigned char> no longer matches the "
+              "decode recipes (cuda/perf/kernel_perf_model.h): it would be priced by the generic lower bound");
+    s.max_len = 1280;  // 4 more empty chunks a row: their CTAs write zeros and arrive
+    const DecodeAttentionPrice long_grid = decode_attention_price(g, s);
+    CHECK(long_grid.per_row.seconds() > short_grid.per_row.seconds());
+    CHECK_EQ(long_grid.bytes, short_grid.bytes);
+    CHECK_EQ(long_grid.bytes, 512 * (100.0 + 256) * 2 * 8 * 128);  // no cascade: every row reads its prompt
+    s.fp8_kv = false;
+    CHECK_NEAR(decode_attention_price(g, s).bytes, 2 * long_grid.bytes, 1e-12, 0);
+    CHECK(decode_attention_price(g, s).per_row.recipe);
+    // 64 cascade groups of 8 rows: they read the prompt once a group; the tail is 8 row merges (6 chunks)
+    s.fp8_kv = true, s.cascade_groups = 64, s.group_members = 8, s.merge_members = 8, s.cascade_grid = 256;
+    const DecodeAttentionPrice cascade = decode_attention_price(g, s);
+    CHECK_EQ(cascade.bytes, (512 * 100.0 + 64 * 256) * 2 * 8 * 128);
+    MergeRecipe m;
+    CHECK(decode_merge_recipe(sass_kernel("kv_decode_split_kernel<128, unsigned char>"), &m));
+    CHECK_NEAR(cascade.cascade.tail_s, 8 * decode_merge_row_clocks(g, m, 128, 16 * 128, 6) / g.clock, 1e-12, 0);
+    CHECK(cascade.cascade.seconds() > cascade.cascade.tail_s);
+}
+
+// GEMM shape classes (perf_model.h's gemm_cost on a GPU): a training GEMM at cuBLASLt's FP8 rate
+// times its wave efficiency (16 x 128 = 2,048 tiles of 128 x 128 in 16 waves of 132: 2048 / 2112), a
+// decode GEMM (128 padded rows) streamed by its 16 CTAs at 112 GB/s each, not at the HBM bandwidth.
+TEST(perf_model_gemm_shape_classes) {
+    const GpuSpec g = h100();
+    const PerfHardware hw = sass_hardware(g);
+    const KernelCost big = gemm_cost(hw, "big", KernelClass::LayerGemm, 2048, 16384, 2048, Precision::FP8, GemmOutput::BF16);
+    CHECK_NEAR(big.rate, 1.0e15 * 2048 / 2112, 1e-12, 0);
+    CHECK_EQ(std::string(big.bound(hw)), std::string("tensor"));
+    const KernelCost bf16 = gemm_cost(hw, "bf16", KernelClass::LayerGemm, 2048, 16384, 2048, Precision::BF16, GemmOutput::BF16);
+    CHECK_NEAR(bf16.rate, 0.70e15 * 2048 / 2112, 1e-12, 0);
+    const KernelCost decode = gemm_cost(hw, "decode", KernelClass::LayerGemm, 2048, 128, 6144, Precision::BF16, GemmOutput::BF16);
+    CHECK_EQ(decode.stream_bandwidth, 16 * 112e9);
+    CHECK_NEAR(decode.memory_seconds(hw), decode.bytes / (16 * 112e9), 1e-12, 0);
+    // 16 tiles on 132 SMs: the compute side at 16 / 132 of the rate
+    CHECK_NEAR(decode.rate, 0.70e15 * 16 / 132, 1e-12, 0);
+    // 64 tokens and 2,112 rows: 17 tiles of 128 x 128, filled 2112 x 64 / (17 x 128 x 128)
+    const KernelCost part = gemm_cost(hw, "part", KernelClass::LayerGemm, 2112, 64, 7168, Precision::FP8, GemmOutput::BF16);
+    CHECK_NEAR(part.rate, 1.0e15 * 17 / 132 * (2112.0 * 64 / (17 * 128 * 128)), 1e-12, 0);
+    CHECK_EQ(part.stream_bandwidth, 17 * 112e9);
+    // without a GPU (the anchors): no shape classes
+    const KernelCost anchors = gemm_cost(PerfHardware(), "a", KernelClass::LayerGemm, 2112, 64, 7168, Precision::FP8, GemmOutput::BF16);
+    CHECK_EQ(anchors.stream_bandwidth, 0.0);
+}
+
+// Little's law for memory-bound kernels (kernel_perf_model.h's streaming_bandwidth): a loop of three
+// 2-byte loads and a 4-byte store a pass (10 bytes), 121 instructions: 2,048 threads a SM move 20 KB a
+// pass, a pass lasting max(1,000 clocks of HBM latency, 64 warps x 121 / IPC(64)).
+TEST(kernel_perf_model_streaming_bandwidth_by_hand) {
+    const GpuSpec g = h100();
+    SassLoop l{0, 0, -1, {}};
+    l.counts[Sass_ldg_bytes] = 6, l.counts[Sass_stg_bytes] = 4, l.counts[Sass_total] = 121;
+    const SassKernel k{"made-up glue", {}, 1, &l};
+    const double clocks = std::max(1000.0, 64 * 121 / g.sustained_ipc(64));
+    CHECK_NEAR(streaming_bandwidth(g, k), 132 * 2048 * 10 / clocks * 1.755e9, 1e-12, 0);
+    CHECK(streaming_bandwidth(g, k) < g.bandwidth());
+    l.counts[Sass_ldg_bytes] = 48, l.counts[Sass_stg_bytes] = 32;  // 16-byte accesses: the bandwidth binds
+    CHECK_EQ(streaming_bandwidth(g, k), g.bandwidth());
+}
+
+// The GRPO step adds its phases and its kernels; every kernel has a bound of the issue's list; data
+// parallel adds the FP32 gradients' all-reduce: 2 (n - 1) / n of their bytes at the NCCL bus bandwidth.
 TEST(kernel_perf_model_grpo_step_adds_its_phases) {
     const GpuSpec g = h100();
     ModelConfig c = small_qwen3();
@@ -228,7 +377,7 @@ TEST(kernel_perf_model_grpo_step_adds_its_phases) {
     GrpoShape s;
     s.prompts = 2, s.group = 2, s.prompt_len = 16, s.response_min = 4, s.response_max = 8;
     const GrpoPrediction r = predict_grpo_step(g, c, Precision::FP8, Precision::FP8, s);
-    double sum = 0;
+    double sum = 0, kernels = 0;
     for (const auto* phases : {&r.rollout, &r.train})
         for (const auto& p : *phases) {
             CHECK(p.second > 0 || p.first == "FP8 quantization" || p.first == "zeroing");
@@ -236,19 +385,24 @@ TEST(kernel_perf_model_grpo_step_adds_its_phases) {
         }
     CHECK_NEAR(r.step_s(), sum, 1e-12, 0);
     CHECK(r.rollout.count("decode attention") && r.train.count("attention"));
-    // the decode attention of 4 rows at 100 keys: 1 byte per FP8 element, 2 per BF16, so BF16 reads twice
-    const KernelPrice f = decode_attention_price(g, true, 4, 100, 4, 2, 128, 1e6, 2), b = decode_attention_price(g, false, 4, 100, 4, 2, 128, 2e6, 2);
-    CHECK_NEAR(b.memory_s, 2 * f.memory_s, 1e-15, 0);
-    CHECK_NEAR(f.launch_s, 2 * 3e-6, 1e-15, 0);
-    CHECK(f.compute_s > 0 && b.compute_s > 0);
-    CHECK_MSG(f.recipe && b.recipe, "sass_counts.h's kv_decode_split_kernel<128, *> no longer matches the decode recipe "
-              "(cuda/perf/kernel_perf_model.h): it would be priced by the generic lower bound");
+    const std::vector<std::string> bounds = {"issue", "smem", "hbm", "tensor", "latency", "launch"};
+    for (const PricedKernel& k : r.kernels) {
+        kernels += k.seconds;
+        CHECK_MSG(std::find(bounds.begin(), bounds.end(), k.bound()) != bounds.end(), "%s: bound %s", k.name.c_str(), k.bound());
+    }
+    CHECK_NEAR(kernels, r.step_s(), 1e-9, 0);
+    CHECK(!r.train.count("gradient all-reduce"));
+    s.gpus = 2, s.prompts = 4;
+    size_t params = 0;
+    tensor_layout(c, &params);
+    const GrpoPrediction two = predict_grpo_step(g, c, Precision::FP8, Precision::FP8, s);
+    CHECK_NEAR(two.train.at("gradient all-reduce"), params * 4.0 * 2 * (2 - 1) / 2 / 370e9, 1e-12, 0);
 }
 
 // An SFT step (update_perf_model.h) at Qwen2.5-7B's shape (test/fixtures/configs), 8 rows of 8,192
 // tokens: its projection GEMMs do 6 N T FLOPs (N = the layers' projection weights, counted here from
-// the shape, T = 65,536 tokens) at the datasheet's dense peak, BF16 989 TFLOP/s and FP8 twice that, within
-// 1% (launches and the GEMMs' operand traffic are the rest); FP8 quantization is fp8's alone.
+// the shape, T = 65,536 tokens) at cuBLASLt's rates (gpu_spec.h: BF16 700, FP8 1,000 TFLOP/s) within
+// 5% (wave efficiency, launches and the operands' traffic are the rest); FP8 quantization is fp8's alone.
 TEST(perf_model_sft_step_projection_flops) {
     const ModelConfig c = load_model_config("test/fixtures/configs/qwen2_5_7b");
     const double C = 3584, I = 18944, L = 28, KVD = 4 * 128, T = 8.0 * 8192;
@@ -257,10 +411,44 @@ TEST(perf_model_sft_step_projection_flops) {
         const UpdatePrediction bf16 = predict_sft_step(g, c, Precision::BF16, SftShape()),
                                fp8 = predict_sft_step(g, c, Precision::FP8, SftShape());
         CHECK_EQ(bf16.micro_batches, 8);
-        CHECK_NEAR(bf16.phases.at("projection GEMMs"), 6 * N * T / 989e12, 0.01, 0);
-        CHECK_NEAR(fp8.phases.at("projection GEMMs"), 6 * N * T / 1979e12, 0.01, 0);
+        CHECK_NEAR(bf16.phases.at("projection GEMMs"), 6 * N * T / 0.70e15, 0.05, 0);
+        CHECK(bf16.phases.at("projection GEMMs") >= 6 * N * T / 0.70e15);
+        CHECK_NEAR(fp8.phases.at("projection GEMMs"), 6 * N * T / 1.0e15, 0.05, 0);
         CHECK(fp8.phases.count("FP8 quantization") && fp8.phases.at("FP8 quantization") > 0);
         CHECK(!bf16.phases.count("FP8 quantization") || bf16.phases.at("FP8 quantization") == 0);
         CHECK_NEAR(fp8.phases.at("attention"), bf16.phases.at("attention"), 1e-12, 0);  // BF16 in both
     }
+}
+
+// --calibrate on a synthetic directory (cuda/perf/calibrate.h): per constant the geometric mean of the
+// ratios of the measurements that rest on it, contradicted outside [0.8, 1.25]; a malformed line, a ratio
+// that is not measured / predicted, an unknown constant or an empty directory: an error naming it.
+TEST(perf_model_calibrate_reports_contradicted_constants) {
+    harness::TempDir dir;
+    std::filesystem::create_directories(dir / "calibration");
+    harness::write_text(dir / "calibration/bench_a.tsv",
+                        "# kernel\tmeasured_s\tpredicted_s\tratio\tbound\tconstants\n"
+                        "gemm 8192\t0.0011\t0.001\t1.1\ttensor\tgemm_fp8_block_flops\n"
+                        "gemm 4096\t0.00045\t0.0005\t0.9\ttensor\tgemm_fp8_block_flops\n");
+    harness::write_text(dir / "calibration/bench_b.tsv",
+                        "decode attention\t0.004\t0.001\t4\tlatency\tl2_latency_clocks,fence_atomic_clocks\n"
+                        "decode attention 2\t0.001\t0.001\t1\tlatency\tl2_latency_clocks\n");
+    const std::vector<ConstantVerdict> v = judge_constants(read_calibration(dir.path));
+    CHECK_EQ(v.size(), (size_t)3);
+    for (const ConstantVerdict& c : v) {
+        if (c.name == "gemm_fp8_block_flops") CHECK(!c.contradicted && c.measurements == 2 && std::fabs(c.mean_ratio - std::sqrt(1.1 * 0.9)) < 1e-12);
+        if (c.name == "l2_latency_clocks") CHECK(c.contradicted && std::fabs(c.mean_ratio - 2) < 1e-12 && c.max_ratio == 4);
+        if (c.name == "fence_atomic_clocks") CHECK(c.contradicted && c.mean_ratio == 4);
+    }
+    FILE* sink = fopen("/dev/null", "w");
+    CHECK_EQ(print_calibration(dir.path, sink), 2);
+    fclose(sink);
+    harness::write_text(dir / "calibration/bench_c.tsv", "gemm\t0.002\t0.001\t1.5\ttensor\tgemm_fp8_block_flops\n");
+    CHECK_THROWS(read_calibration(dir.path), "bench_c.tsv:1");
+    harness::write_text(dir / "calibration/bench_c.tsv", "gemm\t0.002\t0.001\t2\ttensor\tno_such_constant\n");
+    CHECK_THROWS(read_calibration(dir.path), "unknown constant");
+    harness::TempDir empty;
+    CHECK_THROWS(read_calibration(empty.path), "no directory");
+    std::filesystem::create_directories(empty / "calibration");
+    CHECK_THROWS(read_calibration(empty.path), "no .tsv file");
 }

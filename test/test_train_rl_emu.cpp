@@ -59,12 +59,14 @@ std::map<std::string, double> first_row(const std::string& dir) {
 // 5e-3) within 5e-2, absolute.
 TEST(train_rl_emu_step_matches_train_rl_cpu) {
     if (std::system(("test -x " + emu_binary()).c_str()) != 0) SKIP("./train_rl_emu not built (make train_rl_emu)");
-    const char* const runs[][3] = {{"bf16", "bf16", "layer"}, {"fp8", "bf16", "layer"}, {"fp8", "fp8", "layer"}, {"fp8", "fp8", "head"}};
+    // the last with --train_kv_replay 1: both engines' training attention reads K and V through the FP8 cache
+    const char* const runs[][4] = {{"bf16", "bf16", "layer", ""}, {"fp8", "bf16", "layer", ""}, {"fp8", "fp8", "layer", ""},
+                                   {"fp8", "fp8", "head", ""}, {"fp8", "fp8", "head", " --train_kv_replay 1"}};
     double layer_k_min = 0;  // fp8/kv_scale_k_min with scales per layer: per KV head the least is smaller
     for (const auto& run : runs) {
         const char *precision = run[0], *kv_cache = run[1];
-        const std::string scales = run[2], flags = " --kv_scales " + scales;
-        std::string d = temp_dir(std::string("emu_step_") + precision + "_kv_" + kv_cache + "_" + scales);
+        const std::string scales = run[2], flags = " --kv_scales " + scales + run[3];
+        std::string d = temp_dir(std::string("emu_step_") + precision + "_kv_" + kv_cache + "_" + scales + (*run[3] ? "_replay" : ""));
         harness::RunResult cpu = run_cmd(harness::binary() + tiny_run(d + "/cpu", 1, precision, kv_cache) + flags);
         harness::RunResult gpu = run_cmd(emu_binary() + tiny_run(d + "/gpu", 1, precision, kv_cache) + flags);
         CHECK_MSG(cpu.status == 0 && gpu.status == 0, "%s\n%s", cpu.output.c_str(), gpu.output.c_str());
@@ -84,7 +86,7 @@ TEST(train_rl_emu_step_matches_train_rl_cpu) {
                       k.c_str(), g[k], kv.second);
             compared++;
         }
-        printf("    %s, KV cache %s (scales per %s): %d metrics compared\n", precision, kv_cache, scales.c_str(), compared);
+        printf("    %s, KV cache %s (scales per %s)%s: %d metrics compared\n", precision, kv_cache, scales.c_str(), run[3], compared);
         if (std::string(kv_cache) == "fp8" && scales == "layer") layer_k_min = c["fp8/kv_scale_k_min"];
         if (scales == "head")
             CHECK_MSG(c["fp8/kv_scale_k_min"] < layer_k_min && g["fp8/kv_scale_k_min"] < layer_k_min,
@@ -201,15 +203,17 @@ TEST(train_rl_emu_two_ranks_zero1_match_one_rank) {
 TEST(train_rl_emu_two_ranks_match_one_rank_fp8_kv_cache) {
     if (std::system(("test -x " + emu_binary()).c_str()) != 0) SKIP("./train_rl_emu not built (make train_rl_emu)");
     if (!have_mpirun()) SKIP("mpirun not found (install openmpi-bin)");
-    std::string d = temp_dir("emu_mpi_kv");
-    const std::string flags = " --kv_scales head";
-    harness::RunResult one = run_cmd(mpirun(1) + emu_binary() + dp_run(d + "/r1", 1, "bf16", "fp8") + flags);
-    harness::RunResult two = run_cmd(mpirun(2) + emu_binary() + dp_run(d + "/r2", 1, "bf16", "fp8") + flags);
-    CHECK_MSG(one.status == 0 && two.status == 0, "%s\n%s", one.output.c_str(), two.output.c_str());
-    if (one.status || two.status) return;
-    if (two.output.find("2 rank(s)") == std::string::npos) SKIP("train_rl_emu was built without MPI (install libopenmpi-dev, rebuild)");
-    check_kv_scales_equal(d + "/r1", d + "/r2");
-    check_runs_agree(d + "/r1", d + "/r2", 1e-3, 1e-6, 1e-4);
+    for (const char* replay : {"0", "1"}) {  // 1: the trainer reads K and V through the same scales on every rank
+        std::string d = temp_dir(std::string("emu_mpi_kv_replay") + replay);
+        const std::string flags = std::string(" --kv_scales head --train_kv_replay ") + replay;
+        harness::RunResult one = run_cmd(mpirun(1) + emu_binary() + dp_run(d + "/r1", 1, "bf16", "fp8") + flags);
+        harness::RunResult two = run_cmd(mpirun(2) + emu_binary() + dp_run(d + "/r2", 1, "bf16", "fp8") + flags);
+        CHECK_MSG(one.status == 0 && two.status == 0, "%s\n%s", one.output.c_str(), two.output.c_str());
+        if (one.status || two.status) return;
+        if (two.output.find("2 rank(s)") == std::string::npos) SKIP("train_rl_emu was built without MPI (install libopenmpi-dev, rebuild)");
+        check_kv_scales_equal(d + "/r1", d + "/r2");
+        check_runs_agree(d + "/r1", d + "/r2", 1e-3, 1e-6, 1e-4);
+    }
 }
 
 // --zero 0 (all-reduce, whole optimizer state on each rank) against --zero 1 on the same 2 ranks,

@@ -44,7 +44,13 @@ TEST(trainer_bad_flags_give_one_clear_error) {
         {"--init tiny --task add --data " + d + "/missing.jsonl --out_dir " + d + "/run", "missing.jsonl: cannot open"},
         // the tiny preset's config.json says max_position_embeddings 512
         {"--init tiny --max_new_tokens 100000000 --out_dir " + d + "/run", "--max_new_tokens 100000000: the model's context is 512"},
+        {"--init tiny --is_correction icepop --is_floor 2 --is_cap 2", "--is_floor 2 is not below --is_cap 2"},
+        {"--init tiny --train_kv_replay 1", "--train_kv_replay 1 replays the FP8 KV cache in training, but --kv_cache is bf16"},
+        // blocked/rollouts is a file, so the dump directory cannot be made
+        {"--init tiny --dump_rollouts 1 --out_dir " + d + "/blocked", "--dump_rollouts: cannot write into " + d + "/blocked/rollouts"},
     };
+    std::filesystem::create_directories(d + "/blocked");
+    write_file_atomic(d + "/blocked/rollouts", "not a directory\n");
     const size_t n = harness::sanitized ? 4 : sizeof cases / sizeof cases[0];  // each run starts MPI: slow under ASan
     for (size_t i = 0; i < n; i++) {
         const Case& c = cases[i];
@@ -300,16 +306,18 @@ TEST(trainer_mpi_two_ranks_match_one) {
 // measured, actor/ppo_kl 0.5% apart at step 2.)
 TEST(trainer_mpi_two_ranks_match_one_fp8_kv_cache) {
     if (std::system("command -v mpirun > /dev/null 2>&1") != 0) SKIP("mpirun not found (install openmpi-bin)");
-    std::string d = temp_dir("mpi_kv");
     std::string mpirun = "ASAN_OPTIONS=detect_leaks=0 OMPI_MCA_btl=self,vader mpirun --allow-run-as-root --oversubscribe -np ";
-    const std::string flags = " --threads 1 --entropy_coef 0.01 --kv_cache fp8";
-    harness::RunResult one = run_cmd(mpirun + "1 " + harness::binary() + small_run(d + "/r1", 1) + flags);
-    harness::RunResult two = run_cmd(mpirun + "2 " + harness::binary() + small_run(d + "/r2", 1) + flags);
-    CHECK_MSG(one.status == 0 && two.status == 0, "%s\n%s", one.output.c_str(), two.output.c_str());
-    if (one.status || two.status) return;
-    if (two.output.find("2 rank(s)") == std::string::npos) SKIP("train_rl_cpu was built without MPI (no mpicxx: install libopenmpi-dev, then rebuild)");
-    check_kv_scales_equal(d + "/r1", d + "/r2");
-    check_runs_agree(d + "/r1", d + "/r2", 1e-3, 1e-6, 1e-4);
+    for (const char* replay : {"0", "1"}) {  // 1: the trainer reads K and V through the same scales on every rank
+        std::string d = temp_dir(std::string("mpi_kv_replay") + replay);
+        const std::string flags = std::string(" --threads 1 --entropy_coef 0.01 --kv_cache fp8 --train_kv_replay ") + replay;
+        harness::RunResult one = run_cmd(mpirun + "1 " + harness::binary() + small_run(d + "/r1", 1) + flags);
+        harness::RunResult two = run_cmd(mpirun + "2 " + harness::binary() + small_run(d + "/r2", 1) + flags);
+        CHECK_MSG(one.status == 0 && two.status == 0, "%s\n%s", one.output.c_str(), two.output.c_str());
+        if (one.status || two.status) return;
+        if (two.output.find("2 rank(s)") == std::string::npos) SKIP("train_rl_cpu was built without MPI (no mpicxx: install libopenmpi-dev, then rebuild)");
+        check_kv_scales_equal(d + "/r1", d + "/r2");
+        check_runs_agree(d + "/r1", d + "/r2", 1e-3, 1e-6, 1e-4);
+    }
 }
 
 // Micro-batches: the same run (with an entropy bonus, so the gradients are never all zero) with
@@ -352,4 +360,75 @@ TEST(trainer_micro_batch_bounds) {
     CHECK(micro_batch_bounds(seqs, 0, 6, 7) == std::vector<size_t>({0, 2, 3, 5, 6}));  // 3+4 | 9 alone | 2+2 | 5
     CHECK(micro_batch_bounds(seqs, 1, 4, 100) == std::vector<size_t>({1, 4}));
     CHECK(micro_batch_bounds(seqs, 2, 2, 7) == std::vector<size_t>({2, 2}));
+}
+
+// --dump_rollouts 2 over 3 steps writes the dumps of steps 0 and 2 (training/global_step), not 1:
+// every line parses, every per-token array has the response's length, and a dump's mean reward is
+// the step's critic/rewards/mean of log.jsonl (no dynamic sampling: every generated sample is
+// trained and dumped).
+TEST(trainer_dump_rollouts_lines_parse_and_match_the_log) {
+    std::string d = temp_dir("dump_rollouts");
+    harness::RunResult r = run_cmd(harness::binary() +
+                                   " --init tiny --task add --task_size 1 --max_new_tokens 3 --group_size 4 --batch_prompts 8"
+                                   " --minibatches 2 --lr 3e-3 --steps 3 --eval_every 0 --seed 7 --dump_rollouts 2 --out_dir " + d);
+    CHECK_MSG(r.status == 0, "%s", r.output.c_str());
+    if (r.status) return;
+    std::vector<Json> rows = log_rows(d);
+    CHECK_EQ(rows.size(), (size_t)3);
+    CHECK(!std::filesystem::exists(d + "/rollouts/step_1.jsonl"));
+    int lines = 0, clipped = 0;
+    for (int step : {0, 2}) {
+        std::string text = read_file(strfmt("%s/rollouts/step_%d.jsonl", d.c_str(), step));
+        double reward_sum = 0;
+        int n = 0;
+        for (size_t pos = 0, nl; pos < text.size(); pos = nl + 1) {
+            nl = text.find('\n', pos);
+            Json line = json_parse(text.substr(pos, nl - pos), "dump line");
+            CHECK_EQ(line.find("step")->integer, (int64_t)step);
+            CHECK(line.find("prompt")->str.find('+') != std::string::npos);
+            const size_t T = line.find("ids")->items.size();
+            CHECK(T >= 1 && T <= 3);
+            for (const char* key : {"rollout_lp", "old_lp", "entropy", "is_weight", "ratio", "clipped"})
+                CHECK_MSG(line.find(key)->items.size() == T, "step %d line %d: %s has %zu values, the response %zu", step, n, key,
+                          line.find(key)->items.size(), T);
+            for (size_t t = 0; t < T; t++) {
+                CHECK(line.find("rollout_lp")->items[t].number <= 0 && line.find("entropy")->items[t].number >= 0);
+                const double c = line.find("clipped")->items[t].number;
+                CHECK(c == -1 || c == 0 || c == 1);
+                clipped += c != 0;
+            }
+            reward_sum += line.find("reward")->number;
+            n++;
+        }
+        CHECK_EQ(n, 32);  // 8 prompts x 4 completions
+        const Json& row = rows[(size_t)step];
+        CHECK_EQ(row.find("training/global_step")->number, (double)step);
+        CHECK_NEAR(reward_sum / n, row.find("critic/rewards/mean")->number, 1e-8, 1e-9);
+        lines += n;
+    }
+    CHECK_EQ(lines, 64);
+    printf("    %d lines, %d clipped tokens\n", lines, clipped);
+}
+
+// --train_kv_replay 1 on an FP8 KV cache: the trainer's attention reads K and V as the sampler's
+// decode read them, so the step's rollout/train mismatch falls to about what a BF16 cache leaves
+// (measured on this run: k3_kl 6.2e-6 without replay, 3.0e-7 with, 1.7e-7 with a BF16 cache; the
+// residue is the BF16 rounding of the dequantized values and decode applying the scale to the
+// products). Checked: at least 5x below no replay and within 3x of the BF16 cache.
+TEST(trainer_kv_replay_removes_the_fp8_kv_mismatch) {
+    std::string d = temp_dir("kv_replay");
+    const std::string run = " --init tiny --task add --task_size 2 --max_new_tokens 6 --group_size 4 --batch_prompts 8 --lr 3e-3"
+                            " --steps 1 --eval_every 0 --seed 7 --threads 1 --rollout_precision bf16 --train_precision bf16";
+    double k3[3];
+    const char* flags[3] = {" --kv_cache bf16", " --kv_cache fp8", " --kv_cache fp8 --train_kv_replay 1"};
+    for (int i = 0; i < 3; i++) {
+        const std::string out = strfmt("%s/run%d", d.c_str(), i);
+        harness::RunResult r = run_cmd(harness::binary() + run + flags[i] + " --out_dir " + out);
+        CHECK_MSG(r.status == 0, "%s", r.output.c_str());
+        if (r.status) return;
+        k3[i] = log_rows(out)[0].find("rollout_corr/k3_kl")->number;
+    }
+    printf("    k3_kl: bf16 cache %.3g, fp8 cache %.3g, fp8 cache replayed %.3g\n", k3[0], k3[1], k3[2]);
+    CHECK_MSG(k3[2] * 5 < k3[1], "replay leaves k3_kl %.3g of %.3g", k3[2], k3[1]);
+    CHECK_MSG(k3[2] < 3 * k3[0], "replay's k3_kl %.3g, the BF16 cache's %.3g", k3[2], k3[0]);
 }

@@ -1,9 +1,10 @@
 // emu.h: CUDA emulation mode (FP8RL_EMU). g++ compiles the project's .cu/.cuh sources unchanged
 // against this header and runs every kernel on the CPU (spec-gpu.md §2):
-//   - the threads of a block are fibers (cuda/emu/emu_threads.cpp), blocks run one after another;
-//     a fiber runs until it waits (barrier, warp collective) or exits, and FP8RL_EMU_SEED != 0
-//     shuffles the order of runnable fibers at every round and the order of blocks, so a missing
-//     __syncthreads shows up as wrong results under some seed;
+//   - the threads of a block are fibers (cuda/emu/emu_threads.cpp); a fiber runs until it waits
+//     (barrier, warp collective, and while CTAs run at once an atomic or fence) or exits, and
+//     FP8RL_EMU_SEED != 0 shuffles the order of runnable fibers at every round and the order of
+//     blocks, and keeps 2-4 blocks resident at once, interleaved, so a missing __syncthreads or a
+//     missing fence between blocks shows up as wrong results under some seed;
 //   - __syncthreads, __syncwarp, the __shfl*_sync family with width, votes and atomics are
 //     computed here from what every participating lane deposited; a divergent barrier, a warp
 //     collective whose lanes disagree, a lane outside the mask, or nothing left that can run is a
@@ -68,8 +69,24 @@ extern const ThreadCoords* current_coords;  // of the fiber that runs now
 // lanes of the mask wait at the same collective.
 enum class WarpOp { Sync, ShflIdx, ShflUp, ShflDown, ShflXor, Ballot, Any, All, Ldmatrix, Wgmma };
 uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t value, int arg, int width);
-int block_barrier(const char* file, int line, int predicate, int kind);  // kind: 0 plain, 1 count, 2 and, 3 or
-void atomic_point(bool changed);  // every atomic: a chance to yield, and spin-wait detection
+int block_barrier(const char* file, int line, const char* func, int predicate, int kind);  // kind: 0 plain, 1 count, 2 and, 3 or
+// Every atomic on `bytes` at address, after it ran: a chance to yield, spin-wait detection, and
+// the release and acquire bookkeeping of cuda/emu/emu_memory_order.cpp.
+void atomic_point(void* address, size_t bytes, bool changed);
+// Memory ordering across CTAs (cuda/emu/emu_memory_order.cpp; docs/gpu-emulation.md, "Memory
+// ordering"): __threadfence (fence.sc.gpu) at `line` of `func`; a load through L2 (__ldcg,
+// ld.global.cg) of `bytes` at p into out, or, when a test's mutation made the site plain, a
+// load that may be served from a stale L1 line.
+void thread_fence(const char* func, int line);
+void load_global(void* out, const void* p, size_t bytes, bool through_l2, const char* func, int line);
+// Test-only mutations of a program's synchronization (FP8RL_EMU_MUTATION=FUNCTION:KIND:N[,...],
+// or add_mutation): the N-th site (from 0, in the order threads first reach them) of KIND in the
+// function named FUNCTION behaves as if deleted: `barrier` a __syncthreads, `fence` a
+// __threadfence, `ldcg` an __ldcg that becomes a plain load.
+enum class Site { Barrier, Fence, LoadCg };
+void add_mutation(const std::string& function, Site kind, int ordinal);
+void clear_mutations();
+bool mutated(Site kind, const char* func, int line);  // and numbers the site when the mutation names its function
 [[noreturn]] void kernel_fault(const std::string& what);
 // A vector access (ld/st.v2, .v4) of `bytes` at p, which is not a multiple of `bytes`: the kernel
 // faults with cudaErrorMisalignedAddress (sticky, reported at the next synchronization), as on a GPU.
@@ -106,6 +123,10 @@ void wgmma_wait(int pending);
 // is not in the block's dynamic shared memory (wgmma descriptors address only that here).
 uint32_t shared_address(const void* p);
 void* dynamic_shared();  // the launch's dynamic shared memory (NaN-filled at each block start)
+// Scratch of `bytes` (at most 4 KiB) for the calling thread's warp in its CTA, for the twins of
+// warp-wide instructions (cuda/kernels/mma.cuh's mma_m16n8k16): CTAs run at once, so a host
+// static would be shared between them.
+void* warp_scratch(size_t bytes);
 // A block reached the static shared variable `p` of `bytes` (cuda/common.cuh's STATIC_SHARED): the
 // first time for its kernel, the bytes count against the kernel's limits from then on, and the
 // variable is NaN-filled at each of its blocks' starts, as dynamic shared memory is.
@@ -209,10 +230,10 @@ cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attr, T* kernel) {
 #define gridDim (::emu::current_coords->grid_dim)
 #define warpSize 32
 
-#define __syncthreads() ::emu::block_barrier(__FILE__, __LINE__, 1, 0)
-#define __syncthreads_count(p) ::emu::block_barrier(__FILE__, __LINE__, (p) != 0, 1)
-#define __syncthreads_and(p) ::emu::block_barrier(__FILE__, __LINE__, (p) != 0, 2)
-#define __syncthreads_or(p) ::emu::block_barrier(__FILE__, __LINE__, (p) != 0, 3)
+#define __syncthreads() ::emu::block_barrier(__FILE__, __LINE__, __func__, 1, 0)
+#define __syncthreads_count(p) ::emu::block_barrier(__FILE__, __LINE__, __func__, (p) != 0, 1)
+#define __syncthreads_and(p) ::emu::block_barrier(__FILE__, __LINE__, __func__, (p) != 0, 2)
+#define __syncthreads_or(p) ::emu::block_barrier(__FILE__, __LINE__, __func__, (p) != 0, 3)
 
 // cp.async, as cuda_pipeline_primitives.h declares it (sm_80+): 4, 8 or 16 bytes from global to
 // shared memory, both aligned to the size, the last zfill bytes zeroed; groups closed by
@@ -247,12 +268,12 @@ inline int __any_sync(unsigned mask, int pred) { return (int)::emu::warp_collect
 inline int __all_sync(unsigned mask, int pred) { return (int)::emu::warp_collective(::emu::WarpOp::All, mask, pred != 0, 0, 32); }
 
 // Atomics: a fiber is never preempted between its waits, so a read-modify-write is atomic here;
-// each one is also a point where the scheduler may switch fibers.
+// each one is also a point where the scheduler may switch fibers (every one while CTAs run at once).
 template <class T, class F>
 T emu_atomic_rmw(T* address, F op) {
     T old = *address, next = op(old);
     *address = next;
-    ::emu::atomic_point(memcmp(&old, &next, sizeof(T)) != 0);
+    ::emu::atomic_point(address, sizeof(T), memcmp(&old, &next, sizeof(T)) != 0);
     return old;
 }
 template <class T>
@@ -275,8 +296,8 @@ inline unsigned atomicInc(unsigned* a, unsigned limit) {
     return emu_atomic_rmw(a, [&](unsigned o) { return o >= limit ? 0u : o + 1; });
 }
 
-inline void __threadfence() {}
-inline void __threadfence_block() {}
+#define __threadfence() ::emu::thread_fence(__func__, __LINE__)
+inline void __threadfence_block() {}  // CTA scope: the CTA's threads see one memory here
 [[noreturn]] inline void __trap() { ::emu::kernel_fault("__trap() called"); }
 
 // min/max as CUDA's overloads (device code calls them unqualified on ints and floats).
@@ -320,15 +341,22 @@ inline int __clz(int x) { return x == 0 ? 32 : __builtin_clz((unsigned)x); }
 inline int __ffs(int x) { return __builtin_ffs(x); }
 template <class T>
 T __ldg(const T* p) { return *p; }
+// ld.global.cg: cached in L2 only, so never a stale L1 line. The caller's function and line name
+// the site for mutations (GCC's __builtin_FUNCTION in a default argument is the caller's).
 template <class T>
-T __ldcg(const T* p) { return *p; }  // cached in L2 only: no L1 here
+T __ldcg(const T* p, const char* func = __builtin_FUNCTION(), int line = __builtin_LINE()) {
+    T v;
+    ::emu::load_global(&v, p, sizeof(T), true, func, line);
+    return v;
+}
 
 // Dynamic shared memory: nvcc's `extern __shared__` has no host equivalent (cuda/common.cuh's
 // DYNAMIC_SHARED picks this in emulation).
 #define FP8RL_EMU_DYNAMIC_SHARED(type, name) type* name = reinterpret_cast<type*>(::emu::dynamic_shared())
-// Static shared memory: one static per (template instantiation of a) function is block-local
-// because blocks run one at a time on one host thread; ASan redzones static arrays, so an overflow
-// is caught. Each thread that passes the declaration reports it (cuda/common.cuh's STATIC_SHARED).
+// Static shared memory: one static per (template instantiation of a) function, block-local
+// because the scheduler swaps in the running CTA's copy when it switches CTAs; ASan redzones static
+// arrays, so an overflow is caught. Each thread that passes the declaration reports it
+// (cuda/common.cuh's STATIC_SHARED).
 #define FP8RL_EMU_STATIC_SHARED(type, name, ...) \
     static type name __VA_ARGS__;                 \
     ::emu::static_shared(&name, sizeof(name), #name)

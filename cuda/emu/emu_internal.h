@@ -62,6 +62,17 @@ std::string shared_memory_error(const KernelInfo& k, size_t dynamic);
 // (cudaErrorInvalidValue from cudaGetLastError, not sticky), as a GPU refuses it before it runs.
 void run_grid(const char* name, KernelInfo* kernel, dim3 grid, dim3 block, size_t smem, const std::function<void()>& body);
 void set_sticky_error(cudaError_t e);
+// The scheduler's side of memory ordering (cuda/emu/emu_memory_order.cpp): a launch of `kernel`
+// (its KernelInfo) with `resident` CTAs at once begins and ends; the CTA of grid-linear index
+// `cta` is about to run (its writes since are its own until the next switch); an atomic ran.
+// fence_point lets other threads (of any resident CTA) run when CTAs run at once.
+void memory_order_begin(const void* kernel, int resident);
+void memory_order_end();
+void memory_order_switch(long cta);
+void memory_order_atomic(void* address, size_t bytes);
+void fence_point();
+long current_cta();  // the running CTA's grid-linear index, -1 outside a kernel
+const char* current_kernel_name();
 void set_launch_error(cudaError_t e);
 void clear_fault();
 // Restarts the seeded choice of which stream's work runs next (set_seed: a test's seeds repeat).

@@ -1,6 +1,7 @@
 // emu_threads.cpp: the thread scheduler of the CUDA emulation (cuda/emu/emu.h): one fiber per CUDA
-// thread of a block, blocks one after another, barriers and warp collectives resolved when no
-// fiber can run any further. Facts behind the choices: spec-gpu.md §2.2.
+// thread of a block, one or (under a seed) several blocks resident at once and interleaved,
+// barriers and warp collectives resolved when no fiber of the block can run any further. Facts
+// behind the choices: spec-gpu.md §2.2; memory ordering between the blocks: emu_memory_order.cpp.
 #include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
 #include <sys/mman.h>
@@ -134,15 +135,28 @@ struct Block {
     std::vector<int> at_warp;  // per warp: its threads waiting at a warp collective
     std::vector<uint64_t> wgmma_issued;               // per warp: its wgmma.mma_async so far
     std::vector<std::vector<WgmmaSignature>> wgmma_log;  // per warpgroup: what its first warp issued
-    bool progress = false;  // since the last round: a wait resolved, a thread exited, memory changed
     std::string fault;
     cudaError_t fault_error = cudaErrorLaunchFailure;  // the sticky error the fault leaves
     cudaError_t refused = cudaSuccess;  // the launch is refused instead of faulting (static shared memory)
+    // The round in progress (step): the shuffled order, the next position in it, the pass (1: the
+    // straggler's), whether a thread ran and whether every one that ran only yielded.
+    std::vector<int> order;
+    size_t pos = 0;
+    int pass = 0;
+    bool ran = false, all_yielded = true;
+    long idle_rounds = 0;
+    uint64_t progress_at_round = 0;  // progress_events when the round began
+    std::vector<std::vector<char>> static_save;  // its static shared variables while another CTA's are in place
+    std::vector<std::vector<char>> warp_scratch;  // per warp (warp_scratch)
+    bool active = false;
 };
 
 std::vector<std::unique_ptr<Stack>> stack_pool;
 void* scheduler_sp = nullptr;
 Block* current_block = nullptr;
+Block* statics_owner = nullptr;  // whose static shared variables are in place (CTAs share the host statics)
+uint64_t progress_events = 0;    // waits resolved, threads exited, memory changed by an atomic: any CTA's
+bool concurrent_grid = false;    // the running launch keeps several CTAs resident
 Thread* current_thread = nullptr;
 uint64_t scheduling_seed = 0;
 bool seed_read = false;
@@ -203,7 +217,7 @@ void yield_to_scheduler() {
         if (b->fault.empty()) b->fault = strformat("%s thread %d: exception in device code: %s", where(*b).c_str(), t->linear, e.what());
     }
     t->state = State::Exited;
-    b->progress = true;
+    progress_events++;
 #if EMU_ASAN
     __sanitizer_start_switch_fiber(nullptr, scheduler_stack_bottom, scheduler_stack_size);  // this fiber ends
 #endif
@@ -233,7 +247,24 @@ void* start_frame(char* base, size_t bytes) {
     return frame;
 }
 
+// Resident CTAs share the host statics that hold static shared memory (one per kernel): the CTA
+// about to run gets its own copy back, NaN bytes for variables it has not reached.
+void load_statics(Block& b) {
+    const auto& vars = b.info->static_vars;
+    if (statics_owner) {
+        statics_owner->static_save.resize(vars.size());
+        for (size_t i = 0; i < vars.size(); i++)
+            statics_owner->static_save[i].assign((const char*)vars[i].first, (const char*)vars[i].first + vars[i].second);
+    }
+    for (size_t i = 0; i < vars.size(); i++) {
+        if (i < b.static_save.size() && b.static_save[i].size() == vars[i].second) memcpy(vars[i].first, b.static_save[i].data(), vars[i].second);
+        else memset(vars[i].first, 0xFF, vars[i].second);
+    }
+    statics_owner = &b;
+}
+
 void resume(Block& b, Thread& t) {
+    if (statics_owner != &b) load_statics(b);
     current_thread = &t;
     current_block = &b;
     t.yielded = false;
@@ -436,11 +467,14 @@ std::mt19937_64 make_rng(uint64_t a, uint64_t b) {
     return std::mt19937_64(s);
 }
 
-// Runs one block to its end or to a fault (returned; "" when it ended).
-std::string run_block(Block& b, const dim3& grid, const dim3& block, std::mt19937_64& rng) {
+// Makes b a fresh CTA at grid index `index` whose threads run on stacks [first_stack, + n).
+void start_block(Block& b, uint3 index, const dim3& grid, const dim3& block, size_t first_stack, std::mt19937_64& rng) {
     int n = (int)(block.x * block.y * block.z);
+    b.index = index;
+    b.fault.clear();
+    b.fault_error = cudaErrorLaunchFailure;
     b.threads.assign(n, Thread());
-    while ((int)stack_pool.size() < n) stack_pool.emplace_back(new Stack());
+    while (stack_pool.size() < first_stack + n) stack_pool.emplace_back(new Stack());
     for (int i = 0; i < n; i++) {
         Thread& t = b.threads[i];
         t.linear = i, t.lane = i % 32, t.warp = i / 32;
@@ -448,62 +482,83 @@ std::string run_block(Block& b, const dim3& grid, const dim3& block, std::mt1993
         t.coords.block_idx = b.index;
         t.coords.block_dim = block;
         t.coords.grid_dim = grid;
-        t.stack = stack_pool[i].get();
+        t.stack = stack_pool[first_stack + i].get();
         t.sp = start_frame(t.stack->base, STACK_BYTES);
     }
     std::fill(b.smem.begin(), b.smem.end(), (char)0xFF);
-    for (const auto& v : b.info->static_vars) memset(v.first, 0xFF, v.second);
+    b.static_save.clear();  // NaN bytes when it first runs
+    if (statics_owner == &b) statics_owner = nullptr;
     const int warps = (n + 31) / 32;
     b.at_warp.assign(warps, 0);
     b.wgmma_issued.assign(warps, 0);
     b.wgmma_log.assign((warps + 3) / 4, {});
-    auto pick_straggler = [&] { b.straggler_warp = scheduling_seed != 0 && warps > 1 ? (int)(rng() % warps) : -1; };
-    pick_straggler();
-    std::vector<int> order(n);
-    std::iota(order.begin(), order.end(), 0);
-    long idle_rounds = 0;
+    b.straggler_warp = scheduling_seed != 0 && warps > 1 ? (int)(rng() % warps) : -1;
+    b.order.resize(n);
+    std::iota(b.order.begin(), b.order.end(), 0);
+    b.pos = 0, b.pass = 0, b.idle_rounds = 0;
+    b.active = true;
+}
+
+enum class Step { Ran, Ended, Fault };
+
+// Runs b's next thread of the round in progress (one resume), passing round ends: barriers and
+// warp collectives resolved, the next round shuffled. Ended: every thread exited; Fault: b.fault.
+// Under a seed one warp of the block is a straggler until the next barrier: it runs only when no
+// other thread can, so the others run ahead of it through their shuffles and writes, and a read
+// that a barrier should order before another warp's write sees the write.
+Step step(Block& b, std::mt19937_64& rng) {
+    const int n = (int)b.threads.size();
     for (;;) {
-        if (scheduling_seed != 0) std::shuffle(order.begin(), order.end(), rng);
-        bool ran = false, all_yielded = true;
-        b.progress = false;
-        // Under a seed one warp of the block is a straggler until the next barrier: it runs only when
-        // no other thread can, so the others run ahead of it through their shuffles and writes, and
-        // a read that a barrier should order before another warp's write sees the write.
-        for (int pass = 0; pass < 2 && !ran; pass++)
-            for (int i : order) {
-                Thread& t = b.threads[i];
-                if (t.state != State::Runnable || (t.warp == b.straggler_warp) != (pass == 1)) continue;
-                ran = true;
-                resume(b, t);
-                if (!b.fault.empty()) return b.fault;
-                all_yielded = all_yielded && t.yielded;
-                // its lanes go on at once (checked once enough of them wait: a check per arrival was
-                // a quarter of the emulation's time)
-                if (t.state == State::AtWarp && b.at_warp[t.warp] >= __builtin_popcount(t.mask) &&
-                    group_complete(b, t.warp, t.mask)) {
-                    std::string err = resolve_group(b, t.warp, t.mask);
-                    if (!err.empty()) return err;
-                }
+        if (b.pos == 0 && b.pass == 0) {
+            if (scheduling_seed != 0) std::shuffle(b.order.begin(), b.order.end(), rng);
+            b.ran = false, b.all_yielded = true;
+            b.progress_at_round = progress_events;
+        }
+        while (b.pos < (size_t)n) {
+            Thread& t = b.threads[b.order[b.pos++]];
+            if (t.state != State::Runnable || (t.warp == b.straggler_warp) != (b.pass == 1)) continue;
+            b.ran = true;
+            resume(b, t);
+            if (!b.fault.empty()) return Step::Fault;
+            b.all_yielded = b.all_yielded && t.yielded;
+            // its lanes go on at once (checked once enough of them wait: a check per arrival was
+            // a quarter of the emulation's time)
+            if (t.state == State::AtWarp && b.at_warp[t.warp] >= __builtin_popcount(t.mask) && group_complete(b, t.warp, t.mask)) {
+                b.fault = resolve_group(b, t.warp, t.mask);
+                if (!b.fault.empty()) return Step::Fault;
             }
-        if (ran) {
-            idle_rounds = all_yielded && !b.progress ? idle_rounds + 1 : 0;
-            if (idle_rounds > SPIN_ROUNDS)
-                return strformat("spin-wait: every running thread loops on atomics that change nothing (%s); a wait on "
-                                 "another block never ends here, blocks run one at a time",
-                                 census(b).c_str());
+            return Step::Ran;
+        }
+        if (b.pass == 0 && !b.ran) {  // nothing but the straggler can run
+            b.pass = 1, b.pos = 0;
+            continue;
+        }
+        b.pos = 0, b.pass = 0;
+        if (b.ran) {
+            b.idle_rounds = b.all_yielded && progress_events == b.progress_at_round ? b.idle_rounds + 1 : 0;
+            if (b.idle_rounds > SPIN_ROUNDS) {
+                b.fault = strformat("spin-wait: every running thread loops on atomics or fences that change nothing (%s); "
+                                    "a wait on a CTA that is not resident (or on a plain load) never ends",
+                                    census(b).c_str());
+                return Step::Fault;
+            }
             continue;
         }
         bool any = false;
-        std::string err = resolve_warps(b, any);
-        if (err.empty() && !any) {
-            err = resolve_barrier(b, any);
-            if (any) pick_straggler();
+        b.fault = resolve_warps(b, any);
+        if (b.fault.empty() && !any) {
+            b.fault = resolve_barrier(b, any);
+            if (any && scheduling_seed != 0 && n > 32) b.straggler_warp = (int)(rng() % ((n + 31) / 32));
         }
-        if (!err.empty()) return err;
+        if (!b.fault.empty()) return Step::Fault;
         if (any) continue;
-        bool all_exited = std::all_of(b.threads.begin(), b.threads.end(), [](const Thread& t) { return t.state == State::Exited; });
-        if (all_exited) return "";
-        return "deadlock: no thread can run (" + census(b) + ")";
+        if (std::all_of(b.threads.begin(), b.threads.end(), [](const Thread& t) { return t.state == State::Exited; })) {
+            b.active = false;
+            if (statics_owner == &b) statics_owner = nullptr;
+            return Step::Ended;
+        }
+        b.fault = "deadlock: no thread can run (" + census(b) + ")";
+        return Step::Fault;
     }
 }
 
@@ -543,6 +598,13 @@ WgmmaState& current_wgmma() {
     return current_thread->wgmma;
 }
 int current_warp() { return current_thread ? current_thread->warp : -1; }
+long current_cta() {
+    const Block* b = current_block;
+    if (!b) return -1;
+    const dim3& g = b->threads[0].coords.grid_dim;
+    return (long)b->index.x + (long)g.x * ((long)b->index.y + (long)g.y * b->index.z);
+}
+const char* current_kernel_name() { return current_block ? current_block->kernel : "?"; }
 int current_lane() { return current_thread ? current_thread->lane : -1; }
 
 const char* shared_window(uint32_t address, size_t bytes) {
@@ -559,6 +621,17 @@ uint32_t shared_address(const void* p) {
         kernel_fault(strformat("shared address of %p, not in the block's dynamic shared memory (the emulation places "
                                "dynamic shared memory at shared address 0 and maps only it for wgmma descriptors)", p));
     return (uint32_t)(c - b->smem.data());
+}
+
+void* warp_scratch(size_t bytes) {
+    constexpr size_t SCRATCH_BYTES = 4096;
+    Block* b = current_block;
+    if (!b || !current_thread) kernel_fault("warp scratch used outside a kernel");
+    if (bytes > SCRATCH_BYTES) kernel_fault(strformat("warp scratch of %zu bytes, above %zu", bytes, SCRATCH_BYTES));
+    if (b->warp_scratch.size() <= (size_t)current_thread->warp) b->warp_scratch.resize((size_t)current_thread->warp + 1);
+    std::vector<char>& s = b->warp_scratch[current_thread->warp];
+    if (s.empty()) s.resize(SCRATCH_BYTES);
+    return s.data();
 }
 
 void* dynamic_shared() {
@@ -642,17 +715,18 @@ void async_wait_prior(size_t prior) {
     t->async_copies.erase(t->async_copies.begin(), t->async_copies.begin() + (long)done);
     t->async_groups.erase(t->async_groups.begin(), t->async_groups.end() - (long)prior);
     for (size_t& g : t->async_groups) g -= done;
-    current_block->progress = true;  // memory changed
+    progress_events++;  // memory changed
 }
 
-int block_barrier(const char* file, int line, int predicate, int kind) {
+int block_barrier(const char* file, int line, const char* func, int predicate, int kind) {
     Thread* t = current_thread;
     if (!t) kernel_fault("__syncthreads outside a kernel");
+    if (kind == 0 && mutated(Site::Barrier, func, line)) return 0;
     t->state = State::AtBarrier;
     t->site_file = file, t->site_line = line, t->predicate = predicate;
     current_block->barrier_kind = kind;
     yield_to_scheduler();
-    current_block->progress = true;
+    progress_events++;
     return t->barrier_result;
 }
 
@@ -663,7 +737,7 @@ uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t value, int arg, int 
     current_block->at_warp[t->warp]++;
     t->op = op, t->mask = mask, t->value = value, t->arg = arg, t->width = width;
     yield_to_scheduler();
-    current_block->progress = true;
+    progress_events++;
     return t->result;
 }
 
@@ -673,45 +747,92 @@ void ldmatrix(uint32_t* regs, int num, bool trans, const void* row_address) {
     memcpy(regs, current_thread->matrix_regs, sizeof(uint32_t) * (size_t)num);
 }
 
-void atomic_point(bool changed) {
+void atomic_point(void* address, size_t bytes, bool changed) {
     Thread* t = current_thread;
     if (!t) return;  // host code calling an atomic helper
-    if (changed) current_block->progress = true;
-    if (++t->atomics % ATOMICS_PER_YIELD != 0) return;
+    if (changed) progress_events++;
+    memory_order_atomic(address, bytes);
+    if (++t->atomics % ATOMICS_PER_YIELD != 0 && !concurrent_grid) return;
     t->yielded = true;
     yield_to_scheduler();  // state stays Runnable: the scheduler picks it again in the next round
 }
+
+void fence_point() {
+    Thread* t = current_thread;
+    if (!t || !concurrent_grid) return;
+    t->yielded = true;
+    yield_to_scheduler();
+}
+
+// How many CTAs of a launch are resident at once: 1 in order (seed 0), else 2 to 4 as the seed
+// draws (sm_90 holds up to 32 per SM and 132 SMs: any number may be resident together), with
+// bursts of 1 to ~1,000 resumes of one CTA before the seed picks the next, so one CTA can run a
+// long way while another stands between two of its threads' steps.
+constexpr int MAX_RESIDENT = 4;
+constexpr int BURSTS[] = {1, 8, 64, 512};
 
 // Runs the grid now (the stream is synchronous); a fault ends the kernel and is kept as the
 // sticky error, a refusal is the launch's error.
 void run_grid(const char* name, KernelInfo* kernel, dim3 grid, dim3 block, size_t smem, const std::function<void()>& body) {
     uint64_t launch = launch_counter++;
     std::mt19937_64 rng = make_rng(seed(), launch);
-    Block b;
-    b.kernel = name;
-    b.info = kernel;
-    b.body = const_cast<std::function<void()>*>(&body);
-    b.smem.assign(smem, (char)0xFF);
-    uint64_t blocks = (uint64_t)grid.x * grid.y * grid.z;
+    const uint64_t blocks = (uint64_t)grid.x * grid.y * grid.z;
+    const int n = (int)(block.x * block.y * block.z);
     BlockOrder order(blocks, seed() ? &rng : nullptr);
-    for (uint64_t i = 0; i < blocks; i++) {
-        uint64_t id = order(i);
-        b.index = make_uint3((unsigned)(id % grid.x), (unsigned)(id / grid.x % grid.y), (unsigned)(id / ((uint64_t)grid.x * grid.y)));
-        b.fault.clear();
-        b.fault_error = cudaErrorLaunchFailure;
-        std::string err = run_block(b, grid, block, rng);
-        if (err.empty()) continue;
+    const int resident = seed() == 0 ? 1 : (int)std::min<uint64_t>(blocks, 2 + rng() % (MAX_RESIDENT - 1));
+    const int burst_mean = seed() == 0 ? 1 : BURSTS[rng() % 4];
+    concurrent_grid = resident > 1;
+    std::vector<Block> slots((size_t)resident);
+    for (Block& b : slots) {
+        b.kernel = name;
+        b.info = kernel;
+        b.body = const_cast<std::function<void()>*>(&body);
+        b.smem.assign(smem, (char)0xFF);
+    }
+    memory_order_begin(kernel, resident);
+    uint64_t started = 0;
+    int running = 0, current = 0;
+    long burst = 0;
+    Block* faulted = nullptr;
+    for (;;) {
+        for (int s = 0; s < resident && started < blocks; s++)
+            if (!slots[s].active) {
+                uint64_t id = order(started++);
+                uint3 index = make_uint3((unsigned)(id % grid.x), (unsigned)(id / grid.x % grid.y),
+                                         (unsigned)(id / ((uint64_t)grid.x * grid.y)));
+                start_block(slots[s], index, grid, block, (size_t)s * n, rng);
+                running++;
+            }
+        if (running == 0) break;
+        if (burst <= 0 || !slots[current].active) {
+            do current = resident == 1 ? 0 : (int)(rng() % resident); while (!slots[current].active);
+            burst = resident == 1 ? 1L << 62 : 1 + (long)(rng() % (2 * burst_mean));
+        }
+        burst--;
+        const uint3 at = slots[current].index;
+        memory_order_switch((long)at.x + (long)grid.x * ((long)at.y + (long)grid.y * at.z));
+        Step r = step(slots[current], rng);
+        if (r == Step::Ended) running--, burst = 0;
+        if (r == Step::Fault) {
+            faulted = &slots[current];
+            break;
+        }
+    }
+    if (faulted) {
+        Block& b = *faulted;
         for (auto& stack : stack_pool) ASAN_UNPOISON_MEMORY_REGION(stack->base, STACK_BYTES);  // abandoned fibers
         if (b.refused != cudaSuccess) {
-            fprintf(stderr, "CUDA emulation: launch of %s refused: %s\n", name, err.c_str());
+            fprintf(stderr, "CUDA emulation: launch of %s refused: %s\n", name, b.fault.c_str());
             set_launch_error(b.refused);
         } else {
-            last_fault_message = where(b) + ": " + err;
+            last_fault_message = where(b) + ": " + b.fault;
             fprintf(stderr, "CUDA emulation: %s\n", last_fault_message.c_str());
             set_sticky_error(b.fault_error);
         }
-        break;
     }
+    memory_order_end();
+    statics_owner = nullptr;
+    concurrent_grid = false;
     current_block = nullptr;
     current_coords = nullptr;
 }

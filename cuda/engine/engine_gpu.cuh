@@ -47,6 +47,7 @@
 #include "cuda/engine/device_array.cuh"
 #include "cuda/kernels/elementwise.cuh"
 #include "cuda/kernels/embedding.cuh"
+#include "cuda/kernels/kv_replay.cuh"
 #include "cuda/engine/global_norm.cuh"
 #include "cuda/dist/grad_buckets.h"
 #include "cuda/kernels/linear.cuh"
@@ -256,7 +257,8 @@ class GpuEngine : public Engine {
             if (entropy) entropy->clear();
             return;
         }
-        forward(seqs, p == Precision::FP32 ? Precision::BF16 : p, false, temperature, logprob, entropy);
+        // an FP32 pass is Calibrated Clipping's high-precision shadow (BF16 here): never replayed
+        forward(seqs, p == Precision::FP32 ? Precision::BF16 : p, false, temperature, logprob, entropy, p != Precision::FP32);
     }
     // With one FP8 weight copy on N > 1 ranks a BF16 pass gathers each layer from the master shards.
     bool collective_logprobs(Precision p) const override {
@@ -268,7 +270,7 @@ class GpuEngine : public Engine {
         if (p == Precision::FP32) fail("the GPU engine trains in bf16 or fp8 (--train_precision), not fp32");
         if (options_.one_fp8_weight_copy && p != Precision::FP8)
             fail("internal: an engine with one FP8 weight copy trains in fp8, not %s", precision_name(p));
-        forward(seqs, p, true, temperature, logprob, entropy);
+        forward(seqs, p, true, temperature, logprob, entropy, true);
         train_seqs_ = seqs;
         const std::vector<float> rows = head_.top1(target_.get(), (int)T_, stream_);
         train_top1_.assign(seqs.size(), {});
@@ -513,6 +515,10 @@ class GpuEngine : public Engine {
     TokenValues train_top1_;  // last_train_top1()
     Precision precision_ = Precision::BF16;
     bool for_backward_ = false;  // the last forward keeps what a backward reads
+    // --train_kv_replay: on during a replayed forward (and the recomputes of its backward); the rollout's
+    // scales [K, V][L][KV] as the forward read them; whether the last training forward replayed
+    bool kv_replay_ = false, train_kv_replayed_ = false;
+    DeviceArray<float> kv_replay_scales_;
     float temperature_ = 1.0f;
     long T_ = 0, Tp_ = 0;
     std::vector<int32_t> target_host_, pos_host_;
@@ -781,8 +787,9 @@ class GpuEngine : public Engine {
         refresh_derived(grads_.get());
     }
 
+    // replay: K and V through the last rollout's FP8 cache when --train_kv_replay is on (kv_replay.cuh).
     void forward(const std::vector<Sequence>& seqs, Precision p, bool for_backward, float temperature, TokenValues* logprob,
-                 TokenValues* entropy);
+                 TokenValues* entropy, bool replay);
     // Embedding, every layer and the final norm over the packed batch (xf_ [Tp][C]). kv_ready(l), when
     // given, runs once layer l's K (after k-norm and RoPE) and V are in layers_[l], before its
     // attention reads them (prefill and the FP8 KV calibration read them there: with --recompute
@@ -1046,6 +1053,10 @@ inline void GpuEngine::layer_forward(int l, bool recomputing, const std::functio
     if (options_.one_fp8_weight_copy && r.precision == Precision::BF16) load_layer_bf16(l);
     attention_inputs(A, recomputing || l == 0 ? nullptr : &layers_[l - 1], l, r);
     if (kv_ready) kv_ready(l);
+    if (kv_replay_) {
+        const float* k_scale = kv_replay_scales_.get() + (size_t)l * m.KV;
+        kv_replay_round_trip(A.k, A.v, k_scale, k_scale + (size_t)m.L * m.KV, T_, m.KV, m.D, stream_);
+    }
     const PackedAttentionShape shape{T_, m.H, m.KV, m.D, batch_.num_sequences(), max_seqlen_};
     attention_forward(A.att, A.lse, A.q, A.k, A.v, cu_seqlens_.get(), shape, stream_);
     attention_outputs(A, l, r, recomputing);
@@ -1065,12 +1076,23 @@ inline void GpuEngine::trunk_forward(const std::vector<Sequence>& seqs, Precisio
 }
 
 inline void GpuEngine::forward(const std::vector<Sequence>& seqs, Precision p, bool for_backward, float temperature,
-                               TokenValues* logprob, TokenValues* entropy) {
+                               TokenValues* logprob, TokenValues* entropy, bool replay) {
     PROFILE_RANGE("forward");
     need_state();
     if (!(temperature > 0.0f)) fail("GpuEngine: temperature must be > 0 (got %g)", temperature);
     temperature_ = temperature;
+    kv_replay_ = replay && options_.train_kv_replay;
+    if (kv_replay_) {
+        const RolloutStats& r = rollout_stats_;
+        if (r.k_scale.empty()) fail("--train_kv_replay: a training forward before any rollout with an FP8 KV cache");
+        std::vector<float> scales = kv_scales_by_head(r.k_scale, model_.L, model_.KV), v = kv_scales_by_head(r.v_scale, model_.L, model_.KV);
+        scales.insert(scales.end(), v.begin(), v.end());
+        kv_replay_scales_.resize(scales.size(), "--train_kv_replay KV scales");
+        kv_replay_scales_.upload(scales);
+    }
+    if (for_backward) train_kv_replayed_ = kv_replay_;
     trunk_forward(seqs, p, for_backward);
+    kv_replay_ = false;
     const CpuModel& m = model_;
     head_.forward(head_logprob_, head_entropy_, head_lse_, head_mu_, xf_, wb(m.lm_head), target_.get(), (int)T_,
                   {m.V, m.C, temperature}, stream_);
@@ -1196,12 +1218,14 @@ inline void GpuEngine::backward(const TokenValues& d_logprob, const TokenValues&
     rmsnorm_backward(dh, grad(m.final_norm), g_.dxn_b, hf_, wb(m.final_norm), rstdf_, T, m.C, false, column_scratch_,
                      column_scratch_floats_, stream_);
     close_bucket();
+    kv_replay_ = train_kv_replayed_;  // a recomputed layer reads K and V as its forward did
     for (int l = m.L - 1; l >= 0; l--) {
         if (options_.recompute_layer) layer_forward(l, true);
         open_bucket(buckets_.layers[l]);
         layer_backward(l, dh);
         close_bucket();
     }
+    kv_replay_ = false;
     open_bucket(buckets_.embed);
     embedding_backward(grad(m.embed), dh, ids_.get(), T, m.V, m.C, stream_);
     close_bucket();

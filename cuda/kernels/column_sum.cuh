@@ -1,13 +1,15 @@
 // column_sum.cuh: out [n] += sum over rows r of term(r, c), deterministic and without float atomics:
 // the weight gradient of RMSNorm and the bias gradient are such column sums over tokens.
 //   stage 1  partials [chunks][n]: each chunk of kColumnSumChunkRows rows summed per column, from 0, in
-//            row order (one thread per column; a warp reads consecutive columns of a row);
-//   stage 2  out[c] += the chunks' partials added in chunk order.
+//            row order (a thread per chunk and 8 consecutive columns, 16-byte loads; consecutive
+//            threads take consecutive column groups of a chunk);
+//   stage 2  out[c] += the chunks' partials added in chunk order (a thread per 8 columns).
 // The CPU engine sums its rmsnorm weight gradient and bias gradient in this order
 // (rl/numerics/reduction_order.h's column_sum_add_range), so the two are bit-exact.
 #ifndef FP8RL_CUDA_COLUMN_SUM_CUH
 #define FP8RL_CUDA_COLUMN_SUM_CUH
 #include "cuda/element.cuh"
+#include "cuda/kernels/fp8_rows.cuh"  // load8, store8
 #include "rl/numerics/reduction_order.h"  // kColumnSumChunkRows, and the order as host code for the CPU engine
 
 namespace fp8rl {
@@ -19,25 +21,43 @@ inline long column_sum_scratch_floats(long rows, int n) {
     return (rows + kColumnSumChunkRows - 1) / kColumnSumChunkRows * (long)n;
 }
 
-// Term: a device functor, float operator()(long r, int c).
+FP8RL_HD int column_groups(int n) { return (n + 7) / 8; }  // of 8 columns
+
+// Term: a device functor, void operator()(long r, int c, int count, float out[8]): the terms of row
+// r at columns c .. c + count - 1 (count <= 8), zeros past count.
 template <class Term>
-__global__ void column_sum_partials_kernel(float* partials, Term term, long rows, int n) {  // partials [chunks][n]
-    const int c = blockIdx.x * kColumnSumThreads + threadIdx.x;
-    if (c >= n) return;
-    const long r0 = (long)blockIdx.y * kColumnSumChunkRows, r1 = min(r0 + kColumnSumChunkRows, rows);
-    float acc = 0.0f;
-    for (long r = r0; r < r1; r++) acc += term(r, c);
-    partials[(size_t)blockIdx.y * n + c] = acc;
+__global__ void __launch_bounds__(kColumnSumThreads)
+    column_sum_partials_kernel(float* partials, Term term, long rows, int n, long items) {  // partials [chunks][n]
+    const long item = blockIdx.x * (long)kColumnSumThreads + threadIdx.x;
+    if (item >= items) return;
+    const long chunk = item / column_groups(n);
+    const int c = (int)(item % column_groups(n)) * 8, count = min(8, n - c);
+    const long r0 = chunk * kColumnSumChunkRows, r1 = min(r0 + kColumnSumChunkRows, rows);
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (long r = r0; r < r1; r++) {
+        float t[8];
+        term(r, c, count, t);
+        for (int e = 0; e < 8; e++) acc[e] += t[e];
+    }
+    store8(partials + (size_t)chunk * n + c, count, acc);
 }
 
 // Called from the column_sum_add template only: a file that includes this header without
 // instantiating it must not warn about the unused kernel.
-[[maybe_unused]] static __global__ void column_sum_finish_kernel(float* out, const float* partials, int chunks, int n) {
-    const int c = blockIdx.x * kColumnSumThreads + threadIdx.x;
+[[maybe_unused]] static __global__ void __launch_bounds__(kColumnSumThreads)
+    column_sum_finish_kernel(float* out, const float* partials, int chunks, int n) {
+    const int c = (blockIdx.x * kColumnSumThreads + threadIdx.x) * 8;
     if (c >= n) return;
-    float sum = partials[c];
-    for (int k = 1; k < chunks; k++) sum += partials[(size_t)k * n + c];
-    out[c] += sum;
+    const int count = min(8, n - c);
+    float sum[8], part[8], o[8];
+    load8(partials + c, count, sum);
+    for (int k = 1; k < chunks; k++) {
+        load8(partials + (size_t)k * n + c, count, part);
+        for (int e = 0; e < 8; e++) sum[e] += part[e];
+    }
+    load8_written(out + c, count, o);
+    for (int e = 0; e < 8; e++) o[e] += sum[e];
+    store8(out + c, count, o);
 }
 
 // Fails, naming `who`, unless a column sum of rows x n fits the grid and the scratch.
@@ -58,10 +78,11 @@ void column_sum_add(const char* who, float* out, const Term& term, long rows, in
     check_column_sum(who, rows, n, scratch_floats);
     if (rows == 0) return;
     const long chunks = (rows + kColumnSumChunkRows - 1) / kColumnSumChunkRows;
-    const unsigned column_blocks = (unsigned)((n + kColumnSumThreads - 1) / kColumnSumThreads);
-    LAUNCH_KERNEL(column_sum_partials_kernel<Term>, dim3(column_blocks, (unsigned)chunks), kColumnSumThreads, 0, stream,
-                  scratch, term, rows, n);
-    LAUNCH_KERNEL(column_sum_finish_kernel, column_blocks, kColumnSumThreads, 0, stream, out, scratch, (int)chunks, n);
+    const long items = chunks * column_groups(n);
+    LAUNCH_KERNEL(column_sum_partials_kernel<Term>, dim3((unsigned)((items + kColumnSumThreads - 1) / kColumnSumThreads)),
+                  kColumnSumThreads, 0, stream, scratch, term, rows, n, items);
+    LAUNCH_KERNEL(column_sum_finish_kernel, dim3((unsigned)((column_groups(n) + kColumnSumThreads - 1) / kColumnSumThreads)),
+                  kColumnSumThreads, 0, stream, out, scratch, (int)chunks, n);
 }
 
 }  // namespace fp8rl

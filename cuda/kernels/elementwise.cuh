@@ -15,31 +15,50 @@ namespace fp8rl {
 
 inline constexpr int kElementwiseThreads = 256;
 
-// y, a, b [n] (y may be a or b).
+// A thread per 8 consecutive elements (16-byte loads and stores of BF16 when aligned), grid-stride.
+// y, a, b [n] (y may be a or b: a and b load through the coherent path).
 template <class In, class Out>
 __global__ void residual_add_kernel(Out* y, const In* a, const In* b, long n) {
-    for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x)
-        store_float(y + i, as_float(a[i]) + as_float(b[i]));
+    for (long i = (blockIdx.x * (long)blockDim.x + threadIdx.x) * 8; i < n; i += (long)gridDim.x * blockDim.x * 8) {
+        const int count = (int)min(8L, n - i);
+        float va[8], vb[8];
+        load8_written(a + i, count, va);
+        load8_written(b + i, count, vb);
+        for (int e = 0; e < 8; e++) va[e] += vb[e];
+        store8(y + i, count, va);
+    }
 }
 
 template <class In, class Out>
 __global__ void cast_kernel(Out* y, const In* x, long n) {
-    for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x)
-        store_float(y + i, as_float(x[i]));
+    for (long i = (blockIdx.x * (long)blockDim.x + threadIdx.x) * 8; i < n; i += (long)gridDim.x * blockDim.x * 8) {
+        const int count = (int)min(8L, n - i);
+        float v[8];
+        load8(x + i, count, v);
+        store8(y + i, count, v);
+    }
 }
 
-// y, x [rows][n] (y may be x); bias [n].
+// y, x [rows][n] (y may be x: x loads through the coherent path); bias [n]. A thread per 8 columns of a row.
 template <class In, class Bias, class Out>
 __global__ void bias_add_kernel(Out* y, const In* x, const Bias* bias, long rows, int n) {
-    for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < rows * n; i += (long)gridDim.x * blockDim.x)
-        store_float(y + i, as_float(x[i]) + as_float(bias[i % n]));
+    const int groups = (n + 7) / 8;
+    for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < rows * groups; i += (long)gridDim.x * blockDim.x) {
+        const long r = i / groups;
+        const int c = (int)(i % groups) * 8, count = min(8, n - c);
+        float v[8], b[8];
+        load8_written(x + r * n + c, count, v);
+        load8(bias + c, count, b);
+        for (int e = 0; e < 8; e++) v[e] += b[e];
+        store8(y + r * n + c, count, v);
+    }
 }
 
 template <class Grad>
 struct BiasGradTerm {
     const Grad* dy;
     int n;
-    __device__ float operator()(long r, int c) const { return as_float(dy[(size_t)r * n + c]); }
+    __device__ void operator()(long r, int c, int count, float out[8]) const { load8(dy + (size_t)r * n + c, count, out); }
 };
 
 inline void check_element_count(const char* who, long n) {
@@ -50,23 +69,23 @@ template <class In, class Out>
 void residual_add(Out* y, const In* a, const In* b, long n, cudaStream_t stream) {
     check_element_count("residual_add", n);
     if (n == 0) return;
-    LAUNCH_KERNEL((residual_add_kernel<In, Out>), elementwise_blocks(n, kElementwiseThreads), kElementwiseThreads, 0,
-                  stream, y, a, b, n);
+    LAUNCH_KERNEL((residual_add_kernel<In, Out>), elementwise_blocks((n + 7) / 8, kElementwiseThreads), kElementwiseThreads,
+                  0, stream, y, a, b, n);
 }
 
 template <class In, class Out>
 void cast(Out* y, const In* x, long n, cudaStream_t stream) {
     check_element_count("cast", n);
     if (n == 0) return;
-    LAUNCH_KERNEL((cast_kernel<In, Out>), elementwise_blocks(n, kElementwiseThreads), kElementwiseThreads, 0, stream, y,
-                  x, n);
+    LAUNCH_KERNEL((cast_kernel<In, Out>), elementwise_blocks((n + 7) / 8, kElementwiseThreads), kElementwiseThreads, 0,
+                  stream, y, x, n);
 }
 
 template <class In, class Bias, class Out>
 void bias_add(Out* y, const In* x, const Bias* bias, long rows, int n, cudaStream_t stream) {
     if (rows < 0 || n <= 0) fail("bias_add: %ld rows of %d features", rows, n);
     if (rows == 0) return;
-    LAUNCH_KERNEL((bias_add_kernel<In, Bias, Out>), elementwise_blocks(rows * n, kElementwiseThreads),
+    LAUNCH_KERNEL((bias_add_kernel<In, Bias, Out>), elementwise_blocks(rows * ((n + 7) / 8), kElementwiseThreads),
                   kElementwiseThreads, 0, stream, y, x, bias, rows, n);
 }
 

@@ -47,6 +47,30 @@ __device__ __forceinline__ void load8(const __nv_bfloat16* p, int count, float v
     for (int e = 0; e < 8; e++) v[e] = e < count ? __bfloat162float(p[e]) : 0.0f;
 }
 __device__ __forceinline__ void load8(const float* p, int count, float v[8]) {
+    if (count >= 8 && ((uintptr_t)p & 15) == 0) {
+        const float4 a = load_vector<float4>(p), b = load_vector<float4>(p + 4);
+        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+        return;
+    }
+    for (int e = 0; e < 8; e++) v[e] = e < count ? p[e] : 0.0f;
+}
+
+// load8 of data the kernel itself writes (an accumulated output): not through the read-only path.
+__device__ __forceinline__ void load8_written(const __nv_bfloat16* p, int count, float v[8]) {
+    if (count >= 8 && ((uintptr_t)p & 15) == 0) {
+        const uint4 raw = load_vector_written<uint4>(p);
+        const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+        for (int e = 0; e < 8; e++) v[e] = bf16_to_float((uint16_t)(words[e / 2] >> (16 * (e % 2))));
+        return;
+    }
+    for (int e = 0; e < 8; e++) v[e] = e < count ? __bfloat162float(p[e]) : 0.0f;
+}
+__device__ __forceinline__ void load8_written(const float* p, int count, float v[8]) {
+    if (count >= 8 && ((uintptr_t)p & 15) == 0) {
+        const float4 a = load_vector_written<float4>(p), b = load_vector_written<float4>(p + 4);
+        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+        return;
+    }
     for (int e = 0; e < 8; e++) v[e] = e < count ? p[e] : 0.0f;
 }
 
@@ -62,6 +86,11 @@ __device__ __forceinline__ void store8(__nv_bfloat16* p, int count, const float 
 }
 
 __device__ __forceinline__ void store8(float* p, int count, const float v[8]) {
+    if (count >= 8 && ((uintptr_t)p & 15) == 0) {
+        store_vector<float4>(p, make_float4(v[0], v[1], v[2], v[3]));
+        store_vector<float4>(p + 4, make_float4(v[4], v[5], v[6], v[7]));
+        return;
+    }
     for (int e = 0; e < count; e++) p[e] = v[e];
 }
 

@@ -66,12 +66,8 @@ __device__ __forceinline__ float bf16_hi(uint32_t r) {
 struct WarpOperands {
     float a[16][16], b[16][8];
 };
-// The scratch of the calling thread's warp (a block has at most 32 warps; blocks run one at a time).
-inline WarpOperands& warp_operands() {
-    static WarpOperands per_warp[32];
-    const unsigned linear = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
-    return per_warp[linear / 32];
-}
+// The scratch of the calling thread's warp in its CTA (CTAs run at once in emulation).
+inline WarpOperands& warp_operands() { return *static_cast<WarpOperands*>(::emu::warp_scratch(sizeof(WarpOperands))); }
 }  // namespace mma_emu
 #endif
 

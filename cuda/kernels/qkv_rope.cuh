@@ -9,13 +9,14 @@
 //   backward  dq, dk from attention through RoPE's transposed rotation (rounded to BF16, kept in
 //             dq, dk for the norms' weight gradients) and the q/k norms' input gradient, and dv,
 //             assembled into dqkv laid out as qkv: the fused projection's output gradient.
-// The forward runs one block per token (a warp per head slot), the backward one block per (token,
-// head slot) of the H + 2 KV slots, norm_threads(D) threads: the norms' sums add in
-// rl/numerics/reduction_order.h's block_sum order (the backward's through cuda/kernels/block_reduce.cuh).
+// The forward runs one block per token (a warp per head slot), the backward a warp per (token, head
+// slot) of the H + 2 KV slots: the norms' sums add in rl/numerics/reduction_order.h's block_sum
+// order over norm_threads(D) threads.
 #ifndef FP8RL_CUDA_QKV_ROPE_CUH
 #define FP8RL_CUDA_QKV_ROPE_CUH
 #include "cuda/kernels/block_reduce.cuh"
 #include "cuda/element.cuh"
+#include "cuda/kernels/rmsnorm.cuh"  // warp_row_sum, kNormChunk, load8, store8
 #include "cuda/kernels/rope.cuh"
 #include "kv_cache.cuh"
 #include "rl/numerics/bf16.h"
@@ -130,39 +131,100 @@ struct QkvGrad {
     const float *rstd_q, *rstd_k;
 };
 
-__global__ void qkv_rope_backward_kernel(__nv_bfloat16* dqkv, QkvGrad g, const int32_t* pos, RopeTableView table,
-                                         QkvShape s) {
-    DYNAMIC_SHARED(float, dy);  // [D] the slot's gradient after RoPE's backward
-    const int t = blockIdx.x, D = s.D;
+// cos and sin (rounded to BF16) for the 8 values of a head at c .. c + count - 1 (count <= 8, zeros
+// past it): pair index i mod half of each; two 16-byte loads each when the 8 share one half.
+__device__ __forceinline__ void rope_factors8(const RopeTableView& table, int32_t p, int c, int count, float cs[8],
+                                              float sn[8]) {
+    const int i = c % table.half;
+    if (table.half % 8 == 0) {
+        if (p < 0 || p >= table.positions) __trap();  // past the uploaded table
+        load8(table.cos + (size_t)p * table.half + i, count, cs);
+        load8(table.sin + (size_t)p * table.half + i, count, sn);
+        for (int e = 0; e < 8; e++) cs[e] = round_bf16(cs[e]), sn[e] = round_bf16(sn[e]);
+        return;
+    }
+    for (int e = 0; e < 8; e++) {
+        cs[e] = sn[e] = 0.0f;
+        if (e < count) rope_factors(table, p, (c + e) % table.half, &cs[e], &sn[e]);
+    }
+}
+
+// A warp per (token, head slot), kQkvRopeWarps slots a block; lane l holds the slot's values
+// 256 j + 8 l .. + 7 of chunk j (16-byte loads), as rmsnorm.cuh's kernels, so the norm's dot product
+// adds in block_sum's order over norm_threads(D) threads (warp_row_sum), the CPU engine's bits. RoPE's
+// partner values (i +- D/2) come through the warp's shared memory; the rotated gradient stays there
+// for the norm's output pass.
+__global__ void __launch_bounds__(kQkvRopeWarps * 32)
+    qkv_rope_backward_kernel(__nv_bfloat16* dqkv, QkvGrad g, const int32_t* pos, RopeTableView table, QkvShape s) {
+    DYNAMIC_SHARED(float, staged);  // [warps][2][D]: the slot's gradient before and after RoPE's backward
+    const int t = blockIdx.x, D = s.D, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int slot = blockIdx.y * kQkvRopeWarps + warp;
+    if (slot >= s.slots()) return;  // the whole warp
     int kind;
-    const int hh = qkv_head(blockIdx.y, s.H, s.KV, &kind), heads = kind == 0 ? s.H : s.KV;
-    const size_t to = (size_t)t * s.slots() * D + (size_t)blockIdx.y * D, at = ((size_t)t * heads + hh) * D;
+    const int hh = qkv_head(slot, s.H, s.KV, &kind), heads = kind == 0 ? s.H : s.KV;
+    const size_t to = (size_t)t * s.slots() * D + (size_t)slot * D, at = ((size_t)t * heads + hh) * D;
+    const int chunks = (D + kNormChunk - 1) / kNormChunk;
     if (kind == 2) {
-        for (int i = threadIdx.x; i < D; i += blockDim.x) dqkv[to + i] = g.dv[at + i];
+        for (int j = 0; j < chunks; j++) {
+            const int c = j * kNormChunk + 8 * lane, count = c < D ? min(8, D - c) : 0;
+            const __nv_bfloat16 *from = g.dv + at + c;
+            __nv_bfloat16* into = dqkv + to + c;
+            if (count == 8 && ((uintptr_t)from & 15) == 0 && ((uintptr_t)into & 15) == 0)
+                store_vector<uint4>(into, load_vector<uint4>(from));
+            else
+                for (int e = 0; e < count; e++) into[e] = from[e];
+        }
         return;
     }
+    float* in = staged + (size_t)warp * 2 * D;  // [D] attention's gradient
+    float* dy = in + D;                         // [D] after RoPE's transposed rotation, rounded once
     __nv_bfloat16* d = (kind == 0 ? g.dq : g.dk) + at;
-    for (int i = threadIdx.x; i < table.half; i += blockDim.x) {  // the transposed rotation, rounded once
-        float c, sn;
-        rope_factors(table, pos[t], i, &c, &sn);
-        const float a = as_float(d[i]), b = as_float(d[i + table.half]);
-        dy[i] = round_bf16(mul_rn(a, c) - mul_rn(b, -sn));
-        dy[i + table.half] = round_bf16(mul_rn(b, c) + mul_rn(a, -sn));
+    for (int j = 0; j < chunks; j++) {
+        const int c = j * kNormChunk + 8 * lane, count = c < D ? min(8, D - c) : 0;
+        float v[8];
+        load8_written(d + c, count, v);  // the kernel writes d (below)
+        for (int e = 0; e < count; e++) in[c + e] = v[e];
     }
-    __syncthreads();
+    __syncwarp();
     const __nv_bfloat16* w = kind == 0 ? s.q_norm : s.k_norm;
-    if (!w) {
-        for (int i = threadIdx.x; i < D; i += blockDim.x) dqkv[to + i] = __float2bfloat16_rn(dy[i]);
-        return;
-    }
-    for (int i = threadIdx.x; i < D; i += blockDim.x) d[i] = __float2bfloat16_rn(dy[i]);  // the norm's weight gradient reads it
     const __nv_bfloat16* x = (kind == 0 ? g.qp : g.kp) + at;
-    float dot = 0.0f;
-    for (int i = threadIdx.x; i < D; i += blockDim.x) dot += mul_rn(mul_rn(as_float(w[i]), dy[i]), as_float(x[i]));
-    dot = block_reduce(dot, SumOp());
-    const float r = (kind == 0 ? g.rstd_q : g.rstd_k)[(size_t)t * heads + hh], c = dot * r * r * r / (float)D;
-    for (int i = threadIdx.x; i < D; i += blockDim.x)
-        store_float(dqkv + to + i, mul_rn(mul_rn(r, as_float(w[i])), dy[i]) - mul_rn(as_float(x[i]), c));
+    const int32_t p = pos[t];
+    float part[8] = {0, 0, 0, 0, 0, 0, 0, 0};  // block_sum's threads 8 lane + e
+    for (int j = 0; j < chunks; j++) {
+        const int c = j * kNormChunk + 8 * lane, count = c < D ? min(8, D - c) : 0;
+        float cs[8], sn[8], r[8], wv[8], xv[8];
+        rope_factors8(table, p, c, count, cs, sn);
+        for (int e = 0; e < 8; e++) {
+            r[e] = 0.0f;
+            if (e >= count) continue;
+            const int i = c + e;  // first half: (a, b) = (in[i], in[i + half]); second: (in[i - half], in[i])
+            if (i < table.half)
+                r[e] = round_bf16(mul_rn(in[i], cs[e]) - mul_rn(in[i + table.half], -sn[e]));
+            else
+                r[e] = round_bf16(mul_rn(in[i], cs[e]) + mul_rn(in[i - table.half], -sn[e]));
+            dy[i] = r[e];
+        }
+        if (!w) {
+            store8(dqkv + to + c, count, r);
+            continue;
+        }
+        store8(d + c, count, r);  // the norm's weight gradient reads it
+        load8(w + c, count, wv);
+        load8(x + c, count, xv);
+        for (int e = 0; e < 8; e++) part[e] += mul_rn(mul_rn(wv[e], r[e]), xv[e]);
+    }
+    if (!w) return;  // the whole warp
+    const float rs = (kind == 0 ? g.rstd_q : g.rstd_k)[(size_t)t * heads + hh];
+    const float k = warp_row_sum(part, D) * rs * rs * rs / (float)D;
+    for (int j = 0; j < chunks; j++) {
+        const int c = j * kNormChunk + 8 * lane, count = c < D ? min(8, D - c) : 0;
+        if (count == 0) continue;
+        float wv[8], xv[8], out[8];
+        load8(w + c, count, wv);
+        load8(x + c, count, xv);
+        for (int e = 0; e < 8; e++) out[e] = mul_rn(mul_rn(rs, wv[e]), e < count ? dy[c + e] : 0.0f) - mul_rn(xv[e], k);
+        store8(dqkv + to + c, count, out);
+    }
 }
 
 inline void check_qkv_shape(const char* who, long T, const QkvShape& s, const RopeTableView& table) {
@@ -193,8 +255,10 @@ inline void qkv_rope_backward(__nv_bfloat16* dqkv, const QkvGrad& g, long T, con
                               const RopeTableView& table, const QkvShape& s, cudaStream_t stream) {
     check_qkv_shape("qkv_rope_backward", T, s, table);
     if (T == 0) return;
-    LAUNCH_KERNEL(qkv_rope_backward_kernel, dim3((unsigned)T, (unsigned)s.slots()), norm_threads(s.D),
-                  sizeof(float) * s.D, stream, dqkv, g, pos, table, s);
+    const size_t smem = sizeof(float) * kQkvRopeWarps * 2 * (size_t)s.D;
+    allow_dynamic_smem(qkv_rope_backward_kernel, smem);
+    LAUNCH_KERNEL(qkv_rope_backward_kernel, dim3((unsigned)T, (unsigned)((s.slots() + kQkvRopeWarps - 1) / kQkvRopeWarps)),
+                  kQkvRopeWarps * 32, smem, stream, dqkv, g, pos, table, s);
 }
 
 }  // namespace fp8rl

@@ -4,13 +4,12 @@
 //   dx (+)= rstd * (w * dy) - x * rstd^3 / n * sum(w * dy * x), dw += sum over rows of dy * x * rstd.
 // Also Qwen3's per-head q/k norm: q [T][H][D] is T*H rows of D with one weight vector of D.
 // A BF16 output rounds as HF (and the CPU's bf16 flag): x * rstd to BF16, times w, to BF16 again.
-// The forward runs a warp per row, the backward a block per row; the row's sum of squares and the
-// backward's dot product add in one fixed order, the CPU engine's (rl/numerics/reduction_order.h's
-// block_sum: the backward through cuda/kernels/block_reduce.cuh, the forward lane by lane, see its kernel).
+// Both run a warp per row with 16-byte loads; the row's sum of squares and the backward's dot
+// product add in one fixed order, the CPU engine's (rl/numerics/reduction_order.h's block_sum over
+// norm_threads(n) threads, lane by lane: see the forward kernel).
 // The weight gradient is a deterministic column sum (cuda/kernels/column_sum.cuh), no atomics.
 #ifndef FP8RL_CUDA_RMSNORM_CUH
 #define FP8RL_CUDA_RMSNORM_CUH
-#include "cuda/kernels/block_reduce.cuh"
 #include "cuda/kernels/column_sum.cuh"
 #include "cuda/kernels/fp8_rows.cuh"
 #include "rl/numerics/bf16.h"
@@ -43,6 +42,22 @@ constexpr int kNormRowsPerBlock = 4;
 constexpr int kNormChunk = 32 * 8;
 static_assert(kNormChunk == kNormMaxThreads, "a chunk is one pass of block_sum's threads");
 
+// The row's sum in block_sum's order (see above) from this lane's partial sums part[e] of block_sum's
+// threads 8 lane + e (chunks added in order); every lane gets it. Every lane of the warp must call it.
+__device__ __forceinline__ float warp_row_sum(float part[8], int n) {
+    for (int e = 0; e < 8; e++) part[e] += __shfl_xor_sync(0xFFFFFFFFu, part[e], 2);  // offset 16
+    for (int e = 0; e < 8; e++) part[e] += __shfl_xor_sync(0xFFFFFFFFu, part[e], 1);  // offset 8
+    for (int e = 0; e < 4; e++) part[e] += part[e + 4];
+    for (int e = 0; e < 2; e++) part[e] += part[e + 2];
+    part[0] += part[1];
+    float sum = 0.0f;
+    for (int warp = 0; warp < norm_threads(n) / 32; warp++) {
+        const float warp_sum = __shfl_sync(0xFFFFFFFFu, part[0], 4 * warp);
+        sum = warp == 0 ? warp_sum : sum + warp_sum;
+    }
+    return sum;
+}
+
 // Chunk j's 8 values of this lane (zeros past n), after the residual add (written to sum).
 template <class In>
 __device__ __forceinline__ void rmsnorm_chunk(float v[8], const In* x, const In* branch, In* sum, size_t row, int c,
@@ -73,17 +88,7 @@ __global__ void __launch_bounds__(kNormRowsPerBlock * 32)
             rmsnorm_chunk(v, x, branch, sum, row, j * kNormChunk + 8 * lane, n, true);
             for (int e = 0; e < 8; e++) part[e] += mul_rn(v[e], v[e]);
         }
-        for (int e = 0; e < 8; e++) part[e] += __shfl_xor_sync(0xFFFFFFFFu, part[e], 2);  // offset 16
-        for (int e = 0; e < 8; e++) part[e] += __shfl_xor_sync(0xFFFFFFFFu, part[e], 1);  // offset 8
-        for (int e = 0; e < 4; e++) part[e] += part[e + 4];
-        for (int e = 0; e < 2; e++) part[e] += part[e + 2];
-        part[0] += part[1];
-        float ss = 0.0f;
-        for (int warp = 0; warp < norm_threads(n) / 32; warp++) {
-            const float warp_sum = __shfl_sync(0xFFFFFFFFu, part[0], 4 * warp);
-            ss = warp == 0 ? warp_sum : ss + warp_sum;
-        }
-        s = 1.0f / sqrtf(ss / (float)n + eps);
+        s = 1.0f / sqrtf(warp_row_sum(part, n) / (float)n + eps);
         if (lane == 0) rstd[r] = s;
     }
     for (int j = 0; j < chunks; j++) {
@@ -100,31 +105,58 @@ __global__ void __launch_bounds__(kNormRowsPerBlock * 32)
     }
 }
 
-// One block per row: dx [rows][n] (+)= the row's input gradient (before any rounding of the sum).
+// dx [rows][n] (+)= the row's input gradient (before any rounding of the sum): a warp per row, the
+// forward's layout (lane l holds values 256 j + 8 l .. + 7 of chunk j, 16-byte loads), so the dot
+// product adds in block_sum's order over norm_threads(n) threads, the CPU engine's bits. The output
+// pass reads the row again (from L2), as the forward does.
 template <class In, class W, class Dx>
-__global__ void rmsnorm_backward_dx_kernel(Dx* dx, const In* dy, const In* x, const W* w, const float* rstd, int n,
-                                           bool accumulate) {
-    const size_t row = (size_t)blockIdx.x * n;
-    float dot = 0.0f;
-    for (int i = threadIdx.x; i < n; i += blockDim.x)
-        dot += mul_rn(mul_rn(as_float(w[i]), as_float(dy[row + i])), as_float(x[row + i]));
-    dot = block_reduce(dot, SumOp());
-    const float s = rstd[blockIdx.x], c = dot * s * s * s / (float)n;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        const float g = mul_rn(mul_rn(s, as_float(w[i])), as_float(dy[row + i])) - mul_rn(as_float(x[row + i]), c);
-        store_float(dx + row + i, accumulate ? as_float(dx[row + i]) + g : g);
+__global__ void __launch_bounds__(kNormRowsPerBlock * 32)
+    rmsnorm_backward_dx_kernel(Dx* dx, const In* dy, const In* x, const W* w, const float* rstd, int n, bool accumulate,
+                               int rows) {
+    const int lane = threadIdx.x % 32, r = blockIdx.x * kNormRowsPerBlock + threadIdx.x / 32;
+    if (r >= rows) return;  // the whole warp
+    const size_t row = (size_t)r * n;
+    const int chunks = (n + kNormChunk - 1) / kNormChunk;
+    float part[8] = {0, 0, 0, 0, 0, 0, 0, 0};  // block_sum's threads 8 lane + e
+    for (int j = 0; j < chunks; j++) {
+        const int c = j * kNormChunk + 8 * lane, count = c < n ? min(8, n - c) : 0;
+        float wv[8], dv[8], xv[8];
+        load8(w + c, count, wv);
+        load8(dy + row + c, count, dv);
+        load8(x + row + c, count, xv);
+        for (int e = 0; e < 8; e++) part[e] += mul_rn(mul_rn(wv[e], dv[e]), xv[e]);
+    }
+    const float s = rstd[r], k = warp_row_sum(part, n) * s * s * s / (float)n;
+    for (int j = 0; j < chunks; j++) {
+        const int c = j * kNormChunk + 8 * lane, count = c < n ? min(8, n - c) : 0;
+        if (count == 0) continue;
+        float wv[8], dv[8], xv[8], out[8];
+        load8(w + c, count, wv);
+        load8(dy + row + c, count, dv);
+        load8(x + row + c, count, xv);
+        if (accumulate) load8_written(dx + row + c, count, out);
+        for (int e = 0; e < 8; e++) {
+            const float g = mul_rn(mul_rn(s, wv[e]), dv[e]) - mul_rn(xv[e], k);
+            out[e] = accumulate ? out[e] + g : g;
+        }
+        store8(dx + row + c, count, out);
     }
 }
 
-// dw's term: dy[r][c] * x[r][c] * rstd[r], the CPU's product order.
+// dw's terms at row r, columns c .. c + count - 1 (count <= 8; zeros past it): dy * x * rstd[r],
+// the CPU's product order.
 template <class In>
 struct RmsnormWeightGradTerm {
     const In* dy;
     const In* x;
     const float* rstd;
     int n;
-    __device__ float operator()(long r, int c) const {
-        return mul_rn(mul_rn(as_float(dy[(size_t)r * n + c]), as_float(x[(size_t)r * n + c])), rstd[r]);
+    __device__ void operator()(long r, int c, int count, float out[8]) const {
+        float xv[8];
+        load8(dy + (size_t)r * n + c, count, out);
+        load8(x + (size_t)r * n + c, count, xv);
+        const float s = rstd[r];
+        for (int e = 0; e < 8; e++) out[e] = mul_rn(mul_rn(out[e], xv[e]), s);
     }
 };
 
@@ -185,8 +217,8 @@ void rmsnorm_backward(Dx* dx, float* dw, const In* dy, const In* x, const W* w, 
     check_rmsnorm_shape("rmsnorm_backward", rows, n);
     check_column_sum("rmsnorm_backward (weight gradient)", rows, n, scratch_floats);  // before anything runs
     if (rows == 0) return;
-    LAUNCH_KERNEL((rmsnorm_backward_dx_kernel<In, W, Dx>), dim3((unsigned)rows), norm_threads(n), 0, stream, dx, dy,
-                  x, w, rstd, n, accumulate_dx);
+    LAUNCH_KERNEL((rmsnorm_backward_dx_kernel<In, W, Dx>), dim3((unsigned)((rows + kNormRowsPerBlock - 1) / kNormRowsPerBlock)),
+                  kNormRowsPerBlock * 32, 0, stream, dx, dy, x, w, rstd, n, accumulate_dx, (int)rows);
     rmsnorm_weight_grad(dw, dy, x, rstd, rows, n, scratch, scratch_floats, stream);
 }
 

@@ -1,30 +1,22 @@
-// decode_perf_model.h: a byte model of one decode step of rollout.cu on one H200, the prediction
-// test/gpu/bench_rollout.cu prints beside what it measures. A decode step is bound by memory: it
-// reads every weight once whatever its rows (the projections' FP8 codes or BF16 values, the BF16
-// head), each row's K and V over its context (decode attention), and each row's logits a few times
-// (sampling); the rest of its work is a few rows' worth of activations. So:
-//   weights    projection bytes + head bytes, at perf_model.h's memory-bound bandwidth;
-//   attention  rows x context x layers x 2 (K, V) x kv_dim x the cache's element bytes, less what
-//              cascade attention saves (a group of G rows of one prompt reads its prefix once: G - 1
-//              of G prefix reads), at
-//              kDecodeAttentionEfficiency of HBM (kv_cache.cuh: cp.async tiles in their storage type,
-//              double-buffered: FlashInfer's design, which runs near HBM bandwidth; our scores are
-//              FP32 CUDA-core dot products, ~2 FMAs per byte of FP8 K/V, 30% of the H200's FP32 rate);
-//   sampling   rows x vocabulary x kSamplingPasses FP32 reads at kSamplingSmBandwidth per SM, a block
-//              per row (cuda/rollout/sampling.cuh's estimate: the max, the exp and sum, the inverse CDF's walk
-//              without top-k or top-p), the rows' blocks side by side on the 132 SMs;
-//   launches   per layer and around them, as the graph replays them, at perf_model.h's launch gap.
-// Anchors, not measurements of this code: the first lent GPU checks them (dev/gpu_check.sh).
-// With hw.gpu set (sass_hardware: the model that prices what the kernels execute), decode attention is
-// priced from kv_decode_split_kernel's SASS (kernel_perf_model.h: the cascade CTAs' prefix tiles per group) against its bytes at the datasheet
-// bandwidth, sampling by its bytes (the logits written by the head GEMM and read kSamplingPasses times)
-// at that bandwidth, and a step launches kDecodeNodesPerLayer graph nodes per layer (perf-anchors.md's
-// review counted 343 at Qwen3-1.7B: 12 x 28 + 7; 10 a layer since decode attention's split kernel
-// merges the rows and writes the O projection's FP8 operand, as test_gpu's decode_graph_nodes_per_layer
-// counts them in emulation). The merge's code outside loops is priced with every CTA's (an over-count:
-// one CTA of a row's chunks x kv heads merges it); its loops, ~1% of a row's tile work, are not.
+// decode_perf_model.h: one decode step of rollout.cu on one GPU, the prediction grpo_perf_model.h sums
+// and test/gpu/bench_rollout.cu prints beside what it measures. A decode step reads every weight once
+// whatever its rows, each row's K and V over its context (decode attention) and each row's logits a
+// few times (sampling); its other work is a few rows' worth of activations. So, on a GPU (hw.gpu:
+// sass_hardware, gpu_spec.h's constants):
+//   GEMMs      the four projections of every layer and the BF16 LM head, each at its shape class
+//              (perf_model.h's gemm_cost: few tokens make a GEMM memory-bound, its weight streamed by
+//              only its CTAs: ceil(m / 128) x ceil(n / 128) of them), the FP8 GEMMs over the rows
+//              padded to 128 as rollout.cu runs them;
+//   attention  kv_cache.cuh's split kernel over the grid it launches (kernel_perf_model.h's
+//              decode_attention_price: the bucket's rows x chunks of max_len x KV heads, the empty
+//              CTAs, prologues and epilogues, the cascade launch and its serial merge tail);
+//   sampling   the logits written by the head GEMM and read kSamplingPasses times, at the bandwidth;
+//   launches   kDecodeNodesPerLayer graph nodes a layer and kDecodeLaunchesOutside around them.
+// The norms, RoPE and SwiGLU of a few rows are priced by their graph nodes alone. Without hw.gpu: the
+// anchors model before issue 47 (decode attention at kDecodeAttentionEfficiency of HBM).
 #pragma once
 #include <algorithm>
+#include <cmath>
 
 #include "cuda/perf/perf_model.h"
 #include "rl/model/config.h"
@@ -39,37 +31,99 @@ constexpr int kSms = 132;
 // graph nodes of a step; outside the layers: rows, embedding, final norm, logits, sampling, commit, refill
 constexpr double kDecodeLaunchesPerLayer = 9, kDecodeLaunchesOutside = 7, kDecodeNodesPerLayer = 10;
 
+// One decode step's rows as rollout.cu launches them.
+struct DecodeStep {
+    double rows = 0;       // live rows
+    double grid_rows = 0;  // the bucket: decode attention's per-row grid (idle rows' CTAs are empty); 0: rows
+    double pad_rows = 0;   // the FP8 operand's rows past grid_rows (their CTAs return at once)
+    double context = 0;    // a live row's keys
+    double prefix = 0;     // of them, its prompt's, shared by its group's rows (cascade); 0: none
+    double max_len = 0;    // the launch's max_len; 0: context
+    double cascade_groups = 0, group_members = 0, merge_members = 0;  // kernel_perf_model.h's DecodeAttentionShape
+};
+
 struct DecodePrediction {
-    double weights_s, attention_s, sampling_s, launches_s;
-    double attention_bytes;  // what decode attention reads in one step
+    double weights_s = 0, attention_s = 0, sampling_s = 0, launches_s = 0;
+    double attention_bytes = 0;         // what decode attention reads in one step
+    std::vector<PricedKernel> kernels;  // on a GPU: each kernel of the step (GEMMs summed over the layers)
     double step_s() const { return weights_s + attention_s + sampling_s + launches_s; }
     double attention_bandwidth() const { return attention_bytes / attention_s; }
 };
 
-// One decode step of `rows` sequences at a mean context of `context` tokens, the first `prefix` of
-// them shared by groups of `group` rows (the samples of a prompt; 1: none shared).
-inline DecodePrediction predict_decode_step(const PerfHardware& hw, const ModelConfig& c, int rows, double context,
-                                            Precision weights, Precision kv_cache, double prefix = 0, int group = 1) {
-    const double L = (double)c.num_layers, V = (double)c.vocab_size, C = (double)c.hidden_size;
-    const double projection_bytes = projection_params(c) * (weights == Precision::FP8 ? 1 + 4.0 / (128 * 128) : perf_detail::kBF16);
+inline DecodePrediction predict_decode_step(const PerfHardware& hw, const ModelConfig& c, const DecodeStep& d,
+                                            Precision weights, Precision kv_cache) {
+    const double L = (double)c.num_layers, V = (double)c.vocab_size, C = (double)c.hidden_size, rows = d.rows;
     const double kv_bytes = kv_cache == Precision::FP8 ? 1 : perf_detail::kBF16;
-    DecodePrediction p{};
-    p.weights_s = (projection_bytes + V * C * perf_detail::kBF16) / hw.bandwidth();
-    const double keys_read = context - prefix * (1 - 1.0 / std::max(group, 1));  // per row
-    p.attention_bytes = rows * keys_read * L * 2 * (double)c.kv_dim() * kv_bytes;
-    if (hw.gpu) {  // the per-row and cascade launches of the split kernel, per layer
-        const KernelPrice a = decode_attention_price(*hw.gpu, kv_cache == Precision::FP8, rows, context, (int)c.num_heads,
-                                                     (int)c.num_kv_heads, (int)c.head_dim, p.attention_bytes / L, 0, prefix, group);
-        p.attention_s = L * a.seconds();
-        p.sampling_s = rows * V * perf_detail::kF32 * (1 + kSamplingPasses) / hw.hbm;
-        p.launches_s = (L * kDecodeNodesPerLayer + kDecodeLaunchesOutside) * hw.launch_s;
+    const double group = d.cascade_groups > 0 ? d.group_members : 1;
+    DecodePrediction p;
+    p.attention_bytes = rows * (d.context - d.prefix * (1 - 1.0 / std::max(group, 1.0))) * L * 2 * (double)c.kv_dim() * kv_bytes;
+    if (!hw.gpu) {  // the anchors: every weight's bytes, decode attention at a fraction of HBM
+        const double projection_bytes = projection_params(c) * (weights == Precision::FP8 ? 1 + 4.0 / (128 * 128) : perf_detail::kBF16);
+        p.weights_s = (projection_bytes + V * C * perf_detail::kBF16) / hw.bandwidth();
+        p.attention_s = p.attention_bytes / (hw.hbm * kDecodeAttentionEfficiency);
+        p.sampling_s = std::ceil(rows / (double)kSms) * V * perf_detail::kF32 * kSamplingPasses / kSamplingSmBandwidth;
+        p.launches_s = (L * kDecodeLaunchesPerLayer + kDecodeLaunchesOutside) * hw.launch_s;
         return p;
     }
-    p.attention_s = p.attention_bytes / (hw.hbm * kDecodeAttentionEfficiency);
-    const double waves = std::ceil(rows / (double)kSms);  // a block per row
-    p.sampling_s = waves * V * perf_detail::kF32 * kSamplingPasses / kSamplingSmBandwidth;
-    p.launches_s = (L * kDecodeLaunchesPerLayer + kDecodeLaunchesOutside) * hw.launch_s;
+    const GpuSpec& g = *hw.gpu;
+    auto add = [&](const std::string& name, double calls, double seconds, double bytes, double flops, const char* bound) {
+        p.kernels.push_back(PricedKernel{name, calls, seconds, bytes, flops, {{bound, seconds}}});
+    };
+    // the projections over the rows the GEMMs run (FP8: padded to 128), the head over the rows
+    const int64_t n = weights == Precision::FP8 ? (int64_t)std::ceil(rows / 128) * 128 : (int64_t)rows;
+    const int64_t Cn = c.hidden_size, In = c.intermediate_size, Qn = c.q_dim(), Nn = c.q_dim() + 2 * c.kv_dim();
+    const struct {
+        const char* name;
+        int64_t m, k;
+    } projections[] = {{"QKV GEMM", Nn, Cn}, {"O GEMM", Cn, Qn}, {"gate|up GEMM", 2 * In, Cn}, {"down GEMM", Cn, In}};
+    for (const auto& pr : projections) {
+        KernelCost k = gemm_cost(hw, pr.name, KernelClass::LayerGemm, pr.m, n, pr.k, weights, GemmOutput::BF16);
+        k.launches = 0;  // a graph node: counted with the launches
+        p.weights_s += L * k.call_seconds(hw);
+        add(pr.name, L, L * k.call_seconds(hw), L * k.bytes, L * k.work, k.bound(hw));
+    }
+    KernelCost head = gemm_cost(hw, "LM head GEMM", KernelClass::HeadGemm, c.vocab_size, (int64_t)rows, c.hidden_size,
+                                Precision::BF16, GemmOutput::F32);
+    head.launches = 0;
+    p.weights_s += head.call_seconds(hw);
+    add(head.name, 1, head.call_seconds(hw), head.bytes, head.work, head.bound(hw));
+    // decode attention, every layer alike
+    DecodeAttentionShape a;
+    a.fp8_kv = kv_cache == Precision::FP8, a.H = (int)c.num_heads, a.KV = (int)c.num_kv_heads, a.D = (int)c.head_dim;
+    a.grid_rows = std::max(d.grid_rows, rows) + d.pad_rows, a.live_rows = rows, a.pad_rows = d.pad_rows;
+    a.own_keys = d.context - d.prefix, a.prefix = d.prefix, a.max_len = d.max_len > 0 ? d.max_len : d.context;
+    a.cascade_groups = d.cascade_groups, a.group_members = d.group_members, a.merge_members = d.merge_members;
+    a.cascade_grid = d.cascade_groups > 0 ? std::floor(std::max(d.grid_rows, rows) / 2) : 0;
+    const DecodeAttentionPrice at = decode_attention_price(g, a);
+    const double per_row = at.per_row.seconds() - at.per_row.launch_s, cascade = at.cascade.seconds() - at.cascade.launch_s;
+    p.attention_s = L * (per_row + cascade);
+    p.attention_bytes = L * at.bytes;
+    add("kv_decode_split_kernel (per-row CTAs)", L, L * per_row, L * (at.bytes - at.cascade.hbm_s * g.bandwidth()), 0,
+        at.per_row.bound());
+    if (a.cascade_grid > 0)
+        add(at.merge_priced ? "kv_decode_split_kernel (cascade CTAs, merge)" : "kv_decode_split_kernel (cascade CTAs; no merge found)",
+            L, L * cascade, L * at.cascade.hbm_s * g.bandwidth(), 0, at.cascade.bound());
+    // sampling: the head's FP32 logits written, then read kSamplingPasses times
+    const double sampling_bytes = rows * V * perf_detail::kF32 * (1 + kSamplingPasses);
+    p.sampling_s = sampling_bytes / g.bandwidth();
+    add("sampling", 1, p.sampling_s, sampling_bytes, 0, "hbm");
+    const double nodes = L * kDecodeNodesPerLayer + kDecodeLaunchesOutside;
+    p.launches_s = nodes * hw.launch_s;
+    add("graph node gaps", nodes, p.launches_s, 0, 0, "launch");
     return p;
+}
+
+// `rows` live rows at `context` keys, the first `prefix` of them shared by groups of `group` rows (the
+// samples of a prompt; 1: none shared), every row in the grid and in a full group.
+inline DecodePrediction predict_decode_step(const PerfHardware& hw, const ModelConfig& c, int rows, double context,
+                                            Precision weights, Precision kv_cache, double prefix = 0, int group = 1) {
+    DecodeStep d;
+    d.rows = rows, d.grid_rows = rows, d.context = context, d.max_len = context;
+    if (group > 1) {
+        d.prefix = prefix, d.cascade_groups = std::ceil(rows / (double)group);
+        d.group_members = d.merge_members = std::min<double>(group, rows);
+    }
+    return predict_decode_step(hw, c, d, weights, kv_cache);
 }
 
 }  // namespace fp8rl

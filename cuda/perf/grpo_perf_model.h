@@ -25,6 +25,8 @@
 
 namespace fp8rl {
 
+constexpr int kCascadeGroupRows = 8;  // kv_cache.cuh's kCascadeRows: rows a cascade CTA serves
+
 struct GrpoShape {
     int prompts = 64, group = 8, prompt_len = 256, response_min = 176, response_max = 1024, gpus = 1;
     int64_t micro_batch_tokens = 16384;
@@ -34,6 +36,7 @@ struct GrpoShape {
 
 struct GrpoPrediction {
     std::map<std::string, double> rollout, train;  // seconds per phase
+    std::vector<PricedKernel> kernels;             // every kernel of the step, "rollout: " or "train: " first
     double rollout_s() const {
         double t = 0;
         for (const auto& p : rollout) t += p.second;
@@ -47,33 +50,83 @@ struct GrpoPrediction {
     double step_s() const { return rollout_s() + train_s(); }
 };
 
+namespace perf_detail {
+// The live rows of a prompt's `group` samples when each is alive with probability `alive`: binomial.
+inline double binomial(int n, int k, double p) {
+    double c = 1;
+    for (int i = 0; i < k; i++) c = c * (n - i) / (i + 1);
+    return c * std::pow(p, k) * std::pow(1 - p, n - k);
+}
+// rollout.cu's decode_bucket: the rows padded to a power of two, at most the slots
+inline double decode_bucket(double rows, double slots) {
+    double b = 1;
+    while (b < rows) b *= 2;
+    return std::min(b, slots);
+}
+}  // namespace perf_detail
+
 // anchors: price with these instead (the model before issue 47: assumed efficiencies, H200 rates)
 inline GrpoPrediction predict_grpo_step(const GpuSpec& g, const ModelConfig& c, Precision p, Precision kv, const GrpoShape& s,
                                         const PerfHardware* anchors = nullptr) {
+    using namespace perf_detail;
     const PerfHardware hw = anchors ? *anchors : sass_hardware(g);
     GrpoPrediction out;
-    const double rows0 = s.sequences();
+    KernelTally tally;
+    const double rows0 = s.sequences(), prompts = rows0 / s.group;
     // prefill: the forward kernels of the prompts, one micro-batch of all of them
     StepShape prefill;
     prefill.model = c, prefill.seq_len = s.prompt_len, prefill.tokens = (int64_t)std::llround(rows0) * s.prompt_len;
     for (const KernelCost& k : step_kernels(hw, prefill, p, StepStructure::Fused))
-        if (k.phase == StepPhase::Forward && k.cls != KernelClass::HeadGemm && k.cls != KernelClass::HeadSoftmax)
+        if (k.phase == StepPhase::Forward && k.cls != KernelClass::HeadGemm && k.cls != KernelClass::HeadSoftmax) {
             out.rollout["prefill"] += k.seconds(hw);
-    out.rollout["prefill"] += gemm_cost(hw, "head", KernelClass::HeadGemm, c.vocab_size, (int64_t)rows0, c.hidden_size,
-                                        Precision::BF16, GemmOutput::F32).call_seconds(hw);
-    // decode: step t (1-based) runs the sequences whose response is at least t tokens long
+            tally.add("rollout: prefill: ", k, hw);
+        }
+    const KernelCost head = gemm_cost(hw, "LM head GEMM", KernelClass::HeadGemm, c.vocab_size, (int64_t)rows0, c.hidden_size,
+                                      Precision::BF16, GemmOutput::F32);
+    out.rollout["prefill"] += head.call_seconds(hw);
+    tally.add("rollout: prefill: ", head, hw);
+    // decode: step t (1-based) runs the sequences whose response is at least t tokens long; a prompt's
+    // live samples form a cascade group when they are 2 or more (rollout.cu's write_cascade_groups)
+    const int G = std::min(s.group, kCascadeGroupRows);
     for (int t = 1; t <= s.response_max; t++) {
         const double alive = t <= s.response_min ? 1.0 : (double)(s.response_max - t + 1) / (s.response_max - s.response_min + 1);
-        const int rows = std::max(1, (int)std::lround(rows0 * alive));
-        const DecodePrediction d = predict_decode_step(hw, c, rows, s.prompt_len + t, p, kv, s.prompt_len, s.group);
-        out.rollout["decode weights"] += d.weights_s;
-        out.rollout["decode attention"] += d.attention_s;
-        out.rollout["sampling"] += d.sampling_s;
-        out.rollout["decode launches"] += d.launches_s;
+        const double rows = std::max(1.0, (double)std::lround(rows0 * alive));
+        DecodeStep d;
+        d.rows = rows, d.grid_rows = decode_bucket(rows, rows0), d.context = s.prompt_len + t, d.max_len = s.prompt_len + s.response_max;
+        if (p == Precision::FP8) d.pad_rows = std::max(0.0, std::ceil(d.grid_rows / 128) * 128 - d.grid_rows);
+        if (G > 1) {
+            double grouped = 0, members = 0;  // P(X >= 2), E[X; X >= 2] of a prompt's live rows X
+            for (int k = 2; k <= G; k++) grouped += binomial(G, k, alive), members += k * binomial(G, k, alive);
+            d.prefix = s.prompt_len, d.cascade_groups = prompts * grouped, d.group_members = grouped > 0 ? members / grouped : 0;
+            // the largest group's rows M over the prompts (one CTA merges them in turn):
+            // E[M; M >= 2] = 2 P(M >= 2) + sum over k >= 3 of P(M >= k), P(M >= k) = 1 - P(X < k)^prompts
+            double below = binomial(G, 0, alive) + binomial(G, 1, alive);
+            d.merge_members = 2 * (1 - std::pow(below, prompts));
+            for (int k = 3; k <= G; k++) below += binomial(G, k - 1, alive), d.merge_members += 1 - std::pow(below, prompts);
+        }
+        const DecodePrediction dp = predict_decode_step(hw, c, d, p, kv);
+        out.rollout["decode weights"] += dp.weights_s;
+        out.rollout["decode attention"] += dp.attention_s;
+        out.rollout["sampling"] += dp.sampling_s;
+        out.rollout["decode launches"] += dp.launches_s;
+        for (const PricedKernel& k : dp.kernels)
+            tally.add("rollout: decode: " + k.name, k.calls, k.seconds, k.bytes, k.flops, k.bound());
     }
     // training: the GPU's tokens in micro-batches, one optimizer update
     const int64_t seq_len = (int64_t)std::lround(s.prompt_len + s.mean_response());
-    out.train = predict_update(hw, c, p, rows0 * seq_len, seq_len, s.micro_batch_tokens).phases;
+    const UpdatePrediction u = predict_update(hw, c, p, rows0 * seq_len, seq_len, s.micro_batch_tokens);
+    out.train = u.phases;
+    for (const PricedKernel& k : u.kernels) tally.add("train: " + k.name, k.calls, k.seconds, k.bytes, k.flops, k.bound());
+    // data parallel: the FP32 gradients all-reduced over NVLink (NCCL: 2 (n - 1) / n of the bytes at the
+    // bus bandwidth; gpu_spec.h)
+    if (s.gpus > 1 && !anchors) {
+        size_t params = 0;
+        tensor_layout(c, &params);
+        const double bytes = (double)params * perf_detail::kF32, seconds = bytes * 2 * (s.gpus - 1) / s.gpus / g.nccl_bus_bandwidth;
+        out.train["gradient all-reduce"] = seconds;
+        tally.add("train: gradient all-reduce (NCCL)", 1, seconds, bytes, 0, "nvlink");
+    }
+    out.kernels = tally.kernels();
     return out;
 }
 

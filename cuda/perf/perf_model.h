@@ -17,6 +17,7 @@
 #pragma once
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -51,19 +52,22 @@ struct PerfHardware {
     // (sass_hardware); null: the anchors above
     const GpuSpec* gpu = nullptr;
 
-    double bandwidth() const { return hbm * hbm_eff; }
+    double bandwidth() const { return gpu ? gpu->bandwidth() : hbm * hbm_eff; }
+    // a GEMM's rate at training shapes: the GPU's cuBLASLt rates (gpu_spec.h) or the anchors above
     double gemm_rate(Precision p) const {
+        if (gpu) return p == Precision::FP8 ? gpu->gemm_fp8 : gpu->gemm_bf16;
         const double bf16 = bf16_peak * bf16_gemm_eff;
         return p == Precision::FP8 ? std::min(bf16 * fp8_gemm_speedup, fp8_peak) : bf16;
     }
 };
 
-// The hardware of the SASS-priced model: no efficiencies (GEMMs at the dense peaks, FP8 at twice BF16,
-// memory-bound kernels at the datasheet's bandwidth), attention priced from sass_counts.h.
+// The hardware of the model that prices what the kernels execute on GPU g (gpu_spec.h's constants):
+// GEMMs at cuBLASLt's rates by shape class, attention and decode attention from sass_counts.h,
+// memory-bound kernels at the achievable bandwidth or what their loads in flight allow.
 inline PerfHardware sass_hardware(const GpuSpec& g) {
     PerfHardware hw;
     hw.bf16_peak = g.bf16_peak(), hw.fp8_peak = g.fp8_peak(), hw.hbm = g.hbm;
-    hw.bf16_gemm_eff = 1, hw.fp8_gemm_speedup = 2, hw.hbm_eff = 1, hw.launch_s = g.launch_s;
+    hw.hbm_eff = g.hbm_efficiency, hw.launch_s = g.launch_s;
     hw.gpu = &g;
     return hw;
 }
@@ -117,28 +121,55 @@ struct KernelCost {
     int64_t rows = 0, cols = 0;  // a standalone quantizer's input, so a benchmark can time it alone
     bool weight = false;         // ... a weight: FP32 master in, 128x128 blocks (else BF16 in, 1x128 groups)
     int outputs = 3;             // ... an activation's: 1 rowwise codes, 2 transposed, 3 both
+    // what binds the compute side: "tensor" (GEMMs), or the SASS-priced kernel's bound (attention)
+    const char* compute_bound = "tensor";
+    // bytes/s its loads in flight allow (Little's law: streaming_bandwidth, or a decode GEMM's CTAs);
+    // 0: the achievable bandwidth
+    double stream_bandwidth = 0;
 
+    double memory_seconds(const PerfHardware& hw) const {
+        return bytes / (stream_bandwidth > 0 ? std::min(stream_bandwidth, hw.bandwidth()) : hw.bandwidth());
+    }
     double call_seconds(const PerfHardware& hw) const {
-        return std::max(rate > 0 ? work / rate : 0.0, bytes / hw.bandwidth()) + launches * hw.launch_s;
+        return std::max(rate > 0 ? work / rate : 0.0, memory_seconds(hw)) + launches * hw.launch_s;
     }
     double seconds(const PerfHardware& hw) const { return calls * call_seconds(hw); }
+    // "tensor"|"issue"|"smem"|"latency" (compute), "hbm", "latency" (loads in flight) or "launch"
+    const char* bound(const PerfHardware& hw) const {
+        const double compute = rate > 0 ? work / rate : 0.0, memory = memory_seconds(hw);
+        if (launches * hw.launch_s > std::max(compute, memory)) return "launch";
+        if (compute >= memory) return compute_bound;
+        return stream_bandwidth > 0 && stream_bandwidth < hw.bandwidth() ? "latency" : "hbm";
+    }
 };
 
 namespace perf_detail {
 constexpr double kBF16 = 2, kF32 = 4;
 constexpr double kFP8 = 1 + 4.0 / 128;  // codes and one FP32 scale per 1x128 group (weights' 128x128: less)
+constexpr const char* kNormForward = "rmsnorm_forward_kernel<";  // sass_counts.h: the fused add + RMSNorm
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 }  // namespace perf_detail
 
-// One GEMM call D [n][m] = B [n][k] . A [m][k]^T (fp8_gemm.cuh's orientation): 2mnk FLOPs, both
-// operands read once, D written (and read when accumulating).
+// One GEMM call D [n][m] = B [n][k] . A [m][k]^T (fp8_gemm.cuh's orientation: m the weight's rows, n
+// the tokens): 2mnk FLOPs, both operands read once, D written (and read when accumulating). On a GPU
+// (hw.gpu) by shape class: cuBLASLt's rate times its wave efficiency (tiles of gemm_tile x gemm_tile
+// over the SMs: a last wave part-filled) and its tiles' fill (a tile of 64 tokens computes 128 rows'
+// worth), and when few tokens make it memory-bound (decode: n <= 256),
+// the weight streamed by only its CTAs (gemm_cta_bandwidth each, Little's law): a 16-CTA GEMM
+// cannot draw the whole HBM bandwidth.
 inline KernelCost gemm_cost(const PerfHardware& hw, std::string name, KernelClass cls, int64_t m, int64_t n, int64_t k,
                             Precision p, GemmOutput out) {
     using namespace perf_detail;
     const double in = p == Precision::FP8 ? kFP8 : kBF16;
     const double d = out == GemmOutput::BF16 ? kBF16 : out == GemmOutput::F32 ? kF32 : 2 * kF32;
-    return {std::move(name), cls, StepPhase::Forward, false, 1, 1, 2.0 * m * n * k, hw.gemm_rate(p),
-            (double)(m + n) * k * in + (double)m * n * d};
+    KernelCost g{std::move(name), cls, StepPhase::Forward, false, 1, 1, 2.0 * m * n * k, hw.gemm_rate(p),
+                 (double)(m + n) * k * in + (double)m * n * d};
+    if (hw.gpu) {
+        const double tile = hw.gpu->gemm_tile, tiles = std::ceil(m / tile) * std::ceil(n / tile), sms = hw.gpu->sms;
+        g.rate *= tiles / (std::ceil(tiles / sms) * sms) * ((double)m * n / (tiles * tile * tile));
+        if (n <= 256) g.stream_bandwidth = std::min(tiles, sms) * hw.gpu->gemm_cta_bandwidth;
+    }
+    return g;
 }
 
 // The tile quantizer (before issue 28) on x [rows][cols]: codes and the transposed codes with their
@@ -185,8 +216,16 @@ class StepBuilder {
     void head_gemm(const char* name, int64_t m, int64_t n, int64_t k, GemmOutput out, double repeat) {  // BF16 in both precisions
         add(gemm_cost(hw, name, KernelClass::HeadGemm, m, n, k, Precision::BF16, out), repeat);
     }
-    void pass(const char* name, KernelClass cls, double bytes, int launches = 1, double repeat = 1) {
-        add({name, cls, phase_, per_layer_, 1, launches, 0, 0, bytes}, repeat);
+    // A memory-bound kernel; `sass`: its kernel's name in sass_counts.h (a prefix), whose streaming loop
+    // caps the bytes/s its loads in flight allow (streaming_bandwidth), on a GPU
+    void pass(const char* name, KernelClass cls, double bytes, int launches = 1, double repeat = 1, const char* sass = nullptr) {
+        KernelCost k{name, cls, phase_, per_layer_, 1, launches, 0, 0, bytes};
+        streaming(k, sass);
+        add(std::move(k), repeat);
+    }
+    void streaming(KernelCost& k, const char* sass) const {
+        const SassKernel* found = hw.gpu && sass ? find_sass_kernel(sass) : nullptr;
+        if (found) k.stream_bandwidth = streaming_bandwidth(*hw.gpu, *found);
     }
     // An activation's FP8 operand [rows][cols], in fp8 only, at bandwidth (issue 28): BF16 in, the
     // rowwise codes (outputs 1: quantize_rows_gpu), the transposed (2) or both (3: the tile quantizer)
@@ -197,6 +236,7 @@ class StepBuilder {
         KernelCost k{name, KernelClass::Quantize, phase_, per_layer_, 1, 1, 0, 0,
                      elements * (kBF16 + (outputs == 3 ? 2 : 1) * kFP8)};
         k.rows = rows, k.cols = cols, k.outputs = outputs;
+        streaming(k, outputs == 1 ? "quantize_rows_kernel" : "quantize_rowwise_kernel<TensorTile<__nv_bfloat16>");
         add(std::move(k));
     }
     void tile_quantize(const char* name, int64_t rows, int64_t cols, double repeat = 1) {
@@ -217,18 +257,24 @@ class StepBuilder {
             seconds += f / (attention_tflops(hw, len, backward) * 1e12);
             lens.push_back(len);
         }
-        if (hw.gpu)  // what the kernels issue (the launches and bytes are priced below, as for the rest)
-            seconds = training_attention_price(*hw.gpu, backward, lens, (int)c.num_heads, (int)c.head_dim, 0, 0).compute_s;
+        const char* bound = "issue";
+        if (hw.gpu) {  // what the kernels issue (the launches and bytes are priced below, as for the rest)
+            const KernelPrice price = training_attention_price(*hw.gpu, backward, lens, (int)c.num_heads, (int)c.head_dim, 0, 0);
+            seconds = price.compute_s(), bound = price.bound();
+        }
         const double bytes = backward ? T * (Nqkv + c.q_dim()) * kBF16 + T * H * 3 * kF32 + T * Nqkv * kBF16 +
                                             T * c.q_dim() * 2 * kBF16  // delta's rowsum(dO * O)
                                       : T * Nqkv * kBF16 + T * c.q_dim() * kBF16 + T * H * kF32;
-        add({backward ? "attention backward (delta, dq, dk/dv)" : "attention forward", KernelClass::Attention, phase_,
-             per_layer_, 1, backward ? 3 : 1, flops, flops / seconds, bytes});
+        KernelCost k{backward ? "attention backward (delta, dq, dk/dv)" : "attention forward", KernelClass::Attention, phase_,
+                     per_layer_, 1, backward ? 3 : 1, flops, flops / seconds, bytes};
+        k.compute_bound = bound;
+        add(std::move(k));
     }
     // rmsnorm_backward as it is: dx (added to what dx holds, or written), then the weight gradient's
     // column sums re-reading dy and x (two launches).
     void norm_backward(const char* name, double rows, double n, bool accumulate) {
-        pass(name, KernelClass::Elementwise, rows * n * (kBF16 * (accumulate ? 4 : 3) + 2 * kBF16) + rows * kF32, 3);
+        pass(name, KernelClass::Elementwise, rows * n * (kBF16 * (accumulate ? 4 : 3) + 2 * kBF16) + rows * kF32, 3, 1,
+             "rmsnorm_backward_dx_kernel<");
     }
 
   private:
@@ -249,14 +295,14 @@ inline void head(StepBuilder& b, bool backward) {
         const int64_t ld = round_up(widths[i], 8);
         b.head_gemm(backward ? "head logits (again)" : "head logits", ld, T, C, GemmOutput::F32, counts[i]);
         if (!backward) {
-            b.pass("head softmax statistics", KernelClass::HeadSoftmax, t * ld * kF32 + t * 28, 1, counts[i]);
+            b.pass("head softmax statistics", KernelClass::HeadSoftmax, t * ld * kF32 + t * 28, 1, counts[i], "head_chunk_stats_kernel");
             continue;
         }
-        b.pass("head dlogits", KernelClass::HeadSoftmax, t * ld * kF32 + (double)T8 * ld * kBF16 + t * 20, 1, counts[i]);
+        b.pass("head dlogits", KernelClass::HeadSoftmax, t * ld * kF32 + (double)T8 * ld * kBF16 + t * 20, 1, counts[i], "head_dlogits_kernel");
         b.head_gemm("head dX", C, T, ld, GemmOutput::F32_Accumulate, counts[i]);
         b.head_gemm("head dW", C, ld, T8, GemmOutput::F32_Accumulate, counts[i]);
     }
-    if (!backward) b.pass("head finish", KernelClass::HeadSoftmax, t * 40);
+    if (!backward) b.pass("head finish", KernelClass::HeadSoftmax, t * 40, 1, 1, "head_finish_kernel");
 }
 
 // The fused structure's decoder layer, forward (issue 28: 10 launches and GEMM calls in fp8, 9 in bf16).
@@ -269,15 +315,17 @@ inline void fused_layer_forward(StepBuilder& b) {
     // in fp8 what the backward's transposed quantization reads) and in fp8 the operand's codes out
     const double add_norm = T * C * 4 * kBF16 + (fp8 ? T * C * kFP8 : 0) + T * kF32;
     const double qk_norm = c.qk_norm ? T * (Q + K) * kBF16 + T * (c.num_heads + c.num_kv_heads) * kF32 : 0;  // qp, kp, rstd
-    b.pass("add + RMSNorm (attention input)", KernelClass::Elementwise, add_norm);
+    b.pass("add + RMSNorm (attention input)", KernelClass::Elementwise, add_norm, 1, 1, kNormForward);
     b.gemm("QKV fprop", (int64_t)N, Tp, c.hidden_size, GemmOutput::BF16);
-    b.pass("q/k RMSNorm + RoPE + split", KernelClass::Elementwise, 2 * T * N * kBF16 + qk_norm);
+    b.pass("q/k RMSNorm + RoPE + split", KernelClass::Elementwise, 2 * T * N * kBF16 + qk_norm, 1, 1,
+           "qkv_rope_forward_kernel<__nv_bfloat16>");
     b.attention(false);
     b.quantize("quantize attention output", Tp, c.q_dim(), 1);
     b.gemm("O fprop", c.hidden_size, Tp, c.q_dim(), GemmOutput::BF16);
-    b.pass("add + RMSNorm (MLP input)", KernelClass::Elementwise, add_norm);
+    b.pass("add + RMSNorm (MLP input)", KernelClass::Elementwise, add_norm, 1, 1, kNormForward);
     b.gemm("gate|up fprop", 2 * c.intermediate_size, Tp, c.hidden_size, GemmOutput::BF16);
-    b.pass("SwiGLU", KernelClass::Elementwise, T * 2 * I * kBF16 + T * I * kBF16 + (fp8 ? T * I * kFP8 : 0));
+    b.pass("SwiGLU", KernelClass::Elementwise, T * 2 * I * kBF16 + T * I * kBF16 + (fp8 ? T * I * kFP8 : 0), 1, 1,
+           "swiglu_forward_kernel<");
     b.gemm("down fprop", c.hidden_size, Tp, c.intermediate_size, GemmOutput::BF16);
 }
 
@@ -296,7 +344,8 @@ inline void fused_layer_backward(StepBuilder& b) {
     // (swiglu_backward_fp8, the SwiGLU backward as the tile quantizer's source)
     const bool fp8 = b.p == Precision::FP8;
     b.pass(fp8 ? "SwiGLU backward -> FP8 d[gate|up]" : "SwiGLU backward", KernelClass::Elementwise,
-           T * I * kBF16 + T * 2 * I * kBF16 + (fp8 ? 2 * T * 2 * I * kFP8 : T * 2 * I * kBF16));
+           T * I * kBF16 + T * 2 * I * kBF16 + (fp8 ? 2 * T * 2 * I * kFP8 : T * 2 * I * kBF16), 1, 1,
+           fp8 ? "quantize_rowwise_kernel<SwigluGradTile>" : "swiglu_backward_kernel<");
     b.quantize("quantize xn2^T", Tp, Cn, 2);
     b.gemm("gate|up dgrad", Cn, Tp, 2 * In, GemmOutput::BF16);
     b.gemm("gate|up wgrad", Cn, 2 * In, Tp, GemmOutput::F32_Accumulate);
@@ -308,7 +357,8 @@ inline void fused_layer_backward(StepBuilder& b) {
     b.attention(true);
     // dq, dk and the forward's qp, kp in, d[q|k] out (dv is written in place by the attention
     // backward); the q/k-norm weights' column sums as partials of the same pass
-    b.pass("q/k RMSNorm + RoPE backward", KernelClass::Elementwise, 3 * T * (Q + K) * kBF16 + T * (c.num_heads + c.num_kv_heads) * kF32);
+    b.pass("q/k RMSNorm + RoPE backward", KernelClass::Elementwise, 3 * T * (Q + K) * kBF16 + T * (c.num_heads + c.num_kv_heads) * kF32,
+           1, 1, "qkv_rope_backward_kernel");
     b.quantize("quantize d[q|k|v]", Tp, Nn, 3);
     b.quantize("quantize xn1^T", Tp, Cn, 2);
     b.gemm("QKV dgrad", Cn, Tp, Nn, GemmOutput::BF16);
@@ -419,13 +469,13 @@ inline std::vector<KernelCost> step_kernels(const PerfHardware& hw, const StepSh
         const double stats = L * T * (2 + 2 * c.num_heads + c.num_kv_heads) + 5 * T + Tp * std::max(std::max(C, I), Q);
         b.pass("zero activations", KernelClass::Zeroing, (L * Tp * C + L * inner + 2 * Tp * C) * kBF16 + stats * kF32, 2);
     }
-    b.pass("embedding", KernelClass::Elementwise, T * C * 2 * kBF16 + T * 4);
+    b.pass("embedding", KernelClass::Elementwise, T * C * 2 * kBF16 + T * 4, 1, 1, "embedding_forward_kernel<");
     b.scope(StepPhase::Forward, true);
     (fused ? fused_layer_forward : unfused_layer_forward)(b);
     b.scope(StepPhase::Forward, false);
     // the last layer's output joins the residual here when the adds are fused into the norms
     b.pass(fused ? "add + final RMSNorm" : "final RMSNorm", KernelClass::Elementwise,
-           T * C * (fused ? 4 : 2) * kBF16 + T * kF32);
+           T * C * (fused ? 4 : 2) * kBF16 + T * kF32, 1, 1, kNormForward);
     head(b, false);
 
     b.scope(StepPhase::Backward, false);
@@ -438,18 +488,19 @@ inline std::vector<KernelCost> step_kernels(const PerfHardware& hw, const StepSh
     b.scope(StepPhase::Backward, true);
     (fused ? fused_layer_backward : unfused_layer_backward)(b);
     b.scope(StepPhase::Backward, false);
-    b.pass("embedding backward", KernelClass::Elementwise, T * C * (kBF16 + 2 * kF32));  // FP32 rows added to
+    b.pass("embedding backward", KernelClass::Elementwise, T * C * (kBF16 + 2 * kF32), 1, 1, "embedding_backward_kernel<");  // FP32 rows added to
 
     b.scope(StepPhase::Optimizer, false);
     b.pass("zero gradients", KernelClass::Zeroing, P * kF32);
-    b.pass("gradient norm", KernelClass::Optimizer, P * kF32, 2);
-    b.pass("gradient clip (when the norm exceeds the bound)", KernelClass::Optimizer, P * 2 * kF32);
+    b.pass("gradient norm", KernelClass::Optimizer, P * kF32, 2, 1, "grad_norm_partial_kernel");
+    b.pass("gradient clip (when the norm exceeds the bound)", KernelClass::Optimizer, P * 2 * kF32, 1, 1, "clip_grad_kernel");
     // master, gradient, m, v in; master, m, v and the BF16 copy out
     const double adamw = P * (7 * kF32 + kBF16);
     if (fused) {  // fp8: and the FP8 codes of each projection weight and of its transpose, one launch per weight
         const bool fp8 = p == Precision::FP8;
         b.pass(fp8 ? "AdamW + BF16 and FP8 copies" : "AdamW + BF16 copy", KernelClass::Optimizer,
-               adamw + (fp8 ? projection_params(c) * 2 * kFP8 : 0), fp8 ? 4 * (int)c.num_layers + 1 : 1);
+               adamw + (fp8 ? projection_params(c) * 2 * kFP8 : 0), fp8 ? 4 * (int)c.num_layers + 1 : 1, 1,
+               fp8 ? "adamw_projection_tiles_kernel" : "adamw_kernel");
         return b.kernels;
     }
     b.pass("AdamW + BF16 copy", KernelClass::Optimizer, adamw);
@@ -463,6 +514,41 @@ inline std::vector<KernelCost> step_kernels(const PerfHardware& hw, const StepSh
     b.add(tile_quantizer_cost(hw, "re-quantize down weight", Cn, In, true));
     return b.kernels;
 }
+
+// A kernel's figures summed over its calls (a phase of a GRPO step, for --json), with the seconds each
+// bound accounts for: bound() is the one that holds the most.
+struct PricedKernel {
+    std::string name;
+    double calls = 0, seconds = 0, bytes = 0, flops = 0;
+    std::map<std::string, double> bound_seconds;
+    const char* bound() const {
+        const std::pair<const std::string, double>* best = nullptr;
+        for (const auto& b : bound_seconds)
+            if (!best || b.second > best->second) best = &b;
+        return best ? best->first.c_str() : "launch";
+    }
+};
+
+// Kernels tallied by name, in the order first seen.
+class KernelTally {
+  public:
+    void add(const std::string& name, double calls, double seconds, double bytes, double flops, const char* bound) {
+        auto at = index_.find(name);
+        if (at == index_.end()) at = index_.emplace(name, kernels_.size()).first, kernels_.push_back(PricedKernel{name, 0, 0, 0, 0, {}});
+        PricedKernel& k = kernels_[at->second];
+        k.calls += calls, k.seconds += seconds, k.bytes += bytes, k.flops += flops, k.bound_seconds[bound] += seconds;
+    }
+    // `times` of every call of k, its name prefixed
+    void add(const std::string& prefix, const KernelCost& k, const PerfHardware& hw, double times = 1) {
+        add(prefix + k.name, times * k.calls, times * k.seconds(hw), times * k.calls * k.bytes,
+            k.rate > 0 ? times * k.calls * k.work : 0, k.bound(hw));
+    }
+    const std::vector<PricedKernel>& kernels() const { return kernels_; }
+
+  private:
+    std::vector<PricedKernel> kernels_;
+    std::map<std::string, size_t> index_;
+};
 
 inline double total_seconds(const std::vector<KernelCost>& ks, const PerfHardware& hw) {
     double t = 0;

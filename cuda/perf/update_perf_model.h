@@ -16,6 +16,7 @@ namespace fp8rl {
 
 struct UpdatePrediction {
     std::map<std::string, double> phases;  // seconds per kernel class
+    std::vector<PricedKernel> kernels;     // every kernel over the micro-batches
     int micro_batches = 1;
     double seconds() const {
         double t = 0;
@@ -34,7 +35,12 @@ inline UpdatePrediction predict_update(const PerfHardware& hw, const ModelConfig
                                          "norms, RoPE, SwiGLU", "LM head softmax", "zeroing", "optimizer"};
     UpdatePrediction out;
     out.micro_batches = s.micro_batches;
-    for (const KernelCost& k : step_kernels(hw, s, p, StepStructure::Fused)) out.phases[names[(int)k.cls]] += s.micro_batches * k.seconds(hw);
+    KernelTally tally;
+    for (const KernelCost& k : step_kernels(hw, s, p, StepStructure::Fused)) {
+        out.phases[names[(int)k.cls]] += s.micro_batches * k.seconds(hw);
+        tally.add("", k, hw, s.micro_batches);
+    }
+    out.kernels = tally.kernels();
     return out;
 }
 

@@ -204,6 +204,7 @@ void train_on_ranks(const Args& args, const Dist& dist, const char* binary) {
     TrainConfig cfg = train_config_from_args(args);
     if (dist.is_root()) {
         make_out_dir(cfg.out_dir);
+        if (cfg.dump_rollouts > 0) prepare_rollout_dump_dir(cfg.out_dir);
         printf("%s: %d rank(s) x %d thread(s)\n%s", binary, dist.size(), omp_get_max_threads(), config_table(args).c_str());
     }
     dist.barrier();
@@ -397,7 +398,14 @@ int run_cli(const Args& args, const char* binary, FlagEngine flags) {
     }
     if (args.given("score")) {
         const std::string& in = args.str("score");
-        write_mode_output(args.str("output"), score_jsonl(read_mode_input(in), in == "-" ? "<stdin>" : in));
+        const std::string text = read_mode_input(in), source = in == "-" ? "<stdin>" : in;
+        const RewardConfig reward = reward_config_from_args(args);
+        if (!reward.external()) {
+            write_mode_output(args.str("output"), score_jsonl(text, source));
+            return 0;
+        }
+        std::unique_ptr<Scorer> scorer = make_scorer(reward);
+        write_mode_output(args.str("output"), score_jsonl_external(text, source, *scorer, args.str("task")));
         return 0;
     }
     for (const char* mode : {"encode", "decode", "chat"})

@@ -37,9 +37,11 @@
 #include "rl/driver/dist.h"
 #include "rl/driver/engine.h"
 #include "rl/io/logger.h"
+#include "rl/io/rollout_dump.h"
 #include "rl/objective/loss_agg.h"
 #include "rl/objective/metrics.h"
 #include "rl/tasks/reward.h"
+#include "rl/tasks/score.h"
 #include "rl/io/run_summary.h"
 #include "rl/text/tokenizer.h"
 #include "rl/driver/train_config.h"
@@ -54,6 +56,10 @@ struct Sample {
     std::vector<float> adv;        // the sequence's advantage on every token
     std::vector<double> is_weight; // TIS/MIS weight (detached)
     std::vector<uint8_t> mask;     // 1 = a valid response token (all of them: the eos is trained too)
+    // --dump_rollouts, on the steps it writes: the first training forward's entropy, ratio and clip side
+    std::vector<float> entropy;
+    std::vector<double> ratio;
+    std::vector<int8_t> clipped;
     double score = 0, reward = 0, advantage = 0;
     bool finished = false;
     int T() const { return seq.response_len(); }
@@ -153,7 +159,7 @@ public:
     Trainer(TrainConfig cfg, const Dist& dist, Engine& engine, Engine* reference, const Tokenizer& tok,
             const std::string& model_dir, PromptSource train, std::vector<Example> eval)
         : cfg_(std::move(cfg)), dist_(dist), engine_(engine), ref_(reference), tok_(tok), model_dir_(model_dir),
-          train_(std::move(train)), eval_(std::move(eval)) {
+          train_(std::move(train)), eval_(std::move(eval)), scorer_(make_scorer(cfg_.reward)) {
         engine_.init_optimizer(cfg_.adam, dist_);
         cfg_.sampling.vocab_limit = tok.vocab_size();  // a padded embedding's extra rows are never sampled
         // Without Calibrated Clipping (or measuring only) the bounds are the reference bounds, always.
@@ -253,13 +259,24 @@ private:
     int64_t step_ = 0, cursor_ = 0, bad_steps_ = 0, consecutive_bad_ = 0;
     int64_t empty_passes_ = 0;  // this step's passes of no sequences (a collective pass on a rank with fewer micro-batches)
     CalibState bounds_;  // ratio bounds in force and Calibrated Clipping's state (its initial one when it is on)
+    // The scorer (built-in verifier, --reward_cmd workers or --reward_url) and this step's figures of an external one.
+    std::unique_ptr<Scorer> scorer_;
+    double reward_seconds_ = 0;
+    int64_t reward_timeouts_ = 0;
+    std::vector<std::pair<std::string, std::pair<double, double>>> reward_metric_sums_;  // name -> (sum, count)
 
     std::vector<int32_t> encode_prompt(const Example& ex) const;
     std::string decode_response(const std::vector<int32_t>& tokens) const;
+    std::vector<ScoreResult> score_generations(const std::vector<Example>& examples, int per_example,
+                                               const std::vector<GenRequest>& requests, const std::vector<Generation>& done, bool eval);
+    void report_reward_metrics(MetricRow& m, const std::string& prefix);
     std::vector<Sample> rollout(MetricRow& m, double* gen_seconds, int64_t* gen_tokens);
     TokenValues batched_logprobs(Engine& engine, const std::vector<Sequence>& seqs, const std::vector<size_t>& mb_begin,
                                  Precision p);
     bool old_lp_from_training() const;
+    // --dump_rollouts: a sample's per-token values of its first training forward; the step's file.
+    static void record_for_dump(Sample& s, const SequenceTokens& st, const ClipBounds& bounds);
+    void dump_rollouts(const std::vector<Sample>& samples) const;
     // Both engines into a phase: into the rollout the reference first, so that the policy's high-water
     // mark of the rollout starts after both freed their update buffers.
     void enter_phase(Engine::Phase p) {
@@ -276,6 +293,88 @@ inline std::vector<int32_t> Trainer::encode_prompt(const Example& ex) const {
 
 inline std::string Trainer::decode_response(const std::vector<int32_t>& tokens) const {
     return tok_.decode(std::vector<int>(tokens.begin(), tokens.end()), /*skip_special_tokens=*/true);
+}
+
+// Scores generation i, the answer to examples[i / per_example], as request id requests[i].sequence (the
+// same on any rank count) of this step (or of the eval after it), sample i % per_example of its group.
+// An external scorer's time, timeouts and metrics add up until reported; its failure stops the run
+// (no checkpoint is written).
+inline std::vector<ScoreResult> Trainer::score_generations(const std::vector<Example>& examples, int per_example,
+                                                           const std::vector<GenRequest>& requests, const std::vector<Generation>& done,
+                                                           bool eval) {
+    std::vector<ScoreRequest> batch(done.size());
+    std::vector<std::string> prompts(examples.size());
+    for (size_t e = 0; e < examples.size(); e++)  // the text the model saw: a plain prompt, or the rendered chat
+        prompts[e] = examples[e].messages.empty() ? examples[e].prompt
+                                                  : tok_.decode(std::vector<int>(requests[e * (size_t)per_example].prompt.begin(),
+                                                                                 requests[e * (size_t)per_example].prompt.end()),
+                                                                /*skip_special_tokens=*/false);
+    for (size_t i = 0; i < done.size(); i++) {
+        const Example& ex = examples[i / (size_t)per_example];
+        ScoreRequest& r = batch[i];
+        r.id = requests[i].sequence;
+        r.task = cfg_.task;
+        r.prompt = prompts[i / (size_t)per_example];
+        r.response = decode_response(done[i].tokens);
+        r.answer = ex.answer;
+        r.data = ex.data;
+        r.step = step_;
+        r.sample = (int64_t)(i % (size_t)per_example);
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<ScoreResult> out;
+    try {
+        out = scorer_->score(batch);
+    } catch (const Error& e) {
+        fail("%s %lld: %s; stopping (the last checkpoint in %s is intact)", eval ? "eval after step" : "step",
+             (long long)(eval ? step_ : step_ + 1), e.what(), cfg_.out_dir.c_str());
+    }
+    reward_seconds_ += seconds_since(t0);
+    for (const ScoreResult& r : out) {
+        reward_timeouts_ += r.timed_out;
+        for (const auto& kv : r.metrics) {
+            auto it = std::find_if(reward_metric_sums_.begin(), reward_metric_sums_.end(), [&](const auto& x) { return x.first == kv.first; });
+            if (it == reward_metric_sums_.end()) it = reward_metric_sums_.insert(reward_metric_sums_.end(), {kv.first, {0.0, 0.0}});
+            it->second.first += kv.second;
+            it->second.second += 1;
+        }
+    }
+    return out;
+}
+
+// An external scorer's figures since the last call: reward/latency_s (the slowest rank's scoring
+// time), reward/timeouts (summed) and reward/NAME, the mean of each metric over the responses that
+// report it on any rank (the names are gathered and sorted, so every rank reduces the same list);
+// `prefix` before each name ("val/" for the eval's).
+inline void Trainer::report_reward_metrics(MetricRow& m, const std::string& prefix) {
+    if (!scorer_->external()) return;
+    std::string mine;
+    for (const auto& kv : reward_metric_sums_) mine += kv.first + '\n';
+    const std::vector<char> all = dist_.all_gather(std::vector<char>(mine.begin(), mine.end()));
+    std::vector<std::string> names;
+    for (size_t b = 0, e; b < all.size(); b = e + 1) {
+        e = std::find(all.begin() + (long)b, all.end(), '\n') - all.begin();
+        names.emplace_back(all.begin() + (long)b, all.begin() + (long)e);
+    }
+    std::sort(names.begin(), names.end());
+    names.erase(std::unique(names.begin(), names.end()), names.end());
+    std::vector<double> sums(names.size() * 2 + 1, 0.0);  // [name][sum, count], timeouts
+    for (size_t k = 0; k < names.size(); k++)
+        for (const auto& kv : reward_metric_sums_)
+            if (kv.first == names[k]) {
+                sums[k * 2] = kv.second.first;
+                sums[k * 2 + 1] = kv.second.second;
+            }
+    sums.back() = (double)reward_timeouts_;
+    dist_.all_reduce_sum(sums);
+    double latency = reward_seconds_;
+    dist_.all_reduce_max(&latency, 1);
+    for (size_t k = 0; k < names.size(); k++) m.set(prefix + "reward/" + names[k], sums[k * 2] / sums[k * 2 + 1]);
+    m.set(prefix + "reward/timeouts", sums.back());
+    m.set(prefix + "reward/latency_s", latency);
+    reward_seconds_ = 0;
+    reward_timeouts_ = 0;
+    reward_metric_sums_.clear();
 }
 
 // Rollout, scoring and advantages, with DAPO dynamic sampling: batches of prompts are generated
@@ -306,6 +405,7 @@ inline std::vector<Sample> Trainer::rollout(MetricRow& m, double* gen_seconds, i
         std::vector<Generation> done =
             engine_.generate(requests, (uint32_t)step_, cfg_.sampling, cfg_.rollout_precision, cfg_.kv_cache, &bar);
         *gen_seconds += seconds_since(t0);
+        std::vector<ScoreResult> verdicts = score_generations(examples, G, requests, done, false);
         std::vector<Sample> batch(done.size());
         std::vector<double> batch_rewards(done.size());
         for (size_t i = 0; i < done.size(); i++) {
@@ -316,8 +416,7 @@ inline std::vector<Sample> Trainer::rollout(MetricRow& m, double* gen_seconds, i
             s.rollout_lp = done[i].logprobs;
             s.finished = done[i].finished;
             *gen_tokens += (int64_t)done[i].tokens.size();
-            const Example& ex = examples[i / (size_t)G];
-            Verdict v = score_response(cfg_.task, decode_response(done[i].tokens), ex.answer);
+            const Verdict& v = verdicts[i].verdict;
             s.score = v.reward;
             correct.push_back(v.correct ? 1.0 : 0.0);
             s.reward = s.score + overlong_penalty((int64_t)done[i].tokens.size(), cfg_.sampling.max_new_tokens,
@@ -370,6 +469,7 @@ inline std::vector<Sample> Trainer::rollout(MetricRow& m, double* gen_seconds, i
     summary_metrics(dist_, "response_length/clip", clipped, m);  // its mean is the clip ratio
     m.set("response_length/clip_ratio", m.get("response_length/clip/mean"));
     summary_metrics(dist_, "critic/correct", correct, m);
+    report_reward_metrics(m, "");
     return kept;
 }
 
@@ -413,6 +513,50 @@ inline bool Trainer::old_lp_from_training() const {
     return cfg_.minibatches == 1 && cfg_.epochs == 1 && !cfg_.always_old_logprob_pass;
 }
 
+inline void Trainer::record_for_dump(Sample& s, const SequenceTokens& st, const ClipBounds& bounds) {
+    s.entropy.assign(st.entropy, st.entropy + st.T);
+    s.ratio.resize((size_t)st.T);
+    s.clipped.resize((size_t)st.T);
+    for (int t = 0; t < st.T; t++) {
+        PolicyTokenLoss pg = policy_token_loss(st.logp[t], st.old_logp[t], st.adv[t], bounds);
+        s.ratio[(size_t)t] = pg.ratio;
+        s.clipped[(size_t)t] = !(pg.flags & kClipped) ? 0 : pg.ratio < bounds.low ? -1 : 1;
+    }
+}
+
+// Every rank's lines, gathered in rank order, written by rank 0.
+inline void Trainer::dump_rollouts(const std::vector<Sample>& samples) const {
+    std::string text;
+    for (const Sample& x : samples) {
+        // a step stopped by NaN/Inf leaves later samples without a training forward: their values null
+        Sample s = x;
+        const size_t T = (size_t)s.T();
+        if (s.old_lp.size() != T) s.old_lp.assign(T, NAN);
+        if (s.is_weight.size() != T) s.is_weight.assign(T, NAN);
+        if (s.entropy.size() != T) s.entropy.assign(T, NAN);
+        if (s.ratio.size() != T) s.ratio.assign(T, NAN);
+        if (s.clipped.size() != T) s.clipped.assign(T, 0);
+        RolloutDumpSample d;
+        d.step = step_;
+        d.prompt = tok_.decode(std::vector<int>(s.seq.ids.begin(), s.seq.ids.begin() + s.seq.prompt_len), false);
+        const std::vector<int32_t> response(s.seq.ids.begin() + s.seq.prompt_len, s.seq.ids.end());
+        d.response = decode_response(response);
+        d.ids = response.data();
+        d.reward = s.reward;
+        d.advantage = s.advantage;
+        d.T = s.T();
+        d.rollout_lp = s.rollout_lp.data();
+        d.old_lp = s.old_lp.data();
+        d.entropy = s.entropy.data();
+        d.is_weight = s.is_weight.data();
+        d.ratio = s.ratio.data();
+        d.clipped = s.clipped.data();
+        text += rollout_dump_line(d);
+    }
+    std::vector<char> all = dist_.all_gather(std::vector<char>(text.begin(), text.end()));
+    if (dist_.is_root()) write_file_atomic(rollout_dump_path(cfg_.out_dir, step_), std::string(all.begin(), all.end()));
+}
+
 inline MetricRow Trainer::train_step() {
     auto t_step = std::chrono::steady_clock::now();
     MetricRow m;
@@ -453,7 +597,7 @@ inline MetricRow Trainer::train_step() {
     StepMetrics sm;
     auto rollout_mismatch = [&](Sample& s) {
         s.is_weight.resize((size_t)s.T());
-        sequence_is_weights(cfg_.is_correction, cfg_.is_cap, s.old_lp.data(), s.rollout_lp.data(), s.mask.data(), s.T(),
+        sequence_is_weights(cfg_.is_correction, cfg_.is_floor, cfg_.is_cap, s.old_lp.data(), s.rollout_lp.data(), s.mask.data(), s.T(),
                             s.is_weight.data());
         sm.add_rollout_sequence(s.old_lp.data(), s.rollout_lp.data(), s.is_weight.data(), s.mask.data(), s.T(), cfg_.is_cap);
     };
@@ -501,6 +645,7 @@ inline MetricRow Trainer::train_step() {
     lc.kl = cfg_.kl_estimator;
     lc.entropy_coef = cfg_.entropy_coef;
     const double horizon = (double)cfg_.sampling.max_new_tokens;  // Λ of seq-mean-token-sum-norm
+    const bool dumping = cfg_.dump_rollouts > 0 && step_ % cfg_.dump_rollouts == 0;
     double grad_norm_sum = 0, train_s = 0, lr = 0;
     int64_t train_tokens = 0, updates = 0;
     bool bad = false;
@@ -558,6 +703,7 @@ inline MetricRow Trainer::train_step() {
                     st.entropy = ent[k].data();
                     st.mask = s.mask.data();
                     SequenceLoss sl = sequence_loss(st, lc, cfg_.loss_agg, global, horizon, d_lp[k].data(), d_ent[k].data());
+                    if (dumping && epoch == 0) record_for_dump(samples[ub + k], st, lc.bounds);
                     loss += sl.loss;
                     sm.add_sequence_loss(sl);
                     sm.add_policy_sequence(st, lc.bounds);
@@ -592,6 +738,7 @@ inline MetricRow Trainer::train_step() {
     }
     m.set("training/skipped_bad", bad ? 1 : 0);
     m.set("training/bad_steps_total", (double)bad_steps_);
+    if (dumping) dump_rollouts(samples);
     report_step_metrics(dist_, sm, updates, m);
     m.set("actor/grad_norm", updates ? grad_norm_sum / (double)updates : NAN);
     m.set("actor/lr", lr);
@@ -636,6 +783,7 @@ inline MetricRow Trainer::evaluate() {
     const int64_t begin = n * dist_.rank() / ranks, end = n * (dist_.rank() + 1) / ranks;
     std::vector<GenRequest> greedy, sampled;
     const int k = cfg_.eval_k;
+    const std::vector<Example> examples(eval_.begin() + begin, eval_.begin() + end);
     for (int64_t i = begin; i < end; i++) {
         std::vector<int32_t> prompt = encode_prompt(eval_[(size_t)i]);
         greedy.push_back({prompt, (uint32_t)i});
@@ -647,16 +795,14 @@ inline MetricRow Trainer::evaluate() {
     enter_phase(Engine::Phase::Rollout);
     std::vector<Generation> out = engine_.generate(greedy, eval_step, g, cfg_.rollout_precision, cfg_.kv_cache, nullptr);
     std::vector<double> sums(4, 0.0);  // [greedy correct, sampled correct, prompts with any correct, prompts]
-    for (size_t i = 0; i < out.size(); i++)
-        sums[0] += score_response(cfg_.task, decode_response(out[i].tokens), eval_[(size_t)begin + i].answer).correct;
+    std::vector<ScoreResult> scored = score_generations(examples, 1, greedy, out, true);
+    for (const ScoreResult& r : scored) sums[0] += r.verdict.correct;
     if (k > 0) {
         out = engine_.generate(sampled, eval_step, cfg_.sampling, cfg_.rollout_precision, cfg_.kv_cache, nullptr);
+        scored = score_generations(examples, k, sampled, out, true);
         for (int64_t i = 0; i < end - begin; i++) {
             int correct = 0;
-            for (int j = 0; j < k; j++) {
-                const Generation& c = out[(size_t)(i * k + j)];
-                correct += score_response(cfg_.task, decode_response(c.tokens), eval_[(size_t)(begin + i)].answer).correct;
-            }
+            for (int j = 0; j < k; j++) correct += scored[(size_t)(i * k + j)].verdict.correct;
             sums[1] += (double)correct / k;
             sums[2] += correct > 0;
         }
@@ -671,6 +817,7 @@ inline MetricRow Trainer::evaluate() {
         m.set(p + strfmt("pass@%d", k), sums[2] / sums[3]);
     }
     m.set("val/num_prompts", sums[3]);
+    report_reward_metrics(m, "val/");
     return m;
 }
 

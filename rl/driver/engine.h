@@ -69,6 +69,9 @@ struct EngineOptions {
     double kv_cache_mb = 0;
     int kv_page_tokens = 16;    // GPU: tokens per KV page
     bool kv_scale_per_head = false;  // both engines, --kv_scales head: FP8 KV scales per layer and KV head
+    // Both engines, --train_kv_replay 1: the old-log-prob and training forwards' attention reads K and V
+    // through E4M3 at the last rollout's KV scales (not FP32 passes: Calibrated Clipping's shadow)
+    bool train_kv_replay = false;
     Fp8Scaling fp8_scaling = Fp8Scaling::Block;  // both engines, --fp8_scaling: the FP8 GEMMs' scale granularity
     bool fp8_pow2_scales = false;  // both engines, --fp8_scales pow2: the FP8 GEMMs' scales rounded down to powers of two
     // Both engines, data parallel: the max over the ranks of the FP8 KV amaxes, which each rank takes

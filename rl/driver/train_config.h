@@ -16,6 +16,7 @@
 #include "rl/objective/loss_agg.h"
 #include "rl/objective/lr_schedule.h"
 #include "rl/numerics/precision.h"
+#include "rl/tasks/scorer.h"
 #include "rl/tasks/tasks.h"
 #include "rl/objective/token_loss.h"
 
@@ -33,6 +34,7 @@ struct TrainConfig {
     int64_t eval_prompts = 0;
     int64_t max_prompt_tokens = 0;  // prompts longer than this are left out of the data; 0 = no limit
     int enable_thinking = 1;  // Qwen3 chat template, for dataset rows with "messages"
+    RewardConfig reward;      // --reward_cmd / --reward_url; the built-in verifier of --task without them
     // algorithm
     std::string algo;
     AdvantageEstimator estimator = AdvantageEstimator::Grpo;
@@ -46,6 +48,8 @@ struct TrainConfig {
     LossAgg loss_agg = LossAgg::TokenMean;
     IsCorrection is_correction = IsCorrection::TokenTis;
     double is_cap = 2.0;
+    double is_floor = 0.5;  // IcePop's lower bound
+    int64_t dump_rollouts = 0;  // every N steps OUT/rollouts/step_K.jsonl (rl/io/rollout_dump.h); 0 = never
     bool dynamic_sampling = false;
     int max_gen_batches = 10;
     int64_t overlong_buffer = 0;
@@ -115,6 +119,7 @@ inline EngineOptions engine_options_from_args(const Args& a) {
     o.offload_train_state = a.integer("offload_train_state") == 1;
     o.kv_page_tokens = (int)a.integer("kv_page_tokens");
     o.kv_scale_per_head = a.str("kv_scales") == "head";
+    o.train_kv_replay = a.integer("train_kv_replay") == 1;
     o.fp8_scaling = parse_fp8_scaling(a.str("fp8_scaling"), "--fp8_scaling");
     o.fp8_pow2_scales = a.str("fp8_scales") == "pow2";
     o.cuda_graphs = a.integer("cuda_graphs") == 1;
@@ -128,6 +133,21 @@ inline EngineOptions training_engine_options(const Args& a, const TrainConfig& c
     o.one_fp8_weight_copy = c.rollout_precision == Precision::FP8 && c.train_precision == Precision::FP8 &&
                             o.fp8_scaling == Fp8Scaling::Block;
     return o;
+}
+
+// The scorer's flags (training, eval and --score).
+inline RewardConfig reward_config_from_args(const Args& a) {
+    RewardConfig r;
+    r.cmd = a.str("reward_cmd");
+    r.url = a.str("reward_url");
+    if (a.given("reward_cmd") && r.cmd.find_first_not_of(" \t") == std::string::npos) fail("--reward_cmd: empty command");
+    if (!r.cmd.empty() && !r.url.empty()) fail("give at most one of --reward_cmd and --reward_url");
+    r.workers = (int)a.integer("reward_workers");
+    r.batch = (int)a.integer("reward_batch");
+    r.timeout_s = a.number("reward_timeout");
+    r.has_timeout_reward = a.given("reward_on_timeout");
+    r.timeout_reward = a.number("reward_on_timeout");
+    return r;
 }
 
 inline TrainConfig train_config_from_args(const Args& a) {
@@ -146,6 +166,7 @@ inline TrainConfig train_config_from_args(const Args& a) {
     c.eval_prompts = a.integer("eval_prompts");
     c.max_prompt_tokens = a.integer("max_prompt_tokens");
     c.enable_thinking = (int)a.integer("enable_thinking");
+    c.reward = reward_config_from_args(a);
     if (is_synthetic_task(c.task)) c.task_size = a.integer("task_size") ? (int)a.integer("task_size") : default_task_size(c.task);
     else if (c.data.empty())
         fail("--task %s has no built-in prompts; give --data FILE.jsonl (see dev/ for GSM8K/MATH preparation)", c.task.c_str());
@@ -170,8 +191,11 @@ inline TrainConfig train_config_from_args(const Args& a) {
     c.loss_agg = parse_loss_agg(a.given("loss_agg") ? a.str("loss_agg") : c.algo == "drgrpo" ? "seq-mean-token-sum-norm" : "token-mean");
     const std::string is = a.str("is_correction");
     c.is_correction = is == "off" ? IsCorrection::Off : is == "tis" ? IsCorrection::TokenTis : is == "mis" ? IsCorrection::TokenMis
-                    : is == "seq-tis" ? IsCorrection::SeqTis : IsCorrection::SeqMis;
+                    : is == "seq-tis" ? IsCorrection::SeqTis : is == "seq-mis" ? IsCorrection::SeqMis
+                    : is == "icepop" ? IsCorrection::IcePop : IsCorrection::GeoMask;
     c.is_cap = a.number("is_cap");
+    c.is_floor = a.number("is_floor");
+    if (c.is_floor >= c.is_cap) fail("--is_floor %g is not below --is_cap %g: IcePop keeps rho in [floor, cap]", c.is_floor, c.is_cap);
     c.dynamic_sampling = a.given("dynamic_sampling") ? a.integer("dynamic_sampling") == 1 : dapo;
     c.max_gen_batches = (int)a.integer("max_gen_batches");
     c.overlong_buffer = a.integer("overlong_buffer");
@@ -182,6 +206,12 @@ inline TrainConfig train_config_from_args(const Args& a) {
     c.rollout_precision = parse_precision(a.str("rollout_precision"), "--rollout_precision");
     c.train_precision = parse_precision(a.str("train_precision"), "--train_precision");
     c.kv_cache = parse_precision(a.str("kv_cache"), "--kv_cache");
+    if (a.integer("train_kv_replay") == 1 && c.kv_cache != Precision::FP8)
+        fail("--train_kv_replay 1 replays the FP8 KV cache in training, but --kv_cache is %s; give --kv_cache fp8 or --train_kv_replay 0",
+             precision_name(c.kv_cache));
+    if (a.integer("train_kv_replay") == 1 && c.train_precision == Precision::FP32)
+        fail("--train_kv_replay 1 with --train_precision fp32: an fp32 forward is Calibrated Clipping's shadow pass, never "
+             "replayed; train in bf16 or fp8");
     c.fp8_scaling = parse_fp8_scaling(a.str("fp8_scaling"), "--fp8_scaling");
     c.fp8_pow2_scales = a.str("fp8_scales") == "pow2";
     c.calibrated_clip = (int)a.integer("calibrated_clip");
@@ -222,6 +252,7 @@ inline TrainConfig train_config_from_args(const Args& a) {
     c.keep_checkpoints = a.integer("keep_checkpoints");
     c.out_dir = a.str("out_dir");
     c.tensorboard = a.flag("tensorboard");
+    c.dump_rollouts = a.integer("dump_rollouts");
     c.max_bad_steps = (int)a.integer("max_bad_steps");
     return c;
 }

@@ -43,4 +43,13 @@ inline void kv_scales_from_amax(const float* k_amax, const float* v_amax, int la
     for (size_t g = 0; g < n; g++) k_scale[g] = kv_scale_from_amax(amax[g]), v_scale[g] = kv_scale_from_amax(amax[n + g]);
 }
 
+// Scales [layers] or [layers][kv_heads] laid out [layers][kv_heads] (a layer's scale repeated over
+// its heads): the one layout the engines' --train_kv_replay reads, as the FP8 cache's kernels do.
+inline std::vector<float> kv_scales_by_head(const std::vector<float>& scale, int layers, int kv_heads) {
+    const size_t per_layer = layers > 0 ? scale.size() / (size_t)layers : 0;
+    std::vector<float> out((size_t)layers * kv_heads);
+    for (size_t i = 0; i < out.size(); i++) out[i] = scale[i / kv_heads * per_layer + (per_layer > 1 ? i % kv_heads : 0)];
+    return out;
+}
+
 }  // namespace fp8rl

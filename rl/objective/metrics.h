@@ -16,6 +16,7 @@
 //   rollout_corr/rollout_is_ratio_fraction_high  ρ_t > C (the TIS clip fraction)
 //   rollout_corr/rollout_is_ratio_fraction_low   ρ_t < 1/C
 //   rollout_corr/chi2_token   mean(ρ²) − 1
+//   rollout_corr/rollout_rs_masked_fraction  tokens whose weight a mask set to 0 (mis, seq-mis, icepop, geo-mask)
 //   training/rollout_probs_diff_{mean,max,std}  |exp(ℓ^old) − exp(ℓ^roll)| (population std)
 #pragma once
 #include <math.h>
@@ -35,6 +36,7 @@ public:
     enum Sum {
         kSumTokens, kSumClipped, kSumDualClipped, kSumClipLow, kSumClipHigh, kSumRatio, kSumPpoKl, kSumEntropy, kSumPgLoss, kSumKlLoss,
         kSumRcTokens, kSumRcK1, kSumRcK3, kSumRcAbsDiff, kSumRcMultErr, kSumIs, kSumIsSq, kSumIsHigh, kSumIsLow, kSumRhoSq, kSumProbDiff, kSumProbDiffSq,
+        kSumRsMasked,
         kNumSums
     };
     enum Min { kRatioMin, kIsMin, kNumMins };
@@ -90,6 +92,7 @@ public:
         sums[kSumIsHigh] += rho > cap;
         sums[kSumIsLow] += rho < 1.0 / cap;
         sums[kSumRhoSq] += rho * rho;
+        sums[kSumRsMasked] += is_weight == 0.0;  // ρ ≥ e^-20 > 0: a zero weight is a mask's
         sums[kSumProbDiff] += prob_diff;
         sums[kSumProbDiffSq] += prob_diff * prob_diff;
         mins[kIsMin] = fmin(mins[kIsMin], is_weight);
@@ -148,6 +151,7 @@ public:
             m.push_back({"rollout_corr/rollout_is_ratio_fraction_high", sums[kSumIsHigh] / r});
             m.push_back({"rollout_corr/rollout_is_ratio_fraction_low", sums[kSumIsLow] / r});
             m.push_back({"rollout_corr/chi2_token", sums[kSumRhoSq] / r - 1.0});
+            m.push_back({"rollout_corr/rollout_rs_masked_fraction", sums[kSumRsMasked] / r});
             m.push_back({"training/rollout_probs_diff_mean", d_mean});
             m.push_back({"training/rollout_probs_diff_max", maxes[kProbDiffMax]});
             m.push_back({"training/rollout_probs_diff_std", sqrt(fmax(sums[kSumProbDiffSq] / r - d_mean * d_mean, 0.0))});

@@ -116,7 +116,7 @@ FP8RL_HD KlTerm kl_token(float logp, float ref_logp, KlEstimator est) {
 }
 
 // Rollout/train mismatch correction (spec-rl.md §7): ρ_t = exp(clamp(old − rollout, ±20)).
-enum class IsCorrection { Off, TokenTis, TokenMis, SeqTis, SeqMis };
+enum class IsCorrection { Off, TokenTis, TokenMis, SeqTis, SeqMis, IcePop, GeoMask };
 
 // Token TIS: min(ρ, C); token MIS: ρ·1{ρ ≤ C}. Also used on a sequence's ρ = exp(Σ log ρ_t)
 // for the sequence variants (the sum clamped to ±20 as well).
@@ -126,23 +126,46 @@ FP8RL_HD double is_weight_from_log_rho(double log_rho, bool mask_instead_of_trun
     return fmin(rho, cap);
 }
 
-// IS weights of one sequence's T tokens (0 on padding): token variants weigh each token by its own
-// ρ_t; sequence variants give every token ρ = exp(clamp(Σ_valid (old − rollout), ±20)) truncated
-// (SeqTis) or masked (SeqMis) at C, as verl's rollout_corr_helper.
-FP8RL_HD void sequence_is_weights(IsCorrection mode, double cap, const float* old_logp, const float* rollout_logp,
-                                  const uint8_t* mask, int T, double* w) {
+// IS weights of one sequence's T tokens (0 on padding), as verl's rollout_corr_helper
+// (compute_rollout_correction_weights, compute_rollout_rejection_mask):
+//   token variants   each token by its own ρ_t, truncated (TokenTis) or masked (TokenMis) at C;
+//   sequence variants every token ρ = exp(clamp(Σ_valid log ρ_t, ±20)) truncated (SeqTis) or
+//                     masked (SeqMis) at C. A product over tokens saturates on long responses: a
+//                     per-token drift of 0.01 is a factor e over 100 tokens, so long answers are
+//                     truncated or masked whatever their tokens look like;
+//   IcePop           ρ_t where floor ≤ ρ_t ≤ C, else 0 (two-sided token mask, verl's token RS);
+//   GeoMask          the sequence is masked when exp(clamp(mean_valid log ρ_t, ±20)) lies outside
+//                    [1/C, C] (verl's geometric RS with its default lower bound 1/C); kept tokens
+//                    take token-TIS weights min(ρ_t, C).
+// A masked token keeps its place in the loss normalizers (weight 0), unlike verl, whose rejection
+// also removes it from the response mask.
+FP8RL_HD void sequence_is_weights(IsCorrection mode, double floor, double cap, const float* old_logp,
+                                  const float* rollout_logp, const uint8_t* mask, int T, double* w) {
     bool seq = mode == IsCorrection::SeqTis || mode == IsCorrection::SeqMis;
     bool masking = mode == IsCorrection::TokenMis || mode == IsCorrection::SeqMis;
     double log_rho_sum = 0.0;
-    if (seq)
-        for (int t = 0; t < T; t++)
-            if (mask[t]) log_rho_sum += (double)old_logp[t] - (double)rollout_logp[t];
+    int valid = 0;
+    for (int t = 0; t < T; t++)
+        if (mask[t]) {
+            log_rho_sum += (double)old_logp[t] - (double)rollout_logp[t];
+            valid++;
+        }
     double seq_weight = seq ? is_weight_from_log_rho(log_rho_sum, masking, cap) : 0.0;
+    bool geo_kept = true;
+    if (mode == IsCorrection::GeoMask && valid > 0) {
+        double g = exp(fmin(fmax(log_rho_sum / valid, -log_ratio_clamp), log_ratio_clamp));
+        geo_kept = g >= 1.0 / cap && g <= cap;
+    }
     for (int t = 0; t < T; t++) {
+        double log_rho = (double)old_logp[t] - (double)rollout_logp[t];
         if (!mask[t]) w[t] = 0.0;
         else if (mode == IsCorrection::Off) w[t] = 1.0;
         else if (seq) w[t] = seq_weight;
-        else w[t] = is_weight_from_log_rho((double)old_logp[t] - (double)rollout_logp[t], masking, cap);
+        else if (mode == IsCorrection::IcePop) {
+            double rho = exp(fmin(fmax(log_rho, -log_ratio_clamp), log_ratio_clamp));
+            w[t] = rho >= floor && rho <= cap ? rho : 0.0;
+        } else if (mode == IsCorrection::GeoMask) w[t] = geo_kept ? is_weight_from_log_rho(log_rho, false, cap) : 0.0;
+        else w[t] = is_weight_from_log_rho(log_rho, masking, cap);
     }
 }
 

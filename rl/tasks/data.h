@@ -21,7 +21,17 @@ struct Example {
     std::string prompt;                                         // plain prompt, or empty
     std::vector<std::pair<std::string, std::string>> messages;  // (role, content), or empty
     std::string answer;                                         // ground truth for the verifier
+    std::string data = "{}";  // the row's other fields, a JSON object, sent to --reward_cmd as "data"
 };
+
+// The data row's fields other than prompt, messages and answer, as one JSON object.
+inline std::string data_fields_json(const Json& row) {
+    Json data;
+    data.type = Json::Object;
+    for (const auto& kv : row.fields)
+        if (kv.first != "prompt" && kv.first != "messages" && kv.first != "answer") data.fields.push_back(kv);
+    return json_dump(data);
+}
 
 // One JSONL line -> Example; `where` is "file:line" for errors.
 inline Example parse_example(const std::string& line, const std::string& where) {
@@ -34,6 +44,7 @@ inline Example parse_example(const std::string& line, const std::string& where) 
     if (answer->is_string()) ex.answer = answer->str;
     else if (answer->is_int()) ex.answer = std::to_string(answer->integer);
     else fail("%s: \"answer\" must be a string or an integer, not %s", where.c_str(), json_type_name(answer->type));
+    ex.data = data_fields_json(j);
     const Json* prompt = j.find("prompt");
     const Json* messages = j.find("messages");
     if ((prompt != nullptr) == (messages != nullptr))

@@ -174,12 +174,15 @@ bool bench_problem(GemmRunner& gemm, const Problem& P) {
     // cuda/perf/kernel_perf_model.h's price of our kernels on this GPU (what their SASS issues, their bytes
     // at the datasheet bandwidth: forward q, k, v in, o and the LSE out; backward those and dO, dQ, dK, dV)
     const double N = P.N, io = N * P.D * 2.0 * (P.H + 2 * P.KV);
-    auto predicted_ms = [&](bool backward) {
+    auto price = [&](bool backward) {
         return training_attention_price(bench_gpu(), backward, {N}, P.H, P.D,
                                         backward ? 2 * io + 2 * N * P.H * P.D * 2.0 + N * P.H * 8.0 : io + N * P.H * (P.D * 2.0 + 4),
-                                        backward ? 3 : 1)
-                   .seconds() * 1e3;
+                                        backward ? 3 : 1);
     };
+    auto predicted_ms = [&](bool backward) { return price(backward).seconds() * 1e3; };
+    for (bool backward : {false, true})
+        record_calibration("bench_attention", strfmt("attention %s N=%d H=%d KV=%d D=%d", backward ? "backward" : "forward", P.N, P.H, P.KV, P.D),
+                           (backward ? ours_bwd : ours_fwd) * 1e-3, price(backward).seconds(), price(backward).bound());
     struct Row {
         const char* pass;
         double ours, base, flop, dist, predicted;

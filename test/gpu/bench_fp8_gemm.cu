@@ -80,6 +80,11 @@ void bench_shape(GemmRunner& runner, const Shape& s, int T) {
         const auto quantizer_us = [&](int rows, int cols, bool weight) {
             return tile_quantizer_cost(hw, "", rows, cols, weight).call_seconds(hw) * 1e6;
         };
+        for (Precision p : {Precision::BF16, Precision::FP8}) {
+            const KernelCost k = gemm_cost(hw, g.name, KernelClass::LayerGemm, g.m, g.n, g.k, p, GemmOutput::BF16);
+            record_calibration("bench_fp8_gemm", strfmt("%s %s T=%d %s %s", s.model, s.layer, T, g.name, precision_name(p)),
+                               (p == Precision::FP8 ? fp8_ms : bf16_ms) * 1e-3, k.call_seconds(hw), k.bound(hw), p == Precision::FP8);
+        }
         bool first = g.name == gemms[0].name;
         // W is BF16 here, the model's weight FP32 (the engine's master): at 7 ps per element the two
         // bytes more per element take no time

@@ -12,6 +12,8 @@
 // (unfused) and after (fused); and the quantization apart from the GEMMs: each structure's standalone
 // quantizer calls, each shape timed alone with CUDA events in this run, against the model.
 #include <cstdio>
+#include <functional>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -122,6 +124,54 @@ std::pair<double, double> measured_quantize_ms(const std::vector<KernelCost>& ks
     return {all, weights};
 }
 
+// The backward glue (issue 59) of one layer at the model's shapes for T tokens, each kernel timed alone
+// (median, CUDA events): milliseconds and the bytes each tensor must move once (BF16 unless said) per
+// millisecond, against the hardware's effective bandwidth. Table rows.
+std::vector<std::string> backward_glue_rows(const BenchModel& m, long T, const PerfHardware& hw) {
+    const long C = m.hidden, I = m.intermediate, Q = (long)m.heads * m.head_dim, K = (long)m.kv_heads * m.head_dim;
+    using bf16 = __nv_bfloat16;
+    const long most = std::max({T * 2 * I, T * C, T * Q});
+    DeviceBuffer<bf16> a(most), b(most), c(most), w(std::max(C, (long)m.head_dim));
+    DeviceBuffer<bf16> x(T * Q), y(T * K), dqkv(T * (Q + 2 * K));  // x, y: the normed q and k inputs
+    for (DeviceBuffer<bf16>* d : {&a, &b, &c, &w, &x, &y}) fill_uniform(d->ptr, d->count, 11, 1.0f);
+    DeviceBuffer<float> rstd(T * m.heads), dw(std::max(C, (long)m.head_dim));
+    fill_uniform(rstd.ptr, rstd.count, 12, 1.0f);
+    const long scratch_floats = std::max(rmsnorm_backward_scratch_floats(T, (int)C),
+                                         rmsnorm_backward_scratch_floats(T * m.heads, m.head_dim));
+    DeviceBuffer<float> scratch(scratch_floats);
+    ModelConfig config;
+    config.head_dim = m.head_dim;
+    RopeTable host_table{m.head_dim / 2, CpuModel::rope_inv_freq(config), {}, {}, 0};
+    host_table.ensure(T);
+    const DeviceRopeTable table(host_table);
+    std::vector<int32_t> positions((size_t)T);
+    for (long t = 0; t < T; t++) positions[(size_t)t] = (int32_t)t;
+    DeviceBuffer<int32_t> pos(positions);
+    const QkvShape shape{m.heads, m.kv_heads, m.head_dim, 1e-6f, nullptr, w.ptr, w.ptr};
+    const QkvGrad grad{a.ptr, b.ptr, c.ptr, x.ptr, y.ptr, rstd.ptr, rstd.ptr};
+    struct Kernel {
+        const char* name;
+        double bytes;
+        std::function<void()> run;
+    };
+    const std::vector<Kernel> kernels = {
+        {"rmsnorm_backward dx (accumulate) + dw, T x C", 2.0 * T * C * 4,
+         [&] { rmsnorm_backward(a.ptr, dw.ptr, b.ptr, c.ptr, w.ptr, rstd.ptr, T, (int)C, true, scratch.ptr, scratch_floats, 0); }},
+        {"swiglu_backward (bf16), T x I", 2.0 * T * I * 5, [&] { swiglu_backward(a.ptr, b.ptr, c.ptr, T, (int)I, 0); }},
+        {"qkv_rope_backward (q/k norm), T x (H + 2 KV) D", 2.0 * T * ((Q + K) * 4 + K * 2),
+         [&] { qkv_rope_backward(dqkv.ptr, grad, T, pos.ptr, table.view(), shape, 0); }},
+        {"q norm weight gradient (column sums), T H x D", 2.0 * T * Q * 2,
+         [&] { rmsnorm_weight_grad(dw.ptr, a.ptr, b.ptr, rstd.ptr, T * m.heads, m.head_dim, scratch.ptr, scratch_floats, 0); }},
+    };
+    std::vector<std::string> rows;
+    for (const Kernel& k : kernels) {
+        const double ms = median_ms(k.run);
+        rows.push_back(strfmt("| %s | %ld | %s | %.3f | %.0f | %.0f%% |", m.name, T, k.name, ms, k.bytes / (ms * 1e-3) / 1e9,
+                              100.0 * k.bytes / (ms * 1e-3) / hw.bandwidth()));
+    }
+    return rows;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -142,7 +192,7 @@ int main(int argc, char** argv) {
            "| plan GiB | speedup | predicted unfused / fused |\n");
     printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     const PerfHardware& hw = bench_hardware();
-    std::vector<std::string> quant_rows;  // the quantization table, after the steps
+    std::vector<std::string> quant_rows, glue_rows;  // the quantization and backward glue tables, after the steps
     std::vector<BenchModel> models = {kQwen3_0_6B, kQwen3_1_7B};
     int num_seqs = 16, length = 1024;
     if (tiny) models = {kTinyBenchModel}, num_seqs = 2, length = 48;
@@ -170,6 +220,14 @@ int main(int argc, char** argv) {
                        predicted_ms(StepStructure::Fused), batch.tokens / (r.ms * 1e-3), r.peak / GiB, r.used / GiB, plan / GiB,
                        speedups.c_str());
                 fflush(stdout);
+                KernelTally tally;  // the fused step's prediction and the bound that holds the most of it
+                for (const KernelCost& k : step_kernels(hw, shape, p, StepStructure::Fused)) tally.add("", k, hw);
+                std::map<std::string, double> bounds;
+                for (const PricedKernel& k : tally.kernels())
+                    for (const auto& b : k.bound_seconds) bounds[b.first] += b.second;
+                const auto most = std::max_element(bounds.begin(), bounds.end(), [](auto& a, auto& b) { return a.second < b.second; });
+                record_calibration("bench_train_step", strfmt("%s step %d x %d %s (fused)", m.name, num_seqs, length, precision_name(p)),
+                                   r.ms * 1e-3, predicted_ms(StepStructure::Fused) * 1e-3, most->first, p == Precision::FP8);
                 if (p == Precision::FP8)
                     key = strfmt("; %s fp8: %.2fx bf16 (predicted %.2f unfused, %.2f fused), peak %.2f GiB (plan %.2f)", m.name,
                                  bf16_ms / r.ms, step_speedup(hw, shape, StepStructure::Unfused),
@@ -184,6 +242,7 @@ int main(int argc, char** argv) {
             double fused_calls = 0;
             for (const KernelCost& k : fused) fused_calls += k.cls == KernelClass::Quantize ? k.calls : 0;
             const double fused_measured = measured_quantize_ms(fused).first;
+            for (const std::string& row : backward_glue_rows(m, batch.tokens, hw)) glue_rows.push_back(row);
             quant_rows.push_back(strfmt("| %s | %.0f | %.1f | %.1f | %.1f | %.1f | %.0f | %.1f | %.1f | %.1f |", m.name, calls,
                                         measured, class_seconds(unfused, hw, KernelClass::Quantize) * 1e3, measured_weights,
                                         weight_s * 1e3, fused_calls, fused_measured,
@@ -202,6 +261,12 @@ int main(int argc, char** argv) {
     printf("| model | unfused calls | measured ms | predicted ms | weights measured ms | predicted | fused calls | measured "
            "ms | predicted ms | projection GEMMs predicted ms |\n|---|---|---|---|---|---|---|---|---|---|\n");
     for (const std::string& row : quant_rows) printf("%s\n", row.c_str());
+    printf("\nbackward glue of one layer, each kernel alone at the batch's tokens (median, CUDA events): bytes = each "
+           "tensor read or written once (BF16; dx read and written; the FP32 statistics and weights left out); GB/s = "
+           "those bytes / the time; %% = of the effective bandwidth the perf model assumes (%.2f TB/s)\n\n",
+           hw.bandwidth() / 1e12);
+    printf("| model | tokens | kernel | ms | GB/s | of bandwidth |\n|---|---|---|---|---|---|\n");
+    for (const std::string& row : glue_rows) printf("%s\n", row.c_str());
     printf("\nbench_train_step: %d model(s) failed%s\n", failures, key.c_str());
     return failures ? 1 : 0;
 }

@@ -7,9 +7,11 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <vector>
 
+#include "cuda/perf/calibrate.h"
 #include "cuda/perf/perf_model.h"
 #include "test/gpu/gpu_util.cuh"
 
@@ -90,6 +92,30 @@ inline void print_bench_header(const char* name, bool tiny) {
 inline std::string bench_unavailable_reason() {
     std::string why = no_gpu_reason();
     return why.empty() ? fp8_block_gemm_unsupported_reason(0) : why;
+}
+
+// One kernel's (or step's) measured time beside the model's prediction, where dev/gpu_check.sh sets
+// FP8RL_CALIBRATION_DIR: a line of DIR/BENCH.tsv (the tables on stdout stay tables), which
+// `build/perf_model --calibrate` reads (cuda/perf/calibrate.h: kernel, measured_s, predicted_s, ratio,
+// bound, the constants the prediction rests on). In emulation the times are the CPU's: the line is
+// written all the same, so the emulated run checks the format, never the figures.
+inline void record_calibration(const char* bench, const std::string& kernel, double measured_s, double predicted_s,
+                               const std::string& bound, bool fp8 = false) {
+    const std::string constants = constants_of_bound(bound, fp8);
+    const char* dir = getenv("FP8RL_CALIBRATION_DIR");
+    if (!dir || !*dir || !(measured_s > 0) || !(predicted_s > 0)) return;
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    const std::string path = std::string(dir) + "/" + bench + ".tsv";
+    const bool fresh = !std::filesystem::exists(path, ec);
+    FILE* f = fopen(path.c_str(), "a");
+    if (!f) fail("record_calibration: cannot append to %s", path.c_str());
+    if (fresh) fprintf(f, "# kernel\tmeasured_s\tpredicted_s\tratio\tbound\tconstants (cuda/perf/calibrate.h)\n");
+    std::string name = kernel;
+    std::replace(name.begin(), name.end(), '\t', ' ');
+    fprintf(f, "%s\t%.6g\t%.6g\t%.6g\t%s\t%s\n", name.c_str(), measured_s, predicted_s, measured_s / predicted_s, bound.c_str(),
+            constants.c_str());
+    fclose(f);
 }
 
 // Bytes of device memory in use by all processes (cudaMemGetInfo), to compare with the engine's own

@@ -14,6 +14,7 @@
 #include "cpu/model.h"
 #include "cuda/kernels/elementwise.cuh"
 #include "cuda/kernels/embedding.cuh"
+#include "cuda/kernels/qkv_rope.cuh"
 #include "cuda/kernels/rmsnorm.cuh"
 #include "cuda/kernels/rope.cuh"
 #include "cuda/kernels/swiglu.cuh"
@@ -463,6 +464,68 @@ TEST(gpu_layers_rope_backward_matches_finite_differences) {
         return d_y.download();
     };
     CHECK_EQ(finite_difference_mismatches("rope backward vs finite differences", x, dx, {0, 5, 6, 100, 131, 263}, r, forward), 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The q/k-norm + RoPE backward (cuda/kernels/qkv_rope.cuh) against the CPU engine's steps
+// (cpu/model.h's layer_backward): RoPE's backward of dq, dk rounded to BF16, the q/k norms' input
+// gradient rounded to BF16, joined with dv; bit for bit, and dq, dk left holding RoPE's backward.
+
+namespace {
+
+int qkv_rope_backward_case(int H, int KV, int D, bool qk_norm) {
+    const std::vector<int32_t> pos = packed_positions({3, 1, 9});
+    const long T = (long)pos.size(), Q = (long)H * D, K = (long)KV * D;
+    const RopeTable table = llama3_table(D, 9);
+    std::vector<float> dq = uniform((size_t)(T * Q), 131 + D, 1.0f, true), dk = uniform((size_t)(T * K), 137, 1.0f, true);
+    const std::vector<float> dv = uniform((size_t)(T * K), 139, 1.0f, true);
+    const std::vector<float> qp = norm_input(T * H, D, 149, true), kp = norm_input(T * KV, D, 151, true);
+    const std::vector<float> q_norm = norm_weight(D, 157, true), k_norm = norm_weight(D, 163, true);
+    std::vector<float> scratch((size_t)(T * Q)), rstd_q((size_t)(T * H)), rstd_k((size_t)(T * KV));
+    rmsnorm_forward(scratch.data(), rstd_q.data(), qp.data(), q_norm.data(), T * H, D, kEps, true);
+    rmsnorm_forward(scratch.data(), rstd_k.data(), kp.data(), k_norm.data(), T * KV, D, kEps, true);
+    DeviceBuffer<bf16_t> d_dq(to_type<bf16_t>(dq)), d_dk(to_type<bf16_t>(dk)), d_dv(to_type<bf16_t>(dv));
+    DeviceBuffer<bf16_t> d_qp(to_type<bf16_t>(qp)), d_kp(to_type<bf16_t>(kp));
+    DeviceBuffer<bf16_t> d_q_norm(to_type<bf16_t>(q_norm)), d_k_norm(to_type<bf16_t>(k_norm));
+    DeviceBuffer<float> d_rstd_q(rstd_q), d_rstd_k(rstd_k);
+    DeviceBuffer<bf16_t> d_dqkv((size_t)(T * (Q + 2 * K)));
+    DeviceBuffer<int32_t> d_pos(pos);
+    const DeviceRopeTable d_table(table);
+    d_dqkv.poison();
+    const QkvShape shape{H, KV, D, kEps, nullptr, qk_norm ? d_q_norm.ptr : nullptr, qk_norm ? d_k_norm.ptr : nullptr};
+    qkv_rope_backward(d_dqkv.ptr, {d_dq.ptr, d_dk.ptr, d_dv.ptr, d_qp.ptr, d_kp.ptr, d_rstd_q.ptr, d_rstd_k.ptr}, T,
+                      d_pos.ptr, d_table.view(), shape, kStream);
+    rope_backward(dq.data(), pos.data(), table, T, H, true);
+    rope_backward(dk.data(), pos.data(), table, T, KV, true);
+    round_bf16_if(true, dq.data(), T * Q);
+    round_bf16_if(true, dk.data(), T * K);
+    std::vector<float> dqp = dq, dkp = dk, dw((size_t)D);
+    if (qk_norm) {
+        rmsnorm_backward(dqp.data(), dw.data(), dq.data(), qp.data(), q_norm.data(), rstd_q.data(), T * H, D, false);
+        rmsnorm_backward(dkp.data(), dw.data(), dk.data(), kp.data(), k_norm.data(), rstd_k.data(), T * KV, D, false);
+        round_bf16_if(true, dqp.data(), T * Q);
+        round_bf16_if(true, dkp.data(), T * K);
+    }
+    std::vector<float> dqkv((size_t)(T * (Q + 2 * K)));
+    join_qkv(dqkv.data(), dqp.data(), dkp.data(), dv.data(), T, (int)Q, (int)K);
+    const std::string name = strfmt("qkv_rope backward, %d + 2 x %d heads of D=%d, q/k norm %d", H, KV, D, (int)qk_norm);
+    int bad = bit_mismatches(download_floats(d_dqkv), dqkv, name + ": dqkv");
+    if (qk_norm)  // the norms' output gradients, for their weight gradients
+        bad += bit_mismatches(download_floats(d_dq), dq, name + ": dq") + bit_mismatches(download_floats(d_dk), dk, name + ": dk");
+    return bad;
+}
+
+}  // namespace
+
+// Half the head dim a multiple of 8 (16-byte table loads) and not (D = 10, 24: the per-value path);
+// D past one warp's 256 values (two chunks); 9 query heads over one block's 8 warps.
+TEST(gpu_layers_qkv_rope_backward_matches_cpu_bit_for_bit) {
+    REQUIRE_GPU();
+    CHECK_EQ(qkv_rope_backward_case(9, 3, 16, true), 0);
+    CHECK_EQ(qkv_rope_backward_case(4, 2, 10, true), 0);
+    CHECK_EQ(qkv_rope_backward_case(3, 1, 24, false), 0);
+    CHECK_EQ(qkv_rope_backward_case(2, 1, 272, true), 0);
+    CHECK_EQ(qkv_rope_backward_case(2, 2, 300, true), 0);
 }
 
 // ---------------------------------------------------------------------------------------------

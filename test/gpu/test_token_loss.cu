@@ -45,7 +45,7 @@ __global__ void token_loss_kernel(const float* logp, const float* old_logp, cons
                                   TokenLossConfig cfg, IsCorrection is_mode, double cap, double* w, TokenOut* out) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= B) return;  // one thread per sequence: IS weights need the whole sequence
-    sequence_is_weights(is_mode, cap, old_logp + i * T, roll + i * T, mask + i * T, T, w + i * T);
+    sequence_is_weights(is_mode, 0.5, cap, old_logp + i * T, roll + i * T, mask + i * T, T, w + i * T);
     for (int t = i * T; t < (i + 1) * T; t++) out[t] = token_out(logp[t], old_logp[t], ref_logp[t], adv[t], w[t], ent[t], cfg);
 }
 
@@ -74,8 +74,8 @@ TEST(gpu_token_loss_matches_host) {
     DeviceBuffer<uint8_t> d_mask(mask);
     DeviceBuffer<double> d_w((size_t)B * T);
     DeviceBuffer<TokenOut> d_out((size_t)B * T);
-    const IsCorrection modes[] = {IsCorrection::Off, IsCorrection::TokenTis, IsCorrection::TokenMis, IsCorrection::SeqTis,
-                                  IsCorrection::SeqMis};
+    const IsCorrection modes[] = {IsCorrection::Off,   IsCorrection::TokenTis, IsCorrection::TokenMis, IsCorrection::SeqTis,
+                                  IsCorrection::SeqMis, IsCorrection::IcePop,  IsCorrection::GeoMask};
     int compared = 0;
     for (int variant = 0; variant < 10; variant++) {
         TokenLossConfig cfg;
@@ -85,12 +85,12 @@ TEST(gpu_token_loss_matches_host) {
         cfg.kl = (KlEstimator)(variant % 4);
         cfg.kl_coef = variant % 2 ? 0.1 : 0.0;
         cfg.entropy_coef = 0.01 * (variant % 3);
-        IsCorrection is_mode = modes[variant % 5];
+        IsCorrection is_mode = modes[variant % 7];
         LAUNCH_KERNEL(token_loss_kernel, 1, 64, 0, 0, d_logp.ptr, d_old.ptr, d_ref.ptr, d_roll.ptr, d_adv.ptr, d_ent.ptr,
                       d_mask.ptr, B, T, cfg, is_mode, 2.0, d_w.ptr, d_out.ptr);
         std::vector<TokenOut> dev = d_out.download();
         std::vector<double> dev_w = d_w.download(), host_w((size_t)B * T);
-        for (int i = 0; i < B; i++) sequence_is_weights(is_mode, 2.0, &old_logp[i * T], &roll[i * T], &mask[i * T], T, &host_w[i * T]);
+        for (int i = 0; i < B; i++) sequence_is_weights(is_mode, 0.5, 2.0, &old_logp[i * T], &roll[i * T], &mask[i * T], T, &host_w[i * T]);
         for (int k = 0; k < B * T; k++) {
             TokenOut h = token_out(logp[k], old_logp[k], ref[k], adv[k], host_w[k], ent[k], cfg);
             const TokenOut& d = dev[k];

@@ -1,0 +1,124 @@
+// test_emu_memory_order.cu: memory ordering across CTAs (docs/gpu-emulation.md, "Memory
+// ordering"). The last-block pattern of the CUDA Programming Guide's memory-fence example, with
+// every thread's partial in global memory: each thread writes its partial and fences, the CTA
+// passes a barrier, thread 0 counts the CTA, and the CTA that completes the count sums every
+// partial through L2. Complete, it gives the exact sum under every seed (and on a GPU); with the
+// barrier before the count, the writers' fence, or the L2 reads deleted (the emulation's test-only
+// mutations, emu::add_mutation), it gives a wrong sum or an emulation fault under some seed of a
+// small set. (Decode attention used the pattern until issue 58; its plan, split and combine
+// kernels now pass their data from one launch to the next.)
+#include <cstdlib>
+#include <vector>
+
+#include "test/gpu/gpu_util.cuh"
+#include "test/harness.h"
+
+namespace {
+
+constexpr int kSumThreads = 64;
+
+// sum over array[n] (n = gridDim.x * kSumThreads): partials[i] = array[i], the last CTA to count
+// adds them in index order into *total and resets the count for the next launch.
+__global__ void last_block_sum_kernel(const float* array, float* partials, unsigned* count, float* total) {
+    STATIC_SHARED(unsigned, is_last, [1]);
+    const int i = blockIdx.x * kSumThreads + threadIdx.x;
+    partials[i] = array[i] * 2.0f;  // the CTA's work: anything that writes each thread's partial
+    __threadfence();                // the partial is visible to every CTA before the count is
+    __syncthreads();                // every thread's partial is written and fenced
+    if (threadIdx.x == 0) {
+        const unsigned value = atomicInc(count, gridDim.x);
+        is_last[0] = value == gridDim.x - 1;
+    }
+    __syncthreads();  // is_last is written
+    if (is_last[0] && threadIdx.x == 0) {
+        float sum = 0.0f;
+        for (unsigned j = 0; j < gridDim.x * kSumThreads; j++) sum += __ldcg(partials + j);
+        *total = sum;
+        *count = 0;
+    }
+}
+
+// Runs the kernel `launches` times on new data each time (a partial left from the launch before is
+// wrong) and returns how many launches summed wrong; a kernel fault counts as wrong and is cleared.
+int wrong_sums(int blocks, int launches) {
+    const int n = blocks * kSumThreads;
+    float *array = nullptr, *partials = nullptr, *total = nullptr;
+    unsigned* count = nullptr;
+    CUDA_CHECK(cudaMalloc(&array, sizeof(float) * n));
+    CUDA_CHECK(cudaMalloc(&partials, sizeof(float) * n));
+    CUDA_CHECK(cudaMalloc(&total, sizeof(float)));
+    CUDA_CHECK(cudaMalloc(&count, sizeof(unsigned)));
+    CUDA_CHECK(cudaMemset(count, 0, sizeof(unsigned)));
+    int wrong = 0;
+    for (int launch = 0; launch < launches; launch++) {
+        std::vector<float> host(n);
+        double want = 0;  // small integers: every order of the FP32 sum is exact
+        for (int i = 0; i < n; i++) host[i] = (float)((i * 7 + launch * 3) % 11), want += 2.0 * host[i];
+        CUDA_CHECK(cudaMemcpy(array, host.data(), sizeof(float) * n, cudaMemcpyHostToDevice));
+        LAUNCH_KERNEL(last_block_sum_kernel, blocks, kSumThreads, 0, 0, array, partials, count, total);
+        float got = 0;
+        if (cudaDeviceSynchronize() != cudaSuccess ||
+            cudaMemcpy(&got, total, sizeof(float), cudaMemcpyDeviceToHost) != cudaSuccess) {
+            CUDA_CHECK(cudaDeviceReset());  // the fault is sticky until a reset
+            wrong += launches - launch;
+            break;
+        }
+        wrong += (double)got != want;
+    }
+    CUDA_CHECK(cudaFree(array));
+    CUDA_CHECK(cudaFree(partials));
+    CUDA_CHECK(cudaFree(total));
+    CUDA_CHECK(cudaFree(count));
+    return wrong;
+}
+
+}  // namespace
+
+TEST(emu_last_block_sum_is_exact_under_every_seed) {
+    REQUIRE_GPU();
+#ifdef FP8RL_EMU
+    const uint64_t saved = emu::seed();
+    for (uint64_t s = 0; s < 12; s++) {
+        emu::set_seed(s);
+        const int wrong = wrong_sums(6, 4);
+        CHECK_MSG(wrong == 0, "seed %llu: %d of 4 sums wrong", (unsigned long long)s, wrong);
+    }
+    emu::set_seed(saved);
+#else
+    CHECK_EQ(wrong_sums(6, 4), 0);
+#endif
+}
+
+#ifdef FP8RL_EMU
+namespace {
+
+// Seeds 1..8 of the mutated program: how many gave a wrong sum (or a fault) in some launch.
+int seeds_wrong(emu::Site site, int ordinal) {
+    const uint64_t saved = emu::seed();
+    emu::add_mutation("last_block_sum_kernel", site, ordinal);
+    int seeds = 0;
+    for (uint64_t s = 1; s <= 8; s++) {
+        emu::set_seed(s);
+        seeds += wrong_sums(6, 4) > 0;
+    }
+    emu::clear_mutations();
+    emu::set_seed(saved);
+    printf("    wrong under %d of seeds 1-8\n", seeds);
+    return seeds;
+}
+
+}  // namespace
+
+TEST(emu_last_block_sum_without_the_barrier_before_the_count_is_wrong) {
+    CHECK(seeds_wrong(emu::Site::Barrier, 0) > 0);
+}
+
+TEST(emu_last_block_sum_without_the_writers_fence_is_wrong) {
+    CHECK(seeds_wrong(emu::Site::Fence, 0) > 0);
+}
+
+TEST(emu_last_block_sum_with_plain_final_loads_is_wrong) {
+    CHECK(seeds_wrong(emu::Site::LoadCg, 0) > 0);
+}
+
+#endif
