@@ -524,7 +524,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
                 const int key = n0 + g8;  // a key past the tile's reads zeros (BF16: its cleared row)
                 const uint8_t* k_at = k_land + key * k_row;
                 for (int k0 = 0; k0 < D; k0 += 16) {
-                    uint32_t a[4], b[2];
+                    uint32_t a[4], b[2] = {0u, 0u};  // every branch below sets b; g++ cannot always tell
                     ldmatrix_a_fragment(a, q_h + m0 * ld + k0, ld);
                     for (int r = 0; r < 2; r++) {
                         const int d = k0 + 2 * t4 + 8 * r;
