@@ -881,8 +881,8 @@ class GpuEngine : public Engine {
     void write_cascade_groups();
     void replay_kept_tokens(const RolloutRequest& q, Precision weights);
     void collect_window(Progress* progress);
-    void decode_step(int rows, Precision weights, const SamplingConfig& s);
-    void decode_launches(int rows, Precision weights, const int32_t* table, const SamplingConfig* s);
+    void decode_step(int rows, int max_len, Precision weights, const SamplingConfig& s);
+    void decode_launches(int rows, int max_len, Precision weights, const int32_t* table, const SamplingConfig* s);
     void sample_rows(int rows, const SamplingConfig& s);
     // dx (BF16) and the weight (and bias) gradient of projection j (dy null: its FP8 operands are in the
     // scratch, written by its producer).
