@@ -8,37 +8,40 @@
 // A sequence's tokens live in the pages its page table names, in order: position p is at offset
 // p % page_tokens of page page_table[p / page_tokens].
 //
-// Decode attention is flash-decoding: each row's cache length is cut into chunks of
-// kDecodeSplitKeys keys, its prompt's (its prefix) apart from its own (rl/numerics/attention_tiles.h);
-// one CTA per (chunk, kv head, row) brings the chunk's keys and values into shared memory tile by tile, as they
-// are stored (BF16 or FP8 codes), with 16-byte asynchronous copies (cp.async), the next tile's
-// copies in flight while the current one is read (two stages), the tile's page ids read once per
-// page; an FP8 tile is converted to BF16 once (the hardware's E4M3 -> FP16 conversion, exact: V's
-// into shared memory, K's in registers as the scores read it), and every query head of the GQA
-// group reads it through the tensor cores (Q K^T and P V as
-// mma.sync m16n8k16, FlashInfer's tensor-core decode); it keeps an online softmax (running max,
-// running sum, rescaled output) and writes the chunk's normalised partial O and its log-sum-exp
-// (FP32). The last CTA to finish a row's chunks (a count per row, the CUDA guide's last-block
-// pattern) merges them by their LSE weights and writes O in BF16 (and, in an fp8 decode step, O's
-// FP8 1x128 operand for the O projection): no merge kernel, one graph node less a layer. Scores are
+// Decode attention is flash-decoding in three launches. A step's plan (kv_decode_plan_kernel, once
+// per step for every layer) lists on the device the (row, chunk) pairs that hold keys: each row's
+// cache length cut into chunks of kDecodeSplitKeys keys, its prompt's (its prefix) apart from its
+// own (rl/numerics/attention_tiles.h). The split kernel runs one CTA per listed pair and KV head (a
+// grid sized for the longest row the plan allows, CTAs past the list exiting at once): it brings
+// the chunk's keys and values into shared memory tile by tile, as they are stored (BF16 or FP8
+// codes), with 16-byte asynchronous copies (cp.async), the next tile's copies in flight while the
+// current one is read (two stages), the tile's page ids read once per page; an FP8 tile is
+// converted to BF16 once (the hardware's E4M3 -> FP16 conversion, exact: V's into shared memory,
+// K's in registers as the scores read it), and every query head of the GQA group reads it through
+// the tensor cores (Q K^T and P V as mma.sync m16n8k16, FlashInfer's tensor-core decode); it keeps
+// an online softmax (running max, running sum, rescaled output) and writes the chunk's normalised
+// partial O and its log-sum-exp (FP32). The combine kernel (FlashInfer's merge_states) merges each
+// row's chunks by their LSE weights, a lane per 8 outputs with all its loads in flight, and writes O
+// in BF16 (and, in an fp8 decode step, O's FP8 1x128 operand for the O projection). Scores are
 // exact BF16 products summed in d order, then scaled; exp is rl/numerics/fast_exp.h's (the CPU
 // engine's); P stays FP32 for the softmax sums and meets V as two BF16 terms (16 significant bits,
 // unlike the training kernel's single BF16 P); the output's is the only other rounding to BF16 (see
-// the kernel). A row's chunks depend on its own length and its
-// prompt's alone, never on the batch (its other rows, its size, the longest row): a sequence decodes
-// to the same bits whatever it is batched with, so a redone or preempted completion is the same.
+// the kernel). A row's chunks depend on its own length and its prompt's alone, never on the batch
+// (its other rows, its size, the longest row): a sequence decodes to the same bits whatever it is
+// batched with, so a redone or preempted completion is the same.
 // Cascade attention (FlashInfer's shared-prefix decode): the G samples of a prompt share its pages,
-// so their prefix chunks hold the same keys; one CTA per (prefix chunk, kv head, group of up to
-// kCascadeRows siblings) reads each tile once for the queries of all of them, each query computed
-// as its own row's CTA computes it, and the merge adds each row's own chunks by LSE as before.
+// so their prefix chunks hold the same keys; the plan's cascade list has one item per (prefix
+// chunk, group of up to kCascadeRows siblings), whose CTA reads each tile once for the queries of
+// all of them, each query computed as its own row's CTA computes it; the combine adds each row's
+// own chunks by LSE as before.
 //
 //   PagedKvCache cache(shape, Precision::FP8);       // the pools (bytes(shape, storage) for the plan)
 //   cache.reserve_decode(max_batch, heads, max_len); // the decode workspace, before any graph capture
 //   cache.set_scales(k_scales, v_scales);            // after every update (kv_amax_gpu + kv_scale_from_amax)
 //   cache.append(layer, k, v, slots, n, stream);     // prefill and every decode step
 //   cache.round_trip(layer, k, v, n, stream);        // prefill: attend over what the pages hold
-//   cache.decode_attention(layer, out, q, heads, page_table, max_pages, lens, prefixes, B, max_len, stream,
-//                          cascade);                // the groups of sibling rows (DecodeCascade), or none
+//   cache.plan_decode(lens, prefixes, B, max_len, stream, cascade);  // once a decode step
+//   cache.decode_attention(layer, out, q, heads, page_table, max_pages, stream);  // every layer of it
 #ifndef FP8RL_KV_CACHE_CUH
 #define FP8RL_KV_CACHE_CUH
 #include <algorithm>
@@ -156,14 +159,22 @@ struct DecodeCascade {
 };
 
 // Where decode attention writes its result: out [B][H D] BF16, with `operand` also its FP8 1x128
-// operand (rows B .. operand.rows zero codes); done [B]: per row, how many of its (chunk, kv head)
-// partials are written, zero between launches (the CTA that completes a row resets it).
+// operand (rows B .. operand.rows zero codes).
 struct DecodeOutput {
     __nv_bfloat16* out = nullptr;
     Fp8RowsOut operand;
-    uint32_t* done = nullptr;
     int B = 0;
 };
+
+// The keys of decode row r: len = min(lens[r], max_len) (keys past max_len are never read) and its
+// prefix (prefixes[r], null: 0) down to whole tiles, as the plan, the split and the combine cut it.
+struct DecodeRowKeys {
+    long len, prefix;
+};
+__device__ __forceinline__ DecodeRowKeys decode_row_keys(const int32_t* lens, const int32_t* prefixes, int max_len, long r) {
+    const long len = max(0L, (long)min(lens[r], max_len));
+    return {len, prefixes ? max(0L, min((long)prefixes[r], len)) / kDecodeTile * kDecodeTile : 0L};
+}
 
 // Four E4M3 codes (a 32-bit word, the lowest-addressed code in the low byte) as two pairs of BF16
 // (out[0]: codes 0, 1; out[1]: codes 2, 3), exactly: the hardware's conversion of two codes to two
@@ -223,80 +234,140 @@ __device__ __forceinline__ void store_words(void* p, const uint32_t (&w)[N]) {
     }
 }
 
-// Output d of (row, head) row_head: its chunks merged by their LSE weights, added in chunk order; a
-// row without keys (idle: every chunk's LSE is -inf) gets zero. Other CTAs wrote the partials in
-// this launch (or the one before): read through L2 (ld.global.cg), never a stale L1 line.
-template <int D>
-__device__ __forceinline__ float kv_decode_merged(const float* part_o, const float* part_lse, int chunks, long row_head,
-                                                  int d) {
-    const float* lse = part_lse + row_head * chunks;
-    float lse_max = -INFINITY;
-    for (int c = 0; c < chunks; c++) lse_max = fmaxf(lse_max, __ldcg(lse + c));
-    if (lse_max == -INFINITY) return 0.0f;
-    float weight_sum = 0.0f, acc = 0.0f;
-    for (int c = 0; c < chunks; c++) {
-        const float w = fast_exp(__ldcg(lse + c) - lse_max);  // 0 for an empty chunk
-        weight_sum += w;
-        acc += w * __ldcg(part_o + (row_head * chunks + c) * D + d);
+// ---- the plan: a decode step's work list, built on the device (FlashInfer's plan/run split) ----
+// Item i of a list is (items[2 i], items[2 i + 1]) = (row, or cascade group, and chunk), in (row,
+// chunk) order; counts[0] counts the per-row list, counts[1] the cascade list. Only chunks that
+// hold keys are listed, so the split kernel's CTAs past a list's count exit at their first load.
+constexpr int kDecodePlanThreads = 256;
+
+// The exclusive prefix sum of v over the CTA's kDecodePlanThreads threads, and *total their sum.
+__device__ int plan_exclusive_sum(int v, int* total) {
+    STATIC_SHARED(int, warp_sums, [kDecodePlanThreads / 32]);
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    int inclusive = v;
+    for (int offset = 1; offset < 32; offset *= 2) {
+        const int other = __shfl_up_sync(0xFFFFFFFFu, inclusive, offset);
+        if (lane >= offset) inclusive += other;
     }
-    return acc / weight_sum;
+    if (lane == 31) warp_sums[warp] = inclusive;
+    __syncthreads();
+    int before = 0, all = 0;
+    for (int w = 0; w < kDecodePlanThreads / 32; w++) before += w < warp ? warp_sums[w] : 0, all += warp_sums[w];
+    __syncthreads();  // read before the next call writes it
+    *total = all;
+    return before + inclusive - v;
 }
 
-// Row r of the result (DecodeOutput) from its merged chunks, by the CTA's warps, two 128-column
-// groups a warp as fp8_rows.cuh lays them out (a half warp a group, a lane 8 outputs); a row past
-// o.B gets zero codes alone.
-template <int D>
-__device__ void kv_decode_merge_row(const DecodeOutput& o, const float* part_o, const float* part_lse, int chunks, int H,
-                                    long r) {
-    const int cols = H * D, lane16 = threadIdx.x % kGroupLanes, half = (threadIdx.x % 32) / kGroupLanes;
-    FP8RL_NO_UNROLL
-    for (int pair = threadIdx.x / 32; pair < group_pairs(cols); pair += kDecodeThreads / 32) {  // warp-uniform
-        const int kb = pair * 2 + half, c = kb * FP8_BLOCK + lane16 * 8, count = r < o.B && c < cols ? min(8, cols - c) : 0;
-        float v[8];
-        for (int e = 0; e < 8; e++) {
-            const long i = r * cols + c + e;  // = row_head * D + d
-            v[e] = e < count ? round_bf16(kv_decode_merged<D>(part_o, part_lse, chunks, i / D, (int)(i % D))) : 0.0f;
+// One CTA: the per-row list (each row's chunks with keys, less the prefix chunks of a row a cascade
+// group serves: marked shared, with keys) and the cascade list (each group g < *cascade.count with
+// a live member still shared: its first such member's prefix chunks). The split kernel recomputes
+// each item's keys and members by the same rules (decode_row_keys, decode_chunk_keys).
+static __global__ void __launch_bounds__(kDecodePlanThreads)
+    kv_decode_plan_kernel(int32_t* row_items, int32_t* group_items, int32_t* counts, const int32_t* lens,
+                          const int32_t* prefixes, int B, int max_len, FastDivisor split, DecodeCascade cascade) {
+    auto row_span = [&](int r, int* first, int* end) {
+        const DecodeRowKeys k = decode_row_keys(lens, prefixes, max_len, r);
+        const int prefix_chunks = decode_span_chunks(k.prefix, split);
+        *end = prefix_chunks + decode_span_chunks(k.len - k.prefix, split);
+        *first = cascade.shared && cascade.shared[r] && k.len > 0 ? prefix_chunks : 0;
+    };
+    auto group_span = [&](int g, int* first, int* end) {
+        *first = *end = 0;
+        if (g >= *cascade.count) return;
+        for (int i = cascade.start[g]; i < cascade.start[g + 1]; i++) {
+            const DecodeRowKeys k = decode_row_keys(lens, prefixes, max_len, cascade.rows[i]);
+            if (k.len > 0 && cascade.shared[cascade.rows[i]]) return void(*end = decode_span_chunks(k.prefix, split));
         }
-        if (r < o.B) store8(o.out + r * cols + c, count, v);
-        if (o.operand) quantize_group8(v, (int)r, kb, cols, o.operand);
-    }
+    };
+    // each thread a run of consecutive rows (groups), placed after the runs before it
+    auto build = [&](int n, auto span, int32_t* items, int32_t* count) {
+        const int per = (n + kDecodePlanThreads - 1) / kDecodePlanThreads, begin = min(n, (int)threadIdx.x * per),
+                  end = min(n, begin + per);
+        int mine = 0, first, last;
+        for (int i = begin; i < end; i++) span(i, &first, &last), mine += max(0, last - first);
+        int total;
+        int at = plan_exclusive_sum(mine, &total);
+        for (int i = begin; i < end; i++) {
+            span(i, &first, &last);
+            for (int c = first; c < last; c++, at++) items[2 * at] = i, items[2 * at + 1] = c;
+        }
+        if (threadIdx.x == 0) *count = total;
+    };
+    build(B, row_span, row_items, counts);
+    build(cascade.rows ? cascade.max_groups : 0, group_span, group_items, counts + 1);
 }
 
-// After a CTA wrote its partials of rows[0 .. members) (one chunk of one kv head each): counts them,
-// and the CTA whose count completes a row's `units` (its chunks x kv heads, whichever launch or CTA
-// wrote them) merges the row and resets its count. Each thread's fence orders its partials before
-// the barrier and the count (release); the counting thread's fence after its atomic (acquire)
-// orders the other CTAs' partials before the barrier that lets the CTA read them (PTX memory model:
-// release and acquire patterns, bar.sync; the CUDA programming guide's memory-fence example). Every
-// thread of the CTA calls it (once: one copy of the merge in the kernel's code).
+// ---- the combine (FlashInfer's merge_states, FA2's split-KV combine) ------------------------------
+constexpr int kCombineThreads = 128;  // 4 warps: 8 groups of 128 outputs
+constexpr int kCombineBatch = 8;      // chunks whose loads a lane has in flight at once
+
+// Row blockIdx.x of the result from its chunks' partials, a half warp per 128-column group as
+// fp8_rows.cuh lays them out, a lane 8 outputs of one head: the lane loads its (row, head)'s chunk
+// LSEs, kCombineBatch at a time, all in flight; weighs each chunk once (fast_exp of its LSE less
+// their max); loads each chunk's 8 partial outputs with two 16-byte loads, a batch's in flight
+// together; and adds them in chunk order, without contraction, as cpu/attention.h's merge does:
+// no output waits on a chain of loads. The row's chunks are decode_row_chunks of its keys; an idle
+// row (none) gets zero. Rows past o.B get zero codes of o's FP8 operand alone. The partials were
+// written by the split launches before it: a kernel boundary orders them.
 template <int D>
-__device__ void kv_decode_arrive(const DecodeOutput& o, const float* part_o, const float* part_lse, int chunks, int H,
-                                 const long* rows, int members, uint32_t units, bool counted) {
-    STATIC_SHARED(uint32_t, completes, [kCascadeRows]);  // 1: this CTA completed rows[m]
-    __threadfence();
-    __syncthreads();  // every thread's partials are fenced
-    if ((int)threadIdx.x < members) {  // a padding row (not counted) is merged at once: its zero codes
-        completes[threadIdx.x] = !counted || atomicAdd(o.done + rows[threadIdx.x], 1u) == units - 1;
-        __threadfence();
+__global__ void __launch_bounds__(kCombineThreads)
+    kv_decode_combine_kernel(const float* part_o, const float* part_lse, const int32_t* lens, const int32_t* prefixes,
+                             int max_len, int H, int chunks, FastDivisor split, DecodeOutput o) {
+    static_assert(D % 8 == 0, "a lane's 8 outputs are one head's");
+    const long r = blockIdx.x;
+    const int cols = H * D, lane16 = threadIdx.x % kGroupLanes, half = (threadIdx.x % 32) / kGroupLanes;
+    const int pair = blockIdx.y * (kCombineThreads / 32) + threadIdx.x / 32;
+    if (pair >= group_pairs(cols)) return;  // the whole warp
+    const int kb = pair * 2 + half, c = kb * FP8_BLOCK + lane16 * 8;
+    const bool real = r < o.B && c < cols;  // cols is a multiple of 8: a lane's outputs are all real or none
+    float v[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    if (real) {
+        const DecodeRowKeys k = decode_row_keys(lens, prefixes, max_len, r);
+        const int n = decode_span_chunks(k.prefix, split) + decode_span_chunks(k.len - k.prefix, split);
+        const long row_head = r * H + c / D;
+        const float* lse = part_lse + row_head * chunks;
+        const float* out = part_o + row_head * chunks * D + c % D;
+        float lse_max = -INFINITY;
+        for (int c0 = 0; c0 < n; c0 += kCombineBatch) {
+            float l[kCombineBatch];
+            for (int i = 0; i < kCombineBatch; i++) l[i] = c0 + i < n ? lse[c0 + i] : -INFINITY;
+            for (int i = 0; i < kCombineBatch; i++) lse_max = fmaxf(lse_max, l[i]);
+        }
+        float weight_sum = 0.0f, acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+        for (int c0 = 0; c0 < n; c0 += kCombineBatch) {
+            float l[kCombineBatch];
+            float4 part[kCombineBatch][2];
+            for (int i = 0; i < kCombineBatch; i++)
+                if (c0 + i < n) {
+                    l[i] = lse[c0 + i];
+                    for (int h = 0; h < 2; h++) part[i][h] = reinterpret_cast<const float4*>(out + (long)(c0 + i) * D)[h];
+                }
+            for (int i = 0; i < kCombineBatch; i++)
+                if (c0 + i < n) {
+                    const float w = fast_exp(l[i] - lse_max), x[8] = {part[i][0].x, part[i][0].y, part[i][0].z, part[i][0].w,
+                                                                      part[i][1].x, part[i][1].y, part[i][1].z, part[i][1].w};
+                    weight_sum += w;
+                    for (int e = 0; e < 8; e++) acc[e] += mul_rn(w, x[e]);
+                }
+        }
+        if (n > 0)
+            for (int e = 0; e < 8; e++) v[e] = round_bf16(acc[e] / weight_sum);
+        store8(o.out + r * cols + c, 8, v);
     }
-    __syncthreads();  // the flags are written, and the rows' partials visible to the CTA
-    for (int m = 0; m < members; m++) {
-        if (!completes[m]) continue;  // CTA-uniform
-        kv_decode_merge_row<D>(o, part_o, part_lse, chunks, H, rows[m]);
-        if (threadIdx.x == 0 && counted) o.done[rows[m]] = 0;  // the row's every partial is counted: none arrives after
-    }
+    if (o.operand) quantize_group8(v, (int)r, kb, cols, o.operand);
 }
 
-// One CTA per (chunk blockIdx.x, kv head blockIdx.y, row blockIdx.z), or with cascade.rows per
-// (prefix chunk, kv head, cascade group blockIdx.z): the GQA group's query heads of its rows over one
-// chunk of keys, cut by decode_chunk_keys from len = min(lens[row], max_len) and its prefix
-// (prefixes[row], null: 0). A cascade CTA reads its group's first live row's pages: the rows share
-// their prompt's pages, and a copied partial page holds the same prefix keys. Every query's
-// arithmetic is the per-row launch's (the same tiles in the same order), so a row's bits do not
-// depend on whether a cascade CTA served it. Writes part_o [B][H][chunks][D] (the chunk's
-// softmax-weighted V, normalised by the chunk's sum) and part_lse [B][H][chunks] (-inf for a chunk
-// without keys, whose part_o is 0); the CTA that writes a row's last partial merges the row into `o`
-// (kv_decode_arrive). The per-row launch's z past o.B: rows of o's FP8 operand that get zero codes.
+// One CTA per work item blockIdx.x of the plan's list (kv_decode_plan_kernel) and kv head
+// blockIdx.y: a (row, chunk), or with cascade.rows a (cascade group, prefix chunk); items past
+// *item_count (the grid is the list's capacity, fixed for a graph) exit at once. The CTA computes
+// the GQA group's query heads of its rows over one chunk of keys, cut by decode_chunk_keys from the
+// row's keys (decode_row_keys). A cascade CTA's rows are its group's live ones still marked shared
+// (an idle row has no keys and a refilled row left its group: the per-row list holds theirs); it
+// reads the first one's pages: the rows share their prompt's pages, and a copied partial page holds
+// the same prefix keys. Every query's arithmetic is the per-row launch's (the same tiles in the
+// same order), so a row's bits do not depend on whether a cascade CTA served it. Writes part_o
+// [B][H][chunks][D] (the chunk's softmax-weighted V, normalised by the chunk's sum) and part_lse
+// [B][H][chunks]; kv_decode_combine_kernel merges them.
 //
 // Per tile, on the tensor cores (mma.cuh, BF16 operands, FP32 accumulate), for all the CTA's queries
 // at once (m16 tiles of queries, the rows past them zero): with FP8 storage the landed codes are
@@ -320,7 +391,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
                            const Elem* v_pool, const float* k_scale, const float* v_scale, const int32_t* page_table,
                            int max_pages, const int32_t* lens, const int32_t* prefixes, int max_len, int H,
                            FastDivisor group, FastDivisor page_tokens, FastDivisor split_keys, int chunks,
-                           DecodeCascade cascade, DecodeOutput o) {
+                           DecodeCascade cascade, const int32_t* items, const int32_t* item_count) {
     constexpr bool fp8 = std::is_same<Elem, uint8_t>::value;
     constexpr int row_bytes = D * (int)sizeof(Elem), k_row = row_bytes + 16;  // a key row padded (bank groups)
     // copies of 16 bytes (8 for the 8-byte rows of FP8 at head dim 8), as many per row as it holds
@@ -329,28 +400,19 @@ __global__ void __launch_bounds__(kDecodeThreads)
     static_assert(row_bytes % copy_bytes == 0, "a row is whole 8- or 16-byte vectors");
     static_assert(D % 16 == 0 || D == 8, "the tensor cores' k is 16: head dims are multiples of 16, or 8 (padded)");
     DYNAMIC_SHARED(uint8_t, decode_smem);  // named apart from attention.cuh's BF16 `smem`: one extern symbol per name
-    const int kv_head = blockIdx.y, KV = gridDim.y, chunk = blockIdx.x;  // the grid's y: every kv head
+    if ((int)blockIdx.x >= *item_count) return;  // past the step's work
+    const int kv_head = blockIdx.y, KV = gridDim.y, chunk = items[2 * blockIdx.x + 1];  // the grid's y: every kv head
     const long head0 = (long)kv_head * group.d;
-    auto row_len = [&](long r) { return (long)min(lens[r], max_len); };  // keys past max_len are never read
-    auto row_prefix = [&](long r) { return prefixes ? min((long)prefixes[r], row_len(r)) / kDecodeTile * kDecodeTile : 0L; };
-    // the CTA's rows: one, or a cascade group's live ones still marked shared (an idle row's chunks
-    // are all empty and a refilled row left its group: the per-row launch writes theirs)
+    // the CTA's rows: one, or a cascade group's live ones still marked shared
     long rows[kCascadeRows];
     int members = 0;
-    const bool padding = !cascade.rows && (int)blockIdx.z >= o.B;  // a row of o's operand past B: zero codes
-    if (padding) {
-        if (chunk != 0 || kv_head != 0) return;  // one CTA writes them
-        rows[members++] = blockIdx.z;
-    } else if (cascade.rows) {
-        if ((int)blockIdx.z >= *cascade.count) return;
-        for (int i = cascade.start[blockIdx.z]; i < cascade.start[blockIdx.z + 1] && members < kCascadeRows; i++)
-            if (row_len(cascade.rows[i]) > 0 && cascade.shared[cascade.rows[i]]) rows[members++] = cascade.rows[i];
-        if (members == 0 || chunk >= decode_span_chunks(row_prefix(rows[0]), split_keys)) return;
+    if (cascade.rows) {
+        const int g = items[2 * blockIdx.x];
+        for (int i = cascade.start[g]; i < cascade.start[g + 1] && members < kCascadeRows; i++)
+            if (decode_row_keys(lens, prefixes, max_len, cascade.rows[i]).len > 0 && cascade.shared[cascade.rows[i]])
+                rows[members++] = cascade.rows[i];
     } else {
-        rows[members++] = blockIdx.z;
-        if (cascade.shared && cascade.shared[blockIdx.z] && row_len(blockIdx.z) > 0 &&
-            chunk < decode_span_chunks(row_prefix(blockIdx.z), split_keys))
-            return;  // a cascade CTA computes this prefix chunk
+        rows[members++] = items[2 * blockIdx.x];
     }
     // this CTA's partials: a chunk of one kv head's queries of each of its rows
     auto write_partials = [&] {
@@ -363,23 +425,23 @@ __global__ void __launch_bounds__(kDecodeThreads)
         __nv_bfloat16 *p_hi = q_h + query_tiles * 16 * ld, *p_lo = p_hi + query_tiles * 16 * kDecodePld;
         float *o_s = reinterpret_cast<float*>(p_lo + query_tiles * 16 * kDecodePld), *p_s = o_s + queries * D,
               *max_s = p_s + queries * kDecodeTile, *sum_s = max_s + queries, *rescale_s = sum_s + queries;
-        const long len = row_len(rows[0]);
-        long key_begin, key_end;
-        decode_chunk_keys(len, row_prefix(rows[0]), split_keys, chunk, &key_begin, &key_end);
+        const DecodeRowKeys row_keys = decode_row_keys(lens, prefixes, max_len, rows[0]);
+        long key_begin, key_end;  // not empty: the plan lists chunks with keys
+        decode_chunk_keys(row_keys.len, row_keys.prefix, split_keys, chunk, &key_begin, &key_end);
         auto out_at = [&](int query) {  // the part_lse index of a query's (row, head, chunk)
             return (rows[group.div(query)] * H + head0 + group.mod(query)) * chunks + chunk;
         };
-        if (key_begin >= key_end) {  // an idle row or a chunk past the row's: reads nothing
-            for (int e = threadIdx.x; e < queries * D; e += kDecodeThreads) part_o[out_at(e / D) * D + e % D] = 0.0f;
-            for (int g = threadIdx.x; g < queries; g += kDecodeThreads) part_lse[out_at(g)] = -INFINITY;
-            return;
-        }
         // BF16 storage: the stored values as they are (scale 1)
         const float ks = fp8 ? k_scale[kv_head] : 1.0f, vs = fp8 ? v_scale[kv_head] : 1.0f, scale = 1.0f / sqrtf((float)D);
         const __nv_bfloat16 zero = __float2bfloat16_rn(0.0f);
-        for (int e = threadIdx.x; e < query_tiles * 16 * ld; e += kDecodeThreads) {  // rows past the queries, columns past D: 0
-            const int g = e / ld, d = e % ld;
-            q_h[e] = g < queries && d < D ? q[(rows[group.div(g)] * H + head0 + group.mod(g)) * D + d] : zero;
+        // q in 16-byte vectors, the real queries' alone; rows past them and columns past D are zeros
+        constexpr int q_vectors = ld / 8;  // per row of q_h: D / 8 of q's, then one of zeros
+        for (int e = threadIdx.x; e < query_tiles * 16 * q_vectors; e += kDecodeThreads) {
+            const int g = e / q_vectors, v = e % q_vectors;
+            uint4 x = make_uint4(0u, 0u, 0u, 0u);
+            if (g < queries && v < D / 8)
+                x = reinterpret_cast<const uint4*>(q + (rows[group.div(g)] * H + head0 + group.mod(g)) * D)[v];
+            reinterpret_cast<uint4*>(q_h + g * ld)[v] = x;
         }
         for (int e = threadIdx.x; e < query_tiles * 16 * kDecodePld; e += kDecodeThreads) p_hi[e] = p_lo[e] = zero;
         for (int e = threadIdx.x; e < queries * D; e += kDecodeThreads) o_s[e] = 0.0f;
@@ -462,7 +524,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
                 const int key = n0 + g8;  // a key past the tile's reads zeros (BF16: its cleared row)
                 const uint8_t* k_at = k_land + key * k_row;
                 for (int k0 = 0; k0 < D; k0 += 16) {
-                    uint32_t a[4], b[2];
+                    uint32_t a[4], b[2] = {0u, 0u};  // every branch below sets b; g++ cannot always tell
                     ldmatrix_a_fragment(a, q_h + m0 * ld + k0, ld);
                     for (int r = 0; r < 2; r++) {
                         const int d = k0 + 2 * t4 + 8 * r;
@@ -530,8 +592,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
             part_o[out_at(e / D) * D + e % D] = o_s[e] * vs / sum_s[e / D];
         for (int g = threadIdx.x; g < queries; g += kDecodeThreads) part_lse[out_at(g)] = max_s[g] + fast_log(sum_s[g]);
     };
-    if (!padding) write_partials();
-    kv_decode_arrive<D>(o, part_o, part_lse, chunks, H, rows, members, (uint32_t)(chunks * KV), !padding);
+    write_partials();
 }
 
 
@@ -665,9 +726,10 @@ class PagedKvCache {
     }
 
     // Sizes the decode workspace for up to max_batch rows of `heads` query heads and max_len keys,
-    // cut in chunks of split_keys, and the rows' partial counts (zeroed) (allocates), and allows the decode kernel the shared memory of its
-    // per-row and cascade CTAs: call it before capturing a graph. decode_attention fails if a call
-    // needs more.
+    // cut in chunks of split_keys: the partials and the work lists (per row, and per cascade group for
+    // up to max_batch groups) (allocates), and allows the split kernel the shared memory of its
+    // per-row and cascade CTAs: call it before capturing a graph. plan_decode and decode_attention
+    // fail if a call needs more.
     void reserve_decode(int max_batch, int heads, int max_len, int split_keys = kDecodeSplitKeys) {
         check_heads("reserve_decode", heads);
         check_split("reserve_decode", split_keys);
@@ -695,14 +757,15 @@ class PagedKvCache {
         const size_t partials = decode_partials_for(max_batch, heads, max_len, split_keys);
         part_o_.resize(partials * shape_.head_dim, "KV cache: decode partial outputs");
         part_lse_.resize(partials, "KV cache: decode partial LSE");
-        row_done_.resize((size_t)max_batch, "KV cache: decode rows' partial counts");
-        CUDA_CHECK(cudaMemset(row_done_.get(), 0, (size_t)max_batch * sizeof(uint32_t)));  // the kernels keep it zero
+        item_capacity_ = decode_items_for(max_batch, max_len, split_keys);
+        work_items_.resize(4 * item_capacity_, "KV cache: decode work lists");  // [per row, cascade][capacity][2]
+        work_counts_.resize(2, "KV cache: decode work counts");
         decode_group_ = group;
     }
     // Device bytes reserve_decode(max_batch, heads, max_len) takes, for the memory plan.
     static size_t decode_workspace_bytes(const KvCacheShape& shape, int max_batch, int heads, int max_len) {
         return decode_partials_for(max_batch, heads, max_len, kDecodeSplitKeys) * (shape.head_dim + 1) * sizeof(float) +
-               (size_t)max_batch * sizeof(uint32_t);
+               (4 * decode_items_for(max_batch, max_len, kDecodeSplitKeys) + 2) * sizeof(int32_t);
     }
     // The most rows one cascade group may hold (DecodeCascade), as reserve_decode set it; 1: no cascade.
     int cascade_rows() const { return cascade_rows_; }
@@ -710,73 +773,95 @@ class PagedKvCache {
     // The chunks per (row, head) decode_attention writes for rows of up to max_len keys.
     static int decode_chunks(int max_len, int split_keys = kDecodeSplitKeys) { return decode_max_chunks(max_len, split_keys); }
 
-    // out [B][H][D] BF16: for each row b, softmax(q_b k^T / sqrt(D)) v over the first lens[b] cached
-    // tokens of sequence b, whose pages are page_table[b * max_pages + 0 ..] (device int32); q
-    // [B][H][D] BF16; query head h reads kv head h / (H / kv_heads). lens[b] == 0: an idle row, zeros
-    // written, nothing read. prefixes[b] (device, null: 0) is the row's prompt prefix
-    // (decode_prefix_keys), chunked apart; cascade (device arrays, or none) names groups of rows of one
-    // prompt whose prefix chunks are computed once per tile for the group, with the same bits as
-    // without. max_len >= every lens[b] (keys past it are not read) fixes the grid; split_keys (a
-    // multiple of kDecodeTile) the chunks (tests cut finer). No host sync, no allocation, no attribute
-    // call: capturable in a CUDA graph, after reserve_decode. operand: also out's FP8 1x128 operand
-    // (cuda/kernels/fp8_rows.cuh), its rows from B to q.rows zero.
-    void decode_attention(int layer, __nv_bfloat16* out, const __nv_bfloat16* q, int heads, const int32_t* page_table,
-                          int max_pages, const int32_t* lens, const int32_t* prefixes, int B, int max_len,
-                          cudaStream_t stream, const DecodeCascade& cascade = DecodeCascade(),
-                          int split_keys = kDecodeSplitKeys, const Fp8RowsOut& operand = {}) {
-        check_layer("decode_attention", layer);
-        check_heads("decode_attention", heads);
-        check_split("decode_attention", split_keys);
-        if (B < 0 || max_len < 0 || max_pages < 0 || (long)max_len > (long)max_pages * shape_.page_tokens)
-            fail("PagedKvCache::decode_attention: B = %d, max_len = %d, max_pages = %d: need B, max_len >= 0 and "
-                 "max_len <= max_pages * page_tokens (%d)", B, max_len, max_pages, shape_.page_tokens);
-        if (B > 65535 || (operand && operand.rows > 65535))
-            fail("PagedKvCache::decode_attention: B = %d rows (operand: %d) exceeds a grid dimension (65535)", B,
-                 operand ? operand.rows : 0);
-        if (max_len > INT32_MAX - split_keys)  // the kernel's FastDivisor quotients need key counts < 2^31
-            fail("PagedKvCache::decode_attention: max_len = %d: at most %d keys a row", max_len, INT32_MAX - split_keys);
+    // The work of a decode step (FlashInfer's plan/run split), for the decode_attention calls that
+    // follow (every layer's): from the B rows' lengths lens[b] (device int32; 0: an idle row, zeros
+    // written, nothing read) and prompt prefixes prefixes[b] (device, null: 0; decode_prefix_keys,
+    // chunked apart), one kernel lists on the device the (row, chunk) pairs that hold keys, and
+    // with a cascade (device arrays, or none) the prefix chunks of its groups of rows of one prompt,
+    // computed once per tile for the group with the same bits as without. max_len >= every lens[b]
+    // (keys past it are not read) fixes the lists' capacity, the split launches' grids; split_keys
+    // (a multiple of kDecodeTile) the chunks (tests cut finer). No host sync, no allocation:
+    // capturable in a CUDA graph, after reserve_decode; the arrays are read when the launches run.
+    void plan_decode(const int32_t* lens, const int32_t* prefixes, int B, int max_len, cudaStream_t stream,
+                     const DecodeCascade& cascade = DecodeCascade(), int split_keys = kDecodeSplitKeys) {
+        check_split("plan_decode", split_keys);
+        if (B < 0 || max_len < 0 || B > 65535)
+            fail("PagedKvCache::plan_decode: B = %d rows, max_len = %d keys: need 0 <= B <= 65535 and max_len >= 0", B, max_len);
+        if (max_len > INT32_MAX - split_keys)  // the kernels' FastDivisor quotients need key counts < 2^31
+            fail("PagedKvCache::plan_decode: max_len = %d: at most %d keys a row", max_len, INT32_MAX - split_keys);
         const bool cascading = cascade.rows != nullptr;
         if (cascading != (cascade.start && cascade.count && cascade.shared) || cascade.max_groups < 0 ||
             (cascading && (cascade.max_groups > 65535 || !prefixes || cascade_rows_ < 2)))
-            fail("PagedKvCache::decode_attention: a cascade needs rows, start, count and shared, at most 65535 groups, "
+            fail("PagedKvCache::plan_decode: a cascade needs rows, start, count and shared, at most 65535 groups, "
                  "the rows' prefixes and reserve_decode's room for 2 rows a CTA (%d)", cascade_rows_);
-        if (operand)
-            check_fp8_rows_out("PagedKvCache::decode_attention (the output's FP8 operand)", B, heads * shape_.head_dim, operand);
-        if (B == 0) return;
         const int chunks = decode_max_chunks(max_len, split_keys);
-        if ((size_t)B * heads * chunks > part_lse_.size() || (size_t)B > row_done_.size() ||
-            heads / shape_.kv_heads > decode_group_)
+        if ((size_t)B * chunks > item_capacity_ ||
+            (cascading && (size_t)cascade.max_groups * decode_span_chunks(max_len, split_keys) > item_capacity_))
+            fail("PagedKvCache::plan_decode: %d rows (%d cascade groups) x %d chunks exceed the decode work lists (%zu "
+                 "items); call reserve_decode(max batch, heads, max_len) first", B, cascade.max_groups, chunks,
+                 item_capacity_);
+        plan_ = DecodePlan{lens, prefixes, B, max_len, split_keys, chunks, cascading ? cascade : DecodeCascade(), true};
+        if (B == 0) return;
+        LAUNCH_KERNEL(kv_decode_plan_kernel, 1, kDecodePlanThreads, 0, stream, work_items_.get(),
+                      work_items_.get() + 2 * item_capacity_, work_counts_.get(), lens, prefixes, B, max_len,
+                      FastDivisor(split_keys), plan_.cascade);
+    }
+
+    // out [B][H][D] BF16 for the rows of the last plan_decode: for each row b, softmax(q_b k^T /
+    // sqrt(D)) v over its first lens[b] cached tokens, whose pages are page_table[b * max_pages + 0
+    // ..] (device int32); q [B][H][D] BF16; query head h reads kv head h / (H / kv_heads). The split
+    // kernel computes the plan's (row, chunk) items into partials, the combine kernel merges each
+    // row's. No host sync, no allocation, no attribute call: capturable in a CUDA graph. operand:
+    // also out's FP8 1x128 operand (cuda/kernels/fp8_rows.cuh), its rows from B to operand.rows zero.
+    void decode_attention(int layer, __nv_bfloat16* out, const __nv_bfloat16* q, int heads, const int32_t* page_table,
+                          int max_pages, cudaStream_t stream, const Fp8RowsOut& operand = {}) {
+        check_layer("decode_attention", layer);
+        check_heads("decode_attention", heads);
+        const DecodePlan& p = plan_;
+        if (!p.made) fail("PagedKvCache::decode_attention: no plan: call plan_decode(lens, prefixes, B, max_len) first");
+        if (max_pages < 0 || (long)p.max_len > (long)max_pages * shape_.page_tokens)
+            fail("PagedKvCache::decode_attention: max_len = %d, max_pages = %d: need max_len <= max_pages * page_tokens "
+                 "(%d)", p.max_len, max_pages, shape_.page_tokens);
+        if (operand && operand.rows > 65535)
+            fail("PagedKvCache::decode_attention: the operand's %d rows exceed a grid dimension (65535)", operand.rows);
+        if (operand)
+            check_fp8_rows_out("PagedKvCache::decode_attention (the output's FP8 operand)", p.B, heads * shape_.head_dim, operand);
+        if (p.B == 0) return;
+        if ((size_t)p.B * heads * p.chunks > part_lse_.size() || heads / shape_.kv_heads > decode_group_)
             fail("PagedKvCache::decode_attention: %d rows x %d heads x %d chunks exceed the decode workspace (%zu "
-                 "partials, %d heads per kv head); call reserve_decode(max batch, heads, max_len) first", B, heads,
-                 chunks, part_lse_.size(), decode_group_);
+                 "partials, %d heads per kv head); call reserve_decode(max batch, heads, max_len) first", p.B, heads,
+                 p.chunks, part_lse_.size(), decode_group_);
         const int group = heads / shape_.kv_heads;
-        const FastDivisor group_div(group), page_div(shape_.page_tokens), split_div(split_keys);
+        const FastDivisor group_div(group), page_div(shape_.page_tokens), split_div(p.split_keys);
         DecodeOutput o;
-        o.out = out, o.operand = operand, o.done = row_done_.get(), o.B = B;
+        o.out = out, o.operand = operand, o.B = p.B;
         with_head_dim("PagedKvCache::decode_attention", shape_.head_dim, [&](auto head_dim) {
             constexpr int D = decltype(head_dim)::value;
             dispatch_storage([&](auto elem) {
                 using Elem = decltype(elem);
-                auto launch = [&](dim3 grid, int queries, const DecodeCascade& c) {
-                    LAUNCH_KERNEL((kv_decode_split_kernel<D, Elem>), grid, kDecodeThreads,
+                auto launch = [&](long items, int queries, const DecodeCascade& c, int list) {
+                    LAUNCH_KERNEL((kv_decode_split_kernel<D, Elem>), dim3((unsigned)items, shape_.kv_heads), kDecodeThreads,
                                   decode_smem_bytes(queries, D, sizeof(Elem)),  // allowed by reserve_decode
                                   stream, part_o_.get(), part_lse_.get(), q, layer_pool<Elem>(k_pool_, layer),
                                   layer_pool<Elem>(v_pool_, layer), layer_scales(k_scale_dev_, layer),
-                                  layer_scales(v_scale_dev_, layer), page_table, max_pages, lens, prefixes, max_len, heads,
-                                  group_div, page_div, split_div, chunks, c, o);
+                                  layer_scales(v_scale_dev_, layer), page_table, max_pages, p.lens, p.prefixes, p.max_len,
+                                  heads, group_div, page_div, split_div, p.chunks, c, work_items_.get() + 2 * list * item_capacity_,
+                                  work_counts_.get() + list);
                 };
-                DecodeCascade per_row;  // the rows' own chunks, and the prefix chunks no group computes
-                per_row.shared = cascade.shared;
-                launch(dim3(chunks, shape_.kv_heads, std::max(B, operand ? operand.rows : 0)), group, per_row);
-                if (cascading && cascade.max_groups > 0)
-                    launch(dim3(decode_span_chunks(max_len, split_keys), shape_.kv_heads, cascade.max_groups),
-                           cascade_rows_ * group, cascade);
+                launch((long)p.B * p.chunks, group, DecodeCascade(), 0);  // the per-row list
+                const long group_items = (long)p.cascade.max_groups * decode_span_chunks(p.max_len, p.split_keys);
+                if (p.cascade.rows && group_items > 0) launch(group_items, cascade_rows_ * group, p.cascade, 1);
+                const int rows = std::max(p.B, operand ? operand.rows : 0), warps = kCombineThreads / 32;
+                LAUNCH_KERNEL((kv_decode_combine_kernel<D>),
+                              dim3((unsigned)rows, (unsigned)((group_pairs(heads * D) + warps - 1) / warps)), kCombineThreads,
+                              0, stream, (const float*)part_o_.get(), (const float*)part_lse_.get(), p.lens, p.prefixes,
+                              p.max_len, heads, p.chunks, split_div, o);
             });
         });
     }
 
-    // The LSE of every (row, head, chunk) the last decode_attention wrote, [B][H][decode_chunks(max_len)]
-    // (-inf for a chunk without keys): tests read a row's chunks.
+    // The LSE of each (row, head, chunk) the last decode_attention wrote, [B][H][decode_chunks(max_len)]:
+    // a row's first decode_row_chunks(len, prefix) chunks (the others are not written): tests read them.
     const float* decode_chunk_lse() const { return part_lse_.get(); }
 
     // Copies page src to page dst in every layer, K and V (copy-on-write of a prompt's last partial
@@ -802,7 +887,16 @@ class PagedKvCache {
     DeviceArray<float> k_scale_dev_, v_scale_dev_;  // [layers][kv_heads]
     std::vector<float> k_scales_, v_scales_;
     DeviceArray<float> part_o_, part_lse_;  // decode workspace: [B][H][chunks][D], [B][H][chunks]
-    DeviceArray<uint32_t> row_done_;        // [B]: DecodeOutput::done
+    DeviceArray<int32_t> work_items_;       // the plan's lists: [per row, cascade][item_capacity_][row or group, chunk]
+    DeviceArray<int32_t> work_counts_;      // [2]: the lists' lengths
+    size_t item_capacity_ = 0;
+    // What the last plan_decode was given (the device arrays are read when the launches run)
+    struct DecodePlan {
+        const int32_t *lens = nullptr, *prefixes = nullptr;
+        int B = 0, max_len = 0, split_keys = kDecodeSplitKeys, chunks = 0;
+        DecodeCascade cascade;
+        bool made = false;
+    } plan_;
     int decode_group_ = 0;  // query heads per kv head reserve_decode allowed for
     int cascade_rows_ = 1;  // rows per cascade CTA reserve_decode allowed for
 
@@ -830,6 +924,10 @@ class PagedKvCache {
     // The most (row, head, chunk) partials decode_attention writes with up to max_batch rows of max_len keys.
     static size_t decode_partials_for(int max_batch, int heads, int max_len, int split_keys) {
         return (size_t)max_batch * heads * decode_max_chunks(max_len, split_keys);
+    }
+    // The items of either work list for up to max_batch rows (or cascade groups) of max_len keys.
+    static size_t decode_items_for(int max_batch, int max_len, int split_keys) {
+        return (size_t)max_batch * decode_max_chunks(max_len, split_keys);
     }
     static void check_split(const char* who, int split_keys) {
         if (split_keys < kDecodeTile || split_keys % kDecodeTile != 0)

@@ -247,9 +247,10 @@ struct RolloutState {
     LayerActsGpu A{};
     bf16* xf = nullptr;  // [rows][C] the final normed hidden
     float *rstdf = nullptr, *gemm_f32 = nullptr;
-    // Decode step graphs by bucket, kept across rollout() calls while what their launches take by
-    // value (graph_key) holds and no device buffer was allocated or freed since their capture.
-    std::map<int, cudaGraphExec_t> graphs;
+    // Decode step graphs by bucket and decode_len, kept across rollout() calls while what their
+    // launches take by value (graph_key) holds and no device buffer was allocated or freed since
+    // their capture.
+    std::map<std::pair<int, int>, cudaGraphExec_t> graphs;
     std::vector<uint64_t> graph_key;
     uint64_t graph_allocations = 0;
 
@@ -280,6 +281,21 @@ struct RolloutState {
     int max_new_tokens = 0;
 
     int limit(const Request& q) const { return q.forced ? (int)q.forced->size() : max_new_tokens; }
+    // The keys of the longest row at the window's first step, of the running and the standby
+    // requests (a refill takes a standby one): each row has at most this many plus the steps since.
+    long longest_at_steps() const {
+        long longest = 0;
+        for (int i : running) longest = std::max(longest, (long)requests[(size_t)i].prompt->size() + tokens_at_steps(requests[(size_t)i]));
+        for (const Admission& a : standby)
+            longest = std::max(longest, (long)requests[(size_t)a.request].prompt->size() + tokens_at_steps(requests[(size_t)a.request]));
+        return longest;
+    }
+    // The max_len a decode step's attention plans for, rows of at most `longest` keys: rounded up to
+    // whole chunks, so the steps of a chunk count share one graph, and at most max_len. Its grid
+    // follows the rows' lengths, not the configured maximum.
+    int decode_len(long longest) const {
+        return (int)std::min<long>(max_len, (longest + kDecodeSplitKeys - 1) / kDecodeSplitKeys * kDecodeSplitKeys);
+    }
     // the request's tokens when the window's decode steps begin (a fresh admission draws its first before them)
     static int tokens_at_steps(const Request& q) { return std::max<int>(1, (int)q.gen.tokens.size()); }
 
@@ -496,6 +512,7 @@ inline std::vector<Generation> GpuEngine::rollout(const std::vector<GenRequest>&
     if (kv_cache == Precision::FP32) fail("the GPU engine's KV cache is bf16 or fp8 (--kv_cache), not fp32");
     if (options_.one_fp8_weight_copy && weights != Precision::FP8)
         fail("internal: an engine with one FP8 weight copy generates in fp8, not %s", precision_name(weights));
+    need_fp8_weights(weights);
     if (requests.empty()) fail("generate: no prompts");
     if (s.max_new_tokens < 1) fail("generate: max_new_tokens must be at least 1");
     if (s.vocab_limit < 0 || s.vocab_limit > m.V) fail("generate: vocab_limit %d outside [0, %d]", s.vocab_limit, m.V);
@@ -628,7 +645,8 @@ inline std::vector<Generation> GpuEngine::rollout(const std::vector<GenRequest>&
         start_window(step, weights, s);
         const int bucket = decode_bucket((int)R.running.size(), slots);
         rollout_stats_.max_running = std::max(rollout_stats_.max_running, (int)R.running.size());
-        for (int k = 0; k < steps; k++) decode_step(bucket, weights, s);
+        const long longest = R.longest_at_steps();
+        for (int k = 0; k < steps; k++) decode_step(bucket, R.decode_len(longest + k), weights, s);
         collect_window(progress);
         rollout_stats_.windows++;
     }
@@ -752,7 +770,7 @@ inline void GpuEngine::replay_kept_tokens(const RolloutState::Request& q, Precis
         }
         R.ids.upload(ids), R.pos.upload(pos), R.cache_rows.upload(cache_rows), R.lens.upload(lens), R.prefix.upload(prefix);
         R.replay_table.upload(table);
-        decode_launches(rows, weights, R.replay_table.get(), nullptr);
+        decode_launches(rows, (int)(P + begin + rows), weights, R.replay_table.get(), nullptr);
         rollout_stats_.replayed_tokens += rows;
     }
 }
@@ -861,17 +879,17 @@ inline void GpuEngine::prefill(const std::vector<int>& prompt_ids, Precision wei
     rollout_stats_.prefill_tokens += T_;
 }
 
-// One decode step over `rows` rows (the bucket of the running slots): the launches, or the replay
-// of the bucket's graph, captured at its first step. Every input is on the device (the slots), so
-// steps follow each other without the host.
-inline void GpuEngine::decode_step(int rows, Precision weights, const SamplingConfig& s) {
+// One decode step over `rows` rows (the bucket of the running slots) of at most max_len keys
+// (decode_len): the launches, or the replay of the graph of the bucket and max_len, captured at its
+// first step. Every input is on the device (the slots), so steps follow each other without the host.
+inline void GpuEngine::decode_step(int rows, int max_len, Precision weights, const SamplingConfig& s) {
     PROFILE_RANGE("decode_step");
     RolloutState& R = *rollout_;
     rollout_stats_.decode_steps++;
     const int32_t* table = R.in_control<int32_t>(R.layout.table);
-    if (!options_.cuda_graphs) return decode_launches(rows, weights, table, &s);
+    if (!options_.cuda_graphs) return decode_launches(rows, max_len, weights, table, &s);
     if (device_allocations() != R.graph_allocations) R.drop_graphs();  // they may hold freed addresses
-    const auto graph = R.graphs.find(rows);
+    const auto graph = R.graphs.find({rows, max_len});
     if (graph != R.graphs.end()) {
         CUDA_CHECK(cudaGraphLaunch(graph->second, stream_));
         rollout_stats_.graph_launches++;
@@ -879,26 +897,27 @@ inline void GpuEngine::decode_step(int rows, Precision weights, const SamplingCo
     }
     // the warm-up computes this step; whatever the launches set up lazily (GEMM plans, kernel
     // attributes) is done by then, so the capture records kernels and device copies only
-    decode_launches(rows, weights, table, &s);
+    decode_launches(rows, max_len, weights, table, &s);
     cudaGraph_t captured = nullptr;
     CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-    decode_launches(rows, weights, table, &s);
+    decode_launches(rows, max_len, weights, table, &s);
     CUDA_CHECK(cudaStreamEndCapture(stream_, &captured));
     cudaGraphExec_t exec = nullptr;
     CUDA_CHECK(cudaGraphInstantiate(&exec, captured, 0));
     CUDA_CHECK(cudaGraphDestroy(captured));
-    R.graphs[rows] = exec;
+    R.graphs[{rows, max_len}] = exec;
     R.graph_allocations = device_allocations();
     rollout_stats_.graphs_captured++;
 }
 
-// The launches of a decode step over `rows` rows: embedding, per layer the shared attention inputs
-// (appending K and V), paged decode attention over `table` [rows][max_pages], the shared attention
-// outputs and MLP. Sampling (s not null): first the rows' inputs from the slots (decode_rows_gpu),
+// The launches of a decode step over `rows` rows of at most max_len keys: embedding, the step's
+// decode-attention plan, per layer the shared attention inputs (appending K and V), paged decode
+// attention over `table` [rows][max_pages], the shared attention outputs and MLP. Sampling (s not null): first the rows' inputs from the slots (decode_rows_gpu),
 // last the final norm, the tokens (sample_rows), each slot's advance (decode_commit_gpu) and the
 // standby slots taken by the rows whose slots stopped (decode_refill_gpu); without
 // it (replay_kept_tokens) the rows' inputs are uploaded and only the cache is written.
-inline void GpuEngine::decode_launches(int rows, Precision weights, const int32_t* table, const SamplingConfig* s) {
+inline void GpuEngine::decode_launches(int rows, int max_len, Precision weights, const int32_t* table,
+                                       const SamplingConfig* s) {
     RolloutState& R = *rollout_;
     const CpuModel& m = model_;
     const DecodeControlLayout& L = R.layout;
@@ -917,13 +936,13 @@ inline void GpuEngine::decode_launches(int rows, Precision weights, const int32_
         cascade.max_groups = rows / 2;
     }
     embedding_forward(A.x, wb(m.embed), R.ids.get(), rows, m.V, m.C, stream_);
+    R.cache->plan_decode(R.lens.get(), R.prefix.get(), rows, max_len, stream_, cascade);  // the rows' lengths: every layer's
     for (int l = 0; l < m.L; l++) {
         // the residual: the last layer's h1 + mlp; K and V appended to the cache by the q/k-norm + RoPE kernel
         attention_inputs(A, l > 0 ? &A : nullptr, l, r, R.cache->append_target(l, R.cache_rows.get()));
         // attention writes the O projection's FP8 operand itself (fp8_operand: none in bf16 or tensor scaling)
         const Fp8RowsOut att_operand = fp8_operand(r, m.H * m.D);
-        R.cache->decode_attention(l, A.att, A.q, m.H, table, R.max_pages, R.lens.get(), R.prefix.get(), rows, R.max_len,
-                                  stream_, cascade, kDecodeSplitKeys, att_operand);
+        R.cache->decode_attention(l, A.att, A.q, m.H, table, R.max_pages, stream_, att_operand);
         attention_outputs(A, l, r, false, (bool)att_operand);
     }
     if (!s) return;

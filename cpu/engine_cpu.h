@@ -11,6 +11,7 @@
 #include "rl/driver/engine.h"
 #include "cpu/generate.h"
 #include "cpu/model.h"
+#include "rl/model/fp8_export.h"
 #include "rl/model/weights.h"
 
 namespace fp8rl {
@@ -27,9 +28,10 @@ public:
           fp8_pow2_scales_(options.fp8_pow2_scales), kv_amax_reduce_(options.kv_amax_reduce), source_dir_(dir),
           weights_(ModelWeights::load(dir)), model_(weights_), grads_(weights_.num_floats(), 0.0f) {}
 
-    // A frozen copy (the KL reference policy): same weights, its own buffers.
+    // A frozen copy (the KL reference policy): same weights, its own buffers; no KV replay
+    // (without_kv_replay, rl/driver/engine.h).
     CpuEngine(const CpuEngine& other)
-        : kv_scale_per_head_(other.kv_scale_per_head_), train_kv_replay_(other.train_kv_replay_), fp8_scaling_(other.fp8_scaling_),
+        : kv_scale_per_head_(other.kv_scale_per_head_), train_kv_replay_(false), fp8_scaling_(other.fp8_scaling_),
           fp8_pow2_scales_(other.fp8_pow2_scales_), kv_amax_reduce_(other.kv_amax_reduce_), source_dir_(other.source_dir_),
           weights_(other.weights_), model_(weights_), grads_() {}
     CpuEngine& operator=(const CpuEngine&) = delete;  // model_ points into weights_
@@ -133,6 +135,18 @@ public:
     }
 
     void save_hf(const std::string& dir) override { fp8rl::save_hf(weights_, dir, source_dir_); }
+
+    // The prepared fp8 parameters' copies (quantized from the master on first use, as a rollout would).
+    std::vector<Fp8Tensor> fp8_weight_copies() override {
+        if (fp8_scaling_ != Fp8Scaling::Block)
+            fail("the FP8 export needs --fp8_scaling block (the format holds 128x128 block scales), not %s", fp8_scaling_name(fp8_scaling_));
+        std::vector<Fp8Tensor> out;
+        for (const Fp8Weight& w : params(Precision::FP8).fp8) out.push_back(w.w);
+        return out;
+    }
+    std::string save_hf_fp8(const std::string& dir, const std::vector<float>& master) override {
+        return write_fp8_hf_files(weights_, master, fp8_weight_copies(), dir, source_dir_, fp8_pow2_scales_);
+    }
 
 private:
     // generate(), or teacher forcing with `forced` completions.

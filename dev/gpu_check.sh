@@ -19,9 +19,10 @@
 #     (make -j16 WERROR=0, one object per test file: the longest nvcc units, the engine's, set it;
 #     --prebuilt: none, the binaries come from make gpu-bundle's build/gpu-bundle)
 #   2 the PTX wrappers and the emulator's assumptions on the device    5      20
-#     (mma fragment layouts, shuffles, votes, atomics, shared memory, graphs, launch limits, the
-#     FP8 encoder over all 2^32 floats, cuBLASLt's VEC128/BLK128x128 scale layouts against the CPU
-#     emulation and a wrong layout caught): the likeliest to find what emulation cannot
+#     (mma fragment layouts, ldmatrix, shuffles, votes, atomics, shared memory, graphs, launch limits,
+#     the FP8 encoder over all 2^32 floats, the hardware's E4M3 -> BF16 conversion of all 256 codes,
+#     decode attention's plan replayed in a graph, cuBLASLt's VEC128/BLK128x128 scale layouts against
+#     the CPU emulation and a wrong layout caught): the likeliest to find what emulation cannot
 #   3 ./test_gpu: every kernel against the CPU engine                  40      75
 #     (GPU time is small; the CPU references of the engine tests dominate)
 #   4 the engine against train_rl_cpu on a tiny fixture model          10      30
@@ -79,7 +80,8 @@ emu=0
 bundle=build/gpu-bundle
 # the tests part 2 runs on the device, by name (the runner fails on a filter that matches no test)
 device_tests=(mma_ wgmma_ emu_ gpu_fp8_device_encoder gpu_fp8_gemms_match_cpu_emulation_at_each_granularity
-    gpu_fp8_wrong_scale_layout)
+    gpu_fp8_wrong_scale_layout ldmatrix_fragments_equal_the_plain_fragment_loads kv_decode_converts_every_e4m3_code_exactly
+    kv_decode_attention_replays_in_a_graph)
 benches=(fp8_gemm attention train_step rollout)
 cpu_bin=./train_rl_cpu
 rl_step_room_gb=10  # part 5e's checkpoint, 8 GB of FP32 state, and a margin

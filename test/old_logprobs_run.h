@@ -72,6 +72,8 @@ public:
     void save_state(TrainerState& s) override { e_.save_state(s); }
     void load_state(const TrainerState& s) override { e_.load_state(s); }
     void save_hf(const std::string& dir) override { e_.save_hf(dir); }
+    std::vector<Fp8Tensor> fp8_weight_copies() override { return e_.fp8_weight_copies(); }
+    std::string save_hf_fp8(const std::string& dir, const std::vector<float>& master) override { return e_.save_hf_fp8(dir, master); }
 
 private:
     Engine& e_;
@@ -116,7 +118,7 @@ inline Run train(const std::string& flags, bool always_pass, int steps = 3, int 
     EngineT engine(dir, engine_options_from_args(args));
     EngineT reference(engine);
     RecordingEngine rec(engine, cfg.train_precision);
-    Trainer trainer(cfg, dist, rec, &reference, *tok, dir, training_prompts(cfg), eval_prompts(cfg));
+    Trainer trainer(cfg, dist, rec, &reference, *tok, dir, training_prompts(cfg), eval_sets(cfg));
     Run r;
     for (int64_t s = 0; s < cfg.steps; s++) {
         rec.begin_step();

@@ -80,9 +80,10 @@ std::string error_line(const std::string& out) {
 
 const char* const kQwen3_8B = "test/fixtures/configs/qwen3_8b";
 const char* const kQwen3_32B = "test/fixtures/configs/qwen3_32b";
-// A modest run: 8 prompts x 8 samples, 512 + 1024 tokens, 16 rollout slots, 4k-token micro-batches.
+// A modest run: 8 prompts x 8 samples, 512 + 1024 tokens, 16 rollout slots, 4k-token micro-batches,
+// training in fp8 (rollout in bf16: a BF16 copy and two FP8 copies, issue 31's persistent state).
 const char* const kModestRun = "--max_prompt_tokens 512 --max_new_tokens 1024 --rollout_slots 16 --micro_batch_tokens 4096 "
-                               "--recompute layer --batch_prompts 8 --group_size 8";
+                               "--recompute layer --batch_prompts 8 --group_size 8 --train_precision fp8";
 
 }  // namespace
 
@@ -323,8 +324,8 @@ TEST(plan_ranks_refusals) {
 // --plan_ranks with --mode sft reads no data: Qwen2.5-7B's and -1.5B's SFT at 8k tokens on 8 ranks (InfiR2's
 // comparison, docs/results.md). Their parameter counts from their config.json's fields (Qwen2: biases on
 // q, k and v) are the model cards' 7.61B and 1.54B; the persistent lines are issue 31's formula's terms;
-// a micro-batch is one 8,192-token row; 4k-token micro-batches need fewer activation bytes; bf16 and fp8 plan the same
-// bytes (the engine keeps its FP8 copies and BF16 activations in both); without --max_seq_len, one line.
+// a micro-batch is one 8,192-token row; 4k-token micro-batches need fewer activation bytes; bf16 holds a BF16
+// copy and no FP8 weights, fp8 one FP8 copy (counted here from the shapes); without --max_seq_len, one line.
 TEST(plan_ranks_sft_at_8k_tokens) {
     if (std::system(("test -x " + harness::emu_binary()).c_str()) != 0) SKIP("./train_rl_emu not built (make train_rl_emu)");
     const double MiB = 1048576;
@@ -346,13 +347,27 @@ TEST(plan_ranks_sft_at_8k_tokens) {
             CHECK_NEAR(plan_mib(r.output, "FP32 master weights (1/8"), 4 * shard / MiB, 0, 0.05);
             CHECK_NEAR(plan_mib(r.output, "AdamW v (1/8"), 4 * shard / MiB, 0, 0.05);
             CHECK_NEAR(plan_mib(r.output, "FP32 gradients"), 4 * P / MiB, 0, 0.1);
-            CHECK_NEAR(plan_mib(r.output, "BF16 weight copy"), 2 * P / MiB, 0, 0.05);
+            // bf16 holds no FP8 weights; fp8 (SFT generates nothing) one FP8 copy without --rollout_precision fp8:
+            // every projection's codes and 128x128-block scales, the transpose of the largest ([gate|up]) before
+            // its dgrad, and BF16 only for what is not a projection and one layer (a BF16 pass casts it there)
+            const double Q = H * D, Kd = KV * D, proj = 2 * Q * C + 2 * Kd * C + 3 * I * C;
+            auto blocks = [](double n, double k) { return std::ceil(n / 128) * std::ceil(k / 128); };
+            const double scales = 2 * blocks(Q, C) + 2 * blocks(Kd, C) + 3 * blocks(I, C);
+            if (fp8) {
+                CHECK_NEAR(plan_mib(r.output, "FP8 weight copy + scale grids; one transpose"),
+                           (L * (proj + 4 * scales) + 2 * I * C + 4 * blocks(2 * I, C)) / MiB, 0, 0.05);
+                CHECK_NEAR(plan_mib(r.output, "BF16 copy: embeddings, norms, head; one layer"), 2 * (P - L * proj + layer) / MiB, 0, 0.05);
+            } else {
+                CHECK_NEAR(plan_mib(r.output, "BF16 weight copy"), 2 * P / MiB, 0, 0.05);
+                CHECK_NEAR(plan_mib(r.output, "FP8 weight copies: none"), 0, 0, 0.05);
+            }
             outputs[fp8] = r.output;
             const harness::RunResult half = plan(harness::emu_binary(), dir, 8, flags + " --max_seq_len 4096 --micro_batch_tokens 4096");
             CHECK_MSG(half.status == 0 && plan_mib(half.output, "activations per micro-batch") < plan_mib(r.output, "activations per micro-batch"),
                       "%s", half.output.c_str());
         }
-        CHECK_MSG(outputs[0] == outputs[1], "%s: bf16\n%s\nfp8\n%s", dir, outputs[0].c_str(), outputs[1].c_str());
+        printf("    %s --mode sft at 8 ranks: update phase peak %.0f MiB in bf16 (no FP8 weights), %.0f MiB in fp8 (one FP8 copy)\n",
+               dir, plan_mib(outputs[0], "update phase peak"), plan_mib(outputs[1], "update phase peak"));
     }
     const harness::RunResult bare = plan(harness::emu_binary(), "test/fixtures/configs/qwen2_5_7b", 8, "--mode sft --batch_seqs 8");
     CHECK_MSG(bare.status == 1 && error_line(bare.output).find("--max_seq_len N") != std::string::npos, "%s", bare.output.c_str());

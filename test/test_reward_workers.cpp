@@ -49,8 +49,9 @@ std::vector<std::string> log_without_scorer(const std::string& dir) {
         std::string kept;
         for (const auto& kv : row.fields) {
             const std::string& k = kv.first;
+            // maj@n votes over the verifier's extracted answers, which an HTTP scorer's {"rewards": [...]} does not carry
             if (k.rfind("timing_s/", 0) == 0 || k.rfind("perf/", 0) == 0 || k.rfind("memory/", 0) == 0 || k.rfind("reward/", 0) == 0 ||
-                k.rfind("val/reward/", 0) == 0)
+                k.rfind("val/reward/", 0) == 0 || k.find("/acc/maj@") != std::string::npos)
                 continue;
             kept += k + "=" + (kv.second.is_null() ? std::string("null") : strfmt("%.17g", kv.second.number)) + " ";
         }
@@ -233,6 +234,24 @@ TEST(reward_cmd_failures_end_the_run_with_one_line) {
     CHECK_MSG(r.status == 1 && r.output.find("step 2: ") != std::string::npos, "exit %d: %s", r.status, r.output.c_str());
     TrainerState s = final_state(d + "/ckpt");
     CHECK_EQ(s.step, (int64_t)1);
+}
+
+// A scorer's flags without the scorer are refused, as are both scorers at once.
+TEST(reward_flags_without_their_scorer_are_refused) {
+    struct Case {
+        std::string flags, message;
+    } cases[] = {
+        {"--reward_workers 4", "--reward_workers applies to --reward_cmd"},
+        {"--reward_batch 8", "--reward_batch applies to --reward_url"},
+        {"--reward_timeout 5", "--reward_timeout applies to --reward_cmd and --reward_url"},
+        {"--reward_cmd cat --reward_url http://127.0.0.1:1/", "give at most one of --reward_cmd and --reward_url"},
+        {"--reward_url https://127.0.0.1/r", "https is not supported"},
+    };
+    for (const Case& c : cases) {
+        harness::RunResult r = run_cmd(harness::binary() + " --score - " + c.flags + " < /dev/null");
+        CHECK_MSG(r.status == 1 && r.output.find("error: ") == 0 && r.output.find(c.message) != std::string::npos, "%s: exit %d: %s",
+                  c.flags.c_str(), r.status, r.output.c_str());
+    }
 }
 
 // --reward_on_timeout: the responses of a scorer that never answers get that reward, counted.

@@ -419,9 +419,11 @@ TEST(trainer_kv_replay_removes_the_fp8_kv_mismatch) {
     std::string d = temp_dir("kv_replay");
     const std::string run = " --init tiny --task add --task_size 2 --max_new_tokens 6 --group_size 4 --batch_prompts 8 --lr 3e-3"
                             " --steps 1 --eval_every 0 --seed 7 --threads 1 --rollout_precision bf16 --train_precision bf16";
-    double k3[3];
-    const char* flags[3] = {" --kv_cache bf16", " --kv_cache fp8", " --kv_cache fp8 --train_kv_replay 1"};
-    for (int i = 0; i < 3; i++) {
+    double k3[4];
+    // the last with the KL term: its frozen reference samples nothing and reads K and V unreplayed
+    const char* flags[4] = {" --kv_cache bf16", " --kv_cache fp8", " --kv_cache fp8 --train_kv_replay 1",
+                            " --kv_cache fp8 --train_kv_replay 1 --kl_coef 0.01"};
+    for (int i = 0; i < 4; i++) {
         const std::string out = strfmt("%s/run%d", d.c_str(), i);
         harness::RunResult r = run_cmd(harness::binary() + run + flags[i] + " --out_dir " + out);
         CHECK_MSG(r.status == 0, "%s", r.output.c_str());

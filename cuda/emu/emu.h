@@ -178,6 +178,7 @@ struct RangeStats {
     uint64_t calls = 0, kernel_launches = 0, gemm_calls = 0, host_syncs = 0, h2d_copies = 0, d2h_copies = 0,
              memset_bytes = 0, graph_launches = 0;
     std::map<std::string, uint64_t> kernels;  // launches per kernel, named as LAUNCH_KERNEL names it without template arguments
+    std::map<std::string, uint64_t> ctas;     // CTAs per kernel (its launches' grids), named alike
 };
 void range_push(const char* name);
 void range_pop();

@@ -34,6 +34,7 @@ struct Counted {
     enum Kind { Nothing, Kernel, Gemm, HostToDevice, DeviceToHost, Memset } kind = Nothing;
     const char* kernel = nullptr;  // Kernel: LAUNCH_KERNEL's name
     size_t bytes = 0;              // Memset
+    uint64_t ctas = 0;             // Kernel: its grid's CTAs
 };
 void count(const Counted& what);  // into the total and every open range, when counting
 void count_host_sync();

@@ -395,7 +395,7 @@ void launch(const char* name, const void* kernel, dim3 grid, dim3 block, size_t 
     enqueue(stream, [=] {
         // Queued, it may run after another launch's block made the static part known: refused then.
         if (!refuse_shared_memory(kernel_name.c_str(), *info, smem)) run_grid(kernel_name.c_str(), info, grid, block, smem, body);
-    }, false, 0, {Counted::Kernel, name});
+    }, false, 0, {Counted::Kernel, name, 0, (uint64_t)grid.x * grid.y * grid.z});
 }
 
 }  // namespace emu

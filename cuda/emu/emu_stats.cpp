@@ -3,7 +3,8 @@
 // (cuda/emu/emu_runtime.cpp) and the emulated cuBLASLt issue it; with FP8RL_EMU_STATS=FILE, one
 // JSON object written to FILE at exit:
 //   {"ranges": {NAME: {"calls", "kernel_launches", "gemm_calls", "host_syncs", "h2d_copies",
-//    "d2h_copies", "memset_bytes", "graph_launches", "kernels": {KERNEL: launches}}}, "total": {...}}
+//    "d2h_copies", "memset_bytes", "graph_launches", "kernels": {KERNEL: launches}, "ctas": {KERNEL: CTAs}}},
+//    "total": {...}}
 // Like the rest of the runtime it serves one host thread.
 #include <algorithm>
 #include <cstdio>
@@ -21,6 +22,7 @@ namespace {
 struct Range {
     RangeStats stats;                                  // stats.kernels is filled when read
     std::unordered_map<const char*, uint64_t> kernels;  // by LAUNCH_KERNEL's literal: no string built per launch
+    std::unordered_map<const char*, uint64_t> ctas;     // the launches' CTAs, alike
     int depth = 0;                                     // how many times it is open now
 };
 
@@ -35,7 +37,7 @@ void add(Range& r, const Counted& what) {
     RangeStats& s = r.stats;
     switch (what.kind) {
         case Counted::Nothing: break;
-        case Counted::Kernel: s.kernel_launches++, r.kernels[what.kernel]++; break;
+        case Counted::Kernel: s.kernel_launches++, r.kernels[what.kernel]++, r.ctas[what.kernel] += what.ctas; break;
         case Counted::Gemm: s.gemm_calls++; break;
         case Counted::HostToDevice: s.h2d_copies++; break;
         case Counted::DeviceToHost: s.d2h_copies++; break;
@@ -56,6 +58,7 @@ std::string kernel_name(const char* expression) {
 RangeStats read(const Range& r) {
     RangeStats s = r.stats;
     for (const auto& k : r.kernels) s.kernels[kernel_name(k.first)] += k.second;
+    for (const auto& k : r.ctas) s.ctas[kernel_name(k.first)] += k.second;
     return s;
 }
 
@@ -65,9 +68,11 @@ void write_stats(FILE* f, const RangeStats& s) {
             (unsigned long long)s.calls, (unsigned long long)s.kernel_launches, (unsigned long long)s.gemm_calls,
             (unsigned long long)s.host_syncs, (unsigned long long)s.h2d_copies, (unsigned long long)s.d2h_copies,
             (unsigned long long)s.memset_bytes, (unsigned long long)s.graph_launches);
-    const char* sep = "";
-    for (const auto& k : s.kernels) fprintf(f, "%s\"%s\": %llu", sep, k.first.c_str(), (unsigned long long)k.second), sep = ", ";
-    fprintf(f, "}}");
+    for (const auto* per_kernel : {&s.kernels, &s.ctas}) {
+        const char* sep = "";
+        for (const auto& k : *per_kernel) fprintf(f, "%s\"%s\": %llu", sep, k.first.c_str(), (unsigned long long)k.second), sep = ", ";
+        fputs(per_kernel == &s.kernels ? "}, \"ctas\": {" : "}}", f);
+    }
 }
 
 // At exit (names are identifiers and string literals of the engine's code: nothing to escape).
@@ -133,7 +138,7 @@ void range_pop() {
 }
 
 void start_stats() {
-    for (auto& r : ranges) r.second.stats = RangeStats(), r.second.kernels.clear();
+    for (auto& r : ranges) r.second.stats = RangeStats(), r.second.kernels.clear(), r.second.ctas.clear();
     total = Range();
     total.stats.calls = 1;
     counting = true;

@@ -60,6 +60,7 @@
 #include "cuda/kernels/rope.cuh"
 #include "cuda/kernels/swiglu.cuh"
 #include "fp8_gemm.cuh"
+#include "rl/model/fp8_export.h"
 #include "loss.cuh"
 #include "rl/driver/engine.h"
 #include "rl/driver/memory_fit.h"
@@ -132,7 +133,7 @@ class GpuEngine : public Engine {
         master_.resize(P, "FP32 master weights");
         master_.upload(weights_.master);
         size_t amax_words = 0, largest = 0;
-        for (int l = 0; l < model_.L; l++)
+        for (int l = 0; l < model_.L && options_.fp8_weights; l++)  // a bf16 run holds no FP8 weights
             for (int j = 0; j < kProjections; j++) {
                 const LinearWeight w = model_.projection(l, (Projection)j, nullptr);
                 fp8_.emplace_back(new Fp8Storage(w.N, w.K, options_.fp8_scaling, !one_copy, options_.fp8_pow2_scales));
@@ -156,17 +157,18 @@ class GpuEngine : public Engine {
             bf16_.resize(P, "BF16 weight copy");
         }
         std::vector<ProjectionTiles> tiles;
-        for (int l = 0; l < model_.L; l++) {
+        for (int l = 0; l < model_.L && options_.fp8_weights; l++) {
             const std::vector<ProjectionTiles> t = projection_tiles(l, 0);
             tiles.insert(tiles.end(), t.begin(), t.end());
         }
-        projections_.reset(new ProjectionTable(tiles, P));
+        if (options_.fp8_weights) projections_.reset(new ProjectionTable(tiles, P));
         if (amax_words) weight_amax_.resize(amax_words, "FP8 weight amax scratch");
         refresh_derived();
     }
 
     // A frozen copy (the KL reference policy): the same weights, no optimizer.
-    GpuEngine(const GpuEngine& other) : GpuEngine(other.source_dir_, other.options_) {
+    // A frozen copy (the KL reference) samples nothing, so it has no KV cache to replay.
+    GpuEngine(const GpuEngine& other) : GpuEngine(other.source_dir_, without_kv_replay(other.options_)) {
         if (other.shards_ > 1) fail("internal: a GpuEngine is copied before its optimizer shards its weights, not after");
         CUDA_CHECK(cudaMemcpy(master_.get(), other.master_.get(), master_.size() * sizeof(float), cudaMemcpyDeviceToDevice));
         refresh_derived();
@@ -190,6 +192,7 @@ class GpuEngine : public Engine {
         r.longest_sequence = d.longest_sequence;
         r.fp8_scaling = o.fp8_scaling;
         r.one_fp8_weight_copy = o.one_fp8_weight_copy;
+        r.fp8_weights = o.fp8_weights;
         r.offload_train_state = o.offload_train_state;
         if (d.rollout_requests > 0) fill_rollout_request(c, o, d, r);
         return r;
@@ -371,7 +374,7 @@ class GpuEngine : public Engine {
         PROFILE_RANGE("optimizer_step");
         need_state();
         steps_++;
-        if (shards_ == 1 && options_.fp8_scaling == Fp8Scaling::Block) {
+        if (shards_ == 1 && options_.fp8_scaling == Fp8Scaling::Block && options_.fp8_weights) {
             adamw_update_with_fp8_gpu(master_.get(), m_.get(), v_.get(), updated_bf16(0), grads_.get(), num_floats(),
                                       *projections_, adam_, steps_, lr, stream_);
             if (options_.one_fp8_weight_copy) cast_bf16_copy(master_.get(), {0, num_floats()});
@@ -435,6 +438,30 @@ class GpuEngine : public Engine {
             for (size_t i = 0; i < w.size(); i++) weights_.master[i] = __bfloat162float(w[i]);
         }
         fp8rl::save_hf(weights_, dir, source_dir_);
+    }
+
+    // The device's 128x128-block copies as they are (codes and scales downloaded, the scale grid's
+    // padding included): every rank holds them whole.
+    std::vector<Fp8Tensor> fp8_weight_copies() override {
+        if (options_.fp8_scaling != Fp8Scaling::Block)
+            fail("the FP8 export needs --fp8_scaling block (the format holds 128x128 block scales), not %s",
+                 fp8_scaling_name(options_.fp8_scaling));
+        CUDA_CHECK(cudaStreamSynchronize(stream_));
+        std::vector<Fp8Tensor> out;
+        for (int l = 0; l < model_.L; l++)
+            for (int j = 0; j < kProjections; j++) {
+                const LinearWeight w = model_.projection(l, (Projection)j, nullptr);
+                const Fp8Storage& f = *fp8_[(size_t)l * kProjections + j];
+                Fp8Tensor t;
+                t.rows = w.N, t.cols = w.K, t.layout = Fp8Layout::Blk128x128;
+                t.data = f.codes.download((size_t)w.N * w.K);
+                t.scale_inv = f.scales.download(blk128_scale_count(w.N, w.K));
+                out.push_back(std::move(t));
+            }
+        return out;
+    }
+    std::string save_hf_fp8(const std::string& dir, const std::vector<float>& master) override {
+        return write_fp8_hf_files(weights_, master, fp8_weight_copies(), dir, source_dir_, options_.fp8_pow2_scales);
     }
 
   private:
@@ -589,7 +616,13 @@ class GpuEngine : public Engine {
         const bf16* w16 = !options_.one_fp8_weight_copy ? bf16_.get() + offset
                           : bf16_layer_ == l            ? layer_bf16_.get() + (offset - buckets_.layers[l].begin)
                                                         : nullptr;
-        return {w16, &fp8_[(size_t)l * kProjections + j]->copy, w.N, w.K};
+        return {w16, fp8_.empty() ? nullptr : &fp8_[(size_t)l * kProjections + j]->copy, w.N, w.K};
+    }
+
+    // A pass in fp8 on an engine without FP8 weights (EngineOptions::fp8_weights) is the driver's bug.
+    void need_fp8_weights(Precision p) const {
+        if (p == Precision::FP8 && !options_.fp8_weights)
+            fail("internal: an engine without FP8 weights (a bf16 run) asked for an fp8 pass");
     }
 
     // One FP8 weight copy, a BF16 pass at layer l: the layer's weights in BF16 from the FP32 master
@@ -624,6 +657,7 @@ class GpuEngine : public Engine {
     // Every projection's FP8 copies from the FP32 master [P]: block in one tile pass (cuda/engine/adamw.cuh),
     // row and tensor weight by weight (requantize_layer).
     void requantize_projections(const float* master) {
+        if (!options_.fp8_weights) return;
         if (options_.fp8_scaling == Fp8Scaling::Block) return requantize_projections_gpu(master, *projections_, stream_);
         for (int l = 0; l < model_.L; l++) requantize_layer(master, 0, l);
     }
@@ -631,6 +665,7 @@ class GpuEngine : public Engine {
     // pass over the layer's table (ZeRO-2's, relative to its range), row and tensor by
     // fp8_gemm.cuh's fp8_requantize_weight_gpu.
     void requantize_layer(const float* master, size_t first, int l) {
+        if (!options_.fp8_weights) return;
         if (options_.fp8_scaling == Fp8Scaling::Block) return requantize_projections_gpu(master, *layer_projections_[l], stream_);
         for (int j = 0; j < kProjections; j++) {
             const LinearWeight w = model_.projection(l, (Projection)j, nullptr);
@@ -673,7 +708,7 @@ class GpuEngine : public Engine {
     void init_buckets() {
         bucket_.resize(2 * buckets_.largest, "ZeRO-2 gradient buckets");
         for (auto& e : bucket_free_) e.reset(new Event());
-        if (options_.fp8_scaling != Fp8Scaling::Block) return;
+        if (options_.fp8_scaling != Fp8Scaling::Block || !options_.fp8_weights) return;
         for (int l = 0; l < model_.L; l++)
             layer_projections_.emplace_back(
                 new ProjectionTable(projection_tiles(l, buckets_.layers[l].begin), buckets_.layers[l].size()));
@@ -846,8 +881,8 @@ class GpuEngine : public Engine {
     void write_cascade_groups();
     void replay_kept_tokens(const RolloutRequest& q, Precision weights);
     void collect_window(Progress* progress);
-    void decode_step(int rows, Precision weights, const SamplingConfig& s);
-    void decode_launches(int rows, Precision weights, const int32_t* table, const SamplingConfig* s);
+    void decode_step(int rows, int max_len, Precision weights, const SamplingConfig& s);
+    void decode_launches(int rows, int max_len, Precision weights, const int32_t* table, const SamplingConfig* s);
     void sample_rows(int rows, const SamplingConfig& s);
     // dx (BF16) and the weight (and bias) gradient of projection j (dy null: its FP8 operands are in the
     // scratch, written by its producer).
@@ -1077,6 +1112,7 @@ inline void GpuEngine::trunk_forward(const std::vector<Sequence>& seqs, Precisio
 
 inline void GpuEngine::forward(const std::vector<Sequence>& seqs, Precision p, bool for_backward, float temperature,
                                TokenValues* logprob, TokenValues* entropy, bool replay) {
+    need_fp8_weights(p);
     PROFILE_RANGE("forward");
     need_state();
     if (!(temperature > 0.0f)) fail("GpuEngine: temperature must be > 0 (got %g)", temperature);

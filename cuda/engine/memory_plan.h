@@ -42,6 +42,7 @@ struct MemoryPlanRequest {
     int64_t longest_sequence = 1;  // a micro-batch holds at least one sequence, however long
     Fp8Scaling fp8_scaling = Fp8Scaling::Block;  // --fp8_scaling: the FP8 copies' and operands' scales
     bool one_fp8_weight_copy = false;  // EngineOptions::one_fp8_weight_copy (rollout and training in fp8, block)
+    bool fp8_weights = true;           // EngineOptions::fp8_weights (false: a bf16 run, no FP8 weight copies)
     bool offload_train_state = false;  // --offload_train_state 1: master, moments (and gradients) off the device in the rollout
     // generation (rollout.cu's rollout_memory): its decode buffers, the KV page pool it asks for (every slot
     // at full length, or --kv_cache_mb) and the least it runs in, and the tokens of its largest prefill forward
@@ -229,7 +230,7 @@ inline MemoryPlan plan_memory(const ModelConfig& c, const MemoryPlanRequest& r, 
     p.gradients = 4 * grads + 8 * (std::max<size_t>(norm_blocks, 1) + 2);  // + the norm's partial sums
     p.grad_bucket = r.gradient_shards > 1 ? 2 * 4 * grad_buckets(c).largest : 0;
     p.bf16_copy = 2 * P;
-    p.fp8_copies = fp8_copy_bytes(c, r.fp8_scaling);
+    p.fp8_copies = r.fp8_weights ? fp8_copy_bytes(c, r.fp8_scaling) : 0;
     if (r.one_fp8_weight_copy) {  // BF16: the other tensors, and one layer's weights for a BF16 pass
         p.bf16_copy = 2 * (P - projection_floats(c)) + 2 * largest_layer_floats(c);
         p.fp8_copies = one_fp8_copy_bytes(c);
@@ -274,7 +275,7 @@ inline std::string memory_plan_text(const MemoryPlan& p, size_t device_bytes) {
         if (r.optimizer_shards > 1 && r.gradient_shards == 1) line("FP32 gather of one layer (BF16 passes)", p.grad_bucket);
     } else {
         line("BF16 weight copy", p.bf16_copy);
-        line("FP8 weight copies + scale grids", p.fp8_copies);
+        line(r.fp8_weights ? "FP8 weight copies + scale grids" : "FP8 weight copies: none (no pass runs in fp8)", p.fp8_copies);
     }
     s += "  update phase (log-prob passes, training forward and backward, AdamW):\n";
     line("activations per micro-batch", p.activations);

@@ -6,7 +6,8 @@
 // scales, since the cache itself is not kept through the update. The backward is straight through:
 // attention's dK and dV flow to the K and V as they were. cpu/kv_cache.h's kv_fp8_round_trip is the
 // CPU engine's twin.
-#pragma once
+#ifndef FP8RL_CUDA_KV_REPLAY_CUH
+#define FP8RL_CUDA_KV_REPLAY_CUH
 #include <algorithm>
 
 #include "kv_cache.cuh"
@@ -23,3 +24,5 @@ inline void kv_replay_round_trip(__nv_bfloat16* k, __nv_bfloat16* v, const float
 }
 
 }  // namespace fp8rl
+
+#endif  // FP8RL_CUDA_KV_REPLAY_CUH

@@ -17,6 +17,7 @@
 #include "rl/driver/args.h"
 #include "rl/common.h"
 #include "rl/driver/driver.h"
+#include "rl/driver/lm_encode.h"
 #include "rl/driver/lm_trainer.h"
 #include "rl/driver/memory_fit.h"
 #include "rl/io/jsonl.h"
@@ -215,7 +216,7 @@ void train_on_ranks(const Args& args, const Dist& dist, const char* binary) {
     std::unique_ptr<Tokenizer> tok = Tokenizer::load(dir + "/tokenizer.json");
     const PromptBudget budget{prompt_length_counter(*tok, dir, cfg.enable_thinking), dist.is_root()};
     PromptSource prompts = training_prompts(cfg, budget);
-    std::vector<Example> eval = eval_prompts(cfg, budget);
+    std::vector<EvalSet> eval = eval_sets(cfg, budget);
     // An engine on a device refuses here, before allocating, a run whose memory plan does not fit.
     RunShape shape{cfg, options, dist.size(), planned_prompt_tokens(cfg, budget.length, prompts)};
     const std::string plan = EngineT::device_memory_plan(load_model_config(dir), shape);
@@ -226,11 +227,12 @@ void train_on_ranks(const Args& args, const Dist& dist, const char* binary) {
     std::unique_ptr<EngineT> reference;  // a frozen copy, only when the KL term needs it
     if (cfg.kl_coef > 0) {
         if (!args.given("resume")) reference = std::make_unique<EngineT>(engine);
-        else if (args.given("model")) reference = std::make_unique<EngineT>(args.str("model"), options);
-        else reference = std::make_unique<EngineT>(cfg.out_dir + "/init_model", options);
+        else if (args.given("model")) reference = std::make_unique<EngineT>(args.str("model"), without_kv_replay(options));
+        else reference = std::make_unique<EngineT>(cfg.out_dir + "/init_model", without_kv_replay(options));
     }
     Trainer trainer(cfg, dist, engine, reference.get(), *tok, dir, std::move(prompts), std::move(eval));
     if (args.given("resume")) trainer.restore(load_trainer_state(dir));
+    if (cfg.eval_only) return trainer.evaluate_only(dir);  // before the logger: the run's files stay as they are
     Logger log(cfg.out_dir, dist.is_root(), trainer.step(), cfg.tensorboard);
     const std::string changed = args.given("resume") ? recipe_changes(dir, cfg) : "";
     if (!changed.empty()) log.print(changed);
@@ -239,19 +241,6 @@ void train_on_ranks(const Args& args, const Dist& dist, const char* binary) {
                      (long long)trainer.step() + 1, (long long)cfg.steps));
     trainer.run(log);
     log.print(files_line(cfg, log, trainer.dashboard_path()));
-}
-
-// The token that ends a completion (SFT) and a document (CPT): the model's first eos id (Qwen's
-// <|im_end|>, a fresh model's <|endoftext|>), and for documents the tokenizer's end-of-text token
-// where it has one.
-inline int32_t end_of_turn_id(const ModelConfig& c) {
-    if (c.eos_token_ids.empty()) fail("the model has no eos_token_id (config.json, generation_config.json); SFT ends each completion with it");
-    return (int32_t)c.eos_token_ids[0];
-}
-inline int32_t end_of_text_id(const Tokenizer& tok, const ModelConfig& c) {
-    for (const char* t : {"<|endoftext|>", "<|end_of_text|>"})
-        if (int id = tok.token_to_id(t); id >= 0) return id;
-    return end_of_turn_id(c);
 }
 
 // The memory plan of an SFT/CPT run is that of an RL run whose forwards are its own: --batch_seqs rows
@@ -264,6 +253,12 @@ inline TrainConfig lm_planned_config(const TrainConfig& cfg) {
     planned.eval_prompts = 1;
     planned.eval_k = 0;
     planned.sampling.max_new_tokens = 1;
+    if (!cfg.eval_task_sets.empty()) {  // the task eval's generations (rl/driver/eval.h)
+        planned.eval_prompts = cfg.eval_prompts;
+        planned.eval_k = cfg.eval.k;
+        planned.eval_every = 1;
+        planned.sampling.max_new_tokens = cfg.eval.sampling.max_new_tokens;
+    }
     return planned;
 }
 
@@ -283,36 +278,44 @@ void train_lm_on_ranks(const Args& args, const Dist& dist, const char* binary) {
     const ModelConfig mc = load_model_config(dir);
     const int64_t positions = mc.max_position_embeddings;
     std::unique_ptr<Tokenizer> tok = Tokenizer::load(dir + "/tokenizer.json");
-    std::vector<LmRow> train, eval;
+    LmSourceSpec spec;
+    spec.mode = cfg.mode;
+    spec.tok = tok.get();
+    spec.vocab = (int)mc.vocab_size;
+    spec.tokenizer_hash = tokenizer_hash(dir);
+    spec.seq_len = cfg.seq_len;
+    spec.doc_mask = cfg.doc_mask;
+    spec.log = dist.is_root();
+    std::unique_ptr<SftEncoder> enc;
     if (cfg.mode == "sft") {
         if (positions > 0 && cfg.max_seq_len > positions)
             fail("--max_seq_len %lld: the model has %lld positions (max_position_embeddings); use --max_seq_len %lld or less",
                  (long long)cfg.max_seq_len, (long long)positions, (long long)positions);
-        const int64_t longest = cfg.max_seq_len > 0 ? cfg.max_seq_len : positions;
-        SftEncoder enc(*tok, dir, cfg.enable_thinking, end_of_turn_id(mc));
-        train = load_sft_rows(cfg.data, enc, longest, dist.is_root());
-        if (!cfg.eval_data.empty()) eval = load_sft_rows(cfg.eval_data, enc, longest, dist.is_root());
+        spec.max_seq_len = cfg.max_seq_len > 0 ? cfg.max_seq_len : positions;
+        enc = std::make_unique<SftEncoder>(*tok, dir, cfg.enable_thinking, end_of_turn_id(mc));
+        spec.sft = enc.get();
     } else {
         if (positions > 0 && cfg.seq_len + 1 > positions)
             fail("--seq_len %lld: a window holds %lld tokens, more than the model's %lld positions (max_position_embeddings); "
                  "use --seq_len %lld or less",
                  (long long)cfg.seq_len, (long long)cfg.seq_len + 1, (long long)positions, (long long)positions - 1);
-        const int32_t eot = end_of_text_id(*tok, mc);
-        train = load_cpt_windows(cfg.data, tok.get(), (int)mc.vocab_size, eot, cfg.seq_len, cfg.doc_mask);
-        if (!cfg.eval_data.empty())
-            eval = load_cpt_windows(cfg.eval_data, tok.get(), (int)mc.vocab_size, eot, cfg.seq_len, cfg.doc_mask);
+        spec.end_of_text = end_of_text_id(*tok, mc);
     }
+    std::unique_ptr<LmStream> train = open_lm_stream(cfg.data, cfg.data_mix, spec, cfg.seed);
+    std::unique_ptr<LmRows> eval = cfg.eval_data.empty() ? nullptr : open_lm_rows(cfg.eval_data, spec);
     EngineOptions options = training_engine_options(args, cfg);
-    int64_t longest = 0;
-    for (const std::vector<LmRow>* rows : {&train, &eval})
-        for (const LmRow& r : *rows)
-            for (const LmSequence& s : r) longest = std::max(longest, (int64_t)s.ids.size());
-    // (a CPT window split at documents is no longer in all)
+    // (a CPT window split at documents is no longer in all; a shard's windows are planned at seq_len + 1)
+    const int64_t longest = std::max(train->longest(), eval ? eval->longest() : 0);
     RunShape shape{lm_planned_config(cfg), options, dist.size(), std::max<int64_t>(1, longest - 1)};
     const std::string plan = EngineT::device_memory_plan(mc, shape);
     if (dist.is_root()) printf("%s", plan.c_str());
     EngineT engine(dir, options);
     LmTrainer trainer(cfg, dist, engine, std::move(train), std::move(eval));
+    if (!cfg.eval_task_sets.empty()) {  // --eval_task_data: the RL eval's sets, under their own flag
+        TrainConfig sets = cfg;
+        sets.eval_sets = cfg.eval_task_sets;
+        trainer.set_task_eval(eval_sets(sets), *tok, dir);
+    }
     if (args.given("resume")) trainer.restore(load_trainer_state(dir));
     Logger log(cfg.out_dir, dist.is_root(), trainer.step(), cfg.tensorboard);
     const std::string changed = args.given("resume") ? recipe_changes(dir, cfg) : "";
@@ -408,6 +411,7 @@ int run_cli(const Args& args, const char* binary, FlagEngine flags) {
         write_mode_output(args.str("output"), score_jsonl_external(text, source, *scorer, args.str("task")));
         return 0;
     }
+    if (args.given("encode_bin")) return run_encode_bin(args);
     for (const char* mode : {"encode", "decode", "chat"})
         if (args.given(mode)) return run_tokenizer_mode(args, mode);
     if (args.given("logprobs")) {

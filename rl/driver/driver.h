@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <string>
@@ -157,7 +158,7 @@ class Trainer {
 public:
     // model_dir: where the tokenizer's chat template is read from, for dataset rows with "messages".
     Trainer(TrainConfig cfg, const Dist& dist, Engine& engine, Engine* reference, const Tokenizer& tok,
-            const std::string& model_dir, PromptSource train, std::vector<Example> eval)
+            const std::string& model_dir, PromptSource train, std::vector<EvalSet> eval)
         : cfg_(std::move(cfg)), dist_(dist), engine_(engine), ref_(reference), tok_(tok), model_dir_(model_dir),
           train_(std::move(train)), eval_(std::move(eval)), scorer_(make_scorer(cfg_.reward)) {
         engine_.init_optimizer(cfg_.adam, dist_);
@@ -199,7 +200,7 @@ public:
             }
             log.record(m);
             log.print(step_line(m, cfg_.steps));
-            if (m.has("val-core/" + cfg_.task + "/acc/greedy")) log.print(eval_line(m));
+            if (eval && !eval_.empty()) log.print(eval_lines(m));
             if ((eval || last) && log.enabled()) write_dashboard(dashboard_path(), dashboard_title(), log.rows());
             if ((cfg_.save_every > 0 && step_ % cfg_.save_every == 0) || last) save(log);
         }
@@ -215,14 +216,12 @@ public:
                       cfg_.calibrated_clip == 1 ? "on" : cfg_.calibrated_clip == 2 ? "measuring" : "off");
     }
 
-    // The eval's readable line.
-    std::string eval_line(const MetricRow& m) const {
-        const std::string p = "val-core/" + cfg_.task + "/acc/";
-        std::string line = strfmt("  eval: greedy accuracy %.3f", m.get(p + "greedy"));
-        if (cfg_.eval_k > 0)
-            line += strfmt(", mean@%d %.3f, pass@%d %.3f", cfg_.eval_k, m.get(p + strfmt("mean@%d", cfg_.eval_k)), cfg_.eval_k,
-                           m.get(p + strfmt("pass@%d", cfg_.eval_k)));
-        return line + strfmt(" on %lld held-out prompts", (long long)m.get("val/num_prompts"));
+    // The eval's readable lines, one per set ("" without sets).
+    std::string eval_lines(const MetricRow& m) const {
+        std::string out;
+        for (const EvalSet& set : eval_)
+            out += (out.empty() ? "" : "\n") + eval_set_line(set.name, m, cfg_.eval.k, cfg_.eval.greedy);
+        return out;
     }
 
     // The state a checkpoint holds.
@@ -243,8 +242,13 @@ public:
 
     // One RL step; returns its metrics (reduced over ranks).
     MetricRow train_step();
-    // Greedy accuracy and mean@k / pass@k on the held-out prompts.
-    MetricRow evaluate();
+    // Every held-out set's scores (rl/driver/eval.h); with dump, each generation's --dump_eval line
+    // of this rank's prompts is appended to it.
+    MetricRow evaluate(std::string* dump = nullptr);
+    // --eval_only 1: one evaluate() of the loaded weights at this step, printed and written to
+    // OUT_DIR/eval.jsonl (its generations to OUT_DIR/eval_generations.jsonl with --dump_eval 1, one
+    // file per rank on several); nothing else is written.
+    void evaluate_only(const std::string& model_dir);
 
 private:
     TrainConfig cfg_;
@@ -255,7 +259,7 @@ private:
     std::string model_dir_;
     mutable std::unique_ptr<ChatTemplate> chat_;  // loaded at the first "messages" row
     PromptSource train_;
-    std::vector<Example> eval_;
+    std::vector<EvalSet> eval_;
     int64_t step_ = 0, cursor_ = 0, bad_steps_ = 0, consecutive_bad_ = 0;
     int64_t empty_passes_ = 0;  // this step's passes of no sequences (a collective pass on a rank with fewer micro-batches)
     CalibState bounds_;  // ratio bounds in force and Calibrated Clipping's state (its initial one when it is on)
@@ -268,7 +272,8 @@ private:
     std::vector<int32_t> encode_prompt(const Example& ex) const;
     std::string decode_response(const std::vector<int32_t>& tokens) const;
     std::vector<ScoreResult> score_generations(const std::vector<Example>& examples, int per_example,
-                                               const std::vector<GenRequest>& requests, const std::vector<Generation>& done, bool eval);
+                                               const std::vector<GenRequest>& requests, const std::vector<Generation>& done, bool eval,
+                                               const std::string& task);
     void report_reward_metrics(MetricRow& m, const std::string& prefix);
     std::vector<Sample> rollout(MetricRow& m, double* gen_seconds, int64_t* gen_tokens);
     TokenValues batched_logprobs(Engine& engine, const std::vector<Sequence>& seqs, const std::vector<size_t>& mb_begin,
@@ -296,12 +301,13 @@ inline std::string Trainer::decode_response(const std::vector<int32_t>& tokens) 
 }
 
 // Scores generation i, the answer to examples[i / per_example], as request id requests[i].sequence (the
-// same on any rank count) of this step (or of the eval after it), sample i % per_example of its group.
+// same on any rank count) of this step (or of the eval after it), sample i % per_example of its group,
+// for `task` (--task, or an eval set's).
 // An external scorer's time, timeouts and metrics add up until reported; its failure stops the run
 // (no checkpoint is written).
 inline std::vector<ScoreResult> Trainer::score_generations(const std::vector<Example>& examples, int per_example,
                                                            const std::vector<GenRequest>& requests, const std::vector<Generation>& done,
-                                                           bool eval) {
+                                                           bool eval, const std::string& task) {
     std::vector<ScoreRequest> batch(done.size());
     std::vector<std::string> prompts(examples.size());
     for (size_t e = 0; e < examples.size(); e++)  // the text the model saw: a plain prompt, or the rendered chat
@@ -313,7 +319,7 @@ inline std::vector<ScoreResult> Trainer::score_generations(const std::vector<Exa
         const Example& ex = examples[i / (size_t)per_example];
         ScoreRequest& r = batch[i];
         r.id = requests[i].sequence;
-        r.task = cfg_.task;
+        r.task = task;
         r.prompt = prompts[i / (size_t)per_example];
         r.response = decode_response(done[i].tokens);
         r.answer = ex.answer;
@@ -405,7 +411,7 @@ inline std::vector<Sample> Trainer::rollout(MetricRow& m, double* gen_seconds, i
         std::vector<Generation> done =
             engine_.generate(requests, (uint32_t)step_, cfg_.sampling, cfg_.rollout_precision, cfg_.kv_cache, &bar);
         *gen_seconds += seconds_since(t0);
-        std::vector<ScoreResult> verdicts = score_generations(examples, G, requests, done, false);
+        std::vector<ScoreResult> verdicts = score_generations(examples, G, requests, done, false, cfg_.task);
         std::vector<Sample> batch(done.size());
         std::vector<double> batch_rewards(done.size());
         for (size_t i = 0; i < done.size(); i++) {
@@ -777,48 +783,40 @@ inline MetricRow Trainer::train_step() {
     return m;
 }
 
-inline MetricRow Trainer::evaluate() {
-    MetricRow m;
-    const int64_t n = (int64_t)eval_.size(), ranks = dist_.size();
-    const int64_t begin = n * dist_.rank() / ranks, end = n * (dist_.rank() + 1) / ranks;
-    std::vector<GenRequest> greedy, sampled;
-    const int k = cfg_.eval_k;
-    const std::vector<Example> examples(eval_.begin() + begin, eval_.begin() + end);
-    for (int64_t i = begin; i < end; i++) {
-        std::vector<int32_t> prompt = encode_prompt(eval_[(size_t)i]);
-        greedy.push_back({prompt, (uint32_t)i});
-        for (int j = 0; j < k; j++) sampled.push_back({prompt, (uint32_t)(i * k + j)});
-    }
-    SamplingConfig g = cfg_.sampling;
-    g.temperature = 0.0f;
-    const uint32_t eval_step = 0x80000000u | (uint32_t)step_;  // eval draws never collide with training draws
+inline MetricRow Trainer::evaluate(std::string* dump) {
     enter_phase(Engine::Phase::Rollout);
-    std::vector<Generation> out = engine_.generate(greedy, eval_step, g, cfg_.rollout_precision, cfg_.kv_cache, nullptr);
-    std::vector<double> sums(4, 0.0);  // [greedy correct, sampled correct, prompts with any correct, prompts]
-    std::vector<ScoreResult> scored = score_generations(examples, 1, greedy, out, true);
-    for (const ScoreResult& r : scored) sums[0] += r.verdict.correct;
-    if (k > 0) {
-        out = engine_.generate(sampled, eval_step, cfg_.sampling, cfg_.rollout_precision, cfg_.kv_cache, nullptr);
-        scored = score_generations(examples, k, sampled, out, true);
-        for (int64_t i = 0; i < end - begin; i++) {
-            int correct = 0;
-            for (int j = 0; j < k; j++) correct += scored[(size_t)(i * k + j)].verdict.correct;
-            sums[1] += (double)correct / k;
-            sums[2] += correct > 0;
-        }
-    }
+    MetricRow m = evaluate_sets(
+        engine_, dist_, eval_, cfg_.eval, cfg_.rollout_precision, cfg_.kv_cache, step_, cfg_.sampling.vocab_limit,
+        [&](const Example& ex) { return encode_prompt(ex); },
+        [&](const std::vector<int32_t>& ids, bool skip_special) { return tok_.decode(std::vector<int>(ids.begin(), ids.end()), skip_special); },
+        [&](const EvalSet& set, const std::vector<Example>& examples, int per_example, const std::vector<GenRequest>& requests,
+            const std::vector<Generation>& done) {  // training's scorer: built-in or external, its failure rules
+            std::vector<Verdict> v;
+            for (const ScoreResult& r : score_generations(examples, per_example, requests, done, true, set.task)) v.push_back(r.verdict);
+            return v;
+        },
+        dump);
     enter_phase(Engine::Phase::Update);
-    sums[3] = (double)(end - begin);
-    dist_.all_reduce_sum(sums);
-    const std::string p = "val-core/" + cfg_.task + "/acc/";
-    m.set(p + "greedy", sums[0] / sums[3]);
-    if (k > 0) {
-        m.set(p + strfmt("mean@%d", k), sums[1] / sums[3]);
-        m.set(p + strfmt("pass@%d", k), sums[2] / sums[3]);
-    }
-    m.set("val/num_prompts", sums[3]);
     report_reward_metrics(m, "val/");
     return m;
+}
+
+inline void Trainer::evaluate_only(const std::string& model_dir) {
+    std::string dump;
+    MetricRow m;
+    m.set("training/global_step", (double)step_);
+    for (auto& kv : evaluate(cfg_.eval.dump ? &dump : nullptr).items) m.set(kv.first, kv.second);
+    std::string files;
+    if (cfg_.eval.dump) {
+        files = cfg_.out_dir + "/eval_generations" + (dist_.size() > 1 ? strfmt(".rank%d", dist_.rank()) : "") + ".jsonl";
+        write_file_atomic(files, dump);
+    }
+    if (!dist_.is_root()) return;
+    std::string line = "{\"model\":";
+    json_append_string(line, model_dir);
+    write_file_atomic(cfg_.out_dir + "/eval.jsonl", line + "," + metrics_json(m).substr(1) + "\n");
+    printf("eval of %s at step %lld:\n%s\nfiles: %s/eval.jsonl%s%s\n", model_dir.c_str(), (long long)step_, eval_lines(m).c_str(),
+           cfg_.out_dir.c_str(), files.empty() ? "" : " ", files.c_str());
 }
 
 // Writes a checkpoint of state (a HF directory of the engine's weights with recipe.json and the
@@ -826,11 +824,21 @@ inline MetricRow Trainer::evaluate() {
 inline void save_run_checkpoint(const TrainConfig& cfg, const Dist& dist, Engine& engine, const TrainerState& s, Logger& log) {
     auto t0 = std::chrono::steady_clock::now();
     if (dist.is_root()) {
+        std::string notice;
         std::string dir = save_checkpoint(cfg.out_dir, s, [&](const std::string& d) {
-            engine.save_hf(d);
+            if (cfg.save_format != SaveFormat::FP8) engine.save_hf(d);
+            if (cfg.save_format != SaveFormat::BF16) {
+                const std::string fp8_dir = cfg.save_format == SaveFormat::FP8 ? d : d + "/fp8";
+                std::error_code ec;
+                std::filesystem::create_directories(fp8_dir, ec);
+                if (ec) fail("%s: cannot create directory (%s)", fp8_dir.c_str(), ec.message().c_str());
+                notice = engine.save_hf_fp8(fp8_dir, s.master);
+            }
             write_file_atomic(d + "/" + kRecipeFile, recipe_json(cfg));
         });
+        if (!notice.empty()) log.print(notice);
         std::string line = "  checkpoint: " + dir + strfmt(" (%.1fs)", seconds_since(t0));
+        if (cfg.save_format != SaveFormat::BF16) line += cfg.save_format == SaveFormat::FP8 ? " (block FP8)" : " (bf16, block FP8 in fp8/)";
         if (cfg.keep_checkpoints > 0) {
             size_t removed = prune_checkpoints(cfg.out_dir, cfg.keep_checkpoints).size();
             if (removed) line += strfmt("; removed %zu older (--keep_checkpoints %lld)", removed, (long long)cfg.keep_checkpoints);

@@ -83,11 +83,21 @@ struct EngineOptions {
     // just before each dgrad, a BF16 pass casts each layer from the FP32 master as it goes, and BF16
     // is kept only for the other tensors (embeddings, norms, biases, head).
     bool one_fp8_weight_copy = false;
+    // GPU: the projections' FP8 copies exist; the driver clears it for a run that never computes in
+    // fp8 (rollout and training in bf16), which then holds no FP8 weights at all (a true BF16 baseline).
+    bool fp8_weights = true;
     // GPU, --offload_train_state 1: the FP32 master weights and AdamW moments wait in pinned host
     // memory during the rollout (the gradients, which hold nothing then, are freed), so the KV pool
     // gets their device memory.
     bool offload_train_state = false;
 };
+
+// The options of a frozen reference copy of a policy (the KL term): it samples nothing, so it has no
+// FP8 KV cache of its own to replay (--train_kv_replay applies to the policy's forwards).
+inline EngineOptions without_kv_replay(EngineOptions o) {
+    o.train_kv_replay = false;
+    return o;
+}
 
 // The most a training run asks of an engine's memory at once, known before the engine exists (an
 // engine on a device plans its memory with it: cuda/engine/memory_plan.h).
@@ -167,6 +177,12 @@ public:
 
     // Writes the weights as a HF directory (bf16 safetensors, config.json, tokenizer files).
     virtual void save_hf(const std::string& dir) = 0;
+    // The FP8 copy of every projection weight, [L * 4] fused [q|k|v], o, [gate|up], down of each layer
+    // in 128x128 blocks, as the FP8 GEMMs read it (--fp8_scaling block): what --save_format fp8 writes.
+    virtual std::vector<Fp8Tensor> fp8_weight_copies() = 0;
+    // Writes that copy as a block-FP8 HF directory into dir (rl/model/fp8_export.h), with `master`
+    // [num_floats()] (the one save_state gave) for the other tensors. Returns its notice line or "".
+    virtual std::string save_hf_fp8(const std::string& dir, const std::vector<float>& master) = 0;
 
     // The two phases of a step: the rollout (generation) and the update (log-prob passes, training,
     // checkpoints). An engine on a device holds each phase's buffers only during it, in the same

@@ -23,6 +23,7 @@
 #include "rl/common.h"
 #include "rl/driver/driver.h"
 #include "rl/io/json.h"
+#include "rl/io/token_shard.h"
 #include "rl/text/chat.h"
 #include "rl/text/tokenizer.h"
 
@@ -52,6 +53,22 @@ inline Sequence engine_sequence(const LmSequence& s, std::vector<uint8_t>* mask)
     mask->assign(s.loss.begin() + first, s.loss.end());
     return Sequence{s.ids, first};
 }
+
+// The token that ends a completion (SFT) and a document (CPT): the model's first eos id (Qwen's
+// <|im_end|>, a fresh model's <|endoftext|>), and for documents the tokenizer's end-of-text token
+// where it has one.
+inline int32_t end_of_turn_id(const ModelConfig& c) {
+    if (c.eos_token_ids.empty()) fail("the model has no eos_token_id (config.json, generation_config.json); SFT ends each completion with it");
+    return (int32_t)c.eos_token_ids[0];
+}
+inline int32_t end_of_text_id(const Tokenizer& tok, const ModelConfig& c) {
+    for (const char* t : {"<|endoftext|>", "<|end_of_text|>"})
+        if (int id = tok.token_to_id(t); id >= 0) return id;
+    return end_of_turn_id(c);
+}
+
+// The shard header's tokenizer hash: FNV-1a 64 of the model's tokenizer.json.
+inline uint64_t tokenizer_hash(const std::string& model_dir) { return fnv1a64(read_file(model_dir + "/tokenizer.json")); }
 
 // Tokens of a rendered text whose spans are trained on: the text is encoded piece by piece at the
 // span boundaries, which must give the ids of encoding it whole (else a span would start or end
@@ -87,28 +104,30 @@ public:
         : tok_(tok), model_dir_(std::move(model_dir)), enable_thinking_(enable_thinking), eot_(end_of_turn) {}
 
     LmSequence encode(const Json& row, const std::string& where) {
-        const char* shape = "each line must be {\"messages\": [...]} (a conversation) or {\"prompt\"|\"messages\": ..., "
-                            "\"completion\"|\"answer\": \"...\"}";
+        const char* shape = "each line must be {\"messages\": [...]} (a conversation), {\"prompt\": [...], \"completion\": [...]} "
+                            "(TRL's conversational rows) or {\"prompt\"|\"messages\": ..., \"completion\"|\"answer\": \"...\"}";
         if (!row.is_object()) fail("%s: a line must be a JSON object; %s", where.c_str(), shape);
         const Json* prompt = row.find("prompt");
         const Json* messages = row.find("messages");
         const Json* completion = row.find("completion");
         if (!completion) completion = row.find("answer");
         if ((prompt != nullptr) == (messages != nullptr)) fail("%s: give exactly one of \"prompt\" and \"messages\"; %s", where.c_str(), shape);
+        const Json* turns = messages ? messages : prompt->is_array() ? prompt : nullptr;  // a message list
         std::vector<ChatMessage> msgs;
-        if (messages) {
-            msgs = chat_messages_from_json(*messages, where);
-            for (size_t i = 0; i < msgs.size(); i++)
-                if (msgs[i].role != "system" && msgs[i].role != "user" && msgs[i].role != "assistant")
-                    fail("%s: messages[%zu]: role \"%s\" is not system, user or assistant", where.c_str(), i, msgs[i].role.c_str());
-        }
+        std::vector<bool> trained;  // [msgs] an assistant turn's "train" (default true)
+        if (turns) add_messages(*turns, where, messages ? "messages" : "prompt", &msgs, &trained);
         LmSequence s;
-        if (completion) {
+        if (completion && completion->is_array()) {  // TRL: the loss on the completion's assistant turns
+            if (!turns) fail("%s: a \"completion\" message list needs \"prompt\" as a message list too; %s", where.c_str(), shape);
+            trained.assign(trained.size(), false);
+            add_messages(*completion, where, "completion", &msgs, &trained);
+            s = conversation(msgs, trained, where);
+        } else if (completion) {
             if (!completion->is_string() && !completion->is_int())
-                fail("%s: \"completion\"/\"answer\" must be a string or an integer", where.c_str());
+                fail("%s: \"completion\"/\"answer\" must be a string, an integer or a message list", where.c_str());
             Example ex;
-            if (prompt) {
-                if (!prompt->is_string() || prompt->str.empty()) fail("%s: \"prompt\" must be a non-empty string", where.c_str());
+            if (!turns) {
+                if (!prompt->is_string() || prompt->str.empty()) fail("%s: \"prompt\" must be a non-empty string or a message list", where.c_str());
                 ex.prompt = prompt->str;
             }
             for (const ChatMessage& m : msgs) ex.messages.emplace_back(m.role, m.content);
@@ -120,16 +139,11 @@ public:
             s.loss.resize(s.ids.size(), 1);
         } else {
             if (!messages) fail("%s: a \"prompt\" row needs a \"completion\" (or \"answer\"); %s", where.c_str(), shape);
-            if (!chat_) chat_ = std::make_unique<ChatTemplate>(ChatTemplate::load(model_dir_));
-            ChatOptions opt;
-            opt.add_generation_prompt = false;
-            opt.enable_thinking = enable_thinking_;
-            TextSpans spans;
-            const std::string text = chat_->render(msgs, opt, &spans);
-            s = encode_with_spans(tok_, text, spans, where);
+            s = conversation(msgs, trained, where);
         }
         if (s.loss_tokens() == 0)
-            fail("%s: the row has no tokens to train on (a conversation needs an assistant turn); remove it", where.c_str());
+            fail("%s: the row has no tokens to train on (a conversation needs an assistant turn, not all \"train\": false); remove it",
+                 where.c_str());
         return s;
     }
 
@@ -139,6 +153,38 @@ private:
     int enable_thinking_;
     int32_t eot_;
     std::unique_ptr<ChatTemplate> chat_;
+
+    // The messages of a list (`key` names it in errors), each with its "train" flag.
+    static void add_messages(const Json& list, const std::string& where, const char* key, std::vector<ChatMessage>* msgs,
+                             std::vector<bool>* trained) {
+        const std::vector<ChatMessage> m = chat_messages_from_json(list, where + ": \"" + key + "\"");
+        for (size_t i = 0; i < m.size(); i++) {
+            if (m[i].role != "system" && m[i].role != "user" && m[i].role != "assistant")
+                fail("%s: %s[%zu]: role \"%s\" is not system, user or assistant", where.c_str(), key, i, m[i].role.c_str());
+            const Json* train = list.items[i].find("train");
+            if (train && !train->is_bool()) fail("%s: %s[%zu].train must be true or false", where.c_str(), key, i);
+            msgs->push_back(m[i]);
+            trained->push_back(!train || train->boolean);
+        }
+    }
+
+    // A conversation rendered by the chat template, the loss on its assistant turns whose flag is set
+    // (the template's spans are its assistant turns, in order).
+    LmSequence conversation(const std::vector<ChatMessage>& msgs, const std::vector<bool>& trained, const std::string& where) {
+        if (!chat_) chat_ = std::make_unique<ChatTemplate>(ChatTemplate::load(model_dir_));
+        ChatOptions opt;
+        opt.add_generation_prompt = false;
+        opt.enable_thinking = enable_thinking_;
+        TextSpans spans, kept;
+        const std::string text = chat_->render(msgs, opt, &spans);
+        size_t k = 0;
+        for (size_t i = 0; i < msgs.size(); i++)
+            if (msgs[i].role == "assistant" && k < spans.size()) {
+                if (trained[i]) kept.push_back(spans[k]);
+                k++;
+            }
+        return encode_with_spans(tok_, text, kept, where);
+    }
 };
 
 // Every non-blank line of a JSONL file, with its "file:line".
@@ -174,50 +220,70 @@ inline std::vector<LmRow> load_sft_rows(const std::string& path, SftEncoder& enc
     return rows;
 }
 
+// A CPT document's token ids: {"text"} through the tokenizer, or {"ids"} checked against the
+// vocabulary (the end-of-text id is the caller's to append).
+inline std::vector<int32_t> cpt_document_ids(const Json& row, const std::string& where, const Tokenizer* tok, int vocab) {
+    const Json* text = row.is_object() ? row.find("text") : nullptr;
+    const Json* ids = row.is_object() ? row.find("ids") : nullptr;
+    std::vector<int32_t> out;
+    if (text && text->is_string()) {
+        if (!tok) fail("%s: a \"text\" row needs a tokenizer", where.c_str());
+        for (int id : tok->encode(text->str, false)) out.push_back(id);
+    } else if (ids && ids->is_array()) {
+        for (const Json& id : ids->items) {
+            if (!id.is_int() || id.integer < 0 || id.integer >= vocab)
+                fail("%s: \"ids\" must be token ids in the vocabulary [0, %d)", where.c_str(), vocab);
+            out.push_back((int32_t)id.integer);
+        }
+    } else {
+        fail("%s: each line must be {\"text\": \"...\"} or {\"ids\": [...]} (--mode cpt)", where.c_str());
+    }
+    return out;
+}
+
+// How many windows of seq_len + 1 tokens a stream of `tokens` holds (the tail short of one is left out).
+inline int64_t cpt_window_count(int64_t tokens, int64_t seq_len) { return tokens < seq_len + 1 ? 0 : (tokens - 1) / seq_len; }
+
+// Window w of a token stream (token_at(t): the stream's token t): tokens [w seq_len, w seq_len + seq_len + 1),
+// one sequence, or under doc_mask cut after each end-of-text (a piece of one token, which predicts
+// nothing, left out).
+template <class TokenAt>
+LmRow cpt_window(const TokenAt& token_at, int64_t w, int64_t seq_len, bool doc_mask, int32_t end_of_text) {
+    LmRow row;
+    const int64_t b = w * seq_len, end = b + seq_len + 1;
+    std::vector<int32_t> ids;
+    for (int64_t t = b; t < end; t++) {
+        ids.push_back(token_at(t));
+        const bool cut = doc_mask && ids.back() == end_of_text && t + 1 < end;
+        if (!cut && t + 1 < end) continue;
+        if (ids.size() >= 2) {
+            LmSequence s;
+            s.ids = ids;
+            s.loss.assign(s.ids.size(), 1);
+            s.loss[0] = 0;
+            row.push_back(std::move(s));
+        }
+        ids.clear();
+    }
+    return row;
+}
+
 // CPT windows of a file: documents + end-of-text, concatenated, cut into windows of seq_len + 1 tokens
 // (the last token of a window is the first of the next); the tail short of a window is left out.
 inline std::vector<LmRow> load_cpt_windows(const std::string& path, const Tokenizer* tok, int vocab, int32_t end_of_text,
                                            int64_t seq_len, bool doc_mask) {
     std::vector<int32_t> stream;
     for_each_jsonl_row(path, [&](const Json& row, const std::string& where) {
-        const Json* text = row.is_object() ? row.find("text") : nullptr;
-        const Json* ids = row.is_object() ? row.find("ids") : nullptr;
-        if (text && text->is_string()) {
-            if (!tok) fail("%s: a \"text\" row needs a tokenizer", where.c_str());
-            for (int id : tok->encode(text->str, false)) stream.push_back(id);
-        } else if (ids && ids->is_array()) {
-            for (const Json& id : ids->items) {
-                if (!id.is_int() || id.integer < 0 || id.integer >= vocab)
-                    fail("%s: \"ids\" must be token ids in the vocabulary [0, %d)", where.c_str(), vocab);
-                stream.push_back((int32_t)id.integer);
-            }
-        } else {
-            fail("%s: each line must be {\"text\": \"...\"} or {\"ids\": [...]} (--mode cpt)", where.c_str());
-        }
+        for (int32_t id : cpt_document_ids(row, where, tok, vocab)) stream.push_back(id);
         stream.push_back(end_of_text);
     });
     if ((int64_t)stream.size() < seq_len + 1)
         fail("%s: %zu tokens, fewer than one window of --seq_len %lld + 1; give more text or a smaller --seq_len", path.c_str(),
              stream.size(), (long long)seq_len);
     std::vector<LmRow> rows;
-    for (int64_t b = 0; b + seq_len + 1 <= (int64_t)stream.size(); b += seq_len) {
-        LmRow row;
-        int64_t start = b;
-        const int64_t end = b + seq_len + 1;
-        for (int64_t t = b; t < end; t++) {
-            const bool cut = doc_mask && stream[(size_t)t] == end_of_text && t + 1 < end;
-            if (!cut && t + 1 < end) continue;
-            if (t + 1 - start >= 2) {  // a piece of one token has nothing to predict
-                LmSequence s;
-                s.ids.assign(stream.begin() + start, stream.begin() + t + 1);
-                s.loss.assign(s.ids.size(), 1);
-                s.loss[0] = 0;
-                row.push_back(std::move(s));
-            }
-            start = t + 1;
-        }
-        rows.push_back(std::move(row));
-    }
+    const auto token_at = [&](int64_t t) { return stream[(size_t)t]; };
+    for (int64_t w = 0; w < cpt_window_count((int64_t)stream.size(), seq_len); w++)
+        rows.push_back(cpt_window(token_at, w, seq_len, doc_mask, end_of_text));
     return rows;
 }
 

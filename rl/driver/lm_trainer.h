@@ -10,11 +10,12 @@
 #pragma once
 #include <chrono>
 #include <cmath>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "rl/driver/driver.h"
-#include "rl/driver/lm_data.h"
+#include "rl/driver/lm_sources.h"
 
 namespace fp8rl {
 
@@ -31,7 +32,8 @@ inline std::string lm_step_line(const MetricRow& m, int64_t steps) {
 
 class LmTrainer {
 public:
-    LmTrainer(TrainConfig cfg, const Dist& dist, Engine& engine, std::vector<LmRow> train, std::vector<LmRow> eval)
+    // eval: the held-out rows, or null
+    LmTrainer(TrainConfig cfg, const Dist& dist, Engine& engine, std::unique_ptr<LmStream> train, std::unique_ptr<LmRows> eval)
         : cfg_(std::move(cfg)), dist_(dist), engine_(engine), train_(std::move(train)), eval_(std::move(eval)) {
         engine_.init_optimizer(cfg_.adam, dist_);
     }
@@ -54,12 +56,18 @@ public:
                       fp8_scaling_name(cfg_.fp8_scaling), cfg_.fp8_pow2_scales ? "power-of-two" : "fp32");
     }
 
+    // --eval_task_data: the task eval (rl/driver/eval.h) at each eval, prompts encoded as an RL run's.
+    void set_task_eval(std::vector<EvalSet> sets, const Tokenizer& tok, const std::string& model_dir) {
+        task_eval_ = std::move(sets), tok_ = &tok, model_dir_ = model_dir;
+    }
+
     void run(Logger& log) {
-        const bool eval = !eval_.empty();
+        const bool eval = eval_ != nullptr || !task_eval_.empty();
         if (eval && step_ == 0) {  // the start, logged as the step-0 row
             MetricRow m = evaluate();
             m.set("training/global_step", 0);
-            log.print(strfmt("eval at step 0: val/loss %.4f (bf16 %.4f)", m.get("val/loss"), m.get("val/loss_bf16")));
+            if (m.has("val/loss")) log.print(strfmt("eval at step 0: val/loss %.4f (bf16 %.4f)", m.get("val/loss"), m.get("val/loss_bf16")));
+            print_task_eval(log, m);
             log.record(m);
         }
         for (; step_ < cfg_.steps;) {
@@ -69,20 +77,10 @@ public:
                 for (auto& kv : evaluate().items) m.set(kv.first, kv.second);
             log.record(m);
             log.print(lm_step_line(m, cfg_.steps));
+            if (eval_now) print_task_eval(log, m);
             if ((eval_now || last) && log.enabled()) write_dashboard(dashboard_path(), dashboard_title(), log.rows(), DashKind::Lm);
             if ((cfg_.save_every > 0 && step_ % cfg_.save_every == 0) || last) save(log);
         }
-    }
-
-    // The row at a global position of the data, in a seeded order reshuffled every epoch.
-    const LmRow& row_at(int64_t index) {
-        const int64_t n = (int64_t)train_.size();
-        const uint32_t epoch = (uint32_t)(index / n);
-        if (order_.empty() || epoch != order_epoch_) {
-            order_ = shuffled_order(n, cfg_.seed, epoch);
-            order_epoch_ = epoch;
-        }
-        return train_[(size_t)order_[(size_t)(index % n)]];
     }
 
     MetricRow train_step() {
@@ -92,7 +90,7 @@ public:
         std::vector<Sequence> seqs;
         std::vector<std::vector<uint8_t>> masks;
         for (int64_t pos : PromptSource::rank_positions(cfg_.batch_seqs, 1, dist_.rank(), dist_.size()))
-            for (const LmSequence& s : row_at(cursor_ + pos)) {
+            for (const LmSequence& s : train_->at(cursor_ + pos)) {
                 masks.emplace_back();
                 seqs.push_back(engine_sequence(s, &masks.back()));
             }
@@ -145,7 +143,13 @@ public:
         m.set("perf/tokens_per_s", (double)dist_.sum(tokens) / std::max(seconds, 1e-9));
         m.set("training/skipped_bad", bad ? 1 : 0);
         m.set("training/bad_steps_total", (double)bad_steps_);
-        m.set("training/epoch", (double)cursor_ / (double)train_.size());
+        m.set("training/epoch", train_->epoch(cursor_));
+        size_t rollout_peak = 0, update_peak = 0;  // an engine on a device: its high-water mark, the most of any rank
+        if (engine_.phase_peaks(&rollout_peak, &update_peak)) {
+            std::vector<double> peak = {update_peak / 1073741824.0};
+            dist_.all_reduce_max(peak);
+            m.set("memory/train_peak_gib", peak[0]);
+        }
         m.set("timing_s/step", seconds);
         step_++;
         return m;
@@ -154,12 +158,13 @@ public:
     // val/loss (the training precision) and val/loss_bf16 (the same weights in BF16) over the held-out
     // rows, each rank its contiguous share, in forwards of at most --micro_batch_tokens.
     MetricRow evaluate() {
-        MetricRow m;
-        const int64_t n = (int64_t)eval_.size(), begin = n * dist_.rank() / dist_.size(), end = n * (dist_.rank() + 1) / dist_.size();
+        MetricRow m = task_eval();
+        if (!eval_) return m;
+        const int64_t n = eval_->size(), begin = n * dist_.rank() / dist_.size(), end = n * (dist_.rank() + 1) / dist_.size();
         std::vector<Sequence> seqs;
         std::vector<std::vector<uint8_t>> masks;
         for (int64_t i = begin; i < end; i++)
-            for (const LmSequence& s : eval_[(size_t)i]) {
+            for (const LmSequence& s : eval_->row(i)) {
                 masks.emplace_back();
                 seqs.push_back(engine_sequence(s, &masks.back()));
             }
@@ -193,10 +198,32 @@ private:
     TrainConfig cfg_;
     const Dist& dist_;
     Engine& engine_;
-    std::vector<LmRow> train_, eval_;
+    std::unique_ptr<LmStream> train_;  // the row at each global position
+    std::unique_ptr<LmRows> eval_;
+    std::vector<EvalSet> task_eval_;
+    const Tokenizer* tok_ = nullptr;
+    std::string model_dir_;
+    std::unique_ptr<ChatTemplate> chat_;  // loaded at the first "messages" row
+
+    // The task eval's scores, generated at --rollout_precision and scored by the built-in verifier
+    // (none without --eval_task_data).
+    MetricRow task_eval() {
+        if (task_eval_.empty()) return MetricRow();
+        engine_.enter_phase(Engine::Phase::Rollout);
+        auto text = [&](const std::vector<int32_t>& ids, bool skip_special) {
+            return tok_->decode(std::vector<int>(ids.begin(), ids.end()), skip_special);
+        };
+        MetricRow m = evaluate_sets(
+            engine_, dist_, task_eval_, cfg_.eval, cfg_.rollout_precision, cfg_.kv_cache, step_, tok_->vocab_size(),
+            [&](const Example& ex) { return encode_example_prompt(*tok_, ex, model_dir_, cfg_.enable_thinking, chat_); }, text,
+            builtin_eval_scorer(text), nullptr);
+        engine_.enter_phase(Engine::Phase::Update);
+        return m;
+    }
+    void print_task_eval(Logger& log, const MetricRow& m) const {
+        for (const EvalSet& set : task_eval_) log.print(eval_set_line(set.name, m, cfg_.eval.k, cfg_.eval.greedy));
+    }
     int64_t step_ = 0, cursor_ = 0, bad_steps_ = 0, consecutive_bad_ = 0;
-    std::vector<int64_t> order_;
-    uint32_t order_epoch_ = 0;
 
     void note_bad_step(bool bad) {
         if (!bad) {

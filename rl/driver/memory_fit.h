@@ -34,7 +34,10 @@ inline MemoryDemand memory_demand_of(const RunShape& s) {
     const TrainConfig& cfg = s.cfg;
     const int64_t ranks = s.ranks;
     MemoryDemand d;
-    d.longest_sequence = s.longest_prompt + cfg.sampling.max_new_tokens;
+    // the eval's budget (--eval_max_new_tokens) where it evaluates and generates longer than training
+    const int new_tokens = cfg.eval_every > 0 || cfg.eval_only ? std::max(cfg.sampling.max_new_tokens, cfg.eval.sampling.max_new_tokens)
+                                                               : cfg.sampling.max_new_tokens;
+    d.longest_sequence = s.longest_prompt + new_tokens;
     const int64_t per_rank = (cfg.batch_prompts + (int64_t)cfg.minibatches * ranks - 1) / ((int64_t)cfg.minibatches * ranks);
     d.tokens_per_forward = cfg.micro_batch_tokens > 0 ? std::max(cfg.micro_batch_tokens, d.longest_sequence)
                                                       : per_rank * cfg.group_size * d.longest_sequence;
@@ -42,10 +45,10 @@ inline MemoryDemand memory_demand_of(const RunShape& s) {
     d.ranks = s.ranks;
     const int64_t eval_per_rank = (cfg.eval_prompts + ranks - 1) / ranks;
     d.rollout_requests = std::max((cfg.batch_prompts + ranks - 1) / ranks * cfg.group_size,
-                                  cfg.eval_every > 0 ? eval_per_rank * std::max(1, cfg.eval_k) : 0);
-    d.rollout_prompts = std::max((cfg.batch_prompts + ranks - 1) / ranks, cfg.eval_every > 0 ? eval_per_rank : 0);
+                                  cfg.eval_every > 0 || cfg.eval_only ? eval_per_rank * std::max(1, cfg.eval_k) : 0);
+    d.rollout_prompts = std::max((cfg.batch_prompts + ranks - 1) / ranks, cfg.eval_every > 0 || cfg.eval_only ? eval_per_rank : 0);
     d.longest_prompt = s.longest_prompt;
-    d.max_new_tokens = cfg.sampling.max_new_tokens;
+    d.max_new_tokens = new_tokens;
     d.kv_cache = cfg.kv_cache;
     return d;
 }

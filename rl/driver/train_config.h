@@ -3,6 +3,7 @@
 // seq-mean-token-sum-norm), and the checks that need more than one flag.
 #pragma once
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <string>
@@ -13,6 +14,8 @@
 #include "rl/objective/advantage.h"
 #include "rl/driver/args.h"
 #include "rl/driver/engine.h"
+#include "rl/driver/eval.h"
+#include "rl/model/fp8_export.h"
 #include "rl/objective/loss_agg.h"
 #include "rl/objective/lr_schedule.h"
 #include "rl/numerics/precision.h"
@@ -27,6 +30,7 @@ struct TrainConfig {
     std::string mode = "rl";
     int64_t batch_seqs = 32, max_seq_len = 0, seq_len = 256;
     bool doc_mask = false;
+    std::string data_mix;  // "a.bin:0.7,b.bin:0.3" (lm_sources.h), in place of --data
     // data
     std::string task;
     int task_size = 0;
@@ -63,6 +67,11 @@ struct TrainConfig {
     // sampling
     SamplingConfig sampling;
     int eval_k = 4;
+    // held-out evaluation (rl/driver/eval.h): the --eval_data sets, how the eval samples, --eval_only
+    std::vector<EvalDataSpec> eval_sets;
+    std::vector<EvalDataSpec> eval_task_sets;  // --mode sft|cpt: --eval_task_data
+    EvalOptions eval;
+    bool eval_only = false;
     // optimizer
     AdamWConfig adam;
     LrSchedule lr;
@@ -72,6 +81,7 @@ struct TrainConfig {
     // run
     uint64_t seed = 0;
     int64_t steps = 0, eval_every = 0, save_every = 0, keep_checkpoints = 0;
+    SaveFormat save_format = SaveFormat::BF16;
     std::string out_dir;
     bool tensorboard = false;
     int max_bad_steps = 3;
@@ -127,11 +137,14 @@ inline EngineOptions engine_options_from_args(const Args& a) {
 }
 
 // A training run's engine options: one FP8 copy of the projections when rollout and training both
-// run in fp8 at block scaling (the only granularity whose copy transposes exactly).
+// run in fp8 at block scaling (the only granularity whose copy transposes exactly), and no FP8
+// weights at all when neither does (a true BF16 baseline).
 inline EngineOptions training_engine_options(const Args& a, const TrainConfig& c) {
     EngineOptions o = engine_options_from_args(a);
-    o.one_fp8_weight_copy = c.rollout_precision == Precision::FP8 && c.train_precision == Precision::FP8 &&
-                            o.fp8_scaling == Fp8Scaling::Block;
+    // sft and cpt generate nothing: their one copy needs no --rollout_precision fp8
+    const bool rollout_fp8 = c.mode == "rl" ? c.rollout_precision == Precision::FP8 : c.train_precision == Precision::FP8;
+    o.one_fp8_weight_copy = rollout_fp8 && c.train_precision == Precision::FP8 && o.fp8_scaling == Fp8Scaling::Block;
+    o.fp8_weights = rollout_fp8 || c.train_precision == Precision::FP8;
     return o;
 }
 
@@ -142,6 +155,10 @@ inline RewardConfig reward_config_from_args(const Args& a) {
     r.url = a.str("reward_url");
     if (a.given("reward_cmd") && r.cmd.find_first_not_of(" \t") == std::string::npos) fail("--reward_cmd: empty command");
     if (!r.cmd.empty() && !r.url.empty()) fail("give at most one of --reward_cmd and --reward_url");
+    if (a.given("reward_workers") && r.cmd.empty()) fail("--reward_workers applies to --reward_cmd, which is not given");
+    if (a.given("reward_batch") && r.url.empty()) fail("--reward_batch applies to --reward_url, which is not given");
+    for (const char* f : {"reward_timeout", "reward_on_timeout"})
+        if (a.given(f) && !r.external()) fail("--%s applies to --reward_cmd and --reward_url, neither of which is given", f);
     r.workers = (int)a.integer("reward_workers");
     r.batch = (int)a.integer("reward_batch");
     r.timeout_s = a.number("reward_timeout");
@@ -157,7 +174,10 @@ inline TrainConfig train_config_from_args(const Args& a) {
     c.max_seq_len = a.integer("max_seq_len");
     c.seq_len = a.integer("seq_len");
     c.doc_mask = a.integer("doc_mask") == 1;
-    if (c.mode != "rl" && !a.given("data") && !a.given("plan_ranks"))  // --plan_ranks reads no data
+    c.data_mix = a.str("data_mix");
+    if (a.given("data_mix") && (c.mode == "rl" || a.given("data")))
+        fail("--data_mix: give it in place of --data, with --mode sft or cpt (RL reads one --data)");
+    if (c.mode != "rl" && !a.given("data") && !a.given("data_mix") && !a.given("plan_ranks"))  // --plan_ranks reads no data
         fail("--mode %s trains on --data FILE.jsonl (%s); see docs/sft.md", c.mode.c_str(),
              c.mode == "sft" ? "{\"messages\": [...]} or {\"prompt\": ..., \"completion\": ...} rows" : "{\"text\": ...} rows");
     c.task = a.str("task");
@@ -168,7 +188,7 @@ inline TrainConfig train_config_from_args(const Args& a) {
     c.enable_thinking = (int)a.integer("enable_thinking");
     c.reward = reward_config_from_args(a);
     if (is_synthetic_task(c.task)) c.task_size = a.integer("task_size") ? (int)a.integer("task_size") : default_task_size(c.task);
-    else if (c.data.empty())
+    else if (c.data.empty() && c.data_mix.empty())
         fail("--task %s has no built-in prompts; give --data FILE.jsonl (see dev/ for GSM8K/MATH preparation)", c.task.c_str());
     else if (a.integer("task_size"))
         fail("--task_size applies to the synthetic tasks only, not --task %s", c.task.c_str());
@@ -225,6 +245,30 @@ inline TrainConfig train_config_from_args(const Args& a) {
     if (c.sampling.temperature == 0.0f)
         fail("--temperature 0 (greedy) gives every response of a group the same text, so no advantage; RL needs > 0");
     c.eval_k = (int)a.integer("eval_k");
+    for (const std::string& spec : a.all("eval_data")) c.eval_sets.push_back(parse_eval_data_spec(spec, c.task));
+    for (size_t i = 0; i < c.eval_sets.size(); i++)
+        for (size_t j = 0; j < i; j++)
+            if (c.eval_sets[i].name == c.eval_sets[j].name)
+                fail("--eval_data: two sets are named %s; name each NAME=PATH", c.eval_sets[i].name.c_str());
+    if (c.mode != "rl" && c.eval_sets.size() > 1)
+        fail("--mode %s takes one --eval_data (its held-out loss); task sets go in --eval_task_data", c.mode.c_str());
+    for (const std::string& spec : a.all("eval_task_data")) c.eval_task_sets.push_back(parse_eval_data_spec(spec, c.task));
+    if (c.mode == "rl" && !c.eval_task_sets.empty()) fail("--eval_task_data is the task eval of --mode sft|cpt; an RL run's sets are --eval_data");
+    for (size_t i = 0; i < c.eval_task_sets.size(); i++)
+        for (size_t j = 0; j < i; j++)
+            if (c.eval_task_sets[i].name == c.eval_task_sets[j].name)
+                fail("--eval_task_data: two sets are named %s; name each NAME=PATH", c.eval_task_sets[i].name.c_str());
+    c.eval.sampling = c.sampling;
+    if (a.given("eval_temperature")) c.eval.sampling.temperature = (float)a.number("eval_temperature");
+    if (a.given("eval_top_p")) c.eval.sampling.top_p = (float)a.number("eval_top_p");
+    if (a.given("eval_max_new_tokens")) c.eval.sampling.max_new_tokens = (int)a.integer("eval_max_new_tokens");
+    c.eval.k = c.eval_k;
+    c.eval.greedy = a.flag("eval_greedy");
+    c.eval.dump = a.flag("dump_eval");
+    c.eval_only = a.flag("eval_only");
+    if (c.eval.dump && !c.eval_only) fail("--dump_eval 1 writes the generations of an --eval_only 1 run; add --eval_only 1");
+    if (!c.eval.greedy && c.eval.k == 0) fail("--eval_greedy 0 with --eval_k 0 leaves the eval nothing to generate");
+    if (c.eval_only && c.mode != "rl") fail("--eval_only 1 evaluates an RL task's sets (--mode rl); SFT/CPT runs evaluate their held-out loss");
     if (c.overlong_buffer > c.sampling.max_new_tokens)
         fail("--overlong_buffer %lld exceeds --max_new_tokens %d", (long long)c.overlong_buffer, c.sampling.max_new_tokens);
 
@@ -236,20 +280,27 @@ inline TrainConfig train_config_from_args(const Args& a) {
     c.micro_batch_tokens = a.integer("micro_batch_tokens");
     c.steps = a.integer("steps");
     c.lr.lr = a.number("lr");
-    c.lr.warmup = a.integer("warmup_steps") * c.minibatches * c.epochs;  // flags count steps, the schedule updates
+    if (a.given("warmup_steps") && a.given("warmup_frac")) fail("give one of --warmup_steps and --warmup_frac");
+    const int64_t warmup_steps = a.given("warmup_frac") ? std::llround(a.number("warmup_frac") * (double)c.steps) : a.integer("warmup_steps");
+    c.lr.warmup = warmup_steps * c.minibatches * c.epochs;  // flags count steps, the schedule updates
     c.lr.total = c.steps * c.minibatches * c.epochs;
     c.lr.cosine = a.str("lr_schedule") == "cosine";
     c.lr.wsd = a.str("lr_schedule") == "wsd";
+    c.lr.wsd_cosine = a.str("wsd_decay") == "cosine";
     c.lr.decay = (a.integer("decay_steps") ? a.integer("decay_steps") : std::max<int64_t>(1, c.steps / 10)) * c.minibatches * c.epochs;
     if (c.lr.wsd && c.lr.decay > c.lr.total - c.lr.warmup)
         fail("--decay_steps %lld: longer than the steps after warm-up (%lld); lower it or --warmup_steps",
-             (long long)a.integer("decay_steps"), (long long)(c.steps - a.integer("warmup_steps")));
+             (long long)a.integer("decay_steps"), (long long)(c.steps - warmup_steps));
     c.lr.min_ratio = a.number("min_lr_ratio");
 
     c.seed = (uint64_t)a.integer("seed");
     c.eval_every = a.integer("eval_every");
     c.save_every = a.integer("save_every");
     c.keep_checkpoints = a.integer("keep_checkpoints");
+    c.save_format = parse_save_format(a.str("save_format"));
+    if (c.save_format != SaveFormat::BF16 && c.fp8_scaling != Fp8Scaling::Block)
+        fail("--save_format %s: the block-FP8 format holds 128x128 weight scales; it needs --fp8_scaling block, not %s",
+             a.str("save_format").c_str(), fp8_scaling_name(c.fp8_scaling));
     c.out_dir = a.str("out_dir");
     c.tensorboard = a.flag("tensorboard");
     c.dump_rollouts = a.integer("dump_rollouts");

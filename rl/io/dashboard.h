@@ -164,6 +164,25 @@ inline double dash_last(const std::vector<MetricRow>& rows, const std::string& k
     return NAN;
 }
 
+// The eval panel (no series of its own) as one panel per held-out set of the rows, each with the
+// set's val-core/NAME/acc/ curves; any other panel as it is.
+inline std::vector<DashPanel> dash_eval_panels(const DashPanel& p, const std::vector<MetricRow>& rows) {
+    if (!p.series.empty()) return {p};
+    std::vector<DashPanel> out;
+    for (const MetricRow& r : rows)
+        for (const auto& kv : r.items) {
+            const size_t acc = kv.first.find("/acc/");
+            if (kv.first.rfind("val-core/", 0) != 0 || acc == std::string::npos) continue;
+            const std::string set = kv.first.substr(9, acc - 9);
+            auto it = std::find_if(out.begin(), out.end(), [&](const DashPanel& d) { return d.title.rfind(set + ": ", 0) == 0; });
+            if (it == out.end()) it = out.insert(out.end(), DashPanel{set + ": " + p.title, {}});
+            if (std::none_of(it->series.begin(), it->series.end(), [&](const DashSeries& d) { return d.key == kv.first; }))
+                it->series.push_back({kv.first, kv.first.substr(acc + 5)});
+        }
+    if (out.empty()) out.push_back(p);
+    return out;
+}
+
 // The whole page: a heading, the last step's headline numbers, the panels in a grid.
 inline std::string dashboard_html(const std::string& title, const std::vector<MetricRow>& rows, DashKind kind = DashKind::Rl) {
     std::string html = "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>" + dash_escape(title) +
@@ -180,7 +199,8 @@ inline std::string dashboard_html(const std::string& title, const std::vector<Me
                        (long long)rows.back().get("training/global_step") + 1, rows.back().get("critic/rewards/mean"),
                        rows.back().get("critic/correct/mean"), rows.back().get("actor/entropy"));
     html += "<div class=\"grid\">\n";
-    for (const DashPanel& p : dashboard_panels(kind)) html += dashboard_panel_svg(p, rows) + "\n";
+    for (const DashPanel& p : dashboard_panels(kind))
+        for (const DashPanel& q : dash_eval_panels(p, rows)) html += dashboard_panel_svg(q, rows) + "\n";
     return html + "</div>\n</body></html>\n";
 }
 

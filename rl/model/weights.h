@@ -11,7 +11,8 @@
 // [q|k|v] bias) are each one contiguous matrix. The padding between tensors is kept zero.
 //
 // load() reads a HF directory (single file or sharded): every tensor is checked against the
-// config's shape, converted to FP32 from F32/BF16/F16, and missing or unexpected tensors are named.
+// config's shape, converted to FP32 from F32/BF16/F16 (or dequantized from FP8 with its scales:
+// rl/model/fp8_dequant.h, said in one line on stderr), and missing or unexpected tensors are named.
 // Tied embeddings (spec-model.md §4): tied -> embed_tokens is the logits matrix and a stored
 // lm_head.weight is ignored; untied -> lm_head.weight is required; config silent -> tied iff the
 // files hold no lm_head.weight. save_hf() writes a HF directory transformers loads as it is
@@ -21,6 +22,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -30,6 +32,7 @@
 #include "rl/model/config.h"
 #include "rl/io/json.h"
 #include "rl/io/safetensors.h"
+#include "rl/model/fp8_dequant.h"
 
 namespace fp8rl {
 
@@ -90,8 +93,8 @@ inline std::string layer_tensor_name(int64_t layer, const std::string& suffix) {
     return "model.layers." + std::to_string(layer) + "." + suffix;
 }
 
-// Model weights must be F32, BF16 or F16. FP8 checkpoints carry block scales in separate tensors,
-// and reading their bytes without them would be silently wrong.
+// tensor_to_float reads F32, BF16 or F16. FP8 weights carry their scales in separate tensors,
+// and reading their bytes without them would be silently wrong (load() dequantizes them: fp8_dequant.h).
 inline void require_float_weights(const TensorView& t) {
     if (t.dtype == DType::F8_E4M3 || t.dtype == DType::F8_E5M2)
         fail("%s: tensor %s is %s; FP8-quantized checkpoints are not supported, load the BF16 or FP32 checkpoint",
@@ -188,17 +191,30 @@ inline ModelWeights ModelWeights::load(const std::string& dir, bool read_values)
     if (!config.tie_given) config.tie_word_embeddings = ck.find("lm_head.weight") == nullptr;
     ModelWeights w = from_config(config, read_values);
     std::vector<std::string> missing, unexpected;
+    std::map<std::string, int> fp8_read;  // scale tensors used, and the formats met (for the one line)
+    int64_t block_rows = 0, block_cols = 0;
+    fp8_block_size(config.raw, dir, &block_rows, &block_cols);
     for (const TensorInfo& info : w.tensors) {
         const TensorView* t = ck.find(info.name);
         if (!t) { missing.push_back(info.name); continue; }
         if (t->shape != info.shape)
             fail("%s: tensor %s has shape %s, but config.json implies %s", t->file.c_str(), info.name.c_str(),
                  shape_str(t->shape).c_str(), shape_str(info.shape).c_str());
+        if (t->dtype == DType::F8_E4M3 || t->dtype == DType::F8_E5M2) {
+            Fp8WeightFormat f = fp8_weight_format(*t, [&](const std::string& n) { return ck.find(n); }, block_rows, block_cols);
+            fp8_read[f.scale->name] = 1;
+            fp8_read[strfmt("%s, %s", dtype_name(t->dtype),
+                            f.block_rows > 0 ? strfmt("%lldx%lld block scales", (long long)f.block_rows, (long long)f.block_cols).c_str()
+                            : f.per_channel  ? "per-channel scales"
+                                             : "per-tensor scales")] = 2;
+            if (read_values) fp8_dequantize_weight(*t, f, w.master.data() + info.offset);
+            continue;
+        }
         require_float_weights(*t);
         if (read_values) tensor_to_float(*t, w.master.data() + info.offset);
     }
     for (const auto& kv : ck.tensors()) {
-        if (w.has(kv.first) || weights_detail::ignorable(kv.first)) continue;
+        if (w.has(kv.first) || weights_detail::ignorable(kv.first) || fp8_read.count(kv.first)) continue;
         if (kv.first == "lm_head.weight" && config.tie_word_embeddings) continue;  // tied: embed_tokens is used
         unexpected.push_back(kv.first);
     }
@@ -211,6 +227,13 @@ inline ModelWeights ModelWeights::load(const std::string& dir, bool read_values)
     if (!unexpected.empty())
         fail("%s: %zu unexpected tensor%s for a %s model of this config: %s", dir.c_str(), unexpected.size(),
              unexpected.size() > 1 ? "s" : "", arch_model_type(config.arch), weights_detail::name_list(unexpected).c_str());
+    if (!fp8_read.empty()) {
+        std::string formats;
+        for (const auto& kv : fp8_read)
+            if (kv.second == 2) formats += (formats.empty() ? "" : "; ") + kv.first;
+        fprintf(stderr, "model %s: FP8 checkpoint (%s), %s into the FP32 master\n", dir.c_str(), formats.c_str(),
+                read_values ? "dequantized" : "to be dequantized");
+    }
     return w;
 }
 
@@ -280,13 +303,24 @@ inline const std::vector<std::string>& hf_side_files() {
     return names;
 }
 
+// Copies the side files source_dir has into dir (none when source_dir is empty).
+inline void copy_hf_side_files(const std::string& source_dir, const std::string& dir) {
+    namespace fs = std::filesystem;
+    if (source_dir.empty()) return;
+    for (const std::string& name : hf_side_files()) {
+        fs::path from = fs::path(source_dir) / name;
+        std::error_code ec;
+        if (fs::exists(from) && !fs::copy_file(from, fs::path(dir) / name, fs::copy_options::overwrite_existing, ec))
+            fail("%s: cannot copy into %s (%s)", from.c_str(), dir.c_str(), ec.message().c_str());
+    }
+}
+
 // Writes `w` into the existing directory `dir` as a HF model: bf16 weights under their HF names
 // (lm_head omitted when tied, as transformers does), config.json, and the side files copied from
 // `source_dir` when given. max_shard_bytes > 0 shards the weights with an index file. Each file is
 // written atomically; for a whole directory that appears at once, use save_hf.
 inline void write_hf_files(const ModelWeights& w, const std::string& dir, const std::string& source_dir = "",
                            size_t max_shard_bytes = 0) {
-    namespace fs = std::filesystem;
     std::vector<std::vector<uint8_t>> bf16(w.tensors.size());  // little-endian BF16 bytes per tensor
     std::vector<TensorToWrite> out;
     for (size_t i = 0; i < w.tensors.size(); i++) {
@@ -303,13 +337,7 @@ inline void write_hf_files(const ModelWeights& w, const std::string& dir, const 
     }
     write_checkpoint_weights(dir, out, max_shard_bytes);
     write_file_atomic(dir + "/config.json", json_dump(config_json_for_writing(w.config), 2) + "\n");
-    if (source_dir.empty()) return;
-    for (const std::string& name : hf_side_files()) {
-        fs::path from = fs::path(source_dir) / name;
-        std::error_code ec;
-        if (fs::exists(from) && !fs::copy_file(from, fs::path(dir) / name, fs::copy_options::overwrite_existing, ec))
-            fail("%s: cannot copy into %s (%s)", from.c_str(), dir.c_str(), ec.message().c_str());
-    }
+    copy_hf_side_files(source_dir, dir);
 }
 
 // write_hf_files into a temporary directory that is then renamed to `dir` (replacing an existing

@@ -1,7 +1,7 @@
 // lr_schedule.h: learning rate per optimizer update: linear warm-up from lr/warmup to lr, then
 // constant, cosine decay to min_ratio*lr at the last update, or warmup-stable-decay (WSD, the CPT
-// schedule of InfiR2 and MiniCPM): constant, then linear decay over the last `decay` updates to
-// min_ratio*lr at the last one.
+// schedule of InfiR2 and MiniCPM): constant, then a decay over the last `decay` updates to
+// min_ratio*lr at the last one, linear or (InfiR2's) cosine.
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -18,6 +18,7 @@ struct LrSchedule {
     bool cosine = false;
     bool wsd = false;
     int64_t decay = 0;       // wsd: updates of the final decay
+    bool wsd_cosine = false;  // wsd: the decay's shape, half a cosine instead of a line
     double min_ratio = 0.0;
 
     // update = 0-based index of the optimizer update.
@@ -28,6 +29,7 @@ struct LrSchedule {
             if (update < start || decay <= 0) return lr;
             double progress = decay > 1 ? (double)(update - start) / (double)(decay - 1) : 1.0;
             if (progress > 1.0) progress = 1.0;
+            if (wsd_cosine) return lr * (min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + std::cos(M_PI * progress)));
             return lr * (1.0 - (1.0 - min_ratio) * progress);
         }
         if (!cosine) return lr;

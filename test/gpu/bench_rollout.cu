@@ -121,8 +121,8 @@ Shares component_shares(const ModelConfig& c, const EngineOptions& o, const Sett
     rows_d.upload(rows), table_d.upload(table), lens.upload(std::vector<int32_t>((size_t)B, context));
     for (int l = 0; l < L; l++) cache.append(l, k.get(), v.get(), rows_d.get(), slots, 0);
     const double attention_ms = median_ms([&] {
-        for (int l = 0; l < L; l++)
-            cache.decode_attention(l, out.get(), q.get(), H, table_d.get(), max_pages, lens.get(), nullptr, B, max_len, 0);
+        cache.plan_decode(lens.get(), nullptr, B, max_len, 0);  // once a step, as rollout.cu plans it
+        for (int l = 0; l < L; l++) cache.decode_attention(l, out.get(), q.get(), H, table_d.get(), max_pages, 0);
     });
     const double attention_bytes = (double)B * context * L * 2 * (double)c.kv_dim() * (s.kv_cache == Precision::FP8 ? 1 : 2);
     // the model's price of these launches (kernel_perf_model.h: B rows of `context` own keys, no prefix,
@@ -198,8 +198,8 @@ void print_cascade_row(const BenchModel& m, const ModelConfig& c, Precision kv, 
     cascade.max_groups = rows / 2;
     auto timed = [&](const DecodeCascade& with) {
         return median_ms([&] {
-            cache.decode_attention(0, out.get(), q.get(), H, table_d.get(), max_pages, lens.get(), prefix.get(), rows, context,
-                                   0, with);
+            cache.plan_decode(lens.get(), prefix.get(), rows, context, 0, with);
+            cache.decode_attention(0, out.get(), q.get(), H, table_d.get(), max_pages, 0);
         });
     };
     const double per_row_ms = timed(DecodeCascade()), cascade_ms = timed(cascade);

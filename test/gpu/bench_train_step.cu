@@ -152,20 +152,28 @@ std::vector<std::string> backward_glue_rows(const BenchModel& m, long T, const P
     struct Kernel {
         const char* name;
         double bytes;
+        const char* sass;  // its streaming kernel in cuda/perf/sass_counts.h (a prefix), for the prediction
+        int launches;
         std::function<void()> run;
     };
     const std::vector<Kernel> kernels = {
-        {"rmsnorm_backward dx (accumulate) + dw, T x C", 2.0 * T * C * 4,
+        {"rmsnorm_backward dx (accumulate) + dw, T x C", 2.0 * T * C * 4, "rmsnorm_backward_dx_kernel<", 3,
          [&] { rmsnorm_backward(a.ptr, dw.ptr, b.ptr, c.ptr, w.ptr, rstd.ptr, T, (int)C, true, scratch.ptr, scratch_floats, 0); }},
-        {"swiglu_backward (bf16), T x I", 2.0 * T * I * 5, [&] { swiglu_backward(a.ptr, b.ptr, c.ptr, T, (int)I, 0); }},
-        {"qkv_rope_backward (q/k norm), T x (H + 2 KV) D", 2.0 * T * ((Q + K) * 4 + K * 2),
+        {"swiglu_backward (bf16), T x I", 2.0 * T * I * 5, "swiglu_backward_kernel<", 1,
+         [&] { swiglu_backward(a.ptr, b.ptr, c.ptr, T, (int)I, 0); }},
+        {"qkv_rope_backward (q/k norm), T x (H + 2 KV) D", 2.0 * T * ((Q + K) * 4 + K * 2), "qkv_rope_backward_kernel", 1,
          [&] { qkv_rope_backward(dqkv.ptr, grad, T, pos.ptr, table.view(), shape, 0); }},
-        {"q norm weight gradient (column sums), T H x D", 2.0 * T * Q * 2,
+        {"q norm weight gradient (column sums), T H x D", 2.0 * T * Q * 2, "column_sum_partials_kernel<RmsnormWeightGradTerm", 2,
          [&] { rmsnorm_weight_grad(dw.ptr, a.ptr, b.ptr, rstd.ptr, T * m.heads, m.head_dim, scratch.ptr, scratch_floats, 0); }},
     };
     std::vector<std::string> rows;
     for (const Kernel& k : kernels) {
         const double ms = median_ms(k.run);
+        // the model's price: its bytes at the bandwidth, or what its streaming loop's loads in flight allow
+        const SassKernel* priced = find_sass_kernel(k.sass);
+        const double cap = priced ? std::min(streaming_bandwidth(bench_gpu(), *priced), hw.bandwidth()) : hw.bandwidth();
+        record_calibration("bench_train_step", strfmt("%s %s, T = %ld", m.name, k.name, T), ms * 1e-3,
+                           k.bytes / cap + k.launches * hw.launch_s, cap < hw.bandwidth() ? "latency" : "hbm");
         rows.push_back(strfmt("| %s | %ld | %s | %.3f | %.0f | %.0f%% |", m.name, T, k.name, ms, k.bytes / (ms * 1e-3) / 1e9,
                               100.0 * k.bytes / (ms * 1e-3) / hw.bandwidth()));
     }

@@ -1,17 +1,13 @@
 // test_emu_memory_order.cu: memory ordering across CTAs (docs/gpu-emulation.md, "Memory
 // ordering"). The last-block pattern of the CUDA Programming Guide's memory-fence example, with
-// every thread's partial in global memory as kv_decode_arrive writes them: each thread writes its
-// partial and fences, the CTA passes a barrier, thread 0 counts the CTA, and the CTA that completes
-// the count sums every partial through L2. Complete, it gives the exact sum under every seed (and
-// on a GPU); with the barrier before the count, the writers' fence, or the L2 reads deleted (the
-// emulation's test-only mutations, emu::add_mutation), it gives a wrong sum or an emulation fault
-// under some seed of a small set. The same mutations of the product's kv_decode_arrive make the
-// decode attention tests fail, run as child processes of this binary.
-#include <sys/wait.h>
-#include <unistd.h>
-
+// every thread's partial in global memory: each thread writes its partial and fences, the CTA
+// passes a barrier, thread 0 counts the CTA, and the CTA that completes the count sums every
+// partial through L2. Complete, it gives the exact sum under every seed (and on a GPU); with the
+// barrier before the count, the writers' fence, or the L2 reads deleted (the emulation's test-only
+// mutations, emu::add_mutation), it gives a wrong sum or an emulation fault under some seed of a
+// small set. (Decode attention used the pattern until issue 58; its plan, split and combine
+// kernels now pass their data from one launch to the next.)
 #include <cstdlib>
-#include <string>
 #include <vector>
 
 #include "test/gpu/gpu_util.cuh"
@@ -113,32 +109,6 @@ int seeds_wrong(emu::Site site, int ordinal) {
     return seeds;
 }
 
-// Runs this binary's tests named `filter` with FP8RL_EMU_MUTATION=mutation under `seed`: its exit
-// status (0 passed, 1 a test failed, 2 the filter matched nothing).
-int run_mutated(const char* filter, const char* mutation, int seed) {
-    char self[4096] = {};
-    CHECK(readlink("/proc/self/exe", self, sizeof(self) - 1) > 0);
-    const std::string cmd = std::string("env -u FP8RL_TEST_SHARD FP8RL_EMU_MUTATION=") + mutation +
-                            " FP8RL_EMU_SEED=" + std::to_string(seed) + " '" + self + "' " + filter + " > /dev/null 2>&1";
-    const int status = system(cmd.c_str());
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
-}
-
-// A mutation of kv_decode_arrive fails the decode test under one of seeds 1..4 (stops at the first).
-int seeds_until_decode_fails(const char* mutation) {
-    for (int s = 1; s <= 4; s++) {
-        const int rc = run_mutated("kv_decode_attention_bf16_matches_cpu", mutation, s);
-        CHECK_MSG(rc == 0 || rc == 1, "the decode test's run exited with %d (2: kv_decode_attention_bf16_matches_cpu "
-                                      "is gone, rename it here)", rc);
-        if (rc == 1) {
-            printf("    %s: the decode test fails under seed %d (exit %d)\n", mutation, s, rc);
-            return s;
-        }
-    }
-    printf("    %s: the decode test passes under seeds 1-4\n", mutation);
-    return 0;
-}
-
 }  // namespace
 
 // Block 0 waits for a flag that block 1 sets. At seed 0 blocks run one at a time, in order, and the
@@ -183,20 +153,4 @@ TEST(emu_last_block_sum_with_plain_final_loads_is_wrong) {
     CHECK(seeds_wrong(emu::Site::LoadCg, 0) > 0);
 }
 
-// kv_decode_arrive: its first __syncthreads is the barrier before the count, its first
-// __threadfence the writers' (each thread's partials), its second the counting thread's acquire.
-TEST(emu_decode_merge_without_the_barrier_before_the_count_fails) {
-    CHECK(seeds_until_decode_fails("kv_decode_arrive:barrier:0") > 0);
-}
-
-TEST(emu_decode_merge_without_the_writers_fence_fails) {
-    CHECK(seeds_until_decode_fails("kv_decode_arrive:fence:0") > 0);
-}
-
-// The merge's reads as plain loads are right while the counting thread fences after its atomic
-// (a fence after the acquiring atomic invalidates stale L1 lines); without that fence they fail.
-TEST(emu_decode_merge_with_plain_loads_and_no_acquire_fence_fails) {
-    CHECK(seeds_until_decode_fails("kv_decode_arrive:fence:1,kv_decode_merged:ldcg:0,kv_decode_merged:ldcg:1,"
-                                   "kv_decode_merged:ldcg:2") > 0);
-}
 #endif

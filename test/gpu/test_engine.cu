@@ -315,3 +315,42 @@ TEST(gpu_engine_one_fp8_weight_copy_trains_what_two_copies_train) {
                   "%s: the saved checkpoint's weights differ with one FP8 weight copy", dir);
     }
 }
+
+// --save_format fp8 from the GPU engine: the export holds the device's FP8 weight copy, which after an
+// update is the CPU quantizer's copy of the updated master, bit for bit; a fresh engine's export is
+// the CPU engine's file byte for byte (v_proj of qwen3_tiny starts at row 192: quantized alone on both).
+TEST(gpu_engine_fp8_export_is_its_fp8_copy) {
+    REQUIRE_GPU();
+    const std::string dir = harness::model_fixtures + "qwen3_tiny";
+    harness::TempDir tmp;
+    GpuEngine gpu(dir);
+    CpuEngine cpu(dir);
+    TrainerState gs, cs;
+    gpu.save_state(gs), cpu.save_state(cs);
+    std::filesystem::create_directories(tmp / "gpu"), std::filesystem::create_directories(tmp / "cpu");
+    CHECK_EQ(gpu.save_hf_fp8(tmp / "gpu", gs.master), cpu.save_hf_fp8(tmp / "cpu", cs.master));
+    CHECK_MSG(read_file(tmp / "gpu/model.safetensors") == read_file(tmp / "cpu/model.safetensors"),
+              "the GPU engine's FP8 export differs from the CPU engine's");
+    gpu.init_optimizer(AdamWConfig(), one_rank());
+    const std::vector<Sequence> seqs = ragged_batch((int)gpu.config().vocab_size, 3);
+    TokenValues lp, ent;
+    gpu.zero_grads();
+    gpu.forward_train(seqs, Precision::FP8, 1.0f, &lp, &ent);
+    gpu.backward(pseudo_gradients(seqs, 5), pseudo_gradients(seqs, 6));
+    gpu.reduce_and_clip_grads(1.0);
+    gpu.optimizer_step(1e-2);
+    const std::vector<float> master = gpu.master_weights();
+    const std::vector<Fp8Tensor> copies = gpu.fp8_weight_copies();
+    const ModelWeights table = ModelWeights::load(dir, false);
+    const CpuModel model(table);
+    size_t compared = 0, differ = 0;
+    for (int l = 0; l < cpu.config().num_layers; l++)
+        for (int j = 0; j < kProjections; j++) {
+            const Fp8Tensor& g = copies[(size_t)l * kProjections + j];
+            const LinearWeight w = model.projection(l, (Projection)j, master.data());
+            const Fp8Tensor want = fp8_quantize_blockwise(w.w, w.N, w.K, false);
+            differ += g.data != want.data || g.scale_inv != want.scale_inv;
+            compared++;
+        }
+    CHECK_MSG(differ == 0 && compared > 0, "%zu of %zu FP8 copies after an update differ from the quantized master", differ, compared);
+}

@@ -145,8 +145,8 @@ std::vector<float> gpu_decode(GpuCache& g, const PagedBatch& b, int H, int max_l
                               const DecodeCascade& cascade = DecodeCascade()) {
     DeviceBuffer<__nv_bfloat16> q(to_bf16(b.q)), out((size_t)b.B * H * b.shape.head_dim);
     CUDA_CHECK(cudaMemset(out.ptr, 0xFF, out.count * sizeof(__nv_bfloat16)));  // NaN: an output not written fails
-    g.cache.decode_attention(kLayer, out.ptr, q.ptr, H, g.page_table.ptr, b.max_pages, g.lens.ptr, g.prefix.ptr, b.B,
-                             max_len, 0, cascade, split_keys > 0 ? split_keys : kDecodeSplitKeys);
+    g.cache.plan_decode(g.lens.ptr, g.prefix.ptr, b.B, max_len, 0, cascade, split_keys > 0 ? split_keys : kDecodeSplitKeys);
+    g.cache.decode_attention(kLayer, out.ptr, q.ptr, H, g.page_table.ptr, b.max_pages, 0);
     return to_float(out.download());
 }
 
@@ -299,11 +299,10 @@ TEST(kv_decode_attention_fp8_scales_per_kv_head_match_cpu) {
     check_decode(Precision::FP8, /*per_head=*/true);
 }
 
-// In an fp8 decode step decode attention also writes the O projection's FP8 1x128 operand: the CTA
-// that completes a row merges it (kv_decode_arrive), so its codes and scales must be the CPU's
+// In an fp8 decode step decode attention also writes the O projection's FP8 1x128 operand: the
+// combine kernel writes it beside the output, so its codes and scales must be the CPU's
 // quantization of the output the same call wrote, and rows past B zero codes over garbage. Chunks of
-// one tile: many CTAs a row, the last one different under each scheduling seed. Each call twice: a
-// row's count left non-zero would merge the second call's row early (or never).
+// one tile: many chunks a row. Each call twice: nothing of the first may leak into the second.
 TEST(kv_decode_attention_writes_the_o_projection_operand) {
     REQUIRE_GPU();
     for (const DecodeCase& c : {kDecodeCases[2], kDecodeCases[3], kDecodeCases[5]}) {
@@ -316,8 +315,8 @@ TEST(kv_decode_attention_writes_the_o_projection_operand) {
             DeviceBuffer<float> scales(std::vector<float>(vec128_scale_count(padded, cols), NAN));
             Fp8RowsOut operand;
             operand.codes = codes.ptr, operand.scale_inv = scales.ptr, operand.rows = padded;
-            g.cache.decode_attention(kLayer, out.ptr, q.ptr, c.H, g.page_table.ptr, b.max_pages, g.lens.ptr, g.prefix.ptr,
-                                     b.B, b.max_len, 0, DecodeCascade(), kDecodeTile, operand);
+            g.cache.plan_decode(g.lens.ptr, g.prefix.ptr, b.B, b.max_len, 0, DecodeCascade(), kDecodeTile);
+            g.cache.decode_attention(kLayer, out.ptr, q.ptr, c.H, g.page_table.ptr, b.max_pages, 0, operand);
             std::vector<float> o = to_float(out.download());
             o.resize((size_t)padded * cols, 0.0f);
             const Fp8Tensor want = fp8_quantize_rowwise(o.data(), padded, cols, false);
@@ -465,16 +464,16 @@ TEST(kv_decode_chunks_do_not_depend_on_the_batch) {
     };
     auto decode_row0 = [&](int B, int max_len) {
         DeviceBuffer<__nv_bfloat16> q(to_bf16(b.q)), out((size_t)B * c.H * c.D);
-        g.cache.decode_attention(kLayer, out.ptr, q.ptr, c.H, g.page_table.ptr, b.max_pages, g.lens.ptr, g.prefix.ptr, B,
-                                 max_len, 0);
+        g.cache.plan_decode(g.lens.ptr, g.prefix.ptr, B, max_len, 0);
+        g.cache.decode_attention(kLayer, out.ptr, q.ptr, c.H, g.page_table.ptr, b.max_pages, 0);
         const int splits = PagedKvCache::decode_chunks(max_len);
         std::vector<float> lse((size_t)B * c.H * splits);
         Row0 r;
         r.out = out.download();  // synchronizes
         r.out.resize((size_t)c.H * c.D);
         CUDA_CHECK(cudaMemcpy(lse.data(), g.cache.decode_chunk_lse(), lse.size() * sizeof(float), cudaMemcpyDeviceToHost));
-        for (int i = 0; i < c.H * splits; i++)
-            if (lse[i] != -INFINITY) r.lse.push_back(lse[i]);
+        const int row0_chunks = decode_row_chunks(b.lens[0], b.prefix[0], kDecodeSplitKeys);  // written; the rest are not
+        for (int h = 0; h < c.H; h++) r.lse.insert(r.lse.end(), lse.begin() + h * splits, lse.begin() + h * splits + row0_chunks);
         return r;
     };
     const Row0 batched = decode_row0(b.B, b.max_len), alone = decode_row0(1, c.lens[0]),
@@ -724,8 +723,8 @@ TEST(kv_decode_attention_replays_in_a_graph) {
     cudaGraph_t graph;
     cudaGraphExec_t exec;
     CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-    g.cache.decode_attention(kLayer, out.ptr, q.ptr, c.H, g.page_table.ptr, b.max_pages, g.lens.ptr, g.prefix.ptr, b.B,
-                             max_len, stream, DecodeCascade(), kDecodeTile);
+    g.cache.plan_decode(g.lens.ptr, g.prefix.ptr, b.B, max_len, stream, DecodeCascade(), kDecodeTile);
+    g.cache.decode_attention(kLayer, out.ptr, q.ptr, c.H, g.page_table.ptr, b.max_pages, stream);
     CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
     CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
     b.lens = {1, 0, 17};  // a shorter row, an idle one, one unchanged
@@ -773,23 +772,23 @@ TEST(kv_cache_rejects_bad_input) {
     CHECK_THROWS((cache.set_scales({1.0f, 1.0f, 1.0f, 1.0f}, {1.0f, 1.0f, 0.0f, 1.0f})), "layer 1, KV head 0 has K scale 1, V scale 0");
     CHECK_THROWS((cache.append(2, nullptr, nullptr, nullptr, 1, 0)), "append: layer 2 outside [0, 2)");
     CHECK_THROWS((cache.copy_page(0, 4, 0)), "pages 0 -> 4 outside the pool [0, 4)");
-    CHECK_THROWS((cache.decode_attention(0, nullptr, nullptr, 4, nullptr, 1, nullptr, nullptr, 1, 16, 0)), "call reserve_decode");
+    DeviceBuffer<int32_t> lens(std::vector<int32_t>{1, 1, 1});
+    CHECK_THROWS((cache.decode_attention(0, nullptr, nullptr, 4, nullptr, 1, 0)), "no plan: call plan_decode");
+    CHECK_THROWS((cache.plan_decode(lens.ptr, nullptr, 1, 16, 0)), "call reserve_decode");
     cache.reserve_decode(2, 4, 16);
-    CHECK_THROWS((cache.decode_attention(0, nullptr, nullptr, 3, nullptr, 1, nullptr, nullptr, 1, 16, 0)),
+    cache.plan_decode(lens.ptr, nullptr, 1, 16, 0);
+    CHECK_THROWS((cache.decode_attention(0, nullptr, nullptr, 3, nullptr, 1, 0)),
                  "heads = 3 must be a positive multiple of kv_heads = 2");
-    CHECK_THROWS((cache.decode_attention(0, nullptr, nullptr, 4, nullptr, 1, nullptr, nullptr, 1, 17, 0)),
-                 "max_len <= max_pages * page_tokens");
-    CHECK_THROWS((cache.decode_attention(0, nullptr, nullptr, 8, nullptr, 1, nullptr, nullptr, 1, 16, 0)),
-                 "1 rows x 8 heads x");
+    CHECK_THROWS((cache.decode_attention(0, nullptr, nullptr, 8, nullptr, 1, 0)), "1 rows x 8 heads x");
+    cache.plan_decode(lens.ptr, nullptr, 1, 17, 0);
+    CHECK_THROWS((cache.decode_attention(0, nullptr, nullptr, 4, nullptr, 1, 0)), "max_len <= max_pages * page_tokens");
     PagedKvCache wide({1, 1, 128, 16, 1}, Precision::BF16);
     CHECK_THROWS((wide.reserve_decode(1, 400, 16)), "400 query heads per kv head need");
     CHECK_THROWS((cache.reserve_decode(1, 4, 16, 48)), "split_keys = 48 must be a positive multiple of 32");
-    CHECK_THROWS((cache.decode_attention(0, nullptr, nullptr, 4, nullptr, 1, nullptr, nullptr, 3, 16, 0)),
-                 "3 rows x 4 heads x 2 chunks exceed the decode workspace");
-    CHECK_THROWS((cache.decode_attention(0, nullptr, nullptr, 4, nullptr, 4, nullptr, nullptr, 2, 64, 0, DecodeCascade(), 32)),
-                 "2 rows x 4 heads x 3 chunks exceed the decode workspace");
+    CHECK_THROWS((cache.plan_decode(lens.ptr, nullptr, 3, 16, 0)), "3 rows (0 cascade groups) x 2 chunks exceed the decode work lists");
+    CHECK_THROWS((cache.plan_decode(lens.ptr, nullptr, 2, 64, 0, DecodeCascade(), 32)),
+                 "2 rows (0 cascade groups) x 3 chunks exceed the decode work lists");
     DecodeCascade half;  // rows without the rest
     half.rows = reinterpret_cast<const int32_t*>(16);
-    CHECK_THROWS((cache.decode_attention(0, nullptr, nullptr, 4, nullptr, 1, nullptr, nullptr, 1, 16, 0, half)),
-                 "a cascade needs rows, start, count and shared");
+    CHECK_THROWS((cache.plan_decode(lens.ptr, nullptr, 1, 16, 0, half)), "a cascade needs rows, start, count and shared");
 }

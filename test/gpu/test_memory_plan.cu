@@ -268,3 +268,48 @@ TEST(gpu_memory_plan_of_qwen3_1p7b) {
     printf("%s%s%s", memory_plan_text(keep, kH200Bytes).c_str(), memory_plan_text(again, kH200Bytes).c_str(),
            memory_plan_text(rollout, kH200Bytes).c_str());
 }
+
+// A bf16 run's engine (EngineOptions::fp8_weights false, which the driver sets when no pass runs in
+// fp8) holds no FP8 weight copies: it allocates the plan's FP8 copy bytes less than the same engine
+// with them (and the plan's FP8 line is 0), trains and evaluates in bf16 bit for bit as that engine
+// does, and refuses an fp8 pass in one line.
+TEST(gpu_bf16_engine_holds_no_fp8_weights) {
+    const char* dir = "test/fixtures/models/qwen3_tiny";
+    const ModelConfig c = load_model_config(dir);
+    const std::vector<Sequence> seqs = batch_of({9, 5}, (int)c.vocab_size);
+    size_t held[2] = {0, 0}, planned[2] = {0, 0};
+    TokenValues after[2];
+    for (int fp8 = 0; fp8 < 2; fp8++) {
+        EngineOptions o;
+        o.fp8_weights = fp8 == 1;
+        MemoryDemand d;
+        d.tokens_per_forward = 14;
+        d.longest_sequence = 9;
+        planned[fp8] = plan_memory(c, GpuEngine::plan_request(c, o, d), GpuEngine::plan_constants()).fp8_copies;
+        const size_t live_before = device_bytes_live();
+        GpuEngine gpu(dir, o);
+        held[fp8] = device_bytes_live() - live_before;
+        gpu.init_optimizer(AdamWConfig(), one_rank());
+        TokenValues lp, ent;
+        gpu.zero_grads();
+        gpu.forward_train(seqs, Precision::BF16, 1.0f, &lp, &ent);
+        gpu.backward(lp, ent);
+        gpu.reduce_and_clip_grads(1.0);
+        gpu.optimizer_step(1e-3);
+        gpu.logprobs(seqs, Precision::BF16, 1.0f, &after[fp8], nullptr);
+        if (fp8) continue;
+        std::string refusal;
+        try {
+            gpu.logprobs(seqs, Precision::FP8, 1.0f, &lp, nullptr);
+        } catch (const Error& e) {
+            refusal = e.what();
+        }
+        CHECK_MSG(refusal.find("without FP8 weights") != std::string::npos, "an fp8 pass: \"%s\"", refusal.c_str());
+    }
+    printf("    qwen3_tiny: the engine holds %zu bytes with FP8 weights, %zu without; the plan's FP8 copies %zu and %zu bytes\n",
+           held[1], held[0], planned[1], planned[0]);
+    CHECK_EQ(planned[0], (size_t)0);
+    CHECK_MSG(held[1] - held[0] >= planned[1] && held[1] - held[0] <= planned[1] + 4096,
+              "the FP8 weights take %zu bytes, the plan counts %zu", held[1] - held[0], planned[1]);
+    CHECK(after[0] == after[1]);
+}

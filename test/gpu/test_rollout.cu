@@ -504,6 +504,40 @@ TEST(rollout_decode_loop_waits_for_the_device_once_per_16_steps) {
     CHECK_EQ(gpu.rollout_stats().graphs_captured, (int64_t)0);
     CHECK(gpu.rollout_stats().graph_launches > 0);
 }
+
+// Decode attention's CTAs follow the rows' current lengths, not the configured maximum (issue 58):
+// each step's plan sizes the split kernel's grid for its longest row rounded up to whole chunks (at
+// most prompt + max_new_tokens), and a graph is kept per such length. Two sibling rows of a 40-token
+// prompt (one cascade group, its 32-key prefix) of one layer and 2 kv heads: per step and kv head
+// 2 rows x decode_chunks(length) + the group's prefix chunks, summed over the steps; fewer than a grid
+// fixed at the maximum length. Counted as launched (FP8RL_EMU_STATS' ctas) in the decode_step range.
+TEST(rollout_decode_attention_ctas_follow_the_rows_lengths) {
+    REQUIRE_GPU();
+    GpuEngine gpu(long_context_model());
+    const std::vector<GenRequest> requests = long_requests(1);
+    const int tokens = 230, P = 40, KV = 2, L = 1, rows = 2, groups = 1;  // past 256 keys: a second chunk
+    emu::start_stats();
+    gpu.generate(requests, 2, long_sampling(tokens), Precision::BF16, Precision::BF16, nullptr);
+    emu::stop_stats();
+    emu::RangeStats st = emu::range_stats("decode_step");
+    const uint64_t got = st.ctas["kv_decode_split_kernel"];
+    auto step_ctas = [&](long max_len) {  // the split launches of one step planned for max_len keys
+        return (uint64_t)KV * L * (rows * PagedKvCache::decode_chunks((int)max_len) + groups * decode_span_chunks(max_len, kDecodeSplitKeys));
+    };
+    uint64_t want = 0, fixed = 0, with_keys = 0;
+    for (int k = 0; k < tokens - 1; k++) {  // decode step k feeds token k + 1: its rows hold P + 1 + k keys
+        const long len = P + 1 + k, prefix = decode_prefix_keys(P, len);
+        want += step_ctas(std::min<long>(P + tokens, (len + kDecodeSplitKeys - 1) / kDecodeSplitKeys * kDecodeSplitKeys));
+        fixed += step_ctas(P + tokens);
+        with_keys += (uint64_t)KV * L * (rows * decode_span_chunks(len - prefix, kDecodeSplitKeys) + groups * decode_span_chunks(prefix, kDecodeSplitKeys));
+    }
+    printf("    %d tokens, %lld decode steps: %llu split CTAs launched (%llu with keys), %llu with a grid fixed at %d keys\n",
+           tokens, (long long)gpu.rollout_stats().decode_steps, (unsigned long long)got, (unsigned long long)with_keys,
+           (unsigned long long)fixed, P + tokens);
+    CHECK_EQ(gpu.rollout_stats().decode_steps, (int64_t)tokens - 1);
+    CHECK_EQ(got, want);
+    CHECK(got < fixed);
+}
 #endif  // FP8RL_EMU
 
 // Batch invariance past 512 tokens (issue 29): 3 completions of 520 tokens (2 samples of a prompt,
