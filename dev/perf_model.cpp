@@ -107,7 +107,8 @@ std::string json_escape(const std::string& s) {
     return out;
 }
 
-// {"workloads": [{"model", "gpu", "gpus", "kv_cache", "precision", "rollout_s", "train_s", "step_s", "phases",
+// {"workloads": [{"model", "gpu", "gpus", "kv_cache", "precision", "rollout_s", "train_s", "step_s",
+//   "decode_attention_hbm_s" (its K/V bytes at the achievable bandwidth: what decode attention would take at HBM speed), "phases",
 //   "kernels": [{"name", "calls", "time_s", "bound", "bytes", "flops"}], "assumptions": {NAME: {"value", "unit", "source"}}}]}
 void print_json(const ModelConfig& small, const ModelConfig& large) {
     struct Workload {
@@ -126,9 +127,10 @@ void print_json(const ModelConfig& small, const ModelConfig& large) {
                     s.gpus = w.gpus;
                     const GrpoPrediction r = predict_grpo_step(g, *w.config, p, kv, s);
                     printf("%s\n  {\"model\": \"%s\", \"gpu\": \"%s\", \"gpus\": %d, \"kv_cache\": \"%s\", \"precision\": \"%s\", "
-                           "\"rollout_s\": %.3f, \"train_s\": %.3f, \"step_s\": %.3f, \"phases\": {",
+                           "\"rollout_s\": %.3f, \"train_s\": %.3f, \"step_s\": %.3f, \"decode_attention_hbm_s\": %.3f, "
+                           "\"phases\": {",
                            first ? "" : ",", w.name, g.name, w.gpus, precision_name(kv), precision_name(p), r.rollout_s(),
-                           r.train_s(), r.step_s());
+                           r.train_s(), r.step_s(), r.decode_attention_bytes / g.bandwidth());
                     first = false;
                     bool first_item = true;
                     for (const auto* phases : {&r.rollout, &r.train})
@@ -189,8 +191,8 @@ void print_published() {
                "(%s) | %.2f (FA2) | FA2/FA3 (H100; perf-anchors.md) |\n",
                (int)len, len == 1024 ? "260; 423" : "298; 521", tflops, a.bound(), (len == 1024 ? 260 : 298) / tflops);
     }
-    // our decode attention, one Qwen3-1.7B layer, 512 rows of 1,024 keys (no cascade), against a kernel
-    // at the achievable HBM bandwidth (FlashInfer's decode: near it)
+    // our decode attention, one Qwen3-1.7B layer (split and combine), 512 rows of 1,024 keys (no cascade),
+    // against a kernel at the achievable HBM bandwidth (FlashInfer's decode: near it)
     DecodeAttentionShape d;
     d.H = 16, d.KV = 8, d.D = 128, d.grid_rows = d.live_rows = 512, d.own_keys = 1024, d.max_len = 1280;
     for (bool fp8 : {true, false}) {
@@ -198,8 +200,8 @@ void print_published() {
         const DecodeAttentionPrice a = decode_attention_price(g, d);
         printf("| decode attention (ours), %s KV | 512 rows x 1,024 keys, 16 / 8 heads of 128 | %.0f GB/s (bytes at %.2f of HBM) | "
                "%.0f GB/s (%s) | %.2f | FlashInfer: near HBM bandwidth (perf-anchors.md) |\n",
-               fp8 ? "FP8" : "BF16", g.bandwidth() / 1e9, g.hbm_efficiency, a.bytes / a.per_row.seconds() / 1e9, a.per_row.bound(),
-               g.bandwidth() / (a.bytes / a.per_row.seconds()));
+               fp8 ? "FP8" : "BF16", g.bandwidth() / 1e9, g.hbm_efficiency, a.bytes / a.layer_seconds() / 1e9, a.per_row.bound(),
+               g.bandwidth() / (a.bytes / a.layer_seconds()));
     }
     // NCCL all-reduce of 1 GiB over 8 GPUs: the model's 2 (n - 1) / n bytes at the bus bandwidth
     const double bytes = 1073741824.0, seconds = bytes * 2 * 7 / 8 / g.nccl_bus_bandwidth;

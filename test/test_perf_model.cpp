@@ -268,64 +268,60 @@ TEST(kernel_perf_model_decode_recipe_by_hand) {
     CHECK_NEAR(generic_cost_per_mac(g).c[Sass_total], 80.0 / 768, 1e-9, 0);
 }
 
-// The merge recipe on a made-up kernel: a tile loop (barriers) and a merge nest three deep whose
-// innermost loops load: the maximum's (16 loads a pass, no math but compares) and the weighted sum's
-// (8 loads a pass: 4 chunks, 140 instructions: 35 a chunk). A row of H x D = 2048 outputs over 128
-// threads: 8 pairs of 128-column groups over 4 warps, 2 passes of 8 outputs a lane = 16 outputs, each
-// ceil(6 / 16) L2 round trips for the maximum and 6 x (an L2 round trip + 35 dependent instructions).
-TEST(kernel_perf_model_merge_recipe_by_hand) {
-    auto loop = [](int parent, float total, std::initializer_list<std::pair<SassClass, float>> more) {
-        SassLoop l{0, 0, parent, {}};
-        l.counts[Sass_total] = total;
-        for (auto m : more) l.counts[m.first] = m.second;
-        return l;
-    };
-    const SassLoop loops[] = {
-        loop(-1, 100, {{Sass_barrier, 3}}),                                   // 0: tiles
-        loop(-1, 20, {{Sass_stg_bytes, 16}}),                                 // 1: outputs (a warp per pair)
-        loop(1, 30, {}),                                                      // 2: a lane's 8 outputs
-        loop(2, 40, {{Sass_ldg_ops, 16}, {Sass_ldg_bytes, 64}, {Sass_fp32, 16}}),                      // 3: maximum
-        loop(2, 140, {{Sass_ldg_ops, 8}, {Sass_ldg_bytes, 32}, {Sass_fp32, 72}, {Sass_conversion, 8}}),  // 4: weighted
-    };
-    const SassKernel k{"made-up merge", {}, 5, loops};
-    MergeRecipe m;
-    CHECK(decode_merge_recipe(k, &m));
-    CHECK_EQ(m.max_chunks_per_pass, 16.0);
-    CHECK_EQ(m.weighted_chunks_per_pass, 4.0);
-    CHECK_EQ(m.weighted_instructions_per_chunk, 35.0);
+// The decode plan's critical path by hand (kv_cache.cuh's kv_decode_plan_kernel, 256 threads): 512 rows
+// are 2 a thread, walked twice at an L2 round trip (300 clocks) a row: 1,200, plus a block scan of 15
+// dependent steps of 4 clocks: 60; 256 cascade groups are 1 a thread: the count's load (300), 2 walks of
+// 3 dependent L2 loads (1,800), a scan (60). The combine (kv_decode_combine_kernel) of 512 rows of 16
+// heads of 128 with 2 chunks each: 8 pairs of 128-column groups over 4 warps = 2 CTAs a row; its HBM
+// bytes the partials (129 FP32 a row, head and chunk) plus 2 + 1 bytes an output (BF16 and its FP8
+// operand); a lane's chain is its row's length (L2), one batch of LSEs (L2), one batch of LSEs and
+// partials (HBM): 1,600 clocks, 1,024 CTAs in one wave (132 SMs x 16 CTAs of 128 threads).
+TEST(kernel_perf_model_decode_plan_and_combine_by_hand) {
     const GpuSpec g = h100();
-    CHECK_NEAR(decode_merge_row_clocks(g, m, 128, 2048, 6), 16 * (1 * 300 + 6 * (300 + 35 * 4.0)), 1e-9, 0);
-    // no merge nest (the merge moved out of the kernel): no recipe, so no merge tail is priced
-    const SassKernel flat{"no merge", {}, 2, loops};
-    CHECK(!decode_merge_recipe(flat, &m));
+    CHECK_NEAR(decode_plan_clocks(g, 512, 0), 2 * 2 * 300 + 15 * 4.0, 1e-9, 0);
+    CHECK_NEAR(decode_plan_clocks(g, 512, 256), 2 * 2 * 300 + 15 * 4.0 + 300 + 2 * 3 * 300 + 15 * 4.0, 1e-9, 0);
+    DecodeAttentionShape s;
+    s.H = 16, s.KV = 8, s.D = 128, s.grid_rows = 512, s.live_rows = 512, s.own_keys = 100, s.prefix = 256, s.max_len = 1280;
+    const DecodeAttentionPrice a = decode_attention_price(g, s);
+    CHECK_NEAR(a.combine.hbm_s * g.bandwidth(), 512 * 16 * 2 * 129 * 4.0 + 512 * 2048 * 3.0, 1e-3, 0);
+    CHECK_NEAR(a.partial_bytes, 512 * 2 * 16 * 129 * 4.0, 1e-6, 0);
+    CHECK_NEAR(a.plan.latency_s, decode_plan_clocks(g, 512, 0) / g.clock, 1e-15, 0);
+    if (a.combine_priced) CHECK(a.combine.latency_s >= 1600 / g.clock);  // and the lanes' instructions
+    else CHECK_NEAR(a.combine.latency_s, 1600 / g.clock, 1e-15, 0);
+    // an idle row and 128 padding rows: combine CTAs that write zeros, bytes of output alone
+    s.grid_rows = 513, s.pad_rows = 127;
+    CHECK_NEAR(decode_attention_price(g, s).combine.hbm_s * g.bandwidth(), 512 * 16 * 2 * 129 * 4.0 + 640 * 2048 * 3.0, 1e-3, 0);
 }
 
-// Decode attention over the grid it launches (kernel_perf_model.h): the same keys cost more when the
-// grid has more empty chunks (a larger max_len), BF16 K/V reads twice FP8's bytes, a cascade launch
-// ends with its largest group's merges one after another, and the table's kernels match the recipes.
-TEST(kernel_perf_model_decode_grid_empty_ctas_and_merge_tail) {
+// Decode attention over the grid it launches (kernel_perf_model.h): the grid follows the rows' current
+// lengths (rounded up to 256 keys), not the rollout's max_len; longer rows cost more; BF16 K/V reads
+// twice FP8's bytes; a cascade reads the prompt once a group and has no merge tail; the table's kernels
+// match the recipes.
+TEST(kernel_perf_model_decode_grid_follows_lengths) {
     const GpuSpec g = h100();
     DecodeAttentionShape s;
     s.H = 16, s.KV = 8, s.D = 128, s.grid_rows = 512, s.live_rows = 512, s.own_keys = 100, s.prefix = 256, s.max_len = 512;
-    const DecodeAttentionPrice short_grid = decode_attention_price(g, s);
-    CHECK_MSG(short_grid.per_row.recipe, "sass_counts.h's kv_decode_split_kernel<128, unsigned char> no longer matches the "
+    const DecodeAttentionPrice short_max = decode_attention_price(g, s);
+    CHECK_MSG(short_max.per_row.recipe, "sass_counts.h's kv_decode_split_kernel<128, unsigned char> no longer matches the "
               "decode recipes (cuda/perf/kernel_perf_model.h): it would be priced by the generic lower bound");
-    s.max_len = 1280;  // 4 more empty chunks a row: their CTAs write zeros and arrive
-    const DecodeAttentionPrice long_grid = decode_attention_price(g, s);
-    CHECK(long_grid.per_row.seconds() > short_grid.per_row.seconds());
-    CHECK_EQ(long_grid.bytes, short_grid.bytes);
-    CHECK_EQ(long_grid.bytes, 512 * (100.0 + 256) * 2 * 8 * 128);  // no cascade: every row reads its prompt
-    s.fp8_kv = false;
-    CHECK_NEAR(decode_attention_price(g, s).bytes, 2 * long_grid.bytes, 1e-12, 0);
+    s.max_len = 4096;  // the same rows, a larger configured maximum: the same grid, the same price
+    const DecodeAttentionPrice long_max = decode_attention_price(g, s);
+    CHECK_EQ(long_max.per_row.seconds(), short_max.per_row.seconds());
+    CHECK_EQ(long_max.combine.seconds(), short_max.combine.seconds());
+    CHECK_EQ(long_max.bytes, 512 * (100.0 + 256) * 2 * 8 * 128);  // no cascade: every row reads its prompt
+    CHECK_EQ(long_max.per_row.tail_s, 0.0);
+    s.own_keys = 1000;  // longer rows: more keys, more chunks
+    CHECK(decode_attention_price(g, s).per_row.seconds() > long_max.per_row.seconds());
+    s.own_keys = 100, s.fp8_kv = false;
+    CHECK_NEAR(decode_attention_price(g, s).bytes, 2 * long_max.bytes, 1e-12, 0);
     CHECK(decode_attention_price(g, s).per_row.recipe);
-    // 64 cascade groups of 8 rows: they read the prompt once a group; the tail is 8 row merges (6 chunks)
-    s.fp8_kv = true, s.cascade_groups = 64, s.group_members = 8, s.merge_members = 8, s.cascade_grid = 256;
+    // 64 cascade groups of 8 rows: the prompt read once a group; a group's partials for its 8 rows
+    s.fp8_kv = true, s.cascade_groups = 64, s.group_members = 8, s.cascade_grid = 256;
     const DecodeAttentionPrice cascade = decode_attention_price(g, s);
     CHECK_EQ(cascade.bytes, (512 * 100.0 + 64 * 256) * 2 * 8 * 128);
-    MergeRecipe m;
-    CHECK(decode_merge_recipe(sass_kernel("kv_decode_split_kernel<128, unsigned char>"), &m));
-    CHECK_NEAR(cascade.cascade.tail_s, 8 * decode_merge_row_clocks(g, m, 128, 16 * 128, 6) / g.clock, 1e-12, 0);
-    CHECK(cascade.cascade.seconds() > cascade.cascade.tail_s);
+    CHECK_NEAR(cascade.partial_bytes, (512 + 64 * 8) * 16 * 129 * 4.0, 1e-6, 0);
+    CHECK(cascade.cascade.recipe && cascade.cascade.seconds() > 0);
+    CHECK_EQ(cascade.cascade.tail_s, 0.0);
 }
 
 // GEMM shape classes (perf_model.h's gemm_cost on a GPU): a training GEMM at cuBLASLt's FP8 rate

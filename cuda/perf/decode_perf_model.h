@@ -7,9 +7,10 @@
 //              (perf_model.h's gemm_cost: few tokens make a GEMM memory-bound, its weight streamed by
 //              only its CTAs: ceil(m / 128) x ceil(n / 128) of them), the FP8 GEMMs over the rows
 //              padded to 128 as rollout.cu runs them;
-//   attention  kv_cache.cuh's split kernel over the grid it launches (kernel_perf_model.h's
-//              decode_attention_price: the bucket's rows x chunks of max_len x KV heads, the empty
-//              CTAs, prologues and epilogues, the cascade launch and its serial merge tail);
+//   attention  kv_cache.cuh's launches as issue 58 left them (kernel_perf_model.h's
+//              decode_attention_price): the step's plan, then per layer the split kernel over the
+//              rows' current lengths (L: the longest row rounded up to split_keys) and its cascade
+//              launch, and the combine kernel by its bytes and its short latency chain;
 //   sampling   the logits written by the head GEMM and read kSamplingPasses times, at the bandwidth;
 //   launches   kDecodeNodesPerLayer graph nodes a layer and kDecodeLaunchesOutside around them.
 // The norms, RoPE and SwiGLU of a few rows are priced by their graph nodes alone. Without hw.gpu: the
@@ -28,18 +29,20 @@ constexpr double kDecodeAttentionEfficiency = 0.7;  // of HBM: FlashInfer-like, 
 constexpr double kSamplingPasses = 3;               // over a row's FP32 logits or probabilities, uncut
 constexpr double kSamplingSmBandwidth = 80e9;       // bytes/s a block streams from L2 (cuda/rollout/sampling.cuh)
 constexpr int kSms = 132;
-// graph nodes of a step; outside the layers: rows, embedding, final norm, logits, sampling, commit, refill
-constexpr double kDecodeLaunchesPerLayer = 9, kDecodeLaunchesOutside = 7, kDecodeNodesPerLayer = 10;
+// graph nodes of a step (rollout.cu's decode_launches); outside the layers: rows, embedding, the decode
+// plan, final norm, logits, sampling, commit, refill; a layer: 11 (issue 58: the combine kernel is one).
+// The anchors model (before issue 47) keeps its 9 launches a layer and 7 outside.
+constexpr double kDecodeLaunchesPerLayer = 9, kDecodeLaunchesOutside = 7, kDecodeNodesPerLayer = 11, kDecodeNodesOutside = 8;
 
 // One decode step's rows as rollout.cu launches them.
 struct DecodeStep {
     double rows = 0;       // live rows
-    double grid_rows = 0;  // the bucket: decode attention's per-row grid (idle rows' CTAs are empty); 0: rows
-    double pad_rows = 0;   // the FP8 operand's rows past grid_rows (their CTAs return at once)
+    double grid_rows = 0;  // the bucket: the plan's rows (idle rows have no keys); 0: rows
+    double pad_rows = 0;   // the FP8 operand's rows past grid_rows (the combine writes their zero codes)
     double context = 0;    // a live row's keys
     double prefix = 0;     // of them, its prompt's, shared by its group's rows (cascade); 0: none
-    double max_len = 0;    // the launch's max_len; 0: context
-    double cascade_groups = 0, group_members = 0, merge_members = 0;  // kernel_perf_model.h's DecodeAttentionShape
+    double max_len = 0;    // the rollout's max_len (the grid's L is the rows' length rounded up, at most this); 0: context
+    double cascade_groups = 0, group_members = 0;  // kernel_perf_model.h's DecodeAttentionShape
 };
 
 struct DecodePrediction {
@@ -90,24 +93,26 @@ inline DecodePrediction predict_decode_step(const PerfHardware& hw, const ModelC
     // decode attention, every layer alike
     DecodeAttentionShape a;
     a.fp8_kv = kv_cache == Precision::FP8, a.H = (int)c.num_heads, a.KV = (int)c.num_kv_heads, a.D = (int)c.head_dim;
-    a.grid_rows = std::max(d.grid_rows, rows) + d.pad_rows, a.live_rows = rows, a.pad_rows = d.pad_rows;
+    a.grid_rows = std::max(d.grid_rows, rows), a.live_rows = rows, a.pad_rows = d.pad_rows;
     a.own_keys = d.context - d.prefix, a.prefix = d.prefix, a.max_len = d.max_len > 0 ? d.max_len : d.context;
-    a.cascade_groups = d.cascade_groups, a.group_members = d.group_members, a.merge_members = d.merge_members;
-    a.cascade_grid = d.cascade_groups > 0 ? std::floor(std::max(d.grid_rows, rows) / 2) : 0;
+    a.cascade_groups = d.cascade_groups, a.group_members = d.group_members;
+    a.cascade_grid = d.cascade_groups > 0 ? std::floor(a.grid_rows / 2) : 0;  // rollout.cu: max_groups = rows / 2
     const DecodeAttentionPrice at = decode_attention_price(g, a);
-    const double per_row = at.per_row.seconds() - at.per_row.launch_s, cascade = at.cascade.seconds() - at.cascade.launch_s;
-    p.attention_s = L * (per_row + cascade);
+    auto body = [](const KernelPrice& k) { return k.seconds() - k.launch_s; };  // graph nodes: gaps counted below
+    const double per_row = body(at.per_row), cascade = body(at.cascade), combine = body(at.combine), plan = body(at.plan);
+    p.attention_s = L * (per_row + cascade + combine) + plan;
     p.attention_bytes = L * at.bytes;
-    add("kv_decode_split_kernel (per-row CTAs)", L, L * per_row, L * (at.bytes - at.cascade.hbm_s * g.bandwidth()), 0,
-        at.per_row.bound());
+    add("kv_decode_plan_kernel", 1, plan, at.plan.hbm_s * g.bandwidth(), 0, at.plan.bound());
+    add("kv_decode_split_kernel (per-row CTAs)", L, L * per_row, L * at.per_row.hbm_s * g.bandwidth(), 0, at.per_row.bound());
     if (a.cascade_grid > 0)
-        add(at.merge_priced ? "kv_decode_split_kernel (cascade CTAs, merge)" : "kv_decode_split_kernel (cascade CTAs; no merge found)",
-            L, L * cascade, L * at.cascade.hbm_s * g.bandwidth(), 0, at.cascade.bound());
+        add("kv_decode_split_kernel (cascade CTAs)", L, L * cascade, L * at.cascade.hbm_s * g.bandwidth(), 0, at.cascade.bound());
+    add(at.combine_priced ? "kv_decode_combine_kernel" : "kv_decode_combine_kernel (no SASS found: bytes and latency only)", L,
+        L * combine, L * at.combine.hbm_s * g.bandwidth(), 0, at.combine.bound());
     // sampling: the head's FP32 logits written, then read kSamplingPasses times
     const double sampling_bytes = rows * V * perf_detail::kF32 * (1 + kSamplingPasses);
     p.sampling_s = sampling_bytes / g.bandwidth();
     add("sampling", 1, p.sampling_s, sampling_bytes, 0, "hbm");
-    const double nodes = L * kDecodeNodesPerLayer + kDecodeLaunchesOutside;
+    const double nodes = L * kDecodeNodesPerLayer + kDecodeNodesOutside;
     p.launches_s = nodes * hw.launch_s;
     add("graph node gaps", nodes, p.launches_s, 0, 0, "launch");
     return p;
@@ -121,7 +126,7 @@ inline DecodePrediction predict_decode_step(const PerfHardware& hw, const ModelC
     d.rows = rows, d.grid_rows = rows, d.context = context, d.max_len = context;
     if (group > 1) {
         d.prefix = prefix, d.cascade_groups = std::ceil(rows / (double)group);
-        d.group_members = d.merge_members = std::min<double>(group, rows);
+        d.group_members = std::min<double>(group, rows);
     }
     return predict_decode_step(hw, c, d, weights, kv_cache);
 }

@@ -37,6 +37,7 @@ struct GrpoShape {
 struct GrpoPrediction {
     std::map<std::string, double> rollout, train;  // seconds per phase
     std::vector<PricedKernel> kernels;             // every kernel of the step, "rollout: " or "train: " first
+    double decode_attention_bytes = 0;             // the K/V bytes decode attention reads over the rollout
     double rollout_s() const {
         double t = 0;
         for (const auto& p : rollout) t += p.second;
@@ -98,15 +99,11 @@ inline GrpoPrediction predict_grpo_step(const GpuSpec& g, const ModelConfig& c, 
             double grouped = 0, members = 0;  // P(X >= 2), E[X; X >= 2] of a prompt's live rows X
             for (int k = 2; k <= G; k++) grouped += binomial(G, k, alive), members += k * binomial(G, k, alive);
             d.prefix = s.prompt_len, d.cascade_groups = prompts * grouped, d.group_members = grouped > 0 ? members / grouped : 0;
-            // the largest group's rows M over the prompts (one CTA merges them in turn):
-            // E[M; M >= 2] = 2 P(M >= 2) + sum over k >= 3 of P(M >= k), P(M >= k) = 1 - P(X < k)^prompts
-            double below = binomial(G, 0, alive) + binomial(G, 1, alive);
-            d.merge_members = 2 * (1 - std::pow(below, prompts));
-            for (int k = 3; k <= G; k++) below += binomial(G, k - 1, alive), d.merge_members += 1 - std::pow(below, prompts);
         }
         const DecodePrediction dp = predict_decode_step(hw, c, d, p, kv);
         out.rollout["decode weights"] += dp.weights_s;
         out.rollout["decode attention"] += dp.attention_s;
+        out.decode_attention_bytes += dp.attention_bytes;
         out.rollout["sampling"] += dp.sampling_s;
         out.rollout["decode launches"] += dp.launches_s;
         for (const PricedKernel& k : dp.kernels)

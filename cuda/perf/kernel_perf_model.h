@@ -130,6 +130,12 @@ inline KernelPrice price_launch(const GpuSpec& g, int threads, double smem, cons
     return p;
 }
 
+// The first kernel whose name starts with prefix, or null.
+inline const SassKernel* find_sass_kernel(const std::string& prefix) {
+    for (int i = 0; i < kSassKernelCount; i++)
+        if (std::strncmp(kSassKernels[i].name, prefix.c_str(), prefix.size()) == 0) return &kSassKernels[i];
+    return nullptr;
+}
 inline const SassKernel& sass_kernel(const char* name) {
     for (int i = 0; i < kSassKernelCount; i++)
         if (std::strcmp(kSassKernels[i].name, name) == 0) return kSassKernels[i];
@@ -245,52 +251,6 @@ inline int decode_tile_loop(const SassKernel& k) {
     return tile >= 0 && k.loop[tile].counts[Sass_barrier] > 0 ? tile : -1;
 }
 
-// ---- the merge inside the split kernel (kv_decode_arrive, kv_decode_merge_row, kv_decode_merged) ----
-// Recipe: the CTA that completes a row merges it alone: a lane computes 8 outputs of a 128-column
-// group, a half warp a group, the warps over the row's H x D outputs; each output walks the row-head's
-// chunks twice: their LSE maximum (independent loads, as many in flight as that loop is unrolled) and
-// the weighted sum, whose loads (__ldcg: LDG.E.STRONG.GPU) complete one chunk at a time before the
-// fast_exp chain that consumes them (perf-anchors.md's reading): an L2 round trip per chunk plus the
-// chunk's instructions as a dependent chain. In the SASS: a top-level loop nest other than the tile
-// loop, three deep, whose innermost loops load from global memory; the maximum's loop is the innermost
-// one with the most loads, the weighted sum's the innermost one with the most FP32 instructions (two
-// loads a chunk: its LSE and its partial).
-struct MergeRecipe {
-    double max_chunks_per_pass = 0, weighted_chunks_per_pass = 0, weighted_instructions_per_chunk = 0;
-};
-inline bool decode_merge_recipe(const SassKernel& k, MergeRecipe* out) {
-    const int tile = decode_tile_loop(k);
-    auto depth = [&](int i) {
-        int d = 0;
-        for (int p = k.loop[i].parent; p >= 0; p = k.loop[p].parent) d++;
-        return d;
-    };
-    auto top = [&](int i) {
-        while (k.loop[i].parent >= 0) i = k.loop[i].parent;
-        return i;
-    };
-    int max_loop = -1, weighted = -1;
-    for (int i = 0; i < k.loops; i++) {
-        const SassLoop& l = k.loop[i];
-        if (top(i) == tile || depth(i) < 2 || !children(k, i).empty() || l.counts[Sass_ldg_ops] == 0) continue;
-        if (max_loop < 0 || l.counts[Sass_ldg_ops] > k.loop[max_loop].counts[Sass_ldg_ops]) max_loop = i;
-        if (weighted < 0 || l.counts[Sass_fp32] > k.loop[weighted].counts[Sass_fp32]) weighted = i;
-    }
-    if (max_loop < 0 || weighted == max_loop || k.loop[weighted].counts[Sass_ldg_ops] < 2) return false;
-    out->max_chunks_per_pass = k.loop[max_loop].counts[Sass_ldg_ops];
-    out->weighted_chunks_per_pass = k.loop[weighted].counts[Sass_ldg_ops] / 2;
-    out->weighted_instructions_per_chunk = k.loop[weighted].counts[Sass_total] / out->weighted_chunks_per_pass;
-    return true;
-}
-
-// Clocks one CTA of `threads` threads spends merging one row of `outputs` (H x D) values over `chunks`.
-inline double decode_merge_row_clocks(const GpuSpec& g, const MergeRecipe& m, int threads, double outputs, double chunks) {
-    const double pairs = std::ceil(outputs / 128 / 2), per_lane = 8 * std::ceil(pairs / (threads / 32.0));
-    const double per_output = std::ceil(chunks / m.max_chunks_per_pass) * g.l2_latency +
-                              chunks * (g.l2_latency + m.weighted_instructions_per_chunk * g.dependent_issue);
-    return per_lane * per_output;
-}
-
 // The shared memory of one split-kernel CTA (kv_cache.cuh's decode_smem_bytes, restated: keep in step):
 // two stages of K [32][D + 16 bytes] and V [32][D] tiles and their page ids, FP8: V converted [32][D + 8]
 // BF16; q and P_hi, P_lo [query tiles x 16][D + 8], [..][40] BF16; O, scores and statistics in FP32.
@@ -300,107 +260,135 @@ inline double decode_smem_bytes(double queries, int D, double elem_bytes) {
            2 * query_rows * 40 * 2 + 4 * (queries * D + queries * 32 + 3 * queries);
 }
 
-// One layer's decode attention in one decode step, as kv_cache.cuh's decode_attention launches it: the
-// per-row launch's grid is chunks x KV x grid_rows (chunks = max_len's spans of split_keys + 1: the
-// prefix's apart), every CTA of a chunk without keys writing zeros and arriving (fence, atomic); the
-// cascade launch's spans(max_len) x KV x cascade_grid, the CTAs past the groups or the prefix chunks
-// returning at once. The CTA that completes a row merges it (kv_decode_arrive); with cascade groups
-// the cascade launch runs second, so its CTA that completes a group merges the group's rows in turn.
+// One decode step's attention as kv_cache.cuh runs it (issue 58): plan_decode's kv_decode_plan_kernel
+// once a step, then per layer the split kernel over the plan's lists and kv_decode_combine_kernel.
+//   split    grid (grid_rows x chunks(L), KV) (chunks = L's spans of split_keys + 1: the prefix's
+//            apart), L = the step's longest row rounded up to split_keys (rollout.cu's decode_len, at
+//            most max_len); the cascade launch (cascade_grid x spans(L), KV). A listed CTA reads the
+//            list count, its item, its row's length and prefix (3 dependent L2 loads), its first
+//            page ids then its first tile (2 HBM round trips; q's 16-byte loads overlap them), runs
+//            its tiles and writes its partials (D + 1 FP32 a query); a CTA past the list exits at its
+//            first load (one L2 round trip). No zeros, no fence, no atomic, no merge.
+//   combine  grid (max(B, operand rows), ceil(group pairs / 4)) x kCombineThreads: a lane per 8
+//            outputs of a head reads its row's length and prefix (L2), its n chunk LSEs in batches of
+//            kCombineBatch loads in flight (an L2 round trip a batch), then a batch's LSEs and
+//            partials (two 16-byte loads a chunk) in flight together (an HBM round trip a batch),
+//            each weight computed once; HBM: the partials and LSEs once, 16 B of BF16 output and 8 B
+//            of FP8 operand a lane.
+//   plan     1 CTA x kDecodePlanThreads: each thread a run of ceil(B / 256) rows, walked twice (count,
+//            then write), a row's 3 ints one L2 round trip; the cascade list likewise, a group's
+//            start, its rows, their lengths 3 dependent L2 loads; between the passes a block scan.
 struct DecodeAttentionShape {
     bool fp8_kv = true;
     int H = 16, KV = 8, D = 128, split_keys = 256;
-    double grid_rows = 0;      // the per-row launch's z: the bucket's rows (live, idle and padding)
+    double grid_rows = 0;      // the plan's B: the bucket's rows (live and idle)
     double live_rows = 0;      // rows with keys, each prefix + own_keys of them
-    double pad_rows = 0;       // of grid_rows, the FP8 operand's rows past the batch (they return at once)
-    double own_keys = 0, prefix = 0, max_len = 0;
+    double pad_rows = 0;       // the FP8 operand's rows past grid_rows (combine CTAs writing zero codes)
+    double own_keys = 0, prefix = 0;
+    double max_len = 0;        // the launch's L (rounded up to split_keys by decode_attention_price)
     double cascade_groups = 0;  // groups of >= 2 live sibling rows (0: no cascade)
     double group_members = 0;   // their mean live rows
-    double merge_members = 0;   // the most rows one cascade CTA merges (the launch's tail)
-    double cascade_grid = 0;    // the cascade launch's z
+    double cascade_grid = 0;    // the cascade launch's max_groups (0: no cascade launch)
 };
 
 struct DecodeAttentionPrice {
-    KernelPrice per_row, cascade;
-    double bytes = 0;           // K/V bytes read
-    bool merge_priced = false;  // the split kernel holds the merge (decode_merge_recipe found it)
+    KernelPrice per_row, cascade, combine;  // per layer
+    KernelPrice plan;                        // per step
+    double bytes = 0;            // K/V bytes read per layer
+    double partial_bytes = 0;    // partial O and LSE bytes the split launches write per layer
+    bool combine_priced = false;  // kv_decode_combine_kernel's SASS found: its instructions priced
+    double layer_seconds() const { return per_row.seconds() + cascade.seconds() + combine.seconds(); }
+    double step_seconds(double layers) const { return plan.seconds() + layers * layer_seconds(); }
 };
+
+namespace decode_launch {  // kv_cache.cuh's kDecodePlanThreads, kCombineThreads, kCombineBatch (keep in step)
+constexpr int kPlanThreads = 256, kCombineThreads = 128, kCombineBatch = 8;
+}  // namespace decode_launch
+
+// The plan kernel's critical path in clocks for B rows and max_groups cascade groups.
+inline double decode_plan_clocks(const GpuSpec& g, double B, double max_groups) {
+    const double rows = std::ceil(B / decode_launch::kPlanThreads), groups = std::ceil(max_groups / decode_launch::kPlanThreads);
+    // the block scan: 5 dependent shuffle-adds, 2 barriers and 8 warp sums read, each a dependent issue
+    const double scan = (5 + 2 + 8) * g.dependent_issue;
+    const double row_list = 2 * rows * g.l2_latency + scan;
+    const double group_list = max_groups > 0 ? g.l2_latency + 2 * groups * 3 * g.l2_latency + scan : 0;  // + the count
+    return row_list + group_list;
+}
 
 inline DecodeAttentionPrice decode_attention_price(const GpuSpec& g, const DecodeAttentionShape& s) {
     const std::string name = "kv_decode_split_kernel<" + std::to_string(s.D) + (s.fp8_kv ? ", unsigned char>" : ", __nv_bfloat16>");
     const SassKernel& k = sass_kernel(name.c_str());
     DecodeKernelShape ks;
     ks.elem_bytes = s.fp8_kv ? 1 : 2, ks.head_dim = s.D, ks.split_keys = s.split_keys;
-    const double q = s.H / s.KV, T = ks.tile_keys, split = s.split_keys, elem = ks.elem_bytes;
-    const double key_bytes = 2.0 * s.KV * s.D * elem;  // K and V of one token, every kv head
-    const double spans = std::ceil(s.max_len / split), chunks = spans + 1, prefix_chunks = std::ceil(s.prefix / split);
-    const double own_chunks = std::ceil(s.own_keys / split), empty_chunks = std::max(0.0, chunks - prefix_chunks - own_chunks);
+    const double q = s.H / s.KV, T = ks.tile_keys, split = s.split_keys, elem = ks.elem_bytes, kv = s.KV;
+    const double key_bytes = 2.0 * kv * s.D * elem;  // K and V of one token, every kv head
+    const double longest = s.live_rows > 0 ? s.prefix + s.own_keys : 0;
+    const double L = std::min(std::max(s.max_len, longest), std::ceil(longest / split) * split);
+    const double spans = std::ceil(L / split), chunks = spans + 1, prefix_chunks = std::ceil(s.prefix / split);
+    const double own_chunks = std::ceil(s.own_keys / split), row_chunks = prefix_chunks + own_chunks;
     const double shared = std::min(s.live_rows, s.cascade_groups * s.group_members), unshared = s.live_rows - shared;
-    const double idle = std::max(0.0, s.grid_rows - s.live_rows - s.pad_rows);
+    const double grid_rows = std::max(s.grid_rows, s.live_rows), partial = (s.D + 1) * 4.0;  // a query's partial O, LSE
     DecodeAttentionPrice out;
     out.bytes = key_bytes * (s.live_rows * s.own_keys + unshared * s.prefix + s.cascade_groups * s.prefix);
+    const double row_items = s.live_rows * own_chunks + unshared * prefix_chunks;
+    const bool cascading = s.cascade_grid > 0 && s.cascade_groups > 0;
+    const double group_items = cascading ? s.cascade_groups * prefix_chunks : 0;
+    out.partial_bytes = (row_items + group_items * std::max(1.0, s.group_members)) * s.H * partial;
+    out.plan = price_launch(g, decode_launch::kPlanThreads, 0, {CtaClass{1, SassCounts(), decode_plan_clocks(g, grid_rows, s.cascade_grid), false}},
+                            grid_rows * 3 * 4 + (row_items + group_items) * 8, 0, 0);
     SassCounts tile1, tileg;
-    MergeRecipe merge;
     const int tile = decode_tile_loop(k);
     const double group_queries = q * std::max(1.0, s.group_members);
-    out.merge_priced = decode_merge_recipe(k, &merge);  // else the merge left the kernel: no tail here
     if (!decode_tile_recipe(k, ks, q, &tile1) || !decode_tile_recipe(k, ks, group_queries, &tileg)) {
         // every query head: a key's D score and D P.V multiply-adds, over 32 lanes
         KernelPrice p;
         p.recipe = false;
         const double total_macs = (s.live_rows * (s.own_keys + s.prefix)) * s.H * s.D * 2.0;
         p.issue_s = sm_cycles(g, generic_cost_per_mac(k), total_macs / 32, 64).max() / g.sms / g.clock;
-        p.hbm_s = out.bytes / g.bandwidth(), p.launch_s = g.launch_s;
+        p.hbm_s = (out.bytes + out.partial_bytes) / g.bandwidth(), p.launch_s = g.launch_s;
         out.per_row = p;
-        return out;
-    }
-    // a CTA that runs: the code outside loops and each top-level loop but the tile loop and the merge's
-    // once; an empty one: its stores of zeros (the top-level loops that store to global memory and load
-    // nothing) once; which of the straight-line code it runs the table cannot say: priced by its
-    // latency alone
-    SassCounts prologue, empty;
-    prologue.add(k.outside, 1);
-    for (int i = 0; i < k.loops; i++) {
-        const SassLoop& l = k.loop[i];
-        if (l.parent != -1 || i == tile || !children(k, i).empty()) continue;
-        prologue.add(l.counts, 1);
-        if (has(l, Sass_stg_bytes) && !has(l, Sass_ldg_bytes) && !has(l, Sass_lds_bytes)) empty.add(l.counts, 1);
-    }
-    // critical paths: the row's length and prefix (dependent loads), q, the page ids, the first tile (HBM),
-    // the epilogue's fence and returning atomic
-    const double entry = 2 * g.l2_latency, working = entry + 3 * g.hbm_latency + g.fence_atomic, arriving = entry + g.fence_atomic;
-    const double outputs = (double)s.H * s.D,
-                 merge_row = out.merge_priced ? decode_merge_row_clocks(g, merge, ks.threads, outputs, chunks) : 0;
-    auto with_tiles = [&](double count, const SassCounts& per_tile, double tiles) {
-        CtaClass c;
-        c.count = count, c.per_thread = prologue, c.chain = working;
-        c.per_thread.add(per_tile, tiles);
-        return c;
-    };
-    auto plain = [&](double count, const SassCounts& per_thread, double chain, bool tail = false) {
-        CtaClass c;
-        c.count = count, c.per_thread = per_thread, c.chain = chain, c.tail = tail;
-        return c;
-    };
-    const double kv = s.KV;
-    std::vector<CtaClass> per_row = {
-        with_tiles(s.live_rows * kv * own_chunks, tile1, own_chunks > 0 ? std::ceil(s.own_keys / T) / own_chunks : 0),
-        with_tiles(unshared * kv * prefix_chunks, tile1, prefix_chunks > 0 ? std::ceil(s.prefix / T) / prefix_chunks : 0),
-        plain(s.live_rows * kv * empty_chunks + idle * kv * chunks, empty, arriving),
-        plain(shared * kv * prefix_chunks + s.pad_rows * kv * chunks, SassCounts(), entry),  // a cascade CTA's, or padding
-        plain(unshared, SassCounts(), merge_row, true),  // rows completed here: their merges
-    };
-    out.per_row = price_launch(g, ks.threads, decode_smem_bytes(q, s.D, elem), per_row,
-                               key_bytes * (s.live_rows * s.own_keys + unshared * s.prefix), unshared > 0 ? merge_row : 0);
-    if (s.cascade_grid > 0 && s.cascade_groups > 0) {
-        const double active = s.cascade_groups * kv * prefix_chunks;
-        std::vector<CtaClass> cascade = {
-            with_tiles(active, tileg, std::ceil(s.prefix / T) / prefix_chunks),
-            plain(s.cascade_grid * kv * spans - active, SassCounts(), entry),
-            plain(s.cascade_groups, SassCounts(), s.group_members * merge_row, true),
+    } else {
+        // a listed CTA: the code outside loops and each top-level loop but the tile loop once (q, the
+        // clears, the partials' stores), its tiles; one past the list: its first load alone
+        SassCounts prologue;
+        prologue.add(k.outside, 1);
+        for (int i = 0; i < k.loops; i++)
+            if (k.loop[i].parent == -1 && i != tile && children(k, i).empty()) prologue.add(k.loop[i].counts, 1);
+        const double entry = 3 * g.l2_latency, working = entry + 2 * g.hbm_latency;
+        auto with_tiles = [&](double count, const SassCounts& per_tile, double tiles) {
+            CtaClass c;
+            c.count = count, c.per_thread = prologue, c.chain = working;
+            c.per_thread.add(per_tile, tiles);
+            return c;
         };
-        out.cascade = price_launch(g, ks.threads, decode_smem_bytes(group_queries, s.D, elem), cascade,
-                                   key_bytes * s.cascade_groups * s.prefix, s.merge_members * merge_row);
+        auto exiting = [&](double count) { return CtaClass{std::max(0.0, count), SassCounts(), g.l2_latency, false}; };
+        const double row_bytes = key_bytes * (s.live_rows * s.own_keys + unshared * s.prefix);
+        out.per_row = price_launch(g, ks.threads, decode_smem_bytes(q, s.D, elem),
+                                   {with_tiles(s.live_rows * kv * own_chunks, tile1, own_chunks > 0 ? std::ceil(s.own_keys / T) / own_chunks : 0),
+                                    with_tiles(unshared * kv * prefix_chunks, tile1, prefix_chunks > 0 ? std::ceil(s.prefix / T) / prefix_chunks : 0),
+                                    exiting((grid_rows * chunks - row_items) * kv)},
+                                   row_bytes + row_items * s.H * partial);
+        if (cascading)
+            out.cascade = price_launch(g, ks.threads, decode_smem_bytes(group_queries, s.D, elem),
+                                       {with_tiles(group_items * kv, tileg, std::ceil(s.prefix / T) / prefix_chunks),
+                                        exiting((s.cascade_grid * spans - group_items) * kv)},
+                                       key_bytes * s.cascade_groups * s.prefix + (out.partial_bytes - row_items * s.H * partial));
     }
+    // the combine: a live row's CTAs read their chunks; idle and padding rows' write zeros
+    const std::string combine_name = "kv_decode_combine_kernel<" + std::to_string(s.D) + ">";
+    const SassKernel* ck = find_sass_kernel(combine_name);
+    out.combine_priced = ck != nullptr;
+    const double outputs = (double)s.H * s.D, pairs = std::ceil(outputs / 128 / 2), y = std::ceil(pairs / (decode_launch::kCombineThreads / 32));
+    const double batches = std::ceil(row_chunks / decode_launch::kCombineBatch);
+    CtaClass live{s.live_rows * y, SassCounts(), g.l2_latency + batches * (g.l2_latency + g.hbm_latency), false};
+    if (ck) {  // the code outside loops once, each loop (the LSE maximum's, the weighted sum's) once a batch
+        live.per_thread.add(ck->outside, 1);
+        for (int i = 0; i < ck->loops; i++) live.per_thread.add(ck->loop[i].counts, batches);
+    }
+    const CtaClass zeros{(grid_rows - s.live_rows + s.pad_rows) * y, SassCounts(), g.l2_latency, false};
+    out.combine = price_launch(g, decode_launch::kCombineThreads, 0, {live, zeros},
+                               s.live_rows * s.H * row_chunks * partial + (grid_rows + s.pad_rows) * outputs * (2 + 1));
+    out.combine.recipe = out.combine_priced;
     return out;
 }
 
@@ -491,11 +479,6 @@ inline KernelPrice training_attention_price(const GpuSpec& g, bool backward, con
 // the most bytes a pass; none: the code outside loops) in flight, and a pass lasts an HBM round trip or
 // the SM's issue of every resident warp's pass, whichever is longer. So a loop of 2-byte loads moves
 // 1/8 of what one of 16-byte loads does. Full occupancy assumed (registers are not in sass_counts.h).
-inline const SassKernel* find_sass_kernel(const std::string& prefix) {
-    for (int i = 0; i < kSassKernelCount; i++)
-        if (std::strncmp(kSassKernels[i].name, prefix.c_str(), prefix.size()) == 0) return &kSassKernels[i];
-    return nullptr;
-}
 inline double streaming_bandwidth(const GpuSpec& g, const SassKernel& k) {
     const float* pass = k.outside;
     for (int i = 0; i < k.loops; i++)

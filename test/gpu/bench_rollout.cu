@@ -126,14 +126,14 @@ Shares component_shares(const ModelConfig& c, const EngineOptions& o, const Sett
     });
     const double attention_bytes = (double)B * context * L * 2 * (double)c.kv_dim() * (s.kv_cache == Precision::FP8 ? 1 : 2);
     // the model's price of these launches (kernel_perf_model.h: B rows of `context` own keys, no prefix,
-    // the grid of max_len), L of them
+    // the plan once, L layers of split and combine)
     DecodeAttentionShape a;
     a.fp8_kv = s.kv_cache == Precision::FP8, a.H = H, a.KV = (int)c.num_kv_heads, a.D = D;
     a.grid_rows = a.live_rows = B, a.own_keys = context, a.max_len = max_len;
-    const KernelPrice priced = decode_attention_price(bench_gpu(), a).per_row;
+    const DecodeAttentionPrice priced = decode_attention_price(bench_gpu(), a);
     record_calibration("bench_rollout", strfmt("decode attention, %lld layers, %d rows x %d keys, %s KV", (long long)c.num_layers, B,
                                                context, precision_name(s.kv_cache)),
-                       attention_ms * 1e-3, L * priced.seconds(), priced.bound());
+                       attention_ms * 1e-3, priced.step_seconds(L), priced.per_row.bound());
     const double sampling_bytes = (double)B * V * 4 * (1 + kSamplingPasses);
     record_calibration("bench_rollout", strfmt("sampling %d rows x %d", B, V), sampling_ms * 1e-3,
                        sampling_bytes / bench_gpu().bandwidth(), "hbm");
@@ -206,17 +206,15 @@ void print_cascade_row(const BenchModel& m, const ModelConfig& c, Precision kv, 
     DecodeAttentionShape a;  // the model's price of both (kernel_perf_model.h): one layer, the grid of `context`
     a.fp8_kv = kv == Precision::FP8, a.H = H, a.KV = (int)c.num_kv_heads, a.D = D, a.grid_rows = a.live_rows = rows;
     a.own_keys = context, a.max_len = context;
-    const KernelPrice alone_price = decode_attention_price(bench_gpu(), a).per_row;
+    const DecodeAttentionPrice alone_price = decode_attention_price(bench_gpu(), a);
     record_calibration("bench_rollout", strfmt("decode attention per-row, %d rows x %d keys, %s KV", rows, context, precision_name(kv)),
-                       per_row_ms * 1e-3, alone_price.seconds(), alone_price.bound());
+                       per_row_ms * 1e-3, alone_price.step_seconds(1), alone_price.per_row.bound());
     a.own_keys = context - decode_prefix_keys(prompt, context), a.prefix = decode_prefix_keys(prompt, context);
-    a.cascade_groups = groups, a.group_members = a.merge_members = std::min(kGroupSamples, cache.cascade_rows());
+    a.cascade_groups = groups, a.group_members = std::min(kGroupSamples, cache.cascade_rows());
     a.cascade_grid = rows / 2;
     const DecodeAttentionPrice both = decode_attention_price(bench_gpu(), a);
-    KernelPrice with = both.per_row;
-    with += both.cascade;
     record_calibration("bench_rollout", strfmt("decode attention cascade, %d rows x %d keys, %s KV", rows, context, precision_name(kv)),
-                       cascade_ms * 1e-3, both.per_row.seconds() + both.cascade.seconds(), both.cascade.bound());
+                       cascade_ms * 1e-3, both.step_seconds(1), both.cascade.bound());
     ModelConfig one_layer = c;
     one_layer.num_layers = 1;
     const PerfHardware& hw = bench_hardware();
