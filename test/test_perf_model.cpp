@@ -193,13 +193,13 @@ TEST(kernel_perf_model_issue_rates_by_hand) {
 // A launch worked by hand: 1,000 CTAs of 128 threads and 35 KB (6 a SM, 24 warps: IPC 3.64), each
 // issuing 400 instructions a thread and waiting 5,000 clocks on its critical path. Issue: 1,000 x 4
 // warps x 400 / 3.64 / 132 SMs; latency: each CTA lives 5,000 + 4 x 400 / 2.5 (its warps alone) clocks,
-// 1,000 lifetimes over 132 x 6 slots; then 100 us of HBM bytes, a serial tail of 10,000 clocks.
+// 1,000 lifetimes over 132 x 6 slots; then 100 us of HBM bytes.
 TEST(kernel_perf_model_launch_by_hand) {
     const GpuSpec g = h100();
     CtaClass c;
     c.count = 1000, c.chain = 5000, c.per_thread.c[Sass_total] = 400;
     const double hz = 1.755e9, ipc = 4 * 6 / 6.6;
-    KernelPrice p = price_launch(g, 128, 35 * 1024, {c}, 0, 0, 1);
+    KernelPrice p = price_launch(g, 128, 35 * 1024, {c}, 0, 1);
     CHECK_NEAR(p.issue_s, 1000 * 4 * 400 / ipc / 132 / hz, 1e-9, 0);
     CHECK_NEAR(p.latency_s, 1000 * (5000 + 4 * 400 / 2.5) / (132 * 6) / hz, 1e-9, 0);
     CHECK(p.latency_s > p.issue_s);
@@ -208,16 +208,11 @@ TEST(kernel_perf_model_launch_by_hand) {
     // a grid of one wave: the longest CTA, not the slots' share
     c.count = 100;
     CHECK_NEAR(price_launch(g, 128, 35 * 1024, {c}, 0).latency_s, (5000 + 4 * 400 / 2.5) / hz, 1e-9, 0);
-    // bytes and a tail: HBM at 0.9 of 3.35 TB/s, the tail after the body
+    // bytes: HBM at 0.9 of 3.35 TB/s
     c.count = 1000;
-    p = price_launch(g, 128, 35 * 1024, {c}, 100e-6 * 3.35e12 * 0.9, 10000, 1);
+    p = price_launch(g, 128, 35 * 1024, {c}, 100e-6 * 3.35e12 * 0.9, 1);
     CHECK_EQ(std::string(p.bound()), std::string("hbm"));
-    CHECK_NEAR(p.seconds(), 100e-6 + 10000 / hz + 3e-6, 1e-9, 0);
-    // a class marked as the tail holds slots but does not set the one-wave length
-    CtaClass merge;
-    merge.count = 1, merge.chain = 1e6, merge.tail = true;
-    c.count = 100;
-    CHECK_NEAR(price_launch(g, 128, 35 * 1024, {c, merge}, 0).latency_s, (5000 + 4 * 400 / 2.5) / hz, 1e-9, 0);
+    CHECK_NEAR(p.seconds(), 100e-6 + 3e-6, 1e-9, 0);
 }
 
 // A made-up decode kernel with the recipe's loops: per tile of 32 keys for 2 queries (4 warps, D 128,
@@ -295,8 +290,8 @@ TEST(kernel_perf_model_decode_plan_and_combine_by_hand) {
 
 // Decode attention over the grid it launches (kernel_perf_model.h): the grid follows the rows' current
 // lengths (rounded up to 256 keys), not the rollout's max_len; longer rows cost more; BF16 K/V reads
-// twice FP8's bytes; a cascade reads the prompt once a group and has no merge tail; the table's kernels
-// match the recipes.
+// twice FP8's bytes; a cascade reads the prompt once a group and writes each member's partials; the
+// table's kernels match the recipes.
 TEST(kernel_perf_model_decode_grid_follows_lengths) {
     const GpuSpec g = h100();
     DecodeAttentionShape s;
@@ -309,7 +304,6 @@ TEST(kernel_perf_model_decode_grid_follows_lengths) {
     CHECK_EQ(long_max.per_row.seconds(), short_max.per_row.seconds());
     CHECK_EQ(long_max.combine.seconds(), short_max.combine.seconds());
     CHECK_EQ(long_max.bytes, 512 * (100.0 + 256) * 2 * 8 * 128);  // no cascade: every row reads its prompt
-    CHECK_EQ(long_max.per_row.tail_s, 0.0);
     s.own_keys = 1000;  // longer rows: more keys, more chunks
     CHECK(decode_attention_price(g, s).per_row.seconds() > long_max.per_row.seconds());
     s.own_keys = 100, s.fp8_kv = false;
@@ -321,7 +315,6 @@ TEST(kernel_perf_model_decode_grid_follows_lengths) {
     CHECK_EQ(cascade.bytes, (512 * 100.0 + 64 * 256) * 2 * 8 * 128);
     CHECK_NEAR(cascade.partial_bytes, (512 + 64 * 8) * 16 * 129 * 4.0, 1e-6, 0);
     CHECK(cascade.cascade.recipe && cascade.cascade.seconds() > 0);
-    CHECK_EQ(cascade.cascade.tail_s, 0.0);
 }
 
 // GEMM shape classes (perf_model.h's gemm_cost on a GPU): a training GEMM at cuBLASLt's FP8 rate
@@ -427,14 +420,14 @@ TEST(perf_model_calibrate_reports_contradicted_constants) {
                         "gemm 8192\t0.0011\t0.001\t1.1\ttensor\tgemm_fp8_block_flops\n"
                         "gemm 4096\t0.00045\t0.0005\t0.9\ttensor\tgemm_fp8_block_flops\n");
     harness::write_text(dir / "calibration/bench_b.tsv",
-                        "decode attention\t0.004\t0.001\t4\tlatency\tl2_latency_clocks,fence_atomic_clocks\n"
+                        "decode attention\t0.004\t0.001\t4\tlatency\tl2_latency_clocks,hbm_latency_clocks\n"
                         "decode attention 2\t0.001\t0.001\t1\tlatency\tl2_latency_clocks\n");
     const std::vector<ConstantVerdict> v = judge_constants(read_calibration(dir.path));
     CHECK_EQ(v.size(), (size_t)3);
     for (const ConstantVerdict& c : v) {
         if (c.name == "gemm_fp8_block_flops") CHECK(!c.contradicted && c.measurements == 2 && std::fabs(c.mean_ratio - std::sqrt(1.1 * 0.9)) < 1e-12);
         if (c.name == "l2_latency_clocks") CHECK(c.contradicted && std::fabs(c.mean_ratio - 2) < 1e-12 && c.max_ratio == 4);
-        if (c.name == "fence_atomic_clocks") CHECK(c.contradicted && c.mean_ratio == 4);
+        if (c.name == "hbm_latency_clocks") CHECK(c.contradicted && c.mean_ratio == 4);
     }
     FILE* sink = fopen("/dev/null", "w");
     CHECK_EQ(print_calibration(dir.path, sink), 2);

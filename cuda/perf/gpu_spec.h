@@ -23,9 +23,9 @@ struct GpuSpec {
     // this workplace's H200s (.library/device/KINDS.md)
     double hbm_efficiency = 0.90;
     double launch_s = 3e-6;  // per launch or graph node: the gap between back-to-back kernels (estimate)
-    // round trips in SM clocks, under load: an L2 hit, an HBM access, and a CTA's epilogue of a
-    // __threadfence and a returning atomic (estimates: perf-anchors.md's reading, L2 [250-450])
-    double l2_latency = 300, hbm_latency = 1000, fence_atomic = 2000;
+    // round trips in SM clocks, under load: an L2 hit, an HBM access (estimates: perf-anchors.md's
+    // reading, L2 [250-450])
+    double l2_latency = 300, hbm_latency = 1000;
     // a dependent FP32 / integer instruction's latency in clocks (a chain of them issues this far apart)
     double dependent_issue = 4;
     // sustained issue per SM = 4 w / (w + ipc_half), w = warps resident per scheduler (4 schedulers):
@@ -86,7 +86,6 @@ inline std::vector<Assumption> assumptions(const GpuSpec& g) {
         {"launch_s", g.launch_s, "s", "estimate: gap between back-to-back kernels or graph nodes"},
         {"l2_latency_clocks", g.l2_latency, "clocks", "estimate under load, perf-anchors.md [250-450]; Hopper dissection papers (arXiv 2402.13499, 2501.12084)"},
         {"hbm_latency_clocks", g.hbm_latency, "clocks", "estimate under load (perf-anchors.md)"},
-        {"fence_atomic_clocks", g.fence_atomic, "clocks", "estimate: __threadfence + returning atomic per CTA epilogue (perf-anchors.md)"},
         {"dependent_issue_clocks", g.dependent_issue, "clocks", "estimate: dependent FP32/INT latency (Hopper dissection papers: ~4)"},
         {"ipc_half_warps", g.ipc_half, "warps/scheduler", "estimate: sustained IPC 4w/(w+0.6): 2.5 at 1 warp a scheduler, 3.6 at 6 (perf-anchors.md)"},
         {"smem_bytes_per_clock", g.smem_bytes_per_clock, "B/clock/SM", "CUDA guide: 32 banks x 4 B; 0.9 sustained (estimate)"},
