@@ -270,7 +270,8 @@ TEST(kernel_perf_model_decode_recipe_by_hand) {
 // heads of 128 with 2 chunks each: 8 pairs of 128-column groups over 4 warps = 2 CTAs a row; its HBM
 // bytes the partials (129 FP32 a row, head and chunk) plus 2 + 1 bytes an output (BF16 and its FP8
 // operand); a lane's chain is its row's length (L2), one batch of LSEs (L2), one batch of LSEs and
-// partials (HBM): 1,600 clocks, 1,024 CTAs in one wave (132 SMs x 16 CTAs of 128 threads).
+// partials (HBM): 1,600 clocks and its instructions, 1,024 CTAs in one wave (132 SMs x 16 CTAs of 128
+// threads).
 TEST(kernel_perf_model_decode_plan_and_combine_by_hand) {
     const GpuSpec g = h100();
     CHECK_NEAR(decode_plan_clocks(g, 512, 0), 2 * 2 * 300 + 15 * 4.0, 1e-9, 0);
@@ -283,6 +284,22 @@ TEST(kernel_perf_model_decode_plan_and_combine_by_hand) {
     CHECK_NEAR(a.plan.latency_s, decode_plan_clocks(g, 512, 0) / g.clock, 1e-15, 0);
     if (a.combine_priced) CHECK(a.combine.latency_s >= 1600 / g.clock);  // and the lanes' instructions
     else CHECK_NEAR(a.combine.latency_s, 1600 / g.clock, 1e-15, 0);
+    CHECK_MSG(a.combine_priced, "sass_counts.h's kv_decode_combine_kernel<128> no longer matches its recipe");
+    // the combine's lane recipe on a made-up kernel: 20 chunks are 2 passes of a maximum loop of 16
+    // loads, 3 of a weighted loop of 24 loads (8 chunks), a loop of neither once, the outside once
+    auto loop = [](float total, float ldg_ops, float macs) {
+        SassLoop l{0, 0, -1, {}};
+        l.counts[Sass_total] = total, l.counts[Sass_ldg_ops] = ldg_ops, l.counts[Sass_macs] = macs;
+        return l;
+    };
+    const SassLoop lane_loops[] = {loop(86, 16, 0), loop(420, 24, 160), loop(60, 4, 0)};
+    SassKernel lane{"made-up combine", {}, 3, lane_loops};
+    lane.outside[Sass_total] = 833;
+    SassCounts per_lane;
+    CHECK(combine_lane_recipe(lane, 20, &per_lane));
+    CHECK_EQ(per_lane.c[Sass_total], 833 + 2 * 86 + 3 * 420 + 60.0);
+    const SassKernel no_weights{"no multiply-adds", {}, 1, lane_loops};
+    CHECK(!combine_lane_recipe(no_weights, 20, &per_lane));
     // an idle row and 128 padding rows: combine CTAs that write zeros, bytes of output alone
     s.grid_rows = 513, s.pad_rows = 127;
     CHECK_NEAR(decode_attention_price(g, s).combine.hbm_s * g.bandwidth(), 512 * 16 * 2 * 129 * 4.0 + 640 * 2048 * 3.0, 1e-3, 0);

@@ -301,6 +301,30 @@ namespace decode_launch {  // kv_cache.cuh's kDecodePlanThreads, kCombineThreads
 constexpr int kPlanThreads = 256, kCombineThreads = 128, kCombineBatch = 8;
 }  // namespace decode_launch
 
+// The combine's recipe: a lane's instructions for a row of `chunks` chunks. The weighted sum's loop is
+// the one with the most multiply-adds, its chunks a pass its global loads / 3 (a chunk's LSE and two
+// 16-byte partial loads); the LSE maximum's the loop with global loads and no multiply-adds that
+// loads most, a chunk a load; the code outside loops and any other loop once (the compiler's
+// remainder or vector variants). False: no such loops (the kernel changed).
+inline bool combine_lane_recipe(const SassKernel& k, double chunks, SassCounts* out) {
+    int weighted = -1, maximum = -1;
+    for (int i = 0; i < k.loops; i++) {
+        const SassLoop& l = k.loop[i];
+        if (macs(l) > 0 && (weighted < 0 || macs(l) > macs(k.loop[weighted]))) weighted = i;
+        if (macs(l) == 0 && has(l, Sass_ldg_ops) && (maximum < 0 || l.counts[Sass_ldg_ops] > k.loop[maximum].counts[Sass_ldg_ops]))
+            maximum = i;
+    }
+    if (weighted < 0 || maximum < 0 || k.loop[weighted].counts[Sass_ldg_ops] < 3) return false;
+    SassCounts c;
+    c.add(k.outside, 1);
+    for (int i = 0; i < k.loops; i++) {
+        const double per_pass = i == weighted ? k.loop[i].counts[Sass_ldg_ops] / 3 : i == maximum ? k.loop[i].counts[Sass_ldg_ops] : 0;
+        c.add(k.loop[i].counts, per_pass > 0 ? std::ceil(chunks / per_pass) : 1);
+    }
+    *out = c;
+    return true;
+}
+
 // The plan kernel's critical path in clocks for B rows and max_groups cascade groups.
 inline double decode_plan_clocks(const GpuSpec& g, double B, double max_groups) {
     const double rows = std::ceil(B / decode_launch::kPlanThreads), groups = std::ceil(max_groups / decode_launch::kPlanThreads);
@@ -373,14 +397,10 @@ inline DecodeAttentionPrice decode_attention_price(const GpuSpec& g, const Decod
     // the combine: a live row's CTAs read their chunks; idle and padding rows' write zeros
     const std::string combine_name = "kv_decode_combine_kernel<" + std::to_string(s.D) + ">";
     const SassKernel* ck = find_sass_kernel(combine_name);
-    out.combine_priced = ck != nullptr;
     const double outputs = (double)s.H * s.D, pairs = std::ceil(outputs / 128 / 2), y = std::ceil(pairs / (decode_launch::kCombineThreads / 32));
     const double batches = std::ceil(row_chunks / decode_launch::kCombineBatch);
     CtaClass live{s.live_rows * y, SassCounts(), g.l2_latency + batches * (g.l2_latency + g.hbm_latency)};
-    if (ck) {  // the code outside loops once, each loop (the LSE maximum's, the weighted sum's) once a batch
-        live.per_thread.add(ck->outside, 1);
-        for (int i = 0; i < ck->loops; i++) live.per_thread.add(ck->loop[i].counts, batches);
-    }
+    out.combine_priced = ck && combine_lane_recipe(*ck, row_chunks, &live.per_thread);
     const CtaClass zeros{(grid_rows - s.live_rows + s.pad_rows) * y, SassCounts(), g.l2_latency};
     out.combine = price_launch(g, decode_launch::kCombineThreads, 0, {live, zeros},
                                s.live_rows * s.H * row_chunks * partial + (grid_rows + s.pad_rows) * outputs * (2 + 1));
