@@ -12,7 +12,7 @@
 //              rows' current lengths (L: the longest row rounded up to split_keys) and its cascade
 //              launch, and the combine kernel by its bytes and its short latency chain;
 //   sampling   the logits written by the head GEMM and read kSamplingPasses times, at the bandwidth;
-//   launches   kDecodeNodesPerLayer graph nodes a layer and kDecodeLaunchesOutside around them.
+//   launches   kDecodeNodesPerLayer graph nodes a layer and kDecodeNodesOutside around them.
 // The norms, RoPE and SwiGLU of a few rows are priced by their graph nodes alone. Without hw.gpu: the
 // anchors model before issue 47 (decode attention at kDecodeAttentionEfficiency of HBM).
 #pragma once
