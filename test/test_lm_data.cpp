@@ -287,7 +287,7 @@ TEST(data_mix_two_ranks_match_one) {
     harness::RunResult e = run_cmd(harness::binary() + kShardCpt + " --encode_bin " + d + "/a.bin --data " + d + "/a.jsonl --out_dir " + d + "/enc");
     CHECK_MSG(e.status == 0, "%s", e.output.c_str());
     const std::string mpirun = "ASAN_OPTIONS=detect_leaks=0 OMPI_MCA_btl=self,vader mpirun --allow-run-as-root --oversubscribe -np ";
-    const std::string flags = kShardCpt + std::string(" --threads 1 --steps 2 --data_mix ") + d + "/a.bin:0.5," + d + "/a.jsonl:0.5";
+    const std::string flags = kShardCpt + std::string(" --steps 2 --data_mix ") + d + "/a.bin:0.5," + d + "/a.jsonl:0.5";
     harness::RunResult one = run_cmd(mpirun + "1 " + harness::binary() + flags + " --out_dir " + d + "/r1");
     harness::RunResult two = run_cmd(mpirun + "2 " + harness::binary() + flags + " --out_dir " + d + "/r2");
     CHECK_MSG(one.status == 0 && two.status == 0, "%s\n%s", one.output.c_str(), two.output.c_str());

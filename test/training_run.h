@@ -28,6 +28,13 @@ inline std::string temp_dir(const std::string& name) {
     return d;
 }
 
+// Metrics that measure wall-clock time or memory, not the computation: two runs of the same
+// training never compare them (the scorer's latency included).
+inline bool wall_clock_metric(const std::string& name) {
+    return name.rfind("timing_s/", 0) == 0 || name.rfind("perf/", 0) == 0 || name.rfind("memory/", 0) == 0 ||
+           name.find("latency_s") != std::string::npos;
+}
+
 // log.jsonl without the wall-clock metrics (timing_s/*, perf/*) and the device memory (memory/*), which differ between runs.
 inline std::vector<std::string> log_without_timing(const std::string& dir) {
     std::vector<std::string> lines;
@@ -39,7 +46,7 @@ inline std::vector<std::string> log_without_timing(const std::string& dir) {
         pos = nl + 1;
         std::string kept;
         for (const auto& kv : row.fields) {
-            if (kv.first.rfind("timing_s/", 0) == 0 || kv.first.rfind("perf/", 0) == 0 || kv.first.rfind("memory/", 0) == 0) continue;
+            if (wall_clock_metric(kv.first)) continue;
             kept += kv.first + "=" + (kv.second.is_null() ? std::string("null") : strfmt("%.9g", kv.second.number)) + " ";
         }
         lines.push_back(kept);
@@ -70,7 +77,7 @@ inline double check_runs_agree(const std::string& a, const std::string& b, doubl
     int compared = 0;
     for (size_t i = 0; i < std::min(x.size(), y.size()); i++)
         for (const auto& kv : x[i].fields) {
-            if (kv.first.rfind("timing_s/", 0) == 0 || kv.first.rfind("perf/", 0) == 0 || kv.first.rfind("memory/", 0) == 0 || kv.second.is_null()) continue;
+            if (wall_clock_metric(kv.first) || kv.second.is_null()) continue;
             const Json* other = y[i].find(kv.first);
             CHECK_MSG(other && other->is_number(), "step %zu: %s missing in %s", i + 1, kv.first.c_str(), b.c_str());
             if (!other || !other->is_number()) continue;

@@ -253,11 +253,12 @@ inline TrainConfig lm_planned_config(const TrainConfig& cfg) {
     planned.eval_prompts = 1;
     planned.eval_k = 0;
     planned.sampling.max_new_tokens = 1;
+    planned.eval.sampling.max_new_tokens = 1;  // memory_demand_of plans the eval's budget where it evaluates
     if (!cfg.eval_task_sets.empty()) {  // the task eval's generations (rl/driver/eval.h)
         planned.eval_prompts = cfg.eval_prompts;
         planned.eval_k = cfg.eval.k;
         planned.eval_every = 1;
-        planned.sampling.max_new_tokens = cfg.eval.sampling.max_new_tokens;
+        planned.sampling.max_new_tokens = planned.eval.sampling.max_new_tokens = cfg.eval.sampling.max_new_tokens;
     }
     return planned;
 }
