@@ -287,12 +287,15 @@ TEST(data_mix_two_ranks_match_one) {
     harness::RunResult e = run_cmd(harness::binary() + kShardCpt + " --encode_bin " + d + "/a.bin --data " + d + "/a.jsonl --out_dir " + d + "/enc");
     CHECK_MSG(e.status == 0, "%s", e.output.c_str());
     const std::string mpirun = "ASAN_OPTIONS=detect_leaks=0 OMPI_MCA_btl=self,vader mpirun --allow-run-as-root --oversubscribe -np ";
-    const std::string flags = kShardCpt + std::string(" --steps 2 --data_mix ") + d + "/a.bin:0.5," + d + "/a.jsonl:0.5";
+    // bf16: the ranks' sums only regroup (fp8 would also regroup the wgrad's 1x128 token groups: a
+    // rounding of the gradient itself, 4e-3 in the weights after 2 steps, measured)
+    std::string flags = kShardCpt + std::string(" --steps 2 --data_mix ") + d + "/a.bin:0.5," + d + "/a.jsonl:0.5";
+    flags.replace(flags.find("--train_precision fp8"), 21, "--train_precision bf16");
     harness::RunResult one = run_cmd(mpirun + "1 " + harness::binary() + flags + " --out_dir " + d + "/r1");
     harness::RunResult two = run_cmd(mpirun + "2 " + harness::binary() + flags + " --out_dir " + d + "/r2");
     CHECK_MSG(one.status == 0 && two.status == 0, "%s\n%s", one.output.c_str(), two.output.c_str());
     if (one.status || two.status) return;
-    check_runs_agree(d + "/r1", d + "/r2", 1e-3, 1e-6, 1e-4);
+    check_runs_agree(d + "/r1", d + "/r2", 1e-3, 1e-6, 1e-4, 10);
 }
 
 // WSD with a cosine decay (--wsd_decay cosine) against its closed form written another way,
