@@ -1,26 +1,36 @@
 // loss.cuh: the language-model head fused with the per-token log-probability and entropy at
-// temperature T, forward and backward, over vocabulary chunks, so that no [tokens x vocab] buffer
-// exists beyond one chunk (spec-gpu.md §3.5; verl's and Liger's fused kernels). It is the GPU twin
-// of cpu/logprob_head.h, the oracle, and follows its math and operation order:
+// temperature T, forward and backward, a fused linear cross-entropy head (Liger's FLCE, Apple's Cut
+// Cross-Entropy; spec-gpu.md §3.5): the logits never exist for the whole vocabulary, nor for the
+// whole micro-batch. They exist for one tile of (token block) x (vocabulary chunk), 1,024 tokens x
+// 2,048 columns, in a workspace of 8 MiB of FP32 logits (and 4 MiB of BF16 dlogits in the backward)
+// that every tile reuses, so that it stays in the L2 cache (50 MB on an H100) between the GEMM that
+// writes it and the kernel that reads it: no logits round trip through HBM. The backward recomputes
+// each tile's logits. It is the GPU twin of cpu/logprob_head.h, the oracle, and follows its math and
+// operation order:
 //   per token t (final hidden state x[t], target y[t] or -1), z = (W x[t]) / T:
 //   logZ = max + log sum_j exp(z_j - max),  mu = sum_j p_j z_j,  entropy = logZ - mu,
 //   logprob = z_y - logZ;  backward with a = dL/dlogprob, b = dL/dentropy:
 //   dL/dlogits_j = (a (1[j = y] - p_j) - b p_j (z_j - mu)) / T,  dX += dlogits W,  dW += dlogits^T X.
 // The running max, sum exp and sum z exp of a token are merged chunk by chunk in vocabulary order
-// (sums in double, each term rl/numerics/fast_exp.h's FP32 exp, as on the CPU). Precision (DESIGN.md §3): X
-// and W are BF16, logits FP32 (GemmRunner's BF16 GEMM with FP32 output), statistics FP32/FP64,
-// dX and dW accumulate in FP32; dlogits enter the backward GEMMs rounded to BF16 (the tensor-core
-// operand type), as the CPU engine rounds them with BF16 activations (HeadShape::bf16).
+// (an online log-sum-exp; sums in double, each term rl/numerics/fast_exp.h's FP32 exp, as on the
+// CPU). The token blocks are the CPU head's row blocks (head_rows_per_block(), 1,024 rows), so dW's
+// sum over tokens is split where the CPU's is: a block's product, then its add (beta = 1).
+// Precision (DESIGN.md §3): X and W are BF16, logits FP32 (GemmRunner's BF16 GEMM with FP32
+// output), statistics FP32/FP64, dX and dW accumulate in FP32; dlogits enter the backward GEMMs
+// rounded to BF16 (the tensor-core operand type), as the CPU engine rounds them with BF16
+// activations (HeadShape::bf16).
 //
-// The GEMMs (GemmRunner's BF16 layouts, D [n][m]; m and k multiples of 8, n too for NT):
-//   logits [T][n8]  = X [T][C] . Wc [n8][C]^T          TN  m = n8, n = T,  k = C
-//   dX     [T][C]  += dlogits [T][n8] . Wc [n8][C]      NN  m = C,  n = T,  k = n8
-//   dWc    [n8][C] += dlogits [T8][n8]^T . X [T8][C]    NT  m = C,  n = n8, k = T8
-// with Wc the chunk's n rows of W, n8 = n rounded up to 8 and T8 = T rounded up to 8; dX and dW
+// The loops: vocabulary chunks outside (a chunk's W rows, and in the backward its dW rows, stay in
+// L2 while the token blocks pass), token blocks inside. The GEMMs of a tile (GemmRunner's BF16
+// layouts, D [n][m]; m and k multiples of 8, n too for NT), with Tb the block's tokens:
+//   logits [Tb][n8]  = X [Tb][C] . Wc [n8][C]^T          TN  m = n8, n = Tb,  k = C
+//   dX     [Tb][C]  += dlogits [Tb][n8] . Wc [n8][C]     NN  m = C,  n = Tb,  k = n8
+//   dWc    [n8][C]  += dlogits [Tb8][n8]^T . X [Tb8][C]  NT  m = C,  n = n8,  k = Tb8
+// with Wc the chunk's n rows of W, n8 = n rounded up to 8 and Tb8 = Tb rounded up to 8; dX and dW
 // accumulate in the GEMMs (beta = 1). C must be a multiple of 8 (every model's hidden size is a
 // multiple of 128). The padding the rules still force, all zero: the last chunk's Wc gets n8 - n
-// rows when n is not a multiple of 8 (m of logits, k of dX), and for the NT GEMM X and dlogits get
-// T8 - T rows (k) and the last chunk's dW rows are staged in an n8-row copy (n).
+// rows when n is not a multiple of 8 (m of logits, k of dX), and for the NT GEMM the last block's
+// X and dlogits get Tb8 - Tb rows (k) and the last chunk's dW rows are staged in an n8-row copy (n).
 #ifndef FP8RL_LOSS_CUH
 #define FP8RL_LOSS_CUH
 #include <algorithm>
@@ -37,6 +47,7 @@
 namespace fp8rl {
 
 constexpr int HEAD_VOCAB_CHUNK = 2048;  // columns of logits at a time (cpu/logprob_head.h's kVocabChunk)
+constexpr int HEAD_TOKEN_BLOCK = 1024;  // tokens of logits at a time (cpu/logprob_head.h's head_rows_per_block())
 constexpr int HEAD_THREADS = 256;       // one block per token row of a chunk
 
 inline int round_up8(int n) { return (n + 7) / 8 * 8; }
@@ -47,9 +58,10 @@ __device__ __forceinline__ __nv_bfloat16 bf16_from_float(float x) {
     return r;
 }
 
-// One chunk of the forward: logits [T][ld] (the chunk's n columns, starting at vocabulary index
-// v0) merged into each token's running max, sum exp(z - max) and sum z exp(z - max), and z at the
-// target kept when the target falls in the chunk. first: the chunk at v0 = 0 starts the sums.
+// One tile of the forward: logits [T][ld] (a token block's T rows, the chunk's n columns starting
+// at vocabulary index v0) merged into each token's running max, sum exp(z - max) and sum
+// z exp(z - max), and z at the target kept when the target falls in the chunk. first: the chunk at
+// v0 = 0 starts the sums.
 static __global__ void __launch_bounds__(HEAD_THREADS)
     head_chunk_stats_kernel(const float* logits, int ld, int n, int v0, float temperature, const int32_t* target,
                             bool first, float* run_max, double* run_sum, double* run_sz, float* z_target) {
@@ -91,8 +103,8 @@ static __global__ void head_finish_kernel(int T, const int32_t* target, const fl
     logprob[t] = target[t] >= 0 ? (float)(z_target[t] - l) : 0.0f;
 }
 
-// dlogits [T8][ld] (BF16) of one chunk from its logits [T][ld], one block per row: the n columns
-// of rows t < T get dL/dlogits in cpu/logprob_head.h's operation order (products unfused), the
+// dlogits [T8][ld] (BF16) of one tile from its logits [T][ld] (a token block's T rows), one block
+// per row: the n columns of rows t < T get dL/dlogits in cpu/logprob_head.h's operation order (products unfused), the
 // other columns and rows get 0 (the padding of the dX and dW GEMMs' k).
 static __global__ void __launch_bounds__(HEAD_THREADS)
     head_dlogits_kernel(const float* logits, int T, int ld, int n, int v0, float temperature, const int32_t* target,
@@ -136,14 +148,18 @@ struct HeadGpuShape {
     float temperature;
 };
 
-// The head on one device. Owns its scratch: one chunk of FP32 logits and of BF16 dlogits, the
-// padded copies (the last chunk of W and of dW, X), and per token the running max, the two
-// running sums and the target's logit.
+// The head on one device. Owns its scratch: one tile of FP32 logits and of BF16 dlogits (the
+// L2-resident workspace), the padded copies (the last chunk of W and of dW, the last token block
+// of X), and per token the running max, the two running sums and the target's logit.
 class LogprobHeadGpu {
   public:
-    explicit LogprobHeadGpu(GemmRunner& gemm, int vocab_chunk = HEAD_VOCAB_CHUNK) : gemm_(gemm), chunk_(vocab_chunk) {
+    explicit LogprobHeadGpu(GemmRunner& gemm, int vocab_chunk = HEAD_VOCAB_CHUNK, int token_block = HEAD_TOKEN_BLOCK)
+        : gemm_(gemm), chunk_(vocab_chunk), block_(token_block) {
         if (vocab_chunk <= 0 || vocab_chunk % 8)
             fail("LogprobHeadGpu: vocabulary chunk %d must be a positive multiple of 8", vocab_chunk);
+        if (token_block <= 0 || token_block % 8)
+            fail("LogprobHeadGpu: token block %d must be a positive multiple of 8 (only the last block is padded)",
+                 token_block);
     }
 
     // Forward. x [T][C], W [V][C] (BF16, device); target [T] (-1: none, logprob 0). Writes per token
@@ -157,9 +173,13 @@ class LogprobHeadGpu {
         double* run_sz = run_sz_.get(T);
         for (int v0 = 0; v0 < s.V; v0 += chunk_) {
             const int n = std::min(chunk_, s.V - v0), ld = round_up8(n);
-            const float* logits = chunk_logits(x, chunk_rows(W, v0, n, s, stream), T, n, s, stream);
-            LAUNCH_KERNEL(head_chunk_stats_kernel, T, HEAD_THREADS, 0, stream, logits, ld, n, v0, s.temperature, target,
-                          v0 == 0, run_max, run_sum, run_sz, z_target);
+            const __nv_bfloat16* rows = chunk_rows(W, v0, n, s, stream);  // [ld][C]
+            for (int t0 = 0; t0 < T; t0 += block_) {
+                const int tb = std::min(block_, T - t0);
+                const float* logits = tile_logits(x + (size_t)t0 * s.C, rows, tb, n, s, stream);
+                LAUNCH_KERNEL(head_chunk_stats_kernel, tb, HEAD_THREADS, 0, stream, logits, ld, n, v0, s.temperature,
+                              target + t0, v0 == 0, run_max + t0, run_sum + t0, run_sz + t0, z_target + t0);
+            }
         }
         LAUNCH_KERNEL(head_finish_kernel, (T + 255) / 256, 256, 0, stream, T, target, (const float*)run_max,
                       (const double*)run_sum, (const double*)run_sz, (const float*)z_target, logprob, entropy, lse, mu);
@@ -172,22 +192,19 @@ class LogprobHeadGpu {
                   const __nv_bfloat16* x, const __nv_bfloat16* W, const int32_t* target, int T, HeadGpuShape s,
                   cudaStream_t stream) {
         check_shape("LogprobHeadGpu::backward", T, s);
-        const int C = s.C, T8 = round_up8(T);
-        const __nv_bfloat16* x8 = x;  // [T8][C]
-        if (T8 != T) {
-            __nv_bfloat16* padded = x_pad_.get((size_t)T8 * C);
-            CUDA_CHECK(cudaMemcpyAsync(padded, x, (size_t)T * C * sizeof(__nv_bfloat16), cudaMemcpyDeviceToDevice, stream));
-            CUDA_CHECK(cudaMemsetAsync(padded + (size_t)T * C, 0, (size_t)(T8 - T) * C * sizeof(__nv_bfloat16), stream));
-            x8 = padded;
+        const int C = s.C, last0 = (T - 1) / block_ * block_, last_tb = T - last0;
+        // the last block's X [Tb8][C] with its padding rows zero (the NT GEMM's k)
+        const __nv_bfloat16* x_last = x + (size_t)last0 * C;
+        if (last_tb % 8) {
+            __nv_bfloat16* padded = x_pad_.get((size_t)round_up8(last_tb) * C);
+            CUDA_CHECK(cudaMemcpyAsync(padded, x_last, (size_t)last_tb * C * sizeof(__nv_bfloat16), cudaMemcpyDeviceToDevice, stream));
+            CUDA_CHECK(cudaMemsetAsync(padded + (size_t)last_tb * C, 0, (size_t)(round_up8(last_tb) - last_tb) * C * sizeof(__nv_bfloat16), stream));
+            x_last = padded;
         }
-        __nv_bfloat16* dlogits = dlogits_.get((size_t)T8 * chunk_);  // [T8][ld]
+        __nv_bfloat16* dlogits = dlogits_.get((size_t)round_up8(std::min(block_, T)) * chunk_);  // [Tb8][ld]
         for (int v0 = 0; v0 < s.V; v0 += chunk_) {
             const int n = std::min(chunk_, s.V - v0), ld = round_up8(n);
             const __nv_bfloat16* rows = chunk_rows(W, v0, n, s, stream);  // [ld][C]
-            const float* logits = chunk_logits(x, rows, T, n, s, stream);
-            LAUNCH_KERNEL(head_dlogits_kernel, T8, HEAD_THREADS, 0, stream, logits, T, ld, n, v0, s.temperature, target,
-                          dlogprob, dentropy, lse, mu, dlogits);
-            gemm_.bf16("head dX", C, T, ld, rows, dlogits, dx, GemmOut::F32, stream, GemmOps::NN, true);
             // the NT GEMM writes ld rows of dW: the last chunk's n rows go through an ld-row copy
             // whose extra rows only get zero terms added and are not copied back
             float* dw = dW + (size_t)v0 * C;
@@ -196,7 +213,15 @@ class LogprobHeadGpu {
                 dw = dw_pad_.get((size_t)ld * C);
                 CUDA_CHECK(cudaMemcpyAsync(dw, dW + (size_t)v0 * C, dw_bytes, cudaMemcpyDeviceToDevice, stream));
             }
-            gemm_.bf16("head dW", C, ld, T8, x8, dlogits, dw, GemmOut::F32, stream, GemmOps::NT, true);
+            for (int t0 = 0; t0 < T; t0 += block_) {
+                const int tb = std::min(block_, T - t0), tb8 = round_up8(tb);
+                const float* logits = tile_logits(x + (size_t)t0 * C, rows, tb, n, s, stream);
+                LAUNCH_KERNEL(head_dlogits_kernel, tb8, HEAD_THREADS, 0, stream, logits, tb, ld, n, v0, s.temperature,
+                              target + t0, dlogprob + t0, dentropy + t0, lse + t0, mu + t0, dlogits);
+                gemm_.bf16("head dX", C, tb, ld, rows, dlogits, dx + (size_t)t0 * C, GemmOut::F32, stream, GemmOps::NN, true);
+                const __nv_bfloat16* x8 = t0 == last0 ? x_last : x + (size_t)t0 * C;  // [tb8][C]
+                gemm_.bf16("head dW", C, ld, tb8, x8, dlogits, dw, GemmOut::F32, stream, GemmOps::NT, true);
+            }
             if (ld != n)
                 CUDA_CHECK(cudaMemcpyAsync(dW + (size_t)v0 * C, dw, dw_bytes, cudaMemcpyDeviceToDevice, stream));
         }
@@ -225,7 +250,7 @@ class LogprobHeadGpu {
 
   private:
     GemmRunner& gemm_;
-    int chunk_;
+    int chunk_, block_;
     DeviceScratch<float> logits_, dw_pad_, run_max_, z_target_;
     DeviceScratch<double> run_sum_, run_sz_;
     DeviceScratch<__nv_bfloat16> w_pad_, x_pad_, dlogits_;
@@ -250,12 +275,13 @@ class LogprobHeadGpu {
         return padded;
     }
 
-    // logits [T][round_up8(n)] (FP32, unscaled) of the chunk's rows [round_up8(n)][C]; the padding
+    // logits [Tb][round_up8(n)] (FP32, unscaled) of a block's x [Tb][C] and the chunk's rows
+    // [round_up8(n)][C], in the workspace every tile reuses (so that it stays in L2); the padding
     // columns are 0.
-    const float* chunk_logits(const __nv_bfloat16* x, const __nv_bfloat16* rows, int T, int n, HeadGpuShape s,
-                              cudaStream_t stream) {
-        float* logits = logits_.get((size_t)T * chunk_);
-        gemm_.bf16("head logits", round_up8(n), T, s.C, rows, x, logits, GemmOut::F32, stream);
+    const float* tile_logits(const __nv_bfloat16* x, const __nv_bfloat16* rows, int tb, int n, HeadGpuShape s,
+                             cudaStream_t stream) {
+        float* logits = logits_.get((size_t)tb * chunk_);  // the first block is the largest
+        gemm_.bf16("head logits", round_up8(n), tb, s.C, rows, x, logits, GemmOut::F32, stream);
         return logits;
     }
 };

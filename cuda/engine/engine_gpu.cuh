@@ -180,7 +180,7 @@ class GpuEngine : public Engine {
 
     // The constants of the GPU code that the memory plan counts with.
     static PlanConstants plan_constants() {
-        return {GemmRunner::WORKSPACE_BYTES, HEAD_VOCAB_CHUNK, GRAD_NORM_THREADS, GRAD_NORM_MAX_BLOCKS, kColumnSumChunkRows};
+        return {GemmRunner::WORKSPACE_BYTES, HEAD_VOCAB_CHUNK, HEAD_TOKEN_BLOCK, GRAD_NORM_THREADS, GRAD_NORM_MAX_BLOCKS, kColumnSumChunkRows};
     }
     static MemoryPlanRequest plan_request(const ModelConfig& c, const EngineOptions& o, const MemoryDemand& d) {
         MemoryPlanRequest r;

@@ -29,6 +29,7 @@ namespace fp8rl {
 struct PlanConstants {
     size_t gemm_workspace_bytes;  // GemmRunner's cuBLASLt workspace
     int head_vocab_chunk;         // loss.cuh's columns of logits at a time
+    int head_token_block;         // ... and its tokens of logits at a time
     int grad_norm_threads, grad_norm_max_blocks;  // cuda/engine/global_norm.cuh's partial sums
     int column_sum_chunk_rows;    // cuda/kernels/column_sum.cuh's rows per partial
 };
@@ -186,15 +187,17 @@ inline size_t linear_scratch_bytes(const ModelConfig& c, long T, Fp8Scaling scal
     return 2 * (2 * (size_t)Tp * max_dim + 2 * sizeof(float) * scales) + sizeof(uint32_t) * fp8_amax_words(scaling, Tp, max_dim);
 }
 
-// The head's scratch (LogprobHeadGpu): forward statistics and one chunk of FP32 logits; backward
-// one chunk of BF16 dlogits and the padded copies of x, of the last chunk of W and of dW.
-inline size_t head_bytes(const ModelConfig& c, long T, int chunk, bool backward) {
-    const long C = c.hidden_size, V = c.vocab_size, T8 = round_up(T, 8);
+// The head's scratch (LogprobHeadGpu): forward statistics and one tile (token block x vocabulary
+// chunk) of FP32 logits; backward one tile of BF16 dlogits and the padded copies of the last token
+// block of x, of the last chunk of W and of dW.
+inline size_t head_bytes(const ModelConfig& c, long T, int chunk, int block, bool backward) {
+    const long C = c.hidden_size, V = c.vocab_size, Tb = std::min<long>(T, block), last_tb = T - (T - 1) / block * block;
     const long last = V % chunk ? V % chunk : std::min<long>(chunk, V);  // columns of the last chunk
     const bool padded_w = last % 8 != 0;
-    size_t b = (size_t)T * (4 + 4 + 8 + 8) + 4 * (size_t)T * chunk + (padded_w ? 2 * (size_t)round_up(last, 8) * C : 0);
+    size_t b = (size_t)T * (4 + 4 + 8 + 8) + 4 * (size_t)Tb * chunk + (padded_w ? 2 * (size_t)round_up(last, 8) * C : 0);
     if (backward)
-        b += (T8 != T ? 2 * (size_t)T8 * C : 0) + 2 * (size_t)T8 * chunk + (padded_w ? 4 * (size_t)round_up(last, 8) * C : 0);
+        b += (last_tb % 8 ? 2 * (size_t)round_up(last_tb, 8) * C : 0) + 2 * (size_t)round_up(Tb, 8) * chunk +
+             (padded_w ? 4 * (size_t)round_up(last, 8) * C : 0);
     return b;
 }
 
@@ -238,12 +241,12 @@ inline MemoryPlan plan_memory(const ModelConfig& c, const MemoryPlanRequest& r, 
     }
     p.activations = forward_bytes(c, T, r.recompute_layer);
     p.backward = backward_bytes(c, T, k.column_sum_chunk_rows);
-    p.head = head_bytes(c, T, k.head_vocab_chunk, true);
+    p.head = head_bytes(c, T, k.head_vocab_chunk, k.head_token_block, true);
     p.gemm_scratch = k.gemm_workspace_bytes + linear_scratch_bytes(c, T, r.fp8_scaling);
     // a forward without a backward (the reference's, a prefill) keeps one activation set, as --recompute layer does
     if (r.reference_policy) {
         p.reference_state = 4 * P + p.bf16_copy + p.fp8_copies;
-        p.reference = p.reference_state + forward_bytes(c, T, true) + head_bytes(c, T, k.head_vocab_chunk, false) +
+        p.reference = p.reference_state + forward_bytes(c, T, true) + head_bytes(c, T, k.head_vocab_chunk, k.head_token_block, false) +
                       k.gemm_workspace_bytes + linear_scratch_bytes(c, T, r.fp8_scaling);
     }
     if (r.rollout_tokens > 0)

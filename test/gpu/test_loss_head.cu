@@ -141,13 +141,17 @@ struct GpuHead {
     }
 };
 
-// The shapes of the CPU comparisons: T, C, V, the GPU's vocabulary chunk.
+// The shapes of the CPU comparisons: T, C, V, the GPU's vocabulary chunk and token block.
 struct HeadCase {
-    int T, C, V, chunk;
+    int T, C, V, chunk, block;
+    int blocks() const { return (T + block - 1) / block; }
+    int padded_rows() const { return (blocks() - 1) * block + round_up8(T - (blocks() - 1) * block); }  // sum of Tb8
 };
 const HeadCase kHeadCases[] = {
-    {37, 72, 2300, HEAD_VOCAB_CHUNK},  // 2 chunks, the last 252 columns (not a multiple of 8)
-    {21, 136, 1003, 256},              // 4 chunks of 256 (the CPU's stay 2048), the last 235 columns
+    {37, 72, 2300, HEAD_VOCAB_CHUNK, HEAD_TOKEN_BLOCK},  // 2 chunks, the last 252 columns (not a multiple of 8)
+    // 4 chunks of 256 (the CPU's stay 2048), the last 235 columns; token blocks of 8, 8, 5 (the CPU's
+    // rows stay in one block: the tiles' sums must not depend on either)
+    {21, 136, 1003, 256, 8},
 };
 
 // f(case, temperature, problem) for each case at temperatures 1 and 0.7; the problem's seed is seed + T.
@@ -166,7 +170,7 @@ TEST(gpu_head_forward_matches_cpu) {
     GemmRunner gemm;
     for_each_head_case(17, [&](const HeadCase& hc, float temperature, HeadProblem& h) {
         GpuHead g(h);
-        LogprobHeadGpu head(gemm, hc.chunk);
+        LogprobHeadGpu head(gemm, hc.chunk, hc.block);
         g.logprob.poison(), g.entropy.poison(), g.lse.poison(), g.mu.poison();
         g.forward(head, h);
         std::vector<float> lp(h.T), ent(h.T), lse(h.T), mu(h.T);
@@ -181,8 +185,8 @@ TEST(gpu_head_forward_matches_cpu) {
             f_lp.add(glp[t], lp[t], bound.logprob[t]);
             f_ent.add(gent[t], ent[t], bound.entropy[t]);
         }
-        printf("    T=%d C=%d V=%d chunk=%d temperature=%g (entropy %.3g .. , logprob %.3g ..):\n", h.T, h.C, h.V,
-               hc.chunk, temperature, ent[0], lp[0]);
+        printf("    T=%d C=%d V=%d chunk=%d block=%d temperature=%g (entropy %.3g .. , logprob %.3g ..):\n", h.T, h.C,
+               h.V, hc.chunk, hc.block, temperature, ent[0], lp[0]);
         f_lp.print("logprob");
         f_ent.print("entropy");
         CHECK_MSG(f_lp.outside == 0 && f_ent.outside == 0, "T=%d C=%d V=%d temperature %g", h.T, h.C, h.V, temperature);
@@ -194,6 +198,7 @@ TEST(gpu_head_forward_matches_cpu) {
     h.C = 16, h.temperature = 0.0f;
     CHECK_THROWS(g.forward(head, h), "temperature");
     CHECK_THROWS(LogprobHeadGpu(gemm, 100), "multiple of 8");
+    CHECK_THROWS(LogprobHeadGpu(gemm, 256, 12), "token block 12 must be a positive multiple of 8");
 }
 
 // Top-1 (train/mean_token_accuracy): the GPU head's hits (LogprobHeadGpu::top1) equal the CPU head's
@@ -218,7 +223,7 @@ TEST(gpu_head_top1_matches_cpu_and_fp64) {
             bound[t] = 4 * err;  // both sides' logits, the target's and the other's
         }
         GpuHead g(h);
-        LogprobHeadGpu head(gemm, hc.chunk);
+        LogprobHeadGpu head(gemm, hc.chunk, hc.block);
         g.forward(head, h);
         const std::vector<float> gpu = head.top1(g.target.ptr, h.T, 0);
         std::vector<float> lp(h.T), ent(h.T), lse(h.T), mu(h.T), cpu(h.T);
@@ -247,13 +252,13 @@ TEST(gpu_head_top1_matches_cpu_and_fp64) {
 //   the GPU rounds g to BF16 (8 significant bits, round to nearest): 2^-8 (|g_j| + dg_j);
 //   the sums: dX[c] = sum_j g_j W_jc over V terms: the CPU's chain rounds V times, the GPU's chunk
 //   GEMMs at most 2 U per term (truncating tensor-core accumulation) plus one add per chunk; dW[j][c] =
-//   sum_t g_tj x_tc over T terms likewise (T8 terms on the GPU, one add);
+//   sum_t g_tj x_tc over T terms likewise (on the GPU a token block's Tb8 terms, one add per block);
 // plus one rounding of the result on each side (2U |dX|): the buffers start non-zero.
 TEST(gpu_head_backward_matches_cpu) {
     GemmRunner gemm;
     for_each_head_case(29, [&](const HeadCase& hc, float temperature, HeadProblem& h) {
         GpuHead g(h);
-        LogprobHeadGpu head(gemm, hc.chunk);
+        LogprobHeadGpu head(gemm, hc.chunk, hc.block);
         g.forward(head, h);
         std::vector<float> dx0((size_t)h.T * h.C), dW0((size_t)h.V * h.C);
         for (size_t i = 0; i < dx0.size(); i++) dx0[i] = 0.01f * hash_uniform(i, 5);
@@ -272,8 +277,9 @@ TEST(gpu_head_backward_matches_cpu) {
         Exact e(h);
         ForwardBound fb(h, e);
         const double inv_t = 1.0 / h.temperature;
-        const int chunks = (h.V + hc.chunk - 1) / hc.chunk, T8 = round_up8(h.T);
-        const double gamma_dx = (2.0 * hc.chunk + chunks + h.V + 2) * U, gamma_dw = (2.0 * T8 + h.T + 3) * U;
+        const int chunks = (h.V + hc.chunk - 1) / hc.chunk;
+        const double gamma_dx = (2.0 * hc.chunk + chunks + h.V + 2) * U;
+        const double gamma_dw = (2.0 * hc.padded_rows() + hc.blocks() + h.T + 2) * U;
         // |g| + dg and its contribution to the tolerance, per (t, j)
         std::vector<double> g_abs((size_t)h.T * h.V), g_tol((size_t)h.T * h.V);
         for (int t = 0; t < h.T; t++) {
@@ -312,7 +318,7 @@ TEST(gpu_head_backward_matches_cpu) {
                 double ref = cdW[(size_t)j * h.C + c];
                 f_dw.add(gdW[(size_t)j * h.C + c], ref, tol + gamma_dw * mag * (1 + 0x1p-8) + 2 * U * std::fabs(ref));
             }
-        printf("    T=%d C=%d V=%d chunk=%d temperature=%g:\n", h.T, h.C, h.V, hc.chunk, temperature);
+        printf("    T=%d C=%d V=%d chunk=%d block=%d temperature=%g:\n", h.T, h.C, h.V, hc.chunk, hc.block, temperature);
         f_dx.print("dX");
         f_dw.print("dW");
         CHECK_MSG(f_dx.outside == 0 && f_dw.outside == 0, "T=%d C=%d V=%d temperature %g", h.T, h.C, h.V, temperature);
@@ -339,7 +345,7 @@ TEST(gpu_head_backward_matches_finite_differences) {
                             {true, 9, 11, -1.0f},         {false, h.target[0], 5, 0.25f}, {false, h.target[4], 3, -0.75f},
                             {false, h.target[1], 20, 0.5f}, {false, h.target[6], 23, -0.5f}};  // 1, 6: the last chunk
     for (const Point& pt : points) (pt.in_x ? h.x[(size_t)pt.row * h.C + pt.col] : h.W[(size_t)pt.row * h.C + pt.col]) = pt.value;
-    LogprobHeadGpu head(gemm);
+    LogprobHeadGpu head(gemm, HEAD_VOCAB_CHUNK, 8);  // token blocks of 8 and 5
     GpuHead g(h);
     g.forward(head, h);
     DeviceBuffer<float> dx(std::vector<float>((size_t)h.T * h.C, 0.0f)), dW(std::vector<float>((size_t)h.V * h.C, 0.0f));
@@ -385,4 +391,53 @@ TEST(gpu_head_backward_matches_finite_differences) {
                pt.in_x ? "x" : "W", pt.row, pt.col, grad, central[0], central[1], std::fabs(grad - central[0]), tol);
         CHECK_MSG(std::fabs(grad - central[0]) <= tol, "d/d%s[%d][%d]", pt.in_x ? "x" : "W", pt.row, pt.col);
     }
+}
+
+// The token blocks at the engine's size (HEAD_TOKEN_BLOCK, the CPU head's row block): 1,030 tokens
+// make a block of 1,024 and a ragged one of 6. The emulated tensor cores sum each output in the CPU
+// engine's order (exact BF16 products, one FP32 chain), dW's per block then added as the CPU adds
+// its row blocks', and dlogits round to BF16 as the CPU's (HeadShape::bf16): from the same lse and
+// mu, dX and dW are the CPU head's bits; the forward's statistics agree within the forward bound
+// (the GPU's block reductions sum the doubles in another order). On a GPU, the bounds of
+// gpu_head_backward_matches_cpu hold these shapes instead.
+TEST(gpu_head_token_blocks_keep_cpu_bits) {
+    GemmRunner gemm;
+    HeadProblem h(1030, 16, 300, 0.7f, 53);  // one chunk of 300 columns (304 with its padding)
+    GpuHead g(h);
+    LogprobHeadGpu head(gemm);
+    g.forward(head, h);
+    std::vector<float> lp(h.T), ent(h.T), lse(h.T), mu(h.T), dx0((size_t)h.T * h.C), dW0((size_t)h.V * h.C);
+    for (size_t i = 0; i < dx0.size(); i++) dx0[i] = 0.01f * hash_uniform(i, 7);
+    for (size_t i = 0; i < dW0.size(); i++) dW0[i] = 0.01f * hash_uniform(i, 8);
+    std::vector<float> cdx = dx0, cdW = dW0;
+    HeadScratch scratch;
+    HeadShape cs{h.V, h.C, h.temperature};
+    cs.bf16 = true;
+    head_forward(lp.data(), ent.data(), lse.data(), mu.data(), h.x.data(), h.W.data(), h.target.data(), h.T, cs, scratch, true);
+    head_backward(cdx.data(), cdW.data(), h.a.data(), h.b.data(), lse.data(), mu.data(), h.x.data(), h.W.data(),
+                  h.target.data(), h.T, cs, scratch);
+    Exact e(h);
+    ForwardBound fb(h, e);
+    const std::vector<float> glp = g.logprob.download(), gent = g.entropy.download();
+    Figures f_lp, f_ent;
+    for (int t = 0; t < h.T; t++) f_lp.add(glp[t], lp[t], fb.logprob[t]), f_ent.add(gent[t], ent[t], fb.entropy[t]);
+    f_lp.print("logprob");
+    f_ent.print("entropy");
+    CHECK(f_lp.outside == 0 && f_ent.outside == 0);
+    DeviceBuffer<float> dx(dx0), dW(dW0), da(h.a), db(h.b), clse(lse), cmu(mu);
+    head.backward(dx.ptr, dW.ptr, da.ptr, db.ptr, clse.ptr, cmu.ptr, g.x.ptr, g.W.ptr, g.target.ptr, h.T, h.shape(), 0);
+    const std::vector<float> gdx = dx.download(), gdW = dW.download();
+#ifdef FP8RL_EMU
+    auto differing = [](const std::vector<float>& a, const std::vector<float>& b) {
+        long n = 0;
+        for (size_t i = 0; i < a.size(); i++) n += memcmp(&a[i], &b[i], sizeof(float)) != 0;
+        return n;
+    };
+    const long dx_diff = differing(gdx, cdx), dw_diff = differing(gdW, cdW);
+    printf("    T=%d (blocks of %d) C=%d V=%d: %ld of %zu dX and %ld of %zu dW elements differ from the CPU head's bits\n",
+           h.T, HEAD_TOKEN_BLOCK, h.C, h.V, dx_diff, gdx.size(), dw_diff, gdW.size());
+    CHECK(dx_diff == 0 && dw_diff == 0);
+#else
+    SKIP("the tensor cores sum in their own order on a GPU: gpu_head_backward_matches_cpu bounds the tiles");
+#endif
 }
