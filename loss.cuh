@@ -1,20 +1,24 @@
 // loss.cuh: the language-model head fused with the per-token log-probability and entropy at
-// temperature T, forward and backward, a fused linear cross-entropy head (Liger's FLCE, Apple's Cut
-// Cross-Entropy; spec-gpu.md §3.5): the logits never exist for the whole vocabulary, nor for the
-// whole micro-batch. They exist for one tile of (token block) x (vocabulary chunk), 1,024 tokens x
-// 2,048 columns, in a workspace of 8 MiB of FP32 logits (and 4 MiB of BF16 dlogits in the backward)
-// that every tile reuses, so that it stays in the L2 cache (50 MB on an H100) between the GEMM that
-// writes it and the kernel that reads it: no logits round trip through HBM. The backward recomputes
-// each tile's logits. It is the GPU twin of cpu/logprob_head.h, the oracle, and follows its math and
-// operation order:
+// temperature T, forward and backward, tiled as a fused linear cross-entropy head (Liger's FLCE,
+// Apple's Cut Cross-Entropy; spec-gpu.md §3.5): the logits exist for one tile at a time, (token
+// block) x (vocabulary chunk), in a workspace every tile reuses, and the backward recomputes each
+// tile's logits. Tiles of 1,024 tokens (the CPU head's row block) x 2,048 columns make 8 MiB of FP32
+// logits (+4 MiB of BF16 dlogits in the backward), which stay in L2 (50 MB on an H100) between the
+// GEMM that writes them and the kernel that reads them: no logits round trip through HBM. The
+// engine runs tiles of HEAD_TOKEN_BLOCK = 16,384 tokens (W1's and W2's micro-batches in one block)
+// all the same: the performance model prices the 1,024-token tiles slower (16x the launches, 6 a
+// tile, cost more than L2 saves the softmax passes, which their instructions bound more than their
+// bytes; docs/perf-model.md), and bench_train_step times both on a GPU. The win needs the
+// statistics in the GEMM's epilogue. It is the GPU twin of cpu/logprob_head.h, the oracle, and
+// follows its math and operation order:
 //   per token t (final hidden state x[t], target y[t] or -1), z = (W x[t]) / T:
 //   logZ = max + log sum_j exp(z_j - max),  mu = sum_j p_j z_j,  entropy = logZ - mu,
 //   logprob = z_y - logZ;  backward with a = dL/dlogprob, b = dL/dentropy:
 //   dL/dlogits_j = (a (1[j = y] - p_j) - b p_j (z_j - mu)) / T,  dX += dlogits W,  dW += dlogits^T X.
 // The running max, sum exp and sum z exp of a token are merged chunk by chunk in vocabulary order
 // (an online log-sum-exp; sums in double, each term rl/numerics/fast_exp.h's FP32 exp, as on the
-// CPU). The token blocks are the CPU head's row blocks (head_rows_per_block(), 1,024 rows), so dW's
-// sum over tokens is split where the CPU's is: a block's product, then its add (beta = 1).
+// CPU). dW's sum over tokens is a block's product, then its add (beta = 1): with blocks of 1,024,
+// the CPU head's row blocks (head_rows_per_block()), it splits where the CPU's does.
 // Precision (DESIGN.md §3): X and W are BF16, logits FP32 (GemmRunner's BF16 GEMM with FP32
 // output), statistics FP32/FP64, dX and dW accumulate in FP32; dlogits enter the backward GEMMs
 // rounded to BF16 (the tensor-core operand type), as the CPU engine rounds them with BF16
@@ -47,7 +51,7 @@
 namespace fp8rl {
 
 constexpr int HEAD_VOCAB_CHUNK = 2048;  // columns of logits at a time (cpu/logprob_head.h's kVocabChunk)
-constexpr int HEAD_TOKEN_BLOCK = 1024;  // tokens of logits at a time (cpu/logprob_head.h's head_rows_per_block())
+constexpr int HEAD_TOKEN_BLOCK = 16384;  // tokens of logits at a time (see above: 1,024 is the L2-resident tile)
 constexpr int HEAD_THREADS = 256;       // one block per token row of a chunk
 
 inline int round_up8(int n) { return (n + 7) / 8 * 8; }

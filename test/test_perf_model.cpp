@@ -150,6 +150,40 @@ TEST(perf_model_optimizer_bytes_at_qwen3_1_7b) {
     CHECK_EQ(find_kernel(step_kernels(hw, s, Precision::FP8, StepStructure::Fused), "AdamW + BF16 and FP8 copies").calls, 0.25);
 }
 
+// The LM head in tiles at Qwen3-1.7B (16,384 tokens, C = 2,048, V = 151,936 = 74 x 2,048 + 384). In
+// one 16,384-token block the statistics read every logit from HBM; in 1,024-token tiles the same
+// FLOPs and the same logit bytes, from L2 (a tile's working set: W rows 8 MiB, X rows 4 MiB, logits
+// 8 MiB, within 0.75 of 50 MiB), 16 times the launches, and HBM only the per-token statistics.
+TEST(perf_model_head_tiles_read_logits_from_l2) {
+    PerfHardware hw;
+    const GpuSpec g = h100();
+    hw.gpu = &g;
+    StepShape s;
+    s.model = small_qwen3();
+    s.model.vocab_size = 151936, s.model.hidden_size = 2048;
+    s.tokens = 16384, s.seq_len = 1024;
+    const double T = 16384, logits = T * (74 * 2048 + 384) * 4;
+    auto head = [&](int block, const char* name, double& hbm, double& l2, double& calls, double& flops) {
+        s.head_token_block = block;
+        hbm = l2 = calls = flops = 0;
+        for (const KernelCost& k : step_kernels(hw, s, Precision::BF16, StepStructure::Fused))
+            if (k.name == name) hbm += k.calls * k.bytes, l2 += k.calls * k.l2_bytes, calls += k.calls, flops += k.calls * k.work;
+    };
+    double hbm[2], l2[2], calls[2], flops[2];
+    head(16384, "head softmax statistics", hbm[0], l2[0], calls[0], flops[0]);
+    head(1024, "head softmax statistics", hbm[1], l2[1], calls[1], flops[1]);
+    CHECK_NEAR(hbm[0], logits + 75 * T * 28, 1e-12, 0);
+    CHECK_EQ(l2[0], 0.0);
+    CHECK_NEAR(l2[1], logits, 1e-12, 0);
+    CHECK_NEAR(hbm[1], 75 * T * 28, 1e-12, 0);
+    CHECK_EQ(calls[1], 16 * calls[0]);
+    double gemm_flops[2], unused;
+    head(16384, "head logits", unused, unused, unused, gemm_flops[0]);
+    head(1024, "head logits", unused, unused, unused, gemm_flops[1]);
+    CHECK_NEAR(gemm_flops[1], gemm_flops[0], 1e-12, 0);
+    CHECK_NEAR(gemm_flops[0], 2 * T * 2048 * (74 * 2048 + 384), 1e-12, 0);
+}
+
 TEST(perf_model_fusion_only_removes_work) {
     const PerfHardware hw;
     const StepShape s = small_step();
@@ -391,7 +425,7 @@ TEST(kernel_perf_model_grpo_step_adds_its_phases) {
         }
     CHECK_NEAR(r.step_s(), sum, 1e-12, 0);
     CHECK(r.rollout.count("decode attention") && r.train.count("attention"));
-    const std::vector<std::string> bounds = {"issue", "smem", "hbm", "tensor", "latency", "launch"};
+    const std::vector<std::string> bounds = {"issue", "smem", "hbm", "l2", "tensor", "latency", "launch"};
     for (const PricedKernel& k : r.kernels) {
         kernels += k.seconds;
         CHECK_MSG(std::find(bounds.begin(), bounds.end(), k.bound()) != bounds.end(), "%s: bound %s", k.name.c_str(), k.bound());

@@ -32,6 +32,7 @@ inline std::string constants_of_bound(const std::string& bound, bool fp8) {
     if (bound == "issue") return "ipc_half_warps,clock_under_load_hz";
     if (bound == "smem") return "smem_bytes_per_clock,clock_under_load_hz";
     if (bound == "hbm") return "hbm_efficiency";
+    if (bound == "l2") return "l2_bytes_per_s";
     if (bound == "latency") return "l2_latency_clocks,hbm_latency_clocks";
     if (bound == "launch") return "launch_s";
     if (bound == "nvlink") return "nccl_bus_bytes_per_s";

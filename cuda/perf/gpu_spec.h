@@ -26,6 +26,12 @@ struct GpuSpec {
     // round trips in SM clocks, under load: an L2 hit, an HBM access (estimates: perf-anchors.md's
     // reading, L2 [250-450])
     double l2_latency = 300, hbm_latency = 1000;
+    // L2: what its hits deliver to the SMs, bytes/s (estimate, ~1.6x the H100's HBM; Chips and Cheese,
+    // "Nvidia's H100: Funny L2, and Tons of Bandwidth", 2023, measured the L2 of an H100 PCIe at
+    // several TB/s); its capacity (the H100/H200 whitepaper: 50 MB), of which a working set counts as
+    // resident up to l2_resident_fraction (estimate: the other traffic and the replacement policy
+    // take the rest)
+    double l2_bandwidth = 5.5e12, l2_capacity = 50 * 1048576.0, l2_resident_fraction = 0.75;
     // a dependent FP32 / integer instruction's latency in clocks (a chain of them issues this far apart)
     double dependent_issue = 4;
     // sustained issue per SM = 4 w / (w + ipc_half), w = warps resident per scheduler (4 schedulers):
@@ -85,6 +91,9 @@ inline std::vector<Assumption> assumptions(const GpuSpec& g) {
         {"clock_under_load_hz", g.clock, "Hz", "estimate (perf-anchors.md's reading); power-capped clocks: docs/perf-model.md"},
         {"launch_s", g.launch_s, "s", "estimate: gap between back-to-back kernels or graph nodes"},
         {"l2_latency_clocks", g.l2_latency, "clocks", "estimate under load, perf-anchors.md [250-450]; Hopper dissection papers (arXiv 2402.13499, 2501.12084)"},
+        {"l2_bytes_per_s", g.l2_bandwidth, "B/s", "estimate: Chips and Cheese's H100 PCIe L2 measurements (2023), ~1.6x HBM"},
+        {"l2_capacity_bytes", g.l2_capacity, "B", "H100 whitepaper: 50 MB (H200 the same die)"},
+        {"l2_resident_fraction", g.l2_resident_fraction, "", "estimate: share of L2 a reused working set keeps (docs/perf-model.md)"},
         {"hbm_latency_clocks", g.hbm_latency, "clocks", "estimate under load (perf-anchors.md)"},
         {"dependent_issue_clocks", g.dependent_issue, "clocks", "estimate: dependent FP32/INT latency (Hopper dissection papers: ~4)"},
         {"ipc_half_warps", g.ipc_half, "warps/scheduler", "estimate: sustained IPC 4w/(w+0.6): 2.5 at 1 warp a scheduler, 3.6 at 6 (perf-anchors.md)"},

@@ -495,14 +495,17 @@ inline KernelPrice training_attention_price(const GpuSpec& g, bool backward, con
 // the most bytes a pass; none: the code outside loops) in flight, and a pass lasts an HBM round trip or
 // the SM's issue of every resident warp's pass, whichever is longer. So a loop of 2-byte loads moves
 // 1/8 of what one of 16-byte loads does. Full occupancy assumed (registers are not in sass_counts.h).
-inline double streaming_bandwidth(const GpuSpec& g, const SassKernel& k) {
+// from_l2: the loads hit L2 (the LM head's tile workspace): an L2 round trip a pass, capped by L2's bandwidth.
+inline double streaming_bandwidth(const GpuSpec& g, const SassKernel& k, bool from_l2 = false) {
     const float* pass = k.outside;
     for (int i = 0; i < k.loops; i++)
         if (k.loop[i].counts[Sass_ldg_bytes] > (pass == k.outside ? 0 : pass[Sass_ldg_bytes])) pass = k.loop[i].counts;
     const double bytes = pass[Sass_ldg_bytes] + pass[Sass_stg_bytes];
-    if (bytes <= 0) return g.bandwidth();
-    const double warps = g.max_threads_per_sm / 32.0, clocks = std::max(g.hbm_latency, warps * pass[Sass_total] / g.sustained_ipc(warps));
-    return std::min(g.bandwidth(), g.sms * g.max_threads_per_sm * bytes / clocks * g.clock);
+    const double cap = from_l2 ? g.l2_bandwidth : g.bandwidth();
+    if (bytes <= 0) return cap;
+    const double warps = g.max_threads_per_sm / 32.0;
+    const double clocks = std::max(from_l2 ? g.l2_latency : g.hbm_latency, warps * pass[Sass_total] / g.sustained_ipc(warps));
+    return std::min(cap, g.sms * g.max_threads_per_sm * bytes / clocks * g.clock);
 }
 
 }  // namespace fp8rl

@@ -53,6 +53,13 @@ struct PerfHardware {
     const GpuSpec* gpu = nullptr;
 
     double bandwidth() const { return gpu ? gpu->bandwidth() : hbm * hbm_eff; }
+    // L2 (gpu_spec.h's constants; the anchors take the H100's): its hits' bandwidth, and the bytes a
+    // reused working set may take and stay resident
+    double l2_bandwidth() const { return gpu ? gpu->l2_bandwidth : GpuSpec().l2_bandwidth; }
+    double l2_resident_bytes() const {
+        const GpuSpec g = gpu ? *gpu : GpuSpec();
+        return g.l2_capacity * g.l2_resident_fraction;
+    }
     // a GEMM's rate at training shapes: the GPU's cuBLASLt rates (gpu_spec.h) or the anchors above
     double gemm_rate(Precision p) const {
         if (gpu) return p == Precision::FP8 ? gpu->gemm_fp8 : gpu->gemm_bf16;
@@ -117,7 +124,8 @@ struct KernelCost {
     int launches;   // per call (rmsnorm_backward: its kernel and a column sum's two)
     double work;    // per call: FLOPs, or elements for the tile quantizer
     double rate;    // work per second when compute-bound; 0: memory-bound
-    double bytes;   // per call
+    double bytes;   // per call, to and from HBM
+    double l2_bytes = 0;  // per call, served by L2 hits (the LM head's tile workspace), at L2's bandwidth
     int64_t rows = 0, cols = 0;  // a standalone quantizer's input, so a benchmark can time it alone
     bool weight = false;         // ... a weight: FP32 master in, 128x128 blocks (else BF16 in, 1x128 groups)
     int outputs = 3;             // ... an activation's: 1 rowwise codes, 2 transposed, 3 both
@@ -127,18 +135,24 @@ struct KernelCost {
     // 0: the achievable bandwidth
     double stream_bandwidth = 0;
 
-    double memory_seconds(const PerfHardware& hw) const {
+    double hbm_seconds(const PerfHardware& hw) const {
         return bytes / (stream_bandwidth > 0 ? std::min(stream_bandwidth, hw.bandwidth()) : hw.bandwidth());
     }
+    double l2_seconds(const PerfHardware& hw) const {
+        return l2_bytes / (stream_bandwidth > 0 ? std::min(stream_bandwidth, hw.l2_bandwidth()) : hw.l2_bandwidth());
+    }
+    double memory_seconds(const PerfHardware& hw) const { return std::max(hbm_seconds(hw), l2_seconds(hw)); }
     double call_seconds(const PerfHardware& hw) const {
         return std::max(rate > 0 ? work / rate : 0.0, memory_seconds(hw)) + launches * hw.launch_s;
     }
     double seconds(const PerfHardware& hw) const { return calls * call_seconds(hw); }
-    // "tensor"|"issue"|"smem"|"latency" (compute), "hbm", "latency" (loads in flight) or "launch"
+    // "tensor"|"issue"|"smem"|"latency" (compute), "hbm", "l2", "latency" (loads in flight) or "launch"
     const char* bound(const PerfHardware& hw) const {
         const double compute = rate > 0 ? work / rate : 0.0, memory = memory_seconds(hw);
         if (launches * hw.launch_s > std::max(compute, memory)) return "launch";
         if (compute >= memory) return compute_bound;
+        if (l2_seconds(hw) > hbm_seconds(hw))
+            return stream_bandwidth > 0 && stream_bandwidth < hw.l2_bandwidth() ? "latency" : "l2";
         return stream_bandwidth > 0 && stream_bandwidth < hw.bandwidth() ? "latency" : "hbm";
     }
 };
@@ -187,6 +201,7 @@ struct StepShape {
     ModelConfig model;
     int64_t tokens = 0, seq_len = 0;  // T tokens in sequences of seq_len (the last one shorter if need be)
     int head_vocab_chunk = 2048;      // loss.cuh's HEAD_VOCAB_CHUNK (the GPU benchmarks pass theirs)
+    int head_token_block = 16384;     // ... and HEAD_TOKEN_BLOCK (1,024: the L2-resident tile)
     // micro-batches per optimizer step (gradients accumulated, --micro_batch_tokens): the
     // optimizer's kernels count 1 / micro_batches of their calls
     int micro_batches = 1;
@@ -223,9 +238,17 @@ class StepBuilder {
         streaming(k, sass);
         add(std::move(k), repeat);
     }
-    void streaming(KernelCost& k, const char* sass) const {
+    void streaming(KernelCost& k, const char* sass, bool from_l2 = false) const {
         const SassKernel* found = hw.gpu && sass ? find_sass_kernel(sass) : nullptr;
-        if (found) k.stream_bandwidth = streaming_bandwidth(*hw.gpu, *found);
+        if (found) k.stream_bandwidth = streaming_bandwidth(*hw.gpu, *found, from_l2);
+    }
+    // A memory-bound kernel of the LM head's tiles: hbm bytes, and l2 bytes that hit L2 (its loads then
+    // wait an L2 round trip, not an HBM one)
+    void tile_pass(const char* name, double hbm, double l2, double repeat, const char* sass) {
+        KernelCost k{name, KernelClass::HeadSoftmax, phase_, per_layer_, 1, 1, 0, 0, hbm};
+        k.l2_bytes = l2;
+        streaming(k, sass, l2 > 0);
+        add(std::move(k), repeat);
     }
     // An activation's FP8 operand [rows][cols], in fp8 only, at bandwidth (issue 28): BF16 in, the
     // rowwise codes (outputs 1: quantize_rows_gpu), the transposed (2) or both (3: the tile quantizer)
@@ -282,27 +305,54 @@ class StepBuilder {
     bool per_layer_ = false;
 };
 
-// The LM head (loss.cuh; BF16 in both precisions): per vocabulary chunk the logits GEMM (FP32 out)
-// and the softmax statistics; in backward the logits again, dlogits (BF16), the dX and dW GEMMs.
+// The LM head (loss.cuh; BF16 in both precisions), tile by tile: vocabulary chunks outside, token
+// blocks inside. A tile's logits GEMM (FP32 out) and softmax statistics; in backward its logits
+// again, dlogits (BF16), the dX and dW GEMMs. The tile's workspace (logits, dlogits) is priced at L2
+// where the tile's working set fits in what L2 keeps resident (l2_resident_bytes): the chunk's W rows,
+// the block's X rows, the workspace and in backward the block's dX rows (read and written by each
+// chunk's dX GEMM); else at HBM. Resident, the chunk's W rows come from HBM once a chunk (their bytes
+// spread over its tiles), and so do its dW rows where they fit besides.
 inline void head(StepBuilder& b, bool backward) {
     const ModelConfig& c = b.s.model;
-    const int64_t T = b.s.tokens, T8 = round_up(T, 8), C = c.hidden_size, V = c.vocab_size, chunk = b.s.head_vocab_chunk;
-    const int64_t widths[2] = {chunk, V % chunk};
+    const int64_t T = b.s.tokens, C = c.hidden_size, V = c.vocab_size, chunk = b.s.head_vocab_chunk;
+    const int64_t block = b.s.head_token_block;
+    const int64_t widths[2] = {chunk, V % chunk}, rows[2] = {std::min(T, block), T % block};
     const double counts[2] = {(double)(V / chunk), V % chunk ? 1.0 : 0.0};
-    const double t = (double)T;
-    for (int i = 0; i < 2; i++) {
-        if (counts[i] == 0) continue;
-        const int64_t ld = round_up(widths[i], 8);
-        b.head_gemm(backward ? "head logits (again)" : "head logits", ld, T, C, GemmOutput::F32, counts[i]);
-        if (!backward) {
-            b.pass("head softmax statistics", KernelClass::HeadSoftmax, t * ld * kF32 + t * 28, 1, counts[i], "head_chunk_stats_kernel");
-            continue;
+    const double row_counts[2] = {(double)(T / block), T % block ? 1.0 : 0.0};  // full blocks, a last one
+    const double keep = b.hw.l2_resident_bytes();
+    for (int i = 0; i < 2; i++)
+        for (int r = 0; r < 2; r++) {
+            if (counts[i] == 0 || row_counts[r] == 0) continue;
+            const int64_t ld = round_up(widths[i], 8), tb = rows[r], tb8 = round_up(tb, 8);
+            const double repeat = counts[i] * row_counts[r], share = (double)tb / T;  // of a chunk's tiles
+            const double w_rows = (double)ld * C * kBF16, x_rows = (double)tb * C * kBF16, dx_rows = (double)tb * C * kF32;
+            const double logits = (double)tb * ld * kF32, dlogits = (double)tb8 * ld * kBF16, dw_rows = (double)ld * C * kF32;
+            const double work_set = w_rows + x_rows + logits + (backward ? dlogits + dx_rows : 0);
+            const bool resident = work_set <= keep, dw_resident = resident && work_set + dw_rows <= keep;
+            const double w_hbm = resident ? w_rows * share : w_rows;
+            auto tile_gemm = [&](const char* name, int64_t m, int64_t n, int64_t k, GemmOutput out, double hbm, double l2) {
+                KernelCost g = gemm_cost(b.hw, name, KernelClass::HeadGemm, m, n, k, Precision::BF16, out);
+                g.bytes = hbm, g.l2_bytes = l2;
+                b.add(std::move(g), repeat);
+            };
+            // the workspace's bytes: to L2 when resident, else to HBM
+            const double ws_l2 = resident ? 1 : 0, ws_hbm = 1 - ws_l2;
+            tile_gemm(backward ? "head logits (again)" : "head logits", ld, tb, C, GemmOutput::F32,
+                      x_rows + w_hbm + ws_hbm * logits, ws_l2 * (logits + w_rows - w_hbm));
+            if (!backward) {
+                b.tile_pass("head softmax statistics", (double)tb * 28 + ws_hbm * logits, ws_l2 * logits, repeat,
+                            "head_chunk_stats_kernel");
+                continue;
+            }
+            b.tile_pass("head dlogits", (double)tb * 20 + ws_hbm * (logits + dlogits), ws_l2 * (logits + dlogits), repeat,
+                        "head_dlogits_kernel");
+            tile_gemm("head dX", C, tb, ld, GemmOutput::F32_Accumulate, w_hbm + 2 * dx_rows + ws_hbm * dlogits,
+                      ws_l2 * (w_rows - w_hbm + dlogits));
+            const double dw_hbm = dw_resident ? 2 * dw_rows * share : 2 * dw_rows;
+            tile_gemm("head dW", C, ld, tb8, GemmOutput::F32_Accumulate, (double)tb8 * C * kBF16 + dw_hbm + ws_hbm * dlogits,
+                      ws_l2 * dlogits + (2 * dw_rows - dw_hbm));
         }
-        b.pass("head dlogits", KernelClass::HeadSoftmax, t * ld * kF32 + (double)T8 * ld * kBF16 + t * 20, 1, counts[i], "head_dlogits_kernel");
-        b.head_gemm("head dX", C, T, ld, GemmOutput::F32_Accumulate, counts[i]);
-        b.head_gemm("head dW", C, ld, T8, GemmOutput::F32_Accumulate, counts[i]);
-    }
-    if (!backward) b.pass("head finish", KernelClass::HeadSoftmax, t * 40, 1, 1, "head_finish_kernel");
+    if (!backward) b.pass("head finish", KernelClass::HeadSoftmax, (double)T * 40, 1, 1, "head_finish_kernel");
 }
 
 // The fused structure's decoder layer, forward (issue 28: 10 launches and GEMM calls in fp8, 9 in bf16).
@@ -451,9 +501,10 @@ inline double projection_params(const ModelConfig& c) {
 inline std::vector<KernelCost> step_kernels(const PerfHardware& hw, const StepShape& s, Precision p, StepStructure st) {
     using namespace perf_detail;
     if (p != Precision::BF16 && p != Precision::FP8) fail("step_kernels: the GPU engine trains in bf16 or fp8");
-    if (s.tokens <= 0 || s.seq_len <= 0 || s.micro_batches <= 0 || s.head_vocab_chunk <= 0 || s.head_vocab_chunk % 8)
-        fail("step_kernels: %lld tokens in sequences of %lld, %d micro-batches per update, head chunks of %d", (long long)s.tokens,
-             (long long)s.seq_len, s.micro_batches, s.head_vocab_chunk);
+    if (s.tokens <= 0 || s.seq_len <= 0 || s.micro_batches <= 0 || s.head_vocab_chunk <= 0 || s.head_vocab_chunk % 8 ||
+        s.head_token_block <= 0 || s.head_token_block % 8)
+        fail("step_kernels: %lld tokens in sequences of %lld, %d micro-batches per update, head tiles of %d tokens x %d "
+             "columns", (long long)s.tokens, (long long)s.seq_len, s.micro_batches, s.head_token_block, s.head_vocab_chunk);
     const ModelConfig& c = s.model;
     const bool fused = st == StepStructure::Fused;
     const double T = s.tokens, Tp = (double)round_up(s.tokens, 128), C = c.hidden_size, I = c.intermediate_size;

@@ -81,12 +81,12 @@ size_t planned_bytes(const std::string& dir, const Batch& batch, int length) {
     return plan_memory(c, GpuEngine::plan_request(c, EngineOptions(), d), GpuEngine::plan_constants()).total();
 }
 
-// The step as cuda/perf/perf_model.h sees it: this batch, the engine's head chunk.
+// The step as cuda/perf/perf_model.h sees it: this batch, the engine's head tile.
 StepShape step_shape(const std::string& dir, int num_seqs, int length) {
     StepShape s;
     s.model = load_model_config(dir);
     s.tokens = (int64_t)num_seqs * length, s.seq_len = length;
-    s.head_vocab_chunk = HEAD_VOCAB_CHUNK;
+    s.head_vocab_chunk = HEAD_VOCAB_CHUNK, s.head_token_block = HEAD_TOKEN_BLOCK;
     return s;
 }
 
@@ -180,6 +180,52 @@ std::vector<std::string> backward_glue_rows(const BenchModel& m, long T, const P
     return rows;
 }
 
+// The LM head (loss.cuh) of one micro-batch of T tokens, forward and backward timed apart (median,
+// CUDA events), in the engine's tiles (HEAD_TOKEN_BLOCK tokens) and in the L2-resident ones (1,024
+// tokens, 8 MiB of logits), beside cuda/perf/perf_model.h's price of the head's kernels at each: which
+// tile wins on this GPU. Table rows.
+std::vector<std::string> head_rows(const BenchModel& m, const StepShape& shape, const PerfHardware& hw) {
+    const long T = shape.tokens, C = m.hidden, V = m.vocab;
+    DeviceBuffer<__nv_bfloat16> x((size_t)T * C), W((size_t)V * C);
+    fill_uniform(x.ptr, x.count, 21, 1.0f);
+    fill_uniform(W.ptr, W.count, 22, 0.05f);
+    std::vector<int32_t> targets((size_t)T);
+    for (long t = 0; t < T; t++) targets[(size_t)t] = (int32_t)((t * 7919) % V);
+    DeviceBuffer<int32_t> target(targets);
+    DeviceBuffer<float> logprob(T), entropy(T), lse(T), mu(T), da(T), db(T), dx((size_t)T * C), dW((size_t)V * C);
+    fill_uniform(da.ptr, da.count, 23, 1.0f);
+    fill_uniform(db.ptr, db.count, 24, 0.5f);
+    GemmRunner gemm;
+    const HeadGpuShape hs{(int)V, (int)C, 1.0f};
+    std::vector<std::string> rows;
+    for (int block : {HEAD_TOKEN_BLOCK, 1024}) {
+        LogprobHeadGpu head(gemm, HEAD_VOCAB_CHUNK, block);
+        const double fwd_ms = median_ms([&] {
+            head.forward(logprob.ptr, entropy.ptr, lse.ptr, mu.ptr, x.ptr, W.ptr, target.ptr, (int)T, hs, 0);
+        });
+        const double bwd_ms = median_ms([&] {
+            head.backward(dx.ptr, dW.ptr, da.ptr, db.ptr, lse.ptr, mu.ptr, x.ptr, W.ptr, target.ptr, (int)T, hs, 0);
+        });
+        StepShape tiles = shape;
+        tiles.head_token_block = block;
+        double predicted[2] = {0, 0};  // forward, backward
+        for (const KernelCost& k : step_kernels(hw, tiles, Precision::BF16, StepStructure::Fused))
+            if (k.cls == KernelClass::HeadGemm || k.cls == KernelClass::HeadSoftmax)
+                predicted[k.phase == StepPhase::Backward] += k.seconds(hw);
+        const long tb = std::min<long>(T, block);
+        const double workspace = (double)tb * HEAD_VOCAB_CHUNK * (4 + 2);
+        for (int backward = 0; backward < 2; backward++) {
+            const double ms = backward ? bwd_ms : fwd_ms;
+            record_calibration("bench_train_step", strfmt("%s LM head %s, T = %ld, tiles of %d tokens", m.name,
+                                                          backward ? "backward" : "forward", T, block),
+                               ms * 1e-3, predicted[backward], "tensor");
+            rows.push_back(strfmt("| %s | %ld | %d | %.1f | %s | %.3f | %.3f |", m.name, T, block, workspace / 1048576.0,
+                                  backward ? "backward" : "forward", ms, predicted[backward] * 1e3));
+        }
+    }
+    return rows;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -200,7 +246,7 @@ int main(int argc, char** argv) {
            "| plan GiB | speedup | predicted unfused / fused |\n");
     printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     const PerfHardware& hw = bench_hardware();
-    std::vector<std::string> quant_rows, glue_rows;  // the quantization and backward glue tables, after the steps
+    std::vector<std::string> quant_rows, glue_rows, head_table;  // the quantization, backward glue and head tables, after the steps
     std::vector<BenchModel> models = {kQwen3_0_6B, kQwen3_1_7B};
     int num_seqs = 16, length = 1024;
     if (tiny) models = {kTinyBenchModel}, num_seqs = 2, length = 48;
@@ -251,6 +297,7 @@ int main(int argc, char** argv) {
             for (const KernelCost& k : fused) fused_calls += k.cls == KernelClass::Quantize ? k.calls : 0;
             const double fused_measured = measured_quantize_ms(fused).first;
             for (const std::string& row : backward_glue_rows(m, batch.tokens, hw)) glue_rows.push_back(row);
+            for (const std::string& row : head_rows(m, shape, hw)) head_table.push_back(row);
             quant_rows.push_back(strfmt("| %s | %.0f | %.1f | %.1f | %.1f | %.1f | %.0f | %.1f | %.1f | %.1f |", m.name, calls,
                                         measured, class_seconds(unfused, hw, KernelClass::Quantize) * 1e3, measured_weights,
                                         weight_s * 1e3, fused_calls, fused_measured,
@@ -275,6 +322,11 @@ int main(int argc, char** argv) {
            hw.bandwidth() / 1e12);
     printf("| model | tokens | kernel | ms | GB/s | of bandwidth |\n|---|---|---|---|---|---|\n");
     for (const std::string& row : glue_rows) printf("%s\n", row.c_str());
+    printf("\nLM head (loss.cuh) of the batch, forward and backward each timed alone (median, CUDA events), in the "
+           "engine's tiles and in 1,024-token ones (their logits and dlogits workspace: MiB); predicted = the perf "
+           "model's head kernels (cuda/perf/perf_model.h, head()) at those tiles\n\n");
+    printf("| model | tokens | tile tokens | workspace MiB | pass | ms | predicted ms |\n|---|---|---|---|---|---|---|\n");
+    for (const std::string& row : head_table) printf("%s\n", row.c_str());
     printf("\nbench_train_step: %d model(s) failed%s\n", failures, key.c_str());
     return failures ? 1 : 0;
 }

@@ -393,8 +393,8 @@ TEST(gpu_head_backward_matches_finite_differences) {
     }
 }
 
-// The token blocks at the engine's size (HEAD_TOKEN_BLOCK, the CPU head's row block): 1,030 tokens
-// make a block of 1,024 and a ragged one of 6. The emulated tensor cores sum each output in the CPU
+// The L2-resident tiles, of 1,024 tokens (the CPU head's row block): 1,030 tokens make a block of
+// 1,024 and a ragged one of 6. The emulated tensor cores sum each output in the CPU
 // engine's order (exact BF16 products, one FP32 chain), dW's per block then added as the CPU adds
 // its row blocks', and dlogits round to BF16 as the CPU's (HeadShape::bf16): from the same lse and
 // mu, dX and dW are the CPU head's bits; the forward's statistics agree within the forward bound
@@ -402,9 +402,11 @@ TEST(gpu_head_backward_matches_finite_differences) {
 // gpu_head_backward_matches_cpu hold these shapes instead.
 TEST(gpu_head_token_blocks_keep_cpu_bits) {
     GemmRunner gemm;
+    const int cpu_rows = (int)head_rows_per_block();
     HeadProblem h(1030, 16, 300, 0.7f, 53);  // one chunk of 300 columns (304 with its padding)
+    CHECK(h.T > cpu_rows && h.T % cpu_rows % 8 != 0);  // two blocks, the last ragged
     GpuHead g(h);
-    LogprobHeadGpu head(gemm);
+    LogprobHeadGpu head(gemm, HEAD_VOCAB_CHUNK, cpu_rows);
     g.forward(head, h);
     std::vector<float> lp(h.T), ent(h.T), lse(h.T), mu(h.T), dx0((size_t)h.T * h.C), dW0((size_t)h.V * h.C);
     for (size_t i = 0; i < dx0.size(); i++) dx0[i] = 0.01f * hash_uniform(i, 7);
@@ -435,7 +437,7 @@ TEST(gpu_head_token_blocks_keep_cpu_bits) {
     };
     const long dx_diff = differing(gdx, cdx), dw_diff = differing(gdW, cdW);
     printf("    T=%d (blocks of %d) C=%d V=%d: %ld of %zu dX and %ld of %zu dW elements differ from the CPU head's bits\n",
-           h.T, HEAD_TOKEN_BLOCK, h.C, h.V, dx_diff, gdx.size(), dw_diff, gdW.size());
+           h.T, cpu_rows, h.C, h.V, dx_diff, gdx.size(), dw_diff, gdW.size());
     CHECK(dx_diff == 0 && dw_diff == 0);
 #else
     SKIP("the tensor cores sum in their own order on a GPU: gpu_head_backward_matches_cpu bounds the tiles");
