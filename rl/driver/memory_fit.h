@@ -35,8 +35,9 @@ inline MemoryDemand memory_demand_of(const RunShape& s) {
     const int64_t ranks = s.ranks;
     MemoryDemand d;
     // the eval's budget (--eval_max_new_tokens) where it evaluates and generates longer than training
-    const int new_tokens = cfg.eval_every > 0 || cfg.eval_only ? std::max(cfg.sampling.max_new_tokens, cfg.eval.sampling.max_new_tokens)
-                                                               : cfg.sampling.max_new_tokens;
+    // (with --env_cmd a trajectory's --max_total_tokens: no generate() call outgrows prompt + that)
+    const int budget = (int)cfg.response_budget();
+    const int new_tokens = cfg.eval_every > 0 || cfg.eval_only ? std::max(budget, cfg.eval.sampling.max_new_tokens) : budget;
     d.longest_sequence = s.longest_prompt + new_tokens;
     const int64_t per_rank = (cfg.batch_prompts + (int64_t)cfg.minibatches * ranks - 1) / ((int64_t)cfg.minibatches * ranks);
     d.tokens_per_forward = cfg.micro_batch_tokens > 0 ? std::max(cfg.micro_batch_tokens, d.longest_sequence)
