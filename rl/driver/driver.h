@@ -717,10 +717,14 @@ inline MetricRow Trainer::train_step() {
         counts[(size_t)j * 2 + 1] = c.sequences;
     }
     dist_.all_reduce_sum(counts);
+    // The micro-batches of minibatch j on this rank: none when dynamic sampling kept it no group.
+    auto micro_batches = [&](int j) {
+        const size_t b = mb_begin[(size_t)j], e = mb_begin[(size_t)j + 1];
+        return b == e ? std::vector<size_t>{b} : micro_batch_bounds(seqs, b, e, cfg_.micro_batch_tokens);
+    };
     // A collective backward runs as often on every rank: each minibatch's most micro-batches.
     std::vector<int64_t> forwards((size_t)M);
-    for (int j = 0; j < M; j++)
-        forwards[(size_t)j] = (int64_t)micro_batch_bounds(seqs, mb_begin[(size_t)j], mb_begin[(size_t)j + 1], cfg_.micro_batch_tokens).size() - 1;
+    for (int j = 0; j < M; j++) forwards[(size_t)j] = (int64_t)micro_batches(j).size() - 1;
     if (engine_.collective_backward()) dist_.all_reduce_max(forwards.data(), forwards.size());
 
     TokenLossConfig lc;
@@ -739,6 +743,8 @@ inline MetricRow Trainer::train_step() {
         for (int j = 0; j < M && !bad; j++) {
             const size_t b = mb_begin[(size_t)j], e = mb_begin[(size_t)j + 1];
             const AggCounts global{counts[(size_t)j * 2], counts[(size_t)j * 2 + 1]};
+            // No rank holds a sequence of it (dynamic sampling kept no group): no update, the weights stay.
+            if (global.sequences == 0) continue;
             const bool calibrate = calibrating && epoch == 0;
             TokenValues hp_lp;  // calibrate: fp32 log-probs of the weights about to be updated, [b, e)
             if (calibrate) {
@@ -754,7 +760,7 @@ inline MetricRow Trainer::train_step() {
             // One update: the gradients of the minibatch's micro-batches accumulate (backward adds).
             engine_.zero_grads();
             double loss = 0;
-            const std::vector<size_t> mu = micro_batch_bounds(seqs, b, e, cfg_.micro_batch_tokens);
+            const std::vector<size_t> mu = micro_batches(j);
             for (size_t u = 0; u + 1 < mu.size(); u++) {
                 t0 = std::chrono::steady_clock::now();
                 const size_t ub = mu[u], ue = mu[u + 1];
