@@ -4,8 +4,8 @@
 // loss mask 0 and no loss, ratio, entropy or IS weight; every failure of the environment ends the
 // run with one line and exit 1 within the timeout + 10 s; 2 ranks equal 1; the emulated GPU engine
 // equals the CPU engine. Also: the observation's rendering equals the chat template's, the
-// example environment (dev/envs/calculator) computes its expressions, and dynamic sampling with no
-// kept group trains nothing instead of failing.
+// example environment (dev/envs/calculator) computes its expressions, SFT takes tool turns, and
+// dynamic sampling with no kept group trains nothing instead of failing.
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "rl/driver/lm_data.h"
 #include "rl/io/checkpoint.h"
 #include "rl/io/json.h"
 #include "rl/objective/loss_agg.h"
@@ -313,4 +314,47 @@ TEST(dynamic_sampling_with_no_kept_group_trains_nothing) {
     CHECK_EQ(b.optimizer_steps, (int64_t)0);
     CHECK(a.master == b.master);
     CHECK_EQ(b.step, (int64_t)2);
+}
+
+// SFT takes tool turns (an agentic trace): on transformers' renderings of Qwen3 conversations with
+// tool results (test/fixtures/tokenizer/chat_qwen3.jsonl), a row's ids are the rendering's tokens and
+// its trained tokens are exactly the assistant turns' text, from after each header through
+// <|im_end|>; a row with "tools" (schemas fp8rl does not render) is refused in one line.
+TEST(sft_accepts_tool_turns) {
+    const std::string dir = "test/fixtures/tokenizer/qwen3";
+    std::unique_ptr<Tokenizer> tok = Tokenizer::load(dir);
+    SftEncoder enc(*tok, dir, 1, 0);
+    const std::string gen = "<|im_start|>assistant\n", eot = "<|im_end|>";
+    int rows = 0;
+    for_each_jsonl_row("test/fixtures/tokenizer/chat_qwen3.jsonl", [&](const Json& row, const std::string& where) {
+        const Json* thinking = row.find("enable_thinking");
+        const std::string msgs = json_dump(*row.find("messages"));
+        if (msgs.find("\"tool\"") == std::string::npos || !row.find("add_generation_prompt")->boolean ||
+            (thinking && !thinking->is_null() && !thinking->boolean))
+            return;
+        std::string text = row.find("text")->str;
+        CHECK(text.size() > gen.size() && text.compare(text.size() - gen.size(), gen.size(), gen) == 0);
+        text.resize(text.size() - gen.size());  // SFT renders no generation prompt
+        std::string want_trained;
+        for (size_t at = 0; (at = text.find(gen, at)) != std::string::npos;) {
+            const size_t end = text.find(eot, at) + eot.size();
+            want_trained += text.substr(at + gen.size(), end - at - gen.size());
+            at = end;
+        }
+        Json conv;
+        conv.type = Json::Object;
+        conv.fields.emplace_back("messages", *row.find("messages"));
+        LmSequence s = enc.encode(conv, where);
+        const std::vector<int> want_ids = tok->encode(text, false);
+        CHECK_MSG(std::vector<int>(s.ids.begin(), s.ids.end()) == want_ids, "%s: ids", where.c_str());
+        std::vector<int> trained;
+        for (size_t k = 0; k < s.ids.size(); k++)
+            if (s.loss[k]) trained.push_back(s.ids[k]);
+        CHECK_EQ(tok->decode(trained, false), want_trained);
+        rows++;
+    });
+    CHECK_MSG(rows >= 2, "%d rows with tool turns", rows);
+    Json with_tools = json_parse("{\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"calc\"}}],\"messages\":[{\"role\":\"user\",\"content\":\"a\"},"
+                                 "{\"role\":\"assistant\",\"content\":\"b\"}]}", "row");
+    CHECK_THROWS(enc.encode(with_tools, "row 1"), "\"tools\" (function schemas) are not rendered");
 }
