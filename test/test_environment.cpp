@@ -2,8 +2,8 @@
 // ($FP8RL_BIN), with environments in awk that the tests write (no Python): a two-turn trajectory's
 // sampled log-probs equal the training forward over the whole sequence; observation tokens carry
 // loss mask 0 and no loss, ratio, entropy or IS weight; every failure of the environment ends the
-// run with one line and exit 1 within the timeout + 10 s; 2 ranks equal 1; the emulated GPU engine
-// equals the CPU engine. Also: the observation's rendering equals the chat template's, the
+// run with one line and exit 1 within the timeout + 10 s; 2 ranks equal 1; the eval runs the
+// environment; the emulated GPU engine equals the CPU engine. Also: the observation's rendering equals the chat template's, the
 // example environment (dev/envs/calculator) computes its expressions, SFT takes tool turns, and
 // dynamic sampling with no kept group trains nothing instead of failing.
 #include <chrono>
@@ -240,7 +240,7 @@ TEST(env_failures_end_the_run_with_one_line) {
         std::string flags, message;
     } refused[] = {
         {" --max_turns 3", "--max_turns applies to --env_cmd"},
-        {" --env_cmd cat --eval_every 5", "give --eval_every 0"},
+        {" --env_cmd cat --mode sft --data x.jsonl", "--mode sft generates nothing"},
     };
     for (const Refused& c : refused) {
         harness::RunResult r = run_cmd(harness::binary() + " --init tiny --task add --steps 1 --out_dir " + d + "/refused" + c.flags);
@@ -262,6 +262,28 @@ TEST(env_mpi_two_ranks_match_one) {
     if (two.output.find("2 rank(s)") == std::string::npos) SKIP("train_rl_cpu was built without MPI (no mpicxx: install libopenmpi-dev, then rebuild)");
     CHECK(log_rows(d + "/r1")[0].find("env/observation_tokens")->number > 0);
     check_runs_agree(d + "/r1", d + "/r2", 1e-3, 1e-6, 1e-4);
+}
+
+// The held-out eval meets the environment too: with an environment that answers turn 1 with "73" and
+// ends turn 2 with reward 0.5 (a reward the add task's verifier never gives), every eval generation
+// (greedy and sampled) holds the observation and has the environment's reward.
+TEST(env_eval_runs_the_environment) {
+    harness::TempDir t;
+    std::string d = temp_dir("env_eval");
+    const std::string awk = "match($0, /^\\{\"id\":-?[0-9]+/) { id = substr($0, 7, RLENGTH - 6) }\n"
+                            "match($0, /\"turn\":[0-9]+/) { turn = substr($0, RSTART + 7, RLENGTH - 7) }\n"
+                            "{ if (turn == 1) printf \"{\\\"id\\\":%s,\\\"observation\\\":\\\"73\\\",\\\"done\\\":false}\\n\", id;\n"
+                            "  else printf \"{\\\"id\\\":%s,\\\"observation\\\":null,\\\"done\\\":true,\\\"reward\\\":0.5}\\n\", id;\n"
+                            "  fflush() }\n";
+    harness::RunResult r = run_cmd(harness::binary() + env_run(d, 1, env_cmd(t, awk)) + " --eval_only 1 --dump_eval 1 --eval_prompts 4 --eval_k 2");
+    CHECK_MSG(r.status == 0, "%s", r.output.c_str());
+    if (r.status) return;
+    std::vector<Json> lines = dump_lines(d + "/eval_generations.jsonl");
+    CHECK_EQ(lines.size(), (size_t)12);  // 4 greedy + 4 x 2 sampled
+    for (const Json& l : lines) {
+        CHECK_EQ(l.find("reward")->number, 0.5);
+        CHECK_MSG(l.find("response")->str.find("73") != std::string::npos, "%s", json_dump(l).c_str());
+    }
 }
 
 #ifndef FP8RL_SANITIZE

@@ -8,7 +8,7 @@
 # whole conversation. It reads the request's fields in the order fp8rl writes them: "id" first, the
 # last assistant message is the last {"role":"assistant","content":...} of "messages", then "answer".
 #
-#   train_rl_cpu --init tiny --task add --env_cmd "sh dev/envs/calculator.sh" --max_turns 3 --eval_every 0
+#   train_rl_cpu --init tiny --task add --env_cmd "sh dev/envs/calculator.sh" --max_turns 3 --max_total_tokens 12
 
 # The value of a product of integers ("3*4*2").
 function product(t,    f, n, k, v) {

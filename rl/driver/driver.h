@@ -279,7 +279,12 @@ private:
                                                const std::vector<GenRequest>& requests, const std::vector<Generation>& done, bool eval,
                                                const std::string& task, const std::vector<uint8_t>& skip = {});
     std::vector<Trajectory> multi_turn_rollout(const std::vector<Example>& examples, int per_example,
-                                               const std::vector<GenRequest>& requests, Progress* progress);
+                                               const std::vector<GenRequest>& requests, uint32_t step, const SamplingConfig& sampling,
+                                               Progress* progress, bool eval);
+    // The environment's rewards where it gave one, else the scorer's (training's and the eval's rule).
+    std::vector<ScoreResult> score_trajectories(const std::vector<Example>& examples, int per_example,
+                                                const std::vector<GenRequest>& requests, const std::vector<Trajectory>& trajectories,
+                                                bool eval, const std::string& task);
     void report_reward_metrics(MetricRow& m, const std::string& prefix);
     std::vector<Sample> rollout(MetricRow& m, double* gen_seconds, int64_t* gen_tokens);
     TokenValues batched_logprobs(Engine& engine, const std::vector<Sequence>& seqs, const std::vector<size_t>& mb_begin,
@@ -362,7 +367,8 @@ inline std::vector<ScoreResult> Trainer::score_generations(const std::vector<Exa
 // per_example]; its conversation starts as the example's messages, or a plain prompt as one user turn,
 // and an observation is rendered by the chat template of a messages row, or as its plain text.
 inline std::vector<Trajectory> Trainer::multi_turn_rollout(const std::vector<Example>& examples, int per_example,
-                                                           const std::vector<GenRequest>& requests, Progress* progress) {
+                                                           const std::vector<GenRequest>& requests, uint32_t step,
+                                                           const SamplingConfig& sampling, Progress* progress, bool eval) {
     std::vector<EnvRequest> first(requests.size());
     for (size_t i = 0; i < requests.size(); i++) {
         const Example& ex = examples[i / (size_t)per_example];
@@ -387,11 +393,30 @@ inline std::vector<Trajectory> Trainer::multi_turn_rollout(const std::vector<Exa
         return std::vector<int32_t>(ids.begin(), ids.end());
     };
     try {
-        return run_trajectories(engine_, requests, std::move(first), (uint32_t)step_, cfg_.sampling, cfg_.rollout_precision,
-                                cfg_.kv_cache, progress, ctx);
+        return run_trajectories(engine_, requests, std::move(first), step, sampling, cfg_.rollout_precision, cfg_.kv_cache, progress, ctx);
     } catch (const Error& e) {
-        fail("step %lld: %s; stopping (the last checkpoint in %s is intact)", (long long)step_ + 1, e.what(), cfg_.out_dir.c_str());
+        fail("%s %lld: %s; stopping (the last checkpoint in %s is intact)", eval ? "eval after step" : "step",
+             (long long)(eval ? step_ : step_ + 1), e.what(), cfg_.out_dir.c_str());
     }
+}
+
+inline std::vector<ScoreResult> Trainer::score_trajectories(const std::vector<Example>& examples, int per_example,
+                                                            const std::vector<GenRequest>& requests,
+                                                            const std::vector<Trajectory>& trajectories, bool eval,
+                                                            const std::string& task) {
+    std::vector<Generation> done;
+    std::vector<uint8_t> rewarded;
+    for (const Trajectory& t : trajectories) {
+        done.push_back(t.gen);
+        rewarded.push_back(t.has_reward);
+    }
+    std::vector<ScoreResult> out = score_generations(examples, per_example, requests, done, eval, task, rewarded);
+    for (size_t i = 0; i < trajectories.size(); i++)
+        if (rewarded[i]) {
+            out[i].verdict.reward = trajectories[i].reward;
+            out[i].verdict.correct = trajectories[i].reward > 0;
+        }
+    return out;
 }
 
 // An external scorer's figures since the last call: reward/latency_s (the slowest rank's scoring
@@ -457,12 +482,10 @@ inline std::vector<Sample> Trainer::rollout(MetricRow& m, double* gen_seconds, i
         Progress bar("rollout", (int64_t)requests.size(), dist_.is_root());
         std::vector<Generation> done;
         std::vector<Trajectory> trajectories;  // --env_cmd
-        std::vector<uint8_t> env_rewarded;     // the environment gave the trajectory's reward
         if (env_) {
-            trajectories = multi_turn_rollout(examples, G, requests, &bar);
+            trajectories = multi_turn_rollout(examples, G, requests, (uint32_t)step_, cfg_.sampling, &bar, false);
             for (const Trajectory& t : trajectories) {
                 done.push_back(t.gen);
-                env_rewarded.push_back(t.has_reward);
                 env_sums[0] += 1;
                 env_sums[1] += t.turns;
                 env_sums[2] += (double)t.observation_tokens;
@@ -473,12 +496,8 @@ inline std::vector<Sample> Trainer::rollout(MetricRow& m, double* gen_seconds, i
         }
         *gen_seconds += seconds_since(t0);
         // the environment's last reward, else the verifier's on the whole conversation
-        std::vector<ScoreResult> verdicts = score_generations(examples, G, requests, done, false, cfg_.task, env_rewarded);
-        for (size_t i = 0; i < env_rewarded.size(); i++)
-            if (env_rewarded[i]) {
-                verdicts[i].verdict.reward = trajectories[i].reward;
-                verdicts[i].verdict.correct = trajectories[i].reward > 0;
-            }
+        std::vector<ScoreResult> verdicts = env_ ? score_trajectories(examples, G, requests, trajectories, false, cfg_.task)
+                                                 : score_generations(examples, G, requests, done, false, cfg_.task);
         std::vector<Sample> batch(done.size());
         std::vector<double> batch_rewards(done.size());
         for (size_t i = 0; i < done.size(); i++) {
@@ -871,6 +890,16 @@ inline MetricRow Trainer::train_step() {
 
 inline MetricRow Trainer::evaluate(std::string* dump) {
     enter_phase(Engine::Phase::Rollout);
+    std::vector<Trajectory> trajectories;  // --env_cmd: the last eval generation's
+    EvalGenerate multi_turn;
+    if (env_)
+        multi_turn = [&](const std::vector<GenRequest>& requests, uint32_t at, const SamplingConfig& sampling,
+                         const std::vector<Example>& examples, int per_example) {
+            trajectories = multi_turn_rollout(examples, per_example, requests, at, sampling, nullptr, true);
+            std::vector<Generation> out;
+            for (const Trajectory& t : trajectories) out.push_back(t.gen);
+            return out;
+        };
     MetricRow m = evaluate_sets(
         engine_, dist_, eval_, cfg_.eval, cfg_.rollout_precision, cfg_.kv_cache, step_, cfg_.sampling.vocab_limit,
         [&](const Example& ex) { return encode_prompt(ex); },
@@ -878,10 +907,12 @@ inline MetricRow Trainer::evaluate(std::string* dump) {
         [&](const EvalSet& set, const std::vector<Example>& examples, int per_example, const std::vector<GenRequest>& requests,
             const std::vector<Generation>& done) {  // training's scorer: built-in or external, its failure rules
             std::vector<Verdict> v;
-            for (const ScoreResult& r : score_generations(examples, per_example, requests, done, true, set.task)) v.push_back(r.verdict);
+            for (const ScoreResult& r : env_ ? score_trajectories(examples, per_example, requests, trajectories, true, set.task)
+                                             : score_generations(examples, per_example, requests, done, true, set.task))
+                v.push_back(r.verdict);
             return v;
         },
-        dump);
+        dump, multi_turn);
     enter_phase(Engine::Phase::Update);
     report_reward_metrics(m, "val/");
     return m;

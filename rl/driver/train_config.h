@@ -319,8 +319,6 @@ inline TrainConfig train_config_from_args(const Args& a) {
 
     c.seed = (uint64_t)a.integer("seed");
     c.eval_every = a.integer("eval_every");
-    if (c.env.enabled() && (c.eval_every > 0 || c.eval_only))
-        fail("--env_cmd: the held-out eval generates single-turn and would not meet the environment; give --eval_every 0 (multi-turn eval is not built yet)");
     c.save_every = a.integer("save_every");
     c.keep_checkpoints = a.integer("keep_checkpoints");
     c.save_format = parse_save_format(a.str("save_format"));
