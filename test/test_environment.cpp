@@ -235,6 +235,13 @@ TEST(env_failures_end_the_run_with_one_line) {
             CHECK_MSG(r.output.find("request id 0") != std::string::npos, "%s: %s", c.cmd.c_str(), r.output.c_str());
         CHECK_MSG(seconds < 11, "%s: %.1f s", c.cmd.c_str(), seconds);
     }
+    // an observation the task's tokenizer cannot hold (encode() would drop it: the model would never see it)
+    harness::TempDir t;
+    const std::string hello = "match($0, /^\\{\"id\":-?[0-9]+/) { printf \"{\\\"id\\\":%s,\\\"observation\\\":\\\"hello\\\",\\\"done\\\":false}\\n\", "
+                              "substr($0, 7, RLENGTH - 6); fflush() }\n";
+    harness::RunResult r = run_cmd(harness::binary() + env_run(d + "/run", 1, env_cmd(t, hello)));
+    CHECK_MSG(r.status == 1 && r.output.find("holds byte 0x68") != std::string::npos && r.output.find("step 1: ") != std::string::npos,
+              "exit %d: %s", r.status, r.output.c_str());
     // flags of the environment without it, and what it cannot run with
     struct Refused {
         std::string flags, message;

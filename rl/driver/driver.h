@@ -389,6 +389,9 @@ inline std::vector<Trajectory> Trainer::multi_turn_rollout(const std::vector<Exa
     ctx.decode = [&](const std::vector<int32_t>& ids) { return decode_response(ids); };
     ctx.render = [&](const std::string& role, const std::string& content, bool ended_on_eos) {
         const std::string text = chat ? chat_->continuation(role, content, ended_on_eos, opt) : content;
+        if (int b = tok_.first_unencodable_byte(content); b >= 0)  // dropped by the tokenizer, the model would never see it
+            fail("--env_cmd: the observation '%.80s' holds byte 0x%02x, which no token of the model's vocabulary holds (a fresh "
+                 "model's tokenizer knows only its task's bytes); have the environment answer in those", content.c_str(), b);
         const std::vector<int> ids = tok_.encode(text, false);
         return std::vector<int32_t>(ids.begin(), ids.end());
     };
