@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "rl/driver/lm_data.h"
+#include "rl/driver/memory_fit.h"
 #include "rl/io/checkpoint.h"
 #include "rl/io/json.h"
 #include "rl/objective/loss_agg.h"
@@ -386,4 +387,28 @@ TEST(sft_accepts_tool_turns) {
     Json with_tools = json_parse("{\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"calc\"}}],\"messages\":[{\"role\":\"user\",\"content\":\"a\"},"
                                  "{\"role\":\"assistant\",\"content\":\"b\"}]}", "row");
     CHECK_THROWS(enc.encode(with_tools, "row 1"), "\"tools\" (function schemas) are not rendered");
+}
+
+// The memory plan of an --env_cmd run covers every generate() of its turns: a turn's prompt is the
+// conversation so far (prompt + up to --max_total_tokens - 1 tokens), every trajectory's its own,
+// and each call generates at most --max_turn_tokens; the training sequences stay prompt +
+// --max_total_tokens.
+TEST(env_memory_demand_covers_every_turn) {
+    RunShape s;
+    s.cfg.batch_prompts = 8, s.cfg.group_size = 4, s.cfg.sampling.max_new_tokens = 32;
+    s.longest_prompt = 20;
+    const MemoryDemand single = memory_demand_of(s);
+    s.cfg.env.cmd = "cat", s.cfg.env.max_turn_tokens = 16, s.cfg.env.max_total_tokens = 48;
+    const MemoryDemand multi = memory_demand_of(s);
+    CHECK_EQ(single.longest_sequence, (int64_t)52);
+    CHECK_EQ(single.rollout_prompts, (int64_t)8);
+    CHECK_EQ(multi.longest_sequence, (int64_t)68);
+    CHECK_EQ(multi.rollout_prompts, multi.rollout_requests);
+    CHECK_EQ(multi.rollout_requests, (int64_t)32);
+    // each turn's call: a prompt of the conversation so far, a budget of what is left
+    for (int used = 0; used < 48; used++) {
+        const int budget = std::min(16, 48 - used);
+        CHECK(20 + used <= multi.longest_prompt);
+        CHECK(20 + used + budget <= multi.longest_prompt + multi.max_new_tokens);
+    }
 }
