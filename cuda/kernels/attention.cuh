@@ -30,6 +30,7 @@
 #include <type_traits>
 
 #include "cuda/common.cuh"
+#include "cuda/element.cuh"
 #include "cuda/kernels/mma.cuh"
 #include "cuda/kernels/wgmma.cuh"
 #include "rl/numerics/attention_tiles.h"
@@ -82,31 +83,42 @@ struct SwizzledTile {
     }
 };
 
-// Starts the copy of tile row r = row (row0 + r) of a [T][heads][D] tensor at `src` (already offset to
-// the head), rows of `row_stride` elements, with cp.async of 16 bytes (SASS LDGSTS); zeros, stored at
-// once, for r >= rows and in the padding columns. All threads of the CTA take part; the caller
-// commits the group, waits for it, fences the async proxy (the MMAs read through it) and syncs.
+// One thread's share of a tile copy, its addresses computed once per kernel: thread i copies the
+// 16-byte chunk c = i % chunks of rows i / chunks + row_step p (p < passes), so its column, its
+// swizzle (row_step is a multiple of the 8-row pattern) and its offsets are the same in every tile,
+// and a tile costs it `passes` x (a compare, two address adds, one cp.async of 16 bytes, SASS LDGSTS)
+// instead of a per-chunk division, swizzle and 64-bit product.
 template <int D>
-__device__ void load_swizzled_tile_async(unsigned char* tile, const __nv_bfloat16* src, long row_stride, long row0,
-                                         int rows) {
-    constexpr int chunks = SwizzledTile<D>::cols / 8;
-    for (int idx = threadIdx.x; idx < kAttnTile * chunks; idx += blockDim.x) {
-        const int r = idx / chunks, c = idx % chunks;
-        unsigned char* dst = tile + SwizzledTile<D>::chunk_offset(r, c);
-        if (r < rows && 8 * c < D)
-            __pipeline_memcpy_async(dst, src + (row0 + r) * row_stride + 8 * c, 16);
-        else
-            *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
-    }
-}
+struct TileCopyPlan {
+    using Tile = SwizzledTile<D>;
+    static constexpr int chunks = Tile::cols / 8, row_step = kAttnThreads / chunks, passes = kAttnTile / row_step;
+    static_assert(kAttnThreads % chunks == 0 && row_step % 8 == 0 && kAttnTile % row_step == 0,
+                  "a thread's chunks of a tile share their column and swizzle");
+    int first_row, smem_offset, column;  // the thread's first row, its chunk's byte offset in a tile, 8c
 
-// The same rows of two tensors of one layout (K and V, or Q and dO) into two tiles.
-template <int D>
-__device__ void load_tile_pair_async(unsigned char* tile_a, const __nv_bfloat16* src_a, unsigned char* tile_b,
-                                     const __nv_bfloat16* src_b, long row_stride, long row0, int rows) {
-    load_swizzled_tile_async<D>(tile_a, src_a, row_stride, row0, rows);
-    load_swizzled_tile_async<D>(tile_b, src_b, row_stride, row0, rows);
-}
+    __device__ TileCopyPlan() {
+        const int c = (int)threadIdx.x % chunks;
+        first_row = (int)threadIdx.x / chunks, column = 8 * c, smem_offset = Tile::chunk_offset(first_row, c);
+    }
+
+    // Starts the copy of tile row r = row (row0 + r) of a [T][heads][D] tensor at `src` (already
+    // offset to the head), rows of `row_stride` elements, by cp.async; zeros, stored at once, for
+    // r >= rows and in the padding columns. Every thread of the CTA (kAttnThreads) takes part; the
+    // caller commits the group, waits for it, fences the async proxy (the MMAs read through it) and syncs.
+    __device__ __forceinline__ void start(unsigned char* tile, const __nv_bfloat16* src, long row_stride, long row0,
+                                          int rows) const {
+        const __nv_bfloat16* from = src + (row0 + first_row) * row_stride + column;
+        unsigned char* to = tile + smem_offset;
+        const long from_step = row_step * row_stride;
+        FP8RL_UNROLL
+        for (int p = 0; p < passes; p++) {
+            if (column < D && first_row + p * row_step < rows)
+                __pipeline_memcpy_async(to + p * row_step * Tile::row_bytes, from + p * from_step, 16);
+            else
+                *reinterpret_cast<uint4*>(to + p * row_step * Tile::row_bytes) = make_uint4(0, 0, 0, 0);
+        }
+    }
+};
 
 // The warpgroup's A B^T [64 x 64] for the 64 rows A[64][D] of tile `a` and B[64][D] of tile `b`, one
 // commit group waited for at once; acc gets the calling warp's 16 rows, acc[j] the 16x8 C fragment
@@ -191,12 +203,15 @@ __global__ void __launch_bounds__(kAttnThreads)
     const long key_end = min(q0 + kAttnTile, seq_len);  // causal: no row of the block sees a later key
     const int key_tiles = (int)((key_end + kAttnTile - 1) / kAttnTile);
     const __nv_bfloat16 *k_src = k + seq_begin * ldk + kv_head * D, *v_src = v + seq_begin * ldk + kv_head * D;
+    const TileCopyPlan<D> copy;
     auto load_key_tile = [&](int tile) {
         const long k0 = (long)tile * kAttnTile;
         unsigned char* buf = kv_tiles + 2 * (tile & 1) * Tile::bytes;
-        load_tile_pair_async<D>(buf, k_src, buf + Tile::bytes, v_src, ldk, k0, (int)min((long)kAttnTile, key_end - k0));
+        const int rows = (int)min((long)kAttnTile, key_end - k0);
+        copy.start(buf, k_src, ldk, k0, rows);
+        copy.start(buf + Tile::bytes, v_src, ldk, k0, rows);
     };
-    load_swizzled_tile_async<D>(q_tile, q + seq_begin * ldq + head * D, ldq, q0, (int)(key_end - q0));
+    copy.start(q_tile, q + seq_begin * ldq + head * D, ldq, q0, (int)(key_end - q0));
     load_key_tile(0);
     __pipeline_commit();
     const float scale = 1.0f / sqrtf((float)D);
@@ -294,13 +309,16 @@ __global__ void __launch_bounds__(kAttnThreads)
     const long key_end = min(q0 + kAttnTile, seq_len);
     const int key_tiles = (int)((key_end + kAttnTile - 1) / kAttnTile);
     const __nv_bfloat16 *k_src = k + seq_begin * ldk + kv_head * D, *v_src = v + seq_begin * ldk + kv_head * D;
+    const TileCopyPlan<D> copy;
     auto load_key_tile = [&](int tile) {
         const long k0 = (long)tile * kAttnTile;
         unsigned char* buf = kv_tiles + 2 * (tile & 1) * bytes;
-        load_tile_pair_async<D>(buf, k_src, buf + bytes, v_src, ldk, k0, (int)min((long)kAttnTile, key_end - k0));
+        const int rows = (int)min((long)kAttnTile, key_end - k0);
+        copy.start(buf, k_src, ldk, k0, rows);
+        copy.start(buf + bytes, v_src, ldk, k0, rows);
     };
-    load_tile_pair_async<D>(q_tile, q + seq_begin * ldq + head * D, do_tile, dout + seq_begin * ldq + head * D, ldq, q0,
-                            (int)(key_end - q0));
+    copy.start(q_tile, q + seq_begin * ldq + head * D, ldq, q0, (int)(key_end - q0));
+    copy.start(do_tile, dout + seq_begin * ldq + head * D, ldq, q0, (int)(key_end - q0));
     load_key_tile(0);
     __pipeline_commit();
     const float scale = 1.0f / sqrtf((float)D);
@@ -357,13 +375,14 @@ __global__ void __launch_bounds__(kAttnThreads)
     const long ldq = (long)H * D, ldk = (long)KV * D;
     const int keys = (int)min((long)kAttnTile, seq_len - k0);
     const int query_tiles = (int)((seq_len - k0 + kAttnTile - 1) / kAttnTile);  // causal: earlier queries do not see the block
+    const TileCopyPlan<D> copy;
     auto load_query_tile = [&](int step) {
         const int head = kv_head * group + step / query_tiles;
         const long q0 = k0 + (long)(step % query_tiles) * kAttnTile;
         const int queries = (int)min((long)kAttnTile, seq_len - q0);
         unsigned char* buf = qdo_tiles + 2 * (step & 1) * bytes;
-        load_tile_pair_async<D>(buf, q + seq_begin * ldq + head * D, buf + bytes, dout + seq_begin * ldq + head * D, ldq,
-                                q0, queries);
+        copy.start(buf, q + seq_begin * ldq + head * D, ldq, q0, queries);
+        copy.start(buf + bytes, dout + seq_begin * ldq + head * D, ldq, q0, queries);
         float* stats = stat_tiles + 2 * (step & 1) * kAttnTile;
         for (int r = threadIdx.x; r < kAttnTile; r += blockDim.x)
             if (r < queries) {
@@ -373,8 +392,8 @@ __global__ void __launch_bounds__(kAttnThreads)
                 stats[r] = stats[kAttnTile + r] = 0.0f;
             }
     };
-    load_tile_pair_async<D>(k_tile, k + seq_begin * ldk + kv_head * D, v_tile, v + seq_begin * ldk + kv_head * D, ldk,
-                            k0, keys);
+    copy.start(k_tile, k + seq_begin * ldk + kv_head * D, ldk, k0, keys);
+    copy.start(v_tile, v + seq_begin * ldk + kv_head * D, ldk, k0, keys);
     load_query_tile(0);
     __pipeline_commit();
     const float scale = 1.0f / sqrtf((float)D);
