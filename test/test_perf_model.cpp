@@ -297,6 +297,35 @@ TEST(kernel_perf_model_decode_recipe_by_hand) {
     CHECK_NEAR(generic_cost_per_mac(g).c[Sass_total], 80.0 / 768, 1e-9, 0);
 }
 
+// The training attention recipe by hand (D 128, 128 threads, a tile pair's payload 2 x 64 x 128 x 2 /
+// 128 = 256 bytes a thread). Before issue 59: copy loops inside the tile loop (16 bytes a pass) make
+// 256 / 16 = 16 passes; after: 240 of the bytes copied by the tile loop itself leave 16 / 16 = 1 pass
+// to the loop of the rest. A kernel that peels a tile pair's MMAs out of its loop (the pipelined
+// forward) runs its loop one pair fewer per CTA: the MMAs outside loops over the tile loop's.
+TEST(kernel_perf_model_attention_recipe_by_hand) {
+    auto loop = [](int parent, float total, std::initializer_list<std::pair<SassClass, float>> more) {
+        SassLoop l{0, 0, parent, {}};
+        l.counts[Sass_total] = total;
+        for (auto m : more) l.counts[m.first] = m.second;
+        return l;
+    };
+    const double macs = 2.0 * 64 * 64 * 128 / 128;  // forward: QK^T and PV
+    const SassLoop looped[] = {loop(-1, 1000, {{Sass_mma, 128}, {Sass_macs, macs}}), loop(0, 44, {{Sass_ldgsts_bytes, 16}})};
+    const SassKernel before{"looped copies", {}, 2, looped};
+    const AttentionKernelShape fwd{"f", 2, 0};
+    SassCounts c;
+    CHECK(attention_tile_recipe(before, fwd, 128, 128, &c));
+    CHECK_NEAR(c.c[Sass_total], 1000 + 16 * 44, 1e-9, 0);
+    CHECK_NEAR(peeled_pairs(before), 0, 0, 0);
+    const SassLoop inline_copies[] = {loop(-1, 800, {{Sass_mma, 128}, {Sass_macs, macs}, {Sass_ldgsts_bytes, 240}}),
+                                      loop(0, 30, {{Sass_ldgsts_bytes, 16}})};
+    SassKernel after{"inline copies", {}, 2, inline_copies};
+    after.outside[Sass_mma] = 128;
+    CHECK(attention_tile_recipe(after, fwd, 128, 128, &c));
+    CHECK_NEAR(c.c[Sass_total], 800 + 1 * 30, 1e-9, 0);
+    CHECK_NEAR(peeled_pairs(after), 1, 0, 0);
+}
+
 // The decode plan's critical path by hand (kv_cache.cuh's kv_decode_plan_kernel, 256 threads): 512 rows
 // are 2 a thread, walked twice at an L2 round trip (300 clocks) a row: 1,200, plus a block scan of 15
 // dependent steps of 4 clocks: 60; 256 cascade groups are 1 a thread: the count's load (300), 2 walks of

@@ -10,13 +10,16 @@
 // swizzled shared memory; every tile product is a warpgroup MMA (cuda/kernels/wgmma.cuh, sm_90a,
 // SASS HGMMA), the probabilities P and dS rounded to BF16 in registers as its A operand:
 //   forward     one CTA per (64-query block, head, sequence): loops over key tiles with an online
-//               softmax (running max m, running sum l, O rescaled); writes O (BF16) and lse;
+//               softmax (running max m, running sum l, O rescaled); writes O (BF16) and lse; the
+//               softmax of a tile runs while the previous tile's P V is in flight (FA3's pipelining);
 //   delta       delta[t][h] = rowsum(dO * O), one thread per (row, head);
 //   dq          one CTA per (64-query block, head, sequence): recomputes P from lse over the key
 //               tiles, dS = P (dP - delta) scale, dQ += dS K in FP32 registers, then the cast;
 //   dk, dv      one CTA per (64-key block, kv head, sequence): loops over the group's query heads
 //               and the query tiles at or after the block, dV += P^T dO, dK += dS^T Q in FP32
 //               registers, then the cast.
+// In the backward kernels P's exps run while dO V^T is in flight, and (dk, dv) dS's arithmetic while
+// dV += P^T dO is: every kernel waits with a wgmma group in flight (wgmma.wait_group 1).
 // FA2 folds dQ into the dK/dV kernel with atomic FP32 adds; here dQ has its own kernel (two more
 // tile products) so that every output has one writer and a fixed summation order: the backward is
 // deterministic, run to run, without a [key blocks][T][H][D] buffer of partial dQ.
@@ -30,6 +33,7 @@
 #include <type_traits>
 
 #include "cuda/common.cuh"
+#include "cuda/element.cuh"
 #include "cuda/kernels/mma.cuh"
 #include "cuda/kernels/wgmma.cuh"
 #include "rl/numerics/attention_tiles.h"
@@ -82,62 +86,77 @@ struct SwizzledTile {
     }
 };
 
-// Starts the copy of tile row r = row (row0 + r) of a [T][heads][D] tensor at `src` (already offset to
-// the head), rows of `row_stride` elements, with cp.async of 16 bytes (SASS LDGSTS); zeros, stored at
-// once, for r >= rows and in the padding columns. All threads of the CTA take part; the caller
-// commits the group, waits for it, fences the async proxy (the MMAs read through it) and syncs.
+// One thread's share of a tile copy, its addresses computed once per kernel: thread i copies the
+// 16-byte chunk c = i % chunks of rows i / chunks + row_step p (p < passes), so its column, its
+// swizzle (row_step is a multiple of the 8-row pattern) and its offsets are the same in every tile,
+// and a tile costs it `passes` x (a compare, two address adds, one cp.async of 16 bytes, SASS LDGSTS)
+// instead of a per-chunk division, swizzle and 64-bit product.
 template <int D>
-__device__ void load_swizzled_tile_async(unsigned char* tile, const __nv_bfloat16* src, long row_stride, long row0,
-                                         int rows) {
-    constexpr int chunks = SwizzledTile<D>::cols / 8;
-    for (int idx = threadIdx.x; idx < kAttnTile * chunks; idx += blockDim.x) {
-        const int r = idx / chunks, c = idx % chunks;
-        unsigned char* dst = tile + SwizzledTile<D>::chunk_offset(r, c);
-        if (r < rows && 8 * c < D)
-            __pipeline_memcpy_async(dst, src + (row0 + r) * row_stride + 8 * c, 16);
-        else
-            *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
-    }
-}
-
-// The same rows of two tensors of one layout (K and V, or Q and dO) into two tiles.
-template <int D>
-__device__ void load_tile_pair_async(unsigned char* tile_a, const __nv_bfloat16* src_a, unsigned char* tile_b,
-                                     const __nv_bfloat16* src_b, long row_stride, long row0, int rows) {
-    load_swizzled_tile_async<D>(tile_a, src_a, row_stride, row0, rows);
-    load_swizzled_tile_async<D>(tile_b, src_b, row_stride, row0, rows);
-}
-
-// The warpgroup's A B^T [64 x 64] for the 64 rows A[64][D] of tile `a` and B[64][D] of tile `b`, one
-// commit group waited for at once; acc gets the calling warp's 16 rows, acc[j] the 16x8 C fragment
-// block of columns 8j..8j+7. The k steps of 16 run in order, as the CPU engine sums (its oracle).
-template <int D>
-__device__ void warpgroup_product_abt(float acc[8][4], const unsigned char* a, const unsigned char* b) {
+struct TileCopyPlan {
     using Tile = SwizzledTile<D>;
-    WgmmaAccumulator<kAttnTile> d;
-    wgmma_fence();
+    static constexpr int chunks = Tile::cols / 8, row_step = kAttnThreads / chunks, passes = kAttnTile / row_step;
+    static_assert(kAttnThreads % chunks == 0 && row_step % 8 == 0 && kAttnTile % row_step == 0,
+                  "a thread's chunks of a tile share their column and swizzle");
+    int first_row, smem_offset, column;  // the thread's first row, its chunk's byte offset in a tile, 8c
+
+    __device__ TileCopyPlan() {
+        const int c = (int)threadIdx.x % chunks;
+        first_row = (int)threadIdx.x / chunks, column = 8 * c, smem_offset = Tile::chunk_offset(first_row, c);
+    }
+
+    // Starts the copy of tile row r = row (row0 + r) of a [T][heads][D] tensor at `src` (already
+    // offset to the head), rows of `row_stride` elements, by cp.async; zeros, stored at once, for
+    // r >= rows and in the padding columns. Every thread of the CTA (kAttnThreads) takes part; the
+    // caller commits the group, waits for it, fences the async proxy (the MMAs read through it) and syncs.
+    __device__ __forceinline__ void start(unsigned char* tile, const __nv_bfloat16* src, long row_stride, long row0,
+                                          int rows) const {
+        const __nv_bfloat16* from = src + (row0 + first_row) * row_stride + column;
+        unsigned char* to = tile + smem_offset;
+        const long from_step = row_step * row_stride;
+        FP8RL_UNROLL
+        for (int p = 0; p < passes; p++) {
+            if (column < D && first_row + p * row_step < rows)
+                __pipeline_memcpy_async(to + p * row_step * Tile::row_bytes, from + p * from_step, 16);
+            else
+                *reinterpret_cast<uint4*>(to + p * row_step * Tile::row_bytes) = make_uint4(0, 0, 0, 0);
+        }
+    }
+};
+
+// A warp's 16 rows of a [64 x 64] score product: register 4j + i is element i of the C fragment
+// block of columns 8j .. 8j + 7.
+using ScoreAccumulator = WgmmaAccumulator<kAttnTile>;
+
+// Issues d = A B^T [64 x 64] for the 64 rows A[64][D] of tile `a` and B[64][D] of tile `b`; the k steps
+// of 16 run in order, as the CPU engine sums (its oracle). The caller fences before and commits after.
+template <int D>
+__device__ void issue_product_abt(ScoreAccumulator& d, const unsigned char* a, const unsigned char* b) {
+    using Tile = SwizzledTile<D>;
     for (int kk = 0; kk < Tile::cols / 16; kk++) d.template mma<false, false>(Tile::k_major(a, kk), Tile::k_major(b, kk), kk > 0);
-    wgmma_commit();
-    wgmma_wait<0>(d);
-    for (int j = 0; j < 8; j++)
-        for (int i = 0; i < 4; i++) acc[j][i] = d[4 * j + i];
 }
 
-// acc[64 x D] += P B for the warpgroup's P[64][64] in registers (each warp's 16 rows as
-// warpgroup_product_abt leaves them; rounded to BF16 here, as FA2/FA3 feed P) and the 64 rows
-// B[64][D] of tile `b`, waited for at once; register 4n + i of acc is element i of C block n.
-template <int D>
-__device__ void warpgroup_product_pb(WgmmaAccumulator<AttnTile<D>::cols>& acc, const float p[8][4], const unsigned char* b) {
-    WgmmaFragmentA fp[4];  // P's k steps of 16 (pack_c_as_a's layout)
+// The warp's share of a completed score product as C fragment blocks: s[j] holds columns 8j .. 8j + 7.
+__device__ __forceinline__ void scores_of(float s[8][4], ScoreAccumulator& d) {
+    for (int j = 0; j < 8; j++)
+        for (int i = 0; i < 4; i++) s[j][i] = d[4 * j + i];
+}
+
+// The warp's P[16 x 64] (C fragment blocks) rounded to BF16 as the k steps of 16 of a register A
+// operand (pack_c_as_a's layout), as FA2/FA3 feed P.
+__device__ __forceinline__ void pack_fragments(WgmmaFragmentA (&f)[4], const float p[8][4]) {
     for (int kc = 0; kc < 4; kc++) {
-        uint32_t f[4];
-        pack_c_as_a(f, p[2 * kc], p[2 * kc + 1]);
-        for (int r = 0; r < 4; r++) fp[kc][r] = f[r];
+        uint32_t packed[4];
+        pack_c_as_a(packed, p[2 * kc], p[2 * kc + 1]);
+        for (int r = 0; r < 4; r++) f[kc][r] = packed[r];
     }
-    wgmma_fence();
-    for (int kc = 0; kc < 4; kc++) acc.template mma<true>(fp[kc], SwizzledTile<D>::mn_major(b, kc), true);
-    wgmma_commit();
-    wgmma_wait<0>(acc);
+}
+
+// Issues acc[64 x D] += P B for the warpgroup's P[64][64] in registers (pack_fragments) and the 64 rows
+// B[64][D] of tile `b`; register 4n + i of acc is element i of C block n. The caller fences and commits.
+template <int D>
+__device__ void issue_product_pb(WgmmaAccumulator<AttnTile<D>::cols>& acc, const WgmmaFragmentA (&p)[4],
+                                 const unsigned char* b) {
+    for (int kc = 0; kc < 4; kc++) acc.template mma<true>(p[kc], SwizzledTile<D>::mn_major(b, kc), true);
 }
 
 template <int D>
@@ -171,10 +190,13 @@ __device__ void store_rows_bf16(__nv_bfloat16* dst, long row_stride, long row0, 
 }
 
 // One CTA (one warpgroup) per (query block blockIdx.x, head blockIdx.y, sequence blockIdx.z). Shared
-// memory: the query tile and two buffers of (K, V) tiles, swizzled: the copy of the next key tile runs
-// while the warpgroup works on this one. Each product is one commit group waited for at once; the
-// sums run in the order of the mma.sync kernels (k steps of 16 in order), so the CPU engine's
-// tiling (rl/numerics/attention_tiles.h) stays this kernel's oracle.
+// memory: the query tile, two key tiles and two value tiles, swizzled. The rounds are FA3's
+// intra-warpgroup pipeline: round j issues S_j = Q K_j^T and O += P_{j-1} V_{j-1} as two commit
+// groups, waits for the first alone (wgmma.wait_group 1) and runs the softmax of S_j while P V is in
+// flight, then waits for it and rescales O. The copies run a round ahead: round j starts K_{j+1} and
+// V_j (read in round j + 1). O sees the operations of an unpipelined loop in their order (O *=
+// correction_j, then O += P_j V_j, k steps of 16 in order), so the CPU engine's tiling
+// (rl/numerics/attention_tiles.h) stays this kernel's oracle.
 template <int D>
 __global__ void __launch_bounds__(kAttnThreads)
     attention_forward_kernel(__nv_bfloat16* out, float* lse, const __nv_bfloat16* q, const __nv_bfloat16* k,
@@ -182,7 +204,7 @@ __global__ void __launch_bounds__(kAttnThreads)
     using Tile = SwizzledTile<D>;
     DYNAMIC_SHARED(unsigned char, smem_raw);
     unsigned char* q_tile = align_shared_1024(smem_raw);
-    unsigned char* kv_tiles = q_tile + Tile::bytes;  // buffer b: K at kv_tiles + 2 b bytes, V after it
+    unsigned char *k_tiles = q_tile + Tile::bytes, *v_tiles = k_tiles + 2 * Tile::bytes;  // key tile j: buffer j & 1
     const long seq_begin = cu_seqlens[blockIdx.z], seq_len = cu_seqlens[blockIdx.z + 1] - seq_begin;
     const int head = blockIdx.y, kv_head = head / (H / KV), warp = threadIdx.x / 32;
     const long q0 = (long)blockIdx.x * kAttnTile;  // within the sequence
@@ -191,29 +213,36 @@ __global__ void __launch_bounds__(kAttnThreads)
     const long key_end = min(q0 + kAttnTile, seq_len);  // causal: no row of the block sees a later key
     const int key_tiles = (int)((key_end + kAttnTile - 1) / kAttnTile);
     const __nv_bfloat16 *k_src = k + seq_begin * ldk + kv_head * D, *v_src = v + seq_begin * ldk + kv_head * D;
-    auto load_key_tile = [&](int tile) {
+    const TileCopyPlan<D> copy;
+    auto start_copy = [&](unsigned char* tiles, const __nv_bfloat16* src, int tile) {
         const long k0 = (long)tile * kAttnTile;
-        unsigned char* buf = kv_tiles + 2 * (tile & 1) * Tile::bytes;
-        load_tile_pair_async<D>(buf, k_src, buf + Tile::bytes, v_src, ldk, k0, (int)min((long)kAttnTile, key_end - k0));
+        copy.start(tiles + (tile & 1) * Tile::bytes, src, ldk, k0, (int)min((long)kAttnTile, key_end - k0));
     };
-    load_swizzled_tile_async<D>(q_tile, q + seq_begin * ldq + head * D, ldq, q0, (int)(key_end - q0));
-    load_key_tile(0);
+    copy.start(q_tile, q + seq_begin * ldq + head * D, ldq, q0, (int)(key_end - q0));
+    start_copy(k_tiles, k_src, 0);
     __pipeline_commit();
     const float scale = 1.0f / sqrtf((float)D);
     const long warp_row0 = q0 + 16 * warp;
     float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};  // rows g and g + 8; row_sum per lane
+    ScoreAccumulator s_acc;
     WgmmaAccumulator<Tile::cols> o;  // register 4n + i: the C fragment block n, element i
     zero_accumulator<D>(o);
-    for (int tile = 0; tile < key_tiles; tile++) {
-        if (tile + 1 < key_tiles) load_key_tile(tile + 1);
+    WgmmaFragmentA p[4];  // the previous round's P, the A operand of O += P V
+    // Round j's copies (K_{j+1} and V_j), then K_j and V_{j-1} (in round 0: Q and K_0) landed for every thread.
+    auto copies_of_round = [&](int tile) {
+        if (tile + 1 < key_tiles) start_copy(k_tiles, k_src, tile + 1);
+        if (tile < key_tiles) start_copy(v_tiles, v_src, tile);
         __pipeline_commit();
-        __pipeline_wait_prior(1);    // this tile's group (and in the first round the query tile's) has landed
+        __pipeline_wait_prior(1);
         fence_proxy_async_shared();  // ... visible to the warpgroup MMA's reads
         __syncthreads();             // ... for every thread's copies
+    };
+    // The online softmax of the completed S_tile: s gets P (unnormalised), correction the factor of O
+    // and of the running sums. Key 0 is in the first tile and every row sees it, so the running max is
+    // finite from then on.
+    auto softmax = [&](int tile, float s[8][4], float correction[2]) {
         const long k0 = (long)tile * kAttnTile;
-        const unsigned char *k_tile = kv_tiles + 2 * (tile & 1) * Tile::bytes, *v_tile = k_tile + Tile::bytes;
-        float s[8][4];
-        warpgroup_product_abt<D>(s, q_tile, k_tile);
+        scores_of(s, s_acc);
         float tile_max[2] = {-INFINITY, -INFINITY};
         for (int j = 0; j < 8; j++)
             for (int i = 0; i < 4; i++) {
@@ -221,8 +250,6 @@ __global__ void __launch_bounds__(kAttnThreads)
                 s[j][i] = key <= row && key < key_end ? s[j][i] * scale : -INFINITY;
                 tile_max[i >> 1] = fmaxf(tile_max[i >> 1], s[j][i]);
             }
-        // Key 0 is in the first tile and every row sees it, so the running max is finite from then on.
-        float correction[2];
         for (int r = 0; r < 2; r++) {
             const float new_max = fmaxf(row_max[r], quad_max(tile_max[r]));
             correction[r] = fast_exp(row_max[r] - new_max);
@@ -234,10 +261,36 @@ __global__ void __launch_bounds__(kAttnThreads)
                 s[j][i] = fast_exp(s[j][i] - row_max[i >> 1]);
                 row_sum[i >> 1] += s[j][i];
             }
+    };
+    float s[8][4], correction[2];
+    copies_of_round(0);
+    wgmma_fence();
+    issue_product_abt<D>(s_acc, q_tile, k_tiles);
+    wgmma_commit();
+    wgmma_wait<0>(s_acc);
+    softmax(0, s, correction);
+    for (int r = 0; r < Tile::cols / 2; r++) o[r] *= correction[(r >> 1) & 1];
+    pack_fragments(p, s);
+    __syncthreads();  // every warp is done with K_0 before round 1's copies refill its buffer
+    for (int tile = 1; tile < key_tiles; tile++) {
+        copies_of_round(tile);
+        wgmma_fence();
+        issue_product_abt<D>(s_acc, q_tile, k_tiles + (tile & 1) * Tile::bytes);
+        wgmma_commit();
+        issue_product_pb<D>(o, p, v_tiles + ((tile - 1) & 1) * Tile::bytes);
+        wgmma_commit();
+        wgmma_wait<1>(s_acc);  // S_tile has landed; O += P V of the previous tile stays in flight under the softmax
+        softmax(tile, s, correction);
+        wgmma_wait<0>(o);
         for (int r = 0; r < Tile::cols / 2; r++) o[r] *= correction[(r >> 1) & 1];
-        warpgroup_product_pb<D>(o, s, v_tile);
-        __syncthreads();  // every warp is done with this buffer before the next round's copy refills it
+        pack_fragments(p, s);
+        __syncthreads();  // every warp is done with K_tile and V_{tile-1} before the next round's copies refill them
     }
+    copies_of_round(key_tiles);
+    wgmma_fence();
+    issue_product_pb<D>(o, p, v_tiles + ((key_tiles - 1) & 1) * Tile::bytes);
+    wgmma_commit();
+    wgmma_wait<0>(o);
     float inv[2];
     for (int r = 0; r < 2; r++) {
         const float total = quad_sum(row_sum[r]);
@@ -259,24 +312,30 @@ __global__ void attention_delta_kernel(float* delta, const __nv_bfloat16* dout, 
     delta[th] = sum;
 }
 
-// The warp's P and dS for one tile pair: s holds A B^T of the score operands (queries x keys, or
-// keys x queries), dp the matching dO V^T product. Entries where visible(row, col) is false become
-// 0; lse_of / delta_of give a query's statistics by its (row or column) index within the tiles.
-// After the call s holds P and dp holds dS = P (dP - delta) scale.
-template <class Visible, class Lse, class Delta>
-__device__ void probabilities_and_dscores(float s[8][4], float dp[8][4], float scale, Visible visible, Lse lse_of,
-                                          Delta delta_of) {
+// The warp's P for one tile pair: s holds A B^T of the score operands (queries x keys, or keys x
+// queries) and becomes P; entries where visible(row, col) is false become 0; lse_of gives a query's
+// log-sum-exp by its (row or column) index within the tiles.
+template <class Visible, class Lse>
+__device__ void probabilities(float s[8][4], float scale, Visible visible, Lse lse_of) {
     for (int j = 0; j < 8; j++)
         for (int i = 0; i < 4; i++) {
             const int row = c_fragment_row(i), col = 8 * j + c_fragment_col(i);
-            const float p = visible(row, col) ? fast_exp(s[j][i] * scale - lse_of(row, col)) : 0.0f;
-            s[j][i] = p;
-            dp[j][i] = p * (dp[j][i] - delta_of(row, col)) * scale;
+            s[j][i] = visible(row, col) ? fast_exp(s[j][i] * scale - lse_of(row, col)) : 0.0f;
+        }
+}
+
+// dS = P (dP - delta) scale in place of dp, the dO V^T product matching P.
+template <class Delta>
+__device__ void dscores(float dp[8][4], const float p[8][4], float scale, Delta delta_of) {
+    for (int j = 0; j < 8; j++)
+        for (int i = 0; i < 4; i++) {
+            const int row = c_fragment_row(i), col = 8 * j + c_fragment_col(i);
+            dp[j][i] = p[j][i] * (dp[j][i] - delta_of(row, col)) * scale;
         }
 }
 
 // dq: one CTA per (query block blockIdx.x, head blockIdx.y, sequence blockIdx.z). Shared memory:
-// the query and dO tiles and two buffers of (K, V) tiles, as in the forward.
+// the query and dO tiles and two buffers of (K, V) tiles.
 template <int D>
 __global__ void __launch_bounds__(kAttnThreads)
     attention_backward_dq_kernel(__nv_bfloat16* dq, const __nv_bfloat16* dout, const float* lse, const float* delta,
@@ -294,13 +353,16 @@ __global__ void __launch_bounds__(kAttnThreads)
     const long key_end = min(q0 + kAttnTile, seq_len);
     const int key_tiles = (int)((key_end + kAttnTile - 1) / kAttnTile);
     const __nv_bfloat16 *k_src = k + seq_begin * ldk + kv_head * D, *v_src = v + seq_begin * ldk + kv_head * D;
+    const TileCopyPlan<D> copy;
     auto load_key_tile = [&](int tile) {
         const long k0 = (long)tile * kAttnTile;
         unsigned char* buf = kv_tiles + 2 * (tile & 1) * bytes;
-        load_tile_pair_async<D>(buf, k_src, buf + bytes, v_src, ldk, k0, (int)min((long)kAttnTile, key_end - k0));
+        const int rows = (int)min((long)kAttnTile, key_end - k0);
+        copy.start(buf, k_src, ldk, k0, rows);
+        copy.start(buf + bytes, v_src, ldk, k0, rows);
     };
-    load_tile_pair_async<D>(q_tile, q + seq_begin * ldq + head * D, do_tile, dout + seq_begin * ldq + head * D, ldq, q0,
-                            (int)(key_end - q0));
+    copy.start(q_tile, q + seq_begin * ldq + head * D, ldq, q0, (int)(key_end - q0));
+    copy.start(do_tile, dout + seq_begin * ldq + head * D, ldq, q0, (int)(key_end - q0));
     load_key_tile(0);
     __pipeline_commit();
     const float scale = 1.0f / sqrtf((float)D);
@@ -311,6 +373,7 @@ __global__ void __launch_bounds__(kAttnThreads)
         row_lse[r] = row < seq_len ? lse[(seq_begin + row) * H + head] : 0.0f;
         row_delta[r] = row < seq_len ? delta[(seq_begin + row) * H + head] : 0.0f;
     }
+    ScoreAccumulator s_acc, dp_acc;
     WgmmaAccumulator<AttnTile<D>::cols> acc;
     zero_accumulator<D>(acc);
     for (int tile = 0; tile < key_tiles; tile++) {
@@ -321,17 +384,30 @@ __global__ void __launch_bounds__(kAttnThreads)
         __syncthreads();             // ... for every thread's copies
         const long k0 = (long)tile * kAttnTile;
         const unsigned char *k_tile = kv_tiles + 2 * (tile & 1) * bytes, *v_tile = k_tile + bytes;
-        float s[8][4], dp[8][4];
-        warpgroup_product_abt<D>(s, q_tile, k_tile);
-        warpgroup_product_abt<D>(dp, do_tile, v_tile);
-        probabilities_and_dscores(
-            s, dp, scale,
+        wgmma_fence();
+        issue_product_abt<D>(s_acc, q_tile, k_tile);
+        wgmma_commit();
+        issue_product_abt<D>(dp_acc, do_tile, v_tile);
+        wgmma_commit();
+        wgmma_wait<1>(s_acc);  // S has landed; dO V^T stays in flight under P's exps
+        float p[8][4], ds[8][4];
+        scores_of(p, s_acc);
+        probabilities(
+            p, scale,
             [&](int row, int col) {
                 const long query = warp_row0 + row;
                 return query < seq_len && k0 + col <= query;
             },
-            [&](int row, int) { return row_lse[row >> 3]; }, [&](int row, int) { return row_delta[row >> 3]; });
-        warpgroup_product_pb<D>(acc, dp, k_tile);
+            [&](int row, int) { return row_lse[row >> 3]; });
+        wgmma_wait<0>(dp_acc);
+        scores_of(ds, dp_acc);
+        dscores(ds, p, scale, [&](int row, int) { return row_delta[row >> 3]; });
+        WgmmaFragmentA ds_fragments[4];
+        pack_fragments(ds_fragments, ds);
+        wgmma_fence();
+        issue_product_pb<D>(acc, ds_fragments, k_tile);
+        wgmma_commit();
+        wgmma_wait<0>(acc);
         __syncthreads();  // every warp is done with this buffer before the next round's copy refills it
     }
     store_rows_bf16<D>(dq + seq_begin * ldq + head * D, ldq, warp_row0, seq_len, acc, 1.0f, 1.0f);
@@ -357,13 +433,14 @@ __global__ void __launch_bounds__(kAttnThreads)
     const long ldq = (long)H * D, ldk = (long)KV * D;
     const int keys = (int)min((long)kAttnTile, seq_len - k0);
     const int query_tiles = (int)((seq_len - k0 + kAttnTile - 1) / kAttnTile);  // causal: earlier queries do not see the block
+    const TileCopyPlan<D> copy;
     auto load_query_tile = [&](int step) {
         const int head = kv_head * group + step / query_tiles;
         const long q0 = k0 + (long)(step % query_tiles) * kAttnTile;
         const int queries = (int)min((long)kAttnTile, seq_len - q0);
         unsigned char* buf = qdo_tiles + 2 * (step & 1) * bytes;
-        load_tile_pair_async<D>(buf, q + seq_begin * ldq + head * D, buf + bytes, dout + seq_begin * ldq + head * D, ldq,
-                                q0, queries);
+        copy.start(buf, q + seq_begin * ldq + head * D, ldq, q0, queries);
+        copy.start(buf + bytes, dout + seq_begin * ldq + head * D, ldq, q0, queries);
         float* stats = stat_tiles + 2 * (step & 1) * kAttnTile;
         for (int r = threadIdx.x; r < kAttnTile; r += blockDim.x)
             if (r < queries) {
@@ -373,12 +450,13 @@ __global__ void __launch_bounds__(kAttnThreads)
                 stats[r] = stats[kAttnTile + r] = 0.0f;
             }
     };
-    load_tile_pair_async<D>(k_tile, k + seq_begin * ldk + kv_head * D, v_tile, v + seq_begin * ldk + kv_head * D, ldk,
-                            k0, keys);
+    copy.start(k_tile, k + seq_begin * ldk + kv_head * D, ldk, k0, keys);
+    copy.start(v_tile, v + seq_begin * ldk + kv_head * D, ldk, k0, keys);
     load_query_tile(0);
     __pipeline_commit();
     const float scale = 1.0f / sqrtf((float)D);
     const long warp_key0 = k0 + 16 * warp;
+    ScoreAccumulator st_acc, dpt_acc;
     WgmmaAccumulator<AttnTile<D>::cols> dk_acc, dv_acc;
     zero_accumulator<D>(dk_acc);
     zero_accumulator<D>(dv_acc);
@@ -393,14 +471,31 @@ __global__ void __launch_bounds__(kAttnThreads)
         const int queries = (int)min((long)kAttnTile, seq_len - q0);
         const unsigned char *q_tile = qdo_tiles + 2 * (step & 1) * bytes, *do_tile = q_tile + bytes;
         const float *lse_tile = stat_tiles + 2 * (step & 1) * kAttnTile, *delta_tile = lse_tile + kAttnTile;
-        float st[8][4], dpt[8][4];  // keys x queries: S^T = K Q^T, dP^T = V dO^T
-        warpgroup_product_abt<D>(st, k_tile, q_tile);
-        warpgroup_product_abt<D>(dpt, v_tile, do_tile);
-        probabilities_and_dscores(
-            st, dpt, scale, [&](int row, int col) { return col < queries && warp_key0 + row <= q0 + col; },
-            [&](int, int col) { return lse_tile[col]; }, [&](int, int col) { return delta_tile[col]; });
-        warpgroup_product_pb<D>(dv_acc, st, do_tile);
-        warpgroup_product_pb<D>(dk_acc, dpt, q_tile);
+        // keys x queries: S^T = K Q^T, dP^T = V dO^T; dV += P^T dO runs under dS's arithmetic
+        wgmma_fence();
+        issue_product_abt<D>(st_acc, k_tile, q_tile);
+        wgmma_commit();
+        issue_product_abt<D>(dpt_acc, v_tile, do_tile);
+        wgmma_commit();
+        wgmma_wait<1>(st_acc);  // S^T has landed; V dO^T stays in flight under P's exps
+        float pt[8][4], dst[8][4];
+        scores_of(pt, st_acc);
+        probabilities(
+            pt, scale, [&](int row, int col) { return col < queries && warp_key0 + row <= q0 + col; },
+            [&](int, int col) { return lse_tile[col]; });
+        WgmmaFragmentA p_fragments[4], ds_fragments[4];
+        pack_fragments(p_fragments, pt);
+        wgmma_fence();
+        issue_product_pb<D>(dv_acc, p_fragments, do_tile);
+        wgmma_commit();
+        wgmma_wait<1>(dpt_acc);  // dP^T has landed; dV += P^T dO stays in flight
+        scores_of(dst, dpt_acc);
+        dscores(dst, pt, scale, [&](int, int col) { return delta_tile[col]; });
+        pack_fragments(ds_fragments, dst);
+        wgmma_fence();
+        issue_product_pb<D>(dk_acc, ds_fragments, q_tile);
+        wgmma_commit();
+        wgmma_wait<0>(dk_acc, dv_acc);
         __syncthreads();  // every warp is done with this buffer before the next round's copy refills it
     }
     store_rows_bf16<D>(dk + seq_begin * ldk + kv_head * D, ldk, warp_key0, seq_len, dk_acc, 1.0f, 1.0f);

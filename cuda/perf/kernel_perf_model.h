@@ -412,11 +412,15 @@ inline DecodeAttentionPrice decode_attention_price(const GpuSpec& g, const Decod
 // Recipe (the kernels at 1c2773d): a CTA of kAttnThreads threads owns a 64-row tile (queries in the
 // forward and dq kernels, keys in dk/dv) and walks the other side's 64-row tiles (causal: n (n + 1) / 2
 // tile pairs for n tiles of a sequence, per query head). The tile loop is the loop with the most MMAs;
-// inside it the copy loops (global loads, no MMA) move the tile pair's payload (two [64][D] BF16 tiles,
-// dk/dv: and 64 LSE and delta values), all copy loops the same passes; the MMA loops make, between
+// its own copies (unrolled since issue 59) and the copy loops inside it (global loads, no MMA) move the
+// tile pair's payload (two [64][D] BF16 tiles, dk/dv: and 64 LSE and delta values), all copy loops
+// the same passes; the MMA loops make, between
 // them and equally, the multiply-adds the tile loop's own MMAs do not (products x 64 x 64 x D over the
 // threads). products: forward 2 (QK^T, PV), dq 3 (QK^T, dO V^T, dS K), dk/dv 4 (KQ^T, V dO^T, P^T dO,
-// dS^T Q; its S = QK^T's MMAs counted in its own).
+// dS^T Q; its S = QK^T's MMAs counted in its own). A pipelined kernel peels products out of its tile
+// loop (the forward since issue 59: round 0's QK^T and softmax before the loop, the last PV after
+// it): the code outside loops holds them, once per CTA, so the tile loop runs that many tile pairs'
+// MMAs fewer per CTA (peeled_pairs: the MMAs outside loops over the tile loop's).
 struct AttentionKernelShape {
     const char* name;
     int products;          // 64 x 64 x D multiply-add products per tile pair
@@ -439,15 +443,23 @@ inline bool attention_tile_recipe(const SassKernel& k, const AttentionKernelShap
         else if (has(k.loop[i], Sass_ldg_bytes) || has(k.loop[i], Sass_ldgsts_bytes)) copies.push_back(i);
         else return false;
     }
+    // what the copy loops move: the payload less the copies unrolled into the tile loop itself
+    const double own = k.loop[tile].counts[Sass_ldg_bytes] + k.loop[tile].counts[Sass_ldgsts_bytes];
     double per_pass = 0;  // bytes all copy loops move in one pass each
     for (int i : copies) per_pass += k.loop[i].counts[Sass_ldg_bytes] + k.loop[i].counts[Sass_ldgsts_bytes];
-    for (int i : copies) c.add(k.loop[i].counts, payload / per_pass);
+    for (int i : copies) c.add(k.loop[i].counts, std::max(0.0, payload - own) / per_pass);
     // (at a head dim under 16 the tiles are padded to 16: the own MMAs may exceed the need)
     const double left = std::max(0.0, tile_macs - macs(k.loop[tile]));
     if (left > 0 && maths.empty()) return false;
     for (int i : maths) c.add(k.loop[i].counts, left / maths.size() / macs(k.loop[i]));
     *out = c;
     return true;
+}
+
+inline double peeled_pairs(const SassKernel& k) {
+    double loop_mma = 0;
+    for (int i = 0; i < k.loops; i++) loop_mma = std::max(loop_mma, (double)k.loop[i].counts[Sass_mma]);
+    return loop_mma > 0 ? k.outside[Sass_mma] / loop_mma : 0;
 }
 
 // The three kernels of the training attention (forward; backward: dq and dk/dv; the delta kernel is
@@ -478,7 +490,7 @@ inline KernelPrice training_attention_price(const GpuSpec& g, bool backward, con
         if (attention_tile_recipe(k, *s, D, threads, &per_pair)) {
             CtaClass c;  // a CTA: its tile pairs (the mean), the first tiles' load and the output's store
             c.count = ctas, c.per_thread = per_cta, c.chain = 2 * g.hbm_latency;
-            c.per_thread.add(per_pair, pairs / ctas);
+            c.per_thread.add(per_pair, std::max(0.0, pairs / ctas - peeled_pairs(k)));
             p += price_launch(g, threads, smem, {c}, 0, 0);
         } else {
             p.recipe = false;
