@@ -6,7 +6,8 @@
 //      TIS/MIS weights; reference log-probs when KL is on. With one minibatch and one epoch the
 //      old policy is the one being trained, so the training forward's log-probs are the old ones,
 //      bit for bit: no pass, and the mismatch metrics and weights are taken per micro-batch after
-//      its forward (old_lp_from_training)
+//      its forward (old_lp_from_training); on --mismatch_report steps, before them, the log-probs
+//      with each mismatch source switched off (rl/driver/mismatch_report.h)
 //   -> Calibrated Clipping shadow passes (fp32) on calibration steps
 //   -> epochs x minibatches: forward, per-token loss, backward, gradient all-reduce (sum),
 //      NaN/Inf guard, clip, AdamW, refresh derived weights
