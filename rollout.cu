@@ -190,20 +190,20 @@ inline int GpuEngine::slots_that_fit(long requests, long longest_prompt, int max
 }
 
 // Teacher forcing, one block per row of logits [rows][ld]: the given token forced[r] with its log-prob
-// at temperature 1 over the first n columns, as rl/numerics/sampling.h computes logprob_full
-// (exp_shifted_row: the row's max, then sampling.h's chunked row_sum, which block_row_sum adds in
-// the host's order, so the bits are the host's). scratch [rows][n].
+// at temperature 1 / inv_t over the first n columns, as rl/numerics/sampling.h computes logprob_full
+// (exp_shifted_row: the row's max of z * inv_t, then sampling.h's chunked row_sum, which
+// block_row_sum adds in the host's order, so the bits are the host's). scratch [rows][n].
 static __global__ void __launch_bounds__(kSampleThreads)
-    forced_token_kernel(const float* logits, int ld, int n, const int32_t* forced, float* scratch, SampledToken* out) {
+    forced_token_kernel(const float* logits, int ld, int n, float inv_t, const int32_t* forced, float* scratch, SampledToken* out) {
     const long r = blockIdx.x;
     const float* z = logits + r * ld;
     float s_max = -INFINITY;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) s_max = fmaxf(s_max, z[i]);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) s_max = fmaxf(s_max, mul_rn(z[i], inv_t));
     s_max = block_reduce(s_max, [](float a, float b) { return fmaxf(a, b); });
     STATIC_SHARED(double, chunk_sums, [kSampleMaxChunks]);
-    const double sum = block_row_sum(n, ExpTerm{z, 1.0f, s_max, scratch + r * n}, chunk_sums);
+    const double sum = block_row_sum(n, ExpTerm{z, inv_t, s_max, scratch + r * n}, chunk_sums);
     if (threadIdx.x == 0) {
-        const float lp = (float)((z[forced[r]] - s_max) - log(sum));
+        const float lp = (float)((mul_rn(z[forced[r]], inv_t) - s_max) - log(sum));
         out[r] = SampledToken{forced[r], lp, lp};
     }
 }
@@ -503,10 +503,23 @@ inline std::vector<Generation> GpuEngine::teacher_forced(const std::vector<GenRe
     return rollout(requests, &tokens, 0, s, weights, kv_cache, nullptr);
 }
 
+inline TokenValues GpuEngine::decode_logprobs(const std::vector<Sequence>& seqs, const SamplingConfig& s, const RolloutNumerics& n) {
+    TokenValues out;
+    if (seqs.empty()) return out;
+    std::vector<GenRequest> requests;
+    std::vector<std::vector<int32_t>> responses;
+    SamplingConfig forced = s;
+    forced.max_new_tokens = teacher_forcing_split(seqs, &requests, &responses);
+    const RolloutStats kept = rollout_stats_;  // the last generate()'s: its KV scales are what --train_kv_replay reads
+    for (Generation& g : rollout(requests, &responses, 0, forced, n.weights, n.kv_cache, nullptr, &n)) out.push_back(std::move(g.logprobs));
+    rollout_stats_ = kept;
+    return out;
+}
+
 inline std::vector<Generation> GpuEngine::rollout(const std::vector<GenRequest>& requests,
                                                   const std::vector<std::vector<int32_t>>* forced, uint32_t step,
                                                   const SamplingConfig& s, Precision weights, Precision kv_cache,
-                                                  Progress* progress) {
+                                                  Progress* progress, const RolloutNumerics* at) {
     const CpuModel& m = model_;
     if (weights == Precision::FP32) fail("the GPU engine generates in bf16 or fp8 (--rollout_precision; --precision with --prompts), not fp32");
     if (kv_cache == Precision::FP32) fail("the GPU engine's KV cache is bf16 or fp8 (--kv_cache), not fp32");
@@ -562,7 +575,13 @@ inline std::vector<Generation> GpuEngine::rollout(const std::vector<GenRequest>&
         R.cache.reset();  // free the old pool before the new one is allocated
         R.cache.reset(new PagedKvCache(shape, kv_cache));
     }
-    if (kv_cache == Precision::FP8) calibrate_kv_scales(requests, weights);
+    if (kv_cache == Precision::FP8 && at) {
+        if (at->k_scale.empty() || at->v_scale.empty()) fail("decode_logprobs: an FP8 KV cache without its scales");
+        R.cache->set_scales(at->k_scale, at->v_scale);
+        rollout_stats_.k_scale = at->k_scale, rollout_stats_.v_scale = at->v_scale;
+    } else if (kv_cache == Precision::FP8) {
+        calibrate_kv_scales(requests, weights);
+    }
     R.free_pages.clear();
     for (int p = shape.pages - 1; p >= 0; p--) R.free_pages.push_back(p);
     R.page_refs.assign((size_t)shape.pages, 0);
@@ -966,8 +985,9 @@ inline void GpuEngine::sample_rows(int rows, const SamplingConfig& s) {
     const bf16* W = m.V % 8 ? R.head.get() : wb(m.lm_head);
     gemm_.bf16("rollout logits", V8, rows, m.C, W, R.xf, R.logits.get(), GemmOut::F32, stream_);
     if (R.requests.front().forced) {
+        const float inv_t = s.temperature > 0.0f ? 1.0f / s.temperature : 1.0f;  // greedy's logprob_full: at T = 1
         LAUNCH_KERNEL(forced_token_kernel, (unsigned)rows, kSampleThreads, 0, stream_, (const float*)R.logits.get(), V8, n,
-                      (const int32_t*)R.forced.get(), R.sample_scratch.get(), R.sampled.get());
+                      inv_t, (const int32_t*)R.forced.get(), R.sample_scratch.get(), R.sampled.get());
         return;
     }
     sample_tokens_gpu(R.sampled.get(), nullptr, R.logits.get(), rows, V8, n, {s.temperature, s.top_k, s.top_p}, s.seed,

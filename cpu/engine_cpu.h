@@ -64,6 +64,24 @@ public:
         *k_scale = kv_k_scale_, *v_scale = kv_v_scale_;
     }
 
+    TokenValues decode_logprobs(const std::vector<Sequence>& seqs, const SamplingConfig& s, const RolloutNumerics& n) override {
+        TokenValues out;
+        if (seqs.empty()) return out;
+        std::vector<GenRequest> requests;
+        std::vector<std::vector<int32_t>> responses;
+        SamplingConfig forced = s;
+        forced.max_new_tokens = teacher_forcing_split(seqs, &requests, &responses);
+        for (Generation& g : rollout(requests, &responses, 0, forced, n.weights, n.kv_cache, nullptr, &n))
+            out.push_back(std::move(g.logprobs));
+        return out;
+    }
+
+    TokenValues prefill_logprobs(const std::vector<Sequence>& seqs, float temperature, const RolloutNumerics& n) override {
+        TokenValues out;
+        run_forward(seqs, n.weights, temperature, &out, nullptr, eval_acts_, eval_batch_, false, false, &n);
+        return out;
+    }
+
     void logprobs(const std::vector<Sequence>& seqs, Precision p, float temperature, TokenValues* logprob,
                   TokenValues* entropy) override {
         // an FP32 pass is Calibrated Clipping's high-precision shadow: never replayed
@@ -149,10 +167,11 @@ public:
     }
 
 private:
-    // generate(), or teacher forcing with `forced` completions.
+    // generate(), or teacher forcing with `forced` completions; an FP8 cache at the scales of `at`
+    // (decode_logprobs, which leaves last_kv_scales() alone) or calibrated on the prompts.
     std::vector<Generation> rollout(const std::vector<GenRequest>& requests, const std::vector<std::vector<int32_t>>* forced,
                                     uint32_t step, const SamplingConfig& s, Precision weights, Precision kv_cache,
-                                    Progress* progress) {
+                                    Progress* progress, const RolloutNumerics* at = nullptr) {
         GenerateOptions o;
         o.sampling.temperature = s.temperature;
         o.sampling.top_k = s.top_k;
@@ -163,8 +182,13 @@ private:
         o.seed = s.seed;
         o.step = step;
         o.kv_cache = kv_cache;
-        if (kv_cache == Precision::FP8) kv_scales(requests, weights, &o.kv_k_scale, &o.kv_v_scale);
-        kv_k_scale_ = o.kv_k_scale, kv_v_scale_ = o.kv_v_scale;
+        if (kv_cache == Precision::FP8 && at) {
+            if (at->k_scale.empty() || at->v_scale.empty()) fail("decode_logprobs: an FP8 KV cache without its scales");
+            o.kv_k_scale = at->k_scale, o.kv_v_scale = at->v_scale;
+        } else if (kv_cache == Precision::FP8) {
+            kv_scales(requests, weights, &o.kv_k_scale, &o.kv_v_scale);
+        }
+        if (!at) kv_k_scale_ = o.kv_k_scale, kv_v_scale_ = o.kv_v_scale;
         // Chunks only pace the progress bar: every completion depends on its own key alone.
         const size_t chunk = 256;
         std::vector<Generation> out;
@@ -239,15 +263,20 @@ private:
     }
 
     // Packs the sequences, runs the model, and cuts out the response positions.
-    // replay: K and V through the last rollout's FP8 cache (--train_kv_replay, cpu/kv_cache.h).
+    // replay: K and V through the last rollout's FP8 cache (--train_kv_replay, cpu/kv_cache.h); or,
+    // given `at` (prefill_logprobs), through its FP8 cache when it has one, whatever --train_kv_replay says.
     void run_forward(const std::vector<Sequence>& seqs, Precision p, float temperature, TokenValues* logprob,
-                     TokenValues* entropy, ForwardActs& acts, TokenBatch& batch, bool for_backward, bool replay = false) {
+                     TokenValues* entropy, ForwardActs& acts, TokenBatch& batch, bool for_backward, bool replay = false,
+                     const RolloutNumerics* at = nullptr) {
         acts.replay_k_scale.clear();
         acts.replay_v_scale.clear();
-        if (replay && train_kv_replay_) {
-            if (kv_k_scale_.empty()) fail("--train_kv_replay: a training forward before any rollout with an FP8 KV cache");
-            acts.replay_k_scale = kv_scales_by_head(kv_k_scale_, model_.L, model_.KV);
-            acts.replay_v_scale = kv_scales_by_head(kv_v_scale_, model_.L, model_.KV);
+        if (at ? at->kv_cache == Precision::FP8 : replay && train_kv_replay_) {
+            const std::vector<float>& k = at ? at->k_scale : kv_k_scale_, &v = at ? at->v_scale : kv_v_scale_;
+            if (k.empty() || v.empty())
+                fail(at ? "prefill_logprobs: an FP8 KV cache without its scales"
+                        : "--train_kv_replay: a training forward before any rollout with an FP8 KV cache");
+            acts.replay_k_scale = kv_scales_by_head(k, model_.L, model_.KV);
+            acts.replay_v_scale = kv_scales_by_head(v, model_.L, model_.KV);
         }
         batch = TokenBatch();
         for (const Sequence& s : seqs) batch.add(s.ids);

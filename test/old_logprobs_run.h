@@ -40,6 +40,12 @@ public:
         return e_.generate(r, step, s, w, kv, p);
     }
     void last_kv_scales(std::vector<float>* k, std::vector<float>* v) const override { e_.last_kv_scales(k, v); }
+    TokenValues decode_logprobs(const std::vector<Sequence>& seqs, const SamplingConfig& s, const RolloutNumerics& n) override {
+        return e_.decode_logprobs(seqs, s, n);
+    }
+    TokenValues prefill_logprobs(const std::vector<Sequence>& seqs, float temperature, const RolloutNumerics& n) override {
+        return e_.prefill_logprobs(seqs, temperature, n);
+    }
     void logprobs(const std::vector<Sequence>& seqs, Precision p, float temperature, TokenValues* lp, TokenValues* ent) override {
         logprob_calls[p]++;
         e_.logprobs(seqs, p, temperature, lp, ent);

@@ -60,13 +60,16 @@ std::map<std::string, double> first_row(const std::string& dir) {
 TEST(train_rl_emu_step_matches_train_rl_cpu) {
     if (std::system(("test -x " + emu_binary()).c_str()) != 0) SKIP("./train_rl_emu not built (make train_rl_emu)");
     // the last with --train_kv_replay 1: both engines' training attention reads K and V through the FP8 cache
-    const char* const runs[][4] = {{"bf16", "bf16", "layer", ""}, {"fp8", "bf16", "layer", ""}, {"fp8", "fp8", "layer", ""},
+    // --mismatch_report 1 in one: its teacher-forced passes are the engines' (rollout_decode_logprobs_match_cpu_engine,
+    // bit for bit in emulation), so its mismatch/ metrics agree as the rollout's own do (within 1e-9 here)
+    const char* const runs[][4] = {{"bf16", "bf16", "layer", ""}, {"fp8", "bf16", "layer", ""}, {"fp8", "fp8", "layer", " --mismatch_report 1"},
                                    {"fp8", "fp8", "head", ""}, {"fp8", "fp8", "head", " --train_kv_replay 1"}};
     double layer_k_min = 0;  // fp8/kv_scale_k_min with scales per layer: per KV head the least is smaller
     for (const auto& run : runs) {
         const char *precision = run[0], *kv_cache = run[1];
         const std::string scales = run[2], flags = " --kv_scales " + scales + run[3];
-        std::string d = temp_dir(std::string("emu_step_") + precision + "_kv_" + kv_cache + "_" + scales + (*run[3] ? "_replay" : ""));
+        std::string d = temp_dir(std::string("emu_step_") + precision + "_kv_" + kv_cache + "_" + scales +
+                                 (std::string(run[3]).find("replay") != std::string::npos ? "_replay" : ""));
         harness::RunResult cpu = run_cmd(harness::binary() + tiny_run(d + "/cpu", 1, precision, kv_cache) + flags);
         harness::RunResult gpu = run_cmd(emu_binary() + tiny_run(d + "/gpu", 1, precision, kv_cache) + flags);
         CHECK_MSG(cpu.status == 0 && gpu.status == 0, "%s\n%s", cpu.output.c_str(), gpu.output.c_str());
@@ -79,9 +82,10 @@ TEST(train_rl_emu_step_matches_train_rl_cpu) {
             auto starts = [&](const char* p) { return k.rfind(p, 0) == 0; };
             const bool rollout = starts("critic/") || starts("response_length/") || starts("prompt_length/");
             const bool mismatch = starts("rollout_corr/") || starts("training/rollout_probs");
-            const double rtol = rollout || mismatch ? 0 : k == "actor/grad_norm" ? 5e-2 : 1e-2;  // fp8/kv_scale_*: 1e-2
+            const bool by_source = starts("mismatch/");
+            const double rtol = rollout || mismatch || by_source ? 0 : k == "actor/grad_norm" ? 5e-2 : 1e-2;  // fp8/kv_scale_*: 1e-2
             const bool extreme = k.find("max") != std::string::npos || k.find("min") != std::string::npos;
-            const double atol = rollout ? 0 : mismatch ? (extreme ? 5e-2 : 1e-2) : 1e-3;
+            const double atol = rollout ? 0 : by_source ? 1e-9 : mismatch ? (extreme ? 5e-2 : 1e-2) : 1e-3;
             CHECK_MSG(harness::close(g[k], kv.second, rtol, atol), "%s %s: train_rl_emu %.9g, train_rl_cpu %.9g", precision,
                       k.c_str(), g[k], kv.second);
             compared++;
@@ -93,6 +97,8 @@ TEST(train_rl_emu_step_matches_train_rl_cpu) {
                       "--kv_scales head: the least K scale (cpu %g, gpu %g) is not below the least per-layer one (%g)",
                       c["fp8/kv_scale_k_min"], g["fp8/kv_scale_k_min"], layer_k_min);
         CHECK(compared > 20);
+        if (std::string(run[3]).find("mismatch_report") != std::string::npos)
+            CHECK_MSG(g.count("mismatch/fp8_kv_cache/k3_kl") && c.count("mismatch/fp8_kv_cache/k3_kl"), "--mismatch_report: no mismatch/ metrics");
         const bool fp8_kv = std::string(kv_cache) == "fp8";
         CHECK_MSG(g.count("fp8/kv_scale_k_max") == (size_t)fp8_kv && c.count("fp8/kv_scale_k_max") == (size_t)fp8_kv,
                   "KV cache %s: fp8/kv_scale_k_max logged by train_rl_emu %zu, train_rl_cpu %zu", kv_cache,

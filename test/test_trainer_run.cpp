@@ -46,6 +46,8 @@ TEST(trainer_bad_flags_give_one_clear_error) {
         {"--init tiny --max_new_tokens 100000000 --out_dir " + d + "/run", "--max_new_tokens 100000000: the model's context is 512"},
         {"--init tiny --is_correction icepop --is_floor 2 --is_cap 2", "--is_floor 2 is not below --is_cap 2"},
         {"--init tiny --train_kv_replay 1", "--train_kv_replay 1 replays the FP8 KV cache in training, but --kv_cache is bf16"},
+        {"--init tiny --mismatch_report -1", "--mismatch_report -1: out of range [0, inf]"},
+        {"--init tiny --mismatch_report 1 --env_cmd 'sh dev/envs/calculator.sh'", "--mismatch_report teacher-forces single-turn responses"},
         // blocked/rollouts is a file, so the dump directory cannot be made
         {"--init tiny --dump_rollouts 1 --out_dir " + d + "/blocked", "--dump_rollouts: cannot write into " + d + "/blocked/rollouts"},
     };

@@ -244,6 +244,13 @@ class GpuEngine : public Engine {
     std::vector<Generation> teacher_forced(const std::vector<GenRequest>& requests,
                                            const std::vector<std::vector<int32_t>>& tokens, Precision weights,
                                            Precision kv_cache);
+    // rollout.cu: the Engine's teacher forcing at the sampler's temperature, rollout_stats() kept.
+    TokenValues decode_logprobs(const std::vector<Sequence>& seqs, const SamplingConfig& s, const RolloutNumerics& n) override;
+    TokenValues prefill_logprobs(const std::vector<Sequence>& seqs, float temperature, const RolloutNumerics& n) override {
+        TokenValues out;
+        if (!seqs.empty()) forward(seqs, n.weights, false, temperature, &out, nullptr, false, &n);
+        return out;
+    }
     const RolloutStats& rollout_stats() const { return rollout_stats_; }
     void last_kv_scales(std::vector<float>* k_scale, std::vector<float>* v_scale) const override {
         *k_scale = rollout_stats_.k_scale, *v_scale = rollout_stats_.v_scale;
@@ -822,9 +829,10 @@ class GpuEngine : public Engine {
         refresh_derived(grads_.get());
     }
 
-    // replay: K and V through the last rollout's FP8 cache when --train_kv_replay is on (kv_replay.cuh).
+    // replay: K and V through the last rollout's FP8 cache when --train_kv_replay is on (kv_replay.cuh);
+    // given `at` (prefill_logprobs), through its FP8 cache when it has one, whatever --train_kv_replay says.
     void forward(const std::vector<Sequence>& seqs, Precision p, bool for_backward, float temperature, TokenValues* logprob,
-                 TokenValues* entropy, bool replay);
+                 TokenValues* entropy, bool replay, const RolloutNumerics* at = nullptr);
     // Embedding, every layer and the final norm over the packed batch (xf_ [Tp][C]). kv_ready(l), when
     // given, runs once layer l's K (after k-norm and RoPE) and V are in layers_[l], before its
     // attention reads them (prefill and the FP8 KV calibration read them there: with --recompute
@@ -871,9 +879,10 @@ class GpuEngine : public Engine {
     static void fill_rollout_request(const ModelConfig& c, const EngineOptions& o, const MemoryDemand& d, MemoryPlanRequest& r);
     int pages_left(const std::vector<GenRequest>& requests, long longest_prompt, int max_new_tokens, Precision kv_cache,
                    const RolloutSizes& z) const;
+    // at: an FP8 cache at its scales (decode_logprobs) instead of calibrated on the prompts
     std::vector<Generation> rollout(const std::vector<GenRequest>& requests, const std::vector<std::vector<int32_t>>* forced,
                                     uint32_t step, const SamplingConfig& s, Precision weights, Precision kv_cache,
-                                    Progress* progress);
+                                    Progress* progress, const RolloutNumerics* at = nullptr);
     void calibrate_kv_scales(const std::vector<GenRequest>& requests, Precision weights);
     int slots_that_fit(long requests, long longest_prompt, int max_new_tokens, Precision kv_cache) const;
     void prefill(const std::vector<int>& prompt_ids, Precision weights);
@@ -1111,17 +1120,19 @@ inline void GpuEngine::trunk_forward(const std::vector<Sequence>& seqs, Precisio
 }
 
 inline void GpuEngine::forward(const std::vector<Sequence>& seqs, Precision p, bool for_backward, float temperature,
-                               TokenValues* logprob, TokenValues* entropy, bool replay) {
+                               TokenValues* logprob, TokenValues* entropy, bool replay, const RolloutNumerics* at) {
     need_fp8_weights(p);
     PROFILE_RANGE("forward");
     need_state();
     if (!(temperature > 0.0f)) fail("GpuEngine: temperature must be > 0 (got %g)", temperature);
     temperature_ = temperature;
-    kv_replay_ = replay && options_.train_kv_replay;
+    kv_replay_ = at ? at->kv_cache == Precision::FP8 : replay && options_.train_kv_replay;
     if (kv_replay_) {
-        const RolloutStats& r = rollout_stats_;
-        if (r.k_scale.empty()) fail("--train_kv_replay: a training forward before any rollout with an FP8 KV cache");
-        std::vector<float> scales = kv_scales_by_head(r.k_scale, model_.L, model_.KV), v = kv_scales_by_head(r.v_scale, model_.L, model_.KV);
+        const std::vector<float>& k = at ? at->k_scale : rollout_stats_.k_scale, &vs = at ? at->v_scale : rollout_stats_.v_scale;
+        if (k.empty() || vs.empty())
+            fail(at ? "prefill_logprobs: an FP8 KV cache without its scales"
+                    : "--train_kv_replay: a training forward before any rollout with an FP8 KV cache");
+        std::vector<float> scales = kv_scales_by_head(k, model_.L, model_.KV), v = kv_scales_by_head(vs, model_.L, model_.KV);
         scales.insert(scales.end(), v.begin(), v.end());
         kv_replay_scales_.resize(scales.size(), "--train_kv_replay KV scales");
         kv_replay_scales_.upload(scales);

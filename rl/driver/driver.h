@@ -6,7 +6,8 @@
 //      TIS/MIS weights; reference log-probs when KL is on. With one minibatch and one epoch the
 //      old policy is the one being trained, so the training forward's log-probs are the old ones,
 //      bit for bit: no pass, and the mismatch metrics and weights are taken per micro-batch after
-//      its forward (old_lp_from_training)
+//      its forward (old_lp_from_training); on --mismatch_report steps, before them, the log-probs
+//      with each mismatch source switched off (rl/driver/mismatch_report.h)
 //   -> Calibrated Clipping shadow passes (fp32) on calibration steps
 //   -> epochs x minibatches: forward, per-token loss, backward, gradient all-reduce (sum),
 //      NaN/Inf guard, clip, AdamW, refresh derived weights
@@ -39,6 +40,7 @@
 #include "rl/driver/engine.h"
 #include "rl/io/logger.h"
 #include "rl/io/rollout_dump.h"
+#include "rl/driver/mismatch_report.h"
 #include "rl/driver/multi_turn.h"
 #include "rl/objective/loss_agg.h"
 #include "rl/objective/metrics.h"
@@ -65,6 +67,7 @@ struct Sample {
     std::vector<int8_t> clipped;
     double score = 0, reward = 0, advantage = 0;
     bool finished = false;
+    std::shared_ptr<const RolloutNumerics> numerics;  // --mismatch_report steps: how its generate() computed
     int T() const { return seq.response_len(); }
 };
 
@@ -287,6 +290,7 @@ private:
                                                 bool eval, const std::string& task);
     void report_reward_metrics(MetricRow& m, const std::string& prefix);
     std::vector<Sample> rollout(MetricRow& m, double* gen_seconds, int64_t* gen_tokens);
+    std::vector<std::pair<size_t, size_t>> forward_batches(const std::vector<Sequence>& seqs, const std::vector<size_t>& mb_begin) const;
     TokenValues batched_logprobs(Engine& engine, const std::vector<Sequence>& seqs, const std::vector<size_t>& mb_begin,
                                  Precision p);
     bool old_lp_from_training() const;
@@ -498,6 +502,9 @@ inline std::vector<Sample> Trainer::rollout(MetricRow& m, double* gen_seconds, i
             done = engine_.generate(requests, (uint32_t)step_, cfg_.sampling, cfg_.rollout_precision, cfg_.kv_cache, &bar);
         }
         *gen_seconds += seconds_since(t0);
+        std::shared_ptr<const RolloutNumerics> numerics;  // its FP8 KV scales, before another generate() changes them
+        if (mismatch_report_step(cfg_.mismatch_report, step_))
+            numerics = last_rollout_numerics(engine_, cfg_.rollout_precision, cfg_.kv_cache);
         // the environment's last reward, else the verifier's on the whole conversation
         std::vector<ScoreResult> verdicts = env_ ? score_trajectories(examples, G, requests, trajectories, false, cfg_.task)
                                                  : score_generations(examples, G, requests, done, false, cfg_.task);
@@ -509,6 +516,7 @@ inline std::vector<Sample> Trainer::rollout(MetricRow& m, double* gen_seconds, i
             s.seq.prompt_len = (int32_t)requests[i].prompt.size();
             s.seq.ids.insert(s.seq.ids.end(), done[i].tokens.begin(), done[i].tokens.end());
             s.rollout_lp = done[i].logprobs;
+            s.numerics = numerics;
             s.finished = done[i].finished;
             s.mask = env_ ? trajectories[i].loss_mask : std::vector<uint8_t>(done[i].tokens.size(), 1);
             *gen_tokens += valid_tokens(s.mask.data(), (int)s.mask.size());  // the model's tokens
@@ -574,16 +582,23 @@ inline std::vector<Sample> Trainer::rollout(MetricRow& m, double* gen_seconds, i
     return kept;
 }
 
-// Log-probs of seqs in the forwards training makes: each minibatch's micro-batches, so that no
-// forward holds more tokens than a training one (the bound a GPU engine's memory plan counts on).
-inline TokenValues Trainer::batched_logprobs(Engine& engine, const std::vector<Sequence>& seqs,
-                                             const std::vector<size_t>& mb_begin, Precision p) {
-    std::vector<std::pair<size_t, size_t>> batches;  // [begin, end) of each forward
+// The forwards training makes over seqs, [begin, end) each: each minibatch's micro-batches, so that
+// no forward holds more tokens than a training one (the bound a GPU engine's memory plan counts on).
+inline std::vector<std::pair<size_t, size_t>> Trainer::forward_batches(const std::vector<Sequence>& seqs,
+                                                                       const std::vector<size_t>& mb_begin) const {
+    std::vector<std::pair<size_t, size_t>> batches;
     for (size_t j = 0; j + 1 < mb_begin.size(); j++) {
         const std::vector<size_t> mu = micro_batch_bounds(seqs, mb_begin[j], mb_begin[j + 1], cfg_.micro_batch_tokens);
         for (size_t k = 0; k + 1 < mu.size(); k++)
             if (mu[k] != mu[k + 1]) batches.push_back({mu[k], mu[k + 1]});  // skips an empty minibatch
     }
+    return batches;
+}
+
+// Log-probs of seqs in the forwards training makes (forward_batches).
+inline TokenValues Trainer::batched_logprobs(Engine& engine, const std::vector<Sequence>& seqs,
+                                             const std::vector<size_t>& mb_begin, Precision p) {
+    const std::vector<std::pair<size_t, size_t>> batches = forward_batches(seqs, mb_begin);
     // A collective forward runs as often on every rank: agreed before the first, since a rank that
     // stopped early would wait in the agreement while the others wait in their next gather.
     int64_t calls = (int64_t)batches.size();
@@ -683,6 +698,19 @@ inline MetricRow Trainer::train_step() {
     const int M = cfg_.minibatches;
     std::vector<size_t> mb_begin((size_t)M + 1);
     for (int j = 0; j <= M; j++) mb_begin[(size_t)j] = samples.size() * (size_t)j / (size_t)M;
+
+    // --mismatch_report: the log-probs of each source switched, on the weights the rollout sampled with
+    const bool reporting = mismatch_report_step(cfg_.mismatch_report, step_);
+    std::vector<MismatchSource> mismatch;
+    double mismatch_s = 0;
+    if (reporting) {
+        const auto tm = std::chrono::steady_clock::now();
+        std::vector<std::shared_ptr<const RolloutNumerics>> numerics;
+        for (const Sample& s : samples) numerics.push_back(s.numerics);
+        mismatch = mismatch_logprobs(engine_, seqs, numerics, cfg_.rollout_precision, cfg_.kv_cache, cfg_.sampling,
+                                     forward_batches(seqs, mb_begin), [&](Engine::Phase p) { enter_phase(p); });
+        mismatch_s = seconds_since(tm);
+    }
 
     // Old log-probs from the trainer, in training precision (decoupled PPO: never the rollout's);
     // from the training forward itself when that is the same computation (timing_s/old_log_prob 0).
@@ -854,6 +882,13 @@ inline MetricRow Trainer::train_step() {
     m.set("training/bad_steps_total", (double)bad_steps_);
     if (dumping) dump_rollouts(samples);
     report_step_metrics(dist_, sm, updates, m);
+    if (reporting) {
+        std::vector<MismatchSample> ms;
+        for (const Sample& s : samples)
+            ms.push_back({s.old_lp.size() == (size_t)s.T() ? s.old_lp.data() : nullptr, s.rollout_lp.data(), s.mask.data(), s.T()});
+        report_mismatch(dist_, ms, mismatch, cfg_.is_cap, m);
+        m.set("timing_s/mismatch_report", mismatch_s);
+    }
     m.set("actor/grad_norm", updates ? grad_norm_sum / (double)updates : NAN);
     m.set("actor/lr", lr);
     m.set("actor/kl_coef", cfg_.kl_coef);

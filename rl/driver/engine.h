@@ -6,6 +6,7 @@
 // prompt, each predicted from the ones before it. Log-probs and entropies are of the
 // temperature-scaled distribution (the one the sampler used), one value per response position.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -117,6 +118,30 @@ struct MemoryDemand {
 // Per response position of each sequence.
 using TokenValues = std::vector<std::vector<float>>;
 
+// How a rollout computes log-probs: its projections' precision, its KV cache's, and an FP8 cache's
+// scales as last_kv_scales() gives them (empty for any other cache).
+struct RolloutNumerics {
+    Precision weights = Precision::BF16, kv_cache = Precision::BF16;
+    std::vector<float> k_scale, v_scale;
+};
+
+// Teacher forcing's inputs from whole sequences (decode_logprobs): request i is sequence i's prompt
+// (key i), its completion the response. Returns the longest response (every one must have a token).
+inline int teacher_forcing_split(const std::vector<Sequence>& seqs, std::vector<GenRequest>* requests,
+                                 std::vector<std::vector<int32_t>>* responses) {
+    int longest = 1;
+    for (size_t i = 0; i < seqs.size(); i++) {
+        const Sequence& q = seqs[i];
+        if (q.prompt_len < 1 || q.response_len() < 1)
+            fail("decode_logprobs: sequence %zu has %d prompt and %d response tokens (need at least 1 of each)", i, q.prompt_len,
+                 q.response_len());
+        requests->push_back({std::vector<int32_t>(q.ids.begin(), q.ids.begin() + q.prompt_len), (uint32_t)i});
+        responses->emplace_back(q.ids.begin() + q.prompt_len, q.ids.end());
+        longest = std::max(longest, q.response_len());
+    }
+    return longest;
+}
+
 class Engine {
 public:
     virtual ~Engine() = default;
@@ -131,6 +156,18 @@ public:
 
     // The FP8 KV-cache scales per layer (K, V) the last generate() used; empty unless its cache was FP8.
     virtual void last_kv_scales(std::vector<float>* k_scale, std::vector<float>* v_scale) const = 0;
+
+    // Teacher forcing through the rollout's decode path (--mismatch_report: rl/driver/mismatch_report.h):
+    // each sequence's prompt prefilled and its response fed token by token through decode steps with
+    // n's weights and KV cache (an FP8 cache at n's scales, not recalibrated), each response token
+    // scored as generate() scores a sampled one (Generation::logprobs: at s.temperature over the ids
+    // below s.vocab_limit). With the numerics a generate() ran at, it gives that generate()'s log-probs
+    // bit for bit. last_kv_scales() and the sampled tokens' path are left as they were.
+    virtual TokenValues decode_logprobs(const std::vector<Sequence>& seqs, const SamplingConfig& s, const RolloutNumerics& n) = 0;
+    // The same tokens through the prefill path: one full-sequence forward as logprobs() computes it, at
+    // n.weights, its attention reading K and V through E4M3 at n's scales when n's cache is FP8 (what
+    // --train_kv_replay reads); no state kept.
+    virtual TokenValues prefill_logprobs(const std::vector<Sequence>& seqs, float temperature, const RolloutNumerics& n) = 0;
 
     // Log-prob (and entropy, when asked) of every response position; no state kept.
     virtual void logprobs(const std::vector<Sequence>& seqs, Precision precision, float temperature, TokenValues* logprob,

@@ -55,6 +55,7 @@ struct TrainConfig {
     IsCorrection is_correction = IsCorrection::TokenTis;
     double is_cap = 2.0;
     double is_floor = 0.5;  // IcePop's lower bound
+    int64_t mismatch_report = 0;  // at step 0 and every N steps the mismatch by source (rl/driver/mismatch_report.h); 0 = never
     int64_t dump_rollouts = 0;  // every N steps OUT/rollouts/step_K.jsonl (rl/io/rollout_dump.h); 0 = never
     bool dynamic_sampling = false;
     int max_gen_batches = 10;
@@ -149,7 +150,9 @@ inline EngineOptions training_engine_options(const Args& a, const TrainConfig& c
     EngineOptions o = engine_options_from_args(a);
     // sft and cpt generate nothing: their one copy needs no --rollout_precision fp8
     const bool rollout_fp8 = c.mode == "rl" ? c.rollout_precision == Precision::FP8 : c.train_precision == Precision::FP8;
-    o.one_fp8_weight_copy = rollout_fp8 && c.train_precision == Precision::FP8 && o.fp8_scaling == Fp8Scaling::Block;
+    // --mismatch_report teacher-forces the rollout with BF16 weights: the engine keeps their copy
+    o.one_fp8_weight_copy = rollout_fp8 && c.train_precision == Precision::FP8 && o.fp8_scaling == Fp8Scaling::Block &&
+                            !(c.mode == "rl" && c.mismatch_report > 0);
     o.fp8_weights = rollout_fp8 || c.train_precision == Precision::FP8;
     return o;
 }
@@ -328,6 +331,10 @@ inline TrainConfig train_config_from_args(const Args& a) {
     c.out_dir = a.str("out_dir");
     c.tensorboard = a.flag("tensorboard");
     c.dump_rollouts = a.integer("dump_rollouts");
+    c.mismatch_report = a.integer("mismatch_report");
+    if (c.mismatch_report > 0 && !c.env.cmd.empty())  // a trajectory is several generate() calls, observations between
+        fail("--mismatch_report teacher-forces single-turn responses; with --env_cmd a response holds observations between "
+             "turns: drop one of the two");
     c.max_bad_steps = (int)a.integer("max_bad_steps");
     return c;
 }

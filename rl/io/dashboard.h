@@ -1,8 +1,8 @@
 // dashboard.h: OUT_DIR/dashboard.html, the charts of a run in one self-contained file (inline
 // SVG, no scripts, nothing fetched), so a user needs only a browser. An RL run's panels are those of
 // dev/plot_log.py (reward, accuracy, entropy, clip fractions by the advantage's sign, the clip
-// bounds Calibrated Clipping keeps, rollout/train mismatch, lengths) plus throughput and time per
-// phase; an SFT or CPT run's (--mode sft|cpt) are its loss (train, held-out, held-out in BF16),
+// bounds Calibrated Clipping keeps, rollout/train mismatch and, with --mismatch_report, its share by
+// source, lengths) plus throughput and time per phase; an SFT or CPT run's (--mode sft|cpt) are its loss (train, held-out, held-out in BF16),
 // perplexity, token accuracy, throughput, learning rate and gradient norm. The trainer rewrites it
 // at each eval and at the end, atomically.
 #pragma once
@@ -45,6 +45,7 @@ inline std::vector<DashPanel> dashboard_panels(DashKind kind = DashKind::Rl) {
         {"clip fractions by advantage sign", {{"actor/pg_clipfrac_low", "A<0, r<L"}, {"actor/pg_clipfrac_high", "A>0, r>H"}, {"actor/pg_clipfrac_lower", "dual clip"}}},
         {"clip bounds in force (Calibrated Clipping)", {{"calib/clip_low", "L"}, {"calib/clip_high", "H"}, {"calib/target_low", "L* target"}, {"calib/target_high", "H* target"}}},
         {"rollout/train mismatch", {{"rollout_corr/logprob_abs_diff", "mean |lp_train - lp_rollout|"}, {"rollout_corr/k3_kl", "k3 KL"}, {"calib/ratio_abs_diff_mean", "|ratio - fp32 ratio|"}}, true},
+        {"mismatch by source, k3 KL share (--mismatch_report)", {{"mismatch/fp8_weights/k3_kl", "FP8 weights"}, {"mismatch/fp8_kv_cache/k3_kl", "FP8 KV cache"}, {"mismatch/decode_path/k3_kl", "decode vs prefill path"}}},
         {"response length (tokens)", {{"response_length/mean", "mean"}, {"response_length/max", "max"}}},
         {"throughput per phase (tokens/s)", {{"perf/gen_tokens_per_s", "rollout"}, {"perf/train_tokens_per_s", "training"}}},
         {"seconds per phase", {{"timing_s/gen", "rollout"}, {"timing_s/old_log_prob", "old log-probs"}, {"timing_s/update_actor", "training"}, {"timing_s/calib", "calibration"}}},

@@ -3,6 +3,7 @@
 // engine's greedy generation, and each request generated alone (scheduling), plus bad input.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -593,6 +594,68 @@ TEST(rollout_600_token_greedy_completions_match_cpu_engine_but_at_near_ties) {
                           long_sampling(harness::sanitized ? 40 : 600), {0.0f});
     printf("    greedy completions equal to the CPU engine's: %d of %d\n", same, total);
     if (emulated) CHECK_EQ(same, total);
+}
+
+namespace {
+
+long differing_bits(const TokenValues& a, const TokenValues& b) {
+    if (a.size() != b.size()) return 1L << 30;
+    long n = 0;
+    for (size_t s = 0; s < a.size(); s++) {
+        if (a[s].size() != b[s].size()) n += (long)std::max(a[s].size(), b[s].size());
+        for (size_t t = 0; t < std::min(a[s].size(), b[s].size()); t++) n += memcmp(&a[s][t], &b[s][t], sizeof(float)) != 0;
+    }
+    return n;
+}
+
+}  // namespace
+
+// --mismatch_report's teacher forcing (Engine::decode_logprobs, rollout.cu's forced_token_kernel at
+// the sampler's temperature over the vocabulary limit) reproduces the GPU engine's own FP8 rollout
+// (FP8 weights and KV cache) bit for bit, siblings of one prompt included, and keeps its KV scales;
+// in emulation the GPU engine's decode path with either source switched to BF16 (the weights, the
+// cache kept FP8 at the rollout's scales; the cache), and its prefill path (a forward reading K and
+// V through E4M3 at those scales), equal the CPU engine's bit for bit.
+TEST(rollout_decode_logprobs_match_cpu_engine) {
+    REQUIRE_GPU();
+    CpuEngine cpu(kFixtures[3]);
+    GpuEngine gpu(kFixtures[3], small_pages(4));
+    const int V = (int)cpu.config().vocab_size;
+    std::vector<GenRequest> requests = ragged_requests(3, V, 21);
+    requests.push_back({requests[1].prompt, 200});  // a sibling: the decode shares its prompt's pages
+    SamplingConfig s;
+    s.temperature = 0.8f;
+    s.top_p = 0.9f;
+    s.max_new_tokens = 5;
+    s.seed = 4;
+    s.vocab_limit = V - 5;
+    const std::vector<Generation> gen = gpu.generate(requests, 2, s, Precision::FP8, Precision::FP8, nullptr);
+    std::vector<Sequence> seqs;
+    TokenValues rollout_lp;
+    for (size_t i = 0; i < gen.size(); i++) {
+        Sequence q{requests[i].prompt, (int32_t)requests[i].prompt.size()};
+        q.ids.insert(q.ids.end(), gen[i].tokens.begin(), gen[i].tokens.end());
+        seqs.push_back(q);
+        rollout_lp.push_back(gen[i].logprobs);
+    }
+    RolloutNumerics own{Precision::FP8, Precision::FP8, {}, {}};
+    gpu.last_kv_scales(&own.k_scale, &own.v_scale);
+    CHECK_MSG(differing_bits(gpu.decode_logprobs(seqs, s, own), rollout_lp) == 0, "teacher forcing differs from the rollout");
+    RolloutNumerics weights = own, cache = own;
+    weights.weights = Precision::BF16;
+    cache.kv_cache = Precision::BF16, cache.k_scale.clear(), cache.v_scale.clear();
+    for (const RolloutNumerics* n : {&weights, &cache}) {
+        const char* name = n == &weights ? "BF16 weights" : "BF16 cache";
+        const TokenValues g = gpu.decode_logprobs(seqs, s, *n);
+        CHECK_MSG(differing_bits(g, rollout_lp) > 0, "%s: the same log-probs as the FP8 rollout", name);
+        if (emulated) CHECK_MSG(differing_bits(g, cpu.decode_logprobs(seqs, s, *n)) == 0, "%s: differs from the CPU engine", name);
+    }
+    std::vector<float> k, v;
+    gpu.last_kv_scales(&k, &v);
+    CHECK_MSG(k == own.k_scale && v == own.v_scale, "decode_logprobs changed the rollout's KV scales");
+    const TokenValues gp = gpu.prefill_logprobs(seqs, s.temperature, own);
+    CHECK(differing_bits(gp, rollout_lp) > 0);
+    if (emulated) CHECK_MSG(differing_bits(gp, cpu.prefill_logprobs(seqs, s.temperature, own)) == 0, "prefill path differs from the CPU engine");
 }
 
 // Bad input: one clear error each, never a hang.
