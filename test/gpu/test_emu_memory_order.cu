@@ -85,7 +85,7 @@ __global__ void last_block_variant_sum_kernel(const float* array, float* partial
 // Runs a last-block sum `launches` times on new data each time (a partial left from the launch
 // before is wrong) and returns how many launches summed wrong; a kernel fault counts as wrong and is
 // cleared (its message, in emulation, goes to *fault). A null program runs last_block_sum_kernel.
-int wrong_sums(int blocks, int launches, const SumProgram* program = nullptr, std::string* fault = nullptr) {
+int wrong_sums(int blocks, int launches, const SumProgram* program = nullptr, [[maybe_unused]] std::string* fault = nullptr) {
     const int n = blocks * kSumThreads;
     float *array = nullptr, *partials = nullptr, *total = nullptr;
     unsigned* count = nullptr;
