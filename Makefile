@@ -99,6 +99,9 @@ ifneq ($(CUDA_FP8_H),)
   GPU_ASAN_OBJS := $(patsubst %,$(BUILD)/emu-asan/%.o,test/run_tests.cpp $(EMU_RUNTIME) $(GPU_UNITY))
   EMU_SEEDS     ?= 1
   EMU_ASAN_SEED ?= 3
+  # The emulated GPU tests' kernels call cuda/emu/emu_memory_order.cpp before every load and store
+  # (g++'s thread-sanitizer instrumentation, without its runtime): plain accesses across CTAs are checked.
+  EMU_PLAIN_ACCESS_FLAGS := -fsanitize=thread --param tsan-instrument-func-entry-exit=0 --param tsan-distinguish-volatile=1
 endif
 TEST_OBJS  := $(BUILD)/test/run_tests.o $(BUILD)/test/unity.o
 ASAN_OBJS  := $(BUILD)/asan/test/run_tests.o $(BUILD)/asan/test/unity.o
@@ -165,6 +168,8 @@ $(BUILD)/test_cpu_asan: $(ASAN_OBJS)
 $(BUILD)/emu/%.o: %
 	@mkdir -p $(@D)
 	$(CPU_LINK_CXX) $(CXXFLAGS) $(EMU_FLAGS) -x c++ -c -o $@ $<
+
+$(BUILD)/emu/$(GPU_UNITY).o: CXXFLAGS += $(EMU_PLAIN_ACCESS_FLAGS)
 
 $(BUILD)/emu-asan/%.o: %
 	@mkdir -p $(@D)

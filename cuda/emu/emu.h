@@ -84,6 +84,10 @@ void load_global(void* out, const void* p, size_t bytes, bool through_l2, const 
 // function named FUNCTION behaves as if deleted: `barrier` a __syncthreads, `fence` a
 // __threadfence, `ldcg` an __ldcg that becomes a plain load.
 enum class Site { Barrier, Fence, LoadCg };
+// Whether this program's kernels were compiled with the plain-access instrumentation (the Makefile's
+// EMU_PLAIN_ACCESS_FLAGS), so that a plain or volatile load of another CTA's unreleased store is
+// reported (cuda/emu/emu_memory_order.cpp).
+bool plain_accesses_checked();
 void add_mutation(const std::string& function, Site kind, int ordinal);
 void clear_mutations();
 bool mutated(Site kind, const char* func, int line);  // and numbers the site when the mutation names its function
@@ -269,8 +273,9 @@ inline int __all_sync(unsigned mask, int pred) { return (int)::emu::warp_collect
 
 // Atomics: a fiber is never preempted between its waits, so a read-modify-write is atomic here;
 // each one is also a point where the scheduler may switch fibers (every one while CTAs run at once).
+// Not instrumented for plain accesses (cuda/emu/emu_memory_order.cpp): an atomic is strong.
 template <class T, class F>
-T emu_atomic_rmw(T* address, F op) {
+__attribute__((no_sanitize_thread)) T emu_atomic_rmw(T* address, F op) {
     T old = *address, next = op(old);
     *address = next;
     ::emu::atomic_point(address, sizeof(T), memcmp(&old, &next, sizeof(T)) != 0);

@@ -52,6 +52,9 @@ struct KernelInfo {
     int max_dynamic_smem = -1;  // the opt-in, -1 while unset
     size_t static_smem = 0;
     std::vector<std::pair<void*, size_t>> static_vars;
+    // Under a seed: whether a launch has run, and whether one reached an atomic, a __threadfence or
+    // an __ldcg (then its CTAs run at once, interleaved; until then, and for its first launch too).
+    bool launched_seeded = false, syncs_across_ctas = false;
 };
 KernelInfo& kernel_info(const void* kernel);
 // The shared-memory rule a launch of `k` with `dynamic` bytes breaks, "" if none.
@@ -63,15 +66,19 @@ std::string shared_memory_error(const KernelInfo& k, size_t dynamic);
 void run_grid(const char* name, KernelInfo* kernel, dim3 grid, dim3 block, size_t smem, const std::function<void()>& body);
 void set_sticky_error(cudaError_t e);
 // The scheduler's side of memory ordering (cuda/emu/emu_memory_order.cpp): a launch of `kernel`
-// (its KernelInfo) with `resident` CTAs at once begins and ends; the CTA of grid-linear index
+// (its KernelInfo) with `resident` CTAs at once (0: seed 0, nothing is tracked) begins and ends; the CTA of grid-linear index
 // `cta` is about to run (its writes since are its own until the next switch); an atomic ran.
 // fence_point lets other threads (of any resident CTA) run when CTAs run at once.
 void memory_order_begin(const void* kernel, int resident);
+void note_sync_across_ctas();  // the running kernel reached an atomic, a fence or an __ldcg
 void memory_order_end();
 void memory_order_switch(long cta);
 void memory_order_atomic(void* address, size_t bytes);
 void fence_point();
 long current_cta();  // the running CTA's grid-linear index, -1 outside a kernel
+// Ends the running kernel with a fault at the running thread's next wait, without unwinding (for
+// code that cannot throw: the plain-access callbacks of emu_memory_order.cpp).
+void fault_at_next_wait(const std::string& what);
 const char* current_kernel_name();
 void set_launch_error(cudaError_t e);
 void clear_fault();
@@ -141,6 +148,7 @@ bool device_free(void* p);         // false when p is no allocation's base
 size_t device_allocated();
 bool on_device(const void* p, size_t bytes);  // [p, p + bytes) inside one live allocation
 bool in_device_arena(const void* p);          // anywhere in the arena, live or not
+char* device_arena(size_t* bytes);            // the arena's base (reserved on first use) and its size
 void pinned_add(void* p, size_t bytes);       // cudaMallocHost'ed memory, which kernels may use
 bool pinned_remove(void* p);
 bool kernel_may_use(const void* p);  // null, device memory (or one past a buffer's end), pinned memory

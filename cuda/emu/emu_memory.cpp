@@ -207,6 +207,12 @@ bool on_device(const void* p, size_t bytes) {
     return a && (uintptr_t)p + bytes <= a->first + a->second.bytes;
 }
 
+char* device_arena(size_t* bytes) {
+    if (!arena) reserve_arena();
+    *bytes = reserved;
+    return arena;
+}
+
 bool in_device_arena(const void* p) {
     return arena && (uintptr_t)p >= (uintptr_t)arena && (uintptr_t)p < (uintptr_t)arena + reserved;
 }

@@ -667,6 +667,11 @@ void static_shared(void* p, size_t bytes, const char* name) {
     throw KernelAbort();
 }
 
+void fault_at_next_wait(const std::string& what) {
+    Block* b = current_block;
+    if (b && current_thread && b->fault.empty()) b->fault = strformat("thread %d: %s", current_thread->linear, what.c_str());
+}
+
 [[noreturn]] void misaligned_access(const void* p, size_t bytes, const char* what) {
     if (current_block && current_thread) current_block->fault_error = cudaErrorMisalignedAddress;
     kernel_fault(strformat("a %zu-byte %s at %p, not a multiple of %zu (the rule: a vector access must be aligned to its "
@@ -748,9 +753,14 @@ void ldmatrix(uint32_t* regs, int num, bool trans, const void* row_address) {
     memcpy(regs, current_thread->matrix_regs, sizeof(uint32_t) * (size_t)num);
 }
 
+void note_sync_across_ctas() {
+    if (current_block) current_block->info->syncs_across_ctas = true;
+}
+
 void atomic_point(void* address, size_t bytes, bool changed) {
     Thread* t = current_thread;
     if (!t) return;  // host code calling an atomic helper
+    current_block->info->syncs_across_ctas = true;
     if (changed) progress_events++;
     memory_order_atomic(address, bytes);
     if (++t->atomics % ATOMICS_PER_YIELD != 0 && !concurrent_grid) return;
@@ -760,7 +770,9 @@ void atomic_point(void* address, size_t bytes, bool changed) {
 
 void fence_point() {
     Thread* t = current_thread;
-    if (!t || !concurrent_grid) return;
+    if (!t) return;
+    current_block->info->syncs_across_ctas = true;
+    if (!concurrent_grid) return;
     t->yielded = true;
     yield_to_scheduler();
 }
@@ -768,7 +780,11 @@ void fence_point() {
 // How many CTAs of a launch are resident at once: 1 in order (seed 0), else 2 to 4 as the seed
 // draws (sm_90 holds up to 32 per SM and 132 SMs: any number may be resident together), with
 // bursts of 1 to ~1,000 resumes of one CTA before the seed picks the next, so one CTA can run a
-// long way while another stands between two of its threads' steps.
+// long way while another stands between two of its threads' steps. A kernel none of whose seeded
+// launches reached an atomic, a fence or an __ldcg runs its CTAs one at a time, in the seeded
+// order, from its second launch on: its CTAs have no legal way to pass data within a launch, and
+// a load of another CTA's store is reported whatever the order (emu_memory_order.cpp); CTAs
+// at once cost it a third of its time (docs/gpu-emulation.md, "Costs").
 constexpr int MAX_RESIDENT = 4;
 constexpr int BURSTS[] = {1, 8, 64, 512};
 
@@ -780,8 +796,10 @@ void run_grid(const char* name, KernelInfo* kernel, dim3 grid, dim3 block, size_
     const uint64_t blocks = (uint64_t)grid.x * grid.y * grid.z;
     const int n = (int)(block.x * block.y * block.z);
     BlockOrder order(blocks, seed() ? &rng : nullptr);
-    const int resident = seed() == 0 ? 1 : (int)std::min<uint64_t>(blocks, 2 + rng() % (MAX_RESIDENT - 1));
-    const int burst_mean = seed() == 0 ? 1 : BURSTS[rng() % 4];
+    const bool interleaved = seed() != 0 && (kernel->syncs_across_ctas || !kernel->launched_seeded);
+    const int resident = !interleaved ? 1 : (int)std::min<uint64_t>(blocks, 2 + rng() % (MAX_RESIDENT - 1));
+    const int burst_mean = !interleaved ? 1 : BURSTS[rng() % 4];
+    if (seed() != 0) kernel->launched_seeded = true;
     concurrent_grid = resident > 1;
     // Blocks (their threads, shared memory) are kept from launch to launch: allocating them anew
     // made every launch fault in fresh pages, most of the emulated tests' system time.
@@ -795,7 +813,7 @@ void run_grid(const char* name, KernelInfo* kernel, dim3 grid, dim3 block, size_
         b.body = const_cast<std::function<void()>*>(&body);
         b.smem.assign(smem, (char)0xFF);
     }
-    memory_order_begin(kernel, resident);
+    memory_order_begin(kernel, seed() == 0 ? 0 : resident);
     uint64_t started = 0;
     int running = 0, current = 0;
     long burst = 0;

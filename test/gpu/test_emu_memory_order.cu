@@ -5,9 +5,16 @@
 // partial through L2. Complete, it gives the exact sum under every seed (and on a GPU); with the
 // barrier before the count, the writers' fence, or the L2 reads deleted (the emulation's test-only
 // mutations, emu::add_mutation), it gives a wrong sum or an emulation fault under some seed of a
-// small set. (Decode attention used the pattern until issue 58; its plan, split and combine
-// kernels now pass their data from one launch to the next.)
+// small set. A second program, written for these tests, reads the partials with the Programming
+// Guide's volatile loads, or with plain loads after a __threadfence (PTX's acquire pattern): exact
+// under every seed; with plain loads and no fence, without the writers' fence, or without the
+// barrier before the count, the emulation reports the data race (a plain or volatile load of
+// another CTA's write that was not released and acquired) under some seed. (Decode attention used
+// the pattern until issue 58; its plan, split and combine kernels now pass their data from one
+// launch to the next.)
 #include <cstdlib>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "test/gpu/gpu_util.cuh"
@@ -40,9 +47,45 @@ __global__ void last_block_sum_kernel(const float* array, float* partials, unsig
     }
 }
 
-// Runs the kernel `launches` times on new data each time (a partial left from the launch before is
-// wrong) and returns how many launches summed wrong; a kernel fault counts as wrong and is cleared.
-int wrong_sums(int blocks, int launches) {
+// How the second program's last CTA reads the partials, and what its writers skip.
+enum FinalReads { kVolatileReads, kFenceThenPlainReads, kPlainReads };
+struct SumProgram {
+    FinalReads reads = kVolatileReads;
+    bool writers_fence = true, barrier_before_count = true;
+};
+
+// The same sum as last_block_sum_kernel, its ordering chosen by `program`, its reads by kReads (a
+// template argument: g++ folds `c ? strong[j] : partials[j]` into one volatile load).
+template <FinalReads kReads>
+__global__ void last_block_variant_sum_kernel(const float* array, float* partials, unsigned* count, float* total,
+                                              SumProgram program) {
+    STATIC_SHARED(unsigned, is_last, [1]);
+    const int i = blockIdx.x * kSumThreads + threadIdx.x;
+    partials[i] = array[i] * 2.0f;
+    if (program.writers_fence) __threadfence();
+    if (program.barrier_before_count) __syncthreads();
+    if (threadIdx.x == 0) {
+        const unsigned value = atomicInc(count, gridDim.x);
+        is_last[0] = value == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (is_last[0] && threadIdx.x == 0) {
+        if (kReads == kFenceThenPlainReads) __threadfence();  // acquire: the count, then the fence
+        const volatile float* strong = partials;
+        float sum = 0.0f;
+        for (unsigned j = 0; j < gridDim.x * kSumThreads; j++) {
+            if constexpr (kReads == kVolatileReads) sum += strong[j];
+            else sum += partials[j];
+        }
+        *total = sum;
+        *count = 0;
+    }
+}
+
+// Runs a last-block sum `launches` times on new data each time (a partial left from the launch
+// before is wrong) and returns how many launches summed wrong; a kernel fault counts as wrong and is
+// cleared (its message, in emulation, goes to *fault). A null program runs last_block_sum_kernel.
+int wrong_sums(int blocks, int launches, const SumProgram* program = nullptr, [[maybe_unused]] std::string* fault = nullptr) {
     const int n = blocks * kSumThreads;
     float *array = nullptr, *partials = nullptr, *total = nullptr;
     unsigned* count = nullptr;
@@ -57,10 +100,23 @@ int wrong_sums(int blocks, int launches) {
         double want = 0;  // small integers: every order of the FP32 sum is exact
         for (int i = 0; i < n; i++) host[i] = (float)((i * 7 + launch * 3) % 11), want += 2.0 * host[i];
         CUDA_CHECK(cudaMemcpy(array, host.data(), sizeof(float) * n, cudaMemcpyHostToDevice));
-        LAUNCH_KERNEL(last_block_sum_kernel, blocks, kSumThreads, 0, 0, array, partials, count, total);
+        bool launched = true;  // under a seed, launches are queued: this one may run the last one's fault
+        try {
+            if (!program) LAUNCH_KERNEL(last_block_sum_kernel, blocks, kSumThreads, 0, 0, array, partials, count, total);
+            else if (program->reads == kVolatileReads)
+                LAUNCH_KERNEL(last_block_variant_sum_kernel<kVolatileReads>, blocks, kSumThreads, 0, 0, array, partials, count, total, *program);
+            else if (program->reads == kFenceThenPlainReads)
+                LAUNCH_KERNEL(last_block_variant_sum_kernel<kFenceThenPlainReads>, blocks, kSumThreads, 0, 0, array, partials, count, total, *program);
+            else LAUNCH_KERNEL(last_block_variant_sum_kernel<kPlainReads>, blocks, kSumThreads, 0, 0, array, partials, count, total, *program);
+        } catch (const std::exception&) {
+            launched = false;
+        }
         float got = 0;
-        if (cudaDeviceSynchronize() != cudaSuccess ||
+        if (!launched || cudaDeviceSynchronize() != cudaSuccess ||
             cudaMemcpy(&got, total, sizeof(float), cudaMemcpyDeviceToHost) != cudaSuccess) {
+#ifdef FP8RL_EMU
+            if (fault) *fault = emu::last_fault();
+#endif
             CUDA_CHECK(cudaDeviceReset());  // the fault is sticky until a reset
             wrong += launches - launch;
             break;
@@ -91,7 +147,70 @@ TEST(emu_last_block_sum_is_exact_under_every_seed) {
 #endif
 }
 
+TEST(emu_last_block_sum_with_volatile_or_fenced_plain_reads_is_exact_under_every_seed) {
+    REQUIRE_GPU();
+    for (FinalReads reads : {kVolatileReads, kFenceThenPlainReads}) {
+        SumProgram program;
+        program.reads = reads;
 #ifdef FP8RL_EMU
+        const uint64_t saved = emu::seed();
+        for (uint64_t s = 0; s < 12; s++) {
+            emu::set_seed(s);
+            std::string fault;
+            const int wrong = wrong_sums(6, 4, &program, &fault);
+            CHECK_MSG(wrong == 0, "reads %d, seed %llu: %d of 4 sums wrong %s", (int)reads, (unsigned long long)s, wrong,
+                      fault.c_str());
+        }
+        emu::set_seed(saved);
+#else
+        CHECK_EQ(wrong_sums(6, 4, &program), 0);
+#endif
+    }
+}
+
+#ifdef FP8RL_EMU
+namespace {
+
+// Seeds 1..8 of a program missing an acquire, a release or a barrier: how many reported the data
+// race (a fault naming the kernel), and that none gave a wrong sum without the report.
+int seeds_reported(const SumProgram& program) {
+    if (!emu::plain_accesses_checked()) SKIP("this build's kernels are not instrumented for plain accesses (EMU_PLAIN_ACCESS_FLAGS)");
+    const uint64_t saved = emu::seed();
+    int seeds = 0;
+    for (uint64_t s = 1; s <= 8; s++) {
+        emu::set_seed(s);
+        std::string fault;
+        const int wrong = wrong_sums(6, 4, &program, &fault);
+        const bool reported = fault.find("kernel last_block_variant_sum_kernel") != std::string::npos &&
+                              fault.find("a data race") != std::string::npos;
+        CHECK_MSG(wrong == 0 || reported, "seed %llu: %d sums wrong, fault \"%s\"", (unsigned long long)s, wrong, fault.c_str());
+        seeds += reported;
+    }
+    emu::set_seed(saved);
+    printf("    reported under %d of seeds 1-8\n", seeds);
+    return seeds;
+}
+
+}  // namespace
+
+TEST(emu_last_block_sum_with_plain_reads_and_no_acquire_fence_is_reported) {
+    SumProgram program;
+    program.reads = kPlainReads;
+    CHECK(seeds_reported(program) > 0);
+}
+
+TEST(emu_last_block_sum_with_volatile_reads_without_the_writers_fence_is_reported) {
+    SumProgram program;
+    program.writers_fence = false;
+    CHECK(seeds_reported(program) > 0);
+}
+
+TEST(emu_last_block_sum_with_volatile_reads_without_the_barrier_before_the_count_is_reported) {
+    SumProgram program;
+    program.barrier_before_count = false;
+    CHECK(seeds_reported(program) > 0);
+}
+
 namespace {
 
 // Seeds 1..8 of the mutated program: how many gave a wrong sum (or a fault) in some launch.
