@@ -248,6 +248,7 @@ private:
             if (kv_k_scale_.empty()) fail("--train_kv_replay: a training forward before any rollout with an FP8 KV cache");
             acts.replay_k_scale = kv_scales_by_head(kv_k_scale_, model_.L, model_.KV);
             acts.replay_v_scale = kv_scales_by_head(kv_v_scale_, model_.L, model_.KV);
+            acts.replay_decode_row = replay_decode_rows(seqs);
         }
         batch = TokenBatch();
         for (const Sequence& s : seqs) batch.add(s.ids);

@@ -416,11 +416,12 @@ TEST(trainer_dump_rollouts_lines_parse_and_match_the_log) {
     printf("    %d lines, %d clipped tokens\n", lines, clipped);
 }
 
-// --train_kv_replay 1 on an FP8 KV cache: the trainer's attention reads K and V as the sampler's
-// decode read them, so the step's rollout/train mismatch falls to about what a BF16 cache leaves
-// (measured on this run: k3_kl 6.2e-6 without replay, 3.0e-7 with, 1.7e-7 with a BF16 cache; the
-// residue is the BF16 rounding of the dequantized values and decode applying the scale to the
-// products). Checked: at least 5x below no replay and within 3x of the BF16 cache.
+// --train_kv_replay 1 on an FP8 KV cache: the trainer's attention reads K and V as the sampler read
+// them (prompt rows as the prefill, response rows as decode: codes, scales on the products), so the
+// step's rollout/train mismatch falls to about what a BF16 cache leaves, decode's summation order
+// (measured on this run: k3_kl 6.2e-6 without replay, 2.2e-7 with, 1.7e-7 with a BF16 cache; 3.0e-7
+// when every row read BF16 stored values). Checked: at least 5x below no replay and within 1.5x of
+// the BF16 cache (issue 60's bound).
 TEST(trainer_kv_replay_removes_the_fp8_kv_mismatch) {
     std::string d = temp_dir("kv_replay");
     const std::string run = " --init tiny --task add --task_size 2 --max_new_tokens 6 --group_size 4 --batch_prompts 8 --lr 3e-3"
@@ -438,5 +439,5 @@ TEST(trainer_kv_replay_removes_the_fp8_kv_mismatch) {
     }
     printf("    k3_kl: bf16 cache %.3g, fp8 cache %.3g, fp8 cache replayed %.3g\n", k3[0], k3[1], k3[2]);
     CHECK_MSG(k3[2] * 5 < k3[1], "replay leaves k3_kl %.3g of %.3g", k3[2], k3[1]);
-    CHECK_MSG(k3[2] < 3 * k3[0], "replay's k3_kl %.3g, the BF16 cache's %.3g", k3[2], k3[0]);
+    CHECK_MSG(k3[2] < 1.5 * k3[0], "replay's k3_kl %.3g, the BF16 cache's %.3g", k3[2], k3[0]);
 }
