@@ -84,10 +84,13 @@ struct AttentionTask {
 };
 
 // Packed forward. out [T, H, D]; lse [T, H]; q [T, H, D]; k, v [T, KV, D]; sequence s is rows
-// seq_offsets[s] .. seq_offsets[s+1] with positions from 0.
+// seq_offsets[s] .. seq_offsets[s+1] with positions from 0. k_scale, v_scale [KV] (null: 1): K and V
+// are FP8 codes' values (--train_kv_replay), read as decode reads them: a KV head's K scale joins the
+// scores' D^-1/2, its V scale the output's 1 / sum (the kernel's, cuda/kernels/attention.cuh).
 inline void attention_forward_packed(float* out, float* lse, const float* q, const float* k, const float* v,
-                                     const std::vector<int64_t>& seq_offsets, AttentionShape s, bool bf16) {
-    const float scale = 1.0f / std::sqrt((float)s.D);
+                                     const std::vector<int64_t>& seq_offsets, AttentionShape s, bool bf16,
+                                     const float* k_scale = nullptr, const float* v_scale = nullptr) {
+    const float inv_sqrt_d = 1.0f / std::sqrt((float)s.D);
     const int group = s.H / s.KV;
     std::vector<AttentionTask> tasks;
     long longest = 0;
@@ -106,6 +109,7 @@ inline void attention_forward_packed(float* out, float* lse, const float* q, con
         for (size_t ti = 0; ti < tasks.size(); ti++) {
             const AttentionTask& t = tasks[ti];
             const int nq = (int)(t.q1 - t.q0), keys = (int)(t.q1 - t.begin), kvh = t.head / group;
+            const float scale = inv_sqrt_d * (k_scale ? k_scale[kvh] : 1.0f), out_scale = v_scale ? v_scale[kvh] : 1.0f;
             const float* kb = k + t.begin * s.ldk() + kvh * s.D;
             const float* vb = v + t.begin * s.ldk() + kvh * s.D;
             float* o = out + t.q0 * s.ldq() + t.head * s.D;  // [nq] rows of ldq
@@ -128,7 +132,7 @@ inline void attention_forward_packed(float* out, float* lse, const float* q, con
                 gemm_nn(nq, s.D, n, p.data(), n, vb + (long)k0 * s.ldk(), (int)s.ldk(), o, (int)s.ldq(), true);
             }
             for (int i = 0; i < nq; i++) {
-                const float total = rows[i].total(), inv = 1.0f / total;
+                const float total = rows[i].total(), inv = out_scale / total;
                 lse[(t.q0 + i) * s.H + t.head] = rows[i].max + std::log(total);
                 for (int d = 0; d < s.D; d++) {
                     float& x = o[i * s.ldq() + d];

@@ -277,6 +277,7 @@ private:
                         : "--train_kv_replay: a training forward before any rollout with an FP8 KV cache");
             acts.replay_k_scale = kv_scales_by_head(k, model_.L, model_.KV);
             acts.replay_v_scale = kv_scales_by_head(v, model_.L, model_.KV);
+            acts.replay_decode_row = replay_decode_rows(seqs);
         }
         batch = TokenBatch();
         for (const Sequence& s : seqs) batch.add(s.ids);

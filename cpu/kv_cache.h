@@ -96,15 +96,20 @@ struct KvCache {
     }
 };
 
-// --train_kv_replay: k and v [T][kv_heads * D] of one layer replaced, in place, by the values an
-// FP8 cache with these scales ([kv_heads]) stores for them, code x scale as decode reads them back,
-// rounded to BF16 when the activations are BF16 tensors (as the GPU's kv_round_trip_kernel writes
-// them). Training attention then reads what the sampler read; its backward passes straight through.
-inline void kv_fp8_round_trip(float* k, float* v, long T, int kv_heads, int D, const float* k_scale, const float* v_scale,
-                              bool bf16) {
-    auto trip = [bf16](float x, float s) {
-        const float y = e4m3_to_float(float_to_e4m3(x / s)) * s;
-        return bf16 ? round_bf16(y) : y;
+// --train_kv_replay: k and v [T][kv_heads * D] of one layer, in place, through the FP8 cache with
+// these scales ([kv_heads]), in two steps around the training attention:
+//   ToCodes   x -> the value of the E4M3 code of x / scale: what the rollout's cache kept (exact in
+//             BF16); attention then reads it with the scales as decode does (attention_forward_packed);
+//   ToStored  code -> code x scale, the value decode's products stand for, rounded to BF16 when the
+//             activations are BF16 tensors: what the backward reads (straight through: attention's dK
+//             and dV flow to K and V as they were).
+// The GPU's twin is cuda/kernels/kv_replay.cuh.
+enum class KvReplayStep { ToCodes, ToStored };
+inline void kv_fp8_replay(float* k, float* v, long T, int kv_heads, int D, const float* k_scale, const float* v_scale,
+                          KvReplayStep step, bool bf16) {
+    auto trip = [step, bf16](float x, float s) {
+        if (step == KvReplayStep::ToCodes) return e4m3_to_float(float_to_e4m3(x / s));
+        return bf16 ? round_bf16(x * s) : x * s;
     };
     const long width = (long)kv_heads * D;
     for (long i = 0; i < T * width; i++) {

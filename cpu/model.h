@@ -252,9 +252,12 @@ struct ForwardActs {
     std::vector<int64_t> seq_offsets;  // [B + 1] packed batch: sequence s is rows seq_offsets[s] .. seq_offsets[s+1]
     std::vector<LayerActs> layers;
     std::vector<float> k_amax, v_amax;  // [L][KV] max |K| (after k-norm and RoPE) and max |V| per KV head, last pass
-    // --train_kv_replay: [L][KV] FP8 KV scales that K and V go through before attention (kv_fp8_round_trip);
-    // empty: none. Set by the engine before each forward.
+    // --train_kv_replay: [L][KV] FP8 KV scales that K and V go through in attention (replayed_attention);
+    // empty: none. replay_decode_row [T]: 1 where the rollout computed the row in a decode step (a
+    // response position), 0 in its prefill. Set by the engine before each forward.
     std::vector<float> replay_k_scale, replay_v_scale;
+    std::vector<uint8_t> replay_decode_row;
+    std::vector<float> replay_att, replay_lse;  // replayed_attention's decode-style output [T][H][D] and lse [T][H]
     float *hf = nullptr, *xf = nullptr, *rstdf = nullptr;               // final hidden [T, C], normed, rstd
     float *head_logprob = nullptr, *head_entropy = nullptr, *head_lse = nullptr, *head_mu = nullptr;  // [T]
     float* head_top1 = nullptr;  // [T] 1 where the target is the most likely token (head_forward's top1)
@@ -351,6 +354,30 @@ inline void set_batch_rows(ForwardActs& acts, const TokenBatch& b) {
         }
 }
 
+// --train_kv_replay: one layer's attention as the rollout computed it from its FP8 cache. A row its
+// prefill computed (a prompt position) reads the stored values in BF16 with the training kernel, as
+// the prefill did; a row its decode steps computed (a response position: replay_decode_row) reads the
+// E4M3 codes with the KV head's K scale on the scores and V scale on the output, where decode applies
+// them (cpu/attention.h). Both are computed for every row; each row keeps its own. K and V are left
+// as the stored values, which the backward reads (straight through to K and V as they were; a decode
+// row's probabilities are recomputed from them, a rounding of BF16 away from those its forward used).
+inline void replayed_attention(const CpuModel& m, ForwardActs& acts, LayerActs& A, int l, bool bf16) {
+    const long T = acts.T, Q = (long)m.H * m.D;
+    const float *ks = &acts.replay_k_scale[(size_t)l * m.KV], *vs = &acts.replay_v_scale[(size_t)l * m.KV];
+    acts.replay_att.resize((size_t)(T * Q));
+    acts.replay_lse.resize((size_t)(T * m.H));
+    kv_fp8_replay(A.k, A.v, T, m.KV, m.D, ks, vs, KvReplayStep::ToCodes, bf16);
+    attention_forward_packed(acts.replay_att.data(), acts.replay_lse.data(), A.q, A.k, A.v, acts.seq_offsets,
+                             {m.H, m.KV, m.D}, bf16, ks, vs);
+    kv_fp8_replay(A.k, A.v, T, m.KV, m.D, ks, vs, KvReplayStep::ToStored, bf16);
+    attention_forward_packed(A.att, A.lse, A.q, A.k, A.v, acts.seq_offsets, {m.H, m.KV, m.D}, bf16);
+    for (long t = 0; t < T; t++)
+        if (acts.replay_decode_row[(size_t)t]) {
+            std::copy_n(acts.replay_att.data() + t * Q, Q, A.att + t * Q);
+            std::copy_n(acts.replay_lse.data() + t * m.H, m.H, A.lse + t * m.H);
+        }
+}
+
 // One decoder layer, forward. With a cache, K and V are written at acts.cache_row and attention
 // reads the cache (keys of row t: acts.key_start[t] .. + key_count[t] in cache rows).
 inline void layer_forward(const CpuModel& m, const ModelParams& p, ForwardActs& acts, int l, KvCache* cache) {
@@ -379,10 +406,8 @@ inline void layer_forward(const CpuModel& m, const ModelParams& p, ForwardActs& 
                                  {m.H, m.KV, m.D}, acts.attn_scratch.data(),
                                  acts.attn_scratch_stride, bf16, acts.cached_rows);
     } else {
-        if (!acts.replay_k_scale.empty())  // after the amaxes: the next rollout's scales see the values as they are
-            kv_fp8_round_trip(A.k, A.v, T, m.KV, m.D, &acts.replay_k_scale[(size_t)l * m.KV], &acts.replay_v_scale[(size_t)l * m.KV],
-                              bf16);
-        attention_forward_packed(A.att, A.lse, A.q, A.k, A.v, acts.seq_offsets, {m.H, m.KV, m.D}, bf16);
+        if (!acts.replay_k_scale.empty()) replayed_attention(m, acts, A, l, bf16);  // after the amaxes: the next rollout's
+        else attention_forward_packed(A.att, A.lse, A.q, A.k, A.v, acts.seq_offsets, {m.H, m.KV, m.D}, bf16);  // see K, V as they are
     }
     linear_forward(A.h1, A.att, T, p.linear(m, l, kO), p.precision);
     residual_add(A.h1, x, A.h1, T * m.C, bf16);

@@ -15,11 +15,11 @@ policies those steps roll out are checkpoints no test has seen), Calibrated Clip
 multiplier calib/rho_ref and its final bounds, final greedy accuracy and peak entropy.
 """
 import argparse
-import concurrent.futures
-import json
 import os
 import subprocess
 import sys
+
+from miniature import MINIATURE, add_common_args, arm_dir, read_log, run_arms, spread, write_table
 
 FP8 = ["--rollout_precision", "fp8", "--train_precision", "fp8", "--fp8_scaling", "block", "--calibrated_clip", "1",
        "--cc_interval", "5"]
@@ -40,11 +40,6 @@ METRICS = [  # column, key, reduction
 ]
 
 
-def read_log(path):
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
 def reduce(rows, key, how):
     v = [r[key] for r in rows if r.get(key) is not None]
     if not v:
@@ -60,50 +55,26 @@ def reduce(rows, key, how):
 
 
 def run_one(a, name, flags, seed):
-    out_dir = os.path.join(a.out, f"seed{seed}", name.replace(" ", "_").replace(",", ""))
-    cmd = [a.bin, "--init", "tiny", "--task", "add", "--task_size", "1", "--max_new_tokens", "3", "--group_size", "16",
-           "--batch_prompts", "32", "--minibatches", "4", "--lr", "3e-4", "--temperature", "1.5", "--eval_every",
-           str(a.steps), "--eval_prompts", "100", "--eval_k", "0", "--seed", str(seed), "--steps", str(a.steps),
-           "--threads", "1"] + flags + ["--out_dir", out_dir]
+    out_dir = arm_dir(a, name, seed)
+    cmd = [a.bin, "--init", "tiny"] + MINIATURE + ["--eval_every", str(a.steps), "--seed", str(seed), "--steps", str(a.steps),
+                                                   "--threads", "1"] + flags + ["--out_dir", out_dir]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-    return name, seed, read_log(os.path.join(out_dir, "log.jsonl"))
-
-
-def spread(values):
-    values = [v for v in values if v == v]
-    if not values:
-        return "n/a"
-    mean = sum(values) / len(values)
-    fmt = (lambda v: f"{v:.2e}") if max(abs(v) for v in values) < 1e-2 else (lambda v: f"{v:.3f}")
-    return f"{fmt(mean)} ({fmt(min(values))}..{fmt(max(values))})"
+    return read_log(os.path.join(out_dir, "log.jsonl"))
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=40)
-    ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
-    ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--out", default="runs/kv_replay")
-    ap.add_argument("--bin", default="./train_rl_cpu")
+    add_common_args(ap, 40, "runs/kv_replay")
     a = ap.parse_args()
     a.bin = os.path.abspath(a.bin)
     os.makedirs(a.out, exist_ok=True)
-    runs = {}
-    with concurrent.futures.ThreadPoolExecutor(max_workers=a.jobs) as pool:
-        futures = [pool.submit(run_one, a, name, flags, seed) for seed in a.seeds for name, flags in ARMS]
-        for f in concurrent.futures.as_completed(futures):
-            name, seed, rows = f.result()
-            runs.setdefault(name, {})[seed] = rows
-            print(f"== {name}, seed {seed}: done", flush=True)
+    runs = run_arms(a, ARMS, run_one)
     lines = [f"{len(a.seeds)} seeds ({', '.join(map(str, a.seeds))}), {a.steps} steps; mean (min..max) over the seeds", "",
              "| arm | " + " | ".join(m[0] for m in METRICS) + " |", "|" + "---|" * (len(METRICS) + 1)]
     for name, _ in ARMS:
         cells = [spread([reduce(runs[name][s], key, how) for s in a.seeds]) for _, key, how in METRICS]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    table = "\n".join(lines) + "\n"
-    with open(os.path.join(a.out, "table.md"), "w") as f:
-        f.write(table)
-    print(table)
+    write_table(a.out, lines)
 
 
 if __name__ == "__main__":

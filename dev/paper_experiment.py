@@ -3,12 +3,13 @@
 FP8 scaling granularity (--fp8_scaling block, row, tensor) with and without Calibrated Clipping, over
 several seeds.
 
-usage: python3 dev/paper_experiment.py [--steps N] [--seeds 1 2 3] [--outliers F] [--jobs J]
+usage: python3 dev/paper_experiment.py [--steps N] [--seeds 1 2 3] [--outliers F] [--jobs J] [--arms NAME ...]
                                        [--out runs/paper] [--bin ./train_rl_cpu] [-- extra flags]
 
-Runs the demo task (addition, a fresh tiny model per seed) under 7 settings: bf16 rollout and
-training with a BF16 KV cache; fp8 rollout and training with an FP8 KV cache at each granularity,
-each with Calibrated Clipping off and on (bounds refit every 5 steps). Every step makes several
+Runs the demo task (addition, a fresh tiny model per seed) under 8 settings (or the --arms named):
+bf16 rollout and training with a BF16 KV cache; fp8 rollout and training with an FP8 KV cache at
+each granularity, each with Calibrated Clipping off and on (bounds refit every 5 steps); and block
+with CC and --train_kv_replay 1 (issue 60: does reading the cache as the sampler did move CC's bounds?). Every step makes several
 updates from one rollout batch (--minibatches 4), so the ratios of later minibatches move away from
 1 and clipping can act.
 
@@ -24,23 +25,17 @@ groups confine the damage to the outliers' group. --outliers 0 trains the plain 
 Writes OUT/table.md (per setting, mean and spread (min..max) over the seeds of: final greedy
 accuracy, peak entropy, clip fractions of negative-advantage tokens (A<0, r below the lower bound)
 and positive-advantage tokens (A>0, r above the upper bound), rollout/train mismatch (mean
-|log p_old - log p_rollout| per token)) and OUT/paper.png (accuracy, entropy and clip-fraction curves, mean over seeds with the min-max band).
-Needs matplotlib, and torch + safetensors for --outliers.
+|log p_old - log p_rollout| per token), Calibrated Clipping's reference multiplier calib/rho_ref and
+its final bounds) and OUT/paper.png (accuracy, entropy and clip-fraction curves, mean over seeds with the min-max band).
+Needs matplotlib for the plot (without it, the table only), and torch + safetensors for --outliers.
 """
 import argparse
-import concurrent.futures
-import json
 import os
 import shutil
 import subprocess
 import sys
 
-import matplotlib
-
-from np_model import add_massive_activations
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+from miniature import MINIATURE, add_common_args, arm_dir, read_log, run_arms, spread, write_table
 
 FP8 = ["--rollout_precision", "fp8", "--train_precision", "fp8", "--kv_cache", "fp8"]
 CC = ["--calibrated_clip", "1", "--cc_interval", "5"]
@@ -48,6 +43,8 @@ CONFIGS = [("bf16", ["--rollout_precision", "bf16", "--train_precision", "bf16",
 for scaling in ("block", "row", "tensor"):
     CONFIGS.append((f"fp8 {scaling}", FP8 + ["--fp8_scaling", scaling]))
     CONFIGS.append((f"fp8 {scaling} +CC", FP8 + ["--fp8_scaling", scaling] + CC))
+# the trainer reading K and V through the rollout's FP8 cache (issue 60): does it change CC's bounds?
+CONFIGS.append(("fp8 block +CC +replay", FP8 + ["--fp8_scaling", "block"] + CC + ["--train_kv_replay", "1"]))
 
 METRICS = [  # column, log key, how a run's series becomes one number
     ("final greedy acc", "val-core/add/acc/greedy", "last"),
@@ -55,12 +52,10 @@ METRICS = [  # column, log key, how a run's series becomes one number
     ("clip frac A<0 (r<low)", "actor/pg_clipfrac_low", "mean"),
     ("clip frac A>0 (r>high)", "actor/pg_clipfrac_high", "mean"),
     ("mismatch |lp_old - lp_roll|", "rollout_corr/logprob_abs_diff", "mean"),
+    ("CC rho_ref", "calib/rho_ref", "mean"),
+    ("final clip_low", "calib/clip_low", "last"),
+    ("final clip_high", "calib/clip_high", "last"),
 ]
-
-
-def read_log(path):
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
 
 
 def column(rows, key):
@@ -77,6 +72,7 @@ def reduce(series, how):
 def outlier_model(a, seed, out):
     """The seed's fresh `--init tiny` model with massive-activation channels (module docstring)."""
     import torch
+    from np_model import add_massive_activations
     from safetensors.torch import load_file, save_file
     init_run = os.path.join(out, "init_run")
     subprocess.run([a.bin, "--init", "tiny", "--task", "add", "--task_size", "1", "--seed", str(seed), "--steps", "1",
@@ -93,73 +89,63 @@ def outlier_model(a, seed, out):
 
 
 def run_one(a, name, flags, seed):
-    out_dir = os.path.join(a.out, f"seed{seed}", name.replace(" ", "_").replace("+", ""))
+    out_dir = arm_dir(a, name, seed)
     model = ["--init", "tiny"]
     if a.outliers > 1:
         model = ["--model", os.path.join(a.out, f"seed{seed}", "model")]
-    cmd = [a.bin] + model + ["--task", "add", "--task_size", "1", "--max_new_tokens", "3", "--group_size", "16",
-                             "--batch_prompts", "32", "--minibatches", "4", "--lr", "3e-4", "--temperature", "1.5",
-                             "--eval_every", "20", "--eval_prompts", "100", "--eval_k", "0", "--seed", str(seed),
-                             "--steps", str(a.steps)] + flags + a.extra + ["--out_dir", out_dir]
+    cmd = [a.bin] + model + MINIATURE + ["--eval_every", "20", "--seed", str(seed), "--steps", str(a.steps)] + flags + \
+        a.extra + ["--out_dir", out_dir]
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=env)
-    return name, seed, read_log(os.path.join(out_dir, "log.jsonl"))
-
-
-def spread(values):
-    values = [v for v in values if v == v]
-    if not values:
-        return "n/a"
-    mean = sum(values) / len(values)
-    fmt = (lambda v: f"{v:.2e}") if max(abs(v) for v in values) < 1e-2 else (lambda v: f"{v:.3f}")
-    return f"{fmt(mean)} ({fmt(min(values))}..{fmt(max(values))})"
+    return read_log(os.path.join(out_dir, "log.jsonl"))
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=300)
-    ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    add_common_args(ap, 300, "runs/paper")
     ap.add_argument("--outliers", type=float, default=1e4)
-    ap.add_argument("--jobs", type=int, default=2, help="runs at once (each on OMP_NUM_THREADS threads, default 1)")
+    ap.add_argument("--arms", nargs="+", default=[name for name, _ in CONFIGS], help="the settings to run, by name")
     ap.add_argument("--replot", action="store_true", help="read the runs' logs under --out again: the table and plot only")
-    ap.add_argument("--out", default="runs/paper")
-    ap.add_argument("--bin", default="./train_rl_cpu")
     ap.add_argument("extra", nargs="*")
     a = ap.parse_args()
     a.bin = os.path.abspath(a.bin)
     os.makedirs(a.out, exist_ok=True)
-    runs = {}  # name -> {seed: rows}
+    configs = [(name, flags) for name, flags in CONFIGS if name in a.arms]
+    if len(configs) != len(a.arms):
+        ap.error(f"--arms: each of {a.arms} must be one of {[name for name, _ in CONFIGS]}")
     if a.replot:
-        for seed in a.seeds:
-            for name, _ in CONFIGS:
-                out_dir = os.path.join(a.out, f"seed{seed}", name.replace(" ", "_").replace("+", ""))
-                runs.setdefault(name, {})[seed] = read_log(os.path.join(out_dir, "log.jsonl"))
-    elif a.outliers > 1:
-        for seed in a.seeds:
-            outlier_model(a, seed, os.path.join(a.out, f"seed{seed}"))
-    with concurrent.futures.ThreadPoolExecutor(max_workers=a.jobs) as pool:
-        futures = [] if a.replot else [pool.submit(run_one, a, name, flags, seed) for seed in a.seeds for name, flags in CONFIGS]
-        for f in concurrent.futures.as_completed(futures):
-            name, seed, rows = f.result()
-            runs.setdefault(name, {})[seed] = rows
-            print(f"== {name}, seed {seed}: done", flush=True)
+        runs = {name: {seed: read_log(os.path.join(arm_dir(a, name, seed), "log.jsonl")) for seed in a.seeds}
+                for name, _ in configs}
+    else:
+        if a.outliers > 1:
+            for seed in a.seeds:
+                outlier_model(a, seed, os.path.join(a.out, f"seed{seed}"))
+        runs = run_arms(a, configs, run_one)
     header = "| setting | " + " | ".join(m[0] for m in METRICS) + " |"
     lines = [f"{len(a.seeds)} seeds ({', '.join(map(str, a.seeds))}), {a.steps} steps, outliers "
              f"{a.outliers if a.outliers > 1 else 'none'}; mean (min..max) over the seeds", "", header,
              "|" + "---|" * (len(METRICS) + 1)]
-    for name, _ in CONFIGS:
+    for name, _ in configs:
         cells = [spread([reduce(column(runs[name][s], key), how) for s in a.seeds]) for _, key, how in METRICS]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    table = "\n".join(lines) + "\n"
-    with open(os.path.join(a.out, "table.md"), "w") as f:
-        f.write(table)
-    print(table)
+    write_table(a.out, lines)
+    plot(a, configs, runs)
+
+
+def plot(a, configs, runs):
+    try:
+        import matplotlib
+    except ImportError:
+        print("no matplotlib: the table only")
+        return
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
     fig, axes = plt.subplots(2, 2, figsize=(13, 8))
     curves_of = [("greedy eval accuracy", METRICS[0][1]), ("entropy", METRICS[1][1]),
                  ("clip fraction, A<0 and r below the lower bound", METRICS[2][1]),
                  ("rollout/train mismatch, mean |log p_old - log p_rollout|", METRICS[4][1])]
     for ax, (title, key) in zip(axes.flat, curves_of):
-        for name, _ in CONFIGS:
+        for name, _ in configs:
             curves = [dict(column(runs[name][s], key)) for s in a.seeds]
             steps = sorted(set.intersection(*(set(c) for c in curves)))
             if not steps:

@@ -20,10 +20,10 @@ using namespace fp8rl;
 namespace {
 
 // A small, fast configuration of the demo task: 1-digit addition, tiny model.
-std::string small_run(const std::string& out_dir, int steps) {
-    return strfmt(" --init tiny --task add --task_size 1 --max_new_tokens 3 --group_size 4 --batch_prompts 8 --minibatches 2"
+std::string small_run(const std::string& out_dir, int steps, int minibatches = 2) {
+    return strfmt(" --init tiny --task add --task_size 1 --max_new_tokens 3 --group_size 4 --batch_prompts 8 --minibatches %d"
                   " --lr 3e-3 --steps %d --eval_every 1 --eval_prompts 8 --eval_k 2 --seed 7 --out_dir %s",
-                  steps, out_dir.c_str());
+                  minibatches, steps, out_dir.c_str());
 }
 
 }  // namespace
@@ -301,26 +301,29 @@ TEST(trainer_mpi_two_ranks_match_one) {
 
 // The same with an FP8 KV cache: its scales come from the K/V amax of a forward over the prompts,
 // and each rank sees only its own, so the ranks reduce their amaxes (the max over ranks, exact)
-// before they become scales. One step: before its update the two runs are the same computation, so
-// the scales are the one rank's bit for bit, and so are the rollouts (rewards, lengths, rollout
-// log-probs); the update, and the eval after it, agree as above. (A second step would start from
-// weights a rounding apart, which a second minibatch's ratio amplifies: under the sanitizer build,
-// measured, actor/ppo_kl 0.5% apart at step 2.)
+// before they become scales. One step of one minibatch, so one update: before it the two runs are the
+// same computation, so the scales are the one rank's bit for bit, and so are the rollouts (rewards,
+// lengths, rollout log-probs); the update, and the eval after it, agree as above. A second update
+// (a second minibatch or step) starts from weights a rounding apart: a BF16 activation that rounds
+// the other way moves the gradient of a weight whose gradient is near zero by a large fraction of
+// itself, which AdamW's m / (sqrt(v) + eps) turns into a weight change of up to lr. Measured with 2
+// minibatches at 1 step (1 rank whole against micro-batches, which reproduce 2 ranks bit for bit):
+// seed 7 with --train_kv_replay 1 1.2e-4 apart (10 BF16 elements of layer 1's q rounded the other
+// way in the second minibatch's forward; K and V identical), seed 2 without replay 6.0e-5 apart; with
+// one minibatch every case within 1.3e-6. Replay itself is a function of each token's own K and V and
+// the rollout's scales (which check_kv_scales_equal shows equal), so it is the same on every rank.
 TEST(trainer_mpi_two_ranks_match_one_fp8_kv_cache) {
     if (std::system("command -v mpirun > /dev/null 2>&1") != 0) SKIP("mpirun not found (install openmpi-bin)");
     std::string mpirun = "ASAN_OPTIONS=detect_leaks=0 OMPI_MCA_btl=self,vader mpirun --allow-run-as-root --oversubscribe -np ";
     for (const char* replay : {"0", "1"}) {  // 1: the trainer reads K and V through the same scales on every rank
         std::string d = temp_dir(std::string("mpi_kv_replay") + replay);
         const std::string flags = std::string(" --threads 1 --entropy_coef 0.01 --kv_cache fp8 --train_kv_replay ") + replay;
-        harness::RunResult one = run_cmd(mpirun + "1 " + harness::binary() + small_run(d + "/r1", 1) + flags);
-        harness::RunResult two = run_cmd(mpirun + "2 " + harness::binary() + small_run(d + "/r2", 1) + flags);
+        harness::RunResult one = run_cmd(mpirun + "1 " + harness::binary() + small_run(d + "/r1", 1, 1) + flags);
+        harness::RunResult two = run_cmd(mpirun + "2 " + harness::binary() + small_run(d + "/r2", 1, 1) + flags);
         CHECK_MSG(one.status == 0 && two.status == 0, "%s\n%s", one.output.c_str(), two.output.c_str());
         if (one.status || two.status) return;
         if (two.output.find("2 rank(s)") == std::string::npos) SKIP("train_rl_cpu was built without MPI (no mpicxx: install libopenmpi-dev, then rebuild)");
         check_kv_scales_equal(d + "/r1", d + "/r2");
-        // Known defect (issue 60, open): with replay the CPU engine's 2 ranks end one step 1.2e-4 apart
-        // in the weights (1.2e-7 without; the emulated GPU engine's 2 ranks agree to 6e-8 with replay).
-        if (replay[0] == '1') SKIP("--train_kv_replay 1 on the CPU engine: 2 ranks differ from 1 (issue 60)");
         check_runs_agree(d + "/r1", d + "/r2", 1e-3, 1e-6, 1e-4);
     }
 }
@@ -415,11 +418,12 @@ TEST(trainer_dump_rollouts_lines_parse_and_match_the_log) {
     printf("    %d lines, %d clipped tokens\n", lines, clipped);
 }
 
-// --train_kv_replay 1 on an FP8 KV cache: the trainer's attention reads K and V as the sampler's
-// decode read them, so the step's rollout/train mismatch falls to about what a BF16 cache leaves
-// (measured on this run: k3_kl 6.2e-6 without replay, 3.0e-7 with, 1.7e-7 with a BF16 cache; the
-// residue is the BF16 rounding of the dequantized values and decode applying the scale to the
-// products). Checked: at least 5x below no replay and within 3x of the BF16 cache.
+// --train_kv_replay 1 on an FP8 KV cache: the trainer's attention reads K and V as the sampler read
+// them (prompt rows as the prefill, response rows as decode: codes, scales on the products), so the
+// step's rollout/train mismatch falls to about what a BF16 cache leaves, decode's summation order
+// (measured on this run: k3_kl 6.2e-6 without replay, 2.2e-7 with, 1.7e-7 with a BF16 cache; 3.0e-7
+// when every row read BF16 stored values). Checked: at least 5x below no replay and within 1.5x of
+// the BF16 cache (issue 60's bound).
 TEST(trainer_kv_replay_removes_the_fp8_kv_mismatch) {
     std::string d = temp_dir("kv_replay");
     const std::string run = " --init tiny --task add --task_size 2 --max_new_tokens 6 --group_size 4 --batch_prompts 8 --lr 3e-3"
@@ -437,5 +441,5 @@ TEST(trainer_kv_replay_removes_the_fp8_kv_mismatch) {
     }
     printf("    k3_kl: bf16 cache %.3g, fp8 cache %.3g, fp8 cache replayed %.3g\n", k3[0], k3[1], k3[2]);
     CHECK_MSG(k3[2] * 5 < k3[1], "replay leaves k3_kl %.3g of %.3g", k3[2], k3[1]);
-    CHECK_MSG(k3[2] < 3 * k3[0], "replay's k3_kl %.3g, the BF16 cache's %.3g", k3[2], k3[0]);
+    CHECK_MSG(k3[2] < 1.5 * k3[0], "replay's k3_kl %.3g, the BF16 cache's %.3g", k3[2], k3[0]);
 }

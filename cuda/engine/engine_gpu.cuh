@@ -550,9 +550,11 @@ class GpuEngine : public Engine {
     Precision precision_ = Precision::BF16;
     bool for_backward_ = false;  // the last forward keeps what a backward reads
     // --train_kv_replay: on during a replayed forward (and the recomputes of its backward); the rollout's
-    // scales [K, V][L][KV] as the forward read them; whether the last training forward replayed
+    // scales [K, V][L][KV] as the forward read them; its rows read as decode steps (replay_decode_rows);
+    // whether the last training forward replayed
     bool kv_replay_ = false, train_kv_replayed_ = false;
     DeviceArray<float> kv_replay_scales_;
+    DeviceArray<uint8_t> kv_replay_decode_rows_;
     float temperature_ = 1.0f;
     long T_ = 0, Tp_ = 0;
     std::vector<int32_t> target_host_, pos_host_;
@@ -1097,12 +1099,19 @@ inline void GpuEngine::layer_forward(int l, bool recomputing, const std::functio
     if (options_.one_fp8_weight_copy && r.precision == Precision::BF16) load_layer_bf16(l);
     attention_inputs(A, recomputing || l == 0 ? nullptr : &layers_[l - 1], l, r);
     if (kv_ready) kv_ready(l);
-    if (kv_replay_) {
-        const float* k_scale = kv_replay_scales_.get() + (size_t)l * m.KV;
-        kv_replay_round_trip(A.k, A.v, k_scale, k_scale + (size_t)m.L * m.KV, T_, m.KV, m.D, stream_);
-    }
     const PackedAttentionShape shape{T_, m.H, m.KV, m.D, batch_.num_sequences(), max_seqlen_};
-    attention_forward(A.att, A.lse, A.q, A.k, A.v, cu_seqlens_.get(), shape, stream_);
+    if (kv_replay_) {  // kv_replay.cuh's steps; the decode rows' output and lse in the FP32 GEMM scratch, free here
+        const float *k_scale = kv_replay_scales_.get() + (size_t)l * m.KV, *v_scale = k_scale + (size_t)m.L * m.KV;
+        bf16* decode_att = reinterpret_cast<bf16*>(r.gemm_f32);
+        float* decode_lse = reinterpret_cast<float*>(decode_att + T_ * m.H * m.D);
+        kv_replay_step(A.k, A.v, k_scale, v_scale, T_, m.KV, m.D, KvReplayGpuStep::ToCodes, stream_);
+        attention_forward(decode_att, decode_lse, A.q, A.k, A.v, cu_seqlens_.get(), shape, stream_, k_scale, v_scale);
+        kv_replay_step(A.k, A.v, k_scale, v_scale, T_, m.KV, m.D, KvReplayGpuStep::ToStored, stream_);
+        attention_forward(A.att, A.lse, A.q, A.k, A.v, cu_seqlens_.get(), shape, stream_);
+        kv_replay_keep_decode_rows(A.att, A.lse, decode_att, decode_lse, kv_replay_decode_rows_.get(), T_, m.H, m.D, stream_);
+    } else {
+        attention_forward(A.att, A.lse, A.q, A.k, A.v, cu_seqlens_.get(), shape, stream_);
+    }
     attention_outputs(A, l, r, recomputing);
 }
 
@@ -1136,6 +1145,9 @@ inline void GpuEngine::forward(const std::vector<Sequence>& seqs, Precision p, b
         scales.insert(scales.end(), v.begin(), v.end());
         kv_replay_scales_.resize(scales.size(), "--train_kv_replay KV scales");
         kv_replay_scales_.upload(scales);
+        const std::vector<uint8_t> decode_rows = replay_decode_rows(seqs);
+        kv_replay_decode_rows_.resize(std::max<size_t>(1, decode_rows.size()), "--train_kv_replay decode rows");
+        if (!decode_rows.empty()) kv_replay_decode_rows_.upload(decode_rows);
     }
     if (for_backward) train_kv_replayed_ = kv_replay_;
     trunk_forward(seqs, p, for_backward);

@@ -200,7 +200,8 @@ __device__ void store_rows_bf16(__nv_bfloat16* dst, long row_stride, long row0, 
 template <int D>
 __global__ void __launch_bounds__(kAttnThreads)
     attention_forward_kernel(__nv_bfloat16* out, float* lse, const __nv_bfloat16* q, const __nv_bfloat16* k,
-                             const __nv_bfloat16* v, const int* cu_seqlens, int H, int KV) {
+                             const __nv_bfloat16* v, const int* cu_seqlens, int H, int KV, const float* k_scale,
+                             const float* v_scale) {
     using Tile = SwizzledTile<D>;
     DYNAMIC_SHARED(unsigned char, smem_raw);
     unsigned char* q_tile = align_shared_1024(smem_raw);
@@ -221,7 +222,7 @@ __global__ void __launch_bounds__(kAttnThreads)
     copy.start(q_tile, q + seq_begin * ldq + head * D, ldq, q0, (int)(key_end - q0));
     start_copy(k_tiles, k_src, 0);
     __pipeline_commit();
-    const float scale = 1.0f / sqrtf((float)D);
+    const float scale = 1.0f / sqrtf((float)D) * (k_scale ? k_scale[kv_head] : 1.0f);  // K scale: see attention_forward
     const long warp_row0 = q0 + 16 * warp;
     float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};  // rows g and g + 8; row_sum per lane
     ScoreAccumulator s_acc;
@@ -294,7 +295,7 @@ __global__ void __launch_bounds__(kAttnThreads)
     float inv[2];
     for (int r = 0; r < 2; r++) {
         const float total = quad_sum(row_sum[r]);
-        inv[r] = 1.0f / total;
+        inv[r] = (v_scale ? v_scale[kv_head] : 1.0f) / total;
         const long row = warp_row0 + lane_id() / 4 + 8 * r;
         if (lane_id() % 4 == 0 && row < seq_len) lse[(seq_begin + row) * H + head] = row_max[r] + logf(total);
     }
@@ -550,10 +551,10 @@ size_t attention_smem(Kernel kernel, int tiles, size_t extra) {
 template <int D>
 void attention_forward_d(__nv_bfloat16* out, float* lse, const __nv_bfloat16* q, const __nv_bfloat16* k,
                          const __nv_bfloat16* v, const int* cu_seqlens, const PackedAttentionShape& s,
-                         cudaStream_t stream) {
+                         cudaStream_t stream, const float* k_scale, const float* v_scale) {
     const size_t smem = attention_smem<D>(attention_forward_kernel<D>, 5, 0);
     LAUNCH_KERNEL(attention_forward_kernel<D>, attention_grid(s, s.H), kAttnThreads, smem, stream, out, lse, q, k, v,
-                  cu_seqlens, s.H, s.KV);
+                  cu_seqlens, s.H, s.KV, k_scale, v_scale);
 }
 
 template <int D>
@@ -572,14 +573,17 @@ void attention_backward_d(__nv_bfloat16* dq, __nv_bfloat16* dk, __nv_bfloat16* d
 }
 
 // Forward: out [T][H][D], lse [T][H] from q [T][H][D], k, v [T][KV][D]; cu_seqlens [num_seqs + 1]
-// on the device, increasing from 0 to T, no sequence longer than max_seqlen.
+// on the device, increasing from 0 to T, no sequence longer than max_seqlen. k_scale, v_scale [KV] on
+// the device (null: 1): K and V are FP8 codes' values (--train_kv_replay, kv_replay.cuh), read as
+// decode reads them: a KV head's K scale joins the scores' D^-1/2, its V scale the output's 1 / sum
+// (the CPU engine's attention_forward_packed).
 inline void attention_forward(__nv_bfloat16* out, float* lse, const __nv_bfloat16* q, const __nv_bfloat16* k,
                               const __nv_bfloat16* v, const int* cu_seqlens, const PackedAttentionShape& s,
-                              cudaStream_t stream) {
+                              cudaStream_t stream, const float* k_scale = nullptr, const float* v_scale = nullptr) {
     check_attention_shape("attention_forward", s);
     if (s.T == 0 || s.num_seqs == 0) return;
     with_head_dim("attention", s.D, [&](auto head_dim) {
-        attention_forward_d<decltype(head_dim)::value>(out, lse, q, k, v, cu_seqlens, s, stream);
+        attention_forward_d<decltype(head_dim)::value>(out, lse, q, k, v, cu_seqlens, s, stream, k_scale, v_scale);
     });
 }
 

@@ -100,6 +100,16 @@ inline EngineOptions without_kv_replay(EngineOptions o) {
     return o;
 }
 
+// --train_kv_replay: per row of the sequences packed in order, 1 where the rollout computed it in a
+// decode step (a response position), 0 in its prefill (a prompt position): how that row read the FP8
+// KV cache, and so how the trainer's attention replays it (cpu/model.h's replayed_attention).
+inline std::vector<uint8_t> replay_decode_rows(const std::vector<Sequence>& seqs) {
+    std::vector<uint8_t> rows;
+    for (const Sequence& s : seqs)
+        for (size_t t = 0; t < s.ids.size(); t++) rows.push_back((int64_t)t >= s.prompt_len);
+    return rows;
+}
+
 // The most a training run asks of an engine's memory at once, known before the engine exists (an
 // engine on a device plans its memory with it: cuda/engine/memory_plan.h).
 struct MemoryDemand {

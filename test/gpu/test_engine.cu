@@ -1,7 +1,7 @@
 // test_engine.cu: the GPU engine (cuda/engine/engine_gpu.cuh) against the CPU engine (cpu/engine_cpu.h) on
 // the fixture models: log-probs and entropies of ragged packed batches in bf16 and fp8, and the
 // gradients of one backward, tensor by tensor; backward adds to the gradients (micro-batches);
-// --recompute layer changes no bit.
+// --recompute layer changes no bit; --train_kv_replay's forwards and backward.
 //
 // The bound, justified: the CPU engine rounds where the GPU kernels round, in their order (the
 // attention kernels' key tiles, running max, rescaling and BF16 probabilities, cpu/attention.h; dq,
@@ -67,15 +67,32 @@ double relative_distance(const float* a, const float* b, size_t n) {
     return std::sqrt(d / std::max(r, 1e-300));
 }
 
-// precisions: those compared (bf16 does not depend on options.fp8_scaling).
+// precisions: those compared (bf16 does not depend on options.fp8_scaling). options.train_kv_replay:
+// each engine first samples two tokens after every prompt with an FP8 KV cache, whose scales its
+// replayed forwards read (the same in both engines: checked in emulation).
 void compare_engines(const std::string& dir, const EngineOptions& options = {},
                      const std::vector<Precision>& precisions = {Precision::BF16, Precision::FP8}) {
     CpuEngine cpu(dir, options);
     GpuEngine gpu(dir, options);
     const std::string name = dir.substr(dir.rfind('/') + 1) +
-                             (options.fp8_scaling == Fp8Scaling::Block ? "" : std::string(" ") + fp8_scaling_name(options.fp8_scaling));
+                             (options.fp8_scaling == Fp8Scaling::Block ? "" : std::string(" ") + fp8_scaling_name(options.fp8_scaling)) +
+                             (options.train_kv_replay ? " replay" : "");
     const ModelConfig& c = cpu.config();
     const std::vector<Sequence> seqs = ragged_batch((int)c.vocab_size, 7);
+    if (options.train_kv_replay) {
+        std::vector<GenRequest> requests;
+        for (size_t s = 0; s < seqs.size(); s++)
+            requests.push_back({std::vector<int32_t>(seqs[s].ids.begin(), seqs[s].ids.begin() + seqs[s].prompt_len), (uint32_t)s});
+        SamplingConfig sampling;
+        sampling.max_new_tokens = 2;
+        cpu.generate(requests, 0, sampling, Precision::FP8, Precision::FP8, nullptr);
+        gpu.generate(requests, 0, sampling, Precision::FP8, Precision::FP8, nullptr);
+        std::vector<float> ck, cv, gk, gv;
+        cpu.last_kv_scales(&ck, &cv);
+        gpu.last_kv_scales(&gk, &gv);
+        CHECK(!ck.empty() && ck.size() == gk.size());
+        if (emulated) CHECK_MSG(ck == gk && cv == gv, "the engines' FP8 KV scales differ in emulation");
+    }
     TokenValues ref_lp, ref_ent;
     cpu.logprobs(seqs, Precision::FP32, 0.8f, &ref_lp, &ref_ent);
     for (Precision p : precisions) {
@@ -154,6 +171,16 @@ TEST(gpu_engine_matches_cpu_engine_gqa3_dims_not_multiples_of_128) {
 }
 // --fp8_scaling row and tensor: the OUTER_VEC and SCALAR GEMMs, the two-pass quantizers and the
 // weights' copies, in the forward and the backward, against the CPU oracle at the same granularity.
+// --train_kv_replay: the old-log-prob and training forwards' attention reads the FP8 cache (prompt
+// rows as the prefill, response rows as decode: cpu/model.h's replayed_attention), per KV head scales.
+TEST(gpu_engine_matches_cpu_engine_kv_replay) {
+    REQUIRE_GPU();
+    EngineOptions o;
+    o.train_kv_replay = true;
+    o.kv_scale_per_head = true;
+    compare_engines("test/fixtures/models/qwen3_tiny", o, {Precision::FP8});
+}
+
 TEST(gpu_engine_matches_cpu_engine_row_and_tensor_scaling) {
     REQUIRE_GPU();
     for (Fp8Scaling s : {Fp8Scaling::Row, Fp8Scaling::Tensor}) {
