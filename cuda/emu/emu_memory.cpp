@@ -9,6 +9,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -37,14 +38,14 @@ size_t allocated = 0;
 unsigned long long serials = 0;
 struct sigaction previous_segv;
 
-size_t page_round(size_t n) {
-    size_t page = (size_t)sysconf(_SC_PAGESIZE);
-    return (n + page - 1) / page * page;
-}
+// The arena is backed by 2 MB huge pages where the kernel allows (MADV_HUGEPAGE), and opened and
+// closed in whole huge pages: mprotect then rewrites one entry per 2 MB instead of 512, and a
+// huge page never splits. At 4 KB pages the page-table walk of mprotect was ~20% of a rollout test.
+constexpr size_t HUGE_PAGE = 2u << 20;
 
 void protect(size_t from, size_t to, int prot) {
-    from = from / (size_t)sysconf(_SC_PAGESIZE) * (size_t)sysconf(_SC_PAGESIZE);
-    to = page_round(to);
+    from = from / HUGE_PAGE * HUGE_PAGE;
+    to = std::min((to + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE, reserved);
     if (to > from && mprotect(arena + from, to - from, prot) != 0) {
         perror("CUDA emulation: mprotect of the device memory arena");
         abort();
@@ -94,13 +95,15 @@ void on_segv(int sig, siginfo_t* info, void* context) {
 }
 
 void reserve_arena() {
-    reserved = page_round(2 * capacity() + (1ull << 30));  // room for alignment, gaps and fragmentation
-    void* p = mmap(nullptr, reserved, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    reserved = (2 * capacity() + (1ull << 30) + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE;  // alignment, gaps, fragmentation
+    // one huge page more, to start the arena on a huge page's boundary
+    void* p = mmap(nullptr, reserved + HUGE_PAGE, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED) {
         perror("CUDA emulation: cannot reserve the device memory arena");
         abort();
     }
-    arena = (char*)p;
+    arena = (char*)(((uintptr_t)p + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE);
+    madvise(arena, reserved, MADV_HUGEPAGE);  // a hint: where the kernel refuses, 4 KB pages work the same
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_sigaction = on_segv;

@@ -6,5 +6,5 @@
 # LC_ALL=C: the script counts bytes.
 dir=$(dirname "$0")
 export LC_ALL=C
-if awk -W version 2>/dev/null | grep -q mawk; then exec awk -W interactive -f "$dir/exact_match.awk"; fi
-exec awk -f "$dir/exact_match.awk"
+if awk -W version 2>/dev/null | grep -q mawk; then exec awk -W interactive -f "$dir/json_lines.awk" -f "$dir/exact_match.awk"; fi
+exec awk -f "$dir/json_lines.awk" -f "$dir/exact_match.awk"

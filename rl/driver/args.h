@@ -73,6 +73,13 @@ inline const std::vector<FlagSpec>& flag_table() {
         {"reward_batch", "reward", FlagKind::Int, "64", "1..", "--reward_url: responses per POST"},
         {"reward_timeout", "reward", FlagKind::Float, "60", "0.001..", "seconds a --reward_cmd request or a --reward_url POST may take; past it the run stops with an error, unless --reward_on_timeout"},
         {"reward_on_timeout", "reward", FlagKind::Float, "", "..", "the reward of a response whose scoring timed out (counted in reward/timeouts) instead of stopping the run"},
+        // multi-turn environments (docs/rewards-and-tasks.md)
+        {"env_cmd", "environment", FlagKind::String, "", "", "multi-turn rollouts: after each assistant turn send {\"id\",\"turn\",\"messages\",\"truncated\",\"answer\",\"data\"} to this program (/bin/sh -c CMD, --env_workers per rank, JSON Lines) and read {\"id\",\"observation\",\"role\",\"done\"[,\"reward\"]}; the observation's tokens (loss mask 0) are appended and decoding goes on"},
+        {"env_workers", "environment", FlagKind::Int, "2", "1..256", "--env_cmd: worker processes per rank, each holding one request at a time"},
+        {"env_timeout", "environment", FlagKind::Float, "60", "0.001..", "seconds an --env_cmd request may take; past it the run stops with an error"},
+        {"max_turns", "environment", FlagKind::Int, "4", "1..", "--env_cmd: assistant turns of a trajectory at most"},
+        {"max_turn_tokens", "environment", FlagKind::Int, "", "1..", "--env_cmd: tokens of one assistant turn at most (default --max_new_tokens)"},
+        {"max_total_tokens", "environment", FlagKind::Int, "", "1..", "--env_cmd: response tokens of a trajectory at most, the model's and the observations' (default --max_new_tokens)"},
         // sft and cpt (docs/sft.md)
         {"mode", "sft/cpt", FlagKind::Choice, "rl", "rl|sft|cpt", "what training does: rl (the RL loop), sft (supervised fine-tuning on --data conversations or prompt/completion rows) or cpt (continual pre-training on --data {\"text\"} or {\"ids\"} documents)"},
         {"batch_seqs", "sft/cpt", FlagKind::Int, "32", "1..", "sft/cpt: rows (conversations, or windows of --seq_len) per optimizer step over all ranks (a multiple of the number of ranks)"},

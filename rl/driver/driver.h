@@ -39,6 +39,7 @@
 #include "rl/driver/engine.h"
 #include "rl/io/logger.h"
 #include "rl/io/rollout_dump.h"
+#include "rl/driver/multi_turn.h"
 #include "rl/objective/loss_agg.h"
 #include "rl/objective/metrics.h"
 #include "rl/tasks/reward.h"
@@ -56,7 +57,8 @@ struct Sample {
     std::vector<float> rollout_lp, old_lp, ref_lp, hp_old_lp;
     std::vector<float> adv;        // the sequence's advantage on every token
     std::vector<double> is_weight; // TIS/MIS weight (detached)
-    std::vector<uint8_t> mask;     // 1 = a valid response token (all of them: the eos is trained too)
+    // 1 = a token the loss trains: the model's (the eos too); 0 = an observation's (--env_cmd)
+    std::vector<uint8_t> mask;
     // --dump_rollouts, on the steps it writes: the first training forward's entropy, ratio and clip side
     std::vector<float> entropy;
     std::vector<double> ratio;
@@ -160,7 +162,8 @@ public:
     Trainer(TrainConfig cfg, const Dist& dist, Engine& engine, Engine* reference, const Tokenizer& tok,
             const std::string& model_dir, PromptSource train, std::vector<EvalSet> eval)
         : cfg_(std::move(cfg)), dist_(dist), engine_(engine), ref_(reference), tok_(tok), model_dir_(model_dir),
-          train_(std::move(train)), eval_(std::move(eval)), scorer_(make_scorer(cfg_.reward)) {
+          train_(std::move(train)), eval_(std::move(eval)), scorer_(make_scorer(cfg_.reward)),
+          env_(cfg_.env.enabled() ? std::make_unique<EnvWorkers>(cfg_.env) : nullptr) {
         engine_.init_optimizer(cfg_.adam, dist_);
         cfg_.sampling.vocab_limit = tok.vocab_size();  // a padded embedding's extra rows are never sampled
         // Without Calibrated Clipping (or measuring only) the bounds are the reference bounds, always.
@@ -268,12 +271,20 @@ private:
     double reward_seconds_ = 0;
     int64_t reward_timeouts_ = 0;
     std::vector<std::pair<std::string, std::pair<double, double>>> reward_metric_sums_;  // name -> (sum, count)
+    std::unique_ptr<EnvWorkers> env_;  // --env_cmd's workers; null = single-turn
 
     std::vector<int32_t> encode_prompt(const Example& ex) const;
     std::string decode_response(const std::vector<int32_t>& tokens) const;
     std::vector<ScoreResult> score_generations(const std::vector<Example>& examples, int per_example,
                                                const std::vector<GenRequest>& requests, const std::vector<Generation>& done, bool eval,
-                                               const std::string& task);
+                                               const std::string& task, const std::vector<uint8_t>& skip = {});
+    std::vector<Trajectory> multi_turn_rollout(const std::vector<Example>& examples, int per_example,
+                                               const std::vector<GenRequest>& requests, uint32_t step, const SamplingConfig& sampling,
+                                               Progress* progress, bool eval);
+    // The environment's rewards where it gave one, else the scorer's (training's and the eval's rule).
+    std::vector<ScoreResult> score_trajectories(const std::vector<Example>& examples, int per_example,
+                                                const std::vector<GenRequest>& requests, const std::vector<Trajectory>& trajectories,
+                                                bool eval, const std::string& task);
     void report_reward_metrics(MetricRow& m, const std::string& prefix);
     std::vector<Sample> rollout(MetricRow& m, double* gen_seconds, int64_t* gen_tokens);
     TokenValues batched_logprobs(Engine& engine, const std::vector<Sequence>& seqs, const std::vector<size_t>& mb_begin,
@@ -307,17 +318,20 @@ inline std::string Trainer::decode_response(const std::vector<int32_t>& tokens) 
 // (no checkpoint is written).
 inline std::vector<ScoreResult> Trainer::score_generations(const std::vector<Example>& examples, int per_example,
                                                            const std::vector<GenRequest>& requests, const std::vector<Generation>& done,
-                                                           bool eval, const std::string& task) {
-    std::vector<ScoreRequest> batch(done.size());
+                                                           bool eval, const std::string& task, const std::vector<uint8_t>& skip) {
+    std::vector<ScoreRequest> batch;
     std::vector<std::string> prompts(examples.size());
     for (size_t e = 0; e < examples.size(); e++)  // the text the model saw: a plain prompt, or the rendered chat
         prompts[e] = examples[e].messages.empty() ? examples[e].prompt
                                                   : tok_.decode(std::vector<int>(requests[e * (size_t)per_example].prompt.begin(),
                                                                                  requests[e * (size_t)per_example].prompt.end()),
                                                                 /*skip_special_tokens=*/false);
+    std::vector<size_t> scored;  // the generations not skipped, in order
     for (size_t i = 0; i < done.size(); i++) {
+        if (!skip.empty() && skip[i]) continue;
+        scored.push_back(i);
         const Example& ex = examples[i / (size_t)per_example];
-        ScoreRequest& r = batch[i];
+        ScoreRequest& r = batch.emplace_back();
         r.id = requests[i].sequence;
         r.task = task;
         r.prompt = prompts[i / (size_t)per_example];
@@ -328,13 +342,14 @@ inline std::vector<ScoreResult> Trainer::score_generations(const std::vector<Exa
         r.sample = (int64_t)(i % (size_t)per_example);
     }
     const auto t0 = std::chrono::steady_clock::now();
-    std::vector<ScoreResult> out;
+    std::vector<ScoreResult> out(done.size()), got;
     try {
-        out = scorer_->score(batch);
+        if (!batch.empty()) got = scorer_->score(batch);
     } catch (const Error& e) {
         fail("%s %lld: %s; stopping (the last checkpoint in %s is intact)", eval ? "eval after step" : "step",
              (long long)(eval ? step_ : step_ + 1), e.what(), cfg_.out_dir.c_str());
     }
+    for (size_t k = 0; k < scored.size(); k++) out[scored[k]] = std::move(got[k]);
     reward_seconds_ += seconds_since(t0);
     for (const ScoreResult& r : out) {
         reward_timeouts_ += r.timed_out;
@@ -345,6 +360,65 @@ inline std::vector<ScoreResult> Trainer::score_generations(const std::vector<Exa
             it->second.second += 1;
         }
     }
+    return out;
+}
+
+// --env_cmd: every request's trajectory (rl/driver/multi_turn.h). request i answers examples[i /
+// per_example]; its conversation starts as the example's messages, or a plain prompt as one user turn,
+// and an observation is rendered by the chat template of a messages row, or as its plain text.
+inline std::vector<Trajectory> Trainer::multi_turn_rollout(const std::vector<Example>& examples, int per_example,
+                                                           const std::vector<GenRequest>& requests, uint32_t step,
+                                                           const SamplingConfig& sampling, Progress* progress, bool eval) {
+    std::vector<EnvRequest> first(requests.size());
+    for (size_t i = 0; i < requests.size(); i++) {
+        const Example& ex = examples[i / (size_t)per_example];
+        EnvRequest& r = first[i];
+        r.id = requests[i].sequence;
+        r.messages = ex.messages.empty() ? std::vector<std::pair<std::string, std::string>>{{"user", ex.prompt}} : ex.messages;
+        r.answer = ex.answer;
+        r.data = ex.data;
+    }
+    const bool chat = !examples.empty() && !examples[0].messages.empty();  // a dataset's rows are all one or the other
+    ChatOptions opt;
+    opt.enable_thinking = cfg_.enable_thinking;
+    TrajectoryContext ctx;
+    ctx.env = env_.get();
+    ctx.max_turns = cfg_.env.max_turns;
+    ctx.max_turn_tokens = cfg_.env.max_turn_tokens;
+    ctx.max_total_tokens = cfg_.env.max_total_tokens;
+    ctx.decode = [&](const std::vector<int32_t>& ids) { return decode_response(ids); };
+    ctx.render = [&](const std::string& role, const std::string& content, bool ended_on_eos) {
+        const std::string text = chat ? chat_->continuation(role, content, ended_on_eos, opt) : content;
+        if (int b = tok_.first_unencodable_byte(content); b >= 0)  // dropped by the tokenizer, the model would never see it
+            fail("--env_cmd: the observation '%.80s' holds byte 0x%02x, which no token of the model's vocabulary holds (a fresh "
+                 "model's tokenizer knows only its task's bytes); have the environment answer in those", content.c_str(), b);
+        const std::vector<int> ids = tok_.encode(text, false);
+        return std::vector<int32_t>(ids.begin(), ids.end());
+    };
+    try {
+        return run_trajectories(engine_, requests, std::move(first), step, sampling, cfg_.rollout_precision, cfg_.kv_cache, progress, ctx);
+    } catch (const Error& e) {
+        fail("%s %lld: %s; stopping (the last checkpoint in %s is intact)", eval ? "eval after step" : "step",
+             (long long)(eval ? step_ : step_ + 1), e.what(), cfg_.out_dir.c_str());
+    }
+}
+
+inline std::vector<ScoreResult> Trainer::score_trajectories(const std::vector<Example>& examples, int per_example,
+                                                            const std::vector<GenRequest>& requests,
+                                                            const std::vector<Trajectory>& trajectories, bool eval,
+                                                            const std::string& task) {
+    std::vector<Generation> done;
+    std::vector<uint8_t> rewarded;
+    for (const Trajectory& t : trajectories) {
+        done.push_back(t.gen);
+        rewarded.push_back(t.has_reward);
+    }
+    std::vector<ScoreResult> out = score_generations(examples, per_example, requests, done, eval, task, rewarded);
+    for (size_t i = 0; i < trajectories.size(); i++)
+        if (rewarded[i]) {
+            out[i].verdict.reward = trajectories[i].reward;
+            out[i].verdict.correct = trajectories[i].reward > 0;
+        }
     return out;
 }
 
@@ -391,6 +465,7 @@ inline std::vector<Sample> Trainer::rollout(MetricRow& m, double* gen_seconds, i
     std::vector<Sample> kept;
     std::vector<double> scores, correct, rewards, lengths, prompt_lengths, clipped;
     int64_t kept_groups_global = 0, seen_groups_global = 0, attempts = 0;
+    double env_sums[4] = {0, 0, 0, 0};  // --env_cmd: trajectories, turns, observation tokens, truncated
     *gen_seconds = 0;
     *gen_tokens = 0;
     enter_phase(Engine::Phase::Rollout);
@@ -408,10 +483,24 @@ inline std::vector<Sample> Trainer::rollout(MetricRow& m, double* gen_seconds, i
         cursor_ += B;
         auto t0 = std::chrono::steady_clock::now();
         Progress bar("rollout", (int64_t)requests.size(), dist_.is_root());
-        std::vector<Generation> done =
-            engine_.generate(requests, (uint32_t)step_, cfg_.sampling, cfg_.rollout_precision, cfg_.kv_cache, &bar);
+        std::vector<Generation> done;
+        std::vector<Trajectory> trajectories;  // --env_cmd
+        if (env_) {
+            trajectories = multi_turn_rollout(examples, G, requests, (uint32_t)step_, cfg_.sampling, &bar, false);
+            for (const Trajectory& t : trajectories) {
+                done.push_back(t.gen);
+                env_sums[0] += 1;
+                env_sums[1] += t.turns;
+                env_sums[2] += (double)t.observation_tokens;
+                env_sums[3] += t.truncated;
+            }
+        } else {
+            done = engine_.generate(requests, (uint32_t)step_, cfg_.sampling, cfg_.rollout_precision, cfg_.kv_cache, &bar);
+        }
         *gen_seconds += seconds_since(t0);
-        std::vector<ScoreResult> verdicts = score_generations(examples, G, requests, done, false, cfg_.task);
+        // the environment's last reward, else the verifier's on the whole conversation
+        std::vector<ScoreResult> verdicts = env_ ? score_trajectories(examples, G, requests, trajectories, false, cfg_.task)
+                                                 : score_generations(examples, G, requests, done, false, cfg_.task);
         std::vector<Sample> batch(done.size());
         std::vector<double> batch_rewards(done.size());
         for (size_t i = 0; i < done.size(); i++) {
@@ -421,11 +510,12 @@ inline std::vector<Sample> Trainer::rollout(MetricRow& m, double* gen_seconds, i
             s.seq.ids.insert(s.seq.ids.end(), done[i].tokens.begin(), done[i].tokens.end());
             s.rollout_lp = done[i].logprobs;
             s.finished = done[i].finished;
-            *gen_tokens += (int64_t)done[i].tokens.size();
+            s.mask = env_ ? trajectories[i].loss_mask : std::vector<uint8_t>(done[i].tokens.size(), 1);
+            *gen_tokens += valid_tokens(s.mask.data(), (int)s.mask.size());  // the model's tokens
             const Verdict& v = verdicts[i].verdict;
             s.score = v.reward;
             correct.push_back(v.correct ? 1.0 : 0.0);
-            s.reward = s.score + overlong_penalty((int64_t)done[i].tokens.size(), cfg_.sampling.max_new_tokens,
+            s.reward = s.score + overlong_penalty((int64_t)done[i].tokens.size(), cfg_.response_budget(),
                                                   cfg_.overlong_buffer, cfg_.overlong_penalty);
             batch_rewards[i] = s.reward;
             scores.push_back(s.score);
@@ -438,7 +528,6 @@ inline std::vector<Sample> Trainer::rollout(MetricRow& m, double* gen_seconds, i
         for (size_t i = 0; i < batch.size(); i++) {
             batch[i].advantage = adv[i];
             batch[i].adv.assign((size_t)batch[i].T(), (float)adv[i]);
-            batch[i].mask.assign((size_t)batch[i].T(), 1);
         }
         if (!cfg_.dynamic_sampling) {
             kept = std::move(batch);
@@ -450,6 +539,12 @@ inline std::vector<Sample> Trainer::rollout(MetricRow& m, double* gen_seconds, i
         kept_groups_global += dist_.sum((int64_t)f.kept.size());
         seen_groups_global += B;
         if (kept_groups_global >= B) break;
+    }
+    if (env_) {
+        dist_.all_reduce_sum(env_sums, 4);
+        m.set("env/turns", env_sums[1] / env_sums[0]);
+        m.set("env/observation_tokens", env_sums[2] / env_sums[0]);
+        m.set("env/truncated", env_sums[3] / env_sums[0]);
     }
     if (cfg_.dynamic_sampling) {
         m.set("dynamic_sampling/num_gen_batches", (double)attempts);
@@ -524,6 +619,12 @@ inline void Trainer::record_for_dump(Sample& s, const SequenceTokens& st, const 
     s.ratio.resize((size_t)st.T);
     s.clipped.resize((size_t)st.T);
     for (int t = 0; t < st.T; t++) {
+        if (!st.mask[t]) {  // an observation's token: no entropy, ratio or clip
+            s.entropy[(size_t)t] = NAN;
+            s.ratio[(size_t)t] = NAN;
+            s.clipped[(size_t)t] = 0;
+            continue;
+        }
         PolicyTokenLoss pg = policy_token_loss(st.logp[t], st.old_logp[t], st.adv[t], bounds);
         s.ratio[(size_t)t] = pg.ratio;
         s.clipped[(size_t)t] = !(pg.flags & kClipped) ? 0 : pg.ratio < bounds.low ? -1 : 1;
@@ -557,6 +658,7 @@ inline void Trainer::dump_rollouts(const std::vector<Sample>& samples) const {
         d.is_weight = s.is_weight.data();
         d.ratio = s.ratio.data();
         d.clipped = s.clipped.data();
+        d.loss_mask = s.mask.data();
         text += rollout_dump_line(d);
     }
     std::vector<char> all = dist_.all_gather(std::vector<char>(text.begin(), text.end()));
@@ -631,16 +733,20 @@ inline MetricRow Trainer::train_step() {
     std::vector<int64_t> counts((size_t)M * 2, 0);  // [M][tokens, sequences]
     for (int j = 0; j < M; j++) {
         std::vector<int64_t> lens;
-        for (size_t i = mb_begin[(size_t)j]; i < mb_begin[(size_t)j + 1]; i++) lens.push_back(samples[i].T());
+        for (size_t i = mb_begin[(size_t)j]; i < mb_begin[(size_t)j + 1]; i++) lens.push_back(valid_tokens(samples[i].mask.data(), samples[i].T()));
         AggCounts c = agg_counts_of(lens.data(), lens.size());
         counts[(size_t)j * 2] = c.tokens;
         counts[(size_t)j * 2 + 1] = c.sequences;
     }
     dist_.all_reduce_sum(counts);
+    // The micro-batches of minibatch j on this rank: none when dynamic sampling kept it no group.
+    auto micro_batches = [&](int j) {
+        const size_t b = mb_begin[(size_t)j], e = mb_begin[(size_t)j + 1];
+        return b == e ? std::vector<size_t>{b} : micro_batch_bounds(seqs, b, e, cfg_.micro_batch_tokens);
+    };
     // A collective backward runs as often on every rank: each minibatch's most micro-batches.
     std::vector<int64_t> forwards((size_t)M);
-    for (int j = 0; j < M; j++)
-        forwards[(size_t)j] = (int64_t)micro_batch_bounds(seqs, mb_begin[(size_t)j], mb_begin[(size_t)j + 1], cfg_.micro_batch_tokens).size() - 1;
+    for (int j = 0; j < M; j++) forwards[(size_t)j] = (int64_t)micro_batches(j).size() - 1;
     if (engine_.collective_backward()) dist_.all_reduce_max(forwards.data(), forwards.size());
 
     TokenLossConfig lc;
@@ -650,7 +756,7 @@ inline MetricRow Trainer::train_step() {
     lc.kl_coef = cfg_.kl_coef;
     lc.kl = cfg_.kl_estimator;
     lc.entropy_coef = cfg_.entropy_coef;
-    const double horizon = (double)cfg_.sampling.max_new_tokens;  // Λ of seq-mean-token-sum-norm
+    const double horizon = (double)cfg_.response_budget();  // Λ of seq-mean-token-sum-norm
     const bool dumping = cfg_.dump_rollouts > 0 && step_ % cfg_.dump_rollouts == 0;
     double grad_norm_sum = 0, train_s = 0, lr = 0;
     int64_t train_tokens = 0, updates = 0;
@@ -659,6 +765,8 @@ inline MetricRow Trainer::train_step() {
         for (int j = 0; j < M && !bad; j++) {
             const size_t b = mb_begin[(size_t)j], e = mb_begin[(size_t)j + 1];
             const AggCounts global{counts[(size_t)j * 2], counts[(size_t)j * 2 + 1]};
+            // No rank holds a sequence of it (dynamic sampling kept no group): no update, the weights stay.
+            if (global.sequences == 0) continue;
             const bool calibrate = calibrating && epoch == 0;
             TokenValues hp_lp;  // calibrate: fp32 log-probs of the weights about to be updated, [b, e)
             if (calibrate) {
@@ -674,7 +782,7 @@ inline MetricRow Trainer::train_step() {
             // One update: the gradients of the minibatch's micro-batches accumulate (backward adds).
             engine_.zero_grads();
             double loss = 0;
-            const std::vector<size_t> mu = micro_batch_bounds(seqs, b, e, cfg_.micro_batch_tokens);
+            const std::vector<size_t> mu = micro_batches(j);
             for (size_t u = 0; u + 1 < mu.size(); u++) {
                 t0 = std::chrono::steady_clock::now();
                 const size_t ub = mu[u], ue = mu[u + 1];
@@ -785,6 +893,16 @@ inline MetricRow Trainer::train_step() {
 
 inline MetricRow Trainer::evaluate(std::string* dump) {
     enter_phase(Engine::Phase::Rollout);
+    std::vector<Trajectory> trajectories;  // --env_cmd: the last eval generation's
+    EvalGenerate multi_turn;
+    if (env_)
+        multi_turn = [&](const std::vector<GenRequest>& requests, uint32_t at, const SamplingConfig& sampling,
+                         const std::vector<Example>& examples, int per_example) {
+            trajectories = multi_turn_rollout(examples, per_example, requests, at, sampling, nullptr, true);
+            std::vector<Generation> out;
+            for (const Trajectory& t : trajectories) out.push_back(t.gen);
+            return out;
+        };
     MetricRow m = evaluate_sets(
         engine_, dist_, eval_, cfg_.eval, cfg_.rollout_precision, cfg_.kv_cache, step_, cfg_.sampling.vocab_limit,
         [&](const Example& ex) { return encode_prompt(ex); },
@@ -792,10 +910,12 @@ inline MetricRow Trainer::evaluate(std::string* dump) {
         [&](const EvalSet& set, const std::vector<Example>& examples, int per_example, const std::vector<GenRequest>& requests,
             const std::vector<Generation>& done) {  // training's scorer: built-in or external, its failure rules
             std::vector<Verdict> v;
-            for (const ScoreResult& r : score_generations(examples, per_example, requests, done, true, set.task)) v.push_back(r.verdict);
+            for (const ScoreResult& r : env_ ? score_trajectories(examples, per_example, requests, trajectories, true, set.task)
+                                             : score_generations(examples, per_example, requests, done, true, set.task))
+                v.push_back(r.verdict);
             return v;
         },
-        dump);
+        dump, multi_turn);
     enter_phase(Engine::Phase::Update);
     report_reward_metrics(m, "val/");
     return m;

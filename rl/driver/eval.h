@@ -171,17 +171,28 @@ inline std::string eval_dump_line(const std::string& set, const std::string& pro
 using EvalScorer = std::function<std::vector<Verdict>(const EvalSet& set, const std::vector<Example>& examples, int per_example,
                                                       const std::vector<GenRequest>& requests, const std::vector<Generation>& done)>;
 
+// How the eval generates: one completion per request, as Engine::generate (the default), or a
+// multi-turn trajectory per request (--env_cmd); request i answers examples[i / per_example].
+using EvalGenerate = std::function<std::vector<Generation>(const std::vector<GenRequest>& requests, uint32_t step,
+                                                           const SamplingConfig& sampling, const std::vector<Example>& examples,
+                                                           int per_example)>;
+
 // Every set's scores (header) on `engine`: each rank generates its contiguous share of each set's
 // prompts at `weights` with a `kv` cache, the draws keyed apart from training's by `step`; greedy
 // request i and sample j of prompt i have sequence keys i and i * k + j in set 0, set s's shifted
 // by s << 24. prompt(ex): a row's prompt tokens; text(ids, skip_special): decoded text; score: the
-// verdicts. With dump, each generation's --dump_eval line is appended. The caller holds the engine
-// in its rollout phase.
+// verdicts. With dump, each generation's --dump_eval line is appended. generate: how (null = the
+// engine's generate). The caller holds the engine in its rollout phase.
 inline MetricRow evaluate_sets(Engine& engine, const Dist& dist, const std::vector<EvalSet>& sets, const EvalOptions& e,
                                Precision weights, Precision kv, int64_t step, int vocab_limit,
                                const std::function<std::vector<int32_t>(const Example&)>& prompt,
                                const std::function<std::string(const std::vector<int32_t>&, bool)>& text, const EvalScorer& score,
-                               std::string* dump) {
+                               std::string* dump, const EvalGenerate& generate = nullptr) {
+    auto run = [&](const std::vector<GenRequest>& requests, uint32_t at, const SamplingConfig& sampling,
+                   const std::vector<Example>& examples, int per_example) {
+        return generate ? generate(requests, at, sampling, examples, per_example)
+                        : engine.generate(requests, at, sampling, weights, kv, nullptr);
+    };
     MetricRow m;
     const int k = e.k;
     SamplingConfig greedy_sampling = e.sampling, sampled = e.sampling;
@@ -206,7 +217,7 @@ inline MetricRow evaluate_sets(Engine& engine, const Dist& dist, const std::vect
             if (dump) *dump += eval_dump_line(set.name, text(r.prompt, false), text(g.tokens, true), sample, v);
         };
         if (e.greedy) {
-            const std::vector<Generation> out = engine.generate(greedy, eval_step, greedy_sampling, weights, kv, nullptr);
+            const std::vector<Generation> out = run(greedy, eval_step, greedy_sampling, mine, 1);
             const std::vector<Verdict> v = score(set, mine, 1, greedy, out);
             for (size_t i = 0; i < out.size(); i++) {
                 tally.add_greedy(v[i].correct);
@@ -215,7 +226,7 @@ inline MetricRow evaluate_sets(Engine& engine, const Dist& dist, const std::vect
             }
         }
         if (k > 0) {
-            const std::vector<Generation> out = engine.generate(samples, eval_step, sampled, weights, kv, nullptr);
+            const std::vector<Generation> out = run(samples, eval_step, sampled, mine, k);
             const std::vector<Verdict> v = score(set, mine, k, samples, out);
             for (int64_t i = 0; i < end - begin; i++) {
                 for (int j = 0; j < k; j++) {

@@ -111,6 +111,9 @@ public:
         const Json* messages = row.find("messages");
         const Json* completion = row.find("completion");
         if (!completion) completion = row.find("answer");
+        if (row.find("tools"))  // training without the schemas the model would be shown is a silently different row
+            fail("%s: \"tools\" (function schemas) are not rendered by fp8rl's chat templates yet; describe the tools in a system "
+                 "message instead, or remove the key", where.c_str());
         if ((prompt != nullptr) == (messages != nullptr)) fail("%s: give exactly one of \"prompt\" and \"messages\"; %s", where.c_str(), shape);
         const Json* turns = messages ? messages : prompt->is_array() ? prompt : nullptr;  // a message list
         std::vector<ChatMessage> msgs;
@@ -159,8 +162,9 @@ private:
                              std::vector<bool>* trained) {
         const std::vector<ChatMessage> m = chat_messages_from_json(list, where + ": \"" + key + "\"");
         for (size_t i = 0; i < m.size(); i++) {
-            if (m[i].role != "system" && m[i].role != "user" && m[i].role != "assistant")
-                fail("%s: %s[%zu]: role \"%s\" is not system, user or assistant", where.c_str(), key, i, m[i].role.c_str());
+            // tool: a tool's result, context like a user turn (Qwen's <tool_response>; the Llama-3 template refuses it)
+            if (m[i].role != "system" && m[i].role != "user" && m[i].role != "assistant" && m[i].role != "tool")
+                fail("%s: %s[%zu]: role \"%s\" is not system, user, assistant or tool", where.c_str(), key, i, m[i].role.c_str());
             const Json* train = list.items[i].find("train");
             if (train && !train->is_bool()) fail("%s: %s[%zu].train must be true or false", where.c_str(), key, i);
             msgs->push_back(m[i]);

@@ -35,8 +35,9 @@ inline MemoryDemand memory_demand_of(const RunShape& s) {
     const int64_t ranks = s.ranks;
     MemoryDemand d;
     // the eval's budget (--eval_max_new_tokens) where it evaluates and generates longer than training
-    const int new_tokens = cfg.eval_every > 0 || cfg.eval_only ? std::max(cfg.sampling.max_new_tokens, cfg.eval.sampling.max_new_tokens)
-                                                               : cfg.sampling.max_new_tokens;
+    // (with --env_cmd a trajectory's --max_total_tokens: no generate() call outgrows prompt + that)
+    const int budget = (int)cfg.response_budget();
+    const int new_tokens = cfg.eval_every > 0 || cfg.eval_only ? std::max(budget, cfg.eval.sampling.max_new_tokens) : budget;
     d.longest_sequence = s.longest_prompt + new_tokens;
     const int64_t per_rank = (cfg.batch_prompts + (int64_t)cfg.minibatches * ranks - 1) / ((int64_t)cfg.minibatches * ranks);
     d.tokens_per_forward = cfg.micro_batch_tokens > 0 ? std::max(cfg.micro_batch_tokens, d.longest_sequence)
@@ -49,6 +50,11 @@ inline MemoryDemand memory_demand_of(const RunShape& s) {
     d.rollout_prompts = std::max((cfg.batch_prompts + ranks - 1) / ranks, cfg.eval_every > 0 || cfg.eval_only ? eval_per_rank : 0);
     d.longest_prompt = s.longest_prompt;
     d.max_new_tokens = new_tokens;
+    if (cfg.env.enabled()) {  // --env_cmd: a later turn's generate() prefills the conversation so far
+        d.longest_prompt = s.longest_prompt + budget - 1;
+        d.max_new_tokens = std::min(new_tokens, cfg.env.max_turn_tokens);
+        d.rollout_prompts = d.rollout_requests;  // every trajectory's conversation is a prompt of its own
+    }
     d.kv_cache = cfg.kv_cache;
     return d;
 }

@@ -19,6 +19,7 @@
 #include "rl/objective/loss_agg.h"
 #include "rl/objective/lr_schedule.h"
 #include "rl/numerics/precision.h"
+#include "rl/tasks/environment.h"
 #include "rl/tasks/scorer.h"
 #include "rl/tasks/tasks.h"
 #include "rl/objective/token_loss.h"
@@ -39,6 +40,7 @@ struct TrainConfig {
     int64_t max_prompt_tokens = 0;  // prompts longer than this are left out of the data; 0 = no limit
     int enable_thinking = 1;  // Qwen3 chat template, for dataset rows with "messages"
     RewardConfig reward;      // --reward_cmd / --reward_url; the built-in verifier of --task without them
+    EnvConfig env;            // --env_cmd: multi-turn rollouts (rl/driver/multi_turn.h); budgets resolved
     // algorithm
     std::string algo;
     AdvantageEstimator estimator = AdvantageEstimator::Grpo;
@@ -88,6 +90,10 @@ struct TrainConfig {
     // Not a flag: tests set it to run the old-log-prob pass even with one minibatch and one epoch,
     // where the driver takes the training forward's log-probs instead (Trainer::old_lp_from_training).
     bool always_old_logprob_pass = false;
+
+    // The most tokens of a response: --max_new_tokens, or with --env_cmd a trajectory's --max_total_tokens
+    // (the model's turns and the observations). The overlong shaping and the loss's horizon count these.
+    int64_t response_budget() const { return env.enabled() ? env.max_total_tokens : sampling.max_new_tokens; }
 };
 
 // The numerics a run trains with (recipe.json beside its log.jsonl) and a checkpoint was trained with
@@ -167,6 +173,21 @@ inline RewardConfig reward_config_from_args(const Args& a) {
     return r;
 }
 
+// The environment's flags (--env_cmd and the budgets of its trajectories), after --max_new_tokens.
+inline EnvConfig env_config_from_args(const Args& a, int max_new_tokens) {
+    EnvConfig e;
+    e.cmd = a.str("env_cmd");
+    if (a.given("env_cmd") && e.cmd.find_first_not_of(" \t") == std::string::npos) fail("--env_cmd: empty command");
+    for (const char* f : {"env_workers", "env_timeout", "max_turns", "max_turn_tokens", "max_total_tokens"})
+        if (a.given(f) && e.cmd.empty()) fail("--%s applies to --env_cmd, which is not given", f);
+    e.workers = (int)a.integer("env_workers");
+    e.timeout_s = a.number("env_timeout");
+    e.max_turns = (int)a.integer("max_turns");
+    e.max_turn_tokens = a.given("max_turn_tokens") ? (int)a.integer("max_turn_tokens") : max_new_tokens;
+    e.max_total_tokens = a.given("max_total_tokens") ? (int)a.integer("max_total_tokens") : max_new_tokens;
+    return e;
+}
+
 inline TrainConfig train_config_from_args(const Args& a) {
     TrainConfig c;
     c.mode = a.str("mode");
@@ -242,6 +263,8 @@ inline TrainConfig train_config_from_args(const Args& a) {
     c.sampling.top_k = (int)a.integer("top_k");
     c.sampling.max_new_tokens = (int)a.integer("max_new_tokens");
     c.sampling.seed = (uint64_t)a.integer("seed");
+    c.env = env_config_from_args(a, c.sampling.max_new_tokens);
+    if (c.env.enabled() && c.mode != "rl") fail("--env_cmd gives multi-turn RL rollouts; --mode %s generates nothing", c.mode.c_str());
     if (c.sampling.temperature == 0.0f)
         fail("--temperature 0 (greedy) gives every response of a group the same text, so no advantage; RL needs > 0");
     c.eval_k = (int)a.integer("eval_k");
@@ -269,8 +292,9 @@ inline TrainConfig train_config_from_args(const Args& a) {
     if (c.eval.dump && !c.eval_only) fail("--dump_eval 1 writes the generations of an --eval_only 1 run; add --eval_only 1");
     if (!c.eval.greedy && c.eval.k == 0) fail("--eval_greedy 0 with --eval_k 0 leaves the eval nothing to generate");
     if (c.eval_only && c.mode != "rl") fail("--eval_only 1 evaluates an RL task's sets (--mode rl); SFT/CPT runs evaluate their held-out loss");
-    if (c.overlong_buffer > c.sampling.max_new_tokens)
-        fail("--overlong_buffer %lld exceeds --max_new_tokens %d", (long long)c.overlong_buffer, c.sampling.max_new_tokens);
+    if (c.overlong_buffer > c.response_budget())
+        fail("--overlong_buffer %lld exceeds the response budget %lld (--max_new_tokens, or --max_total_tokens with --env_cmd)",
+             (long long)c.overlong_buffer, (long long)c.response_budget());
 
     c.adam.beta1 = a.number("beta1");
     c.adam.beta2 = a.number("beta2");

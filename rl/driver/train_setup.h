@@ -162,6 +162,10 @@ inline void check_fits_context(const TrainConfig& c, const ModelConfig& m) {
         fail("--max_new_tokens %d: the model's context is %lld tokens (max_position_embeddings in its config.json), prompt "
              "included; use --max_new_tokens %lld or less",
              c.sampling.max_new_tokens, (long long)ctx, (long long)ctx - 1);
+    if (ctx > 0 && c.env.enabled() && c.env.max_total_tokens >= ctx)
+        fail("--max_total_tokens %d: the model's context is %lld tokens (max_position_embeddings in its config.json), prompt "
+             "included; use --max_total_tokens %lld or less",
+             c.env.max_total_tokens, (long long)ctx, (long long)ctx - 1);
 }
 
 inline void make_out_dir(const std::string& dir) {

@@ -6,7 +6,9 @@
 // A line: step, prompt, response (decoded text), ids (response token ids), reward, advantage, and per
 // response token: rollout_lp (sampler), old_lp (trainer), entropy and ratio π_θ/π_old of the
 // sample's first training forward, is_weight (the --is_correction weight) and clipped (-1 / 1 where
-// the clipped branch of the surrogate won below / above the ratio bounds, else 0).
+// the clipped branch of the surrogate won below / above the ratio bounds, else 0), and loss_mask (1 =
+// a token the loss trains; 0 = an environment's observation (--env_cmd), whose entropy and ratio
+// are null and is_weight 0).
 #pragma once
 #include <stdint.h>
 #include <stdio.h>
@@ -30,6 +32,7 @@ struct RolloutDumpSample {
     const float *rollout_lp = nullptr, *old_lp = nullptr, *entropy = nullptr;  // [T]
     const double *is_weight = nullptr, *ratio = nullptr;                       // [T]
     const int8_t* clipped = nullptr;                                           // [T]
+    const uint8_t* loss_mask = nullptr;                                        // [T]
 };
 
 // One sample as one JSON line (non-finite values as null, as log.jsonl).
@@ -50,6 +53,7 @@ inline std::string rollout_dump_line(const RolloutDumpSample& s) {
     line += array("is_weight", [&](int t) { return num(s.is_weight[t]); });
     line += array("ratio", [&](int t) { return num(s.ratio[t]); });
     line += array("clipped", [&](int t) { return std::to_string((int)s.clipped[t]); });
+    line += array("loss_mask", [&](int t) { return std::to_string((int)s.loss_mask[t]); });
     return line + "}\n";
 }
 

@@ -162,6 +162,26 @@ public:
         return tok.encode(render(messages, opt), false);
     }
 
+    // The text that follows an assistant turn the model wrote (its end-of-turn token included when
+    // ended_on_eos) in a multi-turn rollout: the closing of that turn (its end-of-turn token if it was
+    // cut), the observation as a `role` message ("tool": Qwen's <tool_response> block in a user turn;
+    // "user"), and the opening of the next assistant turn. It is the rendering of the conversation
+    // with the observation less the rendering without it (test_environment.cpp checks this).
+    std::string continuation(const std::string& role, const std::string& content, bool ended_on_eos, const ChatOptions& opt) const {
+        if (role != "tool" && role != "user") fail("chat: an observation's role is \"tool\" or \"user\", not \"%s\"", role.c_str());
+        if (family_ == ChatFamily::Llama3) {
+            if (role == "tool") fail("chat: the Llama-3 template here renders no tool turns; have the environment reply with \"role\": \"user\"");
+            return std::string(ended_on_eos ? "" : "<|eot_id|>") + "<|start_header_id|>user<|end_header_id|>\n\n" + python_strip(content) +
+                   "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n";
+        }
+        std::string out = ended_on_eos ? "\n" : "<|im_end|>\n";
+        if (role == "tool") qwen_tool_turn({{"tool", content, "", false}}, 0, out);
+        else out += turn("user", content);
+        out += "<|im_start|>assistant\n";
+        if (family_ == ChatFamily::Qwen3 && opt.enable_thinking == 0) out += "<think>\n\n</think>\n\n";
+        return out;
+    }
+
 private:
     ChatFamily family_ = ChatFamily::Qwen3;
     std::string bos_token_;

@@ -226,6 +226,14 @@ public:
         return id_bytes_[(size_t)id];
     }
 
+    // The first byte of text that no token holds (encode() drops it, as HF does), or -1. A real
+    // model's vocabulary holds every byte; a fresh model's task tokenizer only its task's.
+    int first_unencodable_byte(const std::string& text) const {
+        for (unsigned char c : text)
+            if (byte_id_[c] < 0) return c;
+        return -1;
+    }
+
     // -1 when the token string (in the tokenizer.json spelling, e.g. "Ġthe") is not in the vocabulary.
     int token_to_id(const std::string& token) const {
         return token_id_.find(token);
