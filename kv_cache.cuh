@@ -590,11 +590,15 @@ __global__ void __launch_bounds__(kDecodeThreads)
         for (int j = 0; j < warp_items; j++) {
             const int it = warp + warps * j, m0 = it / d_items * 16, d0 = it % d_items * d_item;
             if (it >= QT * d_items || m0 >= queries) continue;
-            for (int nt = 0; nt < n_tiles; nt++)
-                for (int e = 0; e < 4; e++) {
-                    const int g = m0 + c_fragment_row(e), d = d0 + pv_col(nt, e);
-                    if (g < queries && d < D) part_o[out_at(g) * D + d] = o[j][nt][e] * vs / sum_s[g];
-                }
+            for (int half = 0; half < 2; half++) {  // the lane's two rows: C elements 2 half, 2 half + 1
+                const int g = m0 + g8 + 8 * half;
+                if (g >= queries) continue;
+                float* out = part_o + out_at(g) * D + d0;  // the row's place and sum once, not per element
+                const float sum = sum_s[g];
+                for (int nt = 0; nt < n_tiles; nt++)
+                    for (int e = 2 * half; e < 2 * half + 2; e++)
+                        if (d0 + pv_col(nt, e) < D) out[pv_col(nt, e)] = o[j][nt][e] * vs / sum;
+            }
         }
         for (int g = threadIdx.x; g < queries; g += kDecodeThreads) part_lse[out_at(g)] = max_s[g] + fast_log(sum_s[g]);
     };
