@@ -15,20 +15,21 @@
 // grid sized for the longest row the plan allows, CTAs past the list exiting at once): it brings
 // the chunk's keys and values into shared memory tile by tile, as they are stored (BF16 or FP8
 // codes), with 16-byte asynchronous copies (cp.async), the next tile's copies in flight while the
-// current one is read (two stages), the tile's page ids read once per page; an FP8 tile is
-// converted to BF16 once (the hardware's E4M3 -> FP16 conversion, exact: V's into shared memory,
-// K's in registers as the scores read it), and every query head of the GQA group reads it through
-// the tensor cores (Q K^T and P V as mma.sync m16n8k16, FlashInfer's tensor-core decode); it keeps
-// an online softmax (running max, running sum, rescaled output) and writes the chunk's normalised
-// partial O and its log-sum-exp (FP32). The combine kernel (FlashInfer's merge_states) merges each
-// row's chunks by their LSE weights, a lane per 8 outputs with all its loads in flight, and writes O
-// in BF16 (and, in an fp8 decode step, O's FP8 1x128 operand for the O projection). Scores are
-// exact BF16 products summed in d order, then scaled; exp is rl/numerics/fast_exp.h's (the CPU
-// engine's); P stays FP32 for the softmax sums and meets V as two BF16 terms (16 significant bits,
-// unlike the training kernel's single BF16 P); the output's is the only other rounding to BF16 (see
-// the kernel). A row's chunks depend on its own length and its prompt's alone, never on the batch
-// (its other rows, its size, the longest row): a sequence decodes to the same bits whatever it is
-// batched with, so a redone or preempted completion is the same.
+// current one is read (two stages), the tile's page ids read once per page; FP8 codes are converted
+// to BF16 in registers as the tensor cores' B fragments read them (the hardware's E4M3 -> FP16
+// conversion, exact; V's through a transposing ldmatrix and byte permutes), and every query head of
+// the GQA group reads the tile through the tensor cores (Q K^T and P V as mma.sync m16n8k16,
+// FlashInfer's tensor-core decode), q's fragments and the output accumulator held in registers for
+// the whole chunk; it keeps an online softmax (running max, running sum, rescaled output) and
+// writes the chunk's normalised partial O and its log-sum-exp (FP32). The combine kernel
+// (FlashInfer's merge_states) merges each row's chunks by their LSE weights, a lane per 8 outputs
+// with all its loads in flight, and writes O in BF16 (and, in an fp8 decode step, O's FP8 1x128
+// operand for the O projection). Scores are exact BF16 products summed in d order, then scaled; exp
+// is rl/numerics/fast_exp.h's (the CPU engine's); P stays FP32 for the softmax sums and meets V as
+// two BF16 terms (16 significant bits, unlike the training kernel's single BF16 P); the output's is
+// the only other rounding to BF16 (see the kernel). A row's chunks depend on its own length and its
+// prompt's alone, never on the batch (its other rows, its size, the longest row): a sequence decodes
+// to the same bits whatever it is batched with, so a redone or preempted completion is the same.
 // Cascade attention (FlashInfer's shared-prefix decode): the G samples of a prompt share its pages,
 // so their prefix chunks hold the same keys; the plan's cascade list has one item per (prefix
 // chunk, group of up to kCascadeRows siblings), whose CTA reads each tile once for the queries of
@@ -176,11 +177,11 @@ __device__ __forceinline__ DecodeRowKeys decode_row_keys(const int32_t* lens, co
     return {len, prefixes ? max(0L, min((long)prefixes[r], len)) / kDecodeTile * kDecodeTile : 0L};
 }
 
-// Four E4M3 codes (a 32-bit word, the lowest-addressed code in the low byte) as two pairs of BF16
-// (out[0]: codes 0, 1; out[1]: codes 2, 3), exactly: the hardware's conversion of two codes to two
-// FP16 (cvt.rn.f16x2.e4m3x2, __nv_cvt_fp8x2_to_halfraw2: E4M3 is exact in FP16), then FP16 -> FP32
-// -> BF16, both exact (E4M3's 4 significant bits and exponents 2^-9 .. 2^8 fit BF16). In emulation
-// cuda_fp8.h's host path decodes the bits in software (test_kv_cache checks all 256 codes).
+// Two E4M3 codes (the first in the low byte) as a pair of BF16 (the first in the low half), exactly:
+// the hardware's conversion of two codes to two FP16 (cvt.rn.f16x2.e4m3x2,
+// __nv_cvt_fp8x2_to_halfraw2: E4M3 is exact in FP16), then FP16 -> FP32 -> BF16, both exact (E4M3's
+// 4 significant bits and exponents 2^-9 .. 2^8 fit BF16). In emulation cuda_fp8.h's host path
+// decodes the bits in software (test_kv_cache checks all 256 codes).
 __device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint16_t codes) {
     const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)codes, __NV_E4M3);
     const __nv_bfloat162 b = __float22bfloat162_rn(__half22float2(__half2(h)));
@@ -188,50 +189,37 @@ __device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint16_t codes) {
     memcpy(&out, &b, sizeof out);
     return out;
 }
-__device__ __forceinline__ void e4m3x4_to_bf16(uint32_t codes, uint32_t out[2]) {
-    for (int i = 0; i < 2; i++) out[i] = e4m3x2_to_bf16x2((uint16_t)(codes >> (16 * i)));
+// Column `odd` (0 or 1) of a transposing ldmatrix's register of E4M3 codes, which holds two keys'
+// codes of two adjacent columns (bytes: first key's column 0, 1, then the second key's): the column's
+// two codes, the first key's in the low byte, as e4m3x2_to_bf16x2 takes them: one byte permute (PRMT;
+// nvcc makes three instructions of the shifts and masks that emulation runs).
+__device__ __forceinline__ uint16_t e4m3_column_pair(uint32_t codes, int odd) {
+#ifdef FP8RL_EMU
+    return (uint16_t)(((codes >> (8 * odd)) & 0xFFu) | ((codes >> (8 * odd + 8)) & 0xFF00u));
+#else
+    return (uint16_t)__byte_perm(codes, 0u, odd ? 0x4431u : 0x4420u);  // bytes odd, odd + 2; zeros above
+#endif
 }
 
 // Dynamic shared memory of a decode CTA serving `queries` query heads (a GQA group's, times the rows
 // of a cascade group), in bytes: kDecodeStages stages of the key tile [kDecodeTile][D + 16 bytes] and
-// the value tile [kDecodeTile][D] in their storage type (a key row padded by 16 bytes: the 8 lanes of
-// a quarter warp that read 16 bytes of 8 keys hit 8 distinct bank groups), the stages' page ids
-// [kDecodeTile]; with FP8 storage the current tile's values converted to BF16 [kDecodeTile][D + 8]
-// (its keys are converted as the scores read them); q in BF16 [queries rounded up to 16][D + 8] (the tensor cores' A rows);
-// the probabilities' BF16 pair P_hi, P_lo [queries rounded up to 16][kDecodeTile + 8] each (P V's A
-// rows); then in FP32 the output accumulator [queries][D], the scores [queries][kDecodeTile] and per
-// query the running max, the running sum and the last rescale factor. BF16 rows are whole 16-byte
-// vectors (ldmatrix).
+// the value tile [kDecodeTile][D (at least 16 bytes) + 16 bytes] in their storage type (rows padded by
+// 16 bytes: the 8 rows an ldmatrix or a quarter warp's 16-byte reads touch hit 8 distinct bank
+// groups; a value row is whole 16-byte vectors, ldmatrix's rows), the stages' page ids
+// [kDecodeTile]; q in BF16 [queries rounded up to 16][D + 8] (read once into the tensor cores' A
+// fragments); the probabilities' BF16 pair P_hi, P_lo [queries rounded up to 16][kDecodeTile + 8]
+// each (P V's A rows); then in FP32 the scores [queries][kDecodeTile] and per query the running max,
+// the running sum and the last rescale factor. The output accumulator lives in registers.
 constexpr int kDecodeStages = 2;
 constexpr int kDecodePld = kDecodeTile + 8;  // BF16 elements per row of P_hi and P_lo
+// The query tiles (16 queries) whose fragments a split CTA keeps in registers, at most: a per-row
+// CTA's GQA group (at most 32 query heads per kv head), a cascade CTA's rows times it.
+constexpr int kDecodeMaxQueryTiles = 2;
 inline size_t decode_smem_bytes(int queries, int D, size_t elem_bytes) {
     const size_t bf16_row = (size_t)(D + 8) * 2, query_rows = (size_t)(queries + 15) / 16 * 16;
-    return (size_t)kDecodeStages * kDecodeTile * (2 * D * elem_bytes + 16 + sizeof(int32_t)) +
-           (elem_bytes == 1 ? (size_t)kDecodeTile * bf16_row : 0) + query_rows * bf16_row +
-           2 * query_rows * kDecodePld * 2 +
-           sizeof(float) * ((size_t)queries * D + (size_t)queries * kDecodeTile + 3 * queries);
-}
-
-// N 32-bit words at p (in shared memory) and back: 16-byte accesses when N is a multiple of 4 (p
-// 16-byte aligned), else 4-byte ones.
-template <int N>
-__device__ __forceinline__ void load_words(uint32_t (&w)[N], const void* p) {
-    if constexpr (N % 4 == 0) {
-        for (int i = 0; i < N / 4; i++) {
-            const uint4 v = static_cast<const uint4*>(p)[i];
-            w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
-        }
-    } else {
-        for (int i = 0; i < N; i++) w[i] = static_cast<const uint32_t*>(p)[i];
-    }
-}
-template <int N>
-__device__ __forceinline__ void store_words(void* p, const uint32_t (&w)[N]) {
-    if constexpr (N % 4 == 0) {
-        for (int i = 0; i < N / 4; i++) static_cast<uint4*>(p)[i] = make_uint4(w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]);
-    } else {
-        for (int i = 0; i < N; i++) static_cast<uint32_t*>(p)[i] = w[i];
-    }
+    const size_t k_row = D * elem_bytes + 16, v_row = std::max<size_t>(D * elem_bytes, 16) + 16;
+    return (size_t)kDecodeStages * kDecodeTile * (k_row + v_row + sizeof(int32_t)) + query_rows * bf16_row +
+           2 * query_rows * kDecodePld * 2 + sizeof(float) * ((size_t)queries * kDecodeTile + 3 * queries);
 }
 
 // ---- the plan: a decode step's work list, built on the device (FlashInfer's plan/run split) ----
@@ -367,25 +355,30 @@ __global__ void __launch_bounds__(kCombineThreads)
 // the same prefix keys. Every query's arithmetic is the per-row launch's (the same tiles in the
 // same order), so a row's bits do not depend on whether a cascade CTA served it. Writes part_o
 // [B][H][chunks][D] (the chunk's softmax-weighted V, normalised by the chunk's sum) and part_lse
-// [B][H][chunks]; kv_decode_combine_kernel merges them.
+// [B][H][chunks]; kv_decode_combine_kernel merges them. QT: the query tiles of 16 queries (queries
+// rounded up) whose fragments the warps hold, 1 or 2 (kDecodeMaxQueryTiles).
 //
 // Per tile, on the tensor cores (mma.cuh, BF16 operands, FP32 accumulate), for all the CTA's queries
-// at once (m16 tiles of queries, the rows past them zero): with FP8 storage the landed codes are
-// converted to BF16 (exactly) and the layer's scale applied to the products, not the elements: V's
-// once a tile into shared memory (e4m3x4_to_bf16), K's in registers as the scores' B fragments read
-// them (e4m3x2_to_bf16x2: no BF16 copy of K written and read back); BF16 storage is read as it landed.
+// at once (m16 tiles of queries, the rows past them zero), with the operands in registers as
+// FlashAttention-2 keeps them: q's A fragments loaded once per CTA (a warp per query tile and keys
+// of it), the output O as C fragments held by the warp that owns them for the whole chunk (a warp
+// per 16 queries x 32 columns of d). FP8 codes are converted to BF16 (exactly) in registers as the
+// B fragments read them, and the layer's scale applied to the products, not the elements: K's two
+// codes at a time (e4m3x2_to_bf16x2), V's from a transposing ldmatrix of the codes (each lane gets
+// two keys' codes of two adjacent columns, which byte permutes pair by column: the n8 tiles' columns
+// are then d, d + 2, ...: a column permutation, each output's chain the same); BF16 storage is read
+// as it landed.
 //   scores  S = Q K^T: a chain over d from 0 (exact BF16 products), times the K scale, times D^-1/2;
 //   softmax a warp per query, a lane per key, as before: P in FP32, its sum a warp butterfly; the
 //           lane writes P_hi = bf16(P), P_lo = bf16(P - P_hi) (the pair carries 16 significant bits
 //           of P, so P V is nearly FP32's);
-//   P V     O = O * rescale + P_hi V + P_lo V per 16 keys, one chain per output, a warp per 16
-//           queries x 16 columns of d (its A fragments and V's, transposed, by ldmatrix);
-// The rows of the last tile past its keys are zeros (FP8: read as zeros; BF16: cleared), so the MMAs
-// read whole 16-key steps as the CPU's chains add zero products.
+//   P V     O = O * rescale + P_hi V + P_lo V per 16 keys, one chain per output;
+// The value rows of the last tile past its keys are zeros (written as its copies are issued), so the
+// MMAs read whole 16-key steps as the CPU's chains add zero products.
 //   output  part_o = (O * V scale) / sum, part_lse = max + fast_log(sum) (rl/numerics/fast_log.h:
 //           the host's bits, and no I2F as CUDA's logf has).
 // cpu/attention.h's cached_decode_row computes the same operations in the same order.
-template <int D, class Elem>
+template <int D, class Elem, int QT>
 __global__ void __launch_bounds__(kDecodeThreads)
     kv_decode_split_kernel(float* part_o, float* part_lse, const __nv_bfloat16* q, const Elem* k_pool,
                            const Elem* v_pool, const float* k_scale, const float* v_scale, const int32_t* page_table,
@@ -394,11 +387,18 @@ __global__ void __launch_bounds__(kDecodeThreads)
                            DecodeCascade cascade, const int32_t* items, const int32_t* item_count) {
     constexpr bool fp8 = std::is_same<Elem, uint8_t>::value;
     constexpr int row_bytes = D * (int)sizeof(Elem), k_row = row_bytes + 16;  // a key row padded (bank groups)
+    constexpr int v_row = (row_bytes < 16 ? 16 : row_bytes) + 16;  // a value row: whole 16-byte vectors, padded
     // copies of 16 bytes (8 for the 8-byte rows of FP8 at head dim 8), as many per row as it holds
     constexpr int copy_bytes = row_bytes < 16 ? row_bytes : 16, vectors = row_bytes / copy_bytes;
-    constexpr int ld = D + 8;  // BF16 elements per row of the converted tiles and of q (D = 8: 8 zeros pad k to 16)
+    constexpr int ld = D + 8;  // BF16 elements per row of q (D = 8: 8 zeros pad k to 16)
+    constexpr int warps = kDecodeThreads / 32, k_steps = (D + 15) / 16;
+    // P V: a warp item is 16 queries x d_item columns (n8 tiles), QT x d_items of them; D = 8 pads to 16
+    constexpr int d_item = D >= 32 ? 32 : 16, n_tiles = d_item / 8, d_items = (D + d_item - 1) / d_item;
+    constexpr int warp_items = (QT * d_items + warps - 1) / warps, qt_warps = warps / QT;
     static_assert(row_bytes % copy_bytes == 0, "a row is whole 8- or 16-byte vectors");
     static_assert(D % 16 == 0 || D == 8, "the tensor cores' k is 16: head dims are multiples of 16, or 8 (padded)");
+    static_assert((QT == 1 || QT == 2) && QT <= kDecodeMaxQueryTiles && kDecodeTile / 8 % qt_warps == 0,
+                  "a query tile's warps split the tile's n8 blocks of keys");
     DYNAMIC_SHARED(uint8_t, decode_smem);  // named apart from attention.cuh's BF16 `smem`: one extern symbol per name
     if ((int)blockIdx.x >= *item_count) return;  // past the step's work
     const int kv_head = blockIdx.y, KV = gridDim.y, chunk = items[2 * blockIdx.x + 1];  // the grid's y: every kv head
@@ -416,14 +416,13 @@ __global__ void __launch_bounds__(kDecodeThreads)
     }
     // this CTA's partials: a chunk of one kv head's queries of each of its rows
     auto write_partials = [&] {
-        const int queries = members * group.d;  // query q is head q % group of rows[q / group]
+        const int queries = members * group.d;  // query q is head q % group of rows[q / group]; <= 16 QT
         const int query_tiles = (queries + 15) / 16;
         uint8_t *k_t = decode_smem, *v_t = k_t + kDecodeStages * kDecodeTile * k_row;
-        int32_t* page_s = reinterpret_cast<int32_t*>(v_t + kDecodeStages * kDecodeTile * row_bytes);
-        __nv_bfloat16* v_h = reinterpret_cast<__nv_bfloat16*>(page_s + kDecodeStages * kDecodeTile);  // FP8: V converted
-        __nv_bfloat16* q_h = v_h + (fp8 ? kDecodeTile * ld : 0);
+        int32_t* page_s = reinterpret_cast<int32_t*>(v_t + kDecodeStages * kDecodeTile * v_row);
+        __nv_bfloat16* q_h = reinterpret_cast<__nv_bfloat16*>(page_s + kDecodeStages * kDecodeTile);
         __nv_bfloat16 *p_hi = q_h + query_tiles * 16 * ld, *p_lo = p_hi + query_tiles * 16 * kDecodePld;
-        float *o_s = reinterpret_cast<float*>(p_lo + query_tiles * 16 * kDecodePld), *p_s = o_s + queries * D,
+        float *p_s = reinterpret_cast<float*>(p_lo + query_tiles * 16 * kDecodePld),
               *max_s = p_s + queries * kDecodeTile, *sum_s = max_s + queries, *rescale_s = sum_s + queries;
         const DecodeRowKeys row_keys = decode_row_keys(lens, prefixes, max_len, rows[0]);
         long key_begin, key_end;  // not empty: the plan lists chunks with keys
@@ -444,11 +443,13 @@ __global__ void __launch_bounds__(kDecodeThreads)
             reinterpret_cast<uint4*>(q_h + g * ld)[v] = x;
         }
         for (int e = threadIdx.x; e < query_tiles * 16 * kDecodePld; e += kDecodeThreads) p_hi[e] = p_lo[e] = zero;
-        for (int e = threadIdx.x; e < queries * D; e += kDecodeThreads) o_s[e] = 0.0f;
         for (int g = threadIdx.x; g < queries; g += kDecodeThreads) {
             max_s[g] = -INFINITY;
             sum_s[g] = 0.0f;
         }
+        if constexpr (row_bytes < 16)  // D = 8: the value rows' columns past D, which P V's n8 tiles read, zeros
+            for (int e = threadIdx.x; e < kDecodeStages * kDecodeTile * v_row / 16; e += kDecodeThreads)
+                reinterpret_cast<uint4*>(v_t)[e] = make_uint4(0u, 0u, 0u, 0u);
         const int32_t* pages = page_table + rows[0] * max_pages;
         const long tiles = (key_end - key_begin + kDecodeTile - 1) / kDecodeTile;
         // tile i's keys k0 .. k0 + keys - 1 start on page k0 / page_tokens; a tile spans at most
@@ -462,24 +463,42 @@ __global__ void __launch_bounds__(kDecodeThreads)
         };
         auto copy_tile = [&](long i, int stage) {  // one group of this thread's copies (maybe empty)
             const long k0 = key_begin + i * kDecodeTile, first = page_tokens.div((uint32_t)k0);
+            const int keys = tile_keys(i);
+            uint8_t *k_stage = k_t + stage * kDecodeTile * k_row, *v_stage = v_t + stage * kDecodeTile * v_row;
             FP8RL_NO_UNROLL
-            for (int e = threadIdx.x; e < tile_keys(i) * vectors; e += kDecodeThreads) {
+            for (int e = threadIdx.x; e < keys * vectors; e += kDecodeThreads) {
                 const int j = e / vectors, c = e % vectors;
                 const uint32_t pos = (uint32_t)(k0 + j), page = page_tokens.div(pos);
                 const long slot = (long)page_s[stage * kDecodeTile + (page - first)] * page_tokens.d + (pos - page * page_tokens.d);
                 const size_t at = (size_t)((slot * KV + kv_head) * D) * sizeof(Elem) + (size_t)c * copy_bytes;
-                __pipeline_memcpy_async(k_t + (stage * kDecodeTile + j) * k_row + c * copy_bytes, (const uint8_t*)k_pool + at,
-                                        copy_bytes);
-                __pipeline_memcpy_async(v_t + (stage * kDecodeTile + j) * row_bytes + c * copy_bytes, (const uint8_t*)v_pool + at,
-                                        copy_bytes);
+                __pipeline_memcpy_async(k_stage + j * k_row + c * copy_bytes, (const uint8_t*)k_pool + at, copy_bytes);
+                __pipeline_memcpy_async(v_stage + j * v_row + c * copy_bytes, (const uint8_t*)v_pool + at, copy_bytes);
             }
+            // the last tile's value rows past its keys, up to its last 16-key step, zeros (no copy writes them)
+            constexpr int row_vectors = (row_bytes < 16 ? 16 : row_bytes) / 16;
+            FP8RL_NO_UNROLL
+            for (int e = threadIdx.x; e < ((keys + 15) / 16 * 16 - keys) * row_vectors; e += kDecodeThreads)
+                reinterpret_cast<uint4*>(v_stage + (keys + e / row_vectors) * v_row)[e % row_vectors] = make_uint4(0u, 0u, 0u, 0u);
             __pipeline_commit();
         };
-        const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = kDecodeThreads / 32;
+        const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
         const int g8 = lane / 4, t4 = lane % 4;  // a fragment's row group and thread in group (mma.cuh)
         load_page_ids(0, 0);
-        __syncthreads();  // tile 0's page ids (and q, the output and the statistics) are written
+        __syncthreads();  // tile 0's page ids (and q, P's pads and the statistics) are written
         copy_tile(0, 0);
+        // Q K^T: the warp's query tile and n8 blocks of keys; q's A fragments, once
+        const int score_tile = warp / qt_warps;
+        const bool scoring = score_tile < query_tiles;  // warp-uniform
+        uint32_t qa[k_steps][4];
+        if (scoring)
+            for (int s = 0; s < k_steps; s++) ldmatrix_a_fragment(qa[s], q_h + score_tile * 16 * ld + 16 * s, ld);
+        // P V: the warp's items it = warp + warps * j (query tile it / d_items, columns d_item * (it % d_items)
+        // on), their O as C fragments; column pv_col(nt, e) of an item holds C element e of its n8 tile nt
+        float o[warp_items][n_tiles][4] = {};
+        auto pv_col = [&](int nt, int e) {
+            const int j = c_fragment_col(e);
+            return fp8 ? 16 * (nt >> 1) + 2 * j + (nt & 1) : 8 * nt + j;
+        };
         for (long i = 0; i < tiles; i++) {
             const int stage = (int)(i % kDecodeStages), keys = tile_keys(i);
             if (i + 1 < tiles) load_page_ids(i + 1, stage ^ 1);
@@ -488,57 +507,30 @@ __global__ void __launch_bounds__(kDecodeThreads)
             else __pipeline_commit();  // an empty group: the wait below always leaves one group in flight
             __pipeline_wait_prior(1);  // this thread's copies of tile i have landed
             __syncthreads();           // every thread's have
-            uint8_t *k_land = k_t + stage * kDecodeTile * k_row, *v_land = v_t + stage * kDecodeTile * row_bytes;
-            const __nv_bfloat16* v_b;  // the tile's values [key][v_ld] in BF16
-            int v_ld;
-            if (fp8) {  // V converted once, 16 codes a thread at a time, for every query that reads them
-                constexpr int cv = D % 16 == 0 ? 16 : 4;  // codes per pass (D = 8: 4, its 8-byte rows)
-                FP8RL_NO_UNROLL
-                for (int e = threadIdx.x; e < kDecodeTile * (D / cv); e += kDecodeThreads) {
-                    const int j = e / (D / cv), d = e % (D / cv) * cv;
-                    uint32_t vc[cv / 4] = {}, vb[cv / 2];
-                    if (j < keys) load_words(vc, v_land + j * row_bytes + d);  // rows past the tile's keys: code 0 (+0)
-                    for (int w = 0; w < cv / 4; w++) e4m3x4_to_bf16(vc[w], vb + 2 * w);
-                    store_words(v_h + j * ld + d, vb);
-                }
-                __syncthreads();  // the converted tile is written
-                v_b = v_h, v_ld = ld;
-            } else {
-                if (keys < kDecodeTile) {  // the last tile: its rows past the keys cleared
-                    FP8RL_NO_UNROLL
-                    for (int e = threadIdx.x; e < (kDecodeTile - keys) * (row_bytes / 4); e += kDecodeThreads) {
-                        const int j = keys + e / (row_bytes / 4), c = e % (row_bytes / 4) * 4;
-                        memset(k_land + j * k_row + c, 0, 4);
-                        memset(v_land + j * row_bytes + c, 0, 4);
+            const uint8_t *k_land = k_t + stage * kDecodeTile * k_row, *v_land = v_t + stage * kDecodeTile * v_row;
+            // S = Q K^T: a warp per (16 queries, 8 keys); keys past the tile's score what their rows hold,
+            // never read; columns past D are zeros
+            if (scoring)
+                for (int j = 0; j < QT; j++) {
+                    const int n0 = (warp % qt_warps + qt_warps * j) * 8;
+                    if (n0 >= keys) continue;  // the warp's keys are all past the tile's (warp-uniform)
+                    float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                    const uint8_t* k_at = k_land + (n0 + g8) * k_row;
+                    for (int s = 0; s < k_steps; s++) {
+                        uint32_t b[2];
+                        for (int r = 0; r < 2; r++) {
+                            const int d = 16 * s + 2 * t4 + 8 * r;
+                            if (D % 16 != 0 && d >= D) b[r] = 0u;  // D = 8: k padded to 16
+                            else if (fp8) b[r] = e4m3x2_to_bf16x2(*reinterpret_cast<const uint16_t*>(k_at + d));
+                            else b[r] = load_bf16_pair(reinterpret_cast<const __nv_bfloat16*>(k_at) + d);
+                        }
+                        mma_m16n8k16(c, qa[s], b);
                     }
-                    __syncthreads();  // the cleared rows are written
-                }
-                v_b = reinterpret_cast<const __nv_bfloat16*>(v_land), v_ld = D;
-            }
-            // S = Q K^T: a warp per (16 queries, 8 keys); keys past the tile's and columns past D are zeros
-            FP8RL_NO_UNROLL
-            for (int w = warp; w < query_tiles * (kDecodeTile / 8); w += warps) {
-                const int m0 = w / (kDecodeTile / 8) * 16, n0 = w % (kDecodeTile / 8) * 8;
-                if (n0 >= keys) continue;  // the warp's keys are all past the tile's (warp-uniform)
-                float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                const int key = n0 + g8;  // a key past the tile's reads zeros (BF16: its cleared row)
-                const uint8_t* k_at = k_land + key * k_row;
-                for (int k0 = 0; k0 < D; k0 += 16) {
-                    uint32_t a[4], b[2] = {0u, 0u};  // every branch below sets b; g++ cannot always tell
-                    ldmatrix_a_fragment(a, q_h + m0 * ld + k0, ld);
-                    for (int r = 0; r < 2; r++) {
-                        const int d = k0 + 2 * t4 + 8 * r;
-                        if (D % 16 != 0 && d >= D) b[r] = 0u;  // D = 8: k padded to 16
-                        else if (fp8) b[r] = key < keys ? e4m3x2_to_bf16x2(*reinterpret_cast<const uint16_t*>(k_at + d)) : 0u;
-                        else b[r] = load_bf16_pair(reinterpret_cast<const __nv_bfloat16*>(k_at) + d);
+                    for (int e = 0; e < 4; e++) {
+                        const int g = score_tile * 16 + c_fragment_row(e), key = n0 + c_fragment_col(e);
+                        if (g < queries) p_s[g * kDecodeTile + key] = c[e];
                     }
-                    mma_m16n8k16(c, a, b);
                 }
-                for (int e = 0; e < 4; e++) {
-                    const int g = m0 + c_fragment_row(e), j = n0 + c_fragment_col(e);
-                    if (g < queries) p_s[g * kDecodeTile + j] = c[e];
-                }
-            }
             __syncthreads();  // the scores are written
             FP8RL_NO_UNROLL
             for (int g = warp; g < queries; g += warps) {  // a warp per query, a lane per key
@@ -558,38 +550,56 @@ __global__ void __launch_bounds__(kDecodeThreads)
                 }
             }
             __syncthreads();  // probabilities and rescale factors are written
-            // O = O * rescale + P_hi V + P_lo V: a warp per (16 queries, 16 columns of d; D = 8: 8 of them)
-            constexpr int n_pairs = (D + 15) / 16;
-            FP8RL_NO_UNROLL
-            for (int w = warp; w < query_tiles * n_pairs; w += warps) {
-                const int m0 = w / n_pairs * 16, n0 = w % n_pairs * 16;
-                float c[2][4];
-                for (int h = 0; h < 2; h++)
+            // O = O * rescale + P_hi V + P_lo V, per 16 keys
+            for (int j = 0; j < warp_items; j++) {
+                const int it = warp + warps * j, m0 = it / d_items * 16, d0 = it % d_items * d_item;
+                if (it >= QT * d_items || m0 >= queries) continue;  // warp-uniform
+                for (int nt = 0; nt < n_tiles; nt++)
                     for (int e = 0; e < 4; e++) {
-                        const int g = m0 + c_fragment_row(e), d = n0 + 8 * h + c_fragment_col(e);
-                        c[h][e] = g < queries && d < D ? o_s[g * D + d] * rescale_s[g] : 0.0f;
+                        const int g = m0 + c_fragment_row(e);
+                        o[j][nt][e] = g < queries ? o[j][nt][e] * rescale_s[g] : 0.0f;
                     }
                 FP8RL_NO_UNROLL
                 for (int k0 = 0; k0 < keys; k0 += 16) {
-                    uint32_t hi[4], lo[4], b0[2], b1[2];
+                    uint32_t hi[4], lo[4], b[n_tiles][2];
                     ldmatrix_a_fragment(hi, p_hi + m0 * kDecodePld + k0, kDecodePld);
                     ldmatrix_a_fragment(lo, p_lo + m0 * kDecodePld + k0, kDecodePld);
-                    ldmatrix_b_fragments_kn(b0, b1, v_b + k0 * v_ld + n0, v_ld);  // D = 8: b1 is past D, unused
-                    mma_m16n8k16(c[0], hi, b0);
-                    mma_m16n8k16(c[0], lo, b0);
-                    mma_m16n8k16(c[1], hi, b1);
-                    mma_m16n8k16(c[1], lo, b1);
-                }
-                for (int h = 0; h < 2; h++)
-                    for (int e = 0; e < 4; e++) {
-                        const int g = m0 + c_fragment_row(e), d = n0 + 8 * h + c_fragment_col(e);
-                        if (g < queries && d < D) o_s[g * D + d] = c[h][e];
+                    if constexpr (fp8) {
+                        // matrix i: keys k0 + 8 (i & 1) on, codes d0 + 16 (i >> 1) on as 8 BF16-sized pairs; the
+                        // lane gets keys 2 t4, 2 t4 + 1 of columns 2 g8, 2 g8 + 1 (d_item 16: matrices 2, 3 repeat 0, 1)
+                        const int i = lane / 8, r = lane % 8;
+                        uint32_t m[4];
+                        ldmatrix_x4<true>(m, reinterpret_cast<const __nv_bfloat16*>(
+                                                 v_land + (k0 + r + 8 * (i & 1)) * v_row + d0 + 16 * ((i >> 1) % (d_item / 16))));
+                        for (int nt = 0; nt < n_tiles; nt++)
+                            for (int h = 0; h < 2; h++)  // n8 tile nt: the codes of column 2 g8 + (nt & 1)
+                                b[nt][h] = e4m3x2_to_bf16x2(e4m3_column_pair(m[2 * (nt >> 1) + h], nt & 1));
+                    } else {
+                        const __nv_bfloat16* v_b = reinterpret_cast<const __nv_bfloat16*>(v_land);
+                        for (int nt = 0; nt < n_tiles; nt += 2)
+                            ldmatrix_b_fragments_kn(b[nt], b[nt + 1], v_b + k0 * (v_row / 2) + d0 + 8 * nt, v_row / 2);
                     }
+                    for (int nt = 0; nt < n_tiles; nt++) {
+                        mma_m16n8k16(o[j][nt], hi, b[nt]);
+                        mma_m16n8k16(o[j][nt], lo, b[nt]);
+                    }
+                }
             }
             __syncthreads();  // every thread is done with this stage before tile i + 2's copies refill it
         }
-        for (int e = threadIdx.x; e < queries * D; e += kDecodeThreads)
-            part_o[out_at(e / D) * D + e % D] = o_s[e] * vs / sum_s[e / D];
+        for (int j = 0; j < warp_items; j++) {
+            const int it = warp + warps * j, m0 = it / d_items * 16, d0 = it % d_items * d_item;
+            if (it >= QT * d_items || m0 >= queries) continue;
+            for (int half = 0; half < 2; half++) {  // the lane's two rows: C elements 2 half, 2 half + 1
+                const int g = m0 + g8 + 8 * half;
+                if (g >= queries) continue;
+                float* out = part_o + out_at(g) * D + d0;  // the row's place and sum once, not per element
+                const float sum = sum_s[g];
+                for (int nt = 0; nt < n_tiles; nt++)
+                    for (int e = 2 * half; e < 2 * half + 2; e++)
+                        if (d0 + pv_col(nt, e) < D) out[pv_col(nt, e)] = o[j][nt][e] * vs / sum;
+            }
+        }
         for (int g = threadIdx.x; g < queries; g += kDecodeThreads) part_lse[out_at(g)] = max_s[g] + fast_log(sum_s[g]);
     };
     write_partials();
@@ -736,21 +746,26 @@ class PagedKvCache {
         if (max_batch < 1 || max_len < 1)
             fail("PagedKvCache::reserve_decode: max_batch = %d rows, max_len = %d keys (need >= 1 each)", max_batch, max_len);
         const int group = heads / shape_.kv_heads;
-        const size_t row_smem = decode_smem_bytes(group, shape_.head_dim, element_bytes(storage_));
-        if (row_smem > kMaxSharedBytes)
-            fail("PagedKvCache::reserve_decode: %d query heads per kv head need %zu bytes of shared memory (at most "
-                 "227 KB)", group, row_smem);
-        // a cascade CTA serves as many rows as keep it within kCascadeSharedBytes (3 CTAs an SM)
+        if (group > 16 * kDecodeMaxQueryTiles)
+            fail("PagedKvCache::reserve_decode: %d query heads per kv head need %d query tiles of fragments in the "
+                 "decode kernel's registers (at most %d: %d query heads per kv head)", group, (group + 15) / 16,
+                 kDecodeMaxQueryTiles, 16 * kDecodeMaxQueryTiles);
+        // a cascade CTA serves as many rows as its registers hold the queries of and keep it within
+        // kCascadeSharedBytes (3 CTAs an SM)
+        const size_t elem = element_bytes(storage_);
         cascade_rows_ = 1;
-        while (cascade_rows_ < kCascadeRows &&
-               decode_smem_bytes((cascade_rows_ + 1) * group, shape_.head_dim, element_bytes(storage_)) <= kCascadeSharedBytes)
+        while (cascade_rows_ < kCascadeRows && (cascade_rows_ + 1) * group <= 16 * kDecodeMaxQueryTiles &&
+               decode_smem_bytes((cascade_rows_ + 1) * group, shape_.head_dim, elem) <= kCascadeSharedBytes)
             cascade_rows_++;
-        const size_t smem = std::max(row_smem, decode_smem_bytes(cascade_rows_ * group, shape_.head_dim, element_bytes(storage_)));
+        const size_t smem = std::max(decode_smem_bytes(group, shape_.head_dim, elem),
+                                     decode_smem_bytes(cascade_rows_ * group, shape_.head_dim, elem));
         with_head_dim("PagedKvCache::reserve_decode", shape_.head_dim, [&](auto head_dim) {
             constexpr int D = decltype(head_dim)::value;
             dispatch_storage([&](auto elem) {
                 using Elem = decltype(elem);
-                CUDA_CHECK(cudaFuncSetAttribute((kv_decode_split_kernel<D, Elem>),
+                CUDA_CHECK(cudaFuncSetAttribute((kv_decode_split_kernel<D, Elem, 1>),
+                                                cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+                CUDA_CHECK(cudaFuncSetAttribute((kv_decode_split_kernel<D, Elem, 2>),
                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
             });
         });
@@ -840,13 +855,18 @@ class PagedKvCache {
             dispatch_storage([&](auto elem) {
                 using Elem = decltype(elem);
                 auto launch = [&](long items, int queries, const DecodeCascade& c, int list) {
-                    LAUNCH_KERNEL((kv_decode_split_kernel<D, Elem>), dim3((unsigned)items, shape_.kv_heads), kDecodeThreads,
-                                  decode_smem_bytes(queries, D, sizeof(Elem)),  // allowed by reserve_decode
-                                  stream, part_o_.get(), part_lse_.get(), q, layer_pool<Elem>(k_pool_, layer),
-                                  layer_pool<Elem>(v_pool_, layer), layer_scales(k_scale_dev_, layer),
-                                  layer_scales(v_scale_dev_, layer), page_table, max_pages, p.lens, p.prefixes, p.max_len,
-                                  heads, group_div, page_div, split_div, p.chunks, c, work_items_.get() + 2 * list * item_capacity_,
-                                  work_counts_.get() + list);
+                    auto run = [&](auto query_tiles) {
+                        constexpr int QT = decltype(query_tiles)::value;
+                        LAUNCH_KERNEL((kv_decode_split_kernel<D, Elem, QT>), dim3((unsigned)items, shape_.kv_heads),
+                                      kDecodeThreads, decode_smem_bytes(queries, D, sizeof(Elem)),  // allowed by reserve_decode
+                                      stream, part_o_.get(), part_lse_.get(), q, layer_pool<Elem>(k_pool_, layer),
+                                      layer_pool<Elem>(v_pool_, layer), layer_scales(k_scale_dev_, layer),
+                                      layer_scales(v_scale_dev_, layer), page_table, max_pages, p.lens, p.prefixes,
+                                      p.max_len, heads, group_div, page_div, split_div, p.chunks, c,
+                                      work_items_.get() + 2 * list * item_capacity_, work_counts_.get() + list);
+                    };
+                    if (queries <= 16) run(std::integral_constant<int, 1>());
+                    else run(std::integral_constant<int, 2>());  // reserve_decode: at most kDecodeMaxQueryTiles
                 };
                 launch((long)p.B * p.chunks, group, DecodeCascade(), 0);  // the per-row list
                 const long group_items = (long)p.cascade.max_groups * decode_span_chunks(p.max_len, p.split_keys);
@@ -933,7 +953,7 @@ class PagedKvCache {
         if (split_keys < kDecodeTile || split_keys % kDecodeTile != 0)
             fail("PagedKvCache::%s: split_keys = %d must be a positive multiple of %d", who, split_keys, kDecodeTile);
     }
-    static constexpr size_t kMaxSharedBytes = 227 * 1024, kCascadeSharedBytes = 72 * 1024;
+    static constexpr size_t kCascadeSharedBytes = 72 * 1024;
     template <class F>
     void dispatch_storage(F f) const {
         if (storage_ == Precision::FP8)

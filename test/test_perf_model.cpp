@@ -250,10 +250,12 @@ TEST(kernel_perf_model_launch_by_hand) {
 }
 
 // A made-up decode kernel with the recipe's loops: per tile of 32 keys for 2 queries (4 warps, D 128,
-// FP8), the tile loop once, the page ids 1 / 4, the copies (32 bytes a pass) 2 x 32 x 128 / 128 / 32 = 2
-// passes, the conversion of V (32 codes a pass) 32 x 128 / 128 / 32 = 1, the scores 1 x 4 / 4 = 1, the
-// softmax 2 / 4, P V 1 x 8 / 4 = 2 and its nested loop 2 x 32 / 16 = 4. BF16: no conversion; the clear
-// (16 rows x 64 words of the last tile, once per 8 tiles) 16 x 64 / 128 / 8 = 1 pass.
+// FP8), the tile loop once (the scores in it), the page ids 1 / 4, the copies (32 bytes a pass)
+// 2 x 32 x 128 / 128 / 32 = 2 passes, the clear (16 bytes a pass) of 8 value rows of 128 bytes once per
+// 8 tiles 8 x 128 / 128 / 16 / 8 = 1 / 16, the softmax 2 / 4, P V (1 query tile x 4 items of 32
+// columns over 4 warps: 1 a warp) 32 / 16 = 2. BF16: copies 4, the clear's rows 256 bytes: 1 / 8. A
+// second P V loop (an item a warp may own, QT 2): each loop half the passes for 1 query tile, all of
+// them for 2.
 TEST(kernel_perf_model_decode_recipe_by_hand) {
     auto loop = [](int parent, float total, std::initializer_list<std::pair<SassClass, float>> more) {
         SassLoop l{0, 0, parent, {}};
@@ -262,39 +264,49 @@ TEST(kernel_perf_model_decode_recipe_by_hand) {
         return l;
     };
     const SassLoop loops[] = {
-        loop(-1, 100, {{Sass_barrier, 3}}),                                 // 0: tiles
-        loop(0, 7, {{Sass_ldg_bytes, 4}}),                                  // 1: page ids
-        loop(0, 10, {{Sass_ldgsts_bytes, 32}}),                             // 2: copies
-        loop(0, 50, {{Sass_conversion, 16}, {Sass_lds_bytes, 32}, {Sass_sts_bytes, 64}}),  // 3: convert
-        loop(0, 60, {{Sass_mma, 8}, {Sass_lds_bytes, 192}}),                // 4: scores
-        loop(0, 120, {{Sass_shuffle, 10}}),                                 // 5: softmax
-        loop(0, 40, {{Sass_lds_bytes, 64}}),                                // 6: P V
-        loop(6, 20, {{Sass_mma, 4}}),                                       // 7: its 16-key steps
+        loop(-1, 100, {{Sass_barrier, 3}, {Sass_mma, 8}}),   // 0: tiles, the scores in it
+        loop(0, 7, {{Sass_ldg_bytes, 4}}),                  // 1: page ids
+        loop(0, 10, {{Sass_ldgsts_bytes, 32}}),             // 2: copies
+        loop(0, 12, {{Sass_sts_bytes, 16}}),                // 3: clear
+        loop(0, 120, {{Sass_shuffle, 10}}),                 // 4: softmax
+        loop(0, 60, {{Sass_mma, 8}, {Sass_lds_bytes, 36}}),  // 5: P V, a 16-key step
+        loop(0, 60, {{Sass_mma, 8}, {Sass_lds_bytes, 36}}),  // 6: P V, a second item's
     };
-    const SassKernel k{"made-up", {}, 8, loops};
+    const SassKernel k{"made-up", {}, 6, loops};
     SassCounts c;
     DecodeKernelShape s;
     CHECK(decode_tile_recipe(k, s, 2, &c));
-    CHECK_NEAR(c.c[Sass_total], 100 + 7 / 4.0 + 2 * 10 + 1 * 50 + 60 + 0.5 * 120 + 2 * 40 + 4 * 20, 1e-9, 0);
-    CHECK_NEAR(c.c[Sass_mma], 8 + 4 * 4, 1e-9, 0);
-    // BF16: the conversion loop must not be there, the clear must
+    CHECK_NEAR(c.c[Sass_total], 100 + 7 / 4.0 + 2 * 10 + 12 / 16.0 + 0.5 * 120 + 2 * 60, 1e-9, 0);
+    CHECK_NEAR(c.c[Sass_mma], 8 + 2 * 8, 1e-9, 0);
     s.elem_bytes = 2;
-    CHECK(!decode_tile_recipe(k, s, 2, &c));
-    SassLoop bf16[8];
-    std::copy(std::begin(loops), std::end(loops), bf16);
-    bf16[3] = loop(0, 12, {{Sass_sts_bytes, 8}});  // 3: clear
-    const SassKernel kb{"made-up bf16", {}, 8, bf16};
-    CHECK(decode_tile_recipe(kb, s, 2, &c));
-    CHECK_NEAR(c.c[Sass_total], 100 + 7 / 4.0 + 4 * 10 + 1 * 12 + 60 + 0.5 * 120 + 2 * 40 + 4 * 20, 1e-9, 0);
+    CHECK(decode_tile_recipe(k, s, 2, &c));
+    CHECK_NEAR(c.c[Sass_total], 100 + 7 / 4.0 + 4 * 10 + 12 / 8.0 + 0.5 * 120 + 2 * 60, 1e-9, 0);
+    s.elem_bytes = 1;
+    const SassKernel k2{"made-up, two P V loops", {}, 7, loops};
+    CHECK(decode_tile_recipe(k2, s, 2, &c));
+    CHECK_NEAR(c.c[Sass_total], 100 + 7 / 4.0 + 2 * 10 + 12 / 16.0 + 0.5 * 120 + 2 * 60, 1e-9, 0);
+    CHECK(decode_tile_recipe(k2, s, 32, &c));  // 2 query tiles: 2 items a warp
+    CHECK_NEAR(c.c[Sass_total], 100 + 7 / 4.0 + 2 * 10 + 12 / 16.0 + 8 * 120 + 4 * 60, 1e-9, 0);
+    // the clear missing, or a P V loop with a nested loop: not the recipe
+    const SassLoop no_clear[] = {loops[0], loops[1], loops[2], loops[4], loops[5]};
+    CHECK(!decode_tile_recipe(SassKernel{"no clear", {}, 5, no_clear}, s, 2, &c));
+    SassLoop nested[7];
+    std::copy(std::begin(loops), std::end(loops), nested);
+    nested[6].parent = 5;
+    CHECK(!decode_tile_recipe(SassKernel{"nested", {}, 7, nested}, s, 2, &c));
     // a kernel whose loops are not the recipe's (no barrier): the generic price per multiply-add of its
     // innermost math loops
-    SassLoop flat[] = {loops[4], loops[7]};
+    SassLoop flat[] = {loops[4], loops[5]};
     for (SassLoop& l : flat) l.parent = -1;
     flat[0].counts[Sass_macs] = 512, flat[1].counts[Sass_macs] = 256;
     const SassKernel g{"flat", {}, 2, flat};
-    s.elem_bytes = 1;
     CHECK(!decode_tile_recipe(g, s, 2, &c));
-    CHECK_NEAR(generic_cost_per_mac(g).c[Sass_total], 80.0 / 768, 1e-9, 0);
+    CHECK_NEAR(generic_cost_per_mac(g).c[Sass_total], 180.0 / 768, 1e-9, 0);
+    // registers bind residency: 95 a thread (96 allocated) x 128 threads leave 5 CTAs of 64K registers,
+    // where 27,840 bytes of shared memory (+ 1 KB reserved) alone allow 8 of 228 KB
+    const GpuSpec h = h100();
+    CHECK_EQ(h.resident_ctas(128, 27840, 95), 5);
+    CHECK_EQ(h.resident_ctas(128, 27840), 8);
 }
 
 // The training attention recipe by hand (D 128, 128 threads, a tile pair's payload 2 x 64 x 128 x 2 /
@@ -377,7 +389,7 @@ TEST(kernel_perf_model_decode_grid_follows_lengths) {
     DecodeAttentionShape s;
     s.H = 16, s.KV = 8, s.D = 128, s.grid_rows = 512, s.live_rows = 512, s.own_keys = 100, s.prefix = 256, s.max_len = 512;
     const DecodeAttentionPrice short_max = decode_attention_price(g, s);
-    CHECK_MSG(short_max.per_row.recipe, "sass_counts.h's kv_decode_split_kernel<128, unsigned char> no longer matches the "
+    CHECK_MSG(short_max.per_row.recipe, "sass_counts.h's kv_decode_split_kernel<128, unsigned char, 1> no longer matches the "
               "decode recipes (cuda/perf/kernel_perf_model.h): it would be priced by the generic lower bound");
     s.max_len = 4096;  // the same rows, a larger configured maximum: the same grid, the same price
     const DecodeAttentionPrice long_max = decode_attention_price(g, s);

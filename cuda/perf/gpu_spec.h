@@ -41,6 +41,7 @@ struct GpuSpec {
     double smem_bytes_per_clock = 128 * 0.9;
     int max_threads_per_sm = 2048, max_ctas_per_sm = 32;                // compute capability 9.0
     double smem_per_sm = 228 * 1024.0, smem_reserved_per_cta = 1024;    // ditto (1 KB reserved per CTA)
+    int registers_per_sm = 65536, register_unit = 8;  // ditto: 64K 32-bit registers, a thread's in units of 8
     // cuBLASLt at training shapes (m, n, k >= 1024): BF16 ~700 TFLOP/s (FBGEMM PR #2546: 585 on an H100;
     // 769-798 measured here at 8192^3 on an H200), FP8 block-scaled (1x128 / 128x128) ~1.0 PFLOP/s
     // (FBGEMM's blockwise 870 GEMM-only; DeepGEMM up to 1,550 on an H800; cuBLAS 12.9: 1.25-1.75x BF16)
@@ -61,11 +62,14 @@ struct GpuSpec {
         const double w = std::max(warps, 1.0) / 4;
         return 4 * w / (w + ipc_half);
     }
-    // CTAs of `threads` threads and `smem` bytes of shared memory resident on one SM (registers are not
-    // in sass_counts.h: assumed not to bind).
-    int resident_ctas(int threads, double smem) const {
-        int by_smem = (int)(smem_per_sm / (smem + smem_reserved_per_cta));
-        return std::max(1, std::min({max_ctas_per_sm, max_threads_per_sm / threads, by_smem}));
+    // CTAs of `threads` threads, `smem` bytes of shared memory and `registers` registers a thread resident
+    // on one SM (registers are not in sass_counts.h: 0, not known, is assumed not to bind).
+    int resident_ctas(int threads, double smem, int registers = 0) const {
+        const int by_smem = (int)(smem_per_sm / (smem + smem_reserved_per_cta));
+        const int by_registers = registers > 0 ? registers_per_sm / (((registers + register_unit - 1) / register_unit) *
+                                                                     register_unit * threads)
+                                               : max_ctas_per_sm;
+        return std::max(1, std::min({max_ctas_per_sm, max_threads_per_sm / threads, by_smem, by_registers}));
     }
 };
 inline GpuSpec h100() { return GpuSpec(); }

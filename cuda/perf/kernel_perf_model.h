@@ -103,10 +103,10 @@ struct KernelPrice {
 };
 
 // One launch of CTAs of `threads` threads and `smem` bytes of shared memory: the classes, the HBM bytes
-// it moves, its launches (0: graph nodes priced elsewhere).
+// it moves, its launches (0: graph nodes priced elsewhere), its registers a thread (0: not known).
 inline KernelPrice price_launch(const GpuSpec& g, int threads, double smem, const std::vector<CtaClass>& ctas,
-                                double hbm_bytes, int launches = 1) {
-    const int resident = g.resident_ctas(threads, smem);
+                                double hbm_bytes, int launches = 1, int registers = 0) {
+    const int resident = g.resident_ctas(threads, smem, registers);
     const double warps = threads / 32.0, resident_warps = resident * warps;
     double issue = 0, tensor = 0, smem_cycles = 0, lifetimes = 0, longest = 0, count = 0;
     for (const CtaClass& k : ctas) {
@@ -168,76 +168,25 @@ inline SassCounts generic_cost_per_mac(const SassKernel& k) {
 }
 
 // ---- decode attention: kv_cache.cuh's kv_decode_split_kernel ------------------------------------
-// Recipe (the tensor-core kernel, its per-thread loops kept one SASS loop each by FP8RL_NO_UNROLL): a
-// tile loop over kDecodeTile keys (the top-level loop with the most barriers); inside it, each pass
-// of a loop counted once per warp that runs it (a warp issues what any of its lanes runs; counts are
-// per thread = per warp, and sm_cycles multiplies by the warps):
+// Recipe (the tensor-core kernel with its fragments in registers, its per-thread loops kept one SASS
+// loop each by FP8RL_NO_UNROLL): a tile loop over kDecodeTile keys (the top-level loop with the most
+// barriers) whose own code runs once a tile: with it the scores (Q K^T from the q fragments the warp
+// holds, a warp per query tile's n8 blocks of keys, unrolled; with FP8 converting its K codes) and O's
+// rescale; inside it, each pass of a loop counted once per warp that runs it (a warp issues what any of
+// its lanes runs; counts are per thread = per warp, and sm_cycles multiplies by the warps):
 //   page ids  global loads, no cp.async: the next tile's 2-3 pages, lanes of warp 0: 1 / warps a warp;
 //   copies    cp.async (LDGSTS): K and V rows, 2 x 32 keys x row bytes over the threads;
-//   convert   FP8 only (conversions, no MMA, no shuffle): V's 32 x D codes over the threads, as many
-//             a pass as it loads from shared memory (K's codes are converted in the scores loop);
-//   clear     BF16 only (stores alone): the last tile of a chunk's rows past its keys, on average half
-//             a tile once per chunk of split_keys;
-//   scores    MMAs, no nested loop: a warp per (16 queries, 8 keys): query tiles x 4 over the warps
-//             (with FP8, converting its K codes);
+//   clear     stores alone: the last tile of a chunk's value rows past its keys up to its last 16-key
+//             step, on average 8 rows once per chunk of split_keys;
 //   softmax   shuffles: a warp per query;
-//   P V       the loop holding a nested MMA loop: a warp per (16 queries, 16 columns of d), its nested
-//             loop once per 16 keys.
+//   P V       the loops with MMAs (one per item a warp may own, unrolled): 16 queries x 32 columns of d
+//             (16 below D 32) an item, query tiles x items over the warps, each once per 16 keys (with
+//             FP8 converting V's codes from a transposing ldmatrix).
 // Per CTA (rows x kv heads x chunks of split_keys), the code outside every loop once.
 struct DecodeKernelShape {
     int threads = 128, tile_keys = 32, head_dim = 128, split_keys = 256;
     double elem_bytes = 1;  // 1: FP8, 2: BF16
 };
-
-// Per-thread counts of one tile of keys for a CTA of `queries` query heads; false when the kernel's
-// loops do not match the recipe.
-inline bool decode_tile_recipe(const SassKernel& k, const DecodeKernelShape& s, double queries, SassCounts* out) {
-    int tile = -1;
-    for (int i = 0; i < k.loops; i++)
-        if (k.loop[i].parent == -1 && (tile < 0 || k.loop[i].counts[Sass_barrier] > k.loop[tile].counts[Sass_barrier])) tile = i;
-    if (tile < 0 || k.loop[tile].counts[Sass_barrier] == 0) return false;
-    const double warps = s.threads / 32.0, query_tiles = std::ceil(queries / 16), D = s.head_dim, T = s.tile_keys;
-    const bool fp8 = s.elem_bytes == 1;
-    SassCounts c;
-    c.add(k.loop[tile].counts, 1);
-    int pages = 0, copies = 0, converts = 0, clears = 0, scores = 0, softmaxes = 0, pvs = 0;
-    for (int i : children(k, tile)) {
-        const SassLoop& l = k.loop[i];
-        const std::vector<int> inner = children(k, i);
-        if (!inner.empty()) {  // P V
-            if (inner.size() != 1 || !has(k.loop[inner[0]], Sass_mma)) return false;
-            const double passes = query_tiles * std::ceil(D / 16) / warps;
-            c.add(l.counts, passes);
-            c.add(k.loop[inner[0]].counts, passes * T / 16);
-            pvs++;
-        } else if (has(l, Sass_ldgsts_bytes)) {
-            c.add(l.counts, 2.0 * T * D * s.elem_bytes / s.threads / l.counts[Sass_ldgsts_bytes]);
-            copies++;
-        } else if (has(l, Sass_ldg_bytes)) {
-            c.add(l.counts, 1 / warps);
-            pages++;
-        } else if (has(l, Sass_shuffle)) {
-            c.add(l.counts, queries / warps);
-            softmaxes++;
-        } else if (has(l, Sass_mma)) {
-            c.add(l.counts, query_tiles * (T / 8) / warps);
-            scores++;
-        } else if (has(l, Sass_conversion) && has(l, Sass_lds_bytes)) {
-            c.add(l.counts, T * D / s.threads / l.counts[Sass_lds_bytes]);
-            converts++;
-        } else if (has(l, Sass_sts_bytes) && !has(l, Sass_lds_bytes)) {
-            c.add(l.counts, (T / 2) * (D * s.elem_bytes / 4) / s.threads / (s.split_keys / T));
-            clears++;
-        } else {
-            return false;
-        }
-    }
-    if (pages != 1 || copies != 1 || scores != 1 || softmaxes != 1 || pvs != 1 || converts != (fp8 ? 1 : 0) ||
-        clears != (fp8 ? 0 : 1))
-        return false;
-    *out = c;
-    return true;
-}
 
 // The tile loop of a decode kernel: the top-level loop with the most barriers (-1: none).
 inline int decode_tile_loop(const SassKernel& k) {
@@ -247,13 +196,52 @@ inline int decode_tile_loop(const SassKernel& k) {
     return tile >= 0 && k.loop[tile].counts[Sass_barrier] > 0 ? tile : -1;
 }
 
+// Per-thread counts of one tile of keys for a CTA of `queries` query heads; false when the kernel's
+// loops do not match the recipe.
+inline bool decode_tile_recipe(const SassKernel& k, const DecodeKernelShape& s, double queries, SassCounts* out) {
+    const int tile = decode_tile_loop(k);
+    if (tile < 0) return false;
+    const double warps = s.threads / 32.0, query_tiles = std::ceil(queries / 16), D = s.head_dim, T = s.tile_keys;
+    const double d_item = D >= 32 ? 32 : 16, v_row = std::max(D * s.elem_bytes, 16.0);
+    const double items = query_tiles * std::ceil(D / d_item) / warps;  // P V items a warp owns, on average
+    SassCounts c;
+    c.add(k.loop[tile].counts, 1);
+    int pages = 0, copies = 0, clears = 0, softmaxes = 0;
+    std::vector<int> pvs;
+    for (int i : children(k, tile)) {
+        const SassLoop& l = k.loop[i];
+        if (!children(k, i).empty()) return false;
+        if (has(l, Sass_mma)) {
+            pvs.push_back(i);
+        } else if (has(l, Sass_ldgsts_bytes)) {
+            c.add(l.counts, 2.0 * T * D * s.elem_bytes / s.threads / l.counts[Sass_ldgsts_bytes]);
+            copies++;
+        } else if (has(l, Sass_ldg_bytes)) {
+            c.add(l.counts, 1 / warps);
+            pages++;
+        } else if (has(l, Sass_shuffle)) {
+            c.add(l.counts, queries / warps);
+            softmaxes++;
+        } else if (has(l, Sass_sts_bytes) && !has(l, Sass_lds_bytes)) {
+            c.add(l.counts, 8 * v_row / s.threads / l.counts[Sass_sts_bytes] / (s.split_keys / T));
+            clears++;
+        } else {
+            return false;
+        }
+    }
+    if (pages != 1 || copies != 1 || clears != 1 || softmaxes != 1 || pvs.empty()) return false;
+    for (int i : pvs) c.add(k.loop[i].counts, T / 16 * std::min(1.0, items / pvs.size()));
+    *out = c;
+    return true;
+}
+
 // The shared memory of one split-kernel CTA (kv_cache.cuh's decode_smem_bytes, restated: keep in step):
-// two stages of K [32][D + 16 bytes] and V [32][D] tiles and their page ids, FP8: V converted [32][D + 8]
-// BF16; q and P_hi, P_lo [query tiles x 16][D + 8], [..][40] BF16; O, scores and statistics in FP32.
+// two stages of K [32][D + 16 bytes] and V [32][max(D, 16 bytes) + 16 bytes] tiles and their page ids; q
+// and P_hi, P_lo [query tiles x 16][D + 8], [..][40] BF16; the scores and statistics in FP32.
 inline double decode_smem_bytes(double queries, int D, double elem_bytes) {
     const double bf16_row = (D + 8) * 2.0, query_rows = std::ceil(queries / 16) * 16;
-    return 2 * 32 * (2 * D * elem_bytes + 16 + 4) + (elem_bytes == 1 ? 32 * bf16_row : 0) + query_rows * bf16_row +
-           2 * query_rows * 40 * 2 + 4 * (queries * D + queries * 32 + 3 * queries);
+    return 2 * 32 * (D * elem_bytes + 16 + std::max(D * elem_bytes, 16.0) + 16 + 4) + query_rows * bf16_row +
+           2 * query_rows * 40 * 2 + 4 * (queries * 32 + 3 * queries);
 }
 
 // One decode step's attention as kv_cache.cuh runs it (issue 58): plan_decode's kv_decode_plan_kernel
@@ -335,9 +323,18 @@ inline double decode_plan_clocks(const GpuSpec& g, double B, double max_groups) 
     return row_list + group_list;
 }
 
+// Registers a thread of the split kernel at D = 128, by the query tiles it holds (1, 2): ptxas -v for
+// sm_90a at issue 58's fragments in registers (not in sass_counts.h; other head dims: not known). q's
+// fragments and O live in registers, so they, not shared memory, bound the CTAs resident on an SM.
+constexpr int kDecodeSplitRegisters[2] = {95, 122};
+
 inline DecodeAttentionPrice decode_attention_price(const GpuSpec& g, const DecodeAttentionShape& s) {
-    const std::string name = "kv_decode_split_kernel<" + std::to_string(s.D) + (s.fp8_kv ? ", unsigned char>" : ", __nv_bfloat16>");
-    const SassKernel& k = sass_kernel(name.c_str());
+    // the split kernel's instance for a CTA of `queries` query heads: its query tiles held in registers
+    auto split_kernel = [&](double queries) -> const SassKernel& {
+        const std::string name = "kv_decode_split_kernel<" + std::to_string(s.D) + (s.fp8_kv ? ", unsigned char, " : ", __nv_bfloat16, ") +
+                                 (queries <= 16 ? "1>" : "2>");
+        return sass_kernel(name.c_str());
+    };
     DecodeKernelShape ks;
     ks.elem_bytes = s.fp8_kv ? 1 : 2, ks.head_dim = s.D, ks.split_keys = s.split_keys;
     const double q = s.H / s.KV, T = ks.tile_keys, split = s.split_keys, elem = ks.elem_bytes, kv = s.KV;
@@ -357,9 +354,9 @@ inline DecodeAttentionPrice decode_attention_price(const GpuSpec& g, const Decod
     out.plan = price_launch(g, decode_launch::kPlanThreads, 0, {CtaClass{1, SassCounts(), decode_plan_clocks(g, grid_rows, s.cascade_grid)}},
                             grid_rows * 3 * 4 + (row_items + group_items) * 8, 0);
     SassCounts tile1, tileg;
-    const int tile = decode_tile_loop(k);
     const double group_queries = q * std::max(1.0, s.group_members);
-    if (!decode_tile_recipe(k, ks, q, &tile1) || !decode_tile_recipe(k, ks, group_queries, &tileg)) {
+    const SassKernel &k = split_kernel(q), &kg = split_kernel(group_queries);
+    if (!decode_tile_recipe(k, ks, q, &tile1) || !decode_tile_recipe(kg, ks, group_queries, &tileg)) {
         // every query head: a key's D score and D P.V multiply-adds, over 32 lanes
         KernelPrice p;
         p.recipe = false;
@@ -370,29 +367,34 @@ inline DecodeAttentionPrice decode_attention_price(const GpuSpec& g, const Decod
     } else {
         // a listed CTA: the code outside loops and each top-level loop but the tile loop once (q, the
         // clears, the partials' stores), its tiles; one past the list: its first load alone
-        SassCounts prologue;
-        prologue.add(k.outside, 1);
-        for (int i = 0; i < k.loops; i++)
-            if (k.loop[i].parent == -1 && i != tile && children(k, i).empty()) prologue.add(k.loop[i].counts, 1);
+        auto prologue = [&](const SassKernel& kk) {
+            SassCounts p;
+            p.add(kk.outside, 1);
+            for (int i = 0; i < kk.loops; i++)
+                if (kk.loop[i].parent == -1 && i != decode_tile_loop(kk) && children(kk, i).empty()) p.add(kk.loop[i].counts, 1);
+            return p;
+        };
         const double entry = 3 * g.l2_latency, working = entry + 2 * g.hbm_latency;
-        auto with_tiles = [&](double count, const SassCounts& per_tile, double tiles) {
+        auto with_tiles = [&](double count, const SassKernel& kk, const SassCounts& per_tile, double tiles) {
             CtaClass c;
-            c.count = count, c.per_thread = prologue, c.chain = working;
+            c.count = count, c.per_thread = prologue(kk), c.chain = working;
             c.per_thread.add(per_tile, tiles);
             return c;
         };
         auto exiting = [&](double count) { return CtaClass{std::max(0.0, count), SassCounts(), g.l2_latency}; };
         const double row_bytes = key_bytes * (s.live_rows * s.own_keys + unshared * s.prefix);
+        auto registers = [&](double queries) { return s.D == 128 ? kDecodeSplitRegisters[queries <= 16 ? 0 : 1] : 0; };
         out.per_row = price_launch(g, ks.threads, decode_smem_bytes(q, s.D, elem),
-                                   {with_tiles(s.live_rows * kv * own_chunks, tile1, own_chunks > 0 ? std::ceil(s.own_keys / T) / own_chunks : 0),
-                                    with_tiles(unshared * kv * prefix_chunks, tile1, prefix_chunks > 0 ? std::ceil(s.prefix / T) / prefix_chunks : 0),
+                                   {with_tiles(s.live_rows * kv * own_chunks, k, tile1, own_chunks > 0 ? std::ceil(s.own_keys / T) / own_chunks : 0),
+                                    with_tiles(unshared * kv * prefix_chunks, k, tile1, prefix_chunks > 0 ? std::ceil(s.prefix / T) / prefix_chunks : 0),
                                     exiting((grid_rows * chunks - row_items) * kv)},
-                                   row_bytes + row_items * s.H * partial);
+                                   row_bytes + row_items * s.H * partial, 1, registers(q));
         if (cascading)
             out.cascade = price_launch(g, ks.threads, decode_smem_bytes(group_queries, s.D, elem),
-                                       {with_tiles(group_items * kv, tileg, std::ceil(s.prefix / T) / prefix_chunks),
+                                       {with_tiles(group_items * kv, kg, tileg, std::ceil(s.prefix / T) / prefix_chunks),
                                         exiting((s.cascade_grid * spans - group_items) * kv)},
-                                       key_bytes * s.cascade_groups * s.prefix + (out.partial_bytes - row_items * s.H * partial));
+                                       key_bytes * s.cascade_groups * s.prefix + (out.partial_bytes - row_items * s.H * partial), 1,
+                                       registers(group_queries));
     }
     // the combine: a live row's CTAs read their chunks; idle and padding rows' write zeros
     const std::string combine_name = "kv_decode_combine_kernel<" + std::to_string(s.D) + ">";

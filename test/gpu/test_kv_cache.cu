@@ -59,7 +59,7 @@ const DecodeCase kDecodeCases[] = {
     {"D8 H6 KV2, 7-token pages", 6, 2, 8, 7, {15, 7, 8, 50}, {32, 0}, {14, 3, 7, 40}},
     {"D32 H4 KV4, idle rows", 4, 4, 32, 16, {0, 40, 0}, {32}, {}},
     {"D32 H7 KV1 (a warp scores two heads)", 7, 1, 32, 16, {70, 2}, {32}, {33, 1}},
-    {"D128 H16 KV1 (50.2 KiB of shared memory, 42.7 KiB with FP8)", 16, 1, 128, 16, {40, 1}, {32}, {}},
+    {"D128 H32 KV1 (two query tiles in registers; 52.1 KiB of shared memory, 36.1 KiB with FP8)", 32, 1, 128, 16, {40, 1}, {32}, {}},
 };
 
 constexpr int kLayers = 2, kLayer = 1;  // the layer under test; layer 0 gets other values at the same slots
@@ -503,12 +503,17 @@ std::vector<uint8_t> download_pool(const uint8_t* dev, size_t bytes) {
 
 // The pool's bytes at every written slot of the layer are the host's encoding of the input; then
 // appending rows {0, padding (-1), 2} to slots {s0, -1, s1} changes exactly slot s1's row.
-// The decode kernel's E4M3 -> BF16 conversion (e4m3x4_to_bf16: cvt.rn.f16x2.e4m3x2, then FP16 ->
-// FP32 -> BF16) on every code but NaN's, four codes a word in every byte position: the value of
-// rl/numerics/fp8.h's e4m3_to_float, exactly (E4M3 is exact in BF16).
+// The decode kernel's E4M3 -> BF16 conversions (e4m3x2_to_bf16x2: cvt.rn.f16x2.e4m3x2, then FP16 ->
+// FP32 -> BF16) on every code but NaN's, four codes a word in every byte position, as K's codes reach
+// it (a word's halves) and as V's do (e4m3_column_pair's columns of a transposing ldmatrix's word):
+// the value of rl/numerics/fp8.h's e4m3_to_float, exactly (E4M3 is exact in BF16), in its place.
 __global__ void e4m3_to_bf16_kernel(uint32_t* out, const uint32_t* words, int n) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) e4m3x4_to_bf16(words[i], out + 2 * i);
+    if (i >= n) return;
+    for (int h = 0; h < 2; h++) {
+        out[4 * i + h] = e4m3x2_to_bf16x2((uint16_t)(words[i] >> (16 * h)));  // codes 2 h, 2 h + 1
+        out[4 * i + 2 + h] = e4m3x2_to_bf16x2(e4m3_column_pair(words[i], h));  // codes h, h + 2
+    }
 }
 
 TEST(kv_decode_converts_every_e4m3_code_exactly) {
@@ -517,7 +522,7 @@ TEST(kv_decode_converts_every_e4m3_code_exactly) {
     for (uint32_t c = 0; c < 256; c++)  // code c in byte c % 4, its neighbours around it
         words.push_back(c << (8 * (c % 4)) | ((c + 1) & 0xFFu) << (8 * ((c + 1) % 4)) |
                         ((c + 2) & 0xFFu) << (8 * ((c + 2) % 4)) | ((c + 3) & 0xFFu) << (8 * ((c + 3) % 4)));
-    DeviceBuffer<uint32_t> in(words), out(2 * words.size());
+    DeviceBuffer<uint32_t> in(words), out(4 * words.size());
     LAUNCH_KERNEL(e4m3_to_bf16_kernel, 1, 256, 0, 0, out.ptr, in.ptr, (int)words.size());
     const std::vector<uint32_t> got = out.download();
     int differ = 0, checked = 0;
@@ -525,13 +530,15 @@ TEST(kv_decode_converts_every_e4m3_code_exactly) {
         for (int b = 0; b < 4; b++) {
             const uint8_t code = (uint8_t)(words[i] >> (8 * b));
             if ((code & 0x7F) == 0x7F) continue;  // NaN
-            const uint16_t bits = (uint16_t)(got[2 * i + b / 2] >> (16 * (b % 2)));
-            const float value = bf16_to_float(bits), want = e4m3_to_float(code);
-            checked++;
-            if (memcmp(&value, &want, sizeof value) != 0 && differ++ < 3)
-                CHECK_MSG(false, "code 0x%02x: BF16 %.9g, E4M3 %.9g", code, value, want);
+            const uint32_t as_key = got[4 * i + b / 2] >> (16 * (b % 2)), as_value = got[4 * i + 2 + b % 2] >> (16 * (b / 2));
+            for (uint32_t word : {as_key, as_value}) {
+                const float value = bf16_to_float((uint16_t)word), want = e4m3_to_float(code);
+                checked++;
+                if (memcmp(&value, &want, sizeof value) != 0 && differ++ < 3)
+                    CHECK_MSG(false, "code 0x%02x: BF16 %.9g, E4M3 %.9g", code, value, want);
+            }
         }
-    CHECK(checked == 4 * 254 && differ == 0);
+    CHECK(checked == 2 * 4 * 254 && differ == 0);
 }
 
 // The decode kernel's runtime divisions (GQA group, page size, chunk size) are FastDivisor's
@@ -783,7 +790,7 @@ TEST(kv_cache_rejects_bad_input) {
     cache.plan_decode(lens.ptr, nullptr, 1, 17, 0);
     CHECK_THROWS((cache.decode_attention(0, nullptr, nullptr, 4, nullptr, 1, 0)), "max_len <= max_pages * page_tokens");
     PagedKvCache wide({1, 1, 128, 16, 1}, Precision::BF16);
-    CHECK_THROWS((wide.reserve_decode(1, 400, 16)), "400 query heads per kv head need");
+    CHECK_THROWS((wide.reserve_decode(1, 400, 16)), "400 query heads per kv head need 25 query tiles");
     CHECK_THROWS((cache.reserve_decode(1, 4, 16, 48)), "split_keys = 48 must be a positive multiple of 32");
     CHECK_THROWS((cache.plan_decode(lens.ptr, nullptr, 3, 16, 0)), "3 rows (0 cascade groups) x 2 chunks exceed the decode work lists");
     CHECK_THROWS((cache.plan_decode(lens.ptr, nullptr, 2, 64, 0, DecodeCascade(), 32)),
