@@ -13,8 +13,9 @@
 // first term is rollout_corr/k3_kl itself. ℓ^switched of the first two sources is teacher-forced
 // through the decode path (Engine::decode_logprobs: with the rollout's own numerics it reproduces
 // ℓ^roll bit for bit), with the rollout's FP8 KV scales (not recalibrated) wherever the cache stays
-// FP8; of decode_path it is Engine::prefill_logprobs at the rollout's weights, reading K and V through
-// E4M3 at those scales when the cache is FP8. A source the rollout already runs in high precision
+// FP8; of decode_path it is Engine::prefill_logprobs at the rollout's weights, reading an FP8 cache at
+// those scales as --train_kv_replay does (prompt rows as the prefill read them, response rows as
+// decode did), so that the term is kernel order alone. A source the rollout already runs in high precision
 // (bf16 or fp32) changes nothing when switched: its terms are 0, not computed.
 //
 // Cost, at report steps only: two teacher-forced decode passes (about a rollout each: the same
