@@ -100,12 +100,13 @@ struct WgmmaIssue {
     WgmmaGuard* d_guard = nullptr;
 };
 // A thread's wgmma state: its fences, its issued and completed wgmmas (sequence numbers from 1),
-// those in flight and where each committed group ends among them.
+// those in flight and where each committed group ends among them. (What a lane brings to its
+// warp's collective lives on its fiber's stack while it waits there: a scheduler scans its
+// threads' states, and a kilobyte more per thread made that scan miss the cache.)
 struct WgmmaState {
     uint64_t fences = 0, issued = 0, completed = 0;
     std::vector<WgmmaIssue> in_flight;
     std::vector<size_t> groups;
-    WgmmaIssue deposit;  // what the lane brings to its warp's collective
 };
 // What one warp of a warpgroup issued, for the check that the warpgroup's warps agree (.aligned).
 struct WgmmaSignature {

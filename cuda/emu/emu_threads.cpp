@@ -30,10 +30,14 @@
 #error "the CUDA emulation's fiber switch (emu_switch below) is written for x86-64"
 #endif
 
-// emu_switch(&from_sp, to_sp): saves the callee-saved registers, MXCSR and the x87 control word on
-// the running stack, stores its stack pointer in *from_sp, and continues on to_sp where another
-// emu_switch saved its state (or where start_frame laid out a first one). No system call: glibc's
-// swapcontext makes one per switch to save the signal mask, which dominated emulated kernels' time.
+// emu_switch(&from_sp, to_sp): saves the callee-saved general registers on the running stack,
+// stores its stack pointer in *from_sp, and continues on to_sp where another emu_switch saved its
+// state (or where start_frame laid out a first one). No system call: glibc's swapcontext makes one
+// per switch to save the signal mask, which dominated emulated kernels' time. MXCSR and the x87
+// control word (callee-saved too) stay as they are: CUDA code has no floating-point environment
+// to set (rounding is per instruction), so every fiber runs with the host thread's, and run_grid
+// checks once per launch that no kernel changed them. Saving them per switch (ldmxcsr and fldcw
+// stall the pipeline) was 13% of an emulated rollout's time.
 extern "C" void emu_switch(void** from_sp, void* to_sp);
 asm(R"(
     .text
@@ -46,14 +50,8 @@ emu_switch:
     pushq %r13
     pushq %r14
     pushq %r15
-    subq $8, %rsp
-    stmxcsr (%rsp)
-    fnstcw 4(%rsp)
     movq %rsp, (%rdi)
     movq %rsi, %rsp
-    ldmxcsr (%rsp)
-    fldcw 4(%rsp)
-    addq $8, %rsp
     popq %r15
     popq %r14
     popq %r13
@@ -77,7 +75,7 @@ constexpr int MAX_BLOCK_THREADS = 1024;
 constexpr long SPIN_ROUNDS = 1L << 12;  // rounds of atomics that change nothing, without any other progress
 constexpr int ATOMICS_PER_YIELD = 16;
 
-enum class State { Runnable, AtBarrier, AtWarp, Exited };
+enum class State : uint8_t { Runnable, AtBarrier, AtWarp, Exited };
 
 // A fiber's stack: mmap'ed with a guard page below it, so an overflow is a segfault, not silent
 // corruption of the neighbouring stack.
@@ -98,7 +96,6 @@ struct Stack {
 struct Thread {
     ThreadCoords coords;
     int linear = 0, lane = 0, warp = 0;
-    State state = State::Runnable;
     bool yielded = false;  // returned to the scheduler from an atomic, not a wait
     // barrier
     const char* site_file = nullptr;
@@ -129,6 +126,9 @@ struct Block {
     uint3 index;
     std::function<void()>* body = nullptr;
     std::vector<Thread> threads;
+    // per thread (Thread::linear), apart from the threads: a round scans them all, in shuffled
+    // order, about three times per resume, and a thread's own cache line often missed
+    std::vector<State> states;
     std::vector<char> smem;
     int barrier_kind = 0;
     int straggler_warp = -1;  // runs only when no other thread can (seeded schedules)
@@ -216,7 +216,7 @@ void yield_to_scheduler() {
     } catch (const std::exception& e) {
         if (b->fault.empty()) b->fault = strformat("%s thread %d: exception in device code: %s", where(*b).c_str(), t->linear, e.what());
     }
-    t->state = State::Exited;
+    b->states[t->linear] = State::Exited;
     progress_events++;
 #if EMU_ASAN
     __sanitizer_start_switch_fiber(nullptr, scheduler_stack_bottom, scheduler_stack_size);  // this fiber ends
@@ -226,8 +226,8 @@ void yield_to_scheduler() {
     __builtin_unreachable();
 }
 
-// A first frame on an empty stack, as emu_switch would have left it: the saved MXCSR and x87
-// control word of the caller, zero registers, and fiber_main as the return address, placed so that
+// A first frame on an empty stack, as emu_switch would have left it: zero registers and
+// fiber_main as the return address, placed so that
 // fiber_main starts with the stack alignment of a called function (rsp = 8 mod 16).
 // Under ASan the top of a reused stack still carries the redzones of the last fiber_main frame,
 // which never returns; a faulted kernel's fibers leave their whole stacks so (unpoison_stacks).
@@ -235,15 +235,9 @@ constexpr size_t TOP_OF_STACK_BYTES = 16u << 10;
 void* start_frame(char* base, size_t bytes) {
     ASAN_UNPOISON_MEMORY_REGION(base + bytes - TOP_OF_STACK_BYTES, TOP_OF_STACK_BYTES);
     uintptr_t top = ((uintptr_t)base + bytes) & ~(uintptr_t)15;
-    uint64_t* frame = (uint64_t*)(top - 72);
-    uint32_t csr;
-    uint16_t fpcw;
-    asm volatile("stmxcsr %0" : "=m"(csr));
-    asm volatile("fnstcw %0" : "=m"(fpcw));
-    memset(frame, 0, 72);
-    memcpy(frame, &csr, 4);
-    memcpy((char*)frame + 4, &fpcw, 2);
-    frame[7] = (uint64_t)(uintptr_t)&fiber_main;  // the slot emu_switch's ret pops
+    uint64_t* frame = (uint64_t*)(top - 64);
+    memset(frame, 0, 64);
+    frame[6] = (uint64_t)(uintptr_t)&fiber_main;  // the slot emu_switch's ret pops
     return frame;
 }
 
@@ -284,8 +278,8 @@ unsigned existing_lanes(const Block& b, int warp) {
     return n >= 32 ? 0xFFFFFFFFu : (1u << n) - 1;
 }
 
-std::string describe(const Thread& t) {
-    switch (t.state) {
+std::string describe(const Block& b, const Thread& t) {
+    switch (b.states[t.linear]) {
         case State::Runnable: return "runnable";
         case State::Exited: return "exited";
         case State::AtBarrier: return strformat("at __syncthreads (%s:%d)", t.site_file, t.site_line);
@@ -297,7 +291,7 @@ std::string describe(const Thread& t) {
 // Counts of what the threads of a block wait for, for a deadlock report.
 std::string census(const Block& b) {
     std::map<std::string, int> counts;
-    for (const Thread& t : b.threads) counts[describe(t)]++;
+    for (const Thread& t : b.threads) counts[describe(b, t)]++;
     std::string out;
     for (auto& kv : counts) out += strformat("%s%d %s", out.empty() ? "" : ", ", kv.second, kv.first.c_str());
     return out;
@@ -355,9 +349,9 @@ std::string resolve_group(Block& b, int w, unsigned mask) {
             return strformat("warp %d: mask 0x%08x names lane %d, which does not exist (block of %zu threads)", w, mask, l,
                              b.threads.size());
         Thread& t = b.threads[w * 32 + l];
-        if (t.state != State::AtWarp || t.mask != mask || (first && t.op != first->op))
+        if (b.states[t.linear] != State::AtWarp || t.mask != mask || (first && t.op != first->op))
             return strformat("warp %d: lanes of mask 0x%08x wait at %s, but lane %d is %s", w, mask,
-                             op_name(first ? first->op : t.op), l, describe(t).c_str());
+                             op_name(first ? first->op : t.op), l, describe(b, t).c_str());
         lanes[l] = &t;
         if (!first) first = &t;
     }
@@ -403,7 +397,7 @@ std::string resolve_group(Block& b, int w, unsigned mask) {
     }
     for (int l = 0; l < 32; l++)
         if (lanes[l]) {
-            lanes[l]->state = State::Runnable;
+            b.states[lanes[l]->linear] = State::Runnable;
             b.at_warp[w]--;
         }
     return "";
@@ -416,7 +410,7 @@ bool group_complete(const Block& b, int w, unsigned mask) {
     for (int l = 0; l < 32; l++) {
         if (!(mask & (1u << l))) continue;
         const Thread& t = b.threads[w * 32 + l];
-        if (t.state != State::AtWarp || t.mask != mask || (first && t.op != first->op)) return false;
+        if (b.states[t.linear] != State::AtWarp || t.mask != mask || (first && t.op != first->op)) return false;
         first = &t;
     }
     return true;
@@ -428,7 +422,7 @@ std::string resolve_warps(Block& b, bool& any) {
     for (int w = 0; w < warps; w++)
         for (int l = 0; l < 32 && w * 32 + l < (int)b.threads.size(); l++) {
             Thread& t = b.threads[w * 32 + l];
-            if (t.state != State::AtWarp) continue;
+            if (b.states[t.linear] != State::AtWarp) continue;
             if (!(t.mask & (1u << l)))
                 return strformat("warp %d lane %d: %s with mask 0x%08x, which lacks the calling lane", w, l, op_name(t.op), t.mask);
             std::string err = resolve_group(b, w, t.mask);
@@ -443,8 +437,8 @@ std::string resolve_barrier(Block& b, bool& any) {
     int waiting = 0, exited = 0;
     const Thread* first = nullptr;
     for (const Thread& t : b.threads) {
-        if (t.state == State::Exited) exited++;
-        if (t.state == State::AtBarrier) {
+        if (b.states[t.linear] == State::Exited) exited++;
+        if (b.states[t.linear] == State::AtBarrier) {
             waiting++;
             if (!first) first = &t;
             else if (t.site_line != first->site_line || strcmp(t.site_file, first->site_file) != 0)
@@ -457,7 +451,8 @@ std::string resolve_barrier(Block& b, bool& any) {
     int count = 0;
     for (const Thread& t : b.threads) count += t.predicate;
     int result = b.barrier_kind == 1 ? count : b.barrier_kind == 2 ? count == waiting : b.barrier_kind == 3 ? count > 0 : 0;
-    for (Thread& t : b.threads) t.state = State::Runnable, t.barrier_result = result;
+    std::fill(b.states.begin(), b.states.end(), State::Runnable);
+    for (Thread& t : b.threads) t.barrier_result = result;
     any = true;
     return "";
 }
@@ -474,6 +469,7 @@ void start_block(Block& b, uint3 index, const dim3& grid, const dim3& block, siz
     b.fault.clear();
     b.fault_error = cudaErrorLaunchFailure;
     b.threads.assign(n, Thread());
+    b.states.assign(n, State::Runnable);
     while (stack_pool.size() < first_stack + n) stack_pool.emplace_back(new Stack());
     for (int i = 0; i < n; i++) {
         Thread& t = b.threads[i];
@@ -514,15 +510,16 @@ Step step(Block& b, std::mt19937_64& rng) {
             b.ran = false, b.all_yielded = true;
         }
         while (b.pos < (size_t)n) {
-            Thread& t = b.threads[b.order[b.pos++]];
-            if (t.state != State::Runnable || (t.warp == b.straggler_warp) != (b.pass == 1)) continue;
+            const int i = b.order[b.pos++];
+            if (b.states[i] != State::Runnable || (i / 32 == b.straggler_warp) != (b.pass == 1)) continue;
+            Thread& t = b.threads[i];
             b.ran = true;
             resume(b, t);
             if (!b.fault.empty()) return Step::Fault;
             b.all_yielded = b.all_yielded && t.yielded;
             // its lanes go on at once (checked once enough of them wait: a check per arrival was
             // a quarter of the emulation's time)
-            if (t.state == State::AtWarp && b.at_warp[t.warp] >= __builtin_popcount(t.mask) && group_complete(b, t.warp, t.mask)) {
+            if (b.states[i] == State::AtWarp && b.at_warp[t.warp] >= __builtin_popcount(t.mask) && group_complete(b, t.warp, t.mask)) {
                 b.fault = resolve_group(b, t.warp, t.mask);
                 if (!b.fault.empty()) return Step::Fault;
             }
@@ -553,7 +550,7 @@ Step step(Block& b, std::mt19937_64& rng) {
         }
         if (!b.fault.empty()) return Step::Fault;
         if (any) continue;
-        if (std::all_of(b.threads.begin(), b.threads.end(), [](const Thread& t) { return t.state == State::Exited; })) {
+        if (std::all_of(b.states.begin(), b.states.end(), [](State s) { return s == State::Exited; })) {
             b.active = false;
             if (statics_owner == &b) statics_owner = nullptr;
             return Step::Ended;
@@ -728,7 +725,7 @@ int block_barrier(const char* file, int line, const char* func, int predicate, i
     Thread* t = current_thread;
     if (!t) kernel_fault("__syncthreads outside a kernel");
     if (kind == 0 && mutated(Site::Barrier, func, line)) return 0;
-    t->state = State::AtBarrier;
+    current_block->states[t->linear] = State::AtBarrier;
     t->site_file = file, t->site_line = line, t->predicate = predicate;
     current_block->barrier_kind = kind;
     yield_to_scheduler();
@@ -739,7 +736,7 @@ int block_barrier(const char* file, int line, const char* func, int predicate, i
 uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t value, int arg, int width) {
     Thread* t = current_thread;
     if (!t) kernel_fault(strformat("%s outside a kernel", op_name(op)));
-    t->state = State::AtWarp;
+    current_block->states[t->linear] = State::AtWarp;
     current_block->at_warp[t->warp]++;
     t->op = op, t->mask = mask, t->value = value, t->arg = arg, t->width = width;
     yield_to_scheduler();
@@ -788,10 +785,29 @@ void fence_point() {
 constexpr int MAX_RESIDENT = 4;
 constexpr int BURSTS[] = {1, 8, 64, 512};
 
+// The control bits of MXCSR (rounding, flush to zero, exception masks; not the sticky status flags)
+// and the x87 control word, which the fibers share with the host thread (emu_switch).
+uint64_t fp_control() {
+    uint32_t csr;
+    uint16_t fpcw;
+    asm volatile("stmxcsr %0" : "=m"(csr));
+    asm volatile("fnstcw %0" : "=m"(fpcw));
+    return (uint64_t)(csr & ~0x3Fu) << 16 | fpcw;
+}
+void set_fp_control(uint64_t control) {
+    uint32_t csr;
+    const uint16_t fpcw = (uint16_t)control;
+    asm volatile("stmxcsr %0" : "=m"(csr));
+    csr = (csr & 0x3Fu) | (uint32_t)(control >> 16);
+    asm volatile("ldmxcsr %0" : : "m"(csr));
+    asm volatile("fldcw %0" : : "m"(fpcw));
+}
+
 // Runs the grid now (the stream is synchronous); a fault ends the kernel and is kept as the
 // sticky error, a refusal is the launch's error.
 void run_grid(const char* name, KernelInfo* kernel, dim3 grid, dim3 block, size_t smem, const std::function<void()>& body) {
     uint64_t launch = launch_counter++;
+    const uint64_t host_fp_control = fp_control();
     std::mt19937_64 rng = make_rng(seed(), launch);
     const uint64_t blocks = (uint64_t)grid.x * grid.y * grid.z;
     const int n = (int)(block.x * block.y * block.z);
@@ -811,7 +827,7 @@ void run_grid(const char* name, KernelInfo* kernel, dim3 grid, dim3 block, size_
         b.kernel = name;
         b.info = kernel;
         b.body = const_cast<std::function<void()>*>(&body);
-        b.smem.assign(smem, (char)0xFF);
+        b.smem.resize(smem);  // NaN-filled as each block starts
     }
     memory_order_begin(kernel, seed() == 0 ? 0 : resident);
     uint64_t started = 0;
@@ -852,6 +868,16 @@ void run_grid(const char* name, KernelInfo* kernel, dim3 grid, dim3 block, size_
             last_fault_message = where(b) + ": " + b.fault;
             fprintf(stderr, "CUDA emulation: %s\n", last_fault_message.c_str());
             set_sticky_error(b.fault_error);
+        }
+    }
+    if (fp_control() != host_fp_control) {
+        set_fp_control(host_fp_control);
+        if (!faulted) {
+            last_fault_message = strformat("kernel %s: changed the rounding mode or another control bit of MXCSR or the "
+                                           "x87 control word (the rule: CUDA code has no floating-point environment to "
+                                           "set; rounding is chosen per instruction, e.g. __fadd_rd)", name);
+            fprintf(stderr, "CUDA emulation: %s\n", last_fault_message.c_str());
+            set_sticky_error(cudaErrorLaunchFailure);
         }
     }
     memory_order_end();

@@ -224,7 +224,7 @@ void wgmma_issue(int n, float* d, WgmmaGuard& d_guard, const uint32_t* a_regs, W
                                "so far) (the rule: wgmma.fence before the first wgmma.mma_async and between a register "
                                "access and the wgmma.mma_async that uses the registers)",
                                (unsigned long long)s.issued + 1, unfenced, (unsigned long long)s.fences));
-    WgmmaIssue& w = s.deposit;
+    WgmmaIssue w;  // the lane's deposit, read and completed by resolve_wgmma while the warp waits
     w.n = n, w.scale_d = scale_d, w.trans_a = trans_a, w.trans_b = trans_b, w.a_in_regs = a_regs != nullptr;
     w.a_desc = a_desc, w.b_desc = b_desc, w.d = d, w.d_guard = &d_guard;
     if (a_regs) memcpy(w.a_regs, a_regs, sizeof w.a_regs);
