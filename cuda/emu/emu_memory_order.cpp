@@ -154,7 +154,9 @@ struct PlainTag {
 };
 struct PlainWatch {  // scalars only: constant-initialized, as __tsan_init may run before this file's constructors
     bool instrumented = false;  // some translation unit calls the callbacks (its constructor called __tsan_init)
-    bool active = false;        // a seeded launch runs
+    // arena_bytes while a seeded launch runs, else 0: an access outside the arena, or outside such a
+    // launch, costs the callback one compare (the instrumented tests call it before every access)
+    size_t checked_bytes = 0;
     uintptr_t arena = 0;
     size_t arena_bytes = 0;
     uint32_t* shadow = nullptr;  // per word: tag << 4 | the bytes written
@@ -164,9 +166,10 @@ struct PlainWatch {  // scalars only: constant-initialized, as __tsan_init may r
 std::vector<PlainTag> plain_tags;  // [tag - first_tag]
 constexpr uint32_t MAX_TAG = (1u << 28) - 1;
 
+bool plain_active() { return plain.checked_bytes != 0; }
+
 void plain_begin() {
-    plain.active = plain.instrumented;
-    if (!plain.active) return;
+    if (!plain.instrumented) return;
     if (!plain.shadow) {
         plain.arena = (uintptr_t)device_arena(&plain.arena_bytes);
         void* p = mmap(nullptr, plain.arena_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -183,6 +186,7 @@ void plain_begin() {
     plain.first_tag = plain.next_tag;
     plain.tag = 0;
     plain_tags.clear();
+    plain.checked_bytes = plain.arena_bytes;
 }
 
 // The running CTA `cta` takes a new tag: its first run, or its fence count changed.
@@ -193,9 +197,7 @@ void plain_retag(long cta, CtaState& c) {
     plain.tag = c.plain_tag;
 }
 
-inline void plain_store(uintptr_t p, size_t bytes) {
-    const uintptr_t off = p - plain.arena;
-    if (!plain.active || off >= plain.arena_bytes) return;
+__attribute__((noinline)) void plain_store_at(uintptr_t off, size_t bytes) {
     const uintptr_t end = std::min<uintptr_t>(off + bytes, plain.arena_bytes);
     for (uintptr_t a = off; a < end;) {
         const uintptr_t n = std::min<uintptr_t>(4 - a % 4, end - a);
@@ -204,6 +206,11 @@ inline void plain_store(uintptr_t p, size_t bytes) {
         e = (e >> 4) == plain.tag ? e | mask : plain.tag << 4 | mask;
         a += n;
     }
+}
+
+inline void plain_store(uintptr_t p, size_t bytes) {
+    const uintptr_t off = p - plain.arena;
+    if (__builtin_expect(off < plain.checked_bytes, 0)) plain_store_at(off, bytes);
 }
 
 void plain_race(uintptr_t word, const PlainTag& w, bool strong) {
@@ -219,9 +226,7 @@ void plain_race(uintptr_t word, const PlainTag& w, bool strong) {
         strong ? "volatile" : "plain", me, (const void*)word, w.cta, strong ? "" : ", then a __threadfence before a plain load"));
 }
 
-inline void plain_load(uintptr_t p, size_t bytes, bool strong) {
-    const uintptr_t off = p - plain.arena;
-    if (!plain.active || off >= plain.arena_bytes) return;
+__attribute__((noinline)) void plain_load_at(uintptr_t off, size_t bytes, bool strong) {
     const uintptr_t end = std::min<uintptr_t>(off + bytes, plain.arena_bytes);
     for (uintptr_t a = off; a < end;) {
         const uintptr_t n = std::min<uintptr_t>(4 - a % 4, end - a);
@@ -232,6 +237,11 @@ inline void plain_load(uintptr_t p, size_t bytes, bool strong) {
         }
         a += n;
     }
+}
+
+inline void plain_load(uintptr_t p, size_t bytes, bool strong) {
+    const uintptr_t off = p - plain.arena;
+    if (__builtin_expect(off < plain.checked_bytes, 0)) plain_load_at(off, bytes, strong);
 }
 
 void learn(uintptr_t p, size_t bytes) {
@@ -297,7 +307,7 @@ void memory_order_begin(const void* kernel, int resident) {
 
 void memory_order_end() {
     grid_state = Launch();
-    plain.active = false;
+    plain.checked_bytes = 0;
 }
 
 void memory_order_switch(long cta) {
@@ -306,7 +316,7 @@ void memory_order_switch(long cta) {
     grid_state.running = cta;
     CtaState& c = grid_state.ctas[cta];
     c.run_epoch = c.fences;
-    if (!plain.active) return;
+    if (!plain_active()) return;
     if (c.plain_tag == 0 || c.plain_tag_fences != c.fences) plain_retag(cta, c);
     else plain.tag = c.plain_tag;
 }
@@ -317,13 +327,13 @@ void thread_fence(const char* func, int line) {
         CtaState& c = grid_state.ctas[current_cta()];
         c.fences++;
         c.acquired_fenced = c.acquired;
-        if (plain.active) plain_retag(current_cta(), c);
+        if (plain_active()) plain_retag(current_cta(), c);
     }
     fence_point();
 }
 
 void memory_order_atomic(void* address, size_t) {
-    if (!grid_state.active || (grid_state.ranges.empty() && !plain.active)) return;
+    if (!grid_state.active || (grid_state.ranges.empty() && !plain_active())) return;
     const long me = current_cta();
     CtaState& c = grid_state.ctas[me];
     auto& rel = grid_state.released[(uintptr_t)address];
