@@ -129,6 +129,7 @@ struct Block {
     // per thread (Thread::linear), apart from the threads: a round scans them all, in shuffled
     // order, about three times per resume, and a thread's own cache line often missed
     std::vector<State> states;
+    int runnable[2] = {0, 0};  // runnable threads outside the straggler warp, in it: a pass with none skips its scan
     std::vector<char> smem;
     int barrier_kind = 0;
     int straggler_warp = -1;  // runs only when no other thread can (seeded schedules)
@@ -150,6 +151,19 @@ struct Block {
     std::vector<std::vector<char>> warp_scratch;  // per warp (warp_scratch)
     bool active = false;
 };
+
+// Every state change goes through set_state, which keeps Block::runnable.
+void set_state(Block& b, int thread, State s) {
+    State& now = b.states[thread];
+    const int straggler = thread / 32 == b.straggler_warp;
+    b.runnable[straggler] += (s == State::Runnable) - (now == State::Runnable);
+    now = s;
+}
+void count_runnable(Block& b) {
+    b.runnable[0] = b.runnable[1] = 0;
+    for (size_t i = 0; i < b.states.size(); i++)
+        if (b.states[i] == State::Runnable) b.runnable[(int)i / 32 == b.straggler_warp]++;
+}
 
 std::vector<std::unique_ptr<Stack>> stack_pool;
 void* scheduler_sp = nullptr;
@@ -216,7 +230,7 @@ void yield_to_scheduler() {
     } catch (const std::exception& e) {
         if (b->fault.empty()) b->fault = strformat("%s thread %d: exception in device code: %s", where(*b).c_str(), t->linear, e.what());
     }
-    b->states[t->linear] = State::Exited;
+    set_state(*b, t->linear, State::Exited);
     progress_events++;
 #if EMU_ASAN
     __sanitizer_start_switch_fiber(nullptr, scheduler_stack_bottom, scheduler_stack_size);  // this fiber ends
@@ -397,7 +411,7 @@ std::string resolve_group(Block& b, int w, unsigned mask) {
     }
     for (int l = 0; l < 32; l++)
         if (lanes[l]) {
-            b.states[lanes[l]->linear] = State::Runnable;
+            set_state(b, lanes[l]->linear, State::Runnable);
             b.at_warp[w]--;
         }
     return "";
@@ -452,6 +466,7 @@ std::string resolve_barrier(Block& b, bool& any) {
     for (const Thread& t : b.threads) count += t.predicate;
     int result = b.barrier_kind == 1 ? count : b.barrier_kind == 2 ? count == waiting : b.barrier_kind == 3 ? count > 0 : 0;
     std::fill(b.states.begin(), b.states.end(), State::Runnable);
+    count_runnable(b);
     for (Thread& t : b.threads) t.barrier_result = result;
     any = true;
     return "";
@@ -489,6 +504,7 @@ void start_block(Block& b, uint3 index, const dim3& grid, const dim3& block, siz
     b.wgmma_issued.assign(warps, 0);
     b.wgmma_log.assign((warps + 3) / 4, {});
     b.straggler_warp = scheduling_seed != 0 && warps > 1 ? (int)(rng() % warps) : -1;
+    count_runnable(b);
     b.order.resize(n);
     std::iota(b.order.begin(), b.order.end(), 0);
     b.pos = 0, b.pass = 0, b.idle_rounds = 0, b.progress_seen = progress_events;
@@ -509,6 +525,7 @@ Step step(Block& b, std::mt19937_64& rng) {
             if (scheduling_seed != 0) std::shuffle(b.order.begin(), b.order.end(), rng);
             b.ran = false, b.all_yielded = true;
         }
+        if (b.runnable[b.pass] == 0) b.pos = n;  // nothing to find
         while (b.pos < (size_t)n) {
             const int i = b.order[b.pos++];
             if (b.states[i] != State::Runnable || (i / 32 == b.straggler_warp) != (b.pass == 1)) continue;
@@ -546,7 +563,10 @@ Step step(Block& b, std::mt19937_64& rng) {
         b.fault = resolve_warps(b, any);
         if (b.fault.empty() && !any) {
             b.fault = resolve_barrier(b, any);
-            if (any && scheduling_seed != 0 && n > 32) b.straggler_warp = (int)(rng() % ((n + 31) / 32));
+            if (any && scheduling_seed != 0 && n > 32) {
+                b.straggler_warp = (int)(rng() % ((n + 31) / 32));
+                count_runnable(b);
+            }
         }
         if (!b.fault.empty()) return Step::Fault;
         if (any) continue;
@@ -725,7 +745,7 @@ int block_barrier(const char* file, int line, const char* func, int predicate, i
     Thread* t = current_thread;
     if (!t) kernel_fault("__syncthreads outside a kernel");
     if (kind == 0 && mutated(Site::Barrier, func, line)) return 0;
-    current_block->states[t->linear] = State::AtBarrier;
+    set_state(*current_block, t->linear, State::AtBarrier);
     t->site_file = file, t->site_line = line, t->predicate = predicate;
     current_block->barrier_kind = kind;
     yield_to_scheduler();
@@ -736,7 +756,7 @@ int block_barrier(const char* file, int line, const char* func, int predicate, i
 uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t value, int arg, int width) {
     Thread* t = current_thread;
     if (!t) kernel_fault(strformat("%s outside a kernel", op_name(op)));
-    current_block->states[t->linear] = State::AtWarp;
+    set_state(*current_block, t->linear, State::AtWarp);
     current_block->at_warp[t->warp]++;
     t->op = op, t->mask = mask, t->value = value, t->arg = arg, t->width = width;
     yield_to_scheduler();
