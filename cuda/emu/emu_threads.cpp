@@ -530,6 +530,7 @@ Step step(Block& b, std::mt19937_64& rng) {
             const int i = b.order[b.pos++];
             if (b.states[i] != State::Runnable || (i / 32 == b.straggler_warp) != (b.pass == 1)) continue;
             Thread& t = b.threads[i];
+            if (b.pos < (size_t)n) __builtin_prefetch(&b.threads[b.order[b.pos]]);  // likely the next to run
             b.ran = true;
             resume(b, t);
             if (!b.fault.empty()) return Step::Fault;
@@ -852,10 +853,11 @@ void run_grid(const char* name, KernelInfo* kernel, dim3 grid, dim3 block, size_
     memory_order_begin(kernel, seed() == 0 ? 0 : resident);
     uint64_t started = 0;
     int running = 0, current = 0;
-    long burst = 0;
+    long burst = 0, cta = 0;
+    bool slot_free = true;  // a block ended since the last look (the slots are not read at every step)
     Block* faulted = nullptr;
     for (;;) {
-        for (int s = 0; s < resident && started < blocks; s++)
+        for (int s = 0; slot_free && s < resident && started < blocks; s++)
             if (!slots[s].active) {
                 uint64_t id = order(started++);
                 uint3 index = make_uint3((unsigned)(id % grid.x), (unsigned)(id / grid.x % grid.y),
@@ -863,16 +865,18 @@ void run_grid(const char* name, KernelInfo* kernel, dim3 grid, dim3 block, size_
                 start_block(slots[s], index, grid, block, (size_t)s * n, rng);
                 running++;
             }
+        slot_free = false;
         if (running == 0) break;
-        if (burst <= 0 || !slots[current].active) {
+        if (burst <= 0) {  // also when the current block ended
             do current = resident == 1 ? 0 : (int)(rng() % resident); while (!slots[current].active);
             burst = resident == 1 ? 1L << 62 : 1 + (long)(rng() % (2 * burst_mean));
+            const uint3 at = slots[current].index;
+            cta = (long)at.x + (long)grid.x * ((long)at.y + (long)grid.y * at.z);
         }
         burst--;
-        const uint3 at = slots[current].index;
-        memory_order_switch((long)at.x + (long)grid.x * ((long)at.y + (long)grid.y * at.z));
+        memory_order_switch(cta);
         Step r = step(slots[current], rng);
-        if (r == Step::Ended) running--, burst = 0;
+        if (r == Step::Ended) running--, burst = 0, slot_free = true;
         if (r == Step::Fault) {
             faulted = &slots[current];
             break;
