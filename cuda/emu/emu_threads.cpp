@@ -853,7 +853,7 @@ void run_grid(const char* name, KernelInfo* kernel, dim3 grid, dim3 block, size_
     memory_order_begin(kernel, seed() == 0 ? 0 : resident);
     uint64_t started = 0;
     int running = 0, current = 0;
-    long burst = 0, cta = 0;
+    long burst = 0, cta = 0, switched_to = -1;
     bool slot_free = true;  // a block ended since the last look (the slots are not read at every step)
     Block* faulted = nullptr;
     for (;;) {
@@ -874,7 +874,7 @@ void run_grid(const char* name, KernelInfo* kernel, dim3 grid, dim3 block, size_
             cta = (long)at.x + (long)grid.x * ((long)at.y + (long)grid.y * at.z);
         }
         burst--;
-        memory_order_switch(cta);
+        if (cta != switched_to) memory_order_switch(switched_to = cta);
         Step r = step(slots[current], rng);
         if (r == Step::Ended) running--, burst = 0, slot_free = true;
         if (r == Step::Fault) {
