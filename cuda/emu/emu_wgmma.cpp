@@ -94,8 +94,10 @@ uint32_t element_address(const Descriptor& d, bool mn_major, int mn, int k) {
     return w > 1 ? addr ^ (((addr >> 7) & (w - 1)) << 4) : addr;
 }
 
-float bf16_at(uint32_t address) {
-    const char* p = shared_window(address, 2);
+// The BF16 at `address` of the block's dynamic shared memory `smem` (every element a wgmma reads was
+// checked to lie in it when the warpgroup first issued the wgmma: check_operand).
+float bf16_at(const char* smem, uint32_t address) {
+    const char* p = smem + address;
     uint16_t h;
     memcpy(&h, p, 2);
     const uint32_t u = (uint32_t)h << 16;
@@ -143,17 +145,18 @@ bool same(const WgmmaSignature& x, const WgmmaSignature& y) {
 void compute(const WgmmaIssue& w, int warp_in_group, int lane) {
     const int g = lane / 4, t = lane % 4;
     Descriptor bd, ad;
+    const char* smem = shared_window(0, 0);
     decode(w.b_desc, bd);
     if (!w.a_in_regs) decode(w.a_desc, ad);
     float a[2][16];
     for (int h = 0; h < 2; h++)
         for (int k = 0; k < 16; k++)
             a[h][k] = w.a_in_regs ? w.a[g + 8 * h][k]
-                                  : bf16_at(element_address(ad, w.trans_a, 16 * warp_in_group + g + 8 * h, k));
+                                  : bf16_at(smem, element_address(ad, w.trans_a, 16 * warp_in_group + g + 8 * h, k));
     for (int v = 0; v < w.n / 2; v++) {
         const int h = (v >> 1) & 1, col = 8 * (v >> 2) + 2 * t + (v & 1);
         float acc = w.scale_d ? w.d[v] : 0.0f;
-        for (int k = 0; k < 16; k++) acc += a[h][k] * bf16_at(element_address(bd, w.trans_b, col, k));
+        for (int k = 0; k < 16; k++) acc += a[h][k] * bf16_at(smem, element_address(bd, w.trans_b, col, k));
         w.d[v] = acc;
     }
 }
