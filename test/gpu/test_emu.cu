@@ -6,6 +6,7 @@
 // emulator's assumptions against the hardware. The negative cases (a missing __syncthreads, a
 // divergent barrier, a spin-wait on another block, a lane outside the mask, a shared-memory
 // overflow under ASan) must fail, and exist in emulation only: on a GPU they would hang or race.
+#include <cfenv>
 #include <cstdlib>
 #include <numeric>
 #include <string>
@@ -357,6 +358,18 @@ TEST(emu_a_fault_is_sticky_until_reset) {
     CUDA_CHECK(cudaDeviceReset());
     LAUNCH_KERNEL(empty_kernel, 1, 32, 0, 0, x.ptr);
     CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+// CUDA code has no rounding mode to set; the emulation's fibers share the host thread's MXCSR.
+__global__ void set_rounding_mode_kernel(int* x) {
+    fesetround(FE_UPWARD);
+    x[threadIdx.x] = 1;
+}
+
+TEST(emu_a_kernel_that_sets_the_rounding_mode_faults_and_the_host_keeps_its_own) {
+    DeviceBuffer<int> x(32);
+    CHECK_KERNEL_FAULT("kernel set_rounding_mode_kernel: changed the rounding mode", set_rounding_mode_kernel, 1, 32, x.ptr);
+    CHECK_EQ(fegetround(), FE_TONEAREST);
 }
 
 TEST(emu_device_memory_starts_as_nan_and_out_of_memory_is_an_error) {
