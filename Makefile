@@ -174,8 +174,8 @@ $(BUILD)/emu/$(GPU_UNITY).o: CXXFLAGS += $(EMU_PLAIN_ACCESS_FLAGS)
 $(BUILD)/emu-asan/%.o: %
 	@mkdir -p $(@D)
 	$(CPU_LINK_CXX) $(SANFLAGS) $(EMU_FLAGS) -x c++ -c -o $@ $<
-# The emulation runtime under ASan at -O2 (as checked as at -O1): its scheduler is most of an
-# emulated kernel's time there, and its shuffles and switches ran 1.3x slower at -O1.
+# The emulation runtime under ASan at -O2 (ASan checks it as fully): its scheduler is most of an
+# emulated kernel's time there; a sample of GPU tests runs 10% faster, for 7 CPU s more of compile.
 $(patsubst %,$(BUILD)/emu-asan/%.o,$(EMU_RUNTIME)): SANFLAGS += -O2
 
 # The emulation runtime as one library, what the emulated binaries link and any CUDA source written
