@@ -14,7 +14,7 @@
 // where a value falls.
 //
 // So a real GPU's P differs from the CPU's (and the emulation's) by at most 2^-22 + 2^-23.7 < 3.1e-7
-// relative per exp (docs/fp8-numerics.md, "Attention's exp2", carries that to O, lse and the gradients).
+// relative per exp (docs/gpu-engine.md, "Attention's exp2", carries that to P, O and lse).
 #pragma once
 #include <cmath>
 #include <cstdint>
