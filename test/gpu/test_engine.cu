@@ -281,9 +281,10 @@ TEST(gpu_engine_recompute_layer_is_bit_exact) {
 // asked of the caller as the block's log-probs are known) equals forward_train then backward of the
 // same gradients bit for bit: log-probs, entropies, top-1 hits and every gradient. The gradients
 // depend on the log-probs and entropies (as the RL loss's do), so a stale or misplaced row shows.
+// One model (the head's bits are test_loss_head.cu's; this is the engine's plumbing: rows, buckets).
 TEST(gpu_engine_fused_head_step_is_bit_exact) {
     REQUIRE_GPU();
-    for (const char* dir : kAccumulationModels) {
+    for (const char* dir : {"test/fixtures/models/qwen3_tiny"}) {
         GpuEngine gpu(dir);
         gpu.init_optimizer(AdamWConfig(), one_rank());
         const std::vector<Sequence> seqs = ragged_batch((int)gpu.config().vocab_size, 7);
@@ -291,7 +292,7 @@ TEST(gpu_engine_fused_head_step_is_bit_exact) {
         auto grad = [&](size_t s, size_t k, float lp, float ent, float* dlp, float* dent) {
             *dlp = a[s][k] * (1.0f + lp / 8), *dent = b[s][k] * ent;
         };
-        for (Precision p : {Precision::BF16, Precision::FP8}) {
+        for (Precision p : {Precision::FP8}) {
             TokenValues lp[2], ent[2], top1[2];
             std::vector<float> grads[2];
             gpu.zero_grads();
