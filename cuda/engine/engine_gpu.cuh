@@ -1219,7 +1219,8 @@ inline void GpuEngine::forward_backward_train(const std::vector<Sequence>& seqs,
         for (int64_t row = std::max(batch_.offsets[s], batch_.offsets[s] + seqs[s].prompt_len - 1); row < batch_.offsets[s + 1] - 1; row++)
             if (target_host_[(size_t)row] >= 0)
                 row_seq[(size_t)row] = (int64_t)s, row_pos[(size_t)row] = row - batch_.offsets[s] - seqs[s].prompt_len + 1;
-    const auto [dlogprob_row, dentropy_row] = backward_buffers();
+    const std::pair<float*, float*> rows = backward_buffers();
+    float *const dlogprob_row = rows.first, *const dentropy_row = rows.second;
     std::vector<float> lp, ent, dlp, dent;
     auto token_grads = [&](int t0, int tb) {  // the block's rows, through the host's loss
         lp.resize((size_t)tb), ent.resize((size_t)tb), dlp.assign((size_t)tb, 0.0f), dent.assign((size_t)tb, 0.0f);
