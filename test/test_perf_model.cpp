@@ -43,6 +43,15 @@ double sum_work(const std::vector<KernelCost>& ks, KernelClass cls) {
     return w;
 }
 
+// One micro-batch of 16,384 tokens in sequences of 1,024 with Qwen3-1.7B's head (C = 2,048, V = 151,936).
+StepShape qwen3_1p7b_head_step() {
+    StepShape s;
+    s.model = small_qwen3();
+    s.model.vocab_size = 151936, s.model.hidden_size = 2048;
+    s.tokens = 16384, s.seq_len = 1024;
+    return s;
+}
+
 }  // namespace
 
 TEST(perf_model_gemm_flops_bytes_and_time) {
@@ -158,10 +167,7 @@ TEST(perf_model_head_tiles_read_logits_from_l2) {
     PerfHardware hw;
     const GpuSpec g = h100();
     hw.gpu = &g;
-    StepShape s;
-    s.model = small_qwen3();
-    s.model.vocab_size = 151936, s.model.hidden_size = 2048;
-    s.tokens = 16384, s.seq_len = 1024;
+    StepShape s = qwen3_1p7b_head_step();
     const double T = 16384, logits = T * (74 * 2048 + 384) * 4;
     s.fused_head = false;  // the passes without a gradient's tiles, forward then backward
     auto head = [&](int block, const char* name, double& hbm, double& l2, double& calls, double& flops) {
@@ -194,10 +200,7 @@ TEST(perf_model_fused_head_computes_logits_once) {
     PerfHardware hw;
     const GpuSpec g = h100();
     hw.gpu = &g;
-    StepShape s;
-    s.model = small_qwen3();
-    s.model.vocab_size = 151936, s.model.hidden_size = 2048;
-    s.tokens = 16384, s.seq_len = 1024;
+    StepShape s = qwen3_1p7b_head_step();
     const double T = 16384, C = 2048, V = 151936, logits = T * V * 4, gemm = 2 * T * C * V;
     auto sum = [&](bool fused, const char* name, double* hbm, double* calls, double* flops) {
         s.fused_head = fused;
