@@ -19,7 +19,7 @@
 //   backward: P = 2^(s c - lse log2(e)) recomputed from lse; P and dS rounded to BF16 where they
 //     meet dO, K and Q.
 // The packed and prefill exps are rl/numerics/exp2.h's (ex2.approx's FP32 twin, as the emulated kernels
-// compute it; a real GPU's differ by at most 3.1e-7 relative each: docs/gpu-engine.md), decode's
+// compute it; a real GPU's differ by at most 3.7e-7 relative each: docs/gpu-engine.md), decode's
 // rl/numerics/fast_exp.h's. Each output is written by one task in a fixed order, so results are
 // bitwise identical for any thread count, and a sequence's result does not depend on the other
 // sequences of the batch (masked scores enter the products as exact zeros).

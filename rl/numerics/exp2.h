@@ -7,14 +7,14 @@
 // with n = rint(x), r = x - n exact, |r| <= 1/2; 2^r by its Taylor polynomial e^(r ln 2) to degree 7
 // (FMAs); times 2^n as two exact power-of-two products. Its relative error is below 7.3e-8 (0.61 x
 // 2^-23; test_exp2 sweeps every 61st float of [-126, 128) against double-precision exp2), inside the
-// PTX ISA's bound for ex2.approx.f32 (2 ulp, i.e. 2^-22 relative), so the emulation stays a GPU the
-// PTX specification allows. Its special cases are ex2.approx.ftz.f32's: a subnormal input gives 1 (as
+// PTX ISA's bound for ex2.approx.f32 (at most 2 ulp from the correctly rounded result, the ex2
+// section's notes), so the emulation stays a GPU the PTX specification allows. Its special cases are ex2.approx.ftz.f32's: a subnormal input gives 1 (as
 // 0 does: n = 0 and 1 + r p(r) rounds to 1), a result below 2^-126 (x < -126) flushes to +0, -inf gives +0, x >= 128 gives +inf,
 // NaN stays NaN. The vector and scalar forms run the same operations, so results do not depend on
 // where a value falls.
 //
-// So a real GPU's P differs from the CPU's (and the emulation's) by at most 2^-22 + 2^-23.7 < 3.1e-7
-// relative per exp (docs/gpu-engine.md, "Attention's exp2", carries that to P, O and lse).
+// So a real GPU's P differs from the CPU's (and the emulation's) by at most 2 ulp + 1/2 ulp (the
+// correct rounding) + 0.61 ulp: 2^-22 + 2^-24 + 2^-23.7 < 3.7e-7 relative per exp (docs/gpu-engine.md, "Attention's exp2", carries that to P, O and lse).
 #pragma once
 #include <cmath>
 #include <cstdint>
