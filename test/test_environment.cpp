@@ -466,53 +466,63 @@ TEST(dynamic_sampling_with_no_kept_group_trains_nothing) {
     CHECK_EQ(b.step, (int64_t)2);
 }
 
-// SFT takes tool turns (an agentic trace): on transformers' renderings of Qwen3 conversations with
-// tool results (test/fixtures/tokenizer/chat_qwen3.jsonl), a row's ids are the rendering's tokens and
-// its trained tokens are exactly the assistant turns' text, from after each header through
-// <|im_end|>; a row with "tools" (schemas fp8rl does not render) is refused in one line.
+// SFT takes tool turns and function schemas ("tools"): each conversation of transformers' Qwen3
+// renderings (chat_qwen3.jsonl's with tool turns, chat_tools_qwen3.jsonl's with schemas,
+// dev/make_chat_tools_fixtures.py) encodes to the ids of its text (less the generation prompt, which
+// SFT does not render), and the trained tokens are its assistant turns' text through <|im_end|>.
 TEST(sft_accepts_tool_turns) {
     const std::string dir = "test/fixtures/tokenizer/qwen3";
     std::unique_ptr<Tokenizer> tok = Tokenizer::load(dir);
     SftEncoder enc(*tok, dir, 1, 0);
     const std::string gen = "<|im_start|>assistant\n", eot = "<|im_end|>";
-    int rows = 0;
-    for_each_jsonl_row("test/fixtures/tokenizer/chat_qwen3.jsonl", [&](const Json& row, const std::string& where) {
-        const Json* thinking = row.find("enable_thinking");
-        const std::string msgs = json_dump(*row.find("messages"));
-        if (msgs.find("\"tool\"") == std::string::npos || !row.find("add_generation_prompt")->boolean ||
-            (thinking && !thinking->is_null() && !thinking->boolean))
-            return;
-        std::string text = row.find("text")->str;
-        CHECK(text.size() > gen.size() && text.compare(text.size() - gen.size(), gen.size(), gen) == 0);
-        text.resize(text.size() - gen.size());  // SFT renders no generation prompt
-        std::string want_trained;
-        for (size_t at = 0; (at = text.find(gen, at)) != std::string::npos;) {
-            const size_t end = text.find(eot, at) + eot.size();
-            want_trained += text.substr(at + gen.size(), end - at - gen.size());
-            at = end;
-        }
-        Json conv;
-        conv.type = Json::Object;
-        conv.fields.emplace_back("messages", *row.find("messages"));
-        LmSequence s = enc.encode(conv, where);
-        const std::vector<int> want_ids = tok->encode(text, false);
-        CHECK_MSG(std::vector<int>(s.ids.begin(), s.ids.end()) == want_ids, "%s: ids", where.c_str());
-        std::vector<int> trained;
-        for (size_t k = 0; k < s.ids.size(); k++)
-            if (s.loss[k]) trained.push_back(s.ids[k]);
-        CHECK_EQ(tok->decode(trained, false), want_trained);
-        rows++;
-    });
-    CHECK_MSG(rows >= 2, "%d rows with tool turns", rows);
-    Json with_tools = json_parse("{\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"calc\"}}],\"messages\":[{\"role\":\"user\",\"content\":\"a\"},"
-                                 "{\"role\":\"assistant\",\"content\":\"b\"}]}", "row");
-    CHECK_THROWS(enc.encode(with_tools, "row 1"), "\"tools\" (function schemas) are not rendered");
+    int rows = 0, with_tools = 0;
+    for (const char* file : {"test/fixtures/tokenizer/chat_qwen3.jsonl", "test/fixtures/tokenizer/chat_tools_qwen3.jsonl"})
+        for_each_jsonl_row(file, [&](const Json& row, const std::string& where) {
+            const Json* thinking = row.find("enable_thinking");
+            const Json* tools = row.find("tools");
+            const bool prompt_end = row.find("add_generation_prompt")->boolean;
+            if ((!tools && json_dump(*row.find("messages")).find("\"tool\"") == std::string::npos) || (!tools && !prompt_end) ||
+                (thinking && !thinking->is_null() && !thinking->boolean))
+                return;
+            std::string text = row.find("text")->str;
+            if (prompt_end) {
+                CHECK(text.size() > gen.size() && text.compare(text.size() - gen.size(), gen.size(), gen) == 0);
+                text.resize(text.size() - gen.size());  // SFT renders no generation prompt
+            }
+            std::string want_trained;
+            for (size_t at = 0; (at = text.find(gen, at)) != std::string::npos;) {
+                const size_t end = text.find(eot, at) + eot.size();
+                want_trained += text.substr(at + gen.size(), end - at - gen.size());
+                at = end;
+            }
+            Json conv;
+            conv.type = Json::Object;
+            if (tools) conv.fields.emplace_back("tools", *tools);
+            conv.fields.emplace_back("messages", *row.find("messages"));
+            if (want_trained.empty()) {  // no assistant turn to train on
+                CHECK_THROWS(enc.encode(conv, where), "no tokens to train on");
+                return;
+            }
+            LmSequence s = enc.encode(conv, where);
+            const std::vector<int> want_ids = tok->encode(text, false);
+            CHECK_MSG(std::vector<int>(s.ids.begin(), s.ids.end()) == want_ids, "%s: ids", where.c_str());
+            std::vector<int> trained;
+            for (size_t k = 0; k < s.ids.size(); k++)
+                if (s.loss[k]) trained.push_back(s.ids[k]);
+            CHECK_EQ(tok->decode(trained, false), want_trained);
+            rows++;
+            with_tools += tools != nullptr;
+        });
+    CHECK_MSG(rows >= 4 && with_tools >= 2, "%d rows with tool turns, %d with tools", rows, with_tools);
+    Json plain = json_parse("{\"tools\":[{\"type\":\"function\"}],\"prompt\":\"a\",\"completion\":\"b\"}", "row");
+    CHECK_THROWS(enc.encode(plain, "row 1"), "\"tools\" need the prompt as chat messages");
+    Json not_object = json_parse("{\"tools\":[\"calc\"],\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]}", "row");
+    CHECK_THROWS(enc.encode(not_object, "row 2"), "tools[0] must be an object");
 }
 
-// The memory plan of an --env_cmd run covers every generate() of its turns: a turn's prompt is the
-// conversation so far (prompt + up to --max_total_tokens - 1 tokens), every trajectory's its own,
-// and each call generates at most --max_turn_tokens; the training sequences stay prompt +
-// --max_total_tokens.
+// The memory plan of an --env_cmd run covers its trajectories: every turn runs in the KV cache turn 1
+// sized for prompt + --max_total_tokens (Engine::start_turns), only the prompts are prefilled, and the
+// training sequences are prompt + --max_total_tokens: a single-turn run of --max_total_tokens new tokens.
 TEST(env_memory_demand_covers_every_turn) {
     RunShape s;
     s.cfg.batch_prompts = 8, s.cfg.group_size = 4, s.cfg.sampling.max_new_tokens = 32;
@@ -523,12 +533,8 @@ TEST(env_memory_demand_covers_every_turn) {
     CHECK_EQ(single.longest_sequence, (int64_t)52);
     CHECK_EQ(single.rollout_prompts, (int64_t)8);
     CHECK_EQ(multi.longest_sequence, (int64_t)68);
-    CHECK_EQ(multi.rollout_prompts, multi.rollout_requests);
+    CHECK_EQ(multi.longest_prompt, (int64_t)20);
+    CHECK_EQ(multi.max_new_tokens, 48);
+    CHECK_EQ(multi.rollout_prompts, (int64_t)8);
     CHECK_EQ(multi.rollout_requests, (int64_t)32);
-    // each turn's call: a prompt of the conversation so far, a budget of what is left
-    for (int used = 0; used < 48; used++) {
-        const int budget = std::min(16, 48 - used);
-        CHECK(20 + used <= multi.longest_prompt);
-        CHECK(20 + used + budget <= multi.longest_prompt + multi.max_new_tokens);
-    }
 }
