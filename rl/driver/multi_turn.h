@@ -61,8 +61,9 @@ inline std::vector<Trajectory> run_trajectories(Engine& engine, const std::vecto
         std::vector<size_t> turn_start(n, 0);
         for (size_t i : active) turn_start[i] = out[i].gen.tokens.size();
         sampling.max_new_tokens = std::min(ctx.max_turn_tokens, ctx.max_total_tokens);
-        std::vector<Generation> done = turn == 1 ? engine.start_turns(requests, ctx.max_total_tokens, step, sampling, weights, kv_cache, progress)
-                                                 : engine.next_turns(next_turns);
+        std::vector<Generation> done =
+            turn == 1 ? engine.start_turns(requests, ctx.max_total_tokens, step, sampling, weights, kv_cache, progress)
+                      : engine.next_turns(next_turns);
         for (size_t k = 0; k < active.size(); k++) {
             Trajectory& t = out[active[k]];
             t.gen.tokens.insert(t.gen.tokens.end(), done[k].tokens.begin(), done[k].tokens.end());

@@ -305,7 +305,8 @@ private:
     }
 
     std::string render_qwen25(const std::vector<ChatMessage>& m, const ChatOptions& opt, TextSpans& spans) const {
-        const std::string system = m[0].role == "system" ? m[0].content : "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.";
+        const std::string system =
+            m[0].role == "system" ? m[0].content : "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.";
         std::string out = opt.tools.empty() ? turn("system", system) : "<|im_start|>system\n" + system + "\n\n" + qwen_tools(opt.tools);
         for (size_t i = 0; i < m.size(); i++) {
             const std::string& role = m[i].role;
