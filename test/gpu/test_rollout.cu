@@ -311,8 +311,8 @@ TEST(rollout_scheduling_matches_each_request_alone) {
 }
 
 // Multi-turn rollouts over kept pages (start_turns, next_turns; test/kept_turns.h's three turns):
-// 3 prompts x 2 samples on a model that stops on 1/8 of its ids, pages of 4 tokens, fp8 weights and
-// an FP8 cache. In a pool that holds every trajectory, and through 2 slots in a pool of 14 pages
+// 3 prompts x 2 samples on a model that stops on 1/8 of its ids, pages of 4 tokens, bf16 weights and
+// an FP8 cache. In a pool that holds every trajectory, and through 3 slots in a pool of 14 pages
 // (held pages give way, rows are fed again), every turn's tokens, log-probs and ends are the same bit
 // for bit; in emulation they are also the CPU engine's (test_environment.cpp checks those against
 // teacher forcing through the decode path, and the emulated binary's BF16-cache turns against the
@@ -326,16 +326,16 @@ TEST(rollout_kept_turns_match_cpu_engine_and_page_pressure) {
     for (const GenRequest& r : ragged_requests(3, 320, 11))
         for (int g = 0; g < 2; g++) requests.push_back({r.prompt, r.sequence * 2 + (uint32_t)g});
     const SamplingConfig s = sampled(5, 4);
-    const Precision p = Precision::FP8;
+    const Precision w = Precision::BF16, p = Precision::FP8;
     EngineOptions wide = small_pages(4), tight = small_pages(4);
-    tight.rollout_slots = 2;
+    tight.rollout_slots = 3;
     const size_t page = PagedKvCache::page_bytes({2, 2, 32, 4, 1}, p);
     tight.kv_cache_mb = (14 * page + page / 2) / 1048576.0;
     CpuEngine cpu(dir);
     GpuEngine a(dir, wide), c(dir, tight);
-    const kept_turns::Run want = kept_turns::run(cpu, requests, 2, s, p, p, 4, 14);
-    const kept_turns::Run got = kept_turns::run(a, requests, 2, s, p, p, 4, 14);
-    const kept_turns::Run pressed = kept_turns::run(c, requests, 2, s, p, p, 4, 14);
+    const kept_turns::Run want = kept_turns::run(cpu, requests, 2, s, w, p, 4, 14);
+    const kept_turns::Run got = kept_turns::run(a, requests, 2, s, w, p, 4, 14);
+    const kept_turns::Run pressed = kept_turns::run(c, requests, 2, s, w, p, 4, 14);
     const RolloutStats st = c.rollout_stats();
     printf("    rows %zu, %zu, %zu; fed %lld + %lld; in 14 pages: %lld preemptions, %lld tokens fed again\n", got.rows[0].size(),
            got.rows[1].size(), got.rows[2].size(), (long long)got.fed[0], (long long)got.fed[1], (long long)st.preemptions,
