@@ -40,6 +40,13 @@
 //             every row of a step is computed independently of the others (GEMM algorithms pinned
 //             per weight, decode attention cut by the row's own length), so a completion has the
 //             same bits whatever it is batched with, waits for or is preempted by.
+//   turns     a multi-turn rollout (start_turns, next_turns): a request that finishes its turn keeps
+//             its pages (held); its next turn appends its observation and waits again, and its
+//             admission feeds the last turn's last token and the observation's tokens into its
+//             pages from where they end (replay_kept_tokens from q.fed), then decodes on. A request
+//             whose trajectory ended gives its pages back; under page pressure held pages give way
+//             (release_one_held) before a running request is preempted, and a released request
+//             gets its K/V back as a preempted one does, with the same bits.
 //   FP8 KV    scales per layer (or per layer and KV head, --kv_scales head) from a forward over the
 //             prompts with the current weights (the amax of K after norm and RoPE, and of V:
 //             spec-fp8.md §9.4, as the CPU engine does), the amaxes reduced over the ranks
@@ -216,7 +223,13 @@ struct RolloutRequest {
     int prompt_id;                        // its prompt in `prompts`
     int forced_offset;                    // its completion in the forced pool (teacher forcing)
     std::vector<int> pages;               // KV pages, in position order: its prompt's full pages, then its own
-    Generation gen;                       // kept when it is preempted
+    Generation gen;                       // kept when it is preempted; a multi-turn row's: every turn's and observation's tokens
+    int limit = 0;                        // it draws until gen holds this many tokens (sampled)
+    // Multi-turn (GpuEngine::next_turns): `held`, it keeps its pages between turns (a finished turn, or
+    // waiting for its next one), the K/V of its positions [0, fed) in them; turn_start: this turn's first token in gen.
+    bool held = false, ended = false;  // ended: its trajectory is over (a next_turns did not list it)
+    long fed = 0;
+    size_t turn_start = 0;
 };
 
 // The host-side state of the requests and the device buffers of the decode loop.
@@ -278,9 +291,11 @@ struct RolloutState {
     std::vector<Admission> admitted;   // this window's admissions: the last of `running`
     std::vector<Admission> standby;    // this window's standby requests: slot S + j is standby[j]'s
     int64_t finished = 0;
-    int max_new_tokens = 0;
+    bool keep = false;  // a multi-turn rollout: a request that finishes its turn keeps its pages (held)
 
-    int limit(const Request& q) const { return q.forced ? (int)q.forced->size() : max_new_tokens; }
+    int limit(const Request& q) const { return q.forced ? (int)q.forced->size() : q.limit; }
+    // A held request's turn is over (it waits for next_turns), or it waits for its next turn's draws.
+    bool turn_done(const Request& q) const { return q.gen.finished || (int)q.gen.tokens.size() >= limit(q); }
     // The keys of the longest row at the window's first step, of the running and the standby
     // requests (a refill takes a standby one): each row has at most this many plus the steps since.
     long longest_at_steps() const {
@@ -302,6 +317,7 @@ struct RolloutState {
     void release(Request& q) {
         for (int p : q.pages) drop_page(p);
         q.pages.clear();
+        q.held = false, q.fed = 0;
         Prompt& pr = prompts[(size_t)q.prompt_id];
         if (--pr.users > 0) return;
         for (int p : pr.pages) drop_page(p);
@@ -313,6 +329,7 @@ struct RolloutState {
     // but the last (which the next step feeds).
     int pages_to_hold(const Request& q) const {
         const long P = (long)q.prompt->size(), kept = (long)q.gen.tokens.size();
+        if (q.held) return std::max(0, pages_for(P + kept - 1) - (int)q.pages.size());  // its next turn's new positions
         return (prompts[(size_t)q.prompt_id].users ? 0 : pages_for(P)) + pages_for(P + std::max<long>(kept - 1, 0)) -
                (int)(P / page_tokens);
     }
@@ -321,6 +338,11 @@ struct RolloutState {
         Request& q = requests[(size_t)i];
         Prompt& pr = prompts[(size_t)q.prompt_id];
         const long P = (long)q.prompt->size(), full = P / page_tokens, kept = (long)q.gen.tokens.size();
+        if (q.held) {  // a next turn: its pages and K/V are there, up to q.fed
+            while ((int)q.pages.size() < pages_for(P + kept - 1)) q.pages.push_back(take_page());
+            q.held = false;
+            return Admission{i, false, false, -1, -1};
+        }
         const int own = pages_for(P + std::max<long>(kept - 1, 0)) - (int)full;
         Admission a{i, kept == 0, pr.users == 0, -1, -1};
         if (pr.users++ == 0)
@@ -335,7 +357,10 @@ struct RolloutState {
     void admit(int slots) {
         admitted.clear();
         while (!waiting.empty() && (int)running.size() < slots) {
-            if (pages_to_hold(requests[(size_t)waiting.front()]) > (int)free_pages.size()) break;
+            if (pages_to_hold(requests[(size_t)waiting.front()]) > (int)free_pages.size()) {
+                if (running.empty() && release_one_held(waiting.front())) continue;
+                break;
+            }
             admitted.push_back(hold(waiting.front()));
             running.push_back(waiting.front());
             waiting.pop_front();
@@ -345,7 +370,23 @@ struct RolloutState {
     // A waiting request that a row can take on the device when its sequence stops (decode_slots.cuh's
     // refill): its prompt is cached and it kept at most its first token, so nothing but that token
     // (drawn at the window's start) needs computing first.
-    bool can_stand_by(const Request& q) const { return prompts[(size_t)q.prompt_id].users > 0 && q.gen.tokens.size() <= 1; }
+    bool can_stand_by(const Request& q) const {
+        return prompts[(size_t)q.prompt_id].users > 0 && q.gen.tokens.size() <= 1 && !q.held;
+    }
+
+    // Under page pressure the pages a multi-turn rollout keeps give way before a running request is
+    // preempted: a held request's (one whose turn is over first, then the last waiting), except
+    // request `except`'s. Released, it gets its K/V back as a preempted one does. False: none held.
+    bool release_one_held(int except) {
+        int pick = -1;
+        for (int i = (int)requests.size() - 1; i >= 0 && pick < 0; i--)
+            if (i != except && requests[(size_t)i].held && turn_done(requests[(size_t)i])) pick = i;
+        for (auto it = waiting.rbegin(); it != waiting.rend() && pick < 0; ++it)
+            if (*it != except && requests[(size_t)*it].held) pick = *it;
+        if (pick < 0) return false;
+        release(requests[(size_t)pick]);
+        return true;
+    }
 
     // After plan_window: up to `slots` waiting requests that can stand by, in waiting order, while the
     // free pages give each what it holds and the pages of `steps` decode steps. They leave `waiting`
@@ -406,6 +447,7 @@ struct RolloutState {
                 }
                 return steps;
             }
+            if (release_one_held(-1)) continue;
             const int newest = running.back();
             release(requests[(size_t)newest]);
             if (!admitted.empty() && admitted.back().request == newest) admitted.pop_back();
@@ -519,7 +561,7 @@ inline TokenValues GpuEngine::decode_logprobs(const std::vector<Sequence>& seqs,
 inline std::vector<Generation> GpuEngine::rollout(const std::vector<GenRequest>& requests,
                                                   const std::vector<std::vector<int32_t>>* forced, uint32_t step,
                                                   const SamplingConfig& s, Precision weights, Precision kv_cache,
-                                                  Progress* progress, const RolloutNumerics* at) {
+                                                  Progress* progress, const RolloutNumerics* at, int kept_tokens) {
     const CpuModel& m = model_;
     if (weights == Precision::FP32) fail("the GPU engine generates in bf16 or fp8 (--rollout_precision; --precision with --prompts), not fp32");
     if (kv_cache == Precision::FP32) fail("the GPU engine's KV cache is bf16 or fp8 (--kv_cache), not fp32");
@@ -528,6 +570,8 @@ inline std::vector<Generation> GpuEngine::rollout(const std::vector<GenRequest>&
     need_fp8_weights(weights);
     if (requests.empty()) fail("generate: no prompts");
     if (s.max_new_tokens < 1) fail("generate: max_new_tokens must be at least 1");
+    // the new tokens a request's pages and positions are sized for: a multi-turn trajectory's, or this call's
+    const int horizon = kept_tokens > 0 ? kept_tokens : s.max_new_tokens;
     if (s.vocab_limit < 0 || s.vocab_limit > m.V) fail("generate: vocab_limit %d outside [0, %d]", s.vocab_limit, m.V);
     const long positions = (long)config().max_position_embeddings;
     long longest = 0;
@@ -539,9 +583,9 @@ inline std::vector<Generation> GpuEngine::rollout(const std::vector<GenRequest>&
         if (positions > 0 && (long)p.size() > positions)
             fail("generate: prompt %zu has %zu tokens, more than the model's %ld positions (max_position_embeddings); "
                  "shorten the prompt", i, p.size(), positions);
-        if (positions > 0 && (long)p.size() + s.max_new_tokens > positions)
+        if (positions > 0 && (long)p.size() + horizon > positions)
             fail("generate: prompt %zu (%zu tokens) + --max_new_tokens %d exceeds the model's %ld positions "
-                 "(max_position_embeddings); lower --max_new_tokens", i, p.size(), s.max_new_tokens, positions);
+                 "(max_position_embeddings); lower --max_new_tokens", i, p.size(), horizon, positions);
         longest = std::max(longest, (long)p.size());
     }
     if (!rollout_) rollout_.reset(new RolloutState());
@@ -552,24 +596,24 @@ inline std::vector<Generation> GpuEngine::rollout(const std::vector<GenRequest>&
     // holds) and the decode buffers, for --rollout_slots or, at 0 (unresolved by a memory plan), the most
     // requests free memory holds
     EngineOptions o = options_;
-    if (o.rollout_slots == 0) o.rollout_slots = slots_that_fit((long)requests.size(), longest, s.max_new_tokens, kv_cache);
-    RolloutSizes z = rollout_sizes(weights_.config, o, (long)requests.size(), longest, s.max_new_tokens, kv_cache);
+    if (o.rollout_slots == 0) o.rollout_slots = slots_that_fit((long)requests.size(), longest, horizon, kv_cache);
+    RolloutSizes z = rollout_sizes(weights_.config, o, (long)requests.size(), longest, horizon, kv_cache);
     const int slots = z.slots;
     R.page_tokens = z.shape.page_tokens;
-    R.max_len = (int)(longest + s.max_new_tokens);
+    R.max_len = (int)(longest + horizon);
     R.max_pages = R.pages_for(R.max_len);
-    if (o.kv_cache_mb <= 0) z.shape.pages = std::min(z.shape.pages, pages_left(requests, longest, s.max_new_tokens, kv_cache, z));
+    if (o.kv_cache_mb <= 0) z.shape.pages = std::min(z.shape.pages, pages_left(requests, longest, horizon, kv_cache, z));
     const KvCacheShape shape = z.shape;
-    const int needed = kv_pages_needed(longest, s.max_new_tokens, R.page_tokens);
+    const int needed = kv_pages_needed(longest, horizon, R.page_tokens);
     if (shape.pages < needed && o.kv_cache_mb > 0)
         fail("generate: --kv_cache_mb %g holds %d KV pages of %d tokens (%zu bytes each), but the longest request "
              "(%ld prompt + %d new tokens) needs %d; raise --kv_cache_mb or lower --max_new_tokens",
-             options_.kv_cache_mb, shape.pages, R.page_tokens, z.page_bytes, longest, s.max_new_tokens, needed);
+             options_.kv_cache_mb, shape.pages, R.page_tokens, z.page_bytes, longest, horizon, needed);
     if (shape.pages < needed)
         fail("generate: the device leaves room for %d KV pages of %d tokens (%zu bytes each) beside the rollout's other "
              "buffers, but the longest request (%ld prompt + %d new tokens) needs %d; lower --max_new_tokens or "
              "--rollout_slots, or free the device (--offload_train_state 1)",
-             std::max(shape.pages, 0), R.page_tokens, z.page_bytes, longest, s.max_new_tokens, needed);
+             std::max(shape.pages, 0), R.page_tokens, z.page_bytes, longest, horizon, needed);
     const KvCacheShape& had = R.cache ? R.cache->shape() : shape;
     if (!R.cache || R.cache->storage() != kv_cache || had.pages != shape.pages || had.page_tokens != shape.page_tokens) {
         R.cache.reset();  // free the old pool before the new one is allocated
@@ -636,7 +680,7 @@ inline std::vector<Generation> GpuEngine::rollout(const std::vector<GenRequest>&
     std::vector<int32_t> pool;  // teacher forcing: the completions, back to back
     for (size_t i = 0; i < requests.size(); i++) {
         const int id = prompt_ids.emplace(requests[i].prompt, (int)prompt_ids.size()).first->second;
-        R.requests[i] = {&requests[i].prompt, requests[i].sequence, forced ? &(*forced)[i] : nullptr, id, -1, {}, {}};
+        R.requests[i] = {&requests[i].prompt, requests[i].sequence, forced ? &(*forced)[i] : nullptr, id, -1, {}, {}, s.max_new_tokens};
         if (forced) R.requests[i].forced_offset = (int)pool.size(), pool.insert(pool.end(), (*forced)[i].begin(), (*forced)[i].end());
     }
     R.forced_pool.resize(pool.size(), "teacher-forced completions");
@@ -652,11 +696,23 @@ inline std::vector<Generation> GpuEngine::rollout(const std::vector<GenRequest>&
                                        (uint64_t)s.vocab_limit, s.seed};
     if (key != R.graph_key) R.drop_graphs(), R.graph_key = key;
 
-    R.max_new_tokens = s.max_new_tokens;
-    R.finished = 0;
+    R.keep = kept_tokens > 0;
     R.waiting.clear(), R.running.clear();
     for (size_t i = 0; i < requests.size(); i++) R.waiting.push_back((int)i);
-    while (R.finished < (int64_t)requests.size()) {
+    run_windows(step, weights, s, progress);
+    std::vector<Generation> out;
+    for (RolloutState::Request& q : R.requests) out.push_back(R.keep ? q.gen : std::move(q.gen));
+    return out;
+}
+
+// The decode loop until every request in R.waiting has finished (its turn): admissions, windows of
+// decode steps, collections.
+inline void GpuEngine::run_windows(uint32_t step, Precision weights, const SamplingConfig& s, Progress* progress) {
+    RolloutState& R = *rollout_;
+    const int slots = (int)R.sampled.size();
+    const int64_t count = (int64_t)R.waiting.size();
+    R.finished = 0;
+    while (R.finished < count) {
         R.admit(slots);
         int steps = R.plan_window(kDecodeWindow, &rollout_stats_.preemptions);
         if (R.running.empty()) fail("generate: no request fits the KV page pool (internal: the pool was checked above)");
@@ -669,9 +725,80 @@ inline std::vector<Generation> GpuEngine::rollout(const std::vector<GenRequest>&
         collect_window(progress);
         rollout_stats_.windows++;
     }
+}
+
+inline std::vector<Generation> GpuEngine::start_turns(const std::vector<GenRequest>& requests, int max_total_tokens, uint32_t step,
+                                                      const SamplingConfig& s, Precision weights, Precision kv_cache,
+                                                      Progress* progress) {
+    PROFILE_RANGE("rollout");
+    if (max_total_tokens < s.max_new_tokens)
+        fail("start_turns: a trajectory of %d tokens cannot hold a first turn of %d", max_total_tokens, s.max_new_tokens);
+    turn_requests_ = requests;  // the rows' prompts, which the kept state points into
+    turn_step_ = step, turn_sampling_ = s, turn_weights_ = weights;
+    return rollout(turn_requests_, nullptr, step, s, weights, kv_cache, progress, nullptr, max_total_tokens);
+}
+
+// Each listed row takes its appended tokens (placeholders in its log-probs: the driver keeps its
+// own) and its budget, and waits with the pages it holds; the rows not listed give theirs back. Its
+// admission feeds its last turn's last token and the appended ones (replay_kept_tokens, from q.fed),
+// and its first decode step feeds the last and draws.
+inline std::vector<Generation> GpuEngine::next_turns(const std::vector<TurnRequest>& turns) {
+    PROFILE_RANGE("rollout");
+    if (!rollout_ || !rollout_->keep) fail("next_turns: no multi-turn rollout in progress (start_turns)");
+    RolloutState& R = *rollout_;
+    std::vector<char> listed(R.requests.size(), 0);
+    for (const TurnRequest& t : turns) {
+        if (t.row >= R.requests.size() || listed[t.row] || t.max_new_tokens < 1)
+            fail("next_turns: row %zu (of %zu, listed once) with %d new tokens (need at least 1)", t.row, R.requests.size(),
+                 t.max_new_tokens);
+        listed[t.row] = 1;
+        const RolloutState::Request& q = R.requests[t.row];
+        if (q.ended) fail("next_turns: row %zu has ended (a turn before this one did not list it)", t.row);
+        const long end = (long)q.prompt->size() + (long)q.gen.tokens.size() + (long)t.tokens.size() + t.max_new_tokens;
+        if (end > R.max_len)
+            fail("next_turns: row %zu's next turn reaches %ld positions, past the %d its trajectory was given", t.row, end,
+                 R.max_len);
+        for (int32_t id : t.tokens)
+            if (id < 0 || id >= model_.V) fail("next_turns: token id %d outside the vocabulary [0, %d)", id, model_.V);
+    }
+    for (size_t i = 0; i < R.requests.size(); i++) {
+        if (listed[i]) continue;
+        if (R.requests[i].held) R.release(R.requests[i]);
+        R.requests[i].ended = true;
+    }
+    rollout_stats_.turn_fed_tokens = (int64_t)turns.size();  // each row's last token, fed by its first decode step
+    R.waiting.clear(), R.running.clear();
+    for (const TurnRequest& t : turns) {
+        RolloutState::Request& q = R.requests[t.row];
+        q.gen.tokens.insert(q.gen.tokens.end(), t.tokens.begin(), t.tokens.end());
+        q.gen.logprobs.insert(q.gen.logprobs.end(), t.tokens.size(), NAN);
+        q.gen.logprobs_sampled.insert(q.gen.logprobs_sampled.end(), t.tokens.size(), NAN);
+        q.gen.finished = false;
+        q.turn_start = q.gen.tokens.size();
+        q.limit = (int)q.turn_start + t.max_new_tokens;
+        R.waiting.push_back((int)t.row);
+    }
+    run_windows(turn_step_, turn_weights_, turn_sampling_, nullptr);
     std::vector<Generation> out;
-    for (RolloutState::Request& q : R.requests) out.push_back(std::move(q.gen));
+    for (const TurnRequest& t : turns) {
+        const RolloutState::Request& q = R.requests[t.row];
+        Generation g;
+        g.tokens.assign(q.gen.tokens.begin() + (long)q.turn_start, q.gen.tokens.end());
+        g.logprobs.assign(q.gen.logprobs.begin() + (long)q.turn_start, q.gen.logprobs.end());
+        g.logprobs_sampled.assign(q.gen.logprobs_sampled.begin() + (long)q.turn_start, q.gen.logprobs_sampled.end());
+        g.finished = q.gen.finished;
+        out.push_back(std::move(g));
+    }
     return out;
+}
+
+inline void GpuEngine::end_turns() {
+    if (!rollout_ || !rollout_->keep) return;
+    RolloutState& R = *rollout_;
+    for (RolloutState::Request& q : R.requests)
+        if (q.held) R.release(q);
+    R.keep = false;
+    R.requests.clear();
 }
 
 // The start of a window, all issued without waiting: the slots and page tables of the running and
@@ -772,8 +899,10 @@ inline void GpuEngine::write_cascade_groups() {
 // same layer has already appended. So the completion goes on with the bits it would have had.
 inline void GpuEngine::replay_kept_tokens(const RolloutState::Request& q, Precision weights) {
     RolloutState& R = *rollout_;
+    // a multi-turn row's next turn starts past its kept positions (q.fed), feeding its last turn's
+    // last token and its observation's the same way
     const long P = (long)q.prompt->size(), n = (long)q.gen.tokens.size() - 1, chunk = R.rows;
-    for (long begin = 0; begin < n; begin += chunk) {
+    for (long begin = std::max(0L, q.fed - P); begin < n; begin += chunk) {
         const int rows = (int)std::min(chunk, n - begin);
         std::vector<int32_t> ids((size_t)rows), pos((size_t)rows), cache_rows((size_t)rows), lens((size_t)rows),
             prefix((size_t)rows);
@@ -790,7 +919,7 @@ inline void GpuEngine::replay_kept_tokens(const RolloutState::Request& q, Precis
         R.ids.upload(ids), R.pos.upload(pos), R.cache_rows.upload(cache_rows), R.lens.upload(lens), R.prefix.upload(prefix);
         R.replay_table.upload(table);
         decode_launches(rows, (int)(P + begin + rows), weights, R.replay_table.get(), nullptr);
-        rollout_stats_.replayed_tokens += rows;
+        (q.fed > 0 ? rollout_stats_.turn_fed_tokens : rollout_stats_.replayed_tokens) += rows;
     }
 }
 
@@ -814,12 +943,17 @@ inline void GpuEngine::collect_window(Progress* progress) {
             q.gen.logprobs_sampled.push_back(d.logprob);
             for (int64_t e : config().eos_token_ids) q.gen.finished |= !q.forced && d.token == e;
         }
-        const bool done = q.forced ? q.gen.tokens.size() == q.forced->size()
-                                   : q.gen.finished || (int)q.gen.tokens.size() >= R.max_new_tokens;
+        const bool done = q.forced ? q.gen.tokens.size() == q.forced->size() : R.turn_done(q);
         if (done != (slot[k].remaining == 0))
             fail("generate: request %d holds %zu tokens but its slot may draw %d more (internal)", i, q.gen.tokens.size(),
                  slot[k].remaining);
-        if (done) R.release(q), R.finished++;
+        if (done && R.keep) {  // its pages wait for its next turn (next_turns), holding every position but the last drawn
+            q.held = true;
+            q.fed = (long)q.prompt->size() + (long)q.gen.tokens.size() - 1;
+        } else if (done) {
+            R.release(q);
+        }
+        R.finished += done;
         return done;
     };
     std::vector<int> going;

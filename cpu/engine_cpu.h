@@ -48,6 +48,25 @@ public:
         return rollout(requests, nullptr, step, s, weights, kv_cache, progress);
     }
 
+    std::vector<Generation> start_turns(const std::vector<GenRequest>& requests, int max_total_tokens, uint32_t step,
+                                        const SamplingConfig& s, Precision weights, Precision kv_cache, Progress* progress) override {
+        if (max_total_tokens < s.max_new_tokens)
+            fail("start_turns: a trajectory of %d tokens cannot hold a first turn of %d", max_total_tokens, s.max_new_tokens);
+        turn_weights_ = weights;
+        return rollout(requests, nullptr, step, s, weights, kv_cache, progress, nullptr, max_total_tokens);
+    }
+
+    std::vector<Generation> next_turns(const std::vector<TurnRequest>& turns) override {
+        std::vector<KeptTurn> kept;
+        for (const TurnRequest& t : turns) kept.push_back({t.row, t.tokens, t.max_new_tokens});
+        std::vector<Generation> out;
+        for (Completion& c : generator_.continue_turns(model_, params(turn_weights_), kept)) out.push_back(generation(c));
+        return out;
+    }
+
+    void end_turns() override { generator_.end_turns(); }
+    int64_t turn_fed_tokens() const override { return generator_.fed_tokens(); }
+
     // Teacher forcing through the generator's prefill and decode steps (the GPU engine's twin): the
     // completion of request i is tokens[i], each token with its log-prob and its sample_offset under
     // the draw `s` and `step` would make there (the departure test of the GPU's completions). eos
@@ -171,7 +190,7 @@ private:
     // (decode_logprobs, which leaves last_kv_scales() alone) or calibrated on the prompts.
     std::vector<Generation> rollout(const std::vector<GenRequest>& requests, const std::vector<std::vector<int32_t>>* forced,
                                     uint32_t step, const SamplingConfig& s, Precision weights, Precision kv_cache,
-                                    Progress* progress, const RolloutNumerics* at = nullptr) {
+                                    Progress* progress, const RolloutNumerics* at = nullptr, int kept_tokens = 0) {
         GenerateOptions o;
         o.sampling.temperature = s.temperature;
         o.sampling.top_k = s.top_k;
@@ -182,6 +201,7 @@ private:
         o.seed = s.seed;
         o.step = step;
         o.kv_cache = kv_cache;
+        o.kept_tokens = kept_tokens;
         if (kv_cache == Precision::FP8 && at) {
             if (at->k_scale.empty() || at->v_scale.empty()) fail("decode_logprobs: an FP8 KV cache without its scales");
             o.kv_k_scale = at->k_scale, o.kv_v_scale = at->v_scale;
@@ -189,8 +209,9 @@ private:
             kv_scales(requests, weights, &o.kv_k_scale, &o.kv_v_scale);
         }
         if (!at) kv_k_scale_ = o.kv_k_scale, kv_v_scale_ = o.kv_v_scale;
-        // Chunks only pace the progress bar: every completion depends on its own key alone.
-        const size_t chunk = 256;
+        // Chunks only pace the progress bar: every completion depends on its own key alone (a
+        // multi-turn rollout's rows keep their caches in the generator: one chunk).
+        const size_t chunk = kept_tokens > 0 ? std::max<size_t>(requests.size(), 1) : 256;
         std::vector<Generation> out;
         for (size_t begin = 0; begin < requests.size(); begin += chunk) {
             const size_t end = std::min(requests.size(), begin + chunk);
@@ -202,18 +223,20 @@ private:
                 if (forced) forced_chunk.push_back((*forced)[i]);
             }
             if (forced) o.forced = &forced_chunk;
-            for (Completion& c : generator_.generate(model_, params(weights), prompts, o)) {
-                Generation g;
-                g.tokens = std::move(c.tokens);
-                g.logprobs = std::move(c.logprobs_full);  // full softmax(logits / T): what the trainer computes
-                g.logprobs_sampled = std::move(c.logprobs);
-                g.sample_offsets = std::move(c.sample_offsets);
-                g.finished = c.stopped_on_eos;
-                out.push_back(std::move(g));
-            }
+            for (Completion& c : generator_.generate(model_, params(weights), prompts, o)) out.push_back(generation(c));
             if (progress) progress->update((int64_t)end);
         }
         return out;
+    }
+
+    static Generation generation(Completion& c) {
+        Generation g;
+        g.tokens = std::move(c.tokens);
+        g.logprobs = std::move(c.logprobs_full);  // full softmax(logits / T): what the trainer computes
+        g.logprobs_sampled = std::move(c.logprobs);
+        g.sample_offsets = std::move(c.sample_offsets);
+        g.finished = c.stopped_on_eos;
+        return g;
     }
 
     bool kv_scale_per_head_;  // --kv_scales head: FP8 KV scales per layer and KV head
@@ -234,6 +257,7 @@ private:
     std::vector<Sequence> train_seqs_;
     Precision train_precision_ = Precision::FP32;
     std::vector<float> kv_k_scale_, kv_v_scale_;  // of the last generate(), FP8 cache only
+    Precision turn_weights_ = Precision::BF16;    // the weights of the multi-turn rollout in progress (start_turns)
 
     // After the master weights changed: the prepared copies (BF16/FP8) follow.
     void weights_updated() {

@@ -4,6 +4,9 @@
 // rule (rl/numerics/sampling.h) from a uniform keyed by (seed, step, sequence key, position) (rl/numerics/rng.h),
 // so a completion depends neither on the other sequences of the batch nor on the thread count.
 //
+// A multi-turn rollout (options.kept_tokens) keeps each row's cache after its completion, and
+// continue_turns feeds a row's appended tokens into it and draws its next turn.
+//
 //   Generator gen;                               // buffers grow on first use, then are reused
 //   std::vector<Completion> out = gen.generate(model, params, prompts, options);
 #pragma once
@@ -32,6 +35,16 @@ struct GenerateOptions {
     // Teacher forcing: prompt i's completion is (*forced)[i] (eos does not stop it), each token scored
     // as if sampled, with its sample_offset; null = sample.
     const std::vector<std::vector<int32_t>>* forced = nullptr;
+    // Multi-turn: each row keeps its cache, sized for prompt + kept_tokens positions, after the
+    // completion, for Generator::continue_turns; 0 = a single turn (nothing kept)
+    int kept_tokens = 0;
+};
+
+// A row's next turn over its kept cache (Generator::continue_turns).
+struct KeptTurn {
+    size_t row;                   // its prompt's index in the generate() that kept it
+    std::vector<int32_t> tokens;  // appended after its last turn (an observation's), fed with that turn's last token
+    int max_new_tokens = 1;
 };
 
 struct Completion {
@@ -55,63 +68,147 @@ public:
             longest = (long)pr.size() > longest ? (long)pr.size() : longest;
             prefill += (long)pr.size();
         }
-        const int max_len = (int)(longest + o.max_new_tokens);
-        cache.allocate(m.L, S, max_len, m.KV * m.D, o.kv_cache);
+        max_len_ = (int)(longest + (o.kept_tokens > 0 ? o.kept_tokens : o.max_new_tokens));
+        cache.allocate(m.L, S, max_len_, m.KV * m.D, o.kv_cache);
         if (o.kv_cache == Precision::FP8) cache.set_scales(o.kv_k_scale, o.kv_v_scale);
         acts_.reserve(m, prefill > S ? prefill : S, false, false);
-        std::vector<Completion> out(S);
-        for (Completion& c : out) {  // no allocation per token from here on
-            c.tokens.reserve(o.max_new_tokens);
-            c.logprobs.reserve(o.max_new_tokens);
-            c.logprobs_full.reserve(o.max_new_tokens);
-        }
         rows_.reserve(prefill);
 
         // prefill: every prompt token, packed; sample the first new token from each prompt's last row
         rows_.clear();
-        for (long s = 0; s < S; s++)
-            for (size_t i = 0; i < prompts[s].size(); i++)
-                rows_.push_back({s, (int32_t)i, prompts[s][i], (int32_t)prompts[s].size()});
-        acts_.cached_rows = CachedRows::Prefill;  // attention as the GPU prefill computes it, then as its decode steps
-        run_rows(m, p, max_len);
-        acts_.cached_rows = CachedRows::Decode;
-        std::vector<long> active, last_row, next;
-        next.reserve(S);
-        for (long s = 0, r = 0; s < S; s++) {
-            r += (long)prompts[s].size();
-            active.push_back(s);
-            last_row.push_back(r - 1);
+        std::vector<Stream> streams;
+        std::vector<long> last_row;
+        for (long s = 0; s < S; s++) {
+            const int32_t P = (int32_t)prompts[s].size();
+            for (int32_t i = 0; i < P; i++) rows_.push_back({s, i, prompts[s][i], P});
+            const int budget = o.forced ? (int)(*o.forced)[s].size() : o.max_new_tokens;
+            streams.push_back({s, P, P, budget, o.sequence_keys.empty() ? (uint32_t)s : o.sequence_keys[s]});
+            last_row.push_back((long)rows_.size() - 1);
         }
-        while (!active.empty()) {
-            sample_rows(m, p, prompts, o, active, last_row, out);
-            // keep the sequences that go on, and feed each its new token at the next position
-            next.clear();
-            rows_.clear();
-            for (long s : active) {
-                const Completion& c = out[s];
-                const size_t budget = o.forced ? (*o.forced)[s].size() : (size_t)o.max_new_tokens;
-                if (c.stopped_on_eos || c.tokens.size() >= budget) continue;
-                next.push_back(s);
-                rows_.push_back({s, (int32_t)(prompts[s].size() + c.tokens.size() - 1), c.tokens.back(),
-                                 (int32_t)prompts[s].size()});
-            }
-            active.swap(next);
-            if (active.empty()) break;
-            run_rows(m, p, max_len);
-            last_row.resize(active.size());
-            for (size_t i = 0; i < active.size(); i++) last_row[i] = (long)i;
+        acts_.cached_rows = CachedRows::Prefill;  // attention as the GPU prefill computes it, then as its decode steps
+        run_rows(m, p);
+        std::vector<Completion> out = decode(m, p, o, streams, last_row);
+        kept_.clear();
+        if (o.kept_tokens > 0) {
+            options_ = o;
+            options_.forced = nullptr;
+            for (long s = 0; s < S; s++) kept_.push_back({streams[s].prompt_len, streams[s].start + (int32_t)out[s].tokens.size() - 1,
+                                                         out[s].tokens.back(), streams[s].key, true});
         }
         return out;
     }
+
+    // A multi-turn rollout's next turn over the caches a generate() with kept_tokens kept: row
+    // turns[i].row's last drawn token and then turns[i].tokens are fed into its cache as decode rows
+    // (one batched forward, each row attending to the keys before it, as a decode step would have
+    // computed them: so a trajectory's tokens are computed as teacher forcing through the decode path
+    // computes them), and then at most turns[i].max_new_tokens are drawn with generate()'s options.
+    // A row not in turns is done and keeps nothing; fed_tokens() counts the rows fed.
+    std::vector<Completion> continue_turns(const CpuModel& m, const ModelParams& p, const std::vector<KeptTurn>& turns) {
+        std::vector<Kept> next;
+        std::vector<Stream> streams;
+        std::vector<long> last_row;
+        rows_.clear();
+        for (size_t i = 0; i < turns.size(); i++) {
+            const KeptTurn& t = turns[i];
+            if (t.row >= kept_.size() || !kept_[t.row].live || t.max_new_tokens < 1)
+                fail("generate: a next turn of row %zu (of %zu kept) with %d new tokens (need a kept row and at least 1)", t.row,
+                     kept_.size(), t.max_new_tokens);
+            const Kept& k = kept_[t.row];
+            const int32_t end = k.length + 1 + (int32_t)t.tokens.size();
+            if (end + t.max_new_tokens > max_len_)
+                fail("generate: row %zu's next turn reaches %d positions, past the %d its kept cache holds", t.row,
+                     end + t.max_new_tokens, max_len_);
+            for (int32_t pos = k.length; pos < end; pos++) {
+                const int32_t id = pos == k.length ? k.last : t.tokens[(size_t)(pos - k.length - 1)];
+                if (id < 0 || id >= m.V) fail("generate: token id %d outside the vocabulary [0, %d)", id, m.V);
+                rows_.push_back({(long)t.row, pos, id, k.prompt_len});
+            }
+            streams.push_back({(long)t.row, k.prompt_len, end, t.max_new_tokens, k.key});
+            last_row.push_back((long)rows_.size() - 1);
+        }
+        fed_tokens_ = (int64_t)rows_.size();
+        std::vector<Completion> out;
+        if (!turns.empty()) {
+            acts_.reserve(m, (long)rows_.size(), false, false);
+            acts_.cached_rows = CachedRows::Decode;
+            run_rows(m, p);
+            out = decode(m, p, options_, streams, last_row);
+        }
+        std::vector<Kept> kept(kept_.size(), Kept{});
+        for (size_t i = 0; i < turns.size(); i++)
+            kept[turns[i].row] = {streams[i].prompt_len, streams[i].start + (int32_t)out[i].tokens.size() - 1, out[i].tokens.back(),
+                                  streams[i].key, true};
+        kept_.swap(kept);
+        return out;
+    }
+
+    void end_turns() { kept_.clear(); }
+
+    int64_t fed_tokens() const { return fed_tokens_; }
 
 private:
     struct Row {
         long slot;
         int32_t pos, id, prompt;  // prompt: its prompt's length
     };
+    // A completion being drawn: its cache slot, its prompt's length, the position of its first token,
+    // the most tokens it draws, its sampling key.
+    struct Stream {
+        long slot;
+        int32_t prompt_len, start;
+        int budget;
+        uint32_t key;
+    };
+    // A row's kept cache between turns: positions [0, length) written, `last` (at `length`) drawn but not fed.
+    struct Kept {
+        int32_t prompt_len = 0, length = 0, last = 0;
+        uint32_t key = 0;
+        bool live = false;  // its trajectory goes on
+    };
     std::vector<Row> rows_;
     ForwardActs acts_;
     std::vector<float> x_, logits_, scratch_;
+    int max_len_ = 0;          // positions per cache slot
+    std::vector<Kept> kept_;   // per row of the last generate() with kept_tokens, while its trajectory goes on
+    GenerateOptions options_;  // that generate()'s
+    int64_t fed_tokens_ = 0;
+
+    // Samples each stream's first token from rows_'s row last_row[i] (the forward just run), then one
+    // decode step per token over the streams still drawing.
+    std::vector<Completion> decode(const CpuModel& m, const ModelParams& p, const GenerateOptions& o,
+                                   const std::vector<Stream>& streams, std::vector<long> last_row) {
+        const long S = (long)streams.size();
+        std::vector<Completion> out(S);
+        for (long s = 0; s < S; s++) {  // no allocation per token from here on
+            out[s].tokens.reserve(streams[s].budget);
+            out[s].logprobs.reserve(streams[s].budget);
+            out[s].logprobs_full.reserve(streams[s].budget);
+        }
+        acts_.cached_rows = CachedRows::Decode;
+        std::vector<long> active, next;
+        next.reserve(S);
+        for (long s = 0; s < S; s++) active.push_back(s);
+        while (!active.empty()) {
+            sample_rows(m, p, o, streams, active, last_row, out);
+            // keep the sequences that go on, and feed each its new token at the next position
+            next.clear();
+            rows_.clear();
+            for (long s : active) {
+                const Completion& c = out[s];
+                if (c.stopped_on_eos || c.tokens.size() >= (size_t)streams[s].budget) continue;
+                next.push_back(s);
+                rows_.push_back({streams[s].slot, (int32_t)(streams[s].start + c.tokens.size() - 1), c.tokens.back(),
+                                 streams[s].prompt_len});
+            }
+            active.swap(next);
+            if (active.empty()) break;
+            run_rows(m, p);
+            last_row.resize(active.size());
+            for (size_t i = 0; i < active.size(); i++) last_row[i] = (long)i;
+        }
+        return out;
+    }
 
     static void check(const CpuModel& m, const std::vector<std::vector<int32_t>>& prompts, const GenerateOptions& o) {
         if (prompts.empty()) fail("generate: no prompts");
@@ -138,7 +235,8 @@ private:
     }
 
     // Forward of rows_ through the model, writing their K/V into the cache and attending to it.
-    void run_rows(const CpuModel& m, const ModelParams& p, int max_len) {
+    void run_rows(const CpuModel& m, const ModelParams& p) {
+        const long max_len = max_len_;
         const long T = (long)rows_.size();
         ForwardActs& a = acts_;
         a.T = T;
@@ -166,9 +264,8 @@ private:
 
     // Samples the next token of each active sequence from its row's final hidden state (or, teacher
     // forcing, scores the given one).
-    void sample_rows(const CpuModel& m, const ModelParams& p, const std::vector<std::vector<int32_t>>& prompts,
-                     const GenerateOptions& o, const std::vector<long>& active, const std::vector<long>& row,
-                     std::vector<Completion>& out) {
+    void sample_rows(const CpuModel& m, const ModelParams& p, const GenerateOptions& o, const std::vector<Stream>& streams,
+                     const std::vector<long>& active, const std::vector<long>& row, std::vector<Completion>& out) {
         const long n = (long)active.size();
         const int limit = o.vocab_limit > 0 ? o.vocab_limit : m.V;
         const long block = kHeadBufferFloats / m.V > 0 ? kHeadBufferFloats / m.V : 1;
@@ -185,9 +282,8 @@ private:
             for (long i = i0; i < i0 + nb; i++) {
                 const long s = active[i];
                 Completion& c = out[s];
-                const uint32_t key = o.sequence_keys.empty() ? (uint32_t)s : o.sequence_keys[s];
-                const uint32_t position = (uint32_t)(prompts[s].size() + c.tokens.size());
-                const float u = rng_uniform(o.seed, o.step, key, position);
+                const uint32_t position = (uint32_t)(streams[s].start + c.tokens.size());
+                const float u = rng_uniform(o.seed, o.step, streams[s].key, position);
                 const float* z = logits_.data() + (i - i0) * m.V;
                 float* row_scratch = scratch_.data() + (long)omp_get_thread_num() * m.V;
                 if (o.forced) {

@@ -39,6 +39,13 @@ public:
                                      Precision kv, Progress* p) override {
         return e_.generate(r, step, s, w, kv, p);
     }
+    std::vector<Generation> start_turns(const std::vector<GenRequest>& r, int total, uint32_t step, const SamplingConfig& s,
+                                        Precision w, Precision kv, Progress* p) override {
+        return e_.start_turns(r, total, step, s, w, kv, p);
+    }
+    std::vector<Generation> next_turns(const std::vector<TurnRequest>& t) override { return e_.next_turns(t); }
+    void end_turns() override { e_.end_turns(); }
+    int64_t turn_fed_tokens() const override { return e_.turn_fed_tokens(); }
     void last_kv_scales(std::vector<float>* k, std::vector<float>* v) const override { e_.last_kv_scales(k, v); }
     TokenValues decode_logprobs(const std::vector<Sequence>& seqs, const SamplingConfig& s, const RolloutNumerics& n) override {
         return e_.decode_logprobs(seqs, s, n);

@@ -3,16 +3,19 @@
 // sampled log-probs equal the training forward over the whole sequence; observation tokens carry
 // loss mask 0 and no loss, ratio, entropy or IS weight; every failure of the environment ends the
 // run with one line and exit 1 within the timeout + 10 s; 2 ranks equal 1; the eval runs the
-// environment; the emulated GPU engine equals the CPU engine. Also: the observation's rendering equals the chat template's, the
+// environment; the emulated GPU engine equals the CPU engine; the kept KV cache's turns are teacher
+// forcing through the decode path bit for bit, and FP8 keeps turn 1's scales. Also: the observation's rendering equals the chat template's, the
 // example environment (dev/envs/calculator) computes its expressions, SFT takes tool turns, and
 // dynamic sampling with no kept group trains nothing instead of failing.
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <string>
 #include <vector>
 
+#include "cpu/engine_cpu.h"
 #include "rl/driver/lm_data.h"
 #include "rl/driver/memory_fit.h"
 #include "rl/io/checkpoint.h"
@@ -20,6 +23,7 @@
 #include "rl/objective/loss_agg.h"
 #include "rl/text/chat.h"
 #include "test/harness.h"
+#include "test/kept_turns.h"
 #include "test/run_binary.h"
 #include "test/temp_dir.h"
 #include "test/training_run.h"
@@ -46,11 +50,12 @@ std::string env_cmd(const harness::TempDir& t, const std::string& awk) {
 }
 
 // The add task at one digit: 3-token turns, two turns, 4 prompts x 4 samples.
-std::string env_run(const std::string& out_dir, int steps, const std::string& cmd, const char* precision = "bf16") {
+std::string env_run(const std::string& out_dir, int steps, const std::string& cmd, const char* precision = "bf16",
+                    const char* kv_cache = nullptr) {
     return strfmt(" --init tiny --task add --task_size 1 --max_new_tokens 3 --max_turns 2 --max_total_tokens 10 --group_size 4"
                   " --batch_prompts 4 --lr 3e-3 --steps %d --eval_every 0 --seed 7 --threads 1 --rollout_precision %s"
                   " --train_precision %s --kv_cache %s --out_dir %s --env_cmd \"%s\"",
-                  steps, precision, precision, precision, out_dir.c_str(), cmd.c_str());
+                  steps, precision, precision, kv_cache ? kv_cache : precision, out_dir.c_str(), cmd.c_str());
 }
 
 std::vector<Json> dump_lines(const std::string& file) {
@@ -159,6 +164,110 @@ TEST(env_two_turn_logprobs_equal_one_forward) {
     CHECK_EQ(row.find("env/truncated")->number, 0.0);
 }
 
+// The kept KV cache (Engine::start_turns, next_turns) on the CPU engine, 6 requests (two pairs of
+// siblings) over three turns at temperature 0.8, top-p 0.9: every drawn token's log-prob is, bit for
+// bit, teacher forcing through the decode path (decode_logprobs) of the whole trajectory at the
+// scales turn 1 calibrated, an independent path (one generate() feeding every token after the prompt
+// through decode steps); every drawn token lies inside the draw its (seed, step, key, absolute
+// position) makes (teacher_forced's sample offset <= 0); turn 1 is generate() bit for bit; a next
+// turn feeds only each row's last token and observation (turn_fed_tokens); an FP8 cache keeps turn
+// 1's scales to the end. Another cache's scales change the log-probs (the check could fail).
+TEST(env_kept_cache_turns_equal_decode_path_teacher_forcing) {
+    CpuEngine cpu("test/fixtures/models/qwen3_gqa3_tiny");
+    const int V = (int)cpu.config().vocab_size;
+    std::vector<GenRequest> requests;
+    for (int i = 0; i < 6; i++) {
+        std::vector<int32_t> prompt;
+        // 5, 41 and 59 tokens: decode rows' prompt prefixes (decode_prefix_keys) of 0 and 32 keys, past 64 keys
+        for (int k = 0; k < (i < 2 ? 5 : 23 + 18 * (i / 2)); k++) prompt.push_back((int32_t)((i / 2 * 131 + k * 37 + 11) % (V - 8)));
+        requests.push_back({prompt, (uint32_t)(40 + i)});
+    }
+    SamplingConfig s;
+    s.temperature = 0.8f, s.top_p = 0.9f, s.max_new_tokens = 4, s.seed = 9, s.vocab_limit = V - 5;
+    auto same_bits = [](const std::vector<float>& a, const std::vector<float>& b) {
+        return a.size() == b.size() && (a.empty() || memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+    };
+    for (Precision kv : {Precision::BF16, Precision::FP8}) {
+        const Precision w = kv;
+        const kept_turns::Run r = kept_turns::run(cpu, requests, 3, s, w, kv, 5, 16);
+        const std::vector<Generation> single = cpu.generate(requests, 3, s, w, kv, nullptr);
+        for (size_t i = 0; i < requests.size(); i++)
+            CHECK_MSG(single[i].tokens == r.turns[0][i].tokens && same_bits(single[i].logprobs, r.turns[0][i].logprobs),
+                      "%s: request %zu's first turn differs from generate()'s", precision_name(kv), i);
+        CHECK_EQ(r.fed[0], kept_turns::expected_fed(r, 1));
+        CHECK_EQ(r.fed[1], kept_turns::expected_fed(r, 2));
+        CHECK_EQ(r.rows[1].size(), (size_t)5);
+        CHECK(r.rows[2].size() >= 2);
+        CHECK_EQ(r.k_scale.empty(), kv != Precision::FP8);
+        CHECK_MSG(r.k_scale_end == r.k_scale && r.v_scale_end == r.v_scale, "%s: the scales changed between turns", precision_name(kv));
+        std::vector<Sequence> seqs;
+        std::vector<std::vector<int32_t>> responses;
+        for (size_t i = 0; i < requests.size(); i++) {
+            seqs.push_back({r.sequences[i], (int32_t)requests[i].prompt.size()});
+            responses.emplace_back(r.sequences[i].begin() + (long)requests[i].prompt.size(), r.sequences[i].end());
+        }
+        RolloutNumerics at{w, kv, r.k_scale, r.v_scale};
+        const TokenValues forced = cpu.decode_logprobs(seqs, s, at);
+        const std::vector<Generation> offsets = cpu.teacher_forced(requests, responses, 3, s, w, kv);
+        long compared = 0, differ = 0, outside = 0;
+        for (size_t i = 0; i < requests.size(); i++)
+            for (size_t k = 0, d = 0; k < r.model[i].size(); k++) {
+                if (!r.model[i][k]) continue;
+                differ += memcmp(&forced[i][k], &r.logprobs[i][d++], sizeof(float)) != 0;
+                outside += offsets[i].sample_offsets[k] > 0;
+                compared++;
+            }
+        printf("    %s: %ld drawn tokens over %zu + %zu + %zu rows, %lld + %lld tokens fed into kept caches\n", precision_name(kv),
+               compared, r.rows[0].size(), r.rows[1].size(), r.rows[2].size(), (long long)r.fed[0], (long long)r.fed[1]);
+        CHECK_MSG(differ == 0, "%s: %ld of %ld log-probs differ from teacher forcing through the decode path", precision_name(kv),
+                  differ, compared);
+        CHECK_EQ(outside, 0L);
+        CHECK(compared >= 40);
+        if (kv == Precision::FP8) {  // turn 1's scales, halved: other log-probs
+            for (float& x : at.k_scale) x *= 0.5f;
+            const TokenValues other = cpu.decode_logprobs(seqs, s, at);
+            long moved = 0;
+            for (size_t i = 0; i < requests.size(); i++)
+                for (size_t k = 0; k < other[i].size(); k++) moved += r.model[i][k] && other[i][k] != forced[i][k];
+            CHECK(moved > 0);
+        }
+    }
+    CHECK_THROWS(cpu.next_turns({{0, {}, 1}}), "kept");  // after end_turns nothing is kept
+}
+
+// --max_total_tokens ends a conversation the environment never ends (docs/rewards-and-tasks.md): an
+// environment that answers every turn with "7" (one token of a plain prompt) and reward turn / 8,
+// --max_turns 10, --max_total_tokens 9, 3-token turns. Every trajectory holds at most 9 response
+// tokens and ends on a model turn (no observation without a turn after it); a trajectory of full
+// turns (3 + 1 + 3 + 1) gets a third turn of the 1 token the total leaves; each is truncated and has
+// its last reply's reward.
+TEST(env_max_total_tokens_ends_the_conversation) {
+    harness::TempDir t;
+    std::string d = temp_dir("env_max_total");
+    const char* awk = "match($0, /^\\{\"id\":-?[0-9]+/) { id = substr($0, 7, RLENGTH - 6) }\n"
+                      "match($0, /\"turn\":[0-9]+/) { turn = substr($0, RSTART + 7, RLENGTH - 7) }\n"
+                      "{ printf \"{\\\"id\\\":%s,\\\"observation\\\":\\\"7\\\",\\\"done\\\":false,\\\"reward\\\":%g}\\n\", id, turn / 8;"
+                      " fflush() }\n";
+    std::string flags = env_run(d, 1, env_cmd(t, awk));
+    const std::string budgets = "--max_turns 2 --max_total_tokens 10";
+    flags.replace(flags.find(budgets), budgets.size(), "--max_turns 10 --max_total_tokens 9");
+    harness::RunResult r = run_cmd(harness::binary() + flags + " --dump_rollouts 1");
+    CHECK_MSG(r.status == 0, "%s", r.output.c_str());
+    if (r.status) return;
+    int longest = 0;
+    for (const Json& s : dump_lines(d + "/rollouts/step_0.jsonl")) {
+        const auto& mask = s.find("loss_mask")->items;
+        CHECK(!mask.empty() && mask.size() <= 9);
+        CHECK_EQ(mask.back().integer, 1);
+        int turns = 0;
+        for (size_t k = 0; k < mask.size(); k++) turns += mask[k].integer == 1 && (k == 0 || mask[k - 1].integer == 0);
+        CHECK_EQ(s.find("reward")->number, turns / 8.0);
+        longest = std::max(longest, (int)mask.size());
+    }
+    CHECK_EQ(longest, 9);
+    CHECK_EQ(log_rows(d)[0].find("env/truncated")->number, 1.0);
+}
+
 // Observation tokens get no gradient: with the loss mask, every aggregation's d(loss)/d(logprob)
 // and d(loss)/d(entropy) are 0 at masked tokens, and the model's tokens get what they would get
 // if the masked ones were not in the sequence at all (token-mean over the global count of trained
@@ -225,16 +334,7 @@ TEST(env_failures_end_the_run_with_one_line) {
         const auto t0 = std::chrono::steady_clock::now();
         harness::RunResult r = run_cmd(harness::binary() + env_run(d + "/run", 1, c.cmd) + " --env_workers 1" + c.flags);
         const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        CHECK_MSG(r.status == 1, "%s: exit %d: %s", c.cmd.c_str(), r.status, r.output.c_str());
-        size_t at = r.output.find("error: ");
-        CHECK_MSG(at != std::string::npos && r.output.find("error: ", at + 1) == std::string::npos, "%s: %s", c.cmd.c_str(), r.output.c_str());
-        for (const std::string& needle : {c.message, std::string("environment worker 1 of 1"), std::string("step 1: "), std::string("last checkpoint")})
-            CHECK_MSG(r.output.find(needle) != std::string::npos, "%s: no \"%s\" in: %s", c.cmd.c_str(), needle.c_str(), r.output.c_str());
-        if (c.cmd.find(">&2") != std::string::npos)
-            CHECK_MSG(r.output.find("its stderr ends: ") != std::string::npos, "%s: %s", c.cmd.c_str(), r.output.c_str());
-        if (c.cmd.find("exit") == std::string::npos)
-            CHECK_MSG(r.output.find("request id 0") != std::string::npos, "%s: %s", c.cmd.c_str(), r.output.c_str());
-        CHECK_MSG(seconds < 11, "%s: %.1f s", c.cmd.c_str(), seconds);
+        check_worker_failure(r, seconds, c.cmd, {c.message, "environment worker 1 of 1", "step 1: ", "last checkpoint"});
     }
     // an observation the task's tokenizer cannot hold (encode() would drop it: the model would never see it)
     harness::TempDir t;
@@ -256,20 +356,25 @@ TEST(env_failures_end_the_run_with_one_line) {
     }
 }
 
-// 2 ranks with an environment give the 1-rank run (each rank's requests stay on it).
+// 2 ranks with an environment give the 1-rank run (each rank's requests stay on it), with a BF16
+// and with an FP8 KV cache (whose scales the ranks agree on once per rollout: turn 1's, kept).
 TEST(env_mpi_two_ranks_match_one) {
     if (std::system("command -v mpirun > /dev/null 2>&1") != 0) SKIP("mpirun not found (install openmpi-bin)");
     harness::TempDir t;
-    std::string d = temp_dir("env_mpi");
     const std::string cmd = env_cmd(t, kTwoTurnEnv);
     std::string mpirun = "ASAN_OPTIONS=detect_leaks=0 OMPI_MCA_btl=self,vader mpirun --allow-run-as-root --oversubscribe -np ";
-    harness::RunResult one = run_cmd(mpirun + "1 " + harness::binary() + env_run(d + "/r1", 2, cmd));
-    harness::RunResult two = run_cmd(mpirun + "2 " + harness::binary() + env_run(d + "/r2", 2, cmd));
-    CHECK_MSG(one.status == 0 && two.status == 0, "%s\n%s", one.output.c_str(), two.output.c_str());
-    if (one.status || two.status) return;
-    if (two.output.find("2 rank(s)") == std::string::npos) SKIP("train_rl_cpu was built without MPI (no mpicxx: install libopenmpi-dev, then rebuild)");
-    CHECK(log_rows(d + "/r1")[0].find("env/observation_tokens")->number > 0);
-    check_runs_agree(d + "/r1", d + "/r2", 1e-3, 1e-6, 1e-4);
+    for (const char* kv : {"bf16", "fp8"}) {
+        std::string d = temp_dir(std::string("env_mpi_") + kv);
+        harness::RunResult one = run_cmd(mpirun + "1 " + harness::binary() + env_run(d + "/r1", 2, cmd, "bf16", kv));
+        harness::RunResult two = run_cmd(mpirun + "2 " + harness::binary() + env_run(d + "/r2", 2, cmd, "bf16", kv));
+        CHECK_MSG(one.status == 0 && two.status == 0, "%s\n%s", one.output.c_str(), two.output.c_str());
+        if (one.status || two.status) return;
+        if (two.output.find("2 rank(s)") == std::string::npos) SKIP("train_rl_cpu was built without MPI (no mpicxx: install libopenmpi-dev, then rebuild)");
+        const Json row = log_rows(d + "/r1")[0];
+        CHECK(row.find("env/observation_tokens")->number > 0);
+        CHECK_EQ(row.find("fp8/kv_scale_k_max") != nullptr, std::string(kv) == "fp8");
+        check_runs_agree(d + "/r1", d + "/r2", 1e-3, 1e-6, 1e-4);
+    }
 }
 
 // The held-out eval meets the environment too: with an environment that answers turn 1 with "73" and
@@ -296,7 +401,7 @@ TEST(env_eval_runs_the_environment) {
 
 #ifndef FP8RL_SANITIZE
 // The emulated GPU engine (./train_rl_emu) runs the same multi-turn step as the CPU engine: the
-// rollout (tokens, turns, observations, rewards) is the same, and what the trainer computes agrees
+// rollout (tokens, turns, observations, rewards) is the same, its log-probs bit for bit, and what the trainer computes agrees
 // within the BF16 noise train_rl_emu_step_matches_train_rl_cpu allows (1e-2 relative + 1e-3; the
 // gradient norm 5e-2; the mismatch metrics 5e-2 absolute).
 TEST(env_emu_engine_matches_cpu_engine) {
@@ -304,10 +409,16 @@ TEST(env_emu_engine_matches_cpu_engine) {
     harness::TempDir t;
     std::string d = temp_dir("env_emu");
     const std::string cmd = env_cmd(t, kTwoTurnEnv);
-    harness::RunResult cpu = run_cmd(harness::binary() + env_run(d + "/cpu", 1, cmd));
-    harness::RunResult gpu = run_cmd(harness::emu_binary() + env_run(d + "/gpu", 1, cmd));
+    harness::RunResult cpu = run_cmd(harness::binary() + env_run(d + "/cpu", 1, cmd) + " --dump_rollouts 1");
+    harness::RunResult gpu = run_cmd(harness::emu_binary() + env_run(d + "/gpu", 1, cmd) + " --dump_rollouts 1");
     CHECK_MSG(cpu.status == 0 && gpu.status == 0, "%s\n%s", cpu.output.c_str(), gpu.output.c_str());
     if (cpu.status || gpu.status) return;
+    // the rollouts over kept KV caches: the same tokens and log-probs, bit for bit (%.9g round-trips a float)
+    const std::vector<Json> cpu_dump = dump_lines(d + "/cpu/rollouts/step_0.jsonl"), gpu_dump = dump_lines(d + "/gpu/rollouts/step_0.jsonl");
+    CHECK_EQ(cpu_dump.size(), gpu_dump.size());
+    for (size_t i = 0; i < std::min(cpu_dump.size(), gpu_dump.size()); i++)
+        for (const char* key : {"ids", "rollout_lp", "loss_mask"})
+            CHECK_MSG(json_dump(*cpu_dump[i].find(key)) == json_dump(*gpu_dump[i].find(key)), "trajectory %zu: %s differ", i, key);
     Json c = log_rows(d + "/cpu")[0], g = log_rows(d + "/gpu")[0];
     CHECK(c.find("env/observation_tokens")->number > 0);
     int compared = 0;
@@ -346,53 +457,63 @@ TEST(dynamic_sampling_with_no_kept_group_trains_nothing) {
     CHECK_EQ(b.step, (int64_t)2);
 }
 
-// SFT takes tool turns (an agentic trace): on transformers' renderings of Qwen3 conversations with
-// tool results (test/fixtures/tokenizer/chat_qwen3.jsonl), a row's ids are the rendering's tokens and
-// its trained tokens are exactly the assistant turns' text, from after each header through
-// <|im_end|>; a row with "tools" (schemas fp8rl does not render) is refused in one line.
+// SFT takes tool turns and function schemas ("tools"): each conversation of transformers' Qwen3
+// renderings (chat_qwen3.jsonl's with tool turns, chat_tools_qwen3.jsonl's with schemas,
+// dev/make_chat_tools_fixtures.py) encodes to the ids of its text (less the generation prompt, which
+// SFT does not render), and the trained tokens are its assistant turns' text through <|im_end|>.
 TEST(sft_accepts_tool_turns) {
     const std::string dir = "test/fixtures/tokenizer/qwen3";
     std::unique_ptr<Tokenizer> tok = Tokenizer::load(dir);
     SftEncoder enc(*tok, dir, 1, 0);
     const std::string gen = "<|im_start|>assistant\n", eot = "<|im_end|>";
-    int rows = 0;
-    for_each_jsonl_row("test/fixtures/tokenizer/chat_qwen3.jsonl", [&](const Json& row, const std::string& where) {
-        const Json* thinking = row.find("enable_thinking");
-        const std::string msgs = json_dump(*row.find("messages"));
-        if (msgs.find("\"tool\"") == std::string::npos || !row.find("add_generation_prompt")->boolean ||
-            (thinking && !thinking->is_null() && !thinking->boolean))
-            return;
-        std::string text = row.find("text")->str;
-        CHECK(text.size() > gen.size() && text.compare(text.size() - gen.size(), gen.size(), gen) == 0);
-        text.resize(text.size() - gen.size());  // SFT renders no generation prompt
-        std::string want_trained;
-        for (size_t at = 0; (at = text.find(gen, at)) != std::string::npos;) {
-            const size_t end = text.find(eot, at) + eot.size();
-            want_trained += text.substr(at + gen.size(), end - at - gen.size());
-            at = end;
-        }
-        Json conv;
-        conv.type = Json::Object;
-        conv.fields.emplace_back("messages", *row.find("messages"));
-        LmSequence s = enc.encode(conv, where);
-        const std::vector<int> want_ids = tok->encode(text, false);
-        CHECK_MSG(std::vector<int>(s.ids.begin(), s.ids.end()) == want_ids, "%s: ids", where.c_str());
-        std::vector<int> trained;
-        for (size_t k = 0; k < s.ids.size(); k++)
-            if (s.loss[k]) trained.push_back(s.ids[k]);
-        CHECK_EQ(tok->decode(trained, false), want_trained);
-        rows++;
-    });
-    CHECK_MSG(rows >= 2, "%d rows with tool turns", rows);
-    Json with_tools = json_parse("{\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"calc\"}}],\"messages\":[{\"role\":\"user\",\"content\":\"a\"},"
-                                 "{\"role\":\"assistant\",\"content\":\"b\"}]}", "row");
-    CHECK_THROWS(enc.encode(with_tools, "row 1"), "\"tools\" (function schemas) are not rendered");
+    int rows = 0, with_tools = 0;
+    for (const char* file : {"test/fixtures/tokenizer/chat_qwen3.jsonl", "test/fixtures/tokenizer/chat_tools_qwen3.jsonl"})
+        for_each_jsonl_row(file, [&](const Json& row, const std::string& where) {
+            const Json* thinking = row.find("enable_thinking");
+            const Json* tools = row.find("tools");
+            const bool prompt_end = row.find("add_generation_prompt")->boolean;
+            if ((!tools && json_dump(*row.find("messages")).find("\"tool\"") == std::string::npos) || (!tools && !prompt_end) ||
+                (thinking && !thinking->is_null() && !thinking->boolean))
+                return;
+            std::string text = row.find("text")->str;
+            if (prompt_end) {
+                CHECK(text.size() > gen.size() && text.compare(text.size() - gen.size(), gen.size(), gen) == 0);
+                text.resize(text.size() - gen.size());  // SFT renders no generation prompt
+            }
+            std::string want_trained;
+            for (size_t at = 0; (at = text.find(gen, at)) != std::string::npos;) {
+                const size_t end = text.find(eot, at) + eot.size();
+                want_trained += text.substr(at + gen.size(), end - at - gen.size());
+                at = end;
+            }
+            Json conv;
+            conv.type = Json::Object;
+            if (tools) conv.fields.emplace_back("tools", *tools);
+            conv.fields.emplace_back("messages", *row.find("messages"));
+            if (want_trained.empty()) {  // no assistant turn to train on
+                CHECK_THROWS(enc.encode(conv, where), "no tokens to train on");
+                return;
+            }
+            LmSequence s = enc.encode(conv, where);
+            const std::vector<int> want_ids = tok->encode(text, false);
+            CHECK_MSG(std::vector<int>(s.ids.begin(), s.ids.end()) == want_ids, "%s: ids", where.c_str());
+            std::vector<int> trained;
+            for (size_t k = 0; k < s.ids.size(); k++)
+                if (s.loss[k]) trained.push_back(s.ids[k]);
+            CHECK_EQ(tok->decode(trained, false), want_trained);
+            rows++;
+            with_tools += tools != nullptr;
+        });
+    CHECK_MSG(rows >= 4 && with_tools >= 2, "%d rows with tool turns, %d with tools", rows, with_tools);
+    Json plain = json_parse("{\"tools\":[{\"type\":\"function\"}],\"prompt\":\"a\",\"completion\":\"b\"}", "row");
+    CHECK_THROWS(enc.encode(plain, "row 1"), "\"tools\" need the prompt as chat messages");
+    Json not_object = json_parse("{\"tools\":[\"calc\"],\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]}", "row");
+    CHECK_THROWS(enc.encode(not_object, "row 2"), "tools[0] must be an object");
 }
 
-// The memory plan of an --env_cmd run covers every generate() of its turns: a turn's prompt is the
-// conversation so far (prompt + up to --max_total_tokens - 1 tokens), every trajectory's its own,
-// and each call generates at most --max_turn_tokens; the training sequences stay prompt +
-// --max_total_tokens.
+// The memory plan of an --env_cmd run covers its trajectories: every turn runs in the KV cache turn 1
+// sized for prompt + --max_total_tokens (Engine::start_turns), only the prompts are prefilled, and the
+// training sequences are prompt + --max_total_tokens: a single-turn run of --max_total_tokens new tokens.
 TEST(env_memory_demand_covers_every_turn) {
     RunShape s;
     s.cfg.batch_prompts = 8, s.cfg.group_size = 4, s.cfg.sampling.max_new_tokens = 32;
@@ -403,12 +524,8 @@ TEST(env_memory_demand_covers_every_turn) {
     CHECK_EQ(single.longest_sequence, (int64_t)52);
     CHECK_EQ(single.rollout_prompts, (int64_t)8);
     CHECK_EQ(multi.longest_sequence, (int64_t)68);
-    CHECK_EQ(multi.rollout_prompts, multi.rollout_requests);
+    CHECK_EQ(multi.longest_prompt, (int64_t)20);
+    CHECK_EQ(multi.max_new_tokens, 48);
+    CHECK_EQ(multi.rollout_prompts, (int64_t)8);
     CHECK_EQ(multi.rollout_requests, (int64_t)32);
-    // each turn's call: a prompt of the conversation so far, a budget of what is left
-    for (int used = 0; used < 48; used++) {
-        const int budget = std::min(16, 48 - used);
-        CHECK(20 + used <= multi.longest_prompt);
-        CHECK(20 + used + budget <= multi.longest_prompt + multi.max_new_tokens);
-    }
 }

@@ -199,13 +199,15 @@ TEST(tokenizer_malformed_json_is_a_clear_error) {
     CHECK_THROWS(Tokenizer::load(tokenizer_fixtures + "no_such_dir"), "cannot open file");
 }
 
-// Chat renderings and their ids against transformers' apply_chat_template.
-static void check_chat(const std::string& name) {
+// Chat renderings and their ids against transformers' apply_chat_template (`fixtures`: chat_<name>,
+// or chat_tools_<name> with function schemas, dev/make_chat_tools_fixtures.py).
+static void check_chat(const std::string& name, const std::string& fixtures = "chat_") {
     const Tokenizer* tok = &tokenizer_named(name);
     ChatTemplate chat = ChatTemplate::load(tokenizer_fixtures + name);
     int n = 0;
-    for (const Json& row : read_jsonl(tokenizer_fixtures + "chat_" + name + ".jsonl")) {
+    for (const Json& row : read_jsonl(tokenizer_fixtures + fixtures + name + ".jsonl")) {
         ChatOptions opt;
+        if (const Json* tools = row.find("tools")) opt.tools = chat_tools_from_json(*tools, name);
         opt.add_generation_prompt = row.find("add_generation_prompt")->boolean;
         const Json* thinking = row.find("enable_thinking");
         opt.enable_thinking = thinking->is_null() ? -1 : thinking->boolean ? 1 : 0;
@@ -216,12 +218,14 @@ static void check_chat(const std::string& name) {
         CHECK_MSG(chat.encode(*tok, messages, opt) == ids_of(*row.find("ids")), "%s chat ids", name.c_str());
         n++;
     }
-    CHECK(n >= 6);
+    CHECK(n >= (fixtures == "chat_" ? 6 : 4));
 }
 
 TEST(tokenizer_chat_qwen3_matches_transformers) { check_chat("qwen3"); }
 TEST(tokenizer_chat_qwen25_matches_transformers) { check_chat("qwen2.5"); }
 TEST(tokenizer_chat_llama3_matches_transformers) { check_chat("llama3_style"); }
+TEST(tokenizer_chat_qwen3_tools_match_transformers) { check_chat("qwen3", "chat_tools_"); }
+TEST(tokenizer_chat_qwen25_tools_match_transformers) { check_chat("qwen2.5", "chat_tools_"); }
 
 TEST(tokenizer_chat_unknown_template_is_a_clear_error) {
     CHECK_THROWS(ChatTemplate::load(tokenizer_fixtures + "gpt2_style"), "not found, so the chat template is unknown");
@@ -235,6 +239,11 @@ TEST(tokenizer_chat_unknown_template_is_a_clear_error) {
     CHECK_EQ(std::string(chat_family_name(llama.family())), std::string("llama3"));
     CHECK_THROWS(llama.render(chat_messages_from_json(json_parse("[{\"role\":\"tool\",\"content\":\"x\"}]", "x"), "x"), ChatOptions()),
                  "role \"tool\"");
+    ChatOptions with_tools;
+    with_tools.tools = chat_tools_from_json(json_parse("[{\"type\":\"function\"}]", "x"), "x");
+    CHECK_THROWS(llama.render(chat_messages_from_json(json_parse("[{\"role\":\"user\",\"content\":\"x\"}]", "x"), "x"), with_tools),
+                 "no function schemas");
+    CHECK_THROWS(chat_tools_from_json(json_parse("[1]", "x"), "row 3"), "tools[0] must be an object");
 }
 
 static std::vector<Json> parse_lines(const std::string& text, const char* source) {

@@ -54,6 +54,23 @@ inline std::vector<std::string> log_without_timing(const std::string& dir) {
     return lines;
 }
 
+// A run that a worker's failure ended (--reward_cmd, --env_cmd): exit 1 within the timeout + 10 s
+// (`seconds` it took), one error line holding each of `needles`, the tail of the worker's stderr where
+// `cmd` wrote to it, and request id 0 where the worker did not exit.
+inline void check_worker_failure(const harness::RunResult& r, double seconds, const std::string& cmd,
+                                 const std::vector<std::string>& needles) {
+    CHECK_MSG(r.status == 1, "%s: exit %d: %s", cmd.c_str(), r.status, r.output.c_str());
+    size_t at = r.output.find("error: ");
+    CHECK_MSG(at != std::string::npos && r.output.find("error: ", at + 1) == std::string::npos, "%s: %s", cmd.c_str(), r.output.c_str());
+    for (const std::string& needle : needles)
+        CHECK_MSG(r.output.find(needle) != std::string::npos, "%s: no \"%s\" in: %s", cmd.c_str(), needle.c_str(), r.output.c_str());
+    if (cmd.find(">&2") != std::string::npos)
+        CHECK_MSG(r.output.find("its stderr ends: ") != std::string::npos, "%s: %s", cmd.c_str(), r.output.c_str());
+    if (cmd.find("exit") == std::string::npos)
+        CHECK_MSG(r.output.find("request id 0") != std::string::npos, "%s: %s", cmd.c_str(), r.output.c_str());
+    CHECK_MSG(seconds < 11, "%s: %.1f s", cmd.c_str(), seconds);
+}
+
 inline TrainerState final_state(const std::string& dir) { return load_trainer_state(resolve_checkpoint(dir)); }
 
 // The rows of a run's log.jsonl.

@@ -112,6 +112,7 @@ struct RolloutStats {
     int64_t prefills = 0, prefill_tokens = 0, decode_steps = 0, preemptions = 0;
     int64_t windows = 0;  // windows of decode steps: the host's looks at the device (collect_window)
     int64_t replayed_tokens = 0;                      // kept tokens of preempted requests fed again at their return
+    int64_t turn_fed_tokens = 0;  // the last next_turns(): tokens fed into kept caches before its first draws
     int64_t refills = 0;  // standby requests a row took on the device when its sequence stopped (decode_slots.cuh)
     int64_t graphs_captured = 0, graph_launches = 0;  // decode step graphs captured, and steps replayed from them
     int64_t cascade_rows = 0;  // rows in cascade groups (their prompt's pages read once per group), summed over windows
@@ -244,6 +245,12 @@ class GpuEngine : public Engine {
     std::vector<Generation> teacher_forced(const std::vector<GenRequest>& requests,
                                            const std::vector<std::vector<int32_t>>& tokens, Precision weights,
                                            Precision kv_cache);
+    // rollout.cu: multi-turn rollouts over kept KV pages (the Engine's).
+    std::vector<Generation> start_turns(const std::vector<GenRequest>& requests, int max_total_tokens, uint32_t step,
+                                        const SamplingConfig& s, Precision weights, Precision kv_cache, Progress* progress) override;
+    std::vector<Generation> next_turns(const std::vector<TurnRequest>& turns) override;
+    void end_turns() override;
+    int64_t turn_fed_tokens() const override { return rollout_stats_.turn_fed_tokens; }
     // rollout.cu: the Engine's teacher forcing at the sampler's temperature, rollout_stats() kept.
     TokenValues decode_logprobs(const std::vector<Sequence>& seqs, const SamplingConfig& s, const RolloutNumerics& n) override;
     TokenValues prefill_logprobs(const std::vector<Sequence>& seqs, float temperature, const RolloutNumerics& n) override {
@@ -582,6 +589,12 @@ class GpuEngine : public Engine {
 
     std::unique_ptr<RolloutState> rollout_;
     RolloutStats rollout_stats_;
+    // the multi-turn rollout in progress (start_turns): its requests (the kept state points into
+    // them), and what its next turns draw with
+    std::vector<GenRequest> turn_requests_;
+    uint32_t turn_step_ = 0;
+    SamplingConfig turn_sampling_;
+    Precision turn_weights_ = Precision::BF16;
 
     // The phase the engine is in (enter_phase), the device high-water marks of the last rollout
     // phase and of the last update phase, and --offload_train_state's pinned copy of this rank's
@@ -893,10 +906,12 @@ class GpuEngine : public Engine {
     static void fill_rollout_request(const ModelConfig& c, const EngineOptions& o, const MemoryDemand& d, MemoryPlanRequest& r);
     int pages_left(const std::vector<GenRequest>& requests, long longest_prompt, int max_new_tokens, Precision kv_cache,
                    const RolloutSizes& z) const;
-    // at: an FP8 cache at its scales (decode_logprobs) instead of calibrated on the prompts
+    // at: an FP8 cache at its scales (decode_logprobs) instead of calibrated on the prompts;
+    // kept_tokens > 0: a multi-turn rollout's first turn (start_turns), its requests' pages kept
     std::vector<Generation> rollout(const std::vector<GenRequest>& requests, const std::vector<std::vector<int32_t>>* forced,
                                     uint32_t step, const SamplingConfig& s, Precision weights, Precision kv_cache,
-                                    Progress* progress, const RolloutNumerics* at = nullptr);
+                                    Progress* progress, const RolloutNumerics* at = nullptr, int kept_tokens = 0);
+    void run_windows(uint32_t step, Precision weights, const SamplingConfig& s, Progress* progress);
     void calibrate_kv_scales(const std::vector<GenRequest>& requests, Precision weights);
     int slots_that_fit(long requests, long longest_prompt, int max_new_tokens, Precision kv_cache) const;
     void prefill(const std::vector<int>& prompt_ids, Precision weights);

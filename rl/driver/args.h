@@ -43,7 +43,7 @@ inline const std::vector<FlagSpec>& flag_table() {
         {"info", "mode", FlagKind::Switch, "", "", "load and validate --model, print architecture, shapes, parameter count and bytes"},
         {"encode", "mode", FlagKind::String, "", "", "JSONL {\"text\":...} -> {\"ids\":[...]} per line with --tokenizer ('-' = stdin)"},
         {"decode", "mode", FlagKind::String, "", "", "JSONL {\"ids\":[...]} -> {\"text\":...} per line with --tokenizer ('-' = stdin)"},
-        {"chat", "mode", FlagKind::String, "", "", "JSONL {\"messages\":[...]} -> {\"ids\":[...]} rendered with the model's chat template"},
+        {"chat", "mode", FlagKind::String, "", "", "JSONL {\"messages\":[...]} (and optional \"tools\": function schemas) -> {\"ids\":[...]} rendered with the model's chat template"},
         {"encode_bin", "mode", FlagKind::String, "", "", "write --data (JSONL) as a token shard OUT.bin with --threads workers: {\"text\"}/{\"ids\"} documents, or with --mode sft SFT rows and their loss mask (docs/sft.md); the tokenizer of --model, or of --init with --tokenizer"},
         {"logprobs", "mode", FlagKind::String, "", "", "JSONL {\"ids\":[...]} -> {\"logprobs\":[...],\"entropy\":[...]} for positions 1..n-1"},
         {"prompt", "mode", FlagKind::String, "", "", "generate a completion of this text and print it"},

@@ -203,10 +203,6 @@ template <class EngineT>
 void train_on_ranks(const Args& args, const Dist& dist, const char* binary) {
     if (args.integer("threads") > 0) omp_set_num_threads((int)args.integer("threads"));
     TrainConfig cfg = train_config_from_args(args);
-    // An FP8 cache's scales are agreed over the ranks at every generate() call, and the turns of a
-    // multi-turn rollout make as many calls as this rank's trajectories need, not the same on every rank.
-    if (cfg.env.enabled() && cfg.kv_cache == Precision::FP8 && dist.size() > 1)
-        fail("--env_cmd with --kv_cache fp8 runs on one rank only (the ranks' turns would each recalibrate the shared KV scales); give --kv_cache bf16 or one rank");
     if (dist.is_root()) {
         make_out_dir(cfg.out_dir);
         if (cfg.dump_rollouts > 0) prepare_rollout_dump_dir(cfg.out_dir);

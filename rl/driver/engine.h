@@ -46,6 +46,13 @@ struct Generation {
     bool finished = false;        // ended on eos (false: stopped at max_new_tokens)
 };
 
+// A row's next turn in a multi-turn rollout (Engine::next_turns).
+struct TurnRequest {
+    size_t row;                   // the request's index in start_turns()
+    std::vector<int32_t> tokens;  // appended after its last turn (an observation's; may be empty)
+    int max_new_tokens = 1;       // this turn's budget
+};
+
 struct Sequence {
     std::vector<int32_t> ids;  // prompt + response
     int32_t prompt_len = 0;
@@ -164,6 +171,27 @@ public:
     virtual std::vector<Generation> generate(const std::vector<GenRequest>& requests, uint32_t step,
                                              const SamplingConfig& sampling, Precision weights, Precision kv_cache,
                                              Progress* progress) = 0;
+
+    // Multi-turn rollouts (rl/driver/multi_turn.h), whose rows keep their KV cache between turns:
+    //   start_turns  generate() (turn 1), each row's cache then kept, sized for its prompt +
+    //                max_total_tokens; an FP8 cache calibrates its scales here, on the prompts, once
+    //                for the whole rollout (last_kv_scales() gives them until the next generate());
+    //   next_turns   each listed row's last drawn token and then its appended tokens go into its
+    //                kept cache (fed as decode rows: each computed as the decode step that would
+    //                have fed it, so a trajectory's log-probs are decode_logprobs' of its tokens at
+    //                the rollout's scales, bit for bit), then up to its budget is drawn with
+    //                start_turns()' step, sampling and precisions; returns this turn's tokens per
+    //                listed row. A row not listed has ended: its cache is freed;
+    //   end_turns    frees what is kept (a next generate() or start_turns() also does).
+    // A sampled token's random key is its absolute position, as in a single turn.
+    virtual std::vector<Generation> start_turns(const std::vector<GenRequest>& requests, int max_total_tokens, uint32_t step,
+                                                const SamplingConfig& sampling, Precision weights, Precision kv_cache,
+                                                Progress* progress) = 0;
+    virtual std::vector<Generation> next_turns(const std::vector<TurnRequest>& turns) = 0;
+    virtual void end_turns() = 0;
+    // Tokens the last next_turns() fed into kept caches before its first draw (each row's last
+    // token and its appended ones: never a turn's earlier context).
+    virtual int64_t turn_fed_tokens() const = 0;
 
     // The FP8 KV-cache scales per layer (K, V) the last generate() used; empty unless its cache was FP8.
     virtual void last_kv_scales(std::vector<float>* k_scale, std::vector<float>* v_scale) const = 0;

@@ -111,9 +111,8 @@ public:
         const Json* messages = row.find("messages");
         const Json* completion = row.find("completion");
         if (!completion) completion = row.find("answer");
-        if (row.find("tools"))  // training without the schemas the model would be shown is a silently different row
-            fail("%s: \"tools\" (function schemas) are not rendered by fp8rl's chat templates yet; describe the tools in a system "
-                 "message instead, or remove the key", where.c_str());
+        // function schemas: the chat template's tools section (Qwen; the Llama-3 template refuses them)
+        const std::vector<Json> tools = row.find("tools") ? chat_tools_from_json(*row.find("tools"), where) : std::vector<Json>();
         if ((prompt != nullptr) == (messages != nullptr)) fail("%s: give exactly one of \"prompt\" and \"messages\"; %s", where.c_str(), shape);
         const Json* turns = messages ? messages : prompt->is_array() ? prompt : nullptr;  // a message list
         std::vector<ChatMessage> msgs;
@@ -124,7 +123,7 @@ public:
             if (!turns) fail("%s: a \"completion\" message list needs \"prompt\" as a message list too; %s", where.c_str(), shape);
             trained.assign(trained.size(), false);
             add_messages(*completion, where, "completion", &msgs, &trained);
-            s = conversation(msgs, trained, where);
+            s = conversation(msgs, trained, tools, where);
         } else if (completion) {
             if (!completion->is_string() && !completion->is_int())
                 fail("%s: \"completion\"/\"answer\" must be a string, an integer or a message list", where.c_str());
@@ -134,7 +133,14 @@ public:
                 ex.prompt = prompt->str;
             }
             for (const ChatMessage& m : msgs) ex.messages.emplace_back(m.role, m.content);
-            s.ids = encode_example_prompt(tok_, ex, model_dir_, enable_thinking_, chat_);
+            if (!tools.empty() && !turns) fail("%s: \"tools\" need the prompt as chat messages, not plain text", where.c_str());
+            if (tools.empty()) {
+                s.ids = encode_example_prompt(tok_, ex, model_dir_, enable_thinking_, chat_);
+            } else {  // the prompt as RL renders messages, with the tools section
+                ChatOptions opt;
+                opt.enable_thinking = enable_thinking_, opt.tools = tools;
+                for (int id : chat().encode(tok_, msgs, opt)) s.ids.push_back(id);
+            }
             s.loss.assign(s.ids.size(), 0);
             const std::string text = completion->is_string() ? completion->str : std::to_string(completion->integer);
             for (int id : tok_.encode(text, false)) s.ids.push_back(id);
@@ -142,7 +148,7 @@ public:
             s.loss.resize(s.ids.size(), 1);
         } else {
             if (!messages) fail("%s: a \"prompt\" row needs a \"completion\" (or \"answer\"); %s", where.c_str(), shape);
-            s = conversation(msgs, trained, where);
+            s = conversation(msgs, trained, tools, where);
         }
         if (s.loss_tokens() == 0)
             fail("%s: the row has no tokens to train on (a conversation needs an assistant turn, not all \"train\": false); remove it",
@@ -156,6 +162,11 @@ private:
     int enable_thinking_;
     int32_t eot_;
     std::unique_ptr<ChatTemplate> chat_;
+
+    const ChatTemplate& chat() {
+        if (!chat_) chat_ = std::make_unique<ChatTemplate>(ChatTemplate::load(model_dir_));
+        return *chat_;
+    }
 
     // The messages of a list (`key` names it in errors), each with its "train" flag.
     static void add_messages(const Json& list, const std::string& where, const char* key, std::vector<ChatMessage>* msgs,
@@ -174,13 +185,14 @@ private:
 
     // A conversation rendered by the chat template, the loss on its assistant turns whose flag is set
     // (the template's spans are its assistant turns, in order).
-    LmSequence conversation(const std::vector<ChatMessage>& msgs, const std::vector<bool>& trained, const std::string& where) {
-        if (!chat_) chat_ = std::make_unique<ChatTemplate>(ChatTemplate::load(model_dir_));
+    LmSequence conversation(const std::vector<ChatMessage>& msgs, const std::vector<bool>& trained, const std::vector<Json>& tools,
+                            const std::string& where) {
         ChatOptions opt;
         opt.add_generation_prompt = false;
         opt.enable_thinking = enable_thinking_;
+        opt.tools = tools;
         TextSpans spans, kept;
-        const std::string text = chat_->render(msgs, opt, &spans);
+        const std::string text = chat().render(msgs, opt, &spans);
         size_t k = 0;
         for (size_t i = 0; i < msgs.size(); i++)
             if (msgs[i].role == "assistant" && k < spans.size()) {

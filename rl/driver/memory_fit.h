@@ -49,12 +49,9 @@ inline MemoryDemand memory_demand_of(const RunShape& s) {
                                   cfg.eval_every > 0 || cfg.eval_only ? eval_per_rank * std::max(1, cfg.eval_k) : 0);
     d.rollout_prompts = std::max((cfg.batch_prompts + ranks - 1) / ranks, cfg.eval_every > 0 || cfg.eval_only ? eval_per_rank : 0);
     d.longest_prompt = s.longest_prompt;
+    // --env_cmd: a trajectory's turns run in the KV cache turn 1 sized for prompt + --max_total_tokens
+    // (Engine::start_turns), and only the prompts are prefilled
     d.max_new_tokens = new_tokens;
-    if (cfg.env.enabled()) {  // --env_cmd: a later turn's generate() prefills the conversation so far
-        d.longest_prompt = s.longest_prompt + budget - 1;
-        d.max_new_tokens = std::min(new_tokens, cfg.env.max_turn_tokens);
-        d.rollout_prompts = d.rollout_requests;  // every trajectory's conversation is a prompt of its own
-    }
     d.kv_cache = cfg.kv_cache;
     return d;
 }

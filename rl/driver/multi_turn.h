@@ -8,16 +8,16 @@
 //      (ChatTemplate::continuation; a plain-text prompt gets the observation's text as it is), its
 //      tokens appended with loss mask 0, and the trajectory goes on with turn k + 1.
 //
-// A turn is a generate() call over the context so far: its prompt (the conversation) is prefilled
-// and decoding continues, so rows continue independently of each other and of the batch, and a
-// sampled token's random key is its absolute position in the sequence, as in a single-turn rollout
-// (the single-turn path is not touched). Rows of a turn are batched by their token budget, one
-// generate() per distinct budget, so no call's sequences outgrow prompt + --max_total_tokens.
+// The rows keep their KV cache between turns (Engine::start_turns, next_turns): after a turn, a row's
+// observation tokens (with the turn's last token, which no step fed) are fed into its kept cache and
+// decoding continues; no turn computes the conversation before it again. Rows continue
+// independently of each other (each with its own budget, a done one's cache freed), and a sampled
+// token's random key is its absolute position in the sequence, as in a single-turn rollout (the
+// single-turn path is not touched). An FP8 cache keeps the scales turn 1 calibrated on the prompts.
 #pragma once
 #include <algorithm>
 #include <cmath>
 #include <functional>
-#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -56,29 +56,21 @@ inline std::vector<Trajectory> run_trajectories(Engine& engine, const std::vecto
     std::vector<Trajectory> out(n);
     std::vector<size_t> active(n);
     for (size_t i = 0; i < n; i++) active[i] = i;
+    std::vector<TurnRequest> next_turns;  // of the rows in `active`, in order (turn 2 on)
     for (int turn = 1; !active.empty(); turn++) {
-        std::map<int, std::vector<size_t>> by_budget;  // one generate() per distinct budget, in budget order
-        for (size_t i : active)
-            by_budget[std::min(ctx.max_turn_tokens, ctx.max_total_tokens - (int)out[i].gen.tokens.size())].push_back(i);
         std::vector<size_t> turn_start(n, 0);
-        for (const auto& [budget, rows] : by_budget) {
-            std::vector<GenRequest> batch;
-            for (size_t i : rows) {
-                GenRequest g = requests[i];
-                g.prompt.insert(g.prompt.end(), out[i].gen.tokens.begin(), out[i].gen.tokens.end());
-                batch.push_back(std::move(g));
-            }
-            sampling.max_new_tokens = budget;
-            std::vector<Generation> done = engine.generate(batch, step, sampling, weights, kv_cache, turn == 1 ? progress : nullptr);
-            for (size_t k = 0; k < rows.size(); k++) {
-                Trajectory& t = out[rows[k]];
-                turn_start[rows[k]] = t.gen.tokens.size();
-                t.gen.tokens.insert(t.gen.tokens.end(), done[k].tokens.begin(), done[k].tokens.end());
-                t.gen.logprobs.insert(t.gen.logprobs.end(), done[k].logprobs.begin(), done[k].logprobs.end());
-                t.loss_mask.insert(t.loss_mask.end(), done[k].tokens.size(), 1);
-                t.gen.finished = done[k].finished;
-                t.turns = turn;
-            }
+        for (size_t i : active) turn_start[i] = out[i].gen.tokens.size();
+        sampling.max_new_tokens = std::min(ctx.max_turn_tokens, ctx.max_total_tokens);
+        std::vector<Generation> done =
+            turn == 1 ? engine.start_turns(requests, ctx.max_total_tokens, step, sampling, weights, kv_cache, progress)
+                      : engine.next_turns(next_turns);
+        for (size_t k = 0; k < active.size(); k++) {
+            Trajectory& t = out[active[k]];
+            t.gen.tokens.insert(t.gen.tokens.end(), done[k].tokens.begin(), done[k].tokens.end());
+            t.gen.logprobs.insert(t.gen.logprobs.end(), done[k].logprobs.begin(), done[k].logprobs.end());
+            t.loss_mask.insert(t.loss_mask.end(), done[k].tokens.size(), 1);
+            t.gen.finished = done[k].finished;
+            t.turns = turn;
         }
         std::vector<EnvRequest> asks;
         for (size_t i : active) {
@@ -92,6 +84,7 @@ inline std::vector<Trajectory> run_trajectories(Engine& engine, const std::vecto
         }
         const std::vector<EnvReply> replies = ctx.env->step(asks);
         std::vector<size_t> next;
+        next_turns.clear();
         for (size_t k = 0; k < active.size(); k++) {
             const size_t i = active[k];
             Trajectory& t = out[i];
@@ -113,9 +106,11 @@ inline std::vector<Trajectory> run_trajectories(Engine& engine, const std::vecto
             t.observation_tokens += (int64_t)obs.size();
             first[i].messages.push_back({r.role, r.observation});
             next.push_back(i);
+            next_turns.push_back({i, std::move(obs), std::min(ctx.max_turn_tokens, ctx.max_total_tokens - (int)t.gen.tokens.size())});
         }
         active.swap(next);
     }
+    engine.end_turns();
     return out;
 }
 

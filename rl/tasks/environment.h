@@ -123,15 +123,7 @@ private:
     WorkerPool pool_;
 
     static WorkerPoolConfig pool_config(const EnvConfig& c) {
-        if (c.workers < 1) fail("--env_workers %d: must be at least 1", c.workers);
-        WorkerPoolConfig p;
-        p.cmd = c.cmd;
-        p.workers = c.workers;
-        p.timeout_s = c.timeout_s;
-        p.role = "environment worker";
-        p.cmd_flag = "--env_cmd";
-        p.timeout_flag = "--env_timeout";
-        return p;
+        return worker_pool_config("env", "environment worker", c.cmd, c.workers, c.timeout_s);
     }
 };
 

@@ -91,11 +91,7 @@ private:
     WorkerPool pool_;
 
     static WorkerPoolConfig pool_config(const RewardConfig& c) {
-        if (c.workers < 1) fail("--reward_workers %d: must be at least 1", c.workers);
-        WorkerPoolConfig p;
-        p.cmd = c.cmd;
-        p.workers = c.workers;
-        p.timeout_s = c.timeout_s;
+        WorkerPoolConfig p = worker_pool_config("reward", "reward worker", c.cmd, c.workers, c.timeout_s);
         p.timeout_advice = " (or give --reward_on_timeout R)";
         return p;
     }

@@ -35,6 +35,21 @@ struct WorkerPoolConfig {
     std::string timeout_advice;                  // appended to the timeout error, e.g. " (or give --reward_on_timeout R)"
 };
 
+// The pool of --<kind>_cmd, --<kind>_workers and --<kind>_timeout (kind "reward" or "env"); `role`
+// names a worker in errors.
+inline WorkerPoolConfig worker_pool_config(const char* kind, const std::string& role, const std::string& cmd, int workers,
+                                           double timeout_s) {
+    if (workers < 1) fail("--%s_workers %d: must be at least 1", kind, workers);
+    WorkerPoolConfig p;
+    p.cmd = cmd;
+    p.workers = workers;
+    p.timeout_s = timeout_s;
+    p.role = role;
+    p.cmd_flag = strfmt("--%s_cmd", kind);
+    p.timeout_flag = strfmt("--%s_timeout", kind);
+    return p;
+}
+
 class WorkerPool {
 public:
     static constexpr size_t kMaxLine = 16u << 20;  // a reply line longer than this is an error, not unbounded memory

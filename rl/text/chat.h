@@ -2,8 +2,11 @@
 // engine): Qwen3 (ChatML with thinking), Qwen2.5 (ChatML with a default system prompt) and
 // Llama-3 (header tokens, dated system block). The family is recognized from the chat_template in
 // the model directory's tokenizer_config.json; renderings equal transformers' apply_chat_template
-// (fixtures in test/fixtures/tokenizer/chat_*.jsonl). Tools and tool calls are not rendered.
+// (fixtures in test/fixtures/tokenizer/chat_*.jsonl). Qwen's templates also render function schemas
+// (`tools`, as their system turn's tools section: chat_tools_*.jsonl); tool calls are not rendered.
 #pragma once
+#include <charconv>
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <sys/stat.h>
@@ -25,6 +28,7 @@ struct ChatMessage {
 
 struct ChatOptions {
     bool add_generation_prompt = true;  // end with the opening of an assistant turn
+    std::vector<Json> tools;            // function schemas (Qwen: the system turn's tools section); empty: none
     int enable_thinking = -1;           // Qwen3: -1 unset (= the model may think), 1 true, 0 false
     std::string date_string = "26 Jul 2024";  // Llama-3's "Today Date", fixed for reproducible prompts
 };
@@ -83,6 +87,83 @@ inline std::string python_strip(const std::string& s) {
     while (b < e && is_space(cps[b])) b++;
     while (e > b && is_space(cps[e - 1])) e--;
     return utf8_encode(std::vector<uint32_t>(cps.begin() + (long)b, cps.begin() + (long)e));
+}
+
+// Python's repr of a float (json.dumps writes floats so): the shortest digits that read back, fixed
+// notation for decimal exponents -4..15 (with ".0" when integral), else d.ddde+XX.
+inline std::string python_float_repr(double x) {
+    if (!std::isfinite(x)) fail("chat: a tool schema holds a non-finite number, which JSON cannot write");
+    char buf[64];
+    const auto r = std::to_chars(buf, buf + sizeof buf, x, std::chars_format::scientific);
+    std::string sci(buf, r.ptr);
+    const bool negative = sci[0] == '-';
+    if (negative) sci.erase(0, 1);
+    const size_t e = sci.find('e');
+    const int exp = std::stoi(sci.substr(e + 1));
+    std::string digits = sci.substr(0, e);
+    if (digits.size() > 1) digits.erase(1, 1);  // the '.'
+    std::string out;
+    if (exp >= 16 || exp < -4) {
+        out = digits.substr(0, 1) + (digits.size() > 1 ? "." + digits.substr(1) : "") + (exp < 0 ? "e-" : "e+") +
+              (std::abs(exp) < 10 ? "0" : "") + std::to_string(std::abs(exp));
+    } else if (exp < 0) {
+        out = "0." + std::string((size_t)(-exp - 1), '0') + digits;
+    } else {
+        const size_t whole = (size_t)exp + 1;
+        if (digits.size() <= whole) out = digits + std::string(whole - digits.size(), '0') + ".0";
+        else out = digits.substr(0, whole) + "." + digits.substr(whole);
+    }
+    return negative ? "-" + out : out;
+}
+
+// A value as Python's json.dumps(v, ensure_ascii=False) writes it, transformers' `tojson` filter:
+// ", " and ": " separators, keys in their order, non-ASCII text as it is.
+inline void python_json_to(std::string& out, const Json& v) {
+    switch (v.type) {
+        case Json::Null: out += "null"; return;
+        case Json::Bool: out += v.boolean ? "true" : "false"; return;
+        case Json::Int: out += std::to_string(v.integer); return;
+        case Json::Double: out += python_float_repr(v.number); return;
+        case Json::String:
+            out += '"';
+            for (unsigned char c : v.str) {
+                const char* esc = c == '"' ? "\\\"" : c == '\\' ? "\\\\" : c == '\n' ? "\\n" : c == '\r' ? "\\r" : c == '\t' ? "\\t"
+                                : c == '\b' ? "\\b" : c == '\f' ? "\\f" : nullptr;
+                if (esc) out += esc;
+                else if (c < 0x20) out += strfmt("\\u%04x", c);
+                else out += (char)c;
+            }
+            out += '"';
+            return;
+        case Json::Array:
+            out += '[';
+            for (size_t i = 0; i < v.items.size(); i++) {
+                if (i) out += ", ";
+                python_json_to(out, v.items[i]);
+            }
+            out += ']';
+            return;
+        case Json::Object:
+            out += '{';
+            for (size_t i = 0; i < v.fields.size(); i++) {
+                if (i) out += ", ";
+                Json key;
+                key.type = Json::String, key.str = v.fields[i].first;
+                python_json_to(out, key);
+                out += ": ";
+                python_json_to(out, v.fields[i].second);
+            }
+            out += '}';
+            return;
+    }
+}
+
+// Function schemas from a row's "tools" (an array of objects, as transformers takes them).
+inline std::vector<Json> chat_tools_from_json(const Json& tools, const std::string& where) {
+    if (!tools.is_array()) fail("%s: \"tools\" must be an array of function schemas (objects)", where.c_str());
+    for (size_t i = 0; i < tools.items.size(); i++)
+        if (!tools.items[i].is_object()) fail("%s: tools[%zu] must be an object (a function schema)", where.c_str(), i);
+    return tools.items;
 }
 
 // tokenizer_config.json beside `path` (a model directory, or a file in it such as tokenizer.json).
@@ -186,6 +267,19 @@ private:
     ChatFamily family_ = ChatFamily::Qwen3;
     std::string bos_token_;
 
+    // Qwen's tools section, what its system turn holds after the system prompt.
+    static std::string qwen_tools(const std::vector<Json>& tools) {
+        std::string out = "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with "
+                          "function signatures within <tools></tools> XML tags:\n<tools>";
+        for (const Json& t : tools) {
+            out += "\n";
+            python_json_to(out, t);
+        }
+        return out + "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
+                     "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+                     "<args-json-object>}\n</tool_call><|im_end|>\n";
+    }
+
     [[noreturn]] void bad_role(size_t i, const std::string& role) const {
         fail("chat: messages[%zu] has role \"%s\", which the %s template does not render", i, role.c_str(),
              chat_family_name(family_));
@@ -211,8 +305,9 @@ private:
     }
 
     std::string render_qwen25(const std::vector<ChatMessage>& m, const ChatOptions& opt, TextSpans& spans) const {
-        std::string out = m[0].role == "system" ? turn("system", m[0].content)
-                                                : turn("system", "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.");
+        const std::string system =
+            m[0].role == "system" ? m[0].content : "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.";
+        std::string out = opt.tools.empty() ? turn("system", system) : "<|im_start|>system\n" + system + "\n\n" + qwen_tools(opt.tools);
         for (size_t i = 0; i < m.size(); i++) {
             const std::string& role = m[i].role;
             if (role == "user" || (role == "system" && i > 0)) out += turn(role, m[i].content);
@@ -237,7 +332,8 @@ private:
 
     std::string render_qwen3(const std::vector<ChatMessage>& m, const ChatOptions& opt, TextSpans& spans) const {
         std::string out;
-        if (m[0].role == "system") out += turn("system", m[0].content);
+        if (!opt.tools.empty()) out = "<|im_start|>system\n" + (m[0].role == "system" ? m[0].content + "\n\n" : "") + qwen_tools(opt.tools);
+        else if (m[0].role == "system") out += turn("system", m[0].content);
         size_t last_query = qwen3_last_query(m);
         for (size_t i = 0; i < m.size(); i++) {
             const std::string& role = m[i].role;
@@ -274,6 +370,8 @@ private:
     }
 
     std::string render_llama3(const std::vector<ChatMessage>& m, const ChatOptions& opt, TextSpans& spans) const {
+        if (!opt.tools.empty())
+            fail("chat: the Llama-3 template here renders no function schemas (\"tools\"); describe the tools in a system message");
         size_t first = m[0].role == "system" ? 1 : 0;
         std::string out = bos_token_ + "<|start_header_id|>system<|end_header_id|>\n\n";
         out += "Cutting Knowledge Date: December 2023\nToday Date: " + opt.date_string + "\n\n";

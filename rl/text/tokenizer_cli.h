@@ -1,7 +1,7 @@
 // tokenizer_cli.h: the JSON Lines modes of the binaries that use the tokenizer:
 //   --encode: {"text": "..."}                       -> {"ids": [...]}
 //   --decode: {"ids": [...], "skip_special_tokens"?} -> {"text": "..."}
-//   --chat:   {"messages": [...], "add_generation_prompt"?} -> {"ids": [...]} (the model's chat template)
+//   --chat:   {"messages": [...], "add_generation_prompt"?, "tools"?} -> {"ids": [...]} (the model's chat template)
 // One output line per input line, in order; blank lines are skipped; a bad line is an error naming
 // file:line.
 #pragma once
@@ -55,6 +55,7 @@ inline std::string chat_jsonl(const Tokenizer& tok, const ChatTemplate& chat, Ch
             if (!gen->is_bool()) fail("%s: add_generation_prompt must be true or false", where.c_str());
             line_opt.add_generation_prompt = gen->boolean;
         }
+        if (const Json* tools = row.find("tools")) line_opt.tools = chat_tools_from_json(*tools, where);
         return ids_json(chat.encode(tok, chat_messages_from_json(*messages, where), line_opt));
     });
 }

@@ -14,6 +14,7 @@
 #include "test/gpu/bench_model.h"
 #include "test/gpu/gpu_util.cuh"
 #include "test/harness.h"
+#include "test/kept_turns.h"
 #include "test/temp_dir.h"
 
 using namespace fp8rl;
@@ -307,6 +308,55 @@ TEST(rollout_scheduling_matches_each_request_alone) {
     CHECK_EQ(together.rollout_stats().prefills, (int64_t)1);
     CHECK_EQ(lengths.front(), (size_t)1);
     CHECK_EQ(lengths.back(), (size_t)s.max_new_tokens);
+}
+
+// Multi-turn rollouts over kept pages (start_turns, next_turns; test/kept_turns.h's three turns):
+// 3 prompts x 2 samples on a model that stops on 1/8 of its ids, pages of 4 tokens, bf16 weights and
+// an FP8 cache. In a pool that holds every trajectory, and through 3 slots in a pool of 14 pages
+// (held pages give way, rows are fed again), every turn's tokens, log-probs and ends are the same bit
+// for bit; in emulation they are also the CPU engine's (test_environment.cpp checks those against
+// teacher forcing through the decode path, and the emulated binary's BF16-cache turns against the
+// CPU binary's). A next turn feeds each row's last token and its observation, nothing before; the
+// cache keeps turn 1's scales.
+TEST(rollout_kept_turns_match_cpu_engine_and_page_pressure) {
+    REQUIRE_GPU();
+    harness::TempDir tmp;
+    const std::string dir = many_eos_model(tmp, kFixtures[0]);
+    std::vector<GenRequest> requests;
+    for (const GenRequest& r : ragged_requests(3, 320, 11))
+        for (int g = 0; g < 2; g++) requests.push_back({r.prompt, r.sequence * 2 + (uint32_t)g});
+    const SamplingConfig s = sampled(5, 4);
+    const Precision w = Precision::BF16, p = Precision::FP8;
+    EngineOptions wide = small_pages(4), tight = small_pages(4);
+    tight.rollout_slots = 3;
+    const size_t page = PagedKvCache::page_bytes({2, 2, 32, 4, 1}, p);
+    tight.kv_cache_mb = (14 * page + page / 2) / 1048576.0;
+    CpuEngine cpu(dir);
+    GpuEngine a(dir, wide), c(dir, tight);
+    const kept_turns::Run want = kept_turns::run(cpu, requests, 2, s, w, p, 4, 14);
+    const kept_turns::Run got = kept_turns::run(a, requests, 2, s, w, p, 4, 14);
+    const kept_turns::Run pressed = kept_turns::run(c, requests, 2, s, w, p, 4, 14);
+    const RolloutStats st = c.rollout_stats();
+    printf("    rows %zu, %zu, %zu; fed %lld + %lld; in 14 pages: %lld preemptions, %lld tokens fed again\n", got.rows[0].size(),
+           got.rows[1].size(), got.rows[2].size(), (long long)got.fed[0], (long long)got.fed[1], (long long)st.preemptions,
+           (long long)st.replayed_tokens);
+    CHECK(st.preemptions + st.replayed_tokens > 0);
+    CHECK_EQ(got.fed[0], kept_turns::expected_fed(got, 1));
+    CHECK_EQ(got.fed[1], kept_turns::expected_fed(got, 2));
+    CHECK(!got.k_scale.empty() && got.k_scale_end == got.k_scale && got.v_scale_end == got.v_scale);
+    auto same = [](const kept_turns::Run& x, const kept_turns::Run& y) {
+        if (x.rows != y.rows || x.sequences != y.sequences || x.turns.size() != y.turns.size()) return false;
+        for (size_t t = 0; t < x.turns.size(); t++)
+            for (size_t k = 0; k < x.turns[t].size(); k++) {
+                const Generation &g = x.turns[t][k], &h = y.turns[t][k];
+                if (g.tokens != h.tokens || g.finished != h.finished ||
+                    memcmp(g.logprobs.data(), h.logprobs.data(), g.logprobs.size() * sizeof(float)) != 0)
+                    return false;
+            }
+        return true;
+    };
+    CHECK_MSG(same(got, pressed), "under page pressure the turns differ");
+    if (emulated) CHECK_MSG(same(got, want), "the turns differ from the CPU engine's");
 }
 
 // Refills on the device (issue 29): 12 samples of each of two prompts (40 and 50 tokens, in turn)
