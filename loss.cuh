@@ -1,15 +1,19 @@
 // loss.cuh: the language-model head fused with the per-token log-probability and entropy at
-// temperature T, forward and backward, tiled as a fused linear cross-entropy head (Liger's FLCE,
-// Apple's Cut Cross-Entropy; spec-gpu.md §3.5): the logits exist for one tile at a time, (token
-// block) x (vocabulary chunk), in a workspace every tile reuses, and the backward recomputes each
-// tile's logits. Tiles of 1,024 tokens (the CPU head's row block) x 2,048 columns make 8 MiB of FP32
-// logits (+4 MiB of BF16 dlogits in the backward), which stay in L2 (50 MB on an H100) between the
-// GEMM that writes them and the kernel that reads them: no logits round trip through HBM. The
-// engine runs tiles of HEAD_TOKEN_BLOCK = 16,384 tokens (W1's and W2's micro-batches in one block)
-// all the same: the performance model prices the 1,024-token tiles slower (16x the launches, 6 a
-// tile, cost more than L2 saves the softmax passes, which their instructions bound more than their
-// bytes; docs/perf-model.md), and bench_train_step times both on a GPU. The win needs the
-// statistics in the GEMM's epilogue. It is the GPU twin of cpu/logprob_head.h, the oracle, and
+// temperature T, forward and backward, as a fused linear cross-entropy head (Liger's FLCE, Apple's
+// Cut Cross-Entropy; spec-gpu.md §3.5), two ways:
+//   forward_backward  the training step's (Engine::forward_backward_train): token blocks of
+//       HEAD_FUSED_TOKEN_BLOCK = 1,024 (the CPU head's row block), each block's logits computed ONCE
+//       for the whole vocabulary into one workspace (1,024 x V FP32: 622 MB at V = 151,936), its
+//       rows' statistics, then the loss's gradients of those rows (asked of the caller: they depend
+//       on each token's log-prob and entropy and on what is known before the forward), then per
+//       vocabulary chunk dlogits and the dX and dW GEMMs: 3 GEMMs a tile, none recomputed.
+//   forward / backward  the passes without a known gradient (old, reference and shadow log-probs;
+//       a loss whose gradient needs a whole sequence first): tiles of (HEAD_TOKEN_BLOCK = 16,384
+//       tokens) x (2,048 columns) in a workspace every tile reuses, the backward computing each
+//       tile's logits again. 1,024-token tiles would stay in L2; the performance model prices them
+//       slower (16x the launches cost more than L2 saves passes their instructions bound).
+// Both give the same bits from the same token blocks (the logits are one chain over C each,
+// whichever GEMM computes them). It is the GPU twin of cpu/logprob_head.h, the oracle, and
 // follows its math and operation order:
 //   per token t (final hidden state x[t], target y[t] or -1), z = (W x[t]) / T:
 //   logZ = max + log sum_j exp(z_j - max),  mu = sum_j p_j z_j,  entropy = logZ - mu,
@@ -24,8 +28,9 @@
 // rounded to BF16 (the tensor-core operand type), as the CPU engine rounds them with BF16
 // activations (HeadShape::bf16).
 //
-// The loops: vocabulary chunks outside (a chunk's W rows, and in the backward its dW rows, stay in
-// L2 while the token blocks pass), token blocks inside. The GEMMs of a tile (GemmRunner's BF16
+// The loops of forward / backward: vocabulary chunks outside (a chunk's W rows, and in the backward
+// its dW rows, stay in L2 while the token blocks pass), token blocks inside; of forward_backward
+// the other way round (the block's logits, X and dX rows are what stays). The GEMMs of a tile (GemmRunner's BF16
 // layouts, D [n][m]; m and k multiples of 8, n too for NT), with Tb the block's tokens:
 //   logits [Tb][n8]  = X [Tb][C] . Wc [n8][C]^T          TN  m = n8, n = Tb,  k = C
 //   dX     [Tb][C]  += dlogits [Tb][n8] . Wc [n8][C]     NN  m = C,  n = Tb,  k = n8
@@ -40,8 +45,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
+#include "cuda/element.cuh"
 #include "cuda/kernels/block_reduce.cuh"
 #include "cuda/engine/device_array.cuh"
 #include "fp8_gemm.cuh"
@@ -52,84 +59,156 @@ namespace fp8rl {
 
 constexpr int HEAD_VOCAB_CHUNK = 2048;  // columns of logits at a time (cpu/logprob_head.h's kVocabChunk)
 constexpr int HEAD_TOKEN_BLOCK = 16384;  // tokens of logits at a time (see above: 1,024 is the L2-resident tile)
+// tokens of the fused head's blocks (forward_backward), whose logits span the whole vocabulary:
+// the CPU head's row block (head_rows_per_block()), where its dW sums split
+constexpr int HEAD_FUSED_TOKEN_BLOCK = 1024;
 constexpr int HEAD_THREADS = 256;       // one block per token row of a chunk
+constexpr int HEAD_LOADS = 8;           // a thread's columns of a chunk (2,048 = 256 x 8), loaded at once
 
 inline int round_up8(int n) { return (n + 7) / 8 * 8; }
 
-__device__ __forceinline__ __nv_bfloat16 bf16_from_float(float x) {
-    __nv_bfloat16_raw r;
-    r.x = float_to_bf16(x);
-    return r;
+// A token's softmax state over the vocabulary chunks merged so far: the running max, sum
+// exp(z - max) and sum z exp(z - max), and z at the target (every thread of the row's block holds it).
+struct HeadRowState {
+    float max;
+    double sum, sz;
+    float z_target;
+};
+
+// Merges one chunk's n <= HEAD_THREADS x HEAD_LOADS logits `row` (vocabulary v0 ..) into a token's
+// state, the block's HEAD_THREADS threads together. first: the chunk at v0 = 0 starts the sums.
+__device__ __forceinline__ void head_merge_chunk(HeadRowState& s, const float* row, int n, int v0, float temperature,
+                                                 int32_t target, bool first) {
+    // the thread's columns j = threadIdx.x + u HEAD_THREADS, all loaded before the first is used
+    // (the loads in flight), read once for both passes; the operations in the order of a loop over j
+    float z[HEAD_LOADS];
+    FP8RL_UNROLL
+    for (int u = 0; u < HEAD_LOADS; u++) {
+        const int j = threadIdx.x + u * HEAD_THREADS;
+        z[u] = j < n ? row[j] : 0.0f;
+    }
+    float chunk_max = -INFINITY;
+    FP8RL_UNROLL
+    for (int u = 0; u < HEAD_LOADS; u++)
+        if ((int)threadIdx.x + u * HEAD_THREADS < n) {
+            z[u] = __fdiv_rn(z[u], temperature);
+            chunk_max = MaxOp()(chunk_max, z[u]);
+        }
+    chunk_max = block_reduce(chunk_max, MaxOp());
+    const float old_max = first ? -INFINITY : s.max;
+    const float m = MaxOp()(old_max, chunk_max);
+    double sum = 0.0, sz = 0.0;
+    FP8RL_UNROLL
+    for (int u = 0; u < HEAD_LOADS; u++)
+        if ((int)threadIdx.x + u * HEAD_THREADS < n) {
+            const float e = fast_exp(z[u] - m);
+            sum += e;
+            sz += (double)e * z[u];
+        }
+    sum = block_reduce(sum, SumOp());
+    sz = block_reduce(sz, SumOp());
+    const double rescale = exp((double)old_max - m);  // exp(-inf) = 0 on the first chunk
+    s.sum = (first ? 0.0 : s.sum) * rescale + sum;
+    s.sz = (first ? 0.0 : s.sz) * rescale + sz;
+    s.max = m;
+    if (first) s.z_target = 0.0f;
+    const int y = target - v0;
+    if (y >= 0 && y < n) s.z_target = __fdiv_rn(row[y], temperature);
+}
+
+// logZ, mu, entropy and logprob of token t from its merged state (cpu/logprob_head.h's last loop).
+__device__ __forceinline__ void head_finish_row(const HeadRowState& s, int t, const int32_t* target, float* logprob,
+                                                float* entropy, float* lse, float* mu) {
+    const double l = s.max + log(s.sum), m = s.sz / s.sum;
+    lse[t] = (float)l;
+    mu[t] = (float)m;
+    entropy[t] = (float)(l - m);
+    logprob[t] = target[t] >= 0 ? (float)(s.z_target - l) : 0.0f;
 }
 
 // One tile of the forward: logits [T][ld] (a token block's T rows, the chunk's n columns starting
-// at vocabulary index v0) merged into each token's running max, sum exp(z - max) and sum
-// z exp(z - max), and z at the target kept when the target falls in the chunk. first: the chunk at
-// v0 = 0 starts the sums.
+// at vocabulary index v0) merged into each token's running state, kept in memory between tiles.
 static __global__ void __launch_bounds__(HEAD_THREADS)
     head_chunk_stats_kernel(const float* logits, int ld, int n, int v0, float temperature, const int32_t* target,
                             bool first, float* run_max, double* run_sum, double* run_sz, float* z_target) {
     const int t = blockIdx.x;
-    const float* row = logits + (size_t)t * ld;  // [n]
-    float chunk_max = -INFINITY;
-    for (int j = threadIdx.x; j < n; j += blockDim.x) chunk_max = MaxOp()(chunk_max, __fdiv_rn(row[j], temperature));
-    chunk_max = block_reduce(chunk_max, MaxOp());
-    const float old_max = first ? -INFINITY : run_max[t];
-    const float m = MaxOp()(old_max, chunk_max);
-    double sum = 0.0, sz = 0.0;
-    for (int j = threadIdx.x; j < n; j += blockDim.x) {
-        const float z = __fdiv_rn(row[j], temperature), e = fast_exp(z - m);
-        sum += e;
-        sz += (double)e * z;
-    }
-    sum = block_reduce(sum, SumOp());
-    sz = block_reduce(sz, SumOp());
+    HeadRowState s{};
+    if (!first) s = {run_max[t], run_sum[t], run_sz[t], z_target[t]};
+    head_merge_chunk(s, logits + (size_t)t * ld, n, v0, temperature, target[t], first);
     if (threadIdx.x != 0) return;
-    const double rescale = exp((double)old_max - m);  // exp(-inf) = 0 on the first chunk
-    run_sum[t] = (first ? 0.0 : run_sum[t]) * rescale + sum;
-    run_sz[t] = (first ? 0.0 : run_sz[t]) * rescale + sz;
-    run_max[t] = m;
-    if (first) z_target[t] = 0.0f;
-    const int y = target[t] - v0;
-    if (y >= 0 && y < n) z_target[t] = __fdiv_rn(row[y], temperature);
+    run_sum[t] = s.sum, run_sz[t] = s.sz, run_max[t] = s.max, z_target[t] = s.z_target;
 }
 
-// logZ, mu, entropy and logprob per token [T] from the merged sums (cpu/logprob_head.h's last loop).
+// logZ, mu, entropy and logprob per token [T] from the merged sums.
 static __global__ void head_finish_kernel(int T, const int32_t* target, const float* run_max, const double* run_sum,
                                    const double* run_sz, const float* z_target, float* logprob, float* entropy,
                                    float* lse, float* mu) {
     const int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= T) return;
-    const double l = run_max[t] + log(run_sum[t]), m = run_sz[t] / run_sum[t];
-    lse[t] = (float)l;
-    mu[t] = (float)m;
-    entropy[t] = (float)(l - m);
-    logprob[t] = target[t] >= 0 ? (float)(z_target[t] - l) : 0.0f;
+    head_finish_row({run_max[t], run_sum[t], run_sz[t], z_target[t]}, t, target, logprob, entropy, lse, mu);
 }
 
-// dlogits [T8][ld] (BF16) of one tile from its logits [T][ld] (a token block's T rows), one block
-// per row: the n columns of rows t < T get dL/dlogits in cpu/logprob_head.h's operation order (products unfused), the
-// other columns and rows get 0 (the padding of the dX and dW GEMMs' k).
+// The fused head's forward of a token block, one block per row: the row's whole vocabulary of
+// logits, chunk by chunk in vocabulary order (the same merges as head_chunk_stats_kernel's tiles),
+// then its statistics. The first main_cols columns are in `main` [T][main_cols], the rest (a last
+// chunk narrower than the others) in `tail` [T][tail_ld]. Keeps the running max and the target's
+// logit (top1) besides.
 static __global__ void __launch_bounds__(HEAD_THREADS)
-    head_dlogits_kernel(const float* logits, int T, int ld, int n, int v0, float temperature, const int32_t* target,
-                        const float* dlogprob, const float* dentropy, const float* lse, const float* mu,
-                        __nv_bfloat16* dlogits) {
+    head_row_stats_kernel(const float* main, int main_cols, const float* tail, int tail_ld, int V, int chunk,
+                          float temperature, const int32_t* target, float* run_max, float* z_target, float* logprob,
+                          float* entropy, float* lse, float* mu) {
+    const int t = blockIdx.x;
+    HeadRowState s{};
+    for (int v0 = 0; v0 < V; v0 += chunk) {
+        const float* row = v0 < main_cols ? main + (size_t)t * main_cols + v0 : tail + (size_t)t * tail_ld;
+        head_merge_chunk(s, row, min(chunk, V - v0), v0, temperature, target[t], v0 == 0);
+    }
+    if (threadIdx.x != 0) return;
+    run_max[t] = s.max, z_target[t] = s.z_target;
+    head_finish_row(s, t, target, logprob, entropy, lse, mu);
+}
+
+// dlogits [T8][ld] (BF16) of one tile from its logits (a token block's T rows, row stride
+// logits_ld; ld <= HEAD_THREADS x HEAD_LOADS, a multiple of 8), one block per row, a thread 4
+// adjacent columns at a time: 16-byte loads of logits, all issued before the first is used, and
+// 8-byte stores. The n columns of rows t < T get dL/dlogits in cpu/logprob_head.h's operation
+// order (products unfused), the other columns and rows get 0 (the padding of the dX and dW GEMMs' k).
+static __global__ void __launch_bounds__(HEAD_THREADS)
+    head_dlogits_kernel(const float* logits, int logits_ld, int T, int ld, int n, int v0, float temperature,
+                        const int32_t* target, const float* dlogprob, const float* dentropy, const float* lse,
+                        const float* mu, __nv_bfloat16* dlogits) {
+    constexpr int kQuads = HEAD_LOADS / 4;  // a thread's groups of 4 columns
     const int t = blockIdx.x;
     __nv_bfloat16* out = dlogits + (size_t)t * ld;
     if (t >= T) {
-        for (int j = threadIdx.x; j < ld; j += blockDim.x) out[j] = bf16_from_float(0.0f);
+        for (int q = threadIdx.x; q < ld / 4; q += HEAD_THREADS) store_vector<uint2>(out + 4 * q, make_uint2(0, 0));
         return;
+    }
+    float4 z4[kQuads];
+    FP8RL_UNROLL
+    for (int u = 0; u < kQuads; u++) {
+        const int q = threadIdx.x + u * HEAD_THREADS;
+        if (4 * q < ld) z4[u] = load_vector<float4>(logits + (size_t)t * logits_ld + 4 * q);
     }
     const float a = dlogprob[t], b = dentropy[t], l = lse[t], m = mu[t], inv_t = 1.0f / temperature;
     const int y = target[t] - v0;
-    for (int j = threadIdx.x; j < ld; j += blockDim.x) {
-        float g = 0.0f;
-        if (j < n) {
-            const float z = __fdiv_rn(logits[(size_t)t * ld + j], temperature), p = fast_exp(z - l);
-            g = mul_rn(mul_rn(-a, p) - mul_rn(mul_rn(b, p), z - m), inv_t);
-            if (j == y) g += mul_rn(a, inv_t);
+    FP8RL_UNROLL
+    for (int u = 0; u < kQuads; u++) {
+        const int q = threadIdx.x + u * HEAD_THREADS;
+        if (4 * q >= ld) continue;
+        const float v[4] = {z4[u].x, z4[u].y, z4[u].z, z4[u].w};
+        uint32_t bits[4];
+        for (int e = 0; e < 4; e++) {
+            const int j = 4 * q + e;
+            float g = 0.0f;
+            if (j < n) {
+                const float z = __fdiv_rn(v[e], temperature), p = fast_exp(z - l);
+                g = mul_rn(mul_rn(-a, p) - mul_rn(mul_rn(b, p), z - m), inv_t);
+                if (j == y) g += mul_rn(a, inv_t);
+            }
+            bits[e] = float_to_bf16(g);
         }
-        out[j] = bf16_from_float(g);
+        store_vector<uint2>(out + 4 * q, make_uint2(bits[0] | bits[1] << 16, bits[2] | bits[3] << 16));
     }
 }
 
@@ -157,13 +236,18 @@ struct HeadGpuShape {
 // of X), and per token the running max, the two running sums and the target's logit.
 class LogprobHeadGpu {
   public:
-    explicit LogprobHeadGpu(GemmRunner& gemm, int vocab_chunk = HEAD_VOCAB_CHUNK, int token_block = HEAD_TOKEN_BLOCK)
-        : gemm_(gemm), chunk_(vocab_chunk), block_(token_block) {
-        if (vocab_chunk <= 0 || vocab_chunk % 8)
-            fail("LogprobHeadGpu: vocabulary chunk %d must be a positive multiple of 8", vocab_chunk);
+    explicit LogprobHeadGpu(GemmRunner& gemm, int vocab_chunk = HEAD_VOCAB_CHUNK, int token_block = HEAD_TOKEN_BLOCK,
+                            int fused_block = HEAD_FUSED_TOKEN_BLOCK)
+        : gemm_(gemm), chunk_(vocab_chunk), block_(token_block), fused_block_(fused_block) {
+        if (vocab_chunk <= 0 || vocab_chunk % 8 || vocab_chunk > HEAD_THREADS * HEAD_LOADS)
+            fail("LogprobHeadGpu: vocabulary chunk %d must be a positive multiple of 8, at most %d (a row's block holds "
+                 "a chunk in registers)", vocab_chunk, HEAD_THREADS * HEAD_LOADS);
         if (token_block <= 0 || token_block % 8)
             fail("LogprobHeadGpu: token block %d must be a positive multiple of 8 (only the last block is padded)",
                  token_block);
+        if (fused_block <= 0 || fused_block % 8)
+            fail("LogprobHeadGpu: fused token block %d must be a positive multiple of 8 (only the last block is padded)",
+                 fused_block);
     }
 
     // Forward. x [T][C], W [V][C] (BF16, device); target [T] (-1: none, logprob 0). Writes per token
@@ -197,37 +281,70 @@ class LogprobHeadGpu {
                   cudaStream_t stream) {
         check_shape("LogprobHeadGpu::backward", T, s);
         const int C = s.C, last0 = (T - 1) / block_ * block_, last_tb = T - last0;
-        // the last block's X [Tb8][C] with its padding rows zero (the NT GEMM's k)
-        const __nv_bfloat16* x_last = x + (size_t)last0 * C;
-        if (last_tb % 8) {
-            __nv_bfloat16* padded = x_pad_.get((size_t)round_up8(last_tb) * C);
-            CUDA_CHECK(cudaMemcpyAsync(padded, x_last, (size_t)last_tb * C * sizeof(__nv_bfloat16), cudaMemcpyDeviceToDevice, stream));
-            CUDA_CHECK(cudaMemsetAsync(padded + (size_t)last_tb * C, 0, (size_t)(round_up8(last_tb) - last_tb) * C * sizeof(__nv_bfloat16), stream));
-            x_last = padded;
-        }
+        const __nv_bfloat16* x_last = x + (size_t)last0 * C;  // [Tb8][C] for the NT GEMM's k
+        if (last_tb % 8) x_last = padded_rows(x_last, last_tb, C, stream);
         __nv_bfloat16* dlogits = dlogits_.get((size_t)round_up8(std::min(block_, T)) * chunk_);  // [Tb8][ld]
         for (int v0 = 0; v0 < s.V; v0 += chunk_) {
             const int n = std::min(chunk_, s.V - v0), ld = round_up8(n);
             const __nv_bfloat16* rows = chunk_rows(W, v0, n, s, stream);  // [ld][C]
-            // the NT GEMM writes ld rows of dW: the last chunk's n rows go through an ld-row copy
-            // whose extra rows only get zero terms added and are not copied back
-            float* dw = dW + (size_t)v0 * C;
-            const size_t dw_bytes = (size_t)n * C * sizeof(float);
-            if (ld != n) {
-                dw = dw_pad_.get((size_t)ld * C);
-                CUDA_CHECK(cudaMemcpyAsync(dw, dW + (size_t)v0 * C, dw_bytes, cudaMemcpyDeviceToDevice, stream));
-            }
             for (int t0 = 0; t0 < T; t0 += block_) {
                 const int tb = std::min(block_, T - t0), tb8 = round_up8(tb);
                 const float* logits = tile_logits(x + (size_t)t0 * C, rows, tb, n, s, stream);
-                LAUNCH_KERNEL(head_dlogits_kernel, tb8, HEAD_THREADS, 0, stream, logits, tb, ld, n, v0, s.temperature,
+                LAUNCH_KERNEL(head_dlogits_kernel, tb8, HEAD_THREADS, 0, stream, logits, ld, tb, ld, n, v0, s.temperature,
                               target + t0, dlogprob + t0, dentropy + t0, lse + t0, mu + t0, dlogits);
                 gemm_.bf16("head dX", C, tb, ld, rows, dlogits, dx + (size_t)t0 * C, GemmOut::F32, stream, GemmOps::NN, true);
-                const __nv_bfloat16* x8 = t0 == last0 ? x_last : x + (size_t)t0 * C;  // [tb8][C]
-                gemm_.bf16("head dW", C, ld, tb8, x8, dlogits, dw, GemmOut::F32, stream, GemmOps::NT, true);
+                dw_gemm(dW, v0, n, t0 == last0 ? x_last : x + (size_t)t0 * C, tb8, dlogits, C, stream);
             }
-            if (ld != n)
-                CUDA_CHECK(cudaMemcpyAsync(dW + (size_t)v0 * C, dw, dw_bytes, cudaMemcpyDeviceToDevice, stream));
+        }
+    }
+
+    // The fused head (the training step's): forward and backward in one pass over token blocks of
+    // fused_block tokens, each block's logits computed once, for the whole vocabulary, and kept until
+    // its backward has read them. Per block: the logits GEMM(s), the rows' statistics (logprob,
+    // entropy, lse, mu [T] written as forward writes them), then token_grads(t0, tb), which must
+    // write dlogprob and dentropy of rows [t0, t0 + tb) (device, ordered on `stream`) from the
+    // block's logprob and entropy, then per vocabulary chunk dlogits, the dX and the dW GEMM. Every
+    // value takes the operations of forward and backward (the logits are the same bits whichever
+    // GEMM computes them: one chain over C each), so it changes no bit of theirs with
+    // token_block = fused_block; dW's sums split at the token blocks, as the CPU head's do at its
+    // row blocks (head_rows_per_block(), HEAD_FUSED_TOKEN_BLOCK). Workspace: fused_block x V
+    // logits (FP32).
+    using TokenGrads = std::function<void(int t0, int tb)>;
+    void forward_backward(float* logprob, float* entropy, float* lse, float* mu, float* dlogprob, float* dentropy,
+                          float* dx, float* dW, const __nv_bfloat16* x, const __nv_bfloat16* W, const int32_t* target,
+                          int T, HeadGpuShape s, const TokenGrads& token_grads, cudaStream_t stream) {
+        check_shape("LogprobHeadGpu::forward_backward", T, s);
+        const int C = s.C, fb = fused_block_;
+        // the full chunks' columns by one GEMM into main [tb][main_cols]; a narrower last chunk's into tail
+        const int main_cols = s.V / chunk_ * chunk_, tail_n = s.V - main_cols, tail_ld = round_up8(tail_n);
+        float* main = logits_.get((size_t)std::min(fb, T) * (main_cols + tail_ld));
+        float* tail = main + (size_t)std::min(fb, T) * main_cols;
+        float* run_max = run_max_.get(T);
+        float* z_target = z_target_.get(T);
+        __nv_bfloat16* dlogits = dlogits_.get((size_t)round_up8(std::min(fb, T)) * chunk_);  // [Tb8][ld]
+        const __nv_bfloat16* tail_rows = tail_n ? chunk_rows(W, main_cols, tail_n, s, stream) : nullptr;  // [tail_ld][C]
+        for (int t0 = 0; t0 < T; t0 += fb) {
+            const int tb = std::min(fb, T - t0), tb8 = round_up8(tb);
+            const __nv_bfloat16* xb = x + (size_t)t0 * C;
+            if (main_cols) gemm_.bf16("head logits", main_cols, tb, C, W, xb, main, GemmOut::F32, stream);
+            if (tail_n) gemm_.bf16("head logits", tail_ld, tb, C, tail_rows, xb, tail, GemmOut::F32, stream);
+            LAUNCH_KERNEL(head_row_stats_kernel, tb, HEAD_THREADS, 0, stream, (const float*)main, main_cols,
+                          (const float*)tail, tail_ld, s.V, chunk_, s.temperature, target + t0, run_max + t0,
+                          z_target + t0, logprob + t0, entropy + t0, lse + t0, mu + t0);
+            token_grads(t0, tb);
+            // the block's X [tb8][C] with its padding rows zero (the NT GEMM's k)
+            const __nv_bfloat16* x8 = tb % 8 ? padded_rows(xb, tb, C, stream) : xb;
+            for (int v0 = 0; v0 < s.V; v0 += chunk_) {
+                const int n = std::min(chunk_, s.V - v0), ld = round_up8(n);
+                const bool in_main = v0 < main_cols;
+                const float* logits = in_main ? main + v0 : tail;
+                LAUNCH_KERNEL(head_dlogits_kernel, tb8, HEAD_THREADS, 0, stream, logits, in_main ? main_cols : tail_ld, tb,
+                              ld, n, v0, s.temperature, target + t0, dlogprob + t0, dentropy + t0, lse + t0, mu + t0,
+                              dlogits);
+                const __nv_bfloat16* rows = in_main ? W + (size_t)v0 * C : tail_rows;  // [ld][C]
+                gemm_.bf16("head dX", C, tb, ld, rows, dlogits, dx + (size_t)t0 * C, GemmOut::F32, stream, GemmOps::NN, true);
+                dw_gemm(dW, v0, n, x8, tb8, dlogits, C, stream);
+            }
         }
     }
 
@@ -254,7 +371,7 @@ class LogprobHeadGpu {
 
   private:
     GemmRunner& gemm_;
-    int chunk_, block_;
+    int chunk_, block_, fused_block_;
     DeviceScratch<float> logits_, dw_pad_, run_max_, z_target_;
     DeviceScratch<double> run_sum_, run_sz_;
     DeviceScratch<__nv_bfloat16> w_pad_, x_pad_, dlogits_;
@@ -277,6 +394,30 @@ class LogprobHeadGpu {
         CUDA_CHECK(cudaMemcpyAsync(padded, rows, (size_t)n * s.C * sizeof(__nv_bfloat16), cudaMemcpyDeviceToDevice, stream));
         CUDA_CHECK(cudaMemsetAsync(padded + (size_t)n * s.C, 0, (size_t)(ld - n) * s.C * sizeof(__nv_bfloat16), stream));
         return padded;
+    }
+
+    // rows [round_up8(n)][C]: x's n rows, then zero rows (the NT GEMM's k), in the padded copy.
+    const __nv_bfloat16* padded_rows(const __nv_bfloat16* x, int n, int C, cudaStream_t stream) {
+        __nv_bfloat16* padded = x_pad_.get((size_t)round_up8(n) * C);
+        CUDA_CHECK(cudaMemcpyAsync(padded, x, (size_t)n * C * sizeof(__nv_bfloat16), cudaMemcpyDeviceToDevice, stream));
+        CUDA_CHECK(cudaMemsetAsync(padded + (size_t)n * C, 0, (size_t)(round_up8(n) - n) * C * sizeof(__nv_bfloat16), stream));
+        return padded;
+    }
+
+    // dW's rows v0 .. v0 + n - 1 [n][C] += dlogits [k8][round_up8(n)]^T . x8 [k8][C]. The NT GEMM
+    // writes round_up8(n) rows: a last chunk with n not a multiple of 8 goes through a copy whose
+    // extra rows only get zero terms added and are not copied back.
+    void dw_gemm(float* dW, int v0, int n, const __nv_bfloat16* x8, int k8, const __nv_bfloat16* dlogits, int C,
+                 cudaStream_t stream) {
+        const int ld = round_up8(n);
+        const size_t bytes = (size_t)n * C * sizeof(float);
+        float* dw = dW + (size_t)v0 * C;
+        if (ld != n) {
+            dw = dw_pad_.get((size_t)ld * C);
+            CUDA_CHECK(cudaMemcpyAsync(dw, dW + (size_t)v0 * C, bytes, cudaMemcpyDeviceToDevice, stream));
+        }
+        gemm_.bf16("head dW", C, ld, k8, x8, dlogits, dw, GemmOut::F32, stream, GemmOps::NT, true);
+        if (ld != n) CUDA_CHECK(cudaMemcpyAsync(dW + (size_t)v0 * C, dw, bytes, cudaMemcpyDeviceToDevice, stream));
     }
 
     // logits [Tb][round_up8(n)] (FP32, unscaled) of a block's x [Tb][C] and the chunk's rows

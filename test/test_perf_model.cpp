@@ -43,6 +43,15 @@ double sum_work(const std::vector<KernelCost>& ks, KernelClass cls) {
     return w;
 }
 
+// One micro-batch of 16,384 tokens in sequences of 1,024 with Qwen3-1.7B's head (C = 2,048, V = 151,936).
+StepShape qwen3_1p7b_head_step() {
+    StepShape s;
+    s.model = small_qwen3();
+    s.model.vocab_size = 151936, s.model.hidden_size = 2048;
+    s.tokens = 16384, s.seq_len = 1024;
+    return s;
+}
+
 }  // namespace
 
 TEST(perf_model_gemm_flops_bytes_and_time) {
@@ -99,7 +108,7 @@ TEST(perf_model_counts_issue_28_launches_per_layer) {
         }
 }
 
-TEST(perf_model_step_gemm_flops_are_6_params_tokens_plus_4_head_gemms) {
+TEST(perf_model_step_gemm_flops_are_6_params_tokens_plus_3_head_gemms) {
     const PerfHardware hw;
     const StepShape s = small_step();
     const double T = 1024, C = 256, I = 768, L = 3, Q = 4 * 64, K = 2 * 64, V = 5000;
@@ -108,8 +117,8 @@ TEST(perf_model_step_gemm_flops_are_6_params_tokens_plus_4_head_gemms) {
         for (Precision p : {Precision::BF16, Precision::FP8}) {
             const std::vector<KernelCost> ks = step_kernels(hw, s, p, st);
             CHECK_NEAR(sum_work(ks, KernelClass::LayerGemm), 6 * T * projections, 1e-12, 0);
-            // logits, logits again, dX, dW over the vocabulary (5000 = 2 x 2048 + 904, chunks already multiples of 8)
-            CHECK_NEAR(sum_work(ks, KernelClass::HeadGemm), 4 * 2 * T * C * V, 1e-12, 0);
+            // the fused head: logits, dX, dW over the vocabulary (5000 = 2 x 2048 + 904, chunks already multiples of 8)
+            CHECK_NEAR(sum_work(ks, KernelClass::HeadGemm), 3 * 2 * T * C * V, 1e-12, 0);
             // causal attention: 2 products of len^2 / 2 x D per head forward, 7 in the backward's two kernels
             const double pairs = 2 * 384.0 * 384 / 2 + 256.0 * 256 / 2;
             CHECK_NEAR(sum_work(ks, KernelClass::Attention), L * 4 * 64 * (2 + 7) * 2 * pairs, 1e-12, 0);
@@ -158,11 +167,9 @@ TEST(perf_model_head_tiles_read_logits_from_l2) {
     PerfHardware hw;
     const GpuSpec g = h100();
     hw.gpu = &g;
-    StepShape s;
-    s.model = small_qwen3();
-    s.model.vocab_size = 151936, s.model.hidden_size = 2048;
-    s.tokens = 16384, s.seq_len = 1024;
+    StepShape s = qwen3_1p7b_head_step();
     const double T = 16384, logits = T * (74 * 2048 + 384) * 4;
+    s.fused_head = false;  // the passes without a gradient's tiles, forward then backward
     auto head = [&](int block, const char* name, double& hbm, double& l2, double& calls, double& flops) {
         s.head_token_block = block;
         hbm = l2 = calls = flops = 0;
@@ -182,6 +189,49 @@ TEST(perf_model_head_tiles_read_logits_from_l2) {
     head(1024, "head logits", unused, unused, unused, gemm_flops[1]);
     CHECK_NEAR(gemm_flops[1], gemm_flops[0], 1e-12, 0);
     CHECK_NEAR(gemm_flops[0], 2 * T * 2048 * (74 * 2048 + 384), 1e-12, 0);
+}
+
+// The fused head (forward_backward) at Qwen3-1.7B, 16,384 tokens in blocks of 1,024: the logits
+// GEMMs once (2 T C V FLOPs, against twice in the tiles), the statistics reading each logit once and
+// dlogits once more from HBM (the block's 1,024 x 151,936 FP32 logits do not fit in L2), dX and dW
+// one per chunk and block (75 x 16), the same FLOPs as the tiles'; and in all 3 of the tiles' 4
+// GEMMs' FLOPs.
+TEST(perf_model_fused_head_computes_logits_once) {
+    PerfHardware hw;
+    const GpuSpec g = h100();
+    hw.gpu = &g;
+    StepShape s = qwen3_1p7b_head_step();
+    const double T = 16384, C = 2048, V = 151936, logits = T * V * 4, gemm = 2 * T * C * V;
+    auto sum = [&](bool fused, const char* name, double* hbm, double* calls, double* flops) {
+        s.fused_head = fused;
+        *hbm = *calls = *flops = 0;
+        for (const KernelCost& k : step_kernels(hw, s, Precision::BF16, StepStructure::Fused))
+            if (k.name == name) *hbm += k.calls * k.bytes, *calls += k.calls, *flops += k.calls * k.work;
+    };
+    double hbm, calls, flops, tiles_flops, unused;
+    sum(true, "head logits", &hbm, &calls, &flops);
+    CHECK_NEAR(flops, gemm, 1e-12, 0);
+    CHECK_EQ(calls, 2 * 16.0);  // the 74 full chunks' columns and the last 384 in two GEMMs a block
+    sum(true, "head softmax statistics", &hbm, &calls, &flops);
+    CHECK_NEAR(hbm, logits + T * 28, 1e-12, 0);
+    CHECK_EQ(calls, 16.0);
+    sum(true, "head dlogits", &hbm, &calls, &flops);
+    CHECK(hbm >= logits);
+    for (const char* name : {"head dX", "head dW"}) {
+        sum(true, name, &hbm, &calls, &flops);
+        sum(false, name, &unused, &unused, &tiles_flops);
+        CHECK_EQ(calls, 75 * 16.0);
+        CHECK_NEAR(flops, tiles_flops, 1e-12, 0);
+    }
+    sum(true, "head logits (again)", &hbm, &calls, &flops);
+    CHECK_EQ(calls, 0.0);
+    double head_flops[2] = {0, 0};
+    for (int fused = 0; fused < 2; fused++) {
+        s.fused_head = fused;
+        for (const KernelCost& k : step_kernels(hw, s, Precision::BF16, StepStructure::Fused))
+            if (k.cls == KernelClass::HeadGemm) head_flops[fused] += k.calls * k.work;
+    }
+    CHECK_NEAR(head_flops[1], 0.75 * head_flops[0], 1e-12, 0);
 }
 
 TEST(perf_model_fusion_only_removes_work) {

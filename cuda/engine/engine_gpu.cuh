@@ -180,7 +180,7 @@ class GpuEngine : public Engine {
 
     // The constants of the GPU code that the memory plan counts with.
     static PlanConstants plan_constants() {
-        return {GemmRunner::WORKSPACE_BYTES, HEAD_VOCAB_CHUNK, HEAD_TOKEN_BLOCK, GRAD_NORM_THREADS, GRAD_NORM_MAX_BLOCKS, kColumnSumChunkRows};
+        return {GemmRunner::WORKSPACE_BYTES, HEAD_VOCAB_CHUNK, HEAD_TOKEN_BLOCK, HEAD_FUSED_TOKEN_BLOCK, GRAD_NORM_THREADS, GRAD_NORM_MAX_BLOCKS, kColumnSumChunkRows};
     }
     static MemoryPlanRequest plan_request(const ModelConfig& c, const EngineOptions& o, const MemoryDemand& d) {
         MemoryPlanRequest r;
@@ -281,13 +281,13 @@ class GpuEngine : public Engine {
         if (options_.one_fp8_weight_copy && p != Precision::FP8)
             fail("internal: an engine with one FP8 weight copy trains in fp8, not %s", precision_name(p));
         forward(seqs, p, true, temperature, logprob, entropy, true);
-        train_seqs_ = seqs;
-        const std::vector<float> rows = head_.top1(target_.get(), (int)T_, stream_);
-        train_top1_.assign(seqs.size(), {});
-        for (size_t s = 0; s < seqs.size(); s++)  // head row t predicts token t + 1
-            for (int64_t t = batch_.offsets[s] + seqs[s].prompt_len; t < batch_.offsets[s + 1]; t++)
-                train_top1_[s].push_back(t == batch_.offsets[s] ? 0.0f : rows[(size_t)t - 1]);
+        keep_train_top1(seqs);
     }
+    // The fused head (LogprobHeadGpu::forward_backward): the loss's gradients are asked for each
+    // token block's rows as soon as their log-probs are known, so the block's logits serve forward
+    // and backward; the same bits as forward_train() then backward() of those gradients.
+    void forward_backward_train(const std::vector<Sequence>& seqs, Precision p, float temperature, TokenValues* logprob,
+                                TokenValues* entropy, const TokenGradient& loss_grad) override;
     void last_train_top1(TokenValues* top1) const override { *top1 = train_top1_; }
 
     void backward(const TokenValues& d_logprob, const TokenValues& d_entropy) override;
@@ -572,7 +572,7 @@ class GpuEngine : public Engine {
     std::unique_ptr<DeviceRopeTable> rope_;
     // pointers into grad_bf16_ / grad_f32_ for the backward pass
     struct {
-        bf16 *dxn_b, *da_b, *dgu, *datt_b, *dq, *dk, *dv, *dqkv;
+        bf16 *dh, *dxn_b, *da_b, *dgu, *datt_b, *dq, *dk, *dv, *dqkv;
         float *dxn, *delta;
     } g_{};
     float* column_scratch_ = nullptr;
@@ -835,6 +835,18 @@ class GpuEngine : public Engine {
     // given `at` (prefill_logprobs), through its FP8 cache when it has one, whatever --train_kv_replay says.
     void forward(const std::vector<Sequence>& seqs, Precision p, bool for_backward, float temperature, TokenValues* logprob,
                  TokenValues* entropy, bool replay, const RolloutNumerics* at = nullptr);
+    // forward() up to the head: the replay's scales and rows, then trunk_forward.
+    void forward_to_head(const std::vector<Sequence>& seqs, Precision p, bool for_backward, float temperature, bool replay,
+                         const RolloutNumerics* at);
+    // The head's rows [T] (head_logprob_, head_entropy_) as response positions of seqs.
+    void head_token_values(const std::vector<Sequence>& seqs, TokenValues* logprob, TokenValues* entropy);
+    // forward_train's and forward_backward_train's last part: the top-1 hits of the head's rows.
+    void keep_train_top1(const std::vector<Sequence>& seqs);
+    // backward()'s buffers (g_, the column sums' scratch); returns the head's row gradients
+    // {dlogprob, dentropy} [T], and dx (g_.dxn) zeroed for the head's dX GEMMs to add into.
+    std::pair<float*, float*> backward_buffers();
+    // backward() after the head: the final norm, the layers, the embedding.
+    void backward_below_head();
     // Embedding, every layer and the final norm over the packed batch (xf_ [Tp][C]). kv_ready(l), when
     // given, runs once layer l's K (after k-norm and RoPE) and V are in layers_[l], before its
     // attention reads them (prefill and the FP8 KV calibration read them there: with --recompute
@@ -1128,10 +1140,9 @@ inline void GpuEngine::trunk_forward(const std::vector<Sequence>& seqs, Precisio
     residual_rmsnorm_forward(xf_, rstdf_, hf_, last.h1, last.mlp, wb(m.final_norm), T_, m.C, m.eps, stream_);
 }
 
-inline void GpuEngine::forward(const std::vector<Sequence>& seqs, Precision p, bool for_backward, float temperature,
-                               TokenValues* logprob, TokenValues* entropy, bool replay, const RolloutNumerics* at) {
+inline void GpuEngine::forward_to_head(const std::vector<Sequence>& seqs, Precision p, bool for_backward,
+                                       float temperature, bool replay, const RolloutNumerics* at) {
     need_fp8_weights(p);
-    PROFILE_RANGE("forward");
     need_state();
     if (!(temperature > 0.0f)) fail("GpuEngine: temperature must be > 0 (got %g)", temperature);
     temperature_ = temperature;
@@ -1152,9 +1163,19 @@ inline void GpuEngine::forward(const std::vector<Sequence>& seqs, Precision p, b
     if (for_backward) train_kv_replayed_ = kv_replay_;
     trunk_forward(seqs, p, for_backward);
     kv_replay_ = false;
+}
+
+inline void GpuEngine::forward(const std::vector<Sequence>& seqs, Precision p, bool for_backward, float temperature,
+                               TokenValues* logprob, TokenValues* entropy, bool replay, const RolloutNumerics* at) {
+    PROFILE_RANGE("forward");
+    forward_to_head(seqs, p, for_backward, temperature, replay, at);
     const CpuModel& m = model_;
     head_.forward(head_logprob_, head_entropy_, head_lse_, head_mu_, xf_, wb(m.lm_head), target_.get(), (int)T_,
                   {m.V, m.C, temperature}, stream_);
+    head_token_values(seqs, logprob, entropy);
+}
+
+inline void GpuEngine::head_token_values(const std::vector<Sequence>& seqs, TokenValues* logprob, TokenValues* entropy) {
     std::vector<float> lp((size_t)T_), ent((size_t)T_);
     CUDA_CHECK(cudaMemcpy(lp.data(), head_logprob_, T_ * sizeof(float), cudaMemcpyDeviceToHost));
     CUDA_CHECK(cudaMemcpy(ent.data(), head_entropy_, T_ * sizeof(float), cudaMemcpyDeviceToHost));
@@ -1169,6 +1190,60 @@ inline void GpuEngine::forward(const std::vector<Sequence>& seqs, Precision p, b
             if (entropy) (*entropy)[s].push_back(start ? 0.0f : ent[(size_t)t - 1]);
         }
     }
+}
+
+inline void GpuEngine::keep_train_top1(const std::vector<Sequence>& seqs) {
+    train_seqs_ = seqs;
+    const std::vector<float> rows = head_.top1(target_.get(), (int)T_, stream_);
+    train_top1_.assign(seqs.size(), {});
+    for (size_t s = 0; s < seqs.size(); s++)  // head row t predicts token t + 1
+        for (int64_t t = batch_.offsets[s] + seqs[s].prompt_len; t < batch_.offsets[s + 1]; t++)
+            train_top1_[s].push_back(t == batch_.offsets[s] ? 0.0f : rows[(size_t)t - 1]);
+}
+
+inline void GpuEngine::forward_backward_train(const std::vector<Sequence>& seqs, Precision p, float temperature,
+                                              TokenValues* logprob, TokenValues* entropy, const TokenGradient& loss_grad) {
+    if (p == Precision::FP32) fail("the GPU engine trains in bf16 or fp8 (--train_precision), not fp32");
+    if (options_.one_fp8_weight_copy && p != Precision::FP8)
+        fail("internal: an engine with one FP8 weight copy trains in fp8, not %s", precision_name(p));
+    {
+        PROFILE_RANGE("forward");
+        forward_to_head(seqs, p, true, temperature, true, nullptr);
+    }
+    if (!grads_.size()) fail("GpuEngine::forward_backward_train before init_optimizer");
+    PROFILE_RANGE("backward");
+    // head row r predicts token r + 1: response position k of sequence s (first its row's token)
+    // sits at row first + k - 1; rows without one (prompts, a sequence's first token, padding) get 0
+    std::vector<int64_t> row_seq((size_t)T_, -1), row_pos((size_t)T_, 0);
+    for (size_t s = 0; s < seqs.size(); s++)
+        for (int64_t row = std::max(batch_.offsets[s], batch_.offsets[s] + seqs[s].prompt_len - 1); row < batch_.offsets[s + 1] - 1; row++)
+            if (target_host_[(size_t)row] >= 0)
+                row_seq[(size_t)row] = (int64_t)s, row_pos[(size_t)row] = row - batch_.offsets[s] - seqs[s].prompt_len + 1;
+    const std::pair<float*, float*> rows = backward_buffers();
+    float *const dlogprob_row = rows.first, *const dentropy_row = rows.second;
+    std::vector<float> lp, ent, dlp, dent;
+    auto token_grads = [&](int t0, int tb) {  // the block's rows, through the host's loss
+        lp.resize((size_t)tb), ent.resize((size_t)tb), dlp.assign((size_t)tb, 0.0f), dent.assign((size_t)tb, 0.0f);
+        CUDA_CHECK(cudaMemcpyAsync(lp.data(), head_logprob_ + t0, tb * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+        CUDA_CHECK(cudaMemcpyAsync(ent.data(), head_entropy_ + t0, tb * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+        CUDA_CHECK(cudaStreamSynchronize(stream_));
+        for (int i = 0; i < tb; i++) {
+            const size_t row = (size_t)(t0 + i);
+            if (row_seq[row] >= 0) loss_grad((size_t)row_seq[row], (size_t)row_pos[row], lp[i], ent[i], &dlp[i], &dent[i]);
+        }
+        CUDA_CHECK(cudaMemcpyAsync(dlogprob_row + t0, dlp.data(), tb * sizeof(float), cudaMemcpyHostToDevice, stream_));
+        CUDA_CHECK(cudaMemcpyAsync(dentropy_row + t0, dent.data(), tb * sizeof(float), cudaMemcpyHostToDevice, stream_));
+        CUDA_CHECK(cudaStreamSynchronize(stream_));  // the host vectors are refilled by the next block
+    };
+    const CpuModel& m = model_;
+    open_bucket(buckets_.head);
+    head_.forward_backward(head_logprob_, head_entropy_, head_lse_, head_mu_, dlogprob_row, dentropy_row, g_.dxn,
+                           grad(m.lm_head), xf_, wb(m.lm_head), target_.get(), (int)T_, {m.V, m.C, temperature},
+                           token_grads, stream_);
+    close_bucket();
+    head_token_values(seqs, logprob, entropy);
+    keep_train_top1(seqs);
+    backward_below_head();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1230,7 +1305,7 @@ inline void GpuEngine::backward(const TokenValues& d_logprob, const TokenValues&
     if (d_logprob.size() != train_seqs_.size()) fail("GpuEngine::backward: gradients of %zu sequences, the forward had %zu",
                                                      d_logprob.size(), train_seqs_.size());
     const CpuModel& m = model_;
-    const long T = T_, Tp = Tp_, C = m.C, Q = (long)m.H * m.D, Kd = (long)m.KV * m.D, I = m.I, N = m.qkv_dim();
+    const long T = T_;
     // head row r predicts token r + 1: dL/dlogprob of response position k of sequence s sits at row first + k - 1
     std::vector<float> dlp((size_t)T, 0.0f), dent((size_t)T, 0.0f);
     for (size_t s = 0; s < train_seqs_.size(); s++) {
@@ -1242,16 +1317,30 @@ inline void GpuEngine::backward(const TokenValues& d_logprob, const TokenValues&
             dent[(size_t)row] = d_entropy[s][k];
         }
     }
+    const auto [dlogprob_row, dentropy_row] = backward_buffers();
+    CUDA_CHECK(cudaMemcpy(dlogprob_row, dlp.data(), T * sizeof(float), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(dentropy_row, dent.data(), T * sizeof(float), cudaMemcpyHostToDevice));
+    // each bucket's gradients are complete at its close_bucket (ZeRO-2: reduced into the owners' shards)
+    open_bucket(buckets_.head);
+    head_.backward(g_.dxn, grad(m.lm_head), dlogprob_row, dentropy_row, head_lse_, head_mu_, xf_, wb(m.lm_head),
+                   target_.get(), (int)T, {m.V, m.C, temperature_}, stream_);
+    close_bucket();
+    backward_below_head();
+}
+
+inline std::pair<float*, float*> GpuEngine::backward_buffers() {
+    const CpuModel& m = model_;
+    const long T = T_, Tp = Tp_, C = m.C, Q = (long)m.H * m.D, Kd = (long)m.KV * m.D, I = m.I, N = m.qkv_dim();
     // buffers: BF16 gradients of activations, not zeroed: GEMMs write all Tp rows, the other kernels
     // T rows; of what a GEMM reads, dh, dgu and dqkv get their padding rows zeroed below.
     grad_bf16_.resize((size_t)(Tp * (2 * C + 3 * I + 2 * Q + 2 * Kd + N)), "BF16 activation gradients");
     bf16* b = grad_bf16_.get();
     auto take_b = [&](long n) { bf16* r = b; b += n; return r; };
-    bf16* dh = take_b(Tp * C);
+    g_.dh = take_b(Tp * C);
     g_.dxn_b = take_b(Tp * C), g_.da_b = take_b(Tp * I), g_.dgu = take_b(Tp * 2 * I);
     g_.datt_b = take_b(Tp * Q), g_.dq = take_b(Tp * Q), g_.dk = take_b(Tp * Kd), g_.dv = take_b(Tp * Kd);
     g_.dqkv = take_b(Tp * N);
-    for (auto [p, n] : {std::make_pair(dh, C), std::make_pair(g_.dgu, 2 * I), std::make_pair(g_.dqkv, N)})
+    for (auto [p, n] : {std::make_pair(g_.dh, C), std::make_pair(g_.dgu, 2 * I), std::make_pair(g_.dqkv, N)})
         if (Tp > T) CUDA_CHECK(cudaMemsetAsync(p + T * n, 0, (size_t)(Tp - T) * n * sizeof(bf16), stream_));
     column_scratch_floats_ = std::max({rmsnorm_backward_scratch_floats(T, m.C), rmsnorm_backward_scratch_floats(T * m.H, m.D),
                                        rmsnorm_backward_scratch_floats(T * m.KV, m.D), bias_backward_scratch_floats(T, (int)N)});
@@ -1262,31 +1351,29 @@ inline void GpuEngine::backward(const TokenValues& d_logprob, const TokenValues&
     float* dlogprob_row = take_f(T);
     float* dentropy_row = take_f(T);
     column_scratch_ = take_f(column_scratch_floats_);
-    CUDA_CHECK(cudaMemcpy(dlogprob_row, dlp.data(), T * sizeof(float), cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemcpy(dentropy_row, dent.data(), T * sizeof(float), cudaMemcpyHostToDevice));
-
     // the head's dX GEMMs add into dx (beta = 1)
     CUDA_CHECK(cudaMemsetAsync(g_.dxn, 0, (size_t)T * m.C * sizeof(float), stream_));
-    // each bucket's gradients are complete at its close_bucket (ZeRO-2: reduced into the owners' shards)
-    open_bucket(buckets_.head);
-    head_.backward(g_.dxn, grad(m.lm_head), dlogprob_row, dentropy_row, head_lse_, head_mu_, xf_, wb(m.lm_head),
-                   target_.get(), (int)T, {m.V, m.C, temperature_}, stream_);
-    close_bucket();
+    return {dlogprob_row, dentropy_row};
+}
+
+inline void GpuEngine::backward_below_head() {
+    const CpuModel& m = model_;
+    const long T = T_;
     cast(g_.dxn_b, g_.dxn, T * m.C, stream_);
     open_bucket(buckets_.final_norm);
-    rmsnorm_backward(dh, grad(m.final_norm), g_.dxn_b, hf_, wb(m.final_norm), rstdf_, T, m.C, false, column_scratch_,
+    rmsnorm_backward(g_.dh, grad(m.final_norm), g_.dxn_b, hf_, wb(m.final_norm), rstdf_, T, m.C, false, column_scratch_,
                      column_scratch_floats_, stream_);
     close_bucket();
     kv_replay_ = train_kv_replayed_;  // a recomputed layer reads K and V as its forward did
     for (int l = m.L - 1; l >= 0; l--) {
         if (options_.recompute_layer) layer_forward(l, true);
         open_bucket(buckets_.layers[l]);
-        layer_backward(l, dh);
+        layer_backward(l, g_.dh);
         close_bucket();
     }
     kv_replay_ = false;
     open_bucket(buckets_.embed);
-    embedding_backward(grad(m.embed), dh, ids_.get(), T, m.V, m.C, stream_);
+    embedding_backward(grad(m.embed), g_.dh, ids_.get(), T, m.V, m.C, stream_);
     close_bucket();
     finish_buckets();
 }

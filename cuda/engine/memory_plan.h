@@ -30,6 +30,7 @@ struct PlanConstants {
     size_t gemm_workspace_bytes;  // GemmRunner's cuBLASLt workspace
     int head_vocab_chunk;         // loss.cuh's columns of logits at a time
     int head_token_block;         // ... and its tokens of logits at a time
+    int head_fused_token_block;   // ... and the fused head's (forward_backward) tokens at a time
     int grad_norm_threads, grad_norm_max_blocks;  // cuda/engine/global_norm.cuh's partial sums
     int column_sum_chunk_rows;    // cuda/kernels/column_sum.cuh's rows per partial
 };
@@ -189,16 +190,26 @@ inline size_t linear_scratch_bytes(const ModelConfig& c, long T, Fp8Scaling scal
 
 // The head's scratch (LogprobHeadGpu): forward statistics and one tile (token block x vocabulary
 // chunk) of FP32 logits; backward one tile of BF16 dlogits and the padded copies of the last token
-// block of x, of the last chunk of W and of dW.
-inline size_t head_bytes(const ModelConfig& c, long T, int chunk, int block, bool backward) {
-    const long C = c.hidden_size, V = c.vocab_size, Tb = std::min<long>(T, block), last_tb = T - (T - 1) / block * block;
+// block of x, of the last chunk of W and of dW. A training step's (backward) logits are the larger
+// of that tile and the fused head's (forward_backward: a fused block's rows x the whole
+// vocabulary), which share one array.
+inline size_t head_bytes(const ModelConfig& c, long T, int chunk, int block, int fused_block, bool backward) {
+    const long C = c.hidden_size, V = c.vocab_size;
     const long last = V % chunk ? V % chunk : std::min<long>(chunk, V);  // columns of the last chunk
     const bool padded_w = last % 8 != 0;
-    size_t b = (size_t)T * (4 + 4 + 8 + 8) + 4 * (size_t)Tb * chunk + (padded_w ? 2 * (size_t)round_up(last, 8) * C : 0);
-    if (backward)
-        b += (last_tb % 8 ? 2 * (size_t)round_up(last_tb, 8) * C : 0) + 2 * (size_t)round_up(Tb, 8) * chunk +
+    auto rows = [&](long b) { return std::min<long>(T, b); };           // a block's rows
+    auto last_rows = [&](long b) { return T - (T - 1) / b * b; };       // the last block's
+    auto x_pad = [&](long b) { return last_rows(b) % 8 ? round_up(last_rows(b), 8) : 0; };
+    size_t logits = 4 * (size_t)rows(block) * chunk;
+    size_t b = (size_t)T * (4 + 4 + 8 + 8) + (padded_w ? 2 * (size_t)round_up(last, 8) * C : 0);
+    if (backward) {
+        const long tail = V % chunk;  // the fused head's logits: the full chunks' columns, then the tail's padded
+        logits = std::max(logits, 4 * (size_t)rows(fused_block) * (size_t)(V - tail + round_up(tail, 8)));
+        b += 2 * (size_t)std::max(x_pad(block), x_pad(fused_block)) * C +
+             2 * (size_t)round_up(std::max(rows(block), rows(fused_block)), 8) * chunk +
              (padded_w ? 4 * (size_t)round_up(last, 8) * C : 0);
-    return b;
+    }
+    return b + logits;
 }
 
 // The backward's buffers: BF16 activation gradients, FP32 dgrad outputs, the head's d(log-prob) and
@@ -241,12 +252,12 @@ inline MemoryPlan plan_memory(const ModelConfig& c, const MemoryPlanRequest& r, 
     }
     p.activations = forward_bytes(c, T, r.recompute_layer);
     p.backward = backward_bytes(c, T, k.column_sum_chunk_rows);
-    p.head = head_bytes(c, T, k.head_vocab_chunk, k.head_token_block, true);
+    p.head = head_bytes(c, T, k.head_vocab_chunk, k.head_token_block, k.head_fused_token_block, true);
     p.gemm_scratch = k.gemm_workspace_bytes + linear_scratch_bytes(c, T, r.fp8_scaling);
     // a forward without a backward (the reference's, a prefill) keeps one activation set, as --recompute layer does
     if (r.reference_policy) {
         p.reference_state = 4 * P + p.bf16_copy + p.fp8_copies;
-        p.reference = p.reference_state + forward_bytes(c, T, true) + head_bytes(c, T, k.head_vocab_chunk, k.head_token_block, false) +
+        p.reference = p.reference_state + forward_bytes(c, T, true) + head_bytes(c, T, k.head_vocab_chunk, k.head_token_block, k.head_fused_token_block, false) +
                       k.gemm_workspace_bytes + linear_scratch_bytes(c, T, r.fp8_scaling);
     }
     if (r.rollout_tokens > 0)

@@ -202,6 +202,11 @@ struct StepShape {
     int64_t tokens = 0, seq_len = 0;  // T tokens in sequences of seq_len (the last one shorter if need be)
     int head_vocab_chunk = 2048;      // loss.cuh's HEAD_VOCAB_CHUNK (the GPU benchmarks pass theirs)
     int head_token_block = 16384;     // ... and HEAD_TOKEN_BLOCK (1,024: the L2-resident tile)
+    // the training step's head: fused (LogprobHeadGpu::forward_backward in blocks of
+    // HEAD_FUSED_TOKEN_BLOCK tokens: logits once), as the trainers run it; false: forward's tiles,
+    // then backward's, the logits computed again
+    bool fused_head = true;
+    int head_fused_token_block = 1024;
     // micro-batches per optimizer step (gradients accumulated, --micro_batch_tokens): the
     // optimizer's kernels count 1 / micro_batches of their calls
     int micro_batches = 1;
@@ -355,6 +360,60 @@ inline void head(StepBuilder& b, bool backward) {
     if (!backward) b.pass("head finish", KernelClass::HeadSoftmax, (double)T * 40, 1, 1, "head_finish_kernel");
 }
 
+// The fused head (LogprobHeadGpu::forward_backward), the training step's: per block of
+// head_fused_token_block tokens the logits of the whole vocabulary, once (a GEMM over the full chunks'
+// columns, one over a narrower last chunk's), and the rows' statistics in one pass (forward); then
+// per vocabulary chunk dlogits (BF16) and the dX and dW GEMMs (backward). The block's logits (FP32,
+// 1,024 x 151,936: 622 MB) pass through HBM: written by the GEMM, read by the statistics and by
+// dlogits. A chunk's dlogits, its W rows, the block's X and dX rows are L2's when they fit together
+// (l2_resident_bytes): then W and dW rows come from HBM once a chunk and X and dX once a block.
+inline void fused_head(StepBuilder& b, bool backward) {
+    const ModelConfig& c = b.s.model;
+    const int64_t T = b.s.tokens, C = c.hidden_size, V = c.vocab_size, chunk = b.s.head_vocab_chunk;
+    const int64_t block = b.s.head_fused_token_block, tail = V % chunk, main_cols = V - tail, tail_ld = round_up(tail, 8);
+    const int64_t rows[2] = {std::min(T, block), T % block};
+    const double row_counts[2] = {(double)(T / block), T % block ? 1.0 : 0.0};  // full blocks, a last one
+    const int64_t widths[2] = {chunk, tail};
+    const double counts[2] = {(double)(V / chunk), tail ? 1.0 : 0.0}, chunks = counts[0] + counts[1];
+    const double keep = b.hw.l2_resident_bytes();
+    for (int r = 0; r < 2; r++) {
+        if (row_counts[r] == 0) continue;
+        const int64_t tb = rows[r], tb8 = round_up(tb, 8);
+        const double x_rows = (double)tb * C * kBF16, dx_rows = (double)tb * C * kF32;
+        auto gemm = [&](const char* name, int64_t m, int64_t n, int64_t k, GemmOutput out, double hbm, double l2, double repeat) {
+            KernelCost g = gemm_cost(b.hw, name, KernelClass::HeadGemm, m, n, k, Precision::BF16, out);
+            g.bytes = hbm, g.l2_bytes = l2;
+            b.add(std::move(g), repeat);
+        };
+        if (!backward) {
+            for (int64_t cols : {main_cols, tail_ld})
+                if (cols) gemm("head logits", cols, tb, C, GemmOutput::F32, (double)cols * C * kBF16 + x_rows + (double)tb * cols * kF32, 0,
+                               row_counts[r]);
+            // the merges of head_chunk_stats_kernel, a row's chunks in one launch (its loop's SASS)
+            b.tile_pass("head softmax statistics", (double)tb * 28 + (double)tb * (main_cols + tail_ld) * kF32, 0, row_counts[r],
+                        "head_chunk_stats_kernel");
+            continue;
+        }
+        for (int i = 0; i < 2; i++) {
+            if (counts[i] == 0) continue;
+            const int64_t ld = round_up(widths[i], 8);
+            const double repeat = row_counts[r] * counts[i];
+            const double logits = (double)tb * ld * kF32, dlogits = (double)tb8 * ld * kBF16;
+            const double w_rows = (double)ld * C * kBF16, dw_rows = (double)ld * C * kF32;
+            const bool resident = dlogits + w_rows + x_rows + dx_rows <= keep;
+            const double ws_l2 = resident ? 1 : 0, ws_hbm = 1 - ws_l2;
+            b.tile_pass("head dlogits", (double)tb * 20 + logits + ws_hbm * dlogits, ws_l2 * dlogits, repeat, "head_dlogits_kernel");
+            // dX rows [tb][C] read and written by each chunk's GEMM: from HBM once a block when resident
+            const double dx_hbm = resident ? 2 * dx_rows / chunks : 2 * dx_rows;
+            gemm("head dX", C, tb, ld, GemmOutput::F32_Accumulate, w_rows + dx_hbm + ws_hbm * dlogits,
+                 ws_l2 * (dlogits + 2 * dx_rows - dx_hbm), repeat);
+            const double x_hbm = resident ? x_rows / chunks : x_rows;
+            gemm("head dW", C, ld, tb8, GemmOutput::F32_Accumulate, 2 * dw_rows + x_hbm + ws_hbm * dlogits,
+                 ws_l2 * (dlogits + x_rows - x_hbm), repeat);
+        }
+    }
+}
+
 // The fused structure's decoder layer, forward (issue 28: 10 launches and GEMM calls in fp8, 9 in bf16).
 inline void fused_layer_forward(StepBuilder& b) {
     const ModelConfig& c = b.s.model;
@@ -502,7 +561,7 @@ inline std::vector<KernelCost> step_kernels(const PerfHardware& hw, const StepSh
     using namespace perf_detail;
     if (p != Precision::BF16 && p != Precision::FP8) fail("step_kernels: the GPU engine trains in bf16 or fp8");
     if (s.tokens <= 0 || s.seq_len <= 0 || s.micro_batches <= 0 || s.head_vocab_chunk <= 0 || s.head_vocab_chunk % 8 ||
-        s.head_token_block <= 0 || s.head_token_block % 8)
+        s.head_token_block <= 0 || s.head_token_block % 8 || s.head_fused_token_block <= 0 || s.head_fused_token_block % 8)
         fail("step_kernels: %lld tokens in sequences of %lld, %d micro-batches per update, head tiles of %d tokens x %d "
              "columns", (long long)s.tokens, (long long)s.seq_len, s.micro_batches, s.head_token_block, s.head_vocab_chunk);
     const ModelConfig& c = s.model;
@@ -527,13 +586,13 @@ inline std::vector<KernelCost> step_kernels(const PerfHardware& hw, const StepSh
     // the last layer's output joins the residual here when the adds are fused into the norms
     b.pass(fused ? "add + final RMSNorm" : "final RMSNorm", KernelClass::Elementwise,
            T * C * (fused ? 4 : 2) * kBF16 + T * kF32, 1, 1, kNormForward);
-    head(b, false);
+    (s.fused_head ? fused_head : head)(b, false);
 
     b.scope(StepPhase::Backward, false);
     if (!fused)
         b.pass("zero activation gradients", KernelClass::Zeroing,
                Tp * (3 * C + 3 * I + 3 * Q + 3 * K) * kBF16 + (Tp * (C + I + Q) + T * c.num_heads + 2 * T) * kF32, 2);
-    head(b, true);
+    (s.fused_head ? fused_head : head)(b, true);
     b.pass("cast head dX", KernelClass::Elementwise, T * C * (kF32 + kBF16));
     b.norm_backward("final RMSNorm backward", T, C, false);
     b.scope(StepPhase::Backward, true);

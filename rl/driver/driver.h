@@ -785,6 +785,13 @@ inline MetricRow Trainer::train_step() {
     lc.kl = cfg_.kl_estimator;
     lc.entropy_coef = cfg_.entropy_coef;
     const double horizon = (double)cfg_.response_budget();  // Λ of seq-mean-token-sum-norm
+    // The loss's gradient at a token follows from the token's log-prob and entropy and what is known
+    // before the forward (old and reference log-probs, advantage, IS weight, the normalizers), so the
+    // training forward and backward run as one call (forward_backward_train) unless the old log-probs
+    // come from this forward and the IS weights of a sequence need all its log-probs first.
+    const IsCorrection isc = cfg_.is_correction;
+    const bool gradient_per_token =
+        !(old_from_training && (isc == IsCorrection::SeqTis || isc == IsCorrection::SeqMis || isc == IsCorrection::GeoMask));
     const bool dumping = cfg_.dump_rollouts > 0 && step_ % cfg_.dump_rollouts == 0;
     double grad_norm_sum = 0, train_s = 0, lr = 0;
     int64_t train_tokens = 0, updates = 0;
@@ -816,7 +823,27 @@ inline MetricRow Trainer::train_step() {
                 const size_t ub = mu[u], ue = mu[u + 1];
                 std::vector<Sequence> mb(seqs.begin() + (long)ub, seqs.begin() + (long)ue);
                 TokenValues lp, ent;
-                engine_.forward_train(mb, cfg_.train_precision, T, &lp, &ent);
+                if (gradient_per_token) {  // the engine may fuse the backward into the forward (its LM head)
+                    std::vector<double> weight(mb.size());  // c of each sequence (loss_agg.h)
+                    for (size_t k = 0; k < mb.size(); k++)
+                        weight[k] = agg_token_weight(cfg_.loss_agg, valid_tokens(samples[ub + k].mask.data(), samples[ub + k].T()),
+                                                     global, horizon);
+                    auto grad = [&](size_t k, size_t t, float logp, float h, float* dlp, float* dh) {
+                        const Sample& s = samples[ub + k];
+                        *dlp = *dh = 0.0f;
+                        if (!s.mask[t]) return;
+                        // the only update's forward: logp is the old log-prob too, its IS weight a token's own
+                        double w = old_from_training ? 0.0 : s.is_weight[t];
+                        if (old_from_training)
+                            sequence_is_weights(cfg_.is_correction, cfg_.is_floor, cfg_.is_cap, &logp, &s.rollout_lp[t], &s.mask[t],
+                                                1, &w);
+                        const float old = old_from_training ? logp : s.old_lp[t];
+                        token_gradient(weight[k], token_loss(logp, old, ref_ ? s.ref_lp[t] : logp, s.adv[t], w, h, lc), dlp, dh);
+                    };
+                    engine_.forward_backward_train(mb, cfg_.train_precision, T, &lp, &ent, grad);
+                } else {
+                    engine_.forward_train(mb, cfg_.train_precision, T, &lp, &ent);
+                }
                 if (old_from_training)  // the only update's forward: these are the old policy's log-probs
                     for (size_t k = 0; k < mb.size(); k++) {
                         samples[ub + k].old_lp = lp[k];
@@ -851,7 +878,7 @@ inline MetricRow Trainer::train_step() {
                     sm.add_policy_sequence(st, lc.bounds);
                     train_tokens += s.T();
                 }
-                engine_.backward(d_lp, d_ent);
+                if (!gradient_per_token) engine_.backward(d_lp, d_ent);
                 train_s += seconds_since(t0);
             }
             for (int64_t u = (int64_t)mu.size() - 1; u < forwards[(size_t)j]; u++, empty_passes_++) engine_.backward_of_nothing();

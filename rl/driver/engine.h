@@ -8,6 +8,7 @@
 #pragma once
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -196,6 +197,26 @@ public:
     // Adds d(loss)/d(weights) to the gradients given d(loss)/d(logprob) and d(loss)/d(entropy) per
     // response position of the last forward_train().
     virtual void backward(const TokenValues& d_logprob, const TokenValues& d_entropy) = 0;
+    // A loss whose gradient at each response position depends on that position's log-prob and
+    // entropy alone (everything else known before the forward): sets *dlogprob and *dentropy of
+    // position `pos` of sequence `seq` from them.
+    using TokenGradient = std::function<void(size_t seq, size_t pos, float logprob, float entropy, float* dlogprob,
+                                             float* dentropy)>;
+    // forward_train(), then backward() of the gradients `grad` gives at every response position
+    // (its outputs as forward_train's). An engine may fuse the two: the GPU engine's LM head then
+    // computes each block's logits once (LogprobHeadGpu::forward_backward), not again in backward().
+    virtual void forward_backward_train(const std::vector<Sequence>& seqs, Precision precision, float temperature,
+                                        TokenValues* logprob, TokenValues* entropy, const TokenGradient& grad) {
+        forward_train(seqs, precision, temperature, logprob, entropy);
+        TokenValues d_logprob(seqs.size()), d_entropy(seqs.size());
+        for (size_t s = 0; s < seqs.size(); s++) {
+            d_logprob[s].resize((*logprob)[s].size());
+            d_entropy[s].resize((*logprob)[s].size());
+            for (size_t k = 0; k < (*logprob)[s].size(); k++)
+                grad(s, k, (*logprob)[s][k], (*entropy)[s][k], &d_logprob[s][k], &d_entropy[s][k]);
+        }
+        backward(d_logprob, d_entropy);
+    }
     // True when backward() is collective over the ranks (a GPU engine under ZeRO-2 reduces each
     // bucket as the backward finishes it): every rank then runs as many backwards per update, a
     // rank with fewer micro-batches calling backward_of_nothing() for the rest.

@@ -109,22 +109,22 @@ public:
         for (size_t u = 0; u + 1 < mu.size(); u++) {
             const std::vector<Sequence> mb(seqs.begin() + (long)mu[u], seqs.begin() + (long)mu[u + 1]);
             TokenValues lp, ent, top1;
-            engine_.forward_train(mb, cfg_.train_precision, 1.0f, &lp, &ent);
+            // d(loss)/d(logprob) = -1/N at each loss token: known before the forward (the fused head)
+            auto grad = [&](size_t k, size_t t, float, float, float* dlp, float* dent) {
+                *dlp = masks[mu[u] + k][t] ? (float)(-1.0 / (double)N) : 0.0f;
+                *dent = 0.0f;
+            };
+            engine_.forward_backward_train(mb, cfg_.train_precision, 1.0f, &lp, &ent, grad);
             engine_.last_train_top1(&top1);
-            TokenValues d_lp(mb.size()), d_ent(mb.size());
             for (size_t k = 0; k < mb.size(); k++) {
                 const std::vector<uint8_t>& mk = masks[mu[u] + k];
-                d_lp[k].assign(mk.size(), 0.0f);
-                d_ent[k].assign(mk.size(), 0.0f);
                 for (size_t t = 0; t < mk.size(); t++)
                     if (mk[t]) {
                         nll -= lp[k][t];
                         hits += top1[k][t];
-                        d_lp[k][t] = (float)(-1.0 / (double)N);
                     }
                 tokens += (int64_t)mb[k].ids.size();
             }
-            engine_.backward(d_lp, d_ent);
         }
         for (int64_t u = (int64_t)mu.size() - 1; u < forwards; u++) engine_.backward_of_nothing();
         const double norm = engine_.reduce_and_clip_grads(cfg_.grad_clip);

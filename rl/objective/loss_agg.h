@@ -88,6 +88,12 @@ struct SequenceLoss {
     double entropy = 0.0;  // Σ c·H
 };
 
+// What the engine backpropagates from a valid token of weight c: c·∂ℓ/∂logp and c·∂ℓ/∂H.
+FP8RL_HD void token_gradient(double c, const TokenLoss& tl, float* dlogp, float* dentropy) {
+    *dlogp = (float)(c * tl.dloss_dlogp);
+    *dentropy = (float)(c * tl.dloss_dentropy);
+}
+
 // Loss of one sequence under the aggregation, and the per-token gradients the engine
 // backpropagates: dlogp[t] = c·∂ℓ/∂logp_t, dentropy[t] = c·∂ℓ/∂H_t (0 on padding). Summing the
 // results over all sequences of all micro-batches and ranks gives the mini-batch loss.
@@ -107,8 +113,7 @@ inline SequenceLoss sequence_loss(const SequenceTokens& s, const TokenLossConfig
         out.pg_loss += c * s.is_weight[t] * tl.pg.loss;
         out.kl += c * tl.kl;
         out.entropy += c * h;
-        dlogp[t] = (float)(c * tl.dloss_dlogp);
-        dentropy[t] = (float)(c * tl.dloss_dentropy);
+        token_gradient(c, tl, &dlogp[t], &dentropy[t]);
     }
     return out;
 }

@@ -1,5 +1,5 @@
 // bench_train_step.cu: one training step of the GPU engine (cuda/engine/engine_gpu.cuh through rl/driver/engine.h:
-// forward_train, backward, reduce_and_clip_grads, optimizer_step), bf16 against fp8 in the same run,
+// forward_backward_train (the fused head, as the trainers run it), reduce_and_clip_grads, optimizer_step), bf16 against fp8 in the same run,
 // on random models of Qwen3-0.6B and Qwen3-1.7B shape with the real vocabulary (bench_model.h):
 // tokens/s and device memory three ways: the peak (the high-water mark of the engine's device bytes,
 // DeviceArray's count in cuda/engine/device_array.cuh, from its construction through its steps), what
@@ -62,8 +62,9 @@ StepResult bench_step(const std::string& dir, Precision p, const Batch& batch, c
     const auto step = [&] {
         TokenValues lp, ent;
         engine.zero_grads();
-        engine.forward_train(batch.seqs, p, 1.0f, &lp, &ent);
-        engine.backward(batch.d_logprob, batch.d_entropy);
+        engine.forward_backward_train(batch.seqs, p, 1.0f, &lp, &ent, [&](size_t s, size_t k, float, float, float* dlp, float* dent) {
+            *dlp = batch.d_logprob[s][k], *dent = batch.d_entropy[s][k];
+        });
         engine.reduce_and_clip_grads(1.0);
         engine.optimizer_step(1e-6);
     };
@@ -180,10 +181,12 @@ std::vector<std::string> backward_glue_rows(const BenchModel& m, long T, const P
     return rows;
 }
 
-// The LM head (loss.cuh) of one micro-batch of T tokens, forward and backward timed apart (median,
-// CUDA events), in the engine's tiles (HEAD_TOKEN_BLOCK tokens) and in the L2-resident ones (1,024
-// tokens, 8 MiB of logits), beside cuda/perf/perf_model.h's price of the head's kernels at each: which
-// tile wins on this GPU. Table rows.
+// The LM head (loss.cuh) of one micro-batch of T tokens: fused (forward_backward, the training step's,
+// in blocks of HEAD_FUSED_TOKEN_BLOCK tokens, the host asked for each block's gradients after a
+// stream synchronization as the engine does), and forward and backward timed apart in the tiles of
+// the passes without a gradient (HEAD_TOKEN_BLOCK tokens) and in the L2-resident ones (1,024 tokens,
+// 8 MiB of logits); median, CUDA events, beside cuda/perf/perf_model.h's price of the head's kernels
+// at each. Table rows.
 std::vector<std::string> head_rows(const BenchModel& m, const StepShape& shape, const PerfHardware& hw) {
     const long T = shape.tokens, C = m.hidden, V = m.vocab;
     DeviceBuffer<__nv_bfloat16> x((size_t)T * C), W((size_t)V * C);
@@ -198,6 +201,22 @@ std::vector<std::string> head_rows(const BenchModel& m, const StepShape& shape, 
     GemmRunner gemm;
     const HeadGpuShape hs{(int)V, (int)C, 1.0f};
     std::vector<std::string> rows;
+    {
+        LogprobHeadGpu head(gemm);
+        const double ms = median_ms([&] {
+            head.forward_backward(logprob.ptr, entropy.ptr, lse.ptr, mu.ptr, da.ptr, db.ptr, dx.ptr, dW.ptr, x.ptr, W.ptr,
+                                  target.ptr, (int)T, hs, [](int, int) { CUDA_CHECK(cudaStreamSynchronize(0)); }, 0);
+        });
+        double predicted = 0;
+        for (const KernelCost& k : step_kernels(hw, shape, Precision::BF16, StepStructure::Fused))
+            if (k.cls == KernelClass::HeadGemm || k.cls == KernelClass::HeadSoftmax) predicted += k.seconds(hw);
+        const long tb = std::min<long>(T, HEAD_FUSED_TOKEN_BLOCK), tail = V % HEAD_VOCAB_CHUNK;
+        const double workspace = (double)tb * (V - tail + (tail + 7) / 8 * 8) * 4 + (double)tb * HEAD_VOCAB_CHUNK * 2;
+        record_calibration("bench_train_step", strfmt("%s LM head fused, T = %ld, blocks of %d tokens", m.name, T,
+                                                      HEAD_FUSED_TOKEN_BLOCK), ms * 1e-3, predicted, "tensor");
+        rows.push_back(strfmt("| %s | %ld | %d (fused) | %.1f | forward + backward | %.3f | %.3f |", m.name, T,
+                              HEAD_FUSED_TOKEN_BLOCK, workspace / 1048576.0, ms, predicted * 1e3));
+    }
     for (int block : {HEAD_TOKEN_BLOCK, 1024}) {
         LogprobHeadGpu head(gemm, HEAD_VOCAB_CHUNK, block);
         const double fwd_ms = median_ms([&] {
@@ -207,7 +226,7 @@ std::vector<std::string> head_rows(const BenchModel& m, const StepShape& shape, 
             head.backward(dx.ptr, dW.ptr, da.ptr, db.ptr, lse.ptr, mu.ptr, x.ptr, W.ptr, target.ptr, (int)T, hs, 0);
         });
         StepShape tiles = shape;
-        tiles.head_token_block = block;
+        tiles.head_token_block = block, tiles.fused_head = false;
         double predicted[2] = {0, 0};  // forward, backward
         for (const KernelCost& k : step_kernels(hw, tiles, Precision::BF16, StepStructure::Fused))
             if (k.cls == KernelClass::HeadGemm || k.cls == KernelClass::HeadSoftmax)
@@ -322,9 +341,10 @@ int main(int argc, char** argv) {
            hw.bandwidth() / 1e12);
     printf("| model | tokens | kernel | ms | GB/s | of bandwidth |\n|---|---|---|---|---|---|\n");
     for (const std::string& row : glue_rows) printf("%s\n", row.c_str());
-    printf("\nLM head (loss.cuh) of the batch, forward and backward each timed alone (median, CUDA events), in the "
-           "engine's tiles and in 1,024-token ones (their logits and dlogits workspace: MiB); predicted = the perf "
-           "model's head kernels (cuda/perf/perf_model.h, head()) at those tiles\n\n");
+    printf("\nLM head (loss.cuh) of the batch (median, CUDA events): fused (forward_backward, the training step's, "
+           "logits once), and forward and backward each timed alone in the tiles of the passes without a gradient and "
+           "in 1,024-token ones (the logits and dlogits workspace: MiB); predicted = the perf model's head kernels "
+           "(cuda/perf/perf_model.h, fused_head() or head()) at those blocks\n\n");
     printf("| model | tokens | tile tokens | workspace MiB | pass | ms | predicted ms |\n|---|---|---|---|---|---|---|\n");
     for (const std::string& row : head_table) printf("%s\n", row.c_str());
     printf("\nbench_train_step: %d model(s) failed%s\n", failures, key.c_str());

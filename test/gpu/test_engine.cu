@@ -277,6 +277,60 @@ TEST(gpu_engine_recompute_layer_is_bit_exact) {
     }
 }
 
+// The fused head's step (forward_backward_train: each token block's logits once, the loss's gradients
+// asked of the caller as the block's log-probs are known) equals forward_train then backward of the
+// same gradients bit for bit: log-probs, entropies, top-1 hits and every gradient. The gradients
+// depend on the log-probs and entropies (as the RL loss's do), so a stale or misplaced row shows.
+// One model (the head's bits are test_loss_head.cu's; this is the engine's plumbing: rows, buckets).
+TEST(gpu_engine_fused_head_step_is_bit_exact) {
+    REQUIRE_GPU();
+    for (const char* dir : {"test/fixtures/models/qwen3_tiny"}) {
+        GpuEngine gpu(dir);
+        gpu.init_optimizer(AdamWConfig(), one_rank());
+        const std::vector<Sequence> seqs = ragged_batch((int)gpu.config().vocab_size, 7);
+        const TokenValues a = pseudo_gradients(seqs, 21), b = pseudo_gradients(seqs, 22);
+        auto grad = [&](size_t s, size_t k, float lp, float ent, float* dlp, float* dent) {
+            *dlp = a[s][k] * (1.0f + lp / 8), *dent = b[s][k] * ent;
+        };
+        for (Precision p : {Precision::FP8}) {
+            TokenValues lp[2], ent[2], top1[2];
+            std::vector<float> grads[2];
+            gpu.zero_grads();
+            gpu.forward_train(seqs, p, 0.8f, &lp[0], &ent[0]);
+            gpu.last_train_top1(&top1[0]);
+            TokenValues dlp(seqs.size()), dent(seqs.size());
+            for (size_t s = 0; s < seqs.size(); s++) {
+                dlp[s].resize(lp[0][s].size()), dent[s].resize(lp[0][s].size());
+                for (size_t k = 0; k < lp[0][s].size(); k++) grad(s, k, lp[0][s][k], ent[0][s][k], &dlp[s][k], &dent[s][k]);
+            }
+            gpu.backward(dlp, dent);
+            grads[0] = gpu.gradients();
+            gpu.zero_grads();
+            gpu.forward_backward_train(seqs, p, 0.8f, &lp[1], &ent[1], grad);
+            gpu.last_train_top1(&top1[1]);
+            grads[1] = gpu.gradients();
+            auto same_bits = [](const std::vector<float>& x, const std::vector<float>& y) {
+                return x.size() == y.size() && (x.empty() || memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0);
+            };
+            bool values_equal = true;
+            for (size_t s = 0; s < seqs.size(); s++)
+                values_equal = values_equal && same_bits(lp[0][s], lp[1][s]) && same_bits(ent[0][s], ent[1][s]) &&
+                               same_bits(top1[0][s], top1[1][s]);
+            long differing = 0;
+            for (size_t i = 0; i < grads[0].size() && i < grads[1].size(); i++)
+                differing += memcmp(&grads[0][i], &grads[1][i], sizeof(float)) != 0;
+            double norm = 0;
+            for (float g : grads[0]) norm += (double)g * g;
+            printf("    %-22s %s: fused step vs forward + backward: %ld of %zu gradients differ; values %s\n",
+                   dir + std::string(dir).rfind('/') + 1, precision_name(p), differing, grads[0].size(),
+                   values_equal ? "equal" : "DIFFER");
+            CHECK_MSG(values_equal, "%s %s: log-probs, entropies or top-1 differ in the fused step", dir, precision_name(p));
+            CHECK_MSG(same_bits(grads[0], grads[1]), "%s %s: gradients differ in the fused step", dir, precision_name(p));
+            CHECK_MSG(norm > 0, "%s %s: zero gradients, nothing compared", dir, precision_name(p));
+        }
+    }
+}
+
 // One FP8 weight copy (EngineOptions::one_fp8_weight_copy: the transposed copy made before each
 // dgrad, BF16 passes cast layer by layer from the master, a compacted BF16 copy of the rest) trains
 // what the engine with both FP8 copies and the whole BF16 copy trains, bit for bit: over two

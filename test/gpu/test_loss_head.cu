@@ -443,3 +443,72 @@ TEST(gpu_head_token_blocks_keep_cpu_bits) {
     SKIP("the tensor cores sum in their own order on a GPU: gpu_head_backward_matches_cpu bounds the tiles");
 #endif
 }
+
+// The fused head (forward_backward: a token block's logits computed once, over the whole vocabulary)
+// against forward then backward with the same token blocks: the same operations on the same values,
+// so every output has the same bits (on a GPU too: the logits GEMMs do not split k, so each logit is
+// one chain over C whatever the GEMM's m). The loss's gradients come from the block's own log-probs
+// (a_t scaled by 1 + logprob_t / 8, b_t by entropy_t), asked for block by block: a block's
+// statistics must be final when asked, and every row asked once. Shapes: vocabulary chunks of 256
+// with a last one of 235 columns (the tail GEMM and its padded rows), a vocabulary of one chunk of
+// 300 (no full chunk), one of 2 whole chunks (no tail); token blocks of 8 with a ragged last one.
+TEST(gpu_head_fused_equals_forward_then_backward) {
+    GemmRunner gemm;
+    struct Case { int T, C, V, chunk, block; };
+    for (const Case& k : {Case{21, 136, 1003, 256, 8}, Case{13, 24, 300, HEAD_VOCAB_CHUNK, 8}, Case{16, 32, 512, 256, 16}}) {
+        HeadProblem h(k.T, k.C, k.V, 0.7f, 61 + k.T);
+        auto a_of = [&](int t, float lp) { return h.a[t] * (1.0f + lp / 8); };
+        auto b_of = [&](int t, float ent) { return h.b[t] * ent; };
+        std::vector<float> dx0((size_t)h.T * h.C), dW0((size_t)h.V * h.C);
+        for (size_t i = 0; i < dx0.size(); i++) dx0[i] = 0.01f * hash_uniform(i, 9);
+        for (size_t i = 0; i < dW0.size(); i++) dW0[i] = 0.01f * hash_uniform(i, 10);
+        // forward, then backward with the gradients of its log-probs
+        GpuHead g(h);
+        LogprobHeadGpu head(gemm, k.chunk, k.block, k.block);
+        g.forward(head, h);
+        const std::vector<float> lp = g.logprob.download(), ent = g.entropy.download();
+        std::vector<float> a(h.T), b(h.T);
+        for (int t = 0; t < h.T; t++) a[t] = a_of(t, lp[t]), b[t] = b_of(t, ent[t]);
+        DeviceBuffer<float> dx(dx0), dW(dW0), da(a), db(b);
+        head.backward(dx.ptr, dW.ptr, da.ptr, db.ptr, g.lse.ptr, g.mu.ptr, g.x.ptr, g.W.ptr, g.target.ptr, h.T, h.shape(), 0);
+        const std::vector<float> top1 = head.top1(g.target.ptr, h.T, 0);
+        // fused
+        GpuHead f(h);
+        f.logprob.poison(), f.entropy.poison(), f.lse.poison(), f.mu.poison();
+        LogprobHeadGpu fused(gemm, k.chunk, HEAD_TOKEN_BLOCK, k.block);
+        DeviceBuffer<float> fdx(dx0), fdW(dW0), fda(h.T), fdb(h.T);
+        std::vector<int> asked(h.T, 0);
+        bool stale = false;
+        fused.forward_backward(f.logprob.ptr, f.entropy.ptr, f.lse.ptr, f.mu.ptr, fda.ptr, fdb.ptr, fdx.ptr, fdW.ptr, f.x.ptr,
+                               f.W.ptr, f.target.ptr, h.T, h.shape(), [&](int t0, int tb) {
+                                   std::vector<float> blp(tb), bent(tb), ba(tb), bb(tb);
+                                   CUDA_CHECK(cudaMemcpy(blp.data(), f.logprob.ptr + t0, tb * sizeof(float), cudaMemcpyDeviceToHost));
+                                   CUDA_CHECK(cudaMemcpy(bent.data(), f.entropy.ptr + t0, tb * sizeof(float), cudaMemcpyDeviceToHost));
+                                   for (int i = 0; i < tb; i++) {
+                                       asked[t0 + i]++;
+                                       stale |= memcmp(&blp[i], &lp[t0 + i], sizeof(float)) != 0;
+                                       ba[i] = a_of(t0 + i, blp[i]), bb[i] = b_of(t0 + i, bent[i]);
+                                   }
+                                   CUDA_CHECK(cudaMemcpy(fda.ptr + t0, ba.data(), tb * sizeof(float), cudaMemcpyHostToDevice));
+                                   CUDA_CHECK(cudaMemcpy(fdb.ptr + t0, bb.data(), tb * sizeof(float), cudaMemcpyHostToDevice));
+                               }, 0);
+        auto differing = [](const std::vector<float>& x, const std::vector<float>& y) {
+            long n = x.size() != y.size() ? 1 : 0;
+            for (size_t i = 0; i < x.size() && i < y.size(); i++) n += memcmp(&x[i], &y[i], sizeof(float)) != 0;
+            return n;
+        };
+        const long d_lp = differing(f.logprob.download(), lp), d_ent = differing(f.entropy.download(), ent);
+        const long d_stats = differing(f.lse.download(), g.lse.download()) + differing(f.mu.download(), g.mu.download());
+        const long d_dx = differing(fdx.download(), dx.download()), d_dw = differing(fdW.download(), dW.download());
+        const long d_top1 = differing(fused.top1(f.target.ptr, h.T, 0), top1);
+        long once = 0;
+        for (int t = 0; t < h.T; t++) once += asked[t] == 1;
+        printf("    T=%d C=%d V=%d chunk=%d block=%d: differing logprob %ld, entropy %ld, lse/mu %ld, dX %ld of %zu, "
+               "dW %ld of %zu, top1 %ld; rows asked once %ld of %d\n",
+               h.T, h.C, h.V, k.chunk, k.block, d_lp, d_ent, d_stats, d_dx, dx0.size(), d_dw, dW0.size(), d_top1, once, h.T);
+        CHECK(d_lp == 0 && d_ent == 0 && d_stats == 0 && d_dx == 0 && d_dw == 0 && d_top1 == 0);
+        CHECK(once == h.T && !stale);
+    }
+    CHECK_THROWS(LogprobHeadGpu(gemm, 256, 8, 12), "fused token block 12 must be a positive multiple of 8");
+    CHECK_THROWS(LogprobHeadGpu(gemm, 4096), "at most 2048");
+}
