@@ -4,10 +4,11 @@
 // The CPU engine is the GPU engine's oracle, so with BF16 activations attention rounds where the
 // GPU kernels round, in their order (rl/numerics/attention_tiles.h), and with FP32 it rounds nowhere:
 //   packed batch (training, --logprobs, and a generator's prefill over its cache): the training
-//     kernel's online softmax (cuda/kernels/attention.cuh) over key tiles of kFlashTile: per tile the running
-//     max grows, the partial sums and the output are rescaled by exp(old max - new max), the tile's
-//     exp(s - max) join the kFlashLanes partial sums unrounded and meet V rounded to BF16; the output
-//     is scaled by 1 / sum and rounded once. Per (sequence, head, block of kFlashTile queries) the
+//     kernel's online softmax (cuda/kernels/attention.cuh) over key tiles of kFlashTile, in the exp2
+//     domain (rl/numerics/exp2.h, c = scale log2(e)): per tile the running max m of the raw scores s
+//     grows, the partial sums and the output are rescaled by 2^(old m c - new m c), the tile's
+//     2^(s c - m c) (one FMA, then exp2) join the kFlashLanes partial sums unrounded and meet V rounded
+//     to BF16; the output is scaled by 1 / sum and rounded once; lse = m scale + log(sum). Per (sequence, head, block of kFlashTile queries) the
 //     scores are one GEMM (Q K^T) and each key tile's P V another, so attention runs at GEMM speed.
 //   decode (a generator's decode step over its cache): the decode kernel's flash-decoding
 //     (kv_cache.cuh): the row's keys cut into chunks, each an online softmax over kDecodeTile-key
@@ -15,10 +16,13 @@
 //     on the tensor cores: scores are BF16 products summed in d order, times the K scale (FP8: the
 //     cache keeps code values); P V adds P split into two BF16 (P_hi V, then P_lo V, per 16 keys),
 //     and the V scale multiplies the chunk's output before its sum divides it.
-//   backward: P recomputed from lse; P and dS rounded to BF16 where they meet dO, K and Q.
-// exp is rl/numerics/fast_exp.h's, as in the kernels. Each output is written by one task in a fixed
-// order, so results are bitwise identical for any thread count, and a sequence's result does not
-// depend on the other sequences of the batch (masked scores enter the products as exact zeros).
+//   backward: P = 2^(s c - lse log2(e)) recomputed from lse; P and dS rounded to BF16 where they
+//     meet dO, K and Q.
+// The packed and prefill exps are rl/numerics/exp2.h's (ex2.approx's FP32 twin, as the emulated kernels
+// compute it; a real GPU's differ by at most 3.7e-7 relative each: docs/gpu-engine.md), decode's
+// rl/numerics/fast_exp.h's. Each output is written by one task in a fixed order, so results are
+// bitwise identical for any thread count, and a sequence's result does not depend on the other
+// sequences of the batch (masked scores enter the products as exact zeros).
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -29,6 +33,7 @@
 
 #include "rl/numerics/attention_tiles.h"
 #include "rl/numerics/bf16.h"
+#include "rl/numerics/exp2.h"
 #include "rl/numerics/fast_exp.h"
 #include "rl/numerics/fast_log.h"
 #include "rl/numerics/reduction_order.h"
@@ -54,17 +59,17 @@ inline float dot_in_order(const float* a, const float* b, int n) {
 struct FlashRow {
     float max = -INFINITY, lane_sum[kFlashLanes] = {};
 
-    // One key tile of the row: s[0..n) its scaled scores, keys past `valid` masked. Returns the
-    // factor that rescales what the earlier tiles gave; leaves in p[0..n) the tile's weights
-    // exp(s - max) (rounded to BF16 with bf16, 0 where masked).
-    float add_tile(float* p, const float* s, int valid, int n, bool bf16) {
+    // One key tile of the row: s[0..n) its raw scores (q . k), keys past `valid` masked; c =
+    // exp2_domain(scale) > 0. Returns the factor that rescales what the earlier tiles gave; leaves in
+    // p[0..n) the tile's weights 2^(s c - max c) (rounded to BF16 with bf16, 0 where masked).
+    float add_tile(float* p, const float* s, int valid, int n, float c, bool bf16) {
         float tile_max = -INFINITY;
         for (int j = 0; j < valid; j++) tile_max = s[j] > tile_max ? s[j] : tile_max;
-        const float new_max = tile_max > max ? tile_max : max;
-        const float rescale = fast_exp(max - new_max);  // exp(-inf) = 0 on the first tile
+        const float new_max = tile_max > max ? tile_max : max, new_max_c = mul_rn(new_max, c);
+        const float rescale = exp2_approx(mul_rn(max, c) - new_max_c);  // 2^-inf = 0 on the first tile
         max = new_max;
         for (float& l : lane_sum) l *= rescale;
-        fast_exp_shifted(p, s, new_max, valid);
+        exp2_fma_row(p, s, c, new_max_c, valid);
         for (int j = 0; j < valid; j++) {
             lane_sum[j % 8 / 2] += p[j];  // lane t of a C fragment holds columns 8i + 2t, 8i + 2t + 1
             if (bf16) p[j] = round_bf16(p[j]);
@@ -74,6 +79,8 @@ struct FlashRow {
     }
     // The row's sum, as the lanes add it (a quad shuffle: (l0 + l1) + (l2 + l3)).
     float total() const { return (lane_sum[0] + lane_sum[1]) + (lane_sum[2] + lane_sum[3]); }
+    // The row's log-sum-exp of the scaled scores, in the natural base: max scale + log(sum), one FMA.
+    float lse(float scale) const { return fmaf(max, scale, std::log(total())); }
 };
 
 // One unit of work over a packed batch: sequence rows [begin, end), head (forward: query head,
@@ -110,6 +117,7 @@ inline void attention_forward_packed(float* out, float* lse, const float* q, con
             const AttentionTask& t = tasks[ti];
             const int nq = (int)(t.q1 - t.q0), keys = (int)(t.q1 - t.begin), kvh = t.head / group;
             const float scale = inv_sqrt_d * (k_scale ? k_scale[kvh] : 1.0f), out_scale = v_scale ? v_scale[kvh] : 1.0f;
+            const float c = exp2_domain(scale);
             const float* kb = k + t.begin * s.ldk() + kvh * s.D;
             const float* vb = v + t.begin * s.ldk() + kvh * s.D;
             float* o = out + t.q0 * s.ldq() + t.head * s.D;  // [nq] rows of ldq
@@ -117,8 +125,6 @@ inline void attention_forward_packed(float* out, float* lse, const float* q, con
                     keys, false);
             for (int i = 0; i < nq; i++) {
                 rows[i] = FlashRow();
-                const int valid = (int)(t.q0 + i - t.begin) + 1;
-                for (int j = 0; j < valid; j++) scores[(size_t)i * keys + j] *= scale;
                 for (int d = 0; d < s.D; d++) o[i * s.ldq() + d] = 0.0f;
             }
             for (int k0 = 0; k0 < keys; k0 += kFlashTile) {
@@ -126,14 +132,14 @@ inline void attention_forward_packed(float* out, float* lse, const float* q, con
                 for (int i = 0; i < nq; i++) {
                     const int valid = std::min(n, (int)(t.q0 + i - t.begin) + 1 - k0);  // >= 1: k0 <= the block's first query
                     rescale[i] = rows[i].add_tile(p.data() + (size_t)i * n, scores.data() + (size_t)i * keys + k0, valid,
-                                                  n, bf16);
+                                                  n, c, bf16);
                     for (int d = 0; d < s.D; d++) o[i * s.ldq() + d] *= rescale[i];
                 }
                 gemm_nn(nq, s.D, n, p.data(), n, vb + (long)k0 * s.ldk(), (int)s.ldk(), o, (int)s.ldq(), true);
             }
             for (int i = 0; i < nq; i++) {
-                const float total = rows[i].total(), inv = out_scale / total;
-                lse[(t.q0 + i) * s.H + t.head] = rows[i].max + std::log(total);
+                const float inv = out_scale / rows[i].total();
+                lse[(t.q0 + i) * s.H + t.head] = rows[i].lse(scale);
                 for (int d = 0; d < s.D; d++) {
                     float& x = o[i * s.ldq() + d];
                     x = bf16 ? round_bf16(x * inv) : x * inv;
@@ -166,7 +172,7 @@ inline void prefetch_row(const float* p, long n) {
 inline void cached_prefill_row(float* o, float* lse, const float* qt, const float* kb, const float* vb, int n,
                                AttentionShape s, const float* k_scale, const float* v_scale, float* scratch,
                                FlashRow* rows, bool bf16) {
-    const float scale = 1.0f / std::sqrt((float)s.D);
+    const float scale = 1.0f / std::sqrt((float)s.D), c = exp2_domain(scale);
     const int group = s.H / s.KV;
     float *w = scratch, *k_row = w + (long)s.H * n, *v_row = k_row + s.ldk();  // w [H][n]
     for (int j = 0; j < n; j++) {
@@ -175,7 +181,7 @@ inline void cached_prefill_row(float* o, float* lse, const float* qt, const floa
             const float x = kb[j * s.ldk() + c] * k_scale[c / s.D];
             k_row[c] = bf16 ? round_bf16(x) : x;
         }
-        for (int h = 0; h < s.H; h++) w[(long)h * n + j] = dot_in_order(qt + h * s.D, k_row + (h / group) * s.D, s.D) * scale;
+        for (int h = 0; h < s.H; h++) w[(long)h * n + j] = dot_in_order(qt + h * s.D, k_row + (h / group) * s.D, s.D);
     }
     for (int h = 0; h < s.H; h++) rows[h] = FlashRow();
     for (int d = 0; d < s.H * s.D; d++) o[d] = 0.0f;
@@ -183,7 +189,7 @@ inline void cached_prefill_row(float* o, float* lse, const float* qt, const floa
         const int tile = std::min(kFlashTile, n - k0);
         for (int h = 0; h < s.H; h++) {
             float* wh = w + (long)h * n + k0;
-            const float rescale = rows[h].add_tile(wh, wh, tile, tile, bf16);
+            const float rescale = rows[h].add_tile(wh, wh, tile, tile, c, bf16);
             for (int d = 0; d < s.D; d++) o[h * s.D + d] *= rescale;
         }
         for (int j = k0; j < k0 + tile; j++) {
@@ -201,8 +207,8 @@ inline void cached_prefill_row(float* o, float* lse, const float* qt, const floa
         }
     }
     for (int h = 0; h < s.H; h++) {
-        const float total = rows[h].total(), inv = 1.0f / total;
-        lse[h] = rows[h].max + std::log(total);
+        const float inv = 1.0f / rows[h].total();
+        lse[h] = rows[h].lse(scale);
         for (int d = 0; d < s.D; d++) o[h * s.D + d] = bf16 ? round_bf16(o[h * s.D + d] * inv) : o[h * s.D + d] * inv;
     }
 }
@@ -312,7 +318,7 @@ inline void attention_forward_cached(float* out, float* lse, const float* q, con
 // Packed backward (flash-attention style, probabilities recomputed from lse). One task per
 // (sequence, kv head) owns that head's dk, dv rows and walks its query heads and query blocks in
 // order, so every gradient row has one writer and a fixed summation order:
-//   P = exp(Q K^T * scale - lse), dP = dO V^T, dS = P * (dP - delta) * scale,
+//   P = 2^(Q K^T c - lse log2(e)) (c = scale log2(e)), dP = dO V^T, dS = P * (dP - delta) * scale,
 //   dQ = dS K, dK += dS^T Q, dV += P^T dO;  delta [T, H] = rowsum(dO * O).
 // bf16: P and dS are rounded to BF16 once dS is formed, as the kernels round them to meet dO, K and Q
 // on the tensor cores (the caller rounds dq, dk, dv, which the kernels store in BF16).
@@ -320,7 +326,7 @@ inline void attention_backward_packed(float* dq, float* dk, float* dv, float* de
                                       const float* out, const float* lse, const float* q, const float* k,
                                       const float* v, const std::vector<int64_t>& seq_offsets, long T,
                                       AttentionShape s, bool bf16) {
-    const float scale = 1.0f / std::sqrt((float)s.D);
+    const float scale = 1.0f / std::sqrt((float)s.D), c = exp2_domain(scale);
     const int group = s.H / s.KV;
 #pragma omp parallel for schedule(static)
     for (long th = 0; th < T * s.H; th++) {
@@ -359,8 +365,7 @@ inline void attention_backward_packed(float* dq, float* dk, float* dv, float* de
                         const long row = q0 + i;
                         const int valid = (int)(row - t.begin) + 1;
                         float *pr = p.data() + (long)i * keys, *dsr = ds.data() + (long)i * keys;
-                        for (int j = 0; j < valid; j++) pr[j] *= scale;
-                        fast_exp_shifted(pr, pr, lse[row * s.H + h], valid);
+                        exp2_fma_row(pr, pr, c, exp2_domain(lse[row * s.H + h]), valid);
                         const float dl = delta[row * s.H + h];
                         for (int j = 0; j < valid; j++) dsr[j] = pr[j] * (dsr[j] - dl) * scale;
                         if (bf16)

@@ -23,9 +23,13 @@
 // FA2 folds dQ into the dK/dV kernel with atomic FP32 adds; here dQ has its own kernel (two more
 // tile products) so that every output has one writer and a fixed summation order: the backward is
 // deterministic, run to run, without a [key blocks][T][H][D] buffer of partial dQ.
-// exp is rl/numerics/fast_exp.h's, the CPU engine's (FMAs on the CUDA cores, where __expf would
-// round differently on the device than in emulation), and the CPU engine rounds at this tiling
-// (rl/numerics/attention_tiles.h), so that it is this code's oracle to FP32 rounding.
+// The softmax is FA2/FA3's, in the exp2 domain: P = 2^(s c - m c) with c = scale log2(e), one FFMA and
+// one MUFU.EX2 (rl/numerics/exp2.h: ex2.approx.ftz.f32, whose FP32 twin the CPU engine and the
+// emulation compute); lse stays natural (m scale + log(sum)) and the backward takes lse log2(e) once
+// per row (dk/dv: per query column it reads). The CPU engine rounds at this tiling
+// (rl/numerics/attention_tiles.h), so that it is this code's oracle to FP32 rounding and, on a real
+// GPU, to ex2.approx's error (docs/gpu-engine.md, "Attention's exp2"). Masks cost only the tiles that
+// need them: the forward's and dq's diagonal tile is peeled out of their loops.
 // Head dims 8 (padded to 16 in shared memory), 16, 32, 64 and 128.
 #ifndef FP8RL_CUDA_ATTENTION_CUH
 #define FP8RL_CUDA_ATTENTION_CUH
@@ -37,7 +41,7 @@
 #include "cuda/kernels/mma.cuh"
 #include "cuda/kernels/wgmma.cuh"
 #include "rl/numerics/attention_tiles.h"
-#include "rl/numerics/fast_exp.h"
+#include "rl/numerics/exp2.h"
 
 namespace fp8rl {
 
@@ -223,8 +227,9 @@ __global__ void __launch_bounds__(kAttnThreads)
     start_copy(k_tiles, k_src, 0);
     __pipeline_commit();
     const float scale = 1.0f / sqrtf((float)D) * (k_scale ? k_scale[kv_head] : 1.0f);  // K scale: see attention_forward
+    const float c = exp2_domain(scale);  // scores to the exp2 domain
     const long warp_row0 = q0 + 16 * warp;
-    float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};  // rows g and g + 8; row_sum per lane
+    float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};  // rows g and g + 8 (raw scores); row_sum per lane
     ScoreAccumulator s_acc;
     WgmmaAccumulator<Tile::cols> o;  // register 4n + i: the C fragment block n, element i
     zero_accumulator<D>(o);
@@ -238,28 +243,34 @@ __global__ void __launch_bounds__(kAttnThreads)
         fence_proxy_async_shared();  // ... visible to the warpgroup MMA's reads
         __syncthreads();             // ... for every thread's copies
     };
-    // The online softmax of the completed S_tile: s gets P (unnormalised), correction the factor of O
-    // and of the running sums. Key 0 is in the first tile and every row sees it, so the running max is
-    // finite from then on.
-    auto softmax = [&](int tile, float s[8][4], float correction[2]) {
-        const long k0 = (long)tile * kAttnTile;
+    // The online softmax of the completed S_tile in the exp2 domain: s gets P = 2^(s c - max c)
+    // (unnormalised), correction the factor of O and of the running sums. Only the block's last key
+    // tile (the diagonal, and the sequence's end) holds keys a row must not see: `masked` (a
+    // std::bool_constant) masks them; earlier tiles are all before the block's first query. Key 0 is
+    // in the first tile and every row sees it, so the running max is finite from then on.
+    auto softmax = [&](int tile, float s[8][4], float correction[2], auto masked) {
         scores_of(s, s_acc);
-        float tile_max[2] = {-INFINITY, -INFINITY};
+        if (decltype(masked)::value) {
+            const long k0 = (long)tile * kAttnTile;
+            for (int j = 0; j < 8; j++)
+                for (int i = 0; i < 4; i++) {
+                    const long key = k0 + 8 * j + c_fragment_col(i), row = warp_row0 + c_fragment_row(i);
+                    if (!(key <= row && key < key_end)) s[j][i] = -INFINITY;
+                }
+        }
+        float tile_max[2] = {-INFINITY, -INFINITY}, max_c[2];
         for (int j = 0; j < 8; j++)
-            for (int i = 0; i < 4; i++) {
-                const long key = k0 + 8 * j + c_fragment_col(i), row = warp_row0 + c_fragment_row(i);
-                s[j][i] = key <= row && key < key_end ? s[j][i] * scale : -INFINITY;
-                tile_max[i >> 1] = fmaxf(tile_max[i >> 1], s[j][i]);
-            }
+            for (int i = 0; i < 4; i++) tile_max[i >> 1] = fmaxf(tile_max[i >> 1], s[j][i]);
         for (int r = 0; r < 2; r++) {
             const float new_max = fmaxf(row_max[r], quad_max(tile_max[r]));
-            correction[r] = fast_exp(row_max[r] - new_max);
+            max_c[r] = mul_rn(new_max, c);
+            correction[r] = exp2_approx(mul_rn(row_max[r], c) - max_c[r]);  // 2^-inf = 0 in round 0
             row_max[r] = new_max;
             row_sum[r] *= correction[r];
         }
         for (int j = 0; j < 8; j++)
             for (int i = 0; i < 4; i++) {
-                s[j][i] = fast_exp(s[j][i] - row_max[i >> 1]);
+                s[j][i] = exp2_fma(s[j][i], c, max_c[i >> 1]);  // masked: 2^-inf = 0
                 row_sum[i >> 1] += s[j][i];
             }
     };
@@ -269,11 +280,11 @@ __global__ void __launch_bounds__(kAttnThreads)
     issue_product_abt<D>(s_acc, q_tile, k_tiles);
     wgmma_commit();
     wgmma_wait<0>(s_acc);
-    softmax(0, s, correction);
+    softmax(0, s, correction, std::true_type());  // masked even where it is not the last tile: once per CTA
     for (int r = 0; r < Tile::cols / 2; r++) o[r] *= correction[(r >> 1) & 1];
     pack_fragments(p, s);
     __syncthreads();  // every warp is done with K_0 before round 1's copies refill its buffer
-    for (int tile = 1; tile < key_tiles; tile++) {
+    auto round = [&](int tile, auto masked) {
         copies_of_round(tile);
         wgmma_fence();
         issue_product_abt<D>(s_acc, q_tile, k_tiles + (tile & 1) * Tile::bytes);
@@ -281,12 +292,14 @@ __global__ void __launch_bounds__(kAttnThreads)
         issue_product_pb<D>(o, p, v_tiles + ((tile - 1) & 1) * Tile::bytes);
         wgmma_commit();
         wgmma_wait<1>(s_acc);  // S_tile has landed; O += P V of the previous tile stays in flight under the softmax
-        softmax(tile, s, correction);
+        softmax(tile, s, correction, masked);
         wgmma_wait<0>(o);
         for (int r = 0; r < Tile::cols / 2; r++) o[r] *= correction[(r >> 1) & 1];
         pack_fragments(p, s);
         __syncthreads();  // every warp is done with K_tile and V_{tile-1} before the next round's copies refill them
-    }
+    };
+    for (int tile = 1; tile < key_tiles - 1; tile++) round(tile, std::false_type());
+    if (key_tiles > 1) round(key_tiles - 1, std::true_type());  // the diagonal tile, peeled out of the loop
     copies_of_round(key_tiles);
     wgmma_fence();
     issue_product_pb<D>(o, p, v_tiles + ((key_tiles - 1) & 1) * Tile::bytes);
@@ -297,7 +310,7 @@ __global__ void __launch_bounds__(kAttnThreads)
         const float total = quad_sum(row_sum[r]);
         inv[r] = (v_scale ? v_scale[kv_head] : 1.0f) / total;
         const long row = warp_row0 + lane_id() / 4 + 8 * r;
-        if (lane_id() % 4 == 0 && row < seq_len) lse[(seq_begin + row) * H + head] = row_max[r] + logf(total);
+        if (lane_id() % 4 == 0 && row < seq_len) lse[(seq_begin + row) * H + head] = fmaf(row_max[r], scale, logf(total));
     }
     store_rows_bf16<D>(out + seq_begin * ldq + head * D, ldq, warp_row0, seq_len, o, inv[0], inv[1]);
 }
@@ -314,14 +327,14 @@ __global__ void attention_delta_kernel(float* delta, const __nv_bfloat16* dout, 
 }
 
 // The warp's P for one tile pair: s holds A B^T of the score operands (queries x keys, or keys x
-// queries) and becomes P; entries where visible(row, col) is false become 0; lse_of gives a query's
-// log-sum-exp by its (row or column) index within the tiles.
-template <class Visible, class Lse>
-__device__ void probabilities(float s[8][4], float scale, Visible visible, Lse lse_of) {
+// queries) and becomes P = 2^(s c - lse log2(e)), c = exp2_domain(scale); entries where visible(row,
+// col) is false become 0; lse2_of gives a query's lse log2(e) by its (row or column) index within the tiles.
+template <class Visible, class Lse2>
+__device__ void probabilities(float s[8][4], float c, Visible visible, Lse2 lse2_of) {
     for (int j = 0; j < 8; j++)
         for (int i = 0; i < 4; i++) {
             const int row = c_fragment_row(i), col = 8 * j + c_fragment_col(i);
-            s[j][i] = visible(row, col) ? fast_exp(s[j][i] * scale - lse_of(row, col)) : 0.0f;
+            s[j][i] = visible(row, col) ? exp2_fma(s[j][i], c, lse2_of(row, col)) : 0.0f;
         }
 }
 
@@ -366,18 +379,20 @@ __global__ void __launch_bounds__(kAttnThreads)
     copy.start(do_tile, dout + seq_begin * ldq + head * D, ldq, q0, (int)(key_end - q0));
     load_key_tile(0);
     __pipeline_commit();
-    const float scale = 1.0f / sqrtf((float)D);
+    const float scale = 1.0f / sqrtf((float)D), c = exp2_domain(scale);
     const long warp_row0 = q0 + 16 * warp;
-    float row_lse[2], row_delta[2];  // rows g and g + 8 of the warp; rows past the sequence see no key
+    float row_lse2[2], row_delta[2];  // rows g and g + 8 of the warp (lse log2(e)); rows past the sequence see no key
     for (int r = 0; r < 2; r++) {
         const long row = warp_row0 + lane_id() / 4 + 8 * r;
-        row_lse[r] = row < seq_len ? lse[(seq_begin + row) * H + head] : 0.0f;
+        row_lse2[r] = row < seq_len ? exp2_domain(lse[(seq_begin + row) * H + head]) : 0.0f;
         row_delta[r] = row < seq_len ? delta[(seq_begin + row) * H + head] : 0.0f;
     }
     ScoreAccumulator s_acc, dp_acc;
     WgmmaAccumulator<AttnTile<D>::cols> acc;
     zero_accumulator<D>(acc);
-    for (int tile = 0; tile < key_tiles; tile++) {
+    // One key tile. Only the last (the diagonal) holds keys a row must not see (`masked`, a
+    // std::bool_constant); the rows past the sequence are not stored, and their dO and delta are 0.
+    auto round = [&](int tile, auto masked) {
         if (tile + 1 < key_tiles) load_key_tile(tile + 1);
         __pipeline_commit();
         __pipeline_wait_prior(1);    // this tile's group (and in the first round the query and dO tiles') has landed
@@ -394,12 +409,12 @@ __global__ void __launch_bounds__(kAttnThreads)
         float p[8][4], ds[8][4];
         scores_of(p, s_acc);
         probabilities(
-            p, scale,
+            p, c,
             [&](int row, int col) {
                 const long query = warp_row0 + row;
-                return query < seq_len && k0 + col <= query;
+                return !decltype(masked)::value || (query < seq_len && k0 + col <= query);
             },
-            [&](int row, int) { return row_lse[row >> 3]; });
+            [&](int row, int) { return row_lse2[row >> 3]; });
         wgmma_wait<0>(dp_acc);
         scores_of(ds, dp_acc);
         dscores(ds, p, scale, [&](int row, int) { return row_delta[row >> 3]; });
@@ -410,7 +425,9 @@ __global__ void __launch_bounds__(kAttnThreads)
         wgmma_commit();
         wgmma_wait<0>(acc);
         __syncthreads();  // every warp is done with this buffer before the next round's copy refills it
-    }
+    };
+    for (int tile = 0; tile < key_tiles - 1; tile++) round(tile, std::false_type());
+    round(key_tiles - 1, std::true_type());  // the diagonal tile, peeled out of the loop
     store_rows_bf16<D>(dq + seq_begin * ldq + head * D, ldq, warp_row0, seq_len, acc, 1.0f, 1.0f);
 }
 
@@ -455,7 +472,7 @@ __global__ void __launch_bounds__(kAttnThreads)
     copy.start(v_tile, v + seq_begin * ldk + kv_head * D, ldk, k0, keys);
     load_query_tile(0);
     __pipeline_commit();
-    const float scale = 1.0f / sqrtf((float)D);
+    const float scale = 1.0f / sqrtf((float)D), c = exp2_domain(scale);
     const long warp_key0 = k0 + 16 * warp;
     ScoreAccumulator st_acc, dpt_acc;
     WgmmaAccumulator<AttnTile<D>::cols> dk_acc, dv_acc;
@@ -472,6 +489,7 @@ __global__ void __launch_bounds__(kAttnThreads)
         const int queries = (int)min((long)kAttnTile, seq_len - q0);
         const unsigned char *q_tile = qdo_tiles + 2 * (step & 1) * bytes, *do_tile = q_tile + bytes;
         const float *lse_tile = stat_tiles + 2 * (step & 1) * kAttnTile, *delta_tile = lse_tile + kAttnTile;
+        const int key_offset = (int)(warp_key0 - q0);  // the warp's first key less the tile's first query: >= -kAttnTile
         // keys x queries: S^T = K Q^T, dP^T = V dO^T; dV += P^T dO runs under dS's arithmetic
         wgmma_fence();
         issue_product_abt<D>(st_acc, k_tile, q_tile);
@@ -482,8 +500,8 @@ __global__ void __launch_bounds__(kAttnThreads)
         float pt[8][4], dst[8][4];
         scores_of(pt, st_acc);
         probabilities(
-            pt, scale, [&](int row, int col) { return col < queries && warp_key0 + row <= q0 + col; },
-            [&](int, int col) { return lse_tile[col]; });
+            pt, c, [&](int row, int col) { return col < queries && row + key_offset <= col; },
+            [&](int, int col) { return exp2_domain(lse_tile[col]); });
         WgmmaFragmentA p_fragments[4], ds_fragments[4];
         pack_fragments(p_fragments, pt);
         wgmma_fence();

@@ -12,8 +12,8 @@
 // CPU fp32), for log-probs and entropies and for each gradient tensor's relative Frobenius distance.
 // Rounding the normalised instead of the unnormalised probabilities, or one BF16 rounding more or
 // less anywhere, moves the GPU by a good fraction of the precision's own error and fails it. In
-// emulation the tensor-core products are the CPU's FMA chains and exp is the CPU's, so the two
-// engines agree bit for bit, and that is checked too.
+// emulation the tensor-core products are the CPU's FMA chains and exp (attention's exp2, ex2.approx's
+// twin in rl/numerics/exp2.h) is the CPU's, so the two engines agree bit for bit, and that is checked too.
 #include <cmath>
 #include <cstring>
 #include <vector>
