@@ -15,7 +15,7 @@
 // grid sized for the longest row the plan allows, CTAs past the list exiting at once): it brings
 // the chunk's keys and values into shared memory tile by tile, as they are stored (BF16 or FP8
 // codes), with 16-byte asynchronous copies (cp.async), the next tile's copies in flight while the
-// current one is read (two stages), the tile's page ids read once per page; FP8 codes are converted
+// current one is read (two stages), each key's slot looked up a tile ahead; FP8 codes are converted
 // to BF16 in registers as the tensor cores' B fragments read them (the hardware's E4M3 -> FP16
 // conversion, exact; V's through a transposing ldmatrix and byte permutes), and every query head of
 // the GQA group reads the tile through the tensor cores (Q K^T and P V as mma.sync m16n8k16,
@@ -205,7 +205,7 @@ __device__ __forceinline__ uint16_t e4m3_column_pair(uint32_t codes, int odd) {
 // of a cascade group), in bytes: kDecodeStages stages of the key tile [kDecodeTile][D + 16 bytes] and
 // the value tile [kDecodeTile][D (at least 16 bytes) + 16 bytes] in their storage type (rows padded by
 // 16 bytes: the 8 rows an ldmatrix or a quarter warp's 16-byte reads touch hit 8 distinct bank
-// groups; a value row is whole 16-byte vectors, ldmatrix's rows), the stages' page ids
+// groups; a value row is whole 16-byte vectors, ldmatrix's rows), the stages' key slots
 // [kDecodeTile]; q in BF16 [queries rounded up to 16][D + 8] (read once into the tensor cores' A
 // fragments); the probabilities' BF16 pair P_hi, P_lo [queries rounded up to 16][kDecodeTile + 8]
 // each (P V's A rows); then in FP32 the scores [queries][kDecodeTile] and per query the running max,
@@ -419,8 +419,8 @@ __global__ void __launch_bounds__(kDecodeThreads)
         const int queries = members * group.d;  // query q is head q % group of rows[q / group]; <= 16 QT
         const int query_tiles = (queries + 15) / 16;
         uint8_t *k_t = decode_smem, *v_t = k_t + kDecodeStages * kDecodeTile * k_row;
-        int32_t* page_s = reinterpret_cast<int32_t*>(v_t + kDecodeStages * kDecodeTile * v_row);
-        __nv_bfloat16* q_h = reinterpret_cast<__nv_bfloat16*>(page_s + kDecodeStages * kDecodeTile);
+        uint32_t* slot_s = reinterpret_cast<uint32_t*>(v_t + kDecodeStages * kDecodeTile * v_row);
+        __nv_bfloat16* q_h = reinterpret_cast<__nv_bfloat16*>(slot_s + kDecodeStages * kDecodeTile);
         __nv_bfloat16 *p_hi = q_h + query_tiles * 16 * ld, *p_lo = p_hi + query_tiles * 16 * kDecodePld;
         float *p_s = reinterpret_cast<float*>(p_lo + query_tiles * 16 * kDecodePld),
               *max_s = p_s + queries * kDecodeTile, *sum_s = max_s + queries, *rescale_s = sum_s + queries;
@@ -451,28 +451,34 @@ __global__ void __launch_bounds__(kDecodeThreads)
             for (int e = threadIdx.x; e < kDecodeStages * kDecodeTile * v_row / 16; e += kDecodeThreads)
                 reinterpret_cast<uint4*>(v_t)[e] = make_uint4(0u, 0u, 0u, 0u);
         const int32_t* pages = page_table + rows[0] * max_pages;
-        const long tiles = (key_end - key_begin + kDecodeTile - 1) / kDecodeTile;
-        // tile i's keys k0 .. k0 + keys - 1 start on page k0 / page_tokens; a tile spans at most
-        // kDecodeTile pages (k0 is a multiple of kDecodeTile)
-        auto tile_keys = [&](long i) { return (int)min((long)kDecodeTile, key_end - key_begin - i * kDecodeTile); };
-        auto load_page_ids = [&](long i, int stage) {
-            const long k0 = key_begin + i * kDecodeTile, first = page_tokens.div((uint32_t)k0),
-                       last = page_tokens.div((uint32_t)(k0 + tile_keys(i) - 1));
-            FP8RL_NO_UNROLL
-            for (long p = first + threadIdx.x; p <= last; p += kDecodeThreads) page_s[stage * kDecodeTile + (p - first)] = pages[p];
+        // key positions fit 31 bits (plan_decode) and a chunk's keys an int
+        const uint32_t first_key = (uint32_t)key_begin;
+        const int chunk_keys = (int)(key_end - key_begin), tiles = (chunk_keys + kDecodeTile - 1) / kDecodeTile;
+        auto tile_keys = [&](int i) { return min(kDecodeTile, chunk_keys - i * kDecodeTile); };
+        // The slot of key j of tile i, from its page's id in the row's page table. Tile i's slots live
+        // in slot_s[i % kDecodeStages]; a lane of warp 0 per key writes them kDecodeStages tiles ahead
+        // of the copies that read them (every tile's barriers lie between), so a copy's addresses cost a
+        // shared load and a multiply-add each.
+        auto tile_slot = [&](int i, int j) {
+            const uint32_t pos = first_key + (uint32_t)(i * kDecodeTile + j), page = page_tokens.div(pos);
+            return (uint32_t)pages[page] * page_tokens.d + (pos - page * page_tokens.d);
         };
-        auto copy_tile = [&](long i, int stage) {  // one group of this thread's copies (maybe empty)
-            const long k0 = key_begin + i * kDecodeTile, first = page_tokens.div((uint32_t)k0);
+        // this thread's copies: one 16-byte vector (copy_col) of rows copy_row0, + copy_rows, ... of a tile
+        static_assert(kDecodeThreads % vectors == 0, "a thread copies the same vector of every row it copies");
+        constexpr int copy_rows = kDecodeThreads / vectors;
+        const int copy_row0 = threadIdx.x / vectors, copy_col = threadIdx.x % vectors * copy_bytes;
+        const uint8_t* k_src = reinterpret_cast<const uint8_t*>(k_pool) + kv_head * row_bytes + copy_col;
+        const uint8_t* v_src = reinterpret_cast<const uint8_t*>(v_pool) + kv_head * row_bytes + copy_col;
+        const uint32_t slot_bytes = (uint32_t)KV * row_bytes;  // a slot's K (or V) row, every kv head
+        auto copy_tile = [&](int i, int stage) {  // one group of this thread's copies (maybe empty)
             const int keys = tile_keys(i);
             uint8_t *k_stage = k_t + stage * kDecodeTile * k_row, *v_stage = v_t + stage * kDecodeTile * v_row;
+            const uint32_t* slots = slot_s + i % kDecodeStages * kDecodeTile;
             FP8RL_NO_UNROLL
-            for (int e = threadIdx.x; e < keys * vectors; e += kDecodeThreads) {
-                const int j = e / vectors, c = e % vectors;
-                const uint32_t pos = (uint32_t)(k0 + j), page = page_tokens.div(pos);
-                const long slot = (long)page_s[stage * kDecodeTile + (page - first)] * page_tokens.d + (pos - page * page_tokens.d);
-                const size_t at = (size_t)((slot * KV + kv_head) * D) * sizeof(Elem) + (size_t)c * copy_bytes;
-                __pipeline_memcpy_async(k_stage + j * k_row + c * copy_bytes, (const uint8_t*)k_pool + at, copy_bytes);
-                __pipeline_memcpy_async(v_stage + j * v_row + c * copy_bytes, (const uint8_t*)v_pool + at, copy_bytes);
+            for (int j = copy_row0; j < keys; j += copy_rows) {
+                const size_t at = (size_t)slots[j] * slot_bytes;
+                __pipeline_memcpy_async(k_stage + j * k_row + copy_col, k_src + at, copy_bytes);
+                __pipeline_memcpy_async(v_stage + j * v_row + copy_col, v_src + at, copy_bytes);
             }
             // the last tile's value rows past its keys, up to its last 16-key step, zeros (no copy writes them)
             constexpr int row_vectors = (row_bytes < 16 ? 16 : row_bytes) / 16;
@@ -483,8 +489,10 @@ __global__ void __launch_bounds__(kDecodeThreads)
         };
         const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
         const int g8 = lane / 4, t4 = lane % 4;  // a fragment's row group and thread in group (mma.cuh)
-        load_page_ids(0, 0);
-        __syncthreads();  // tile 0's page ids (and q, P's pads and the statistics) are written
+        FP8RL_NO_UNROLL
+        for (int e = threadIdx.x; e < min(tiles, kDecodeStages) * kDecodeTile; e += kDecodeThreads)
+            if (e % kDecodeTile < tile_keys(e / kDecodeTile)) slot_s[e] = tile_slot(e / kDecodeTile, e % kDecodeTile);
+        __syncthreads();  // the first tiles' slots (and q, P's pads and the statistics) are written
         copy_tile(0, 0);
         // Q K^T: the warp's query tile and n8 blocks of keys; q's A fragments, once
         const int score_tile = warp / qt_warps;
@@ -499,14 +507,16 @@ __global__ void __launch_bounds__(kDecodeThreads)
             const int j = c_fragment_col(e);
             return fp8 ? 16 * (nt >> 1) + 2 * j + (nt & 1) : 8 * nt + j;
         };
-        for (long i = 0; i < tiles; i++) {
-            const int stage = (int)(i % kDecodeStages), keys = tile_keys(i);
-            if (i + 1 < tiles) load_page_ids(i + 1, stage ^ 1);
-            __syncthreads();  // the next tile's page ids are written
-            if (i + 1 < tiles) copy_tile(i + 1, stage ^ 1);
+        for (int i = 0; i < tiles; i++) {
+            const int stage = i % kDecodeStages, keys = tile_keys(i);
+            // the slot of this lane's key of tile i + kDecodeStages, read now, stored once tile i has landed
+            const bool slot_lane = warp == 0 && i + kDecodeStages < tiles && lane < tile_keys(i + kDecodeStages);
+            const uint32_t next_slot = slot_lane ? tile_slot(i + kDecodeStages, lane) : 0u;
+            if (i + 1 < tiles) copy_tile(i + 1, (i + 1) % kDecodeStages);
             else __pipeline_commit();  // an empty group: the wait below always leaves one group in flight
             __pipeline_wait_prior(1);  // this thread's copies of tile i have landed
             __syncthreads();           // every thread's have
+            if (slot_lane) slot_s[stage * kDecodeTile + lane] = next_slot;  // where tile i's were (its copies read them)
             const uint8_t *k_land = k_t + stage * kDecodeTile * k_row, *v_land = v_t + stage * kDecodeTile * v_row;
             // S = Q K^T: a warp per (16 queries, 8 keys); keys past the tile's score what their rows hold,
             // never read; columns past D are zeros
@@ -554,11 +564,11 @@ __global__ void __launch_bounds__(kDecodeThreads)
             for (int j = 0; j < warp_items; j++) {
                 const int it = warp + warps * j, m0 = it / d_items * 16, d0 = it % d_items * d_item;
                 if (it >= QT * d_items || m0 >= queries) continue;  // warp-uniform
+                // the lane's two rows' factors (rows past the queries: their O and P rows stay zeros)
+                const float r0 = m0 + g8 < queries ? rescale_s[m0 + g8] : 0.0f;
+                const float r1 = m0 + g8 + 8 < queries ? rescale_s[m0 + g8 + 8] : 0.0f;
                 for (int nt = 0; nt < n_tiles; nt++)
-                    for (int e = 0; e < 4; e++) {
-                        const int g = m0 + c_fragment_row(e);
-                        o[j][nt][e] = g < queries ? o[j][nt][e] * rescale_s[g] : 0.0f;
-                    }
+                    for (int e = 0; e < 4; e++) o[j][nt][e] *= e < 2 ? r0 : r1;
                 FP8RL_NO_UNROLL
                 for (int k0 = 0; k0 < keys; k0 += 16) {
                     uint32_t hi[4], lo[4], b[n_tiles][2];
@@ -825,31 +835,27 @@ class PagedKvCache {
     // out [B][H][D] BF16 for the rows of the last plan_decode: for each row b, softmax(q_b k^T /
     // sqrt(D)) v over its first lens[b] cached tokens, whose pages are page_table[b * max_pages + 0
     // ..] (device int32); q [B][H][D] BF16; query head h reads kv head h / (H / kv_heads). The split
-    // kernel computes the plan's (row, chunk) items into partials, the combine kernel merges each
-    // row's. No host sync, no allocation, no attribute call: capturable in a CUDA graph. operand:
-    // also out's FP8 1x128 operand (cuda/kernels/fp8_rows.cuh), its rows from B to operand.rows zero.
+    // kernel computes the plan's (row, chunk) items into partials (decode_split), the combine kernel
+    // merges each row's (decode_combine). No host sync, no allocation, no attribute call: capturable
+    // in a CUDA graph. operand: also out's FP8 1x128 operand (cuda/kernels/fp8_rows.cuh), its rows
+    // from B to operand.rows zero.
     void decode_attention(int layer, __nv_bfloat16* out, const __nv_bfloat16* q, int heads, const int32_t* page_table,
                           int max_pages, cudaStream_t stream, const Fp8RowsOut& operand = {}) {
+        decode_split(layer, q, heads, page_table, max_pages, stream);
+        decode_combine(out, heads, stream, operand);
+    }
+    // decode_attention's two launches apart (benchmarks time each): the split kernel over the last
+    // plan's lists into the partials (the per-row list, then the cascade list), ...
+    void decode_split(int layer, const __nv_bfloat16* q, int heads, const int32_t* page_table, int max_pages,
+                      cudaStream_t stream) {
         check_layer("decode_attention", layer);
-        check_heads("decode_attention", heads);
-        const DecodePlan& p = plan_;
-        if (!p.made) fail("PagedKvCache::decode_attention: no plan: call plan_decode(lens, prefixes, B, max_len) first");
+        const DecodePlan& p = check_decode_plan(heads);
         if (max_pages < 0 || (long)p.max_len > (long)max_pages * shape_.page_tokens)
             fail("PagedKvCache::decode_attention: max_len = %d, max_pages = %d: need max_len <= max_pages * page_tokens "
                  "(%d)", p.max_len, max_pages, shape_.page_tokens);
-        if (operand && operand.rows > 65535)
-            fail("PagedKvCache::decode_attention: the operand's %d rows exceed a grid dimension (65535)", operand.rows);
-        if (operand)
-            check_fp8_rows_out("PagedKvCache::decode_attention (the output's FP8 operand)", p.B, heads * shape_.head_dim, operand);
         if (p.B == 0) return;
-        if ((size_t)p.B * heads * p.chunks > part_lse_.size() || heads / shape_.kv_heads > decode_group_)
-            fail("PagedKvCache::decode_attention: %d rows x %d heads x %d chunks exceed the decode workspace (%zu "
-                 "partials, %d heads per kv head); call reserve_decode(max batch, heads, max_len) first", p.B, heads,
-                 p.chunks, part_lse_.size(), decode_group_);
         const int group = heads / shape_.kv_heads;
         const FastDivisor group_div(group), page_div(shape_.page_tokens), split_div(p.split_keys);
-        DecodeOutput o;
-        o.out = out, o.operand = operand, o.B = p.B;
         with_head_dim("PagedKvCache::decode_attention", shape_.head_dim, [&](auto head_dim) {
             constexpr int D = decltype(head_dim)::value;
             dispatch_storage([&](auto elem) {
@@ -871,12 +877,28 @@ class PagedKvCache {
                 launch((long)p.B * p.chunks, group, DecodeCascade(), 0);  // the per-row list
                 const long group_items = (long)p.cascade.max_groups * decode_span_chunks(p.max_len, p.split_keys);
                 if (p.cascade.rows && group_items > 0) launch(group_items, cascade_rows_ * group, p.cascade, 1);
-                const int rows = std::max(p.B, operand ? operand.rows : 0), warps = kCombineThreads / 32;
-                LAUNCH_KERNEL((kv_decode_combine_kernel<D>),
-                              dim3((unsigned)rows, (unsigned)((group_pairs(heads * D) + warps - 1) / warps)), kCombineThreads,
-                              0, stream, (const float*)part_o_.get(), (const float*)part_lse_.get(), p.lens, p.prefixes,
-                              p.max_len, heads, p.chunks, split_div, o);
             });
+        });
+    }
+    // ... and the combine kernel from those partials into out (and operand), after decode_split on the
+    // same stream.
+    void decode_combine(__nv_bfloat16* out, int heads, cudaStream_t stream, const Fp8RowsOut& operand = {}) {
+        const DecodePlan& p = check_decode_plan(heads);
+        if (operand && operand.rows > 65535)
+            fail("PagedKvCache::decode_attention: the operand's %d rows exceed a grid dimension (65535)", operand.rows);
+        if (operand)
+            check_fp8_rows_out("PagedKvCache::decode_attention (the output's FP8 operand)", p.B, heads * shape_.head_dim, operand);
+        if (p.B == 0) return;
+        DecodeOutput o;
+        o.out = out, o.operand = operand, o.B = p.B;
+        const FastDivisor split_div(p.split_keys);
+        with_head_dim("PagedKvCache::decode_attention", shape_.head_dim, [&](auto head_dim) {
+            constexpr int D = decltype(head_dim)::value;
+            const int rows = std::max(p.B, operand ? operand.rows : 0), warps = kCombineThreads / 32;
+            LAUNCH_KERNEL((kv_decode_combine_kernel<D>),
+                          dim3((unsigned)rows, (unsigned)((group_pairs(heads * D) + warps - 1) / warps)), kCombineThreads,
+                          0, stream, (const float*)part_o_.get(), (const float*)part_lse_.get(), p.lens, p.prefixes,
+                          p.max_len, heads, p.chunks, split_div, o);
         });
     }
 
@@ -935,6 +957,17 @@ class PagedKvCache {
     void check_layer(const char* who, int layer) const {
         if (layer < 0 || layer >= shape_.layers)
             fail("PagedKvCache::%s: layer %d outside [0, %d)", who, layer, shape_.layers);
+    }
+    // The last plan, for `heads` query heads: made, and within the decode workspace.
+    const DecodePlan& check_decode_plan(int heads) const {
+        check_heads("decode_attention", heads);
+        const DecodePlan& p = plan_;
+        if (!p.made) fail("PagedKvCache::decode_attention: no plan: call plan_decode(lens, prefixes, B, max_len) first");
+        if ((size_t)p.B * heads * p.chunks > part_lse_.size() || heads / shape_.kv_heads > decode_group_)
+            fail("PagedKvCache::decode_attention: %d rows x %d heads x %d chunks exceed the decode workspace (%zu "
+                 "partials, %d heads per kv head); call reserve_decode(max batch, heads, max_len) first", p.B, heads,
+                 p.chunks, part_lse_.size(), decode_group_);
+        return p;
     }
     void check_heads(const char* who, int heads) const {
         if (heads < 1 || heads % shape_.kv_heads != 0 || heads > 65535)

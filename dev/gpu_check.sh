@@ -47,7 +47,9 @@
 #     rollout bf16/bf16, fp8/bf16, fp8/fp8, 256 x 1,024 target           25      35
 #       (its own 10 s budget per model plus warm-ups; tokens/s, the engine's peak device bytes, and the
 #       fractions in sampling and in decode attention, estimated after each run from those kernels
-#       timed alone at its shapes; see test/gpu/bench_rollout.cu)
+#       timed alone at its shapes; then decode attention's plan, split and combine kernels each
+#       timed alone at 512 rows x 1,024 keys, bytes/s beside HBM and the model; see
+#       test/gpu/bench_rollout.cu)
 #     RL step bf16/bf16/bf16 vs fp8/fp8/fp8 + Calibrated Clipping        35      55
 #       (Qwen3-0.6B, 16 sequences x 32 new tokens, 2 steps, twice: dev/bench_rl_step.sh, on the
 #       model the training-step benchmark wrote; loading the model twice per run (the host copy
@@ -204,7 +206,7 @@ else
     part 1 "build" 130 100 bash -c "make -j$(nproc) $werror ${build_targets[*]} && echo built ${build_targets[*]}"
 fi
 part 2 "PTX wrappers and emulator assumptions on the device" 20 5 bash -c "$test_bin ${device_tests[*]} && \
-    echo 'passed: mma layouts, emulator assumptions, FP8 encoder, cuBLASLt scale layouts'"
+    echo 'passed: mma and ldmatrix layouts, emulator assumptions, FP8 encoder, E4M3 decode, decode attention in a graph, cuBLASLt scale layouts'"
 if [ "$emu" -eq 0 ]; then
     part 3 "test_gpu: every kernel against the CPU engine" 75 40 "$test_bin"
 else

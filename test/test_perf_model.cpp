@@ -337,6 +337,10 @@ TEST(kernel_perf_model_decode_recipe_by_hand) {
     CHECK_NEAR(c.c[Sass_total], 100 + 7 / 4.0 + 2 * 10 + 12 / 16.0 + 0.5 * 120 + 2 * 60, 1e-9, 0);
     CHECK(decode_tile_recipe(k2, s, 32, &c));  // 2 query tiles: 2 items a warp
     CHECK_NEAR(c.c[Sass_total], 100 + 7 / 4.0 + 2 * 10 + 12 / 16.0 + 8 * 120 + 4 * 60, 1e-9, 0);
+    // no loop of page ids (the slots looked up in the tile loop's own code): the rest as before
+    const SassLoop no_pages[] = {loops[0], loops[2], loops[3], loops[4], loops[5]};
+    CHECK(decode_tile_recipe(SassKernel{"no page ids", {}, 5, no_pages}, s, 2, &c));
+    CHECK_NEAR(c.c[Sass_total], 100 + 2 * 10 + 12 / 16.0 + 0.5 * 120 + 2 * 60, 1e-9, 0);
     // the clear missing, or a P V loop with a nested loop: not the recipe
     const SassLoop no_clear[] = {loops[0], loops[1], loops[2], loops[4], loops[5]};
     CHECK(!decode_tile_recipe(SassKernel{"no clear", {}, 5, no_clear}, s, 2, &c));

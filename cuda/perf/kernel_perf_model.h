@@ -174,8 +174,11 @@ inline SassCounts generic_cost_per_mac(const SassKernel& k) {
 // holds, a warp per query tile's n8 blocks of keys, unrolled; with FP8 converting its K codes) and O's
 // rescale; inside it, each pass of a loop counted once per warp that runs it (a warp issues what any of
 // its lanes runs; counts are per thread = per warp, and sm_cycles multiplies by the warps):
-//   page ids  global loads, no cp.async: the next tile's 2-3 pages, lanes of warp 0: 1 / warps a warp;
-//   copies    cp.async (LDGSTS): K and V rows, 2 x 32 keys x row bytes over the threads;
+//   slots     (in the tile loop's own code since the copies' addresses moved there: no loop) the keys'
+//             slots kDecodeStages tiles ahead, a lane of warp 0 per key; a loop of global loads
+//             without cp.async, if any, runs 1 / warps a warp;
+//   copies    cp.async (LDGSTS): K and V rows, 2 x 32 keys x row bytes over the threads, a copy's
+//             address a key's slot (a shared load) times the slot's bytes plus the thread's offset;
 //   clear     stores alone: the last tile of a chunk's value rows past its keys up to its last 16-key
 //             step, on average 8 rows once per chunk of split_keys;
 //   softmax   shuffles: a warp per query;
@@ -229,14 +232,14 @@ inline bool decode_tile_recipe(const SassKernel& k, const DecodeKernelShape& s, 
             return false;
         }
     }
-    if (pages != 1 || copies != 1 || clears != 1 || softmaxes != 1 || pvs.empty()) return false;
+    if (pages > 1 || copies != 1 || clears != 1 || softmaxes != 1 || pvs.empty()) return false;
     for (int i : pvs) c.add(k.loop[i].counts, T / 16 * std::min(1.0, items / pvs.size()));
     *out = c;
     return true;
 }
 
 // The shared memory of one split-kernel CTA (kv_cache.cuh's decode_smem_bytes, restated: keep in step):
-// two stages of K [32][D + 16 bytes] and V [32][max(D, 16 bytes) + 16 bytes] tiles and their page ids; q
+// two stages of K [32][D + 16 bytes] and V [32][max(D, 16 bytes) + 16 bytes] tiles and their key slots; q
 // and P_hi, P_lo [query tiles x 16][D + 8], [..][40] BF16; the scores and statistics in FP32.
 inline double decode_smem_bytes(double queries, int D, double elem_bytes) {
     const double bf16_row = (D + 8) * 2.0, query_rows = std::ceil(queries / 16) * 16;
@@ -250,7 +253,7 @@ inline double decode_smem_bytes(double queries, int D, double elem_bytes) {
 //            apart), L = the step's longest row rounded up to split_keys (rollout.cu's decode_len, at
 //            most max_len); the cascade launch (cascade_grid x spans(L), KV). A listed CTA reads the
 //            list count, its item, its row's length and prefix (3 dependent L2 loads), its first
-//            page ids then its first tile (2 HBM round trips; q's 16-byte loads overlap them), runs
+//            tiles' slots (page ids) then its first tile (2 HBM round trips; q's 16-byte loads overlap them), runs
 //            its tiles and writes its partials (D + 1 FP32 a query); a CTA past the list exits at its
 //            first load (one L2 round trip). No zeros, no fence, no atomic, no merge.
 //   combine  grid (max(B, operand rows), ceil(group pairs / 4)) x kCombineThreads: a lane per 8
@@ -323,10 +326,11 @@ inline double decode_plan_clocks(const GpuSpec& g, double B, double max_groups) 
     return row_list + group_list;
 }
 
-// Registers a thread of the split kernel at D = 128, by the query tiles it holds (1, 2): ptxas -v for
-// sm_90a at issue 58's fragments in registers (not in sass_counts.h; other head dims: not known). q's
-// fragments and O live in registers, so they, not shared memory, bound the CTAs resident on an SM.
-constexpr int kDecodeSplitRegisters[2] = {95, 122};
+// Registers a thread of the split kernel at D = 128, FP8 or BF16 storage, by the query tiles it holds
+// (1, 2): ptxas -v for sm_90a since the copies' addresses became a key's slot (not in sass_counts.h;
+// other head dims: not known). q's fragments and O live in registers, so they, not shared memory,
+// bound the CTAs resident on an SM.
+constexpr int kDecodeSplitRegisters[2][2] = {{89, 119}, {92, 121}};
 
 inline DecodeAttentionPrice decode_attention_price(const GpuSpec& g, const DecodeAttentionShape& s) {
     // the split kernel's instance for a CTA of `queries` query heads: its query tiles held in registers
@@ -383,7 +387,7 @@ inline DecodeAttentionPrice decode_attention_price(const GpuSpec& g, const Decod
         };
         auto exiting = [&](double count) { return CtaClass{std::max(0.0, count), SassCounts(), g.l2_latency}; };
         const double row_bytes = key_bytes * (s.live_rows * s.own_keys + unshared * s.prefix);
-        auto registers = [&](double queries) { return s.D == 128 ? kDecodeSplitRegisters[queries <= 16 ? 0 : 1] : 0; };
+        auto registers = [&](double queries) { return s.D == 128 ? kDecodeSplitRegisters[s.fp8_kv ? 0 : 1][queries <= 16 ? 0 : 1] : 0; };
         out.per_row = price_launch(g, ks.threads, decode_smem_bytes(q, s.D, elem),
                                    {with_tiles(s.live_rows * kv * own_chunks, k, tile1, own_chunks > 0 ? std::ceil(s.own_keys / T) / own_chunks : 0),
                                     with_tiles(unshared * kv * prefix_chunks, k, tile1, prefix_chunks > 0 ? std::ceil(s.prefix / T) / prefix_chunks : 0),

@@ -2,7 +2,8 @@
 // prefill, paged-KV decode and device sampling). Three settings at the same size: bf16 weights + bf16
 // KV cache, fp8 weights + bf16 KV, fp8 weights + fp8 KV; random models of Qwen3-0.6B and 1.7B shape
 // with the real vocabulary (bench_model.h); prompts of 64 random ids, temperature 1, no eos in practice;
-// then cascade attention against per-row decode attention at a GRPO group's shape (print_cascade_row).
+// then cascade attention against per-row decode attention at a GRPO group's shape (print_cascade_row),
+// and decode attention's kernels one at a time, bytes/s beside HBM and the model (print_decode_kernel_rows).
 // The target is 256 sequences x 1,024 new tokens. The size grows from 4 x 8 (sequences and new
 // tokens doubled in turn) while the next size, at most twice the last one's time, fits the model's
 // time budget, so a slow generator reports a smaller size instead of overrunning dev/gpu_check.sh's
@@ -229,6 +230,55 @@ void print_cascade_row(const BenchModel& m, const ModelConfig& c, Precision kv, 
     fflush(stdout);
 }
 
+// Decode attention's kernels one at a time (kv_cache.cuh: the step's kv_decode_plan_kernel, then one
+// layer's kv_decode_split_kernel and kv_decode_combine_kernel, as plan_decode, decode_split and
+// decode_combine launch them), `rows` rows of `context` keys each on their own pages: each kernel's
+// median time alone, its bytes (as kernel_perf_model.h's decode_attention_price counts them: the
+// split's K/V reads and partials, the combine's partials and output, the plan's lengths and list)
+// over that time, beside the HBM bandwidth the model assumes and beside the model's time for the
+// same launch (its bytes over its predicted seconds).
+void print_decode_kernel_rows(const BenchModel& m, const ModelConfig& c, Precision kv, bool tiny) {
+    const int rows = tiny ? 4 : 512, context = tiny ? 96 : 1024, page_tokens = kKvPageTokens;
+    const int H = (int)c.num_heads, D = (int)c.head_dim, pages = (context + page_tokens - 1) / page_tokens;
+    PagedKvCache cache(KvCacheShape{1, (int)c.num_kv_heads, D, page_tokens, rows * pages}, kv);
+    cache.reserve_decode(rows, H, context);
+    const long slots = cache.shape().slots(), width = cache.shape().width();
+    DeviceArray<bf16> k((size_t)(slots * width), "benchmark K"), v((size_t)(slots * width), "benchmark V");
+    DeviceArray<bf16> q((size_t)rows * H * D, "benchmark queries"), out((size_t)rows * H * D, "benchmark attention output");
+    fill_uniform(k.get(), k.size(), 42, 1.0f), fill_uniform(v.get(), v.size(), 43, 1.0f), fill_uniform(q.get(), q.size(), 44, 1.0f);
+    std::vector<int32_t> slot_ids((size_t)slots), table((size_t)rows * pages);
+    for (long i = 0; i < slots; i++) slot_ids[(size_t)i] = (int32_t)i;
+    for (size_t i = 0; i < table.size(); i++) table[i] = (int32_t)i;  // row r's pages r * pages ..
+    DeviceArray<int32_t> slots_d(slot_ids.size(), "benchmark cache rows"), table_d(table.size(), "benchmark page table"),
+        lens((size_t)rows, "benchmark lengths");
+    slots_d.upload(slot_ids), table_d.upload(table), lens.upload(std::vector<int32_t>((size_t)rows, context));
+    cache.append(0, k.get(), v.get(), slots_d.get(), slots, 0);
+    const double plan_ms = median_ms([&] { cache.plan_decode(lens.get(), nullptr, rows, context, 0); });
+    const double split_ms = median_ms([&] { cache.decode_split(0, q.get(), H, table_d.get(), pages, 0); });
+    const double combine_ms = median_ms([&] { cache.decode_combine(out.get(), H, 0); });
+    DecodeAttentionShape a;
+    a.fp8_kv = kv == Precision::FP8, a.H = H, a.KV = (int)c.num_kv_heads, a.D = D, a.grid_rows = a.live_rows = rows;
+    a.own_keys = context, a.max_len = context;
+    const DecodeAttentionPrice priced = decode_attention_price(bench_gpu(), a);
+    const double hbm = bench_gpu().bandwidth();
+    const struct {
+        const char* name;
+        double ms;
+        const KernelPrice& price;
+    } kernels[] = {{"kv_decode_plan_kernel", plan_ms, priced.plan},
+                   {"kv_decode_split_kernel", split_ms, priced.per_row},
+                   {"kv_decode_combine_kernel", combine_ms, priced.combine}};
+    for (const auto& kk : kernels) {
+        const double bytes = kk.price.hbm_s * hbm, predicted_s = kk.price.seconds();
+        record_calibration("bench_rollout", strfmt("%s, %d rows x %d keys, %s KV", kk.name, rows, context, precision_name(kv)),
+                           kk.ms * 1e-3, predicted_s, kk.price.bound());
+        printf("| %s | %s | %d rows x %d keys | %s | %.4f (%.4f) | %.2f | %.0f (%.0f) | %.0f | %.2f (%.2f) |\n", m.name, kk.name,
+               rows, context, precision_name(kv), kk.ms, predicted_s * 1e3, bytes / 1e6, bytes / (kk.ms * 1e-3) / 1e9,
+               bytes / predicted_s / 1e9, hbm / 1e9, bytes / (kk.ms * 1e-3) / hbm, bytes / predicted_s / hbm);
+    }
+    fflush(stdout);
+}
+
 // Returns the last setting's key figures (fp8 weights + fp8 KV), for the closing line (dev/gpu_check.sh's summary).
 std::string bench_model(const BenchModel& m, bool tiny) {
     const EngineOptions options;
@@ -313,6 +363,21 @@ int main(int argc, char** argv) {
     for (Precision kv : {Precision::BF16, Precision::FP8}) {
         try {
             print_cascade_row(shape, parse_model_config(json_parse(bench_model_config(shape), shape.name), shape.name), kv, tiny);
+        } catch (const Error& e) {
+            printf("| %s | ERROR: %s |\n", shape.name, e.what());
+            failures++;
+            cudaGetLastError();
+        }
+    }
+    printf("\nDecode attention's kernels, each timed alone (the plan once a step; the split and the combine for one "
+           "layer): ms per call; MB = the bytes the model counts for it; GB/s = those bytes over the time, beside the "
+           "HBM bandwidth the model assumes (0.9 of the datasheet's) and the fraction of it reached; in parentheses "
+           "cuda/perf/kernel_perf_model.h's prediction for the same launch%s\n\n", emulated ? " (in emulation the times mean nothing)" : "");
+    printf("| model | kernel | shape | KV cache | ms (predicted) | MB | GB/s (predicted) | HBM GB/s | of HBM (predicted) |\n"
+           "|---|---|---|---|---|---|---|---|---|\n");
+    for (Precision kv : {Precision::BF16, Precision::FP8}) {
+        try {
+            print_decode_kernel_rows(shape, parse_model_config(json_parse(bench_model_config(shape), shape.name), shape.name), kv, tiny);
         } catch (const Error& e) {
             printf("| %s | ERROR: %s |\n", shape.name, e.what());
             failures++;

@@ -289,63 +289,77 @@ TEST(gemm_runner_checks_fp8_alignment_and_bf16_rows) {
 // Defect 4: a row of D must not depend on the batch (n) it is computed with, or a completion decodes
 // differently with other requests beside it. cuBLASLt ranks split-K first for outputs too small to
 // fill the SMs, and split-K's sums follow the shape. The runner pins one algorithm per weight and
-// size class (decode-sized n <= 256, larger n), so n = 16,896 (132 output tiles of 128 x 128: a
-// prefill) pins one, n = 128 (one tile: a decode step) another, and n = 4 and 384 run their
-// class's. Each D's rows must equal the first rows at n = 16,896, bit for bit, in FP32, from FP8
-// (block-scaled) and BF16 operands: on a GPU this holds the two classes' kernels to summing alike;
-// in emulation it also checks which algorithm ran (emu_cublaslt.cpp ranks a narrow tile, 3, first
-// among the unsplit ones where the output is skinny, the plain one, 0, where it fills the SMs).
+// size class (decode-sized n <= 256, larger n), so a large n (m = 128: n = 16,896, 132 output tiles of
+// 128 x 128: a prefill) pins one, n = 128 (a decode step's rows) another, and n = 4 and 384 run their
+// class's. Each D's rows must equal the first rows at the large n, bit for bit, in FP32, from FP8
+// (block-scaled) and BF16 operands: on a GPU this holds the two classes' kernels to summing alike, at
+// m = 128, k = 512 and at the projections of Qwen3-1.7B and Qwen3-8B (QKV, O, gate|up, down: m x k,
+// the large n 2,048, at least 256 output tiles); in emulation, at the small shape alone (the others
+// would cost minutes), it also checks which algorithm ran (emu_cublaslt.cpp ranks a narrow tile, 3,
+// first among the unsplit ones where the output is skinny, the plain one, 0, where it fills the SMs).
 TEST(gemm_runner_rows_do_not_depend_on_n) {
     REQUIRE_FP8_BLOCK_GEMM();
-    const int m = 128, k = 512, big = 132 * 128, L = k / 128;  // 4 k blocks: 2 split parts of 2
-    const int ns[] = {big, 128, 4, 384};  // the first pins the big class
-#ifdef FP8RL_EMU
-    const int algorithm[] = {0, 3, 3, 0};  // what each n runs in emulation: its class's pin
-#endif
-    // D [n][m] from the first n rows of the operand B; its first rows must be the n = big run's
-    auto check_every_n = [&](const char* what, const std::function<void(int n, float* d)>& gemm) {
-        std::vector<float> want;
-        for (int t = 0; t < 4; t++) {
-            const int n = ns[t];
-            DeviceBuffer<float> d((size_t)m * n);
-            gemm(n, d.ptr);
-            const std::vector<float> got = d.download();
-            if (t == 0) want = got;
-            CHECK_MSG(memcmp(got.data(), want.data(), (size_t)m * n * sizeof(float)) == 0,
-                      "%s: the first %d rows of D differ at n = %d and n = %d", what, n, n, big);
-#ifdef FP8RL_EMU
-            CHECK_MSG(emu::cublaslt_last_algorithm() == algorithm[t], "%s at n = %d ran algorithm %d, not its class's %d",
-                      what, n, emu::cublaslt_last_algorithm(), algorithm[t]);
-#endif
-        }
+    struct Shape {
+        int m, k, big;  // the weight's m x k; the large n that pins the big class
     };
-    {
-        GemmRunner runner;
-        auto spread = [](size_t n, uint32_t seed) {  // BF16 values over 2^-8..2^8, so the FP32 sums round
-            std::vector<float> x(n);
-            for (size_t i = 0; i < n; i++) x[i] = round_bf16(hash_uniform(i, seed) * exp2f(std::floor(8.0f * hash_uniform(i, seed + 1))));
-            return x;
+    const Shape shapes[] = {
+        {128, 512, 132 * 128},  // 4 k blocks: 2 split parts of 2
+#ifndef FP8RL_EMU
+        {4096, 2048, 2048}, {2048, 2048, 2048}, {12288, 2048, 2048}, {2048, 6144, 2048},    // Qwen3-1.7B
+        {6144, 4096, 2048}, {4096, 4096, 2048}, {24576, 4096, 2048}, {4096, 12288, 2048},  // Qwen3-8B
+#endif
+    };
+    for (const Shape& shape : shapes) {
+        const int m = shape.m, k = shape.k, big = shape.big, L = k / 128, mb = m / 128;
+        const int ns[] = {big, 128, 4, 384};  // the first pins the big class
+#ifdef FP8RL_EMU
+        const int algorithm[] = {0, 3, 3, 0};  // what each n runs in emulation: its class's pin
+#endif
+        // D [n][m] from the first n rows of the operand B; its first rows must be the large n's run's
+        auto check_every_n = [&](const char* what, const std::function<void(int n, float* d)>& gemm) {
+            std::vector<float> want;
+            for (int t = 0; t < 4; t++) {
+                const int n = ns[t];
+                DeviceBuffer<float> d((size_t)m * n);
+                gemm(n, d.ptr);
+                const std::vector<float> got = d.download();
+                if (t == 0) want = got;
+                CHECK_MSG(memcmp(got.data(), want.data(), (size_t)m * n * sizeof(float)) == 0,
+                          "%s, m = %d, k = %d: the first %d rows of D differ at n = %d and n = %d", what, m, k, n, n, big);
+#ifdef FP8RL_EMU
+                CHECK_MSG(emu::cublaslt_last_algorithm() == algorithm[t], "%s at n = %d ran algorithm %d, not its class's %d",
+                          what, n, emu::cublaslt_last_algorithm(), algorithm[t]);
+#endif
+            }
         };
-        DeviceBuffer<__nv_bfloat16> a(to_bf16(spread((size_t)m * k, 1))), b(to_bf16(spread((size_t)big * k, 3)));
-        check_every_n("BF16", [&](int n, float* d) { runner.bf16("rows", m, n, k, a.ptr, b.ptr, d, GemmOut::F32, 0); });
+        {
+            GemmRunner runner;
+            auto spread = [](size_t n, uint32_t seed) {  // BF16 values over 2^-8..2^8, so the FP32 sums round
+                std::vector<float> x(n);
+                for (size_t i = 0; i < n; i++) x[i] = round_bf16(hash_uniform(i, seed) * exp2f(std::floor(8.0f * hash_uniform(i, seed + 1))));
+                return x;
+            };
+            DeviceBuffer<__nv_bfloat16> a(to_bf16(spread((size_t)m * k, 1))), b(to_bf16(spread((size_t)big * k, 3)));
+            check_every_n("BF16", [&](int n, float* d) { runner.bf16("rows", m, n, k, a.ptr, b.ptr, d, GemmOut::F32, 0); });
+        }
+        GemmRunner runner;
+        std::vector<uint8_t> a8((size_t)m * k), b8((size_t)big * k);  // E4M3 codes of every magnitude but NaN
+        for (size_t i = 0; i < a8.size(); i++) a8[i] = (uint8_t)((hash_uniform(i, 3) + 1.0f) * 63.0f) ^ (i % 2 ? 0x80 : 0);
+        for (size_t i = 0; i < b8.size(); i++) b8[i] = (uint8_t)((hash_uniform(i, 4) + 1.0f) * 63.0f) ^ (i % 3 ? 0 : 0x80);
+        const int L4 = (L + 3) / 4 * 4;
+        std::vector<float> sa((size_t)mb * L4), sb((size_t)L * big);  // A BLK128x128 [m/128][L rounded up to 4], B VEC128 [L][n]
+        for (size_t i = 0; i < sa.size(); i++) sa[i] = 1.0f + 0.37f * hash_uniform(i, 5);
+        for (size_t i = 0; i < sb.size(); i++) sb[i] = 1.0f + 0.37f * hash_uniform(i, 6);
+        DeviceBuffer<uint8_t> a(a8), b(b8);
+        DeviceBuffer<float> da(sa);
+        check_every_n("FP8", [&](int n, float* d) {
+            std::vector<float> sb_n((size_t)L * n);  // the first n rows' scales, [L][n]
+            for (int kb = 0; kb < L; kb++)
+                for (int j = 0; j < n; j++) sb_n[(size_t)kb * n + j] = sb[(size_t)kb * big + j];
+            DeviceBuffer<float> db(sb_n);
+            runner.fp8("rows", m, n, k, a.ptr, da.ptr, Fp8ScaleMode::BLK128x128, b.ptr, db.ptr, Fp8ScaleMode::VEC128, d,
+                       GemmOut::F32, 0);
+            CUDA_CHECK(cudaDeviceSynchronize());  // db is freed on return
+        });
     }
-    GemmRunner runner;
-    std::vector<uint8_t> a8((size_t)m * k), b8((size_t)big * k);  // E4M3 codes of every magnitude but NaN
-    for (size_t i = 0; i < a8.size(); i++) a8[i] = (uint8_t)((hash_uniform(i, 3) + 1.0f) * 63.0f) ^ (i % 2 ? 0x80 : 0);
-    for (size_t i = 0; i < b8.size(); i++) b8[i] = (uint8_t)((hash_uniform(i, 4) + 1.0f) * 63.0f) ^ (i % 3 ? 0 : 0x80);
-    const int L4 = (L + 3) / 4 * 4;
-    std::vector<float> sa(L4), sb((size_t)L * big);  // A BLK128x128 [m/128][L rounded up to 4], B VEC128 [L][n]
-    for (int i = 0; i < L4; i++) sa[i] = 1.0f + 0.37f * hash_uniform(i, 5);
-    for (size_t i = 0; i < sb.size(); i++) sb[i] = 1.0f + 0.37f * hash_uniform(i, 6);
-    DeviceBuffer<uint8_t> a(a8), b(b8);
-    DeviceBuffer<float> da(sa);
-    check_every_n("FP8", [&](int n, float* d) {
-        std::vector<float> sb_n((size_t)L * n);  // the first n rows' scales, [L][n]
-        for (int kb = 0; kb < L; kb++)
-            for (int j = 0; j < n; j++) sb_n[(size_t)kb * n + j] = sb[(size_t)kb * big + j];
-        DeviceBuffer<float> db(sb_n);
-        runner.fp8("rows", m, n, k, a.ptr, da.ptr, Fp8ScaleMode::BLK128x128, b.ptr, db.ptr, Fp8ScaleMode::VEC128, d,
-                   GemmOut::F32, 0);
-        CUDA_CHECK(cudaDeviceSynchronize());  // db is freed on return
-    });
 }
