@@ -6,6 +6,7 @@
 
 #include "rl/common.h"
 #include "rl/numerics/exp2.h"
+#include "test/float_sweep.h"
 #include "test/harness.h"
 
 using namespace fp8rl;
@@ -14,31 +15,18 @@ using namespace fp8rl;
 // against exp2 in double below 2^-23.5 (the header's 7.3e-8 with a margin), well inside ex2.approx.f32's
 // documented 2 ulp (2^-22).
 TEST(exp2_approx_within_its_bound_of_libm) {
-    uint32_t lo_bits, hi_bits;
-    const float lo = -126.0f, hi = std::nextafter(128.0f, 0.0f);
-    std::memcpy(&lo_bits, &lo, 4);
-    std::memcpy(&hi_bits, &hi, 4);
+    const uint32_t lo = float_bits_of(-126.0f), hi = float_bits_of(std::nextafter(128.0f, 0.0f));
     const uint32_t stride = harness::sanitized ? 9973 : 97;
-    double worst = 0.0;
-    float worst_x = 0.0f;
-    long checked = 0;
-    auto check_range = [&](uint32_t from, uint32_t to) {  // bit patterns of one sign, walking from..to
-        for (uint64_t b = from; b <= to; b += stride) {
-            float x;
-            const uint32_t bits = (uint32_t)b;
-            std::memcpy(&x, &bits, 4);
-            const double want = std::exp2((double)x), err = std::fabs(exp2_approx(x) - want) / want;
-            if (!(err <= worst)) worst = err, worst_x = x;
-            checked++;
-        }
-    };
-    check_range(0x00800000u, hi_bits);    // the smallest normal .. 128
-    check_range(0x80800000u, lo_bits);    // -the smallest normal .. -126
-    check_range(hi_bits, hi_bits);        // the ends themselves
-    check_range(lo_bits, lo_bits);
-    CHECK(checked > 1000);
-    printf("  worst relative error %.3g (2^%.2f) at x = %.9g\n", worst, std::log2(worst), worst_x);
-    CHECK_MSG(worst < std::ldexp(1.0, -23.5), "worst relative error %.3g at x = %.9g", worst, worst_x);
+    auto ours = [](float x) { return exp2_approx(x); };
+    auto exact = [](double x) { return std::exp2(x); };
+    FloatSweep e;
+    e.range(0x00800000u, hi, stride, ours, exact);  // the smallest normal .. 128
+    e.range(0x80800000u, lo, stride, ours, exact);  // -the smallest normal .. -126
+    e.range(hi, hi, 1, ours, exact);                // the ends themselves
+    e.range(lo, lo, 1, ours, exact);
+    CHECK(e.checked > 1000);
+    printf("  worst relative error %.3g (2^%.2f) at x = %.9g\n", e.worst, std::log2(e.worst), e.worst_x);
+    CHECK_MSG(e.worst < std::ldexp(1.0, -23.5), "worst relative error %.3g at x = %.9g", e.worst, e.worst_x);
 }
 
 // ex2.approx.ftz.f32's special cases (PTX ISA, ex2): -inf -> +0, +-0 -> 1, +inf -> +inf, NaN -> NaN; with

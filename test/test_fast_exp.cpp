@@ -5,6 +5,7 @@
 
 #include "rl/common.h"
 #include "rl/numerics/fast_exp.h"
+#include "test/float_sweep.h"
 #include "test/harness.h"
 
 using namespace fp8rl;
@@ -12,28 +13,14 @@ using namespace fp8rl;
 // Every 97th float in [-87, 88] (about 2.2e7 values; every 9973rd under the sanitizer): relative
 // error against exp in double below 2 ulp (2^-22).
 TEST(fast_exp_within_2_ulp_of_libm) {
-    uint32_t lo_bits, hi_bits;
-    const float lo = -87.0f, hi = 88.0f;
-    std::memcpy(&lo_bits, &lo, 4);
-    std::memcpy(&hi_bits, &hi, 4);
     const uint32_t stride = harness::sanitized ? 9973 : 97;
-    double worst = 0.0;
-    float worst_x = 0.0f;
-    long checked = 0;
-    auto check_range = [&](uint32_t from, uint32_t to) {  // bit patterns of one sign, walking from..to
-        for (uint64_t b = from; b <= to; b += stride) {
-            float x;
-            const uint32_t bits = (uint32_t)b;
-            std::memcpy(&x, &bits, 4);
-            const double want = std::exp((double)x), err = std::fabs(fast_exp(x) - want) / want;
-            if (err > worst) worst = err, worst_x = x;
-            checked++;
-        }
-    };
-    check_range(0, hi_bits);              // +0 .. 88
-    check_range(0x80000000u, lo_bits);    // -0 .. -87
-    CHECK(checked > 1000);
-    CHECK_MSG(worst < std::ldexp(1.0, -22), "worst relative error %.3g at x = %.9g", worst, worst_x);
+    auto ours = [](float x) { return fast_exp(x); };
+    auto exact = [](double x) { return std::exp(x); };
+    FloatSweep e;
+    e.range(0, float_bits_of(88.0f), stride, ours, exact);             // +0 .. 88
+    e.range(0x80000000u, float_bits_of(-87.0f), stride, ours, exact);  // -0 .. -87
+    CHECK(e.checked > 1000);
+    CHECK_MSG(e.worst < std::ldexp(1.0, -22), "worst relative error %.3g at x = %.9g", e.worst, e.worst_x);
 }
 
 TEST(fast_exp_edges) {
