@@ -520,24 +520,28 @@ SamplingConfig long_sampling(int tokens) {
 
 }  // namespace
 
-// The decode loop runs without the host (issue 29): a 300-token generation makes at most one host
+// The decode loop runs without the host (issue 29): a 100-token generation makes at most one host
 // synchronization per 16 decode steps (kDecodeWindow) beyond what a 1-token generation of the same
 // requests makes (its set-up, the prefill, one window), and at most one host-to-device copy per
 // decode step, counted by the emulation as issued, in the rollout range, once the buffers have
 // their size. A second call of the same shapes captures no graph: the first one's are kept. The
-// counters exist in emulation only (on a GPU, Nsight Systems shows the same ranges).
+// counters exist in emulation only (on a GPU, Nsight Systems shows the same ranges). The plain
+// build's two rows of a 200-token prompt cross the 256-key chunk edge midway (a second split chunk
+// and its graph: what 300 tokens after a 40-token prompt reached, at a third of the decode steps);
+// ASan, which looks for memory errors, decodes after a 40-token prompt.
 #ifdef FP8RL_EMU
 TEST(rollout_decode_loop_waits_for_the_device_once_per_16_steps) {
     REQUIRE_GPU();
     GpuEngine gpu(long_context_model());
-    const std::vector<GenRequest> requests = long_requests(1);
+    const std::vector<int32_t> prompt = random_ids(harness::sanitized ? 40 : 200, 511, 40);
+    const std::vector<GenRequest> requests = {{prompt, 0}, {prompt, 1}};
     auto counted = [&](int tokens) {
         emu::start_stats();
         gpu.generate(requests, 2, long_sampling(tokens), Precision::BF16, Precision::BF16, nullptr);
         emu::stop_stats();
         return emu::range_stats("rollout");
     };
-    const int tokens = harness::sanitized ? 100 : 300;  // ASan looks for memory errors, the plain build at length
+    const int tokens = 100;
     counted(tokens);  // the buffers' allocation at their size (cudaFree synchronizes) and the graphs' capture
     const emu::RangeStats one = counted(1), all = counted(tokens);
     const RolloutStats st = gpu.rollout_stats();
@@ -558,15 +562,18 @@ TEST(rollout_decode_loop_waits_for_the_device_once_per_16_steps) {
 
 // Decode attention's CTAs follow the rows' current lengths, not the configured maximum (issue 58):
 // each step's plan sizes the split kernel's grid for its longest row rounded up to whole chunks (at
-// most prompt + max_new_tokens), and a graph is kept per such length. Two sibling rows of a 40-token
-// prompt (one cascade group, its 32-key prefix) of one layer and 2 kv heads: per step and kv head
+// most prompt + max_new_tokens), and a graph is kept per such length. Two sibling rows of a 240-token
+// prompt (one cascade group, its 224-key prefix) of one layer and 2 kv heads: per step and kv head
 // 2 rows x decode_chunks(length) + the group's prefix chunks, summed over the steps; fewer than a grid
 // fixed at the maximum length. Counted as launched (FP8RL_EMU_STATS' ctas) in the decode_step range.
+// The long prompt brings the rows to the 256-key chunk edge in a few steps (30 decode steps, not the
+// 230 a 40-token prompt took: a fifth of the time).
 TEST(rollout_decode_attention_ctas_follow_the_rows_lengths) {
     REQUIRE_GPU();
     GpuEngine gpu(long_context_model());
-    const std::vector<GenRequest> requests = long_requests(1);
-    const int tokens = 230, P = 40, KV = 2, L = 1, rows = 2, groups = 1;  // past 256 keys: a second chunk
+    const int tokens = 30, P = 240, KV = 2, L = 1, rows = 2, groups = 1;  // past 256 keys: a second chunk
+    const std::vector<int32_t> prompt = random_ids(P, 511, 40);
+    const std::vector<GenRequest> requests = {{prompt, 0}, {prompt, 1}};
     emu::start_stats();
     gpu.generate(requests, 2, long_sampling(tokens), Precision::BF16, Precision::BF16, nullptr);
     emu::stop_stats();
