@@ -166,6 +166,8 @@ inline size_t forward_carve_slack(long layers, long sets) { return CARVE_ALIGN_B
 
 // The buffers of one forward of T tokens (prepare_batch): ids, positions, targets, sequence offsets
 // (at most T sequences), the RoPE table (at most T positions), BF16 activations and FP32 statistics.
+// An fp8 training forward keeps xn1, xn2 and a as their transposed FP8 operands (codes and 1x128
+// scales: 1 + 4 / 128 bytes a value) in the rooms of the BF16 tensors (2 bytes a value).
 inline size_t forward_bytes(const ModelConfig& c, long T, bool recompute) {
     const long Tp = round_up(T, 128), C = c.hidden_size, Q = c.q_dim(), Kd = c.kv_dim(), I = c.intermediate_size;
     const long L = c.num_layers, H = c.num_heads, KV = c.num_kv_heads, D = c.head_dim;
