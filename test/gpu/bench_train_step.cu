@@ -210,8 +210,9 @@ std::vector<std::string> head_rows(const BenchModel& m, const StepShape& shape, 
         double predicted = 0;
         for (const KernelCost& k : step_kernels(hw, shape, Precision::BF16, StepStructure::Fused))
             if (k.cls == KernelClass::HeadGemm || k.cls == KernelClass::HeadSoftmax) predicted += k.seconds(hw);
-        const long tb = std::min<long>(T, HEAD_FUSED_TOKEN_BLOCK), tail = V % HEAD_VOCAB_CHUNK;
-        const double workspace = (double)tb * (V - tail + (tail + 7) / 8 * 8) * 4 + (double)tb * HEAD_VOCAB_CHUNK * 2;
+        // the block's logits, whose first halves then hold its dlogits
+        const long tb8 = round_up8((int)std::min<long>(T, HEAD_FUSED_TOKEN_BLOCK)), tail = V % HEAD_VOCAB_CHUNK;
+        const double workspace = (double)tb8 * (V - tail + round_up8((int)tail)) * 4;
         record_calibration("bench_train_step", strfmt("%s LM head fused, T = %ld, blocks of %d tokens", m.name, T,
                                                       HEAD_FUSED_TOKEN_BLOCK), ms * 1e-3, predicted, "tensor");
         rows.push_back(strfmt("| %s | %ld | %d (fused) | %.1f | forward + backward | %.3f | %.3f |", m.name, T,
