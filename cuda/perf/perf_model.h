@@ -397,7 +397,7 @@ inline void fused_head(StepBuilder& b, bool backward) {
             b.tile_pass("head softmax statistics", (double)tb * 28 + logits, 0, row_counts[r], "head_row_stats_kernel<false>");
             continue;
         }
-        b.tile_pass("head dlogits", (double)tb * 20 + logits + dlogits, 0, row_counts[r], "head_row_dlogits_kernel");
+        b.tile_pass("head dlogits", (double)tb * 20 + logits + dlogits, 0, row_counts[r], "head_dlogits_kernel");
         for (int i = 0; i < 2; i++) {
             if (counts[i] == 0) continue;
             const int64_t ld = round_up(widths[i], 8);
