@@ -82,7 +82,8 @@ struct HeadRowState {
 // state, the block's HEAD_THREADS threads together. first: the chunk at v0 = 0 starts the sums.
 // kDivide false: temperature is 1 and the logits are not divided by it, as the CPU head skips it
 // (IEEE division by 1 is exact: the same bits, 8 fewer divisions a thread a chunk).
-template <bool kDivide = true>
+// kFull: n is HEAD_THREADS x HEAD_LOADS (every thread's columns in the chunk: no column tests).
+template <bool kDivide = true, bool kFull = false>
 __device__ __forceinline__ void head_merge_chunk(HeadRowState& s, const float* row, int n, int v0, float temperature,
                                                  int32_t target, bool first) {
     // the thread's columns j = threadIdx.x + u HEAD_THREADS, all loaded before the first is used
@@ -91,12 +92,12 @@ __device__ __forceinline__ void head_merge_chunk(HeadRowState& s, const float* r
     FP8RL_UNROLL
     for (int u = 0; u < HEAD_LOADS; u++) {
         const int j = threadIdx.x + u * HEAD_THREADS;
-        z[u] = j < n ? row[j] : 0.0f;
+        z[u] = kFull || j < n ? row[j] : 0.0f;
     }
     float chunk_max = -INFINITY;
     FP8RL_UNROLL
     for (int u = 0; u < HEAD_LOADS; u++)
-        if ((int)threadIdx.x + u * HEAD_THREADS < n) {
+        if (kFull || (int)threadIdx.x + u * HEAD_THREADS < n) {
             if (kDivide) z[u] = __fdiv_rn(z[u], temperature);
             chunk_max = MaxOp()(chunk_max, z[u]);
         }
@@ -106,7 +107,7 @@ __device__ __forceinline__ void head_merge_chunk(HeadRowState& s, const float* r
     double sum = 0.0, sz = 0.0;
     FP8RL_UNROLL
     for (int u = 0; u < HEAD_LOADS; u++)
-        if ((int)threadIdx.x + u * HEAD_THREADS < n) {
+        if (kFull || (int)threadIdx.x + u * HEAD_THREADS < n) {
             const float e = fast_exp(z[u] - m);
             sum += e;
             sz += (double)e * z[u];
@@ -166,7 +167,11 @@ static __global__ void __launch_bounds__(HEAD_THREADS)
                           float* entropy, float* lse, float* mu) {
     const int t = blockIdx.x;
     HeadRowState s{};
-    for (int v0 = 0; v0 < V; v0 += chunk) {
+    int v0 = 0;
+    if (chunk == HEAD_THREADS * HEAD_LOADS)  // HEAD_VOCAB_CHUNK's full chunks without column tests
+        for (; v0 < main_cols; v0 += chunk)
+            head_merge_chunk<kDivide, true>(s, main + (size_t)t * main_cols + v0, chunk, v0, temperature, target[t], v0 == 0);
+    for (; v0 < V; v0 += chunk) {
         const float* row = v0 < main_cols ? main + (size_t)t * main_cols + v0 : tail + (size_t)t * tail_ld;
         head_merge_chunk<kDivide>(s, row, min(chunk, V - v0), v0, temperature, target[t], v0 == 0);
     }
