@@ -206,9 +206,10 @@ TEST(perf_model_head_tiles_read_logits_from_l2) {
 
 // The fused head (forward_backward) at Qwen3-1.7B, 16,384 tokens in blocks of 1,024: the logits
 // GEMMs once (2 T C V FLOPs, against twice in the tiles), the statistics reading each logit once and
-// dlogits once more from HBM (the block's 1,024 x 151,936 FP32 logits do not fit in L2), dX and dW
-// one per chunk and block (75 x 16), the same FLOPs as the tiles'; and in all 3 of the tiles' 4
-// GEMMs' FLOPs.
+// dlogits once more from HBM (the block's 1,024 x 151,936 FP32 logits do not fit in L2), writing the
+// block's BF16 dlogits in one launch a block; dX one GEMM per chunk and block (75 x 16), dW two a
+// block (the 74 full chunks' columns, the last 384), the same FLOPs as the tiles'; and in all 3 of
+// the tiles' 4 GEMMs' FLOPs.
 TEST(perf_model_fused_head_computes_logits_once) {
     PerfHardware hw;
     const GpuSpec g = h100();
@@ -229,11 +230,12 @@ TEST(perf_model_fused_head_computes_logits_once) {
     CHECK_NEAR(hbm, logits + T * 28, 1e-12, 0);
     CHECK_EQ(calls, 16.0);
     sum(true, "head dlogits", &hbm, &calls, &flops);
-    CHECK(hbm >= logits);
+    CHECK_NEAR(hbm, logits + T * V * 2 + T * 20, 1e-12, 0);
+    CHECK_EQ(calls, 16.0);
     for (const char* name : {"head dX", "head dW"}) {
         sum(true, name, &hbm, &calls, &flops);
         sum(false, name, &unused, &unused, &tiles_flops);
-        CHECK_EQ(calls, 75 * 16.0);
+        CHECK_EQ(calls, std::string(name) == "head dX" ? 75 * 16.0 : 2 * 16.0);
         CHECK_NEAR(flops, tiles_flops, 1e-12, 0);
     }
     sum(true, "head logits (again)", &hbm, &calls, &flops);

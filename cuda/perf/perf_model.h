@@ -366,11 +366,15 @@ inline void head(StepBuilder& b, bool backward) {
 
 // The fused head (LogprobHeadGpu::forward_backward), the training step's: per block of
 // head_fused_token_block tokens the logits of the whole vocabulary, once (a GEMM over the full chunks'
-// columns, one over a narrower last chunk's), and the rows' statistics in one pass (forward); then
-// per vocabulary chunk dlogits (BF16) and the dX and dW GEMMs (backward). The block's logits (FP32,
-// 1,024 x 151,936: 622 MB) pass through HBM: written by the GEMM, read by the statistics and by
-// dlogits. A chunk's dlogits, its W rows, the block's X and dX rows are L2's when they fit together
-// (l2_resident_bytes): then W and dW rows come from HBM once a chunk and X and dX once a block.
+// columns, one over a narrower last chunk's), and the rows' statistics in one launch (forward); then
+// the block's dlogits in one launch (BF16, in place over the logits), the dX GEMM per vocabulary
+// chunk and the dW GEMM over the whole vocabulary (the full chunks' columns, then the last chunk's)
+// (backward). The block's logits (FP32, 1,024 x 151,936: 622 MB) and dlogits (311 MB) pass through
+// HBM: the logits written by the GEMM, read by the statistics and by dlogits; the dlogits written
+// once, read by the dX GEMMs chunk by chunk and by the dW GEMM. A chunk's W rows, dlogits and the
+// block's dX rows are L2's when they fit together (l2_resident_bytes): then the dX rows come from
+// HBM once a block. The statistics are priced by head_row_stats_kernel<false>'s SASS: temperature 1,
+// the trainers' default (--temperature), where the logits are not divided.
 inline void fused_head(StepBuilder& b, bool backward) {
     const ModelConfig& c = b.s.model;
     const int64_t T = b.s.tokens, C = c.hidden_size, V = c.vocab_size, chunk = b.s.head_vocab_chunk;
@@ -384,6 +388,7 @@ inline void fused_head(StepBuilder& b, bool backward) {
         if (row_counts[r] == 0) continue;
         const int64_t tb = rows[r], tb8 = round_up(tb, 8);
         const double x_rows = (double)tb * C * kBF16, dx_rows = (double)tb * C * kF32;
+        const double logits = (double)tb * (main_cols + tail_ld) * kF32, dlogits = (double)tb8 * (main_cols + tail_ld) * kBF16;
         auto gemm = [&](const char* name, int64_t m, int64_t n, int64_t k, GemmOutput out, double hbm, double l2, double repeat) {
             KernelCost g = gemm_cost(b.hw, name, KernelClass::HeadGemm, m, n, k, Precision::BF16, out);
             g.bytes = hbm, g.l2_bytes = l2;
@@ -393,28 +398,24 @@ inline void fused_head(StepBuilder& b, bool backward) {
             for (int64_t cols : {main_cols, tail_ld})
                 if (cols) gemm("head logits", cols, tb, C, GemmOutput::F32, (double)cols * C * kBF16 + x_rows + (double)tb * cols * kF32, 0,
                                row_counts[r]);
-            // the merges of head_chunk_stats_kernel, a row's chunks in one launch (its loop's SASS)
-            b.tile_pass("head softmax statistics", (double)tb * 28 + (double)tb * (main_cols + tail_ld) * kF32, 0, row_counts[r],
-                        "head_chunk_stats_kernel");
+            b.tile_pass("head softmax statistics", (double)tb * 28 + logits, 0, row_counts[r], "head_row_stats_kernel<false>");
             continue;
         }
+        b.tile_pass("head dlogits", (double)tb * 20 + logits + dlogits, 0, row_counts[r], "head_dlogits_kernel");
         for (int i = 0; i < 2; i++) {
             if (counts[i] == 0) continue;
             const int64_t ld = round_up(widths[i], 8);
-            const double repeat = row_counts[r] * counts[i];
-            const double logits = (double)tb * ld * kF32, dlogits = (double)tb8 * ld * kBF16;
-            const double w_rows = (double)ld * C * kBF16, dw_rows = (double)ld * C * kF32;
-            const bool resident = dlogits + w_rows + x_rows + dx_rows <= keep;
-            const double ws_l2 = resident ? 1 : 0, ws_hbm = 1 - ws_l2;
-            b.tile_pass("head dlogits", (double)tb * 20 + logits + ws_hbm * dlogits, ws_l2 * dlogits, repeat, "head_dlogits_kernel");
+            const double chunk_dlogits = (double)tb8 * ld * kBF16, w_rows = (double)ld * C * kBF16;
+            const bool resident = chunk_dlogits + w_rows + dx_rows <= keep;
             // dX rows [tb][C] read and written by each chunk's GEMM: from HBM once a block when resident
             const double dx_hbm = resident ? 2 * dx_rows / chunks : 2 * dx_rows;
-            gemm("head dX", C, tb, ld, GemmOutput::F32_Accumulate, w_rows + dx_hbm + ws_hbm * dlogits,
-                 ws_l2 * (dlogits + 2 * dx_rows - dx_hbm), repeat);
-            const double x_hbm = resident ? x_rows / chunks : x_rows;
-            gemm("head dW", C, ld, tb8, GemmOutput::F32_Accumulate, 2 * dw_rows + x_hbm + ws_hbm * dlogits,
-                 ws_l2 * (dlogits + x_rows - x_hbm), repeat);
+            gemm("head dX", C, tb, ld, GemmOutput::F32_Accumulate, w_rows + dx_hbm + chunk_dlogits, 2 * dx_rows - dx_hbm,
+                 row_counts[r] * counts[i]);
         }
+        for (int64_t cols : {main_cols, tail_ld})  // dW [cols][C] += dlogits [tb8][cols]^T . X [tb8][C]
+            if (cols)
+                gemm("head dW", C, cols, tb8, GemmOutput::F32_Accumulate, 2.0 * cols * C * kF32 + (double)tb8 * C * kBF16 +
+                     (double)tb8 * cols * kBF16, 0, row_counts[r]);
     }
 }
 
