@@ -501,7 +501,8 @@ enum class GemmOps { TN, NN, NT };
 // The arguments of one cublasLtMatmul in cuBLAS's column-major terms (spec-fp8.md §6.4): D (m x n,
 // ldd = m) = op(A) . op(B) (+ D when accumulate: beta = 1), FP32 compute, alpha = 1. With fp8, A and
 // B are E4M3 with FP32 dequantization scale tensors in the given modes (layouts: spec-fp8.md §6.5)
-// and ops is TN; else they are BF16.
+// and ops is TN; else they are BF16. ldb: B's leading dimension (its row stride in elements; 0: the
+// rows packed, k or n for NT), so a GEMM can read a column slice of a wider B.
 struct GemmCall {
     int m, n, k;
     bool fp8;
@@ -512,6 +513,7 @@ struct GemmCall {
     GemmOut out;
     GemmOps ops;
     bool accumulate;
+    int ldb = 0;
 };
 
 // Block-scaled FP8 GEMMs need cuBLASLt >= 12.9 and compute capability 9.x (spec-fp8.md §6.1).
@@ -588,17 +590,21 @@ class GemmRunner {
     }
 
     // D [n][m] (+)= the product of BF16 operands in the layout `ops` (see GemmOps), FP32 accumulation.
+    // ldb: B's row stride in elements when its rows are slices of wider ones (0: packed, k or n for NT).
     void bf16(const char* name, int m, int n, int k, const __nv_bfloat16* a, const __nv_bfloat16* b, void* d,
-              GemmOut out, cudaStream_t stream, GemmOps ops = GemmOps::TN, bool accumulate = false) {
+              GemmOut out, cudaStream_t stream, GemmOps ops = GemmOps::TN, bool accumulate = false, int ldb = 0) {
         const char* op_names[] = {"TN", "NN", "NT"};
         std::string what = strfmt("BF16 GEMM %s (%s, m=%d n=%d k=%d)", name, op_names[(int)ops], m, n, k);
         // every leading dimension a multiple of 8 elements (16-byte rows): lda = k (TN) or m; ldb = k or n (NT)
         if (m % 8 || k % 8 || (ops == GemmOps::NT && n % 8))
             fail("%s: m, k%s must be multiples of 8 (16-byte rows)", what.c_str(), ops == GemmOps::NT ? " and n" : "");
+        const int b_row = ops == GemmOps::NT ? n : k;  // B's stored rows hold this many elements
+        if (ldb && (ldb % 8 || ldb < b_row))
+            fail("%s: B's leading dimension %d must be a multiple of 8 and at least %d", what.c_str(), ldb, b_row);
         check_accumulate(what, out, accumulate);
         run(what,
             GemmCall{m, n, k, false, a, b, nullptr, nullptr, Fp8ScaleMode::VEC128, Fp8ScaleMode::VEC128, d, out, ops,
-                     accumulate},
+                     accumulate, ldb},
             stream);
     }
 
@@ -609,8 +615,8 @@ class GemmRunner {
         if (accumulate && out != GemmOut::F32) fail("%s: accumulating into D needs an FP32 output", what.c_str());
     }
 
-    // m, n, k, fp8, a mode, b mode, out, ops, and the alignments of A, B, D the algorithms were chosen for
-    using Key = std::tuple<int, int, int, bool, int, int, int, int, uint32_t, uint32_t, uint32_t>;
+    // m, n, k, fp8, a mode, b mode, out, ops, the alignments of A, B, D the algorithms were chosen for, ldb
+    using Key = std::tuple<int, int, int, bool, int, int, int, int, uint32_t, uint32_t, uint32_t, int>;
     static constexpr int MAX_ALGOS = 4;  // the heuristic's best few, tried in order when one is refused
     struct Plan {
         cublasLtMatmulDesc_t desc = nullptr;
@@ -646,7 +652,7 @@ class GemmRunner {
 
     Plan& get_plan(const std::string& what, const GemmCall& c) {
         const uint32_t align[3] = {alignment_of(c.a), alignment_of(c.b), alignment_of(c.d)};  // A, B, C = D
-        Key key{c.m, c.n, c.k, c.fp8, (int)c.a_mode, (int)c.b_mode, (int)c.out, (int)c.ops, align[0], align[1], align[2]};
+        Key key{c.m, c.n, c.k, c.fp8, (int)c.a_mode, (int)c.b_mode, (int)c.out, (int)c.ops, align[0], align[1], align[2], c.ldb};
         auto it = plans_.find(key);
         if (it != plans_.end()) return it->second;
         cudaDataType_t in_type = c.fp8 ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
@@ -680,9 +686,9 @@ class GemmRunner {
             else
                 cublas_check(cublasLtMatrixLayoutCreate(&p.a, in_type, c.m, c.k, c.m), what + ": A layout");
             if (b_t)
-                cublas_check(cublasLtMatrixLayoutCreate(&p.b, in_type, c.n, c.k, c.n), what + ": B layout");
+                cublas_check(cublasLtMatrixLayoutCreate(&p.b, in_type, c.n, c.k, c.ldb ? c.ldb : c.n), what + ": B layout");
             else
-                cublas_check(cublasLtMatrixLayoutCreate(&p.b, in_type, c.k, c.n, c.k), what + ": B layout");
+                cublas_check(cublasLtMatrixLayoutCreate(&p.b, in_type, c.k, c.n, c.ldb ? c.ldb : c.k), what + ": B layout");
             cublas_check(cublasLtMatrixLayoutCreate(&p.d, out_type, c.m, c.n, c.m), what + ": D layout");
             cublasLtMatmulPreference_t pref;
             cublas_check(cublasLtMatmulPreferenceCreate(&pref), what + ": preference");

@@ -5,8 +5,9 @@
 //       HEAD_FUSED_TOKEN_BLOCK = 1,024 (the CPU head's row block), each block's logits computed ONCE
 //       for the whole vocabulary into one workspace (1,024 x V FP32: 622 MB at V = 151,936), its
 //       rows' statistics, then the loss's gradients of those rows (asked of the caller: they depend
-//       on each token's log-prob and entropy and on what is known before the forward), then per
-//       vocabulary chunk dlogits and the dX and dW GEMMs: 3 GEMMs a tile, none recomputed.
+//       on each token's log-prob and entropy and on what is known before the forward), then the
+//       block's dlogits in one launch (BF16, in place over its logits), a dX GEMM per vocabulary
+//       chunk and one dW GEMM over the whole vocabulary; none recomputed.
 //   forward / backward  the passes without a known gradient (old, reference and shadow log-probs;
 //       a loss whose gradient needs a whole sequence first): tiles of (HEAD_TOKEN_BLOCK = 16,384
 //       tokens) x (2,048 columns) in a workspace every tile reuses, the backward computing each
@@ -35,7 +36,9 @@
 //   logits [Tb][n8]  = X [Tb][C] . Wc [n8][C]^T          TN  m = n8, n = Tb,  k = C
 //   dX     [Tb][C]  += dlogits [Tb][n8] . Wc [n8][C]     NN  m = C,  n = Tb,  k = n8
 //   dWc    [n8][C]  += dlogits [Tb8][n8]^T . X [Tb8][C]  NT  m = C,  n = n8,  k = Tb8
-// with Wc the chunk's n rows of W, n8 = n rounded up to 8 and Tb8 = Tb rounded up to 8; dX and dW
+// with Wc the chunk's n rows of W (forward_backward's dW GEMM: all the full chunks' rows at once,
+// n = their columns; its dlogits are column slices of the block's, read at their row stride),
+// n8 = n rounded up to 8 and Tb8 = Tb rounded up to 8; dX and dW
 // accumulate in the GEMMs (beta = 1). C must be a multiple of 8 (every model's hidden size is a
 // multiple of 128). The padding the rules still force, all zero: the last chunk's Wc gets n8 - n
 // rows when n is not a multiple of 8 (m of logits, k of dX), and for the NT GEMM the last block's
@@ -77,6 +80,10 @@ struct HeadRowState {
 
 // Merges one chunk's n <= HEAD_THREADS x HEAD_LOADS logits `row` (vocabulary v0 ..) into a token's
 // state, the block's HEAD_THREADS threads together. first: the chunk at v0 = 0 starts the sums.
+// kDivide false: temperature is 1 and the logits are not divided by it, as the CPU head skips it
+// (IEEE division by 1 is exact: the same bits, 8 fewer divisions a thread a chunk).
+// kFull: n is HEAD_THREADS x HEAD_LOADS (every thread's columns in the chunk: no column tests).
+template <bool kDivide = true, bool kFull = false>
 __device__ __forceinline__ void head_merge_chunk(HeadRowState& s, const float* row, int n, int v0, float temperature,
                                                  int32_t target, bool first) {
     // the thread's columns j = threadIdx.x + u HEAD_THREADS, all loaded before the first is used
@@ -85,13 +92,13 @@ __device__ __forceinline__ void head_merge_chunk(HeadRowState& s, const float* r
     FP8RL_UNROLL
     for (int u = 0; u < HEAD_LOADS; u++) {
         const int j = threadIdx.x + u * HEAD_THREADS;
-        z[u] = j < n ? row[j] : 0.0f;
+        z[u] = kFull || j < n ? row[j] : 0.0f;
     }
     float chunk_max = -INFINITY;
     FP8RL_UNROLL
     for (int u = 0; u < HEAD_LOADS; u++)
-        if ((int)threadIdx.x + u * HEAD_THREADS < n) {
-            z[u] = __fdiv_rn(z[u], temperature);
+        if (kFull || (int)threadIdx.x + u * HEAD_THREADS < n) {
+            if (kDivide) z[u] = __fdiv_rn(z[u], temperature);
             chunk_max = MaxOp()(chunk_max, z[u]);
         }
     chunk_max = block_reduce(chunk_max, MaxOp());
@@ -100,7 +107,7 @@ __device__ __forceinline__ void head_merge_chunk(HeadRowState& s, const float* r
     double sum = 0.0, sz = 0.0;
     FP8RL_UNROLL
     for (int u = 0; u < HEAD_LOADS; u++)
-        if ((int)threadIdx.x + u * HEAD_THREADS < n) {
+        if (kFull || (int)threadIdx.x + u * HEAD_THREADS < n) {
             const float e = fast_exp(z[u] - m);
             sum += e;
             sz += (double)e * z[u];
@@ -113,7 +120,7 @@ __device__ __forceinline__ void head_merge_chunk(HeadRowState& s, const float* r
     s.max = m;
     if (first) s.z_target = 0.0f;
     const int y = target - v0;
-    if (y >= 0 && y < n) s.z_target = __fdiv_rn(row[y], temperature);
+    if (y >= 0 && y < n) s.z_target = kDivide ? __fdiv_rn(row[y], temperature) : row[y];
 }
 
 // logZ, mu, entropy and logprob of token t from its merged state (cpu/logprob_head.h's last loop).
@@ -152,63 +159,80 @@ static __global__ void head_finish_kernel(int T, const int32_t* target, const fl
 // logits, chunk by chunk in vocabulary order (the same merges as head_chunk_stats_kernel's tiles),
 // then its statistics. The first main_cols columns are in `main` [T][main_cols], the rest (a last
 // chunk narrower than the others) in `tail` [T][tail_ld]. Keeps the running max and the target's
-// logit (top1) besides.
+// logit (top1) besides. kDivide: as head_merge_chunk's (false only at temperature 1).
+template <bool kDivide>
 static __global__ void __launch_bounds__(HEAD_THREADS)
     head_row_stats_kernel(const float* main, int main_cols, const float* tail, int tail_ld, int V, int chunk,
                           float temperature, const int32_t* target, float* run_max, float* z_target, float* logprob,
                           float* entropy, float* lse, float* mu) {
     const int t = blockIdx.x;
     HeadRowState s{};
-    for (int v0 = 0; v0 < V; v0 += chunk) {
+    int v0 = 0;
+    if (chunk == HEAD_THREADS * HEAD_LOADS)  // HEAD_VOCAB_CHUNK's full chunks without column tests
+        for (; v0 < main_cols; v0 += chunk)
+            head_merge_chunk<kDivide, true>(s, main + (size_t)t * main_cols + v0, chunk, v0, temperature, target[t], v0 == 0);
+    for (; v0 < V; v0 += chunk) {
         const float* row = v0 < main_cols ? main + (size_t)t * main_cols + v0 : tail + (size_t)t * tail_ld;
-        head_merge_chunk(s, row, min(chunk, V - v0), v0, temperature, target[t], v0 == 0);
+        head_merge_chunk<kDivide>(s, row, min(chunk, V - v0), v0, temperature, target[t], v0 == 0);
     }
     if (threadIdx.x != 0) return;
     run_max[t] = s.max, z_target[t] = s.z_target;
     head_finish_row(s, t, target, logprob, entropy, lse, mu);
 }
 
-// dlogits [T8][ld] (BF16) of one tile from its logits (a token block's T rows, row stride
-// logits_ld; ld <= HEAD_THREADS x HEAD_LOADS, a multiple of 8), one block per row, a thread 4
-// adjacent columns at a time: 16-byte loads of logits, all issued before the first is used, and
-// 8-byte stores. The n columns of rows t < T get dL/dlogits in cpu/logprob_head.h's operation
-// order (products unfused), the other columns and rows get 0 (the padding of the dX and dW GEMMs' k).
+// dlogits (BF16) of a token block's rows over the vocabulary columns [v_begin, v_end), one launch,
+// written IN PLACE over their logits: one block per row t < T8, chunk by chunk. Columns below
+// main_cols are in main [T8][main_cols], the others (one chunk of at most `chunk` columns) in tail
+// [T8][tail_ld] from its column 0 (forward_backward: main the full chunks' logits of the whole
+// vocabulary, tail the last chunk's; backward: one tile, main_cols 0). A row's dlogits are BF16 over
+// the first half of its FP32 row, at the chunk's column (a row stride of 2 main_cols, or 2 tail_ld,
+// BF16): chunk c's stores land on FP32 columns [c chunk / 2, (c + 1) chunk / 2) of the row, chunk
+// c / 2's, which this block read in that chunk's pass, before a barrier every thread passed. So each
+// chunk: its loads (16 bytes, all issued before the first is used), a barrier, its stores.
+// The n columns of rows t < T get dL/dlogits in cpu/logprob_head.h's operation order (products
+// unfused), the padding columns and rows t >= T get 0 (the dX and dW GEMMs' k).
 static __global__ void __launch_bounds__(HEAD_THREADS)
-    head_dlogits_kernel(const float* logits, int logits_ld, int T, int ld, int n, int v0, float temperature,
-                        const int32_t* target, const float* dlogprob, const float* dentropy, const float* lse,
-                        const float* mu, __nv_bfloat16* dlogits) {
-    constexpr int kQuads = HEAD_LOADS / 4;  // a thread's groups of 4 columns
+    head_dlogits_kernel(float* main, int main_cols, float* tail, int tail_ld, int T, int v_begin, int v_end, int chunk,
+                        float temperature, const int32_t* target, const float* dlogprob, const float* dentropy,
+                        const float* lse, const float* mu) {
+    constexpr int kQuads = HEAD_LOADS / 4;  // a thread's groups of 4 adjacent columns of a chunk
     const int t = blockIdx.x;
-    __nv_bfloat16* out = dlogits + (size_t)t * ld;
-    if (t >= T) {
-        for (int q = threadIdx.x; q < ld / 4; q += HEAD_THREADS) store_vector<uint2>(out + 4 * q, make_uint2(0, 0));
-        return;
-    }
-    float4 z4[kQuads];
-    FP8RL_UNROLL
-    for (int u = 0; u < kQuads; u++) {
-        const int q = threadIdx.x + u * HEAD_THREADS;
-        if (4 * q < ld) z4[u] = load_vector<float4>(logits + (size_t)t * logits_ld + 4 * q);
-    }
-    const float a = dlogprob[t], b = dentropy[t], l = lse[t], m = mu[t], inv_t = 1.0f / temperature;
-    const int y = target[t] - v0;
-    FP8RL_UNROLL
-    for (int u = 0; u < kQuads; u++) {
-        const int q = threadIdx.x + u * HEAD_THREADS;
-        if (4 * q >= ld) continue;
-        const float v[4] = {z4[u].x, z4[u].y, z4[u].z, z4[u].w};
-        uint32_t bits[4];
-        for (int e = 0; e < 4; e++) {
-            const int j = 4 * q + e;
-            float g = 0.0f;
-            if (j < n) {
-                const float z = __fdiv_rn(v[e], temperature), p = fast_exp(z - l);
-                g = mul_rn(mul_rn(-a, p) - mul_rn(mul_rn(b, p), z - m), inv_t);
-                if (j == y) g += mul_rn(a, inv_t);
-            }
-            bits[e] = float_to_bf16(g);
+    for (int v0 = v_begin; v0 < v_end; v0 += chunk) {
+        const bool in_main = v0 < main_cols;
+        float* z = in_main ? main + (size_t)t * main_cols + v0 : tail + (size_t)t * tail_ld;
+        __nv_bfloat16* out = reinterpret_cast<__nv_bfloat16*>(in_main ? main + (size_t)t * main_cols : z) + (in_main ? v0 : 0);
+        const int n = min(chunk, v_end - v0), ld = (n + 7) / 8 * 8;
+        if (t >= T) {
+            for (int q = threadIdx.x; q < ld / 4; q += HEAD_THREADS) store_vector<uint2>(out + 4 * q, make_uint2(0, 0));
+            continue;
         }
-        store_vector<uint2>(out + 4 * q, make_uint2(bits[0] | bits[1] << 16, bits[2] | bits[3] << 16));
+        float4 z4[kQuads];
+        FP8RL_UNROLL
+        for (int u = 0; u < kQuads; u++) {
+            const int q = threadIdx.x + u * HEAD_THREADS;
+            if (4 * q < ld) z4[u] = load_vector_written<float4>(z + 4 * q);
+        }
+        __syncthreads();  // every thread's loads of this chunk before any store over it
+        const float a = dlogprob[t], b = dentropy[t], l = lse[t], m = mu[t], inv_t = 1.0f / temperature;
+        const int y = target[t] - v0;
+        FP8RL_UNROLL
+        for (int u = 0; u < kQuads; u++) {
+            const int q = threadIdx.x + u * HEAD_THREADS;
+            if (4 * q >= ld) continue;
+            const float v[4] = {z4[u].x, z4[u].y, z4[u].z, z4[u].w};
+            uint32_t bits[4];
+            for (int e = 0; e < 4; e++) {
+                const int j = 4 * q + e;
+                float g = 0.0f;
+                if (j < n) {
+                    const float zj = __fdiv_rn(v[e], temperature), p = fast_exp(zj - l);
+                    g = mul_rn(mul_rn(-a, p) - mul_rn(mul_rn(b, p), zj - m), inv_t);
+                    if (j == y) g += mul_rn(a, inv_t);
+                }
+                bits[e] = float_to_bf16(g);
+            }
+            store_vector<uint2>(out + 4 * q, make_uint2(bits[0] | bits[1] << 16, bits[2] | bits[3] << 16));
+        }
     }
 }
 
@@ -283,17 +307,19 @@ class LogprobHeadGpu {
         const int C = s.C, last0 = (T - 1) / block_ * block_, last_tb = T - last0;
         const __nv_bfloat16* x_last = x + (size_t)last0 * C;  // [Tb8][C] for the NT GEMM's k
         if (last_tb % 8) x_last = padded_rows(x_last, last_tb, C, stream);
-        __nv_bfloat16* dlogits = dlogits_.get((size_t)round_up8(std::min(block_, T)) * chunk_);  // [Tb8][ld]
         for (int v0 = 0; v0 < s.V; v0 += chunk_) {
             const int n = std::min(chunk_, s.V - v0), ld = round_up8(n);
             const __nv_bfloat16* rows = chunk_rows(W, v0, n, s, stream);  // [ld][C]
             for (int t0 = 0; t0 < T; t0 += block_) {
                 const int tb = std::min(block_, T - t0), tb8 = round_up8(tb);
-                const float* logits = tile_logits(x + (size_t)t0 * C, rows, tb, n, s, stream);
-                LAUNCH_KERNEL(head_dlogits_kernel, tb8, HEAD_THREADS, 0, stream, logits, ld, tb, ld, n, v0, s.temperature,
-                              target + t0, dlogprob + t0, dentropy + t0, lse + t0, mu + t0, dlogits);
-                gemm_.bf16("head dX", C, tb, ld, rows, dlogits, dx + (size_t)t0 * C, GemmOut::F32, stream, GemmOps::NN, true);
-                dw_gemm(dW, v0, n, t0 == last0 ? x_last : x + (size_t)t0 * C, tb8, dlogits, C, stream);
+                float* logits = tile_logits(x + (size_t)t0 * C, rows, tb, n, s, stream);
+                // the tile's dlogits [tb8][ld] over its logits, at a row stride of 2 ld
+                LAUNCH_KERNEL(head_dlogits_kernel, tb8, HEAD_THREADS, 0, stream, (float*)nullptr, 0, logits, ld, tb, v0,
+                              v0 + n, chunk_, s.temperature, target + t0, dlogprob + t0, dentropy + t0, lse + t0, mu + t0);
+                const __nv_bfloat16* dlogits = reinterpret_cast<const __nv_bfloat16*>(logits);
+                gemm_.bf16("head dX", C, tb, ld, rows, dlogits, dx + (size_t)t0 * C, GemmOut::F32, stream, GemmOps::NN, true,
+                           2 * ld);
+                dw_gemm(dW, v0, n, t0 == last0 ? x_last : x + (size_t)t0 * C, tb8, dlogits, C, stream, 2 * ld);
             }
         }
     }
@@ -303,48 +329,58 @@ class LogprobHeadGpu {
     // its backward has read them. Per block: the logits GEMM(s), the rows' statistics (logprob,
     // entropy, lse, mu [T] written as forward writes them), then token_grads(t0, tb), which must
     // write dlogprob and dentropy of rows [t0, t0 + tb) (device, ordered on `stream`) from the
-    // block's logprob and entropy, then per vocabulary chunk dlogits, the dX and the dW GEMM. Every
-    // value takes the operations of forward and backward (the logits are the same bits whichever
-    // GEMM computes them: one chain over C each), so it changes no bit of theirs with
-    // token_block = fused_block; dW's sums split at the token blocks, as the CPU head's do at its
-    // row blocks (head_rows_per_block(), HEAD_FUSED_TOKEN_BLOCK). Workspace: fused_block x V
-    // logits (FP32).
+    // block's logprob and entropy, then the block's dlogits in one launch (in place over its logits),
+    // the dX GEMM per vocabulary chunk and the dW GEMM over the whole vocabulary (one over the full
+    // chunks' columns, one over a narrower last chunk's). Every value takes the operations of forward
+    // and backward (the logits are the same bits whichever GEMM computes them: one chain over C each;
+    // a dW element is one chain over the block's tokens whichever GEMM's n it is in, as no GEMM
+    // splits k), so it changes no bit of theirs with token_block = fused_block; dW's sums split at
+    // the token blocks, as the CPU head's do at its row blocks (head_rows_per_block(),
+    // HEAD_FUSED_TOKEN_BLOCK). dX stays one GEMM a chunk: the CPU head adds each chunk's product (a
+    // chain over its columns) to dx, and one GEMM over the vocabulary would make one chain over V.
+    // Workspace: round_up8(fused_block) x V logits (FP32), whose first halves then hold the dlogits.
     using TokenGrads = std::function<void(int t0, int tb)>;
     void forward_backward(float* logprob, float* entropy, float* lse, float* mu, float* dlogprob, float* dentropy,
                           float* dx, float* dW, const __nv_bfloat16* x, const __nv_bfloat16* W, const int32_t* target,
                           int T, HeadGpuShape s, const TokenGrads& token_grads, cudaStream_t stream) {
         check_shape("LogprobHeadGpu::forward_backward", T, s);
-        const int C = s.C, fb = fused_block_;
-        // the full chunks' columns by one GEMM into main [tb][main_cols]; a narrower last chunk's into tail
+        const int C = s.C, fb = fused_block_, rows8 = round_up8(std::min(fb, T));
+        // the full chunks' columns by one GEMM into main [tb8][main_cols]; a narrower last chunk's into tail
         const int main_cols = s.V / chunk_ * chunk_, tail_n = s.V - main_cols, tail_ld = round_up8(tail_n);
-        float* main = logits_.get((size_t)std::min(fb, T) * (main_cols + tail_ld));
-        float* tail = main + (size_t)std::min(fb, T) * main_cols;
+        float* main = logits_.get((size_t)rows8 * (main_cols + tail_ld));
+        float* tail = main + (size_t)rows8 * main_cols;
+        // the dlogits over them: [tb8][main_cols] at a row stride of 2 main_cols, [tb8][tail_ld] at 2 tail_ld
+        const __nv_bfloat16* dmain = reinterpret_cast<const __nv_bfloat16*>(main);
+        const __nv_bfloat16* dtail = reinterpret_cast<const __nv_bfloat16*>(tail);
         float* run_max = run_max_.get(T);
         float* z_target = z_target_.get(T);
-        __nv_bfloat16* dlogits = dlogits_.get((size_t)round_up8(std::min(fb, T)) * chunk_);  // [Tb8][ld]
         const __nv_bfloat16* tail_rows = tail_n ? chunk_rows(W, main_cols, tail_n, s, stream) : nullptr;  // [tail_ld][C]
+        const auto head_row_stats = s.temperature == 1.0f ? head_row_stats_kernel<false> : head_row_stats_kernel<true>;
         for (int t0 = 0; t0 < T; t0 += fb) {
             const int tb = std::min(fb, T - t0), tb8 = round_up8(tb);
             const __nv_bfloat16* xb = x + (size_t)t0 * C;
             if (main_cols) gemm_.bf16("head logits", main_cols, tb, C, W, xb, main, GemmOut::F32, stream);
             if (tail_n) gemm_.bf16("head logits", tail_ld, tb, C, tail_rows, xb, tail, GemmOut::F32, stream);
-            LAUNCH_KERNEL(head_row_stats_kernel, tb, HEAD_THREADS, 0, stream, (const float*)main, main_cols,
+            LAUNCH_KERNEL(head_row_stats, tb, HEAD_THREADS, 0, stream, (const float*)main, main_cols,
                           (const float*)tail, tail_ld, s.V, chunk_, s.temperature, target + t0, run_max + t0,
                           z_target + t0, logprob + t0, entropy + t0, lse + t0, mu + t0);
             token_grads(t0, tb);
+            LAUNCH_KERNEL(head_dlogits_kernel, tb8, HEAD_THREADS, 0, stream, main, main_cols, tail, tail_ld, tb, 0, s.V,
+                          chunk_, s.temperature, target + t0, (const float*)dlogprob + t0, (const float*)dentropy + t0,
+                          (const float*)lse + t0, (const float*)mu + t0);
+            for (int v0 = 0; v0 < s.V; v0 += chunk_) {
+                const int ld = round_up8(std::min(chunk_, s.V - v0));
+                const bool in_main = v0 < main_cols;
+                const __nv_bfloat16* rows = in_main ? W + (size_t)v0 * C : tail_rows;  // [ld][C]
+                gemm_.bf16("head dX", C, tb, ld, rows, in_main ? dmain + v0 : dtail, dx + (size_t)t0 * C, GemmOut::F32,
+                           stream, GemmOps::NN, true, 2 * (in_main ? main_cols : tail_ld));
+            }
             // the block's X [tb8][C] with its padding rows zero (the NT GEMM's k)
             const __nv_bfloat16* x8 = tb % 8 ? padded_rows(xb, tb, C, stream) : xb;
-            for (int v0 = 0; v0 < s.V; v0 += chunk_) {
-                const int n = std::min(chunk_, s.V - v0), ld = round_up8(n);
-                const bool in_main = v0 < main_cols;
-                const float* logits = in_main ? main + v0 : tail;
-                LAUNCH_KERNEL(head_dlogits_kernel, tb8, HEAD_THREADS, 0, stream, logits, in_main ? main_cols : tail_ld, tb,
-                              ld, n, v0, s.temperature, target + t0, dlogprob + t0, dentropy + t0, lse + t0, mu + t0,
-                              dlogits);
-                const __nv_bfloat16* rows = in_main ? W + (size_t)v0 * C : tail_rows;  // [ld][C]
-                gemm_.bf16("head dX", C, tb, ld, rows, dlogits, dx + (size_t)t0 * C, GemmOut::F32, stream, GemmOps::NN, true);
-                dw_gemm(dW, v0, n, x8, tb8, dlogits, C, stream);
-            }
+            if (main_cols)
+                gemm_.bf16("head dW", C, main_cols, tb8, x8, dmain, dW, GemmOut::F32, stream, GemmOps::NT, true,
+                           2 * main_cols);
+            if (tail_n) dw_gemm(dW, main_cols, tail_n, x8, tb8, dtail, C, stream, 2 * tail_ld);
         }
     }
 
@@ -366,7 +402,7 @@ class LogprobHeadGpu {
     void release() {
         for (DeviceScratch<float>* a : {&logits_, &dw_pad_, &run_max_, &z_target_}) a->release();
         for (DeviceScratch<double>* a : {&run_sum_, &run_sz_}) a->release();
-        for (DeviceScratch<__nv_bfloat16>* a : {&w_pad_, &x_pad_, &dlogits_}) a->release();
+        for (DeviceScratch<__nv_bfloat16>* a : {&w_pad_, &x_pad_}) a->release();
     }
 
   private:
@@ -374,7 +410,7 @@ class LogprobHeadGpu {
     int chunk_, block_, fused_block_;
     DeviceScratch<float> logits_, dw_pad_, run_max_, z_target_;
     DeviceScratch<double> run_sum_, run_sz_;
-    DeviceScratch<__nv_bfloat16> w_pad_, x_pad_, dlogits_;
+    DeviceScratch<__nv_bfloat16> w_pad_, x_pad_;
 
     void check_shape(const char* what, int T, HeadGpuShape s) const {
         if (T <= 0) fail("%s: token count %d must be positive", what, T);
@@ -404,11 +440,11 @@ class LogprobHeadGpu {
         return padded;
     }
 
-    // dW's rows v0 .. v0 + n - 1 [n][C] += dlogits [k8][round_up8(n)]^T . x8 [k8][C]. The NT GEMM
-    // writes round_up8(n) rows: a last chunk with n not a multiple of 8 goes through a copy whose
-    // extra rows only get zero terms added and are not copied back.
+    // dW's rows v0 .. v0 + n - 1 [n][C] += dlogits [k8][round_up8(n)]^T . x8 [k8][C] (dlogits' row
+    // stride ld_dlogits, 0: packed). The NT GEMM writes round_up8(n) rows: a last chunk with n not a
+    // multiple of 8 goes through a copy whose extra rows only get zero terms added and are not copied back.
     void dw_gemm(float* dW, int v0, int n, const __nv_bfloat16* x8, int k8, const __nv_bfloat16* dlogits, int C,
-                 cudaStream_t stream) {
+                 cudaStream_t stream, int ld_dlogits = 0) {
         const int ld = round_up8(n);
         const size_t bytes = (size_t)n * C * sizeof(float);
         float* dw = dW + (size_t)v0 * C;
@@ -416,16 +452,16 @@ class LogprobHeadGpu {
             dw = dw_pad_.get((size_t)ld * C);
             CUDA_CHECK(cudaMemcpyAsync(dw, dW + (size_t)v0 * C, bytes, cudaMemcpyDeviceToDevice, stream));
         }
-        gemm_.bf16("head dW", C, ld, k8, x8, dlogits, dw, GemmOut::F32, stream, GemmOps::NT, true);
+        gemm_.bf16("head dW", C, ld, k8, x8, dlogits, dw, GemmOut::F32, stream, GemmOps::NT, true, ld_dlogits);
         if (ld != n) CUDA_CHECK(cudaMemcpyAsync(dW + (size_t)v0 * C, dw, bytes, cudaMemcpyDeviceToDevice, stream));
     }
 
     // logits [Tb][round_up8(n)] (FP32, unscaled) of a block's x [Tb][C] and the chunk's rows
-    // [round_up8(n)][C], in the workspace every tile reuses (so that it stays in L2); the padding
-    // columns are 0.
-    const float* tile_logits(const __nv_bfloat16* x, const __nv_bfloat16* rows, int tb, int n, HeadGpuShape s,
-                             cudaStream_t stream) {
-        float* logits = logits_.get((size_t)tb * chunk_);  // the first block is the largest
+    // [round_up8(n)][C], in the workspace every tile reuses (so that it stays in L2; round_up8(Tb)
+    // rows, the backward's dlogits over them); the padding columns are 0.
+    float* tile_logits(const __nv_bfloat16* x, const __nv_bfloat16* rows, int tb, int n, HeadGpuShape s,
+                       cudaStream_t stream) {
+        float* logits = logits_.get((size_t)round_up8(tb) * chunk_);  // the first block is the largest
         gemm_.bf16("head logits", round_up8(n), tb, s.C, rows, x, logits, GemmOut::F32, stream);
         return logits;
     }

@@ -19,7 +19,10 @@
 //   kernels   a layer's forward is 10 launches in fp8 (9 in bf16; issue 28): residual add + RMSNorm
 //             writing the FP8 operand, [q|k|v] GEMM, q/k-norm + RoPE, attention, the attention
 //             output's FP8 operand, O GEMM, residual add + RMSNorm, [gate|up] GEMM, SwiGLU writing
-//             the FP8 operand, down GEMM (whose output the next layer's norm adds).
+//             the FP8 operand, down GEMM (whose output the next layer's norm adds). A training
+//             forward in fp8 (block scaling) is 12: each norm is its statistics pass, then tiles
+//             that write the FP8 operand and its transpose, which the backward's weight gradient
+//             reads (issue 59), as SwiGLU's tiles do; no BF16 xn1, xn2 or a is stored.
 //   batches   a packed batch of T tokens runs in buffers of Tp = T rounded up to 128 rows (the FP8
 //             GEMMs' rule); the padding rows are zero in every GEMM operand, so they change no sum
 //             and no 1x128 group's scale. Elementwise kernels run over the T real rows.
@@ -78,12 +81,22 @@ using bf16 = __nv_bfloat16;
 struct LayerActsGpu {
     bf16 *x, *xn1, *qkv, *qp, *kp, *q, *k, *v, *att, *o, *h1, *xn2, *gu, *a, *mlp;
     float *rstd1, *rstd_q, *rstd_k, *lse, *rstd2;
+    // a training forward in fp8 at block scaling (StepRows::kept_transposes) keeps xn1, xn2 and a as
+    // the QKV, gate|up and down wgrads' transposed FP8 operands, in their rooms, instead of BF16 tensors
+    Fp8Transposed xn1_t, xn2_t, a_t;
 };
+
+// A kept transposed FP8 operand of a [Tp][cols] activation in the room of its BF16 tensor: codes
+// [cols][Tp], then the VEC128 scales [Tp / 128][cols] (Tp cols (1 + 4 / 128) bytes < 2 Tp cols).
+inline Fp8Transposed transposed_in_room(bf16* room, long Tp, long cols) {
+    uint8_t* codes = reinterpret_cast<uint8_t*>(room);
+    return {codes, reinterpret_cast<float*>(codes + (size_t)Tp * cols)};
+}
 
 // The rows one forward step runs over: T real rows in buffers of Tp (a multiple of 128 for the
 // FP8 GEMMs; the padding rows are zero GEMM operands), their positions [T], FP32 GEMM scratch
-// [Tp][max dim], the precision of the linear layers, and whether a backward follows: fp8 writes the
-// BF16 copies of its GEMM inputs (xn1, xn2, a) only for the backward's weight gradients.
+// [Tp][max dim], the precision of the linear layers, and whether a backward follows: fp8 then keeps
+// the transposed FP8 operands of its GEMM inputs (xn1, xn2, a) for the backward's weight gradients.
 struct StepRows {
     long T, Tp;
     const int32_t* pos;
@@ -94,7 +107,11 @@ struct StepRows {
     // The producers write their outputs' FP8 operands themselves (block scaling), or the BF16
     // tensors the GEMMs quantize (row and tensor: cuda/kernels/linear.cuh).
     bool fused_fp8() const { return precision == Precision::FP8 && scaling == Fp8Scaling::Block; }
-    bool bf16_inputs() const { return precision == Precision::BF16 || for_backward || !fused_fp8(); }
+    bool bf16_inputs() const { return precision == Precision::BF16 || !fused_fp8(); }
+    // In a training forward the fp8 producers of the weight gradients' activations (the norms,
+    // SwiGLU) also write their transposed FP8 operands, kept for the backward (LayerActsGpu's
+    // Fp8Transposed), instead of BF16 tensors.
+    bool kept_transposes() const { return fused_fp8() && for_backward; }
 };
 
 struct RolloutState;    // rollout.cu: the KV cache and decode buffers of generation
@@ -924,7 +941,9 @@ class GpuEngine : public Engine {
     void sample_rows(int rows, const SamplingConfig& s);
     // dx (BF16) and the weight (and bias) gradient of projection j (dy null: its FP8 operands are in the
     // scratch, written by its producer).
-    void project_backward(bf16* dx, const bf16* dy, const bf16* x, int l, Projection j, size_t bias);
+    // x_t: x's transposed FP8 operand, kept by its producer (StepRows::kept_transposes), instead of x.
+    void project_backward(bf16* dx, const bf16* dy, const bf16* x, int l, Projection j, size_t bias,
+                          const Fp8Transposed& x_t = {});
 };
 
 
@@ -1051,6 +1070,8 @@ inline void GpuEngine::prepare_batch(const std::vector<Sequence>& seqs) {
         a.qp = m.qk_norm ? take_b(Tp * Q) : nullptr, a.kp = m.qk_norm ? take_b(Tp * Kd) : nullptr;
         a.q = take_b(Tp * Q), a.k = take_b(Tp * Kd), a.v = take_b(Tp * Kd), a.att = take_b(Tp * Q);
         a.h1 = take_b(Tp * C), a.xn2 = take_b(Tp * C), a.gu = take_b(Tp * 2 * I), a.a = take_b(Tp * I);
+        a.xn1_t = transposed_in_room(a.xn1, Tp, C), a.xn2_t = transposed_in_room(a.xn2, Tp, C);
+        a.a_t = transposed_in_room(a.a, Tp, I);
         a.o = o, a.mlp = mlp;
         if (Tp > T)  // attention writes T rows; its output's padding rows are GEMM operands
             CUDA_CHECK(cudaMemsetAsync(a.att + T * Q, 0, (size_t)(Tp - T) * Q * sizeof(bf16), stream_));
@@ -1090,11 +1111,12 @@ inline void GpuEngine::attention_inputs(LayerActsGpu& A, const LayerActsGpu* bef
     const CpuModel& m = model_;
     const LayerTensors& w = m.layers[l];
     bf16* xn = r.bf16_inputs() ? A.xn1 : nullptr;
+    const Fp8Transposed xn_t = r.kept_transposes() ? A.xn1_t : Fp8Transposed{};
     if (before)
         residual_rmsnorm_forward(xn, A.rstd1, A.x, before->h1, before->mlp, wb(w.ln1), r.T, m.C, m.eps, stream_,
-                                 fp8_operand(r, m.C), r.Tp);
+                                 fp8_operand(r, m.C), r.Tp, xn_t);
     else
-        rmsnorm_forward(xn, A.rstd1, (const bf16*)A.x, wb(w.ln1), r.T, m.C, m.eps, stream_, fp8_operand(r, m.C), r.Tp);
+        rmsnorm_forward(xn, A.rstd1, (const bf16*)A.x, wb(w.ln1), r.T, m.C, m.eps, stream_, fp8_operand(r, m.C), r.Tp, xn_t);
     const QkvOut out{A.q, A.k, A.v, A.qp, A.kp, A.rstd_q, A.rstd_k};
     if (w.bq == kNoTensor) {
         project(A.qkv, GemmOut::BF16, A.xn1, l, kQKV, r);
@@ -1112,9 +1134,12 @@ inline void GpuEngine::attention_outputs(LayerActsGpu& A, int l, const StepRows&
     if (r.fused_fp8() && !att_operand) quantize_rows_gpu(A.att, (int)r.T, (int)Q, fp8_operand(r, (int)Q), stream_);
     project(A.o, GemmOut::BF16, A.att, l, kO, r);
     residual_rmsnorm_forward(r.bf16_inputs() ? A.xn2 : nullptr, A.rstd2, A.h1, A.x, A.o, wb(w.ln2), r.T, m.C, m.eps,
-                             stream_, fp8_operand(r, m.C), r.Tp);
+                             stream_, fp8_operand(r, m.C), r.Tp, r.kept_transposes() ? A.xn2_t : Fp8Transposed{});
     project(A.gu, GemmOut::BF16, A.xn2, l, kGateUp, r);
-    swiglu_forward(r.bf16_inputs() ? A.a : nullptr, (const bf16*)A.gu, r.T, m.I, stream_, fp8_operand(r, m.I), r.Tp);
+    if (r.kept_transposes())  // a's two FP8 operands from one tile, no BF16 a
+        swiglu_forward_fp8(A.gu, r.T, r.Tp, m.I, fp8_operand(r, m.I), A.a_t, stream_);
+    else
+        swiglu_forward(r.bf16_inputs() ? A.a : nullptr, (const bf16*)A.gu, r.T, m.I, stream_, fp8_operand(r, m.I), r.Tp);
     if (stop_before_down) return;  // recomputing: the output is the next layer's input, kept
     project(A.mlp, GemmOut::BF16, A.a, l, kDown, r);
 }
@@ -1264,7 +1289,8 @@ inline void GpuEngine::forward_backward_train(const std::vector<Sequence>& seqs,
 // ---------------------------------------------------------------------------------------------
 // Backward.
 
-inline void GpuEngine::project_backward(bf16* dx, const bf16* dy, const bf16* x, int l, Projection j, size_t bias) {
+inline void GpuEngine::project_backward(bf16* dx, const bf16* dy, const bf16* x, int l, Projection j, size_t bias,
+                                        const Fp8Transposed& x_t) {
     LinearDevice W = linear(l, j);
     Fp8WeightCopy with_transpose;  // one FP8 weight copy: the dgrad's transposed copy, made now
     if (options_.one_fp8_weight_copy) {
@@ -1274,8 +1300,8 @@ inline void GpuEngine::project_backward(bf16* dx, const bf16* dy, const bf16* x,
                                      with_transpose.scale_inv_t, stream_);
         W.w8 = &with_transpose;
     }
-    linear_backward_gpu(gemm_, *scratch_, precision_, W, dy, x, (int)Tp_, dx, GemmOut::BF16,
-                        grad(model_.weight_offset(l, j)), stream_);
+    linear_backward_gpu(gemm_, *scratch_, precision_, W, dy, x_t ? nullptr : x, (int)Tp_, dx, GemmOut::BF16,
+                        grad(model_.weight_offset(l, j)), stream_, x_t);
     if (bias != kNoTensor) bias_backward(grad(bias), dy, T_, W.N, column_scratch_, column_scratch_floats_, stream_);
 }
 
@@ -1286,13 +1312,14 @@ inline void GpuEngine::layer_backward(int l, bf16* dh) {
     const long T = T_;
     float* const scratch = column_scratch_;
     const long sf = column_scratch_floats_;
+    const bool kept = batch_rows().kept_transposes();  // the forward kept its activations' FP8 transposes
     // MLP
-    project_backward(g_.da_b, dh, A.a, l, kDown, kNoTensor);
+    project_backward(g_.da_b, dh, A.a, l, kDown, kNoTensor, kept ? A.a_t : Fp8Transposed{});
     if (precision_ == Precision::FP8) {  // d[gate|up] straight into its FP8 operands, no BF16 tensor
         const LinearScratch::Operand& q = scratch_->target(0, (int)Tp_, 2 * m.I);
         swiglu_backward_fp8(g_.da_b, A.gu, T, Tp_, m.I, scratch_->pow2_scales(), q.codes, q.scales, q.codes_t, q.scales_t,
                             stream_, scratch_->scaling(), scratch_->amax());
-        project_backward(g_.dxn_b, nullptr, A.xn2, l, kGateUp, kNoTensor);
+        project_backward(g_.dxn_b, nullptr, A.xn2, l, kGateUp, kNoTensor, kept ? A.xn2_t : Fp8Transposed{});
     } else {
         swiglu_backward(g_.dgu, (const bf16*)g_.da_b, (const bf16*)A.gu, T, m.I, stream_);
         project_backward(g_.dxn_b, g_.dgu, A.xn2, l, kGateUp, kNoTensor);
@@ -1303,13 +1330,21 @@ inline void GpuEngine::layer_backward(int l, bf16* dh) {
     const PackedAttentionShape shape{T, m.H, m.KV, m.D, batch_.num_sequences(), max_seqlen_};
     attention_backward(g_.dq, g_.dk, g_.dv, g_.delta, g_.datt_b, A.att, A.lse, A.q, A.k, A.v, cu_seqlens_.get(), shape,
                        stream_);
-    qkv_rope_backward(g_.dqkv, {g_.dq, g_.dk, g_.dv, A.qp, A.kp, A.rstd_q, A.rstd_k}, T, pos_.get(), rope_->view(),
-                      qkv_shape(l), stream_);
+    const QkvGrad qkv_grad{g_.dq, g_.dk, g_.dv, A.qp, A.kp, A.rstd_q, A.rstd_k};
+    // fp8 (block scaling): d[q|k|v] straight into its FP8 operands, unless a bias gradient needs it in BF16
+    const bool dqkv_fp8 = kept && w.bq == kNoTensor && qkv_rope_backward_fp8_fits(m.D);
+    if (dqkv_fp8) {
+        const LinearScratch::Operand& q = scratch_->target(0, (int)Tp_, (int)m.qkv_dim());
+        qkv_rope_backward_fp8(qkv_grad, T, Tp_, pos_.get(), rope_->view(), qkv_shape(l), scratch_->pow2_scales(), q.codes,
+                              q.scales, q.codes_t, q.scales_t, stream_);
+    } else {
+        qkv_rope_backward(g_.dqkv, qkv_grad, T, pos_.get(), rope_->view(), qkv_shape(l), stream_);
+    }
     if (m.qk_norm) {  // dq, dk now hold the norms' output gradients
         rmsnorm_weight_grad(grad(w.q_norm), g_.dq, A.qp, A.rstd_q, T * m.H, m.D, scratch, sf, stream_);
         rmsnorm_weight_grad(grad(w.k_norm), g_.dk, A.kp, A.rstd_k, T * m.KV, m.D, scratch, sf, stream_);
     }
-    project_backward(g_.dxn_b, g_.dqkv, A.xn1, l, kQKV, w.bq);
+    project_backward(g_.dxn_b, dqkv_fp8 ? nullptr : g_.dqkv, A.xn1, l, kQKV, w.bq, kept ? A.xn1_t : Fp8Transposed{});
     rmsnorm_backward(dh, grad(w.ln1), g_.dxn_b, A.x, wb(w.ln1), A.rstd1, T, m.C, true, scratch, sf, stream_);
 }
 

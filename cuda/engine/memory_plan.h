@@ -64,7 +64,7 @@ struct MemoryPlan {
     size_t grad_bucket = 0;  // ZeRO-2's two bucket buffers (each of cuda/dist/grad_buckets.h's largest range)
     size_t activations = 0;  // the forward's per micro-batch (by --recompute), ids, positions, RoPE table
     size_t backward = 0;     // the backward's activation gradients and column-sum scratch
-    size_t head = 0;         // the log-prob head's workspaces (one vocabulary chunk of logits, dlogits, ...)
+    size_t head = 0;         // the log-prob head's workspaces (logits, with the dlogits over them, ...)
     size_t gemm_scratch = 0; // the cuBLASLt workspace and the FP8 copies of GEMM operands
     size_t reference = 0;    // the KL reference's weights and forward buffers
     size_t reference_state = 0;  // ... of which its weights (the rest it frees for the rollout)
@@ -166,6 +166,8 @@ inline size_t forward_carve_slack(long layers, long sets) { return CARVE_ALIGN_B
 
 // The buffers of one forward of T tokens (prepare_batch): ids, positions, targets, sequence offsets
 // (at most T sequences), the RoPE table (at most T positions), BF16 activations and FP32 statistics.
+// An fp8 training forward keeps xn1, xn2 and a as their transposed FP8 operands (codes and 1x128
+// scales: 1 + 4 / 128 bytes a value) in the rooms of the BF16 tensors (2 bytes a value).
 inline size_t forward_bytes(const ModelConfig& c, long T, bool recompute) {
     const long Tp = round_up(T, 128), C = c.hidden_size, Q = c.q_dim(), Kd = c.kv_dim(), I = c.intermediate_size;
     const long L = c.num_layers, H = c.num_heads, KV = c.num_kv_heads, D = c.head_dim;
@@ -188,11 +190,11 @@ inline size_t linear_scratch_bytes(const ModelConfig& c, long T, Fp8Scaling scal
     return 2 * (2 * (size_t)Tp * max_dim + 2 * sizeof(float) * scales) + sizeof(uint32_t) * fp8_amax_words(scaling, Tp, max_dim);
 }
 
-// The head's scratch (LogprobHeadGpu): forward statistics and one tile (token block x vocabulary
-// chunk) of FP32 logits; backward one tile of BF16 dlogits and the padded copies of the last token
-// block of x, of the last chunk of W and of dW. A training step's (backward) logits are the larger
-// of that tile and the fused head's (forward_backward: a fused block's rows x the whole
-// vocabulary), which share one array.
+// The head's scratch (LogprobHeadGpu): forward statistics and one tile (token block, rounded up to
+// 8, x vocabulary chunk) of FP32 logits; backward the padded copies of the last token block of x, of
+// the last chunk of W and of dW. A training step's (backward) logits are the larger of that tile and
+// the fused head's (forward_backward: a fused block's rows, rounded up to 8, x the whole
+// vocabulary), which share one array; the BF16 dlogits are written over the logits (no bytes of their own).
 inline size_t head_bytes(const ModelConfig& c, long T, int chunk, int block, int fused_block, bool backward) {
     const long C = c.hidden_size, V = c.vocab_size;
     const long last = V % chunk ? V % chunk : std::min<long>(chunk, V);  // columns of the last chunk
@@ -200,14 +202,12 @@ inline size_t head_bytes(const ModelConfig& c, long T, int chunk, int block, int
     auto rows = [&](long b) { return std::min<long>(T, b); };           // a block's rows
     auto last_rows = [&](long b) { return T - (T - 1) / b * b; };       // the last block's
     auto x_pad = [&](long b) { return last_rows(b) % 8 ? round_up(last_rows(b), 8) : 0; };
-    size_t logits = 4 * (size_t)rows(block) * chunk;
+    size_t logits = 4 * (size_t)round_up(rows(block), 8) * chunk;
     size_t b = (size_t)T * (4 + 4 + 8 + 8) + (padded_w ? 2 * (size_t)round_up(last, 8) * C : 0);
     if (backward) {
         const long tail = V % chunk;  // the fused head's logits: the full chunks' columns, then the tail's padded
-        logits = std::max(logits, 4 * (size_t)rows(fused_block) * (size_t)(V - tail + round_up(tail, 8)));
-        b += 2 * (size_t)std::max(x_pad(block), x_pad(fused_block)) * C +
-             2 * (size_t)round_up(std::max(rows(block), rows(fused_block)), 8) * chunk +
-             (padded_w ? 4 * (size_t)round_up(last, 8) * C : 0);
+        logits = std::max(logits, 4 * (size_t)round_up(rows(fused_block), 8) * (size_t)(V - tail + round_up(tail, 8)));
+        b += 2 * (size_t)std::max(x_pad(block), x_pad(fused_block)) * C + (padded_w ? 4 * (size_t)round_up(last, 8) * C : 0);
     }
     return b + logits;
 }

@@ -14,6 +14,7 @@
 #ifndef FP8RL_CUDA_FP8_ROWS_CUH
 #define FP8RL_CUDA_FP8_ROWS_CUH
 #include "cuda/element.cuh"
+#include "fp8_gemm.cuh"  // tile_chunk: the tile quantizer's staged tile
 #include "rl/numerics/bf16.h"
 #include "rl/numerics/fp8.h"
 #include "rl/numerics/fp8_block.h"
@@ -121,6 +122,33 @@ __device__ inline void quantize_group8(const float v[8], int r, int kb, int cols
         for (int e = 0; e < count; e++) codes[e] = (uint8_t)encode_e4m3x2(v[e] * scale, 0.0f);
     }
     if (lane16 == 0 && kb * FP8_BLOCK < cols) out.scale_inv[vec128_scale_index(r, kb, out.rows)] = 1.0f / scale;
+}
+
+// The transposed FP8 operand of an activation x [rows][cols] kept for its weight gradient: x^T
+// quantized 1x128 along rows (codes [cols][rows], VEC128 scales [ceil(rows / 128)][cols]), written in
+// a training forward by x's producer (with the rowwise operand, from one tile: fp8_gemm.cuh's
+// quantize_rowwise_kernel), so the backward needs neither a BF16 x nor a pass over it.
+struct Fp8Transposed {
+    uint8_t* codes = nullptr;
+    float* scale_inv = nullptr;
+    explicit operator bool() const { return codes != nullptr; }
+};
+
+// Stages tile (r0, c0) of a [rows][cols] tensor that a producer computes, as the tile quantizer's
+// sources do (fp8_gemm.cuh's TensorTile): a thread per 8 columns of a tile row, value(r, c, count,
+// out) filling out[0..count) (count = the 8 columns inside the tensor, <= 8; out zeroed before) for
+// the real rows r < valid, zeros elsewhere (a GEMM's padding rows). Ends with __syncthreads().
+template <class Value>
+__device__ inline void stage_computed_tile(int rows, int cols, int valid, int r0, int c0, float* tile, const Value& value) {
+    constexpr int kSegments = FP8_BLOCK / 8;  // of a tile row
+    for (int v = threadIdx.x; v < FP8_BLOCK * kSegments; v += blockDim.x) {
+        const int tr = v / kSegments, c = c0 + v % kSegments * 8, r = r0 + tr;
+        float out[8] = {};
+        if (r < valid && r < rows && c < cols) value(r, c, min(8, cols - c), out);
+        *tile_chunk(tile, tr, (c - c0) / 4) = make_float4(out[0], out[1], out[2], out[3]);
+        *tile_chunk(tile, tr, (c - c0) / 4 + 1) = make_float4(out[4], out[5], out[6], out[7]);
+    }
+    __syncthreads();
 }
 
 // A producer's FP8 output for `rows` real rows of `cols` values: 16-column multiples (the GEMMs'

@@ -5,7 +5,8 @@
 //         (cuda/kernels/fp8_rows.cuh: a norm, SwiGLU, or one pass over the attention output) into
 //         LinearScratch's slot 0, dy quantized 1x128 along the reduction dimension by fp8_gemm.cuh's
 //         kernels, the weight's 128x128-block copy and its transposed copy (refreshed after every
-//         update), and for wgrad x^T and dy^T quantized 1x128 along tokens, all three GEMMs
+//         update), and for wgrad x^T and dy^T quantized 1x128 along tokens (x^T kept by x's
+//         producer in a training forward: fp8_rows.cuh's Fp8Transposed), all three GEMMs
 //         block-scaled (VEC128 x BLK128x128, VEC128 x VEC128).
 //         At row and tensor scaling the same operands with one scale per row (OUTER_VEC: a token row,
 //         an output channel, an input channel of W^T, a feature row of x^T and dy^T) or per tensor
@@ -150,11 +151,15 @@ inline void linear_forward_gpu(GemmRunner& gemm, LinearScratch& scratch, Precisi
 }
 
 // dx [T][K] = dy [T][N] . W (BF16 or FP32: dx_out); dW [N][K] += dy^T . x. In fp8 a null dy means
-// its producer wrote both its FP8 operands into the scratch's slot 0 (LinearScratch::target).
+// its producer wrote both its FP8 operands into the scratch's slot 0 (LinearScratch::target); x_t,
+// when given (fp8 at block scaling), is x's transposed operand its producer kept (x then unread).
 inline void linear_backward_gpu(GemmRunner& gemm, LinearScratch& scratch, Precision p, const LinearDevice& W,
                                 const __nv_bfloat16* dy, const __nv_bfloat16* x, int T, void* dx, GemmOut dx_out,
-                                float* dW, cudaStream_t stream) {
+                                float* dW, cudaStream_t stream, const Fp8Transposed& x_t = {}) {
     if (!dy && p != Precision::FP8) fail("linear_backward_gpu: bf16 needs dy");
+    if (x_t && (p != Precision::FP8 || !scratch.fused_casts()))
+        fail("linear_backward_gpu: a kept transposed FP8 operand of x is 1x128 (fp8, block scaling) only");
+    if (!x && !x_t) fail("linear_backward_gpu: needs x or its kept transposed FP8 operand");
     check_linear("linear_backward_gpu", p, W, T);
     if (p == Precision::BF16) {
         gemm.bf16("dgrad", W.K, T, W.N, W.w, dy, dx, dx_out, stream, GemmOps::NN);
@@ -164,11 +169,15 @@ inline void linear_backward_gpu(GemmRunner& gemm, LinearScratch& scratch, Precis
     const Fp8Scaling s = check_scaling("linear_backward_gpu", scratch, W);
     const LinearScratch::Operand& dyq = dy ? scratch.quantize(0, dy, T, W.N, stream)  // along N and along T
                                            : scratch.target(0, T, W.N);
-    const LinearScratch::Operand& xq = scratch.quantize(1, x, T, W.K, stream, LinearScratch::Copies::Transposed);  // x^T along T
+    Fp8Transposed xq = x_t;  // x^T along T
+    if (!xq) {
+        const LinearScratch::Operand& o = scratch.quantize(1, x, T, W.K, stream, LinearScratch::Copies::Transposed);
+        xq.codes = o.codes_t, xq.scale_inv = o.scales_t;
+    }
     const Fp8ScaleMode rows = rows_scale_mode(s);
     gemm.fp8("dgrad", W.K, T, W.N, W.w8->codes_t, W.w8->scale_inv_t, weight_scale_mode(s), dyq.codes, dyq.scales, rows, dx,
              dx_out, stream);
-    gemm.fp8("wgrad", W.K, W.N, T, xq.codes_t, xq.scales_t, rows, dyq.codes_t, dyq.scales_t, rows, dW, GemmOut::F32, stream,
+    gemm.fp8("wgrad", W.K, W.N, T, xq.codes, xq.scale_inv, rows, dyq.codes_t, dyq.scales_t, rows, dW, GemmOut::F32, stream,
              true);
 }
 

@@ -8,7 +8,8 @@
 //             decode step also K and V appended to the paged KV cache (kv_cache.cuh's KvAppend).
 //   backward  dq, dk from attention through RoPE's transposed rotation (rounded to BF16, kept in
 //             dq, dk for the norms' weight gradients) and the q/k norms' input gradient, and dv,
-//             assembled into dqkv laid out as qkv: the fused projection's output gradient.
+//             assembled into dqkv laid out as qkv: the fused projection's output gradient, or in
+//             fp8 straight into its two FP8 operands (qkv_rope_backward_fp8, issue 59).
 // The forward runs one block per token (a warp per head slot), the backward a warp per (token, head
 // slot) of the H + 2 KV slots: the norms' sums add in rl/numerics/reduction_order.h's block_sum
 // order over norm_threads(D) threads.
@@ -149,35 +150,32 @@ __device__ __forceinline__ void rope_factors8(const RopeTableView& table, int32_
     }
 }
 
-// A warp per (token, head slot), kQkvRopeWarps slots a block; lane l holds the slot's values
-// 256 j + 8 l .. + 7 of chunk j (16-byte loads), as rmsnorm.cuh's kernels, so the norm's dot product
-// adds in block_sum's order over norm_threads(D) threads (warp_row_sum), the CPU engine's bits. RoPE's
-// partner values (i +- D/2) come through the warp's shared memory; the rotated gradient stays there
-// for the norm's output pass.
-__global__ void __launch_bounds__(kQkvRopeWarps * 32)
-    qkv_rope_backward_kernel(__nv_bfloat16* dqkv, QkvGrad g, const int32_t* pos, RopeTableView table, QkvShape s) {
-    DYNAMIC_SHARED(float, staged);  // [warps][2][D]: the slot's gradient before and after RoPE's backward
-    const int t = blockIdx.x, D = s.D, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    const int slot = blockIdx.y * kQkvRopeWarps + warp;
-    if (slot >= s.slots()) return;  // the whole warp
+// The backward of one (token t, head slot) row of D values, by the warp: lane l holds the row's
+// values 256 j + 8 l .. + 7 of chunk j (16-byte loads), as rmsnorm.cuh's kernels, so the norm's dot
+// product adds in block_sum's order over norm_threads(D) threads (warp_row_sum), the CPU engine's
+// bits. RoPE's partner values (i +- D/2) come through `staged`, the warp's [2][D] floats of shared
+// memory; the rotated gradient stays there for the norm's output pass. emit(c, count, v) receives
+// the row's d[q|k|v] values c .. c + count - 1 (0 < count <= 8), each once.
+template <class Emit>
+__device__ inline void qkv_rope_backward_row(int t, int slot, const QkvGrad& g, const int32_t* pos,
+                                             const RopeTableView& table, const QkvShape& s, float* staged,
+                                             const Emit& emit) {
+    const int D = s.D, lane = threadIdx.x % 32;
     int kind;
     const int hh = qkv_head(slot, s.H, s.KV, &kind), heads = kind == 0 ? s.H : s.KV;
-    const size_t to = (size_t)t * s.slots() * D + (size_t)slot * D, at = ((size_t)t * heads + hh) * D;
+    const size_t at = ((size_t)t * heads + hh) * D;
     const int chunks = (D + kNormChunk - 1) / kNormChunk;
     if (kind == 2) {
         for (int j = 0; j < chunks; j++) {
             const int c = j * kNormChunk + 8 * lane, count = c < D ? min(8, D - c) : 0;
-            const __nv_bfloat16 *from = g.dv + at + c;
-            __nv_bfloat16* into = dqkv + to + c;
-            if (count == 8 && ((uintptr_t)from & 15) == 0 && ((uintptr_t)into & 15) == 0)
-                store_vector<uint4>(into, load_vector<uint4>(from));
-            else
-                for (int e = 0; e < count; e++) into[e] = from[e];
+            float v[8];
+            load8(g.dv + at + c, count, v);
+            if (count) emit(c, count, v);
         }
         return;
     }
-    float* in = staged + (size_t)warp * 2 * D;  // [D] attention's gradient
-    float* dy = in + D;                         // [D] after RoPE's transposed rotation, rounded once
+    float* in = staged;  // [D] attention's gradient
+    float* dy = in + D;  // [D] after RoPE's transposed rotation, rounded once
     __nv_bfloat16* d = (kind == 0 ? g.dq : g.dk) + at;
     for (int j = 0; j < chunks; j++) {
         const int c = j * kNormChunk + 8 * lane, count = c < D ? min(8, D - c) : 0;
@@ -205,7 +203,7 @@ __global__ void __launch_bounds__(kQkvRopeWarps * 32)
             dy[i] = r[e];
         }
         if (!w) {
-            store8(dqkv + to + c, count, r);
+            if (count) emit(c, count, r);
             continue;
         }
         store8(d + c, count, r);  // the norm's weight gradient reads it
@@ -223,9 +221,57 @@ __global__ void __launch_bounds__(kQkvRopeWarps * 32)
         load8(w + c, count, wv);
         load8(x + c, count, xv);
         for (int e = 0; e < 8; e++) out[e] = mul_rn(mul_rn(rs, wv[e]), e < count ? dy[c + e] : 0.0f) - mul_rn(xv[e], k);
-        store8(dqkv + to + c, count, out);
+        emit(c, count, out);
     }
 }
+
+// A warp per (token, head slot), kQkvRopeWarps slots a block (qkv_rope_backward_row), into dqkv.
+__global__ void __launch_bounds__(kQkvRopeWarps * 32)
+    qkv_rope_backward_kernel(__nv_bfloat16* dqkv, QkvGrad g, const int32_t* pos, RopeTableView table, QkvShape s) {
+    DYNAMIC_SHARED(float, staged);  // [warps][2][D]: the slot's gradient before and after RoPE's backward
+    const int t = blockIdx.x, warp = threadIdx.x / 32, slot = blockIdx.y * kQkvRopeWarps + warp;
+    if (slot >= s.slots()) return;  // the whole warp
+    __nv_bfloat16* row = dqkv + ((size_t)t * s.slots() + slot) * s.D;
+    qkv_rope_backward_row(t, slot, g, pos, table, s, staged + (size_t)warp * 2 * s.D,
+                          [&](int c, int count, const float* v) { store8(row + c, count, v); });
+}
+
+// In fp8 the backward's d[q|k|v] [padded][(H + 2 KV) D] goes to the QKV GEMMs only: fp8_gemm.cuh's
+// tile quantizer runs qkv_rope_backward_row for the (token, head slot) rows of each tile, a warp a
+// row, into the tile instead of a BF16 dqkv (D divides 128, so a tile holds whole slots), and writes
+// both FP8 operands from it. Rows from `valid` and columns past the slots are zeros. The stage
+// rotates dq and dk in place, so it must run once: block scaling only (row and tensor stage twice).
+struct QkvRopeGradTile {
+    QkvGrad g;
+    const int32_t* pos;
+    RopeTableView table;
+    QkvShape s;
+    int valid;
+    __device__ void stage(int rows, int cols, int r0, int c0, float* tile) const {
+        STATIC_SHARED(float, staged, [QUANT_THREADS / 32 * 2 * FP8_BLOCK]);  // each warp's [2][D], D <= 128
+        const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, per_tile = FP8_BLOCK / s.D;
+        for (int item = warp; item < FP8_BLOCK * per_tile; item += QUANT_THREADS / 32) {
+            const int tr = item / per_tile, slot = c0 / s.D + item % per_tile, t = r0 + tr, first = slot * s.D - c0;
+            auto into_tile = [&](int c, int, const float* v) {  // D % 8 == 0: whole chunks; rounded as dqkv stores them
+                float b[8];
+                for (int e = 0; e < 8; e++) b[e] = round_bf16(v[e]);
+                *tile_chunk(tile, tr, (first + c) / 4) = make_float4(b[0], b[1], b[2], b[3]);
+                *tile_chunk(tile, tr, (first + c) / 4 + 1) = make_float4(b[4], b[5], b[6], b[7]);
+            };
+            if (t < valid && t < rows && slot * s.D < cols) {
+                qkv_rope_backward_row(t, slot, g, pos, table, s, staged + (size_t)warp * 2 * s.D, into_tile);
+            } else {
+                const float zeros[8] = {};
+                for (int c = 8 * lane; c < s.D; c += 256) into_tile(c, 8, zeros);
+            }
+            __syncwarp();  // the next row overwrites the warp's staged values
+        }
+        __syncthreads();
+    }
+};
+
+// Whether qkv_rope_backward_fp8 takes heads of dimension D (a tile holds whole heads, 8 columns a lane).
+FP8RL_HD bool qkv_rope_backward_fp8_fits(int D) { return D > 0 && FP8_BLOCK % D == 0 && D % 8 == 0; }
 
 inline void check_qkv_shape(const char* who, long T, const QkvShape& s, const RopeTableView& table) {
     if (T < 0 || T > INT_MAX) fail("%s: token count %ld outside [0, 2^31)", who, T);
@@ -259,6 +305,22 @@ inline void qkv_rope_backward(__nv_bfloat16* dqkv, const QkvGrad& g, long T, con
     allow_dynamic_smem(qkv_rope_backward_kernel, smem);
     LAUNCH_KERNEL(qkv_rope_backward_kernel, dim3((unsigned)T, (unsigned)((s.slots() + kQkvRopeWarps - 1) / kQkvRopeWarps)),
                   kQkvRopeWarps * 32, smem, stream, dqkv, g, pos, table, s);
+}
+
+// qkv_rope_backward's dqkv [padded][(H + 2 KV) D] as its FP8 operands for the QKV GEMMs' backward,
+// 1x128 blocks (QkvRopeGradTile; rows from T to padded: zeros): codes [padded][N] + scale_inv
+// VEC128 along N, codes_t [N][padded] + scale_inv_t along the rows; dq, dk as qkv_rope_backward
+// leaves them. D must divide 128 and be a multiple of 8.
+inline void qkv_rope_backward_fp8(const QkvGrad& g, long T, long padded, const int32_t* pos, const RopeTableView& table,
+                                  const QkvShape& s, bool pow2, uint8_t* codes, float* scale_inv, uint8_t* codes_t,
+                                  float* scale_inv_t, cudaStream_t stream) {
+    check_qkv_shape("qkv_rope_backward_fp8", T, s, table);
+    if (T > padded || padded > INT_MAX || !qkv_rope_backward_fp8_fits(s.D))
+        fail("qkv_rope_backward_fp8: %ld of %ld rows, head dimension %d (a tile holds whole heads: D divides 128, "
+             "a multiple of 8)", T, padded, s.D);
+    if (!codes || !codes_t) fail("qkv_rope_backward_fp8: needs both FP8 targets, the rowwise and the transposed");
+    fp8_quantize_tiles_gpu("qkv_rope_backward_fp8", QkvRopeGradTile{g, pos, table, s, (int)T}, (int)padded, s.slots() * s.D,
+                           pow2, codes, scale_inv, codes_t, scale_inv_t, stream);
 }
 
 }  // namespace fp8rl

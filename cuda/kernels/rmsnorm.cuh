@@ -33,7 +33,9 @@ namespace fp8rl {
 //   branch  the residual add of the sublayer before: the row is sum = x + branch rounded to BF16,
 //           written to `sum` (the residual stream), as cpu/model_layers.h's residual_add;
 //   q       the FP8 1x128 operand of y for the next GEMM (cuda/kernels/fp8_rows.cuh): the half
-//           warps of chunk j hold groups 2 j and 2 j + 1, as quantize_group8 wants them.
+//           warps of chunk j hold groups 2 j and 2 j + 1, as quantize_group8 wants them; in a
+//           training forward (y_t) instead RmsnormTile's tiles after the statistics, which also
+//           write the transposed operand the weight gradient reads (issue 59).
 // Rows from `valid` to `rows` (a GEMM's padding rows) get zeros in y and zero codes in q, so the
 // buffers need no zeroing before. y may be null when only the FP8 operand is read. The output pass
 // reads the row (and adds the residual) again, from L2: a register copy of the row (64 floats at
@@ -91,6 +93,7 @@ __global__ void __launch_bounds__(kNormRowsPerBlock * 32)
         s = 1.0f / sqrtf(warp_row_sum(part, n) / (float)n + eps);
         if (lane == 0) rstd[r] = s;
     }
+    if (!y && !q) return;  // the statistics only (RmsnormTile writes the output's FP8 operands)
     for (int j = 0; j < chunks; j++) {
         const int c = j * kNormChunk + 8 * lane, count = c < n ? min(8, n - c) : 0;
         float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -160,43 +163,78 @@ struct RmsnormWeightGradTerm {
     }
 };
 
+// In fp8 training the norm's output y [padded][n] goes to the GEMMs only: fp8_gemm.cuh's tile
+// quantizer computes each tile of it from the norm's input x (the residual sum when the add is fused)
+// and rstd, which the norm kernel wrote in its statistics pass, rounded as the BF16 y is (x * rstd,
+// then times w, each to BF16), and writes the next GEMM's rowwise operand and the weight gradient's
+// transposed one (Fp8Transposed) from the same tile, with no BF16 y between. Rows from `valid`: zeros.
+struct RmsnormTile {
+    const __nv_bfloat16 *x, *w;
+    const float* rstd;
+    int valid;
+    __device__ void stage(int rows, int cols, int r0, int c0, float* tile) const {
+        stage_computed_tile(rows, cols, valid, r0, c0, tile, [&](int r, int c, int count, float out[8]) {
+            float xv[8], wv[8];
+            load8(x + (size_t)r * cols + c, count, xv);
+            load8(w + c, count, wv);
+            const float s = rstd[r];
+            for (int e = 0; e < count; e++) out[e] = round_bf16(wv[e] * round_bf16(xv[e] * s));
+        });
+    }
+};
+
 inline void check_rmsnorm_shape(const char* who, long rows, int n) {
     if (rows < 0 || rows > INT_MAX) fail("%s: row count %ld outside [0, 2^31)", who, rows);
     if (n <= 0) fail("%s: row length n = %d must be positive", who, n);
 }
 
-// rows: the real rows; padded_rows (>= rows, q.rows with q): the rows written.
+// rows: the real rows; padded_rows (>= rows, q.rows with q): the rows written. With y_t (a training
+// forward in fp8, 1x128 blocks; y null, q given) the kernel writes the statistics only and
+// RmsnormTile's tiles both FP8 operands.
 template <class In, class W, class Out>
 void launch_rmsnorm_forward(const char* who, Out* y, float* rstd, const In* x, const In* branch, In* sum, const W* w,
-                            long rows, long padded_rows, int n, float eps, const Fp8RowsOut& q, cudaStream_t stream) {
+                            long rows, long padded_rows, int n, float eps, const Fp8RowsOut& q, const Fp8Transposed& y_t,
+                            cudaStream_t stream) {
     check_rmsnorm_shape(who, rows, n);
     if (!(eps > 0.0f)) fail("%s: eps = %g must be positive", who, (double)eps);
     const long blocks = std::max(rows, padded_rows);
     if (q) check_fp8_rows_out(who, rows, n, q);
     if (q && q.rows != blocks) fail("%s: an FP8 operand of %d rows for %ld padded rows", who, q.rows, blocks);
+    if (y_t && (y || !q)) fail("%s: the transposed FP8 output comes with the rowwise one and without a BF16 y", who);
+    constexpr bool bf16 = is_bf16<In> && is_bf16<W> && is_bf16<Out>;
+    if (y_t && !bf16) fail("%s: the transposed FP8 output is a BF16 norm's (a training forward's)", who);
     if (blocks == 0) return;
     if (blocks > INT_MAX) fail("%s: %ld rows is too many for one launch", who, blocks);
-    LAUNCH_KERNEL((rmsnorm_forward_kernel<In, W, Out>), dim3((unsigned)((blocks + kNormRowsPerBlock - 1) / kNormRowsPerBlock)),
-                  kNormRowsPerBlock * 32, 0, stream, y, rstd, x, branch, sum, w, n, eps, q, (int)rows, (int)blocks);
+    const long stats = y_t ? rows : blocks;  // the statistics pass alone: the real rows
+    if (stats > 0)
+        LAUNCH_KERNEL((rmsnorm_forward_kernel<In, W, Out>), dim3((unsigned)((stats + kNormRowsPerBlock - 1) / kNormRowsPerBlock)),
+                      kNormRowsPerBlock * 32, 0, stream, y, rstd, x, branch, sum, w, n, eps, y_t ? Fp8RowsOut{} : q,
+                      (int)rows, (int)stats);
+    if constexpr (bf16)
+        if (y_t)
+            fp8_quantize_tiles_gpu(who, RmsnormTile{branch ? sum : x, w, rstd, (int)rows}, (int)blocks, n, q.pow2, q.codes,
+                                   q.scale_inv, y_t.codes, y_t.scale_inv, stream);
 }
 
 // y [rows][n] = RMSNorm(x [rows][n]) with weight w [n]; rstd [rows] kept for the backward pass;
-// with q, also y's FP8 operand (y may then be null). Rows from `rows` to padded_rows: zeros.
+// with q, also y's FP8 operand (y may then be null), and with y_t its transposed one (y null).
+// Rows from `rows` to padded_rows: zeros.
 template <class In, class W, class Out>
 void rmsnorm_forward(Out* y, float* rstd, const In* x, const W* w, long rows, int n, float eps, cudaStream_t stream,
-                     const Fp8RowsOut& q = {}, long padded_rows = 0) {
+                     const Fp8RowsOut& q = {}, long padded_rows = 0, const Fp8Transposed& y_t = {}) {
     launch_rmsnorm_forward<In, W, Out>("rmsnorm_forward", y, rstd, x, nullptr, nullptr, w, rows, padded_rows, n, eps, q,
-                                       stream);
+                                       y_t, stream);
 }
 
 // sum = x + branch (the residual stream, BF16 rounding), then y = RMSNorm(sum) as rmsnorm_forward.
 template <class In, class W, class Out>
 void residual_rmsnorm_forward(Out* y, float* rstd, In* sum, const In* x, const In* branch, const W* w, long rows, int n,
-                              float eps, cudaStream_t stream, const Fp8RowsOut& q = {}, long padded_rows = 0) {
+                              float eps, cudaStream_t stream, const Fp8RowsOut& q = {}, long padded_rows = 0,
+                              const Fp8Transposed& y_t = {}) {
     if (!branch || !sum) fail("residual_rmsnorm_forward: needs the branch and the sum's buffer");
     if (sum == x || sum == branch) fail("residual_rmsnorm_forward: the sum's buffer must not be x or the branch (the kernel reads them twice)");
     launch_rmsnorm_forward<In, W, Out>("residual_rmsnorm_forward", y, rstd, x, branch, sum, w, rows, padded_rows, n, eps,
-                                       q, stream);
+                                       q, y_t, stream);
 }
 
 // FP32 scratch rmsnorm_backward needs for rows x n.

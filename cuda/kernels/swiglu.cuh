@@ -21,6 +21,12 @@ namespace fp8rl {
 
 inline constexpr int kSwigluThreads = 256;
 
+// a = silu(g) * u at one element, rounded to BF16 when bf16 (the stored activation's rounding).
+__device__ __forceinline__ float swiglu_value(float g, float u, bool bf16) {
+    const float v = g / __fadd_rn(1.0f, fast_exp(-g)) * u;
+    return bf16 ? round_bf16(v) : v;
+}
+
 // Over the fused [gate|up] projection's output gu [rows][2I] (row t: g = gu[t][0, I), u = gu[t][I, 2I)).
 // Block (r, j) computes the 1x128 groups 16 j .. 16 j + 15 of row r of a [rows][I], 8 values a lane
 // (cuda/kernels/fp8_rows.cuh's layout): a to `a` when given, and with q the down projection's FP8 operand of
@@ -36,10 +42,7 @@ __global__ void __launch_bounds__(kSwigluThreads)
     float g[8], u[8], v[8];
     load8(gu + (size_t)r * 2 * I + c, count, g);
     load8(gu + (size_t)r * 2 * I + I + c, count, u);
-    for (int e = 0; e < 8; e++) {
-        v[e] = g[e] / __fadd_rn(1.0f, fast_exp(-g[e])) * u[e];  // zeros past count stay 0
-        if (is_bf16<Out>) v[e] = round_bf16(v[e]);
-    }
+    for (int e = 0; e < 8; e++) v[e] = swiglu_value(g[e], u[e], is_bf16<Out>);  // zeros past count stay 0
     if (a && c < I) store8(a + (size_t)r * I + c, min(8, I - c), v);  // zeros in padding rows
     if (q) quantize_group8(v, r, kb, I, q);
 }
@@ -71,34 +74,43 @@ __global__ void __launch_bounds__(kSwigluThreads)
     }
 }
 
-// In fp8, the backward's d[gate|up] [padded][2I] goes to the GEMMs only: fp8_gemm.cuh's tile
-// quantizer computes each tile of it here, rounded to BF16 as the bf16 kernel stores it, and writes
-// its FP8 operands (rowwise and transposed) without a BF16 tensor between. A thread stages 8 columns
-// (I is a multiple of 16 for FP8, so 8 never straddle g and u); rows from `valid` are zeros.
+// In fp8 training the forward's a [padded][I] goes to the GEMMs only: fp8_gemm.cuh's tile quantizer
+// computes each tile of it here, rounded to BF16 as the bf16 kernel stores it, and writes the down
+// fprop's rowwise operand and the down wgrad's transposed one (Fp8Transposed, kept for the backward)
+// from the same tile, with no BF16 a between. Rows from `valid` are zeros.
+struct SwigluTile {
+    const __nv_bfloat16* gu;
+    int I, valid;
+    __device__ void stage(int rows, int cols, int r0, int c0, float* tile) const {
+        stage_computed_tile(rows, cols, valid, r0, c0, tile, [&](int r, int c, int count, float out[8]) {
+            float g[8], u[8];
+            load8(gu + (size_t)r * 2 * I + c, count, g);
+            load8(gu + (size_t)r * 2 * I + I + c, count, u);
+            for (int e = 0; e < count; e++) out[e] = swiglu_value(g[e], u[e], true);
+        });
+    }
+};
+
+// In fp8, the backward's d[gate|up] [padded][2I] goes to the GEMMs only: the tile quantizer computes
+// each tile of it here, rounded to BF16 as the bf16 kernel stores it, and writes its FP8 operands
+// (rowwise and transposed) without a BF16 tensor between. A thread stages 8 columns (I is a multiple
+// of 16 for FP8, so 8 never straddle g and u); rows from `valid` are zeros.
 struct SwigluGradTile {
     const __nv_bfloat16 *da, *gu;
     int I, valid;
     __device__ void stage(int rows, int cols, int r0, int c0, float* tile) const {
-        constexpr int kSegments = FP8_BLOCK / 8;  // of a tile row
-        for (int v = threadIdx.x; v < FP8_BLOCK * kSegments; v += blockDim.x) {
-            const int tr = v / kSegments, c = c0 + v % kSegments * 8, r = r0 + tr;
-            float out[8] = {};
-            if (r < valid && r < rows && c < cols) {
-                const int count = min(8, cols - c), j = c < I ? c : c - I;
-                float d[8], g[8], u[8];
-                load8(da + (size_t)r * I + j, count, d);
-                load8(gu + (size_t)r * 2 * I + j, count, g);
-                load8(gu + (size_t)r * 2 * I + I + j, count, u);
-                for (int e = 0; e < count; e++) {
-                    float dg, du;
-                    swiglu_grad(d[e], g[e], u[e], &dg, &du);
-                    out[e] = round_bf16(c < I ? dg : du);
-                }
+        stage_computed_tile(rows, cols, valid, r0, c0, tile, [&](int r, int c, int count, float out[8]) {
+            const int j = c < I ? c : c - I;
+            float d[8], g[8], u[8];
+            load8(da + (size_t)r * I + j, count, d);
+            load8(gu + (size_t)r * 2 * I + j, count, g);
+            load8(gu + (size_t)r * 2 * I + I + j, count, u);
+            for (int e = 0; e < count; e++) {
+                float dg, du;
+                swiglu_grad(d[e], g[e], u[e], &dg, &du);
+                out[e] = round_bf16(c < I ? dg : du);
             }
-            *tile_chunk(tile, tr, (c - c0) / 4) = make_float4(out[0], out[1], out[2], out[3]);
-            *tile_chunk(tile, tr, (c - c0) / 4 + 1) = make_float4(out[4], out[5], out[6], out[7]);
-        }
-        __syncthreads();
+        });
     }
 };
 
@@ -115,6 +127,20 @@ void swiglu_forward(Out* a, const In* gu, long rows, int I, cudaStream_t stream,
     if (blocks > INT_MAX) fail("swiglu_forward: %ld rows is too many for one launch", blocks);
     const dim3 grid((unsigned)blocks, (unsigned)((group_pairs(I) + kSwigluThreads / 32 - 1) / (kSwigluThreads / 32)));
     LAUNCH_KERNEL((swiglu_forward_kernel<In, Out>), grid, kSwigluThreads, 0, stream, a, gu, I, q, (int)rows);
+}
+
+// A training forward's a = SwiGLU(gu [rows][2I]) (rows from `rows` to padded_rows: zeros) as its two
+// FP8 operands, 1x128 blocks only: the rowwise `q` (q.rows = padded_rows) for the down fprop and the
+// transposed `a_t` for the down wgrad (fp8_rows.cuh's Fp8Transposed). I: a multiple of 16.
+inline void swiglu_forward_fp8(const __nv_bfloat16* gu, long rows, long padded_rows, int I, const Fp8RowsOut& q,
+                               const Fp8Transposed& a_t, cudaStream_t stream) {
+    if (rows < 0 || rows > padded_rows || padded_rows > INT_MAX || I <= 0 || I % 16)
+        fail("swiglu_forward_fp8: %ld of %ld rows of %d features (FP8 needs a multiple of 16)", rows, padded_rows, I);
+    if (!q || !a_t) fail("swiglu_forward_fp8: needs both FP8 targets, the rowwise and the transposed");
+    check_fp8_rows_out("swiglu_forward_fp8", rows, I, q);
+    if (q.rows != padded_rows) fail("swiglu_forward_fp8: an FP8 operand of %d rows for %ld padded rows", q.rows, padded_rows);
+    fp8_quantize_tiles_gpu("swiglu_forward_fp8", SwigluTile{gu, I, (int)rows}, (int)padded_rows, I, q.pow2, q.codes,
+                           q.scale_inv, a_t.codes, a_t.scale_inv, stream);
 }
 
 // d[gate|up]'s FP8 operands for the gate|up GEMMs' backward, from da [rows][I] and gu (rows from

@@ -77,6 +77,7 @@ inline GrpoPrediction predict_grpo_step(const GpuSpec& g, const ModelConfig& c, 
     // prefill: the forward kernels of the prompts, one micro-batch of all of them
     StepShape prefill;
     prefill.model = c, prefill.seq_len = s.prompt_len, prefill.tokens = (int64_t)std::llround(rows0) * s.prompt_len;
+    prefill.training = false;
     for (const KernelCost& k : step_kernels(hw, prefill, p, StepStructure::Fused))
         if (k.phase == StepPhase::Forward && k.cls != KernelClass::HeadGemm && k.cls != KernelClass::HeadSoftmax) {
             out.rollout["prefill"] += k.seconds(hw);

@@ -210,6 +210,10 @@ struct StepShape {
     // micro-batches per optimizer step (gradients accumulated, --micro_batch_tokens): the
     // optimizer's kernels count 1 / micro_batches of their calls
     int micro_batches = 1;
+    // a training step's forward: in fp8 the producers of the weight gradients' activations also
+    // write their transposed FP8 operands, kept for the backward (engine_gpu.cuh's kept_transposes);
+    // false: a prefill's forward (grpo_perf_model.h), which keeps nothing
+    bool training = true;
 };
 
 namespace perf_detail {
@@ -362,11 +366,15 @@ inline void head(StepBuilder& b, bool backward) {
 
 // The fused head (LogprobHeadGpu::forward_backward), the training step's: per block of
 // head_fused_token_block tokens the logits of the whole vocabulary, once (a GEMM over the full chunks'
-// columns, one over a narrower last chunk's), and the rows' statistics in one pass (forward); then
-// per vocabulary chunk dlogits (BF16) and the dX and dW GEMMs (backward). The block's logits (FP32,
-// 1,024 x 151,936: 622 MB) pass through HBM: written by the GEMM, read by the statistics and by
-// dlogits. A chunk's dlogits, its W rows, the block's X and dX rows are L2's when they fit together
-// (l2_resident_bytes): then W and dW rows come from HBM once a chunk and X and dX once a block.
+// columns, one over a narrower last chunk's), and the rows' statistics in one launch (forward); then
+// the block's dlogits in one launch (BF16, in place over the logits), the dX GEMM per vocabulary
+// chunk and the dW GEMM over the whole vocabulary (the full chunks' columns, then the last chunk's)
+// (backward). The block's logits (FP32, 1,024 x 151,936: 622 MB) and dlogits (311 MB) pass through
+// HBM: the logits written by the GEMM, read by the statistics and by dlogits; the dlogits written
+// once, read by the dX GEMMs chunk by chunk and by the dW GEMM. A chunk's W rows, dlogits and the
+// block's dX rows are L2's when they fit together (l2_resident_bytes): then the dX rows come from
+// HBM once a block. The statistics are priced by head_row_stats_kernel<false>'s SASS: temperature 1,
+// the trainers' default (--temperature), where the logits are not divided.
 inline void fused_head(StepBuilder& b, bool backward) {
     const ModelConfig& c = b.s.model;
     const int64_t T = b.s.tokens, C = c.hidden_size, V = c.vocab_size, chunk = b.s.head_vocab_chunk;
@@ -380,6 +388,7 @@ inline void fused_head(StepBuilder& b, bool backward) {
         if (row_counts[r] == 0) continue;
         const int64_t tb = rows[r], tb8 = round_up(tb, 8);
         const double x_rows = (double)tb * C * kBF16, dx_rows = (double)tb * C * kF32;
+        const double logits = (double)tb * (main_cols + tail_ld) * kF32, dlogits = (double)tb8 * (main_cols + tail_ld) * kBF16;
         auto gemm = [&](const char* name, int64_t m, int64_t n, int64_t k, GemmOutput out, double hbm, double l2, double repeat) {
             KernelCost g = gemm_cost(b.hw, name, KernelClass::HeadGemm, m, n, k, Precision::BF16, out);
             g.bytes = hbm, g.l2_bytes = l2;
@@ -389,64 +398,74 @@ inline void fused_head(StepBuilder& b, bool backward) {
             for (int64_t cols : {main_cols, tail_ld})
                 if (cols) gemm("head logits", cols, tb, C, GemmOutput::F32, (double)cols * C * kBF16 + x_rows + (double)tb * cols * kF32, 0,
                                row_counts[r]);
-            // the merges of head_chunk_stats_kernel, a row's chunks in one launch (its loop's SASS)
-            b.tile_pass("head softmax statistics", (double)tb * 28 + (double)tb * (main_cols + tail_ld) * kF32, 0, row_counts[r],
-                        "head_chunk_stats_kernel");
+            b.tile_pass("head softmax statistics", (double)tb * 28 + logits, 0, row_counts[r], "head_row_stats_kernel<false>");
             continue;
         }
+        b.tile_pass("head dlogits", (double)tb * 20 + logits + dlogits, 0, row_counts[r], "head_dlogits_kernel");
         for (int i = 0; i < 2; i++) {
             if (counts[i] == 0) continue;
             const int64_t ld = round_up(widths[i], 8);
-            const double repeat = row_counts[r] * counts[i];
-            const double logits = (double)tb * ld * kF32, dlogits = (double)tb8 * ld * kBF16;
-            const double w_rows = (double)ld * C * kBF16, dw_rows = (double)ld * C * kF32;
-            const bool resident = dlogits + w_rows + x_rows + dx_rows <= keep;
-            const double ws_l2 = resident ? 1 : 0, ws_hbm = 1 - ws_l2;
-            b.tile_pass("head dlogits", (double)tb * 20 + logits + ws_hbm * dlogits, ws_l2 * dlogits, repeat, "head_dlogits_kernel");
+            const double chunk_dlogits = (double)tb8 * ld * kBF16, w_rows = (double)ld * C * kBF16;
+            const bool resident = chunk_dlogits + w_rows + dx_rows <= keep;
             // dX rows [tb][C] read and written by each chunk's GEMM: from HBM once a block when resident
             const double dx_hbm = resident ? 2 * dx_rows / chunks : 2 * dx_rows;
-            gemm("head dX", C, tb, ld, GemmOutput::F32_Accumulate, w_rows + dx_hbm + ws_hbm * dlogits,
-                 ws_l2 * (dlogits + 2 * dx_rows - dx_hbm), repeat);
-            const double x_hbm = resident ? x_rows / chunks : x_rows;
-            gemm("head dW", C, ld, tb8, GemmOutput::F32_Accumulate, 2 * dw_rows + x_hbm + ws_hbm * dlogits,
-                 ws_l2 * (dlogits + x_rows - x_hbm), repeat);
+            gemm("head dX", C, tb, ld, GemmOutput::F32_Accumulate, w_rows + dx_hbm + chunk_dlogits, 2 * dx_rows - dx_hbm,
+                 row_counts[r] * counts[i]);
         }
+        for (int64_t cols : {main_cols, tail_ld})  // dW [cols][C] += dlogits [tb8][cols]^T . X [tb8][C]
+            if (cols)
+                gemm("head dW", C, cols, tb8, GemmOutput::F32_Accumulate, 2.0 * cols * C * kF32 + (double)tb8 * C * kBF16 +
+                     (double)tb8 * cols * kBF16, 0, row_counts[r]);
     }
 }
 
-// The fused structure's decoder layer, forward (issue 28: 10 launches and GEMM calls in fp8, 9 in bf16).
+// The fused structure's decoder layer, forward (issue 28: 10 launches and GEMM calls in fp8, 9 in bf16;
+// a training step's fp8 forward 12, its norms' tiles writing the kept transposes, issue 59).
 inline void fused_layer_forward(StepBuilder& b) {
     const ModelConfig& c = b.s.model;
     const bool fp8 = b.p == Precision::FP8;
     const double T = b.s.tokens, C = c.hidden_size, I = c.intermediate_size, Q = c.q_dim(), K = c.kv_dim(), N = Q + 2 * K;
     const int64_t Tp = round_up(b.s.tokens, 128);
-    // the residual and the branch output in; the new residual, the normed BF16 (the operand in bf16;
-    // in fp8 what the backward's transposed quantization reads) and in fp8 the operand's codes out
-    const double add_norm = T * C * 4 * kBF16 + (fp8 ? T * C * kFP8 : 0) + T * kF32;
+    const bool kept = fp8 && b.s.training;  // the producers write the wgrads' transposed FP8 operands
+    // the residual and the branch output in; the new residual and rstd out, and the normed output: BF16
+    // (bf16), its FP8 operand (an fp8 prefill), or in an fp8 training step nothing here: the
+    // statistics pass, then tiles (RmsnormTile) that read the new residual and write the operand and
+    // its transpose (the wgrad's)
+    const double add_norm = T * C * 3 * kBF16 + T * kF32 + (kept ? 0 : fp8 ? T * C * kFP8 : T * C * kBF16);
+    auto norm = [&](const char* name, const char* tiles) {
+        b.pass(name, KernelClass::Elementwise, add_norm, 1, 1, kNormForward);
+        if (kept)
+            b.pass(tiles, KernelClass::Elementwise, T * C * kBF16 + T * kF32 + 2 * (double)Tp * C * kFP8, 1, 1,
+                   "quantize_rowwise_kernel<RmsnormTile>");
+    };
     const double qk_norm = c.qk_norm ? T * (Q + K) * kBF16 + T * (c.num_heads + c.num_kv_heads) * kF32 : 0;  // qp, kp, rstd
-    b.pass("add + RMSNorm (attention input)", KernelClass::Elementwise, add_norm, 1, 1, kNormForward);
+    norm("add + RMSNorm (attention input)", "RMSNorm -> FP8 xn1, xn1^T");
     b.gemm("QKV fprop", (int64_t)N, Tp, c.hidden_size, GemmOutput::BF16);
     b.pass("q/k RMSNorm + RoPE + split", KernelClass::Elementwise, 2 * T * N * kBF16 + qk_norm, 1, 1,
            "qkv_rope_forward_kernel<__nv_bfloat16>");
     b.attention(false);
     b.quantize("quantize attention output", Tp, c.q_dim(), 1);
     b.gemm("O fprop", c.hidden_size, Tp, c.q_dim(), GemmOutput::BF16);
-    b.pass("add + RMSNorm (MLP input)", KernelClass::Elementwise, add_norm, 1, 1, kNormForward);
+    norm("add + RMSNorm (MLP input)", "RMSNorm -> FP8 xn2, xn2^T");
     b.gemm("gate|up fprop", 2 * c.intermediate_size, Tp, c.hidden_size, GemmOutput::BF16);
-    b.pass("SwiGLU", KernelClass::Elementwise, T * 2 * I * kBF16 + T * I * kBF16 + (fp8 ? T * I * kFP8 : 0), 1, 1,
-           "swiglu_forward_kernel<");
+    if (kept)  // swiglu_forward_fp8: a's rowwise and transposed operands from one tile, no BF16 a
+        b.pass("SwiGLU -> FP8 a, a^T", KernelClass::Elementwise, T * 2 * I * kBF16 + 2 * (double)Tp * I * kFP8, 1, 1,
+               "quantize_rowwise_kernel<SwigluTile>");
+    else  // BF16 a in bf16; in an fp8 prefill its FP8 operand only
+        b.pass("SwiGLU", KernelClass::Elementwise, T * 2 * I * kBF16 + (fp8 ? T * I * kFP8 : T * I * kBF16), 1, 1,
+               "swiglu_forward_kernel<");
     b.gemm("down fprop", c.hidden_size, Tp, c.intermediate_size, GemmOutput::BF16);
 }
 
-// Its backward: every dgrad writes BF16; each FP8 GEMM operand quantized once (rowwise + transposed
-// for the output gradients, transposed only for the activations the weight gradients read).
+// Its backward: every dgrad writes BF16; each FP8 GEMM operand quantized once: by a standalone pass
+// for dh (rowwise + transposed) and the attention output (transposed, for the O wgrad), by their
+// producers for d[gate|up] and d[q|k|v]; the other activations' transposes the forward kept (issue 59).
 inline void fused_layer_backward(StepBuilder& b) {
     const ModelConfig& c = b.s.model;
     const double T = b.s.tokens, C = c.hidden_size, I = c.intermediate_size, Q = c.q_dim(), K = c.kv_dim();
     const int64_t Tp = round_up(b.s.tokens, 128), Cn = c.hidden_size, In = c.intermediate_size, Qn = c.q_dim();
     const int64_t Nn = c.q_dim() + 2 * c.kv_dim();
-    b.quantize("quantize dh (down)", Tp, Cn, 3);
-    b.quantize("quantize a^T", Tp, In, 2);
+    b.quantize("quantize dh (down)", Tp, Cn, 3);  // a^T: kept by the forward's SwiGLU
     b.gemm("down dgrad", In, Tp, Cn, GemmOutput::BF16);
     b.gemm("down wgrad", In, Cn, Tp, GemmOutput::F32_Accumulate);
     // bf16: d[gate|up] written in BF16; fp8: its rowwise and transposed FP8 operands written instead
@@ -455,7 +474,7 @@ inline void fused_layer_backward(StepBuilder& b) {
     b.pass(fp8 ? "SwiGLU backward -> FP8 d[gate|up]" : "SwiGLU backward", KernelClass::Elementwise,
            T * I * kBF16 + T * 2 * I * kBF16 + (fp8 ? 2 * T * 2 * I * kFP8 : T * 2 * I * kBF16), 1, 1,
            fp8 ? "quantize_rowwise_kernel<SwigluGradTile>" : "swiglu_backward_kernel<");
-    b.quantize("quantize xn2^T", Tp, Cn, 2);
+    // xn2^T: kept by the forward's norm tiles
     b.gemm("gate|up dgrad", Cn, Tp, 2 * In, GemmOutput::BF16);
     b.gemm("gate|up wgrad", Cn, 2 * In, Tp, GemmOutput::F32_Accumulate);
     b.norm_backward("RMSNorm backward (MLP input)", T, C, true);
@@ -465,11 +484,18 @@ inline void fused_layer_backward(StepBuilder& b) {
     b.gemm("O wgrad", Qn, Cn, Tp, GemmOutput::F32_Accumulate);
     b.attention(true);
     // dq, dk and the forward's qp, kp in, d[q|k] out (dv is written in place by the attention
-    // backward); the q/k-norm weights' column sums as partials of the same pass
-    b.pass("q/k RMSNorm + RoPE backward", KernelClass::Elementwise, 3 * T * (Q + K) * kBF16 + T * (c.num_heads + c.num_kv_heads) * kF32,
-           1, 1, "qkv_rope_backward_kernel");
-    b.quantize("quantize d[q|k|v]", Tp, Nn, 3);
-    b.quantize("quantize xn1^T", Tp, Cn, 2);
+    // backward); the q/k-norm weights' column sums as partials of the same pass. In fp8 (no bias,
+    // heads that divide a tile: qkv_rope_backward_fp8) dqkv's FP8 operands, rowwise and transposed,
+    // from the same tiles instead of a BF16 dqkv and a quantize pass over it
+    const double qk_rows = 3 * T * (Q + K) * kBF16 + T * (c.num_heads + c.num_kv_heads) * kF32;
+    if (fp8 && !c.qkv_bias && 128 % c.head_dim == 0 && c.head_dim % 8 == 0) {
+        b.pass("q/k RMSNorm + RoPE backward -> FP8 d[q|k|v]", KernelClass::Elementwise,
+               qk_rows + T * K * kBF16 + 2 * (double)Tp * Nn * kFP8, 1, 1, "quantize_rowwise_kernel<QkvRopeGradTile>");
+    } else {
+        b.pass("q/k RMSNorm + RoPE backward", KernelClass::Elementwise, qk_rows, 1, 1, "qkv_rope_backward_kernel");
+        b.quantize("quantize d[q|k|v]", Tp, Nn, 3);
+    }
+    // xn1^T: kept by the forward's norm tiles
     b.gemm("QKV dgrad", Cn, Tp, Nn, GemmOutput::BF16);
     b.gemm("QKV wgrad", Cn, Nn, Tp, GemmOutput::F32_Accumulate);
     b.norm_backward("RMSNorm backward (attention input)", T, C, true);

@@ -210,8 +210,9 @@ std::vector<std::string> head_rows(const BenchModel& m, const StepShape& shape, 
         double predicted = 0;
         for (const KernelCost& k : step_kernels(hw, shape, Precision::BF16, StepStructure::Fused))
             if (k.cls == KernelClass::HeadGemm || k.cls == KernelClass::HeadSoftmax) predicted += k.seconds(hw);
-        const long tb = std::min<long>(T, HEAD_FUSED_TOKEN_BLOCK), tail = V % HEAD_VOCAB_CHUNK;
-        const double workspace = (double)tb * (V - tail + (tail + 7) / 8 * 8) * 4 + (double)tb * HEAD_VOCAB_CHUNK * 2;
+        // the block's logits, whose first halves then hold its dlogits
+        const long tb8 = round_up8((int)std::min<long>(T, HEAD_FUSED_TOKEN_BLOCK)), tail = V % HEAD_VOCAB_CHUNK;
+        const double workspace = (double)tb8 * (V - tail + round_up8((int)tail)) * 4;
         record_calibration("bench_train_step", strfmt("%s LM head fused, T = %ld, blocks of %d tokens", m.name, T,
                                                       HEAD_FUSED_TOKEN_BLOCK), ms * 1e-3, predicted, "tensor");
         rows.push_back(strfmt("| %s | %ld | %d (fused) | %.1f | forward + backward | %.3f | %.3f |", m.name, T,
@@ -231,8 +232,7 @@ std::vector<std::string> head_rows(const BenchModel& m, const StepShape& shape, 
         for (const KernelCost& k : step_kernels(hw, tiles, Precision::BF16, StepStructure::Fused))
             if (k.cls == KernelClass::HeadGemm || k.cls == KernelClass::HeadSoftmax)
                 predicted[k.phase == StepPhase::Backward] += k.seconds(hw);
-        const long tb = std::min<long>(T, block);
-        const double workspace = (double)tb * HEAD_VOCAB_CHUNK * (4 + 2);
+        const double workspace = (double)round_up8((int)std::min<long>(T, block)) * HEAD_VOCAB_CHUNK * 4;  // dlogits over the logits
         for (int backward = 0; backward < 2; backward++) {
             const double ms = backward ? bwd_ms : fwd_ms;
             record_calibration("bench_train_step", strfmt("%s LM head %s, T = %ld, tiles of %d tokens", m.name,
@@ -343,7 +343,7 @@ int main(int argc, char** argv) {
     for (const std::string& row : glue_rows) printf("%s\n", row.c_str());
     printf("\nLM head (loss.cuh) of the batch (median, CUDA events): fused (forward_backward, the training step's, "
            "logits once), and forward and backward each timed alone in the tiles of the passes without a gradient and "
-           "in 1,024-token ones (the logits and dlogits workspace: MiB); predicted = the perf model's head kernels "
+           "in 1,024-token ones (the logits workspace, the dlogits written over it: MiB); predicted = the perf model's head kernels "
            "(cuda/perf/perf_model.h, fused_head() or head()) at those blocks\n\n");
     printf("| model | tokens | tile tokens | workspace MiB | pass | ms | predicted ms |\n|---|---|---|---|---|---|---|\n");
     for (const std::string& row : head_table) printf("%s\n", row.c_str());

@@ -284,6 +284,12 @@ TEST(gemm_runner_checks_fp8_alignment_and_bf16_rows) {
     CHECK_THROWS(runner.fp8("fprop", 128, 128, 128, a.ptr, s.ptr, Fp8ScaleMode::BLK128x128, b.ptr, s.ptr,
                             Fp8ScaleMode::VEC128, d.ptr + 2, GemmOut::F32, 0),
                  "A, B and D on 16-byte boundaries");
+    // B's leading dimension (a column slice of wider rows): a multiple of 8, at least its rows' elements
+    DeviceBuffer<__nv_bfloat16> x(256 * 128), y(256 * 128);
+    CHECK_THROWS(runner.bf16("dX", 128, 64, 128, x.ptr, y.ptr, d.ptr, GemmOut::F32, 0, GemmOps::NN, true, 120),
+                 "leading dimension 120 must be a multiple of 8 and at least 128");
+    CHECK_THROWS(runner.bf16("dW", 128, 64, 128, x.ptr, y.ptr, d.ptr, GemmOut::F32, 0, GemmOps::NT, true, 132),
+                 "leading dimension 132 must be a multiple of 8 and at least 64");
 }
 
 // Defect 4: a row of D must not depend on the batch (n) it is computed with, or a completion decodes

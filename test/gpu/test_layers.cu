@@ -467,16 +467,68 @@ TEST(gpu_layers_rope_backward_matches_finite_differences) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Producers that write the next GEMM's FP8 operand (cuda/kernels/fp8_rows.cuh)
+
+namespace {
+
+// The FP8 operand [padded][cols] a producer wrote, against the CPU's quantizer of its BF16 output
+// (real rows, then zero rows up to padded): codes and scales byte for byte.
+int fp8_operand_mismatches(const DeviceBuffer<uint8_t>& codes, const DeviceBuffer<float>& scales,
+                           const std::vector<float>& y, int rows, int padded, int cols, const std::string& what) {
+    std::vector<float> padded_y((size_t)padded * cols, 0.0f);
+    std::copy(y.begin(), y.begin() + (size_t)rows * cols, padded_y.begin());
+    const Fp8Tensor want = fp8_quantize_rowwise(padded_y.data(), padded, cols, false);
+    const std::vector<uint8_t> got_codes = codes.download();
+    const std::vector<float> got_scales = scales.download();
+    int bad = 0;
+    for (size_t i = 0; i < want.data.size(); i++) bad += got_codes[i] != want.data[i];
+    for (size_t i = 0; i < want.scale_inv.size(); i++) bad += float_bits(got_scales[i]) != float_bits(want.scale_inv[i]);
+    printf("    %-58s %d of %zu codes and scales differ\n", what.c_str(), bad, want.data.size() + want.scale_inv.size());
+    return bad;
+}
+
+// The transposed FP8 operand [cols][padded] (1x128 along rows) a producer wrote, against the CPU's
+// quantizer of its BF16 output's transpose (real rows, then zero rows up to padded).
+int fp8_transposed_mismatches(const DeviceBuffer<uint8_t>& codes, const DeviceBuffer<float>& scales,
+                              const std::vector<float>& y, int rows, int padded, int cols, const std::string& what) {
+    std::vector<float> padded_y((size_t)padded * cols, 0.0f);
+    std::copy(y.begin(), y.begin() + (size_t)rows * cols, padded_y.begin());
+    const Fp8Tensor want = fp8_quantize_rowwise_transposed(padded_y.data(), padded, cols, false);
+    const std::vector<uint8_t> got_codes = codes.download();
+    const std::vector<float> got_scales = scales.download();
+    int bad = 0;
+    for (size_t i = 0; i < want.data.size(); i++) bad += got_codes[i] != want.data[i];
+    for (size_t i = 0; i < want.scale_inv.size(); i++) bad += float_bits(got_scales[i]) != float_bits(want.scale_inv[i]);
+    printf("    %-58s %d of %zu codes and scales differ\n", what.c_str(), bad, want.data.size() + want.scale_inv.size());
+    return bad;
+}
+
+struct Fp8OperandBuffers {
+    DeviceBuffer<uint8_t> codes;
+    DeviceBuffer<float> scales;
+    Fp8RowsOut out;
+    Fp8OperandBuffers(int padded, int cols)
+        : codes(std::vector<uint8_t>((size_t)padded * cols, 0xAB)),  // garbage the producer must overwrite
+          scales(std::vector<float>(vec128_scale_count(padded, cols), NAN)) {
+        out.codes = codes.ptr, out.scale_inv = scales.ptr, out.rows = padded;
+    }
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
 // The q/k-norm + RoPE backward (cuda/kernels/qkv_rope.cuh) against the CPU engine's steps
 // (cpu/model.h's layer_backward): RoPE's backward of dq, dk rounded to BF16, the q/k norms' input
 // gradient rounded to BF16, joined with dv; bit for bit, and dq, dk left holding RoPE's backward.
 
 namespace {
 
-int qkv_rope_backward_case(int H, int KV, int D, bool qk_norm) {
-    const std::vector<int32_t> pos = packed_positions({3, 1, 9});
+// fp8: qkv_rope_backward_fp8 instead, over sequences of 100, 1 and 40 tokens (141 rows: a whole
+// 128-row tile and a partial one), its FP8 operands against the CPU's quantizer of dqkv.
+int qkv_rope_backward_case(int H, int KV, int D, bool qk_norm, bool fp8 = false) {
+    const std::vector<int32_t> pos = packed_positions(fp8 ? std::vector<int>{100, 1, 40} : std::vector<int>{3, 1, 9});
     const long T = (long)pos.size(), Q = (long)H * D, K = (long)KV * D;
-    const RopeTable table = llama3_table(D, 9);
+    const RopeTable table = llama3_table(D, fp8 ? 100 : 9);
     std::vector<float> dq = uniform((size_t)(T * Q), 131 + D, 1.0f, true), dk = uniform((size_t)(T * K), 137, 1.0f, true);
     const std::vector<float> dv = uniform((size_t)(T * K), 139, 1.0f, true);
     const std::vector<float> qp = norm_input(T * H, D, 149, true), kp = norm_input(T * KV, D, 151, true);
@@ -493,8 +545,14 @@ int qkv_rope_backward_case(int H, int KV, int D, bool qk_norm) {
     const DeviceRopeTable d_table(table);
     d_dqkv.poison();
     const QkvShape shape{H, KV, D, kEps, nullptr, qk_norm ? d_q_norm.ptr : nullptr, qk_norm ? d_k_norm.ptr : nullptr};
-    qkv_rope_backward(d_dqkv.ptr, {d_dq.ptr, d_dk.ptr, d_dv.ptr, d_qp.ptr, d_kp.ptr, d_rstd_q.ptr, d_rstd_k.ptr}, T,
-                      d_pos.ptr, d_table.view(), shape, kStream);
+    const QkvGrad grad{d_dq.ptr, d_dk.ptr, d_dv.ptr, d_qp.ptr, d_kp.ptr, d_rstd_q.ptr, d_rstd_k.ptr};
+    const int N = (int)(Q + 2 * K), Tp = (int)(T + 127) / 128 * 128;
+    Fp8OperandBuffers rows_q(Tp, N), cols_q(N, Tp);
+    if (fp8)
+        qkv_rope_backward_fp8(grad, T, Tp, d_pos.ptr, d_table.view(), shape, false, rows_q.codes.ptr, rows_q.scales.ptr,
+                              cols_q.codes.ptr, cols_q.scales.ptr, kStream);
+    else
+        qkv_rope_backward(d_dqkv.ptr, grad, T, d_pos.ptr, d_table.view(), shape, kStream);
     rope_backward(dq.data(), pos.data(), table, T, H, true);
     rope_backward(dk.data(), pos.data(), table, T, KV, true);
     round_bf16_if(true, dq.data(), T * Q);
@@ -508,8 +566,11 @@ int qkv_rope_backward_case(int H, int KV, int D, bool qk_norm) {
     }
     std::vector<float> dqkv((size_t)(T * (Q + 2 * K)));
     join_qkv(dqkv.data(), dqp.data(), dkp.data(), dv.data(), T, (int)Q, (int)K);
-    const std::string name = strfmt("qkv_rope backward, %d + 2 x %d heads of D=%d, q/k norm %d", H, KV, D, (int)qk_norm);
-    int bad = bit_mismatches(download_floats(d_dqkv), dqkv, name + ": dqkv");
+    const std::string name = strfmt("qkv_rope backward%s, %d + 2 x %d heads of D=%d, q/k norm %d", fp8 ? " -> FP8" : "",
+                                    H, KV, D, (int)qk_norm);
+    int bad = fp8 ? fp8_operand_mismatches(rows_q.codes, rows_q.scales, dqkv, (int)T, Tp, N, name + ": dqkv's FP8 operand") +
+                        fp8_transposed_mismatches(cols_q.codes, cols_q.scales, dqkv, (int)T, Tp, N, name + ": transposed")
+                  : bit_mismatches(download_floats(d_dqkv), dqkv, name + ": dqkv");
     if (qk_norm)  // the norms' output gradients, for their weight gradients
         bad += bit_mismatches(download_floats(d_dq), dq, name + ": dq") + bit_mismatches(download_floats(d_dk), dk, name + ": dk");
     return bad;
@@ -526,6 +587,19 @@ TEST(gpu_layers_qkv_rope_backward_matches_cpu_bit_for_bit) {
     CHECK_EQ(qkv_rope_backward_case(3, 1, 24, false), 0);
     CHECK_EQ(qkv_rope_backward_case(2, 1, 272, true), 0);
     CHECK_EQ(qkv_rope_backward_case(2, 2, 300, true), 0);
+}
+
+// In fp8 (issue 59) straight into dqkv's FP8 operands, rowwise and transposed, no BF16 dqkv: heads of
+// 16 (8 a tile; 240 columns, a partial column tile) and of 128 (one a tile), with and without the norm.
+TEST(gpu_layers_qkv_rope_backward_fp8_matches_cpu_bit_for_bit) {
+    REQUIRE_GPU();
+    CHECK_EQ(qkv_rope_backward_case(9, 3, 16, true, true), 0);
+    CHECK_EQ(qkv_rope_backward_case(1, 1, 128, true, true), 0);
+    CHECK_EQ(qkv_rope_backward_case(2, 1, 32, false, true), 0);
+    QkvShape bad{4, 2, 24, kEps, nullptr, nullptr, nullptr};
+    const DeviceRopeTable table(llama3_table(24, 4));
+    CHECK_THROWS(qkv_rope_backward_fp8({}, 4, 128, nullptr, table.view(), bad, false, nullptr, nullptr, nullptr, nullptr, kStream),
+                 "D divides 128");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -602,42 +676,14 @@ TEST(gpu_layers_swiglu_backward_matches_finite_differences) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Producers that write the next GEMM's FP8 operand (cuda/kernels/fp8_rows.cuh)
+// Producers that write the next GEMM's FP8 operand (cuda/kernels/fp8_rows.cuh): helpers above
 
-namespace {
-
-// The FP8 operand [padded][cols] a producer wrote, against the CPU's quantizer of its BF16 output
-// (real rows, then zero rows up to padded): codes and scales byte for byte.
-int fp8_operand_mismatches(const DeviceBuffer<uint8_t>& codes, const DeviceBuffer<float>& scales,
-                           const std::vector<float>& y, int rows, int padded, int cols, const std::string& what) {
-    std::vector<float> padded_y((size_t)padded * cols, 0.0f);
-    std::copy(y.begin(), y.begin() + (size_t)rows * cols, padded_y.begin());
-    const Fp8Tensor want = fp8_quantize_rowwise(padded_y.data(), padded, cols, false);
-    const std::vector<uint8_t> got_codes = codes.download();
-    const std::vector<float> got_scales = scales.download();
-    int bad = 0;
-    for (size_t i = 0; i < want.data.size(); i++) bad += got_codes[i] != want.data[i];
-    for (size_t i = 0; i < want.scale_inv.size(); i++) bad += float_bits(got_scales[i]) != float_bits(want.scale_inv[i]);
-    printf("    %-58s %d of %zu codes and scales differ\n", what.c_str(), bad, want.data.size() + want.scale_inv.size());
-    return bad;
-}
-
-struct Fp8OperandBuffers {
-    DeviceBuffer<uint8_t> codes;
-    DeviceBuffer<float> scales;
-    Fp8RowsOut out;
-    Fp8OperandBuffers(int padded, int cols)
-        : codes(std::vector<uint8_t>((size_t)padded * cols, 0xAB)),  // garbage the producer must overwrite
-          scales(std::vector<float>(vec128_scale_count(padded, cols), NAN)) {
-        out.codes = codes.ptr, out.scale_inv = scales.ptr, out.rows = padded;
-    }
-};
-
-}  // namespace
 
 // The residual add + RMSNorm, SwiGLU and the attention output's pass write the FP8 1x128 operand of
 // what they produce as the CPU quantizes it, the padding rows as zeros (in the BF16 outputs too):
-// widths with an odd number of groups (the half-warp pairs) and a partial last group.
+// widths with an odd number of groups (the half-warp pairs) and a partial last group. In a training
+// forward the norms and SwiGLU also write the transposed operand (1x128 along tokens: 130 rows, a
+// whole tile and a partial one) as the CPU quantizes the transpose.
 TEST(gpu_layers_producers_write_fp8_operands_bit_for_bit) {
     REQUIRE_GPU();
     const int T = 130, Tp = 256, C = 384, I = 400;
@@ -661,6 +707,32 @@ TEST(gpu_layers_producers_write_fp8_operands_bit_for_bit) {
     CHECK_EQ(bit_mismatches(download_floats(d_y), want_y, "norm output, padding rows zero"), 0);
     CHECK_EQ(bit_mismatches(d_rstd.download(), rstd, "norm rstd"), 0);
     CHECK_EQ(fp8_operand_mismatches(norm_q.codes, norm_q.scales, y, T, Tp, C, "norm's FP8 operand"), 0);
+    // a training forward's norms: the statistics pass, then tiles writing y's rowwise operand and its
+    // transpose (the wgrad's), no BF16 y; with the residual add, and without (x = the sum above)
+    for (bool add : {true, false}) {
+        Fp8OperandBuffers y_q(Tp, C), y_t(C, Tp);
+        DeviceBuffer<bf16_t> d_sum_t((size_t)Tp * C);
+        DeviceBuffer<float> d_rstd_t(T);
+        const Fp8Transposed target{y_t.codes.ptr, y_t.scales.ptr};
+        if (add)
+            residual_rmsnorm_forward((bf16_t*)nullptr, d_rstd_t.ptr, d_sum_t.ptr, d_x.ptr, d_branch.ptr, d_w.ptr, T, C, eps,
+                                     kStream, y_q.out, Tp, target);
+        else
+            rmsnorm_forward((bf16_t*)nullptr, d_rstd_t.ptr, (const bf16_t*)d_sum.ptr, d_w.ptr, T, C, eps, kStream, y_q.out, Tp,
+                            target);
+        const std::string what = add ? "training add + norm's" : "training norm's";
+        if (add) {
+            std::vector<float> got = download_floats(d_sum_t);
+            got.resize(sum.size());
+            CHECK_EQ(bit_mismatches(got, sum, what + " residual add"), 0);
+        }
+        CHECK_EQ(bit_mismatches(d_rstd_t.download(), rstd, what + " rstd"), 0);
+        CHECK_EQ(fp8_operand_mismatches(y_q.codes, y_q.scales, y, T, Tp, C, what + " FP8 operand"), 0);
+        CHECK_EQ(fp8_transposed_mismatches(y_t.codes, y_t.scales, y, T, Tp, C, what + " transposed FP8 operand"), 0);
+    }
+    CHECK_THROWS(rmsnorm_forward(d_y.ptr, d_rstd.ptr, (const bf16_t*)d_sum.ptr, d_w.ptr, T, C, eps, kStream, norm_q.out, Tp,
+                                 Fp8Transposed{norm_q.codes.ptr, norm_q.scales.ptr}),
+                 "without a BF16 y");
     // SwiGLU
     std::vector<float> gu = fused_gate_up(gate_values((size_t)Tp * I, true), uniform((size_t)Tp * I, 149, 2.0f, true), Tp, I);
     std::vector<float> a((size_t)T * I);
@@ -685,14 +757,12 @@ TEST(gpu_layers_producers_write_fp8_operands_bit_for_bit) {
     swiglu_backward_fp8(d_da.ptr, d_gu.ptr, T, Tp, I, false, dgu_q.codes.ptr, dgu_q.scales.ptr, dgu_t.codes.ptr,
                         dgu_t.scales.ptr, kStream);
     CHECK_EQ(fp8_operand_mismatches(dgu_q.codes, dgu_q.scales, dgu, Tp, Tp, 2 * I, "SwiGLU backward's FP8 operand"), 0);
-    const Fp8Tensor want_t = fp8_quantize_rowwise_transposed(dgu.data(), Tp, 2 * I, false);
-    const std::vector<uint8_t> got_t = dgu_t.codes.download();
-    const std::vector<float> got_ts = dgu_t.scales.download();
-    int bad_t = 0;
-    for (size_t i = 0; i < want_t.data.size(); i++) bad_t += got_t[i] != want_t.data[i];
-    for (size_t i = 0; i < want_t.scale_inv.size(); i++) bad_t += float_bits(got_ts[i]) != float_bits(want_t.scale_inv[i]);
-    printf("    %-58s %d codes and scales differ\n", "SwiGLU backward's transposed FP8 operand", bad_t);
-    CHECK_EQ(bad_t, 0);
+    CHECK_EQ(fp8_transposed_mismatches(dgu_t.codes, dgu_t.scales, dgu, Tp, Tp, 2 * I, "SwiGLU backward's transposed FP8 operand"), 0);
+    // a training forward's SwiGLU: a's rowwise operand and its transpose (the down wgrad's), no BF16 a
+    Fp8OperandBuffers a_q(Tp, I), a_t(I, Tp);
+    swiglu_forward_fp8(d_gu.ptr, T, Tp, I, a_q.out, Fp8Transposed{a_t.codes.ptr, a_t.scales.ptr}, kStream);
+    CHECK_EQ(fp8_operand_mismatches(a_q.codes, a_q.scales, a, T, Tp, I, "training SwiGLU's FP8 operand"), 0);
+    CHECK_EQ(fp8_transposed_mismatches(a_t.codes, a_t.scales, a, T, Tp, I, "training SwiGLU's transposed FP8 operand"), 0);
     // one pass over a BF16 tensor (the attention output), its padding rows not read
     Fp8OperandBuffers rows_q(Tp, C);
     quantize_rows_gpu(d_x.ptr, T, C, rows_q.out, kStream);
@@ -700,6 +770,7 @@ TEST(gpu_layers_producers_write_fp8_operands_bit_for_bit) {
     // what they refuse
     CHECK_THROWS(quantize_rows_gpu(d_x.ptr, T, 100, rows_q.out, kStream), "multiple of 16 columns");
     CHECK_THROWS(swiglu_forward(d_a.ptr, d_gu.ptr, T, I, kStream, swiglu_q.out, 384), "an FP8 operand of 256 rows for 384");
+    CHECK_THROWS(swiglu_forward_fp8(d_gu.ptr, T, Tp, I, a_q.out, Fp8Transposed{}, kStream), "needs both FP8 targets");
 }
 
 // The decode step's norm (issue 47: a warp per row, several rows a block) as the CPU engine computes

@@ -451,12 +451,16 @@ TEST(gpu_head_token_blocks_keep_cpu_bits) {
 // (a_t scaled by 1 + logprob_t / 8, b_t by entropy_t), asked for block by block: a block's
 // statistics must be final when asked, and every row asked once. Shapes: vocabulary chunks of 256
 // with a last one of 235 columns (the tail GEMM and its padded rows), a vocabulary of one chunk of
-// 300 (no full chunk), one of 2 whole chunks (no tail); token blocks of 8 with a ragged last one.
+// 300 (no full chunk), one of 2 whole chunks (no tail); token blocks of 8 with a ragged last one;
+// temperature 0.7, and 1 (the statistics kernel that skips the division) where the block is ragged;
+// HEAD_VOCAB_CHUNK's chunks of 2,048 (the statistics' loop without column tests) with and without a tail.
 TEST(gpu_head_fused_equals_forward_then_backward) {
     GemmRunner gemm;
-    struct Case { int T, C, V, chunk, block; };
-    for (const Case& k : {Case{21, 136, 1003, 256, 8}, Case{13, 24, 300, HEAD_VOCAB_CHUNK, 8}, Case{16, 32, 512, 256, 16}}) {
-        HeadProblem h(k.T, k.C, k.V, 0.7f, 61 + k.T);
+    struct Case { int T, C, V, chunk, block; float temperature; };
+    for (const Case& k : {Case{21, 136, 1003, 256, 8, 0.7f}, Case{13, 24, 300, HEAD_VOCAB_CHUNK, 8, 0.7f},
+                          Case{16, 32, 512, 256, 16, 0.7f}, Case{11, 16, 600, 256, 8, 1.0f},
+                          Case{9, 16, 4500, HEAD_VOCAB_CHUNK, 8, 1.0f}, Case{10, 16, 4096, HEAD_VOCAB_CHUNK, 8, 0.7f}}) {
+        HeadProblem h(k.T, k.C, k.V, k.temperature, 61 + k.T);
         auto a_of = [&](int t, float lp) { return h.a[t] * (1.0f + lp / 8); };
         auto b_of = [&](int t, float ent) { return h.b[t] * ent; };
         std::vector<float> dx0((size_t)h.T * h.C), dW0((size_t)h.V * h.C);
@@ -503,9 +507,9 @@ TEST(gpu_head_fused_equals_forward_then_backward) {
         const long d_top1 = differing(fused.top1(f.target.ptr, h.T, 0), top1);
         long once = 0;
         for (int t = 0; t < h.T; t++) once += asked[t] == 1;
-        printf("    T=%d C=%d V=%d chunk=%d block=%d: differing logprob %ld, entropy %ld, lse/mu %ld, dX %ld of %zu, "
+        printf("    T=%d C=%d V=%d chunk=%d block=%d temperature=%g: differing logprob %ld, entropy %ld, lse/mu %ld, dX %ld of %zu, "
                "dW %ld of %zu, top1 %ld; rows asked once %ld of %d\n",
-               h.T, h.C, h.V, k.chunk, k.block, d_lp, d_ent, d_stats, d_dx, dx0.size(), d_dw, dW0.size(), d_top1, once, h.T);
+               h.T, h.C, h.V, k.chunk, k.block, k.temperature, d_lp, d_ent, d_stats, d_dx, dx0.size(), d_dw, dW0.size(), d_top1, once, h.T);
         CHECK(d_lp == 0 && d_ent == 0 && d_stats == 0 && d_dx == 0 && d_dw == 0 && d_top1 == 0);
         CHECK(once == h.T && !stale);
     }
