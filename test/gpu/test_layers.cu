@@ -471,29 +471,16 @@ TEST(gpu_layers_rope_backward_matches_finite_differences) {
 
 namespace {
 
-// The FP8 operand [padded][cols] a producer wrote, against the CPU's quantizer of its BF16 output
-// (real rows, then zero rows up to padded): codes and scales byte for byte.
+// The FP8 operand a producer wrote, against the CPU's quantizer of its BF16 output (real rows, then
+// zero rows up to padded): codes and scales byte for byte. Rowwise [padded][cols], or transposed
+// [cols][padded] (1x128 along rows: what a wgrad reads).
 int fp8_operand_mismatches(const DeviceBuffer<uint8_t>& codes, const DeviceBuffer<float>& scales,
-                           const std::vector<float>& y, int rows, int padded, int cols, const std::string& what) {
+                           const std::vector<float>& y, int rows, int padded, int cols, const std::string& what,
+                           bool transposed = false) {
     std::vector<float> padded_y((size_t)padded * cols, 0.0f);
     std::copy(y.begin(), y.begin() + (size_t)rows * cols, padded_y.begin());
-    const Fp8Tensor want = fp8_quantize_rowwise(padded_y.data(), padded, cols, false);
-    const std::vector<uint8_t> got_codes = codes.download();
-    const std::vector<float> got_scales = scales.download();
-    int bad = 0;
-    for (size_t i = 0; i < want.data.size(); i++) bad += got_codes[i] != want.data[i];
-    for (size_t i = 0; i < want.scale_inv.size(); i++) bad += float_bits(got_scales[i]) != float_bits(want.scale_inv[i]);
-    printf("    %-58s %d of %zu codes and scales differ\n", what.c_str(), bad, want.data.size() + want.scale_inv.size());
-    return bad;
-}
-
-// The transposed FP8 operand [cols][padded] (1x128 along rows) a producer wrote, against the CPU's
-// quantizer of its BF16 output's transpose (real rows, then zero rows up to padded).
-int fp8_transposed_mismatches(const DeviceBuffer<uint8_t>& codes, const DeviceBuffer<float>& scales,
-                              const std::vector<float>& y, int rows, int padded, int cols, const std::string& what) {
-    std::vector<float> padded_y((size_t)padded * cols, 0.0f);
-    std::copy(y.begin(), y.begin() + (size_t)rows * cols, padded_y.begin());
-    const Fp8Tensor want = fp8_quantize_rowwise_transposed(padded_y.data(), padded, cols, false);
+    const Fp8Tensor want = transposed ? fp8_quantize_rowwise_transposed(padded_y.data(), padded, cols, false)
+                                      : fp8_quantize_rowwise(padded_y.data(), padded, cols, false);
     const std::vector<uint8_t> got_codes = codes.download();
     const std::vector<float> got_scales = scales.download();
     int bad = 0;
@@ -569,7 +556,7 @@ int qkv_rope_backward_case(int H, int KV, int D, bool qk_norm, bool fp8 = false)
     const std::string name = strfmt("qkv_rope backward%s, %d + 2 x %d heads of D=%d, q/k norm %d", fp8 ? " -> FP8" : "",
                                     H, KV, D, (int)qk_norm);
     int bad = fp8 ? fp8_operand_mismatches(rows_q.codes, rows_q.scales, dqkv, (int)T, Tp, N, name + ": dqkv's FP8 operand") +
-                        fp8_transposed_mismatches(cols_q.codes, cols_q.scales, dqkv, (int)T, Tp, N, name + ": transposed")
+                        fp8_operand_mismatches(cols_q.codes, cols_q.scales, dqkv, (int)T, Tp, N, name + ": transposed", true)
                   : bit_mismatches(download_floats(d_dqkv), dqkv, name + ": dqkv");
     if (qk_norm)  // the norms' output gradients, for their weight gradients
         bad += bit_mismatches(download_floats(d_dq), dq, name + ": dq") + bit_mismatches(download_floats(d_dk), dk, name + ": dk");
@@ -728,7 +715,7 @@ TEST(gpu_layers_producers_write_fp8_operands_bit_for_bit) {
         }
         CHECK_EQ(bit_mismatches(d_rstd_t.download(), rstd, what + " rstd"), 0);
         CHECK_EQ(fp8_operand_mismatches(y_q.codes, y_q.scales, y, T, Tp, C, what + " FP8 operand"), 0);
-        CHECK_EQ(fp8_transposed_mismatches(y_t.codes, y_t.scales, y, T, Tp, C, what + " transposed FP8 operand"), 0);
+        CHECK_EQ(fp8_operand_mismatches(y_t.codes, y_t.scales, y, T, Tp, C, what + " transposed FP8 operand", true), 0);
     }
     CHECK_THROWS(rmsnorm_forward(d_y.ptr, d_rstd.ptr, (const bf16_t*)d_sum.ptr, d_w.ptr, T, C, eps, kStream, norm_q.out, Tp,
                                  Fp8Transposed{norm_q.codes.ptr, norm_q.scales.ptr}),
@@ -757,12 +744,12 @@ TEST(gpu_layers_producers_write_fp8_operands_bit_for_bit) {
     swiglu_backward_fp8(d_da.ptr, d_gu.ptr, T, Tp, I, false, dgu_q.codes.ptr, dgu_q.scales.ptr, dgu_t.codes.ptr,
                         dgu_t.scales.ptr, kStream);
     CHECK_EQ(fp8_operand_mismatches(dgu_q.codes, dgu_q.scales, dgu, Tp, Tp, 2 * I, "SwiGLU backward's FP8 operand"), 0);
-    CHECK_EQ(fp8_transposed_mismatches(dgu_t.codes, dgu_t.scales, dgu, Tp, Tp, 2 * I, "SwiGLU backward's transposed FP8 operand"), 0);
+    CHECK_EQ(fp8_operand_mismatches(dgu_t.codes, dgu_t.scales, dgu, Tp, Tp, 2 * I, "SwiGLU backward's transposed FP8 operand", true), 0);
     // a training forward's SwiGLU: a's rowwise operand and its transpose (the down wgrad's), no BF16 a
     Fp8OperandBuffers a_q(Tp, I), a_t(I, Tp);
     swiglu_forward_fp8(d_gu.ptr, T, Tp, I, a_q.out, Fp8Transposed{a_t.codes.ptr, a_t.scales.ptr}, kStream);
     CHECK_EQ(fp8_operand_mismatches(a_q.codes, a_q.scales, a, T, Tp, I, "training SwiGLU's FP8 operand"), 0);
-    CHECK_EQ(fp8_transposed_mismatches(a_t.codes, a_t.scales, a, T, Tp, I, "training SwiGLU's transposed FP8 operand"), 0);
+    CHECK_EQ(fp8_operand_mismatches(a_t.codes, a_t.scales, a, T, Tp, I, "training SwiGLU's transposed FP8 operand", true), 0);
     // one pass over a BF16 tensor (the attention output), its padding rows not read
     Fp8OperandBuffers rows_q(Tp, C);
     quantize_rows_gpu(d_x.ptr, T, C, rows_q.out, kStream);
