@@ -360,30 +360,26 @@ int main(int argc, char** argv) {
     printf("| model | shape | KV cache | per-row ms | cascade ms | speedup (predicted) | per-row GB/s (predicted) | cascade GB/s "
            "(predicted) |\n|---|---|---|---|---|---|---|---|\n");
     const BenchModel& shape = tiny ? kTinyBenchModel : kQwen3_1_7B;
-    for (Precision kv : {Precision::BF16, Precision::FP8}) {
-        try {
-            print_cascade_row(shape, parse_model_config(json_parse(bench_model_config(shape), shape.name), shape.name), kv, tiny);
-        } catch (const Error& e) {
-            printf("| %s | ERROR: %s |\n", shape.name, e.what());
-            failures++;
-            cudaGetLastError();
+    // One table's rows, BF16 then FP8 KV cache; a failed row is printed and counted.
+    auto kv_rows = [&](void (*print_rows)(const BenchModel&, const ModelConfig&, Precision, bool)) {
+        for (Precision kv : {Precision::BF16, Precision::FP8}) {
+            try {
+                print_rows(shape, parse_model_config(json_parse(bench_model_config(shape), shape.name), shape.name), kv, tiny);
+            } catch (const Error& e) {
+                printf("| %s | ERROR: %s |\n", shape.name, e.what());
+                failures++;
+                cudaGetLastError();
+            }
         }
-    }
+    };
+    kv_rows(print_cascade_row);
     printf("\nDecode attention's kernels, each timed alone (the plan once a step; the split and the combine for one "
            "layer): ms per call; MB = the bytes the model counts for it; GB/s = those bytes over the time, beside the "
            "HBM bandwidth the model assumes (0.9 of the datasheet's) and the fraction of it reached; in parentheses "
            "cuda/perf/kernel_perf_model.h's prediction for the same launch%s\n\n", emulated ? " (in emulation the times mean nothing)" : "");
     printf("| model | kernel | shape | KV cache | ms (predicted) | MB | GB/s (predicted) | HBM GB/s | of HBM (predicted) |\n"
            "|---|---|---|---|---|---|---|---|---|\n");
-    for (Precision kv : {Precision::BF16, Precision::FP8}) {
-        try {
-            print_decode_kernel_rows(shape, parse_model_config(json_parse(bench_model_config(shape), shape.name), shape.name), kv, tiny);
-        } catch (const Error& e) {
-            printf("| %s | ERROR: %s |\n", shape.name, e.what());
-            failures++;
-            cudaGetLastError();
-        }
-    }
+    kv_rows(print_decode_kernel_rows);
     printf("\nbench_rollout: %d model(s) failed%s\n", failures, key.c_str());
     return failures ? 1 : 0;
 }
