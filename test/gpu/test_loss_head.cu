@@ -483,6 +483,9 @@ TEST(gpu_head_fused_equals_forward_then_backward) {
         DeviceBuffer<float> fdx(dx0), fdW(dW0), fda(h.T), fdb(h.T);
         std::vector<int> asked(h.T, 0);
         bool stale = false;
+#ifdef FP8RL_EMU
+        emu::start_stats();
+#endif
         fused.forward_backward(f.logprob.ptr, f.entropy.ptr, f.lse.ptr, f.mu.ptr, fda.ptr, fdb.ptr, fdx.ptr, fdW.ptr, f.x.ptr,
                                f.W.ptr, f.target.ptr, h.T, h.shape(), [&](int t0, int tb) {
                                    std::vector<float> blp(tb), bent(tb), ba(tb), bb(tb);
@@ -496,6 +499,20 @@ TEST(gpu_head_fused_equals_forward_then_backward) {
                                    CUDA_CHECK(cudaMemcpy(fda.ptr + t0, ba.data(), tb * sizeof(float), cudaMemcpyHostToDevice));
                                    CUDA_CHECK(cudaMemcpy(fdb.ptr + t0, bb.data(), tb * sizeof(float), cudaMemcpyHostToDevice));
                                }, 0);
+#ifdef FP8RL_EMU
+        // Per token block: the logits and dW as one GEMM over the whole chunks' columns and one over a
+        // narrower last chunk, a dX GEMM per chunk, one dlogits launch (issue 59: not one a chunk).
+        emu::stop_stats();
+        const emu::RangeStats counted = emu::total_stats();
+        const int blocks = (h.T + k.block - 1) / k.block, chunks = (h.V + k.chunk - 1) / k.chunk;
+        const int wide = (h.V >= k.chunk) + (h.V % k.chunk != 0);
+        const auto dlogits = counted.kernels.find("head_dlogits_kernel");
+        const uint64_t dlogits_launches = dlogits == counted.kernels.end() ? 0 : dlogits->second;
+        printf("    fused: %llu GEMM calls (want %d), %llu dlogits launches (want %d)\n", (unsigned long long)counted.gemm_calls,
+               blocks * (2 * wide + chunks), (unsigned long long)dlogits_launches, blocks);
+        CHECK_EQ(counted.gemm_calls, (uint64_t)(blocks * (2 * wide + chunks)));
+        CHECK_EQ(dlogits_launches, (uint64_t)blocks);
+#endif
         auto differing = [](const std::vector<float>& x, const std::vector<float>& y) {
             long n = x.size() != y.size() ? 1 : 0;
             for (size_t i = 0; i < x.size() && i < y.size(); i++) n += memcmp(&x[i], &y[i], sizeof(float)) != 0;
