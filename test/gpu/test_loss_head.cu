@@ -436,8 +436,10 @@ TEST(gpu_head_backward_matches_finite_differences) {
 // 1,024 and a ragged one of 6. The emulated tensor cores sum each output in the CPU
 // engine's order (exact BF16 products, one FP32 chain), dW's per block then added as the CPU adds
 // its row blocks', and dlogits round to BF16 as the CPU's (HeadShape::bf16): from the same lse and
-// mu, dX and dW are the CPU head's bits; the forward's statistics agree within the forward bound
-// (the GPU's block reductions sum the doubles in another order). On a GPU, the bounds of
+// mu, dX and dW are the CPU head's bits (dX: of one chunk here; from 2 full chunks on, the CPU head
+// sums them in one chain where the tiles add each chunk's product: the fused head's order, checked
+// by gpu_head_fused_equals_forward_then_backward); the forward's statistics agree within the forward
+// bound (the GPU's block reductions sum the doubles in another order). On a GPU, the bounds of
 // gpu_head_backward_matches_cpu hold these shapes instead.
 TEST(gpu_head_token_blocks_keep_cpu_bits) {
     GemmRunner gemm;
