@@ -20,6 +20,8 @@
 
 #include "cpu/engine_cpu.h"
 #include "cuda/engine/engine_gpu.cuh"
+#include "rl/model/init_model.h"
+#include "test/gpu/bench_model.h"
 #include "test/gpu/gpu_util.cuh"
 #include "test/harness.h"
 #include "test/temp_dir.h"
@@ -169,6 +171,31 @@ TEST(gpu_engine_matches_cpu_engine_gqa3_dims_not_multiples_of_128) {
     REQUIRE_GPU();
     compare_engines("test/fixtures/models/qwen3_gqa3_tiny");
 }
+// The trainer's projection GEMMs on fp8rl's own block-scaled FP8 kernel (--fp8_gemm_kernel own, the
+// default): no fixture's projections are multiples of 128 on every side, so there they fall back to
+// cuBLASLt. This random one-layer Qwen3 (hidden 128, intermediate 256, 2 heads and 2 KV heads of 64)
+// has every projection's in and out dimensions multiples of 128 and the batch pads to 384 tokens, so
+// each fp8 fprop, dgrad and wgrad of the log-prob pass, the training forward and the backward runs
+// the own kernel: 4 projections (q|k|v, o, gate|up, down) x (2 forwards + dgrad + wgrad) = 16
+// launches, counted in emulation, where the engines must agree bit for bit.
+TEST(gpu_engine_matches_cpu_engine_own_fp8_gemm) {
+    REQUIRE_GPU();
+    const std::string dir = harness::scratch_dir() + "/own_fp8_gemm_qwen3";
+    write_random_model(dir, bench_model_config({"own_fp8_gemm", 128, 256, 1, 2, 2, 64, 512}), {}, 1);
+#ifdef FP8RL_EMU
+    emu::start_stats();
+#endif
+    compare_engines(dir, {}, {Precision::FP8});
+#ifdef FP8RL_EMU
+    emu::stop_stats();
+    const emu::RangeStats counted = emu::total_stats();
+    const auto launches = counted.kernels.find("fp8_block_gemm_kernel");
+    const uint64_t own = launches == counted.kernels.end() ? 0 : launches->second;
+    printf("    fp8_block_gemm_kernel launches: %llu (want 16)\n", (unsigned long long)own);
+    CHECK_EQ(own, (uint64_t)16);
+#endif
+}
+
 // --fp8_scaling row and tensor: the OUTER_VEC and SCALAR GEMMs, the two-pass quantizers and the
 // weights' copies, in the forward and the backward, against the CPU oracle at the same granularity.
 // --train_kv_replay: the old-log-prob and training forwards' attention reads the FP8 cache (prompt
