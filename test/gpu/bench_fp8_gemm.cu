@@ -1,8 +1,7 @@
 // bench_fp8_gemm.cu: cuBLASLt block-scaled FP8 vs BF16 GEMM throughput over the linear layers of
 // Qwen3-0.6B, 1.7B and 8B at 4k and 16k tokens (fp8_gemm.cuh); --tiny: one small shape, for make test. Per layer and token count: the BF16
 // GEMM and the three FP8 GEMMs (fprop BLK128x128 x VEC128, dgrad BLK x VEC, wgrad VEC128 x VEC128)
-// at the same m, n, k, all TN with BF16 output, FP8 fast accumulation off, on cuBLASLt and on fp8rl's
-// own kernel (cuda/kernels/fp8_block_gemm.cuh, what --fp8_gemm_kernel own trains on); plus the quantize
+// at the same m, n, k, all TN with BF16 output, FP8 fast accumulation off; plus the quantize
 // kernels (X 1x128 with its transposed copy in one pass; W 128x128 with its transposed copy).
 // Times: CUDA events, median of 10 samples of 5 calls after 3 warm-ups (bench_util.cuh), on random data
 // (never zeros). Each shape runs independently: an error is printed and the next shape runs. Beside
@@ -74,10 +73,6 @@ void bench_shape(GemmRunner& runner, const Shape& s, int T) {
         double fp8_ms = median_ms([&] {
             runner.fp8(g.name, g.m, g.n, g.k, g.a, g.sa, g.ma, g.b, g.sb, g.mb, out.ptr, GemmOut::BF16, 0);
         });
-        double own_ms = median_ms([&] {
-            runner.fp8(g.name, g.m, g.n, g.k, g.a, g.sa, g.ma, g.b, g.sb, g.mb, out.ptr, GemmOut::BF16, 0, false,
-                       Fp8GemmKernel::Own);
-        });
         const PerfHardware& hw = bench_hardware();
         const auto predicted_s = [&](Precision p) {
             return gemm_cost(hw, g.name, KernelClass::LayerGemm, g.m, g.n, g.k, p, GemmOutput::BF16).call_seconds(hw);
@@ -96,9 +91,8 @@ void bench_shape(GemmRunner& runner, const Shape& s, int T) {
         std::string quant = first ? strfmt("%.1f | %.1f | %.1f | %.1f", q_x * 1e3, quantizer_us(T, K, false), q_w * 1e3,
                                            quantizer_us(N, K, true))
                                   : " | | | ";
-        printf("| %s | %s | %d | %s | %d | %d | %d | %.0f | %.0f | %.0f | %.2f | %.2f | %s |\n", s.model, s.layer, T, g.name,
-               g.m, g.n, g.k, gemm_tflops(g.m, g.n, g.k, bf16_ms), gemm_tflops(g.m, g.n, g.k, fp8_ms),
-               gemm_tflops(g.m, g.n, g.k, own_ms), bf16_ms / fp8_ms,
+        printf("| %s | %s | %d | %s | %d | %d | %d | %.0f | %.0f | %.2f | %.2f | %s |\n", s.model, s.layer, T, g.name, g.m,
+               g.n, g.k, gemm_tflops(g.m, g.n, g.k, bf16_ms), gemm_tflops(g.m, g.n, g.k, fp8_ms), bf16_ms / fp8_ms,
                predicted_s(Precision::BF16) / predicted_s(Precision::FP8), quant.c_str());
         fflush(stdout);
     }
@@ -114,14 +108,13 @@ int main(int argc, char** argv) {
         return 0;
     }
     print_bench_header("bench_fp8_gemm", tiny);
-    printf("TFLOP/s = 2mnk / median time; own FP8: fp8rl's kernel (--fp8_gemm_kernel own); speedup = BF16 time / "
-           "cuBLASLt FP8 time; quantize columns (us, on fprop rows): "
+    printf("TFLOP/s = 2mnk / median time; speedup = BF16 time / FP8 time; quantize columns (us, on fprop rows): "
            "X [T][K] 1x128 + transposed copy in one pass, W [N][K] 128x128 + transposed copy; predicted: "
            "cuda/perf/perf_model.h at the same shape on this GPU (sass_hardware: GEMMs at the dense BF16 / FP8 peaks, bytes "
            "at the datasheet bandwidth, the tile quantizer at 7 ps per element)\n\n");
-    printf("| model | layer | T | GEMM | m | n | k | BF16 TF/s | FP8 TF/s | own FP8 TF/s | speedup | predicted | quant X us | "
-           "predicted | quant W us | predicted |\n");
-    printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    printf("| model | layer | T | GEMM | m | n | k | BF16 TF/s | FP8 TF/s | speedup | predicted | quant X us | predicted | "
+           "quant W us | predicted |\n");
+    printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     GemmRunner runner;
     int failures = 0;
     std::vector<Shape> shapes(std::begin(kShapes), std::end(kShapes));
