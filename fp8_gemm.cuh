@@ -17,6 +17,7 @@
 #include "cuda/common.cuh"
 #include "cuda/engine/device_array.cuh"
 #include "cuda/element.cuh"
+#include "cuda/kernels/fp8_block_gemm.cuh"
 #include <cublasLt.h>  // in emulation: the same declarations, implemented by cuda/emu/emu_cublaslt.cpp
 
 #include <algorithm>
@@ -478,6 +479,12 @@ inline void fp8_requantize_weight_gpu(const float* w, int rows, int cols, const 
 enum class Fp8ScaleMode { VEC128, BLK128x128, OUTER_VEC, SCALAR };
 enum class GemmOut { BF16, F32 };
 
+// Which kernel runs a block-scaled FP8 GEMM the runner is asked for (--fp8_gemm_kernel): fp8rl's own
+// (cuda/kernels/fp8_block_gemm.cuh) where the shape and modes fit it, else cuBLASLt; or cuBLASLt
+// always. Only the trainer's GEMMs ask for Own: the rollout's prefill and decode GEMMs stay on
+// cuBLASLt, whose two size classes' kernels gemm_runner_rows_do_not_depend_on_n holds a GPU to.
+enum class Fp8GemmKernel { Cublaslt, Own };
+
 inline const char* scale_mode_name(Fp8ScaleMode m) {
     const char* names[] = {"VEC128", "BLK128x128", "OUTER_VEC", "SCALAR"};
     return names[(int)m];
@@ -562,10 +569,11 @@ class GemmRunner {
 
     // D [n][m] (+)= B [n][k] . A [m][k]^T with E4M3 operands and FP32 dequantization scales (device
     // pointers, 16-byte aligned) in the given modes; `name` labels error messages. accumulate adds
-    // into D (FP32 output only).
+    // into D (FP32 output only). kernel Own: fp8_block_gemm where own_kernel_fits (the same sums in the
+    // same order: bit for bit in emulation; on a GPU the tensor cores' internal order may differ).
     void fp8(const char* name, int m, int n, int k, const uint8_t* a, const float* a_scale, Fp8ScaleMode a_mode,
              const uint8_t* b, const float* b_scale, Fp8ScaleMode b_mode, void* d, GemmOut out, cudaStream_t stream,
-             bool accumulate = false) {
+             bool accumulate = false, Fp8GemmKernel kernel = Fp8GemmKernel::Cublaslt) {
         std::string what = strfmt("FP8 GEMM %s (m=%d n=%d k=%d, A %s, B %s)", name, m, n, k, scale_mode_name(a_mode),
                                   scale_mode_name(b_mode));
         if (m % 4 || n % 4 || k % 16)
@@ -586,6 +594,9 @@ class GemmRunner {
         if (out == GemmOut::BF16 && m % 8)
             fail("%s: an FP8 GEMM with BF16 output needs m a multiple of 8 (16-byte rows of D)", what.c_str());
         check_accumulate(what, out, accumulate);
+        if (kernel == Fp8GemmKernel::Own && own_kernel_fits(m, n, k, a_mode, b_mode))
+            return fp8_block_gemm(m, n, k, a, a_scale, a_mode == Fp8ScaleMode::BLK128x128, b, b_scale, d,
+                                  out == GemmOut::F32, accumulate, stream);
         run(what, GemmCall{m, n, k, true, a, b, a_scale, b_scale, a_mode, b_mode, d, out, GemmOps::TN, accumulate}, stream);
     }
 
@@ -606,6 +617,12 @@ class GemmRunner {
             GemmCall{m, n, k, false, a, b, nullptr, nullptr, Fp8ScaleMode::VEC128, Fp8ScaleMode::VEC128, d, out, ops,
                      accumulate, ldb},
             stream);
+    }
+
+    // Whether fp8_block_gemm runs a GEMM that fp8() accepts (so its pointers are 16-byte aligned): whole
+    // 128 x 128 tiles and k blocks, A's scales BLK128x128 (a weight) or VEC128, B's VEC128.
+    static bool own_kernel_fits(int m, int n, int k, Fp8ScaleMode a_mode, Fp8ScaleMode b_mode) {
+        return fp8_block_gemm_fits(m, n, k) && b_mode == Fp8ScaleMode::VEC128 && is_block_mode(a_mode);
     }
 
   private:

@@ -989,7 +989,7 @@ inline void GpuEngine::calibrate_kv_scales(const std::vector<GenRequest>& reques
     const CpuModel& m = model_;
     const size_t per_tensor = (size_t)m.L * m.KV;
     R.amax.resize(2 * per_tensor, "KV amax");  // [K, V][L][KV]
-    trunk_forward(prompts, weights, false, [&](int l) {
+    trunk_forward(prompts, weights, false, Fp8GemmKernel::Cublaslt, [&](int l) {
         kv_amax_gpu(R.amax.get() + (size_t)l * m.KV, layers_[l].k, T_, m.KV, m.D, stream_);
         kv_amax_gpu(R.amax.get() + per_tensor + (size_t)l * m.KV, layers_[l].v, T_, m.KV, m.D, stream_);
     });
@@ -1021,7 +1021,7 @@ inline void GpuEngine::prefill(const std::vector<int>& prompt_ids, Precision wei
     }
     R.prefill_rows.resize(rows.size(), "prefill cache rows");
     R.prefill_rows.upload(rows);
-    trunk_forward(prompts, weights, false, [&](int l) {
+    trunk_forward(prompts, weights, false, Fp8GemmKernel::Cublaslt, [&](int l) {
         R.cache->append(l, layers_[l].k, layers_[l].v, R.prefill_rows.get(), T_, stream_);
         R.cache->round_trip(l, layers_[l].k, layers_[l].v, T_, stream_);
     });

@@ -117,10 +117,13 @@ struct WgmmaGuard {
 };
 void wgmma_touch(WgmmaGuard& g, const char* what);
 void wgmma_fence();
-// wgmma.mma_async.sync.aligned.m64nNk16.f32.bf16.bf16: d (N/2 floats) += A B (A 64x16, B 16xN);
-// A from a_regs (4 registers, BF16 pairs; a_guard) when a_regs is non-null, else from a_desc.
-void wgmma_issue(int n, float* d, WgmmaGuard& d_guard, const uint32_t* a_regs, WgmmaGuard* a_guard, uint64_t a_desc,
-                 uint64_t b_desc, bool scale_d, bool trans_a, bool trans_b);
+// The operand type of a wgmma.mma_async: .bf16 (m64nNk16) or .e4m3 (m64nNk32, K-major only).
+enum class WgmmaType { BF16, E4M3 };
+// wgmma.mma_async.sync.aligned.m64nNkK.f32.T.T: d (N/2 floats) += A B (A 64xK, B KxN; K = 16 for
+// BF16, 32 for E4M3); A from a_regs (4 registers, BF16 pairs; a_guard) when a_regs is non-null,
+// else from a_desc.
+void wgmma_issue(WgmmaType type, int n, float* d, WgmmaGuard& d_guard, const uint32_t* a_regs, WgmmaGuard* a_guard,
+                 uint64_t a_desc, uint64_t b_desc, bool scale_d, bool trans_a, bool trans_b);
 void wgmma_commit();
 void wgmma_wait(int pending);
 // The shared-window address of p (cvta.to.shared): dynamic shared memory starts at 0. Faults when p

@@ -91,6 +91,7 @@ size_t capacity();
 // wgmma (cuda/emu/emu_wgmma.cpp). One issued wgmma.mma_async as its thread keeps it until the wait
 // that completes it computes the thread's share of D.
 struct WgmmaIssue {
+    WgmmaType type = WgmmaType::BF16;
     int n = 0;
     bool scale_d = false, trans_a = false, trans_b = false, a_in_regs = false;
     uint64_t a_desc = 0, b_desc = 0;
@@ -110,6 +111,7 @@ struct WgmmaState {
 };
 // What one warp of a warpgroup issued, for the check that the warpgroup's warps agree (.aligned).
 struct WgmmaSignature {
+    WgmmaType type;
     int n;
     bool scale_d, trans_a, trans_b, a_in_regs;
     uint64_t a_desc, b_desc;

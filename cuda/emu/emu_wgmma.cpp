@@ -1,7 +1,9 @@
 // emu_wgmma.cpp: the emulation of Hopper's warpgroup MMA (PTX ISA, "Asynchronous Warpgroup Level
 // Matrix Multiply-Accumulate Instructions": wgmma.fence, wgmma.mma_async, wgmma.commit_group,
 // wgmma.wait_group), the subset cuda/kernels/wgmma.cuh issues: .m64nNk16.f32.bf16.bf16, N a multiple
-// of 8 up to 256, A from registers or a shared-memory matrix descriptor, B from a descriptor.
+// of 8 up to 256, A from registers or a shared-memory matrix descriptor, B from a descriptor; and
+// .m64nNk32.f32.e4m3.e4m3, A and B from descriptors, both K-major (the PTX ISA gives the FP8 types no
+// imm-trans-a / imm-trans-b operands: only .f16 / .bf16 transpose, so FP8 operands are K-major).
 //
 // Semantics kept:
 //   - asynchronous issue: wgmma.mma_async only records the operation (and, for a register A, the
@@ -24,23 +26,35 @@
 //     16-29, stride byte offset (SBO) >> 4 in 32-45, base offset in 49-51, swizzle in 62-63 (0 none,
 //     1 128-byte, 2 64-byte, 3 32-byte); the other bits are reserved (refused when set). Element
 //     (row mn of M or N, column k) of a canonical layout, W = swizzle bytes / 16 (1 without), at
-//     byte offset from the start address (CUTLASS cute/atom/mma_traits_sm90_gmma.hpp's canonical forms):
-//       K-major (transpose 0): (mn % 8) 16W + (mn / 8) SBO + 2 (k % 8) + (k / 8) (W == 1 ? LBO : 16)
+//     byte offset from the start address (CUTLASS cute/atom/mma_traits_sm90_gmma.hpp's canonical forms),
+//     e the element's bytes (2 BF16, 1 E4M3), so a 16-byte core-matrix row holds 16 / e elements:
+//       K-major (transpose 0): (mn % 8) 16W + (mn / 8) SBO + e (k % (16/e)) + (k / (16/e)) (W == 1 ? LBO : 16)
 //       MN-major, no swizzle:  2 (mn % 8) + (mn / 8) SBO + 16 (k % 8) + (k / 8) LBO
 //       MN-major, swizzled:    2 (mn % 8W) + (mn / 8W) LBO + 16W (k % 8) + (k / 8) SBO
 //     then a swizzle XORs address bits 4.. with bits 7.. (log2 W bits) of the shared-window address
 //     (CUTLASS's Swizzle<1|2|3,4,3>), so a swizzled operand's pattern repeats every 8 x 16W bytes.
+//     An instruction's K covers 32 bytes of a row in both types (k16 BF16, k32 E4M3): with the 128-byte
+//     swizzle a 128-byte row is 4 steps (one 128-wide K block of E4M3), each step's descriptor the
+//     previous one's start address + 32 bytes;
+//   - E4M3: each byte decodes as cuda_fp8.h's __NV_E4M3 does (rl/numerics/fp8.h's e4m3_to_float,
+//     checked against cuda_fp8.h for all 256 codes by test_fp8; 0x7F / 0xFF are NaN, no Inf).
 // Not emulated, refused: a nonzero base offset (so a swizzled start address must lie in the first
-// 16W-byte row of its 8-row pattern: address bits 7.. of it zero), transposed register A.
+// 16W-byte row of its 8-row pattern: address bits 7.. of it zero), transposed register A, E4M3 with
+// A in registers (the PTX ISA has it; no kernel here uses it) and .e5m2.
+// Refused as the PTX ISA rules: E4M3 with a transpose (no such operand), a warpgroup whose warps
+// issue different types.
 // Not checked: the async-proxy fence (fence.proxy.async) that orders generic writes of shared memory
 // before a wgmma reads them; commit_group and wait_group are per thread, not met by the warpgroup.
-// The sum: each D element adds the 16 exact FP32 products to its accumulator one by one in k order,
-// as the mma.sync emulation does (cuda/kernels/mma.cuh): the tensor cores' own order and truncation
-// are undocumented, so a GPU is compared with a tolerance, the CPU engine bit for bit.
+// The sum, the contract kernels built on it rely on to equal the CPU engine bit for bit: each D
+// element adds the K exact FP32 products (16 BF16 or 32 E4M3 ones; a product of two BF16 or two E4M3
+// values is exact in FP32) to its accumulator one by one in k order, starting from 0 when scale-d is
+// false, as the mma.sync emulation does (cuda/kernels/mma.cuh). The tensor cores' own order and
+// truncation are undocumented, so a GPU is compared with a tolerance, the CPU engine bit for bit.
 #include <cstring>
 
 #include "cuda/emu/emu.h"
 #include "cuda/emu/emu_internal.h"
+#include "rl/numerics/fp8.h"
 
 namespace emu {
 
@@ -80,12 +94,17 @@ std::string decode(uint64_t bits, Descriptor& d) {
     return "";
 }
 
-// The shared-window address of element (mn, k) of the canonical layout `d` describes.
-uint32_t element_address(const Descriptor& d, bool mn_major, int mn, int k) {
-    const uint32_t w = d.width, m = (uint32_t)mn, kk = (uint32_t)k;
+uint32_t element_bytes(WgmmaType t) { return t == WgmmaType::BF16 ? 2 : 1; }
+int k_of(WgmmaType t) { return t == WgmmaType::BF16 ? 16 : 32; }
+const char* type_name(WgmmaType t) { return t == WgmmaType::BF16 ? "bf16" : "e4m3"; }
+
+// The shared-window address of element (mn, k) of the canonical layout `d` describes, for elements
+// of `bytes` bytes (MN-major: BF16 only).
+uint32_t element_address(const Descriptor& d, bool mn_major, int mn, int k, uint32_t bytes) {
+    const uint32_t w = d.width, m = (uint32_t)mn, kk = (uint32_t)k, per_row = 16 / bytes;
     uint32_t off;
     if (!mn_major)
-        off = (m % 8) * 16 * w + (m / 8) * d.sbo + 2 * (kk % 8) + (kk / 8) * (w == 1 ? d.lbo : 16);
+        off = (m % 8) * 16 * w + (m / 8) * d.sbo + bytes * (kk % per_row) + (kk / per_row) * (w == 1 ? d.lbo : 16);
     else if (w == 1)
         off = 2 * (m % 8) + (m / 8) * d.sbo + 16 * (kk % 8) + (kk / 8) * d.lbo;
     else
@@ -106,18 +125,24 @@ float bf16_at(const char* smem, uint32_t address) {
     return f;
 }
 
+// The operand element of type t at `address` (checked as bf16_at).
+float element_at(const char* smem, uint32_t address, WgmmaType t) {
+    return t == WgmmaType::BF16 ? bf16_at(smem, address) : fp8rl::e4m3_to_float((uint8_t)smem[address]);
+}
+
 float bf16_lo(uint32_t r) { uint32_t u = r << 16; float f; memcpy(&f, &u, 4); return f; }
 float bf16_hi(uint32_t r) { uint32_t u = r & 0xFFFF0000u; float f; memcpy(&f, &u, 4); return f; }
 
-// Checks that every element of a rows x 16 operand lies in the block's dynamic shared memory.
-std::string check_operand(const char* name, uint64_t bits, bool mn_major, int rows) {
+// Checks that every element of a rows x K operand of type t lies in the block's dynamic shared memory.
+std::string check_operand(const char* name, uint64_t bits, bool mn_major, int rows, WgmmaType t) {
     Descriptor d;
     std::string err = decode(bits, d);
     if (!err.empty()) return strformat("%s: %s", name, err.c_str());
+    const uint32_t bytes = element_bytes(t);
     for (int mn = 0; mn < rows; mn++)
-        for (int k = 0; k < 16; k++) {
-            const uint32_t a = element_address(d, mn_major, mn, k);
-            if (!shared_window(a, 2))
+        for (int k = 0; k < k_of(t); k++) {
+            const uint32_t a = element_address(d, mn_major, mn, k, bytes);
+            if (!shared_window(a, bytes))
                 return strformat("%s: matrix descriptor 0x%016llx (%s swizzle, start 0x%x, LBO %u, SBO %u) puts element "
                                  "(%d, %d) at shared address 0x%x, outside the block's %s shared memory",
                                  name, (unsigned long long)bits, swizzle_name(d.width), d.start, d.lbo, d.sbo, mn, k, a,
@@ -127,17 +152,17 @@ std::string check_operand(const char* name, uint64_t bits, bool mn_major, int ro
 }
 
 std::string describe(const WgmmaSignature& s) {
-    return strformat("m64n%dk16 A %s 0x%016llx B 0x%016llx scale-d %d trans-a %d trans-b %d", s.n,
-                     s.a_in_regs ? "registers" : "descriptor", (unsigned long long)s.a_desc, (unsigned long long)s.b_desc,
+    return strformat("m64n%dk%d.%s A %s 0x%016llx B 0x%016llx scale-d %d trans-a %d trans-b %d", s.n, k_of(s.type),
+                     type_name(s.type), s.a_in_regs ? "registers" : "descriptor", (unsigned long long)s.a_desc, (unsigned long long)s.b_desc,
                      s.scale_d, s.trans_a, s.trans_b);
 }
 
 WgmmaSignature signature(const WgmmaIssue& w) {
-    return {w.n, w.scale_d, w.trans_a, w.trans_b, w.a_in_regs, w.a_in_regs ? 0 : w.a_desc, w.b_desc};
+    return {w.type, w.n, w.scale_d, w.trans_a, w.trans_b, w.a_in_regs, w.a_in_regs ? 0 : w.a_desc, w.b_desc};
 }
 
 bool same(const WgmmaSignature& x, const WgmmaSignature& y) {
-    return x.n == y.n && x.scale_d == y.scale_d && x.trans_a == y.trans_a && x.trans_b == y.trans_b &&
+    return x.type == y.type && x.n == y.n && x.scale_d == y.scale_d && x.trans_a == y.trans_a && x.trans_b == y.trans_b &&
            x.a_in_regs == y.a_in_regs && x.a_desc == y.a_desc && x.b_desc == y.b_desc;
 }
 
@@ -148,15 +173,18 @@ void compute(const WgmmaIssue& w, int warp_in_group, int lane) {
     const char* smem = shared_window(0, 0);
     decode(w.b_desc, bd);
     if (!w.a_in_regs) decode(w.a_desc, ad);
-    float a[2][16];
+    const int kk = k_of(w.type);
+    const uint32_t bytes = element_bytes(w.type);
+    float a[2][32];
     for (int h = 0; h < 2; h++)
-        for (int k = 0; k < 16; k++)
+        for (int k = 0; k < kk; k++)
             a[h][k] = w.a_in_regs ? w.a[g + 8 * h][k]
-                                  : bf16_at(smem, element_address(ad, w.trans_a, 16 * warp_in_group + g + 8 * h, k));
+                                  : element_at(smem, element_address(ad, w.trans_a, 16 * warp_in_group + g + 8 * h, k, bytes),
+                                               w.type);
     for (int v = 0; v < w.n / 2; v++) {
         const int h = (v >> 1) & 1, col = 8 * (v >> 2) + 2 * t + (v & 1);
         float acc = w.scale_d ? w.d[v] : 0.0f;
-        for (int k = 0; k < 16; k++) acc += a[h][k] * bf16_at(smem, element_address(bd, w.trans_b, col, k));
+        for (int k = 0; k < kk; k++) acc += a[h][k] * element_at(smem, element_address(bd, w.trans_b, col, k, bytes), w.type);
         w.d[v] = acc;
     }
 }
@@ -185,8 +213,8 @@ std::string resolve_wgmma(int warp, int block_threads, WgmmaIssue* const lanes[3
                              describe(log[index]).c_str());
     } else {
         log.push_back(first);
-        std::string err = check_operand("B", first.b_desc, first.trans_b, first.n);
-        if (err.empty() && !first.a_in_regs) err = check_operand("A", first.a_desc, first.trans_a, 64);
+        std::string err = check_operand("B", first.b_desc, first.trans_b, first.n, first.type);
+        if (err.empty() && !first.a_in_regs) err = check_operand("A", first.a_desc, first.trans_a, 64, first.type);
         if (!err.empty()) return strformat("warp %d: wgmma.mma_async %s", warp, err.c_str());
     }
     if (!first.a_in_regs) return "";
@@ -214,12 +242,20 @@ void wgmma_touch(WgmmaGuard& g, const char* what) {
 
 void wgmma_fence() { current_wgmma().fences++; }
 
-void wgmma_issue(int n, float* d, WgmmaGuard& d_guard, const uint32_t* a_regs, WgmmaGuard* a_guard, uint64_t a_desc,
-                 uint64_t b_desc, bool scale_d, bool trans_a, bool trans_b) {
+void wgmma_issue(WgmmaType type, int n, float* d, WgmmaGuard& d_guard, const uint32_t* a_regs, WgmmaGuard* a_guard,
+                 uint64_t a_desc, uint64_t b_desc, bool scale_d, bool trans_a, bool trans_b) {
     WgmmaState& s = current_wgmma();
     if (n < 8 || n > 256 || n % 8)
-        kernel_fault(strformat("wgmma.mma_async.m64n%dk16 (the rule: N a multiple of 8 from 8 to 256)", n));
+        kernel_fault(strformat("wgmma.mma_async.m64n%dk%d (the rule: N a multiple of 8 from 8 to 256)", n, k_of(type)));
     if (a_regs && trans_a) kernel_fault("wgmma.mma_async with A in registers and imm-trans-a (the rule: only a shared-memory A transposes)");
+    if (type == WgmmaType::E4M3 && (trans_a || trans_b))
+        kernel_fault(strformat("wgmma.mma_async.m64n%dk32.f32.e4m3.e4m3 with %s MN-major (the rule, PTX ISA: imm-trans-a "
+                               "and imm-trans-b exist only for .f16 / .bf16; FP8 operands are K-major)",
+                               n, trans_a ? "A" : "B"));
+    if (type == WgmmaType::E4M3 && a_regs)
+        kernel_fault(strformat("wgmma.mma_async.m64n%dk32.f32.e4m3.e4m3 with A in registers (not emulated: give A by a "
+                               "shared-memory descriptor)",
+                               n));
     const char* unfenced = d_guard.touched_at_fence == s.fences ? "the accumulator registers"
                            : a_regs && a_guard->touched_at_fence == s.fences ? "the A fragment registers" : nullptr;
     if (unfenced)
@@ -228,7 +264,7 @@ void wgmma_issue(int n, float* d, WgmmaGuard& d_guard, const uint32_t* a_regs, W
                                "access and the wgmma.mma_async that uses the registers)",
                                (unsigned long long)s.issued + 1, unfenced, (unsigned long long)s.fences));
     WgmmaIssue w;  // the lane's deposit, read and completed by resolve_wgmma while the warp waits
-    w.n = n, w.scale_d = scale_d, w.trans_a = trans_a, w.trans_b = trans_b, w.a_in_regs = a_regs != nullptr;
+    w.type = type, w.n = n, w.scale_d = scale_d, w.trans_a = trans_a, w.trans_b = trans_b, w.a_in_regs = a_regs != nullptr;
     w.a_desc = a_desc, w.b_desc = b_desc, w.d = d, w.d_guard = &d_guard;
     if (a_regs) memcpy(w.a_regs, a_regs, sizeof w.a_regs);
     warp_collective(WarpOp::Wgmma, 0xFFFFFFFFu, (uint64_t)(uintptr_t)&w, 0, 32);

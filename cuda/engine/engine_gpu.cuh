@@ -104,6 +104,7 @@ struct StepRows {
     Precision precision;
     bool for_backward;
     Fp8Scaling scaling;
+    Fp8GemmKernel fp8_gemm = Fp8GemmKernel::Cublaslt;  // the projections' FP8 GEMMs (the trainer's: --fp8_gemm_kernel)
     // The producers write their outputs' FP8 operands themselves (block scaling), or the BF16
     // tensors the GEMMs quantize (row and tensor: cuda/kernels/linear.cuh).
     bool fused_fp8() const { return precision == Precision::FP8 && scaling == Fp8Scaling::Block; }
@@ -573,6 +574,7 @@ class GpuEngine : public Engine {
     TokenValues train_top1_;  // last_train_top1()
     Precision precision_ = Precision::BF16;
     bool for_backward_ = false;  // the last forward keeps what a backward reads
+    Fp8GemmKernel forward_gemm_ = Fp8GemmKernel::Cublaslt;  // the last trunk_forward's (batch_rows)
     // --train_kv_replay: on during a replayed forward (and the recomputes of its backward); the rollout's
     // scales [K, V][L][KV] as the forward read them; its rows read as decode steps (replay_decode_rows);
     // whether the last training forward replayed
@@ -881,14 +883,20 @@ class GpuEngine : public Engine {
     // given, runs once layer l's K (after k-norm and RoPE) and V are in layers_[l], before its
     // attention reads them (prefill and the FP8 KV calibration read them there: with --recompute
     // layer the next layer overwrites them).
-    void trunk_forward(const std::vector<Sequence>& seqs, Precision p, bool for_backward,
+    // fp8_gemm: the kernel of the projections' FP8 GEMMs (the trainer's passes: trainer_fp8_gemm();
+    // the rollout's prefill: cuBLASLt).
+    void trunk_forward(const std::vector<Sequence>& seqs, Precision p, bool for_backward, Fp8GemmKernel fp8_gemm,
                        const std::function<void(int)>& kv_ready = {});
     void prepare_batch(const std::vector<Sequence>& seqs);
     // Layer l's forward into layers_[l]; recomputing: all but its output (the next layer's input).
     void layer_forward(int l, bool recomputing, const std::function<void(int)>& kv_ready = {});
     void ensure_rope(int positions);
     void ensure_scratch(long rows);
-    StepRows batch_rows() { return {T_, Tp_, pos_.get(), gemm_f32_, precision_, for_backward_, options_.fp8_scaling}; }
+    StepRows batch_rows() {
+        return {T_, Tp_, pos_.get(), gemm_f32_, precision_, for_backward_, options_.fp8_scaling, forward_gemm_};
+    }
+    // The kernel of the trainer's FP8 projection GEMMs (--fp8_gemm_kernel).
+    Fp8GemmKernel trainer_fp8_gemm() const { return options_.own_fp8_gemm ? Fp8GemmKernel::Own : Fp8GemmKernel::Cublaslt; }
     // The layer step shared by the training forward, prefill and decode: the residual entering the
     // layer (before's h1 + mlp into A.x, or A.x as it is when before is null) -> A.q, A.k (after
     // q/k-norm and RoPE at r.pos), A.v; then, with A.att filled by attention, A.att -> A.h1 and the
@@ -1103,7 +1111,7 @@ inline void GpuEngine::ensure_scratch(long rows) {
 }
 
 inline void GpuEngine::project(void* y, GemmOut out, const bf16* x, int l, Projection j, const StepRows& r) {
-    linear_forward_gpu(gemm_, *scratch_, r.precision, linear(l, j), x, (int)r.Tp, y, out, stream_);
+    linear_forward_gpu(gemm_, *scratch_, r.precision, linear(l, j), x, (int)r.Tp, y, out, stream_, r.fp8_gemm);
 }
 
 inline void GpuEngine::attention_inputs(LayerActsGpu& A, const LayerActsGpu* before, int l, const StepRows& r,
@@ -1171,9 +1179,10 @@ inline void GpuEngine::layer_forward(int l, bool recomputing, const std::functio
 }
 
 inline void GpuEngine::trunk_forward(const std::vector<Sequence>& seqs, Precision p, bool for_backward,
-                                     const std::function<void(int)>& kv_ready) {
+                                     Fp8GemmKernel fp8_gemm, const std::function<void(int)>& kv_ready) {
     precision_ = p;
     for_backward_ = for_backward;
+    forward_gemm_ = fp8_gemm;
     prepare_batch(seqs);
     const CpuModel& m = model_;
     embedding_forward(layers_[0].x, wb(m.embed), ids_.get(), T_, m.V, m.C, stream_);
@@ -1204,7 +1213,8 @@ inline void GpuEngine::forward_to_head(const std::vector<Sequence>& seqs, Precis
         if (!decode_rows.empty()) kv_replay_decode_rows_.upload(decode_rows);
     }
     if (for_backward) train_kv_replayed_ = kv_replay_;
-    trunk_forward(seqs, p, for_backward);
+    // prefill_logprobs (at) reads as the rollout's prefill does, through cuBLASLt
+    trunk_forward(seqs, p, for_backward, at ? Fp8GemmKernel::Cublaslt : trainer_fp8_gemm());
     kv_replay_ = false;
 }
 
@@ -1304,7 +1314,7 @@ inline void GpuEngine::project_backward(bf16* dx, const bf16* dy, const bf16* x,
         W.w8 = &with_transpose;
     }
     linear_backward_gpu(gemm_, *scratch_, precision_, W, dy, x_t ? nullptr : x, (int)Tp_, dx, GemmOut::BF16,
-                        grad(model_.weight_offset(l, j)), stream_, x_t);
+                        grad(model_.weight_offset(l, j)), stream_, x_t, trainer_fp8_gemm());
     if (bias != kNoTensor) bias_backward(grad(bias), dy, T_, W.N, column_scratch_, column_scratch_floats_, stream_);
 }
 
@@ -1418,6 +1428,7 @@ inline void GpuEngine::backward_below_head() {
                      column_scratch_floats_, stream_);
     close_bucket();
     kv_replay_ = train_kv_replayed_;  // a recomputed layer reads K and V as its forward did
+    forward_gemm_ = trainer_fp8_gemm();  // ... and runs its GEMMs on the same kernels
     for (int l = m.L - 1; l >= 0; l--) {
         if (options_.recompute_layer) layer_forward(l, true);
         open_bucket(buckets_.layers[l]);

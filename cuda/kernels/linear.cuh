@@ -138,24 +138,27 @@ inline void check_linear(const char* what, Precision p, const LinearDevice& W, i
 
 // y [T][N] = x [T][K] . W^T, BF16 or FP32 (out): bf16 reads x; fp8 at block scaling the operand x's
 // producer wrote into the scratch's slot 0 (LinearScratch::rows_out), at row and tensor scaling x
-// quantized here into slot 0.
+// quantized here into slot 0. kernel: which runs the FP8 GEMM (GemmRunner::fp8; the trainer's: Own).
 inline void linear_forward_gpu(GemmRunner& gemm, LinearScratch& scratch, Precision p, const LinearDevice& W,
-                               const __nv_bfloat16* x, int T, void* y, GemmOut out, cudaStream_t stream) {
+                               const __nv_bfloat16* x, int T, void* y, GemmOut out, cudaStream_t stream,
+                               Fp8GemmKernel kernel = Fp8GemmKernel::Cublaslt) {
     check_linear("linear_forward_gpu", p, W, T);
     if (p == Precision::BF16) return gemm.bf16("fprop", W.N, T, W.K, W.w, x, y, out, stream, GemmOps::TN);
     const Fp8Scaling s = check_scaling("linear_forward_gpu", scratch, W);
     const LinearScratch::Operand& xq =
         scratch.fused_casts() ? scratch.operand(0) : scratch.quantize(0, x, T, W.K, stream, LinearScratch::Copies::Rows);
     gemm.fp8("fprop", W.N, T, W.K, W.w8->codes, W.w8->scale_inv, weight_scale_mode(s), xq.codes, xq.scales,
-             rows_scale_mode(s), y, out, stream);
+             rows_scale_mode(s), y, out, stream, false, kernel);
 }
 
 // dx [T][K] = dy [T][N] . W (BF16 or FP32: dx_out); dW [N][K] += dy^T . x. In fp8 a null dy means
 // its producer wrote both its FP8 operands into the scratch's slot 0 (LinearScratch::target); x_t,
 // when given (fp8 at block scaling), is x's transposed operand its producer kept (x then unread).
+// kernel: as linear_forward_gpu's.
 inline void linear_backward_gpu(GemmRunner& gemm, LinearScratch& scratch, Precision p, const LinearDevice& W,
                                 const __nv_bfloat16* dy, const __nv_bfloat16* x, int T, void* dx, GemmOut dx_out,
-                                float* dW, cudaStream_t stream, const Fp8Transposed& x_t = {}) {
+                                float* dW, cudaStream_t stream, const Fp8Transposed& x_t = {},
+                                Fp8GemmKernel kernel = Fp8GemmKernel::Cublaslt) {
     if (!dy && p != Precision::FP8) fail("linear_backward_gpu: bf16 needs dy");
     if (x_t && (p != Precision::FP8 || !scratch.fused_casts()))
         fail("linear_backward_gpu: a kept transposed FP8 operand of x is 1x128 (fp8, block scaling) only");
@@ -176,9 +179,9 @@ inline void linear_backward_gpu(GemmRunner& gemm, LinearScratch& scratch, Precis
     }
     const Fp8ScaleMode rows = rows_scale_mode(s);
     gemm.fp8("dgrad", W.K, T, W.N, W.w8->codes_t, W.w8->scale_inv_t, weight_scale_mode(s), dyq.codes, dyq.scales, rows, dx,
-             dx_out, stream);
+             dx_out, stream, false, kernel);
     gemm.fp8("wgrad", W.K, W.N, T, xq.codes, xq.scale_inv, rows, dyq.codes_t, dyq.scales_t, rows, dW, GemmOut::F32, stream,
-             true);
+             true, kernel);
 }
 
 }  // namespace fp8rl

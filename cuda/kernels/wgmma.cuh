@@ -1,10 +1,13 @@
 // wgmma.cuh: Hopper's warpgroup MMA for the kernels, wgmma.mma_async.sync.aligned.m64nNk16.f32.bf16.bf16
-// (D[64xN] += A[64x16] B[16xN], BF16 operands, FP32 accumulate, SASS HGMMA; PTX ISA "Asynchronous
+// (D[64xN] += A[64x16] B[16xN], BF16 operands, FP32 accumulate, SASS HGMMA) and .m64nNk32.f32.e4m3.e4m3
+// (A[64x32] B[32xN], E4M3 operands, SASS QGMMA); PTX ISA "Asynchronous
 // Warpgroup Level Matrix Multiply-Accumulate Instructions"), sm_90a only. The 128 threads of a
 // warpgroup (4 contiguous warps, the first's index a multiple of 4) issue each instruction together:
 //   wgmma_fence();                               wgmma.fence: after any other access of D or A's registers
 //   acc.mma(a_desc, b_desc, accumulate);         wgmma.mma_async, A and B in shared memory, or
-//   acc.mma(a_fragment, b_desc, accumulate);     ... A in registers (the layout of mma.cuh's A fragment)
+//   acc.mma(a_fragment, b_desc, accumulate);     ... A in registers (the layout of mma.cuh's A fragment), or
+//   acc.mma_e4m3(a_desc, b_desc, accumulate);    ... m64nNk32.f32.e4m3.e4m3: FP8 A and B in shared memory,
+//                                                both K-major (the PTX ISA has no transpose for FP8)
 //   wgmma_commit();                              wgmma.commit_group
 //   wgmma_wait<0>(acc);                          wgmma.wait_group 0: acc holds the product from here on
 // The product is asynchronous: D and a register A may not be touched between the mma and the wait
@@ -116,6 +119,12 @@ class WgmmaFragmentA {
                  "k16.f32.bf16.bf16 " DREGS ", " A ", " B ", p, 1, 1, " TA ", " TB ";\n}\n"                 \
                  : OUT                                                                                      \
                  : "l"(a_desc), "l"(b_desc), "r"((int)accumulate), "n"((int)TransA), "n"((int)TransB))
+// The FP8 form has no imm-trans-a / imm-trans-b operands (PTX ISA: only .f16 / .bf16 transpose).
+#define FP8RL_WGMMA_SS_E4M3(N, DREGS, A, B, S, OUT)                                                         \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " S ", 0;\nwgmma.mma_async.sync.aligned.m64n" #N          \
+                 "k32.f32.e4m3.e4m3 " DREGS ", " A ", " B ", p, 1, 1;\n}\n"                                   \
+                 : OUT                                                                                      \
+                 : "l"(a_desc), "l"(b_desc), "r"((int)accumulate))
 #define FP8RL_WGMMA_RS(N, DREGS, A, B, S, TB, OUT)                                                          \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " S ", 0;\nwgmma.mma_async.sync.aligned.m64n" #N          \
                  "k16.f32.bf16.bf16 " DREGS ", " A ", " B ", p, 1, 1, " TB ";\n}\n"                         \
@@ -126,24 +135,29 @@ class WgmmaFragmentA {
 #define FP8RL_WGMMA_OUT16 FP8RL_WGMMA_F8(0)
 #define FP8RL_WGMMA_SS16 FP8RL_WGMMA_SS(16, FP8RL_WGMMA_D16, "%8", "%9", "%10", "%11", "%12", FP8RL_WGMMA_OUT16)
 #define FP8RL_WGMMA_RS16 FP8RL_WGMMA_RS(16, FP8RL_WGMMA_D16, "{%8, %9, %10, %11}", "%12", "%13", "%14", FP8RL_WGMMA_OUT16)
+#define FP8RL_WGMMA_E4M3_16 FP8RL_WGMMA_SS_E4M3(16, FP8RL_WGMMA_D16, "%8", "%9", "%10", FP8RL_WGMMA_OUT16)
 #define FP8RL_WGMMA_D32 "{" "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15" "}"
 #define FP8RL_WGMMA_OUT32 FP8RL_WGMMA_F8(0), FP8RL_WGMMA_F8(8)
 #define FP8RL_WGMMA_SS32 FP8RL_WGMMA_SS(32, FP8RL_WGMMA_D32, "%16", "%17", "%18", "%19", "%20", FP8RL_WGMMA_OUT32)
 #define FP8RL_WGMMA_RS32 FP8RL_WGMMA_RS(32, FP8RL_WGMMA_D32, "{%16, %17, %18, %19}", "%20", "%21", "%22", FP8RL_WGMMA_OUT32)
+#define FP8RL_WGMMA_E4M3_32 FP8RL_WGMMA_SS_E4M3(32, FP8RL_WGMMA_D32, "%16", "%17", "%18", FP8RL_WGMMA_OUT32)
 #define FP8RL_WGMMA_D64 "{" "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15" ", " "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31" "}"
 #define FP8RL_WGMMA_OUT64 FP8RL_WGMMA_F8(0), FP8RL_WGMMA_F8(8), FP8RL_WGMMA_F8(16), FP8RL_WGMMA_F8(24)
 #define FP8RL_WGMMA_SS64 FP8RL_WGMMA_SS(64, FP8RL_WGMMA_D64, "%32", "%33", "%34", "%35", "%36", FP8RL_WGMMA_OUT64)
 #define FP8RL_WGMMA_RS64 FP8RL_WGMMA_RS(64, FP8RL_WGMMA_D64, "{%32, %33, %34, %35}", "%36", "%37", "%38", FP8RL_WGMMA_OUT64)
+#define FP8RL_WGMMA_E4M3_64 FP8RL_WGMMA_SS_E4M3(64, FP8RL_WGMMA_D64, "%32", "%33", "%34", FP8RL_WGMMA_OUT64)
 #define FP8RL_WGMMA_D128 "{" "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15" ", " "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31" ", " "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47" ", " "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63" "}"
 #define FP8RL_WGMMA_OUT128 FP8RL_WGMMA_F8(0), FP8RL_WGMMA_F8(8), FP8RL_WGMMA_F8(16), FP8RL_WGMMA_F8(24), FP8RL_WGMMA_F8(32), FP8RL_WGMMA_F8(40), FP8RL_WGMMA_F8(48), FP8RL_WGMMA_F8(56)
 #define FP8RL_WGMMA_SS128 FP8RL_WGMMA_SS(128, FP8RL_WGMMA_D128, "%64", "%65", "%66", "%67", "%68", FP8RL_WGMMA_OUT128)
 #define FP8RL_WGMMA_RS128 FP8RL_WGMMA_RS(128, FP8RL_WGMMA_D128, "{%64, %65, %66, %67}", "%68", "%69", "%70", FP8RL_WGMMA_OUT128)
+#define FP8RL_WGMMA_E4M3_128 FP8RL_WGMMA_SS_E4M3(128, FP8RL_WGMMA_D128, "%64", "%65", "%66", FP8RL_WGMMA_OUT128)
 #endif
 
-// The accumulator D of a m64nNk16 wgmma: N / 2 FP32 registers per thread (layout above).
+// The accumulator D of a m64nNk16 (BF16) or m64nNk32 (E4M3) wgmma: N / 2 FP32 registers per thread
+// (layout above).
 template <int N>
 class WgmmaAccumulator {
-    static_assert(N == 16 || N == 32 || N == 64 || N == 128, "wgmma.cuh issues m64nNk16 for N = 16, 32, 64, 128");
+    static_assert(N == 16 || N == 32 || N == 64 || N == 128, "wgmma.cuh issues m64nNk16 / k32 for N = 16, 32, 64, 128");
 
   public:
     static constexpr int regs = N / 2;
@@ -162,7 +176,8 @@ class WgmmaAccumulator {
     template <bool TransA, bool TransB>
     __device__ __forceinline__ void mma(uint64_t a_desc, uint64_t b_desc, bool accumulate) {
 #ifdef FP8RL_EMU
-        ::emu::wgmma_issue(N, r_, guard_, nullptr, nullptr, a_desc, b_desc, accumulate, TransA, TransB);
+        ::emu::wgmma_issue(::emu::WgmmaType::BF16, N, r_, guard_, nullptr, nullptr, a_desc, b_desc, accumulate, TransA,
+                           TransB);
 #else
         if constexpr (N == 16) FP8RL_WGMMA_SS16;
         else if constexpr (N == 32) FP8RL_WGMMA_SS32;
@@ -175,13 +190,29 @@ class WgmmaAccumulator {
     template <bool TransB>
     __device__ __forceinline__ void mma(const WgmmaFragmentA& a, uint64_t b_desc, bool accumulate) {
 #ifdef FP8RL_EMU
-        ::emu::wgmma_issue(N, r_, guard_, a.r_, const_cast<::emu::WgmmaGuard*>(&a.guard_), 0, b_desc, accumulate, false,
+        ::emu::wgmma_issue(::emu::WgmmaType::BF16, N, r_, guard_, a.r_, const_cast<::emu::WgmmaGuard*>(&a.guard_), 0, b_desc, accumulate, false,
                            TransB);
 #else
         if constexpr (N == 16) FP8RL_WGMMA_RS16;
         else if constexpr (N == 32) FP8RL_WGMMA_RS32;
         else if constexpr (N == 64) FP8RL_WGMMA_RS64;
         else FP8RL_WGMMA_RS128;
+#endif
+    }
+
+    // D = A B (+ D when accumulate) for E4M3 A[64][32] and B[32][N], both K-major in shared memory
+    // (a 16-byte core-matrix row holds 16 FP8 values; with the 128-byte swizzle a 128-byte row is a
+    // 128-wide K block, walked as four k32 steps by advancing the descriptors' start address 32 bytes).
+    // The emulation sums each element's 32 products one by one in k order (cuda/emu/emu_wgmma.cpp).
+    __device__ __forceinline__ void mma_e4m3(uint64_t a_desc, uint64_t b_desc, bool accumulate) {
+#ifdef FP8RL_EMU
+        ::emu::wgmma_issue(::emu::WgmmaType::E4M3, N, r_, guard_, nullptr, nullptr, a_desc, b_desc, accumulate, false,
+                           false);
+#else
+        if constexpr (N == 16) FP8RL_WGMMA_E4M3_16;
+        else if constexpr (N == 32) FP8RL_WGMMA_E4M3_32;
+        else if constexpr (N == 64) FP8RL_WGMMA_E4M3_64;
+        else FP8RL_WGMMA_E4M3_128;
 #endif
     }
 

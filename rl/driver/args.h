@@ -112,6 +112,7 @@ inline const std::vector<FlagSpec>& flag_table() {
         {"train_precision", "precision", FlagKind::Choice, "bf16", "fp32|bf16|fp8", "linear layers in the trainer's forward and backward", "bf16", "bf16|fp8"},
         {"fp8_scaling", "precision", FlagKind::Choice, "block", "block|row|tensor", "FP8 GEMM scales (rollout and training): block = 1x128 activations and 128x128 weights, row = one per token row and output channel, tensor = one per tensor from its current amax"},
         {"fp8_scales", "precision", FlagKind::Choice, "fp32", "pow2|fp32", "FP8 GEMM scales (rollout and training): fp32 = amax/448 as it is (the default), pow2 = rounded down to a power of two (TransformerEngine's power-of-two block scales, InfiR2's CPT/SFT setting)"},
+        {"fp8_gemm_kernel", "precision", FlagKind::Choice, "own", "own|cublaslt", "GPU engine only: the trainer's block-scaled FP8 GEMMs (the projections' forward, dgrad and wgrad, where every dimension is a multiple of 128) on fp8rl's own wgmma kernel or on cuBLASLt (the same bits in emulation); the rollout's always run on cuBLASLt"},
         {"calibrated_clip", "precision", FlagKind::Int, "0", "0..2", "Calibrated Clipping: fit the clip bounds against high-precision shadow passes (fp32 on the CPU engine; BF16 with FP32 accumulation on the GPU); 2 = shadow passes and calib/* metrics only, the bounds stay at the reference"},
         {"cc_interval", "precision", FlagKind::Int, "20", "1..", "Calibrated Clipping: steps between calibrations"},
         // sampling

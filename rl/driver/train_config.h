@@ -139,6 +139,7 @@ inline EngineOptions engine_options_from_args(const Args& a) {
     o.train_kv_replay = a.integer("train_kv_replay") == 1;
     o.fp8_scaling = parse_fp8_scaling(a.str("fp8_scaling"), "--fp8_scaling");
     o.fp8_pow2_scales = a.str("fp8_scales") == "pow2";
+    o.own_fp8_gemm = a.str("fp8_gemm_kernel") == "own";
     o.cuda_graphs = a.integer("cuda_graphs") == 1;
     return o;
 }

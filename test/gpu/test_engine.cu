@@ -20,6 +20,7 @@
 
 #include "cpu/engine_cpu.h"
 #include "cuda/engine/engine_gpu.cuh"
+#include "rl/model/init_model.h"
 #include "test/gpu/bench_model.h"
 #include "test/gpu/gpu_util.cuh"
 #include "test/harness.h"
@@ -182,16 +183,33 @@ TEST(gpu_engine_matches_cpu_engine_kv_replay) {
     compare_engines("test/fixtures/models/qwen3_tiny", o, {Precision::FP8});
 }
 
-// Head dim 128 (Qwen3's; the fixtures' are 8 to 32): in fp8 the attention forward writes the O
-// projection's FP8 operand itself (cuda/kernels/attention.cuh), in the log-prob (prefill) forward and
-// the training forward. A random 1-layer Qwen3: hidden 128, 2 heads of 128 over 1 KV head,
-// intermediate 256, vocabulary 512.
-TEST(gpu_engine_matches_cpu_engine_head_dim_128) {
+// A random one-layer Qwen3 whose every projection is a multiple of 128 on both sides (hidden 128, 2
+// heads of 128 over 1 KV head, intermediate 256, vocabulary 512; no fixture is), in fp8, bit for bit
+// against the CPU engine:
+// - head dim 128 (Qwen3's; the fixtures' are 8 to 32): the attention forward writes the O
+//   projection's FP8 operand itself (cuda/kernels/attention.cuh), in the log-prob (prefill) forward
+//   and the training forward;
+// - the trainer's projection GEMMs on fp8rl's own block-scaled FP8 kernel (--fp8_gemm_kernel own, the
+//   default; the fixtures fall back to cuBLASLt): the batch pads to 384 tokens, so each fp8 fprop,
+//   dgrad and wgrad of the log-prob pass, the training forward and the backward runs it: 4
+//   projections (q|k|v, o, gate|up, down) x (2 forwards + dgrad + wgrad) = 16 launches, counted in
+//   emulation.
+TEST(gpu_engine_matches_cpu_engine_head_dim_128_own_fp8_gemm) {
     REQUIRE_GPU();
-    const BenchModel m = {"head_dim_128", 128, 256, 1, 2, 1, 128, 512};
     const std::string dir = harness::scratch_dir() + "/engine_head_dim_128";
-    write_random_model(dir, bench_model_config(m), {}, 1);
+    write_random_model(dir, bench_model_config({"head_dim_128", 128, 256, 1, 2, 1, 128, 512}), {}, 1);
+#ifdef FP8RL_EMU
+    emu::start_stats();
+#endif
     compare_engines(dir, {}, {Precision::FP8});
+#ifdef FP8RL_EMU
+    emu::stop_stats();
+    const emu::RangeStats counted = emu::total_stats();
+    const auto launches = counted.kernels.find("fp8_block_gemm_kernel");
+    const uint64_t own = launches == counted.kernels.end() ? 0 : launches->second;
+    printf("    fp8_block_gemm_kernel launches: %llu (want 16)\n", (unsigned long long)own);
+    CHECK_EQ(own, (uint64_t)16);
+#endif
 }
 
 TEST(gpu_engine_matches_cpu_engine_row_and_tensor_scaling) {

@@ -561,6 +561,103 @@ TEST(gpu_fp8_wrong_scale_layout_fails_the_check) {
     CHECK_MSG(bad2 > 0, "an unpadded W scale grid passed the check: the check cannot see layout errors");
 }
 
+// fp8rl's own block-scaled kernel (cuda/kernels/fp8_block_gemm.cuh, --fp8_gemm_kernel own) on a linear
+// layer's three GEMMs (fprop and dgrad: A BLK128x128; wgrad: both VEC128), BF16 and FP32 D, and FP32
+// D accumulated onto a prefilled one, against cuBLASLt's path (the same runner, Fp8GemmKernel::Cublaslt)
+// and the CPU oracle (cpu/fp8_gemm_ref.h). In emulation bit for bit: each output's 128-wide blocks
+// sum from 0 in k order and join part with separate roundings in all three. On a GPU the tensor
+// cores sum in their own order: the tolerance of count_outside_tolerance. T = 256, K = 640, N = 256:
+// 2 and 5 tiles a side, k of 2 and 5 blocks (fewer than the ring copies ahead, and a ring that wraps).
+// In emulation the own path must launch fp8_block_gemm_kernel (no cuBLASLt call), and a shape it does
+// not fit (k = 64) must fall back to cuBLASLt.
+TEST(gpu_fp8_own_block_gemm_matches_cublaslt_and_cpu) {
+    REQUIRE_FP8_BLOCK_GEMM();
+    const int T = harness::sanitized ? 128 : 256, K = 640, N = 256;
+    LinearOperands op(T, K, N);
+    GemmRunner runner;
+    const Fp8ScaleMode blk = Fp8ScaleMode::BLK128x128, vec = Fp8ScaleMode::VEC128;
+    const GemmCase cases[] = {
+        {"fprop", N, T, K, &op.w.data, &op.x.data, &op.w.scale_inv, &op.x.scale_inv, blk, vec, fp8_gemm_operand(op.w),
+         fp8_gemm_operand(op.x)},
+        {"dgrad", K, T, N, &op.wt.data, &op.dy.data, &op.wt.scale_inv, &op.dy.scale_inv, blk, vec, fp8_gemm_operand(op.wt),
+         fp8_gemm_operand(op.dy)},
+        {"wgrad", K, N, T, &op.xt.data, &op.dyt.data, &op.xt.scale_inv, &op.dyt.scale_inv, vec, vec, fp8_gemm_operand(op.xt),
+         fp8_gemm_operand(op.dyt)},
+    };
+    auto bits_differing = [](const std::vector<char>& x, const std::vector<char>& y, size_t bytes) {
+        long n = 0;
+        for (size_t i = 0; i < bytes; i++) n += x[i] != y[i];
+        return n;
+    };
+    for (const GemmCase& g : cases) {
+        DeviceBuffer<uint8_t> a(*g.a), b(*g.b);
+        DeviceBuffer<float> sa(*g.sa), sb(*g.sb);
+        const size_t count = (size_t)g.m * g.n;
+        std::vector<float> prior(count);  // what an accumulating GEMM adds onto
+        for (size_t i = 0; i < count; i++) prior[i] = hash_uniform((uint32_t)i, 91) * 64.0f;
+        std::vector<float> cpu(count), cpu_acc(prior), abs_dot(count);
+        fp8_gemm_nt_ref(g.cpu_b, g.cpu_a, cpu.data(), false);
+        fp8_gemm_nt_ref(g.cpu_b, g.cpu_a, cpu_acc.data(), true);
+        fp8_gemm_nt_ref(absolute(g.cpu_b), absolute(g.cpu_a), abs_dot.data(), false);
+        for (int variant = 0; variant < 3; variant++) {  // BF16 D, FP32 D, FP32 D accumulated
+            const GemmOut out = variant == 0 ? GemmOut::BF16 : GemmOut::F32;
+            const bool accumulate = variant == 2;
+            const size_t bytes = count * (out == GemmOut::F32 ? 4 : 2);
+            DeviceBuffer<char> own(count * 4), lt(count * 4);
+            for (DeviceBuffer<char>* d : {&own, &lt}) {
+                if (accumulate) CUDA_CHECK(cudaMemcpy(d->ptr, prior.data(), bytes, cudaMemcpyHostToDevice));
+                else d->poison();
+            }
+#ifdef FP8RL_EMU
+            emu::start_stats();
+#endif
+            runner.fp8(g.name, g.m, g.n, g.k, a.ptr, sa.ptr, g.ma, b.ptr, sb.ptr, g.mb, own.ptr, out, 0, accumulate,
+                       Fp8GemmKernel::Own);
+#ifdef FP8RL_EMU
+            emu::stop_stats();
+            const emu::RangeStats counted = emu::total_stats();
+            const auto launches = counted.kernels.find("fp8_block_gemm_kernel");
+            CHECK_MSG(counted.gemm_calls == 0 && launches != counted.kernels.end() && launches->second == 1,
+                      "%s: the own kernel's path made %llu cuBLASLt calls and %llu fp8_block_gemm_kernel launches", g.name,
+                      (unsigned long long)counted.gemm_calls,
+                      (unsigned long long)(launches == counted.kernels.end() ? 0 : launches->second));
+#endif
+            runner.fp8(g.name, g.m, g.n, g.k, a.ptr, sa.ptr, g.ma, b.ptr, sb.ptr, g.mb, lt.ptr, out, 0, accumulate,
+                       Fp8GemmKernel::Cublaslt);
+            const std::string label = strfmt("own %s m=%d n=%d k=%d %s%s", g.name, g.m, g.n, g.k,
+                                             out == GemmOut::BF16 ? "BF16" : "FP32", accumulate ? " accumulated" : "");
+            const std::vector<float> own_values = download_output(own, count, out);
+            const std::vector<float>& want = accumulate ? cpu_acc : cpu;  // the prior adds no product error
+            const long bad = count_outside_tolerance(own_values, want, abs_dot, out == GemmOut::BF16, label);
+            CHECK_MSG(bad == 0, "%s: %ld elements outside tolerance", label.c_str(), bad);
+            if (emulated) {
+                const long vs_lt = bits_differing(own.download(), lt.download(), bytes);
+                long vs_cpu = 0;
+                for (size_t i = 0; i < count; i++) {
+                    const float c = out == GemmOut::BF16 ? round_bf16(want[i]) : want[i];
+                    vs_cpu += memcmp(&own_values[i], &c, sizeof(float)) != 0;
+                }
+                printf("    %-52s bytes differing from cuBLASLt's path %ld, values from the CPU oracle %ld\n", label.c_str(),
+                       vs_lt, vs_cpu);
+                CHECK_MSG(vs_lt == 0 && vs_cpu == 0, "%s: not bit for bit in emulation", label.c_str());
+            }
+        }
+    }
+#ifdef FP8RL_EMU
+    // k = 64: not whole 128-blocks of k, so cuBLASLt runs it
+    DeviceBuffer<uint8_t> a(128 * 64), b(128 * 64);
+    DeviceBuffer<float> s(1024);
+    DeviceBuffer<char> d(128 * 128 * 4);
+    CUDA_CHECK(cudaMemset(a.ptr, 0x38, 128 * 64)), CUDA_CHECK(cudaMemset(b.ptr, 0x38, 128 * 64));
+    CUDA_CHECK(cudaMemset(s.ptr, 0, 1024 * sizeof(float)));
+    emu::start_stats();
+    runner.fp8("narrow", 128, 128, 64, a.ptr, s.ptr, Fp8ScaleMode::VEC128, b.ptr, s.ptr, Fp8ScaleMode::VEC128, d.ptr,
+               GemmOut::F32, 0, false, Fp8GemmKernel::Own);
+    emu::stop_stats();
+    CHECK_EQ(emu::total_stats().gemm_calls, (uint64_t)1);
+#endif
+}
+
 TEST(gpu_fp8_gemm_rejects_bad_shapes) {
     REQUIRE_FP8_BLOCK_GEMM();
     GemmRunner runner;

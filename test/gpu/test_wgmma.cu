@@ -6,9 +6,14 @@
 // fragment layout shows as a mismatch. The host places the operands in shared memory by its own
 // formulas, the layouts TMA writes (a row of 16W bytes, its 16-byte chunks XORed with the row within
 // its 8-row pattern), not the emulation's address arithmetic. Two warpgroups run different operands.
+// The E4M3 form (m64nNk32) is checked as the FP8 block GEMM walks a 128-wide K block (below).
+#include <cmath>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
+
+#include <cuda_fp8.h>
 
 #include "cuda/kernels/mma.cuh"
 #include "cuda/kernels/wgmma.cuh"
@@ -205,6 +210,135 @@ TEST(wgmma_a_mn_major_b_k_major_n16_matches_fp64) {
     check_all_swizzles<16, true, false, false>("A MN-major, B K-major, N 16", false);
 }
 
+// The E4M3 form (m64nNk32.f32.e4m3.e4m3) as the FP8 block GEMM uses it: one 128-wide K block of A
+// (64 x 128) and B (N x 128), K-major with the 128-byte swizzle (a 128-byte row is the block's K),
+// walked as four k32 steps whose descriptors advance the start address 32 bytes; the first step
+// overwrites D (accumulate false: the NaN D starts with must vanish), the others accumulate. The host
+// places the bytes as TMA's 128-byte swizzle does (16-byte chunk c of row r of an 8-row, 1024-byte
+// pattern at chunk c ^ r) and decodes the codes with cuda_fp8.h.
+namespace {
+
+constexpr int kE4m3K = 128;             // one scale block of K
+constexpr uint32_t kE4m3BBase = 8192;   // B after A's 64 x 128 bytes, on a 1024-byte boundary
+
+uint32_t e4m3_swizzled_offset(int mn, int k) {
+    return (uint32_t)((mn / 8) * 1024 + (mn % 8) * 128 + (((k / 16) ^ (mn % 8)) * 16) + k % 16);
+}
+
+float e4m3_value_cuda(uint8_t code) {
+    return __half2float(__half(__nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)code, __NV_E4M3)));
+}
+
+template <int N>
+__global__ void wgmma_e4m3_kernel(float* d, const uint4* image) {
+    DYNAMIC_SHARED(unsigned char, raw);
+    unsigned char* smem = align_shared_1024(raw);
+    for (uint32_t i = threadIdx.x; i < (kE4m3BBase + N * kE4m3K) / 16; i += blockDim.x)
+        reinterpret_cast<uint4*>(smem)[i] = image[i];
+    fence_proxy_async_shared();
+    __syncthreads();
+    const int w = threadIdx.x / 32, g = lane_id() / 4, t = lane_id() % 4;
+    WgmmaAccumulator<N> acc;
+    for (int v = 0; v < N / 2; v++) acc[v] = __int_as_float(0x7FFFFFFF);  // overwritten by the first step
+    wgmma_fence();
+    for (int s = 0; s < kE4m3K / 32; s++)
+        acc.mma_e4m3(wgmma_descriptor(smem + 32 * s, 16, 1024, WgmmaSwizzle::B128),
+                     wgmma_descriptor(smem + kE4m3BBase + 32 * s, 16, 1024, WgmmaSwizzle::B128), s > 0);
+    wgmma_commit();
+    wgmma_wait<0>(acc);
+    for (int v = 0; v < N / 2; v++) d[(16 * w + g + 8 * ((v >> 1) & 1)) * N + 8 * (v >> 2) + 2 * t + (v & 1)] = acc[v];
+}
+
+// Runs the kernel on codes drawn from `pool`; returns D [64][N] and the codes (a [64][K], b [N][K]).
+template <int N>
+std::vector<float> run_e4m3(const std::vector<uint8_t>& pool, uint32_t seed, std::vector<uint8_t>& a, std::vector<uint8_t>& b) {
+    std::mt19937 rng(seed);
+    std::uniform_int_distribution<size_t> pick(0, pool.size() - 1);
+    a.resize(64 * kE4m3K), b.resize(N * kE4m3K);
+    for (uint8_t& c : a) c = pool[pick(rng)];
+    for (uint8_t& c : b) c = pool[pick(rng)];
+    std::vector<uint8_t> image(kE4m3BBase + N * kE4m3K, 0);
+    for (int m = 0; m < 64; m++)
+        for (int k = 0; k < kE4m3K; k++) image[e4m3_swizzled_offset(m, k)] = a[m * kE4m3K + k];
+    for (int n = 0; n < N; n++)
+        for (int k = 0; k < kE4m3K; k++) image[kE4m3BBase + e4m3_swizzled_offset(n, k)] = b[n * kE4m3K + k];
+    DeviceBuffer<uint4> d_image(image.size() / 16);
+    CUDA_CHECK(cudaMemcpy(d_image.ptr, image.data(), image.size(), cudaMemcpyHostToDevice));
+    DeviceBuffer<float> d_d(64 * N);
+    d_d.poison();
+    const size_t smem = image.size() + 1024;
+    allow_dynamic_smem(wgmma_e4m3_kernel<N>, smem);
+    LAUNCH_KERNEL(wgmma_e4m3_kernel<N>, 1, 128, smem, 0, d_d.ptr, (const uint4*)d_image.ptr);
+    return d_d.download();
+}
+
+// Exact: codes whose values are multiples of 1/2 up to 2 in magnitude, so every product (a multiple of
+// 1/4) and partial sum (at most 512) is exact in 12 bits: D equals the FP64 sum in any order, on a GPU
+// too, whose FP8 accumulation keeps about 14 bits (DeepSeek-V3 technical report §3.3.2). Then all
+// finite codes: the emulation's D is the FP32 sum of the products one at a time in k order, bit for
+// bit; a GPU's order and truncation are undocumented, so there D is only held within 2^-5 sum |x y|
+// of FP64 (4 instructions, each aligning 33 terms to its largest with 13+ bits kept: < 4 x 33 x 2^-12).
+template <int N>
+void check_e4m3(uint32_t seed) {
+    std::vector<uint8_t> exact_pool, finite_pool;
+    for (int code = 0; code < 256; code++) {
+        const float v = e4m3_value_cuda((uint8_t)code);
+        if (v != v) continue;
+        finite_pool.push_back((uint8_t)code);
+        if (std::fabs(v) <= 2.0f && v * 2.0f == std::floor(v * 2.0f)) exact_pool.push_back((uint8_t)code);
+    }
+    std::vector<uint8_t> a, b;
+    std::vector<float> got = run_e4m3<N>(exact_pool, seed, a, b);
+    int bad = 0, nonzero = 0;
+    for (int m = 0; m < 64; m++)
+        for (int n = 0; n < N; n++) {
+            double want = 0;
+            for (int k = 0; k < kE4m3K; k++) want += (double)e4m3_value_cuda(a[m * kE4m3K + k]) * e4m3_value_cuda(b[n * kE4m3K + k]);
+            nonzero += want != 0;
+            if ((double)got[m * N + n] != want && bad++ < 3)
+                CHECK_MSG(false, "exact codes: D[%d][%d] = %.9g, FP64 %.9g", m, n, got[m * N + n], want);
+        }
+    CHECK(nonzero > 64 * N / 2);
+    printf("  N %d, exact codes: %d / %d mismatches against FP64\n", N, bad, 64 * N);
+    got = run_e4m3<N>(finite_pool, seed + 1, a, b);
+    int bad_order = 0, differs_from_fp64 = 0;
+    for (int m = 0; m < 64; m++)
+        for (int n = 0; n < N; n++) {
+            float acc = 0.0f;
+            double exact = 0, magnitude = 0;
+            for (int k = 0; k < kE4m3K; k++) {
+                const float x = e4m3_value_cuda(a[m * kE4m3K + k]), y = e4m3_value_cuda(b[n * kE4m3K + k]);
+                acc += x * y;  // exact product, one FP32 rounding per k
+                exact += (double)x * y;
+                magnitude += std::fabs((double)x * y);
+            }
+            differs_from_fp64 += (double)acc != exact;
+#ifdef FP8RL_EMU
+            const bool wrong = memcmp(&acc, &got[m * N + n], 4) != 0;
+#else
+            const bool wrong = !(std::fabs(got[m * N + n] - exact) <= magnitude / 32);
+#endif
+            if (wrong && bad_order++ < 3)
+                CHECK_MSG(false, "all codes: D[%d][%d] = %.9g, FP32 k-order sum %.9g, FP64 %.9g", m, n, got[m * N + n], acc,
+                          exact);
+        }
+    CHECK(differs_from_fp64 > 0);  // the case tells orders apart
+    printf("  N %d, all finite codes: %d / %d mismatches against %s (the FP32 k-order sum differs from FP64 in %d)\n", N,
+           bad_order, 64 * N, emulated ? "the FP32 k-order sum" : "FP64 within 2^-5 sum |x y|", differs_from_fp64);
+}
+
+}  // namespace
+
+TEST(wgmma_e4m3_k32_swizzle128_n128_matches_cuda_fp8_reference) {
+    REQUIRE_GPU();
+    check_e4m3<128>(59);
+}
+
+TEST(wgmma_e4m3_k32_swizzle128_n32_matches_cuda_fp8_reference) {
+    REQUIRE_GPU();
+    check_e4m3<32>(60);
+}
+
 #ifdef FP8RL_EMU
 namespace {
 
@@ -293,6 +427,61 @@ TEST(emu_rule_wgmma_discipline_and_descriptors) {
         std::string err;
         try {
             LAUNCH_KERNEL(wgmma_rule_kernel, 1, mode == 6 ? 64 : 128, smem, 0, out.ptr, mode);
+            CUDA_CHECK(cudaDeviceSynchronize());
+        } catch (const Error& e) {
+            err = e.what();
+        }
+        CHECK_MSG(err.find(rules[mode]) != std::string::npos, "mode %d: %s", mode, err.c_str());
+        printf("    mode %d: %s\n", mode, err.c_str());
+        cudaDeviceReset();
+    }
+}
+
+namespace {
+
+// E4M3 misuse (A, B no-swizzle K-major at shared 0 and 2048; mode 0 is right):
+//   1 no wgmma.fence before the first mma_e4m3   2 warp 1 issues the BF16 form, the others E4M3
+//   3 B MN-major (imm-trans-b: no FP8 form has it) 4 A in registers (not emulated)
+//   5 LBO putting k 16..31 of B past shared memory  6 read D before the wait
+__global__ void wgmma_e4m3_rule_kernel(float* out, int mode) {
+    DYNAMIC_SHARED(unsigned char, smem);
+    for (int i = threadIdx.x; i < 4096; i += blockDim.x) smem[i] = 0x38;  // 1.0
+    __syncthreads();
+    WgmmaAccumulator<16> acc;
+    for (int v = 0; v < 8; v++) acc[v] = 0.0f;
+    const uint64_t a_desc = wgmma_descriptor(smem, 128, 256, WgmmaSwizzle::None);
+    const uint64_t b_desc = wgmma_descriptor(smem + 2048, mode == 5 ? 4096 : 128, 256, WgmmaSwizzle::None);
+    if (mode != 1) wgmma_fence();
+    float d[8] = {};
+    ::emu::WgmmaGuard d_guard, a_guard;
+    const uint32_t a_regs[4] = {};
+    if (mode == 2 && threadIdx.x / 32 == 1) acc.mma<false, false>(a_desc, b_desc, false);
+    else if (mode == 3) ::emu::wgmma_issue(::emu::WgmmaType::E4M3, 16, d, d_guard, nullptr, nullptr, a_desc, b_desc, false, false, true);
+    else if (mode == 4) ::emu::wgmma_issue(::emu::WgmmaType::E4M3, 16, d, d_guard, a_regs, &a_guard, 0, b_desc, false, false, false);
+    else acc.mma_e4m3(a_desc, b_desc, false);
+    wgmma_commit();
+    if (mode == 6) out[threadIdx.x] = acc[0];
+    wgmma_wait<0>(acc);
+    out[threadIdx.x] = acc[0];
+}
+
+}  // namespace
+
+TEST(emu_rule_wgmma_e4m3_is_k_major_from_descriptors) {
+    DeviceBuffer<float> out(128);
+    LAUNCH_KERNEL(wgmma_e4m3_rule_kernel, 1, 128, 4096, 0, out.ptr, 0);
+    CHECK_EQ(out.download()[0], 32.0f);  // 32 products of 1 x 1
+    const char* rules[] = {"",
+                           "accessed after this thread's last wgmma.fence (0 fences so far)",
+                           "the warpgroup's 4 warps execute the same wgmma.mma_async",
+                           "imm-trans-a and imm-trans-b exist only for .f16 / .bf16; FP8 operands are K-major",
+                           "m64n16k32.f32.e4m3.e4m3 with A in registers (not emulated",
+                           "puts element (0, 16) at shared address 0x1800, outside the block's dynamic shared memory",
+                           "wgmma accumulator registers accessed while wgmma.mma_async #1"};
+    for (int mode = 1; mode <= 6; mode++) {
+        std::string err;
+        try {
+            LAUNCH_KERNEL(wgmma_e4m3_rule_kernel, 1, 128, 4096, 0, out.ptr, mode);
             CUDA_CHECK(cudaDeviceSynchronize());
         } catch (const Error& e) {
             err = e.what();
