@@ -59,7 +59,7 @@ struct BlockGemmCopyPlan {
     static constexpr int chunks = kBlockGemmK / 16, row_step = kBlockGemmThreads / chunks,
                          passes = kBlockGemmTile / row_step;
     static_assert(row_step % 8 == 0 && kBlockGemmTile % row_step == 0, "a thread's chunks share their swizzle");
-    const uint8_t *a_src, *b_src;  // row first_row of the tile, chunk c, k block 0
+    const uint8_t *a_src, *b_src;  // row first_row of the tile, chunk c, the next k block start copies
     const float* scale_src;        // this thread's 4 scales of k block 0 (threads 0-63; A's BLK128x128: 32)
     size_t operand_step;           // bytes between rows 32 apart (k)
     size_t scale_step;             // floats between k blocks of scale_src (n for B's, m for A's, 1 for BLK)
@@ -85,15 +85,17 @@ struct BlockGemmCopyPlan {
         scale_block_mask = a_scales && a_block ? ~3 : ~0;
     }
 
-    // Starts the copies of k block kb into a stage (operands at `stage`, scales at `scales`).
-    __device__ __forceinline__ void start(unsigned char* stage, float* scales, int kb) const {
-        const size_t k0 = (size_t)kb * kBlockGemmK;
+    // Starts the copies of k block kb into a stage (operands at `stage`, scales at `scales`); called for
+    // kb = 0, 1, 2, ... in order, each moving the operand sources one k block on.
+    __device__ __forceinline__ void start(unsigned char* stage, float* scales, int kb) {
         FP8RL_UNROLL
         for (int p = 0; p < passes; p++) {
             const int to = smem_offset + p * row_step * kBlockGemmK;
-            __pipeline_memcpy_async(stage + to, b_src + k0 + p * operand_step, 16);
-            __pipeline_memcpy_async(stage + kBlockGemmOperandBytes + to, a_src + k0 + p * operand_step, 16);
+            __pipeline_memcpy_async(stage + to, b_src + p * operand_step, 16);
+            __pipeline_memcpy_async(stage + kBlockGemmOperandBytes + to, a_src + p * operand_step, 16);
         }
+        b_src += kBlockGemmK;
+        a_src += kBlockGemmK;
         if (scale_offset >= 0)
             __pipeline_memcpy_async(scales + scale_offset, scale_src + (size_t)(kb & scale_block_mask) * scale_step, 16);
     }
@@ -123,37 +125,43 @@ __global__ void __launch_bounds__(kBlockGemmThreads, 1)
     const int blocks = k / kBlockGemmK, warpgroup = (int)threadIdx.x / 128, warp = (int)threadIdx.x / 32 % 4;
     const int lane = (int)threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int row0 = 64 * warpgroup + 16 * warp + g;  // the thread's rows of the tile: row0 and row0 + 8
-    const BlockGemmCopyPlan copy(a, a_scale, ABlock, b, b_scale, m, n, k, m0, n0);
-    auto stage_of = [](int kb) { return kb % kBlockGemmStages; };
-    auto copy_block = [&](int kb) {
-        copy.start(ring + stage_of(kb) * kBlockGemmStageBytes, ring_scales + stage_of(kb) * kBlockGemmScaleFloats, kb);
+    BlockGemmCopyPlan copy(a, a_scale, ABlock, b, b_scale, m, n, k, m0, n0);
+    // Stage indices are carried from k block to k block (no modulo): kb's stage, then the next.
+    auto next_stage = [](int stage) { return stage == kBlockGemmStages - 1 ? 0 : stage + 1; };
+    auto copy_block = [&](int kb, int stage) {
+        copy.start(ring + stage * kBlockGemmStageBytes, ring_scales + stage * kBlockGemmScaleFloats, kb);
     };
     for (int kb = 0; kb < kBlockGemmAhead; kb++) {  // one group per k block, empty past the last
-        if (kb < blocks) copy_block(kb);
+        if (kb < blocks) copy_block(kb, kb);
         __pipeline_commit();
     }
-    // stage 0's operands: this warpgroup's 64 rows of B, and A
-    const uint64_t b_desc = block_gemm_descriptor(ring + 64 * warpgroup * kBlockGemmK),
+    // Stage 0's operands: this warpgroup's 64 rows of B, and A. The warpgroup read from lane 0 is
+    // warp-uniform to the compiler, so B's descriptor stays in uniform registers as A's does (no
+    // per-thread descriptor arithmetic moved to uniform registers before each wgmma).
+    const int uniform_warpgroup = __shfl_sync(0xFFFFFFFFu, warpgroup, 0);
+    const uint64_t b_desc = block_gemm_descriptor(ring + 64 * uniform_warpgroup * kBlockGemmK),
                    a_desc = block_gemm_descriptor(ring + kBlockGemmOperandBytes);
-    // Issues k block kb's wgmmas into acc, then the copies of block kb + kBlockGemmAhead into the stage
-    // of kb - 2: every thread passed the barrier after its wait for kb - 2's wgmmas and its promotion.
-    auto issue = [&](Accumulator& acc, int kb) {
+    // Issues k block kb's wgmmas (in `stage`) into acc, then the copies of block kb + kBlockGemmAhead
+    // into the stage of kb - 2: every thread passed the barrier after its wait for kb - 2's wgmmas and
+    // its promotion.
+    auto issue = [&](Accumulator& acc, int kb, int stage) {
         __pipeline_wait_prior(kBlockGemmAhead - 1);  // k block kb's group (older ones too)
         fence_proxy_async_shared();
         __syncthreads();
-        const uint64_t offset = (uint64_t)(stage_of(kb) * kBlockGemmStageBytes) >> 4;
+        const uint64_t offset = (uint64_t)(stage * kBlockGemmStageBytes) >> 4;
         wgmma_fence();
         FP8RL_UNROLL
-        for (int kk = 0; kk < kBlockGemmK / 32; kk++) acc.mma_e4m3(b_desc + offset + 2 * kk, a_desc + offset + 2 * kk, kk > 0);
+        for (int kk = 0; kk < kBlockGemmK / 32; kk++)
+            acc.mma_e4m3(b_desc + offset + 2 * kk, a_desc + offset + 2 * kk, kk > 0);
         wgmma_commit();
-        if (kb + kBlockGemmAhead < blocks) copy_block(kb + kBlockGemmAhead);
+        if (kb + kBlockGemmAhead < blocks) copy_block(kb + kBlockGemmAhead, stage >= 2 ? stage - 2 : stage + 4);
         __pipeline_commit();
     };
     // part = fma(block kb's sums in acc (completed), its scale, part): one FFMA a value (the oracle's).
     float part[Accumulator::regs];  // register v: row row0 + 8 ((v >> 1) & 1), column 8 (v >> 2) + 2t + (v & 1)
     for (int v = 0; v < Accumulator::regs; v++) part[v] = 0.0f;
-    auto promote = [&](Accumulator& acc, int kb) {
-        const float* s = ring_scales + stage_of(kb) * kBlockGemmScaleFloats;
+    auto promote = [&](Accumulator& acc, int kb, int stage) {
+        const float* s = ring_scales + stage * kBlockGemmScaleFloats;
         const float sb[2] = {s[row0], s[row0 + 8]};
         const float a_block = ABlock ? s[kBlockGemmTile + (kb & 3)] : 0.0f;
         FP8RL_UNROLL
@@ -170,25 +178,28 @@ __global__ void __launch_bounds__(kBlockGemmThreads, 1)
     // takes whole pairs, so every wait in it has the same depth (ptxas serializes the wgmmas when it
     // cannot tell which group an accumulator belongs to); the last one or two blocks follow it.
     Accumulator even, odd;
-    issue(even, 0);
-    int kb = 0;
+    issue(even, 0, 0);
+    int kb = 0, stage = 0;  // stage: k block kb's
     for (; kb + 2 < blocks; kb += 2) {
-        issue(odd, kb + 1);
+        const int stage1 = next_stage(stage), stage2 = next_stage(stage1);
+        issue(odd, kb + 1, stage1);
         wgmma_wait<1>(even);
-        promote(even, kb);
-        issue(even, kb + 2);
+        promote(even, kb, stage);
+        issue(even, kb + 2, stage2);
         wgmma_wait<1>(odd);
-        promote(odd, kb + 1);
+        promote(odd, kb + 1, stage1);
+        stage = stage2;
     }
     if (kb + 1 < blocks) {
-        issue(odd, kb + 1);
+        const int stage1 = next_stage(stage);
+        issue(odd, kb + 1, stage1);
         wgmma_wait<1>(even);
-        promote(even, kb);
+        promote(even, kb, stage);
         wgmma_wait<0>(odd);
-        promote(odd, kb + 1);
+        promote(odd, kb + 1, stage1);
     } else {
         wgmma_wait<0>(even);
-        promote(even, kb);
+        promote(even, kb, stage);
     }
     // Epilogue: column pairs (2t, 2t + 1) of 8-column groups, one 8-byte (FP32) or 4-byte (BF16) store each.
     FP8RL_UNROLL

@@ -567,13 +567,16 @@ TEST(gpu_fp8_wrong_scale_layout_fails_the_check) {
 // and the CPU oracle (cpu/fp8_gemm_ref.h). In emulation bit for bit: each output's 128-wide blocks
 // sum from 0 in k order and join part with separate roundings in all three. On a GPU the tensor
 // cores sum in their own order: the tolerance of count_outside_tolerance. T = 256, K = 640, N = 256:
-// 2 and 5 tiles a side, k of 2 and 5 blocks (fewer than the ring copies ahead, and a ring that wraps).
+// 2 and 5 tiles a side, k of 2 and 5 blocks (fewer than the ring copies ahead, and more); one tile
+// with k of 13 blocks, A BLK128x128 (fprop) and VEC128 (wgrad): the 6-stage ring wraps twice, every
+// stage issued, copied into and promoted from after a wrap.
 // In emulation the own path must launch fp8_block_gemm_kernel (no cuBLASLt call), and a shape it does
 // not fit (k = 64) must fall back to cuBLASLt.
 TEST(gpu_fp8_own_block_gemm_matches_cublaslt_and_cpu) {
     REQUIRE_FP8_BLOCK_GEMM();
     const int T = harness::sanitized ? 128 : 256, K = 640, N = 256;
-    LinearOperands op(T, K, N);
+    const int long_k = 13 * FP8_BLOCK;
+    LinearOperands op(T, K, N), long_fprop(128, long_k, 128), long_wgrad(long_k, 128, 128);
     GemmRunner runner;
     const Fp8ScaleMode blk = Fp8ScaleMode::BLK128x128, vec = Fp8ScaleMode::VEC128;
     const GemmCase cases[] = {
@@ -583,6 +586,10 @@ TEST(gpu_fp8_own_block_gemm_matches_cublaslt_and_cpu) {
          fp8_gemm_operand(op.dy)},
         {"wgrad", K, N, T, &op.xt.data, &op.dyt.data, &op.xt.scale_inv, &op.dyt.scale_inv, vec, vec, fp8_gemm_operand(op.xt),
          fp8_gemm_operand(op.dyt)},
+        {"fprop", 128, 128, long_k, &long_fprop.w.data, &long_fprop.x.data, &long_fprop.w.scale_inv,
+         &long_fprop.x.scale_inv, blk, vec, fp8_gemm_operand(long_fprop.w), fp8_gemm_operand(long_fprop.x)},
+        {"wgrad", 128, 128, long_k, &long_wgrad.xt.data, &long_wgrad.dyt.data, &long_wgrad.xt.scale_inv,
+         &long_wgrad.dyt.scale_inv, vec, vec, fp8_gemm_operand(long_wgrad.xt), fp8_gemm_operand(long_wgrad.dyt)},
     };
     auto bits_differing = [](const std::vector<char>& x, const std::vector<char>& y, size_t bytes) {
         long n = 0;
