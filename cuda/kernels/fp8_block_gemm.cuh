@@ -148,7 +148,7 @@ __global__ void __launch_bounds__(kBlockGemmThreads, 1)
         __pipeline_wait_prior(kBlockGemmAhead - 1);  // k block kb's group (older ones too)
         fence_proxy_async_shared();
         __syncthreads();
-        const uint64_t offset = (uint64_t)(stage * kBlockGemmStageBytes) >> 4;
+        const uint64_t offset = (uint32_t)stage * (uint32_t)(kBlockGemmStageBytes / 16);  // unsigned: no sign extension
         wgmma_fence();
         FP8RL_UNROLL
         for (int kk = 0; kk < kBlockGemmK / 32; kk++)
