@@ -509,6 +509,121 @@ inline KernelPrice training_attention_price(const GpuSpec& g, bool backward, con
     return p;
 }
 
+// ---- the trainer's FP8 block GEMM: cuda/kernels/fp8_block_gemm.cuh ----------------------------------
+// D [n][m] (+)= B [n][k] . A [m][k]^T, E4M3, A's scales BLK128x128 (fprop, dgrad: fp8_block_gemm_kernel<true>)
+// or VEC128 (wgrad: <false>). Recipe (the kernel at 777439d): grid (m / 128, n / 128) CTAs of 256 threads,
+// two warpgroups of 64 rows each; per 128-wide k block (the loop with the most MMAs) every thread waits
+// for its stage, syncs the CTA, issues 4 wgmma.m64n128k32 e4m3, starts the copies of a later stage, waits
+// for its wgmmas (depth 0) and promotes the block's sums into its FP32 partials. Priced per CTA:
+//   tensor    per k block 128 x 128 x 128 multiply-adds at the FP8 dense peak, 8,192 FLOP a clock an
+//             SM (1,979 TFLOP/s = 132 SMs x 8,192 x 1.83 GHz: twice BF16's 4,096), at the clock under load;
+//   exposed   per k block the k-block loop of ONE warpgroup (4 warps) at the IPC of 4 warps: the wait
+//             at depth 0 and the barrier each k block leave the tensor cores idle while the warpgroup
+//             whose wgmmas finish last promotes (the other's promotion runs under those wgmmas: the
+//             schedule most favourable to a depth-0 kernel; its copies issued before the wait make
+//             this an upper bound of that schedule);
+//   per CTA   the code outside loops (the addresses, the first stages, the epilogue's stores) at its 8
+//             warps' IPC, an HBM round trip for the first stage, one more for D when accumulating;
+//   waves     ceil(tiles / (132 SMs x the CTAs resident by threads, shared memory and registers)),
+//             a CTA's clocks each (1 CTA an SM at 777439d: its shared memory and registers);
+// then the operands and D through HBM as gemm_cost counts them. A CEILING bounds it: never faster than
+// DeepGEMM's published rate for the nearest shape class (kDeepGemmRates); DeepGEMM is warp-specialized with
+// TMA loads, ours is not, so its measured rate is an upper bound on ours, not a target. The price is the
+// slower of the two, and `bound` says which.
+namespace block_gemm {  // fp8_block_gemm.cuh's constants (keep in step)
+constexpr int kTile = 128, kBlockK = 128, kThreads = 256, kStages = 4;
+// 4 stages x (B's and A's 128 x 128 bytes + 256 FP32 scales) + 1,024 bytes of alignment
+constexpr double kSmemBytes = kStages * (2.0 * kTile * kBlockK + 2 * kTile * 4) + 1024;
+// ptxas -v for sm_90a at 777439d, both instances (not in sass_counts.h): 168 registers, 0 spills
+constexpr int kRegisters = 168;
+}  // namespace block_gemm
+
+// The nearest published shape to D [n][m] over k: the least |log2| of the outputs' ratio plus |log2| of
+// the reductions' ratio (the output sets the waves, k how long the k loop amortizes a tile's prologue).
+inline const DeepGemmRate& deepgemm_nearest(double m, double n, double k) {
+    const DeepGemmRate* best = nullptr;
+    double best_d = 0;
+    for (const DeepGemmRate& r : kDeepGemmRates) {
+        const double d = std::fabs(std::log2(m * n / (kDeepGemmTokens * r.n))) + std::fabs(std::log2(k / r.k));
+        if (!best || d < best_d) best = &r, best_d = d;
+    }
+    return *best;
+}
+
+struct BlockGemmPrice {
+    KernelPrice sass;               // the SASS-level price (HBM and launch included)
+    double ceiling_s = 0;           // the GEMM's FLOPs at DeepGEMM's rate for its shape class
+    const DeepGemmRate* ceiling = nullptr;
+    // what-if, not the price: the same instructions with each k block's promotion under the next block's
+    // wgmmas (wait depth 1): a k block max(tensor, both warpgroups' loop issue), the CTAs over their slots
+    double overlapped_s = 0;
+    double compute_s() const { return std::max(sass.compute_s(), ceiling_s); }
+    double seconds() const { return std::max(compute_s(), sass.hbm_s) + sass.launch_s; }
+    // what binds the compute side: "ceiling", "promotion" (the serialized tensor + promotion time of the
+    // CTAs over their slots), "tensor" or "issue"
+    const char* compute_bound() const {
+        if (ceiling_s > sass.compute_s()) return "ceiling";
+        const double c = sass.compute_s();
+        return c == sass.latency_s ? "promotion" : c == sass.tensor_s ? "tensor" : "issue";
+    }
+    const char* bound() const {
+        const double body = std::max(compute_s(), sass.hbm_s);
+        return sass.launch_s > body ? "launch" : body == sass.hbm_s ? "hbm" : compute_bound();
+    }
+};
+
+// The k-block loop of the kernel (the loop with the most MMAs) and its per-CTA rest; false: no MMA loop.
+inline bool block_gemm_recipe(const SassKernel& k, SassCounts* per_block, SassCounts* per_cta) {
+    int loop = -1;
+    for (int i = 0; i < k.loops; i++)
+        if (k.loop[i].counts[Sass_mma] > 0 && (loop < 0 || k.loop[i].counts[Sass_mma] > k.loop[loop].counts[Sass_mma])) loop = i;
+    if (loop < 0) return false;
+    SassCounts b, c;
+    b.add(k.loop[loop].counts, 1);
+    c.add(k.outside, 1);
+    for (int i = 0; i < k.loops; i++) {
+        if (i == loop) continue;
+        bool inside = false;  // nested in the k-block loop: once a k block; else once a CTA
+        for (int p = k.loop[i].parent; p >= 0; p = k.loop[p].parent) inside = inside || p == loop;
+        (inside ? b : c).add(k.loop[i].counts, 1);
+    }
+    *per_block = b, *per_cta = c;
+    return true;
+}
+
+// The own GEMM D [n][m] (+)= B [n][k] . A [m][k]^T (m, n, k multiples of 128), `kernel` its SASS row
+// (without an MMA loop: priced by its promotion's FP32 instructions alone, 3 a value of the 64 a thread
+// holds, a lower bound: recipe false), `hbm_bytes` the call's bytes, `accumulate`: D read and written.
+inline BlockGemmPrice fp8_block_gemm_price(const GpuSpec& g, const SassKernel& kernel, double m, double n, double k,
+                                           double hbm_bytes, bool accumulate) {
+    using namespace block_gemm;
+    SassCounts per_block, per_cta;
+    const bool recipe = block_gemm_recipe(kernel, &per_block, &per_cta);
+    if (!recipe) per_block = SassCounts(), per_cta = SassCounts(), per_block.c[Sass_fp32] = per_block.c[Sass_total] = 3 * 64;
+    const double tiles = std::ceil(m / kTile) * std::ceil(n / kTile), blocks = std::ceil(k / kBlockK);
+    const int resident = g.resident_ctas(kThreads, kSmemBytes, kRegisters);
+    const double warps = kThreads / 32.0, flop_per_clock = g.fp8_peak() / (g.sms * g.peak_clock);
+    const double tensor = 2.0 * kTile * kTile * kBlockK / flop_per_clock;               // clocks a k block
+    const double exposed = sm_cycles(g, per_block, warps / 2, warps / 2).issue;         // one warpgroup's loop
+    const double prologue = sm_cycles(g, per_cta, warps, warps).max() + g.hbm_latency * (accumulate ? 2 : 1);
+    const double cta = prologue + blocks * (tensor + exposed);
+    const double waves = std::ceil(tiles / (g.sms * resident)), per_sm = std::ceil(tiles / g.sms);
+    SassCounts all;  // every CTA's instructions, for the SMs' issue
+    all.add(per_cta, 1), all.add(per_block, blocks);
+    BlockGemmPrice out;
+    KernelPrice& p = out.sass;
+    p.recipe = recipe;
+    p.latency_s = waves * cta / g.clock;                   // the serialized CTAs over the resident slots
+    out.overlapped_s = waves * (prologue + blocks * std::max(tensor, sm_cycles(g, per_block, warps, warps).issue)) / g.clock;
+    p.tensor_s = per_sm * blocks * tensor / g.clock;        // the busiest SM's tensor cores
+    p.issue_s = per_sm * sm_cycles(g, all, warps, warps * resident).issue / g.clock;
+    p.hbm_s = hbm_bytes / g.bandwidth();
+    p.launch_s = g.launch_s;
+    out.ceiling = &deepgemm_nearest(m, n, k);
+    out.ceiling_s = 2.0 * m * n * k / (out.ceiling->tflops * 1e12);
+    return out;
+}
+
 // ---- memory-bound kernels (norms, RoPE, SwiGLU, quantizers, AdamW) ----------------------------------
 // Little's law: each resident thread keeps one pass of the kernel's streaming loop (the loop that loads
 // the most bytes a pass; none: the code outside loops) in flight, and a pass lasts an HBM round trip or
