@@ -238,8 +238,9 @@ void print_published() {
 void print_sft() {
     const SftShape s;
     printf("SFT step on one GPU (cuda/perf/update_perf_model.h): %lld sequences of %lld tokens, one a micro-batch, one AdamW "
-           "update; on the model of cuda/perf/gpu_spec.h (cuBLASLt's rates by shape class, attention from its SASS, memory-bound "
-           "kernels at the achievable bandwidth or their loads in flight); no gradient all-reduce\n\n",
+           "update; on the model of cuda/perf/gpu_spec.h (cuBLASLt's rates by shape class, the trainer's FP8 GEMMs on the "
+           "own kernel from its SASS, attention from its SASS, memory-bound kernels at the achievable bandwidth or their "
+           "loads in flight); no gradient all-reduce\n\n",
            (long long)s.seqs, (long long)s.seq_len);
     printf("| model | GPU | precision | step s | tokens/s | fp8 / bf16 step time | projection GEMMs s | attention s | "
            "LM head s | FP8 quantization s | optimizer s |\n|---|---|---|---|---|---|---|---|---|---|---|\n");

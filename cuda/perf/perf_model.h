@@ -69,7 +69,8 @@ struct PerfHardware {
 };
 
 // The hardware of the model that prices what the kernels execute on GPU g (gpu_spec.h's constants):
-// GEMMs at cuBLASLt's rates by shape class, attention and decode attention from sass_counts.h,
+// GEMMs at cuBLASLt's rates by shape class (the trainer's FP8 projections on the own kernel from its
+// SASS: fp8_block_gemm_cost), attention and decode attention from sass_counts.h,
 // memory-bound kernels at the achievable bandwidth or what their loads in flight allow.
 inline PerfHardware sass_hardware(const GpuSpec& g) {
     PerfHardware hw;
