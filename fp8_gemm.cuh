@@ -569,7 +569,8 @@ class GemmRunner {
 
     // D [n][m] (+)= B [n][k] . A [m][k]^T with E4M3 operands and FP32 dequantization scales (device
     // pointers, 16-byte aligned) in the given modes; `name` labels error messages. accumulate adds
-    // into D (FP32 output only). kernel Own: fp8_block_gemm where own_kernel_fits, the same bits.
+    // into D (FP32 output only). kernel Own: fp8_block_gemm where own_kernel_fits (the same sums in the
+    // same order: bit for bit in emulation; on a GPU the tensor cores' internal order may differ).
     void fp8(const char* name, int m, int n, int k, const uint8_t* a, const float* a_scale, Fp8ScaleMode a_mode,
              const uint8_t* b, const float* b_scale, Fp8ScaleMode b_mode, void* d, GemmOut out, cudaStream_t stream,
              bool accumulate = false, Fp8GemmKernel kernel = Fp8GemmKernel::Cublaslt) {

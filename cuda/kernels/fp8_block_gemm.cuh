@@ -10,17 +10,18 @@
 // D = part (+ C when accumulating, FP32 D), a BF16 D rounded to nearest even.
 //
 // A CTA computes a 128 x 128 tile of D (128 rows of n, 128 columns of m) with two warpgroups, each
-// 64 rows (wgmma's M) by the 128 columns (N = 128). Shared memory holds a ring of kStages k blocks:
-// per stage B's 128 rows and A's 128 rows of one k block (128 bytes a row: one 128-byte swizzle
-// row, both K-major, as E4M3 wgmma requires) and their scales. Per k block every thread
-//   waits for the stage's copies (cp.async), fences the async proxy, syncs (the CTA's copies landed,
-//   and the stage the copies below overwrite was read by every warpgroup's last wgmma);
-//   issues 4 wgmma.m64n128k32 (the k steps of 32 in order, the first not accumulating: block from 0);
-//   starts the copies of k block kb + kStages - 1 into the stage of kb - 1;
-//   waits for its wgmmas (wait depth 0: the promotion reads the block's sums), and promotes them
-//   into part with the scales.
-// Two warpgroups per CTA keep the tensor cores busy while the other promotes (DeepGEMM's two math
-// warpgroups). The fence-and-sync before each k block's wgmmas is what lets the copies reuse a stage.
+// 64 rows (wgmma's M) by the 128 columns (N = 128). Shared memory holds a ring of kBlockGemmStages
+// k blocks: per stage B's 128 rows and A's 128 rows of one k block (128 bytes a row: one 128-byte
+// swizzle row, both K-major, as E4M3 wgmma requires) and their scales, filled by cp.async from
+// addresses each thread computes once (BlockGemmCopyPlan). For k block kb every thread
+//   waits for the block's copies, fences the async proxy and syncs (the CTA's copies landed, and
+//   every thread is done with the stage of kb - 2: its wgmmas waited for, its scales read);
+//   issues 4 wgmma.m64n128k32 (the k steps of 32 in order, the first not accumulating: block from
+//   0) into one of two accumulators, then the copies of block kb + kBlockGemmAhead into that stage;
+//   waits for block kb - 1's wgmmas (wait depth 1: block kb's stay in flight) and promotes them
+//   into part with their scales while the tensor cores run block kb's.
+// DeepGEMM promotes the same way (two math warpgroups, FP32 accumulators promoted per 128-block);
+// it copies by TMA from a producer warpgroup, which the emulation does not have yet.
 #ifndef FP8RL_CUDA_FP8_BLOCK_GEMM_CUH
 #define FP8RL_CUDA_FP8_BLOCK_GEMM_CUH
 #include <cstdint>
@@ -37,7 +38,8 @@ constexpr int kBlockGemmTile = 128;                   // rows of n and columns o
 constexpr int kBlockGemmK = FP8_BLOCK;                // one k block (128 E4M3 = one 128-byte swizzle row)
 constexpr int kBlockGemmWarpgroups = 2;               // each 64 rows (wgmma M)
 constexpr int kBlockGemmThreads = 128 * kBlockGemmWarpgroups;
-constexpr int kBlockGemmStages = 4;                   // k blocks in flight in the shared-memory ring
+constexpr int kBlockGemmStages = 6;                   // stages of the shared-memory ring
+constexpr int kBlockGemmAhead = kBlockGemmStages - 2;  // k blocks copied ahead of the one whose wgmmas issue
 constexpr int kBlockGemmOperandBytes = kBlockGemmTile * kBlockGemmK;  // 16 KiB: one operand's k block
 constexpr int kBlockGemmStageBytes = 2 * kBlockGemmOperandBytes;      // B's rows, then A's
 constexpr int kBlockGemmScaleFloats = 2 * kBlockGemmTile;             // a stage's scales: B's rows, then A's columns
@@ -89,10 +91,12 @@ struct BlockGemmCopyPlan {
     }
 };
 
-// A K-major E4M3 operand of a stage (rows x 128 bytes, 128-byte swizzle, 8-row patterns 1024 bytes
-// apart) from row `row`, k step kk (bytes 32 kk ..).
-__device__ __forceinline__ uint64_t block_gemm_descriptor(const unsigned char* operand, int row, int kk) {
-    return wgmma_descriptor(operand + row * kBlockGemmK + 32 * kk, 16, 8 * kBlockGemmK, WgmmaSwizzle::B128);
+// The descriptor of a K-major E4M3 operand at `operand` (rows x 128 bytes, 128-byte swizzle, 8-row
+// patterns 1024 bytes apart). That of the same operand `bytes` further on (a later stage, k step kk at
+// 32 kk) is this one plus bytes / 16: the start address field holds address / 16 in 14 bits, and the
+// shared window (below 228 KiB) never carries out of them.
+__device__ __forceinline__ uint64_t block_gemm_descriptor(const unsigned char* operand) {
+    return wgmma_descriptor(operand, 16, 8 * kBlockGemmK, WgmmaSwizzle::B128);
 }
 
 // D [n][m] (+)= B [n][k] . A [m][k]^T as the header says; grid (m / 128, n / 128), kBlockGemmThreads
@@ -103,6 +107,7 @@ template <bool ABlock>
 __global__ void __launch_bounds__(kBlockGemmThreads, 1)
     fp8_block_gemm_kernel(const uint8_t* a, const float* a_scale, const uint8_t* b, const float* b_scale, void* d,
                           bool out_f32, bool accumulate, int m, int n, int k) {
+    using Accumulator = WgmmaAccumulator<kBlockGemmTile>;
     DYNAMIC_SHARED(unsigned char, smem_raw);
     unsigned char* ring = align_shared_1024(smem_raw);
     float* ring_scales = reinterpret_cast<float*>(ring + kBlockGemmStages * kBlockGemmStageBytes);
@@ -111,40 +116,72 @@ __global__ void __launch_bounds__(kBlockGemmThreads, 1)
     const int lane = (int)threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int row0 = 64 * warpgroup + 16 * warp + g;  // the thread's rows of the tile: row0 and row0 + 8
     const BlockGemmCopyPlan copy(a, a_scale, !ABlock, b, b_scale, m, n, k, m0, n0);
-    auto stage = [&](int kb) { return ring + (kb % kBlockGemmStages) * kBlockGemmStageBytes; };
-    auto scales = [&](int kb) { return ring_scales + (kb % kBlockGemmStages) * kBlockGemmScaleFloats; };
-    for (int kb = 0; kb < kBlockGemmStages - 1; kb++) {  // one group per stage, empty past the last block
-        if (kb < blocks) copy.start(stage(kb), scales(kb), kb);
+    auto stage_of = [](int kb) { return kb % kBlockGemmStages; };
+    auto copy_block = [&](int kb) {
+        copy.start(ring + stage_of(kb) * kBlockGemmStageBytes, ring_scales + stage_of(kb) * kBlockGemmScaleFloats, kb);
+    };
+    for (int kb = 0; kb < kBlockGemmAhead; kb++) {  // one group per k block, empty past the last
+        if (kb < blocks) copy_block(kb);
         __pipeline_commit();
     }
+    // stage 0's operands: this warpgroup's 64 rows of B, and A
+    const uint64_t b_desc = block_gemm_descriptor(ring + 64 * warpgroup * kBlockGemmK),
+                   a_desc = block_gemm_descriptor(ring + kBlockGemmOperandBytes);
     const float* a_block_scales = ABlock ? a_scale + (size_t)(m0 / kBlockGemmTile) * round_up4(blocks) : nullptr;
-    WgmmaAccumulator<kBlockGemmTile> acc;  // a k block's sums: register v holds row row0 + 8 ((v >> 1) & 1), column 8 (v >> 2) + 2t + (v & 1)
-    float part[WgmmaAccumulator<kBlockGemmTile>::regs];
-    for (int v = 0; v < WgmmaAccumulator<kBlockGemmTile>::regs; v++) part[v] = 0.0f;
-    for (int kb = 0; kb < blocks; kb++) {
-        const float a_block = ABlock ? a_block_scales[kb] : 0.0f;  // loaded early: used after the wgmmas
-        __pipeline_wait_prior(kBlockGemmStages - 2);  // k block kb's group (older ones too)
+    // Issues k block kb's wgmmas into acc, then the copies of block kb + kBlockGemmAhead into the stage
+    // of kb - 2: every thread passed the barrier after its wait for kb - 2's wgmmas and its promotion.
+    auto issue = [&](Accumulator& acc, int kb) {
+        __pipeline_wait_prior(kBlockGemmAhead - 1);  // k block kb's group (older ones too)
         fence_proxy_async_shared();
         __syncthreads();
-        const unsigned char* operands = stage(kb);
+        const uint64_t offset = (uint64_t)(stage_of(kb) * kBlockGemmStageBytes) >> 4;
         wgmma_fence();
         FP8RL_UNROLL
-        for (int kk = 0; kk < kBlockGemmK / 32; kk++)
-            acc.mma_e4m3(block_gemm_descriptor(operands, 64 * warpgroup, kk),
-                         block_gemm_descriptor(operands + kBlockGemmOperandBytes, 0, kk), kk > 0);
+        for (int kk = 0; kk < kBlockGemmK / 32; kk++) acc.mma_e4m3(b_desc + offset + 2 * kk, a_desc + offset + 2 * kk, kk > 0);
         wgmma_commit();
-        const int next = kb + kBlockGemmStages - 1;  // into the stage of kb - 1, read by every thread's waited wgmmas
-        if (next < blocks) copy.start(stage(next), scales(next), next);
+        if (kb + kBlockGemmAhead < blocks) copy_block(kb + kBlockGemmAhead);
         __pipeline_commit();
-        wgmma_wait<0>(acc);
-        const float* s = scales(kb);
+    };
+    // part += block kb's sums in acc (completed) scaled, separate roundings (the oracle's).
+    float part[Accumulator::regs];  // register v: row row0 + 8 ((v >> 1) & 1), column 8 (v >> 2) + 2t + (v & 1)
+    for (int v = 0; v < Accumulator::regs; v++) part[v] = 0.0f;
+    auto promote = [&](Accumulator& acc, int kb) {
+        const float* s = ring_scales + stage_of(kb) * kBlockGemmScaleFloats;
         const float sb[2] = {s[row0], s[row0 + 8]};
+        const float a_block = ABlock ? a_block_scales[kb] : 0.0f;
         FP8RL_UNROLL
-        for (int v = 0; v < WgmmaAccumulator<kBlockGemmTile>::regs; v++) {
-            const int col = 8 * (v >> 2) + 2 * t + (v & 1);
-            const float sa = ABlock ? a_block : s[kBlockGemmTile + col];
-            part[v] = __fadd_rn(part[v], __fmul_rn(acc[v], __fmul_rn(sa, sb[(v >> 1) & 1])));
+        for (int c = 0; c < Accumulator::regs / 4; c++) {  // columns 8c + 2t, 8c + 2t + 1
+            const float2 sa = ABlock ? make_float2(a_block, a_block) : *reinterpret_cast<const float2*>(s + kBlockGemmTile + 8 * c + 2 * t);
+            FP8RL_UNROLL
+            for (int e = 0; e < 4; e++) {
+                const int v = 4 * c + e;
+                part[v] = __fadd_rn(part[v], __fmul_rn(acc[v], __fmul_rn(e & 1 ? sa.y : sa.x, sb[e >> 1])));
+            }
         }
+    };
+    // Two accumulators: block kb + 1's wgmmas run while block kb is promoted (wait depth 1). The loop
+    // takes whole pairs, so every wait in it has the same depth (ptxas serializes the wgmmas when it
+    // cannot tell which group an accumulator belongs to); the last one or two blocks follow it.
+    Accumulator even, odd;
+    issue(even, 0);
+    int kb = 0;
+    for (; kb + 2 < blocks; kb += 2) {
+        issue(odd, kb + 1);
+        wgmma_wait<1>(even);
+        promote(even, kb);
+        issue(even, kb + 2);
+        wgmma_wait<1>(odd);
+        promote(odd, kb + 1);
+    }
+    if (kb + 1 < blocks) {
+        issue(odd, kb + 1);
+        wgmma_wait<1>(even);
+        promote(even, kb);
+        wgmma_wait<0>(odd);
+        promote(odd, kb + 1);
+    } else {
+        wgmma_wait<0>(even);
+        promote(even, kb);
     }
     // Epilogue: column pairs (2t, 2t + 1) of 8-column groups, one 8-byte (FP32) or 4-byte (BF16) store each.
     FP8RL_UNROLL

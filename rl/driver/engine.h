@@ -84,7 +84,7 @@ struct EngineOptions {
     Fp8Scaling fp8_scaling = Fp8Scaling::Block;  // both engines, --fp8_scaling: the FP8 GEMMs' scale granularity
     bool fp8_pow2_scales = false;  // both engines, --fp8_scales pow2: the FP8 GEMMs' scales rounded down to powers of two
     // GPU, --fp8_gemm_kernel own: the trainer's block-scaled FP8 projection GEMMs run fp8rl's own kernel
-    // where their shapes fit it (fp8_gemm.cuh's Fp8GemmKernel), the same bits; false: cuBLASLt
+    // where their shapes fit it (fp8_gemm.cuh's Fp8GemmKernel); false: cuBLASLt
     bool own_fp8_gemm = true;
     // Both engines, data parallel: the max over the ranks of the FP8 KV amaxes, which each rank takes
     // over its own prompts (the driver sets it: rl/driver/cli.h); empty: one rank.
