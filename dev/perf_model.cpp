@@ -111,8 +111,7 @@ std::string json_escape(const std::string& s) {
 //   "decode_attention_hbm_s" (its K/V bytes at the achievable bandwidth: what decode attention would take at HBM speed), "phases",
 //   "kernels": [{"name", "calls", "time_s", "bound", "bytes", "flops", "cublaslt_time_s" (the own FP8 GEMM's rows: cuBLASLt's price)}],
 //   "train_gemms": [{"name", "m", "n", "k", "time_s", "tflops", "bound", and on the own FP8 block GEMM "ceiling_tflops",
-//   "ceiling_shape", "cublaslt_time_s", "cublaslt_tflops", "if_promotion_overlapped_tflops" (a what-if)}] (one training
-//   micro-batch's projection GEMMs, per call),
+//   "ceiling_shape", "cublaslt_time_s", "cublaslt_tflops"}] (one training micro-batch's projection GEMMs, per call),
 //   "assumptions": {NAME: {"value", "unit", "source"}}}]}
 void print_json(const ModelConfig& small, const ModelConfig& large) {
     struct Workload {
@@ -165,9 +164,8 @@ void print_json(const ModelConfig& small, const ModelConfig& large) {
                                (long long)k.gemm_k, s, k.work / s / 1e12, k.bound(hw));
                         if (k.ceiling)
                             printf(", \"ceiling_tflops\": %.0f, \"ceiling_shape\": \"DeepGEMM N %.0f K %.0f\", \"cublaslt_time_s\": %.6g, "
-                                   "\"cublaslt_tflops\": %.1f, \"if_promotion_overlapped_tflops\": %.1f",
-                                   k.ceiling->tflops, k.ceiling->n, k.ceiling->k, k.cublaslt_call_s, k.work / k.cublaslt_call_s / 1e12,
-                                   k.work / k.overlapped_call_s / 1e12);
+                                   "\"cublaslt_tflops\": %.1f",
+                                   k.ceiling->tflops, k.ceiling->n, k.ceiling->k, k.cublaslt_call_s, k.work / k.cublaslt_call_s / 1e12);
                         printf("}");
                         first_item = false;
                     }

@@ -535,7 +535,7 @@ TEST(kernel_perf_model_grpo_step_adds_its_phases) {
         }
     CHECK_NEAR(r.step_s(), sum, 1e-12, 0);
     CHECK(r.rollout.count("decode attention") && r.train.count("attention"));
-    const std::vector<std::string> bounds = {"issue", "smem", "hbm", "l2", "tensor", "latency", "launch", "promotion", "ceiling"};
+    const std::vector<std::string> bounds = {"issue", "smem", "hbm", "l2", "tensor", "latency", "launch", "ceiling"};
     for (const PricedKernel& k : r.kernels) {
         kernels += k.seconds;
         CHECK_MSG(std::find(bounds.begin(), bounds.end(), k.bound()) != bounds.end(), "%s: bound %s", k.name.c_str(), k.bound());
@@ -612,56 +612,56 @@ TEST(perf_model_calibrate_reports_contradicted_constants) {
 }
 
 // The own FP8 block GEMM (kernel_perf_model.h's fp8_block_gemm_price) on a made-up SASS row like
-// fp8_block_gemm_kernel<true>'s: a k-block loop of 288 instructions (130 FP32, 128 MMA units), 519
-// outside loops and a 1-instruction loop (once a CTA). 256 threads, 136,192 bytes of shared memory
-// (4 x (32,768 + 1,024) + 1,024) and 168 registers: 1 CTA an SM (228 KB / 134 KB; 65,536 / 43,008).
+// fp8_block_gemm_kernel<true>'s at 91eb814: a k-block loop of two blocks a pass (496 instructions, 260
+// FP32, 256 MMA units: 248 a block), 1,000 instructions outside loops holding two blocks' MMAs (the
+// first block and the tail: 2 peeled), and a 1-instruction loop (once a CTA). 256 threads, 203,776
+// bytes of shared memory (6 x (32,768 + 1,024) + 1,024) and 255 registers: 1 CTA an SM.
 // D [1408][1536] over k = 1024: 12 x 11 = 132 tiles, one wave, 8 k blocks. A k block: 2 x 128^3 FLOP /
-// 8,192 a clock = 512 clocks of tensor, then one warpgroup's loop exposed: 4 x 288 / IPC(4) 2.5 = 460.8.
-// A CTA: its 520 other instructions on 8 warps at IPC(8) = 8 / 2.6, an HBM round trip (1,000), then the
-// k blocks: 8 x 520 x 2.6 / 8 + 1,000 + 8 x 972.8 = 10,134.4 clocks at 1.755 GHz. The ceiling: the
-// nearest DeepGEMM shape by |log2 (m n / (4096 N))| + |log2 (k / K)| is N 7168 K 2048 (3.76 + 1 =
-// 4.76; next 2112 x 7168: 2 + 2.81), 1,168 TFLOP/s: 2 x 1536 x 1408 x 1024 / 1.168e15 s, faster than the
-// SASS price, which binds ("promotion"). A loop of 32 instructions (exposed 51.2 clocks) and nothing
-// outside makes the CTA 1,000 + 8 x 563.2 clocks, faster than DeepGEMM's rate: the ceiling binds.
+// 8,192 a clock = 512 clocks of tensor against its 8 warps' 248 instructions at IPC(8) = 8 / 2.6:
+// 644.8, which binds. A CTA: its 1,001 other instructions (1,001 x 2.6), an HBM round trip (1,000), the 2
+// peeled blocks' tensor time, 6 blocks at 644.8: 8,495.4 clocks at 1.755 GHz. The ceiling: the nearest
+// DeepGEMM shape by |log2 (m n / (4096 N))| + |log2 (k / K)| is N 7168 K 2048 (3.76 + 1 = 4.76; next
+// 2112 x 7168: 2 + 2.81), 1,168 TFLOP/s: 2 x 1536 x 1408 x 1024 / 1.168e15 s, faster than the SASS
+// price, which binds ("issue"). A loop of 32 instructions a block and nothing outside makes the CTA
+// 1,000 + 8 x 512 clocks ("tensor"), faster than DeepGEMM's rate: the ceiling binds.
 TEST(kernel_perf_model_fp8_block_gemm_by_hand) {
     const GpuSpec g = h100();
     const double hz = 1.755e9;
     SassLoop loops[2] = {{0, 0, -1, {}}, {0, 0, -1, {}}};
-    loops[0].counts[Sass_total] = 288, loops[0].counts[Sass_fp32] = 130, loops[0].counts[Sass_mma] = 128;
+    loops[0].counts[Sass_total] = 496, loops[0].counts[Sass_fp32] = 260, loops[0].counts[Sass_mma] = 256;
     loops[1].counts[Sass_total] = 1, loops[1].counts[Sass_control] = 1;
     SassKernel k{"made-up block GEMM", {}, 2, loops};
-    k.outside[Sass_total] = 519;
-    CHECK_EQ(g.resident_ctas(256, 4 * (32768.0 + 1024) + 1024, 168), 1);
+    k.outside[Sass_total] = 1000, k.outside[Sass_mma] = 256;
+    CHECK_EQ(g.resident_ctas(256, 6 * (32768.0 + 1024) + 1024, 255), 1);
     const double m = 1536, n = 1408, K = 1024, flops = 2 * m * n * K;
     BlockGemmPrice p = fp8_block_gemm_price(g, k, m, n, K, 0, false);
     CHECK(p.sass.recipe);
-    const double cta = 8 * 520 * 2.6 / 8 + 1000 + 8 * (512 + 4 * 288 / 2.5);
-    CHECK_NEAR(cta, 10134.4, 1e-9, 0);
-    CHECK_NEAR(p.sass.latency_s, cta / hz, 1e-12, 0);
-    CHECK_NEAR(p.sass.tensor_s, 8 * 512 / hz, 1e-12, 0);
-    CHECK_NEAR(p.sass.issue_s, 8 * (520 + 8 * 288) * 2.6 / 8 / hz, 1e-12, 0);
+    const double cta = 1001 * 2.6 + 1000 + 2 * 512 + 6 * (248 * 2.6);
+    CHECK_NEAR(cta, 8495.4, 1e-9, 0);
+    CHECK_NEAR(p.sass.issue_s, cta / hz, 1e-12, 0);
+    CHECK_EQ(p.sass.tensor_s, 0.0);
     CHECK_EQ(p.ceiling->n, 7168.0);
     CHECK_EQ(p.ceiling->k, 2048.0);
     CHECK_NEAR(p.ceiling_s, flops / 1168e12, 1e-12, 0);
-    CHECK_EQ(std::string(p.compute_bound()), std::string("promotion"));
+    CHECK_EQ(std::string(p.compute_bound()), std::string("issue"));
     CHECK_NEAR(p.seconds(), cta / hz + 3e-6, 1e-12, 0);
     // accumulating: one more HBM round trip a CTA (D read before the epilogue's stores)
-    CHECK_NEAR(fp8_block_gemm_price(g, k, m, n, K, 0, true).sass.latency_s, (cta + 1000) / hz, 1e-12, 0);
+    CHECK_NEAR(fp8_block_gemm_price(g, k, m, n, K, 0, true).sass.issue_s, (cta + 1000) / hz, 1e-12, 0);
     // twice the tiles: two waves of the same CTA
-    CHECK_NEAR(fp8_block_gemm_price(g, k, 2 * m, n, K, 0, false).sass.latency_s, 2 * cta / hz, 1e-12, 0);
-    // a lean loop: the ceiling binds
-    loops[0].counts[Sass_total] = 32, loops[0].counts[Sass_fp32] = 0;
-    k.loops = 1, k.outside[Sass_total] = 0;
+    CHECK_NEAR(fp8_block_gemm_price(g, k, 2 * m, n, K, 0, false).sass.issue_s, 2 * cta / hz, 1e-12, 0);
+    // a lean loop: the tensor time binds a block, the ceiling the GEMM
+    loops[0].counts[Sass_total] = 64, loops[0].counts[Sass_fp32] = 0;
+    k.loops = 1, k.outside[Sass_total] = 0, k.outside[Sass_mma] = 0;
     p = fp8_block_gemm_price(g, k, m, n, K, 0, false);
-    CHECK_NEAR(p.sass.latency_s, (1000 + 8 * (512 + 4 * 32 / 2.5)) / hz, 1e-12, 0);
+    CHECK_NEAR(p.sass.tensor_s, (1000 + 8 * 512) / hz, 1e-12, 0);
     CHECK_EQ(std::string(p.bound()), std::string("ceiling"));
     CHECK_NEAR(p.seconds(), flops / 1168e12 + 3e-6, 1e-12, 0);
-    // a row without an MMA loop: the promotion's 3 FP32 a value of 64 alone (4 x 192 / 2.5 a k block), recipe false
+    // a row without an MMA loop: its tensor time alone, recipe false
     SassLoop plain{0, 0, -1, {}};
     plain.counts[Sass_total] = 10;
     const BlockGemmPrice lower = fp8_block_gemm_price(g, SassKernel{"no MMA loop", {}, 1, &plain}, m, n, K, 0, false);
     CHECK(!lower.sass.recipe);
-    CHECK_NEAR(lower.sass.latency_s, (1000 + 8 * (512 + 4 * 192 / 2.5)) / hz, 1e-12, 0);
+    CHECK_NEAR(lower.sass.tensor_s, (1000 + 8 * 512) / hz, 1e-12, 0);
     // HBM: 1 GB at 0.9 x 3.35 TB/s binds
     CHECK_EQ(std::string(fp8_block_gemm_price(g, k, m, n, K, 1e9, false).bound()), std::string("hbm"));
     // the published classes by shape: wgrad-like (k = 16,384, 2048 x 12288 out) -> N 7168 K 16384;

@@ -511,31 +511,35 @@ inline KernelPrice training_attention_price(const GpuSpec& g, bool backward, con
 
 // ---- the trainer's FP8 block GEMM: cuda/kernels/fp8_block_gemm.cuh ----------------------------------
 // D [n][m] (+)= B [n][k] . A [m][k]^T, E4M3, A's scales BLK128x128 (fprop, dgrad: fp8_block_gemm_kernel<true>)
-// or VEC128 (wgrad: <false>). Recipe (the kernel at 777439d): grid (m / 128, n / 128) CTAs of 256 threads,
-// two warpgroups of 64 rows each; per 128-wide k block (the loop with the most MMAs) every thread waits
-// for its stage, syncs the CTA, issues 4 wgmma.m64n128k32 e4m3, starts the copies of a later stage, waits
-// for its wgmmas (depth 0) and promotes the block's sums into its FP32 partials. Priced per CTA:
-//   tensor    per k block 128 x 128 x 128 multiply-adds at the FP8 dense peak, 8,192 FLOP a clock an
-//             SM (1,979 TFLOP/s = 132 SMs x 8,192 x 1.83 GHz: twice BF16's 4,096), at the clock under load;
-//   exposed   per k block the k-block loop of ONE warpgroup (4 warps) at the IPC of 4 warps: the wait
-//             at depth 0 and the barrier each k block leave the tensor cores idle while the warpgroup
-//             whose wgmmas finish last promotes (the other's promotion runs under those wgmmas: the
-//             schedule most favourable to a depth-0 kernel; its copies issued before the wait make
-//             this an upper bound of that schedule);
-//   per CTA   the code outside loops (the addresses, the first stages, the epilogue's stores) at its 8
-//             warps' IPC, an HBM round trip for the first stage, one more for D when accumulating;
+// or VEC128 (wgrad: <false>). Recipe (the kernel at 91eb814): grid (m / 128, n / 128) CTAs of 256 threads,
+// two warpgroups of 64 rows each; per 128-wide k block every thread waits for its stage, syncs the CTA,
+// issues 4 wgmma.m64n128k32 e4m3 into one of two accumulators, starts a later stage's copies, waits for
+// the previous block's wgmmas (depth 1) and promotes them while this block's run. The k-block loop (the
+// loop with the most MMAs) takes kMmaPerBlock MMA units a warp per k block (4 QGMMA.64x128x32 of 32
+// m16n8k16-equivalents), so its passes hold loop MMAs / kMmaPerBlock blocks; blocks whose wgmmas sit
+// outside loops (the first, the tail) are the code outside loops'. Priced per CTA:
+//   k block   max(tensor, issue): 2 x 128^3 FLOP at the FP8 dense peak, 8,192 FLOP a clock an SM
+//             (1,979 TFLOP/s = 132 SMs x 8,192 x 1.83 GHz: twice BF16's 4,096), against the block's
+//             instructions of all 8 warps at their IPC: the promotion runs under the next block's
+//             wgmmas, and the next block's wgmmas issue only after the CTA's barrier, so the tensor
+//             cores idle when the instructions take longer;
+//   per CTA   the code outside loops (the addresses, the first stages, the peeled blocks' issue and
+//             promotion, the epilogue's stores; static counts: both tails and both epilogues) at its
+//             8 warps' IPC, the peeled blocks' tensor time, an HBM round trip for the first stage and
+//             one more for D when accumulating;
 //   waves     ceil(tiles / (132 SMs x the CTAs resident by threads, shared memory and registers)),
-//             a CTA's clocks each (1 CTA an SM at 777439d: its shared memory and registers);
+//             a CTA's clocks each (1 CTA an SM at 91eb814: its shared memory and registers);
 // then the operands and D through HBM as gemm_cost counts them. A CEILING bounds it: never faster than
 // DeepGEMM's published rate for the nearest shape class (kDeepGemmRates); DeepGEMM is warp-specialized with
 // TMA loads, ours is not, so its measured rate is an upper bound on ours, not a target. The price is the
 // slower of the two, and `bound` says which.
 namespace block_gemm {  // fp8_block_gemm.cuh's constants (keep in step)
-constexpr int kTile = 128, kBlockK = 128, kThreads = 256, kStages = 4;
-// 4 stages x (B's and A's 128 x 128 bytes + 256 FP32 scales) + 1,024 bytes of alignment
+constexpr int kTile = 128, kBlockK = 128, kThreads = 256, kStages = 6;
+constexpr double kMmaPerBlock = 4 * 64.0 * 128 * 32 / 4 / (16 * 8 * 16);  // a warp's m16n8k16-equivalents a k block
+// 6 stages x (B's and A's 128 x 128 bytes + 256 FP32 scales) + 1,024 bytes of alignment: 203,776
 constexpr double kSmemBytes = kStages * (2.0 * kTile * kBlockK + 2 * kTile * 4) + 1024;
-// ptxas -v for sm_90a at 777439d, both instances (not in sass_counts.h): 168 registers, 0 spills
-constexpr int kRegisters = 168;
+// ptxas -v for sm_90a at 91eb814 (not in sass_counts.h): 255 (BLK) / 254 (VEC128) registers, 0 spills
+constexpr int kRegisters = 255;
 }  // namespace block_gemm
 
 // The nearest published shape to D [n][m] over k: the least |log2| of the outputs' ratio plus |log2| of
@@ -554,69 +558,64 @@ struct BlockGemmPrice {
     KernelPrice sass;               // the SASS-level price (HBM and launch included)
     double ceiling_s = 0;           // the GEMM's FLOPs at DeepGEMM's rate for its shape class
     const DeepGemmRate* ceiling = nullptr;
-    // what-if, not the price: the same instructions with each k block's promotion under the next block's
-    // wgmmas (wait depth 1): a k block max(tensor, both warpgroups' loop issue), the CTAs over their slots
-    double overlapped_s = 0;
     double compute_s() const { return std::max(sass.compute_s(), ceiling_s); }
     double seconds() const { return std::max(compute_s(), sass.hbm_s) + sass.launch_s; }
-    // what binds the compute side: "ceiling", "promotion" (the serialized tensor + promotion time of the
-    // CTAs over their slots), "tensor" or "issue"
-    const char* compute_bound() const {
-        if (ceiling_s > sass.compute_s()) return "ceiling";
-        const double c = sass.compute_s();
-        return c == sass.latency_s ? "promotion" : c == sass.tensor_s ? "tensor" : "issue";
-    }
+    // what binds the compute side: "ceiling", or the CTAs over their slots: "tensor" when a k block's
+    // tensor time binds them, else "issue"
+    const char* compute_bound() const { return ceiling_s > sass.compute_s() ? "ceiling" : sass.tensor_s > 0 ? "tensor" : "issue"; }
     const char* bound() const {
         const double body = std::max(compute_s(), sass.hbm_s);
         return sass.launch_s > body ? "launch" : body == sass.hbm_s ? "hbm" : compute_bound();
     }
 };
 
-// The k-block loop of the kernel (the loop with the most MMAs) and its per-CTA rest; false: no MMA loop.
-inline bool block_gemm_recipe(const SassKernel& k, SassCounts* per_block, SassCounts* per_cta) {
+// The kernel's instructions per k block and per CTA and the blocks the code outside loops holds;
+// false: no loop of MMAs (the kernel changed).
+inline bool block_gemm_recipe(const SassKernel& k, SassCounts* per_block, SassCounts* per_cta, double* peeled) {
     int loop = -1;
     for (int i = 0; i < k.loops; i++)
         if (k.loop[i].counts[Sass_mma] > 0 && (loop < 0 || k.loop[i].counts[Sass_mma] > k.loop[loop].counts[Sass_mma])) loop = i;
     if (loop < 0) return false;
-    SassCounts b, c;
-    b.add(k.loop[loop].counts, 1);
+    SassCounts pass, c;
+    pass.add(k.loop[loop].counts, 1);
     c.add(k.outside, 1);
     for (int i = 0; i < k.loops; i++) {
         if (i == loop) continue;
-        bool inside = false;  // nested in the k-block loop: once a k block; else once a CTA
+        bool inside = false;  // nested in the k-block loop: once a pass; else once a CTA
         for (int p = k.loop[i].parent; p >= 0; p = k.loop[p].parent) inside = inside || p == loop;
-        (inside ? b : c).add(k.loop[i].counts, 1);
+        (inside ? pass : c).add(k.loop[i].counts, 1);
     }
-    *per_block = b, *per_cta = c;
+    *per_block = SassCounts();
+    per_block->add(pass, block_gemm::kMmaPerBlock / k.loop[loop].counts[Sass_mma]);
+    *per_cta = c, *peeled = k.outside[Sass_mma] / block_gemm::kMmaPerBlock;
     return true;
 }
 
 // The own GEMM D [n][m] (+)= B [n][k] . A [m][k]^T (m, n, k multiples of 128), `kernel` its SASS row
-// (without an MMA loop: priced by its promotion's FP32 instructions alone, 3 a value of the 64 a thread
-// holds, a lower bound: recipe false), `hbm_bytes` the call's bytes, `accumulate`: D read and written.
+// (without an MMA loop: priced at its tensor time alone, recipe false, a lower bound), `hbm_bytes` the
+// call's bytes, `accumulate`: D read and written.
 inline BlockGemmPrice fp8_block_gemm_price(const GpuSpec& g, const SassKernel& kernel, double m, double n, double k,
                                            double hbm_bytes, bool accumulate) {
     using namespace block_gemm;
     SassCounts per_block, per_cta;
-    const bool recipe = block_gemm_recipe(kernel, &per_block, &per_cta);
-    if (!recipe) per_block = SassCounts(), per_cta = SassCounts(), per_block.c[Sass_fp32] = per_block.c[Sass_total] = 3 * 64;
+    double peeled = 0;
+    const bool recipe = block_gemm_recipe(kernel, &per_block, &per_cta, &peeled);
+    if (!recipe) per_block = SassCounts(), per_cta = SassCounts();
     const double tiles = std::ceil(m / kTile) * std::ceil(n / kTile), blocks = std::ceil(k / kBlockK);
+    peeled = std::min(peeled, blocks);
     const int resident = g.resident_ctas(kThreads, kSmemBytes, kRegisters);
     const double warps = kThreads / 32.0, flop_per_clock = g.fp8_peak() / (g.sms * g.peak_clock);
-    const double tensor = 2.0 * kTile * kTile * kBlockK / flop_per_clock;               // clocks a k block
-    const double exposed = sm_cycles(g, per_block, warps / 2, warps / 2).issue;         // one warpgroup's loop
-    const double prologue = sm_cycles(g, per_cta, warps, warps).max() + g.hbm_latency * (accumulate ? 2 : 1);
-    const double cta = prologue + blocks * (tensor + exposed);
-    const double waves = std::ceil(tiles / (g.sms * resident)), per_sm = std::ceil(tiles / g.sms);
-    SassCounts all;  // every CTA's instructions, for the SMs' issue
-    all.add(per_cta, 1), all.add(per_block, blocks);
+    const double tensor = 2.0 * kTile * kTile * kBlockK / flop_per_clock;  // clocks a k block
+    const double issue = sm_cycles(g, per_block, warps, warps * resident).issue;
+    const PipeCycles outside = sm_cycles(g, per_cta, warps, warps * resident);  // its issue and LSU (its MMAs: peeled)
+    const double cta = std::max(outside.issue, outside.smem) + g.hbm_latency * (accumulate ? 2 : 1) +
+                       peeled * tensor + (blocks - peeled) * std::max(tensor, issue);
+    const double waves = std::ceil(tiles / (g.sms * resident));
     BlockGemmPrice out;
     KernelPrice& p = out.sass;
     p.recipe = recipe;
-    p.latency_s = waves * cta / g.clock;                   // the serialized CTAs over the resident slots
-    out.overlapped_s = waves * (prologue + blocks * std::max(tensor, sm_cycles(g, per_block, warps, warps).issue)) / g.clock;
-    p.tensor_s = per_sm * blocks * tensor / g.clock;        // the busiest SM's tensor cores
-    p.issue_s = per_sm * sm_cycles(g, all, warps, warps * resident).issue / g.clock;
+    // the CTAs over their slots, said as what binds a k block (KernelPrice's fields: one of them holds it)
+    (tensor >= issue ? p.tensor_s : p.issue_s) = waves * cta / g.clock;
     p.hbm_s = hbm_bytes / g.bandwidth();
     p.launch_s = g.launch_s;
     out.ceiling = &deepgemm_nearest(m, n, k);

@@ -140,7 +140,6 @@ struct KernelCost {
     int64_t gemm_m = 0, gemm_n = 0, gemm_k = 0;
     double cublaslt_call_s = 0;
     const DeepGemmRate* ceiling = nullptr;
-    double overlapped_call_s = 0;  // ... and its what-if with the promotion overlapped (BlockGemmPrice)
 
     double hbm_seconds(const PerfHardware& hw) const {
         return bytes / (stream_bandwidth > 0 ? std::min(stream_bandwidth, hw.bandwidth()) : hw.bandwidth());
@@ -215,7 +214,6 @@ inline KernelCost fp8_block_gemm_cost(const PerfHardware& hw, std::string name, 
     g.stream_bandwidth = 0;
     g.compute_bound = p.compute_bound();
     g.ceiling = p.ceiling;
-    g.overlapped_call_s = std::max({p.overlapped_s, p.ceiling_s, p.sass.hbm_s}) + p.sass.launch_s;
     return g;
 }
 

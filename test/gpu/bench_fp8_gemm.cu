@@ -129,7 +129,7 @@ int main(int argc, char** argv) {
     print_bench_header("bench_fp8_gemm", tiny);
     printf("TFLOP/s = 2mnk / median time; speedup = BF16 time / FP8 time; own: fp8rl's FP8 block GEMM (the trainer's), "
            "own / cuBLASLt = cuBLASLt's FP8 time / the own kernel's, predicted own: fp8_block_gemm_cost's TFLOP/s and bound "
-           "(promotion: tensor + the exposed promotion; ceiling: DeepGEMM's published rate), predicted cuBLASLt: "
+           "(ceiling: DeepGEMM's published rate for the shape class), predicted cuBLASLt: "
            "gemm_cost's; quantize columns (us, on fprop rows): "
            "X [T][K] 1x128 + transposed copy in one pass, W [N][K] 128x128 + transposed copy; predicted: "
            "cuda/perf/perf_model.h at the same shape on this GPU (sass_hardware: GEMMs at the dense BF16 / FP8 peaks, bytes "
