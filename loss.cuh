@@ -6,8 +6,8 @@
 //       for the whole vocabulary into one workspace (1,024 x V FP32: 622 MB at V = 151,936), its
 //       rows' statistics, then the loss's gradients of those rows (asked of the caller: they depend
 //       on each token's log-prob and entropy and on what is known before the forward), then the
-//       block's dlogits in one launch (BF16, in place over its logits), a dX GEMM per vocabulary
-//       chunk and one dW GEMM over the whole vocabulary; none recomputed.
+//       block's dlogits in one launch (BF16, in place over its logits), one dX GEMM and one dW GEMM
+//       over the full chunks' columns (and one each over a narrower last chunk's); none recomputed.
 //   forward / backward  the passes without a known gradient (old, reference and shadow log-probs;
 //       a loss whose gradient needs a whole sequence first): tiles of (HEAD_TOKEN_BLOCK = 16,384
 //       tokens) x (2,048 columns) in a workspace every tile reuses, the backward computing each
@@ -23,7 +23,10 @@
 // The running max, sum exp and sum z exp of a token are merged chunk by chunk in vocabulary order
 // (an online log-sum-exp; sums in double, each term rl/numerics/fast_exp.h's FP32 exp, as on the
 // CPU). dW's sum over tokens is a block's product, then its add (beta = 1): with blocks of 1,024,
-// the CPU head's row blocks (head_rows_per_block()), it splits where the CPU's does.
+// the CPU head's row blocks (head_rows_per_block()), it splits where the CPU's does. dX's sum over
+// the vocabulary: forward_backward's is one chain over the full chunks' columns, added, then the last
+// chunk's, as the CPU head's; backward's tiles add each chunk's product (the same bits where the
+// vocabulary has at most one full chunk; within gpu_head_backward_matches_cpu's bound otherwise).
 // Precision (DESIGN.md §3): X and W are BF16, logits FP32 (GemmRunner's BF16 GEMM with FP32
 // output), statistics FP32/FP64, dX and dW accumulate in FP32; dlogits enter the backward GEMMs
 // rounded to BF16 (the tensor-core operand type), as the CPU engine rounds them with BF16
@@ -36,8 +39,8 @@
 //   logits [Tb][n8]  = X [Tb][C] . Wc [n8][C]^T          TN  m = n8, n = Tb,  k = C
 //   dX     [Tb][C]  += dlogits [Tb][n8] . Wc [n8][C]     NN  m = C,  n = Tb,  k = n8
 //   dWc    [n8][C]  += dlogits [Tb8][n8]^T . X [Tb8][C]  NT  m = C,  n = n8,  k = Tb8
-// with Wc the chunk's n rows of W (forward_backward's dW GEMM: all the full chunks' rows at once,
-// n = their columns; its dlogits are column slices of the block's, read at their row stride),
+// with Wc the chunk's n rows of W (forward_backward's dX and dW GEMMs: all the full chunks' rows at
+// once, k or n = their columns; its dlogits are the block's, read at their row stride),
 // n8 = n rounded up to 8 and Tb8 = Tb rounded up to 8; dX and dW
 // accumulate in the GEMMs (beta = 1). C must be a multiple of 8 (every model's hidden size is a
 // multiple of 128). The padding the rules still force, all zero: the last chunk's Wc gets n8 - n
@@ -330,14 +333,15 @@ class LogprobHeadGpu {
     // entropy, lse, mu [T] written as forward writes them), then token_grads(t0, tb), which must
     // write dlogprob and dentropy of rows [t0, t0 + tb) (device, ordered on `stream`) from the
     // block's logprob and entropy, then the block's dlogits in one launch (in place over its logits),
-    // the dX GEMM per vocabulary chunk and the dW GEMM over the whole vocabulary (one over the full
-    // chunks' columns, one over a narrower last chunk's). Every value takes the operations of forward
-    // and backward (the logits are the same bits whichever GEMM computes them: one chain over C each;
-    // a dW element is one chain over the block's tokens whichever GEMM's n it is in, as no GEMM
-    // splits k), so it changes no bit of theirs with token_block = fused_block; dW's sums split at
-    // the token blocks, as the CPU head's do at its row blocks (head_rows_per_block(),
-    // HEAD_FUSED_TOKEN_BLOCK). dX stays one GEMM a chunk: the CPU head adds each chunk's product (a
-    // chain over its columns) to dx, and one GEMM over the vocabulary would make one chain over V.
+    // the dX GEMM and the dW GEMM over the full chunks' columns, then over a narrower last chunk's.
+    // The logits, statistics and dW take the operations of forward and backward (the logits are the
+    // same bits whichever GEMM computes them: one chain over C each; a dW element is one chain over
+    // the block's tokens whichever GEMM's n it is in, as no GEMM splits k), so they change no bit of
+    // theirs with token_block = fused_block; dW's sums split at the token blocks, as the CPU head's do
+    // at its row blocks (head_rows_per_block(), HEAD_FUSED_TOKEN_BLOCK). dX is a block's one chain
+    // over the full chunks' columns (k = their count), added (beta = 1), then the last chunk's: the
+    // CPU head's order (cpu/logprob_head.h, issue 59), 2 GEMMs a block where backward's tiles run one
+    // a chunk and add each (their bits differ once the vocabulary has 2 full chunks).
     // Workspace: round_up8(fused_block) x V logits (FP32), whose first halves then hold the dlogits.
     using TokenGrads = std::function<void(int t0, int tb)>;
     void forward_backward(float* logprob, float* entropy, float* lse, float* mu, float* dlogprob, float* dentropy,
@@ -368,13 +372,13 @@ class LogprobHeadGpu {
             LAUNCH_KERNEL(head_dlogits_kernel, tb8, HEAD_THREADS, 0, stream, main, main_cols, tail, tail_ld, tb, 0, s.V,
                           chunk_, s.temperature, target + t0, (const float*)dlogprob + t0, (const float*)dentropy + t0,
                           (const float*)lse + t0, (const float*)mu + t0);
-            for (int v0 = 0; v0 < s.V; v0 += chunk_) {
-                const int ld = round_up8(std::min(chunk_, s.V - v0));
-                const bool in_main = v0 < main_cols;
-                const __nv_bfloat16* rows = in_main ? W + (size_t)v0 * C : tail_rows;  // [ld][C]
-                gemm_.bf16("head dX", C, tb, ld, rows, in_main ? dmain + v0 : dtail, dx + (size_t)t0 * C, GemmOut::F32,
-                           stream, GemmOps::NN, true, 2 * (in_main ? main_cols : tail_ld));
-            }
+            // dX [tb][C] += dlogits [tb][main_cols] . W [main_cols][C], then the last chunk's
+            if (main_cols)
+                gemm_.bf16("head dX", C, tb, main_cols, W, dmain, dx + (size_t)t0 * C, GemmOut::F32, stream, GemmOps::NN,
+                           true, 2 * main_cols);
+            if (tail_n)
+                gemm_.bf16("head dX", C, tb, tail_ld, tail_rows, dtail, dx + (size_t)t0 * C, GemmOut::F32, stream,
+                           GemmOps::NN, true, 2 * tail_ld);
             // the block's X [tb8][C] with its padding rows zero (the NT GEMM's k)
             const __nv_bfloat16* x8 = tb % 8 ? padded_rows(xb, tb, C, stream) : xb;
             if (main_cols)

@@ -59,6 +59,7 @@ struct HeadScratch {
     std::vector<float> logits;   // [head_rows_per_block(), kVocabChunk]
     std::vector<double> sum, sz;  // [head_rows_per_block()]
     std::vector<float> exps;      // [threads, kVocabChunk] one row's exponentials
+    std::vector<float> dx_full;   // [head_rows_per_block(), C] a row block's dL/dx from the full chunks (backward)
     // The forward's logits [rows, V] when kept (`saved_rows` > 0), stored chunk by chunk as the
     // passes walk them: (row block, vocabulary chunk) at r0 * V + v0 * (rows in the block).
     std::vector<float> saved;
@@ -133,6 +134,11 @@ inline void head_forward(float* logprob, float* entropy, float* lse, float* mu, 
 }
 
 // Backward. dlogprob, dentropy [rows]; adds dL/dx into dx [rows, C] and dL/dW into dW [V, C].
+// dx: per row block, the full chunks' products as ONE chain over their columns in vocabulary order
+// (gemm_nn's accumulate continues a chain across chunks, in scratch.dx_full: 8 MiB at C = 2,048,
+// whatever V), added to dx once; a narrower last chunk's product added after it: the GPU's fused head
+// computes each of the two as one GEMM over its columns with beta = 1 (issue 59: 2 dX GEMMs a block,
+// not one a chunk). dW: each chunk's product added, as the GPU's GEMMs with beta = 1.
 inline void head_backward(float* dx, float* dW, const float* dlogprob, const float* dentropy, const float* lse,
                           const float* mu, const float* x, const float* W, const int32_t* target, long rows,
                           HeadShape s, HeadScratch& scratch) {
@@ -140,6 +146,8 @@ inline void head_backward(float* dx, float* dW, const float* dlogprob, const flo
     float* buffer = scratch.logits.data();
     const long block = head_rows_per_block();
     const float inv_t = 1.0f / s.temperature;
+    const int full_cols = s.V / kVocabChunk * kVocabChunk;  // the full chunks' columns
+    if (full_cols) scratch.dx_full.resize((size_t)block * s.C);
     for (long r0 = 0; r0 < rows; r0 += block) {
         const long nr = rows - r0 < block ? rows - r0 : block;
         for (int v0 = 0; v0 < s.V; v0 += kVocabChunk) {
@@ -163,8 +171,12 @@ inline void head_backward(float* dx, float* dW, const float* dlogprob, const flo
                 if (s.bf16)
                     for (int j = 0; j < n; j++) g[j] = round_bf16(g[j]);
             }
-            // each chunk's product added to dx and dW, as the GPU's GEMMs with beta = 1
-            gemm_nn_then_add((int)nr, s.C, n, buffer, n, W + (long)v0 * s.C, s.C, dx + r0 * s.C, s.C);
+            if (n == kVocabChunk) {  // the chain of the full chunks' product continued, added after the last of them
+                gemm_nn((int)nr, s.C, n, buffer, n, W + (long)v0 * s.C, s.C, scratch.dx_full.data(), s.C, v0 > 0);
+                if (v0 + n == full_cols) add_product((int)nr, s.C, dx + r0 * s.C, s.C, scratch.dx_full);
+            } else {
+                gemm_nn_then_add((int)nr, s.C, n, buffer, n, W + (long)v0 * s.C, s.C, dx + r0 * s.C, s.C);
+            }
             gemm_tn_then_add(n, s.C, (int)nr, buffer, n, x + r0 * s.C, s.C, dW + (long)v0 * s.C, s.C);
         }
     }

@@ -407,13 +407,11 @@ inline void head(StepBuilder& b, bool backward) {
 // The fused head (LogprobHeadGpu::forward_backward), the training step's: per block of
 // head_fused_token_block tokens the logits of the whole vocabulary, once (a GEMM over the full chunks'
 // columns, one over a narrower last chunk's), and the rows' statistics in one launch (forward); then
-// the block's dlogits in one launch (BF16, in place over the logits), the dX GEMM per vocabulary
-// chunk and the dW GEMM over the whole vocabulary (the full chunks' columns, then the last chunk's)
-// (backward). The block's logits (FP32, 1,024 x 151,936: 622 MB) and dlogits (311 MB) pass through
-// HBM: the logits written by the GEMM, read by the statistics and by dlogits; the dlogits written
-// once, read by the dX GEMMs chunk by chunk and by the dW GEMM. A chunk's W rows, dlogits and the
-// block's dX rows are L2's when they fit together (l2_resident_bytes): then the dX rows come from
-// HBM once a block. The statistics are priced by head_row_stats_kernel<false>'s SASS: temperature 1,
+// the block's dlogits in one launch (BF16, in place over the logits), the dX GEMM and the dW GEMM
+// over the whole vocabulary (each: the full chunks' columns, then the last chunk's) (backward). The
+// block's logits (FP32, 1,024 x 151,936: 622 MB) and dlogits (311 MB) pass through HBM: the logits
+// written by the GEMM, read by the statistics and by dlogits; the dlogits written once, read by the
+// dX GEMMs and by the dW GEMMs. The statistics are priced by head_row_stats_kernel<false>'s SASS: temperature 1,
 // the trainers' default (--temperature), where the logits are not divided.
 inline void fused_head(StepBuilder& b, bool backward) {
     const ModelConfig& c = b.s.model;
@@ -421,8 +419,6 @@ inline void fused_head(StepBuilder& b, bool backward) {
     const int64_t block = b.s.head_fused_token_block, tail = V % chunk, main_cols = V - tail, tail_ld = round_up(tail, 8);
     const int64_t rows[2] = {std::min(T, block), T % block};
     const double row_counts[2] = {(double)(T / block), T % block ? 1.0 : 0.0};  // full blocks, a last one
-    const int64_t widths[2] = {chunk, tail};
-    const double counts[2] = {(double)(V / chunk), tail ? 1.0 : 0.0}, chunks = counts[0] + counts[1];
     const double keep = b.hw.l2_resident_bytes();
     for (int r = 0; r < 2; r++) {
         if (row_counts[r] == 0) continue;
@@ -442,15 +438,14 @@ inline void fused_head(StepBuilder& b, bool backward) {
             continue;
         }
         b.tile_pass("head dlogits", (double)tb * 20 + logits + dlogits, 0, row_counts[r], "head_dlogits_kernel");
-        for (int i = 0; i < 2; i++) {
-            if (counts[i] == 0) continue;
-            const int64_t ld = round_up(widths[i], 8);
-            const double chunk_dlogits = (double)tb8 * ld * kBF16, w_rows = (double)ld * C * kBF16;
-            const bool resident = chunk_dlogits + w_rows + dx_rows <= keep;
-            // dX rows [tb][C] read and written by each chunk's GEMM: from HBM once a block when resident
-            const double dx_hbm = resident ? 2 * dx_rows / chunks : 2 * dx_rows;
-            gemm("head dX", C, tb, ld, GemmOutput::F32_Accumulate, w_rows + dx_hbm + chunk_dlogits, 2 * dx_rows - dx_hbm,
-                 row_counts[r] * counts[i]);
+        // dX [tb][C] += dlogits [tb][cols] . W [cols][C]: the full chunks' columns, then the last
+        // chunk's, reading the dX rows the first wrote from L2 when they fit beside its W rows and dlogits
+        for (int64_t cols : {main_cols, tail_ld}) {
+            if (!cols) continue;
+            const double part_dlogits = (double)tb8 * cols * kBF16, w_rows = (double)cols * C * kBF16;
+            const bool from_l2 = cols == tail_ld && main_cols && part_dlogits + w_rows + dx_rows <= keep;
+            gemm("head dX", C, tb, cols, GemmOutput::F32_Accumulate, w_rows + part_dlogits + (from_l2 ? 0 : 2 * dx_rows),
+                 from_l2 ? 2 * dx_rows : 0, row_counts[r]);
         }
         for (int64_t cols : {main_cols, tail_ld})  // dW [cols][C] += dlogits [tb8][cols]^T . X [tb8][C]
             if (cols)

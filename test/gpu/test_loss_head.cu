@@ -250,10 +250,70 @@ TEST(gpu_head_top1_matches_cpu_and_fp64) {
 //   forward bound), their lse and mu (forward bound + 2U rounding), the exp (4U + U |z_j - lse|),
 //   and the FP32 evaluation of g (4 roundings: 4U of each term, counted as 8U per side);
 //   the GPU rounds g to BF16 (8 significant bits, round to nearest): 2^-8 (|g_j| + dg_j);
-//   the sums: dX[c] = sum_j g_j W_jc over V terms: the CPU's chain rounds V times, the GPU's chunk
-//   GEMMs at most 2 U per term (truncating tensor-core accumulation) plus one add per chunk; dW[j][c] =
-//   sum_t g_tj x_tc over T terms likewise (on the GPU a token block's Tb8 terms, one add per block);
+//   the sums: dX[c] = sum_j g_j W_jc over V terms: the CPU's chains (the full chunks' columns, then
+//   the last chunk's) round V times plus 2 adds, the GPU's chunk GEMMs at most 2 U per term
+//   (truncating tensor-core accumulation) plus one add per chunk; dW[j][c] = sum_t g_tj x_tc over T
+//   terms likewise (on the GPU a token block's Tb8 terms, one add per block);
 // plus one rounding of the result on each side (2U |dX|): the buffers start non-zero.
+// DlogitsBound holds |g_j| + dg_j and its tolerance 2^-8 (|g_j| + dg_j) + dg_j per (t, j) for the
+// problem's a and b.
+namespace {
+struct DlogitsBound {
+    std::vector<double> abs, tol;  // [T][V]
+    DlogitsBound(const HeadProblem& h, const Exact& e, const ForwardBound& fb) : abs((size_t)h.T * h.V), tol(abs.size()) {
+        const double inv_t = 1.0 / h.temperature;
+        for (int t = 0; t < h.T; t++) {
+            double a = std::fabs(h.a[t]), b = std::fabs(h.b[t]), dl = fb.D[t] + 2 * U * std::fabs(e.lse[t]);
+            double dmu = fb.entropy[t] + fb.D[t];  // |d mu| <= |d entropy| + |d logZ|
+            for (int j = 0; j < h.V; j++) {
+                double p = e.at(e.p, t, j), zc = std::fabs(e.at(e.z, t, j) - e.mu[t]);
+                double dz = (3.0 * h.C + 2) * U * e.at(e.s, t, j);
+                double dp = p * std::expm1(dz + dl + 2 * (4 * U + U * std::fabs(e.at(e.z, t, j) - e.lse[t])));
+                bool y = j == h.target[t];
+                double gj = std::fabs(h.a[t] * ((y ? 1.0 : 0.0) - p) - h.b[t] * p * (e.at(e.z, t, j) - e.mu[t])) * inv_t;
+                double dg = (a * dp + b * (dp * zc + (p + dp) * (dz + dmu)) + 16 * U * (a * p + b * p * zc + (y ? a : 0))) * inv_t;
+                abs[(size_t)t * h.V + j] = gj + dg;
+                tol[(size_t)t * h.V + j] = std::ldexp(gj + dg, -8) + dg;
+            }
+        }
+    }
+    // dX[t][c]'s tolerance, its sums' roundings gamma (relative to sum_j |g_j| |W_jc|), ref the CPU's value
+    double dx(const HeadProblem& h, int t, int c, double gamma, double ref) const {
+        double sum_tol = 0, mag = 0;
+        for (int j = 0; j < h.V; j++) {
+            double w = std::fabs(h.W[(size_t)j * h.C + c]);
+            sum_tol += tol[(size_t)t * h.V + j] * w, mag += abs[(size_t)t * h.V + j] * w;
+        }
+        return sum_tol + gamma * mag * (1 + 0x1p-8) + 2 * U * std::fabs(ref);
+    }
+};
+
+// The CPU head's dX (cpu/logprob_head.h: a row block's full chunks' product as one chain, added, then
+// the last chunk's) from the given lse, mu and gradients a, b, dlogits rounded to BF16 as the GPU's,
+// for a GPU head's chunks of `chunk` columns: with kVocabChunk the CPU head as it is; with fewer
+// (when their full chunks' columns are at most kVocabChunk: one CPU chain) the CPU head over those
+// columns, then over the last chunk's (W's rows and the targets shifted to it).
+std::vector<float> cpu_head_dx(const HeadProblem& h, int chunk, const std::vector<float>& lse, const std::vector<float>& mu,
+                               const std::vector<float>& a, const std::vector<float>& b, std::vector<float> dx) {
+    const int main_cols = chunk == (int)kVocabChunk ? h.V : h.V / chunk * chunk, tail = h.V - main_cols;
+    if (main_cols > (int)kVocabChunk && chunk != (int)kVocabChunk)
+        fail("cpu_head_dx: %d full columns of chunks of %d are more than one CPU chunk", main_cols, chunk);
+    std::vector<int32_t> shifted(h.target);
+    for (int32_t& y : shifted) y -= main_cols;
+    for (int part = 0; part < 2; part++) {
+        const int v0 = part ? main_cols : 0, n = part ? tail : main_cols;
+        if (n == 0) continue;
+        HeadShape cs{n, h.C, h.temperature};
+        cs.bf16 = true;
+        HeadScratch scratch;
+        std::vector<float> dW((size_t)n * h.C, 0.0f);
+        head_backward(dx.data(), dW.data(), a.data(), b.data(), lse.data(), mu.data(), h.x.data(), h.W.data() + (size_t)v0 * h.C,
+                      (part ? shifted : h.target).data(), h.T, cs, scratch);
+    }
+    return dx;
+}
+}  // namespace
+
 TEST(gpu_head_backward_matches_cpu) {
     GemmRunner gemm;
     for_each_head_case(29, [&](const HeadCase& hc, float temperature, HeadProblem& h) {
@@ -276,44 +336,23 @@ TEST(gpu_head_backward_matches_cpu) {
 
         Exact e(h);
         ForwardBound fb(h, e);
-        const double inv_t = 1.0 / h.temperature;
+        const DlogitsBound gb(h, e, fb);
         const int chunks = (h.V + hc.chunk - 1) / hc.chunk;
         const double gamma_dx = (2.0 * hc.chunk + chunks + h.V + 2) * U;
         const double gamma_dw = (2.0 * hc.padded_rows() + hc.blocks() + h.T + 2) * U;
-        // |g| + dg and its contribution to the tolerance, per (t, j)
-        std::vector<double> g_abs((size_t)h.T * h.V), g_tol((size_t)h.T * h.V);
-        for (int t = 0; t < h.T; t++) {
-            double a = std::fabs(h.a[t]), b = std::fabs(h.b[t]), dl = fb.D[t] + 2 * U * std::fabs(e.lse[t]);
-            double dmu = fb.entropy[t] + fb.D[t];  // |d mu| <= |d entropy| + |d logZ|
-            for (int j = 0; j < h.V; j++) {
-                double p = e.at(e.p, t, j), zc = std::fabs(e.at(e.z, t, j) - e.mu[t]);
-                double dz = (3.0 * h.C + 2) * U * e.at(e.s, t, j);
-                double dp = p * std::expm1(dz + dl + 2 * (4 * U + U * std::fabs(e.at(e.z, t, j) - e.lse[t])));
-                bool y = j == h.target[t];
-                double gj = std::fabs(h.a[t] * ((y ? 1.0 : 0.0) - p) - h.b[t] * p * (e.at(e.z, t, j) - e.mu[t])) * inv_t;
-                double dg = (a * dp + b * (dp * zc + (p + dp) * (dz + dmu)) + 16 * U * (a * p + b * p * zc + (y ? a : 0))) * inv_t;
-                g_abs[(size_t)t * h.V + j] = gj + dg;
-                g_tol[(size_t)t * h.V + j] = std::ldexp(gj + dg, -8) + dg;
-            }
-        }
         std::vector<float> gdx = dx.download(), gdW = dW.download();
         Figures f_dx, f_dw;
         for (int t = 0; t < h.T; t++)
             for (int c = 0; c < h.C; c++) {
-                double tol = 0, mag = 0;
-                for (int j = 0; j < h.V; j++) {
-                    double w = std::fabs(h.W[(size_t)j * h.C + c]);
-                    tol += g_tol[(size_t)t * h.V + j] * w, mag += g_abs[(size_t)t * h.V + j] * w;
-                }
                 double ref = cdx[(size_t)t * h.C + c];
-                f_dx.add(gdx[(size_t)t * h.C + c], ref, tol + gamma_dx * mag * (1 + 0x1p-8) + 2 * U * std::fabs(ref));
+                f_dx.add(gdx[(size_t)t * h.C + c], ref, gb.dx(h, t, c, gamma_dx, ref));
             }
         for (int j = 0; j < h.V; j++)
             for (int c = 0; c < h.C; c++) {
                 double tol = 0, mag = 0;
                 for (int t = 0; t < h.T; t++) {
                     double xv = std::fabs(h.x[(size_t)t * h.C + c]);
-                    tol += g_tol[(size_t)t * h.V + j] * xv, mag += g_abs[(size_t)t * h.V + j] * xv;
+                    tol += gb.tol[(size_t)t * h.V + j] * xv, mag += gb.abs[(size_t)t * h.V + j] * xv;
                 }
                 double ref = cdW[(size_t)j * h.C + c];
                 f_dw.add(gdW[(size_t)j * h.C + c], ref, tol + gamma_dw * mag * (1 + 0x1p-8) + 2 * U * std::fabs(ref));
@@ -397,8 +436,10 @@ TEST(gpu_head_backward_matches_finite_differences) {
 // 1,024 and a ragged one of 6. The emulated tensor cores sum each output in the CPU
 // engine's order (exact BF16 products, one FP32 chain), dW's per block then added as the CPU adds
 // its row blocks', and dlogits round to BF16 as the CPU's (HeadShape::bf16): from the same lse and
-// mu, dX and dW are the CPU head's bits; the forward's statistics agree within the forward bound
-// (the GPU's block reductions sum the doubles in another order). On a GPU, the bounds of
+// mu, dX and dW are the CPU head's bits (dX: of one chunk here; from 2 full chunks on, the CPU head
+// sums them in one chain where the tiles add each chunk's product: the fused head's order, checked
+// by gpu_head_fused_equals_forward_then_backward); the forward's statistics agree within the forward
+// bound (the GPU's block reductions sum the doubles in another order). On a GPU, the bounds of
 // gpu_head_backward_matches_cpu hold these shapes instead.
 TEST(gpu_head_token_blocks_keep_cpu_bits) {
     GemmRunner gemm;
@@ -446,8 +487,12 @@ TEST(gpu_head_token_blocks_keep_cpu_bits) {
 
 // The fused head (forward_backward: a token block's logits computed once, over the whole vocabulary)
 // against forward then backward with the same token blocks: the same operations on the same values,
-// so every output has the same bits (on a GPU too: the logits GEMMs do not split k, so each logit is
-// one chain over C whatever the GEMM's m). The loss's gradients come from the block's own log-probs
+// so the log-probs, entropies, statistics, top-1 and dW have the same bits (on a GPU too: the logits
+// GEMMs do not split k, so each logit is one chain over C whatever the GEMM's m). dX is the CPU
+// head's order (issue 59: a block's one chain over the full chunks' columns, added, then the last
+// chunk's; backward's tiles add each chunk's, the same bits only with at most one full chunk): the
+// CPU head's bits from the same lse, mu and gradients in emulation (cpu_head_dx), within the bound
+// of gpu_head_backward_matches_cpu on a GPU. The loss's gradients come from the block's own log-probs
 // (a_t scaled by 1 + logprob_t / 8, b_t by entropy_t), asked for block by block: a block's
 // statistics must be final when asked, and every row asked once. Shapes: vocabulary chunks of 256
 // with a last one of 235 columns (the tail GEMM and its padded rows), a vocabulary of one chunk of
@@ -500,17 +545,17 @@ TEST(gpu_head_fused_equals_forward_then_backward) {
                                    CUDA_CHECK(cudaMemcpy(fdb.ptr + t0, bb.data(), tb * sizeof(float), cudaMemcpyHostToDevice));
                                }, 0);
 #ifdef FP8RL_EMU
-        // Per token block: the logits and dW as one GEMM over the whole chunks' columns and one over a
-        // narrower last chunk, a dX GEMM per chunk, one dlogits launch (issue 59: not one a chunk).
+        // Per token block: the logits, dX and dW as one GEMM over the whole chunks' columns and one over
+        // a narrower last chunk, one dlogits launch (issue 59: not a dX GEMM or dlogits launch a chunk).
         emu::stop_stats();
         const emu::RangeStats counted = emu::total_stats();
-        const int blocks = (h.T + k.block - 1) / k.block, chunks = (h.V + k.chunk - 1) / k.chunk;
+        const int blocks = (h.T + k.block - 1) / k.block;
         const int wide = (h.V >= k.chunk) + (h.V % k.chunk != 0);
         const auto dlogits = counted.kernels.find("head_dlogits_kernel");
         const uint64_t dlogits_launches = dlogits == counted.kernels.end() ? 0 : dlogits->second;
         printf("    fused: %llu GEMM calls (want %d), %llu dlogits launches (want %d)\n", (unsigned long long)counted.gemm_calls,
-               blocks * (2 * wide + chunks), (unsigned long long)dlogits_launches, blocks);
-        CHECK_EQ(counted.gemm_calls, (uint64_t)(blocks * (2 * wide + chunks)));
+               blocks * 3 * wide, (unsigned long long)dlogits_launches, blocks);
+        CHECK_EQ(counted.gemm_calls, (uint64_t)(blocks * 3 * wide));
         CHECK_EQ(dlogits_launches, (uint64_t)blocks);
 #endif
         auto differing = [](const std::vector<float>& x, const std::vector<float>& y) {
@@ -520,14 +565,36 @@ TEST(gpu_head_fused_equals_forward_then_backward) {
         };
         const long d_lp = differing(f.logprob.download(), lp), d_ent = differing(f.entropy.download(), ent);
         const long d_stats = differing(f.lse.download(), g.lse.download()) + differing(f.mu.download(), g.mu.download());
-        const long d_dx = differing(fdx.download(), dx.download()), d_dw = differing(fdW.download(), dW.download());
+        const std::vector<float> fused_dx = fdx.download();
+        const long d_dw = differing(fdW.download(), dW.download()), d_tiles_dx = differing(fused_dx, dx.download());
         const long d_top1 = differing(fused.top1(f.target.ptr, h.T, 0), top1);
         long once = 0;
         for (int t = 0; t < h.T; t++) once += asked[t] == 1;
-        printf("    T=%d C=%d V=%d chunk=%d block=%d temperature=%g: differing logprob %ld, entropy %ld, lse/mu %ld, dX %ld of %zu, "
-               "dW %ld of %zu, top1 %ld; rows asked once %ld of %d\n",
-               h.T, h.C, h.V, k.chunk, k.block, k.temperature, d_lp, d_ent, d_stats, d_dx, dx0.size(), d_dw, dW0.size(), d_top1, once, h.T);
-        CHECK(d_lp == 0 && d_ent == 0 && d_stats == 0 && d_dx == 0 && d_dw == 0 && d_top1 == 0);
+        // dX: the CPU head's, from the GPU's lse and mu and the same gradients
+        const std::vector<float> cdx = cpu_head_dx(h, k.chunk, g.lse.download(), g.mu.download(), a, b, dx0);
+#ifdef FP8RL_EMU
+        const bool emulated = true;
+        const long d_dx = differing(fused_dx, cdx);
+#else  // the fused GEMMs' chains (2U a term, at most V) and 2 adds; the CPU's V roundings and 2 adds
+        const bool emulated = false;
+        HeadProblem hp = h;
+        hp.a = a, hp.b = b;
+        const Exact e(hp);
+        const ForwardBound fb(hp, e);
+        const DlogitsBound gb(hp, e, fb);
+        long d_dx = 0;
+        for (int t = 0; t < h.T; t++)
+            for (int c = 0; c < h.C; c++) {
+                const double ref = cdx[(size_t)t * h.C + c];
+                d_dx += !(std::fabs(fused_dx[(size_t)t * h.C + c] - ref) <= gb.dx(hp, t, c, (3.0 * h.V + 4) * U, ref));
+            }
+#endif
+        printf("    T=%d C=%d V=%d chunk=%d block=%d temperature=%g: differing logprob %ld, entropy %ld, lse/mu %ld, dW %ld of "
+               "%zu, top1 %ld; dX %s the CPU head's %ld of %zu (the tiles' %ld); rows asked once %ld of %d\n",
+               h.T, h.C, h.V, k.chunk, k.block, k.temperature, d_lp, d_ent, d_stats, d_dw, dW0.size(), d_top1,
+               emulated ? "differing from" : "outside the bound of", d_dx, dx0.size(), d_tiles_dx, once, h.T);
+        CHECK(d_lp == 0 && d_ent == 0 && d_stats == 0 && d_dw == 0 && d_top1 == 0 && d_dx == 0);
+        if (emulated && h.V / k.chunk <= 1) CHECK(d_tiles_dx == 0);  // one chain a chunk either way
         CHECK(once == h.T && !stale);
     }
     CHECK_THROWS(LogprobHeadGpu(gemm, 256, 8, 12), "fused token block 12 must be a positive multiple of 8");
