@@ -52,19 +52,22 @@ static_assert(kBlockGemmK == 128 && kBlockGemmTile == 128, "a stage row is one 1
 // TileCopyPlan): thread i copies 16-byte chunk c = i % 8 of operand rows i / 8 + 32 p (p < 4) of both
 // operands, so its swizzled offset (chunk c ^ row % 8; rows 32 apart share it) and its sources are
 // fixed, and a k block moves them 128 bytes on. Threads 0-31 also copy 16 bytes of B's scales, 32-63
-// of A's (VEC128: 128 consecutive floats per k block for the tile's rows or columns).
+// of A's (VEC128: 128 consecutive floats per k block for the tile's rows or columns); at BLK128x128
+// thread 32 alone copies the 4 of A's tile row that hold block kb's (a row of the grid is padded to
+// a multiple of 4), so the promotion reads every scale from shared memory.
 struct BlockGemmCopyPlan {
     static constexpr int chunks = kBlockGemmK / 16, row_step = kBlockGemmThreads / chunks,
                          passes = kBlockGemmTile / row_step;
     static_assert(row_step % 8 == 0 && kBlockGemmTile % row_step == 0, "a thread's chunks share their swizzle");
     const uint8_t *a_src, *b_src;  // row first_row of the tile, chunk c, k block 0
-    const float* scale_src;        // this thread's 4 scales of k block 0 (threads 0-63; A's only at VEC128)
+    const float* scale_src;        // this thread's 4 scales of k block 0 (threads 0-63; A's BLK128x128: 32)
     size_t operand_step;           // bytes between rows 32 apart (k)
-    size_t scale_step;             // floats between k blocks of scale_src (n for B's, m for A's)
+    size_t scale_step;             // floats between k blocks of scale_src (n for B's, m for A's, 1 for BLK)
+    int scale_block_mask;          // block kb's scales at (kb & mask) * scale_step: ~3 for BLK's groups of 4
     int smem_offset;               // the chunk's byte offset in an operand's stage
     int scale_offset;              // the 4 scales' float offset in a stage's scales; -1: none
 
-    __device__ BlockGemmCopyPlan(const uint8_t* a, const float* a_scale, bool a_vec, const uint8_t* b,
+    __device__ BlockGemmCopyPlan(const uint8_t* a, const float* a_scale, bool a_block, const uint8_t* b,
                                  const float* b_scale, int m, int n, int k, int m0, int n0) {
         const int c = (int)threadIdx.x % chunks, first_row = (int)threadIdx.x / chunks;
         a_src = a + (size_t)(m0 + first_row) * k + 16 * c;
@@ -72,10 +75,14 @@ struct BlockGemmCopyPlan {
         operand_step = (size_t)row_step * k;
         smem_offset = first_row * kBlockGemmK + ((c ^ (first_row % 8)) * 16);
         const int t = (int)threadIdx.x, quad = t % 32;
-        const bool b_scales = t < 32, a_scales = t >= 32 && t < 64 && a_vec;
+        const bool b_scales = t < 32, a_scales = t >= 32 && t < (a_block ? 33 : 64);
         scale_offset = b_scales ? 4 * quad : a_scales ? kBlockGemmTile + 4 * quad : -1;
-        scale_src = b_scales ? b_scale + n0 + 4 * quad : a_scales ? a_scale + m0 + 4 * quad : nullptr;
-        scale_step = b_scales ? (size_t)n : (size_t)m;
+        scale_src = b_scales    ? b_scale + n0 + 4 * quad
+                    : !a_scales ? nullptr
+                    : a_block   ? a_scale + (size_t)(m0 / kBlockGemmTile) * round_up4(k / kBlockGemmK)
+                                : a_scale + m0 + 4 * quad;
+        scale_step = b_scales ? (size_t)n : a_block ? 1 : (size_t)m;
+        scale_block_mask = a_scales && a_block ? ~3 : ~0;
     }
 
     // Starts the copies of k block kb into a stage (operands at `stage`, scales at `scales`).
@@ -87,7 +94,8 @@ struct BlockGemmCopyPlan {
             __pipeline_memcpy_async(stage + to, b_src + k0 + p * operand_step, 16);
             __pipeline_memcpy_async(stage + kBlockGemmOperandBytes + to, a_src + k0 + p * operand_step, 16);
         }
-        if (scale_offset >= 0) __pipeline_memcpy_async(scales + scale_offset, scale_src + (size_t)kb * scale_step, 16);
+        if (scale_offset >= 0)
+            __pipeline_memcpy_async(scales + scale_offset, scale_src + (size_t)(kb & scale_block_mask) * scale_step, 16);
     }
 };
 
@@ -115,7 +123,7 @@ __global__ void __launch_bounds__(kBlockGemmThreads, 1)
     const int blocks = k / kBlockGemmK, warpgroup = (int)threadIdx.x / 128, warp = (int)threadIdx.x / 32 % 4;
     const int lane = (int)threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int row0 = 64 * warpgroup + 16 * warp + g;  // the thread's rows of the tile: row0 and row0 + 8
-    const BlockGemmCopyPlan copy(a, a_scale, !ABlock, b, b_scale, m, n, k, m0, n0);
+    const BlockGemmCopyPlan copy(a, a_scale, ABlock, b, b_scale, m, n, k, m0, n0);
     auto stage_of = [](int kb) { return kb % kBlockGemmStages; };
     auto copy_block = [&](int kb) {
         copy.start(ring + stage_of(kb) * kBlockGemmStageBytes, ring_scales + stage_of(kb) * kBlockGemmScaleFloats, kb);
@@ -127,7 +135,6 @@ __global__ void __launch_bounds__(kBlockGemmThreads, 1)
     // stage 0's operands: this warpgroup's 64 rows of B, and A
     const uint64_t b_desc = block_gemm_descriptor(ring + 64 * warpgroup * kBlockGemmK),
                    a_desc = block_gemm_descriptor(ring + kBlockGemmOperandBytes);
-    const float* a_block_scales = ABlock ? a_scale + (size_t)(m0 / kBlockGemmTile) * round_up4(blocks) : nullptr;
     // Issues k block kb's wgmmas into acc, then the copies of block kb + kBlockGemmAhead into the stage
     // of kb - 2: every thread passed the barrier after its wait for kb - 2's wgmmas and its promotion.
     auto issue = [&](Accumulator& acc, int kb) {
@@ -148,7 +155,7 @@ __global__ void __launch_bounds__(kBlockGemmThreads, 1)
     auto promote = [&](Accumulator& acc, int kb) {
         const float* s = ring_scales + stage_of(kb) * kBlockGemmScaleFloats;
         const float sb[2] = {s[row0], s[row0 + 8]};
-        const float a_block = ABlock ? a_block_scales[kb] : 0.0f;
+        const float a_block = ABlock ? s[kBlockGemmTile + (kb & 3)] : 0.0f;
         FP8RL_UNROLL
         for (int c = 0; c < Accumulator::regs / 4; c++) {  // columns 8c + 2t, 8c + 2t + 1
             const float2 sa = ABlock ? make_float2(a_block, a_block) : *reinterpret_cast<const float2*>(s + kBlockGemmTile + 8 * c + 2 * t);
