@@ -538,7 +538,7 @@ constexpr int kTile = 128, kBlockK = 128, kThreads = 256, kStages = 6;
 constexpr double kMmaPerBlock = 4 * 64.0 * 128 * 32 / 4 / (16 * 8 * 16);  // a warp's m16n8k16-equivalents a k block
 // 6 stages x (B's and A's 128 x 128 bytes + 256 FP32 scales) + 1,024 bytes of alignment: 203,776
 constexpr double kSmemBytes = kStages * (2.0 * kTile * kBlockK + 2 * kTile * 4) + 1024;
-// ptxas -v for sm_90a at 91eb814 (not in sass_counts.h): 255 (BLK) / 254 (VEC128) registers, 0 spills
+// ptxas -v for sm_90a at 91eb814 and 01af65b (not in sass_counts.h): 255 (BLK) / 254 (VEC128) registers, 0 spills
 constexpr int kRegisters = 255;
 }  // namespace block_gemm
 
