@@ -904,7 +904,7 @@ class GpuEngine : public Engine {
     // appends K and V to the cache in the q/k-norm + RoPE kernel (append).
     void attention_inputs(LayerActsGpu& A, const LayerActsGpu* before, int l, const StepRows& r,
                           const KvAppend& append = {});
-    // att_operand: A.att's FP8 operand is in the scratch already (a decode step's attention wrote it).
+    // att_operand: A.att's FP8 operand is in the scratch already (the attention that produced A.att wrote it).
     void attention_outputs(LayerActsGpu& A, int l, const StepRows& r, bool stop_before_down, bool att_operand = false);
     void layer_backward(int l, bf16* dh);
     // y [Tp][N] = projection j of x (bf16) or of the FP8 operand x's producer wrote (fp8).
@@ -1160,6 +1160,9 @@ inline void GpuEngine::layer_forward(int l, bool recomputing, const std::functio
     attention_inputs(A, recomputing || l == 0 ? nullptr : &layers_[l - 1], l, r);
     if (kv_ready) kv_ready(l);
     const PackedAttentionShape shape{T_, m.H, m.KV, m.D, batch_.num_sequences(), max_seqlen_};
+    // fp8 at D = 128: attention writes the O projection's FP8 operand itself, no pass over A.att (not
+    // under --train_kv_replay, whose decode rows are replaced after the attention)
+    const Fp8RowsOut att_operand = !kv_replay_ && attention_writes_fp8(m.D) ? fp8_operand(r, m.H * m.D) : Fp8RowsOut{};
     if (kv_replay_) {  // kv_replay.cuh's steps; the decode rows' output and lse in the FP32 GEMM scratch, free here
         const float *k_scale = kv_replay_scales_.get() + (size_t)l * m.KV, *v_scale = k_scale + (size_t)m.L * m.KV;
         bf16* decode_att = reinterpret_cast<bf16*>(r.gemm_f32);
@@ -1170,9 +1173,9 @@ inline void GpuEngine::layer_forward(int l, bool recomputing, const std::functio
         attention_forward(A.att, A.lse, A.q, A.k, A.v, cu_seqlens_.get(), shape, stream_);
         kv_replay_keep_decode_rows(A.att, A.lse, decode_att, decode_lse, kv_replay_decode_rows_.get(), T_, m.H, m.D, stream_);
     } else {
-        attention_forward(A.att, A.lse, A.q, A.k, A.v, cu_seqlens_.get(), shape, stream_);
+        attention_forward(A.att, A.lse, A.q, A.k, A.v, cu_seqlens_.get(), shape, stream_, nullptr, nullptr, att_operand);
     }
-    attention_outputs(A, l, r, recomputing);
+    attention_outputs(A, l, r, recomputing, (bool)att_operand);
 }
 
 inline void GpuEngine::trunk_forward(const std::vector<Sequence>& seqs, Precision p, bool for_backward,

@@ -12,6 +12,8 @@
 //   forward     one CTA per (64-query block, head, sequence): loops over key tiles with an online
 //               softmax (running max m, running sum l, O rescaled); writes O (BF16) and lse; the
 //               softmax of a tile runs while the previous tile's P V is in flight (FA3's pipelining);
+//               at D = 128 also O's FP8 1x128 operand for the O projection (a head's row is one
+//               group), from the registers that hold O (perf-anchors.md: no standalone quantization);
 //   delta       delta[t][h] = rowsum(dO * O), one thread per (row, head);
 //   dq          one CTA per (64-query block, head, sequence): recomputes P from lse over the key
 //               tiles, dS = P (dP - delta) scale, dQ += dS K in FP32 registers, then the cast;
@@ -38,6 +40,7 @@
 
 #include "cuda/common.cuh"
 #include "cuda/element.cuh"
+#include "cuda/kernels/fp8_rows.cuh"
 #include "cuda/kernels/mma.cuh"
 #include "cuda/kernels/wgmma.cuh"
 #include "rl/numerics/attention_tiles.h"
@@ -178,19 +181,69 @@ __device__ __forceinline__ float quad_max(float v) {
     return fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 2));
 }
 
-// Writes the warp's acc[16 x D], times factor_lo in rows g and factor_hi in rows g + 8, as BF16 rows
-// row0 .. row0 + 15 of a [T][heads][D] tensor at `dst` (already offset to the head): the rows below
-// `row_end`, the columns below D (the rest is padding).
+// The warp's acc[16 x D], times factor_lo in rows g and factor_hi in rows g + 8, rounded to BF16 in
+// pairs: pairs[2n + half] holds registers 4n + 2 half and 4n + 2 half + 1 (row g + 8 half, columns
+// 8n + 2t and 8n + 2t + 1 of the lane's t = lane % 4), the low half first.
+template <int D>
+using BF16Pairs = uint32_t[AttnTile<D>::cols / 4];
+template <int D>
+__device__ void round_rows_bf16(BF16Pairs<D>& pairs, WgmmaAccumulator<AttnTile<D>::cols>& acc, float factor_lo, float factor_hi) {
+    for (int n = 0; n < AttnTile<D>::frags; n++)
+        for (int half = 0; half < 2; half++) {  // rows g, g + 8
+            const float factor = half ? factor_hi : factor_lo;
+            pairs[2 * n + half] = pack_floats_bf16(acc[4 * n + 2 * half] * factor, acc[4 * n + 2 * half + 1] * factor);
+        }
+}
+
+// Writes the pairs as BF16 rows row0 .. row0 + 15 of a [T][heads][D] tensor at `dst` (already offset
+// to the head): the rows below `row_end`, the columns below D (the rest is padding), a pair a 4-byte store.
+template <int D>
+__device__ void store_rows_bf16(__nv_bfloat16* dst, long row_stride, long row0, long row_end, const BF16Pairs<D>& pairs) {
+    for (int n = 0; n < AttnTile<D>::frags; n++)
+        for (int half = 0; half < 2; half++) {
+            const long row = row0 + c_fragment_row(2 * half);
+            const int col = 8 * n + c_fragment_col(0);
+            if (row < row_end && col < D) store_vector<uint32_t>(dst + row * row_stride + col, pairs[2 * n + half]);
+        }
+}
+
+// The warp's acc[16 x D] as BF16 rows (above).
 template <int D>
 __device__ void store_rows_bf16(__nv_bfloat16* dst, long row_stride, long row0, long row_end,
-                                WgmmaAccumulator<AttnTile<D>::cols>& acc, float factor_lo, float factor_hi) {
-    for (int n = 0; n < AttnTile<D>::frags; n++)
-        for (int i = 0; i < 4; i++) {
-            const long row = row0 + c_fragment_row(i);
-            const int col = 8 * n + c_fragment_col(i);
-            if (row < row_end && col < D)
-                dst[row * row_stride + col] = __float2bfloat16_rn(acc[4 * n + i] * (i < 2 ? factor_lo : factor_hi));
+                                WgmmaAccumulator<AttnTile<D>::cols>& acc) {
+    BF16Pairs<D> pairs;
+    round_rows_bf16<D>(pairs, acc, 1.0f, 1.0f);
+    store_rows_bf16<D>(dst, row_stride, row0, row_end, pairs);
+}
+
+// Whether the forward writes its output's FP8 1x128 operand too: where a head's row of D = 128
+// columns is one group, which the CTA that computes the row holds whole.
+FP8RL_HD constexpr bool attention_writes_fp8(int head_dim) { return head_dim == FP8_BLOCK; }
+
+// The warp's BF16 rows O[16 x 128] (round_rows_bf16's pairs) quantized as group `group` of rows
+// row0 .. row0 + 15 below row_end of the [rows][cols] operand `q8`: a row's amax over the quad's 4
+// lanes, then the CPU quantizer's scale and codes (rl/numerics/fp8_block.h, fp8_quantize_rowwise).
+// fmaxf(amax, |x|) is amax_update (a NaN dropped) in one FMNMX.
+__device__ void store_rows_fp8(const Fp8RowsOut& q8, long cols, long row0, long row_end, int group,
+                               const BF16Pairs<FP8_BLOCK>& pairs) {
+    float v[2][FP8_BLOCK / 4], scale[2];  // rows g, g + 8: the lane's 32 values of the row, the row's scale
+    for (int half = 0; half < 2; half++) {
+        float amax = 0.0f;
+        for (int n = 0; n < FP8_BLOCK / 8; n++) {
+            const uint32_t w = pairs[2 * n + half];
+            v[half][2 * n] = bits_float(w << 16), v[half][2 * n + 1] = bits_float(w & 0xFFFF0000u);
+            amax = fmaxf(amax, fmaxf(fabsf(v[half][2 * n]), fabsf(v[half][2 * n + 1])));
         }
+        scale[half] = fp8_scale_from_amax(quad_max(amax), q8.pow2);
+    }
+    for (int half = 0; half < 2; half++) {
+        const long row = row0 + c_fragment_row(2 * half);
+        if (row >= row_end) return;  // and row g + 8
+        uint8_t* codes = q8.codes + row * cols + group * FP8_BLOCK + c_fragment_col(0);
+        for (int n = 0; n < FP8_BLOCK / 8; n++)
+            store_vector<uint16_t>(codes + 8 * n, encode_e4m3x2(v[half][2 * n] * scale[half], v[half][2 * n + 1] * scale[half]));
+        if (lane_id() % 4 == 0) q8.scale_inv[vec128_scale_index((int)row, group, q8.rows)] = 1.0f / scale[half];
+    }
 }
 
 // One CTA (one warpgroup) per (query block blockIdx.x, head blockIdx.y, sequence blockIdx.z). Shared
@@ -200,12 +253,14 @@ __device__ void store_rows_bf16(__nv_bfloat16* dst, long row_stride, long row0, 
 // flight, then waits for it and rescales O. The copies run a round ahead: round j starts K_{j+1} and
 // V_j (read in round j + 1). O sees the operations of an unpipelined loop in their order (O *=
 // correction_j, then O += P_j V_j, k steps of 16 in order), so the CPU engine's tiling
-// (rl/numerics/attention_tiles.h) stays this kernel's oracle.
+// (rl/numerics/attention_tiles.h) stays this kernel's oracle. With `q8` (attention_writes_fp8(D)) the
+// rows' FP8 operand too, and the first block of the last sequence zeroes the head's group in the
+// operand's padding rows (T .. q8.rows: zero codes, an all-zero group's scale), a zero GEMM operand.
 template <int D>
 __global__ void __launch_bounds__(kAttnThreads)
     attention_forward_kernel(__nv_bfloat16* out, float* lse, const __nv_bfloat16* q, const __nv_bfloat16* k,
                              const __nv_bfloat16* v, const int* cu_seqlens, int H, int KV, const float* k_scale,
-                             const float* v_scale) {
+                             const float* v_scale, Fp8RowsOut q8) {
     using Tile = SwizzledTile<D>;
     DYNAMIC_SHARED(unsigned char, smem_raw);
     unsigned char* q_tile = align_shared_1024(smem_raw);
@@ -213,8 +268,20 @@ __global__ void __launch_bounds__(kAttnThreads)
     const long seq_begin = cu_seqlens[blockIdx.z], seq_len = cu_seqlens[blockIdx.z + 1] - seq_begin;
     const int head = blockIdx.y, kv_head = head / (H / KV), warp = threadIdx.x / 32;
     const long q0 = (long)blockIdx.x * kAttnTile;  // within the sequence
-    if (q0 >= seq_len) return;
     const long ldq = (long)H * D, ldk = (long)KV * D;
+    if constexpr (attention_writes_fp8(D)) {
+        if (q8 && blockIdx.x == 0 && blockIdx.z + 1 == gridDim.z) {
+            const long T = seq_begin + seq_len;
+            constexpr int chunks = D / 16;  // 16-byte chunks of codes in a row's group
+            FP8RL_NO_UNROLL
+            for (long i = threadIdx.x; i < (q8.rows - T) * chunks; i += kAttnThreads) {
+                const long row = T + i / chunks;
+                store_vector<uint4>(q8.codes + row * ldq + head * D + 16 * (i % chunks), make_uint4(0, 0, 0, 0));
+                if (i % chunks == 0) q8.scale_inv[vec128_scale_index((int)row, head, q8.rows)] = 1.0f / fp8_scale_from_amax(0.0f, q8.pow2);
+            }
+        }
+    }
+    if (q0 >= seq_len) return;
     const long key_end = min(q0 + kAttnTile, seq_len);  // causal: no row of the block sees a later key
     const int key_tiles = (int)((key_end + kAttnTile - 1) / kAttnTile);
     const __nv_bfloat16 *k_src = k + seq_begin * ldk + kv_head * D, *v_src = v + seq_begin * ldk + kv_head * D;
@@ -312,7 +379,11 @@ __global__ void __launch_bounds__(kAttnThreads)
         const long row = warp_row0 + lane_id() / 4 + 8 * r;
         if (lane_id() % 4 == 0 && row < seq_len) lse[(seq_begin + row) * H + head] = fmaf(row_max[r], scale, logf(total));
     }
-    store_rows_bf16<D>(out + seq_begin * ldq + head * D, ldq, warp_row0, seq_len, o, inv[0], inv[1]);
+    BF16Pairs<D> o_bf16;  // O normalised, rounded: what `out` holds and what its FP8 operand quantizes
+    round_rows_bf16<D>(o_bf16, o, inv[0], inv[1]);
+    store_rows_bf16<D>(out + seq_begin * ldq + head * D, ldq, warp_row0, seq_len, o_bf16);
+    if constexpr (attention_writes_fp8(D))
+        if (q8) store_rows_fp8(q8, ldq, seq_begin + warp_row0, seq_begin + seq_len, head, o_bf16);
 }
 
 // delta[t][h] = sum_d dout[t][h][d] * out[t][h][d], one thread per (t, h). A template like the other
@@ -428,7 +499,7 @@ __global__ void __launch_bounds__(kAttnThreads)
     };
     for (int tile = 0; tile < key_tiles - 1; tile++) round(tile, std::false_type());
     round(key_tiles - 1, std::true_type());  // the diagonal tile, peeled out of the loop
-    store_rows_bf16<D>(dq + seq_begin * ldq + head * D, ldq, warp_row0, seq_len, acc, 1.0f, 1.0f);
+    store_rows_bf16<D>(dq + seq_begin * ldq + head * D, ldq, warp_row0, seq_len, acc);
 }
 
 // dk, dv: one CTA per (key block blockIdx.x, kv head blockIdx.y, sequence blockIdx.z); it walks the
@@ -517,8 +588,8 @@ __global__ void __launch_bounds__(kAttnThreads)
         wgmma_wait<0>(dk_acc, dv_acc);
         __syncthreads();  // every warp is done with this buffer before the next round's copy refills it
     }
-    store_rows_bf16<D>(dk + seq_begin * ldk + kv_head * D, ldk, warp_key0, seq_len, dk_acc, 1.0f, 1.0f);
-    store_rows_bf16<D>(dv + seq_begin * ldk + kv_head * D, ldk, warp_key0, seq_len, dv_acc, 1.0f, 1.0f);
+    store_rows_bf16<D>(dk + seq_begin * ldk + kv_head * D, ldk, warp_key0, seq_len, dk_acc);
+    store_rows_bf16<D>(dv + seq_begin * ldk + kv_head * D, ldk, warp_key0, seq_len, dv_acc);
 }
 
 // Calls f(std::integral_constant<int, D>()) with D = head_dim if the kernels support it; else fails
@@ -569,10 +640,10 @@ size_t attention_smem(Kernel kernel, int tiles, size_t extra) {
 template <int D>
 void attention_forward_d(__nv_bfloat16* out, float* lse, const __nv_bfloat16* q, const __nv_bfloat16* k,
                          const __nv_bfloat16* v, const int* cu_seqlens, const PackedAttentionShape& s,
-                         cudaStream_t stream, const float* k_scale, const float* v_scale) {
+                         cudaStream_t stream, const float* k_scale, const float* v_scale, const Fp8RowsOut& q8) {
     const size_t smem = attention_smem<D>(attention_forward_kernel<D>, 5, 0);
     LAUNCH_KERNEL(attention_forward_kernel<D>, attention_grid(s, s.H), kAttnThreads, smem, stream, out, lse, q, k, v,
-                  cu_seqlens, s.H, s.KV, k_scale, v_scale);
+                  cu_seqlens, s.H, s.KV, k_scale, v_scale, q8);
 }
 
 template <int D>
@@ -594,14 +665,23 @@ void attention_backward_d(__nv_bfloat16* dq, __nv_bfloat16* dk, __nv_bfloat16* d
 // on the device, increasing from 0 to T, no sequence longer than max_seqlen. k_scale, v_scale [KV] on
 // the device (null: 1): K and V are FP8 codes' values (--train_kv_replay, kv_replay.cuh), read as
 // decode reads them: a KV head's K scale joins the scores' D^-1/2, its V scale the output's 1 / sum
-// (the CPU engine's attention_forward_packed).
+// (the CPU engine's attention_forward_packed). q8: out's FP8 1x128 operand [q8.rows >= T][H D] as
+// well (fp8_rows.cuh; the rows past T zero), where attention_writes_fp8(D).
+
 inline void attention_forward(__nv_bfloat16* out, float* lse, const __nv_bfloat16* q, const __nv_bfloat16* k,
                               const __nv_bfloat16* v, const int* cu_seqlens, const PackedAttentionShape& s,
-                              cudaStream_t stream, const float* k_scale = nullptr, const float* v_scale = nullptr) {
+                              cudaStream_t stream, const float* k_scale = nullptr, const float* v_scale = nullptr,
+                              const Fp8RowsOut& q8 = {}) {
     check_attention_shape("attention_forward", s);
+    if (q8) {
+        if (!attention_writes_fp8(s.D))
+            fail("attention_forward: an FP8 output needs head dim D = %d (one 1x128 group a head's row); got %d: quantize "
+                 "the BF16 output instead (quantize_rows_gpu)", FP8_BLOCK, s.D);
+        check_fp8_rows_out("attention_forward", s.T, s.H * s.D, q8);
+    }
     if (s.T == 0 || s.num_seqs == 0) return;
     with_head_dim("attention", s.D, [&](auto head_dim) {
-        attention_forward_d<decltype(head_dim)::value>(out, lse, q, k, v, cu_seqlens, s, stream, k_scale, v_scale);
+        attention_forward_d<decltype(head_dim)::value>(out, lse, q, k, v, cu_seqlens, s, stream, k_scale, v_scale, q8);
     });
 }
 

@@ -1,5 +1,6 @@
 // fp8_rows.cuh: the FP8 1x128 operand of a GEMM, written by the kernel that produces the values
-// (the norms, SwiGLU) or by one pass over a BF16 tensor (the attention output), never by a second
+// (the norms, SwiGLU, attention at D = 128) or by one pass over a BF16 tensor (the attention output
+// at other head dims, or replaced rows: --train_kv_replay), never by a second
 // standalone pass over what a producer just wrote (issue 28; Transformer Engine and DeepGEMM fuse
 // the cast into the kernel before the GEMM). The codes and scales are those of fp8_gemm.cuh's
 // quantize_rowwise_kernel and the CPU's fp8_quantize_rowwise, bit for bit: per row r and group kb of
@@ -165,7 +166,8 @@ FP8RL_HD int group_pairs(int cols) { return (fp8_num_blocks(cols) + 1) / 2; }
 
 // ---------------------------------------------------------------------------------------------
 // One pass over a BF16 tensor x [rows][cols] (its first `valid` rows real, the rest zeros) into its
-// FP8 operand: the attention output before the O projection. Block (r, j) covers the groups
+// FP8 operand: the attention output before the O projection where attention does not write it
+// (attention.cuh's attention_writes_fp8). Block (r, j) covers the groups
 // 16 j .. 16 j + 15 of row r.
 
 inline constexpr int kRowsQuantThreads = 256;

@@ -44,8 +44,15 @@ __device__ __forceinline__ uint32_t pack_bf16_pair(__nv_bfloat16 lo, __nv_bfloat
     return bf16_bits(lo) | bf16_bits(hi) << 16;
 }
 
+// lo and hi rounded to BF16, lo in the low half: one F2FP.BF16.F32.PACK_AB on the device (nvcc does
+// not always fuse two conversions and a shift into it).
 __device__ __forceinline__ uint32_t pack_floats_bf16(float lo, float hi) {
+#ifdef FP8RL_EMU
     return pack_bf16_pair(__float2bfloat16_rn(lo), __float2bfloat16_rn(hi));
+#else
+    const __nv_bfloat162 pair = __floats2bfloat162_rn(lo, hi);  // .x = lo: the low half
+    return *reinterpret_cast<const uint32_t*>(&pair);
+#endif
 }
 
 #ifdef FP8RL_EMU

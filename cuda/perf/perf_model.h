@@ -314,7 +314,9 @@ class StepBuilder {
     void tile_quantize(const char* name, int64_t rows, int64_t cols, double repeat = 1) {
         if (p == Precision::FP8) add(tile_quantizer_cost(hw, name, rows, cols, false), repeat);
     }
-    void attention(bool backward) {
+    // fp8_out (forward): the kernel also writes its output's FP8 1x128 operand (codes and scales of
+    // the GEMM's padded rows), attention.cuh's attention_writes_fp8
+    void attention(bool backward, bool fp8_out = false) {
         const ModelConfig& c = s.model;
         const double H = c.num_heads, D = c.head_dim, T = s.tokens, Nqkv = c.q_dim() + 2 * c.kv_dim();
         // causal: 2 products of S^2/2 x D per head forward (QK^T, PV); the backward's kernels make 7
@@ -336,7 +338,8 @@ class StepBuilder {
         }
         const double bytes = backward ? T * (Nqkv + c.q_dim()) * kBF16 + T * H * 3 * kF32 + T * Nqkv * kBF16 +
                                             T * c.q_dim() * 2 * kBF16  // delta's rowsum(dO * O)
-                                      : T * Nqkv * kBF16 + T * c.q_dim() * kBF16 + T * H * kF32;
+                                      : T * Nqkv * kBF16 + T * c.q_dim() * kBF16 + T * H * kF32 +
+                                            (fp8_out ? (double)round_up(s.tokens, 128) * c.q_dim() * kFP8 : 0);
         KernelCost k{backward ? "attention backward (delta, dq, dk/dv)" : "attention forward", KernelClass::Attention, phase_,
                      per_layer_, 1, backward ? 3 : 1, flops, flops / seconds, bytes};
         k.compute_bound = bound;
@@ -478,8 +481,11 @@ inline void fused_layer_forward(StepBuilder& b) {
     b.trainer_gemm("QKV fprop", (int64_t)N, Tp, c.hidden_size, GemmOutput::BF16, true);
     b.pass("q/k RMSNorm + RoPE + split", KernelClass::Elementwise, 2 * T * N * kBF16 + qk_norm, 1, 1,
            "qkv_rope_forward_kernel<__nv_bfloat16>");
-    b.attention(false);
-    b.quantize("quantize attention output", Tp, c.q_dim(), 1);
+    // the O projection's FP8 operand: written by the attention forward where a head's row is one 1x128
+    // group (attention.cuh's attention_writes_fp8: D = 128), else one pass over the BF16 output
+    const bool att_fp8 = fp8 && c.head_dim == 128;
+    b.attention(false, att_fp8);
+    if (!att_fp8) b.quantize("quantize attention output", Tp, c.q_dim(), 1);
     b.trainer_gemm("O fprop", c.hidden_size, Tp, c.q_dim(), GemmOutput::BF16, true);
     norm("add + RMSNorm (MLP input)", "RMSNorm -> FP8 xn2, xn2^T");
     b.trainer_gemm("gate|up fprop", 2 * c.intermediate_size, Tp, c.hidden_size, GemmOutput::BF16, true);

@@ -294,6 +294,57 @@ TEST(attention_backward_is_deterministic) {
     CHECK(memcmp(first.dv.data(), second.dv.data(), first.dv.size() * sizeof(float)) == 0);
 }
 
+// At D = 128 the forward writes its output's FP8 1x128 operand for the O projection (a head's row is
+// one group) as the CPU quantizes the BF16 output it wrote (fp8_quantize_rowwise: codes and scales
+// byte for byte), the padding rows up to the GEMM's 256 as zeros over garbage: 130 rows (a whole
+// 128-row block and 2) and 141 (sequences of 100, 1 and 40), power-of-two scales in one. The BF16
+// output is the one written without the operand.
+TEST(attention_forward_writes_fp8_operand_bit_for_bit) {
+    REQUIRE_GPU_FOR_ATTENTION();
+    const AttentionCase cases[] = {{"130 rows", {66, 64}, 2, 1, 128}, {"141 rows", {100, 1, 40}, 2, 1, 128}};
+    const int padded = 256;
+    for (const AttentionCase& c : cases)
+        for (bool pow2 : {false, true}) {
+            if (pow2 && c.lengths.size() == 2) continue;
+            const Batch b = make_batch(c);
+            const PackedAttentionShape& s = b.shape;
+            const int cols = s.H * s.D;
+            DeviceBuffer<__nv_bfloat16> q(to_bf16(b.q)), k(to_bf16(b.k)), v(to_bf16(b.v));
+            DeviceBuffer<int> cu(b.cu_seqlens);
+            DeviceBuffer<uint8_t> codes(std::vector<uint8_t>((size_t)padded * cols, 0xAB));
+            DeviceBuffer<float> scales(std::vector<float>(vec128_scale_count(padded, cols), NAN));
+            const Fp8RowsOut q8{codes.ptr, scales.ptr, padded, pow2};
+            auto out = nan_buffer<__nv_bfloat16>(b.q.size());
+            auto lse = nan_buffer<float>((size_t)s.T * s.H);
+            attention_forward(out->ptr, lse->ptr, q.ptr, k.ptr, v.ptr, cu.ptr, s, 0, nullptr, nullptr, q8);
+            std::vector<float> o((size_t)padded * cols, 0.0f);
+            const std::vector<float> got = to_float(out->download());
+            std::copy(got.begin(), got.end(), o.begin());
+            const Fp8Tensor want = fp8_quantize_rowwise(o.data(), padded, cols, pow2);
+            const std::vector<uint8_t> got_codes = codes.download();
+            const std::vector<float> got_scales = scales.download();
+            int bad = 0;
+            for (size_t i = 0; i < want.data.size(); i++) bad += got_codes[i] != want.data[i];
+            for (size_t i = 0; i < want.scale_inv.size(); i++) bad += float_bits(got_scales[i]) != float_bits(want.scale_inv[i]);
+            printf("  %s%s: %d of %zu codes and scales differ\n", c.name, pow2 ? ", pow2 scales" : "", bad,
+                   want.data.size() + want.scale_inv.size());
+            CHECK_EQ(bad, 0);
+            const GpuResults plain = run_gpu(b, false);
+            CHECK(memcmp(plain.out.data(), got.data(), got.size() * sizeof(float)) == 0);
+        }
+    // what it refuses: a head dim whose rows are not one group, too few operand rows
+    DeviceBuffer<uint8_t> codes(64 * 64);
+    DeviceBuffer<float> scales(64);
+    PackedAttentionShape s{10, 1, 1, 64, 1, 10};
+    CHECK_THROWS(attention_forward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, s, 0, nullptr, nullptr,
+                                   Fp8RowsOut{codes.ptr, scales.ptr, 64, false}),
+                 "needs head dim D = 128");
+    s = {70, 1, 1, 128, 1, 70};
+    CHECK_THROWS(attention_forward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, s, 0, nullptr, nullptr,
+                                   Fp8RowsOut{codes.ptr, scales.ptr, 64, false}),
+                 "70 real rows in an FP8 operand of 64 rows");
+}
+
 TEST(attention_rejects_unsupported_shapes) {
     PackedAttentionShape s{10, 4, 2, 48, 1, 10};
     CHECK_THROWS(attention_forward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, s, 0), "head dim D = 48");

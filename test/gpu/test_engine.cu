@@ -171,17 +171,33 @@ TEST(gpu_engine_matches_cpu_engine_gqa3_dims_not_multiples_of_128) {
     REQUIRE_GPU();
     compare_engines("test/fixtures/models/qwen3_gqa3_tiny");
 }
-// The trainer's projection GEMMs on fp8rl's own block-scaled FP8 kernel (--fp8_gemm_kernel own, the
-// default): no fixture's projections are multiples of 128 on every side, so there they fall back to
-// cuBLASLt. This random one-layer Qwen3 (hidden 128, intermediate 256, 2 heads and 2 KV heads of 64)
-// has every projection's in and out dimensions multiples of 128 and the batch pads to 384 tokens, so
-// each fp8 fprop, dgrad and wgrad of the log-prob pass, the training forward and the backward runs
-// the own kernel: 4 projections (q|k|v, o, gate|up, down) x (2 forwards + dgrad + wgrad) = 16
-// launches, counted in emulation, where the engines must agree bit for bit.
-TEST(gpu_engine_matches_cpu_engine_own_fp8_gemm) {
+// --fp8_scaling row and tensor: the OUTER_VEC and SCALAR GEMMs, the two-pass quantizers and the
+// weights' copies, in the forward and the backward, against the CPU oracle at the same granularity.
+// --train_kv_replay: the old-log-prob and training forwards' attention reads the FP8 cache (prompt
+// rows as the prefill, response rows as decode: cpu/model.h's replayed_attention), per KV head scales.
+TEST(gpu_engine_matches_cpu_engine_kv_replay) {
     REQUIRE_GPU();
-    const std::string dir = harness::scratch_dir() + "/own_fp8_gemm_qwen3";
-    write_random_model(dir, bench_model_config({"own_fp8_gemm", 128, 256, 1, 2, 2, 64, 512}), {}, 1);
+    EngineOptions o;
+    o.train_kv_replay = true;
+    o.kv_scale_per_head = true;
+    compare_engines("test/fixtures/models/qwen3_tiny", o, {Precision::FP8});
+}
+
+// A random one-layer Qwen3 whose every projection is a multiple of 128 on both sides (hidden 128, 2
+// heads of 128 over 1 KV head, intermediate 256, vocabulary 512; no fixture is), in fp8, bit for bit
+// against the CPU engine:
+// - head dim 128 (Qwen3's; the fixtures' are 8 to 32): the attention forward writes the O
+//   projection's FP8 operand itself (cuda/kernels/attention.cuh), in the log-prob (prefill) forward
+//   and the training forward;
+// - the trainer's projection GEMMs on fp8rl's own block-scaled FP8 kernel (--fp8_gemm_kernel own, the
+//   default; the fixtures fall back to cuBLASLt): the batch pads to 384 tokens, so each fp8 fprop,
+//   dgrad and wgrad of the log-prob pass, the training forward and the backward runs it: 4
+//   projections (q|k|v, o, gate|up, down) x (2 forwards + dgrad + wgrad) = 16 launches, counted in
+//   emulation.
+TEST(gpu_engine_matches_cpu_engine_head_dim_128_own_fp8_gemm) {
+    REQUIRE_GPU();
+    const std::string dir = harness::scratch_dir() + "/engine_head_dim_128";
+    write_random_model(dir, bench_model_config({"head_dim_128", 128, 256, 1, 2, 1, 128, 512}), {}, 1);
 #ifdef FP8RL_EMU
     emu::start_stats();
 #endif
@@ -194,18 +210,6 @@ TEST(gpu_engine_matches_cpu_engine_own_fp8_gemm) {
     printf("    fp8_block_gemm_kernel launches: %llu (want 16)\n", (unsigned long long)own);
     CHECK_EQ(own, (uint64_t)16);
 #endif
-}
-
-// --fp8_scaling row and tensor: the OUTER_VEC and SCALAR GEMMs, the two-pass quantizers and the
-// weights' copies, in the forward and the backward, against the CPU oracle at the same granularity.
-// --train_kv_replay: the old-log-prob and training forwards' attention reads the FP8 cache (prompt
-// rows as the prefill, response rows as decode: cpu/model.h's replayed_attention), per KV head scales.
-TEST(gpu_engine_matches_cpu_engine_kv_replay) {
-    REQUIRE_GPU();
-    EngineOptions o;
-    o.train_kv_replay = true;
-    o.kv_scale_per_head = true;
-    compare_engines("test/fixtures/models/qwen3_tiny", o, {Precision::FP8});
 }
 
 TEST(gpu_engine_matches_cpu_engine_row_and_tensor_scaling) {
