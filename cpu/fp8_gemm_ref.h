@@ -6,10 +6,15 @@
 //     D[i][j] = sA(i) * sB(j) * sum_k A[i][k] * B[j][k]
 // with A, B the decoded E4M3 values (exact in FP32; each product is exact too), the inner sums in
 // FP32 (cpu/gemm.h's gemm_nt, one call per K group), and the scaled partial sums added in FP32 group
-// by group. Every operand is K-contiguous, as cuBLASLt's TN layout requires, so one NT kernel serves
+// by group, each with one fused multiply-add: total = fma(sA sB, partial, total). cuBLASLt does not
+// document how it promotes a block's sum; DeepGEMM, the recipe's reference kernel (DeepSeek-V3),
+// promotes with one FFMA a value (`final_accum += scale * accum`, nvcc's default contraction), and
+// so does the project's own kernel (cuda/kernels/fp8_block_gemm.cuh). One group (row and tensor
+// scaling): fma(s, partial, 0) is s * partial rounded once, as before. Every operand is K-contiguous, as cuBLASLt's TN layout requires, so one NT kernel serves
 // fprop, dgrad and wgrad. The CPU engine's "fp8" precision uses the fp8_linear_* functions below.
 #pragma once
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "rl/numerics/fp8_block.h"
@@ -66,8 +71,8 @@ inline void fp8_gemm_nt_ref(const Fp8GemmOperand& a, const Fp8GemmOperand& b, fl
             for (int i = 0; i < rows; i++) {
                 const float sa = a.scale_inv[(size_t)(i0 + i) * blocks + kb];
                 for (int j = 0; j < cols; j++)
-                    total[(size_t)i * cols + j] +=
-                        (sa * b.scale_inv[(size_t)(j0 + j) * blocks + kb]) * partial[(size_t)i * cols + j];
+                    total[(size_t)i * cols + j] = std::fma((sa * b.scale_inv[(size_t)(j0 + j) * blocks + kb]),
+                                                           partial[(size_t)i * cols + j], total[(size_t)i * cols + j]);
             }
         }
         for (int i = 0; i < rows; i++)

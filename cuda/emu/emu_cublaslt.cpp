@@ -23,8 +23,9 @@
 //         (CUBLASLT_ALGO_CONFIG_SPLITK_NUM > 1) reduces its parts by a scheme other than NONE.
 //   spec-fp8.md §6.3-§6.5 summarizes them with the scale layouts.
 // Rounding depends on the algorithm as a library's does: algorithm 0 sums each 128-wide k block
-// in FP32 and adds the scaled block sums in FP32 in k order (shape-independent, as the CPU oracle
-// cpu/fp8_gemm_ref.h), and a BF16 GEMM's k as one FP32 chain (cpu/gemm.h's order: the accumulator
+// in FP32 and adds the scaled block sums in k order, each with one FMA (DeepGEMM's promotion; shape-
+// independent, as the CPU oracle cpu/fp8_gemm_ref.h), and a BF16 GEMM's k as one FP32 chain
+// (cpu/gemm.h's order: the accumulator
 // is never rescaled); algorithms 1 and 2 split k into 2-4 parts chosen from (m, n, k, index),
 // each summed so, then added last part first, so their last bits depend on the shape; algorithm 3,
 // a narrow tile for skinny outputs, does not split k and rounds as algorithm 0 (a tile's shape does
@@ -38,6 +39,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <new>
@@ -512,9 +514,11 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
                         const float* y = &b[(size_t)l * p.n];
                         for (int j = 0; j < p.n; j++) block[j] += x * y[j];  // exact products; FP32 sums
                     }
+                    // promoted with one fused multiply-add, as DeepGEMM's kernel does (cpu/fp8_gemm_ref.h)
                     if (block_scaled)
                         for (int j = 0; j < p.n; j++)
-                            part[j] += block[j] * (scale(sa, p.desc.a_mode, i, kb, p.m) * scale(sb, p.desc.b_mode, j, kb, p.n));
+                            part[j] = std::fma(block[j], scale(sa, p.desc.a_mode, i, kb, p.m) * scale(sb, p.desc.b_mode, j, kb, p.n),
+                                               part[j]);
                 }
                 if (!block_scaled) part = block;
                 for (int j = 0; j < p.n; j++) total[j] += part[j];

@@ -6,7 +6,7 @@
 // Its bits are cuBLASLt's as the emulation computes them (cuda/emu/emu_cublaslt.cpp) and the CPU
 // engine's (cpu/fp8_gemm_ref.h): for each output (row j of n, column i of m) and each 128-wide k block
 // kb in order, block = 0 + the 128 exact products added one by one in k order (FP32), then
-// part = part + block * (sa(i, kb) * sb(j, kb)) with separate FP32 roundings (no FMA), part from 0;
+// part = fma(block, sa(i, kb) * sb(j, kb), part), one rounding (DeepGEMM's promotion, one FFMA), part from 0;
 // D = part (+ C when accumulating, FP32 D), a BF16 D rounded to nearest even.
 //
 // A CTA computes a 128 x 128 tile of D (128 rows of n, 128 columns of m) with two warpgroups, each
@@ -149,7 +149,7 @@ __global__ void __launch_bounds__(kBlockGemmThreads, 1)
         if (kb + kBlockGemmAhead < blocks) copy_block(kb + kBlockGemmAhead);
         __pipeline_commit();
     };
-    // part += block kb's sums in acc (completed) scaled, separate roundings (the oracle's).
+    // part = fma(block kb's sums in acc (completed), its scale, part): one FFMA a value (the oracle's).
     float part[Accumulator::regs];  // register v: row row0 + 8 ((v >> 1) & 1), column 8 (v >> 2) + 2t + (v & 1)
     for (int v = 0; v < Accumulator::regs; v++) part[v] = 0.0f;
     auto promote = [&](Accumulator& acc, int kb) {
@@ -162,7 +162,7 @@ __global__ void __launch_bounds__(kBlockGemmThreads, 1)
             FP8RL_UNROLL
             for (int e = 0; e < 4; e++) {
                 const int v = 4 * c + e;
-                part[v] = __fadd_rn(part[v], __fmul_rn(acc[v], __fmul_rn(e & 1 ? sa.y : sa.x, sb[e >> 1])));
+                part[v] = __fmaf_rn(acc[v], __fmul_rn(e & 1 ? sa.y : sa.x, sb[e >> 1]), part[v]);
             }
         }
     };
