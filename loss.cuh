@@ -70,6 +70,8 @@ constexpr int HEAD_TOKEN_BLOCK = 16384;  // tokens of logits at a time (see abov
 constexpr int HEAD_FUSED_TOKEN_BLOCK = 1024;
 constexpr int HEAD_THREADS = 256;       // one block per token row of a chunk
 constexpr int HEAD_LOADS = 8;           // a thread's columns of a chunk (2,048 = 256 x 8), loaded at once
+// full chunks whose loads head_row_stats_kernel issues together (issue 59: bytes in flight a thread)
+constexpr int HEAD_ROW_CHUNKS_IN_FLIGHT = 4;
 
 inline int round_up8(int n) { return (n + 7) / 8 * 8; }
 
@@ -81,22 +83,27 @@ struct HeadRowState {
     float z_target;
 };
 
-// Merges one chunk's n <= HEAD_THREADS x HEAD_LOADS logits `row` (vocabulary v0 ..) into a token's
-// state, the block's HEAD_THREADS threads together. first: the chunk at v0 = 0 starts the sums.
-// kDivide false: temperature is 1 and the logits are not divided by it, as the CPU head skips it
-// (IEEE division by 1 is exact: the same bits, 8 fewer divisions a thread a chunk).
+// Loads a thread's logits of one chunk's n <= HEAD_THREADS x HEAD_LOADS columns `row`: its columns
+// j = threadIdx.x + u HEAD_THREADS, all issued before the first is used (the loads in flight).
 // kFull: n is HEAD_THREADS x HEAD_LOADS (every thread's columns in the chunk: no column tests).
-template <bool kDivide = true, bool kFull = false>
-__device__ __forceinline__ void head_merge_chunk(HeadRowState& s, const float* row, int n, int v0, float temperature,
-                                                 int32_t target, bool first) {
-    // the thread's columns j = threadIdx.x + u HEAD_THREADS, all loaded before the first is used
-    // (the loads in flight), read once for both passes; the operations in the order of a loop over j
-    float z[HEAD_LOADS];
+template <bool kFull = false>
+__device__ __forceinline__ void head_load_chunk(float (&z)[HEAD_LOADS], const float* row, int n) {
     FP8RL_UNROLL
     for (int u = 0; u < HEAD_LOADS; u++) {
         const int j = threadIdx.x + u * HEAD_THREADS;
         z[u] = kFull || j < n ? row[j] : 0.0f;
     }
+}
+
+// Merges one chunk's n <= HEAD_THREADS x HEAD_LOADS logits `row` (vocabulary v0 ..), the thread's
+// z[] of them from head_load_chunk, into a token's state, the block's HEAD_THREADS threads together.
+// first: the chunk at v0 = 0 starts the sums. kDivide false: temperature is 1 and the logits are not
+// divided by it, as the CPU head skips it (IEEE division by 1 is exact: the same bits, 8 fewer
+// divisions a thread a chunk). kFull: as head_load_chunk's. The logits are read once for both
+// passes; the operations in the order of a loop over j.
+template <bool kDivide = true, bool kFull = false>
+__device__ __forceinline__ void head_merge_loaded(HeadRowState& s, float (&z)[HEAD_LOADS], const float* row, int n,
+                                                  int v0, float temperature, int32_t target, bool first) {
     float chunk_max = -INFINITY;
     FP8RL_UNROLL
     for (int u = 0; u < HEAD_LOADS; u++)
@@ -124,6 +131,15 @@ __device__ __forceinline__ void head_merge_chunk(HeadRowState& s, const float* r
     if (first) s.z_target = 0.0f;
     const int y = target - v0;
     if (y >= 0 && y < n) s.z_target = kDivide ? __fdiv_rn(row[y], temperature) : row[y];
+}
+
+// head_load_chunk, then head_merge_loaded: one chunk's loads in flight at a time.
+template <bool kDivide = true, bool kFull = false>
+__device__ __forceinline__ void head_merge_chunk(HeadRowState& s, const float* row, int n, int v0, float temperature,
+                                                 int32_t target, bool first) {
+    float z[HEAD_LOADS];
+    head_load_chunk<kFull>(z, row, n);
+    head_merge_loaded<kDivide, kFull>(s, z, row, n, v0, temperature, target, first);
 }
 
 // logZ, mu, entropy and logprob of token t from its merged state (cpu/logprob_head.h's last loop).
@@ -171,9 +187,23 @@ static __global__ void __launch_bounds__(HEAD_THREADS)
     const int t = blockIdx.x;
     HeadRowState s{};
     int v0 = 0;
-    if (chunk == HEAD_THREADS * HEAD_LOADS)  // HEAD_VOCAB_CHUNK's full chunks without column tests
+    if (chunk == HEAD_THREADS * HEAD_LOADS) {  // HEAD_VOCAB_CHUNK's full chunks without column tests
+        // HEAD_ROW_CHUNKS_IN_FLIGHT chunks' loads issued before the first chunk's merge (their bytes
+        // in flight), then merged one by one in vocabulary order: the same operations as one at a time
+        const float* row = main + (size_t)t * main_cols;
+        for (; v0 + HEAD_ROW_CHUNKS_IN_FLIGHT * chunk <= main_cols; v0 += HEAD_ROW_CHUNKS_IN_FLIGHT * chunk) {
+            float z[HEAD_ROW_CHUNKS_IN_FLIGHT][HEAD_LOADS];
+            FP8RL_UNROLL
+            for (int c = 0; c < HEAD_ROW_CHUNKS_IN_FLIGHT; c++) head_load_chunk<true>(z[c], row + v0 + c * chunk, chunk);
+            FP8RL_UNROLL
+            for (int c = 0; c < HEAD_ROW_CHUNKS_IN_FLIGHT; c++) {
+                const int vc = v0 + c * chunk;
+                head_merge_loaded<kDivide, true>(s, z[c], row + vc, chunk, vc, temperature, target[t], vc == 0);
+            }
+        }
         for (; v0 < main_cols; v0 += chunk)
-            head_merge_chunk<kDivide, true>(s, main + (size_t)t * main_cols + v0, chunk, v0, temperature, target[t], v0 == 0);
+            head_merge_chunk<kDivide, true>(s, row + v0, chunk, v0, temperature, target[t], v0 == 0);
+    }
     for (; v0 < V; v0 += chunk) {
         const float* row = v0 < main_cols ? main + (size_t)t * main_cols + v0 : tail + (size_t)t * tail_ld;
         head_merge_chunk<kDivide>(s, row, min(chunk, V - v0), v0, temperature, target[t], v0 == 0);

@@ -32,9 +32,11 @@
 #     $out/calibration/BENCH.tsv (FP8RL_CALIBRATION_DIR), and the summary ends with
 #     `perf_model --calibrate $out`: the model's constants those measurements contradict
 #     (cuda/perf/calibrate.h; nothing is refitted):
-#     GEMM: FP8 vs BF16 on Qwen3-0.6B/1.7B/8B linear shapes at 4k, 16k  15      40
-#       (2mnk summed over the shapes ~6.7 TFLOP per GEMM kind, x 3 GEMMs x 53 calls x 2 kinds:
-#       ~3 s of GEMMs at 600-900 TFLOP/s, plus plans, quantizers, random fills)
+#     GEMM: FP8 (cuBLASLt, fp8rl's own) vs BF16 on Qwen3-0.6B/1.7B/8B   20      40
+#       linear shapes at 4k, 16k
+#       (2mnk summed over the shapes ~8.1 TFLOP per GEMM kind with 1.7B's fused QKV and gate|up,
+#       x 3 GEMMs x 53 calls x 3 kinds: ~5 s of GEMMs at 600-1,000 TFLOP/s, plus plans, quantizers,
+#       random fills)
 #     attention fwd/bwd vs cuBLASLt GEMM + softmax, 4k-16k tokens        10      25
 #       (causal FLOPs 1.4 TFLOP forward, 3.6 backward over the three lengths x 13 calls; the baseline
 #       moves ~40 GB (forward) and ~100 GB (backward) of N x N scores at 16k: ~0.5 s; the host compares)
@@ -213,7 +215,7 @@ else
     rows+=("| 3 | SKIP | test_gpu: every kernel against the CPU engine | | | | make test-gpu-emu runs build/test_gpu_emu |")
 fi
 part 4 "engine against train_rl_cpu (tiny fixture model)" 30 10 dev/check_engine.sh "$gpu_bin" "$test_bin" "$cpu_bin"
-part 5a "benchmark: FP8 block-scaled vs BF16 GEMMs" 40 15 "${bench_prefix}fp8_gemm" $size
+part 5a "benchmark: FP8 block-scaled (cuBLASLt, own) vs BF16 GEMMs" 40 20 "${bench_prefix}fp8_gemm" $size
 part 5b "benchmark: attention vs cuBLASLt GEMM + softmax" 25 10 "${bench_prefix}attention" $size
 part 5c "benchmark: training step bf16 vs fp8, tokens/s and peak memory" 65 40 "${bench_prefix}train_step" $size
 part 5d "benchmark: rollout tokens/s, sampling and attention shares" 35 25 "${bench_prefix}rollout" $size

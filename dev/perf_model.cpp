@@ -109,7 +109,10 @@ std::string json_escape(const std::string& s) {
 
 // {"workloads": [{"model", "gpu", "gpus", "kv_cache", "precision", "rollout_s", "train_s", "step_s",
 //   "decode_attention_hbm_s" (its K/V bytes at the achievable bandwidth: what decode attention would take at HBM speed), "phases",
-//   "kernels": [{"name", "calls", "time_s", "bound", "bytes", "flops"}], "assumptions": {NAME: {"value", "unit", "source"}}}]}
+//   "kernels": [{"name", "calls", "time_s", "bound", "bytes", "flops", "cublaslt_time_s" (the own FP8 GEMM's rows: cuBLASLt's price)}],
+//   "train_gemms": [{"name", "m", "n", "k", "time_s", "tflops", "bound", and on the own FP8 block GEMM "ceiling_tflops",
+//   "ceiling_shape", "cublaslt_time_s", "cublaslt_tflops"}] (one training micro-batch's projection GEMMs, per call),
+//   "assumptions": {NAME: {"value", "unit", "source"}}}]}
 void print_json(const ModelConfig& small, const ModelConfig& large) {
     struct Workload {
         const char* name;
@@ -143,8 +146,27 @@ void print_json(const ModelConfig& small, const ModelConfig& large) {
                     first_item = true;
                     for (const PricedKernel& k : r.kernels) {
                         printf("%s\n    {\"name\": \"%s\", \"calls\": %.6g, \"time_s\": %.6g, \"bound\": \"%s\", \"bytes\": %.6g, "
-                               "\"flops\": %.6g}",
+                               "\"flops\": %.6g",
                                first_item ? "" : ",", json_escape(k.name).c_str(), k.calls, k.seconds, k.bound(), k.bytes, k.flops);
+                        if (k.cublaslt_seconds > 0) printf(", \"cublaslt_time_s\": %.6g", k.cublaslt_seconds);
+                        printf("}");
+                        first_item = false;
+                    }
+                    // one training micro-batch's projection GEMMs, per call: the own FP8 block GEMM beside cuBLASLt
+                    printf("],\n   \"train_gemms\": [");
+                    first_item = true;
+                    const PerfHardware hw = sass_hardware(g);
+                    for (const KernelCost& k : r.train_gemms) {
+                        const double s = k.call_seconds(hw);
+                        printf("%s\n    {\"name\": \"%s\", \"m\": %lld, \"n\": %lld, \"k\": %lld, \"time_s\": %.6g, \"tflops\": %.1f, "
+                               "\"bound\": \"%s\"",
+                               first_item ? "" : ",", json_escape(k.name).c_str(), (long long)k.gemm_m, (long long)k.gemm_n,
+                               (long long)k.gemm_k, s, k.work / s / 1e12, k.bound(hw));
+                        if (k.ceiling)
+                            printf(", \"ceiling_tflops\": %.0f, \"ceiling_shape\": \"DeepGEMM N %.0f K %.0f\", \"cublaslt_time_s\": %.6g, "
+                                   "\"cublaslt_tflops\": %.1f",
+                                   k.ceiling->tflops, k.ceiling->n, k.ceiling->k, k.cublaslt_call_s, k.work / k.cublaslt_call_s / 1e12);
+                        printf("}");
                         first_item = false;
                     }
                     printf("],\n   \"assumptions\": {");
@@ -214,8 +236,9 @@ void print_published() {
 void print_sft() {
     const SftShape s;
     printf("SFT step on one GPU (cuda/perf/update_perf_model.h): %lld sequences of %lld tokens, one a micro-batch, one AdamW "
-           "update; on the model of cuda/perf/gpu_spec.h (cuBLASLt's rates by shape class, attention from its SASS, memory-bound "
-           "kernels at the achievable bandwidth or their loads in flight); no gradient all-reduce\n\n",
+           "update; on the model of cuda/perf/gpu_spec.h (cuBLASLt's rates by shape class, the trainer's FP8 GEMMs on the "
+           "own kernel from its SASS, attention from its SASS, memory-bound kernels at the achievable bandwidth or their "
+           "loads in flight); no gradient all-reduce\n\n",
            (long long)s.seqs, (long long)s.seq_len);
     printf("| model | GPU | precision | step s | tokens/s | fp8 / bf16 step time | projection GEMMs s | attention s | "
            "LM head s | FP8 quantization s | optimizer s |\n|---|---|---|---|---|---|---|---|---|---|---|\n");

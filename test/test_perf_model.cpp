@@ -537,7 +537,7 @@ TEST(kernel_perf_model_grpo_step_adds_its_phases) {
         }
     CHECK_NEAR(r.step_s(), sum, 1e-12, 0);
     CHECK(r.rollout.count("decode attention") && r.train.count("attention"));
-    const std::vector<std::string> bounds = {"issue", "smem", "hbm", "l2", "tensor", "latency", "launch"};
+    const std::vector<std::string> bounds = {"issue", "smem", "hbm", "l2", "tensor", "latency", "launch", "ceiling"};
     for (const PricedKernel& k : r.kernels) {
         kernels += k.seconds;
         CHECK_MSG(std::find(bounds.begin(), bounds.end(), k.bound()) != bounds.end(), "%s: bound %s", k.name.c_str(), k.bound());
@@ -554,7 +554,9 @@ TEST(kernel_perf_model_grpo_step_adds_its_phases) {
 // An SFT step (update_perf_model.h) at Qwen2.5-7B's shape (test/fixtures/configs), 8 rows of 8,192
 // tokens: its projection GEMMs do 6 N T FLOPs (N = the layers' projection weights, counted here from
 // the shape, T = 65,536 tokens) at cuBLASLt's rates (gpu_spec.h: BF16 700, FP8 1,000 TFLOP/s) within
-// 5% (wave efficiency, launches and the operands' traffic are the rest); FP8 quantization is fp8's alone.
+// 5% (wave efficiency, launches and the operands' traffic are the rest); in fp8 the trainer's own FP8
+// GEMM runs them, never faster than DeepGEMM's best published rate (1,426 TFLOP/s), with cuBLASLt's
+// price of the same calls kept beside; FP8 quantization is fp8's alone.
 TEST(perf_model_sft_step_projection_flops) {
     const ModelConfig c = load_model_config("test/fixtures/configs/qwen2_5_7b");
     const double C = 3584, I = 18944, L = 28, KVD = 4 * 128, T = 8.0 * 8192;
@@ -565,7 +567,13 @@ TEST(perf_model_sft_step_projection_flops) {
         CHECK_EQ(bf16.micro_batches, 8);
         CHECK_NEAR(bf16.phases.at("projection GEMMs"), 6 * N * T / 0.70e15, 0.05, 0);
         CHECK(bf16.phases.at("projection GEMMs") >= 6 * N * T / 0.70e15);
-        CHECK_NEAR(fp8.phases.at("projection GEMMs"), 6 * N * T / 1.0e15, 0.05, 0);
+        const PerfHardware hw = sass_hardware(g);
+        double cublaslt = 0;  // one micro-batch's projection GEMMs on cuBLASLt, times the micro-batches
+        for (const KernelCost& k : fp8.step)
+            if (k.cls == KernelClass::LayerGemm)
+                cublaslt += fp8.micro_batches * k.calls * (k.cublaslt_call_s > 0 ? k.cublaslt_call_s : k.call_seconds(hw));
+        CHECK_NEAR(cublaslt, 6 * N * T / 1.0e15, 0.05, 0);
+        CHECK(fp8.phases.at("projection GEMMs") >= 6 * N * T / 1.426e15);
         CHECK(fp8.phases.count("FP8 quantization") && fp8.phases.at("FP8 quantization") > 0);
         CHECK(!bf16.phases.count("FP8 quantization") || bf16.phases.at("FP8 quantization") == 0);
         CHECK_NEAR(fp8.phases.at("attention"), bf16.phases.at("attention"), 1e-12, 0);  // BF16 in both
@@ -603,4 +611,90 @@ TEST(perf_model_calibrate_reports_contradicted_constants) {
     CHECK_THROWS(read_calibration(empty.path), "no directory");
     std::filesystem::create_directories(empty / "calibration");
     CHECK_THROWS(read_calibration(empty.path), "no .tsv file");
+}
+
+// The own FP8 block GEMM (kernel_perf_model.h's fp8_block_gemm_price) on a made-up SASS row like
+// fp8_block_gemm_kernel<true>'s at 91eb814: a k-block loop of two blocks a pass (496 instructions, 260
+// FP32, 256 MMA units: 248 a block), 1,000 instructions outside loops holding two blocks' MMAs (the
+// first block and the tail: 2 peeled), and a 1-instruction loop (once a CTA). 256 threads, 203,776
+// bytes of shared memory (6 x (32,768 + 1,024) + 1,024) and 255 registers: 1 CTA an SM.
+// D [1408][1536] over k = 1024: 12 x 11 = 132 tiles, one wave, 8 k blocks. A k block: 2 x 128^3 FLOP /
+// 8,192 a clock = 512 clocks of tensor against its 8 warps' 248 instructions at IPC(8) = 8 / 2.6:
+// 644.8, which binds. A CTA: its 1,001 other instructions (1,001 x 2.6), an HBM round trip (1,000), the 2
+// peeled blocks' tensor time, 6 blocks at 644.8: 8,495.4 clocks at 1.755 GHz. The ceiling: the nearest
+// DeepGEMM shape by |log2 (m n / (4096 N))| + |log2 (k / K)| is N 7168 K 2048 (3.76 + 1 = 4.76; next
+// 2112 x 7168: 2 + 2.81), 1,168 TFLOP/s: 2 x 1536 x 1408 x 1024 / 1.168e15 s, faster than the SASS
+// price, which binds ("issue"). A loop of 32 instructions a block and nothing outside makes the CTA
+// 1,000 + 8 x 512 clocks ("tensor"), faster than DeepGEMM's rate: the ceiling binds.
+TEST(kernel_perf_model_fp8_block_gemm_by_hand) {
+    const GpuSpec g = h100();
+    const double hz = 1.755e9;
+    SassLoop loops[2] = {{0, 0, -1, {}}, {0, 0, -1, {}}};
+    loops[0].counts[Sass_total] = 496, loops[0].counts[Sass_fp32] = 260, loops[0].counts[Sass_mma] = 256;
+    loops[1].counts[Sass_total] = 1, loops[1].counts[Sass_control] = 1;
+    SassKernel k{"made-up block GEMM", {}, 2, loops};
+    k.outside[Sass_total] = 1000, k.outside[Sass_mma] = 256;
+    CHECK_EQ(g.resident_ctas(256, 6 * (32768.0 + 1024) + 1024, 255), 1);
+    const double m = 1536, n = 1408, K = 1024, flops = 2 * m * n * K;
+    BlockGemmPrice p = fp8_block_gemm_price(g, k, m, n, K, 0, false);
+    CHECK(p.sass.recipe);
+    const double cta = 1001 * 2.6 + 1000 + 2 * 512 + 6 * (248 * 2.6);
+    CHECK_NEAR(cta, 8495.4, 1e-9, 0);
+    CHECK_NEAR(p.sass.issue_s, cta / hz, 1e-12, 0);
+    CHECK_EQ(p.sass.tensor_s, 0.0);
+    CHECK_EQ(p.ceiling->n, 7168.0);
+    CHECK_EQ(p.ceiling->k, 2048.0);
+    CHECK_NEAR(p.ceiling_s, flops / 1168e12, 1e-12, 0);
+    CHECK_EQ(std::string(p.compute_bound()), std::string("issue"));
+    CHECK_NEAR(p.seconds(), cta / hz + 3e-6, 1e-12, 0);
+    // accumulating: one more HBM round trip a CTA (D read before the epilogue's stores)
+    CHECK_NEAR(fp8_block_gemm_price(g, k, m, n, K, 0, true).sass.issue_s, (cta + 1000) / hz, 1e-12, 0);
+    // twice the tiles: two waves of the same CTA
+    CHECK_NEAR(fp8_block_gemm_price(g, k, 2 * m, n, K, 0, false).sass.issue_s, 2 * cta / hz, 1e-12, 0);
+    // a lean loop: the tensor time binds a block, the ceiling the GEMM
+    loops[0].counts[Sass_total] = 64, loops[0].counts[Sass_fp32] = 0;
+    k.loops = 1, k.outside[Sass_total] = 0, k.outside[Sass_mma] = 0;
+    p = fp8_block_gemm_price(g, k, m, n, K, 0, false);
+    CHECK_NEAR(p.sass.tensor_s, (1000 + 8 * 512) / hz, 1e-12, 0);
+    CHECK_EQ(std::string(p.bound()), std::string("ceiling"));
+    CHECK_NEAR(p.seconds(), flops / 1168e12 + 3e-6, 1e-12, 0);
+    // a row without an MMA loop: its tensor time alone, recipe false
+    SassLoop plain{0, 0, -1, {}};
+    plain.counts[Sass_total] = 10;
+    const BlockGemmPrice lower = fp8_block_gemm_price(g, SassKernel{"no MMA loop", {}, 1, &plain}, m, n, K, 0, false);
+    CHECK(!lower.sass.recipe);
+    CHECK_NEAR(lower.sass.tensor_s, (1000 + 8 * 512) / hz, 1e-12, 0);
+    // HBM: 1 GB at 0.9 x 3.35 TB/s binds
+    CHECK_EQ(std::string(fp8_block_gemm_price(g, k, m, n, K, 1e9, false).bound()), std::string("hbm"));
+    // the published classes by shape: wgrad-like (k = 16,384, 2048 x 12288 out) -> N 7168 K 16384;
+    // 2048 x 2048 out over 16,384 -> N 2112 K 7168 (1.04 + 1.19 against 2.81 + 0)
+    CHECK_EQ(deepgemm_nearest(2048, 12288, 16384).tflops, 1426.0);
+    CHECK_EQ(deepgemm_nearest(2048, 2048, 16384).tflops, 1009.0);
+}
+
+// The training step's projection GEMMs on the own kernel (sass_counts.h holds its rows once ./train_rl
+// runs it): in an fp8 training step each fitting GEMM is priced by fp8_block_gemm_price at its
+// compute (rate = FLOPs / the slower of the SASS price and the ceiling), cuBLASLt's price of the call
+// kept beside it; a prefill's forward, --fp8_gemm_kernel cublaslt (own_fp8_gemm false) and bf16 keep cuBLASLt.
+TEST(perf_model_trainer_gemms_on_the_own_fp8_kernel) {
+    const GpuSpec g = h100();
+    const PerfHardware hw = sass_hardware(g);
+    const SassKernel* blk = find_sass_kernel("fp8_block_gemm_kernel<true>");
+    CHECK(blk && find_sass_kernel("fp8_block_gemm_kernel<false>"));
+    if (!blk) return;
+    StepShape s = qwen3_1p7b_head_step();
+    s.model.intermediate_size = 6144, s.model.num_heads = 16, s.model.num_kv_heads = 8, s.model.head_dim = 128;
+    const KernelCost own = find_kernel(step_kernels(hw, s, Precision::FP8, StepStructure::Fused), "O fprop");
+    const KernelCost cublaslt = gemm_cost(hw, "O fprop", KernelClass::LayerGemm, 2048, 16384, 2048, Precision::FP8, GemmOutput::BF16);
+    const BlockGemmPrice p = fp8_block_gemm_price(g, *blk, 2048, 16384, 2048, cublaslt.bytes, false);
+    CHECK_NEAR(own.rate, 2.0 * 2048 * 16384 * 2048 / std::max(p.sass.compute_s(), p.ceiling_s), 1e-12, 0);
+    CHECK_NEAR(own.cublaslt_call_s, cublaslt.call_seconds(hw), 1e-15, 0);
+    CHECK(own.ceiling == p.ceiling);
+    CHECK_EQ(std::string(own.compute_bound), std::string(p.compute_bound()));
+    s.own_fp8_gemm = false;
+    CHECK_EQ(find_kernel(step_kernels(hw, s, Precision::FP8, StepStructure::Fused), "O fprop").rate, cublaslt.rate);
+    s.own_fp8_gemm = true, s.training = false;
+    CHECK_EQ(find_kernel(step_kernels(hw, s, Precision::FP8, StepStructure::Fused), "O fprop").rate, cublaslt.rate);
+    s.training = true;
+    CHECK_EQ(find_kernel(step_kernels(hw, s, Precision::BF16, StepStructure::Fused), "O fprop").cublaslt_call_s, 0.0);
 }

@@ -50,6 +50,7 @@
 // values is exact in FP32) to its accumulator one by one in k order, starting from 0 when scale-d is
 // false, as the mma.sync emulation does (cuda/kernels/mma.cuh). The tensor cores' own order and
 // truncation are undocumented, so a GPU is compared with a tolerance, the CPU engine bit for bit.
+#include <array>
 #include <cstring>
 
 #include "cuda/emu/emu.h"
@@ -125,9 +126,19 @@ float bf16_at(const char* smem, uint32_t address) {
     return f;
 }
 
+// E4M3's 256 values (rl/numerics/fp8.h's decoder, once).
+const float* e4m3_values() {
+    static const std::array<float, 256> table = [] {
+        std::array<float, 256> t{};
+        for (int code = 0; code < 256; code++) t[code] = fp8rl::e4m3_to_float((uint8_t)code);
+        return t;
+    }();
+    return table.data();
+}
+
 // The operand element of type t at `address` (checked as bf16_at).
 float element_at(const char* smem, uint32_t address, WgmmaType t) {
-    return t == WgmmaType::BF16 ? bf16_at(smem, address) : fp8rl::e4m3_to_float((uint8_t)smem[address]);
+    return t == WgmmaType::BF16 ? bf16_at(smem, address) : e4m3_values()[(uint8_t)smem[address]];
 }
 
 float bf16_lo(uint32_t r) { uint32_t u = r << 16; float f; memcpy(&f, &u, 4); return f; }
@@ -181,12 +192,18 @@ void compute(const WgmmaIssue& w, int warp_in_group, int lane) {
             a[h][k] = w.a_in_regs ? w.a[g + 8 * h][k]
                                   : element_at(smem, element_address(ad, w.trans_a, 16 * warp_in_group + g + 8 * h, k, bytes),
                                                w.type);
-    for (int v = 0; v < w.n / 2; v++) {
-        const int h = (v >> 1) & 1, col = 8 * (v >> 2) + 2 * t + (v & 1);
-        float acc = w.scale_d ? w.d[v] : 0.0f;
-        for (int k = 0; k < kk; k++) acc += a[h][k] * element_at(smem, element_address(bd, w.trans_b, col, k, bytes), w.type);
-        w.d[v] = acc;
-    }
+    // register v = 4c + 2h + e holds row h's element of column 8c + 2t + e: each column read once
+    for (int c = 0; c < w.n / 8; c++)
+        for (int e = 0; e < 2; e++) {
+            float b[32];
+            for (int k = 0; k < kk; k++) b[k] = element_at(smem, element_address(bd, w.trans_b, 8 * c + 2 * t + e, k, bytes), w.type);
+            for (int h = 0; h < 2; h++) {
+                float& d = w.d[4 * c + 2 * h + e];
+                float acc = w.scale_d ? d : 0.0f;
+                for (int k = 0; k < kk; k++) acc += a[h][k] * b[k];
+                d = acc;
+            }
+        }
 }
 
 }  // namespace

@@ -70,7 +70,7 @@ inline DecodePrediction predict_decode_step(const PerfHardware& hw, const ModelC
     }
     const GpuSpec& g = *hw.gpu;
     auto add = [&](const std::string& name, double calls, double seconds, double bytes, double flops, const char* bound) {
-        p.kernels.push_back(PricedKernel{name, calls, seconds, bytes, flops, {{bound, seconds}}});
+        p.kernels.push_back(PricedKernel{name, calls, seconds, bytes, flops, 0, {{bound, seconds}}});
     };
     // the projections over the rows the GEMMs run (FP8: padded to 128), the head over the rows
     const int64_t n = weights == Precision::FP8 ? (int64_t)std::ceil(rows / 128) * 128 : (int64_t)rows;

@@ -72,6 +72,17 @@ struct GpuSpec {
         return std::max(1, std::min({max_ctas_per_sm, max_threads_per_sm / threads, by_smem, by_registers}));
     }
 };
+// DeepGEMM's dense FP8 block-scaled GEMM (1x128 activations, 128x128 weights) on an H800 SXM (the H100's
+// SMs and clocks, NVLink cut), M = 4,096 tokens: its README at commit 55ab91f ("Update performance"),
+// TFLOP/s. PRs #74 / #81 reach 1,204 (7168 x 2048) to 1,500 (7168 x 16384) with 128 x 160 and 256 x 128
+// tiles; ours is 128 x 128, so the README's rows are the ceiling.
+struct DeepGemmRate {
+    double n, k, tflops;  // n: output features (our m), k: the reduction
+};
+constexpr DeepGemmRate kDeepGemmRates[] = {{2112, 7168, 1009}, {24576, 1536, 1125}, {32768, 512, 751},
+                                           {7168, 16384, 1426}, {4096, 7168, 1265}, {7168, 2048, 1168}};
+constexpr double kDeepGemmTokens = 4096;
+
 inline GpuSpec h100() { return GpuSpec(); }
 inline GpuSpec h200() {
     GpuSpec g;
@@ -104,6 +115,7 @@ inline std::vector<Assumption> assumptions(const GpuSpec& g) {
         {"smem_bytes_per_clock", g.smem_bytes_per_clock, "B/clock/SM", "CUDA guide: 32 banks x 4 B; 0.9 sustained (estimate)"},
         {"gemm_bf16_flops", g.gemm_bf16, "FLOP/s", "FBGEMM PR #2546 585 TF (H100); measured 769-798 TF at 8192^3 (H200)"},
         {"gemm_fp8_block_flops", g.gemm_fp8, "FLOP/s", "FBGEMM PR #2546 blockwise 870 TF; DeepGEMM <= 1,550 (H800); cuBLAS 12.9 1.25-1.75x BF16"},
+        {"deepgemm_fp8_block_flops", 1426e12, "FLOP/s", "ceiling of the own FP8 block GEMM by shape class (kDeepGemmRates; this is the best): DeepGEMM README at 55ab91f, H800, M=4096: N x K 7168 x 16384 1426, 4096 x 7168 1265, 7168 x 2048 1168, 24576 x 1536 1125, 2112 x 7168 1009, 32768 x 512 751 TF"},
         {"gemm_tile", (double)g.gemm_tile, "rows", "estimate: cuBLASLt Hopper CTA tile 128 x 128 (waves)"},
         {"gemm_cta_bytes_per_s", g.gemm_cta_bandwidth, "B/s", "estimate: Little's law, 64 KB in flight / HBM latency"},
         {"nccl_bus_bytes_per_s", g.nccl_bus_bandwidth, "B/s", "NCCL maintainer, nccl-tests issue #212: ~370 GB/s (ring, H100 NVLink)"},

@@ -37,6 +37,7 @@ struct GrpoShape {
 struct GrpoPrediction {
     std::map<std::string, double> rollout, train;  // seconds per phase
     std::vector<PricedKernel> kernels;             // every kernel of the step, "rollout: " or "train: " first
+    std::vector<KernelCost> train_gemms;           // one training micro-batch's projection GEMMs, per call
     double decode_attention_bytes = 0;             // the K/V bytes decode attention reads over the rollout
     double rollout_s() const {
         double t = 0;
@@ -114,7 +115,9 @@ inline GrpoPrediction predict_grpo_step(const GpuSpec& g, const ModelConfig& c, 
     const int64_t seq_len = (int64_t)std::lround(s.prompt_len + s.mean_response());
     const UpdatePrediction u = predict_update(hw, c, p, rows0 * seq_len, seq_len, s.micro_batch_tokens);
     out.train = u.phases;
-    for (const PricedKernel& k : u.kernels) tally.add("train: " + k.name, k.calls, k.seconds, k.bytes, k.flops, k.bound());
+    for (const PricedKernel& k : u.kernels) tally.add("train: ", k);
+    for (const KernelCost& k : u.step)
+        if (k.cls == KernelClass::LayerGemm) out.train_gemms.push_back(k);
     // data parallel: the FP32 gradients all-reduced over NVLink (NCCL: 2 (n - 1) / n of the bytes at the
     // bus bandwidth; gpu_spec.h)
     if (s.gpus > 1 && !anchors) {

@@ -509,6 +509,120 @@ inline KernelPrice training_attention_price(const GpuSpec& g, bool backward, con
     return p;
 }
 
+// ---- the trainer's FP8 block GEMM: cuda/kernels/fp8_block_gemm.cuh ----------------------------------
+// D [n][m] (+)= B [n][k] . A [m][k]^T, E4M3, A's scales BLK128x128 (fprop, dgrad: fp8_block_gemm_kernel<true>)
+// or VEC128 (wgrad: <false>). Recipe (the kernel at 91eb814): grid (m / 128, n / 128) CTAs of 256 threads,
+// two warpgroups of 64 rows each; per 128-wide k block every thread waits for its stage, syncs the CTA,
+// issues 4 wgmma.m64n128k32 e4m3 into one of two accumulators, starts a later stage's copies, waits for
+// the previous block's wgmmas (depth 1) and promotes them while this block's run. The k-block loop (the
+// loop with the most MMAs) takes kMmaPerBlock MMA units a warp per k block (4 QGMMA.64x128x32 of 32
+// m16n8k16-equivalents), so its passes hold loop MMAs / kMmaPerBlock blocks; blocks whose wgmmas sit
+// outside loops (the first, the tail) are the code outside loops'. Priced per CTA:
+//   k block   max(tensor, issue): 2 x 128^3 FLOP at the FP8 dense peak, 8,192 FLOP a clock an SM
+//             (1,979 TFLOP/s = 132 SMs x 8,192 x 1.83 GHz: twice BF16's 4,096), against the block's
+//             instructions of all 8 warps at their IPC: the promotion runs under the next block's
+//             wgmmas, and the next block's wgmmas issue only after the CTA's barrier, so the tensor
+//             cores idle when the instructions take longer;
+//   per CTA   the code outside loops (the addresses, the first stages, the peeled blocks' issue and
+//             promotion, the epilogue's stores; static counts: both tails and both epilogues) at its
+//             8 warps' IPC, the peeled blocks' tensor time, an HBM round trip for the first stage and
+//             one more for D when accumulating;
+//   waves     ceil(tiles / (132 SMs x the CTAs resident by threads, shared memory and registers)),
+//             a CTA's clocks each (1 CTA an SM at 91eb814: its shared memory and registers);
+// then the operands and D through HBM as gemm_cost counts them. A CEILING bounds it: never faster than
+// DeepGEMM's published rate for the nearest shape class (kDeepGemmRates); DeepGEMM is warp-specialized with
+// TMA loads, ours is not, so its measured rate is an upper bound on ours, not a target. The price is the
+// slower of the two, and `bound` says which.
+namespace block_gemm {  // fp8_block_gemm.cuh's constants (keep in step)
+constexpr int kTile = 128, kBlockK = 128, kThreads = 256, kStages = 6;
+constexpr double kMmaPerBlock = 4 * 64.0 * 128 * 32 / 4 / (16 * 8 * 16);  // a warp's m16n8k16-equivalents a k block
+// 6 stages x (B's and A's 128 x 128 bytes + 256 FP32 scales) + 1,024 bytes of alignment: 203,776
+constexpr double kSmemBytes = kStages * (2.0 * kTile * kBlockK + 2 * kTile * 4) + 1024;
+// ptxas -v for sm_90a at 91eb814 and 01af65b (not in sass_counts.h): 255 (BLK) / 254 (VEC128) registers, 0 spills
+constexpr int kRegisters = 255;
+}  // namespace block_gemm
+
+// The nearest published shape to D [n][m] over k: the least |log2| of the outputs' ratio plus |log2| of
+// the reductions' ratio (the output sets the waves, k how long the k loop amortizes a tile's prologue).
+inline const DeepGemmRate& deepgemm_nearest(double m, double n, double k) {
+    const DeepGemmRate* best = nullptr;
+    double best_d = 0;
+    for (const DeepGemmRate& r : kDeepGemmRates) {
+        const double d = std::fabs(std::log2(m * n / (kDeepGemmTokens * r.n))) + std::fabs(std::log2(k / r.k));
+        if (!best || d < best_d) best = &r, best_d = d;
+    }
+    return *best;
+}
+
+struct BlockGemmPrice {
+    KernelPrice sass;               // the SASS-level price (HBM and launch included)
+    double ceiling_s = 0;           // the GEMM's FLOPs at DeepGEMM's rate for its shape class
+    const DeepGemmRate* ceiling = nullptr;
+    double compute_s() const { return std::max(sass.compute_s(), ceiling_s); }
+    double seconds() const { return std::max(compute_s(), sass.hbm_s) + sass.launch_s; }
+    // what binds the compute side: "ceiling", or the CTAs over their slots: "tensor" when a k block's
+    // tensor time binds them, else "issue"
+    const char* compute_bound() const { return ceiling_s > sass.compute_s() ? "ceiling" : sass.tensor_s > 0 ? "tensor" : "issue"; }
+    const char* bound() const {
+        const double body = std::max(compute_s(), sass.hbm_s);
+        return sass.launch_s > body ? "launch" : body == sass.hbm_s ? "hbm" : compute_bound();
+    }
+};
+
+// The kernel's instructions per k block and per CTA and the blocks the code outside loops holds;
+// false: no loop of MMAs (the kernel changed).
+inline bool block_gemm_recipe(const SassKernel& k, SassCounts* per_block, SassCounts* per_cta, double* peeled) {
+    int loop = -1;
+    for (int i = 0; i < k.loops; i++)
+        if (k.loop[i].counts[Sass_mma] > 0 && (loop < 0 || k.loop[i].counts[Sass_mma] > k.loop[loop].counts[Sass_mma])) loop = i;
+    if (loop < 0) return false;
+    SassCounts pass, c;
+    pass.add(k.loop[loop].counts, 1);
+    c.add(k.outside, 1);
+    for (int i = 0; i < k.loops; i++) {
+        if (i == loop) continue;
+        bool inside = false;  // nested in the k-block loop: once a pass; else once a CTA
+        for (int p = k.loop[i].parent; p >= 0; p = k.loop[p].parent) inside = inside || p == loop;
+        (inside ? pass : c).add(k.loop[i].counts, 1);
+    }
+    *per_block = SassCounts();
+    per_block->add(pass, block_gemm::kMmaPerBlock / k.loop[loop].counts[Sass_mma]);
+    *per_cta = c, *peeled = k.outside[Sass_mma] / block_gemm::kMmaPerBlock;
+    return true;
+}
+
+// The own GEMM D [n][m] (+)= B [n][k] . A [m][k]^T (m, n, k multiples of 128), `kernel` its SASS row
+// (without an MMA loop: priced at its tensor time alone, recipe false, a lower bound), `hbm_bytes` the
+// call's bytes, `accumulate`: D read and written.
+inline BlockGemmPrice fp8_block_gemm_price(const GpuSpec& g, const SassKernel& kernel, double m, double n, double k,
+                                           double hbm_bytes, bool accumulate) {
+    using namespace block_gemm;
+    SassCounts per_block, per_cta;
+    double peeled = 0;
+    const bool recipe = block_gemm_recipe(kernel, &per_block, &per_cta, &peeled);
+    if (!recipe) per_block = SassCounts(), per_cta = SassCounts();
+    const double tiles = std::ceil(m / kTile) * std::ceil(n / kTile), blocks = std::ceil(k / kBlockK);
+    peeled = std::min(peeled, blocks);
+    const int resident = g.resident_ctas(kThreads, kSmemBytes, kRegisters);
+    const double warps = kThreads / 32.0, flop_per_clock = g.fp8_peak() / (g.sms * g.peak_clock);
+    const double tensor = 2.0 * kTile * kTile * kBlockK / flop_per_clock;  // clocks a k block
+    const double issue = sm_cycles(g, per_block, warps, warps * resident).issue;
+    const PipeCycles outside = sm_cycles(g, per_cta, warps, warps * resident);  // its issue and LSU (its MMAs: peeled)
+    const double cta = std::max(outside.issue, outside.smem) + g.hbm_latency * (accumulate ? 2 : 1) +
+                       peeled * tensor + (blocks - peeled) * std::max(tensor, issue);
+    const double waves = std::ceil(tiles / (g.sms * resident));
+    BlockGemmPrice out;
+    KernelPrice& p = out.sass;
+    p.recipe = recipe;
+    // the CTAs over their slots, said as what binds a k block (KernelPrice's fields: one of them holds it)
+    (tensor >= issue ? p.tensor_s : p.issue_s) = waves * cta / g.clock;
+    p.hbm_s = hbm_bytes / g.bandwidth();
+    p.launch_s = g.launch_s;
+    out.ceiling = &deepgemm_nearest(m, n, k);
+    out.ceiling_s = 2.0 * m * n * k / (out.ceiling->tflops * 1e12);
+    return out;
+}
+
 // ---- memory-bound kernels (norms, RoPE, SwiGLU, quantizers, AdamW) ----------------------------------
 // Little's law: each resident thread keeps one pass of the kernel's streaming loop (the loop that loads
 // the most bytes a pass; none: the code outside loops) in flight, and a pass lasts an HBM round trip or

@@ -69,7 +69,8 @@ struct PerfHardware {
 };
 
 // The hardware of the model that prices what the kernels execute on GPU g (gpu_spec.h's constants):
-// GEMMs at cuBLASLt's rates by shape class, attention and decode attention from sass_counts.h,
+// GEMMs at cuBLASLt's rates by shape class (the trainer's FP8 projections on the own kernel from its
+// SASS: fp8_block_gemm_cost), attention and decode attention from sass_counts.h,
 // memory-bound kernels at the achievable bandwidth or what their loads in flight allow.
 inline PerfHardware sass_hardware(const GpuSpec& g) {
     PerfHardware hw;
@@ -134,6 +135,11 @@ struct KernelCost {
     // bytes/s its loads in flight allow (Little's law: streaming_bandwidth, or a decode GEMM's CTAs);
     // 0: the achievable bandwidth
     double stream_bandwidth = 0;
+    // a GEMM's shape (D [n][m] over k); on the own FP8 block GEMM (fp8_block_gemm_cost) also cuBLASLt's
+    // price of the same call beside it and the published shape class whose rate bounds it
+    int64_t gemm_m = 0, gemm_n = 0, gemm_k = 0;
+    double cublaslt_call_s = 0;
+    const DeepGemmRate* ceiling = nullptr;
 
     double hbm_seconds(const PerfHardware& hw) const {
         return bytes / (stream_bandwidth > 0 ? std::min(stream_bandwidth, hw.bandwidth()) : hw.bandwidth());
@@ -183,6 +189,31 @@ inline KernelCost gemm_cost(const PerfHardware& hw, std::string name, KernelClas
         g.rate *= tiles / (std::ceil(tiles / sms) * sms) * ((double)m * n / (tiles * tile * tile));
         if (n <= 256) g.stream_bandwidth = std::min(tiles, sms) * hw.gpu->gemm_cta_bandwidth;
     }
+    g.gemm_m = m, g.gemm_n = n, g.gemm_k = k;
+    return g;
+}
+
+// The trainer's FP8 projection GEMMs on fp8rl's own block GEMM (cuda/kernels/fp8_block_gemm.cuh, issue 59)
+// where the shape fits it (m, n, k multiples of 128), a GPU is priced and sass_counts.h holds the kernel
+// (else cuBLASLt's price, as gemm_cost): kernel_perf_model.h's
+// fp8_block_gemm_price from its SASS row (sass_counts.h), never faster than DeepGEMM's published rate for
+// the shape class; cuBLASLt's price of the same call kept beside it. `weight`: A is a weight with
+// BLK128x128 scales (fprop, dgrad: fp8_block_gemm_kernel<true>), else x^T's VEC128 (wgrad: <false>).
+inline KernelCost fp8_block_gemm_cost(const PerfHardware& hw, std::string name, int64_t m, int64_t n, int64_t k, GemmOutput out,
+                                      bool weight) {
+    KernelCost g = gemm_cost(hw, name, KernelClass::LayerGemm, m, n, k, Precision::FP8, out);
+    // the kernel's SASS row is in sass_counts.h once ./train_rl runs it (GemmRunner's Fp8GemmKernel::Own)
+    const SassKernel* kernel = hw.gpu ? find_sass_kernel(weight ? "fp8_block_gemm_kernel<true>" : "fp8_block_gemm_kernel<false>") : nullptr;
+    if (!kernel || m % block_gemm::kTile || n % block_gemm::kTile || k % block_gemm::kBlockK) return g;
+    g.cublaslt_call_s = g.call_seconds(hw);
+    const BlockGemmPrice p = fp8_block_gemm_price(*hw.gpu, *kernel, (double)m, (double)n, (double)k, g.bytes,
+                                                  out == GemmOutput::F32_Accumulate);
+    // KernelCost prices max(work / rate, bytes) + launches: the compute side is the slower of the SASS
+    // price's compute and the ceiling
+    g.rate = g.work / p.compute_s();
+    g.stream_bandwidth = 0;
+    g.compute_bound = p.compute_bound();
+    g.ceiling = p.ceiling;
     return g;
 }
 
@@ -214,6 +245,8 @@ struct StepShape {
     // write their transposed FP8 operands, kept for the backward (engine_gpu.cuh's kept_transposes);
     // false: a prefill's forward (grpo_perf_model.h), which keeps nothing
     bool training = true;
+    // an fp8 training step's projection GEMMs on fp8rl's own block GEMM (issue 59); false: cuBLASLt's
+    bool own_fp8_gemm = true;
 };
 
 namespace perf_detail {
@@ -236,6 +269,13 @@ class StepBuilder {
     }
     void gemm(const char* name, int64_t m, int64_t n, int64_t k, GemmOutput out, double repeat = 1) {
         add(gemm_cost(hw, name, KernelClass::LayerGemm, m, n, k, p, out), repeat);
+    }
+    // A projection GEMM of the training step: in an fp8 training step on the own FP8 block GEMM (the
+    // trainer's GemmRunner routes there; a prefill's forward keeps cuBLASLt), else as gemm(); `weight`:
+    // A is the weight (fprop, dgrad), not x^T (wgrad)
+    void trainer_gemm(const char* name, int64_t m, int64_t n, int64_t k, GemmOutput out, bool weight) {
+        if (p == Precision::FP8 && s.training && s.own_fp8_gemm) add(fp8_block_gemm_cost(hw, name, m, n, k, out, weight));
+        else gemm(name, m, n, k, out);
     }
     void head_gemm(const char* name, int64_t m, int64_t n, int64_t k, GemmOutput out, double repeat) {  // BF16 in both precisions
         add(gemm_cost(hw, name, KernelClass::HeadGemm, m, n, k, Precision::BF16, out), repeat);
@@ -438,7 +478,7 @@ inline void fused_layer_forward(StepBuilder& b) {
     };
     const double qk_norm = c.qk_norm ? T * (Q + K) * kBF16 + T * (c.num_heads + c.num_kv_heads) * kF32 : 0;  // qp, kp, rstd
     norm("add + RMSNorm (attention input)", "RMSNorm -> FP8 xn1, xn1^T");
-    b.gemm("QKV fprop", (int64_t)N, Tp, c.hidden_size, GemmOutput::BF16);
+    b.trainer_gemm("QKV fprop", (int64_t)N, Tp, c.hidden_size, GemmOutput::BF16, true);
     b.pass("q/k RMSNorm + RoPE + split", KernelClass::Elementwise, 2 * T * N * kBF16 + qk_norm, 1, 1,
            "qkv_rope_forward_kernel<__nv_bfloat16>");
     // the O projection's FP8 operand: written by the attention forward where a head's row is one 1x128
@@ -446,16 +486,16 @@ inline void fused_layer_forward(StepBuilder& b) {
     const bool att_fp8 = fp8 && c.head_dim == 128;
     b.attention(false, att_fp8);
     if (!att_fp8) b.quantize("quantize attention output", Tp, c.q_dim(), 1);
-    b.gemm("O fprop", c.hidden_size, Tp, c.q_dim(), GemmOutput::BF16);
+    b.trainer_gemm("O fprop", c.hidden_size, Tp, c.q_dim(), GemmOutput::BF16, true);
     norm("add + RMSNorm (MLP input)", "RMSNorm -> FP8 xn2, xn2^T");
-    b.gemm("gate|up fprop", 2 * c.intermediate_size, Tp, c.hidden_size, GemmOutput::BF16);
+    b.trainer_gemm("gate|up fprop", 2 * c.intermediate_size, Tp, c.hidden_size, GemmOutput::BF16, true);
     if (kept)  // swiglu_forward_fp8: a's rowwise and transposed operands from one tile, no BF16 a
         b.pass("SwiGLU -> FP8 a, a^T", KernelClass::Elementwise, T * 2 * I * kBF16 + 2 * (double)Tp * I * kFP8, 1, 1,
                "quantize_rowwise_kernel<SwigluTile>");
     else  // BF16 a in bf16; in an fp8 prefill its FP8 operand only
         b.pass("SwiGLU", KernelClass::Elementwise, T * 2 * I * kBF16 + (fp8 ? T * I * kFP8 : T * I * kBF16), 1, 1,
                "swiglu_forward_kernel<");
-    b.gemm("down fprop", c.hidden_size, Tp, c.intermediate_size, GemmOutput::BF16);
+    b.trainer_gemm("down fprop", c.hidden_size, Tp, c.intermediate_size, GemmOutput::BF16, true);
 }
 
 // Its backward: every dgrad writes BF16; each FP8 GEMM operand quantized once: by a standalone pass
@@ -467,8 +507,8 @@ inline void fused_layer_backward(StepBuilder& b) {
     const int64_t Tp = round_up(b.s.tokens, 128), Cn = c.hidden_size, In = c.intermediate_size, Qn = c.q_dim();
     const int64_t Nn = c.q_dim() + 2 * c.kv_dim();
     b.quantize("quantize dh (down)", Tp, Cn, 3);  // a^T: kept by the forward's SwiGLU
-    b.gemm("down dgrad", In, Tp, Cn, GemmOutput::BF16);
-    b.gemm("down wgrad", In, Cn, Tp, GemmOutput::F32_Accumulate);
+    b.trainer_gemm("down dgrad", In, Tp, Cn, GemmOutput::BF16, true);
+    b.trainer_gemm("down wgrad", In, Cn, Tp, GemmOutput::F32_Accumulate, false);
     // bf16: d[gate|up] written in BF16; fp8: its rowwise and transposed FP8 operands written instead
     // (swiglu_backward_fp8, the SwiGLU backward as the tile quantizer's source)
     const bool fp8 = b.p == Precision::FP8;
@@ -476,13 +516,13 @@ inline void fused_layer_backward(StepBuilder& b) {
            T * I * kBF16 + T * 2 * I * kBF16 + (fp8 ? 2 * T * 2 * I * kFP8 : T * 2 * I * kBF16), 1, 1,
            fp8 ? "quantize_rowwise_kernel<SwigluGradTile>" : "swiglu_backward_kernel<");
     // xn2^T: kept by the forward's norm tiles
-    b.gemm("gate|up dgrad", Cn, Tp, 2 * In, GemmOutput::BF16);
-    b.gemm("gate|up wgrad", Cn, 2 * In, Tp, GemmOutput::F32_Accumulate);
+    b.trainer_gemm("gate|up dgrad", Cn, Tp, 2 * In, GemmOutput::BF16, true);
+    b.trainer_gemm("gate|up wgrad", Cn, 2 * In, Tp, GemmOutput::F32_Accumulate, false);
     b.norm_backward("RMSNorm backward (MLP input)", T, C, true);
     b.quantize("quantize dh (O)", Tp, Cn, 3);
     b.quantize("quantize att^T", Tp, Qn, 2);
-    b.gemm("O dgrad", Qn, Tp, Cn, GemmOutput::BF16);
-    b.gemm("O wgrad", Qn, Cn, Tp, GemmOutput::F32_Accumulate);
+    b.trainer_gemm("O dgrad", Qn, Tp, Cn, GemmOutput::BF16, true);
+    b.trainer_gemm("O wgrad", Qn, Cn, Tp, GemmOutput::F32_Accumulate, false);
     b.attention(true);
     // dq, dk and the forward's qp, kp in, d[q|k] out (dv is written in place by the attention
     // backward); the q/k-norm weights' column sums as partials of the same pass. In fp8 (no bias,
@@ -497,8 +537,8 @@ inline void fused_layer_backward(StepBuilder& b) {
         b.quantize("quantize d[q|k|v]", Tp, Nn, 3);
     }
     // xn1^T: kept by the forward's norm tiles
-    b.gemm("QKV dgrad", Cn, Tp, Nn, GemmOutput::BF16);
-    b.gemm("QKV wgrad", Cn, Nn, Tp, GemmOutput::F32_Accumulate);
+    b.trainer_gemm("QKV dgrad", Cn, Tp, Nn, GemmOutput::BF16, true);
+    b.trainer_gemm("QKV wgrad", Cn, Nn, Tp, GemmOutput::F32_Accumulate, false);
     b.norm_backward("RMSNorm backward (attention input)", T, C, true);
 }
 
@@ -657,6 +697,7 @@ inline std::vector<KernelCost> step_kernels(const PerfHardware& hw, const StepSh
 struct PricedKernel {
     std::string name;
     double calls = 0, seconds = 0, bytes = 0, flops = 0;
+    double cublaslt_seconds = 0;  // the own FP8 block GEMM's calls: cuBLASLt's price of them, beside
     std::map<std::string, double> bound_seconds;
     const char* bound() const {
         const std::pair<const std::string, double>* best = nullptr;
@@ -669,16 +710,22 @@ struct PricedKernel {
 // Kernels tallied by name, in the order first seen.
 class KernelTally {
   public:
-    void add(const std::string& name, double calls, double seconds, double bytes, double flops, const char* bound) {
+    void add(const std::string& name, double calls, double seconds, double bytes, double flops, const char* bound,
+             double cublaslt_seconds = 0) {
         auto at = index_.find(name);
-        if (at == index_.end()) at = index_.emplace(name, kernels_.size()).first, kernels_.push_back(PricedKernel{name, 0, 0, 0, 0, {}});
+        if (at == index_.end()) at = index_.emplace(name, kernels_.size()).first, kernels_.push_back(PricedKernel{name, 0, 0, 0, 0, 0, {}});
         PricedKernel& k = kernels_[at->second];
         k.calls += calls, k.seconds += seconds, k.bytes += bytes, k.flops += flops, k.bound_seconds[bound] += seconds;
+        k.cublaslt_seconds += cublaslt_seconds;
     }
     // `times` of every call of k, its name prefixed
     void add(const std::string& prefix, const KernelCost& k, const PerfHardware& hw, double times = 1) {
         add(prefix + k.name, times * k.calls, times * k.seconds(hw), times * k.calls * k.bytes,
-            k.rate > 0 ? times * k.calls * k.work : 0, k.bound(hw));
+            k.rate > 0 ? times * k.calls * k.work : 0, k.bound(hw), times * k.calls * k.cublaslt_call_s);
+    }
+    // a tallied kernel again (its bound: the one holding most of its time), its name prefixed
+    void add(const std::string& prefix, const PricedKernel& k) {
+        add(prefix + k.name, k.calls, k.seconds, k.bytes, k.flops, k.bound(), k.cublaslt_seconds);
     }
     const std::vector<PricedKernel>& kernels() const { return kernels_; }
 

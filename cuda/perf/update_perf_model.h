@@ -17,6 +17,7 @@ namespace fp8rl {
 struct UpdatePrediction {
     std::map<std::string, double> phases;  // seconds per kernel class
     std::vector<PricedKernel> kernels;     // every kernel over the micro-batches
+    std::vector<KernelCost> step;          // one micro-batch's kernels, per call
     int micro_batches = 1;
     double seconds() const {
         double t = 0;
@@ -41,6 +42,7 @@ inline UpdatePrediction predict_update(const PerfHardware& hw, const ModelConfig
         tally.add("", k, hw, s.micro_batches);
     }
     out.kernels = tally.kernels();
+    out.step = step_kernels(hw, s, p, StepStructure::Fused);
     return out;
 }
 

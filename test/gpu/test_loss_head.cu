@@ -498,13 +498,16 @@ TEST(gpu_head_token_blocks_keep_cpu_bits) {
 // with a last one of 235 columns (the tail GEMM and its padded rows), a vocabulary of one chunk of
 // 300 (no full chunk), one of 2 whole chunks (no tail); token blocks of 8 with a ragged last one;
 // temperature 0.7, and 1 (the statistics kernel that skips the division) where the block is ragged;
-// HEAD_VOCAB_CHUNK's chunks of 2,048 (the statistics' loop without column tests) with and without a tail.
+// HEAD_VOCAB_CHUNK's chunks of 2,048 (the statistics' loop without column tests) with and without a tail,
+// and with HEAD_ROW_CHUNKS_IN_FLIGHT of them loaded together (a group, a single chunk and a tail; a group alone).
 TEST(gpu_head_fused_equals_forward_then_backward) {
     GemmRunner gemm;
     struct Case { int T, C, V, chunk, block; float temperature; };
     for (const Case& k : {Case{21, 136, 1003, 256, 8, 0.7f}, Case{13, 24, 300, HEAD_VOCAB_CHUNK, 8, 0.7f},
                           Case{16, 32, 512, 256, 16, 0.7f}, Case{11, 16, 600, 256, 8, 1.0f},
-                          Case{9, 16, 4500, HEAD_VOCAB_CHUNK, 8, 1.0f}, Case{10, 16, 4096, HEAD_VOCAB_CHUNK, 8, 0.7f}}) {
+                          Case{9, 16, 4500, HEAD_VOCAB_CHUNK, 8, 1.0f}, Case{10, 16, 4096, HEAD_VOCAB_CHUNK, 8, 0.7f},
+                          Case{5, 16, 5 * HEAD_VOCAB_CHUNK + 100, HEAD_VOCAB_CHUNK, 8, 1.0f},
+                          Case{3, 16, 4 * HEAD_VOCAB_CHUNK, HEAD_VOCAB_CHUNK, 8, 0.7f}}) {
         HeadProblem h(k.T, k.C, k.V, k.temperature, 61 + k.T);
         auto a_of = [&](int t, float lp) { return h.a[t] * (1.0f + lp / 8); };
         auto b_of = [&](int t, float ent) { return h.b[t] * ent; };
