@@ -565,7 +565,7 @@ TEST(gpu_fp8_wrong_scale_layout_fails_the_check) {
 // layer's three GEMMs (fprop and dgrad: A BLK128x128; wgrad: both VEC128), BF16 and FP32 D, and FP32
 // D accumulated onto a prefilled one, against cuBLASLt's path (the same runner, Fp8GemmKernel::Cublaslt)
 // and the CPU oracle (cpu/fp8_gemm_ref.h). In emulation bit for bit: each output's 128-wide blocks
-// sum from 0 in k order and join part with separate roundings in all three. On a GPU the tensor
+// sum from 0 in k order and join part with one FMA in all three. On a GPU the tensor
 // cores sum in their own order: the tolerance of count_outside_tolerance. T = 256, K = 640, N = 256:
 // 2 and 5 tiles a side, k of 2 and 5 blocks (fewer than the ring copies ahead, and more); one tile
 // with k of 13 blocks, A BLK128x128 (fprop) and VEC128 (wgrad): the 6-stage ring wraps twice, every
