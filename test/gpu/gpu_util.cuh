@@ -2,6 +2,7 @@
 // fills, and the "is there a usable GPU" check that turns into a visible SKIP.
 #ifndef FP8RL_TEST_GPU_UTIL_CUH
 #define FP8RL_TEST_GPU_UTIL_CUH
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -67,6 +68,24 @@ inline const bool gpu_precondition_set = (harness::precondition() = no_gpu_reaso
         std::string why_not = no_gpu_reason();        \
         if (!why_not.empty()) SKIP(why_not.c_str());  \
     } while (0)
+
+// The emulation's refusal tests: launch(mode) runs a kernel with one misuse per mode; for each mode
+// in [first, last] the error it raises must name rules[mode]. The device is reset after each.
+template <class Launch>
+void check_refusals(const char* const* rules, int first, int last, const Launch& launch) {
+    for (int mode = first; mode <= last; mode++) {
+        std::string err;
+        try {
+            launch(mode);
+            CUDA_CHECK(cudaDeviceSynchronize());
+        } catch (const Error& e) {
+            err = e.what();
+        }
+        CHECK_MSG(err.find(rules[mode]) != std::string::npos, "mode %d: %s", mode, err.c_str());
+        printf("    mode %d: %s\n", mode, err.c_str());
+        cudaDeviceReset();
+    }
+}
 
 // Deterministic pseudo-random numbers (xorshift-multiply hash of the index), uniform in [-1, 1).
 __host__ __device__ inline float hash_uniform(uint64_t i, uint32_t seed) {

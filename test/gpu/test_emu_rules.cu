@@ -431,17 +431,8 @@ TEST(emu_rule_async_copies_land_at_the_wait_and_keep_the_header_rules) {
     CHECK_EQ(got[4], -1);  // 0xFFFFFFFF: the copy has not landed
     CHECK_EQ(got[5], 11);
     const char* rules[] = {"", "cudaErrorMisalignedAddress", "outside the block's shared memory"};
-    for (int mode : {1, 2}) {
-        std::string err;
-        try {
-            LAUNCH_KERNEL(async_copy_kernel, 1, 1, 0, 0, (const int*)in.ptr, out.ptr, mode);
-            CUDA_CHECK(cudaDeviceSynchronize());
-        } catch (const Error& e) {
-            err = e.what();
-        }
-        CHECK_MSG(err.find(rules[mode]) != std::string::npos, "mode %d: %s", mode, err.c_str());
-        cudaDeviceReset();
-    }
+    check_refusals(rules, 1, 2,
+                   [&](int mode) { LAUNCH_KERNEL(async_copy_kernel, 1, 1, 0, 0, (const int*)in.ptr, out.ptr, mode); });
 }
 
 #ifdef FP8RL_EMU
@@ -474,19 +465,10 @@ TEST(emu_rule_ldmatrix_is_warp_wide_aligned_and_shared) {
     CHECK_EQ(got[5 * 4 + 2], (uint32_t)bf16_bits(values[8 + 2]) | (uint32_t)bf16_bits(values[8 + 3]) << 16);
     const char* rules[] = {"", "is not 16-byte aligned", "outside the block's shared memory",
                            "every lane runs the same instruction", "wait at ldmatrix, but lane 31 is exited"};
-    for (int mode = 1; mode <= 4; mode++) {
-        std::string err;
-        try {
-            LAUNCH_KERNEL(ldmatrix_rule_kernel, 1, 32, 128 * sizeof(__nv_bfloat16), 0, out.ptr,
-                          (const __nv_bfloat16*)in.ptr, mode);
-            CUDA_CHECK(cudaDeviceSynchronize());
-        } catch (const Error& e) {
-            err = e.what();
-        }
-        CHECK_MSG(err.find(rules[mode]) != std::string::npos, "mode %d: %s", mode, err.c_str());
-        printf("    mode %d: %s\n", mode, err.c_str());
-        cudaDeviceReset();
-    }
+    check_refusals(rules, 1, 4, [&](int mode) {
+        LAUNCH_KERNEL(ldmatrix_rule_kernel, 1, 32, 128 * sizeof(__nv_bfloat16), 0, out.ptr, (const __nv_bfloat16*)in.ptr,
+                      mode);
+    });
 }
 #endif
 

@@ -423,18 +423,8 @@ TEST(emu_rule_wgmma_discipline_and_descriptors) {
                            "wgmma A fragment registers accessed while wgmma.mma_async #1",
                            "sets reserved bits 0x0000000000008000",
                            "wgmma accumulator registers accessed while wgmma.mma_async #2"};
-    for (int mode = 1; mode <= 11; mode++) {
-        std::string err;
-        try {
-            LAUNCH_KERNEL(wgmma_rule_kernel, 1, mode == 6 ? 64 : 128, smem, 0, out.ptr, mode);
-            CUDA_CHECK(cudaDeviceSynchronize());
-        } catch (const Error& e) {
-            err = e.what();
-        }
-        CHECK_MSG(err.find(rules[mode]) != std::string::npos, "mode %d: %s", mode, err.c_str());
-        printf("    mode %d: %s\n", mode, err.c_str());
-        cudaDeviceReset();
-    }
+    check_refusals(rules, 1, 11,
+                   [&](int mode) { LAUNCH_KERNEL(wgmma_rule_kernel, 1, mode == 6 ? 64 : 128, smem, 0, out.ptr, mode); });
 }
 
 namespace {
@@ -478,18 +468,7 @@ TEST(emu_rule_wgmma_e4m3_is_k_major_from_descriptors) {
                            "m64n16k32.f32.e4m3.e4m3 with A in registers (not emulated",
                            "puts element (0, 16) at shared address 0x1800, outside the block's dynamic shared memory",
                            "wgmma accumulator registers accessed while wgmma.mma_async #1"};
-    for (int mode = 1; mode <= 6; mode++) {
-        std::string err;
-        try {
-            LAUNCH_KERNEL(wgmma_e4m3_rule_kernel, 1, 128, 4096, 0, out.ptr, mode);
-            CUDA_CHECK(cudaDeviceSynchronize());
-        } catch (const Error& e) {
-            err = e.what();
-        }
-        CHECK_MSG(err.find(rules[mode]) != std::string::npos, "mode %d: %s", mode, err.c_str());
-        printf("    mode %d: %s\n", mode, err.c_str());
-        cudaDeviceReset();
-    }
+    check_refusals(rules, 1, 6, [&](int mode) { LAUNCH_KERNEL(wgmma_e4m3_rule_kernel, 1, 128, 4096, 0, out.ptr, mode); });
 }
 
 TEST(emu_wgmma_reads_shared_memory_when_its_group_completes) {
