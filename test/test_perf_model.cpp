@@ -614,7 +614,7 @@ TEST(perf_model_calibrate_reports_contradicted_constants) {
 }
 
 // The own FP8 block GEMM (kernel_perf_model.h's fp8_block_gemm_price) on a made-up SASS row like
-// fp8_block_gemm_kernel<true>'s at 91eb814: a k-block loop of two blocks a pass (496 instructions, 260
+// fp8_block_gemm_kernel<true>'s at 2a49a36: a k-block loop of two blocks a pass (496 instructions, 260
 // FP32, 256 MMA units: 248 a block), 1,000 instructions outside loops holding two blocks' MMAs (the
 // first block and the tail: 2 peeled), and a 1-instruction loop (once a CTA). 256 threads, 203,776
 // bytes of shared memory (6 x (32,768 + 1,024) + 1,024) and 255 registers: 1 CTA an SM.
