@@ -31,7 +31,8 @@
 // per row (dk/dv: per query column it reads). The CPU engine rounds at this tiling
 // (rl/numerics/attention_tiles.h), so that it is this code's oracle to FP32 rounding and, on a real
 // GPU, to ex2.approx's error (docs/gpu-engine.md, "Attention's exp2"). Masks cost only the tiles that
-// need them: the forward's and dq's diagonal tile is peeled out of their loops.
+// need them: the forward's and dq's diagonal tile is peeled out of their loops (dq's next-to-last
+// round too: its loop copies only full key tiles); dk/dv's queries past the sequence get lse = +inf.
 // Head dims 8 (padded to 16 in shared memory), 16, 32, 64 and 128.
 #ifndef FP8RL_CUDA_ATTENTION_CUH
 #define FP8RL_CUDA_ATTENTION_CUH
@@ -82,22 +83,32 @@ struct SwizzledTile {
     __device__ static int chunk_offset(int r, int c) {
         return (c / width) * panel_bytes + r * row_bytes + ((c % width) ^ ((r % 8) / (8 / width))) * 16;
     }
-    // The descriptor of a K-major operand (rows x k = columns), k step kk (columns 16 kk ..).
+    // Where k step kk of a K-major operand starts (columns 16 kk ..), and k step kc of an MN-major one (rows 16 kc ..).
+    FP8RL_HD static constexpr int k_major_offset(int kk) { return (16 * kk / panel_cols) * panel_bytes + (16 * kk % panel_cols) * 2; }
+    FP8RL_HD static constexpr int mn_major_offset(int kc) { return 16 * kc * row_bytes; }
+    // The descriptor of a K-major operand (rows x k = columns), k step kk.
     __device__ static uint64_t k_major(const unsigned char* tile, int kk) {
-        const int k0 = 16 * kk;
-        return wgmma_descriptor(tile + (k0 / panel_cols) * panel_bytes + (k0 % panel_cols) * 2, 16, 8 * row_bytes, swizzle);
+        return wgmma_descriptor(tile + k_major_offset(kk), 16, 8 * row_bytes, swizzle);
     }
-    // The descriptor of an MN-major B operand (k = rows x n = columns), k step kc (rows 16 kc ..).
+    // The descriptor of an MN-major B operand (k = rows x n = columns), k step kc.
     __device__ static uint64_t mn_major(const unsigned char* tile, int kc) {
-        return wgmma_descriptor(tile + 16 * kc * row_bytes, panel_bytes, 8 * row_bytes, swizzle);
+        return wgmma_descriptor(tile + mn_major_offset(kc), panel_bytes, 8 * row_bytes, swizzle);
     }
+    // The same descriptors from the k step 0's (`tile_desc`, k_major(tile, 0) or mn_major(tile, 0)): the
+    // start address field (bits 0-13, address / 16) plus offset / 16, one add per k step instead of the
+    // encoding. Exact: no shared address reaches 256 KiB (sm_90 gives a CTA 227 KiB), so no carry leaves the field.
+    // (The same add moves a descriptor to another tile of the same layout: plus(desc, bytes).)
+    __device__ static uint64_t plus(uint64_t desc, uint32_t bytes) { return desc + bytes / 16; }
+    __device__ static uint64_t k_major(uint64_t tile_desc, int kk) { return plus(tile_desc, k_major_offset(kk)); }
+    __device__ static uint64_t mn_major(uint64_t tile_desc, int kc) { return plus(tile_desc, mn_major_offset(kc)); }
 };
 
 // One thread's share of a tile copy, its addresses computed once per kernel: thread i copies the
 // 16-byte chunk c = i % chunks of rows i / chunks + row_step p (p < passes), so its column, its
 // swizzle (row_step is a multiple of the 8-row pattern) and its offsets are the same in every tile,
-// and a tile costs it `passes` x (a compare, two address adds, one cp.async of 16 bytes, SASS LDGSTS)
-// instead of a per-chunk division, swizzle and 64-bit product.
+// and a tile costs it `passes` x (an address add and one cp.async of 16 bytes, SASS LDGSTS; a compare
+// and a predicated zero store more where the tile may end early) instead of a per-chunk division,
+// swizzle and 64-bit product.
 template <int D>
 struct TileCopyPlan {
     using Tile = SwizzledTile<D>;
@@ -115,19 +126,54 @@ struct TileCopyPlan {
     // offset to the head), rows of `row_stride` elements, by cp.async; zeros, stored at once, for
     // r >= rows and in the padding columns. Every thread of the CTA (kAttnThreads) takes part; the
     // caller commits the group, waits for it, fences the async proxy (the MMAs read through it) and syncs.
+    // The copies are issued first and the zeros after them, each under its predicate (interleaved, ptxas
+    // puts three never-executed LDS before every cp.async that follows a shared store).
     __device__ __forceinline__ void start(unsigned char* tile, const __nv_bfloat16* src, long row_stride, long row0,
                                           int rows) const {
-        const __nv_bfloat16* from = src + (row0 + first_row) * row_stride + column;
-        unsigned char* to = tile + smem_offset;
-        const long from_step = row_step * row_stride;
+        const int live_rows = column < D ? rows - first_row : 0;  // the thread's pass p copies while p row_step < live_rows
+        const Pass pass(tile, src, row_stride, row0, *this);
         FP8RL_UNROLL
-        for (int p = 0; p < passes; p++) {
-            if (column < D && first_row + p * row_step < rows)
-                __pipeline_memcpy_async(to + p * row_step * Tile::row_bytes, from + p * from_step, 16);
-            else
-                *reinterpret_cast<uint4*>(to + p * row_step * Tile::row_bytes) = make_uint4(0, 0, 0, 0);
-        }
+        for (int p = 0; p < passes; p++)
+            if (p * row_step < live_rows) pass.copy(p);
+        FP8RL_UNROLL
+        for (int p = 0; p < passes; p++)
+            if (p * row_step >= live_rows) pass.zero(p);
     }
+    // start() of a tile whose kAttnTile rows all lie before the tensor's end (rows >= kAttnTile): no row tests.
+    __device__ __forceinline__ void start_full(unsigned char* tile, const __nv_bfloat16* src, long row_stride, long row0) const {
+        const Pass pass(tile, src, row_stride, row0, *this);
+        FP8RL_UNROLL
+        for (int p = 0; p < passes; p++)
+            if (column < D) pass.copy(p);
+            else pass.zero(p);
+    }
+
+  private:
+    // A thread's passes over one tile: the source a byte offset from the thread's first row (below
+    // 2^32: row_step rows of at most 65,535 heads of 128 BF16 columns a pass), the destination a constant offset.
+    struct Pass {
+        unsigned char* to;
+        const char* from;
+        uint32_t from_step;
+        __device__ __forceinline__ Pass(unsigned char* tile, const __nv_bfloat16* src, long row_stride, long row0, const TileCopyPlan& plan)
+            : to(tile + plan.smem_offset),
+              from(reinterpret_cast<const char*>(src + (row0 + plan.first_row) * row_stride + plan.column)),
+              from_step((uint32_t)(row_step * row_stride * sizeof(__nv_bfloat16))) {
+#ifndef FP8RL_EMU
+            // Computed here, once: nvcc otherwise recomputes both under every pass's predicate (the
+            // destination kept as a shared-window address, so that the zeros stay shared stores).
+            uint32_t shared = (uint32_t)__cvta_generic_to_shared(to);
+            asm volatile("" : "+r"(shared), "+l"(from));
+            to = static_cast<unsigned char*>(__cvta_shared_to_generic(shared));
+#endif
+        }
+        __device__ __forceinline__ void copy(int p) const {
+            __pipeline_memcpy_async(to + p * row_step * Tile::row_bytes, from + (size_t)p * from_step, 16);
+        }
+        __device__ __forceinline__ void zero(int p) const {
+            *reinterpret_cast<uint4*>(to + p * row_step * Tile::row_bytes) = make_uint4(0, 0, 0, 0);
+        }
+    };
 };
 
 // A warp's 16 rows of a [64 x 64] score product: register 4j + i is element i of the C fragment
@@ -137,9 +183,14 @@ using ScoreAccumulator = WgmmaAccumulator<kAttnTile>;
 // Issues d = A B^T [64 x 64] for the 64 rows A[64][D] of tile `a` and B[64][D] of tile `b`; the k steps
 // of 16 run in order, as the CPU engine sums (its oracle). The caller fences before and commits after.
 template <int D>
-__device__ void issue_product_abt(ScoreAccumulator& d, const unsigned char* a, const unsigned char* b) {
+__device__ void issue_product_abt(ScoreAccumulator& d, uint64_t a_desc, uint64_t b_desc) {
     using Tile = SwizzledTile<D>;
-    for (int kk = 0; kk < Tile::cols / 16; kk++) d.template mma<false, false>(Tile::k_major(a, kk), Tile::k_major(b, kk), kk > 0);
+    for (int kk = 0; kk < Tile::cols / 16; kk++)
+        d.template mma<false, false>(Tile::k_major(a_desc, kk), Tile::k_major(b_desc, kk), kk > 0);
+}
+template <int D>
+__device__ void issue_product_abt(ScoreAccumulator& d, const unsigned char* a, const unsigned char* b) {
+    issue_product_abt<D>(d, SwizzledTile<D>::k_major(a, 0), SwizzledTile<D>::k_major(b, 0));
 }
 
 // The warp's share of a completed score product as C fragment blocks: s[j] holds columns 8j .. 8j + 7.
@@ -161,9 +212,13 @@ __device__ __forceinline__ void pack_fragments(WgmmaFragmentA (&f)[4], const flo
 // Issues acc[64 x D] += P B for the warpgroup's P[64][64] in registers (pack_fragments) and the 64 rows
 // B[64][D] of tile `b`; register 4n + i of acc is element i of C block n. The caller fences and commits.
 template <int D>
+__device__ void issue_product_pb(WgmmaAccumulator<AttnTile<D>::cols>& acc, const WgmmaFragmentA (&p)[4], uint64_t b_desc) {
+    for (int kc = 0; kc < 4; kc++) acc.template mma<true>(p[kc], SwizzledTile<D>::mn_major(b_desc, kc), true);
+}
+template <int D>
 __device__ void issue_product_pb(WgmmaAccumulator<AttnTile<D>::cols>& acc, const WgmmaFragmentA (&p)[4],
                                  const unsigned char* b) {
-    for (int kc = 0; kc < 4; kc++) acc.template mma<true>(p[kc], SwizzledTile<D>::mn_major(b, kc), true);
+    issue_product_pb<D>(acc, p, SwizzledTile<D>::mn_major(b, 0));
 }
 
 template <int D>
@@ -405,7 +460,8 @@ __device__ void probabilities(float s[8][4], float c, Visible visible, Lse2 lse2
     for (int j = 0; j < 8; j++)
         for (int i = 0; i < 4; i++) {
             const int row = c_fragment_row(i), col = 8 * j + c_fragment_col(i);
-            s[j][i] = visible(row, col) ? exp2_fma(s[j][i], c, lse2_of(row, col)) : 0.0f;
+            const float p = exp2_fma(s[j][i], c, lse2_of(row, col));  // for every entry: no load under the mask's predicate
+            s[j][i] = visible(row, col) ? p : 0.0f;
         }
 }
 
@@ -426,7 +482,8 @@ __global__ void __launch_bounds__(kAttnThreads)
     attention_backward_dq_kernel(__nv_bfloat16* dq, const __nv_bfloat16* dout, const float* lse, const float* delta,
                                  const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v,
                                  const int* cu_seqlens, int H, int KV) {
-    constexpr int bytes = SwizzledTile<D>::bytes;
+    using Tile = SwizzledTile<D>;
+    constexpr int bytes = Tile::bytes;
     DYNAMIC_SHARED(unsigned char, smem_raw);
     unsigned char *q_tile = align_shared_1024(smem_raw), *do_tile = q_tile + bytes;
     unsigned char* kv_tiles = do_tile + bytes;  // buffer b: K at kv_tiles + 2 b bytes, V after it
@@ -439,16 +496,22 @@ __global__ void __launch_bounds__(kAttnThreads)
     const int key_tiles = (int)((key_end + kAttnTile - 1) / kAttnTile);
     const __nv_bfloat16 *k_src = k + seq_begin * ldk + kv_head * D, *v_src = v + seq_begin * ldk + kv_head * D;
     const TileCopyPlan<D> copy;
-    auto load_key_tile = [&](int tile) {
+    // Key tile `tile`'s K and V into buffer tile & 1; only the last (the diagonal) may end before 64 rows.
+    auto load_key_tile = [&](int tile, auto full) {
         const long k0 = (long)tile * kAttnTile;
         unsigned char* buf = kv_tiles + 2 * (tile & 1) * bytes;
-        const int rows = (int)min((long)kAttnTile, key_end - k0);
-        copy.start(buf, k_src, ldk, k0, rows);
-        copy.start(buf + bytes, v_src, ldk, k0, rows);
+        if (decltype(full)::value) {
+            copy.start_full(buf, k_src, ldk, k0);
+            copy.start_full(buf + bytes, v_src, ldk, k0);
+        } else {
+            const int rows = (int)min((long)kAttnTile, key_end - k0);
+            copy.start(buf, k_src, ldk, k0, rows);
+            copy.start(buf + bytes, v_src, ldk, k0, rows);
+        }
     };
     copy.start(q_tile, q + seq_begin * ldq + head * D, ldq, q0, (int)(key_end - q0));
     copy.start(do_tile, dout + seq_begin * ldq + head * D, ldq, q0, (int)(key_end - q0));
-    load_key_tile(0);
+    load_key_tile(0, std::false_type());
     __pipeline_commit();
     const float scale = 1.0f / sqrtf((float)D), c = exp2_domain(scale);
     const long warp_row0 = q0 + 16 * warp;
@@ -458,23 +521,27 @@ __global__ void __launch_bounds__(kAttnThreads)
         row_lse2[r] = row < seq_len ? exp2_domain(lse[(seq_begin + row) * H + head]) : 0.0f;
         row_delta[r] = row < seq_len ? delta[(seq_begin + row) * H + head] : 0.0f;
     }
+    // The tiles' descriptors, once: a round moves the key buffer's by a constant.
+    const uint64_t q_desc = Tile::k_major(q_tile, 0), do_desc = Tile::k_major(do_tile, 0),
+                   k_desc = Tile::k_major(kv_tiles, 0), k_mn_desc = Tile::mn_major(kv_tiles, 0);
     ScoreAccumulator s_acc, dp_acc;
     WgmmaAccumulator<AttnTile<D>::cols> acc;
     zero_accumulator<D>(acc);
-    // One key tile. Only the last (the diagonal) holds keys a row must not see (`masked`, a
-    // std::bool_constant); the rows past the sequence are not stored, and their dO and delta are 0.
-    auto round = [&](int tile, auto masked) {
-        if (tile + 1 < key_tiles) load_key_tile(tile + 1);
+    // One key tile, and the copy of the next (`next`: 0 none, 1 the diagonal tile, 2 a full tile). Only
+    // the last (the diagonal) holds keys a row must not see (`masked`, a std::bool_constant); the rows
+    // past the sequence are not stored, and their dO and delta are 0.
+    auto round = [&](int tile, auto masked, auto next) {
+        if (decltype(next)::value != 0) load_key_tile(tile + 1, std::bool_constant<decltype(next)::value == 2>());
         __pipeline_commit();
         __pipeline_wait_prior(1);    // this tile's group (and in the first round the query and dO tiles') has landed
         fence_proxy_async_shared();  // ... visible to the warpgroup MMA's reads
         __syncthreads();             // ... for every thread's copies
         const long k0 = (long)tile * kAttnTile;
-        const unsigned char *k_tile = kv_tiles + 2 * (tile & 1) * bytes, *v_tile = k_tile + bytes;
+        const uint32_t buffer = 2 * (tile & 1) * bytes;
         wgmma_fence();
-        issue_product_abt<D>(s_acc, q_tile, k_tile);
+        issue_product_abt<D>(s_acc, q_desc, Tile::plus(k_desc, buffer));
         wgmma_commit();
-        issue_product_abt<D>(dp_acc, do_tile, v_tile);
+        issue_product_abt<D>(dp_acc, do_desc, Tile::plus(k_desc, buffer + bytes));
         wgmma_commit();
         wgmma_wait<1>(s_acc);  // S has landed; dO V^T stays in flight under P's exps
         float p[8][4], ds[8][4];
@@ -492,25 +559,31 @@ __global__ void __launch_bounds__(kAttnThreads)
         WgmmaFragmentA ds_fragments[4];
         pack_fragments(ds_fragments, ds);
         wgmma_fence();
-        issue_product_pb<D>(acc, ds_fragments, k_tile);
+        issue_product_pb<D>(acc, ds_fragments, Tile::plus(k_mn_desc, buffer));
         wgmma_commit();
         wgmma_wait<0>(acc);
         __syncthreads();  // every warp is done with this buffer before the next round's copy refills it
     };
-    for (int tile = 0; tile < key_tiles - 1; tile++) round(tile, std::false_type());
-    round(key_tiles - 1, std::true_type());  // the diagonal tile, peeled out of the loop
+    using Full = std::integral_constant<int, 2>;
+    for (int tile = 0; tile < key_tiles - 2; tile++) round(tile, std::false_type(), Full());
+    if (key_tiles > 1) round(key_tiles - 2, std::false_type(), std::integral_constant<int, 1>());  // loads the diagonal tile
+    round(key_tiles - 1, std::true_type(), std::integral_constant<int, 0>());  // the diagonal tile, peeled out of the loop
     store_rows_bf16<D>(dq + seq_begin * ldq + head * D, ldq, warp_row0, seq_len, acc);
 }
 
 // dk, dv: one CTA per (key block blockIdx.x, kv head blockIdx.y, sequence blockIdx.z); it walks the
 // (query head of the group, query tile at or after the block) pairs, head-major. Shared memory: the
-// key and value tiles, then two buffers of (Q, dO tiles, lse and delta of the query tile).
+// key and value tiles, then two buffers of (Q, dO tiles, lse log2(e) and delta of the query tile).
+// A query past the sequence gets lse = +inf (and delta 0, its Q and dO rows zeros), so that its P is
+// 2^(0 - inf) = 0 without a test: only the diagonal tile's causal mask is left to the elements.
 template <int D>
 __global__ void __launch_bounds__(kAttnThreads)
     attention_backward_dkv_kernel(__nv_bfloat16* dk, __nv_bfloat16* dv, const __nv_bfloat16* dout, const float* lse,
                                   const float* delta, const __nv_bfloat16* q, const __nv_bfloat16* k,
                                   const __nv_bfloat16* v, const int* cu_seqlens, int H, int KV) {
-    constexpr int bytes = SwizzledTile<D>::bytes;
+    using Tile = SwizzledTile<D>;
+    constexpr int bytes = Tile::bytes;
+    static_assert(kAttnThreads >= kAttnTile, "a thread per query of a tile copies its lse and delta");
     DYNAMIC_SHARED(unsigned char, smem_raw);
     unsigned char *k_tile = align_shared_1024(smem_raw), *v_tile = k_tile + bytes;
     unsigned char* qdo_tiles = v_tile + bytes;  // buffer b: Q at qdo_tiles + 2 b bytes, dO after it
@@ -523,70 +596,79 @@ __global__ void __launch_bounds__(kAttnThreads)
     const int keys = (int)min((long)kAttnTile, seq_len - k0);
     const int query_tiles = (int)((seq_len - k0 + kAttnTile - 1) / kAttnTile);  // causal: earlier queries do not see the block
     const TileCopyPlan<D> copy;
-    auto load_query_tile = [&](int step) {
-        const int head = kv_head * group + step / query_tiles;
-        const long q0 = k0 + (long)(step % query_tiles) * kAttnTile;
+    // The copies of step (head, query tile) into buffer `buffer`: the last query tile of a head may end before 64 rows.
+    auto load_query_tile = [&](int head, int tile, int buffer) {
+        const long q0 = k0 + (long)tile * kAttnTile;
         const int queries = (int)min((long)kAttnTile, seq_len - q0);
-        unsigned char* buf = qdo_tiles + 2 * (step & 1) * bytes;
+        unsigned char* buf = qdo_tiles + 2 * buffer * bytes;
         copy.start(buf, q + seq_begin * ldq + head * D, ldq, q0, queries);
         copy.start(buf + bytes, dout + seq_begin * ldq + head * D, ldq, q0, queries);
-        float* stats = stat_tiles + 2 * (step & 1) * kAttnTile;
-        for (int r = threadIdx.x; r < kAttnTile; r += blockDim.x)
+        float* stats = stat_tiles + 2 * buffer * kAttnTile;
+        const int r = threadIdx.x;
+        if (r < kAttnTile) {
             if (r < queries) {
                 __pipeline_memcpy_async(stats + r, lse + (seq_begin + q0 + r) * H + head, sizeof(float));
                 __pipeline_memcpy_async(stats + kAttnTile + r, delta + (seq_begin + q0 + r) * H + head, sizeof(float));
             } else {
-                stats[r] = stats[kAttnTile + r] = 0.0f;
+                stats[r] = INFINITY, stats[kAttnTile + r] = 0.0f;
             }
+        }
     };
     copy.start(k_tile, k + seq_begin * ldk + kv_head * D, ldk, k0, keys);
     copy.start(v_tile, v + seq_begin * ldk + kv_head * D, ldk, k0, keys);
-    load_query_tile(0);
+    load_query_tile(kv_head * group, 0, 0);
     __pipeline_commit();
     const float scale = 1.0f / sqrtf((float)D), c = exp2_domain(scale);
     const long warp_key0 = k0 + 16 * warp;
+    // The tiles' descriptors, once: a step moves the query buffer's by a constant.
+    const uint64_t k_desc = Tile::k_major(k_tile, 0), v_desc = Tile::k_major(v_tile, 0),
+                   q_desc = Tile::k_major(qdo_tiles, 0), q_mn_desc = Tile::mn_major(qdo_tiles, 0);
     ScoreAccumulator st_acc, dpt_acc;
     WgmmaAccumulator<AttnTile<D>::cols> dk_acc, dv_acc;
     zero_accumulator<D>(dk_acc);
     zero_accumulator<D>(dv_acc);
     const int steps = group * query_tiles;
+    int tile = 0, next_head = kv_head * group, next_tile = 1;  // this step's query tile, the next step's (head, tile)
+    if (next_tile == query_tiles) next_head++, next_tile = 0;
     for (int step = 0; step < steps; step++) {
-        if (step + 1 < steps) load_query_tile(step + 1);
+        if (step + 1 < steps) load_query_tile(next_head, next_tile, (step + 1) & 1);
         __pipeline_commit();
-        __pipeline_wait_prior(1);    // this step's group (and in the first round the key and value tiles') has landed
+        __pipeline_wait_prior(1);  // this step's group (and in the first round the key and value tiles') has landed
+        const int buffer = step & 1;
+        float* lse_tile = stat_tiles + 2 * buffer * kAttnTile;
+        const float* delta_tile = lse_tile + kAttnTile;
+        if (threadIdx.x < kAttnTile) lse_tile[threadIdx.x] = exp2_domain(lse_tile[threadIdx.x]);  // the thread's own copy
         fence_proxy_async_shared();  // ... visible to the warpgroup MMA's reads
         __syncthreads();             // ... for every thread's copies
-        const long q0 = k0 + (long)(step % query_tiles) * kAttnTile;
-        const int queries = (int)min((long)kAttnTile, seq_len - q0);
-        const unsigned char *q_tile = qdo_tiles + 2 * (step & 1) * bytes, *do_tile = q_tile + bytes;
-        const float *lse_tile = stat_tiles + 2 * (step & 1) * kAttnTile, *delta_tile = lse_tile + kAttnTile;
-        const int key_offset = (int)(warp_key0 - q0);  // the warp's first key less the tile's first query: >= -kAttnTile
+        const int key_offset = (int)(warp_key0 - k0) - tile * kAttnTile;  // the warp's first key less the tile's first query
+        const uint32_t qdo = 2 * buffer * bytes;
         // keys x queries: S^T = K Q^T, dP^T = V dO^T; dV += P^T dO runs under dS's arithmetic
         wgmma_fence();
-        issue_product_abt<D>(st_acc, k_tile, q_tile);
+        issue_product_abt<D>(st_acc, k_desc, Tile::plus(q_desc, qdo));
         wgmma_commit();
-        issue_product_abt<D>(dpt_acc, v_tile, do_tile);
+        issue_product_abt<D>(dpt_acc, v_desc, Tile::plus(q_desc, qdo + bytes));
         wgmma_commit();
         wgmma_wait<1>(st_acc);  // S^T has landed; V dO^T stays in flight under P's exps
         float pt[8][4], dst[8][4];
         scores_of(pt, st_acc);
         probabilities(
-            pt, c, [&](int row, int col) { return col < queries && row + key_offset <= col; },
-            [&](int, int col) { return exp2_domain(lse_tile[col]); });
+            pt, c, [&](int row, int col) { return row + key_offset <= col; }, [&](int, int col) { return lse_tile[col]; });
         WgmmaFragmentA p_fragments[4], ds_fragments[4];
         pack_fragments(p_fragments, pt);
         wgmma_fence();
-        issue_product_pb<D>(dv_acc, p_fragments, do_tile);
+        issue_product_pb<D>(dv_acc, p_fragments, Tile::plus(q_mn_desc, qdo + bytes));
         wgmma_commit();
         wgmma_wait<1>(dpt_acc);  // dP^T has landed; dV += P^T dO stays in flight
         scores_of(dst, dpt_acc);
         dscores(dst, pt, scale, [&](int, int col) { return delta_tile[col]; });
         pack_fragments(ds_fragments, dst);
         wgmma_fence();
-        issue_product_pb<D>(dk_acc, ds_fragments, q_tile);
+        issue_product_pb<D>(dk_acc, ds_fragments, Tile::plus(q_mn_desc, qdo));
         wgmma_commit();
         wgmma_wait<0>(dk_acc, dv_acc);
         __syncthreads();  // every warp is done with this buffer before the next round's copy refills it
+        tile = next_tile;
+        if (++next_tile == query_tiles) next_head++, next_tile = 0;
     }
     store_rows_bf16<D>(dk + seq_begin * ldk + kv_head * D, ldk, warp_key0, seq_len, dk_acc);
     store_rows_bf16<D>(dv + seq_begin * ldk + kv_head * D, ldk, warp_key0, seq_len, dv_acc);
