@@ -126,26 +126,27 @@ struct TileCopyPlan {
     // offset to the head), rows of `row_stride` elements, by cp.async; zeros, stored at once, for
     // r >= rows and in the padding columns. Every thread of the CTA (kAttnThreads) takes part; the
     // caller commits the group, waits for it, fences the async proxy (the MMAs read through it) and syncs.
-    // The copies are issued first and the zeros after them, each under its predicate (interleaved, ptxas
-    // puts three never-executed LDS before every cp.async that follows a shared store).
     __device__ __forceinline__ void start(unsigned char* tile, const __nv_bfloat16* src, long row_stride, long row0,
                                           int rows) const {
-        const int live_rows = column < D ? rows - first_row : 0;  // the thread's pass p copies while p row_step < live_rows
-        const Pass pass(tile, src, row_stride, row0, *this);
-        FP8RL_UNROLL
-        for (int p = 0; p < passes; p++)
-            if (p * row_step < live_rows) pass.copy(p);
-        FP8RL_UNROLL
-        for (int p = 0; p < passes; p++)
-            if (p * row_step >= live_rows) pass.zero(p);
+        const Pass tiles[1] = {Pass(tile, src, row_stride, row0, *this)};
+        start_passes(tiles, rows);
     }
-    // start() of a tile whose kAttnTile rows all lie before the tensor's end (rows >= kAttnTile): no row tests.
-    __device__ __forceinline__ void start_full(unsigned char* tile, const __nv_bfloat16* src, long row_stride, long row0) const {
-        const Pass pass(tile, src, row_stride, row0, *this);
+    // start() of two tiles of the same rows of two tensors of the same layout (K and V, Q and dO): one
+    // row test a pass for both.
+    __device__ __forceinline__ void start(unsigned char* tile_a, const __nv_bfloat16* src_a, unsigned char* tile_b,
+                                          const __nv_bfloat16* src_b, long row_stride, long row0, int rows) const {
+        const Pass tiles[2] = {Pass(tile_a, src_a, row_stride, row0, *this), Pass(tile_b, src_b, row_stride, row0, *this)};
+        start_passes(tiles, rows);
+    }
+    // start() of two tiles whose kAttnTile rows all lie before the tensors' end (rows >= kAttnTile): no row tests.
+    __device__ __forceinline__ void start_full(unsigned char* tile_a, const __nv_bfloat16* src_a, unsigned char* tile_b,
+                                               const __nv_bfloat16* src_b, long row_stride, long row0) const {
+        const Pass tiles[2] = {Pass(tile_a, src_a, row_stride, row0, *this), Pass(tile_b, src_b, row_stride, row0, *this)};
         FP8RL_UNROLL
         for (int p = 0; p < passes; p++)
-            if (column < D) pass.copy(p);
-            else pass.zero(p);
+            for (const Pass& t : tiles)
+                if (column < D) t.copy(p);
+                else t.zero(p);
     }
 
   private:
@@ -174,7 +175,36 @@ struct TileCopyPlan {
             *reinterpret_cast<uint4*>(to + p * row_step * Tile::row_bytes) = make_uint4(0, 0, 0, 0);
         }
     };
+    // The copies are issued first and the zeros after them, each under its predicate (interleaved, ptxas
+    // puts three never-executed LDS before every cp.async that follows a shared store).
+    template <int N>
+    __device__ __forceinline__ void start_passes(const Pass (&tiles)[N], int rows) const {
+        const int live_rows = column < D ? rows - first_row : 0;  // the thread's pass p copies while p row_step < live_rows
+        FP8RL_UNROLL
+        for (int p = 0; p < passes; p++)
+            if (p * row_step < live_rows)
+                for (const Pass& t : tiles) t.copy(p);
+        FP8RL_UNROLL
+        for (int p = 0; p < passes; p++)
+            if (p * row_step >= live_rows)
+                for (const Pass& t : tiles) t.zero(p);
+    }
 };
+
+// Keeps wgmma descriptors computed once in registers: nvcc otherwise encodes them again from the
+// tiles' addresses in every round of a loop (5 uniform instructions each). No effect in the emulation.
+__device__ __forceinline__ void keep_computed(uint64_t& descriptor) {
+#ifndef FP8RL_EMU
+    asm volatile("" : "+l"(descriptor));
+#else
+    (void)descriptor;
+#endif
+}
+template <class... Descriptors>
+__device__ __forceinline__ void keep_computed(uint64_t& first, Descriptors&... rest) {
+    keep_computed(first);
+    keep_computed(rest...);
+}
 
 // A warp's 16 rows of a [64 x 64] score product: register 4j + i is element i of the C fragment
 // block of columns 8j .. 8j + 7.
@@ -453,26 +483,23 @@ __global__ void attention_delta_kernel(float* delta, const __nv_bfloat16* dout, 
 }
 
 // The warp's P for one tile pair: s holds A B^T of the score operands (queries x keys, or keys x
-// queries) and becomes P = 2^(s c - lse log2(e)), c = exp2_domain(scale); entries where visible(row,
-// col) is false become 0; lse2_of gives a query's lse log2(e) by its (row or column) index within the tiles.
+// queries) and becomes P = 2^(s c - lse log2(e)), c = exp2_domain(scale); entries where visible(j, i)
+// is false become 0; lse2_of(j, i) gives the lse log2(e) of entry i of C fragment block j's query
+// (its row, c_fragment_row(i), or column, 8 j + c_fragment_col(i)).
 template <class Visible, class Lse2>
 __device__ void probabilities(float s[8][4], float c, Visible visible, Lse2 lse2_of) {
     for (int j = 0; j < 8; j++)
         for (int i = 0; i < 4; i++) {
-            const int row = c_fragment_row(i), col = 8 * j + c_fragment_col(i);
-            const float p = exp2_fma(s[j][i], c, lse2_of(row, col));  // for every entry: no load under the mask's predicate
-            s[j][i] = visible(row, col) ? p : 0.0f;
+            const float p = exp2_fma(s[j][i], c, lse2_of(j, i));  // for every entry: no load under the mask's predicate
+            s[j][i] = visible(j, i) ? p : 0.0f;
         }
 }
 
-// dS = P (dP - delta) scale in place of dp, the dO V^T product matching P.
+// dS = P (dP - delta) scale in place of dp, the dO V^T product matching P; delta_of(j, i) as lse2_of above.
 template <class Delta>
 __device__ void dscores(float dp[8][4], const float p[8][4], float scale, Delta delta_of) {
     for (int j = 0; j < 8; j++)
-        for (int i = 0; i < 4; i++) {
-            const int row = c_fragment_row(i), col = 8 * j + c_fragment_col(i);
-            dp[j][i] = p[j][i] * (dp[j][i] - delta_of(row, col)) * scale;
-        }
+        for (int i = 0; i < 4; i++) dp[j][i] = p[j][i] * (dp[j][i] - delta_of(j, i)) * scale;
 }
 
 // dq: one CTA per (query block blockIdx.x, head blockIdx.y, sequence blockIdx.z). Shared memory:
@@ -500,17 +527,10 @@ __global__ void __launch_bounds__(kAttnThreads)
     auto load_key_tile = [&](int tile, auto full) {
         const long k0 = (long)tile * kAttnTile;
         unsigned char* buf = kv_tiles + 2 * (tile & 1) * bytes;
-        if (decltype(full)::value) {
-            copy.start_full(buf, k_src, ldk, k0);
-            copy.start_full(buf + bytes, v_src, ldk, k0);
-        } else {
-            const int rows = (int)min((long)kAttnTile, key_end - k0);
-            copy.start(buf, k_src, ldk, k0, rows);
-            copy.start(buf + bytes, v_src, ldk, k0, rows);
-        }
+        if (decltype(full)::value) copy.start_full(buf, k_src, buf + bytes, v_src, ldk, k0);
+        else copy.start(buf, k_src, buf + bytes, v_src, ldk, k0, (int)min((long)kAttnTile, key_end - k0));
     };
-    copy.start(q_tile, q + seq_begin * ldq + head * D, ldq, q0, (int)(key_end - q0));
-    copy.start(do_tile, dout + seq_begin * ldq + head * D, ldq, q0, (int)(key_end - q0));
+    copy.start(q_tile, q + seq_begin * ldq + head * D, do_tile, dout + seq_begin * ldq + head * D, ldq, q0, (int)(key_end - q0));
     load_key_tile(0, std::false_type());
     __pipeline_commit();
     const float scale = 1.0f / sqrtf((float)D), c = exp2_domain(scale);
@@ -522,8 +542,9 @@ __global__ void __launch_bounds__(kAttnThreads)
         row_delta[r] = row < seq_len ? delta[(seq_begin + row) * H + head] : 0.0f;
     }
     // The tiles' descriptors, once: a round moves the key buffer's by a constant.
-    const uint64_t q_desc = Tile::k_major(q_tile, 0), do_desc = Tile::k_major(do_tile, 0),
-                   k_desc = Tile::k_major(kv_tiles, 0), k_mn_desc = Tile::mn_major(kv_tiles, 0);
+    uint64_t q_desc = Tile::k_major(q_tile, 0), do_desc = Tile::k_major(do_tile, 0), k_desc = Tile::k_major(kv_tiles, 0),
+             k_mn_desc = Tile::mn_major(kv_tiles, 0);
+    keep_computed(q_desc, do_desc, k_desc, k_mn_desc);
     ScoreAccumulator s_acc, dp_acc;
     WgmmaAccumulator<AttnTile<D>::cols> acc;
     zero_accumulator<D>(acc);
@@ -548,14 +569,14 @@ __global__ void __launch_bounds__(kAttnThreads)
         scores_of(p, s_acc);
         probabilities(
             p, c,
-            [&](int row, int col) {
-                const long query = warp_row0 + row;
-                return !decltype(masked)::value || (query < seq_len && k0 + col <= query);
+            [&](int j, int i) {
+                const long query = warp_row0 + c_fragment_row(i);
+                return !decltype(masked)::value || (query < seq_len && k0 + 8 * j + c_fragment_col(i) <= query);
             },
-            [&](int row, int) { return row_lse2[row >> 3]; });
+            [&](int, int i) { return row_lse2[i >> 1]; });
         wgmma_wait<0>(dp_acc);
         scores_of(ds, dp_acc);
-        dscores(ds, p, scale, [&](int row, int) { return row_delta[row >> 3]; });
+        dscores(ds, p, scale, [&](int, int i) { return row_delta[i >> 1]; });
         WgmmaFragmentA ds_fragments[4];
         pack_fragments(ds_fragments, ds);
         wgmma_fence();
@@ -596,33 +617,36 @@ __global__ void __launch_bounds__(kAttnThreads)
     const int keys = (int)min((long)kAttnTile, seq_len - k0);
     const int query_tiles = (int)((seq_len - k0 + kAttnTile - 1) / kAttnTile);  // causal: earlier queries do not see the block
     const TileCopyPlan<D> copy;
+    // Thread r < kAttnTile copies query r's lse and delta of a tile: their rows at query tile 0
+    const long stat_row = (seq_begin + k0 + (long)threadIdx.x) * H;
+    const float *lse_row = lse + stat_row, *delta_row = delta + stat_row;
     // The copies of step (head, query tile) into buffer `buffer`: the last query tile of a head may end before 64 rows.
     auto load_query_tile = [&](int head, int tile, int buffer) {
         const long q0 = k0 + (long)tile * kAttnTile;
         const int queries = (int)min((long)kAttnTile, seq_len - q0);
         unsigned char* buf = qdo_tiles + 2 * buffer * bytes;
-        copy.start(buf, q + seq_begin * ldq + head * D, ldq, q0, queries);
-        copy.start(buf + bytes, dout + seq_begin * ldq + head * D, ldq, q0, queries);
+        copy.start(buf, q + seq_begin * ldq + head * D, buf + bytes, dout + seq_begin * ldq + head * D, ldq, q0, queries);
         float* stats = stat_tiles + 2 * buffer * kAttnTile;
         const int r = threadIdx.x;
         if (r < kAttnTile) {
             if (r < queries) {
-                __pipeline_memcpy_async(stats + r, lse + (seq_begin + q0 + r) * H + head, sizeof(float));
-                __pipeline_memcpy_async(stats + kAttnTile + r, delta + (seq_begin + q0 + r) * H + head, sizeof(float));
+                const long at = (long)tile * kAttnTile * H + head;
+                __pipeline_memcpy_async(stats + r, lse_row + at, sizeof(float));
+                __pipeline_memcpy_async(stats + kAttnTile + r, delta_row + at, sizeof(float));
             } else {
                 stats[r] = INFINITY, stats[kAttnTile + r] = 0.0f;
             }
         }
     };
-    copy.start(k_tile, k + seq_begin * ldk + kv_head * D, ldk, k0, keys);
-    copy.start(v_tile, v + seq_begin * ldk + kv_head * D, ldk, k0, keys);
+    copy.start(k_tile, k + seq_begin * ldk + kv_head * D, v_tile, v + seq_begin * ldk + kv_head * D, ldk, k0, keys);
     load_query_tile(kv_head * group, 0, 0);
     __pipeline_commit();
     const float scale = 1.0f / sqrtf((float)D), c = exp2_domain(scale);
     const long warp_key0 = k0 + 16 * warp;
     // The tiles' descriptors, once: a step moves the query buffer's by a constant.
-    const uint64_t k_desc = Tile::k_major(k_tile, 0), v_desc = Tile::k_major(v_tile, 0),
-                   q_desc = Tile::k_major(qdo_tiles, 0), q_mn_desc = Tile::mn_major(qdo_tiles, 0);
+    uint64_t k_desc = Tile::k_major(k_tile, 0), v_desc = Tile::k_major(v_tile, 0), q_desc = Tile::k_major(qdo_tiles, 0),
+             q_mn_desc = Tile::mn_major(qdo_tiles, 0);
+    keep_computed(k_desc, v_desc, q_desc, q_mn_desc);
     ScoreAccumulator st_acc, dpt_acc;
     WgmmaAccumulator<AttnTile<D>::cols> dk_acc, dv_acc;
     zero_accumulator<D>(dk_acc);
@@ -651,8 +675,14 @@ __global__ void __launch_bounds__(kAttnThreads)
         wgmma_wait<1>(st_acc);  // S^T has landed; V dO^T stays in flight under P's exps
         float pt[8][4], dst[8][4];
         scores_of(pt, st_acc);
+        // the lane's queries: columns 8 j + 2t and 8 j + 2t + 1 (t = lane % 4), one 8-byte load a pair
+        float2 lse2[8], delta2[8];
+        for (int j = 0; j < 8; j++) lse2[j] = reinterpret_cast<const float2*>(lse_tile)[4 * j + lane_id() % 4];
+        // key row - query col = 8 (i >> 1) - 8 j - (i & 1) + above: the diagonal tile's causal mask
+        const int above = lane_id() / 4 - 2 * (lane_id() % 4) + key_offset;
         probabilities(
-            pt, c, [&](int row, int col) { return row + key_offset <= col; }, [&](int, int col) { return lse_tile[col]; });
+            pt, c, [&](int j, int i) { return 8 * ((i >> 1) - j) - (i & 1) + above <= 0; },
+            [&](int j, int i) { return i & 1 ? lse2[j].y : lse2[j].x; });
         WgmmaFragmentA p_fragments[4], ds_fragments[4];
         pack_fragments(p_fragments, pt);
         wgmma_fence();
@@ -660,7 +690,8 @@ __global__ void __launch_bounds__(kAttnThreads)
         wgmma_commit();
         wgmma_wait<1>(dpt_acc);  // dP^T has landed; dV += P^T dO stays in flight
         scores_of(dst, dpt_acc);
-        dscores(dst, pt, scale, [&](int, int col) { return delta_tile[col]; });
+        for (int j = 0; j < 8; j++) delta2[j] = reinterpret_cast<const float2*>(delta_tile)[4 * j + lane_id() % 4];
+        dscores(dst, pt, scale, [&](int j, int i) { return i & 1 ? delta2[j].y : delta2[j].x; });
         pack_fragments(ds_fragments, dst);
         wgmma_fence();
         issue_product_pb<D>(dk_acc, ds_fragments, Tile::plus(q_mn_desc, qdo));
