@@ -28,7 +28,7 @@
 // The softmax is FA2/FA3's, in the exp2 domain: P = 2^(s c - m c) with c = scale log2(e), one FFMA and
 // one MUFU.EX2 (rl/numerics/exp2.h: ex2.approx.ftz.f32, whose FP32 twin the CPU engine and the
 // emulation compute); lse stays natural (m scale + log(sum)) and the backward takes lse log2(e) once
-// per row (dk/dv: per query column it reads). The CPU engine rounds at this tiling
+// per row (dk/dv: per query of a tile, in shared memory). The CPU engine rounds at this tiling
 // (rl/numerics/attention_tiles.h), so that it is this code's oracle to FP32 rounding and, on a real
 // GPU, to ex2.approx's error (docs/gpu-engine.md, "Attention's exp2"). Masks cost only the tiles that
 // need them: the forward's and dq's diagonal tile is peeled out of their loops (dq's next-to-last
@@ -88,27 +88,47 @@ struct SwizzledTile {
     FP8RL_HD static constexpr int mn_major_offset(int kc) { return 16 * kc * row_bytes; }
     // The descriptor of a K-major operand (rows x k = columns), k step kk.
     __device__ static uint64_t k_major(const unsigned char* tile, int kk) {
-        return wgmma_descriptor(tile + k_major_offset(kk), 16, 8 * row_bytes, swizzle);
+        return advanced(wgmma_descriptor(tile, 16, 8 * row_bytes, swizzle), k_major_offset(kk));
     }
     // The descriptor of an MN-major B operand (k = rows x n = columns), k step kc.
     __device__ static uint64_t mn_major(const unsigned char* tile, int kc) {
-        return wgmma_descriptor(tile + mn_major_offset(kc), panel_bytes, 8 * row_bytes, swizzle);
+        return advanced(wgmma_descriptor(tile, panel_bytes, 8 * row_bytes, swizzle), mn_major_offset(kc));
     }
-    // The same descriptors from the k step 0's (`tile_desc`, k_major(tile, 0) or mn_major(tile, 0)): the
-    // start address field (bits 0-13, address / 16) plus offset / 16, one add per k step instead of the
-    // encoding. Exact: no shared address reaches 256 KiB (sm_90 gives a CTA 227 KiB), so no carry leaves the field.
-    // (The same add moves a descriptor to another tile of the same layout: plus(desc, bytes).)
-    __device__ static uint64_t plus(uint64_t desc, uint32_t bytes) { return desc + bytes / 16; }
-    __device__ static uint64_t k_major(uint64_t tile_desc, int kk) { return plus(tile_desc, k_major_offset(kk)); }
-    __device__ static uint64_t mn_major(uint64_t tile_desc, int kc) { return plus(tile_desc, mn_major_offset(kc)); }
+    // The same from k step 0's descriptor (k_major(tile, 0), mn_major(tile, 0)), computed once.
+    __device__ static uint64_t k_major(uint64_t tile_desc, int kk) { return advanced(tile_desc, k_major_offset(kk)); }
+    __device__ static uint64_t mn_major(uint64_t tile_desc, int kc) { return advanced(tile_desc, mn_major_offset(kc)); }
+    // desc's operand `bytes` (a multiple of 16) further on: its start address field (bits 0-13, the
+    // address / 16) plus bytes / 16, which cannot carry into the next field (shared memory ends below
+    // 256 KiB), so one add of the tile's descriptor instead of each step's address arithmetic (a 64-bit
+    // add: nvcc keeps the descriptor whole, where a 32-bit one made it move the high word again at
+    // every wgmma). The same add moves a descriptor to another tile of the same layout.
+    __device__ static uint64_t advanced(uint64_t desc, int bytes) {
+        return desc + (uint32_t)bytes / 16;
+    }
 };
+
+// cp.async of the 16 bytes at `src` (global) to `dst` (shared), or of 16 zero bytes where `zero`: PTX's
+// ignore-src operand, one LDGSTS either way (the source is not read then, so it may lie past its
+// tensor). __pipeline_memcpy_async's zfill form makes two predicated LDGSTS of the same pass.
+__device__ __forceinline__ void copy_async_16(unsigned char* dst, const unsigned char* src, bool zero) {
+#ifdef FP8RL_EMU
+    __pipeline_memcpy_async(dst, src, 16, zero ? 16 : 0);
+#else
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %2, 0;\ncp.async.cg.shared.global [%0], [%1], 16, p;\n}\n" ::"r"(
+                     shared_window_address(dst)),
+                 "l"(src), "r"((int)zero)
+                 : "memory");
+#endif
+}
 
 // One thread's share of a tile copy, its addresses computed once per kernel: thread i copies the
 // 16-byte chunk c = i % chunks of rows i / chunks + row_step p (p < passes), so its column, its
 // swizzle (row_step is a multiple of the 8-row pattern) and its offsets are the same in every tile,
-// and a tile costs it `passes` x (an address add and one cp.async of 16 bytes, SASS LDGSTS; a compare
-// and a predicated zero store more where the tile may end early) instead of a per-chunk division,
-// swizzle and 64-bit product.
+// and a tile costs it `passes` x (a compare, a 64-bit address add, one cp.async of 16 bytes that
+// zero-fills the rows past the end, SASS LDGSTS) instead of a per-chunk division, swizzle and 64-bit
+// product; with no branch or zero store between them, ptxas puts its three never-executed `@!PT LDS`
+// before the tile's first LDGSTS only. Two tiles of the same rows (K and V, Q and dO) share the
+// compare; a tile known to be full (start_full) has none.
 template <int D>
 struct TileCopyPlan {
     using Tile = SwizzledTile<D>;
@@ -123,71 +143,51 @@ struct TileCopyPlan {
     }
 
     // Starts the copy of tile row r = row (row0 + r) of a [T][heads][D] tensor at `src` (already
-    // offset to the head), rows of `row_stride` elements, by cp.async; zeros, stored at once, for
-    // r >= rows and in the padding columns. Every thread of the CTA (kAttnThreads) takes part; the
-    // caller commits the group, waits for it, fences the async proxy (the MMAs read through it) and syncs.
+    // offset to the head), rows of `row_stride` elements, by cp.async; zeros for r >= rows and in the
+    // padding columns (zero-filled by the copy: they land with it). Every thread of the CTA
+    // (kAttnThreads) takes part; the caller commits the group, waits for it, fences the async proxy
+    // (the MMAs read through it) and syncs.
     __device__ __forceinline__ void start(unsigned char* tile, const __nv_bfloat16* src, long row_stride, long row0,
                                           int rows) const {
-        const Pass tiles[1] = {Pass(tile, src, row_stride, row0, *this)};
-        start_passes(tiles, rows);
+        start_from(tile, source(src, row_stride) + row0 * row_stride * (long)sizeof(__nv_bfloat16), row_stride, rows);
     }
-    // start() of two tiles of the same rows of two tensors of the same layout (K and V, Q and dO): one
-    // row test a pass for both.
-    __device__ __forceinline__ void start(unsigned char* tile_a, const __nv_bfloat16* src_a, unsigned char* tile_b,
-                                          const __nv_bfloat16* src_b, long row_stride, long row0, int rows) const {
-        const Pass tiles[2] = {Pass(tile_a, src_a, row_stride, row0, *this), Pass(tile_b, src_b, row_stride, row0, *this)};
-        start_passes(tiles, rows);
+    // This thread's first chunk (row first_row, column `column`) of the tile whose row 0 is src's row 0.
+    __device__ __forceinline__ const unsigned char* source(const __nv_bfloat16* src, long row_stride) const {
+        return reinterpret_cast<const unsigned char*>(src + first_row * row_stride + column);
     }
-    // start() of two tiles whose kAttnTile rows all lie before the tensors' end (rows >= kAttnTile): no row tests.
-    __device__ __forceinline__ void start_full(unsigned char* tile_a, const __nv_bfloat16* src_a, unsigned char* tile_b,
-                                               const __nv_bfloat16* src_b, long row_stride, long row0) const {
-        const Pass tiles[2] = {Pass(tile_a, src_a, row_stride, row0, *this), Pass(tile_b, src_b, row_stride, row0, *this)};
-        FP8RL_UNROLL
-        for (int p = 0; p < passes; p++)
-            for (const Pass& t : tiles)
-                if (column < D) t.copy(p);
-                else t.zero(p);
+    // start() from `from`, source()'s chunk moved to the tile's first row: a kernel that walks tiles
+    // moves one pointer by a tile's rows instead of multiplying out each tile's 64-bit address.
+    __device__ __forceinline__ void start_from(unsigned char* tile, const unsigned char* from, long row_stride, int rows) const {
+        const Tiles<1> t{{tile}, {from}};
+        copy_passes(t, row_stride, rows);
+    }
+    // start_from() of two tiles of the same rows of two tensors of the same layout: one compare a pass for both.
+    __device__ __forceinline__ void start_from(unsigned char* tile_a, const unsigned char* from_a, unsigned char* tile_b,
+                                               const unsigned char* from_b, long row_stride, int rows) const {
+        const Tiles<2> t{{tile_a, tile_b}, {from_a, from_b}};
+        copy_passes(t, row_stride, rows);
+    }
+    // start_from() of two tiles whose kAttnTile rows all lie before the tensors' end: no compares.
+    __device__ __forceinline__ void start_full(unsigned char* tile_a, const unsigned char* from_a, unsigned char* tile_b,
+                                               const unsigned char* from_b, long row_stride) const {
+        const Tiles<2> t{{tile_a, tile_b}, {from_a, from_b}};
+        copy_passes(t, row_stride, kAttnTile, std::true_type());
     }
 
   private:
-    // A thread's passes over one tile: the source a byte offset from the thread's first row (below
-    // 2^32: row_step rows of at most 65,535 heads of 128 BF16 columns a pass), the destination a constant offset.
-    struct Pass {
-        unsigned char* to;
-        const char* from;
-        uint32_t from_step;
-        __device__ __forceinline__ Pass(unsigned char* tile, const __nv_bfloat16* src, long row_stride, long row0, const TileCopyPlan& plan)
-            : to(tile + plan.smem_offset),
-              from(reinterpret_cast<const char*>(src + (row0 + plan.first_row) * row_stride + plan.column)),
-              from_step((uint32_t)(row_step * row_stride * sizeof(__nv_bfloat16))) {
-#ifndef FP8RL_EMU
-            // Computed here, once: nvcc otherwise recomputes both under every pass's predicate (the
-            // destination kept as a shared-window address, so that the zeros stay shared stores).
-            uint32_t shared = (uint32_t)__cvta_generic_to_shared(to);
-            asm volatile("" : "+r"(shared), "+l"(from));
-            to = static_cast<unsigned char*>(__cvta_shared_to_generic(shared));
-#endif
-        }
-        __device__ __forceinline__ void copy(int p) const {
-            __pipeline_memcpy_async(to + p * row_step * Tile::row_bytes, from + (size_t)p * from_step, 16);
-        }
-        __device__ __forceinline__ void zero(int p) const {
-            *reinterpret_cast<uint4*>(to + p * row_step * Tile::row_bytes) = make_uint4(0, 0, 0, 0);
-        }
-    };
-    // The copies are issued first and the zeros after them, each under its predicate (interleaved, ptxas
-    // puts three never-executed LDS before every cp.async that follows a shared store).
     template <int N>
-    __device__ __forceinline__ void start_passes(const Pass (&tiles)[N], int rows) const {
-        const int live_rows = column < D ? rows - first_row : 0;  // the thread's pass p copies while p row_step < live_rows
+    struct Tiles {
+        unsigned char* tile[N];
+        const unsigned char* from[N];
+    };
+    template <int N, class Full = std::false_type>
+    __device__ __forceinline__ void copy_passes(const Tiles<N>& t, long row_stride, int rows, Full = {}) const {
+        const long from_step = row_step * row_stride * (long)sizeof(__nv_bfloat16);
         FP8RL_UNROLL
-        for (int p = 0; p < passes; p++)
-            if (p * row_step < live_rows)
-                for (const Pass& t : tiles) t.copy(p);
-        FP8RL_UNROLL
-        for (int p = 0; p < passes; p++)
-            if (p * row_step >= live_rows)
-                for (const Pass& t : tiles) t.zero(p);
+        for (int p = 0; p < passes; p++) {
+            const bool zero = !(column < D && (Full::value || first_row + p * row_step < rows));
+            for (int i = 0; i < N; i++) copy_async_16(t.tile[i] + smem_offset + p * row_step * Tile::row_bytes, t.from[i] + p * from_step, zero);
+        }
     }
 };
 
@@ -311,23 +311,29 @@ FP8RL_HD constexpr bool attention_writes_fp8(int head_dim) { return head_dim == 
 // fmaxf(amax, |x|) is amax_update (a NaN dropped) in one FMNMX.
 __device__ void store_rows_fp8(const Fp8RowsOut& q8, long cols, long row0, long row_end, int group,
                                const BF16Pairs<FP8_BLOCK>& pairs) {
-    float v[2][FP8_BLOCK / 4], scale[2];  // rows g, g + 8: the lane's 32 values of the row, the row's scale
+    float v[2][FP8_BLOCK / 4], amax[2];  // rows g, g + 8: the lane's 32 values of the row, the row's amax
     for (int half = 0; half < 2; half++) {
-        float amax = 0.0f;
+        amax[half] = 0.0f;
         for (int n = 0; n < FP8_BLOCK / 8; n++) {
             const uint32_t w = pairs[2 * n + half];
             v[half][2 * n] = bits_float(w << 16), v[half][2 * n + 1] = bits_float(w & 0xFFFF0000u);
-            amax = fmaxf(amax, fmaxf(fabsf(v[half][2 * n]), fabsf(v[half][2 * n + 1])));
+            amax[half] = fmaxf(amax[half], fmaxf(fabsf(v[half][2 * n]), fabsf(v[half][2 * n + 1])));
         }
-        scale[half] = fp8_scale_from_amax(quad_max(amax), q8.pow2);
+        amax[half] = quad_max(amax[half]);
     }
+    // lane t of a quad computes row g + 8 (t & 1)'s scale and its inverse (one division each a lane,
+    // not two) and the quad shares the scales; lane t = half stores row g + 8 half's inverse
+    const int t = lane_id() % 4, quad_lane0 = lane_id() - t;
+    const float own_scale = fp8_scale_from_amax(t & 1 ? amax[1] : amax[0], q8.pow2), own_inverse = 1.0f / own_scale;
+    const float scale[2] = {__shfl_sync(0xFFFFFFFFu, own_scale, quad_lane0), __shfl_sync(0xFFFFFFFFu, own_scale, quad_lane0 + 1)};
     for (int half = 0; half < 2; half++) {
         const long row = row0 + c_fragment_row(2 * half);
-        if (row >= row_end) return;  // and row g + 8
-        uint8_t* codes = q8.codes + row * cols + group * FP8_BLOCK + c_fragment_col(0);
-        for (int n = 0; n < FP8_BLOCK / 8; n++)
-            store_vector<uint16_t>(codes + 8 * n, encode_e4m3x2(v[half][2 * n] * scale[half], v[half][2 * n + 1] * scale[half]));
-        if (lane_id() % 4 == 0) q8.scale_inv[vec128_scale_index((int)row, group, q8.rows)] = 1.0f / scale[half];
+        if (row < row_end) {
+            uint8_t* codes = q8.codes + row * cols + group * FP8_BLOCK + c_fragment_col(0);
+            for (int n = 0; n < FP8_BLOCK / 8; n++)
+                store_vector<uint16_t>(codes + 8 * n, encode_e4m3x2(v[half][2 * n] * scale[half], v[half][2 * n + 1] * scale[half]));
+            if (t == half) q8.scale_inv[vec128_scale_index((int)row, group, q8.rows)] = own_inverse;
+        }
     }
 }
 
@@ -351,7 +357,8 @@ __global__ void __launch_bounds__(kAttnThreads)
     unsigned char* q_tile = align_shared_1024(smem_raw);
     unsigned char *k_tiles = q_tile + Tile::bytes, *v_tiles = k_tiles + 2 * Tile::bytes;  // key tile j: buffer j & 1
     const long seq_begin = cu_seqlens[blockIdx.z], seq_len = cu_seqlens[blockIdx.z + 1] - seq_begin;
-    const int head = blockIdx.y, kv_head = head / (H / KV), warp = threadIdx.x / 32;
+    // (unsigned: positive operands, and the unsigned divisions are the shorter SASS)
+    const int head = blockIdx.y, kv_head = (int)(blockIdx.y / ((unsigned)H / (unsigned)KV)), warp = threadIdx.x / 32;
     const long q0 = (long)blockIdx.x * kAttnTile;  // within the sequence
     const long ldq = (long)H * D, ldk = (long)KV * D;
     if constexpr (attention_writes_fp8(D)) {
@@ -369,16 +376,20 @@ __global__ void __launch_bounds__(kAttnThreads)
     if (q0 >= seq_len) return;
     const long key_end = min(q0 + kAttnTile, seq_len);  // causal: no row of the block sees a later key
     const int key_tiles = (int)((key_end + kAttnTile - 1) / kAttnTile);
-    const __nv_bfloat16 *k_src = k + seq_begin * ldk + kv_head * D, *v_src = v + seq_begin * ldk + kv_head * D;
     const TileCopyPlan<D> copy;
-    auto start_copy = [&](unsigned char* tiles, const __nv_bfloat16* src, int tile) {
-        const long k0 = (long)tile * kAttnTile;
-        copy.start(tiles + (tile & 1) * Tile::bytes, src, ldk, k0, (int)min((long)kAttnTile, key_end - k0));
+    // this thread's chunk of key and value tile 0; tile j's lies j x tile_bytes further on
+    const unsigned char *k_from = copy.source(k + seq_begin * ldk + kv_head * D, ldk),
+                        *v_from = copy.source(v + seq_begin * ldk + kv_head * D, ldk);
+    const long tile_bytes = kAttnTile * ldk * (long)sizeof(__nv_bfloat16);
+    const int key_count = (int)key_end;  // within the sequence, whose length is an int (max_seqlen)
+    auto start_copy = [&](unsigned char* tiles, const unsigned char* from, int tile) {
+        copy.start_from(tiles + (tile & 1) * Tile::bytes, from + tile * tile_bytes, ldk, min(kAttnTile, key_count - tile * kAttnTile));
     };
     copy.start(q_tile, q + seq_begin * ldq + head * D, ldq, q0, (int)(key_end - q0));
-    start_copy(k_tiles, k_src, 0);
+    start_copy(k_tiles, k_from, 0);
     __pipeline_commit();
     const float scale = 1.0f / sqrtf((float)D) * (k_scale ? k_scale[kv_head] : 1.0f);  // K scale: see attention_forward
+    const float v_factor = v_scale ? v_scale[kv_head] : 1.0f;  // read here: the epilogue is then one code path
     const float c = exp2_domain(scale);  // scores to the exp2 domain
     const long warp_row0 = q0 + 16 * warp;
     float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};  // rows g and g + 8 (raw scores); row_sum per lane
@@ -388,8 +399,8 @@ __global__ void __launch_bounds__(kAttnThreads)
     WgmmaFragmentA p[4];  // the previous round's P, the A operand of O += P V
     // Round j's copies (K_{j+1} and V_j), then K_j and V_{j-1} (in round 0: Q and K_0) landed for every thread.
     auto copies_of_round = [&](int tile) {
-        if (tile + 1 < key_tiles) start_copy(k_tiles, k_src, tile + 1);
-        if (tile < key_tiles) start_copy(v_tiles, v_src, tile);
+        if (tile + 1 < key_tiles) start_copy(k_tiles, k_from, tile + 1);
+        if (tile < key_tiles) start_copy(v_tiles, v_from, tile);
         __pipeline_commit();
         __pipeline_wait_prior(1);
         fence_proxy_async_shared();  // ... visible to the warpgroup MMA's reads
@@ -403,12 +414,15 @@ __global__ void __launch_bounds__(kAttnThreads)
     auto softmax = [&](int tile, float s[8][4], float correction[2], auto masked) {
         scores_of(s, s_acc);
         if (decltype(masked)::value) {
-            const long k0 = (long)tile * kAttnTile;
+            // row r sees key k0 + 8j + c_fragment_col(i) iff key <= r and key < key_end: iff its column
+            // less the lane's first one, 8j + (i & 1), is below `visible` (once per row, 32-bit)
+            const int k0 = tile * kAttnTile, col0 = c_fragment_col(0);
+            int visible[2];
+            for (int r = 0; r < 2; r++)
+                visible[r] = min((int)warp_row0 + c_fragment_row(2 * r) + 1, key_count) - k0 - col0;
             for (int j = 0; j < 8; j++)
-                for (int i = 0; i < 4; i++) {
-                    const long key = k0 + 8 * j + c_fragment_col(i), row = warp_row0 + c_fragment_row(i);
-                    if (!(key <= row && key < key_end)) s[j][i] = -INFINITY;
-                }
+                for (int i = 0; i < 4; i++)
+                    if (8 * j + (i & 1) >= visible[i >> 1]) s[j][i] = -INFINITY;
         }
         float tile_max[2] = {-INFINITY, -INFINITY}, max_c[2];
         for (int j = 0; j < 8; j++)
@@ -433,8 +447,7 @@ __global__ void __launch_bounds__(kAttnThreads)
     wgmma_commit();
     wgmma_wait<0>(s_acc);
     softmax(0, s, correction, std::true_type());  // masked even where it is not the last tile: once per CTA
-    for (int r = 0; r < Tile::cols / 2; r++) o[r] *= correction[(r >> 1) & 1];
-    pack_fragments(p, s);
+    pack_fragments(p, s);  // (O is zero: its correction, 2^-inf = 0, would leave it zero)
     __syncthreads();  // every warp is done with K_0 before round 1's copies refill its buffer
     auto round = [&](int tile, auto masked) {
         copies_of_round(tile);
@@ -457,13 +470,12 @@ __global__ void __launch_bounds__(kAttnThreads)
     issue_product_pb<D>(o, p, v_tiles + ((key_tiles - 1) & 1) * Tile::bytes);
     wgmma_commit();
     wgmma_wait<0>(o);
-    float inv[2];
-    for (int r = 0; r < 2; r++) {
-        const float total = quad_sum(row_sum[r]);
-        inv[r] = (v_scale ? v_scale[kv_head] : 1.0f) / total;
-        const long row = warp_row0 + lane_id() / 4 + 8 * r;
-        if (lane_id() % 4 == 0 && row < seq_len) lse[(seq_begin + row) * H + head] = fmaf(row_max[r], scale, logf(total));
-    }
+    float total[2], inv[2];
+    for (int r = 0; r < 2; r++) total[r] = quad_sum(row_sum[r]), inv[r] = v_factor / total[r];
+    const int lse_half = lane_id() % 4;  // lanes 0 and 1 of a quad write rows g and g + 8's lse: one logf a lane
+    const long lse_row = warp_row0 + lane_id() / 4 + 8 * lse_half;
+    if (lse_half < 2 && lse_row < seq_len)
+        lse[(seq_begin + lse_row) * H + head] = fmaf(lse_half ? row_max[1] : row_max[0], scale, logf(lse_half ? total[1] : total[0]));
     BF16Pairs<D> o_bf16;  // O normalised, rounded: what `out` holds and what its FP8 operand quantizes
     round_rows_bf16<D>(o_bf16, o, inv[0], inv[1]);
     store_rows_bf16<D>(out + seq_begin * ldq + head * D, ldq, warp_row0, seq_len, o_bf16);
@@ -521,16 +533,21 @@ __global__ void __launch_bounds__(kAttnThreads)
     const long ldq = (long)H * D, ldk = (long)KV * D;
     const long key_end = min(q0 + kAttnTile, seq_len);
     const int key_tiles = (int)((key_end + kAttnTile - 1) / kAttnTile);
-    const __nv_bfloat16 *k_src = k + seq_begin * ldk + kv_head * D, *v_src = v + seq_begin * ldk + kv_head * D;
     const TileCopyPlan<D> copy;
+    // this thread's chunk of key and value tile 0; tile j's lies j x tile_bytes further on
+    const unsigned char *k_from = copy.source(k + seq_begin * ldk + kv_head * D, ldk),
+                        *v_from = copy.source(v + seq_begin * ldk + kv_head * D, ldk);
+    const long tile_bytes = kAttnTile * ldk * (long)sizeof(__nv_bfloat16);
     // Key tile `tile`'s K and V into buffer tile & 1; only the last (the diagonal) may end before 64 rows.
     auto load_key_tile = [&](int tile, auto full) {
-        const long k0 = (long)tile * kAttnTile;
         unsigned char* buf = kv_tiles + 2 * (tile & 1) * bytes;
-        if (decltype(full)::value) copy.start_full(buf, k_src, buf + bytes, v_src, ldk, k0);
-        else copy.start(buf, k_src, buf + bytes, v_src, ldk, k0, (int)min((long)kAttnTile, key_end - k0));
+        const long at = tile * tile_bytes;
+        if (decltype(full)::value) copy.start_full(buf, k_from + at, buf + bytes, v_from + at, ldk);
+        else copy.start_from(buf, k_from + at, buf + bytes, v_from + at, ldk, (int)min((long)kAttnTile, key_end - (long)tile * kAttnTile));
     };
-    copy.start(q_tile, q + seq_begin * ldq + head * D, do_tile, dout + seq_begin * ldq + head * D, ldq, q0, (int)(key_end - q0));
+    const long q_at = q0 * ldq * (long)sizeof(__nv_bfloat16);
+    copy.start_from(q_tile, copy.source(q + seq_begin * ldq + head * D, ldq) + q_at, do_tile,
+                    copy.source(dout + seq_begin * ldq + head * D, ldq) + q_at, ldq, (int)(key_end - q0));
     load_key_tile(0, std::false_type());
     __pipeline_commit();
     const float scale = 1.0f / sqrtf((float)D), c = exp2_domain(scale);
@@ -560,9 +577,9 @@ __global__ void __launch_bounds__(kAttnThreads)
         const long k0 = (long)tile * kAttnTile;
         const uint32_t buffer = 2 * (tile & 1) * bytes;
         wgmma_fence();
-        issue_product_abt<D>(s_acc, q_desc, Tile::plus(k_desc, buffer));
+        issue_product_abt<D>(s_acc, q_desc, Tile::advanced(k_desc, buffer));
         wgmma_commit();
-        issue_product_abt<D>(dp_acc, do_desc, Tile::plus(k_desc, buffer + bytes));
+        issue_product_abt<D>(dp_acc, do_desc, Tile::advanced(k_desc, buffer + bytes));
         wgmma_commit();
         wgmma_wait<1>(s_acc);  // S has landed; dO V^T stays in flight under P's exps
         float p[8][4], ds[8][4];
@@ -580,7 +597,7 @@ __global__ void __launch_bounds__(kAttnThreads)
         WgmmaFragmentA ds_fragments[4];
         pack_fragments(ds_fragments, ds);
         wgmma_fence();
-        issue_product_pb<D>(acc, ds_fragments, Tile::plus(k_mn_desc, buffer));
+        issue_product_pb<D>(acc, ds_fragments, Tile::advanced(k_mn_desc, buffer));
         wgmma_commit();
         wgmma_wait<0>(acc);
         __syncthreads();  // every warp is done with this buffer before the next round's copy refills it
@@ -617,6 +634,8 @@ __global__ void __launch_bounds__(kAttnThreads)
     const int keys = (int)min((long)kAttnTile, seq_len - k0);
     const int query_tiles = (int)((seq_len - k0 + kAttnTile - 1) / kAttnTile);  // causal: earlier queries do not see the block
     const TileCopyPlan<D> copy;
+    // this thread's chunk of the query and dO tiles at row 0 and head 0
+    const unsigned char *q_from = copy.source(q + seq_begin * ldq, ldq), *do_from = copy.source(dout + seq_begin * ldq, ldq);
     // Thread r < kAttnTile copies query r's lse and delta of a tile: their rows at query tile 0
     const long stat_row = (seq_begin + k0 + (long)threadIdx.x) * H;
     const float *lse_row = lse + stat_row, *delta_row = delta + stat_row;
@@ -625,7 +644,8 @@ __global__ void __launch_bounds__(kAttnThreads)
         const long q0 = k0 + (long)tile * kAttnTile;
         const int queries = (int)min((long)kAttnTile, seq_len - q0);
         unsigned char* buf = qdo_tiles + 2 * buffer * bytes;
-        copy.start(buf, q + seq_begin * ldq + head * D, buf + bytes, dout + seq_begin * ldq + head * D, ldq, q0, queries);
+        const long at = (q0 * ldq + head * D) * (long)sizeof(__nv_bfloat16);
+        copy.start_from(buf, q_from + at, buf + bytes, do_from + at, ldq, queries);
         float* stats = stat_tiles + 2 * buffer * kAttnTile;
         const int r = threadIdx.x;
         if (r < kAttnTile) {
@@ -638,7 +658,9 @@ __global__ void __launch_bounds__(kAttnThreads)
             }
         }
     };
-    copy.start(k_tile, k + seq_begin * ldk + kv_head * D, v_tile, v + seq_begin * ldk + kv_head * D, ldk, k0, keys);
+    const long k_at = k0 * ldk * (long)sizeof(__nv_bfloat16);
+    copy.start_from(k_tile, copy.source(k + seq_begin * ldk + kv_head * D, ldk) + k_at, v_tile,
+                    copy.source(v + seq_begin * ldk + kv_head * D, ldk) + k_at, ldk, keys);
     load_query_tile(kv_head * group, 0, 0);
     __pipeline_commit();
     const float scale = 1.0f / sqrtf((float)D), c = exp2_domain(scale);
@@ -668,9 +690,9 @@ __global__ void __launch_bounds__(kAttnThreads)
         const uint32_t qdo = 2 * buffer * bytes;
         // keys x queries: S^T = K Q^T, dP^T = V dO^T; dV += P^T dO runs under dS's arithmetic
         wgmma_fence();
-        issue_product_abt<D>(st_acc, k_desc, Tile::plus(q_desc, qdo));
+        issue_product_abt<D>(st_acc, k_desc, Tile::advanced(q_desc, qdo));
         wgmma_commit();
-        issue_product_abt<D>(dpt_acc, v_desc, Tile::plus(q_desc, qdo + bytes));
+        issue_product_abt<D>(dpt_acc, v_desc, Tile::advanced(q_desc, qdo + bytes));
         wgmma_commit();
         wgmma_wait<1>(st_acc);  // S^T has landed; V dO^T stays in flight under P's exps
         float pt[8][4], dst[8][4];
@@ -686,7 +708,7 @@ __global__ void __launch_bounds__(kAttnThreads)
         WgmmaFragmentA p_fragments[4], ds_fragments[4];
         pack_fragments(p_fragments, pt);
         wgmma_fence();
-        issue_product_pb<D>(dv_acc, p_fragments, Tile::plus(q_mn_desc, qdo + bytes));
+        issue_product_pb<D>(dv_acc, p_fragments, Tile::advanced(q_mn_desc, qdo + bytes));
         wgmma_commit();
         wgmma_wait<1>(dpt_acc);  // dP^T has landed; dV += P^T dO stays in flight
         scores_of(dst, dpt_acc);
@@ -694,7 +716,7 @@ __global__ void __launch_bounds__(kAttnThreads)
         dscores(dst, pt, scale, [&](int j, int i) { return i & 1 ? delta2[j].y : delta2[j].x; });
         pack_fragments(ds_fragments, dst);
         wgmma_fence();
-        issue_product_pb<D>(dk_acc, ds_fragments, Tile::plus(q_mn_desc, qdo));
+        issue_product_pb<D>(dk_acc, ds_fragments, Tile::advanced(q_mn_desc, qdo));
         wgmma_commit();
         wgmma_wait<0>(dk_acc, dv_acc);
         __syncthreads();  // every warp is done with this buffer before the next round's copy refills it
