@@ -70,7 +70,8 @@ constexpr int HEAD_TOKEN_BLOCK = 16384;  // tokens of logits at a time (see abov
 constexpr int HEAD_FUSED_TOKEN_BLOCK = 1024;
 constexpr int HEAD_THREADS = 256;       // one block per token row of a chunk
 constexpr int HEAD_LOADS = 8;           // a thread's columns of a chunk (2,048 = 256 x 8), loaded at once
-// full chunks whose loads head_row_stats_kernel issues together (issue 59: bytes in flight a thread)
+// chunks head_row_stats_kernel merges a pass (issue 59): their loads issued together, their maxima
+// and sums reduced together (8 take 144 registers and a stack frame)
 constexpr int HEAD_ROW_CHUNKS_IN_FLIGHT = 4;
 
 inline int round_up8(int n) { return (n + 7) / 8 * 8; }
