@@ -85,19 +85,41 @@ struct SwizzledTile {
     // The descriptor of a K-major operand (rows x k = columns), k step kk (columns 16 kk ..).
     __device__ static uint64_t k_major(const unsigned char* tile, int kk) {
         const int k0 = 16 * kk;
-        return wgmma_descriptor(tile + (k0 / panel_cols) * panel_bytes + (k0 % panel_cols) * 2, 16, 8 * row_bytes, swizzle);
+        return advanced(wgmma_descriptor(tile, 16, 8 * row_bytes, swizzle), (k0 / panel_cols) * panel_bytes + (k0 % panel_cols) * 2);
     }
     // The descriptor of an MN-major B operand (k = rows x n = columns), k step kc (rows 16 kc ..).
     __device__ static uint64_t mn_major(const unsigned char* tile, int kc) {
-        return wgmma_descriptor(tile + 16 * kc * row_bytes, panel_bytes, 8 * row_bytes, swizzle);
+        return advanced(wgmma_descriptor(tile, panel_bytes, 8 * row_bytes, swizzle), 16 * kc * row_bytes);
+    }
+    // desc's operand `bytes` (a multiple of 16) further on: its start address field (bits 0-13, the
+    // address / 16) plus bytes / 16, which cannot carry into the next field (shared memory ends below
+    // 256 KiB), so one 32-bit add of the tile's descriptor instead of each step's address arithmetic.
+    __device__ static uint64_t advanced(uint64_t desc, int bytes) {
+        return (desc & ~0xFFFFFFFFull) | (uint32_t)((uint32_t)desc + (uint32_t)bytes / 16);
     }
 };
+
+// cp.async of the 16 bytes at `src` (global) to `dst` (shared), or of 16 zero bytes where `zero`: PTX's
+// ignore-src operand, one LDGSTS either way (the source is not read then, so it may lie past its
+// tensor). __pipeline_memcpy_async's zfill form makes two predicated LDGSTS of the same pass.
+__device__ __forceinline__ void copy_async_16(unsigned char* dst, const unsigned char* src, bool zero) {
+#ifdef FP8RL_EMU
+    __pipeline_memcpy_async(dst, src, 16, zero ? 16 : 0);
+#else
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %2, 0;\ncp.async.cg.shared.global [%0], [%1], 16, p;\n}\n" ::"r"(
+                     shared_window_address(dst)),
+                 "l"(src), "r"((int)zero)
+                 : "memory");
+#endif
+}
 
 // One thread's share of a tile copy, its addresses computed once per kernel: thread i copies the
 // 16-byte chunk c = i % chunks of rows i / chunks + row_step p (p < passes), so its column, its
 // swizzle (row_step is a multiple of the 8-row pattern) and its offsets are the same in every tile,
-// and a tile costs it `passes` x (a compare, two address adds, one cp.async of 16 bytes, SASS LDGSTS)
-// instead of a per-chunk division, swizzle and 64-bit product.
+// and a tile costs it `passes` x (a compare, a 64-bit address add, one cp.async of 16 bytes that
+// zero-fills the rows past the end, SASS LDGSTS) instead of a per-chunk division, swizzle and 64-bit
+// product; with no branch or zero store between them, ptxas puts its three never-executed `@!PT LDS`
+// before the tile's first LDGSTS only.
 template <int D>
 struct TileCopyPlan {
     using Tile = SwizzledTile<D>;
@@ -112,21 +134,26 @@ struct TileCopyPlan {
     }
 
     // Starts the copy of tile row r = row (row0 + r) of a [T][heads][D] tensor at `src` (already
-    // offset to the head), rows of `row_stride` elements, by cp.async; zeros, stored at once, for
-    // r >= rows and in the padding columns. Every thread of the CTA (kAttnThreads) takes part; the
-    // caller commits the group, waits for it, fences the async proxy (the MMAs read through it) and syncs.
+    // offset to the head), rows of `row_stride` elements, by cp.async; zeros for r >= rows and in the
+    // padding columns (zero-filled by the copy: they land with it). Every thread of the CTA
+    // (kAttnThreads) takes part; the caller commits the group, waits for it, fences the async proxy
+    // (the MMAs read through it) and syncs.
     __device__ __forceinline__ void start(unsigned char* tile, const __nv_bfloat16* src, long row_stride, long row0,
                                           int rows) const {
-        const __nv_bfloat16* from = src + (row0 + first_row) * row_stride + column;
+        start_from(tile, source(src, row_stride) + row0 * row_stride * (long)sizeof(__nv_bfloat16), row_stride, rows);
+    }
+    // This thread's first chunk (row first_row, column `column`) of the tile whose row 0 is src's row 0.
+    __device__ __forceinline__ const unsigned char* source(const __nv_bfloat16* src, long row_stride) const {
+        return reinterpret_cast<const unsigned char*>(src + first_row * row_stride + column);
+    }
+    // start() from `from`, source()'s chunk moved to the tile's first row: a kernel that walks tiles
+    // moves one pointer by a tile's rows instead of multiplying out each tile's 64-bit address.
+    __device__ __forceinline__ void start_from(unsigned char* tile, const unsigned char* from, long row_stride, int rows) const {
         unsigned char* to = tile + smem_offset;
-        const long from_step = row_step * row_stride;
+        const long from_step = row_step * row_stride * (long)sizeof(__nv_bfloat16);
         FP8RL_UNROLL
-        for (int p = 0; p < passes; p++) {
-            if (column < D && first_row + p * row_step < rows)
-                __pipeline_memcpy_async(to + p * row_step * Tile::row_bytes, from + p * from_step, 16);
-            else
-                *reinterpret_cast<uint4*>(to + p * row_step * Tile::row_bytes) = make_uint4(0, 0, 0, 0);
-        }
+        for (int p = 0; p < passes; p++)
+            copy_async_16(to + p * row_step * Tile::row_bytes, from + p * from_step, !(column < D && first_row + p * row_step < rows));
     }
 };
 
@@ -226,23 +253,29 @@ FP8RL_HD constexpr bool attention_writes_fp8(int head_dim) { return head_dim == 
 // fmaxf(amax, |x|) is amax_update (a NaN dropped) in one FMNMX.
 __device__ void store_rows_fp8(const Fp8RowsOut& q8, long cols, long row0, long row_end, int group,
                                const BF16Pairs<FP8_BLOCK>& pairs) {
-    float v[2][FP8_BLOCK / 4], scale[2];  // rows g, g + 8: the lane's 32 values of the row, the row's scale
+    float v[2][FP8_BLOCK / 4], amax[2];  // rows g, g + 8: the lane's 32 values of the row, the row's amax
     for (int half = 0; half < 2; half++) {
-        float amax = 0.0f;
+        amax[half] = 0.0f;
         for (int n = 0; n < FP8_BLOCK / 8; n++) {
             const uint32_t w = pairs[2 * n + half];
             v[half][2 * n] = bits_float(w << 16), v[half][2 * n + 1] = bits_float(w & 0xFFFF0000u);
-            amax = fmaxf(amax, fmaxf(fabsf(v[half][2 * n]), fabsf(v[half][2 * n + 1])));
+            amax[half] = fmaxf(amax[half], fmaxf(fabsf(v[half][2 * n]), fabsf(v[half][2 * n + 1])));
         }
-        scale[half] = fp8_scale_from_amax(quad_max(amax), q8.pow2);
+        amax[half] = quad_max(amax[half]);
     }
+    // lane t of a quad computes row g + 8 (t & 1)'s scale and its inverse (one division each a lane,
+    // not two) and the quad shares the scales; lane t = half stores row g + 8 half's inverse
+    const int t = lane_id() % 4, quad_lane0 = lane_id() - t;
+    const float own_scale = fp8_scale_from_amax(t & 1 ? amax[1] : amax[0], q8.pow2), own_inverse = 1.0f / own_scale;
+    const float scale[2] = {__shfl_sync(0xFFFFFFFFu, own_scale, quad_lane0), __shfl_sync(0xFFFFFFFFu, own_scale, quad_lane0 + 1)};
     for (int half = 0; half < 2; half++) {
         const long row = row0 + c_fragment_row(2 * half);
-        if (row >= row_end) return;  // and row g + 8
-        uint8_t* codes = q8.codes + row * cols + group * FP8_BLOCK + c_fragment_col(0);
-        for (int n = 0; n < FP8_BLOCK / 8; n++)
-            store_vector<uint16_t>(codes + 8 * n, encode_e4m3x2(v[half][2 * n] * scale[half], v[half][2 * n + 1] * scale[half]));
-        if (lane_id() % 4 == 0) q8.scale_inv[vec128_scale_index((int)row, group, q8.rows)] = 1.0f / scale[half];
+        if (row < row_end) {
+            uint8_t* codes = q8.codes + row * cols + group * FP8_BLOCK + c_fragment_col(0);
+            for (int n = 0; n < FP8_BLOCK / 8; n++)
+                store_vector<uint16_t>(codes + 8 * n, encode_e4m3x2(v[half][2 * n] * scale[half], v[half][2 * n + 1] * scale[half]));
+            if (t == half) q8.scale_inv[vec128_scale_index((int)row, group, q8.rows)] = own_inverse;
+        }
     }
 }
 
@@ -266,7 +299,8 @@ __global__ void __launch_bounds__(kAttnThreads)
     unsigned char* q_tile = align_shared_1024(smem_raw);
     unsigned char *k_tiles = q_tile + Tile::bytes, *v_tiles = k_tiles + 2 * Tile::bytes;  // key tile j: buffer j & 1
     const long seq_begin = cu_seqlens[blockIdx.z], seq_len = cu_seqlens[blockIdx.z + 1] - seq_begin;
-    const int head = blockIdx.y, kv_head = head / (H / KV), warp = threadIdx.x / 32;
+    // (unsigned: positive operands, and the unsigned divisions are the shorter SASS)
+    const int head = blockIdx.y, kv_head = (int)(blockIdx.y / ((unsigned)H / (unsigned)KV)), warp = threadIdx.x / 32;
     const long q0 = (long)blockIdx.x * kAttnTile;  // within the sequence
     const long ldq = (long)H * D, ldk = (long)KV * D;
     if constexpr (attention_writes_fp8(D)) {
@@ -284,16 +318,20 @@ __global__ void __launch_bounds__(kAttnThreads)
     if (q0 >= seq_len) return;
     const long key_end = min(q0 + kAttnTile, seq_len);  // causal: no row of the block sees a later key
     const int key_tiles = (int)((key_end + kAttnTile - 1) / kAttnTile);
-    const __nv_bfloat16 *k_src = k + seq_begin * ldk + kv_head * D, *v_src = v + seq_begin * ldk + kv_head * D;
     const TileCopyPlan<D> copy;
-    auto start_copy = [&](unsigned char* tiles, const __nv_bfloat16* src, int tile) {
-        const long k0 = (long)tile * kAttnTile;
-        copy.start(tiles + (tile & 1) * Tile::bytes, src, ldk, k0, (int)min((long)kAttnTile, key_end - k0));
+    // this thread's chunk of key and value tile 0; tile j's lies j x tile_bytes further on
+    const unsigned char *k_from = copy.source(k + seq_begin * ldk + kv_head * D, ldk),
+                        *v_from = copy.source(v + seq_begin * ldk + kv_head * D, ldk);
+    const long tile_bytes = kAttnTile * ldk * (long)sizeof(__nv_bfloat16);
+    const int key_count = (int)key_end;  // within the sequence, whose length is an int (max_seqlen)
+    auto start_copy = [&](unsigned char* tiles, const unsigned char* from, int tile) {
+        copy.start_from(tiles + (tile & 1) * Tile::bytes, from + tile * tile_bytes, ldk, min(kAttnTile, key_count - tile * kAttnTile));
     };
     copy.start(q_tile, q + seq_begin * ldq + head * D, ldq, q0, (int)(key_end - q0));
-    start_copy(k_tiles, k_src, 0);
+    start_copy(k_tiles, k_from, 0);
     __pipeline_commit();
     const float scale = 1.0f / sqrtf((float)D) * (k_scale ? k_scale[kv_head] : 1.0f);  // K scale: see attention_forward
+    const float v_factor = v_scale ? v_scale[kv_head] : 1.0f;  // read here: the epilogue is then one code path
     const float c = exp2_domain(scale);  // scores to the exp2 domain
     const long warp_row0 = q0 + 16 * warp;
     float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};  // rows g and g + 8 (raw scores); row_sum per lane
@@ -303,8 +341,8 @@ __global__ void __launch_bounds__(kAttnThreads)
     WgmmaFragmentA p[4];  // the previous round's P, the A operand of O += P V
     // Round j's copies (K_{j+1} and V_j), then K_j and V_{j-1} (in round 0: Q and K_0) landed for every thread.
     auto copies_of_round = [&](int tile) {
-        if (tile + 1 < key_tiles) start_copy(k_tiles, k_src, tile + 1);
-        if (tile < key_tiles) start_copy(v_tiles, v_src, tile);
+        if (tile + 1 < key_tiles) start_copy(k_tiles, k_from, tile + 1);
+        if (tile < key_tiles) start_copy(v_tiles, v_from, tile);
         __pipeline_commit();
         __pipeline_wait_prior(1);
         fence_proxy_async_shared();  // ... visible to the warpgroup MMA's reads
@@ -318,12 +356,15 @@ __global__ void __launch_bounds__(kAttnThreads)
     auto softmax = [&](int tile, float s[8][4], float correction[2], auto masked) {
         scores_of(s, s_acc);
         if (decltype(masked)::value) {
-            const long k0 = (long)tile * kAttnTile;
+            // row r sees key k0 + 8j + c_fragment_col(i) iff key <= r and key < key_end: iff its column
+            // less the lane's first one, 8j + (i & 1), is below `visible` (once per row, 32-bit)
+            const int k0 = tile * kAttnTile, col0 = c_fragment_col(0);
+            int visible[2];
+            for (int r = 0; r < 2; r++)
+                visible[r] = min((int)warp_row0 + c_fragment_row(2 * r) + 1, key_count) - k0 - col0;
             for (int j = 0; j < 8; j++)
-                for (int i = 0; i < 4; i++) {
-                    const long key = k0 + 8 * j + c_fragment_col(i), row = warp_row0 + c_fragment_row(i);
-                    if (!(key <= row && key < key_end)) s[j][i] = -INFINITY;
-                }
+                for (int i = 0; i < 4; i++)
+                    if (8 * j + (i & 1) >= visible[i >> 1]) s[j][i] = -INFINITY;
         }
         float tile_max[2] = {-INFINITY, -INFINITY}, max_c[2];
         for (int j = 0; j < 8; j++)
@@ -348,8 +389,7 @@ __global__ void __launch_bounds__(kAttnThreads)
     wgmma_commit();
     wgmma_wait<0>(s_acc);
     softmax(0, s, correction, std::true_type());  // masked even where it is not the last tile: once per CTA
-    for (int r = 0; r < Tile::cols / 2; r++) o[r] *= correction[(r >> 1) & 1];
-    pack_fragments(p, s);
+    pack_fragments(p, s);  // (O is zero: its correction, 2^-inf = 0, would leave it zero)
     __syncthreads();  // every warp is done with K_0 before round 1's copies refill its buffer
     auto round = [&](int tile, auto masked) {
         copies_of_round(tile);
@@ -372,13 +412,12 @@ __global__ void __launch_bounds__(kAttnThreads)
     issue_product_pb<D>(o, p, v_tiles + ((key_tiles - 1) & 1) * Tile::bytes);
     wgmma_commit();
     wgmma_wait<0>(o);
-    float inv[2];
-    for (int r = 0; r < 2; r++) {
-        const float total = quad_sum(row_sum[r]);
-        inv[r] = (v_scale ? v_scale[kv_head] : 1.0f) / total;
-        const long row = warp_row0 + lane_id() / 4 + 8 * r;
-        if (lane_id() % 4 == 0 && row < seq_len) lse[(seq_begin + row) * H + head] = fmaf(row_max[r], scale, logf(total));
-    }
+    float total[2], inv[2];
+    for (int r = 0; r < 2; r++) total[r] = quad_sum(row_sum[r]), inv[r] = v_factor / total[r];
+    const int lse_half = lane_id() % 4;  // lanes 0 and 1 of a quad write rows g and g + 8's lse: one logf a lane
+    const long lse_row = warp_row0 + lane_id() / 4 + 8 * lse_half;
+    if (lse_half < 2 && lse_row < seq_len)
+        lse[(seq_begin + lse_row) * H + head] = fmaf(lse_half ? row_max[1] : row_max[0], scale, logf(lse_half ? total[1] : total[0]));
     BF16Pairs<D> o_bf16;  // O normalised, rounded: what `out` holds and what its FP8 operand quantizes
     round_rows_bf16<D>(o_bf16, o, inv[0], inv[1]);
     store_rows_bf16<D>(out + seq_begin * ldq + head * D, ldq, warp_row0, seq_len, o_bf16);
