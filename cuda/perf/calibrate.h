@@ -31,6 +31,7 @@ inline std::string constants_of_bound(const std::string& bound, bool fp8) {
     if (bound == "tensor") return fp8 ? "gemm_fp8_block_flops" : "gemm_bf16_flops";
     if (bound == "issue") return "ipc_half_warps,clock_under_load_hz";
     if (bound == "ceiling") return "deepgemm_fp8_block_flops";
+    if (bound == "fa3") return "fa3_attention_flops";
     if (bound == "smem") return "smem_bytes_per_clock,clock_under_load_hz";
     if (bound == "hbm") return "hbm_efficiency";
     if (bound == "l2") return "l2_bytes_per_s";

@@ -83,6 +83,15 @@ constexpr DeepGemmRate kDeepGemmRates[] = {{2112, 7168, 1009}, {24576, 1536, 112
                                            {7168, 16384, 1426}, {4096, 7168, 1265}, {7168, 2048, 1168}};
 constexpr double kDeepGemmTokens = 4096;
 
+// FlashAttention-3 on an H100 SXM5, BF16, head dim 128, 16k tokens a batch (the FA3 paper, arXiv
+// 2407.08608, its figures "Attention forward speed, head dim 128" with the causal mask and "Attention
+// backward speed, head dim 128", which has no causal run), TFLOP/s at 512, 1k, 2k, 4k tokens a sequence:
+// forward 292/423/521/579 (perf-anchors.md), backward 316/424/501/542 (FA2 214/260/291/310 in the same
+// figure: attention_tflops's ratios). FA3 is warp-specialized with TMA loads and softmax overlapped by a
+// second warpgroup; ours has FA2's structure on wgmma, so these rates bound ours from above: a ceiling,
+// not a target (a causal backward does no better than the unmasked one: its diagonal tiles waste half).
+constexpr double kFa3ForwardTflops[4] = {292, 423, 521, 579}, kFa3BackwardTflops[4] = {316, 424, 501, 542};
+
 inline GpuSpec h100() { return GpuSpec(); }
 inline GpuSpec h200() {
     GpuSpec g;
@@ -116,6 +125,7 @@ inline std::vector<Assumption> assumptions(const GpuSpec& g) {
         {"gemm_bf16_flops", g.gemm_bf16, "FLOP/s", "FBGEMM PR #2546 585 TF (H100); measured 769-798 TF at 8192^3 (H200)"},
         {"gemm_fp8_block_flops", g.gemm_fp8, "FLOP/s", "FBGEMM PR #2546 blockwise 870 TF; DeepGEMM <= 1,550 (H800); cuBLAS 12.9 1.25-1.75x BF16"},
         {"deepgemm_fp8_block_flops", 1426e12, "FLOP/s", "ceiling of the own FP8 block GEMM by shape class (kDeepGemmRates; this is the best): DeepGEMM README at 55ab91f, H800, M=4096: N x K 7168 x 16384 1426, 4096 x 7168 1265, 7168 x 2048 1168, 24576 x 1536 1125, 2112 x 7168 1009, 32768 x 512 751 TF"},
+        {"fa3_attention_flops", 579e12, "FLOP/s", "ceiling of the training attention by sequence length (kFa3ForwardTflops, kFa3BackwardTflops; this is the best): FA3 paper (arXiv 2407.08608), H100, head dim 128: forward causal 292/423/521/579, backward 316/424/501/542 TF at 512/1k/2k/4k"},
         {"gemm_tile", (double)g.gemm_tile, "rows", "estimate: cuBLASLt Hopper CTA tile 128 x 128 (waves)"},
         {"gemm_cta_bytes_per_s", g.gemm_cta_bandwidth, "B/s", "estimate: Little's law, 64 KB in flight / HBM latency"},
         {"nccl_bus_bytes_per_s", g.nccl_bus_bandwidth, "B/s", "NCCL maintainer, nccl-tests issue #212: ~370 GB/s (ring, H100 NVLink)"},

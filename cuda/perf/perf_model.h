@@ -95,6 +95,16 @@ inline double attention_tflops(const PerfHardware& hw, double S, bool backward) 
     return backward ? rate * (bwd_over_fwd[i] + f * (bwd_over_fwd[i + 1] - bwd_over_fwd[i])) : rate;
 }
 
+// FlashAttention-3's published rate at sequence length S (gpu_spec.h's kFa3*), linear in log2 S between
+// 512 and 4k tokens; shorter sequences take 512's (FA3 is slower there: still an upper bound), longer
+// ones 4k's (FA3's figures rise by a few percent to 16k: a ceiling a little low there).
+inline double fa3_tflops(double S, bool backward) {
+    const double* r = backward ? kFa3BackwardTflops : kFa3ForwardTflops;
+    const double x = std::min(3.0, std::max(0.0, std::log2(S / 512)));
+    const int i = std::min(2, (int)x);
+    return r[i] + (x - i) * (r[i + 1] - r[i]);
+}
+
 enum class KernelClass { LayerGemm, HeadGemm, Attention, Quantize, Elementwise, HeadSoftmax, Zeroing, Optimizer };
 constexpr int kKernelClasses = 8;
 inline const char* kernel_class_name(KernelClass c) {
@@ -335,19 +345,22 @@ class StepBuilder {
         // causal: 2 products of S^2/2 x D per head forward (QK^T, PV); the backward's kernels make 7
         // (dq: QK^T, dO V^T, dS K; dk/dv: K Q^T, V dO^T, P^T dO, dS^T Q) where FA2's fused one makes 5
         const double products = backward ? 7 : 2;
-        double flops = 0, seconds = 0;
+        double flops = 0, seconds = 0, ceiling_s = 0;
         std::vector<double> lens;
         for (int64_t done = 0; done < s.tokens; done += s.seq_len) {
             const double len = (double)std::min(s.seq_len, s.tokens - done);
             const double f = products * D * H * len * len;
             flops += f;
             seconds += f / (attention_tflops(hw, len, backward) * 1e12);
+            // FA3's FLOPs count the backward as 5 products (2.5 forwards), not the 7 ours execute
+            ceiling_s += (backward ? 5 : 2) * D * H * len * len / (fa3_tflops(len, backward) * 1e12);
             lens.push_back(len);
         }
         const char* bound = "issue";
-        if (hw.gpu) {  // what the kernels issue (the launches and bytes are priced below, as for the rest)
+        if (hw.gpu) {  // what the kernels issue (the launches and bytes are priced below, as for the rest),
+                       // never faster than FA3's published rates (the "fa3" bound)
             const KernelPrice price = training_attention_price(*hw.gpu, backward, lens, (int)c.num_heads, (int)c.head_dim, 0, 0);
-            seconds = price.compute_s(), bound = price.bound();
+            seconds = std::max(price.compute_s(), ceiling_s), bound = ceiling_s > price.compute_s() ? "fa3" : price.bound();
         }
         const double bytes = backward ? T * (Nqkv + c.q_dim()) * kBF16 + T * H * 3 * kF32 + T * Nqkv * kBF16 +
                                             T * c.q_dim() * 2 * kBF16  // delta's rowsum(dO * O)
