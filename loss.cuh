@@ -70,7 +70,8 @@ constexpr int HEAD_TOKEN_BLOCK = 16384;  // tokens of logits at a time (see abov
 constexpr int HEAD_FUSED_TOKEN_BLOCK = 1024;
 constexpr int HEAD_THREADS = 256;       // one block per token row of a chunk
 constexpr int HEAD_LOADS = 8;           // a thread's columns of a chunk (2,048 = 256 x 8), loaded at once
-// full chunks whose loads head_row_stats_kernel issues together (issue 59: bytes in flight a thread)
+// chunks head_row_stats_kernel merges a pass (issue 59): their loads issued together, their maxima
+// and sums reduced together (8 take 144 registers and a stack frame)
 constexpr int HEAD_ROW_CHUNKS_IN_FLIGHT = 4;
 
 inline int round_up8(int n) { return (n + 7) / 8 * 8; }
@@ -174,43 +175,161 @@ static __global__ void head_finish_kernel(int T, const int32_t* target, const fl
     head_finish_row({run_max[t], run_sum[t], run_sz[t], z_target[t]}, t, target, logprob, entropy, lse, mu);
 }
 
+// The fused head's statistics merge a row's chunks HEAD_ROW_CHUNKS_IN_FLIGHT at a time (a pass):
+// the pass's loads issued together, then its chunks' maxima in one block reduction (each value
+// through block_reduce's tree: the warp's butterfly, then the warps' in order), then every chunk's
+// exponentials with the running max after that chunk, then the warps' sums of all its chunks in one
+// butterfly (warp_reduce_spread: warp_reduce's bits) and written for warp 0, which combines them in
+// warp order and merges them chunk by chunk in vocabulary order after the NEXT pass's barrier (or the
+// row's last one): the operations and order of head_merge_loaded, one barrier a pass where it takes
+// 6 a chunk. The shared memory the block exchanges, double-buffered by the pass's parity: a pass
+// writes one half while warp 0 reads the previous pass's sums from the other.
+constexpr int HEAD_WARPS = HEAD_THREADS / 32;
+constexpr int HEAD_PASS_SUMS = 2 * HEAD_ROW_CHUNKS_IN_FLIGHT;  // a chunk's sum exp and sum z exp
+struct HeadPassExchange {
+    float max[2][HEAD_WARPS][HEAD_ROW_CHUNKS_IN_FLIGHT];  // each warp's max of each chunk of the pass
+    double sums[2][HEAD_WARPS][HEAD_PASS_SUMS];          // each warp's sum exp, sum z exp of each chunk
+};
+
+// A row's state between passes: the running max (every thread); warp 0's merged sums (lane 0 sum
+// exp(z - max), lane 1 sum z exp(z - max)); the pass whose sums are still to merge: its running max
+// before its chunks (pending_max[0]) and after each, its chunk count (0: none), whether it starts the row.
+struct HeadRowPasses {
+    float max = -INFINITY;
+    double merged = 0.0;
+    float pending_max[HEAD_ROW_CHUNKS_IN_FLIGHT + 1];
+    int pending = 0, parity = 0;
+    bool pending_first = false;
+};
+
+// Warp 0, every lane: merges the pending pass's sums (sums: the warps' of its chunks) into the row's
+// sums: head_merge_loaded's s.sum = s.sum rescale + sum of each chunk in order, its block sums in
+// warp order, its rescale exp(old max - max); lane k < HEAD_PASS_SUMS combines value k, lane c <
+// HEAD_ROW_CHUNKS_IN_FLIGHT computes chunk c's rescale.
+__device__ __forceinline__ void head_merge_pending(HeadRowPasses& s, const double (&sums)[HEAD_WARPS][HEAD_PASS_SUMS]) {
+    if (!s.pending) return;
+    const int lane = threadIdx.x % 32, k = lane % HEAD_PASS_SUMS, c = lane % HEAD_ROW_CHUNKS_IN_FLIGHT;
+    double sum = sums[0][k];
+    FP8RL_UNROLL
+    for (int w = 1; w < HEAD_WARPS; w++) sum = SumOp()(sum, sums[w][k]);
+    float old_max = s.pending_max[0], max = s.pending_max[1];
+    FP8RL_UNROLL
+    for (int i = 1; i < HEAD_ROW_CHUNKS_IN_FLIGHT; i++)
+        if (c == i) old_max = s.pending_max[i], max = s.pending_max[i + 1];
+    const double rescale = exp((double)old_max - max);  // exp(-inf) = 0 on the row's first chunk
+    FP8RL_UNROLL
+    for (int i = 0; i < HEAD_ROW_CHUNKS_IN_FLIGHT; i++) {
+        if (i >= s.pending) break;
+        const double chunk_rescale = __shfl_sync(0xFFFFFFFFu, rescale, i);
+        const double chunk_sum = __shfl_sync(0xFFFFFFFFu, sum, 2 * i + lane % 2);
+        s.merged = (s.pending_first && i == 0 ? 0.0 : s.merged) * chunk_rescale + chunk_sum;
+    }
+    s.pending = 0;
+}
+
+// One pass over the HEAD_ROW_CHUNKS_IN_FLIGHT chunks of `chunk` columns from vocabulary v0 of a row
+// whose first main_cols columns are main_row's and the rest tail_row's (a chunk past V: none).
+// kFull: every chunk full and in main_row (no column tests); kDivide: as head_merge_loaded's.
+template <bool kDivide, bool kFull>
+__device__ __forceinline__ void head_row_pass(HeadRowPasses& s, HeadPassExchange& x, const float* main_row, int main_cols,
+                                              const float* tail_row, int V, int chunk, int v0, float temperature) {
+    constexpr int kChunks = HEAD_ROW_CHUNKS_IN_FLIGHT;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, b = s.parity;
+    float z[kChunks][HEAD_LOADS];
+    int n[kChunks];
+    FP8RL_UNROLL
+    for (int c = 0; c < kChunks; c++) {
+        const int vc = v0 + c * chunk;
+        n[c] = kFull ? chunk : max(0, min(chunk, V - vc));
+        head_load_chunk<kFull>(z[c], kFull || vc < main_cols ? main_row + vc : tail_row, n[c]);
+    }
+    auto in_chunk = [&](int c, int u) { return kFull || (int)threadIdx.x + u * HEAD_THREADS < n[c]; };
+    float chunk_max[kChunks];
+    FP8RL_UNROLL
+    for (int c = 0; c < kChunks; c++) {
+        chunk_max[c] = -INFINITY;
+        FP8RL_UNROLL
+        for (int u = 0; u < HEAD_LOADS; u++)
+            if (in_chunk(c, u)) {
+                if (kDivide) z[c][u] = __fdiv_rn(z[c][u], temperature);
+                chunk_max[c] = MaxOp()(chunk_max[c], z[c][u]);
+            }
+        chunk_max[c] = warp_reduce(chunk_max[c], MaxOp());
+    }
+    if (lane == 0) {
+        FP8RL_UNROLL
+        for (int c = 0; c < kChunks; c++) x.max[b][warp][c] = chunk_max[c];
+    }
+    __syncthreads();  // this pass's maxima written; every warp's sums of the previous pass too
+    if (warp == 0) head_merge_pending(s, x.sums[b ^ 1]);
+    // the running max after each chunk (a chunk past V: -inf, which leaves it)
+    s.pending_max[0] = v0 == 0 ? -INFINITY : s.max;
+    FP8RL_UNROLL
+    for (int c = 0; c < kChunks; c++) {
+        float m = x.max[b][0][c];
+        FP8RL_UNROLL
+        for (int w = 1; w < HEAD_WARPS; w++) m = MaxOp()(m, x.max[b][w][c]);
+        s.pending_max[c + 1] = MaxOp()(s.pending_max[c], m);
+    }
+    double sums[HEAD_PASS_SUMS];
+    FP8RL_UNROLL
+    for (int c = 0; c < kChunks; c++) {
+        double sum = 0.0, sz = 0.0;
+        FP8RL_UNROLL
+        for (int u = 0; u < HEAD_LOADS; u++)
+            if (in_chunk(c, u)) {
+                // fast_exp's bits: z - max <= 0 (or NaN), within fast_exp_unbranched's domain
+                const float e = fast_exp_unbranched(z[c][u] - s.pending_max[c + 1]);
+                sum += e;
+                sz += (double)e * z[c][u];
+            }
+        sums[2 * c] = sum, sums[2 * c + 1] = sz;
+    }
+    const double warp_sum = warp_reduce_spread(sums, SumOp());  // value lane / (32 / HEAD_PASS_SUMS)
+    if (lane % (32 / HEAD_PASS_SUMS) == 0) x.sums[b][warp][lane / (32 / HEAD_PASS_SUMS)] = warp_sum;
+    s.max = s.pending_max[kChunks];
+    s.pending = kFull ? kChunks : min(kChunks, (V - v0 + chunk - 1) / chunk);
+    s.pending_first = v0 == 0;
+    s.parity = b ^ 1;
+}
+
 // The fused head's forward of a token block, one block per row: the row's whole vocabulary of
-// logits, chunk by chunk in vocabulary order (the same merges as head_chunk_stats_kernel's tiles),
-// then its statistics. The first main_cols columns are in `main` [T][main_cols], the rest (a last
-// chunk narrower than the others) in `tail` [T][tail_ld]. Keeps the running max and the target's
-// logit (top1) besides. kDivide: as head_merge_chunk's (false only at temperature 1).
+// logits, chunk by chunk in vocabulary order (the same merges as head_chunk_stats_kernel's tiles, in
+// passes: head_row_pass), then its statistics. The first main_cols columns are in `main`
+// [T][main_cols], the rest (a last chunk narrower than the others) in `tail` [T][tail_ld]. Keeps the
+// running max and the target's logit (top1) besides. kDivide: as head_merge_chunk's (false only at
+// temperature 1).
 template <bool kDivide>
 static __global__ void __launch_bounds__(HEAD_THREADS)
     head_row_stats_kernel(const float* main, int main_cols, const float* tail, int tail_ld, int V, int chunk,
                           float temperature, const int32_t* target, float* run_max, float* z_target, float* logprob,
                           float* entropy, float* lse, float* mu) {
-    const int t = blockIdx.x;
-    HeadRowState s{};
+    STATIC_SHARED(HeadPassExchange, exchange, [1]);
+    const int t = blockIdx.x, pass_cols = HEAD_ROW_CHUNKS_IN_FLIGHT * chunk;
+    const float* main_row = main + (size_t)t * main_cols;
+    const float* tail_row = tail + (size_t)t * tail_ld;
+    HeadRowPasses s;
     int v0 = 0;
-    if (chunk == HEAD_THREADS * HEAD_LOADS) {  // HEAD_VOCAB_CHUNK's full chunks without column tests
-        // HEAD_ROW_CHUNKS_IN_FLIGHT chunks' loads issued before the first chunk's merge (their bytes
-        // in flight), then merged one by one in vocabulary order: the same operations as one at a time
-        const float* row = main + (size_t)t * main_cols;
-        for (; v0 + HEAD_ROW_CHUNKS_IN_FLIGHT * chunk <= main_cols; v0 += HEAD_ROW_CHUNKS_IN_FLIGHT * chunk) {
-            float z[HEAD_ROW_CHUNKS_IN_FLIGHT][HEAD_LOADS];
-            FP8RL_UNROLL
-            for (int c = 0; c < HEAD_ROW_CHUNKS_IN_FLIGHT; c++) head_load_chunk<true>(z[c], row + v0 + c * chunk, chunk);
-            FP8RL_UNROLL
-            for (int c = 0; c < HEAD_ROW_CHUNKS_IN_FLIGHT; c++) {
-                const int vc = v0 + c * chunk;
-                head_merge_loaded<kDivide, true>(s, z[c], row + vc, chunk, vc, temperature, target[t], vc == 0);
-            }
-        }
-        for (; v0 < main_cols; v0 += chunk)
-            head_merge_chunk<kDivide, true>(s, row + v0, chunk, v0, temperature, target[t], v0 == 0);
-    }
-    for (; v0 < V; v0 += chunk) {
-        const float* row = v0 < main_cols ? main + (size_t)t * main_cols + v0 : tail + (size_t)t * tail_ld;
-        head_merge_chunk<kDivide>(s, row, min(chunk, V - v0), v0, temperature, target[t], v0 == 0);
-    }
+    if (chunk == HEAD_THREADS * HEAD_LOADS)  // HEAD_VOCAB_CHUNK's full chunks without column tests
+        for (; v0 + pass_cols <= main_cols; v0 += pass_cols)
+            head_row_pass<kDivide, true>(s, exchange[0], main_row, main_cols, tail_row, V, chunk, v0, temperature);
+    for (; v0 < V; v0 += pass_cols)
+        head_row_pass<kDivide, false>(s, exchange[0], main_row, main_cols, tail_row, V, chunk, v0, temperature);
+    __syncthreads();  // the last pass's sums written
+    if (threadIdx.x >= 32) return;
+    head_merge_pending(s, exchange[0].sums[s.parity ^ 1]);
+    const double sz = __shfl_sync(0xFFFFFFFFu, s.merged, 1);
     if (threadIdx.x != 0) return;
-    run_max[t] = s.max, z_target[t] = s.z_target;
-    head_finish_row(s, t, target, logprob, entropy, lse, mu);
+    // the target's logit (0 without one), as the merge of its chunk keeps it
+    const int y = target[t];
+    float zy = 0.0f;
+    if (y >= 0 && y < V) {
+        zy = y < main_cols ? main_row[y] : tail_row[y - main_cols];
+        if (kDivide) zy = __fdiv_rn(zy, temperature);
+    }
+    const HeadRowState row{s.max, s.merged, sz, zy};
+    run_max[t] = row.max, z_target[t] = row.z_target;
+    head_finish_row(row, t, target, logprob, entropy, lse, mu);
 }
 
 // dlogits (BF16) of a token block's rows over the vocabulary columns [v_begin, v_end), one launch,

@@ -46,3 +46,36 @@ TEST(fast_exp_vector_equals_scalar) {
         }
     }
 }
+
+// fast_exp_unbranched gives fast_exp's bits on its domain (x <= 88, NaN): every 97th pattern from -0
+// to -inf and from +0 to 88 (every 9973rd under the sanitizer), and the edges around -87 and 88.
+TEST(fast_exp_unbranched_equals_fast_exp) {
+    const uint32_t stride = harness::sanitized ? 9973 : 97;
+    long checked = 0, differing = 0;
+    auto check = [&](float x) {
+        const float a = fast_exp_unbranched(x), b = fast_exp(x);
+        checked++;
+        if (std::memcmp(&a, &b, 4) != 0 && differing++ < 5) printf("    x = %.9g: %.9g, fast_exp %.9g\n", x, a, b);
+    };
+    auto sweep = [&](uint32_t from, uint32_t to) {
+        for (uint64_t bits = from; bits <= to; bits += stride) {
+            float x;
+            const uint32_t b = (uint32_t)bits;
+            std::memcpy(&x, &b, 4);
+            check(x);
+        }
+    };
+    sweep(0x80000000u, float_bits_of(-INFINITY));
+    sweep(0, float_bits_of(88.0f));
+    for (const float edge : {-87.0f, 88.0f, 0.0f}) {  // the edge and 3 floats below it; above it too but at 88
+        float below = edge, above = edge;
+        for (int i = 0; i < 4; i++) {
+            check(below), below = std::nextafter(below, -INFINITY);
+            if (edge < 88.0f) check(above), above = std::nextafter(above, INFINITY);
+        }
+    }
+    for (const float x : {-0.0f, -INFINITY, NAN, -NAN, std::nanf("0x12345")}) check(x);
+    printf("    %ld values, %ld differing\n", checked, differing);
+    CHECK(checked > 1000);
+    CHECK(differing == 0);
+}

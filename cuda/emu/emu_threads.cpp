@@ -716,7 +716,9 @@ void async_copy(void* dst, const void* src, size_t bytes, size_t zfill) {
     if (!in_block_shared(*b, d, bytes))
         kernel_fault(strformat("__pipeline_memcpy_async to %p, outside the block's shared memory (the rule: shared "
                                "destination, global source)", dst));
-    if (!is_device_memory(src, bytes - zfill))
+    // a copy of 0 source bytes (zfill = bytes: PTX's src-size 0, or ignore-src) reads nothing, so its
+    // address is not checked: a kernel may zero-fill from past its tensor's end
+    if (bytes > zfill && !is_device_memory(src, bytes - zfill))
         kernel_fault(strformat("__pipeline_memcpy_async from %p, not device memory (the rule: global source)", src));
     t->async_copies.push_back({dst, src, bytes, zfill});
     async_bytes += bytes - zfill;

@@ -30,10 +30,11 @@
 // The softmax is FA2/FA3's, in the exp2 domain: P = 2^(s c - m c) with c = scale log2(e), one FFMA and
 // one MUFU.EX2 (rl/numerics/exp2.h: ex2.approx.ftz.f32, whose FP32 twin the CPU engine and the
 // emulation compute); lse stays natural (m scale + log(sum)) and the backward takes lse log2(e) once
-// per row (dk/dv: per query column it reads). The CPU engine rounds at this tiling
+// per row (dk/dv: per query of a tile, in shared memory). The CPU engine rounds at this tiling
 // (rl/numerics/attention_tiles.h), so that it is this code's oracle to FP32 rounding and, on a real
 // GPU, to ex2.approx's error (docs/gpu-engine.md, "Attention's exp2"). Masks cost only the tiles that
-// need them: the forward's and dq's diagonal tile is peeled out of their loops.
+// need them: the forward's and dq's diagonal tile is peeled out of their loops (dq's next-to-last
+// round too: its loop copies only full key tiles); dk/dv's queries past the sequence get lse = +inf.
 // Head dims 8 (padded to 16 in shared memory), 16, 32, 64 and 128.
 #ifndef FP8RL_CUDA_ATTENTION_CUH
 #define FP8RL_CUDA_ATTENTION_CUH
@@ -84,22 +85,52 @@ struct SwizzledTile {
     __device__ static int chunk_offset(int r, int c) {
         return (c / width) * panel_bytes + r * row_bytes + ((c % width) ^ ((r % 8) / (8 / width))) * 16;
     }
-    // The descriptor of a K-major operand (rows x k = columns), k step kk (columns 16 kk ..).
+    // Where k step kk of a K-major operand starts (columns 16 kk ..), and k step kc of an MN-major one (rows 16 kc ..).
+    FP8RL_HD static constexpr int k_major_offset(int kk) { return (16 * kk / panel_cols) * panel_bytes + (16 * kk % panel_cols) * 2; }
+    FP8RL_HD static constexpr int mn_major_offset(int kc) { return 16 * kc * row_bytes; }
+    // The descriptor of a K-major operand (rows x k = columns), k step kk.
     __device__ static uint64_t k_major(const unsigned char* tile, int kk) {
-        const int k0 = 16 * kk;
-        return wgmma_descriptor(tile + (k0 / panel_cols) * panel_bytes + (k0 % panel_cols) * 2, 16, 8 * row_bytes, swizzle);
+        return advanced(wgmma_descriptor(tile, 16, 8 * row_bytes, swizzle), k_major_offset(kk));
     }
-    // The descriptor of an MN-major B operand (k = rows x n = columns), k step kc (rows 16 kc ..).
+    // The descriptor of an MN-major B operand (k = rows x n = columns), k step kc.
     __device__ static uint64_t mn_major(const unsigned char* tile, int kc) {
-        return wgmma_descriptor(tile + 16 * kc * row_bytes, panel_bytes, 8 * row_bytes, swizzle);
+        return advanced(wgmma_descriptor(tile, panel_bytes, 8 * row_bytes, swizzle), mn_major_offset(kc));
+    }
+    // The same from k step 0's descriptor (k_major(tile, 0), mn_major(tile, 0)), computed once.
+    __device__ static uint64_t k_major(uint64_t tile_desc, int kk) { return advanced(tile_desc, k_major_offset(kk)); }
+    __device__ static uint64_t mn_major(uint64_t tile_desc, int kc) { return advanced(tile_desc, mn_major_offset(kc)); }
+    // desc's operand `bytes` (a multiple of 16) further on: its start address field (bits 0-13, the
+    // address / 16) plus bytes / 16, which cannot carry into the next field (shared memory ends below
+    // 256 KiB), so one add of the tile's descriptor instead of each step's address arithmetic (a 64-bit
+    // add: nvcc keeps the descriptor whole, where a 32-bit one made it move the high word again at
+    // every wgmma). The same add moves a descriptor to another tile of the same layout.
+    __device__ static uint64_t advanced(uint64_t desc, int bytes) {
+        return desc + (uint32_t)bytes / 16;
     }
 };
+
+// cp.async of the 16 bytes at `src` (global) to `dst` (shared), or of 16 zero bytes where `zero`: PTX's
+// ignore-src operand, one LDGSTS either way (the source is not read then, so it may lie past its
+// tensor). __pipeline_memcpy_async's zfill form makes two predicated LDGSTS of the same pass.
+__device__ __forceinline__ void copy_async_16(unsigned char* dst, const unsigned char* src, bool zero) {
+#ifdef FP8RL_EMU
+    __pipeline_memcpy_async(dst, src, 16, zero ? 16 : 0);
+#else
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %2, 0;\ncp.async.cg.shared.global [%0], [%1], 16, p;\n}\n" ::"r"(
+                     shared_window_address(dst)),
+                 "l"(src), "r"((int)zero)
+                 : "memory");
+#endif
+}
 
 // One thread's share of a tile copy, its addresses computed once per kernel: thread i copies the
 // 16-byte chunk c = i % chunks of rows i / chunks + row_step p (p < passes), so its column, its
 // swizzle (row_step is a multiple of the 8-row pattern) and its offsets are the same in every tile,
-// and a tile costs it `passes` x (a compare, two address adds, one cp.async of 16 bytes, SASS LDGSTS)
-// instead of a per-chunk division, swizzle and 64-bit product.
+// and a tile costs it `passes` x (a compare, a 64-bit address add, one cp.async of 16 bytes that
+// zero-fills the rows past the end, SASS LDGSTS) instead of a per-chunk division, swizzle and 64-bit
+// product; with no branch or zero store between them, ptxas puts its three never-executed `@!PT LDS`
+// before the tile's first LDGSTS only. Two tiles of the same rows (K and V, Q and dO) share the
+// compare; a tile known to be full (start_full) has none.
 template <int D>
 struct TileCopyPlan {
     using Tile = SwizzledTile<D>;
@@ -114,23 +145,68 @@ struct TileCopyPlan {
     }
 
     // Starts the copy of tile row r = row (row0 + r) of a [T][heads][D] tensor at `src` (already
-    // offset to the head), rows of `row_stride` elements, by cp.async; zeros, stored at once, for
-    // r >= rows and in the padding columns. Every thread of the CTA (kAttnThreads) takes part; the
-    // caller commits the group, waits for it, fences the async proxy (the MMAs read through it) and syncs.
+    // offset to the head), rows of `row_stride` elements, by cp.async; zeros for r >= rows and in the
+    // padding columns (zero-filled by the copy: they land with it). Every thread of the CTA
+    // (kAttnThreads) takes part; the caller commits the group, waits for it, fences the async proxy
+    // (the MMAs read through it) and syncs.
     __device__ __forceinline__ void start(unsigned char* tile, const __nv_bfloat16* src, long row_stride, long row0,
                                           int rows) const {
-        const __nv_bfloat16* from = src + (row0 + first_row) * row_stride + column;
-        unsigned char* to = tile + smem_offset;
-        const long from_step = row_step * row_stride;
+        start_from(tile, source(src, row_stride) + row0 * row_stride * (long)sizeof(__nv_bfloat16), row_stride, rows);
+    }
+    // This thread's first chunk (row first_row, column `column`) of the tile whose row 0 is src's row 0.
+    __device__ __forceinline__ const unsigned char* source(const __nv_bfloat16* src, long row_stride) const {
+        return reinterpret_cast<const unsigned char*>(src + first_row * row_stride + column);
+    }
+    // start() from `from`, source()'s chunk moved to the tile's first row: a kernel that walks tiles
+    // moves one pointer by a tile's rows instead of multiplying out each tile's 64-bit address.
+    __device__ __forceinline__ void start_from(unsigned char* tile, const unsigned char* from, long row_stride, int rows) const {
+        const Tiles<1> t{{tile}, {from}};
+        copy_passes(t, row_stride, rows);
+    }
+    // start_from() of two tiles of the same rows of two tensors of the same layout: one compare a pass for both.
+    __device__ __forceinline__ void start_from(unsigned char* tile_a, const unsigned char* from_a, unsigned char* tile_b,
+                                               const unsigned char* from_b, long row_stride, int rows) const {
+        const Tiles<2> t{{tile_a, tile_b}, {from_a, from_b}};
+        copy_passes(t, row_stride, rows);
+    }
+    // start_from() of two tiles whose kAttnTile rows all lie before the tensors' end: no compares.
+    __device__ __forceinline__ void start_full(unsigned char* tile_a, const unsigned char* from_a, unsigned char* tile_b,
+                                               const unsigned char* from_b, long row_stride) const {
+        const Tiles<2> t{{tile_a, tile_b}, {from_a, from_b}};
+        copy_passes(t, row_stride, kAttnTile, std::true_type());
+    }
+
+  private:
+    template <int N>
+    struct Tiles {
+        unsigned char* tile[N];
+        const unsigned char* from[N];
+    };
+    template <int N, class Full = std::false_type>
+    __device__ __forceinline__ void copy_passes(const Tiles<N>& t, long row_stride, int rows, Full = {}) const {
+        const long from_step = row_step * row_stride * (long)sizeof(__nv_bfloat16);
         FP8RL_UNROLL
         for (int p = 0; p < passes; p++) {
-            if (column < D && first_row + p * row_step < rows)
-                __pipeline_memcpy_async(to + p * row_step * Tile::row_bytes, from + p * from_step, 16);
-            else
-                *reinterpret_cast<uint4*>(to + p * row_step * Tile::row_bytes) = make_uint4(0, 0, 0, 0);
+            const bool zero = !(column < D && (Full::value || first_row + p * row_step < rows));
+            for (int i = 0; i < N; i++) copy_async_16(t.tile[i] + smem_offset + p * row_step * Tile::row_bytes, t.from[i] + p * from_step, zero);
         }
     }
 };
+
+// Keeps wgmma descriptors computed once in registers: nvcc otherwise encodes them again from the
+// tiles' addresses in every round of a loop (5 uniform instructions each). No effect in the emulation.
+__device__ __forceinline__ void keep_computed(uint64_t& descriptor) {
+#ifndef FP8RL_EMU
+    asm volatile("" : "+l"(descriptor));
+#else
+    (void)descriptor;
+#endif
+}
+template <class... Descriptors>
+__device__ __forceinline__ void keep_computed(uint64_t& first, Descriptors&... rest) {
+    keep_computed(first);
+    keep_computed(rest...);
+}
 
 // A warp's 16 rows of a [64 x 64] score product: register 4j + i is element i of the C fragment
 // block of columns 8j .. 8j + 7.
@@ -139,9 +215,14 @@ using ScoreAccumulator = WgmmaAccumulator<kAttnTile>;
 // Issues d = A B^T [64 x 64] for the 64 rows A[64][D] of tile `a` and B[64][D] of tile `b`; the k steps
 // of 16 run in order, as the CPU engine sums (its oracle). The caller fences before and commits after.
 template <int D>
-__device__ void issue_product_abt(ScoreAccumulator& d, const unsigned char* a, const unsigned char* b) {
+__device__ void issue_product_abt(ScoreAccumulator& d, uint64_t a_desc, uint64_t b_desc) {
     using Tile = SwizzledTile<D>;
-    for (int kk = 0; kk < Tile::cols / 16; kk++) d.template mma<false, false>(Tile::k_major(a, kk), Tile::k_major(b, kk), kk > 0);
+    for (int kk = 0; kk < Tile::cols / 16; kk++)
+        d.template mma<false, false>(Tile::k_major(a_desc, kk), Tile::k_major(b_desc, kk), kk > 0);
+}
+template <int D>
+__device__ void issue_product_abt(ScoreAccumulator& d, const unsigned char* a, const unsigned char* b) {
+    issue_product_abt<D>(d, SwizzledTile<D>::k_major(a, 0), SwizzledTile<D>::k_major(b, 0));
 }
 
 // The warp's share of a completed score product as C fragment blocks: s[j] holds columns 8j .. 8j + 7.
@@ -163,9 +244,13 @@ __device__ __forceinline__ void pack_fragments(WgmmaFragmentA (&f)[4], const flo
 // Issues acc[64 x D] += P B for the warpgroup's P[64][64] in registers (pack_fragments) and the 64 rows
 // B[64][D] of tile `b`; register 4n + i of acc is element i of C block n. The caller fences and commits.
 template <int D>
+__device__ void issue_product_pb(WgmmaAccumulator<AttnTile<D>::cols>& acc, const WgmmaFragmentA (&p)[4], uint64_t b_desc) {
+    for (int kc = 0; kc < 4; kc++) acc.template mma<true>(p[kc], SwizzledTile<D>::mn_major(b_desc, kc), true);
+}
+template <int D>
 __device__ void issue_product_pb(WgmmaAccumulator<AttnTile<D>::cols>& acc, const WgmmaFragmentA (&p)[4],
                                  const unsigned char* b) {
-    for (int kc = 0; kc < 4; kc++) acc.template mma<true>(p[kc], SwizzledTile<D>::mn_major(b, kc), true);
+    issue_product_pb<D>(acc, p, SwizzledTile<D>::mn_major(b, 0));
 }
 
 template <int D>
@@ -228,23 +313,29 @@ FP8RL_HD constexpr bool attention_writes_fp8(int head_dim) { return head_dim == 
 // fmaxf(amax, |x|) is amax_update (a NaN dropped) in one FMNMX.
 __device__ void store_rows_fp8(const Fp8RowsOut& q8, long cols, long row0, long row_end, int group,
                                const BF16Pairs<FP8_BLOCK>& pairs) {
-    float v[2][FP8_BLOCK / 4], scale[2];  // rows g, g + 8: the lane's 32 values of the row, the row's scale
+    float v[2][FP8_BLOCK / 4], amax[2];  // rows g, g + 8: the lane's 32 values of the row, the row's amax
     for (int half = 0; half < 2; half++) {
-        float amax = 0.0f;
+        amax[half] = 0.0f;
         for (int n = 0; n < FP8_BLOCK / 8; n++) {
             const uint32_t w = pairs[2 * n + half];
             v[half][2 * n] = bits_float(w << 16), v[half][2 * n + 1] = bits_float(w & 0xFFFF0000u);
-            amax = fmaxf(amax, fmaxf(fabsf(v[half][2 * n]), fabsf(v[half][2 * n + 1])));
+            amax[half] = fmaxf(amax[half], fmaxf(fabsf(v[half][2 * n]), fabsf(v[half][2 * n + 1])));
         }
-        scale[half] = fp8_scale_from_amax(quad_max(amax), q8.pow2);
+        amax[half] = quad_max(amax[half]);
     }
+    // lane t of a quad computes row g + 8 (t & 1)'s scale and its inverse (one division each a lane,
+    // not two) and the quad shares the scales; lane t = half stores row g + 8 half's inverse
+    const int t = lane_id() % 4, quad_lane0 = lane_id() - t;
+    const float own_scale = fp8_scale_from_amax(t & 1 ? amax[1] : amax[0], q8.pow2), own_inverse = 1.0f / own_scale;
+    const float scale[2] = {__shfl_sync(0xFFFFFFFFu, own_scale, quad_lane0), __shfl_sync(0xFFFFFFFFu, own_scale, quad_lane0 + 1)};
     for (int half = 0; half < 2; half++) {
         const long row = row0 + c_fragment_row(2 * half);
-        if (row >= row_end) return;  // and row g + 8
-        uint8_t* codes = q8.codes + row * cols + group * FP8_BLOCK + c_fragment_col(0);
-        for (int n = 0; n < FP8_BLOCK / 8; n++)
-            store_vector<uint16_t>(codes + 8 * n, encode_e4m3x2(v[half][2 * n] * scale[half], v[half][2 * n + 1] * scale[half]));
-        if (lane_id() % 4 == 0) q8.scale_inv[vec128_scale_index((int)row, group, q8.rows)] = 1.0f / scale[half];
+        if (row < row_end) {
+            uint8_t* codes = q8.codes + row * cols + group * FP8_BLOCK + c_fragment_col(0);
+            for (int n = 0; n < FP8_BLOCK / 8; n++)
+                store_vector<uint16_t>(codes + 8 * n, encode_e4m3x2(v[half][2 * n] * scale[half], v[half][2 * n + 1] * scale[half]));
+            if (t == half) q8.scale_inv[vec128_scale_index((int)row, group, q8.rows)] = own_inverse;
+        }
     }
 }
 
@@ -268,7 +359,8 @@ __global__ void __launch_bounds__(kAttnThreads)
     unsigned char* q_tile = align_shared_1024(smem_raw);
     unsigned char *k_tiles = q_tile + Tile::bytes, *v_tiles = k_tiles + 2 * Tile::bytes;  // key tile j: buffer j & 1
     const long seq_begin = cu_seqlens[blockIdx.z], seq_len = cu_seqlens[blockIdx.z + 1] - seq_begin;
-    const int head = blockIdx.y, kv_head = head / (H / KV), warp = threadIdx.x / 32;
+    // (unsigned: positive operands, and the unsigned divisions are the shorter SASS)
+    const int head = blockIdx.y, kv_head = (int)(blockIdx.y / ((unsigned)H / (unsigned)KV)), warp = threadIdx.x / 32;
     const long q0 = (long)blockIdx.x * kAttnTile;  // within the sequence
     const long ldq = (long)H * D, ldk = (long)KV * D;
     if constexpr (attention_writes_fp8(D)) {
@@ -286,16 +378,20 @@ __global__ void __launch_bounds__(kAttnThreads)
     if (q0 >= seq_len) return;
     const long key_end = min(q0 + kAttnTile, seq_len);  // causal: no row of the block sees a later key
     const int key_tiles = (int)((key_end + kAttnTile - 1) / kAttnTile);
-    const __nv_bfloat16 *k_src = k + seq_begin * ldk + kv_head * D, *v_src = v + seq_begin * ldk + kv_head * D;
     const TileCopyPlan<D> copy;
-    auto start_copy = [&](unsigned char* tiles, const __nv_bfloat16* src, int tile) {
-        const long k0 = (long)tile * kAttnTile;
-        copy.start(tiles + (tile & 1) * Tile::bytes, src, ldk, k0, (int)min((long)kAttnTile, key_end - k0));
+    // this thread's chunk of key and value tile 0; tile j's lies j x tile_bytes further on
+    const unsigned char *k_from = copy.source(k + seq_begin * ldk + kv_head * D, ldk),
+                        *v_from = copy.source(v + seq_begin * ldk + kv_head * D, ldk);
+    const long tile_bytes = kAttnTile * ldk * (long)sizeof(__nv_bfloat16);
+    const int key_count = (int)key_end;  // within the sequence, whose length is an int (max_seqlen)
+    auto start_copy = [&](unsigned char* tiles, const unsigned char* from, int tile) {
+        copy.start_from(tiles + (tile & 1) * Tile::bytes, from + tile * tile_bytes, ldk, min(kAttnTile, key_count - tile * kAttnTile));
     };
     copy.start(q_tile, q + seq_begin * ldq + head * D, ldq, q0, (int)(key_end - q0));
-    start_copy(k_tiles, k_src, 0);
+    start_copy(k_tiles, k_from, 0);
     __pipeline_commit();
     const float scale = 1.0f / sqrtf((float)D) * (k_scale ? k_scale[kv_head] : 1.0f);  // K scale: see attention_forward
+    const float v_factor = v_scale ? v_scale[kv_head] : 1.0f;  // read here: the epilogue is then one code path
     const float c = exp2_domain(scale);  // scores to the exp2 domain
     const long warp_row0 = q0 + 16 * warp;
     float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};  // rows g and g + 8 (raw scores); row_sum per lane
@@ -305,8 +401,8 @@ __global__ void __launch_bounds__(kAttnThreads)
     WgmmaFragmentA p[4];  // the previous round's P, the A operand of O += P V
     // Round j's copies (K_{j+1} and V_j), then K_j and V_{j-1} (in round 0: Q and K_0) landed for every thread.
     auto copies_of_round = [&](int tile) {
-        if (tile + 1 < key_tiles) start_copy(k_tiles, k_src, tile + 1);
-        if (tile < key_tiles) start_copy(v_tiles, v_src, tile);
+        if (tile + 1 < key_tiles) start_copy(k_tiles, k_from, tile + 1);
+        if (tile < key_tiles) start_copy(v_tiles, v_from, tile);
         __pipeline_commit();
         __pipeline_wait_prior(1);
         fence_proxy_async_shared();  // ... visible to the warpgroup MMA's reads
@@ -320,12 +416,15 @@ __global__ void __launch_bounds__(kAttnThreads)
     auto softmax = [&](int tile, float s[8][4], float correction[2], auto masked) {
         scores_of(s, s_acc);
         if (decltype(masked)::value) {
-            const long k0 = (long)tile * kAttnTile;
+            // row r sees key k0 + 8j + c_fragment_col(i) iff key <= r and key < key_end: iff its column
+            // less the lane's first one, 8j + (i & 1), is below `visible` (once per row, 32-bit)
+            const int k0 = tile * kAttnTile, col0 = c_fragment_col(0);
+            int visible[2];
+            for (int r = 0; r < 2; r++)
+                visible[r] = min((int)warp_row0 + c_fragment_row(2 * r) + 1, key_count) - k0 - col0;
             for (int j = 0; j < 8; j++)
-                for (int i = 0; i < 4; i++) {
-                    const long key = k0 + 8 * j + c_fragment_col(i), row = warp_row0 + c_fragment_row(i);
-                    if (!(key <= row && key < key_end)) s[j][i] = -INFINITY;
-                }
+                for (int i = 0; i < 4; i++)
+                    if (8 * j + (i & 1) >= visible[i >> 1]) s[j][i] = -INFINITY;
         }
         float tile_max[2] = {-INFINITY, -INFINITY}, max_c[2];
         for (int j = 0; j < 8; j++)
@@ -350,8 +449,7 @@ __global__ void __launch_bounds__(kAttnThreads)
     wgmma_commit();
     wgmma_wait<0>(s_acc);
     softmax(0, s, correction, std::true_type());  // masked even where it is not the last tile: once per CTA
-    for (int r = 0; r < Tile::cols / 2; r++) o[r] *= correction[(r >> 1) & 1];
-    pack_fragments(p, s);
+    pack_fragments(p, s);  // (O is zero: its correction, 2^-inf = 0, would leave it zero)
     __syncthreads();  // every warp is done with K_0 before round 1's copies refill its buffer
     auto round = [&](int tile, auto masked) {
         copies_of_round(tile);
@@ -374,13 +472,12 @@ __global__ void __launch_bounds__(kAttnThreads)
     issue_product_pb<D>(o, p, v_tiles + ((key_tiles - 1) & 1) * Tile::bytes);
     wgmma_commit();
     wgmma_wait<0>(o);
-    float inv[2];
-    for (int r = 0; r < 2; r++) {
-        const float total = quad_sum(row_sum[r]);
-        inv[r] = (v_scale ? v_scale[kv_head] : 1.0f) / total;
-        const long row = warp_row0 + lane_id() / 4 + 8 * r;
-        if (lane_id() % 4 == 0 && row < seq_len) lse[(seq_begin + row) * H + head] = fmaf(row_max[r], scale, logf(total));
-    }
+    float total[2], inv[2];
+    for (int r = 0; r < 2; r++) total[r] = quad_sum(row_sum[r]), inv[r] = v_factor / total[r];
+    const int lse_half = lane_id() % 4;  // lanes 0 and 1 of a quad write rows g and g + 8's lse: one logf a lane
+    const long lse_row = warp_row0 + lane_id() / 4 + 8 * lse_half;
+    if (lse_half < 2 && lse_row < seq_len)
+        lse[(seq_begin + lse_row) * H + head] = fmaf(lse_half ? row_max[1] : row_max[0], scale, logf(lse_half ? total[1] : total[0]));
     BF16Pairs<D> o_bf16;  // O normalised, rounded: what `out` holds and what its FP8 operand quantizes
     round_rows_bf16<D>(o_bf16, o, inv[0], inv[1]);
     store_rows_bf16<D>(out + seq_begin * ldq + head * D, ldq, warp_row0, seq_len, o_bf16);
@@ -455,25 +552,23 @@ __global__ void __launch_bounds__(kDeltaTileThreads)
 }
 
 // The warp's P for one tile pair: s holds A B^T of the score operands (queries x keys, or keys x
-// queries) and becomes P = 2^(s c - lse log2(e)), c = exp2_domain(scale); entries where visible(row,
-// col) is false become 0; lse2_of gives a query's lse log2(e) by its (row or column) index within the tiles.
+// queries) and becomes P = 2^(s c - lse log2(e)), c = exp2_domain(scale); entries where visible(j, i)
+// is false become 0; lse2_of(j, i) gives the lse log2(e) of entry i of C fragment block j's query
+// (its row, c_fragment_row(i), or column, 8 j + c_fragment_col(i)).
 template <class Visible, class Lse2>
 __device__ void probabilities(float s[8][4], float c, Visible visible, Lse2 lse2_of) {
     for (int j = 0; j < 8; j++)
         for (int i = 0; i < 4; i++) {
-            const int row = c_fragment_row(i), col = 8 * j + c_fragment_col(i);
-            s[j][i] = visible(row, col) ? exp2_fma(s[j][i], c, lse2_of(row, col)) : 0.0f;
+            const float p = exp2_fma(s[j][i], c, lse2_of(j, i));  // for every entry: no load under the mask's predicate
+            s[j][i] = visible(j, i) ? p : 0.0f;
         }
 }
 
-// dS = P (dP - delta) scale in place of dp, the dO V^T product matching P.
+// dS = P (dP - delta) scale in place of dp, the dO V^T product matching P; delta_of(j, i) as lse2_of above.
 template <class Delta>
 __device__ void dscores(float dp[8][4], const float p[8][4], float scale, Delta delta_of) {
     for (int j = 0; j < 8; j++)
-        for (int i = 0; i < 4; i++) {
-            const int row = c_fragment_row(i), col = 8 * j + c_fragment_col(i);
-            dp[j][i] = p[j][i] * (dp[j][i] - delta_of(row, col)) * scale;
-        }
+        for (int i = 0; i < 4; i++) dp[j][i] = p[j][i] * (dp[j][i] - delta_of(j, i)) * scale;
 }
 
 // dq: one CTA per (query block blockIdx.x, head blockIdx.y, sequence blockIdx.z). Shared memory:
@@ -483,7 +578,8 @@ __global__ void __launch_bounds__(kAttnThreads)
     attention_backward_dq_kernel(__nv_bfloat16* dq, const __nv_bfloat16* dout, const float* lse, const float* delta,
                                  const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v,
                                  const int* cu_seqlens, int H, int KV) {
-    constexpr int bytes = SwizzledTile<D>::bytes;
+    using Tile = SwizzledTile<D>;
+    constexpr int bytes = Tile::bytes;
     DYNAMIC_SHARED(unsigned char, smem_raw);
     unsigned char *q_tile = align_shared_1024(smem_raw), *do_tile = q_tile + bytes;
     unsigned char* kv_tiles = do_tile + bytes;  // buffer b: K at kv_tiles + 2 b bytes, V after it
@@ -494,18 +590,22 @@ __global__ void __launch_bounds__(kAttnThreads)
     const long ldq = (long)H * D, ldk = (long)KV * D;
     const long key_end = min(q0 + kAttnTile, seq_len);
     const int key_tiles = (int)((key_end + kAttnTile - 1) / kAttnTile);
-    const __nv_bfloat16 *k_src = k + seq_begin * ldk + kv_head * D, *v_src = v + seq_begin * ldk + kv_head * D;
     const TileCopyPlan<D> copy;
-    auto load_key_tile = [&](int tile) {
-        const long k0 = (long)tile * kAttnTile;
+    // this thread's chunk of key and value tile 0; tile j's lies j x tile_bytes further on
+    const unsigned char *k_from = copy.source(k + seq_begin * ldk + kv_head * D, ldk),
+                        *v_from = copy.source(v + seq_begin * ldk + kv_head * D, ldk);
+    const long tile_bytes = kAttnTile * ldk * (long)sizeof(__nv_bfloat16);
+    // Key tile `tile`'s K and V into buffer tile & 1; only the last (the diagonal) may end before 64 rows.
+    auto load_key_tile = [&](int tile, auto full) {
         unsigned char* buf = kv_tiles + 2 * (tile & 1) * bytes;
-        const int rows = (int)min((long)kAttnTile, key_end - k0);
-        copy.start(buf, k_src, ldk, k0, rows);
-        copy.start(buf + bytes, v_src, ldk, k0, rows);
+        const long at = tile * tile_bytes;
+        if (decltype(full)::value) copy.start_full(buf, k_from + at, buf + bytes, v_from + at, ldk);
+        else copy.start_from(buf, k_from + at, buf + bytes, v_from + at, ldk, (int)min((long)kAttnTile, key_end - (long)tile * kAttnTile));
     };
-    copy.start(q_tile, q + seq_begin * ldq + head * D, ldq, q0, (int)(key_end - q0));
-    copy.start(do_tile, dout + seq_begin * ldq + head * D, ldq, q0, (int)(key_end - q0));
-    load_key_tile(0);
+    const long q_at = q0 * ldq * (long)sizeof(__nv_bfloat16);
+    copy.start_from(q_tile, copy.source(q + seq_begin * ldq + head * D, ldq) + q_at, do_tile,
+                    copy.source(dout + seq_begin * ldq + head * D, ldq) + q_at, ldq, (int)(key_end - q0));
+    load_key_tile(0, std::false_type());
     __pipeline_commit();
     const float scale = 1.0f / sqrtf((float)D), c = exp2_domain(scale);
     const long warp_row0 = q0 + 16 * warp;
@@ -515,59 +615,70 @@ __global__ void __launch_bounds__(kAttnThreads)
         row_lse2[r] = row < seq_len ? exp2_domain(lse[(seq_begin + row) * H + head]) : 0.0f;
         row_delta[r] = row < seq_len ? delta[(seq_begin + row) * H + head] : 0.0f;
     }
+    // The tiles' descriptors, once: a round moves the key buffer's by a constant.
+    uint64_t q_desc = Tile::k_major(q_tile, 0), do_desc = Tile::k_major(do_tile, 0), k_desc = Tile::k_major(kv_tiles, 0),
+             k_mn_desc = Tile::mn_major(kv_tiles, 0);
+    keep_computed(q_desc, do_desc, k_desc, k_mn_desc);
     ScoreAccumulator s_acc, dp_acc;
     WgmmaAccumulator<AttnTile<D>::cols> acc;
     zero_accumulator<D>(acc);
-    // One key tile. Only the last (the diagonal) holds keys a row must not see (`masked`, a
-    // std::bool_constant); the rows past the sequence are not stored, and their dO and delta are 0.
-    auto round = [&](int tile, auto masked) {
-        if (tile + 1 < key_tiles) load_key_tile(tile + 1);
+    // One key tile, and the copy of the next (`next`: 0 none, 1 the diagonal tile, 2 a full tile). Only
+    // the last (the diagonal) holds keys a row must not see (`masked`, a std::bool_constant); the rows
+    // past the sequence are not stored, and their dO and delta are 0.
+    auto round = [&](int tile, auto masked, auto next) {
+        if (decltype(next)::value != 0) load_key_tile(tile + 1, std::bool_constant<decltype(next)::value == 2>());
         __pipeline_commit();
         __pipeline_wait_prior(1);    // this tile's group (and in the first round the query and dO tiles') has landed
         fence_proxy_async_shared();  // ... visible to the warpgroup MMA's reads
         __syncthreads();             // ... for every thread's copies
         const long k0 = (long)tile * kAttnTile;
-        const unsigned char *k_tile = kv_tiles + 2 * (tile & 1) * bytes, *v_tile = k_tile + bytes;
+        const uint32_t buffer = 2 * (tile & 1) * bytes;
         wgmma_fence();
-        issue_product_abt<D>(s_acc, q_tile, k_tile);
+        issue_product_abt<D>(s_acc, q_desc, Tile::advanced(k_desc, buffer));
         wgmma_commit();
-        issue_product_abt<D>(dp_acc, do_tile, v_tile);
+        issue_product_abt<D>(dp_acc, do_desc, Tile::advanced(k_desc, buffer + bytes));
         wgmma_commit();
         wgmma_wait<1>(s_acc);  // S has landed; dO V^T stays in flight under P's exps
         float p[8][4], ds[8][4];
         scores_of(p, s_acc);
         probabilities(
             p, c,
-            [&](int row, int col) {
-                const long query = warp_row0 + row;
-                return !decltype(masked)::value || (query < seq_len && k0 + col <= query);
+            [&](int j, int i) {
+                const long query = warp_row0 + c_fragment_row(i);
+                return !decltype(masked)::value || (query < seq_len && k0 + 8 * j + c_fragment_col(i) <= query);
             },
-            [&](int row, int) { return row_lse2[row >> 3]; });
+            [&](int, int i) { return row_lse2[i >> 1]; });
         wgmma_wait<0>(dp_acc);
         scores_of(ds, dp_acc);
-        dscores(ds, p, scale, [&](int row, int) { return row_delta[row >> 3]; });
+        dscores(ds, p, scale, [&](int, int i) { return row_delta[i >> 1]; });
         WgmmaFragmentA ds_fragments[4];
         pack_fragments(ds_fragments, ds);
         wgmma_fence();
-        issue_product_pb<D>(acc, ds_fragments, k_tile);
+        issue_product_pb<D>(acc, ds_fragments, Tile::advanced(k_mn_desc, buffer));
         wgmma_commit();
         wgmma_wait<0>(acc);
         __syncthreads();  // every warp is done with this buffer before the next round's copy refills it
     };
-    for (int tile = 0; tile < key_tiles - 1; tile++) round(tile, std::false_type());
-    round(key_tiles - 1, std::true_type());  // the diagonal tile, peeled out of the loop
+    using Full = std::integral_constant<int, 2>;
+    for (int tile = 0; tile < key_tiles - 2; tile++) round(tile, std::false_type(), Full());
+    if (key_tiles > 1) round(key_tiles - 2, std::false_type(), std::integral_constant<int, 1>());  // loads the diagonal tile
+    round(key_tiles - 1, std::true_type(), std::integral_constant<int, 0>());  // the diagonal tile, peeled out of the loop
     store_rows_bf16<D>(dq + seq_begin * ldq + head * D, ldq, warp_row0, seq_len, acc);
 }
 
 // dk, dv: one CTA per (key block blockIdx.x, kv head blockIdx.y, sequence blockIdx.z); it walks the
 // (query head of the group, query tile at or after the block) pairs, head-major. Shared memory: the
-// key and value tiles, then two buffers of (Q, dO tiles, lse and delta of the query tile).
+// key and value tiles, then two buffers of (Q, dO tiles, lse log2(e) and delta of the query tile).
+// A query past the sequence gets lse = +inf (and delta 0, its Q and dO rows zeros), so that its P is
+// 2^(0 - inf) = 0 without a test: only the diagonal tile's causal mask is left to the elements.
 template <int D>
 __global__ void __launch_bounds__(kAttnThreads)
     attention_backward_dkv_kernel(__nv_bfloat16* dk, __nv_bfloat16* dv, const __nv_bfloat16* dout, const float* lse,
                                   const float* delta, const __nv_bfloat16* q, const __nv_bfloat16* k,
                                   const __nv_bfloat16* v, const int* cu_seqlens, int H, int KV) {
-    constexpr int bytes = SwizzledTile<D>::bytes;
+    using Tile = SwizzledTile<D>;
+    constexpr int bytes = Tile::bytes;
+    static_assert(kAttnThreads >= kAttnTile, "a thread per query of a tile copies its lse and delta");
     DYNAMIC_SHARED(unsigned char, smem_raw);
     unsigned char *k_tile = align_shared_1024(smem_raw), *v_tile = k_tile + bytes;
     unsigned char* qdo_tiles = v_tile + bytes;  // buffer b: Q at qdo_tiles + 2 b bytes, dO after it
@@ -580,70 +691,94 @@ __global__ void __launch_bounds__(kAttnThreads)
     const int keys = (int)min((long)kAttnTile, seq_len - k0);
     const int query_tiles = (int)((seq_len - k0 + kAttnTile - 1) / kAttnTile);  // causal: earlier queries do not see the block
     const TileCopyPlan<D> copy;
-    auto load_query_tile = [&](int step) {
-        const int head = kv_head * group + step / query_tiles;
-        const long q0 = k0 + (long)(step % query_tiles) * kAttnTile;
+    // this thread's chunk of the query and dO tiles at row 0 and head 0
+    const unsigned char *q_from = copy.source(q + seq_begin * ldq, ldq), *do_from = copy.source(dout + seq_begin * ldq, ldq);
+    // Thread r < kAttnTile copies query r's lse and delta of a tile: their rows at query tile 0
+    const long stat_row = (seq_begin + k0 + (long)threadIdx.x) * H;
+    const float *lse_row = lse + stat_row, *delta_row = delta + stat_row;
+    // The copies of step (head, query tile) into buffer `buffer`: the last query tile of a head may end before 64 rows.
+    auto load_query_tile = [&](int head, int tile, int buffer) {
+        const long q0 = k0 + (long)tile * kAttnTile;
         const int queries = (int)min((long)kAttnTile, seq_len - q0);
-        unsigned char* buf = qdo_tiles + 2 * (step & 1) * bytes;
-        copy.start(buf, q + seq_begin * ldq + head * D, ldq, q0, queries);
-        copy.start(buf + bytes, dout + seq_begin * ldq + head * D, ldq, q0, queries);
-        float* stats = stat_tiles + 2 * (step & 1) * kAttnTile;
-        for (int r = threadIdx.x; r < kAttnTile; r += blockDim.x)
+        unsigned char* buf = qdo_tiles + 2 * buffer * bytes;
+        const long at = (q0 * ldq + head * D) * (long)sizeof(__nv_bfloat16);
+        copy.start_from(buf, q_from + at, buf + bytes, do_from + at, ldq, queries);
+        float* stats = stat_tiles + 2 * buffer * kAttnTile;
+        const int r = threadIdx.x;
+        if (r < kAttnTile) {
             if (r < queries) {
-                __pipeline_memcpy_async(stats + r, lse + (seq_begin + q0 + r) * H + head, sizeof(float));
-                __pipeline_memcpy_async(stats + kAttnTile + r, delta + (seq_begin + q0 + r) * H + head, sizeof(float));
+                const long at = (long)tile * kAttnTile * H + head;
+                __pipeline_memcpy_async(stats + r, lse_row + at, sizeof(float));
+                __pipeline_memcpy_async(stats + kAttnTile + r, delta_row + at, sizeof(float));
             } else {
-                stats[r] = stats[kAttnTile + r] = 0.0f;
+                stats[r] = INFINITY, stats[kAttnTile + r] = 0.0f;
             }
+        }
     };
-    copy.start(k_tile, k + seq_begin * ldk + kv_head * D, ldk, k0, keys);
-    copy.start(v_tile, v + seq_begin * ldk + kv_head * D, ldk, k0, keys);
-    load_query_tile(0);
+    const long k_at = k0 * ldk * (long)sizeof(__nv_bfloat16);
+    copy.start_from(k_tile, copy.source(k + seq_begin * ldk + kv_head * D, ldk) + k_at, v_tile,
+                    copy.source(v + seq_begin * ldk + kv_head * D, ldk) + k_at, ldk, keys);
+    load_query_tile(kv_head * group, 0, 0);
     __pipeline_commit();
     const float scale = 1.0f / sqrtf((float)D), c = exp2_domain(scale);
     const long warp_key0 = k0 + 16 * warp;
+    // The tiles' descriptors, once: a step moves the query buffer's by a constant.
+    uint64_t k_desc = Tile::k_major(k_tile, 0), v_desc = Tile::k_major(v_tile, 0), q_desc = Tile::k_major(qdo_tiles, 0),
+             q_mn_desc = Tile::mn_major(qdo_tiles, 0);
+    keep_computed(k_desc, v_desc, q_desc, q_mn_desc);
     ScoreAccumulator st_acc, dpt_acc;
     WgmmaAccumulator<AttnTile<D>::cols> dk_acc, dv_acc;
     zero_accumulator<D>(dk_acc);
     zero_accumulator<D>(dv_acc);
     const int steps = group * query_tiles;
+    int tile = 0, next_head = kv_head * group, next_tile = 1;  // this step's query tile, the next step's (head, tile)
+    if (next_tile == query_tiles) next_head++, next_tile = 0;
     for (int step = 0; step < steps; step++) {
-        if (step + 1 < steps) load_query_tile(step + 1);
+        if (step + 1 < steps) load_query_tile(next_head, next_tile, (step + 1) & 1);
         __pipeline_commit();
-        __pipeline_wait_prior(1);    // this step's group (and in the first round the key and value tiles') has landed
+        __pipeline_wait_prior(1);  // this step's group (and in the first round the key and value tiles') has landed
+        const int buffer = step & 1;
+        float* lse_tile = stat_tiles + 2 * buffer * kAttnTile;
+        const float* delta_tile = lse_tile + kAttnTile;
+        if (threadIdx.x < kAttnTile) lse_tile[threadIdx.x] = exp2_domain(lse_tile[threadIdx.x]);  // the thread's own copy
         fence_proxy_async_shared();  // ... visible to the warpgroup MMA's reads
         __syncthreads();             // ... for every thread's copies
-        const long q0 = k0 + (long)(step % query_tiles) * kAttnTile;
-        const int queries = (int)min((long)kAttnTile, seq_len - q0);
-        const unsigned char *q_tile = qdo_tiles + 2 * (step & 1) * bytes, *do_tile = q_tile + bytes;
-        const float *lse_tile = stat_tiles + 2 * (step & 1) * kAttnTile, *delta_tile = lse_tile + kAttnTile;
-        const int key_offset = (int)(warp_key0 - q0);  // the warp's first key less the tile's first query: >= -kAttnTile
+        const int key_offset = (int)(warp_key0 - k0) - tile * kAttnTile;  // the warp's first key less the tile's first query
+        const uint32_t qdo = 2 * buffer * bytes;
         // keys x queries: S^T = K Q^T, dP^T = V dO^T; dV += P^T dO runs under dS's arithmetic
         wgmma_fence();
-        issue_product_abt<D>(st_acc, k_tile, q_tile);
+        issue_product_abt<D>(st_acc, k_desc, Tile::advanced(q_desc, qdo));
         wgmma_commit();
-        issue_product_abt<D>(dpt_acc, v_tile, do_tile);
+        issue_product_abt<D>(dpt_acc, v_desc, Tile::advanced(q_desc, qdo + bytes));
         wgmma_commit();
         wgmma_wait<1>(st_acc);  // S^T has landed; V dO^T stays in flight under P's exps
         float pt[8][4], dst[8][4];
         scores_of(pt, st_acc);
+        // the lane's queries: columns 8 j + 2t and 8 j + 2t + 1 (t = lane % 4), one 8-byte load a pair
+        float2 lse2[8], delta2[8];
+        for (int j = 0; j < 8; j++) lse2[j] = reinterpret_cast<const float2*>(lse_tile)[4 * j + lane_id() % 4];
+        // key row - query col = 8 (i >> 1) - 8 j - (i & 1) + above: the diagonal tile's causal mask
+        const int above = lane_id() / 4 - 2 * (lane_id() % 4) + key_offset;
         probabilities(
-            pt, c, [&](int row, int col) { return col < queries && row + key_offset <= col; },
-            [&](int, int col) { return exp2_domain(lse_tile[col]); });
+            pt, c, [&](int j, int i) { return 8 * ((i >> 1) - j) - (i & 1) + above <= 0; },
+            [&](int j, int i) { return i & 1 ? lse2[j].y : lse2[j].x; });
         WgmmaFragmentA p_fragments[4], ds_fragments[4];
         pack_fragments(p_fragments, pt);
         wgmma_fence();
-        issue_product_pb<D>(dv_acc, p_fragments, do_tile);
+        issue_product_pb<D>(dv_acc, p_fragments, Tile::advanced(q_mn_desc, qdo + bytes));
         wgmma_commit();
         wgmma_wait<1>(dpt_acc);  // dP^T has landed; dV += P^T dO stays in flight
         scores_of(dst, dpt_acc);
-        dscores(dst, pt, scale, [&](int, int col) { return delta_tile[col]; });
+        for (int j = 0; j < 8; j++) delta2[j] = reinterpret_cast<const float2*>(delta_tile)[4 * j + lane_id() % 4];
+        dscores(dst, pt, scale, [&](int j, int i) { return i & 1 ? delta2[j].y : delta2[j].x; });
         pack_fragments(ds_fragments, dst);
         wgmma_fence();
-        issue_product_pb<D>(dk_acc, ds_fragments, q_tile);
+        issue_product_pb<D>(dk_acc, ds_fragments, Tile::advanced(q_mn_desc, qdo));
         wgmma_commit();
         wgmma_wait<0>(dk_acc, dv_acc);
         __syncthreads();  // every warp is done with this buffer before the next round's copy refills it
+        tile = next_tile;
+        if (++next_tile == query_tiles) next_head++, next_tile = 0;
     }
     store_rows_bf16<D>(dk + seq_begin * ldk + kv_head * D, ldk, warp_key0, seq_len, dk_acc);
     store_rows_bf16<D>(dv + seq_begin * ldk + kv_head * D, ldk, warp_key0, seq_len, dv_acc);

@@ -4,6 +4,7 @@
 #ifndef FP8RL_CUDA_BLOCK_REDUCE_CUH
 #define FP8RL_CUDA_BLOCK_REDUCE_CUH
 #include "cuda/common.cuh"
+#include "cuda/element.cuh"
 
 namespace fp8rl {
 
@@ -22,6 +23,32 @@ struct MaxOp {
 template <class T, class Op>
 __device__ inline T warp_reduce(T value, Op op) {
     for (int offset = 16; offset > 0; offset /= 2) value = op(value, __shfl_xor_sync(0xFFFFFFFFu, value, offset));
+    return value;
+}
+
+// warp_reduce of N values at once (N a power of 2, at most 32) in N - 1 + 5 - log2 N shuffles and
+// ops where warp_reduce of each takes 5 N: at a step the partners keep one half of the values and
+// send each other the other half (lane bit 16 picks the half at the first step, then bit 8, ...), so
+// lane L ends with value L / (32 / N), which it returns, after the same operations, op(own, partner),
+// as warp_reduce's lane L. So where op(a, b) and op(b, a) are the same bits (SumOp: IEEE addition is
+// commutative, NaN payloads aside; not MaxOp, for -0 against +0 and NaN), every lane has warp_reduce's
+// result of its value.
+template <int N, class T, class Op>
+__device__ inline T warp_reduce_spread(T (&values)[N], Op op) {
+    static_assert(N >= 1 && N <= 32 && (N & (N - 1)) == 0, "a power of 2 values, at most one a lane");
+    int offset = 16;
+    FP8RL_UNROLL
+    for (int half = N / 2; half >= 1; half /= 2, offset /= 2) {
+        const bool upper = (threadIdx.x & offset) != 0;
+        FP8RL_UNROLL
+        for (int i = 0; i < half; i++) {
+            const T keep = upper ? values[i + half] : values[i];
+            const T send = upper ? values[i] : values[i + half];
+            values[i] = op(keep, __shfl_xor_sync(0xFFFFFFFFu, send, offset));
+        }
+    }
+    T value = values[0];
+    for (; offset > 0; offset /= 2) value = op(value, __shfl_xor_sync(0xFFFFFFFFu, value, offset));
     return value;
 }
 

@@ -425,7 +425,8 @@ inline DecodeAttentionPrice decode_attention_price(const GpuSpec& g, const Decod
 // threads). products: forward 2 (QK^T, PV), dq 3 (QK^T, dO V^T, dS K), dk/dv 4 (KQ^T, V dO^T, P^T dO,
 // dS^T Q; its S = QK^T's MMAs counted in its own). A pipelined kernel peels products out of its tile
 // loop (the forward since issue 59: round 0's QK^T and softmax before the loop, the last PV after
-// it; the forward and dq also peel their diagonal tile, the only one with masks): the code outside
+// it; the forward and dq also peel their diagonal tile, the only one with masks, and dq the round
+// before it, which copies the diagonal tile, the only one that may end early): the code outside
 // loops holds them, once per CTA, so the tile loop runs that many tile pairs' MMAs fewer per CTA
 // (peeled_pairs: the MMAs outside loops over the tile loop's).
 struct AttentionKernelShape {

@@ -44,6 +44,27 @@ FP8RL_HD float fast_exp(float x) {
     return y * bits_float((uint32_t)((int32_t)n + 127) << 23);  // 2^n, n in [-126, 127] on this range
 }
 
+// fast_exp(x)'s bits for every x <= 88 and NaN (a softmax's exp(z - max): z - max <= 0), without
+// its branches: the polynomial of max(x, -87) (the same operations on x where x >= -87; NaN gives
+// -87), then 0 below -87 and x itself for NaN, by selects. A GPU kernel pays every instruction of
+// the branches' paths a logit (issue 59: the LM head's statistics); x > 88 is outside its domain
+// (it gives exp(88), not inf).
+FP8RL_HD float fast_exp_unbranched(float x) {
+    using namespace fast_exp_detail;
+    const float c = fmaxf(x, kLo);
+    const float n = rintf(c * kLog2e);
+    float r = fmaf(n, -kLn2Hi, c);
+    r = fmaf(n, -kLn2Lo, r);
+    float p = kP0;
+    p = fmaf(p, r, kP1);
+    p = fmaf(p, r, kP2);
+    p = fmaf(p, r, kP3);
+    p = fmaf(p, r, kP4);
+    p = fmaf(p, r, kP5);
+    const float y = (fmaf(p, r * r, r) + 1.0f) * bits_float((uint32_t)((int32_t)n + 127) << 23);
+    return x != x ? x : x < kLo ? 0.0f : y;
+}
+
 #if FP8RL_HOST_AVX2
 // The same function on eight lanes.
 inline __m256 fast_exp8(__m256 x) {

@@ -411,11 +411,12 @@ TEST(emu_rule_vector_accesses_are_aligned_to_their_size) {
 // read of the destination before __pipeline_wait_prior sees what was there (shared memory starts
 // as NaN bytes); the header's rules (global source, shared destination, both aligned to the size)
 // are kernel faults. mode 0: copy 16 bytes in[0..3] and read before and after the wait; 1: a source
-// 4 bytes off; 2: a global destination.
+// 4 bytes off; 2: a global destination; 3: 16 zero-filled bytes (zfill 16: PTX's src-size 0, nothing
+// read) from past the end of `in`, which lands as zeros and is no fault.
 __global__ void async_copy_kernel(const int* in, int* out, int mode) {
     STATIC_SHARED(uint4, tile, [1]);
     void* dst = mode == 2 ? (void*)out : (void*)tile;
-    __pipeline_memcpy_async(dst, mode == 1 ? in + 1 : in, 16);
+    __pipeline_memcpy_async(dst, mode == 1 ? in + 1 : mode == 3 ? in + 64 : in, 16, mode == 3 ? 16 : 0);
     __pipeline_commit();
     int before, after;
     memcpy(&before, tile, sizeof before);
@@ -430,6 +431,8 @@ TEST(emu_rule_async_copies_land_at_the_wait_and_keep_the_header_rules) {
     const std::vector<int> got = out.download();
     CHECK_EQ(got[4], -1);  // 0xFFFFFFFF: the copy has not landed
     CHECK_EQ(got[5], 11);
+    LAUNCH_KERNEL(async_copy_kernel, 1, 1, 0, 0, (const int*)in.ptr, out.ptr, 3);
+    CHECK_EQ(out.download()[5], 0);
     const char* rules[] = {"", "cudaErrorMisalignedAddress", "outside the block's shared memory"};
     check_refusals(rules, 1, 2,
                    [&](int mode) { LAUNCH_KERNEL(async_copy_kernel, 1, 1, 0, 0, (const int*)in.ptr, out.ptr, mode); });

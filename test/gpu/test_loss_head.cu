@@ -499,7 +499,8 @@ TEST(gpu_head_token_blocks_keep_cpu_bits) {
 // 300 (no full chunk), one of 2 whole chunks (no tail); token blocks of 8 with a ragged last one;
 // temperature 0.7, and 1 (the statistics kernel that skips the division) where the block is ragged;
 // HEAD_VOCAB_CHUNK's chunks of 2,048 (the statistics' loop without column tests) with and without a tail,
-// and with HEAD_ROW_CHUNKS_IN_FLIGHT of them loaded together (a group, a single chunk and a tail; a group alone).
+// and with HEAD_ROW_CHUNKS_IN_FLIGHT of them merged a pass (a pass, a single chunk and a tail; a pass alone;
+// 2 passes, then one of a chunk and a tail; chunks of 256 in 2 passes, the second of 3 chunks and a tail).
 TEST(gpu_head_fused_equals_forward_then_backward) {
     GemmRunner gemm;
     struct Case { int T, C, V, chunk, block; float temperature; };
@@ -507,7 +508,9 @@ TEST(gpu_head_fused_equals_forward_then_backward) {
                           Case{16, 32, 512, 256, 16, 0.7f}, Case{11, 16, 600, 256, 8, 1.0f},
                           Case{9, 16, 4500, HEAD_VOCAB_CHUNK, 8, 1.0f}, Case{10, 16, 4096, HEAD_VOCAB_CHUNK, 8, 0.7f},
                           Case{5, 16, 5 * HEAD_VOCAB_CHUNK + 100, HEAD_VOCAB_CHUNK, 8, 1.0f},
-                          Case{3, 16, 4 * HEAD_VOCAB_CHUNK, HEAD_VOCAB_CHUNK, 8, 0.7f}}) {
+                          Case{3, 16, 4 * HEAD_VOCAB_CHUNK, HEAD_VOCAB_CHUNK, 8, 0.7f},
+                          Case{3, 16, 9 * HEAD_VOCAB_CHUNK + 100, HEAD_VOCAB_CHUNK, 8, 0.7f},
+                          Case{6, 16, 7 * 256 + 7, 256, 8, 1.0f}}) {
         HeadProblem h(k.T, k.C, k.V, k.temperature, 61 + k.T);
         auto a_of = [&](int t, float lp) { return h.a[t] * (1.0f + lp / 8); };
         auto b_of = [&](int t, float ent) { return h.b[t] * ent; };
