@@ -110,7 +110,8 @@ std::string json_escape(const std::string& s) {
 // {"workloads": [{"model", "gpu", "gpus", "kv_cache", "precision", "rollout_s", "train_s", "step_s",
 //   "decode_attention_hbm_s" (its K/V bytes at the achievable bandwidth: what decode attention would take at HBM speed), "phases",
 //   "kernels": [{"name", "calls", "time_s", "bound", "bytes", "flops", "cublaslt_time_s" (the own FP8 GEMM's rows: cuBLASLt's price)}],
-//   "train_gemms": [{"name", "m", "n", "k", "time_s", "tflops", "bound", and on the own FP8 block GEMM "ceiling_tflops",
+//   "train_gemms": [{"name", "m", "n", "k", "time_s", "tflops", "bound", and on the own FP8 block GEMM "kernel" (the
+//   instantiation priced, sass_counts.h's name), "ceiling_tflops",
 //   "ceiling_shape", "cublaslt_time_s", "cublaslt_tflops"}] (one training micro-batch's projection GEMMs, per call),
 //   "assumptions": {NAME: {"value", "unit", "source"}}}]}
 void print_json(const ModelConfig& small, const ModelConfig& large) {
@@ -163,9 +164,10 @@ void print_json(const ModelConfig& small, const ModelConfig& large) {
                                first_item ? "" : ",", json_escape(k.name).c_str(), (long long)k.gemm_m, (long long)k.gemm_n,
                                (long long)k.gemm_k, s, k.work / s / 1e12, k.bound(hw));
                         if (k.ceiling)
-                            printf(", \"ceiling_tflops\": %.0f, \"ceiling_shape\": \"DeepGEMM N %.0f K %.0f\", \"cublaslt_time_s\": %.6g, "
-                                   "\"cublaslt_tflops\": %.1f",
-                                   k.ceiling->tflops, k.ceiling->n, k.ceiling->k, k.cublaslt_call_s, k.work / k.cublaslt_call_s / 1e12);
+                            printf(", \"kernel\": \"%s\", \"ceiling_tflops\": %.0f, \"ceiling_shape\": \"DeepGEMM N %.0f K %.0f\", "
+                                   "\"cublaslt_time_s\": %.6g, \"cublaslt_tflops\": %.1f",
+                                   json_escape(k.sass_kernel).c_str(), k.ceiling->tflops, k.ceiling->n, k.ceiling->k, k.cublaslt_call_s,
+                                   k.work / k.cublaslt_call_s / 1e12);
                         printf("}");
                         first_item = false;
                     }

@@ -680,15 +680,24 @@ TEST(kernel_perf_model_fp8_block_gemm_by_hand) {
 // runs it): in an fp8 training step each fitting GEMM is priced by fp8_block_gemm_price at its
 // compute (rate = FLOPs / the slower of the SASS price and the ceiling), cuBLASLt's price of the call
 // kept beside it; a prefill's forward, --fp8_gemm_kernel cublaslt (own_fp8_gemm false) and bf16 keep cuBLASLt.
+// Each call is priced by the SASS row of the instantiation its launcher runs (A's scale mode, D's mode,
+// k's parity: fp8_block_gemm.cuh's fp8_block_gemm).
 TEST(perf_model_trainer_gemms_on_the_own_fp8_kernel) {
     const GpuSpec g = h100();
     const PerfHardware hw = sass_hardware(g);
-    const SassKernel* blk = find_sass_kernel("fp8_block_gemm_kernel<true>");
-    CHECK(blk && find_sass_kernel("fp8_block_gemm_kernel<false>"));
+    const char* fprop = "fp8_block_gemm_kernel<true, __nv_bfloat16, false, false>";  // k = 2048: 16 blocks
+    const char* wgrad = "fp8_block_gemm_kernel<false, float, true, false>";          // k = 16384 tokens: 128
+    const SassKernel* blk = find_sass_kernel(fprop);
+    CHECK(blk && find_sass_kernel(wgrad));
     if (!blk) return;
+    CHECK_EQ(fp8_block_gemm_kernel_name(true, GemmOutput::BF16, 2048), std::string(fprop));
+    CHECK_EQ(fp8_block_gemm_kernel_name(false, GemmOutput::F32_Accumulate, 16256), std::string("fp8_block_gemm_kernel<false, float, true, true>"));
+    CHECK_EQ(fp8_block_gemm_kernel_name(true, GemmOutput::F32, 384), std::string("fp8_block_gemm_kernel<true, float, false, true>"));
     StepShape s = qwen3_1p7b_head_step();
     s.model.intermediate_size = 6144, s.model.num_heads = 16, s.model.num_kv_heads = 8, s.model.head_dim = 128;
     const KernelCost own = find_kernel(step_kernels(hw, s, Precision::FP8, StepStructure::Fused), "O fprop");
+    CHECK_EQ(own.sass_kernel, std::string(fprop));
+    CHECK_EQ(find_kernel(step_kernels(hw, s, Precision::FP8, StepStructure::Fused), "O wgrad").sass_kernel, std::string(wgrad));
     const KernelCost cublaslt = gemm_cost(hw, "O fprop", KernelClass::LayerGemm, 2048, 16384, 2048, Precision::FP8, GemmOutput::BF16);
     const BlockGemmPrice p = fp8_block_gemm_price(g, *blk, 2048, 16384, 2048, cublaslt.bytes, false);
     CHECK_NEAR(own.rate, 2.0 * 2048 * 16384 * 2048 / std::max(p.sass.compute_s(), p.ceiling_s), 1e-12, 0);

@@ -25,6 +25,7 @@
 #ifndef FP8RL_CUDA_FP8_BLOCK_GEMM_CUH
 #define FP8RL_CUDA_FP8_BLOCK_GEMM_CUH
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/common.cuh"
 #include "cuda/element.cuh"
@@ -112,11 +113,15 @@ __device__ __forceinline__ uint64_t block_gemm_descriptor(const unsigned char* o
 // D [n][m] (+)= B [n][k] . A [m][k]^T as the header says; grid (m / 128, n / 128), kBlockGemmThreads
 // threads, kBlockGemmSmemBytes of dynamic shared memory. ABlock: A's scales are BLK128x128
 // (a_scale[(i / 128) * round_up4(k / 128) + kb]), else VEC128 (a_scale[kb * m + i]); B's are VEC128
-// (b_scale[kb * n + j]).
-template <bool ABlock>
+// (b_scale[kb * n + j]). Out: D's type, __nv_bfloat16 or float; Accumulate: D += (FP32 only).
+// OddBlocks: k / 128 is odd (the launcher picks by it). The modes and the tail are template arguments so
+// an instantiation's code is what it executes: one tail and one epilogue (the model prices its SASS).
+template <bool ABlock, class Out, bool Accumulate, bool OddBlocks>
 __global__ void __launch_bounds__(kBlockGemmThreads, 1)
-    fp8_block_gemm_kernel(const uint8_t* a, const float* a_scale, const uint8_t* b, const float* b_scale, void* d,
-                          bool out_f32, bool accumulate, int m, int n, int k) {
+    fp8_block_gemm_kernel(const uint8_t* a, const float* a_scale, const uint8_t* b, const float* b_scale, Out* d, int m,
+                          int n, int k) {
+    constexpr bool out_f32 = std::is_same<Out, float>::value;
+    static_assert(out_f32 || (std::is_same<Out, __nv_bfloat16>::value && !Accumulate), "D is BF16, FP32 or FP32 +=");
     using Accumulator = WgmmaAccumulator<kBlockGemmTile>;
     DYNAMIC_SHARED(unsigned char, smem_raw);
     unsigned char* ring = align_shared_1024(smem_raw);
@@ -176,7 +181,11 @@ __global__ void __launch_bounds__(kBlockGemmThreads, 1)
     };
     // Two accumulators: block kb + 1's wgmmas run while block kb is promoted (wait depth 1). The loop
     // takes whole pairs, so every wait in it has the same depth (ptxas serializes the wgmmas when it
-    // cannot tell which group an accumulator belongs to); the last one or two blocks follow it.
+    // cannot tell which group an accumulator belongs to); the last two blocks (OddBlocks: one) follow it.
+    // The loop's exit is checked against the parity the launcher chose: a wrong instantiation traps
+    // instead of dropping a block. The branch also steers ptxas 13.5, which schedules within basic
+    // blocks: without it before the tail it serializes every wgmma (C7514); when accumulating, the
+    // same check after the tail keeps D's loads below the last wait (hoisted above it: 242 registers).
     Accumulator even, odd;
     issue(even, 0, 0);
     int kb = 0, stage = 0;  // stage: k block kb's
@@ -190,33 +199,34 @@ __global__ void __launch_bounds__(kBlockGemmThreads, 1)
         promote(odd, kb + 1, stage1);
         stage = stage2;
     }
-    if (kb + 1 < blocks) {
+    if (kb + (OddBlocks ? 1 : 2) != blocks) __trap();
+    if constexpr (OddBlocks) {
+        wgmma_wait<0>(even);
+        promote(even, kb, stage);
+    } else {
         const int stage1 = next_stage(stage);
         issue(odd, kb + 1, stage1);
         wgmma_wait<1>(even);
         promote(even, kb, stage);
         wgmma_wait<0>(odd);
         promote(odd, kb + 1, stage1);
-    } else {
-        wgmma_wait<0>(even);
-        promote(even, kb, stage);
     }
+    if (Accumulate && kb + (OddBlocks ? 1 : 2) != blocks) __trap();
     // Epilogue: column pairs (2t, 2t + 1) of 8-column groups, one 8-byte (FP32) or 4-byte (BF16) store each.
-    FP8RL_UNROLL
-    for (int v = 0; v < WgmmaAccumulator<kBlockGemmTile>::regs; v += 2) {
-        const size_t j = (size_t)(n0 + row0 + 8 * ((v >> 1) & 1)), i = (size_t)(m0 + 8 * (v >> 2) + 2 * t);
-        if (out_f32) {
-            float* p = static_cast<float*>(d) + j * m + i;
-            float2 out = make_float2(part[v], part[v + 1]);
-            if (accumulate) {
-                const float2 c = load_vector_written<float2>(p);
-                out = make_float2(__fadd_rn(out.x, c.x), __fadd_rn(out.y, c.y));
-            }
-            store_vector(p, out);
-        } else {
-            store_vector(static_cast<__nv_bfloat16*>(d) + j * m + i,
-                         pack_bf16_pair(__float2bfloat16_rn(part[v]), __float2bfloat16_rn(part[v + 1])));
+    auto at = [&](int v) {  // register v's (and v + 1's) place in D
+        return d + (size_t)(n0 + row0 + 8 * ((v >> 1) & 1)) * m + (size_t)(m0 + 8 * (v >> 2) + 2 * t);
+    };
+    if constexpr (Accumulate) {  // every load of D before the first store: the loads may alias the
+        FP8RL_UNROLL             // stores to the compiler, so interleaved each would wait its round trip
+        for (int v = 0; v < Accumulator::regs; v += 2) {
+            const float2 c = load_vector_written<float2>(at(v));
+            part[v] = __fadd_rn(part[v], c.x), part[v + 1] = __fadd_rn(part[v + 1], c.y);
         }
+    }
+    FP8RL_UNROLL
+    for (int v = 0; v < Accumulator::regs; v += 2) {
+        if constexpr (out_f32) store_vector(at(v), make_float2(part[v], part[v + 1]));
+        else store_vector(at(v), pack_bf16_pair(__float2bfloat16_rn(part[v]), __float2bfloat16_rn(part[v + 1])));
     }
 }
 
@@ -225,23 +235,44 @@ inline bool fp8_block_gemm_fits(int m, int n, int k) {
     return m > 0 && n > 0 && k > 0 && m % kBlockGemmTile == 0 && n % kBlockGemmTile == 0 && k % kBlockGemmK == 0;
 }
 
+// The instantiation for D's mode and k's parity (fp8_block_gemm_kernel's template arguments).
+template <bool ABlock, class Out, bool Accumulate, bool OddBlocks>
+void launch_fp8_block_gemm(int m, int n, int k, const uint8_t* a, const float* a_scale, const uint8_t* b,
+                           const float* b_scale, void* d, cudaStream_t stream) {
+    const dim3 grid((unsigned)(m / kBlockGemmTile), (unsigned)(n / kBlockGemmTile));
+    allow_dynamic_smem(fp8_block_gemm_kernel<ABlock, Out, Accumulate, OddBlocks>, kBlockGemmSmemBytes);
+    LAUNCH_KERNEL((fp8_block_gemm_kernel<ABlock, Out, Accumulate, OddBlocks>), grid, kBlockGemmThreads,
+                  kBlockGemmSmemBytes, stream, a, a_scale, b, b_scale, static_cast<Out*>(d), m, n, k);
+}
+template <bool ABlock, class Out, bool Accumulate>
+void launch_fp8_block_gemm_by_parity(int m, int n, int k, const uint8_t* a, const float* a_scale, const uint8_t* b,
+                                     const float* b_scale, void* d, cudaStream_t stream) {
+    if (k / kBlockGemmK % 2)
+        launch_fp8_block_gemm<ABlock, Out, Accumulate, true>(m, n, k, a, a_scale, b, b_scale, d, stream);
+    else
+        launch_fp8_block_gemm<ABlock, Out, Accumulate, false>(m, n, k, a, a_scale, b, b_scale, d, stream);
+}
+template <bool ABlock>
+void launch_fp8_block_gemm_by_output(int m, int n, int k, const uint8_t* a, const float* a_scale, const uint8_t* b,
+                                     const float* b_scale, void* d, bool out_f32, bool accumulate, cudaStream_t stream) {
+    if (!out_f32)
+        launch_fp8_block_gemm_by_parity<ABlock, __nv_bfloat16, false>(m, n, k, a, a_scale, b, b_scale, d, stream);
+    else if (accumulate)
+        launch_fp8_block_gemm_by_parity<ABlock, float, true>(m, n, k, a, a_scale, b, b_scale, d, stream);
+    else
+        launch_fp8_block_gemm_by_parity<ABlock, float, false>(m, n, k, a, a_scale, b, b_scale, d, stream);
+}
+
 // Launches the kernel on device pointers (16-byte aligned; the caller, GemmRunner::fp8, checks the
-// modes and alignments and that the shape fits).
+// modes and alignments and that the shape fits): the instantiation of A's scale mode, D's mode
+// (BF16; FP32; FP32 +=) and k's parity.
 inline void fp8_block_gemm(int m, int n, int k, const uint8_t* a, const float* a_scale, bool a_block, const uint8_t* b,
                            const float* b_scale, void* d, bool out_f32, bool accumulate, cudaStream_t stream) {
     if (!fp8_block_gemm_fits(m, n, k))
         fail("fp8_block_gemm: m=%d n=%d k=%d; it needs positive multiples of %d", m, n, k, kBlockGemmTile);
     if (accumulate && !out_f32) fail("fp8_block_gemm: accumulating into D needs an FP32 output");
-    const dim3 grid((unsigned)(m / kBlockGemmTile), (unsigned)(n / kBlockGemmTile));
-    if (a_block) {
-        allow_dynamic_smem(fp8_block_gemm_kernel<true>, kBlockGemmSmemBytes);
-        LAUNCH_KERNEL(fp8_block_gemm_kernel<true>, grid, kBlockGemmThreads, kBlockGemmSmemBytes, stream, a, a_scale, b,
-                      b_scale, d, out_f32, accumulate, m, n, k);
-    } else {
-        allow_dynamic_smem(fp8_block_gemm_kernel<false>, kBlockGemmSmemBytes);
-        LAUNCH_KERNEL(fp8_block_gemm_kernel<false>, grid, kBlockGemmThreads, kBlockGemmSmemBytes, stream, a, a_scale, b,
-                      b_scale, d, out_f32, accumulate, m, n, k);
-    }
+    if (a_block) launch_fp8_block_gemm_by_output<true>(m, n, k, a, a_scale, b, b_scale, d, out_f32, accumulate, stream);
+    else launch_fp8_block_gemm_by_output<false>(m, n, k, a, a_scale, b, b_scale, d, out_f32, accumulate, stream);
 }
 
 }  // namespace fp8rl

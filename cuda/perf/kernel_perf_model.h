@@ -511,8 +511,9 @@ inline KernelPrice training_attention_price(const GpuSpec& g, bool backward, con
 }
 
 // ---- the trainer's FP8 block GEMM: cuda/kernels/fp8_block_gemm.cuh ----------------------------------
-// D [n][m] (+)= B [n][k] . A [m][k]^T, E4M3, A's scales BLK128x128 (fprop, dgrad: fp8_block_gemm_kernel<true>)
-// or VEC128 (wgrad: <false>). Recipe (the kernel at 2a49a36): grid (m / 128, n / 128) CTAs of 256 threads,
+// D [n][m] (+)= B [n][k] . A [m][k]^T, E4M3, A's scales BLK128x128 (fprop, dgrad) or VEC128 (wgrad), one
+// instantiation per scale mode, D's mode and k's parity (fp8_block_gemm_kernel<ABlock, Out, Accumulate,
+// OddBlocks>: perf_model.h's fp8_block_gemm_kernel_name). Recipe: grid (m / 128, n / 128) CTAs of 256 threads,
 // two warpgroups of 64 rows each; per 128-wide k block every thread waits for its stage, syncs the CTA,
 // issues 4 wgmma.m64n128k32 e4m3 into one of two accumulators, starts a later stage's copies, waits for
 // the previous block's wgmmas (depth 1) and promotes them while this block's run. The k-block loop (the
@@ -525,9 +526,9 @@ inline KernelPrice training_attention_price(const GpuSpec& g, bool backward, con
 //             wgmmas, and the next block's wgmmas issue only after the CTA's barrier, so the tensor
 //             cores idle when the instructions take longer;
 //   per CTA   the code outside loops (the addresses, the first stages, the peeled blocks' issue and
-//             promotion, the epilogue's stores; static counts: both tails and both epilogues) at its
-//             8 warps' IPC, the peeled blocks' tensor time, an HBM round trip for the first stage and
-//             one more for D when accumulating;
+//             promotion, the instantiation's one tail and one epilogue) at its 8 warps' IPC, the peeled
+//             blocks' tensor time, an HBM round trip for the first stage and one more for D when
+//             accumulating (the epilogue loads all of a thread's D before its first store);
 //   waves     ceil(tiles / (132 SMs x the CTAs resident by threads, shared memory and registers)),
 //             a CTA's clocks each (1 CTA an SM at 2a49a36: its shared memory and registers);
 // then the operands and D through HBM as gemm_cost counts them. A CEILING bounds it: never faster than
@@ -539,7 +540,8 @@ constexpr int kTile = 128, kBlockK = 128, kThreads = 256, kStages = 6;
 constexpr double kMmaPerBlock = 4 * 64.0 * 128 * 32 / 4 / (16 * 8 * 16);  // a warp's m16n8k16-equivalents a k block
 // 6 stages x (B's and A's 128 x 128 bytes + 256 FP32 scales) + 1,024 bytes of alignment: 203,776
 constexpr double kSmemBytes = kStages * (2.0 * kTile * kBlockK + 2 * kTile * 4) + 1024;
-// ptxas -v for sm_90a at cc86d45 (not in sass_counts.h): 228 (BLK) / 226 (VEC128) registers, 0 spills
+// ptxas -v for sm_90a (not in sass_counts.h), every instantiation since the modes became template
+// arguments: 228 (BLK) / 226 (VEC128) registers, 0 spills
 constexpr int kRegisters = 228;
 }  // namespace block_gemm
 

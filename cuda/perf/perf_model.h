@@ -140,6 +140,7 @@ struct KernelCost {
     int64_t gemm_m = 0, gemm_n = 0, gemm_k = 0;
     double cublaslt_call_s = 0;
     const DeepGemmRate* ceiling = nullptr;
+    std::string sass_kernel = "";  // ... and the instantiation priced (sass_counts.h's name)
 
     double hbm_seconds(const PerfHardware& hw) const {
         return bytes / (stream_bandwidth > 0 ? std::min(stream_bandwidth, hw.bandwidth()) : hw.bandwidth());
@@ -193,19 +194,31 @@ inline KernelCost gemm_cost(const PerfHardware& hw, std::string name, KernelClas
     return g;
 }
 
+// The instantiation fp8_block_gemm.cuh's launcher runs for a GEMM, as sass_counts.h names it:
+// fp8_block_gemm_kernel<ABlock, Out, Accumulate, OddBlocks> (A a weight's BLK128x128 scales; D BF16, FP32 or
+// FP32 +=; an odd number of k blocks), whose code outside loops is one tail and one epilogue.
+inline std::string fp8_block_gemm_kernel_name(bool weight, GemmOutput out, int64_t k) {
+    return strfmt("fp8_block_gemm_kernel<%s, %s, %s, %s>", weight ? "true" : "false",
+                  out == GemmOutput::BF16 ? "__nv_bfloat16" : "float", out == GemmOutput::F32_Accumulate ? "true" : "false",
+                  k / block_gemm::kBlockK % 2 ? "true" : "false");
+}
+
 // The trainer's FP8 projection GEMMs on fp8rl's own block GEMM (cuda/kernels/fp8_block_gemm.cuh, issue 59)
 // where the shape fits it (m, n, k multiples of 128), a GPU is priced and sass_counts.h holds the kernel
 // (else cuBLASLt's price, as gemm_cost): kernel_perf_model.h's
-// fp8_block_gemm_price from its SASS row (sass_counts.h), never faster than DeepGEMM's published rate for
-// the shape class; cuBLASLt's price of the same call kept beside it. `weight`: A is a weight with
-// BLK128x128 scales (fprop, dgrad: fp8_block_gemm_kernel<true>), else x^T's VEC128 (wgrad: <false>).
+// fp8_block_gemm_price from the SASS row of the instantiation the call runs (fp8_block_gemm_kernel_name),
+// never faster than DeepGEMM's published rate for the shape class; cuBLASLt's price of the same call kept
+// beside it. `weight`: A is a weight with BLK128x128 scales (fprop, dgrad), else x^T's VEC128 (wgrad).
 inline KernelCost fp8_block_gemm_cost(const PerfHardware& hw, std::string name, int64_t m, int64_t n, int64_t k, GemmOutput out,
                                       bool weight) {
     KernelCost g = gemm_cost(hw, name, KernelClass::LayerGemm, m, n, k, Precision::FP8, out);
-    // the kernel's SASS row is in sass_counts.h once ./train_rl runs it (GemmRunner's Fp8GemmKernel::Own)
-    const SassKernel* kernel = hw.gpu ? find_sass_kernel(weight ? "fp8_block_gemm_kernel<true>" : "fp8_block_gemm_kernel<false>") : nullptr;
-    if (!kernel || m % block_gemm::kTile || n % block_gemm::kTile || k % block_gemm::kBlockK) return g;
+    if (!hw.gpu || m % block_gemm::kTile || n % block_gemm::kTile || k % block_gemm::kBlockK) return g;
+    // the instantiation's SASS row is in sass_counts.h once ./train_rl holds it (GemmRunner's Fp8GemmKernel::Own)
+    const std::string instantiation = fp8_block_gemm_kernel_name(weight, out, k);
+    const SassKernel* kernel = find_sass_kernel(instantiation);
+    if (!kernel) return g;
     g.cublaslt_call_s = g.call_seconds(hw);
+    g.sass_kernel = instantiation;
     const BlockGemmPrice p = fp8_block_gemm_price(*hw.gpu, *kernel, (double)m, (double)n, (double)k, g.bytes,
                                                   out == GemmOutput::F32_Accumulate);
     // KernelCost prices max(work / rate, bytes) + launches: the compute side is the slower of the SASS
