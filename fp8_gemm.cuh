@@ -252,6 +252,31 @@ struct Fp8Amax {
     }
 };
 
+// Tile (tile_r, tile_c) of x [rows][cols], staged in `tile` (swizzled), as rows of x^T: codes_t
+// [cols][rows] from row tile_r * 128 and their scales (block: VEC128 [ceil(rows/128)][cols], 1x128
+// along rows; row and tensor: amax's). A warp per strip of 4 tile columns, the block's `warps` warps
+// in turn. quantize_rowwise_kernel's transposed output, and that of producers that stage a tile of
+// their own (attention.cuh's delta kernel).
+__device__ inline void quantize_tile_transposed(float* tile, int warps, int tile_r, int tile_c, int rows, int cols,
+                                                bool pow2, const Fp8Amax& amax, uint8_t* codes_t, float* scale_inv_t) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int r0 = tile_r * FP8_BLOCK, c0 = tile_c * FP8_BLOCK;
+    const int n_rows = min(FP8_BLOCK, rows - r0), n_cols = min(FP8_BLOCK, cols - c0);
+    const bool block = amax.scaling == Fp8Scaling::Block, tensor = amax.scaling == Fp8Scaling::Tensor;
+    for (int q = warp; q * 4 < n_cols; q += warps) {  // columns c0 + 4q .. = rows of x^T, from r0
+        float given[4], s[4];
+        for (int k = 0; k < 4; k++) given[k] = block || 4 * q + k >= n_cols ? 0.0f : amax.col_scale(c0 + 4 * q + k, pow2);
+        quantize_tile_columns(tile, q, n_rows, given, pow2, codes_t + (size_t)(c0 + 4 * q) * rows + r0, (size_t)rows,
+                              n_cols - 4 * q, s);
+        if (lane == 0)
+            for (int k = 0; k < 4 && 4 * q + k < n_cols; k++) {
+                const int c = c0 + 4 * q + k;
+                if (block) scale_inv_t[vec128_scale_index(c, tile_r, cols)] = 1.0f / s[k];
+                else if (tile_r == 0 && (!tensor || c == 0)) scale_inv_t[tensor ? 0 : c] = 1.0f / s[k];
+            }
+    }
+}
+
 // The values [rows][cols] of `source` -> codes [rows][cols] + scale_inv, and their transpose
 // [cols][rows] (the wgrad copy; a row-scaled weight's dgrad copy) into codes_t + scale_inv_t, from
 // the same tile in the same pass. Block: 1x128 along cols (VEC128 [ceil(cols/128)][rows]) and along
@@ -276,19 +301,8 @@ __global__ void __launch_bounds__(QUANT_THREADS)
             if (lane == 0 && block) scale_inv[vec128_scale_index(r0 + i, tile_c, rows)] = 1.0f / s;
             if (lane == 0 && !block && tile_c == 0 && (!tensor || r0 + i == 0)) scale_inv[tensor ? 0 : r0 + i] = 1.0f / s;
         }
-    if (codes_t == nullptr) return;
-    for (int q = warp; q * 4 < n_cols; q += QUANT_THREADS / 32) {  // columns c0 + 4q .. = rows of x^T, from r0
-        float given[4], s[4];
-        for (int k = 0; k < 4; k++) given[k] = block || 4 * q + k >= n_cols ? 0.0f : amax.col_scale(c0 + 4 * q + k, pow2);
-        quantize_tile_columns(tile, q, n_rows, given, pow2, codes_t + (size_t)(c0 + 4 * q) * rows + r0, (size_t)rows,
-                              n_cols - 4 * q, s);
-        if (lane == 0)
-            for (int k = 0; k < 4 && 4 * q + k < n_cols; k++) {
-                const int c = c0 + 4 * q + k;
-                if (block) scale_inv_t[vec128_scale_index(c, tile_r, cols)] = 1.0f / s[k];
-                else if (tile_r == 0 && (!tensor || c == 0)) scale_inv_t[tensor ? 0 : c] = 1.0f / s[k];
-            }
-    }
+    if (codes_t != nullptr)
+        quantize_tile_transposed(tile, QUANT_THREADS / 32, tile_r, tile_c, rows, cols, pow2, amax, codes_t, scale_inv_t);
 }
 
 // Tile (tile_r, tile_c) of a weight w [rows][cols], staged in `tile` (swizzled; this thread's amax

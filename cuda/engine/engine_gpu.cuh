@@ -952,6 +952,10 @@ class GpuEngine : public Engine {
     // x_t: x's transposed FP8 operand, kept by its producer (StepRows::kept_transposes), instead of x.
     void project_backward(bf16* dx, const bf16* dy, const bf16* x, int l, Projection j, size_t bias,
                           const Fp8Transposed& x_t = {});
+    // project_backward in two halves: dx, then (after other kernels, which leave the scratch's slot 0
+    // alone) the weight and bias gradients of the same dy
+    void project_dgrad(bf16* dx, const bf16* dy, int l, Projection j);
+    void project_wgrad(const bf16* dy, const bf16* x, int l, Projection j, size_t bias, const Fp8Transposed& x_t);
 };
 
 
@@ -1304,6 +1308,11 @@ inline void GpuEngine::forward_backward_train(const std::vector<Sequence>& seqs,
 
 inline void GpuEngine::project_backward(bf16* dx, const bf16* dy, const bf16* x, int l, Projection j, size_t bias,
                                         const Fp8Transposed& x_t) {
+    project_dgrad(dx, dy, l, j);
+    project_wgrad(dy, x, l, j, bias, x_t);
+}
+
+inline void GpuEngine::project_dgrad(bf16* dx, const bf16* dy, int l, Projection j) {
     LinearDevice W = linear(l, j);
     Fp8WeightCopy with_transpose;  // one FP8 weight copy: the dgrad's transposed copy, made now
     if (options_.one_fp8_weight_copy) {
@@ -1313,8 +1322,14 @@ inline void GpuEngine::project_backward(bf16* dx, const bf16* dy, const bf16* x,
                                      with_transpose.scale_inv_t, stream_);
         W.w8 = &with_transpose;
     }
-    linear_backward_gpu(gemm_, *scratch_, precision_, W, dy, x_t ? nullptr : x, (int)Tp_, dx, GemmOut::BF16,
-                        grad(model_.weight_offset(l, j)), stream_, x_t, trainer_fp8_gemm());
+    linear_dgrad_gpu(gemm_, *scratch_, precision_, W, dy, (int)Tp_, dx, GemmOut::BF16, stream_, trainer_fp8_gemm());
+}
+
+inline void GpuEngine::project_wgrad(const bf16* dy, const bf16* x, int l, Projection j, size_t bias,
+                                     const Fp8Transposed& x_t) {
+    const LinearDevice W = linear(l, j);
+    linear_wgrad_gpu(gemm_, *scratch_, precision_, W, dy, x_t ? nullptr : x, (int)Tp_, grad(model_.weight_offset(l, j)),
+                     stream_, x_t, trainer_fp8_gemm());
     if (bias != kNoTensor) bias_backward(grad(bias), dy, T_, W.N, column_scratch_, column_scratch_floats_, stream_);
 }
 
@@ -1338,11 +1353,18 @@ inline void GpuEngine::layer_backward(int l, bf16* dh) {
         project_backward(g_.dxn_b, g_.dgu, A.xn2, l, kGateUp, kNoTensor);
     }
     rmsnorm_backward(dh, grad(w.ln2), g_.dxn_b, A.h1, wb(w.ln2), A.rstd2, T, m.C, true, scratch, sf, stream_);
-    // attention
-    project_backward(g_.datt_b, dh, A.att, l, kO, kNoTensor);
+    // attention: the O dgrad; the attention backward, whose delta kernel (fp8, block scaling) writes
+    // att^T's FP8 operand into the scratch's slot 1 from the att it reads (no pass over att); the O wgrad
+    project_dgrad(g_.datt_b, dh, l, kO);
     const PackedAttentionShape shape{T, m.H, m.KV, m.D, batch_.num_sequences(), max_seqlen_};
+    Fp8TransposedOut att_t;
+    if (precision_ == Precision::FP8 && scratch_->fused_casts()) {
+        const LinearScratch::Operand& o = scratch_->target(1, (int)Tp_, (int)(m.H * m.D));
+        att_t = {o.codes_t, o.scales_t, (int)Tp_, scratch_->pow2_scales()};
+    }
     attention_backward(g_.dq, g_.dk, g_.dv, g_.delta, g_.datt_b, A.att, A.lse, A.q, A.k, A.v, cu_seqlens_.get(), shape,
-                       stream_);
+                       stream_, att_t);
+    project_wgrad(dh, A.att, l, kO, kNoTensor, att_t ? att_t.operand() : Fp8Transposed{});
     const QkvGrad qkv_grad{g_.dq, g_.dk, g_.dv, A.qp, A.kp, A.rstd_q, A.rstd_k};
     // fp8 (block scaling): d[q|k|v] straight into its FP8 operands, unless a bias gradient needs it in BF16
     const bool dqkv_fp8 = kept && w.bq == kNoTensor && qkv_rope_backward_fp8_fits(m.D);

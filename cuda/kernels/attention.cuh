@@ -14,7 +14,9 @@
 //               softmax of a tile runs while the previous tile's P V is in flight (FA3's pipelining);
 //               at D = 128 also O's FP8 1x128 operand for the O projection (a head's row is one
 //               group), from the registers that hold O (perf-anchors.md: no standalone quantization);
-//   delta       delta[t][h] = rowsum(dO * O), one thread per (row, head);
+//   delta       delta[t][h] = rowsum(dO * O), one thread per (row, head); in an fp8 training step
+//               (block scaling) a CTA per 128 tokens x 128 columns, which also writes O's transposed
+//               FP8 operand for the O wgrad from the O it reads;
 //   dq          one CTA per (64-query block, head, sequence): recomputes P from lse over the key
 //               tiles, dS = P (dP - delta) scale, dQ += dS K in FP32 registers, then the cast;
 //   dk, dv      one CTA per (64-key block, kv head, sequence): loops over the group's query heads
@@ -483,15 +485,70 @@ __global__ void __launch_bounds__(kAttnThreads)
         if (q8) store_rows_fp8(q8, ldq, seq_begin + warp_row0, seq_begin + seq_len, head, o_bf16);
 }
 
-// delta[t][h] = sum_d dout[t][h][d] * out[t][h][d], one thread per (t, h). A template like the other
-// kernels, so that the header defines it in every file that includes it without a duplicate symbol.
+// delta[t][h] = sum_d dout[t][h][d] * out[t][h][d], one thread per (t, h): in d order from 0, every
+// product rounded before its add (mul_rn: nvcc would fuse them), the CPU's dot_in_order. A template
+// like the other kernels, so that the header defines it in every file that includes it without a
+// duplicate symbol.
 template <int D>
 __global__ void attention_delta_kernel(float* delta, const __nv_bfloat16* dout, const __nv_bfloat16* out, long rows) {
     const long th = blockIdx.x * (long)blockDim.x + threadIdx.x;
     if (th >= rows) return;
     float sum = 0.0f;
-    for (int d = 0; d < D; d++) sum += __bfloat162float(dout[th * D + d]) * __bfloat162float(out[th * D + d]);
+    for (int d = 0; d < D; d++) sum += mul_rn(__bfloat162float(dout[th * D + d]), __bfloat162float(out[th * D + d]));
     delta[th] = sum;
+}
+
+// The delta kernel of an fp8 training step (block scaling), which also writes out's transposed FP8
+// operand, the O wgrad's x^T (1x128 along tokens: fp8_rows.cuh's Fp8TransposedOut), so that no
+// standalone pass reads out again for it. A CTA per tile of 128 tokens x 128 columns of out [T][H D]
+// (128 / D whole heads; D divides 128): a thread per tile row loads its row of out and dout in 16-byte
+// loads (8 of each in flight), sums delta as attention_delta_kernel does (the same bits) and stages
+// out in the tile quantizer's swizzled FP32 tile; then fp8_gemm.cuh's quantize_tile_transposed writes
+// the codes and scales from it, as the pass over out did. Rows past T are zeros (the engine's zeroed
+// padding rows of out), up to the operand's rows.
+constexpr int kDeltaTileThreads = FP8_BLOCK;  // a thread per tile row
+
+template <int D>
+__global__ void __launch_bounds__(kDeltaTileThreads)
+    attention_delta_fp8_kernel(float* delta, const __nv_bfloat16* dout, const __nv_bfloat16* out, long T, int H,
+                               Fp8TransposedOut out_t) {
+    static_assert(FP8_BLOCK % D == 0 && D % 8 == 0, "whole heads of 8-value chunks in a tile row");
+    constexpr int kChunks = FP8_BLOCK / 8, kInFlight = 8;  // 8-value chunks of a tile row; loads in flight
+    DYNAMIC_SHARED(float, tile);  // [128][128], swizzled (tile_chunk)
+    const int tile_c = blockIdx.x, tile_r = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int cols = H * D, c0 = tile_c * FP8_BLOCK;
+    // tile row: the 8 lanes of a store phase take rows 4 apart, whose swizzles differ (no bank conflict)
+    const int tr = 32 * warp + 4 * (lane % 8) + lane / 8;
+    const long t = (long)tile_r * FP8_BLOCK + tr;
+    const size_t row = (size_t)t * cols + c0;
+    float sum = 0.0f;
+    for (int b = 0; b < kChunks; b += kInFlight) {
+        uint4 o_raw[kInFlight], d_raw[kInFlight];
+        FP8RL_UNROLL
+        for (int k = 0; k < kInFlight; k++) {  // every load issued before any value is used
+            const bool inside = t < T && c0 + 8 * (b + k) < cols;
+            o_raw[k] = inside ? load_vector<uint4>(out + row + 8 * (b + k)) : make_uint4(0u, 0u, 0u, 0u);
+            d_raw[k] = inside ? load_vector<uint4>(dout + row + 8 * (b + k)) : make_uint4(0u, 0u, 0u, 0u);
+        }
+        FP8RL_UNROLL
+        for (int k = 0; k < kInFlight; k++) {
+            const int c = 8 * (b + k);  // the chunk's first column in the tile
+            float o[8], d[8];
+            TileLoad<__nv_bfloat16>::unpack(o_raw[k], o);
+            TileLoad<__nv_bfloat16>::unpack(d_raw[k], d);
+            for (int e = 0; e < 8; e++) sum += mul_rn(d[e], o[e]);
+            if ((c + 8) % D == 0) {  // the head's last chunk
+                if (t < T && c0 + c < cols) delta[t * H + (c0 + c) / D] = sum;
+                sum = 0.0f;
+            }
+            *tile_chunk(tile, tr, c / 4) = make_float4(o[0], o[1], o[2], o[3]);
+            *tile_chunk(tile, tr, c / 4 + 1) = make_float4(o[4], o[5], o[6], o[7]);
+        }
+    }
+    __syncthreads();
+    Fp8Amax block_scaling;  // 1x128 groups, no amax pass
+    quantize_tile_transposed(tile, kDeltaTileThreads / 32, tile_r, tile_c, out_t.rows, cols, out_t.pow2, block_scaling,
+                             out_t.codes, out_t.scale_inv);
 }
 
 // The warp's P for one tile pair: s holds A B^T of the score operands (queries x keys, or keys x
@@ -785,9 +842,16 @@ template <int D>
 void attention_backward_d(__nv_bfloat16* dq, __nv_bfloat16* dk, __nv_bfloat16* dv, float* delta,
                           const __nv_bfloat16* dout, const __nv_bfloat16* out, const float* lse, const __nv_bfloat16* q,
                           const __nv_bfloat16* k, const __nv_bfloat16* v, const int* cu_seqlens,
-                          const PackedAttentionShape& s, cudaStream_t stream) {
-    const long rows = s.T * s.H;
-    LAUNCH_KERNEL(attention_delta_kernel<D>, (unsigned)((rows + 255) / 256), 256, 0, stream, delta, dout, out, rows);
+                          const PackedAttentionShape& s, cudaStream_t stream, const Fp8TransposedOut& out_t) {
+    if (out_t) {
+        allow_tile_smem(attention_delta_fp8_kernel<D>);
+        const dim3 grid(fp8_num_blocks(s.H * D), fp8_num_blocks(out_t.rows));
+        LAUNCH_KERNEL(attention_delta_fp8_kernel<D>, grid, kDeltaTileThreads, TILE_BYTES, stream, delta, dout, out, s.T,
+                      s.H, out_t);
+    } else {
+        const long rows = s.T * s.H;
+        LAUNCH_KERNEL(attention_delta_kernel<D>, (unsigned)((rows + 255) / 256), 256, 0, stream, delta, dout, out, rows);
+    }
     const size_t dq_smem = attention_smem<D>(attention_backward_dq_kernel<D>, 6, 0);
     LAUNCH_KERNEL(attention_backward_dq_kernel<D>, attention_grid(s, s.H), kAttnThreads, dq_smem, stream, dq, dout, lse,
                   delta, q, k, v, cu_seqlens, s.H, s.KV);
@@ -821,16 +885,25 @@ inline void attention_forward(__nv_bfloat16* out, float* lse, const __nv_bfloat1
 }
 
 // Backward: dq [T][H][D], dk, dv [T][KV][D] from dout, out [T][H][D] and lse [T][H] of the forward;
-// delta [T][H] is scratch (rowsum(dout * out)). Same cu_seqlens and shape as the forward.
+// delta [T][H] is scratch (rowsum(dout * out)). Same cu_seqlens and shape as the forward. out_t: out's
+// transposed FP8 operand (the O wgrad's, 1x128 along tokens) [H D][out_t.rows >= T] as well (the rows
+// past T zero), written by the delta kernel from the out it reads; out and dout 16-byte aligned.
 inline void attention_backward(__nv_bfloat16* dq, __nv_bfloat16* dk, __nv_bfloat16* dv, float* delta,
                                const __nv_bfloat16* dout, const __nv_bfloat16* out, const float* lse,
                                const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v,
-                               const int* cu_seqlens, const PackedAttentionShape& s, cudaStream_t stream) {
+                               const int* cu_seqlens, const PackedAttentionShape& s, cudaStream_t stream,
+                               const Fp8TransposedOut& out_t = {}) {
     check_attention_shape("attention_backward", s);
+    if (out_t) {
+        check_fp8_transposed_out("attention_backward", s.T, s.H * s.D, out_t);
+        if ((uintptr_t)out % 16 || (uintptr_t)dout % 16)
+            fail("attention_backward: writing out's FP8 operand reads out and dout in 16-byte loads; they are not "
+                 "16-byte aligned");
+    }
     if (s.T == 0 || s.num_seqs == 0) return;
     with_head_dim("attention", s.D, [&](auto head_dim) {
         attention_backward_d<decltype(head_dim)::value>(dq, dk, dv, delta, dout, out, lse, q, k, v, cu_seqlens, s,
-                                                        stream);
+                                                        stream, out_t);
     });
 }
 

@@ -135,6 +135,18 @@ struct Fp8Transposed {
     explicit operator bool() const { return codes != nullptr; }
 };
 
+// Where a producer writes the transposed FP8 operand of a [rows][cols] tensor (a weight gradient's
+// x^T, 1x128 along rows): codes [cols][rows], VEC128 scale_inv [ceil(rows / 128)][cols]. rows counts
+// the GEMM's padded rows; rows past the producer's real ones are zero values (zero codes).
+struct Fp8TransposedOut {
+    uint8_t* codes = nullptr;
+    float* scale_inv = nullptr;
+    int rows = 0;
+    bool pow2 = false;
+    FP8RL_HD explicit operator bool() const { return codes != nullptr; }
+    Fp8Transposed operand() const { return {codes, scale_inv}; }  // as the wgrad reads it
+};
+
 // Stages tile (r0, c0) of a [rows][cols] tensor that a producer computes, as the tile quantizer's
 // sources do (fp8_gemm.cuh's TensorTile): a thread per 8 columns of a tile row, value(r, c, count,
 // out) filling out[0..count) (count = the 8 columns inside the tensor, <= 8; out zeroed before) for
@@ -158,6 +170,12 @@ inline void check_fp8_rows_out(const char* who, long rows, int cols, const Fp8Ro
     if (cols % 16) fail("%s: an FP8 operand needs a multiple of 16 columns (got %d)", who, cols);
     if (rows < 0 || rows > out.rows) fail("%s: %ld real rows in an FP8 operand of %d rows", who, rows, out.rows);
     if (!out.scale_inv) fail("%s: the FP8 operand has codes but no scales", who);
+}
+
+inline void check_fp8_transposed_out(const char* who, long rows, int cols, const Fp8TransposedOut& out) {
+    if (cols % 16) fail("%s: an FP8 operand needs a multiple of 16 columns (got %d)", who, cols);
+    if (rows < 0 || rows > out.rows) fail("%s: %ld real rows in a transposed FP8 operand of %d rows", who, rows, out.rows);
+    if (!out.scale_inv) fail("%s: the transposed FP8 operand has codes but no scales", who);
 }
 
 // The groups of a row of `cols` values are handled two per warp; a warp's pairs, for a loop whose

@@ -151,37 +151,53 @@ inline void linear_forward_gpu(GemmRunner& gemm, LinearScratch& scratch, Precisi
              rows_scale_mode(s), y, out, stream, false, kernel);
 }
 
-// dx [T][K] = dy [T][N] . W (BF16 or FP32: dx_out); dW [N][K] += dy^T . x. In fp8 a null dy means
-// its producer wrote both its FP8 operands into the scratch's slot 0 (LinearScratch::target); x_t,
-// when given (fp8 at block scaling), is x's transposed operand its producer kept (x then unread).
-// kernel: as linear_forward_gpu's.
-inline void linear_backward_gpu(GemmRunner& gemm, LinearScratch& scratch, Precision p, const LinearDevice& W,
-                                const __nv_bfloat16* dy, const __nv_bfloat16* x, int T, void* dx, GemmOut dx_out,
-                                float* dW, cudaStream_t stream, const Fp8Transposed& x_t = {},
-                                Fp8GemmKernel kernel = Fp8GemmKernel::Cublaslt) {
-    if (!dy && p != Precision::FP8) fail("linear_backward_gpu: bf16 needs dy");
-    if (x_t && (p != Precision::FP8 || !scratch.fused_casts()))
-        fail("linear_backward_gpu: a kept transposed FP8 operand of x is 1x128 (fp8, block scaling) only");
-    if (!x && !x_t) fail("linear_backward_gpu: needs x or its kept transposed FP8 operand");
-    check_linear("linear_backward_gpu", p, W, T);
-    if (p == Precision::BF16) {
-        gemm.bf16("dgrad", W.K, T, W.N, W.w, dy, dx, dx_out, stream, GemmOps::NN);
-        gemm.bf16("wgrad", W.K, W.N, T, x, dy, dW, GemmOut::F32, stream, GemmOps::NT, true);
-        return;
-    }
-    const Fp8Scaling s = check_scaling("linear_backward_gpu", scratch, W);
+// dx [T][K] = dy [T][N] . W (BF16 or FP32: dx_out). In fp8 dy is quantized into the scratch's slot
+// 0, along N for this GEMM and along T for the wgrad (linear_wgrad_gpu reads it there); a null dy
+// means its producer wrote both operands there (LinearScratch::target). kernel: as linear_forward_gpu's.
+inline void linear_dgrad_gpu(GemmRunner& gemm, LinearScratch& scratch, Precision p, const LinearDevice& W,
+                             const __nv_bfloat16* dy, int T, void* dx, GemmOut dx_out, cudaStream_t stream,
+                             Fp8GemmKernel kernel = Fp8GemmKernel::Cublaslt) {
+    if (!dy && p != Precision::FP8) fail("linear_dgrad_gpu: bf16 needs dy");
+    check_linear("linear_dgrad_gpu", p, W, T);
+    if (p == Precision::BF16) return gemm.bf16("dgrad", W.K, T, W.N, W.w, dy, dx, dx_out, stream, GemmOps::NN);
+    const Fp8Scaling s = check_scaling("linear_dgrad_gpu", scratch, W);
     const LinearScratch::Operand& dyq = dy ? scratch.quantize(0, dy, T, W.N, stream)  // along N and along T
                                            : scratch.target(0, T, W.N);
+    gemm.fp8("dgrad", W.K, T, W.N, W.w8->codes_t, W.w8->scale_inv_t, weight_scale_mode(s), dyq.codes, dyq.scales,
+             rows_scale_mode(s), dx, dx_out, stream, false, kernel);
+}
+
+// dW [N][K] += dy^T . x, after linear_dgrad_gpu of the same dy: bf16 reads dy; fp8 dy^T's operand in
+// the scratch's slot 0 (which nothing may overwrite in between) and x^T: x_t when given (fp8 at
+// block scaling: x's transposed operand its producer wrote; x then unread), else x quantized along T
+// into slot 1.
+inline void linear_wgrad_gpu(GemmRunner& gemm, LinearScratch& scratch, Precision p, const LinearDevice& W,
+                             const __nv_bfloat16* dy, const __nv_bfloat16* x, int T, float* dW, cudaStream_t stream,
+                             const Fp8Transposed& x_t = {}, Fp8GemmKernel kernel = Fp8GemmKernel::Cublaslt) {
+    if (!dy && p != Precision::FP8) fail("linear_wgrad_gpu: bf16 needs dy");
+    if (x_t && (p != Precision::FP8 || !scratch.fused_casts()))
+        fail("linear_wgrad_gpu: a kept transposed FP8 operand of x is 1x128 (fp8, block scaling) only");
+    if (!x && !x_t) fail("linear_wgrad_gpu: needs x or its kept transposed FP8 operand");
+    check_linear("linear_wgrad_gpu", p, W, T);
+    if (p == Precision::BF16) return gemm.bf16("wgrad", W.K, W.N, T, x, dy, dW, GemmOut::F32, stream, GemmOps::NT, true);
+    const Fp8ScaleMode rows = rows_scale_mode(check_scaling("linear_wgrad_gpu", scratch, W));
+    const LinearScratch::Operand& dyq = scratch.target(0, T, W.N);
     Fp8Transposed xq = x_t;  // x^T along T
     if (!xq) {
         const LinearScratch::Operand& o = scratch.quantize(1, x, T, W.K, stream, LinearScratch::Copies::Transposed);
         xq.codes = o.codes_t, xq.scale_inv = o.scales_t;
     }
-    const Fp8ScaleMode rows = rows_scale_mode(s);
-    gemm.fp8("dgrad", W.K, T, W.N, W.w8->codes_t, W.w8->scale_inv_t, weight_scale_mode(s), dyq.codes, dyq.scales, rows, dx,
-             dx_out, stream, false, kernel);
     gemm.fp8("wgrad", W.K, W.N, T, xq.codes, xq.scale_inv, rows, dyq.codes_t, dyq.scales_t, rows, dW, GemmOut::F32, stream,
              true, kernel);
+}
+
+// Both: dx [T][K] = dy [T][N] . W (BF16 or FP32: dx_out); dW [N][K] += dy^T . x.
+inline void linear_backward_gpu(GemmRunner& gemm, LinearScratch& scratch, Precision p, const LinearDevice& W,
+                                const __nv_bfloat16* dy, const __nv_bfloat16* x, int T, void* dx, GemmOut dx_out,
+                                float* dW, cudaStream_t stream, const Fp8Transposed& x_t = {},
+                                Fp8GemmKernel kernel = Fp8GemmKernel::Cublaslt) {
+    linear_dgrad_gpu(gemm, scratch, p, W, dy, T, dx, dx_out, stream, kernel);
+    linear_wgrad_gpu(gemm, scratch, p, W, dy, x, T, dW, stream, x_t, kernel);
 }
 
 }  // namespace fp8rl

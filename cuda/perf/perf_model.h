@@ -362,14 +362,25 @@ class StepBuilder {
             const KernelPrice price = training_attention_price(*hw.gpu, backward, lens, (int)c.num_heads, (int)c.head_dim, 0, 0);
             seconds = std::max(price.compute_s(), ceiling_s), bound = ceiling_s > price.compute_s() ? "fa3" : price.bound();
         }
-        const double bytes = backward ? T * (Nqkv + c.q_dim()) * kBF16 + T * H * 3 * kF32 + T * Nqkv * kBF16 +
-                                            T * c.q_dim() * 2 * kBF16  // delta's rowsum(dO * O)
+        const double bytes = backward ? T * (Nqkv + c.q_dim()) * kBF16 + T * H * 3 * kF32 + T * Nqkv * kBF16
                                       : T * Nqkv * kBF16 + T * c.q_dim() * kBF16 + T * H * kF32 +
                                             (fp8_out ? (double)round_up(s.tokens, 128) * c.q_dim() * kFP8 : 0);
-        KernelCost k{backward ? "attention backward (delta, dq, dk/dv)" : "attention forward", KernelClass::Attention, phase_,
-                     per_layer_, 1, backward ? 3 : 1, flops, flops / seconds, bytes};
+        KernelCost k{backward ? "attention backward (dq, dk/dv)" : "attention forward", KernelClass::Attention, phase_,
+                     per_layer_, 1, backward ? 2 : 1, flops, flops / seconds, bytes};
         k.compute_bound = bound;
         add(std::move(k));
+    }
+    // The attention backward's delta kernel (rowsum(dO * O): dO and O read, delta written), a launch of
+    // its own before dq and dk/dv, so its time adds to theirs. att_t (fp8, block scaling): it also
+    // writes O's transposed FP8 operand for the O wgrad (attention_delta_fp8_kernel: codes and VEC128
+    // scales of the GEMM's padded rows), which no standalone pass over O writes then.
+    void attention_delta(bool att_t) {
+        const ModelConfig& c = s.model;
+        const double T = s.tokens, Tp = (double)round_up(s.tokens, 128), Q = c.q_dim();
+        const double bytes = T * Q * 2 * kBF16 + T * c.num_heads * kF32 + (att_t ? Tp * Q * kFP8 : 0);
+        const std::string sass = (att_t ? "attention_delta_fp8_kernel<" : "attention_delta_kernel<") +
+                                 std::to_string(c.head_dim) + ">";
+        pass(att_t ? "attention delta -> FP8 att^T" : "attention delta", KernelClass::Attention, bytes, 1, 1, sass.c_str());
     }
     // rmsnorm_backward as it is: dx (added to what dx holds, or written), then the weight gradient's
     // column sums re-reading dy and x (two launches).
@@ -525,8 +536,9 @@ inline void fused_layer_forward(StepBuilder& b) {
 }
 
 // Its backward: every dgrad writes BF16; each FP8 GEMM operand quantized once: by a standalone pass
-// for dh (rowwise + transposed) and the attention output (transposed, for the O wgrad), by their
-// producers for d[gate|up] and d[q|k|v]; the other activations' transposes the forward kept (issue 59).
+// for dh (rowwise + transposed), by their producers for d[gate|up], d[q|k|v] and the attention output
+// (transposed, for the O wgrad: the attention backward's delta kernel); the other activations'
+// transposes the forward kept (issue 59).
 inline void fused_layer_backward(StepBuilder& b) {
     const ModelConfig& c = b.s.model;
     const double T = b.s.tokens, C = c.hidden_size, I = c.intermediate_size, Q = c.q_dim(), K = c.kv_dim();
@@ -546,10 +558,11 @@ inline void fused_layer_backward(StepBuilder& b) {
     b.trainer_gemm("gate|up wgrad", Cn, 2 * In, Tp, GemmOutput::F32_Accumulate, false);
     b.norm_backward("RMSNorm backward (MLP input)", T, C, true);
     b.quantize("quantize dh (O)", Tp, Cn, 3);
-    b.quantize("quantize att^T", Tp, Qn, 2);
     b.trainer_gemm("O dgrad", Qn, Tp, Cn, GemmOutput::BF16, true);
-    b.trainer_gemm("O wgrad", Qn, Cn, Tp, GemmOutput::F32_Accumulate, false);
+    // fp8: att^T, the O wgrad's operand, from the delta kernel (the wgrad runs after it)
+    b.attention_delta(fp8);
     b.attention(true);
+    b.trainer_gemm("O wgrad", Qn, Cn, Tp, GemmOutput::F32_Accumulate, false);
     // dq, dk and the forward's qp, kp in, d[q|k] out (dv is written in place by the attention
     // backward); the q/k-norm weights' column sums as partials of the same pass. In fp8 (no bias,
     // heads that divide a tile: qkv_rope_backward_fp8) dqkv's FP8 operands, rowwise and transposed,
@@ -622,6 +635,7 @@ inline void unfused_layer_backward(StepBuilder& b) {
     b.gemm("o dgrad", Qn, Tp, Cn, GemmOutput::F32);
     b.gemm("o wgrad", Qn, Cn, Tp, GemmOutput::F32_Accumulate);
     b.pass("cast datt", KernelClass::Elementwise, T * Q * cast);
+    b.attention_delta(false);
     b.attention(true);
     b.pass("RoPE backward q", KernelClass::Elementwise, T * Q * 2 * kBF16);
     b.pass("RoPE backward k", KernelClass::Elementwise, T * K * 2 * kBF16);

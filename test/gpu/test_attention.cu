@@ -345,6 +345,77 @@ TEST(attention_forward_writes_fp8_operand_bit_for_bit) {
                  "70 real rows in an FP8 operand of 64 rows");
 }
 
+// In an fp8 training step the backward's delta kernel also writes the O wgrad's operand, out^T
+// quantized 1x128 along tokens, as the CPU quantizes the BF16 output (fp8_quantize_rowwise_transposed
+// of out with zero rows up to the GEMM's 256: codes and scales byte for byte, over garbage), and delta
+// as the CPU engine's attention_backward_packed sums it (dot_in_order, bit for bit); dq, dk, dv are
+// those of the backward without the operand. 130 rows (a whole 128-token tile and 2) and 141
+// (sequences of 100, 1 and 40) at D = 128 (a head a tile), power-of-two scales in one; D = 32, H = 3
+// (three heads a tile, 96 of its 128 columns).
+TEST(attention_backward_writes_fp8_att_t_bit_for_bit) {
+    REQUIRE_GPU_FOR_ATTENTION();
+    const AttentionCase cases[] = {{"130 rows", {66, 64}, 2, 1, 128},
+                                   {"141 rows", {100, 1, 40}, 2, 1, 128},
+                                   {"141 rows, D32 H3", {100, 1, 40}, 3, 1, 32}};
+    const int padded = 256;
+    for (const AttentionCase& c : cases)
+        for (bool pow2 : {false, true}) {
+            if (pow2 && c.lengths.size() == 2) continue;
+            const Batch b = make_batch(c);
+            const PackedAttentionShape& s = b.shape;
+            const int cols = s.H * s.D;
+            DeviceBuffer<__nv_bfloat16> q(to_bf16(b.q)), k(to_bf16(b.k)), v(to_bf16(b.v)), dout(to_bf16(b.dout));
+            DeviceBuffer<int> cu(b.cu_seqlens);
+            auto out = nan_buffer<__nv_bfloat16>(b.q.size());
+            auto lse = nan_buffer<float>((size_t)s.T * s.H);
+            attention_forward(out->ptr, lse->ptr, q.ptr, k.ptr, v.ptr, cu.ptr, s, 0);
+            DeviceBuffer<uint8_t> codes(std::vector<uint8_t>((size_t)padded * cols, 0xAB));
+            DeviceBuffer<float> scales(std::vector<float>(vec128_scale_count(cols, padded), NAN));
+            auto dq = nan_buffer<__nv_bfloat16>(b.q.size()), dk = nan_buffer<__nv_bfloat16>(b.k.size()),
+                 dv = nan_buffer<__nv_bfloat16>(b.v.size());
+            auto delta = nan_buffer<float>((size_t)s.T * s.H);
+            attention_backward(dq->ptr, dk->ptr, dv->ptr, delta->ptr, dout.ptr, out->ptr, lse->ptr, q.ptr, k.ptr, v.ptr,
+                               cu.ptr, s, 0, Fp8TransposedOut{codes.ptr, scales.ptr, padded, pow2});
+            const std::vector<float> o = to_float(out->download());
+            std::vector<float> o_padded((size_t)padded * cols, 0.0f);
+            std::copy(o.begin(), o.end(), o_padded.begin());
+            const Fp8Tensor want = fp8_quantize_rowwise_transposed(o_padded.data(), padded, cols, pow2);
+            const std::vector<uint8_t> got_codes = codes.download();
+            const std::vector<float> got_scales = scales.download();
+            int bad = 0;
+            for (size_t i = 0; i < want.data.size(); i++) bad += got_codes[i] != want.data[i];
+            for (size_t i = 0; i < want.scale_inv.size(); i++) bad += float_bits(got_scales[i]) != float_bits(want.scale_inv[i]);
+            const std::vector<float> got_delta = delta->download();
+            int bad_delta = 0;
+            for (long t = 0; t < s.T; t++)
+                for (int h = 0; h < s.H; h++) {
+                    const size_t at = (size_t)t * cols + (size_t)h * s.D;
+                    bad_delta += float_bits(got_delta[t * s.H + h]) != float_bits(dot_in_order(&b.dout[at], &o[at], s.D));
+                }
+            printf("  %s%s: %d of %zu codes and scales differ, %d of %ld deltas\n", c.name, pow2 ? ", pow2 scales" : "",
+                   bad, want.data.size() + want.scale_inv.size(), bad_delta, s.T * s.H);
+            CHECK_EQ(bad, 0);
+            CHECK_EQ(bad_delta, 0);
+            const GpuResults plain = run_gpu(b, true);
+            const std::vector<float> got[3] = {to_float(dq->download()), to_float(dk->download()), to_float(dv->download())};
+            const std::vector<float>* want_grads[3] = {&plain.dq, &plain.dk, &plain.dv};
+            for (int i = 0; i < 3; i++)
+                CHECK(memcmp(got[i].data(), want_grads[i]->data(), got[i].size() * sizeof(float)) == 0);
+        }
+    // what it refuses: too few operand rows, out or dout not 16-byte aligned
+    DeviceBuffer<uint8_t> codes(128 * 128);
+    DeviceBuffer<float> scales(128);
+    PackedAttentionShape s{130, 1, 1, 128, 1, 130};
+    CHECK_THROWS(attention_backward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+                                    nullptr, nullptr, s, 0, Fp8TransposedOut{codes.ptr, scales.ptr, 128, false}),
+                 "130 real rows in a transposed FP8 operand of 128 rows");
+    s = {100, 1, 1, 128, 1, 100};
+    const __nv_bfloat16* unaligned = reinterpret_cast<const __nv_bfloat16*>(codes.ptr + 2);
+    CHECK_THROWS(attention_backward(nullptr, nullptr, nullptr, nullptr, unaligned, unaligned, nullptr, nullptr, nullptr,
+                                    nullptr, nullptr, s, 0, Fp8TransposedOut{codes.ptr, scales.ptr, 128, false}),
+                 "not 16-byte aligned");
+}
+
 TEST(attention_rejects_unsupported_shapes) {
     PackedAttentionShape s{10, 4, 2, 48, 1, 10};
     CHECK_THROWS(attention_forward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, s, 0), "head dim D = 48");
