@@ -356,6 +356,10 @@ class StepBuilder {
             ceiling_s += (backward ? 5 : 2) * D * H * len * len / (fa3_tflops(len, backward) * 1e12);
             lens.push_back(len);
         }
+        // FA3's timed backward includes its preprocess kernel (hopper/flash_bwd_preprocess_kernel.h:
+        // rowsum(dO * O), our attention_delta's pass), so dq and dk/dv's share of the ceiling is FA3's
+        // time less that pass's bytes at bandwidth (the least it can take: the ceiling stays high)
+        if (backward) ceiling_s = std::max(0.0, ceiling_s - (T * c.q_dim() * 2 * kBF16 + T * H * kF32) / hw.bandwidth());
         const char* bound = "issue";
         if (hw.gpu) {  // what the kernels issue (the launches and bytes are priced below, as for the rest),
                        // never faster than FA3's published rates (the "fa3" bound)
