@@ -25,12 +25,9 @@ constexpr float kP0 = 1.9875691500e-4f, kP1 = 1.3981999507e-3f, kP2 = 8.33345190
                 kP4 = 1.6666665459e-1f, kP5 = 5.0000001201e-1f;  // exp(r) ~ 1 + r + r^2 (kP5 + r (kP4 + ...))
 }  // namespace fast_exp_detail
 
-// The scalar form; host and device code (the sampler, rl/numerics/sampling.h) compute the same bits.
-FP8RL_HD float fast_exp(float x) {
-    using namespace fast_exp_detail;
-    if (x != x) return x;  // NaN
-    if (x < kLo) return 0.0f;
-    if (x > kHi) return INFINITY;
+namespace fast_exp_detail {
+// exp(x) for x in [kLo, kHi]: the polynomial of the reduced argument times 2^n.
+FP8RL_HD float in_range(float x) {
     const float n = rintf(x * kLog2e);
     float r = fmaf(n, -kLn2Hi, x);
     r = fmaf(n, -kLn2Lo, r);
@@ -43,6 +40,16 @@ FP8RL_HD float fast_exp(float x) {
     const float y = fmaf(p, r * r, r) + 1.0f;
     return y * bits_float((uint32_t)((int32_t)n + 127) << 23);  // 2^n, n in [-126, 127] on this range
 }
+}  // namespace fast_exp_detail
+
+// The scalar form; host and device code (the sampler, rl/numerics/sampling.h) compute the same bits.
+FP8RL_HD float fast_exp(float x) {
+    using namespace fast_exp_detail;
+    if (x != x) return x;  // NaN
+    if (x < kLo) return 0.0f;
+    if (x > kHi) return INFINITY;
+    return in_range(x);
+}
 
 // fast_exp(x)'s bits for every x <= 88 and NaN (a softmax's exp(z - max): z - max <= 0), without
 // its branches: the polynomial of max(x, -87) (the same operations on x where x >= -87; NaN gives
@@ -51,17 +58,7 @@ FP8RL_HD float fast_exp(float x) {
 // (it gives exp(88), not inf).
 FP8RL_HD float fast_exp_unbranched(float x) {
     using namespace fast_exp_detail;
-    const float c = fmaxf(x, kLo);
-    const float n = rintf(c * kLog2e);
-    float r = fmaf(n, -kLn2Hi, c);
-    r = fmaf(n, -kLn2Lo, r);
-    float p = kP0;
-    p = fmaf(p, r, kP1);
-    p = fmaf(p, r, kP2);
-    p = fmaf(p, r, kP3);
-    p = fmaf(p, r, kP4);
-    p = fmaf(p, r, kP5);
-    const float y = (fmaf(p, r * r, r) + 1.0f) * bits_float((uint32_t)((int32_t)n + 127) << 23);
+    const float y = in_range(fmaxf(x, kLo));
     return x != x ? x : x < kLo ? 0.0f : y;
 }
 
