@@ -9,6 +9,7 @@
 #include "fp8_gemm.cuh"
 #include "rl/driver/dist.h"
 #include "rl/numerics/bf16.h"
+#include "rl/numerics/fp8_block.h"
 #include "test/harness.h"
 
 namespace fp8rl {
@@ -43,6 +44,17 @@ struct DeviceBuffer {
     // Fills with a byte pattern, so an element the code under test never writes is visible.
     void poison() { CUDA_CHECK(cudaMemset(ptr, 0xA5, count * sizeof(T))); }
 };
+
+// How many codes and scales of a device FP8 operand differ, bit for bit, from the CPU quantizer's `want`.
+inline int fp8_operand_differences(const DeviceBuffer<uint8_t>& codes, const DeviceBuffer<float>& scales,
+                                   const Fp8Tensor& want) {
+    const std::vector<uint8_t> got_codes = codes.download();
+    const std::vector<float> got_scales = scales.download();
+    int bad = 0;
+    for (size_t i = 0; i < want.data.size(); i++) bad += got_codes[i] != want.data[i];
+    for (size_t i = 0; i < want.scale_inv.size(); i++) bad += float_bits(got_scales[i]) != float_bits(want.scale_inv[i]);
+    return bad;
+}
 
 // "" when a CUDA device is present, else why not.
 inline std::string no_gpu_reason() {

@@ -321,11 +321,7 @@ TEST(attention_forward_writes_fp8_operand_bit_for_bit) {
             const std::vector<float> got = to_float(out->download());
             std::copy(got.begin(), got.end(), o.begin());
             const Fp8Tensor want = fp8_quantize_rowwise(o.data(), padded, cols, pow2);
-            const std::vector<uint8_t> got_codes = codes.download();
-            const std::vector<float> got_scales = scales.download();
-            int bad = 0;
-            for (size_t i = 0; i < want.data.size(); i++) bad += got_codes[i] != want.data[i];
-            for (size_t i = 0; i < want.scale_inv.size(); i++) bad += float_bits(got_scales[i]) != float_bits(want.scale_inv[i]);
+            const int bad = fp8_operand_differences(codes, scales, want);
             printf("  %s%s: %d of %zu codes and scales differ\n", c.name, pow2 ? ", pow2 scales" : "", bad,
                    want.data.size() + want.scale_inv.size());
             CHECK_EQ(bad, 0);
@@ -380,11 +376,7 @@ TEST(attention_backward_writes_fp8_att_t_bit_for_bit) {
             std::vector<float> o_padded((size_t)padded * cols, 0.0f);
             std::copy(o.begin(), o.end(), o_padded.begin());
             const Fp8Tensor want = fp8_quantize_rowwise_transposed(o_padded.data(), padded, cols, pow2);
-            const std::vector<uint8_t> got_codes = codes.download();
-            const std::vector<float> got_scales = scales.download();
-            int bad = 0;
-            for (size_t i = 0; i < want.data.size(); i++) bad += got_codes[i] != want.data[i];
-            for (size_t i = 0; i < want.scale_inv.size(); i++) bad += float_bits(got_scales[i]) != float_bits(want.scale_inv[i]);
+            const int bad = fp8_operand_differences(codes, scales, want);
             const std::vector<float> got_delta = delta->download();
             int bad_delta = 0;
             for (long t = 0; t < s.T; t++)

@@ -320,12 +320,7 @@ TEST(kv_decode_attention_writes_the_o_projection_operand) {
             std::vector<float> o = to_float(out.download());
             o.resize((size_t)padded * cols, 0.0f);
             const Fp8Tensor want = fp8_quantize_rowwise(o.data(), padded, cols, false);
-            const std::vector<uint8_t> got_codes = codes.download();
-            const std::vector<float> got_scales = scales.download();
-            int bad = 0;
-            for (size_t i = 0; i < want.data.size(); i++) bad += got_codes[i] != want.data[i];
-            for (size_t i = 0; i < want.scale_inv.size(); i++)
-                bad += memcmp(&got_scales[i], &want.scale_inv[i], sizeof(float)) != 0;
+            const int bad = fp8_operand_differences(codes, scales, want);
             printf("    %s, call %d: %d of %zu codes and scales differ from the CPU's quantization (%d padding rows)\n",
                    c.name, call, bad, want.data.size() + want.scale_inv.size(), padded - b.B);
             CHECK_EQ(bad, 0);

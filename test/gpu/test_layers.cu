@@ -481,11 +481,7 @@ int fp8_operand_mismatches(const DeviceBuffer<uint8_t>& codes, const DeviceBuffe
     std::copy(y.begin(), y.begin() + (size_t)rows * cols, padded_y.begin());
     const Fp8Tensor want = transposed ? fp8_quantize_rowwise_transposed(padded_y.data(), padded, cols, false)
                                       : fp8_quantize_rowwise(padded_y.data(), padded, cols, false);
-    const std::vector<uint8_t> got_codes = codes.download();
-    const std::vector<float> got_scales = scales.download();
-    int bad = 0;
-    for (size_t i = 0; i < want.data.size(); i++) bad += got_codes[i] != want.data[i];
-    for (size_t i = 0; i < want.scale_inv.size(); i++) bad += float_bits(got_scales[i]) != float_bits(want.scale_inv[i]);
+    const int bad = fp8_operand_differences(codes, scales, want);
     printf("    %-58s %d of %zu codes and scales differ\n", what.c_str(), bad, want.data.size() + want.scale_inv.size());
     return bad;
 }
